@@ -1,0 +1,796 @@
+//! `loadgen`: closed-loop HTTP/1.1 keep-alive load generator for hf3fs-meta
+//! (and, for comparison, the `ceiling` server or the Python reference).
+//! N connections each send requests back to back for a bounded time and a
+//! bounded count; latencies go into HDR histograms (µs). Scenarios mirror what
+//! vLLM's HF3FS connector does: batch_exists, get_locations, batch_allocate,
+//! confirm_write and the full save/lookup/load cycle with correctness checks.
+//! Prints one line per run (human or `--json`). Exit 1 on any correctness
+//! violation, 2 on setup/usage failure or when no request succeeded.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use hdrhistogram::Histogram;
+use hf3fs_perf::client::{Conn, Mode};
+use hf3fs_perf::keys::{random_key, stored_key, Key};
+use hf3fs_perf::scan;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const MAX_SECONDS: f64 = 600.0;
+const POOL_BODIES: usize = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// POST /keys/batch_exists with --batch stored keys
+    Exists,
+    /// POST /keys/get_locations rank 0 with --batch stored keys
+    Locations,
+    /// batch_allocate fresh keys (timed), then release them (untimed)
+    Allocate,
+    /// allocate fresh keys (untimed), confirm_write them (timed), release (untimed)
+    Confirm,
+    /// allocate → confirm → exists → get_locations (timed, checked), release (untimed)
+    Cycle,
+    /// POST --body FILE to --path
+    Fixed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ClientKind {
+    /// hand-rolled HTTP/1.1 over TcpStream (default: cheaper per request)
+    Raw,
+    /// hyper 1.x client::conn::http1
+    Hyper,
+}
+
+#[derive(Parser, Clone, Debug)]
+#[command(about = "Closed-loop keep-alive load generator for hf3fs-meta (loopback only)")]
+struct Args {
+    /// Target address (must be loopback).
+    #[arg(long, default_value = "127.0.0.1:18000")]
+    addr: SocketAddr,
+    #[arg(long, value_enum, default_value = "exists")]
+    scenario: Scenario,
+    /// Concurrent keep-alive connections, each sending back to back.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Tokio worker threads of the generator (1 = current-thread runtime).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Measured seconds (fractions allowed; warmup + duration capped at 600).
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Unmeasured seconds of load before the measured window.
+    #[arg(long, default_value_t = 0.0)]
+    warmup: f64,
+    /// Hard cap on the total number of requests sent (all kinds, warmup included).
+    #[arg(long, default_value_t = 100_000_000)]
+    max_requests: u64,
+    /// Keys per request.
+    #[arg(long, default_value_t = 128)]
+    batch: usize,
+    /// Ranks to initialize; cycle connections use rank (conn % ranks) first.
+    #[arg(long, default_value_t = 1)]
+    ranks: u32,
+    /// Pages per rank at initialize.
+    #[arg(long, default_value_t = 1_000_000)]
+    pages: u64,
+    /// Keys pre-populated (allocate+confirm on every rank) for exists/locations.
+    #[arg(long, default_value_t = 10_000)]
+    stored: u64,
+    /// Fraction of exists/locations keys drawn from the stored pool (rest: random misses).
+    #[arg(long, default_value_t = 1.0)]
+    hit_ratio: f64,
+    /// Run setup (/clear, initialize, pre-populate). This is the default.
+    #[arg(long, overrides_with = "no_setup")]
+    setup: bool,
+    /// Skip setup (and therefore response validation).
+    #[arg(long)]
+    no_setup: bool,
+    /// Run setup only (e.g. before driving the server with wrk), then exit.
+    #[arg(long)]
+    setup_only: bool,
+    /// Request body file for --scenario fixed.
+    #[arg(long)]
+    body: Option<PathBuf>,
+    /// Request path for --scenario fixed.
+    #[arg(long, default_value = "/keys/batch_exists")]
+    path: String,
+    /// Extra statuses not counted as errors (repeatable).
+    #[arg(long)]
+    expect_status: Vec<u16>,
+    #[arg(long, value_enum, default_value = "raw")]
+    client: ClientKind,
+    /// Print one JSON object instead of a human line.
+    #[arg(long)]
+    json: bool,
+    /// Free-form tag echoed in the output (e.g. server / ceiling / baseline).
+    #[arg(long, default_value = "")]
+    label: String,
+    /// PRNG seed (per-connection streams derive from it).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+struct Shared {
+    args: Args,
+    mode: Mode,
+    validate: bool,
+    budget: AtomicU64,
+    measure_start: Instant,
+    end: Instant,
+    pool: Vec<Bytes>,
+    fixed: Bytes,
+}
+
+impl Shared {
+    fn take(&self, n: u64) -> bool {
+        self.budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(n)).is_ok()
+    }
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
+}
+
+struct Stats {
+    hist: Histogram<u64>,
+    aux: Histogram<u64>,
+    http_errors: u64,
+    http_5xx: u64,
+    conn_errors: u64,
+    violations: u64,
+    alloc_failed: u64,
+    cycles: u64,
+    timed_out: u64,
+    first_error: Option<String>,
+    first_violation: Option<String>,
+}
+
+impl Stats {
+    fn new() -> Self {
+        Stats {
+            hist: new_hist(),
+            aux: new_hist(),
+            http_errors: 0,
+            http_5xx: 0,
+            conn_errors: 0,
+            violations: 0,
+            alloc_failed: 0,
+            cycles: 0,
+            timed_out: 0,
+            first_error: None,
+            first_violation: None,
+        }
+    }
+    fn merge(&mut self, o: Stats) {
+        let _ = self.hist.add(&o.hist);
+        let _ = self.aux.add(&o.aux);
+        self.http_errors += o.http_errors;
+        self.http_5xx += o.http_5xx;
+        self.conn_errors += o.conn_errors;
+        self.violations += o.violations;
+        self.alloc_failed += o.alloc_failed;
+        self.cycles += o.cycles;
+        self.timed_out += o.timed_out;
+        self.first_error = self.first_error.take().or(o.first_error);
+        self.first_violation = self.first_violation.take().or(o.first_violation);
+    }
+    fn violation(&mut self, n: u64, what: impl FnOnce() -> String) {
+        self.violations += n;
+        if self.first_violation.is_none() {
+            self.first_violation = Some(what());
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Rec {
+    Timed,
+    Aux,
+}
+
+/// One request: records latency (if inside the measured window) and errors.
+/// Returns the status and body for 2xx (or --expect-status) answers.
+async fn call<'c>(
+    conn: &'c mut Conn,
+    sh: &Shared,
+    st: &mut Stats,
+    path: &str,
+    body: &Bytes,
+    rec: Rec,
+) -> Option<(u16, &'c [u8])> {
+    let t0 = Instant::now();
+    match conn.post(path, body).await {
+        Ok((status, resp)) => {
+            if t0 >= sh.measure_start {
+                let us = (t0.elapsed().as_micros() as u64).max(1);
+                match rec {
+                    Rec::Timed => st.hist.saturating_record(us),
+                    Rec::Aux => st.aux.saturating_record(us),
+                }
+            }
+            if (200..300).contains(&status) || sh.args.expect_status.contains(&status) {
+                return Some((status, resp));
+            }
+            st.http_errors += 1;
+            if status >= 500 {
+                st.http_5xx += 1;
+            }
+            if st.first_error.is_none() {
+                let snippet = String::from_utf8_lossy(&resp[..resp.len().min(200)]).into_owned();
+                st.first_error = Some(format!("{path} -> {status} {snippet}"));
+            }
+            None
+        }
+        Err(e) => {
+            st.conn_errors += 1;
+            if st.first_error.is_none() {
+                st.first_error = Some(format!("{path} -> connection error: {e}"));
+            }
+            // Do not spin on a dead target.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            None
+        }
+    }
+}
+
+fn push_key(b: &mut Vec<u8>, k: &Key) {
+    b.push(b'"');
+    b.extend_from_slice(k);
+    b.push(b'"');
+}
+
+/// `{<head>[ "k", ... ]}` e.g. head = `"keys":` or `"rank":0,"keys":`.
+fn keys_body<'a>(head: &str, keys: impl Iterator<Item = &'a Key>) -> Bytes {
+    let mut b = Vec::with_capacity(64 + 35 * 128);
+    b.push(b'{');
+    b.extend_from_slice(head.as_bytes());
+    b.push(b'[');
+    for (i, k) in keys.enumerate() {
+        if i > 0 {
+            b.push(b',');
+        }
+        push_key(&mut b, k);
+    }
+    b.extend_from_slice(b"]}");
+    Bytes::from(b)
+}
+
+fn alloc_body(rank: u32, keys: &[Key]) -> Bytes {
+    let mut b = Vec::with_capacity(64 + 40 * keys.len());
+    let _ = write!(Wr(&mut b), "{{\"rank\":{rank},\"keys\":[");
+    for (i, k) in keys.iter().enumerate() {
+        if i > 0 {
+            b.push(b',');
+        }
+        b.push(b'[');
+        push_key(&mut b, k);
+        b.extend_from_slice(b",\"\"]");
+    }
+    b.extend_from_slice(b"]}");
+    Bytes::from(b)
+}
+
+/// confirm_write body: confirmations for keys[i] -> pages[i] (pages >= 0 only)
+/// when `confirm`, and `pages_to_release` = `release`.
+fn confirm_body(rank: u32, keys: &[Key], pages: &[i64], confirm: bool, release: &[i64]) -> Bytes {
+    let mut b = Vec::with_capacity(96 + 48 * keys.len());
+    let _ = write!(Wr(&mut b), "{{\"rank\":{rank},\"confirmations\":[");
+    if confirm {
+        let mut first = true;
+        for (k, &p) in keys.iter().zip(pages) {
+            if p < 0 {
+                continue;
+            }
+            if !first {
+                b.push(b',');
+            }
+            first = false;
+            b.push(b'[');
+            push_key(&mut b, k);
+            let _ = write!(Wr(&mut b), ",{p}]");
+        }
+    }
+    b.extend_from_slice(b"],\"pages_to_release\":[");
+    for (i, p) in release.iter().enumerate() {
+        let _ = write!(Wr(&mut b), "{}{p}", if i > 0 { "," } else { "" });
+    }
+    b.extend_from_slice(b"]}");
+    Bytes::from(b)
+}
+
+/// fmt::Write adapter over a byte vector.
+struct Wr<'a>(&'a mut Vec<u8>);
+impl std::fmt::Write for Wr<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+struct Worker {
+    id: usize,
+    conn: Conn,
+    rng: SmallRng,
+    keys: Vec<Key>,
+    pages: Vec<Vec<i64>>,
+    release: Vec<i64>,
+    bools: Vec<bool>,
+    locs: Vec<Option<i64>>,
+    next: usize,
+}
+
+impl Worker {
+    fn fresh_keys(&mut self, n: usize) {
+        self.keys.clear();
+        for _ in 0..n {
+            let k = random_key(&mut self.rng);
+            self.keys.push(k);
+        }
+    }
+
+    /// Allocates self.keys on `rank` and fills self.pages[slot] with one page
+    /// per key. Against a target that is not a metadata server (no `results`
+    /// in the answer, validation off) pages are fabricated as 0..n so the
+    /// follow-up requests keep the same shape. Returns false when the
+    /// iteration cannot continue.
+    async fn allocate(&mut self, sh: &Shared, st: &mut Stats, rank: u32, slot: usize, rec: Rec) -> bool {
+        let body = alloc_body(rank, &self.keys);
+        let Some((_, resp)) = call(&mut self.conn, sh, st, "/keys/batch_allocate", &body, rec).await else {
+            return false;
+        };
+        let pages = &mut self.pages[slot];
+        pages.clear();
+        let mut parsed = Vec::new();
+        let problem = if scan::alloc_results(resp, &mut parsed).is_some() {
+            let keys_ok = parsed.len() == self.keys.len()
+                && parsed.iter().zip(&self.keys).all(|((k, _), want)| *k == &want[..]);
+            pages.extend(parsed.iter().map(|&(_, p)| p));
+            (!keys_ok).then(|| {
+                format!("allocate answered {} results for {} fresh keys (or keys out of order)", parsed.len(), self.keys.len())
+            })
+        } else if sh.validate {
+            Some(format!("unparseable allocate answer: {}", String::from_utf8_lossy(&resp[..resp.len().min(200)])))
+        } else {
+            pages.extend(0..self.keys.len() as i64);
+            None
+        };
+        drop(parsed);
+        if let Some(msg) = problem {
+            st.violation(1, || msg);
+            // Give back whatever was handed out so the pool does not leak.
+            self.release(sh, st, rank, slot).await;
+            return false;
+        }
+        let pages = &self.pages[slot];
+        let failed = pages.iter().filter(|&&p| p < 0).count() as u64;
+        if failed > 0 {
+            st.alloc_failed += failed;
+        }
+        true
+    }
+
+    /// Releases every non-negative page of self.pages[slot] on `rank` (untimed).
+    async fn release(&mut self, sh: &Shared, st: &mut Stats, rank: u32, slot: usize) {
+        self.release.clear();
+        self.release.extend(self.pages[slot].iter().copied().filter(|&p| p >= 0));
+        if self.release.is_empty() {
+            return;
+        }
+        let body = confirm_body(rank, &[], &[], false, &self.release);
+        call(&mut self.conn, sh, st, "/keys/confirm_write", &body, Rec::Aux).await;
+    }
+
+    async fn confirm(&mut self, sh: &Shared, st: &mut Stats, rank: u32, slot: usize, rec: Rec) -> bool {
+        let body = confirm_body(rank, &self.keys, &self.pages[slot], true, &[]);
+        match call(&mut self.conn, sh, st, "/keys/confirm_write", &body, rec).await {
+            Some((status, _)) => {
+                if sh.validate && status != 204 {
+                    st.violation(1, || format!("confirm_write answered {status}, expected 204"));
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn iteration(&mut self, sh: &Shared, st: &mut Stats) {
+        let a = &sh.args;
+        match a.scenario {
+            Scenario::Exists | Scenario::Locations | Scenario::Fixed => {
+                let (path, body) = match a.scenario {
+                    Scenario::Exists => ("/keys/batch_exists", &sh.pool[self.next % sh.pool.len()]),
+                    Scenario::Locations => ("/keys/get_locations", &sh.pool[self.next % sh.pool.len()]),
+                    _ => (a.path.as_str(), &sh.fixed),
+                };
+                self.next = self.next.wrapping_add(1);
+                let Some((_, resp)) = call(&mut self.conn, sh, st, path, body, Rec::Timed).await else {
+                    return;
+                };
+                if sh.validate && a.hit_ratio >= 1.0 {
+                    let bad: &[u8] = if a.scenario == Scenario::Exists { b"false" } else { b"null" };
+                    if resp.windows(bad.len()).any(|w| w == bad) {
+                        let snippet = String::from_utf8_lossy(&resp[..resp.len().min(200)]).into_owned();
+                        st.violation(1, || format!("{path}: a stored key was missing: {snippet}"));
+                    }
+                }
+            }
+            Scenario::Allocate => {
+                self.fresh_keys(a.batch);
+                if self.allocate(sh, st, 0, 0, Rec::Timed).await {
+                    self.release(sh, st, 0, 0).await;
+                }
+            }
+            Scenario::Confirm => {
+                self.fresh_keys(a.batch);
+                if self.allocate(sh, st, 0, 0, Rec::Aux).await {
+                    self.confirm(sh, st, 0, 0, Rec::Timed).await;
+                    self.release(sh, st, 0, 0).await;
+                }
+            }
+            Scenario::Cycle => self.cycle(sh, st).await,
+        }
+    }
+
+    async fn cycle(&mut self, sh: &Shared, st: &mut Stats) {
+        let a = &sh.args;
+        let ranks = a.ranks;
+        let r0 = (self.id as u32) % ranks;
+        self.fresh_keys(a.batch);
+        // Save on every rank (starting with this connection's own), as each
+        // tensor-parallel worker does, so the keys become complete.
+        let mut done = 0;
+        let mut ok = true;
+        for j in 0..ranks {
+            let rank = (r0 + j) % ranks;
+            if !self.allocate(sh, st, rank, j as usize, Rec::Timed).await {
+                ok = false;
+                break;
+            }
+            done = j + 1;
+            if self.pages[j as usize].iter().any(|&p| p < 0) || !self.confirm(sh, st, rank, j as usize, Rec::Timed).await {
+                ok = false;
+                break;
+            }
+        }
+        if ok {
+            // Scheduler lookup: every confirmed key must exist.
+            let body = keys_body("\"keys\":", self.keys.iter());
+            if let Some((_, resp)) = call(&mut self.conn, sh, st, "/keys/batch_exists", &body, Rec::Timed).await {
+                if sh.validate {
+                    match scan::exists(resp, &mut self.bools) {
+                        Some(()) if self.bools.len() == self.keys.len() => {
+                            let missing = self.bools.iter().filter(|&&b| !b).count() as u64;
+                            if missing > 0 {
+                                st.violation(missing, || format!("{missing} confirmed keys reported absent by batch_exists"));
+                            }
+                        }
+                        _ => st.violation(1, || "malformed batch_exists answer".into()),
+                    }
+                }
+            }
+            // Load: every location on this connection's rank must equal the allocated page.
+            let body = keys_body(&format!("\"rank\":{r0},\"keys\":"), self.keys.iter());
+            if let Some((_, resp)) = call(&mut self.conn, sh, st, "/keys/get_locations", &body, Rec::Timed).await {
+                if sh.validate {
+                    match scan::locations(resp, &mut self.locs) {
+                        Some(()) if self.locs.len() == self.keys.len() => {
+                            let bad = self.locs.iter().zip(&self.pages[0]).filter(|(l, p)| **l != Some(**p)).count() as u64;
+                            if bad > 0 {
+                                st.violation(bad, || format!("{bad} get_locations entries null or not the allocated page"));
+                            }
+                        }
+                        _ => st.violation(1, || "malformed get_locations answer".into()),
+                    }
+                }
+            }
+            st.cycles += 1;
+        }
+        // Give the pages back so a finite pool never fills.
+        for j in 0..done {
+            self.release(sh, st, (r0 + j) % ranks, j as usize).await;
+        }
+    }
+}
+
+async fn run_worker(sh: Arc<Shared>, id: usize) -> Stats {
+    let a = &sh.args;
+    let mut w = Worker {
+        id,
+        conn: Conn::new(a.addr, sh.mode),
+        rng: SmallRng::seed_from_u64(a.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (id as u64 + 1)),
+        keys: Vec::with_capacity(a.batch),
+        pages: vec![Vec::with_capacity(a.batch); a.ranks as usize],
+        release: Vec::with_capacity(a.batch),
+        bools: Vec::with_capacity(a.batch),
+        locs: Vec::with_capacity(a.batch),
+        next: id * 7919,
+    };
+    let steps: u64 = match a.scenario {
+        Scenario::Exists | Scenario::Locations | Scenario::Fixed => 1,
+        Scenario::Allocate => 2,
+        Scenario::Confirm => 3,
+        Scenario::Cycle => 3 * a.ranks as u64 + 2,
+    };
+    let mut st = Stats::new();
+    let hard = sh.end + Duration::from_secs(5);
+    let work = async {
+        while Instant::now() < sh.end && sh.take(steps) {
+            w.iteration(&sh, &mut st).await;
+        }
+    };
+    if tokio::time::timeout_at(hard.into(), work).await.is_err() {
+        st.timed_out += 1;
+    }
+    st
+}
+
+/// /clear, initialize every rank, pre-populate the stored pool. Returns
+/// Ok(true) when the target behaved like the metadata server (responses will
+/// be validated), Ok(false) when it did not (e.g. the ceiling): setup skipped.
+async fn setup(a: &Args) -> Result<bool, String> {
+    let mut conn = Conn::new(a.addr, Mode::Raw);
+    let empty = Bytes::new();
+    let (status, body) = conn.post("/clear", &empty).await.map_err(|e| format!("POST /clear: {e}"))?;
+    if status != 204 {
+        eprintln!(
+            "loadgen: POST /clear answered {status} {:?} (expected 204): not a metadata server, setup skipped, responses not validated",
+            String::from_utf8_lossy(&body[..body.len().min(80)])
+        );
+        return Ok(false);
+    }
+    for r in 0..a.ranks {
+        let body = Bytes::from(format!("{{\"num_pages\":{},\"role\":\"worker\"}}", a.pages));
+        let path = format!("/rank/{r}/initialize");
+        let (status, resp) = conn.post(&path, &body).await.map_err(|e| format!("POST {path}: {e}"))?;
+        if status != 200 {
+            return Err(format!("POST {path} answered {status}: {}", String::from_utf8_lossy(resp)));
+        }
+    }
+    let prepopulate = a.setup_only || matches!(a.scenario, Scenario::Exists | Scenario::Locations);
+    if prepopulate && a.stored > 0 {
+        let chunk = a.batch.clamp(1, 1024) as u64;
+        let mut i = 0;
+        while i < a.stored {
+            let n = chunk.min(a.stored - i);
+            let keys: Vec<Key> = (i..i + n).map(stored_key).collect();
+            for r in 0..a.ranks {
+                let body = alloc_body(r, &keys);
+                let mut parsed = Vec::new();
+                let (status, resp) =
+                    conn.post("/keys/batch_allocate", &body).await.map_err(|e| format!("pre-populate allocate: {e}"))?;
+                if status != 200 || scan::alloc_results(resp, &mut parsed).is_none() || parsed.len() != keys.len() {
+                    return Err(format!("pre-populate allocate answered {status}: {}", String::from_utf8_lossy(resp)));
+                }
+                let pages: Vec<i64> = parsed.iter().map(|&(_, p)| p).collect();
+                if pages.iter().any(|&p| p < 0) {
+                    return Err(format!("pre-populate: rank {r} ran out of pages (--pages {} < --stored {}?)", a.pages, a.stored));
+                }
+                let body = confirm_body(r, &keys, &pages, true, &[]);
+                let (status, resp) =
+                    conn.post("/keys/confirm_write", &body).await.map_err(|e| format!("pre-populate confirm: {e}"))?;
+                if status != 204 {
+                    return Err(format!("pre-populate confirm answered {status}: {}", String::from_utf8_lossy(resp)));
+                }
+            }
+            i += n;
+        }
+    }
+    Ok(true)
+}
+
+fn build_pool(a: &Args) -> Vec<Bytes> {
+    let mut rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed);
+    let head = match a.scenario {
+        Scenario::Exists => "\"keys\":".to_string(),
+        Scenario::Locations => "\"rank\":0,\"keys\":".to_string(),
+        _ => return Vec::new(),
+    };
+    (0..POOL_BODIES)
+        .map(|_| {
+            let keys: Vec<Key> = (0..a.batch)
+                .map(|_| {
+                    if a.stored > 0 && rng.gen::<f64>() < a.hit_ratio {
+                        stored_key(rng.gen_range(0..a.stored))
+                    } else {
+                        random_key(&mut rng)
+                    }
+                })
+                .collect();
+            keys_body(&head, keys.iter())
+        })
+        .collect()
+}
+
+fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+fn main() {
+    let a = Args::parse();
+    std::process::exit(match run(a) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            2
+        }
+    });
+}
+
+fn run(a: Args) -> Result<i32, String> {
+    if !a.addr.ip().is_loopback() {
+        return Err(format!("refusing non-loopback target {}", a.addr));
+    }
+    if !(a.duration > 0.0) || a.warmup < 0.0 || a.duration + a.warmup > MAX_SECONDS {
+        return Err(format!("--duration must be > 0 and warmup + duration <= {MAX_SECONDS} s"));
+    }
+    if a.connections == 0 || a.connections > 4096 || a.threads == 0 || a.threads > 64 {
+        return Err("--connections must be in 1..=4096 and --threads in 1..=64".into());
+    }
+    if a.batch == 0 || a.ranks == 0 {
+        return Err("--batch and --ranks must be >= 1".into());
+    }
+    if matches!(a.scenario, Scenario::Exists | Scenario::Locations | Scenario::Fixed) && a.batch > 100_000 {
+        return Err("--batch too large".into());
+    }
+    let fixed = match (&a.scenario, &a.body) {
+        (Scenario::Fixed, Some(p)) => Bytes::from(std::fs::read(p).map_err(|e| format!("--body {}: {e}", p.display()))?),
+        (Scenario::Fixed, None) => return Err("--scenario fixed needs --body FILE".into()),
+        _ => Bytes::new(),
+    };
+    let rt = if a.threads == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(a.threads).enable_all().build()
+    }
+    .map_err(|e| format!("runtime: {e}"))?;
+
+    rt.block_on(async move {
+        let do_setup = !a.no_setup && a.scenario != Scenario::Fixed;
+        let validate = if do_setup { setup(&a).await? } else { false };
+        if a.setup_only {
+            eprintln!("loadgen: setup done (validated target: {validate})");
+            return Ok(0);
+        }
+        let pool = build_pool(&a);
+        let measure_start = Instant::now() + Duration::from_secs_f64(a.warmup);
+        let end = measure_start + Duration::from_secs_f64(a.duration);
+        let mode = match a.client {
+            ClientKind::Raw => Mode::Raw,
+            ClientKind::Hyper => Mode::Hyper,
+        };
+        let sh = Arc::new(Shared {
+            budget: AtomicU64::new(a.max_requests),
+            args: a.clone(),
+            mode,
+            validate,
+            measure_start,
+            end,
+            pool,
+            fixed,
+        });
+        let handles: Vec<_> = (0..a.connections).map(|id| tokio::spawn(run_worker(sh.clone(), id))).collect();
+        let mut st = Stats::new();
+        for h in handles {
+            match h.await {
+                Ok(s) => st.merge(s),
+                Err(e) => return Err(format!("worker panicked: {e}")),
+            }
+        }
+        let now = Instant::now();
+        let measured = now.saturating_duration_since(measure_start).as_secs_f64().max(1e-9);
+        report(&a, &st, measured, validate);
+        if st.violations > 0 {
+            Ok(1)
+        } else if st.hist.len() == 0 {
+            eprintln!("loadgen: no request completed in the measured window");
+            Ok(2)
+        } else {
+            Ok(0)
+        }
+    })
+}
+
+fn report(a: &Args, st: &Stats, secs: f64, validated: bool) {
+    let h = &st.hist;
+    let n = h.len();
+    let rps = n as f64 / secs;
+    let q = |h: &Histogram<u64>, p: f64| if h.len() == 0 { 0 } else { h.value_at_quantile(p) };
+    let scenario = format!("{:?}", a.scenario).to_lowercase();
+    let client = format!("{:?}", a.client).to_lowercase();
+    if a.json {
+        let mut o = String::new();
+        let _ = write!(
+            o,
+            "{{\"scenario\":\"{scenario}\",\"label\":{},\"addr\":\"{}\",\"client\":\"{client}\",\"connections\":{},\"threads\":{},\"batch\":{},\
+\"seconds\":{secs:.3},\"requests\":{n},\"rps\":{rps:.1},\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},\"mean_us\":{:.1},\
+\"http_errors\":{},\"http_5xx\":{},\"conn_errors\":{},\"aux_requests\":{},\"aux_p50_us\":{},\"aux_p99_us\":{},\"cycles\":{},\
+\"alloc_failed\":{},\"violations\":{},\"validated\":{validated},\"timed_out_conns\":{},\"first_error\":{},\"first_violation\":{}}}",
+            json_str(&a.label),
+            a.addr,
+            a.connections,
+            a.threads,
+            a.batch,
+            q(h, 0.5),
+            q(h, 0.9),
+            q(h, 0.99),
+            q(h, 0.999),
+            h.max(),
+            h.mean(),
+            st.http_errors,
+            st.http_5xx,
+            st.conn_errors,
+            st.aux.len(),
+            q(&st.aux, 0.5),
+            q(&st.aux, 0.99),
+            st.cycles,
+            st.alloc_failed,
+            st.violations,
+            st.timed_out,
+            st.first_error.as_deref().map_or("null".into(), json_str),
+            st.first_violation.as_deref().map_or("null".into(), json_str),
+        );
+        println!("{o}");
+    } else {
+        let mut o = format!(
+            "{scenario:<9} {:<8} {} c={} t={} b={} | {n} req in {secs:.2}s = {rps:.0} req/s | p50 {}us p90 {}us p99 {}us p99.9 {}us max {}us | errors: http {} (5xx {}) conn {}",
+            if a.label.is_empty() { "-" } else { &a.label },
+            a.addr,
+            a.connections,
+            a.threads,
+            a.batch,
+            q(h, 0.5),
+            q(h, 0.9),
+            q(h, 0.99),
+            q(h, 0.999),
+            h.max(),
+            st.http_errors,
+            st.http_5xx,
+            st.conn_errors,
+        );
+        if st.aux.len() > 0 {
+            let _ = write!(o, " | aux {} req p50 {}us p99 {}us", st.aux.len(), q(&st.aux, 0.5), q(&st.aux, 0.99));
+        }
+        if a.scenario == Scenario::Cycle {
+            let _ = write!(o, " | cycles {}", st.cycles);
+        }
+        let _ = write!(o, " | violations {}{}", st.violations, if validated { "" } else { " (not validated)" });
+        if st.alloc_failed > 0 {
+            let _ = write!(o, " | alloc -1: {}", st.alloc_failed);
+        }
+        if st.timed_out > 0 {
+            let _ = write!(o, " | timed-out conns {}", st.timed_out);
+        }
+        println!("{o}");
+        if let Some(e) = &st.first_error {
+            eprintln!("  first error: {e}");
+        }
+        if let Some(v) = &st.first_violation {
+            eprintln!("  first violation: {v}");
+        }
+    }
+}

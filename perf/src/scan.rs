@@ -1,0 +1,182 @@
+//! Minimal JSON scanners for the response shapes the load generator reads:
+//! `{"results": [[key, page], ...]}`, `{"exists": [bool, ...]}` and
+//! `{"locations": [int|null, ...]}`. A general JSON parser would cost the
+//! generator CPU that the server under test needs on a 2-core machine, so
+//! these read only what they need. Whitespace between tokens is tolerated;
+//! strings with escapes are rejected (keys are plain hex).
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Scanner<'a> {
+    fn ws(&mut self) {
+        while self.i < self.b.len() && matches!(self.b[self.i], b' ' | b'\n' | b'\r' | b'\t') {
+            self.i += 1;
+        }
+    }
+    fn eat(&mut self, c: u8) -> bool {
+        self.ws();
+        if self.b.get(self.i) == Some(&c) {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.b.get(self.i).copied()
+    }
+    fn lit(&mut self, s: &[u8]) -> bool {
+        self.ws();
+        if self.b[self.i..].starts_with(s) {
+            self.i += s.len();
+            true
+        } else {
+            false
+        }
+    }
+    fn string(&mut self) -> Option<&'a [u8]> {
+        if !self.eat(b'"') {
+            return None;
+        }
+        let start = self.i;
+        while self.i < self.b.len() {
+            match self.b[self.i] {
+                b'"' => {
+                    self.i += 1;
+                    return Some(&self.b[start..self.i - 1]);
+                }
+                b'\\' => return None,
+                _ => self.i += 1,
+            }
+        }
+        None
+    }
+    fn int(&mut self) -> Option<i64> {
+        self.ws();
+        let neg = self.b.get(self.i) == Some(&b'-');
+        if neg {
+            self.i += 1;
+        }
+        let start = self.i;
+        let mut v: i64 = 0;
+        while let Some(&c) = self.b.get(self.i) {
+            if !c.is_ascii_digit() {
+                break;
+            }
+            v = v.checked_mul(10)?.checked_add((c - b'0') as i64)?;
+            self.i += 1;
+        }
+        if self.i == start {
+            return None;
+        }
+        Some(if neg { -v } else { v })
+    }
+    /// Positions the scanner just after `"field":`.
+    fn field(b: &'a [u8], name: &str) -> Option<Self> {
+        let pat = format!("\"{name}\"");
+        let pos = b.windows(pat.len()).position(|w| w == pat.as_bytes())?;
+        let mut s = Scanner { b, i: pos + pat.len() };
+        if s.eat(b':') {
+            Some(s)
+        } else {
+            None
+        }
+    }
+    /// Parses `[ item, item, ... ]` calling `f` per item.
+    fn array(&mut self, mut f: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        if !self.eat(b'[') {
+            return None;
+        }
+        if self.eat(b']') {
+            return Some(());
+        }
+        loop {
+            f(self)?;
+            if self.eat(b',') {
+                continue;
+            }
+            return if self.eat(b']') { Some(()) } else { None };
+        }
+    }
+}
+
+/// Parses the `results` array of a batch_allocate answer into `out`
+/// as (key, page) pairs. Returns None on a malformed body.
+pub fn alloc_results<'a>(body: &'a [u8], out: &mut Vec<(&'a [u8], i64)>) -> Option<()> {
+    out.clear();
+    let mut s = Scanner::field(body, "results")?;
+    s.array(|s| {
+        if !s.eat(b'[') {
+            return None;
+        }
+        let k = s.string()?;
+        if !s.eat(b',') {
+            return None;
+        }
+        let p = s.int()?;
+        if !s.eat(b']') {
+            return None;
+        }
+        out.push((k, p));
+        Some(())
+    })
+}
+
+/// Parses the `exists` array of a batch_exists answer.
+pub fn exists(body: &[u8], out: &mut Vec<bool>) -> Option<()> {
+    out.clear();
+    let mut s = Scanner::field(body, "exists")?;
+    s.array(|s| {
+        if s.lit(b"true") {
+            out.push(true)
+        } else if s.lit(b"false") {
+            out.push(false)
+        } else {
+            return None;
+        }
+        Some(())
+    })
+}
+
+/// Parses the `locations` array of a get_locations answer.
+pub fn locations(body: &[u8], out: &mut Vec<Option<i64>>) -> Option<()> {
+    out.clear();
+    let mut s = Scanner::field(body, "locations")?;
+    s.array(|s| {
+        if s.peek() == Some(b'n') {
+            if !s.lit(b"null") {
+                return None;
+            }
+            out.push(None);
+        } else {
+            out.push(Some(s.int()?));
+        }
+        Some(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_shapes() {
+        let mut r = Vec::new();
+        alloc_results(br#"{"rank": 0, "results": [["ab", 3], ["cd",-1]]}"#, &mut r).unwrap();
+        assert_eq!(r, vec![(&b"ab"[..], 3), (&b"cd"[..], -1)]);
+        alloc_results(br#"{"rank":0,"results":[]}"#, &mut r).unwrap();
+        assert!(r.is_empty());
+        assert!(alloc_results(br#"{"ok":true}"#, &mut r).is_none());
+        let mut e = Vec::new();
+        exists(br#"{"exists":[true, false,true]}"#, &mut e).unwrap();
+        assert_eq!(e, vec![true, false, true]);
+        let mut l = Vec::new();
+        locations(br#"{"locations":[1,null, 7]}"#, &mut l).unwrap();
+        assert_eq!(l, vec![Some(1), None, Some(7)]);
+        assert!(locations(br#"{"locations":[1,nul]}"#, &mut l).is_none());
+    }
+}

@@ -1,0 +1,24 @@
+//! The metadata state: page tables, key index and the operations on them.
+//!
+//! Architecture invariant: this module knows nothing of HTTP, JSON, tokio or
+//! hyper. It takes keys as `&str` and pages as integers, and answers with
+//! plain values and the typed errors of [`error`].
+//!
+//! - [`pages`]: the per-rank page-state table (2-bit states in `AtomicU64`s).
+//! - [`index`]: the key index (key → world size and per-rank page).
+//! - [`key`]: the compact key type.
+//! - [`store`]: the operations, atomic per request, lock-free across requests.
+//! - [`error`]: one error variant per code of the wire contract.
+
+pub mod error;
+pub mod index;
+pub mod key;
+pub mod pages;
+pub mod store;
+pub(crate) mod sync;
+mod zeroed;
+
+pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
+pub use key::{Key, KeyRef};
+pub use store::{ConfirmOutcome, Initialized, RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL};
+pub use zeroed::OutOfMemory;

@@ -1,0 +1,704 @@
+//! The per-rank page table: one 2-bit state per page, packed 32 to an
+//! `AtomicU64`, moved only by compare-and-swap.
+//!
+//! | state      | bits | meaning                                                    |
+//! |------------|------|------------------------------------------------------------|
+//! | `FREE`     | `00` | in the pool                                                |
+//! | `RESERVED` | `01` | handed out by an allocate, not yet confirmed or released   |
+//! | `BOUND`    | `10` | holds a confirmed key on this rank; `owner` names the key  |
+//! | `BUSY`     | `11` | claimed by one in-flight confirm/release, which alone may move it on |
+//!
+//! FREE is all-zero so that a fresh table is lazily zeroed memory: a rank of
+//! 10^8 pages costs no time and no resident memory until pages are used.
+//!
+//! Beside the states the table keeps:
+//! - `free`, a counter of FREE pages nobody has promised yet. An allocate
+//!   takes its whole batch from the counter *first* (all or nothing, O(1)), so
+//!   the page search that follows cannot fail, and a full rank answers at once.
+//! - `full`, one hint bit per state word meaning "this word has no FREE page",
+//!   so a search at 99% fill skips 64 words (2048 pages) per load.
+//! - `stamps`, one byte per word: the reservation epoch of the newest
+//!   reservation in that word, for reservation expiry (see [`PageTable::expire`]).
+//! - `owners`, the page → key back-reference: the 128-bit digest of a hex key
+//!   (16 bytes per page, lazily zeroed), or 0 with the text in `text_owners`.
+//!
+//! Memory: 2 bits of state + 1/32 byte of stamp + 1/32 bit of hint per page
+//! (0.28 byte), plus 16 bytes of back-reference per page that has ever been
+//! bound. All of it is reserved virtual memory that becomes resident only when
+//! touched.
+//!
+//! # Memory ordering
+//!
+//! The state word is the only synchronization point for a page:
+//! - Every transition is an RMW (`compare_exchange` or `fetch_xor`). Claims use
+//!   `AcqRel`, so a claimer sees everything the previous owner of the page
+//!   published, and settling a page uses `Release`, publishing the owner
+//!   back-reference written while the page was BUSY. The back-reference itself
+//!   is therefore accessed `Relaxed`: it is only written by the one thread that
+//!   holds the page BUSY, and only read by a thread that acquired the page's
+//!   state afterwards (or by the quiescent audit).
+//! - A reservation stamp is stored `Relaxed` *before* the CAS that reserves the
+//!   page (which releases it); the sweeper loads the word with `Acquire` before
+//!   reading the stamp, so it never sees a new reservation with an old stamp.
+//! - A page becomes FREE (state word, `Release`) before its hint bit is cleared
+//!   and before `free` is incremented (`Release`); an allocator takes from
+//!   `free` with `AcqRel`, so the pages it was promised are visible to its search.
+//! - The `full` hint is maintained by RMWs on both sides: an allocator that
+//!   fills a word sets the bit (`AcqRel`) and then re-reads the word, clearing
+//!   the bit again if a page was freed meanwhile; a releaser frees the page,
+//!   then clears the bit (`AcqRel`). Whichever RMW on the hint word comes second
+//!   sees the other's word change, so a word with a FREE page is never left
+//!   marked full. The search also falls back to a hint-free pass, so even a
+//!   stale hint could only cost time, never a page.
+//! - `cursor` is a rotating start hint; `Relaxed`, its value only spreads
+//!   concurrent allocators over different words.
+
+use super::key::{Key, KeyRef};
+use super::sync::{AtomicU64, AtomicU8, Backoff, Ordering};
+use super::zeroed::{OutOfMemory, ZeroedSlice};
+
+/// State bits of a FREE page.
+pub const FREE: u64 = 0b00;
+/// State bits of a RESERVED page.
+pub const RESERVED: u64 = 0b01;
+/// State bits of a BOUND page.
+pub const BOUND: u64 = 0b10;
+/// State bits of a BUSY page.
+pub const BUSY: u64 = 0b11;
+
+/// Pages per state word.
+const LANES: u32 = 32;
+/// The low bit of every 2-bit lane.
+const LOW: u64 = 0x5555_5555_5555_5555;
+
+/// The state of one page, as read by [`PageTable::state`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageState {
+    /// In the pool.
+    Free,
+    /// Handed out, not yet confirmed or released.
+    Reserved,
+    /// Holds a confirmed key.
+    Bound,
+    /// Claimed by an in-flight confirm/release.
+    Busy,
+}
+
+impl PageState {
+    fn from_bits(bits: u64) -> Self {
+        match bits & 0b11 {
+            FREE => PageState::Free,
+            RESERVED => PageState::Reserved,
+            BOUND => PageState::Bound,
+            _ => PageState::Busy,
+        }
+    }
+}
+
+/// What a page was before [`PageTable::claim`] made it BUSY.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claimed {
+    /// It was RESERVED.
+    Reserved,
+    /// It was BOUND.
+    Bound,
+}
+
+impl Claimed {
+    /// The state bits to restore on rollback.
+    pub fn bits(self) -> u64 {
+        match self {
+            Claimed::Reserved => RESERVED,
+            Claimed::Bound => BOUND,
+        }
+    }
+}
+
+/// Page counts by state, from a scan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// FREE pages.
+    pub free: u64,
+    /// RESERVED pages.
+    pub reserved: u64,
+    /// BOUND pages.
+    pub bound: u64,
+    /// BUSY pages (transient).
+    pub busy: u64,
+}
+
+/// Lanes of `word` whose state is FREE, as a mask of lane low bits.
+#[inline]
+fn free_lanes(word: u64) -> u64 {
+    !(word | (word >> 1)) & LOW
+}
+
+/// Lanes of `word` whose state is RESERVED (`01`).
+#[inline]
+fn reserved_lanes(word: u64) -> u64 {
+    word & !(word >> 1) & LOW
+}
+
+/// The page-state table of one rank.
+pub struct PageTable {
+    /// Number of pages; pages are `0..num_pages`.
+    num_pages: u32,
+    /// The 2-bit page states, 32 per word.
+    words: ZeroedSlice<AtomicU64>,
+    /// One bit per state word: set means "probably no FREE page here".
+    full: ZeroedSlice<AtomicU64>,
+    /// Per state word, the epoch of its newest reservation.
+    stamps: ZeroedSlice<AtomicU8>,
+    /// Two words per page: the 128-bit hex key bound to it, or 0 for a text key.
+    owners: ZeroedSlice<AtomicU64>,
+    /// Owners of pages bound to text (non-hex) keys. Rare; off the hex path.
+    text_owners: scc::HashMap<u32, Box<str>>,
+    /// FREE pages not yet promised to an allocator.
+    free: AtomicU64,
+    /// Rotating start hint for the page search, in words.
+    cursor: AtomicU64,
+}
+
+impl PageTable {
+    /// A table of `num_pages` FREE pages. O(1): the memory is lazily zeroed.
+    pub fn new(num_pages: u32) -> Result<Self, OutOfMemory> {
+        let nwords = (num_pages as usize).div_ceil(LANES as usize);
+        Ok(Self {
+            num_pages,
+            words: ZeroedSlice::new(nwords)?,
+            full: ZeroedSlice::new(nwords.div_ceil(64))?,
+            stamps: ZeroedSlice::new(nwords)?,
+            owners: ZeroedSlice::new(2 * num_pages as usize)?,
+            text_owners: scc::HashMap::new(),
+            free: AtomicU64::new(u64::from(num_pages)),
+            cursor: AtomicU64::new(0),
+        })
+    }
+
+    /// Number of pages in this rank.
+    pub fn num_pages(&self) -> u32 {
+        self.num_pages
+    }
+
+    /// The free counter: FREE pages that no allocator has been promised.
+    pub fn free_count(&self) -> u64 {
+        // Relaxed: a statistic; callers that act on it use try_take.
+        self.free.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn locate(page: u32) -> (usize, u32) {
+        ((page / LANES) as usize, (page % LANES) * 2)
+    }
+
+    /// The lanes of word `w` that are real pages (the last word may be partial).
+    #[inline]
+    fn valid_lanes(&self, w: usize) -> u64 {
+        let tail = self.num_pages % LANES;
+        if tail != 0 && w + 1 == self.words.len() {
+            LOW & ((1u64 << (2 * tail)) - 1)
+        } else {
+            LOW
+        }
+    }
+
+    /// The current state of `page` (must be in range).
+    pub fn state(&self, page: u32) -> PageState {
+        let (w, shift) = Self::locate(page);
+        PageState::from_bits(self.words[w].load(Ordering::Acquire) >> shift)
+    }
+
+    /// Takes `n` pages from the free counter, all or nothing.
+    ///
+    /// On success the caller must follow with [`reserve`](Self::reserve) for
+    /// exactly `n` pages.
+    pub fn try_take(&self, n: u64) -> bool {
+        // AcqRel: acquiring the releases that incremented the counter makes
+        // the pages they freed visible to the search that follows.
+        self.free
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| free.checked_sub(n))
+            .is_ok()
+    }
+
+    /// Returns `n` pages to the free counter, after they were made FREE.
+    pub fn give_back(&self, n: u64) {
+        if n > 0 {
+            // Release: publishes the FREE states written before.
+            self.free.fetch_add(n, Ordering::Release);
+        }
+    }
+
+    /// Reserves `n` FREE pages, calling `emit` with each, stamping their words
+    /// with `epoch`. `n` must have been taken with [`try_take`](Self::try_take),
+    /// which guarantees the pages exist, so this always completes.
+    pub fn reserve(&self, mut n: u64, epoch: u8, mut emit: impl FnMut(u32)) {
+        let nwords = self.words.len();
+        if n == 0 || nwords == 0 {
+            return;
+        }
+        // Relaxed: a hint that spreads allocators over different words.
+        let start = (self.cursor.fetch_add(n / u64::from(LANES) + 1, Ordering::Relaxed)
+            % nwords as u64) as usize;
+        let mut use_hints = true;
+        let mut backoff = Backoff::default();
+        loop {
+            for (from, to) in [(start, nwords), (0, start)] {
+                let mut w = from;
+                while w < to {
+                    if use_hints {
+                        w = self.next_not_full(w);
+                        if w >= to {
+                            break;
+                        }
+                    }
+                    n -= self.reserve_in_word(w, n, epoch, &mut emit);
+                    if n == 0 {
+                        return;
+                    }
+                    w += 1;
+                }
+            }
+            // A whole pass found too few pages: others took the ones we saw
+            // and freed some behind us. Look again at every word, hints aside.
+            use_hints = false;
+            backoff.snooze();
+        }
+    }
+
+    /// The first word at or after `w` whose full hint is clear, or
+    /// `words.len()` when there is none.
+    #[inline]
+    fn next_not_full(&self, w: usize) -> usize {
+        let mut i = w / 64;
+        // Relaxed: a hint; a wrong answer costs a look at one word.
+        let mut open = !self.full[i].load(Ordering::Relaxed) & (!0u64 << (w % 64));
+        loop {
+            if open != 0 {
+                return (i * 64 + open.trailing_zeros() as usize).min(self.words.len());
+            }
+            i += 1;
+            if i == self.full.len() {
+                return self.words.len();
+            }
+            open = !self.full[i].load(Ordering::Relaxed);
+        }
+    }
+
+    /// Reserves up to `want` FREE pages of word `w`; returns how many.
+    fn reserve_in_word(&self, w: usize, want: u64, epoch: u8, emit: &mut impl FnMut(u32)) -> u64 {
+        let word = &self.words[w];
+        let valid = self.valid_lanes(w);
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            let mut free = free_lanes(cur) & valid;
+            if free == 0 {
+                self.mark_full(w);
+                return 0;
+            }
+            let mut take = 0u64;
+            let mut got = 0u64;
+            while free != 0 && got < want {
+                let lane = free & free.wrapping_neg();
+                take |= lane;
+                free ^= lane;
+                got += 1;
+            }
+            // Relaxed: published by the Release half of the CAS below.
+            self.stamps[w].store(epoch, Ordering::Relaxed);
+            // 00 → 01 for each taken lane: set its low bit.
+            match word.compare_exchange_weak(cur, cur | take, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    let base = w as u32 * LANES;
+                    while take != 0 {
+                        emit(base + take.trailing_zeros() / 2);
+                        take &= take - 1;
+                    }
+                    if free == 0 {
+                        self.mark_full(w);
+                    }
+                    return got;
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Sets word `w`'s full hint, then re-checks the word (see the module's
+    /// memory-ordering note).
+    fn mark_full(&self, w: usize) {
+        let bit = 1u64 << (w % 64);
+        let hint = &self.full[w / 64];
+        if hint.load(Ordering::Relaxed) & bit != 0 {
+            return;
+        }
+        hint.fetch_or(bit, Ordering::AcqRel);
+        if free_lanes(self.words[w].load(Ordering::Acquire)) & self.valid_lanes(w) != 0 {
+            hint.fetch_and(!bit, Ordering::AcqRel);
+        }
+    }
+
+    /// Clears word `w`'s full hint after a page of it became FREE.
+    fn clear_full(&self, w: usize) {
+        // An unconditional RMW: a load-then-skip here could miss an allocator's
+        // concurrent fetch_or (the store-buffering pattern).
+        self.full[w / 64].fetch_and(!(1u64 << (w % 64)), Ordering::AcqRel);
+    }
+
+    /// Claims `page` for an in-flight confirm or release: RESERVED or BOUND
+    /// becomes BUSY and the old state is returned. A FREE page is not claimed
+    /// (`None`). A page that another request holds BUSY is waited for.
+    pub fn claim(&self, page: u32) -> Option<Claimed> {
+        let (w, shift) = Self::locate(page);
+        let word = &self.words[w];
+        let mut backoff = Backoff::default();
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            let claimed = match (cur >> shift) & 0b11 {
+                FREE => return None,
+                RESERVED => Claimed::Reserved,
+                BOUND => Claimed::Bound,
+                _ => {
+                    // BUSY: another request commits this page right now.
+                    backoff.snooze();
+                    cur = word.load(Ordering::Acquire);
+                    continue;
+                }
+            };
+            match word.compare_exchange_weak(
+                cur,
+                cur | (BUSY << shift),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(claimed),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Moves a page this thread holds BUSY to `to` (FREE, RESERVED or BOUND).
+    ///
+    /// A page set FREE has its hint cleared here; the caller then returns it to
+    /// the counter with [`give_back`](Self::give_back).
+    pub fn settle(&self, page: u32, to: u64) {
+        let (w, shift) = Self::locate(page);
+        // We own the lane (it is BUSY = 11), so XOR with 11 ^ to is exact.
+        // Release: publishes the back-reference written while BUSY.
+        let prev = self.words[w].fetch_xor((BUSY ^ to) << shift, Ordering::Release);
+        debug_assert_eq!((prev >> shift) & 0b11, BUSY, "settling a page not held BUSY");
+        if to == FREE {
+            self.clear_full(w);
+        }
+    }
+
+    /// Records `key` as the owner of `page`, which this thread holds BUSY.
+    pub fn set_owner(&self, page: u32, key: KeyRef<'_>) {
+        let i = 2 * page as usize;
+        let v = match key {
+            KeyRef::Hex(v) => v,
+            KeyRef::Text(s) => {
+                self.text_owners.upsert_sync(page, s.into());
+                0
+            }
+        };
+        // Relaxed: published by settle's Release (see the module note).
+        self.owners[i].store((v >> 64) as u64, Ordering::Relaxed);
+        self.owners[i + 1].store(v as u64, Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn owner_hex(&self, page: u32) -> u128 {
+        let i = 2 * page as usize;
+        // Relaxed: the caller acquired the page's state (claim) first.
+        (u128::from(self.owners[i].load(Ordering::Relaxed)) << 64)
+            | u128::from(self.owners[i + 1].load(Ordering::Relaxed))
+    }
+
+    /// The key bound to `page`; the page must be BOUND, or BUSY from BOUND and
+    /// held by this thread.
+    pub fn owner(&self, page: u32) -> Option<Key> {
+        match self.owner_hex(page) {
+            0 => self.text_owners.read_sync(&page, |_, s| Key::Text(s.clone())),
+            v => Some(Key::Hex(v.to_be_bytes())),
+        }
+    }
+
+    /// Whether `page` (held as for [`owner`](Self::owner)) is bound to `key`.
+    pub fn owner_is(&self, page: u32, key: KeyRef<'_>) -> bool {
+        match (self.owner_hex(page), key) {
+            (0, KeyRef::Text(s)) => self.text_owners.read_sync(&page, |_, t| **t == *s).unwrap_or(false),
+            (v, KeyRef::Hex(k)) => v == k,
+            _ => false,
+        }
+    }
+
+    /// Forgets the owner of `page` (held BUSY) as it leaves BOUND.
+    pub fn clear_owner(&self, page: u32) {
+        if self.owner_hex(page) == 0 {
+            self.text_owners.remove_sync(&page);
+        }
+    }
+
+    /// Returns every RESERVED page of every word whose newest reservation is at
+    /// least `ttl` epochs older than `now` to the pool; returns how many.
+    ///
+    /// Stamps are per word, so a page expires between `ttl` epochs after its
+    /// own reservation and `ttl` epochs after the newest reservation in its
+    /// 32-page word: late, never early. Never waits; pages held BUSY are left
+    /// to their holder.
+    pub fn expire(&self, now: u8, ttl: u8) -> u64 {
+        let mut total = 0;
+        for w in 0..self.words.len() {
+            let word = &self.words[w];
+            let mut cur = word.load(Ordering::Acquire);
+            loop {
+                let reserved = reserved_lanes(cur);
+                // Relaxed: read after the Acquire load of the word (see note).
+                if reserved == 0 || now.wrapping_sub(self.stamps[w].load(Ordering::Relaxed)) < ttl {
+                    break;
+                }
+                match word.compare_exchange_weak(cur, cur & !reserved, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => {
+                        let n = u64::from(reserved.count_ones());
+                        self.clear_full(w);
+                        self.give_back(n);
+                        total += n;
+                        break;
+                    }
+                    Err(now_word) => cur = now_word,
+                }
+            }
+        }
+        total
+    }
+
+    /// Counts pages by state with a scan of the state words (O(pages / 32)).
+    pub fn counts(&self) -> Counts {
+        let mut c = Counts::default();
+        for (w, word) in self.words.iter().enumerate() {
+            let v = word.load(Ordering::Acquire);
+            let valid = self.valid_lanes(w);
+            c.free += u64::from((free_lanes(v) & valid).count_ones());
+            c.reserved += u64::from(reserved_lanes(v).count_ones());
+            c.bound += u64::from(((v >> 1) & !v & LOW).count_ones());
+            c.busy += u64::from((v & (v >> 1) & LOW).count_ones());
+        }
+        c
+    }
+
+    /// Calls `f` with every BOUND page (for the audit).
+    pub fn for_each_bound(&self, mut f: impl FnMut(u32)) {
+        for (w, word) in self.words.iter().enumerate() {
+            let v = word.load(Ordering::Acquire);
+            let mut bound = (v >> 1) & !v & LOW;
+            while bound != 0 {
+                f(w as u32 * LANES + bound.trailing_zeros() / 2);
+                bound &= bound - 1;
+            }
+        }
+    }
+
+    /// Checks this table's own invariants; only meaningful when no request is
+    /// in flight. Returns the counts.
+    pub fn audit(&self) -> Result<Counts, String> {
+        let c = self.counts();
+        if c.busy != 0 {
+            return Err(format!("{} pages BUSY with nothing in flight", c.busy));
+        }
+        if c.free + c.reserved + c.bound != u64::from(self.num_pages) {
+            return Err(format!("page states add up to {:?}, not {}", c, self.num_pages));
+        }
+        if self.free_count() != c.free {
+            return Err(format!("free counter {} but {} FREE pages", self.free_count(), c.free));
+        }
+        for w in 0..self.words.len() {
+            let v = self.words[w].load(Ordering::Acquire);
+            if v & !(self.valid_lanes(w) * 3) != 0 {
+                return Err(format!("word {w} has state bits beyond the last page"));
+            }
+            let hinted_full = self.full[w / 64].load(Ordering::Relaxed) & (1 << (w % 64)) != 0;
+            if hinted_full && free_lanes(v) & self.valid_lanes(w) != 0 {
+                return Err(format!("word {w} has FREE pages but is hinted full"));
+            }
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn reserve(t: &PageTable, n: u64) -> Vec<u32> {
+        assert!(t.try_take(n));
+        let mut v = Vec::new();
+        t.reserve(n, 0, |p| v.push(p));
+        v
+    }
+
+    #[test]
+    fn fresh_table_is_all_free() {
+        let t = PageTable::new(100).unwrap();
+        assert_eq!(t.free_count(), 100);
+        assert_eq!(t.audit().unwrap(), Counts { free: 100, ..Counts::default() });
+        assert_eq!(t.state(99), PageState::Free);
+    }
+
+    #[test]
+    fn reserve_hands_out_distinct_pages_and_counts() {
+        let t = PageTable::new(100).unwrap();
+        let mut got = reserve(&t, 70);
+        got.sort_unstable();
+        got.dedup();
+        assert_eq!(got.len(), 70);
+        assert!(got.iter().all(|&p| p < 100 && t.state(p) == PageState::Reserved));
+        assert_eq!(t.audit().unwrap(), Counts { free: 30, reserved: 70, ..Counts::default() });
+    }
+
+    #[test]
+    fn reserve_never_exceeds_the_pool_and_finds_every_page() {
+        let t = PageTable::new(33).unwrap();
+        let mut got = reserve(&t, 33);
+        assert!(!t.try_take(1), "a full rank grants nothing");
+        got.sort_unstable();
+        assert_eq!(got, (0..33).collect::<Vec<_>>());
+        t.audit().unwrap();
+    }
+
+    #[test]
+    fn take_is_all_or_nothing() {
+        let t = PageTable::new(10).unwrap();
+        assert!(!t.try_take(11));
+        assert_eq!(t.free_count(), 10);
+        assert!(t.try_take(10));
+        assert_eq!(t.free_count(), 0);
+    }
+
+    #[test]
+    fn claim_transitions() {
+        let t = PageTable::new(64).unwrap();
+        assert_eq!(t.claim(5), None, "a FREE page cannot be claimed");
+        let p = reserve(&t, 1)[0];
+        assert_eq!(t.claim(p), Some(Claimed::Reserved));
+        assert_eq!(t.state(p), PageState::Busy);
+        t.settle(p, BOUND);
+        assert_eq!(t.state(p), PageState::Bound);
+        assert_eq!(t.claim(p), Some(Claimed::Bound));
+        t.settle(p, Claimed::Bound.bits()); // rollback
+        assert_eq!(t.state(p), PageState::Bound);
+        assert_eq!(t.claim(p), Some(Claimed::Bound));
+        t.settle(p, FREE);
+        t.give_back(1);
+        assert_eq!(t.state(p), PageState::Free);
+        t.audit().unwrap();
+    }
+
+    #[test]
+    fn owners_round_trip_hex_and_text() {
+        let t = PageTable::new(8).unwrap();
+        let hex = KeyRef::parse("0123456789abcdef0123456789abcdef");
+        t.set_owner(1, hex);
+        t.set_owner(2, KeyRef::Text("plain"));
+        assert_eq!(t.owner(1), Some(hex.to_key()));
+        assert_eq!(t.owner(2), Some(Key::Text("plain".into())));
+        assert!(t.owner_is(1, hex) && !t.owner_is(1, KeyRef::Text("plain")));
+        assert!(t.owner_is(2, KeyRef::Text("plain")) && !t.owner_is(2, KeyRef::Text("other")));
+        t.clear_owner(2);
+        assert_eq!(t.owner(2), None);
+        // A text owner replacing a hex one must not leave the hex behind.
+        t.set_owner(1, KeyRef::Text("t"));
+        assert!(t.owner_is(1, KeyRef::Text("t")) && !t.owner_is(1, hex));
+    }
+
+    #[test]
+    fn full_hint_skips_full_words_and_clears_on_free() {
+        let t = PageTable::new(32 * 200).unwrap();
+        let all = reserve(&t, 32 * 200);
+        assert_eq!(t.next_not_full(0), 200, "every word is hinted full");
+        let p = all[4321];
+        assert_eq!(t.claim(p), Some(Claimed::Reserved));
+        t.settle(p, FREE);
+        t.give_back(1);
+        assert_eq!(t.next_not_full(0), p as usize / 32);
+        assert_eq!(reserve(&t, 1), vec![p]);
+        t.audit().unwrap();
+    }
+
+    #[test]
+    fn expiry_frees_only_old_reservations() {
+        let t = PageTable::new(64).unwrap();
+        assert!(t.try_take(1));
+        let mut old = Vec::new();
+        t.reserve(1, 10, |p| old.push(p));
+        assert_eq!(t.expire(12, 5), 0, "too young");
+        assert_eq!(t.expire(15, 5), 1);
+        assert_eq!(t.state(old[0]), PageState::Free);
+        t.audit().unwrap();
+    }
+
+    #[test]
+    fn expiry_leaves_bound_and_busy_pages() {
+        let t = PageTable::new(64).unwrap();
+        let ps = reserve(&t, 3);
+        t.claim(ps[0]).unwrap();
+        t.settle(ps[0], BOUND);
+        t.claim(ps[1]).unwrap(); // held BUSY across the sweep
+        assert_eq!(t.expire(200, 5), 1);
+        assert_eq!(t.state(ps[0]), PageState::Bound);
+        assert_eq!(t.state(ps[1]), PageState::Busy);
+        assert_eq!(t.state(ps[2]), PageState::Free);
+        t.settle(ps[1], RESERVED);
+    }
+
+    #[test]
+    fn expiry_epochs_wrap() {
+        let t = PageTable::new(32).unwrap();
+        assert!(t.try_take(1));
+        t.reserve(1, 254, |_| {});
+        assert_eq!(t.expire(1, 5), 0, "254 → 1 is 3 epochs");
+        assert_eq!(t.expire(3, 5), 1, "254 → 3 is 5 epochs");
+    }
+
+    #[test]
+    fn partial_last_word_is_never_handed_out() {
+        let t = PageTable::new(40).unwrap();
+        let mut got = reserve(&t, 40);
+        got.sort_unstable();
+        assert_eq!(got.last(), Some(&39));
+        assert_eq!(t.counts().free, 0);
+        t.audit().unwrap();
+    }
+
+    #[test]
+    fn huge_tables_are_lazy() {
+        // 10^8 pages: creating and using a corner costs milliseconds.
+        let t = PageTable::new(100_000_000).unwrap();
+        assert_eq!(reserve(&t, 128).len(), 128);
+        assert_eq!(t.free_count(), 100_000_000 - 128);
+    }
+
+    #[test]
+    fn concurrent_reserve_hands_out_each_page_once() {
+        let t = PageTable::new(32 * 64).unwrap();
+        let per = 32 * 16;
+        let all: Vec<Vec<u32>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut mine = Vec::new();
+                        for _ in 0..per / 8 {
+                            mine.extend(reserve(&t, 8));
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let mut flat: Vec<u32> = all.concat();
+        flat.sort_unstable();
+        flat.dedup();
+        assert_eq!(flat.len(), 32 * 64);
+        t.audit().unwrap();
+    }
+}

@@ -1,0 +1,510 @@
+//! The operations the API needs: initialize, allocate, confirm, exists,
+//! locations, clear, plus statistics, reservation expiry and the audit.
+//!
+//! All state of one lifetime between two `/clear`s is one [`Generation`]:
+//! the ranks' page tables and the key index. `/clear` swaps in a fresh
+//! generation atomically (`arc-swap`), so a request always works on one
+//! consistent generation from start to end, and requests never wait for a
+//! clear, nor a clear for them. A request in flight across a clear finishes on
+//! the old generation, as if it had run just before the clear.
+//!
+//! Ranks live in a fixed array of `OnceLock`s, one per possible rank
+//! (`--max-ranks`): finding a rank is one load, with no lock and no refcount.
+//!
+//! # Memory ordering
+//!
+//! Page states are synchronized by [`super::pages`]; the index by scc. The
+//! counters here are statistics (`Relaxed`): `initialized` only decides the
+//! world size of a newly confirmed key, exactly as racy as the reference's
+//! "ranks that exist at that moment" (use `--world-size` to pin it); `keys`,
+//! `complete` and `expired` are exported counts; `epoch` is a coarse clock
+//! whose exact value at a reservation only moves its expiry by one tick.
+
+use super::error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
+use super::index::{Bind, Delta, KeyIndex};
+use super::key::KeyRef;
+use super::pages::{Claimed, Counts, PageState, PageTable, BOUND, FREE};
+use arc_swap::ArcSwap;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+/// Expiry granularity: the server ticks the store's epoch this many times per
+/// reservation TTL.
+pub const TICKS_PER_TTL: u32 = 4;
+/// A reservation expires once its word's stamp is this many ticks old: at
+/// least a full TTL after the reservation (a reservation can land just after a
+/// tick), at most a TTL and a quarter.
+const EXPIRY_TICKS: u8 = TICKS_PER_TTL as u8 + 1;
+
+/// How the store is sized and what it decides on its own.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Pins every key's world size (`--world-size`); `None` takes the number
+    /// of initialized ranks when the key is first confirmed, as the reference does.
+    pub world_size: Option<u32>,
+    /// Ranks are `0..max_ranks`.
+    pub max_ranks: u32,
+    /// The largest `num_pages` an initialize may ask for.
+    pub max_pages_per_rank: u32,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self { world_size: None, max_ranks: 1024, max_pages_per_rank: u32::MAX - 1 }
+    }
+}
+
+/// The answer to a successful initialize.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Initialized {
+    /// The rank was created.
+    Created,
+    /// The rank already existed with this many pages; nothing changed.
+    Existing {
+        /// Its size, which may differ from the one asked for.
+        num_pages: u32,
+    },
+}
+
+/// What a successful confirm did, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConfirmOutcome {
+    /// Reserved pages now bound to their key.
+    pub bound: u32,
+    /// Confirmations of a page already bound to that key (no-ops).
+    pub reconfirmed: u32,
+    /// Reserved pages freed because their key already held another page.
+    pub superseded: u32,
+    /// Pages released (reserved or bound).
+    pub released: u32,
+}
+
+/// One rank's statistics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankStats {
+    /// The rank.
+    pub rank: u32,
+    /// Its size.
+    pub num_pages: u32,
+    /// Page counts by state.
+    pub counts: Counts,
+}
+
+/// A snapshot of the store's statistics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stats {
+    /// Initialized ranks, in rank order.
+    pub ranks: Vec<RankStats>,
+    /// Keys with at least one binding.
+    pub keys: u64,
+    /// Keys complete on every rank of their world.
+    pub complete_keys: u64,
+    /// Reservations returned to the pool by expiry, ever.
+    pub expired: u64,
+}
+
+/// Everything between two `/clear`s.
+struct Generation {
+    ranks: Box<[OnceLock<PageTable>]>,
+    initialized: AtomicU32,
+    index: KeyIndex,
+    keys: AtomicI64,
+    complete: AtomicI64,
+}
+
+impl Generation {
+    fn new(max_ranks: u32) -> Self {
+        Self {
+            ranks: (0..max_ranks).map(|_| OnceLock::new()).collect(),
+            initialized: AtomicU32::new(0),
+            index: KeyIndex::default(),
+            keys: AtomicI64::new(0),
+            complete: AtomicI64::new(0),
+        }
+    }
+
+    #[inline]
+    fn rank(&self, rank: i64) -> Option<&PageTable> {
+        usize::try_from(rank).ok().and_then(|r| self.ranks.get(r)).and_then(OnceLock::get)
+    }
+
+    fn apply(&self, d: Delta) {
+        if d.keys != 0 {
+            self.keys.fetch_add(d.keys, Ordering::Relaxed);
+        }
+        if d.complete != 0 {
+            self.complete.fetch_add(d.complete, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The metadata store. Share it by reference or `Arc`; every method takes `&self`.
+pub struct Store {
+    cfg: StoreConfig,
+    gen: ArcSwap<Generation>,
+    epoch: AtomicU32,
+    expired: AtomicU64,
+}
+
+/// One item of a confirm request, sorted by page for claiming.
+#[derive(Clone, Copy)]
+struct Item {
+    page: u32,
+    /// Index into confirmations, or `RELEASE | index` into releases.
+    tag: u32,
+}
+
+/// Marks a release in [`Item::tag`]; confirmations sort first on equal pages.
+const RELEASE: u32 = 1 << 31;
+
+/// Claimed state per confirmation; `None` for a repeat of an earlier
+/// identical confirmation in the same request.
+type Claims = Vec<Option<Claimed>>;
+
+impl Store {
+    /// An empty store.
+    pub fn new(cfg: StoreConfig) -> Self {
+        let gen = ArcSwap::from_pointee(Generation::new(cfg.max_ranks));
+        Self { cfg, gen, epoch: AtomicU32::new(0), expired: AtomicU64::new(0) }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &StoreConfig {
+        &self.cfg
+    }
+
+    /// Creates `rank` with `num_pages` FREE pages; an existing rank is left as
+    /// it is. O(1) in `num_pages`.
+    pub fn initialize(&self, rank: i64, num_pages: i64) -> Result<Initialized, InitError> {
+        if num_pages <= 0 || rank < 0 {
+            return Err(InitError::InvalidParameters);
+        }
+        if rank >= i64::from(self.cfg.max_ranks) {
+            return Err(InitError::TooManyRanks { rank, max: self.cfg.max_ranks });
+        }
+        if num_pages > i64::from(self.cfg.max_pages_per_rank) {
+            return Err(InitError::TooManyPages { requested: num_pages, max: self.cfg.max_pages_per_rank });
+        }
+        let pages = num_pages as u32;
+        let gen = self.gen.load();
+        let slot = &gen.ranks[rank as usize];
+        if let Some(t) = slot.get() {
+            return Ok(Initialized::Existing { num_pages: t.num_pages() });
+        }
+        let table = PageTable::new(pages)
+            .map_err(|e| InitError::OutOfMemory { rank, pages, bytes: e.bytes })?;
+        match slot.set(table) {
+            Ok(()) => {
+                gen.initialized.fetch_add(1, Ordering::Relaxed);
+                Ok(Initialized::Created)
+            }
+            // Another initialize of the same rank won the race.
+            Err(_) => Ok(Initialized::Existing { num_pages: slot.get().map_or(pages, PageTable::num_pages) }),
+        }
+    }
+
+    /// Allocates pages on `rank` for `keys`.
+    ///
+    /// `out` receives, for each distinct key in order of first appearance, the
+    /// index of its first appearance in `keys` and its page: the page this rank
+    /// already binds to it, or a freshly reserved one. Fresh pages are granted
+    /// all or nothing: when the rank cannot reserve one for every key that
+    /// needs one, none is reserved and those keys get -1.
+    pub fn allocate(&self, rank: i64, keys: &[&str], out: &mut Vec<(usize, i64)>) -> Result<(), RankNotInitialized> {
+        let gen = self.gen.load();
+        let table = gen.rank(rank).ok_or(RankNotInitialized(rank))?;
+        let r = rank as u32;
+        out.clear();
+        // Parse every key before looking any up: the lookups then overlap
+        // their cache misses.
+        let mut seen: HashSet<KeyRef<'_>, foldhash::fast::FixedState> =
+            HashSet::with_capacity_and_hasher(keys.len(), foldhash::fast::FixedState::default());
+        let mut distinct = Vec::with_capacity(keys.len());
+        for (i, s) in keys.iter().enumerate() {
+            let k = KeyRef::parse(s);
+            if seen.insert(k) {
+                distinct.push((i, k));
+            }
+        }
+        let mut need = 0u64;
+        for &(i, k) in &distinct {
+            let page = gen.index.page(k, r).map_or(-1, i64::from);
+            need += u64::from(page < 0);
+            out.push((i, page));
+        }
+        if need > 0 && table.try_take(need) {
+            let epoch = self.epoch.load(Ordering::Relaxed) as u8;
+            let mut slots = out.iter_mut().filter(|(_, p)| *p < 0);
+            table.reserve(need, epoch, |page| {
+                let slot = slots.next();
+                debug_assert!(slot.is_some(), "reserve emitted more pages than taken");
+                if let Some(s) = slot {
+                    s.1 = i64::from(page);
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// Confirms `confirmations` and releases `releases` on `rank`, atomically:
+    /// either all of it takes effect or none does and the typed error says why.
+    pub fn confirm(&self, rank: i64, confirmations: &[(&str, i64)], releases: &[i64]) -> Result<ConfirmOutcome, ConfirmError> {
+        let gen = self.gen.load();
+        let table = gen
+            .rank(rank)
+            .ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
+        let n = i64::from(table.num_pages());
+        let out_of_range = |page: i64, key: Option<&str>| ConfirmError::new(ErrorCode::PageOutOfRange, rank, Some(page), key);
+
+        // 1. Everything that can be checked without claiming a page.
+        let mut items = Vec::with_capacity(confirmations.len() + releases.len());
+        for (i, &(key, page)) in confirmations.iter().enumerate() {
+            if !(0..n).contains(&page) {
+                return Err(out_of_range(page, Some(key)));
+            }
+            items.push(Item { page: page as u32, tag: i as u32 });
+        }
+        for (i, &page) in releases.iter().enumerate() {
+            if !(0..n).contains(&page) {
+                return Err(out_of_range(page, None));
+            }
+            items.push(Item { page: page as u32, tag: RELEASE | i as u32 });
+        }
+        items.sort_unstable_by_key(|it| (it.page, it.tag));
+        let mut claims: Claims = vec![None; confirmations.len()];
+        let mut repeat = vec![false; confirmations.len()];
+        for pair in items.windows(2) {
+            let (a, b) = (pair[0], pair[1]);
+            if a.page != b.page {
+                continue;
+            }
+            let page = Some(i64::from(a.page));
+            match (a.tag & RELEASE != 0, b.tag & RELEASE != 0) {
+                (false, false) => {
+                    let (ka, kb) = (confirmations[a.tag as usize].0, confirmations[b.tag as usize].0);
+                    if ka != kb {
+                        return Err(ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(kb)));
+                    }
+                    repeat[b.tag as usize] = true;
+                }
+                (false, true) => {
+                    let key = confirmations[a.tag as usize].0;
+                    return Err(ConfirmError::new(ErrorCode::ConfirmAndRelease, rank, page, Some(key)));
+                }
+                _ => return Err(ConfirmError::new(ErrorCode::DoubleRelease, rank, page, None)),
+            }
+        }
+        items.retain(|it| it.tag & RELEASE != 0 || !repeat[it.tag as usize]);
+
+        // 2. Claim every page, in page order (so two requests never wait on
+        //    each other in a cycle), and check what we found.
+        let mut release_claims = vec![Claimed::Reserved; releases.len()];
+        for (done, it) in items.iter().enumerate() {
+            let failure = match table.claim(it.page) {
+                Some(c) if it.tag & RELEASE != 0 => {
+                    release_claims[(it.tag & !RELEASE) as usize] = c;
+                    None
+                }
+                Some(c) => {
+                    let key = confirmations[it.tag as usize].0;
+                    claims[it.tag as usize] = Some(c);
+                    (c == Claimed::Bound && !table.owner_is(it.page, KeyRef::parse(key))).then(|| {
+                        // Put this page back first, then the ones before it.
+                        table.settle(it.page, BOUND);
+                        let mut e = ConfirmError::new(ErrorCode::DoubleConfirm, rank, Some(i64::from(it.page)), Some(key));
+                        e.already_bound = true;
+                        e
+                    })
+                }
+                None if it.tag & RELEASE != 0 => {
+                    Some(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, Some(i64::from(it.page)), None))
+                }
+                None => {
+                    let key = confirmations[it.tag as usize].0;
+                    Some(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, Some(i64::from(it.page)), Some(key)))
+                }
+            };
+            if let Some(err) = failure {
+                for prev in &items[..done] {
+                    let c = if prev.tag & RELEASE != 0 {
+                        release_claims[(prev.tag & !RELEASE) as usize]
+                    } else {
+                        claims[prev.tag as usize].unwrap_or(Claimed::Reserved)
+                    };
+                    table.settle(prev.page, c.bits());
+                }
+                return Err(err);
+            }
+        }
+
+        // 3. Commit. Releases first, so that a request which releases a key's
+        //    old page and confirms a new one for it ends with the new one.
+        let r = rank as u32;
+        let mut delta = Delta::default();
+        let mut outcome = ConfirmOutcome::default();
+        let mut freed = 0u64;
+        for (&page, &c) in releases.iter().zip(&release_claims) {
+            let page = page as u32;
+            if c == Claimed::Bound {
+                if let Some(owner) = table.owner(page) {
+                    let unbound = gen.index.unbind(owner.as_ref(), r, page, &mut delta);
+                    debug_assert!(unbound, "a BOUND page's owner must be bound to it");
+                }
+                table.clear_owner(page);
+            }
+            table.settle(page, FREE);
+            freed += 1;
+            outcome.released += 1;
+        }
+        let world = || self.cfg.world_size.unwrap_or_else(|| gen.initialized.load(Ordering::Relaxed));
+        for (&(key, page), c) in confirmations.iter().zip(&claims) {
+            let page = page as u32;
+            match c {
+                None => {}
+                Some(Claimed::Bound) => {
+                    table.settle(page, BOUND);
+                    outcome.reconfirmed += 1;
+                }
+                Some(Claimed::Reserved) => {
+                    let k = KeyRef::parse(key);
+                    match gen.index.bind(k, r, page, world, &mut delta) {
+                        Bind::Bound => {
+                            table.set_owner(page, k);
+                            table.settle(page, BOUND);
+                            outcome.bound += 1;
+                        }
+                        Bind::Kept(_) => {
+                            table.settle(page, FREE);
+                            freed += 1;
+                            outcome.superseded += 1;
+                        }
+                    }
+                }
+            }
+        }
+        table.give_back(freed);
+        gen.apply(delta);
+        Ok(outcome)
+    }
+
+    /// For each key, whether it is complete.
+    pub fn exists(&self, keys: &[&str], out: &mut Vec<bool>) {
+        let gen = self.gen.load();
+        let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
+        out.clear();
+        out.extend(parsed.iter().map(|&k| gen.index.is_complete(k)));
+    }
+
+    /// For each key, its page on `rank` when the key is complete.
+    pub fn locations(&self, rank: i64, keys: &[&str], out: &mut Vec<Option<u32>>) -> Result<(), RankNotInitialized> {
+        let gen = self.gen.load();
+        gen.rank(rank).ok_or(RankNotInitialized(rank))?;
+        let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
+        out.clear();
+        out.extend(parsed.iter().map(|&k| gen.index.location(k, rank as u32)));
+        Ok(())
+    }
+
+    /// Forgets every rank and every key.
+    pub fn clear(&self) {
+        self.gen.store(Arc::new(Generation::new(self.cfg.max_ranks)));
+    }
+
+    /// The current expiry epoch (low 8 bits are what reservations are stamped with).
+    pub fn epoch(&self) -> u32 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// Advances the expiry clock by one tick and returns to the pool every
+    /// reservation that has now outlived its TTL (see [`TICKS_PER_TTL`]).
+    /// Returns how many pages it freed. Called by the server's sweeper every
+    /// TTL / [`TICKS_PER_TTL`]; tests call it directly as a fake clock.
+    pub fn tick(&self) -> u64 {
+        let now = self.epoch.fetch_add(1, Ordering::Relaxed).wrapping_add(1) as u8;
+        let gen = self.gen.load_full();
+        let freed: u64 = gen.ranks.iter().filter_map(OnceLock::get).map(|t| t.expire(now, EXPIRY_TICKS)).sum();
+        self.expired.fetch_add(freed, Ordering::Relaxed);
+        freed
+    }
+
+    /// Statistics: page counts per rank (a scan, O(pages / 32)), key counts.
+    pub fn stats(&self) -> Stats {
+        let gen = self.gen.load_full();
+        let ranks = gen
+            .ranks
+            .iter()
+            .enumerate()
+            .filter_map(|(r, t)| t.get().map(|t| RankStats { rank: r as u32, num_pages: t.num_pages(), counts: t.counts() }))
+            .collect();
+        Stats {
+            ranks,
+            keys: gen.keys.load(Ordering::Relaxed).max(0) as u64,
+            complete_keys: gen.complete.load(Ordering::Relaxed).max(0) as u64,
+            expired: self.expired.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Checks every invariant of the design notes. Only meaningful while no
+    /// request is in flight (tests call it at the end of a run).
+    pub fn audit(&self) -> Result<Stats, String> {
+        let gen = self.gen.load_full();
+        let mut bound_pages = 0u64;
+        for (r, t) in gen.ranks.iter().enumerate() {
+            let Some(t) = t.get() else { continue };
+            let c = t.audit().map_err(|e| format!("rank {r}: {e}"))?;
+            bound_pages += c.bound;
+            let mut err = None;
+            t.for_each_bound(|p| {
+                if err.is_some() {
+                    return;
+                }
+                match t.owner(p) {
+                    None => err = Some(format!("rank {r}: BOUND page {p} has no owner")),
+                    Some(k) if gen.index.page(k.as_ref(), r as u32) != Some(p) => {
+                        err = Some(format!("rank {r}: page {p} names key {k}, whose binding is elsewhere"));
+                    }
+                    Some(_) => {}
+                }
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+        }
+        let (mut keys, mut complete, mut bindings) = (0i64, 0i64, 0u64);
+        let mut err = None;
+        gen.index.for_each(|k, e| {
+            keys += 1;
+            complete += i64::from(e.complete());
+            let mut n = 0;
+            for (r, p) in e.bindings() {
+                n += 1;
+                bindings += 1;
+                let ok = gen.rank(i64::from(r)).is_some_and(|t| {
+                    p < t.num_pages() && t.state(p) == PageState::Bound && t.owner_is(p, k.as_ref())
+                });
+                if !ok && err.is_none() {
+                    err = Some(format!("key {k} is bound to page {p} of rank {r}, which is not BOUND to it"));
+                }
+            }
+            if n == 0 && err.is_none() {
+                err = Some(format!("key {k} has no binding"));
+            }
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        if bindings != bound_pages {
+            return Err(format!("{bindings} key bindings but {bound_pages} BOUND pages"));
+        }
+        let stats = self.stats();
+        if keys != gen.keys.load(Ordering::Relaxed) || complete != gen.complete.load(Ordering::Relaxed) {
+            return Err(format!(
+                "counted {keys} keys / {complete} complete, counters say {} / {}",
+                gen.keys.load(Ordering::Relaxed),
+                gen.complete.load(Ordering::Relaxed)
+            ));
+        }
+        Ok(stats)
+    }
+}
