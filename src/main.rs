@@ -1,1 +1,88 @@
-fn main() {}
+//! The `hf3fs-meta` binary: parse the command line, set up logging, bind,
+//! serve until SIGTERM or SIGINT, drain, exit 0.
+
+use clap::Parser;
+use hf3fs_meta::config::Config;
+use hf3fs_meta::{http, init_tracing, App};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() -> ExitCode {
+    let cfg = Config::parse();
+    init_tracing(&cfg);
+    let workers = cfg
+        .workers
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .max(1);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let listener = match tokio::net::TcpListener::bind((cfg.host, cfg.port)).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("cannot listen on {}:{}: {e}", cfg.host, cfg.port);
+                return ExitCode::FAILURE;
+            }
+        };
+        let addr = listener
+            .local_addr()
+            .map_or_else(|_| format!("{}:{}", cfg.host, cfg.port), |a| a.to_string());
+        tracing::info!(
+            %addr,
+            workers,
+            world_size = ?cfg.world_size,
+            reservation_ttl_s = cfg.reservation_ttl,
+            max_body_bytes = cfg.max_body_bytes,
+            max_keys_per_request = cfg.max_keys_per_request,
+            max_key_len = cfg.max_key_len,
+            max_ranks = cfg.max_ranks,
+            max_pages_per_rank = cfg.max_pages_per_rank,
+            max_connections = cfg.max_connections,
+            header_timeout_s = cfg.header_timeout,
+            body_timeout_s = cfg.body_timeout,
+            admin_token = cfg.admin_token.is_some(),
+            auth_all = cfg.auth_all,
+            data_dir = ?cfg.data_dir,
+            "hf3fs-meta {} listening",
+            env!("CARGO_PKG_VERSION")
+        );
+        let app = Arc::new(App::new(cfg));
+        http::serve(app, listener, shutdown_signal()).await;
+        tracing::info!("stopped");
+        ExitCode::SUCCESS
+    })
+}
+
+/// Resolves on the first SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}

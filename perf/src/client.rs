@@ -132,7 +132,9 @@ impl RawConn {
             let mut keep_alive = !http10;
             for line in head.split(|&c| c == b'\n').skip(1) {
                 let line = line.strip_suffix(b"\r").unwrap_or(line);
-                let Some(colon) = line.iter().position(|&c| c == b':') else { continue };
+                let Some(colon) = line.iter().position(|&c| c == b':') else {
+                    continue;
+                };
                 let name = &line[..colon];
                 let value = line[colon + 1..].trim_ascii();
                 if name.eq_ignore_ascii_case(b"content-length") {
@@ -173,7 +175,11 @@ impl RawConn {
                 BodyKind::Chunked => loop {
                     let le = self.line_end().await?;
                     let line = &self.rbuf[self.start..self.start + le - 2];
-                    let hex = line.split(|&c| c == b';').next().unwrap_or(b"").trim_ascii();
+                    let hex = line
+                        .split(|&c| c == b';')
+                        .next()
+                        .unwrap_or(b"")
+                        .trim_ascii();
                     let size = std::str::from_utf8(hex)
                         .ok()
                         .and_then(|s| usize::from_str_radix(s, 16).ok())
@@ -242,7 +248,12 @@ impl Conn {
     async fn post_raw(&mut self, path: &str, body: &Bytes) -> io::Result<(u16, &[u8])> {
         if self.raw.is_none() {
             let stream = self.dial().await?;
-            self.raw = Some(RawConn { stream, rbuf: vec![0; 16 << 10], start: 0, end: 0 });
+            self.raw = Some(RawConn {
+                stream,
+                rbuf: vec![0; 16 << 10],
+                start: 0,
+                end: 0,
+            });
         }
         let w = &mut self.wbuf;
         w.clear();
@@ -295,7 +306,12 @@ impl Conn {
             sender.ready().await.map_err(io::Error::other)?;
             let resp = sender.send_request(req).await.map_err(io::Error::other)?;
             let status = resp.status().as_u16();
-            let b = resp.into_body().collect().await.map_err(io::Error::other)?.to_bytes();
+            let b = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(io::Error::other)?
+                .to_bytes();
             Ok::<_, io::Error>((status, b))
         }
         .await;

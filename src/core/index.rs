@@ -35,7 +35,10 @@ impl Entry {
     /// The page `rank` holds for this key.
     #[inline]
     pub fn page(&self, rank: u32) -> Option<u32> {
-        self.pages.get(rank as usize).copied().filter(|&p| p != NO_PAGE)
+        self.pages
+            .get(rank as usize)
+            .copied()
+            .filter(|&p| p != NO_PAGE)
     }
 
     /// Whether every rank of the key's world holds a page for it.
@@ -88,7 +91,9 @@ pub struct KeyIndex {
 
 impl Default for KeyIndex {
     fn default() -> Self {
-        Self { map: scc::HashMap::with_hasher(Hasher::default()) }
+        Self {
+            map: scc::HashMap::with_hasher(Hasher::default()),
+        }
     }
 }
 
@@ -102,22 +107,37 @@ impl KeyIndex {
     /// Whether `key` is complete.
     #[inline]
     pub fn is_complete(&self, key: KeyRef<'_>) -> bool {
-        self.map.read_sync(&key, |_, e| e.complete()).unwrap_or(false)
+        self.map
+            .read_sync(&key, |_, e| e.complete())
+            .unwrap_or(false)
     }
 
     /// The page on `rank` when `key` is complete.
     #[inline]
     pub fn location(&self, key: KeyRef<'_>, rank: u32) -> Option<u32> {
-        self.map.read_sync(&key, |_, e| if e.complete() { e.page(rank) } else { None }).flatten()
+        self.map
+            .read_sync(&key, |_, e| if e.complete() { e.page(rank) } else { None })
+            .flatten()
     }
 
     /// Binds `key` to `page` on `rank`, unless the key already holds a page on
     /// that rank, which is kept (readers may already hold it). `world` gives
     /// the world size when the key is new.
-    pub fn bind(&self, key: KeyRef<'_>, rank: u32, page: u32, world: impl FnOnce() -> u32, delta: &mut Delta) -> Bind {
+    pub fn bind(
+        &self,
+        key: KeyRef<'_>,
+        rank: u32,
+        page: u32,
+        world: impl FnOnce() -> u32,
+        delta: &mut Delta,
+    ) -> Bind {
         let mut entry = self.map.entry_sync(key.to_key()).or_insert_with(|| {
             delta.keys += 1;
-            Entry { world: world(), bound: 0, pages: SmallVec::new() }
+            Entry {
+                world: world(),
+                bound: 0,
+                pages: SmallVec::new(),
+            }
         });
         let e = entry.get_mut();
         if let Some(held) = e.page(rank) {
@@ -137,7 +157,9 @@ impl KeyIndex {
     /// Removes `key`'s binding to `page` on `rank`; removes the key when that
     /// was its last binding. Returns whether the binding existed.
     pub fn unbind(&self, key: KeyRef<'_>, rank: u32, page: u32, delta: &mut Delta) -> bool {
-        let Some(mut entry) = self.map.get_sync(&key) else { return false };
+        let Some(mut entry) = self.map.get_sync(&key) else {
+            return false;
+        };
         let e = entry.get_mut();
         if e.page(rank) != Some(page) {
             return false;
@@ -178,9 +200,19 @@ mod tests {
         assert_eq!((d.keys, d.complete), (1, 0));
         assert_eq!(ix.page(k("a"), 0), Some(5));
         assert!(!ix.is_complete(k("a")));
-        assert_eq!(ix.location(k("a"), 0), None, "incomplete keys have no location");
-        assert_eq!(ix.bind(k("a"), 0, 6, || unreachable!(), &mut d), Bind::Kept(5));
-        assert_eq!(ix.bind(k("a"), 1, 9, || unreachable!(), &mut d), Bind::Bound);
+        assert_eq!(
+            ix.location(k("a"), 0),
+            None,
+            "incomplete keys have no location"
+        );
+        assert_eq!(
+            ix.bind(k("a"), 0, 6, || unreachable!(), &mut d),
+            Bind::Kept(5)
+        );
+        assert_eq!(
+            ix.bind(k("a"), 1, 9, || unreachable!(), &mut d),
+            Bind::Bound
+        );
         assert_eq!((d.keys, d.complete), (1, 1));
         assert!(ix.is_complete(k("a")));
         assert_eq!(ix.location(k("a"), 1), Some(9));

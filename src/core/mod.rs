@@ -20,5 +20,8 @@ mod zeroed;
 
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
 pub use key::{Key, KeyRef};
-pub use store::{ConfirmOutcome, Initialized, RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL};
+pub use store::{
+    AllocateOutcome, ConfirmOutcome, Initialized, RankStats, Stats, Store, StoreConfig,
+    TICKS_PER_TTL,
+};
 pub use zeroed::OutOfMemory;

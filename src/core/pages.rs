@@ -216,7 +216,9 @@ impl PageTable {
         // AcqRel: acquiring the releases that incremented the counter makes
         // the pages they freed visible to the search that follows.
         self.free
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| free.checked_sub(n))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
+                free.checked_sub(n)
+            })
             .is_ok()
     }
 
@@ -237,7 +239,9 @@ impl PageTable {
             return;
         }
         // Relaxed: a hint that spreads allocators over different words.
-        let start = (self.cursor.fetch_add(n / u64::from(LANES) + 1, Ordering::Relaxed)
+        let start = (self
+            .cursor
+            .fetch_add(n / u64::from(LANES) + 1, Ordering::Relaxed)
             % nwords as u64) as usize;
         let mut use_hints = true;
         let mut backoff = Backoff::default();
@@ -385,7 +389,11 @@ impl PageTable {
         // We own the lane (it is BUSY = 11), so XOR with 11 ^ to is exact.
         // Release: publishes the back-reference written while BUSY.
         let prev = self.words[w].fetch_xor((BUSY ^ to) << shift, Ordering::Release);
-        debug_assert_eq!((prev >> shift) & 0b11, BUSY, "settling a page not held BUSY");
+        debug_assert_eq!(
+            (prev >> shift) & 0b11,
+            BUSY,
+            "settling a page not held BUSY"
+        );
         if to == FREE {
             self.clear_full(w);
         }
@@ -418,7 +426,9 @@ impl PageTable {
     /// held by this thread.
     pub fn owner(&self, page: u32) -> Option<Key> {
         match self.owner_hex(page) {
-            0 => self.text_owners.read_sync(&page, |_, s| Key::Text(s.clone())),
+            0 => self
+                .text_owners
+                .read_sync(&page, |_, s| Key::Text(s.clone())),
             v => Some(Key::Hex(v.to_be_bytes())),
         }
     }
@@ -426,7 +436,10 @@ impl PageTable {
     /// Whether `page` (held as for [`owner`](Self::owner)) is bound to `key`.
     pub fn owner_is(&self, page: u32, key: KeyRef<'_>) -> bool {
         match (self.owner_hex(page), key) {
-            (0, KeyRef::Text(s)) => self.text_owners.read_sync(&page, |_, t| **t == *s).unwrap_or(false),
+            (0, KeyRef::Text(s)) => self
+                .text_owners
+                .read_sync(&page, |_, t| **t == *s)
+                .unwrap_or(false),
             (v, KeyRef::Hex(k)) => v == k,
             _ => false,
         }
@@ -457,7 +470,12 @@ impl PageTable {
                 if reserved == 0 || now.wrapping_sub(self.stamps[w].load(Ordering::Relaxed)) < ttl {
                     break;
                 }
-                match word.compare_exchange_weak(cur, cur & !reserved, Ordering::AcqRel, Ordering::Acquire) {
+                match word.compare_exchange_weak(
+                    cur,
+                    cur & !reserved,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
                     Ok(_) => {
                         let n = u64::from(reserved.count_ones());
                         self.clear_full(w);
@@ -506,10 +524,17 @@ impl PageTable {
             return Err(format!("{} pages BUSY with nothing in flight", c.busy));
         }
         if c.free + c.reserved + c.bound != u64::from(self.num_pages) {
-            return Err(format!("page states add up to {:?}, not {}", c, self.num_pages));
+            return Err(format!(
+                "page states add up to {:?}, not {}",
+                c, self.num_pages
+            ));
         }
         if self.free_count() != c.free {
-            return Err(format!("free counter {} but {} FREE pages", self.free_count(), c.free));
+            return Err(format!(
+                "free counter {} but {} FREE pages",
+                self.free_count(),
+                c.free
+            ));
         }
         for w in 0..self.words.len() {
             let v = self.words[w].load(Ordering::Acquire);
@@ -540,7 +565,13 @@ mod tests {
     fn fresh_table_is_all_free() {
         let t = PageTable::new(100).unwrap();
         assert_eq!(t.free_count(), 100);
-        assert_eq!(t.audit().unwrap(), Counts { free: 100, ..Counts::default() });
+        assert_eq!(
+            t.audit().unwrap(),
+            Counts {
+                free: 100,
+                ..Counts::default()
+            }
+        );
         assert_eq!(t.state(99), PageState::Free);
     }
 
@@ -551,8 +582,17 @@ mod tests {
         got.sort_unstable();
         got.dedup();
         assert_eq!(got.len(), 70);
-        assert!(got.iter().all(|&p| p < 100 && t.state(p) == PageState::Reserved));
-        assert_eq!(t.audit().unwrap(), Counts { free: 30, reserved: 70, ..Counts::default() });
+        assert!(got
+            .iter()
+            .all(|&p| p < 100 && t.state(p) == PageState::Reserved));
+        assert_eq!(
+            t.audit().unwrap(),
+            Counts {
+                free: 30,
+                reserved: 70,
+                ..Counts::default()
+            }
+        );
     }
 
     #[test]

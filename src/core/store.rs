@@ -51,7 +51,11 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self { world_size: None, max_ranks: 1024, max_pages_per_rank: u32::MAX - 1 }
+        Self {
+            world_size: None,
+            max_ranks: 1024,
+            max_pages_per_rank: u32::MAX - 1,
+        }
     }
 }
 
@@ -78,6 +82,17 @@ pub struct ConfirmOutcome {
     pub superseded: u32,
     /// Pages released (reserved or bound).
     pub released: u32,
+}
+
+/// What an allocate answered, per distinct key, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocateOutcome {
+    /// Keys given a freshly reserved page.
+    pub reserved: u64,
+    /// Keys given the page this rank already binds to them.
+    pub reused: u64,
+    /// Keys answered -1 (the rank could not serve the whole batch).
+    pub refused: u64,
 }
 
 /// One rank's statistics.
@@ -126,7 +141,10 @@ impl Generation {
 
     #[inline]
     fn rank(&self, rank: i64) -> Option<&PageTable> {
-        usize::try_from(rank).ok().and_then(|r| self.ranks.get(r)).and_then(OnceLock::get)
+        usize::try_from(rank)
+            .ok()
+            .and_then(|r| self.ranks.get(r))
+            .and_then(OnceLock::get)
     }
 
     fn apply(&self, d: Delta) {
@@ -166,7 +184,12 @@ impl Store {
     /// An empty store.
     pub fn new(cfg: StoreConfig) -> Self {
         let gen = ArcSwap::from_pointee(Generation::new(cfg.max_ranks));
-        Self { cfg, gen, epoch: AtomicU32::new(0), expired: AtomicU64::new(0) }
+        Self {
+            cfg,
+            gen,
+            epoch: AtomicU32::new(0),
+            expired: AtomicU64::new(0),
+        }
     }
 
     /// The configuration.
@@ -181,26 +204,39 @@ impl Store {
             return Err(InitError::InvalidParameters);
         }
         if rank >= i64::from(self.cfg.max_ranks) {
-            return Err(InitError::TooManyRanks { rank, max: self.cfg.max_ranks });
+            return Err(InitError::TooManyRanks {
+                rank,
+                max: self.cfg.max_ranks,
+            });
         }
         if num_pages > i64::from(self.cfg.max_pages_per_rank) {
-            return Err(InitError::TooManyPages { requested: num_pages, max: self.cfg.max_pages_per_rank });
+            return Err(InitError::TooManyPages {
+                requested: num_pages,
+                max: self.cfg.max_pages_per_rank,
+            });
         }
         let pages = num_pages as u32;
         let gen = self.gen.load();
         let slot = &gen.ranks[rank as usize];
         if let Some(t) = slot.get() {
-            return Ok(Initialized::Existing { num_pages: t.num_pages() });
+            return Ok(Initialized::Existing {
+                num_pages: t.num_pages(),
+            });
         }
-        let table = PageTable::new(pages)
-            .map_err(|e| InitError::OutOfMemory { rank, pages, bytes: e.bytes })?;
+        let table = PageTable::new(pages).map_err(|e| InitError::OutOfMemory {
+            rank,
+            pages,
+            bytes: e.bytes,
+        })?;
         match slot.set(table) {
             Ok(()) => {
                 gen.initialized.fetch_add(1, Ordering::Relaxed);
                 Ok(Initialized::Created)
             }
             // Another initialize of the same rank won the race.
-            Err(_) => Ok(Initialized::Existing { num_pages: slot.get().map_or(pages, PageTable::num_pages) }),
+            Err(_) => Ok(Initialized::Existing {
+                num_pages: slot.get().map_or(pages, PageTable::num_pages),
+            }),
         }
     }
 
@@ -211,7 +247,12 @@ impl Store {
     /// already binds to it, or a freshly reserved one. Fresh pages are granted
     /// all or nothing: when the rank cannot reserve one for every key that
     /// needs one, none is reserved and those keys get -1.
-    pub fn allocate(&self, rank: i64, keys: &[&str], out: &mut Vec<(usize, i64)>) -> Result<(), RankNotInitialized> {
+    pub fn allocate(
+        &self,
+        rank: i64,
+        keys: &[&str],
+        out: &mut Vec<(usize, i64)>,
+    ) -> Result<AllocateOutcome, RankNotInitialized> {
         let gen = self.gen.load();
         let table = gen.rank(rank).ok_or(RankNotInitialized(rank))?;
         let r = rank as u32;
@@ -233,7 +274,22 @@ impl Store {
             need += u64::from(page < 0);
             out.push((i, page));
         }
-        if need > 0 && table.try_take(need) {
+        let reused = distinct.len() as u64 - need;
+        if need == 0 {
+            return Ok(AllocateOutcome {
+                reserved: 0,
+                reused,
+                refused: 0,
+            });
+        }
+        if !table.try_take(need) {
+            return Ok(AllocateOutcome {
+                reserved: 0,
+                reused,
+                refused: need,
+            });
+        }
+        {
             let epoch = self.epoch.load(Ordering::Relaxed) as u8;
             let mut slots = out.iter_mut().filter(|(_, p)| *p < 0);
             table.reserve(need, epoch, |page| {
@@ -244,18 +300,29 @@ impl Store {
                 }
             });
         }
-        Ok(())
+        Ok(AllocateOutcome {
+            reserved: need,
+            reused,
+            refused: 0,
+        })
     }
 
     /// Confirms `confirmations` and releases `releases` on `rank`, atomically:
     /// either all of it takes effect or none does and the typed error says why.
-    pub fn confirm(&self, rank: i64, confirmations: &[(&str, i64)], releases: &[i64]) -> Result<ConfirmOutcome, ConfirmError> {
+    pub fn confirm(
+        &self,
+        rank: i64,
+        confirmations: &[(&str, i64)],
+        releases: &[i64],
+    ) -> Result<ConfirmOutcome, ConfirmError> {
         let gen = self.gen.load();
         let table = gen
             .rank(rank)
             .ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
         let n = i64::from(table.num_pages());
-        let out_of_range = |page: i64, key: Option<&str>| ConfirmError::new(ErrorCode::PageOutOfRange, rank, Some(page), key);
+        let out_of_range = |page: i64, key: Option<&str>| {
+            ConfirmError::new(ErrorCode::PageOutOfRange, rank, Some(page), key)
+        };
 
         // 1. Everything that can be checked without claiming a page.
         let mut items = Vec::with_capacity(confirmations.len() + releases.len());
@@ -263,13 +330,19 @@ impl Store {
             if !(0..n).contains(&page) {
                 return Err(out_of_range(page, Some(key)));
             }
-            items.push(Item { page: page as u32, tag: i as u32 });
+            items.push(Item {
+                page: page as u32,
+                tag: i as u32,
+            });
         }
         for (i, &page) in releases.iter().enumerate() {
             if !(0..n).contains(&page) {
                 return Err(out_of_range(page, None));
             }
-            items.push(Item { page: page as u32, tag: RELEASE | i as u32 });
+            items.push(Item {
+                page: page as u32,
+                tag: RELEASE | i as u32,
+            });
         }
         items.sort_unstable_by_key(|it| (it.page, it.tag));
         let mut claims: Claims = vec![None; confirmations.len()];
@@ -282,17 +355,37 @@ impl Store {
             let page = Some(i64::from(a.page));
             match (a.tag & RELEASE != 0, b.tag & RELEASE != 0) {
                 (false, false) => {
-                    let (ka, kb) = (confirmations[a.tag as usize].0, confirmations[b.tag as usize].0);
+                    let (ka, kb) = (
+                        confirmations[a.tag as usize].0,
+                        confirmations[b.tag as usize].0,
+                    );
                     if ka != kb {
-                        return Err(ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(kb)));
+                        return Err(ConfirmError::new(
+                            ErrorCode::DoubleConfirm,
+                            rank,
+                            page,
+                            Some(kb),
+                        ));
                     }
                     repeat[b.tag as usize] = true;
                 }
                 (false, true) => {
                     let key = confirmations[a.tag as usize].0;
-                    return Err(ConfirmError::new(ErrorCode::ConfirmAndRelease, rank, page, Some(key)));
+                    return Err(ConfirmError::new(
+                        ErrorCode::ConfirmAndRelease,
+                        rank,
+                        page,
+                        Some(key),
+                    ));
                 }
-                _ => return Err(ConfirmError::new(ErrorCode::DoubleRelease, rank, page, None)),
+                _ => {
+                    return Err(ConfirmError::new(
+                        ErrorCode::DoubleRelease,
+                        rank,
+                        page,
+                        None,
+                    ))
+                }
             }
         }
         items.retain(|it| it.tag & RELEASE != 0 || !repeat[it.tag as usize]);
@@ -309,20 +402,35 @@ impl Store {
                 Some(c) => {
                     let key = confirmations[it.tag as usize].0;
                     claims[it.tag as usize] = Some(c);
-                    (c == Claimed::Bound && !table.owner_is(it.page, KeyRef::parse(key))).then(|| {
-                        // Put this page back first, then the ones before it.
-                        table.settle(it.page, BOUND);
-                        let mut e = ConfirmError::new(ErrorCode::DoubleConfirm, rank, Some(i64::from(it.page)), Some(key));
-                        e.already_bound = true;
-                        e
-                    })
+                    (c == Claimed::Bound && !table.owner_is(it.page, KeyRef::parse(key))).then(
+                        || {
+                            // Put this page back first, then the ones before it.
+                            table.settle(it.page, BOUND);
+                            let mut e = ConfirmError::new(
+                                ErrorCode::DoubleConfirm,
+                                rank,
+                                Some(i64::from(it.page)),
+                                Some(key),
+                            );
+                            e.already_bound = true;
+                            e
+                        },
+                    )
                 }
-                None if it.tag & RELEASE != 0 => {
-                    Some(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, Some(i64::from(it.page)), None))
-                }
+                None if it.tag & RELEASE != 0 => Some(ConfirmError::new(
+                    ErrorCode::ReleaseUnallocated,
+                    rank,
+                    Some(i64::from(it.page)),
+                    None,
+                )),
                 None => {
                     let key = confirmations[it.tag as usize].0;
-                    Some(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, Some(i64::from(it.page)), Some(key)))
+                    Some(ConfirmError::new(
+                        ErrorCode::ConfirmUnallocated,
+                        rank,
+                        Some(i64::from(it.page)),
+                        Some(key),
+                    ))
                 }
             };
             if let Some(err) = failure {
@@ -357,7 +465,11 @@ impl Store {
             freed += 1;
             outcome.released += 1;
         }
-        let world = || self.cfg.world_size.unwrap_or_else(|| gen.initialized.load(Ordering::Relaxed));
+        let world = || {
+            self.cfg
+                .world_size
+                .unwrap_or_else(|| gen.initialized.load(Ordering::Relaxed))
+        };
         for (&(key, page), c) in confirmations.iter().zip(&claims) {
             let page = page as u32;
             match c {
@@ -397,7 +509,12 @@ impl Store {
     }
 
     /// For each key, its page on `rank` when the key is complete.
-    pub fn locations(&self, rank: i64, keys: &[&str], out: &mut Vec<Option<u32>>) -> Result<(), RankNotInitialized> {
+    pub fn locations(
+        &self,
+        rank: i64,
+        keys: &[&str],
+        out: &mut Vec<Option<u32>>,
+    ) -> Result<(), RankNotInitialized> {
         let gen = self.gen.load();
         gen.rank(rank).ok_or(RankNotInitialized(rank))?;
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
@@ -408,7 +525,8 @@ impl Store {
 
     /// Forgets every rank and every key.
     pub fn clear(&self) {
-        self.gen.store(Arc::new(Generation::new(self.cfg.max_ranks)));
+        self.gen
+            .store(Arc::new(Generation::new(self.cfg.max_ranks)));
     }
 
     /// The current expiry epoch (low 8 bits are what reservations are stamped with).
@@ -423,7 +541,12 @@ impl Store {
     pub fn tick(&self) -> u64 {
         let now = self.epoch.fetch_add(1, Ordering::Relaxed).wrapping_add(1) as u8;
         let gen = self.gen.load_full();
-        let freed: u64 = gen.ranks.iter().filter_map(OnceLock::get).map(|t| t.expire(now, EXPIRY_TICKS)).sum();
+        let freed: u64 = gen
+            .ranks
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(|t| t.expire(now, EXPIRY_TICKS))
+            .sum();
         self.expired.fetch_add(freed, Ordering::Relaxed);
         freed
     }
@@ -435,7 +558,13 @@ impl Store {
             .ranks
             .iter()
             .enumerate()
-            .filter_map(|(r, t)| t.get().map(|t| RankStats { rank: r as u32, num_pages: t.num_pages(), counts: t.counts() }))
+            .filter_map(|(r, t)| {
+                t.get().map(|t| RankStats {
+                    rank: r as u32,
+                    num_pages: t.num_pages(),
+                    counts: t.counts(),
+                })
+            })
             .collect();
         Stats {
             ranks,
@@ -462,7 +591,9 @@ impl Store {
                 match t.owner(p) {
                     None => err = Some(format!("rank {r}: BOUND page {p} has no owner")),
                     Some(k) if gen.index.page(k.as_ref(), r as u32) != Some(p) => {
-                        err = Some(format!("rank {r}: page {p} names key {k}, whose binding is elsewhere"));
+                        err = Some(format!(
+                            "rank {r}: page {p} names key {k}, whose binding is elsewhere"
+                        ));
                     }
                     Some(_) => {}
                 }
@@ -484,7 +615,9 @@ impl Store {
                     p < t.num_pages() && t.state(p) == PageState::Bound && t.owner_is(p, k.as_ref())
                 });
                 if !ok && err.is_none() {
-                    err = Some(format!("key {k} is bound to page {p} of rank {r}, which is not BOUND to it"));
+                    err = Some(format!(
+                        "key {k} is bound to page {p} of rank {r}, which is not BOUND to it"
+                    ));
                 }
             }
             if n == 0 && err.is_none() {
@@ -495,10 +628,14 @@ impl Store {
             return Err(e);
         }
         if bindings != bound_pages {
-            return Err(format!("{bindings} key bindings but {bound_pages} BOUND pages"));
+            return Err(format!(
+                "{bindings} key bindings but {bound_pages} BOUND pages"
+            ));
         }
         let stats = self.stats();
-        if keys != gen.keys.load(Ordering::Relaxed) || complete != gen.complete.load(Ordering::Relaxed) {
+        if keys != gen.keys.load(Ordering::Relaxed)
+            || complete != gen.complete.load(Ordering::Relaxed)
+        {
             return Err(format!(
                 "counted {keys} keys / {complete} complete, counters say {} / {}",
                 gen.keys.load(Ordering::Relaxed),

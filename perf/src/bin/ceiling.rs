@@ -38,12 +38,17 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
     let (status, body): (_, &'static [u8]) = if post {
         (StatusCode::OK, br#"{"ok":true}"#)
     } else {
-        (StatusCode::METHOD_NOT_ALLOWED, br#"{"detail":"Method Not Allowed"}"#)
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            br#"{"detail":"Method Not Allowed"}"#,
+        )
     };
     let mut resp = Response::new(Full::new(Bytes::from_static(body)));
     *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
     Ok(resp)
 }
 
@@ -58,7 +63,10 @@ fn main() -> std::io::Result<()> {
         .build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.addr).await?;
-        eprintln!("ceiling listening on {} ({threads} threads)", listener.local_addr()?);
+        eprintln!(
+            "ceiling listening on {} ({threads} threads)",
+            listener.local_addr()?
+        );
         if args.exit_after > 0 {
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_secs(args.exit_after)).await;

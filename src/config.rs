@@ -1,0 +1,178 @@
+//! The command line, parsed once into a [`Config`] that is passed explicitly.
+//!
+//! `--host` and `--port` keep the Python server's names and defaults, so an
+//! existing launch script only changes the program it starts. Every flag has
+//! an environment variable (`HF3FS_META_*`); the flag wins when both are set.
+
+use clap::{Parser, ValueEnum};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line, for log pipelines.
+    Json,
+}
+
+/// When a durable confirm counts as done (only with `--data-dir`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FsyncMode {
+    /// Every acknowledged request is on disk (fsync before the answer).
+    Always,
+    /// Group commit: requests are acknowledged once their batch is written;
+    /// the batch is fsynced every few milliseconds.
+    Batch,
+    /// Written, never fsynced by us: the OS decides when.
+    None,
+}
+
+/// hf3fs-meta: lock-free metadata server for vLLM's HF3FS KV-cache connector.
+#[derive(Debug, Clone, Parser)]
+#[command(version, about, long_about = None)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "HF3FS_META_HOST", default_value = "0.0.0.0")]
+    pub host: IpAddr,
+
+    /// Port to listen on (0 picks a free one and logs it).
+    #[arg(long, env = "HF3FS_META_PORT", default_value_t = 18000)]
+    pub port: u16,
+
+    /// Pin every key's world size to N ranks. Without it, a key's world is the
+    /// number of ranks initialized when it is first confirmed, as in the
+    /// Python server, which counts a key complete too early when it is
+    /// confirmed before every worker has initialized.
+    #[arg(long, env = "HF3FS_META_WORLD_SIZE", value_parser = clap::value_parser!(u32).range(1..))]
+    pub world_size: Option<u32>,
+
+    /// Log filter: a level (error, warn, info, debug, trace) or a full
+    /// tracing directive. RUST_LOG, when set, wins.
+    #[arg(long, env = "HF3FS_META_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Log line format.
+    #[arg(long, env = "HF3FS_META_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Worker threads (default: one per CPU).
+    #[arg(long, env = "HF3FS_META_WORKERS")]
+    pub workers: Option<usize>,
+
+    /// Seconds a reserved page may stay neither confirmed nor released before
+    /// it returns to the pool (0 disables expiry). Pages expire between 1 and
+    /// 1.25 TTLs after their reservation.
+    #[arg(long, env = "HF3FS_META_RESERVATION_TTL", default_value_t = 600)]
+    pub reservation_ttl: u64,
+
+    /// Largest request body in bytes (413 beyond it).
+    #[arg(long, env = "HF3FS_META_MAX_BODY_BYTES", default_value_t = 16 << 20)]
+    pub max_body_bytes: usize,
+
+    /// Most keys (or confirmations plus releases) in one request (400 beyond).
+    #[arg(long, env = "HF3FS_META_MAX_KEYS", default_value_t = 65_536)]
+    pub max_keys_per_request: usize,
+
+    /// Longest key in bytes (400 beyond).
+    #[arg(long, env = "HF3FS_META_MAX_KEY_LEN", default_value_t = 1024)]
+    pub max_key_len: usize,
+
+    /// Ranks are 0..N.
+    #[arg(long, env = "HF3FS_META_MAX_RANKS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    pub max_ranks: u32,
+
+    /// Largest num_pages a rank may be initialized with.
+    #[arg(long, env = "HF3FS_META_MAX_PAGES_PER_RANK", default_value_t = 1 << 31,
+          value_parser = clap::value_parser!(u32).range(1..=(u32::MAX as i64 - 1)))]
+    pub max_pages_per_rank: u32,
+
+    /// Most open client connections; further ones wait in the listen backlog.
+    #[arg(long, env = "HF3FS_META_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+
+    /// Seconds a client may take to send a request's headers; this also
+    /// closes keep-alive connections idle that long.
+    #[arg(long, env = "HF3FS_META_HEADER_TIMEOUT", default_value_t = 30)]
+    pub header_timeout: u64,
+
+    /// Seconds a client may take to send a request's body.
+    #[arg(long, env = "HF3FS_META_BODY_TIMEOUT", default_value_t = 30)]
+    pub body_timeout: u64,
+
+    /// Seconds to let in-flight requests finish after SIGTERM/SIGINT.
+    #[arg(long, env = "HF3FS_META_SHUTDOWN_TIMEOUT", default_value_t = 10)]
+    pub shutdown_timeout: u64,
+
+    /// Bearer token required by POST /clear (and, with --auth-all, by every
+    /// endpoint but /health). Off when unset.
+    #[arg(long, env = "HF3FS_META_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Require the admin token on every endpoint except /health.
+    #[arg(long, env = "HF3FS_META_AUTH_ALL", requires = "admin_token")]
+    pub auth_all: bool,
+
+    /// Directory for durable metadata; without it the server is purely in memory.
+    #[arg(long, env = "HF3FS_META_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Durability of acknowledged requests (with --data-dir).
+    #[arg(long, env = "HF3FS_META_FSYNC", value_enum, default_value_t = FsyncMode::Batch)]
+    pub fsync: FsyncMode,
+}
+
+impl Config {
+    /// The header read timeout.
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_secs(self.header_timeout.max(1))
+    }
+
+    /// The body read timeout.
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_secs(self.body_timeout.max(1))
+    }
+
+    /// The reservation TTL, or `None` when expiry is off.
+    pub fn reservation_ttl(&self) -> Option<Duration> {
+        (self.reservation_ttl > 0).then(|| Duration::from_secs(self.reservation_ttl))
+    }
+
+    /// A configuration with every default, for tests: `Config::parse_from`.
+    pub fn for_tests() -> Self {
+        Config::parse_from(["hf3fs-meta", "--host", "127.0.0.1", "--port", "0"])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Config::command().debug_assert();
+    }
+
+    #[test]
+    fn python_server_defaults() {
+        let c = Config::parse_from(["hf3fs-meta"]);
+        assert_eq!(c.host.to_string(), "0.0.0.0");
+        assert_eq!(c.port, 18000);
+        assert_eq!(c.world_size, None);
+    }
+
+    #[test]
+    fn auth_all_needs_a_token() {
+        assert!(Config::try_parse_from(["hf3fs-meta", "--auth-all"]).is_err());
+        assert!(Config::try_parse_from(["hf3fs-meta", "--auth-all", "--admin-token", "t"]).is_ok());
+    }
+
+    #[test]
+    fn world_size_must_be_positive() {
+        assert!(Config::try_parse_from(["hf3fs-meta", "--world-size", "0"]).is_err());
+    }
+}

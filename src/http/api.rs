@@ -1,0 +1,475 @@
+//! Routing and the endpoint handlers: decode, call the core, encode.
+//!
+//! Every handler has the same three steps (parse, apply, encode) and is a
+//! plain synchronous function: the request body is already in memory, nothing
+//! here awaits, so scratch buffers can live in a thread-local and no core
+//! call ever spans an `.await`. Mapping core errors to statuses and bodies
+//! happens here and only here.
+
+use super::decode::{DecodeError, Decoder, Limits, Role};
+use super::encode;
+use crate::core::{ConfirmError, InitError, Initialized, Stats};
+use crate::metrics::Endpoint;
+use crate::App;
+use hyper::{Method, StatusCode};
+use std::cell::RefCell;
+use std::fmt::Write as _;
+
+/// A route, decided from the method and path alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// POST /rank/{rank}/initialize, with the raw path segment.
+    Initialize(String),
+    /// POST /keys/batch_allocate
+    Allocate,
+    /// POST /keys/confirm_write
+    Confirm,
+    /// POST /keys/batch_exists
+    Exists,
+    /// POST /keys/get_locations
+    Locations,
+    /// POST /clear
+    Clear,
+    /// GET /metrics
+    Metrics,
+    /// GET /health
+    Health,
+    /// GET /stats
+    Stats,
+    /// A known path with the wrong method; carries the allowed one.
+    MethodNotAllowed(&'static str),
+    /// Anything else.
+    NotFound,
+}
+
+impl Route {
+    /// Routes a request.
+    pub fn of(method: &Method, path: &str) -> Route {
+        let (want, route) = match path {
+            "/keys/batch_allocate" => (Method::POST, Route::Allocate),
+            "/keys/confirm_write" => (Method::POST, Route::Confirm),
+            "/keys/batch_exists" => (Method::POST, Route::Exists),
+            "/keys/get_locations" => (Method::POST, Route::Locations),
+            "/clear" => (Method::POST, Route::Clear),
+            "/metrics" => (Method::GET, Route::Metrics),
+            "/health" => (Method::GET, Route::Health),
+            "/stats" => (Method::GET, Route::Stats),
+            _ => match path
+                .strip_prefix("/rank/")
+                .and_then(|r| r.strip_suffix("/initialize"))
+            {
+                Some(rank) if !rank.is_empty() && !rank.contains('/') => {
+                    (Method::POST, Route::Initialize(rank.to_owned()))
+                }
+                _ => return Route::NotFound,
+            },
+        };
+        if *method == want {
+            route
+        } else {
+            Route::MethodNotAllowed(if want == Method::POST { "POST" } else { "GET" })
+        }
+    }
+
+    /// The metrics label.
+    pub fn endpoint(&self) -> Endpoint {
+        match self {
+            Route::Initialize(_) => Endpoint::Initialize,
+            Route::Allocate => Endpoint::Allocate,
+            Route::Confirm => Endpoint::Confirm,
+            Route::Exists => Endpoint::Exists,
+            Route::Locations => Endpoint::Locations,
+            Route::Clear => Endpoint::Clear,
+            Route::Metrics => Endpoint::Metrics,
+            Route::Health => Endpoint::Health,
+            Route::Stats => Endpoint::Stats,
+            Route::MethodNotAllowed(_) | Route::NotFound => Endpoint::Other,
+        }
+    }
+
+    /// Whether the handler reads the request body.
+    pub fn reads_body(&self) -> bool {
+        matches!(
+            self,
+            Route::Initialize(_)
+                | Route::Allocate
+                | Route::Confirm
+                | Route::Exists
+                | Route::Locations
+        )
+    }
+
+    /// Whether the route changes or wipes state (guarded by the admin token).
+    pub fn is_admin(&self) -> bool {
+        matches!(self, Route::Clear)
+    }
+}
+
+/// A response, before it becomes an HTTP response.
+#[derive(Debug)]
+pub struct Reply {
+    /// The status.
+    pub status: StatusCode,
+    /// The body (empty for 204).
+    pub body: Vec<u8>,
+    /// The content type, when there is a body.
+    pub content_type: &'static str,
+    /// Keys (or items) the request carried, for metrics.
+    pub keys: usize,
+    /// Extra header: `Allow` for 405s.
+    pub allow: Option<&'static str>,
+    /// Close the connection after this answer (the request was cut short).
+    pub close: bool,
+}
+
+/// The JSON content type.
+pub const JSON: &str = "application/json";
+
+impl Reply {
+    fn json(status: StatusCode, body: Vec<u8>, keys: usize) -> Reply {
+        Reply {
+            status,
+            body,
+            content_type: JSON,
+            keys,
+            allow: None,
+            close: false,
+        }
+    }
+
+    /// `{"detail": msg}` with `status`.
+    pub fn detail(status: StatusCode, msg: &str) -> Reply {
+        let mut body = Vec::with_capacity(msg.len() + 16);
+        encode::detail(&mut body, msg);
+        Reply::json(status, body, 0)
+    }
+
+    fn no_content(keys: usize) -> Reply {
+        Reply {
+            status: StatusCode::NO_CONTENT,
+            body: Vec::new(),
+            content_type: JSON,
+            keys,
+            allow: None,
+            close: false,
+        }
+    }
+
+    fn bad_request(e: DecodeError) -> Reply {
+        Reply::detail(StatusCode::BAD_REQUEST, &e.to_string())
+    }
+}
+
+/// Per-thread scratch reused across requests: the JSON decoder's buffers and
+/// the core's output vectors.
+#[derive(Default)]
+struct Scratch {
+    decoder: Decoder,
+    pages: Vec<(usize, i64)>,
+    flags: Vec<bool>,
+    locations: Vec<Option<u32>>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Runs the handler of `route` on a fully read `body`.
+pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
+    let limits = Limits {
+        max_keys: app.cfg.max_keys_per_request,
+        max_key_len: app.cfg.max_key_len,
+    };
+    SCRATCH.with(|s| {
+        // A re-entrant borrow cannot happen (handlers never call handle), but
+        // answer rather than panic if it ever did.
+        let Ok(mut s) = s.try_borrow_mut() else {
+            return Reply::detail(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal error: scratch busy",
+            );
+        };
+        let s = &mut *s;
+        match route {
+            Route::Initialize(rank) => initialize(app, rank, &mut s.decoder, body),
+            Route::Allocate => allocate(app, s, body, limits),
+            Route::Confirm => confirm(app, &mut s.decoder, body, limits),
+            Route::Exists => exists(app, s, body, limits),
+            Route::Locations => locations(app, s, body, limits),
+            Route::Clear => {
+                app.store.clear();
+                tracing::warn!("cleared every rank and key (POST /clear)");
+                Reply::no_content(0)
+            }
+            Route::Metrics => {
+                let text = app.metrics.render(&app.store.stats());
+                Reply {
+                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    ..Reply::json(StatusCode::OK, text.into_bytes(), 0)
+                }
+            }
+            Route::Health => health(app),
+            Route::Stats => Reply::json(
+                StatusCode::OK,
+                stats_json(app, &app.store.stats()).into_bytes(),
+                0,
+            ),
+            Route::MethodNotAllowed(allow) => Reply {
+                allow: Some(allow),
+                ..Reply::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
+            },
+            Route::NotFound => Reply::detail(StatusCode::NOT_FOUND, "Not Found"),
+        }
+    })
+}
+
+/// FastAPI's 422 for a path parameter that is not a non-negative integer.
+fn rank_validation_error(raw: &str) -> Reply {
+    let mut body = Vec::new();
+    let negative = raw
+        .strip_prefix('-')
+        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+    if negative {
+        encode::validation_error(
+            &mut body,
+            &["path", "rank"],
+            "Input should be greater than or equal to 0",
+            "greater_than_equal",
+            raw,
+        );
+    } else {
+        encode::validation_error(
+            &mut body,
+            &["path", "rank"],
+            "Input should be a valid integer, unable to parse string as an integer",
+            "int_parsing",
+            raw,
+        );
+    }
+    Reply::json(StatusCode::UNPROCESSABLE_ENTITY, body, 0)
+}
+
+fn initialize(app: &App, raw_rank: &str, decoder: &mut Decoder, body: &mut [u8]) -> Reply {
+    let rank = match raw_rank.parse::<i64>() {
+        Ok(r) if r >= 0 && raw_rank.bytes().all(|b| b.is_ascii_digit()) => r,
+        _ => return rank_validation_error(raw_rank),
+    };
+    let req = match decoder.initialize(body) {
+        Ok(r) => r,
+        Err(e) => return Reply::bad_request(e),
+    };
+    if req.role == Role::Scheduler {
+        return message(
+            StatusCode::OK,
+            "Scheduler role does not require initialization",
+        );
+    }
+    match app.store.initialize(rank, req.num_pages) {
+        Ok(outcome) => {
+            match outcome {
+                Initialized::Created => {
+                    tracing::info!(rank, num_pages = req.num_pages, "rank initialized");
+                }
+                Initialized::Existing { num_pages } if i64::from(num_pages) != req.num_pages => {
+                    tracing::warn!(
+                        rank,
+                        existing = num_pages,
+                        requested = req.num_pages,
+                        "rank already initialized with another size; keeping the existing one"
+                    );
+                }
+                Initialized::Existing { .. } => {}
+            }
+            message(
+                StatusCode::OK,
+                &format!("Rank {rank} initialized with {} pages", req.num_pages),
+            )
+        }
+        Err(e @ InitError::OutOfMemory { .. }) => {
+            tracing::error!("{e}");
+            Reply::detail(StatusCode::INSUFFICIENT_STORAGE, &e.to_string())
+        }
+        Err(e) => Reply::detail(StatusCode::BAD_REQUEST, &e.to_string()),
+    }
+}
+
+fn message(status: StatusCode, msg: &str) -> Reply {
+    let mut body = Vec::with_capacity(msg.len() + 16);
+    encode::message(&mut body, msg);
+    Reply::json(status, body, 0)
+}
+
+fn allocate(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Reply {
+    let req = match s.decoder.allocate(body, limits) {
+        Ok(r) => r,
+        Err(e) => return Reply::bad_request(e),
+    };
+    let n = req.keys.len();
+    let counts = match app.store.allocate(req.rank, &req.keys, &mut s.pages) {
+        Ok(c) => c,
+        Err(e) => {
+            let msg = format!("Allocation failed: {e}");
+            tracing::error!("{msg}");
+            return Reply {
+                keys: n,
+                ..Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg)
+            };
+        }
+    };
+    app.metrics
+        .allocate_keys(counts.reserved, counts.reused, counts.refused);
+    let mut out = Vec::with_capacity(32 + s.pages.len() * 48);
+    encode::allocate(
+        &mut out,
+        req.rank,
+        s.pages.iter().map(|&(i, page)| (req.keys[i], page)),
+    );
+    Reply::json(StatusCode::OK, out, n)
+}
+
+fn confirm(app: &App, decoder: &mut Decoder, body: &mut [u8], limits: Limits) -> Reply {
+    let req = match decoder.confirm(body, limits) {
+        Ok(r) => r,
+        Err(e) => return Reply::bad_request(e),
+    };
+    let n = req.confirmations.len() + req.releases.len();
+    match app
+        .store
+        .confirm(req.rank, &req.confirmations, &req.releases)
+    {
+        Ok(o) => {
+            app.metrics
+                .confirm_pages(o.bound, o.reconfirmed, o.superseded, o.released);
+            Reply::no_content(n)
+        }
+        Err(e) => {
+            app.metrics.confirm_error(e.code);
+            Reply {
+                keys: n,
+                ..confirm_error_reply(&e)
+            }
+        }
+    }
+}
+
+/// The typed 500 of a rejected confirm, and its log line.
+fn confirm_error_reply(e: &ConfirmError) -> Reply {
+    let msg = e.to_string();
+    tracing::error!("Confirm write for keys failed: {msg}");
+    let mut body = Vec::with_capacity(msg.len() + 128);
+    encode::typed_error(
+        &mut body,
+        &format!("Confirmation failed: {msg}"),
+        e.code.as_str(),
+        e.rank,
+        e.page,
+        e.key.as_deref(),
+    );
+    Reply::json(StatusCode::INTERNAL_SERVER_ERROR, body, 0)
+}
+
+fn exists(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Reply {
+    let req = match s.decoder.exists(body, limits) {
+        Ok(r) => r,
+        Err(e) => return Reply::bad_request(e),
+    };
+    app.store.exists(&req.keys, &mut s.flags);
+    let mut out = Vec::with_capacity(16 + s.flags.len() * 6);
+    encode::exists(&mut out, &s.flags);
+    Reply::json(StatusCode::OK, out, req.keys.len())
+}
+
+fn locations(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Reply {
+    let req = match s.decoder.locations(body, limits) {
+        Ok(r) => r,
+        Err(e) => return Reply::bad_request(e),
+    };
+    if let Err(e) = app.store.locations(req.rank, &req.keys, &mut s.locations) {
+        let msg = format!("Failed to get key locations: {e}");
+        tracing::error!("{msg}");
+        return Reply {
+            keys: req.keys.len(),
+            ..Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg)
+        };
+    }
+    let mut out = Vec::with_capacity(16 + s.locations.len() * 11);
+    encode::locations(&mut out, &s.locations);
+    Reply::json(StatusCode::OK, out, req.keys.len())
+}
+
+fn health(app: &App) -> Reply {
+    if app.is_shutting_down() {
+        Reply::json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            br#"{"status":"shutting_down"}"#.to_vec(),
+            0,
+        )
+    } else {
+        Reply::json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec(), 0)
+    }
+}
+
+/// The `/stats` document.
+fn stats_json(app: &App, stats: &Stats) -> String {
+    let mut o = String::with_capacity(256 + 128 * stats.ranks.len());
+    let ws = app
+        .cfg
+        .world_size
+        .map_or("null".to_string(), |w| w.to_string());
+    let _ = write!(
+        o,
+        r#"{{"version":"{}","uptime_seconds":{:.3},"world_size":{ws},"keys":{},"complete_keys":{},"reservations_expired":{},"reservation_ttl_seconds":{},"open_connections":{},"durable":{},"ranks":["#,
+        env!("CARGO_PKG_VERSION"),
+        app.metrics.uptime().as_secs_f64(),
+        stats.keys,
+        stats.complete_keys,
+        stats.expired,
+        app.cfg.reservation_ttl,
+        app.metrics.open_connections(),
+        app.cfg.data_dir.is_some(),
+    );
+    for (i, r) in stats.ranks.iter().enumerate() {
+        let c = r.counts;
+        let _ = write!(
+            o,
+            r#"{}{{"rank":{},"num_pages":{},"free":{},"reserved":{},"bound":{}}}"#,
+            if i > 0 { "," } else { "" },
+            r.rank,
+            r.num_pages,
+            c.free,
+            c.reserved + c.busy,
+            c.bound
+        );
+    }
+    o.push_str("]}");
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        let post = Method::POST;
+        assert_eq!(Route::of(&post, "/keys/batch_exists"), Route::Exists);
+        assert_eq!(
+            Route::of(&post, "/rank/3/initialize"),
+            Route::Initialize("3".into())
+        );
+        assert_eq!(
+            Route::of(&post, "/rank/abc/initialize"),
+            Route::Initialize("abc".into())
+        );
+        assert_eq!(Route::of(&post, "/rank//initialize"), Route::NotFound);
+        assert_eq!(Route::of(&post, "/rank/1/2/initialize"), Route::NotFound);
+        assert_eq!(Route::of(&post, "/keys/batch_exists/"), Route::NotFound);
+        assert_eq!(
+            Route::of(&Method::GET, "/keys/batch_exists"),
+            Route::MethodNotAllowed("POST")
+        );
+        assert_eq!(Route::of(&post, "/metrics"), Route::MethodNotAllowed("GET"));
+        assert_eq!(Route::of(&Method::GET, "/health"), Route::Health);
+        assert_eq!(Route::of(&post, "/"), Route::NotFound);
+    }
+}

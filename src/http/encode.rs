@@ -1,0 +1,392 @@
+//! Response encoding: every JSON body the server sends, written straight into
+//! a caller-owned `Vec<u8>`.
+//!
+//! The answers of this API have a handful of fixed shapes, so building a
+//! value tree or going through a generic serializer would only add
+//! allocations and indirection on the hot path. Each function here appends
+//! one complete document to `out` (it never clears it), so a handler can reuse
+//! one buffer per connection and hand it to the HTTP layer as is.
+//!
+//! The output is compact JSON with no spaces. The Python reference server
+//! (`FastAPI`'s `JSONResponse`) puts a space after `:` and `,`; JSON clients,
+//! including vLLM's `requests`-based one, do not see the difference, so this
+//! is not a parity concern. Non-ASCII text is written as raw UTF-8 rather than
+//! `\uXXXX` escapes, which is equally valid JSON. Integers go through `itoa`.
+
+#![forbid(unsafe_code)]
+
+/// Whether `b` cannot appear raw inside a JSON string literal.
+fn needs_escape(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\'
+}
+
+/// The letter of the two-character escape for `b` (`n` for `\n`, ...), or
+/// `None` when `b` has no short form and needs `\u00XX`.
+fn short_escape(b: u8) -> Option<u8> {
+    match b {
+        b'"' => Some(b'"'),
+        b'\\' => Some(b'\\'),
+        0x08 => Some(b'b'),
+        0x09 => Some(b't'),
+        0x0a => Some(b'n'),
+        0x0c => Some(b'f'),
+        0x0d => Some(b'r'),
+        _ => None,
+    }
+}
+
+/// The lowercase hexadecimal digit for a value below 16.
+fn hex_digit(n: u8) -> u8 {
+    if n < 10 {
+        b'0' + n
+    } else {
+        b'a' + (n - 10)
+    }
+}
+
+/// Appends `s` as a JSON string literal, quotes included.
+///
+/// `"` and `\` are backslash-escaped; control characters use the short forms
+/// `\b \t \n \f \r` where JSON has one and `\u00XX` otherwise. Everything
+/// else, multi-byte UTF-8 included, is copied unchanged, so a string that
+/// needs no escaping (every real key: 32 hex digits) is a single copy.
+pub fn json_str(out: &mut Vec<u8>, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    let mut rest = s.as_bytes();
+    loop {
+        let Some(pos) = rest.iter().position(|&b| needs_escape(b)) else {
+            out.extend_from_slice(rest);
+            break;
+        };
+        let Some((run, tail)) = rest.split_at_checked(pos) else {
+            // Unreachable: `pos` comes from `position` over `rest`.
+            out.extend_from_slice(rest);
+            break;
+        };
+        out.extend_from_slice(run);
+        let Some((&b, after)) = tail.split_first() else {
+            break;
+        };
+        match short_escape(b) {
+            Some(letter) => out.extend_from_slice(&[b'\\', letter]),
+            None => out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                hex_digit(b >> 4),
+                hex_digit(b & 0x0f),
+            ]),
+        }
+        rest = after;
+    }
+    out.push(b'"');
+}
+
+/// Appends the decimal form of `n`.
+fn int(out: &mut Vec<u8>, n: i64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// Appends `{"detail":"<msg>"}`, the body of every plain FastAPI-style error.
+pub fn detail(out: &mut Vec<u8>, msg: &str) {
+    out.extend_from_slice(br#"{"detail":"#);
+    json_str(out, msg);
+    out.push(b'}');
+}
+
+/// Appends `{"message":"<msg>"}`, the body of a successful initialize.
+pub fn message(out: &mut Vec<u8>, msg: &str) {
+    out.extend_from_slice(br#"{"message":"#);
+    json_str(out, msg);
+    out.push(b'}');
+}
+
+/// Appends a batch-allocate answer, `{"rank":R,"results":[["key",page],...]}`,
+/// with one pair per item of `results`, in the order given.
+pub fn allocate<'k>(
+    out: &mut Vec<u8>,
+    rank: i64,
+    results: impl IntoIterator<Item = (&'k str, i64)>,
+) {
+    let results = results.into_iter();
+    // 32-hex-digit key, quotes, brackets, comma and a page of up to 9 digits.
+    out.reserve(32 + results.size_hint().0 * 48);
+    out.extend_from_slice(br#"{"rank":"#);
+    int(out, rank);
+    out.extend_from_slice(br#","results":["#);
+    for (i, (key, page)) in results.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+        json_str(out, key);
+        out.push(b',');
+        int(out, page);
+        out.push(b']');
+    }
+    out.extend_from_slice(b"]}");
+}
+
+/// Appends a batch-exists answer, `{"exists":[true,false,...]}`.
+pub fn exists(out: &mut Vec<u8>, exists: &[bool]) {
+    out.reserve(16 + exists.len() * 6);
+    out.extend_from_slice(br#"{"exists":["#);
+    for (i, &e) in exists.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(if e { b"true" } else { b"false" });
+    }
+    out.extend_from_slice(b"]}");
+}
+
+/// Appends a get-locations answer, `{"locations":[5,null,...]}`, where `None`
+/// (the key is not complete) is written as `null`.
+pub fn locations(out: &mut Vec<u8>, locs: &[Option<u32>]) {
+    out.reserve(18 + locs.len() * 11);
+    out.extend_from_slice(br#"{"locations":["#);
+    let mut buf = itoa::Buffer::new();
+    for (i, loc) in locs.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        match loc {
+            Some(page) => out.extend_from_slice(buf.format(*page).as_bytes()),
+            None => out.extend_from_slice(b"null"),
+        }
+    }
+    out.extend_from_slice(b"]}");
+}
+
+/// Appends a typed error: the `FastAPI` `detail` text plus a machine-readable
+/// object, `{"detail":"...","error":{"code":"...","rank":R,"page":P,"key":"..."}}`.
+/// `page` and `key` are left out when `None`.
+pub fn typed_error(
+    out: &mut Vec<u8>,
+    detail: &str,
+    code: &str,
+    rank: i64,
+    page: Option<i64>,
+    key: Option<&str>,
+) {
+    out.extend_from_slice(br#"{"detail":"#);
+    json_str(out, detail);
+    out.extend_from_slice(br#","error":{"code":"#);
+    json_str(out, code);
+    out.extend_from_slice(br#","rank":"#);
+    int(out, rank);
+    if let Some(page) = page {
+        out.extend_from_slice(br#","page":"#);
+        int(out, page);
+    }
+    if let Some(key) = key {
+        out.extend_from_slice(br#","key":"#);
+        json_str(out, key);
+    }
+    out.extend_from_slice(b"}}");
+}
+
+/// Appends a `FastAPI` request-validation error (the body of its 422 answers)
+/// holding one error:
+/// `{"detail":[{"type":typ,"loc":["path","rank"],"msg":msg,"input":input}]}`.
+/// `loc` is written as a list of strings, in order.
+pub fn validation_error(out: &mut Vec<u8>, loc: &[&str], msg: &str, typ: &str, input: &str) {
+    out.extend_from_slice(br#"{"detail":[{"type":"#);
+    json_str(out, typ);
+    out.extend_from_slice(br#","loc":["#);
+    for (i, part) in loc.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json_str(out, part);
+    }
+    out.extend_from_slice(br#"],"msg":"#);
+    json_str(out, msg);
+    out.extend_from_slice(br#","input":"#);
+    json_str(out, input);
+    out.extend_from_slice(b"}]}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use simd_json::{json, OwnedValue};
+
+    /// Runs `write` on a fresh buffer and returns what it wrote as a string.
+    fn text(write: impl FnOnce(&mut Vec<u8>)) -> String {
+        let mut out = Vec::new();
+        write(&mut out);
+        String::from_utf8(out).expect("encoders write UTF-8")
+    }
+
+    /// Checks that `write` produces exactly `expected_text`, that the text
+    /// parses as JSON, and that the parsed value equals `expected`.
+    fn check(write: impl FnOnce(&mut Vec<u8>), expected_text: &str, expected: OwnedValue) {
+        let got = text(write);
+        assert_eq!(got, expected_text);
+        let mut bytes = got.into_bytes();
+        let parsed = simd_json::to_owned_value(&mut bytes).expect("encoder output is valid JSON");
+        assert_eq!(parsed, expected);
+    }
+
+    /// Encodes `s` with [`json_str`] and parses it back with simd-json.
+    fn round_trip(s: &str) -> String {
+        let mut bytes = text(|o| json_str(o, s)).into_bytes();
+        match simd_json::to_owned_value(&mut bytes) {
+            Ok(OwnedValue::String(back)) => back,
+            other => panic!("{s:?} encoded to something that is not a string: {other:?}"),
+        }
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn json_str_plain_is_copied() {
+        assert_eq!(
+            text(|o| json_str(o, "0123456789abcdef0123456789abcdef")),
+            r#""0123456789abcdef0123456789abcdef""#
+        );
+        assert_eq!(text(|o| json_str(o, "")), r#""""#);
+        assert_eq!(text(|o| json_str(o, "héllo ✓ 🦀")), "\"héllo ✓ 🦀\"");
+        assert_eq!(text(|o| json_str(o, "\u{7f}/'")), "\"\u{7f}/'\"");
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn json_str_escapes() {
+        assert_eq!(text(|o| json_str(o, "a\"b")), r#""a\"b""#);
+        assert_eq!(text(|o| json_str(o, "a\\b")), r#""a\\b""#);
+        assert_eq!(text(|o| json_str(o, "\n\r\t\u{8}\u{c}")), r#""\n\r\t\b\f""#);
+        assert_eq!(
+            text(|o| json_str(o, "\u{0}\u{1}\u{1f}")),
+            r#""\u0000\u0001\u001f""#
+        );
+        assert_eq!(text(|o| json_str(o, "\u{b}x\u{1a}")), r#""\u000bx\u001a""#);
+        assert_eq!(text(|o| json_str(o, "\"")), r#""\"""#);
+        assert_eq!(text(|o| json_str(o, "ab\"")), r#""ab\"""#);
+        assert_eq!(text(|o| json_str(o, "\"ab")), r#""\"ab""#);
+        assert_eq!(text(|o| json_str(o, "é\n✓")), "\"é\\n✓\"");
+    }
+
+    #[test]
+    fn json_str_appends() {
+        let mut out = b"x".to_vec();
+        json_str(&mut out, "y");
+        assert_eq!(out, b"x\"y\"");
+    }
+
+    #[test]
+    fn json_str_round_trips_every_control_and_ascii_char() {
+        for c in (0u8..0x80).map(char::from) {
+            let s = format!("a{c}b{c}");
+            assert_eq!(round_trip(&s), s, "char {:#x}", u32::from(c));
+        }
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn detail_and_message() {
+        check(|o| detail(o, "Invalid keys format"), r#"{"detail":"Invalid keys format"}"#, json!({"detail": "Invalid keys format"}));
+        check(|o| detail(o, "Invalid request format: need 'rank' and 'keys'"), r#"{"detail":"Invalid request format: need 'rank' and 'keys'"}"#, json!({"detail": "Invalid request format: need 'rank' and 'keys'"}));
+        check(|o| detail(o, "a \"q\"\n"), r#"{"detail":"a \"q\"\n"}"#, json!({"detail": "a \"q\"\n"}));
+        check(|o| message(o, "Rank 3 initialized with 1024 pages"), r#"{"message":"Rank 3 initialized with 1024 pages"}"#, json!({"message": "Rank 3 initialized with 1024 pages"}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn allocate_answers() {
+        check(|o| allocate(o, 0, []), r#"{"rank":0,"results":[]}"#, json!({"rank": 0, "results": []}));
+        check(|o| allocate(o, 3, [("k1", 5), ("k\"2", -1)]), r#"{"rank":3,"results":[["k1",5],["k\"2",-1]]}"#, json!({"rank": 3, "results": [["k1", 5], ["k\"2", -1]]}));
+        check(|o| allocate(o, i64::MIN, [("", i64::MAX)]), r#"{"rank":-9223372036854775808,"results":[["",9223372036854775807]]}"#, json!({"rank": i64::MIN, "results": [["", i64::MAX]]}));
+        let keys = ["a".to_string(), "b".to_string()];
+        check(|o| allocate(o, 1, keys.iter().map(|k| (k.as_str(), 7))), r#"{"rank":1,"results":[["a",7],["b",7]]}"#, json!({"rank": 1, "results": [["a", 7], ["b", 7]]}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn exists_answers() {
+        check(|o| exists(o, &[]), r#"{"exists":[]}"#, json!({"exists": []}));
+        check(|o| exists(o, &[true]), r#"{"exists":[true]}"#, json!({"exists": [true]}));
+        check(|o| exists(o, &[true, false, true]), r#"{"exists":[true,false,true]}"#, json!({"exists": [true, false, true]}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn locations_answers() {
+        check(|o| locations(o, &[]), r#"{"locations":[]}"#, json!({"locations": []}));
+        check(|o| locations(o, &[None]), r#"{"locations":[null]}"#, json!({"locations": [null]}));
+        check(|o| locations(o, &[Some(5), None, Some(0), Some(u32::MAX)]), r#"{"locations":[5,null,0,4294967295]}"#, json!({"locations": [5, null, 0, u32::MAX]}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn typed_errors() {
+        check(|o| { typed_error( o, "Confirmation failed: page 9 is free", "confirm_unallocated", 1, Some(9), Some("k"), ) }, r#"{"detail":"Confirmation failed: page 9 is free","error":{"code":"confirm_unallocated","rank":1,"page":9,"key":"k"}}"#, json!({"detail": "Confirmation failed: page 9 is free", "error": {"code": "confirm_unallocated", "rank": 1, "page": 9, "key": "k"}}));
+        check(|o| { typed_error( o, "Confirmation failed: rank 2 not initialized", "rank_not_initialized", 2, None, None, ) }, r#"{"detail":"Confirmation failed: rank 2 not initialized","error":{"code":"rank_not_initialized","rank":2}}"#, json!({"detail": "Confirmation failed: rank 2 not initialized", "error": {"code": "rank_not_initialized", "rank": 2}}));
+        check(|o| typed_error(o, "d", "page_out_of_range", 0, Some(-4), None), r#"{"detail":"d","error":{"code":"page_out_of_range","rank":0,"page":-4}}"#, json!({"detail": "d", "error": {"code": "page_out_of_range", "rank": 0, "page": -4}}));
+        check(|o| typed_error(o, "d", "double_confirm", 0, None, Some("a\\b")), r#"{"detail":"d","error":{"code":"double_confirm","rank":0,"key":"a\\b"}}"#, json!({"detail": "d", "error": {"code": "double_confirm", "rank": 0, "key": "a\\b"}}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn validation_errors() {
+        check(|o| { validation_error( o, &["path", "rank"], "Input should be a valid integer, unable to parse string as an integer", "int_parsing", "abc", ) }, r#"{"detail":[{"type":"int_parsing","loc":["path","rank"],"msg":"Input should be a valid integer, unable to parse string as an integer","input":"abc"}]}"#, json!({"detail": [{"type": "int_parsing", "loc": ["path", "rank"], "msg": "Input should be a valid integer, unable to parse string as an integer", "input": "abc"}]}));
+        check(|o| validation_error(o, &[], "m", "t", "\"\n"), r#"{"detail":[{"type":"t","loc":[],"msg":"m","input":"\"\n"}]}"#, json!({"detail": [{"type": "t", "loc": [], "msg": "m", "input": "\"\n"}]}));
+    }
+
+    #[test]
+    fn encoders_append_without_clearing() {
+        let mut out = b"prefix".to_vec();
+        exists(&mut out, &[false]);
+        assert_eq!(out, b"prefix{\"exists\":[false]}");
+    }
+
+    proptest! {
+        #[test]
+        fn json_str_round_trips_any_string(s in any::<String>()) {
+            prop_assert_eq!(round_trip(&s), s);
+        }
+
+        #[test]
+        fn json_str_round_trips_escape_heavy_strings(s in "[\\x00-\\x1f\"\\\\a\u{e9}\u{1f980}]{0,40}") {
+            prop_assert_eq!(round_trip(&s), s);
+        }
+
+        #[test]
+        fn allocate_round_trips(rank in any::<i64>(), items in proptest::collection::vec((any::<String>(), any::<i64>()), 0..20)) {
+            let mut bytes = text(|o| allocate(o, rank, items.iter().map(|(k, p)| (k.as_str(), *p)))).into_bytes();
+            let parsed = simd_json::to_owned_value(&mut bytes).expect("valid JSON");
+            let results: Vec<OwnedValue> = items.iter().map(|(k, p)| json!([k.as_str(), *p])).collect();
+            prop_assert_eq!(parsed, json!({"rank": rank, "results": results}));
+        }
+
+        #[test]
+        fn typed_error_round_trips(d in any::<String>(), c in "[a-z_]{1,20}", rank in any::<i64>(), page in any::<Option<i64>>(), key in any::<Option<String>>()) {
+            let mut bytes = text(|o| typed_error(o, &d, &c, rank, page, key.as_deref())).into_bytes();
+            let parsed = simd_json::to_owned_value(&mut bytes).expect("valid JSON");
+            let mut error = json!({"code": c.as_str(), "rank": rank});
+            if let (Some(p), OwnedValue::Object(e)) = (page, &mut error) {
+                e.insert("page".into(), json!(p));
+            }
+            if let (Some(k), OwnedValue::Object(e)) = (&key, &mut error) {
+                e.insert("key".into(), json!(k.as_str()));
+            }
+            prop_assert_eq!(parsed, json!({"detail": d.as_str(), "error": error}));
+        }
+
+        #[test]
+        fn locations_and_exists_round_trip(locs in proptest::collection::vec(any::<Option<u32>>(), 0..50)) {
+            let mut bytes = text(|o| locations(o, &locs)).into_bytes();
+            let parsed = simd_json::to_owned_value(&mut bytes).expect("valid JSON");
+            let want: Vec<OwnedValue> = locs.iter().map(|l| match l { Some(p) => json!(*p), None => json!(null) }).collect();
+            prop_assert_eq!(parsed, json!({"locations": want}));
+
+            let flags: Vec<bool> = locs.iter().map(Option::is_some).collect();
+            let mut bytes = text(|o| exists(o, &flags)).into_bytes();
+            let parsed = simd_json::to_owned_value(&mut bytes).expect("valid JSON");
+            prop_assert_eq!(parsed, json!({"exists": flags}));
+        }
+    }
+}

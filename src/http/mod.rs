@@ -1,0 +1,15 @@
+//! The HTTP layer: accept, parse, route, encode. No business rules live here,
+//! and nothing here touches an atomic of the metadata state: every decision
+//! is the core's.
+//!
+//! - [`server`]: the accept loop, connection limits, body limits, shutdown.
+//! - [`api`]: routing and the endpoint handlers (decode → core → encode).
+//! - [`decode`]: zero-copy JSON request parsing with simd-json.
+//! - [`encode`]: response bodies written straight into a buffer.
+
+pub mod api;
+pub mod decode;
+pub mod encode;
+pub mod server;
+
+pub use server::serve;

@@ -1,0 +1,235 @@
+//! The accept loop and the per-request plumbing around the handlers.
+//!
+//! One hyper http1 connection task per client, keep-alive on, Nagle off.
+//! Around each request: authorization, the body read under a size limit and a
+//! timeout, the handler, metrics. Connections are capped by a semaphore
+//! (further clients wait in the kernel's listen backlog), header reads are cut
+//! off by hyper's timer, and shutdown is graceful: stop accepting, let every
+//! in-flight request finish (bounded by `--shutdown-timeout`), return.
+
+use super::api::{self, Reply, Route};
+use crate::App;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{
+    HeaderValue, ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE,
+};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// Serves `app` on `listener` until `shutdown` resolves, then drains.
+///
+/// Returns once every connection has finished (or the shutdown timeout ran out).
+pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(app.cfg.header_timeout())
+        .keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(app.cfg.max_connections.max(1)));
+    let sweeper = app
+        .cfg
+        .reservation_ttl()
+        .map(|ttl| tokio::spawn(sweep(app.clone(), ttl)));
+    tokio::pin!(shutdown);
+
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            () = &mut shutdown => break,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and friends: log, breathe, keep serving.
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app_for_conn = app.clone();
+        let service = service_fn(move |req| respond(app_for_conn.clone(), req));
+        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.metrics.connection_opened();
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, "connection ended: {e}");
+            }
+            app.metrics.connection_closed();
+            drop(permit);
+        });
+    }
+
+    app.begin_shutdown();
+    drop(listener);
+    if let Some(s) = sweeper {
+        s.abort();
+    }
+    let timeout = Duration::from_secs(app.cfg.shutdown_timeout);
+    tracing::info!(
+        open = app.metrics.open_connections(),
+        "shutting down: no longer accepting, draining requests in flight"
+    );
+    tokio::select! {
+        () = graceful.shutdown() => tracing::info!("all connections closed"),
+        () = tokio::time::sleep(timeout) => tracing::warn!("shutdown timeout ({timeout:?}) reached with connections still open"),
+    }
+}
+
+/// Returns expired reservations to the pool, ticking the store's epoch
+/// every TTL / [`crate::core::TICKS_PER_TTL`].
+async fn sweep(app: Arc<App>, ttl: Duration) {
+    let period = ttl / crate::core::TICKS_PER_TTL;
+    let mut interval = tokio::time::interval(period);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    interval.tick().await; // the first tick is immediate
+    loop {
+        interval.tick().await;
+        let app = app.clone();
+        // The sweep scans every page table: keep it off the worker threads.
+        match tokio::task::spawn_blocking(move || app.store.tick()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(pages = n, "returned expired reservations to the pool"),
+            Err(e) => tracing::error!("reservation sweep failed: {e}"),
+        }
+    }
+}
+
+/// Answers one request.
+async fn respond(
+    app: Arc<App>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let start = Instant::now();
+    let route = Route::of(req.method(), req.uri().path());
+    let reply = if let Some(denied) = authorize(&app, &route, &req) {
+        denied
+    } else if route.reads_body() {
+        match read_body(&app, req).await {
+            Ok(mut body) => api::handle(&app, &route, &mut body),
+            Err(reply) => reply,
+        }
+    } else {
+        api::handle(&app, &route, &mut [])
+    };
+    app.metrics.request(
+        route.endpoint(),
+        reply.status.as_u16(),
+        reply.keys,
+        start.elapsed(),
+    );
+    Ok(into_response(reply))
+}
+
+/// Checks the bearer token where one is required.
+fn authorize(app: &App, route: &Route, req: &Request<Incoming>) -> Option<Reply> {
+    let token = app.cfg.admin_token.as_deref()?;
+    let required = route.is_admin() || (app.cfg.auth_all && *route != Route::Health);
+    if !required {
+        return None;
+    }
+    let given = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+        return None;
+    }
+    Some(Reply::detail(
+        StatusCode::UNAUTHORIZED,
+        "Not authenticated: this endpoint needs 'Authorization: Bearer <admin token>'",
+    ))
+}
+
+/// Compares without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Reads the whole body, under the size limit and the body timeout.
+async fn read_body(app: &App, req: Request<Incoming>) -> Result<Vec<u8>, Reply> {
+    let limit = app.cfg.max_body_bytes;
+    let too_large = || Reply {
+        close: true,
+        ..Reply::detail(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("Request body too large: the limit is {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let mut body = req.into_body();
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0));
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| Reply {
+                close: true,
+                ..Reply::detail(
+                    StatusCode::BAD_REQUEST,
+                    &format!("Error reading the request body: {e}"),
+                )
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.len() > limit {
+                    return Err(too_large());
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(())
+    };
+    let timeout = app.cfg.body_timeout();
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(())) => Ok(buf),
+        Ok(Err(reply)) => Err(reply),
+        Err(_) => Err(Reply {
+            close: true,
+            ..Reply::detail(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!("Request body not received within {} s", timeout.as_secs()),
+            )
+        }),
+    }
+}
+
+fn into_response(reply: Reply) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(reply.body)));
+    *resp.status_mut() = reply.status;
+    let h = resp.headers_mut();
+    if reply.status != StatusCode::NO_CONTENT {
+        h.insert(CONTENT_TYPE, HeaderValue::from_static(reply.content_type));
+    }
+    if let Some(allow) = reply.allow {
+        h.insert(ALLOW, HeaderValue::from_static(allow));
+    }
+    if reply.status == StatusCode::UNAUTHORIZED {
+        h.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    if reply.close {
+        h.insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}

@@ -1,0 +1,565 @@
+//! Counters and histograms, exported in the Prometheus text format.
+//!
+//! The request path only ever does `Relaxed` `fetch_add`s on counters that
+//! live in a per-thread shard: each worker thread is given its own
+//! cache-padded shard the first time it records, so two threads never write
+//! the same cache line and a counter costs a few nanoseconds. A scrape sums
+//! the shards. Gauges that describe the store (pages by state, keys) are not
+//! counted on the request path at all: they are read from the store when
+//! `/metrics` is scraped.
+//!
+//! # Memory ordering
+//!
+//! Every counter is `Relaxed`: each is an independent monotonic count, and a
+//! scrape that reads one shard slightly before another only sees a slightly
+//! older total, which Prometheus tolerates by design.
+
+use crate::core::{ErrorCode, Stats};
+use crossbeam_utils::CachePadded;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The endpoints, as labelled in metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// POST /rank/{rank}/initialize
+    Initialize,
+    /// POST /keys/batch_allocate
+    Allocate,
+    /// POST /keys/confirm_write
+    Confirm,
+    /// POST /keys/batch_exists
+    Exists,
+    /// POST /keys/get_locations
+    Locations,
+    /// POST /clear
+    Clear,
+    /// GET /metrics
+    Metrics,
+    /// GET /health
+    Health,
+    /// GET /stats
+    Stats,
+    /// Anything else (404s, 405s).
+    Other,
+}
+
+impl Endpoint {
+    const ALL: [Endpoint; 10] = [
+        Endpoint::Initialize,
+        Endpoint::Allocate,
+        Endpoint::Confirm,
+        Endpoint::Exists,
+        Endpoint::Locations,
+        Endpoint::Clear,
+        Endpoint::Metrics,
+        Endpoint::Health,
+        Endpoint::Stats,
+        Endpoint::Other,
+    ];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Endpoint::Initialize => "initialize",
+            Endpoint::Allocate => "batch_allocate",
+            Endpoint::Confirm => "confirm_write",
+            Endpoint::Exists => "batch_exists",
+            Endpoint::Locations => "get_locations",
+            Endpoint::Clear => "clear",
+            Endpoint::Metrics => "metrics",
+            Endpoint::Health => "health",
+            Endpoint::Stats => "stats",
+            Endpoint::Other => "other",
+        }
+    }
+}
+
+const ENDPOINTS: usize = Endpoint::ALL.len();
+/// Status codes with their own series; anything else counts as "other".
+const STATUSES: [u16; 13] = [
+    200, 204, 400, 401, 404, 405, 408, 413, 422, 500, 503, 507, 0,
+];
+/// Latency bucket upper bounds, in microseconds (then +Inf).
+const LATENCY_US: [u64; 14] = [
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 250_000, 1_000_000,
+];
+/// Keys-per-request bucket upper bounds (then +Inf).
+const KEYS: [u64; 12] = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 8192];
+/// Confirm outcomes, counted per page.
+const CONFIRM_OUTCOMES: [&str; 4] = ["bound", "reconfirmed", "superseded", "released"];
+/// Allocate outcomes, counted per key.
+const ALLOCATE_OUTCOMES: [&str; 3] = ["reserved", "reused", "refused"];
+
+fn status_slot(status: u16) -> usize {
+    STATUSES
+        .iter()
+        .position(|&s| s == status)
+        .unwrap_or(STATUSES.len() - 1)
+}
+
+/// One thread's counters.
+struct Shard {
+    requests: [[AtomicU64; STATUSES.len()]; ENDPOINTS],
+    latency: [[AtomicU64; LATENCY_US.len() + 1]; ENDPOINTS],
+    latency_sum_ns: [AtomicU64; ENDPOINTS],
+    keys: [[AtomicU64; KEYS.len() + 1]; ENDPOINTS],
+    keys_sum: [AtomicU64; ENDPOINTS],
+    errors: [AtomicU64; ErrorCode::ALL.len()],
+    confirm_pages: [AtomicU64; CONFIRM_OUTCOMES.len()],
+    allocate_keys: [AtomicU64; ALLOCATE_OUTCOMES.len()],
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        fn z<const N: usize>() -> [AtomicU64; N] {
+            std::array::from_fn(|_| AtomicU64::new(0))
+        }
+        Self {
+            requests: std::array::from_fn(|_| z()),
+            latency: std::array::from_fn(|_| z()),
+            latency_sum_ns: z(),
+            keys: std::array::from_fn(|_| z()),
+            keys_sum: z(),
+            errors: z(),
+            confirm_pages: z(),
+            allocate_keys: z(),
+        }
+    }
+}
+
+#[inline]
+fn add(c: &AtomicU64, n: u64) {
+    // Relaxed: independent monotonic counters (see the module note).
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+fn sum(shards: &[CachePadded<Shard>], f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
+    shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
+}
+
+/// Shards: enough that worker threads rarely share one.
+const SHARDS: usize = 32;
+
+/// Every metric of the server.
+pub struct Metrics {
+    shards: Box<[CachePadded<Shard>]>,
+    open_connections: AtomicI64,
+    connections_total: AtomicU64,
+    started: Instant,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS)
+                .map(|_| CachePadded::new(Shard::default()))
+                .collect(),
+            open_connections: AtomicI64::new(0),
+            connections_total: AtomicU64::new(0),
+            started: Instant::now(),
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's shard number, handed out round-robin on first use.
+    static SHARD: usize = {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS
+    };
+}
+
+impl Metrics {
+    #[inline]
+    fn shard(&self) -> &Shard {
+        &self.shards[SHARD.with(|s| *s)]
+    }
+
+    /// Records one answered request.
+    #[inline]
+    pub fn request(&self, ep: Endpoint, status: u16, keys: usize, elapsed: Duration) {
+        let s = self.shard();
+        let e = ep as usize;
+        add(&s.requests[e][status_slot(status)], 1);
+        let us = elapsed.as_micros() as u64;
+        let b = LATENCY_US
+            .iter()
+            .position(|&le| us <= le)
+            .unwrap_or(LATENCY_US.len());
+        add(&s.latency[e][b], 1);
+        add(&s.latency_sum_ns[e], elapsed.as_nanos() as u64);
+        if matches!(
+            ep,
+            Endpoint::Allocate | Endpoint::Confirm | Endpoint::Exists | Endpoint::Locations
+        ) {
+            let k = keys as u64;
+            let b = KEYS.iter().position(|&le| k <= le).unwrap_or(KEYS.len());
+            add(&s.keys[e][b], 1);
+            add(&s.keys_sum[e], k);
+        }
+    }
+
+    /// Records a typed confirm error.
+    pub fn confirm_error(&self, code: ErrorCode) {
+        let i = ErrorCode::ALL.iter().position(|&c| c == code).unwrap_or(0);
+        add(&self.shard().errors[i], 1);
+    }
+
+    /// Records what a successful confirm did to its pages.
+    pub fn confirm_pages(&self, bound: u32, reconfirmed: u32, superseded: u32, released: u32) {
+        let s = self.shard();
+        for (i, n) in [bound, reconfirmed, superseded, released]
+            .into_iter()
+            .enumerate()
+        {
+            if n > 0 {
+                add(&s.confirm_pages[i], u64::from(n));
+            }
+        }
+    }
+
+    /// Records what an allocate answered per key.
+    pub fn allocate_keys(&self, reserved: u64, reused: u64, refused: u64) {
+        let s = self.shard();
+        for (i, n) in [reserved, reused, refused].into_iter().enumerate() {
+            if n > 0 {
+                add(&s.allocate_keys[i], n);
+            }
+        }
+    }
+
+    /// A connection was accepted.
+    pub fn connection_opened(&self) {
+        self.open_connections.fetch_add(1, Ordering::Relaxed);
+        self.connections_total.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection ended.
+    pub fn connection_closed(&self) {
+        self.open_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Open connections now.
+    pub fn open_connections(&self) -> i64 {
+        self.open_connections.load(Ordering::Relaxed)
+    }
+
+    /// Time since start.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Renders every metric in the Prometheus text exposition format (0.0.4).
+    pub fn render(&self, stats: &Stats) -> String {
+        let sh = &self.shards[..];
+        let mut o = String::with_capacity(16 * 1024);
+        let head = |o: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(
+                o,
+                "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}"
+            );
+        };
+
+        head(
+            &mut o,
+            "requests_total",
+            "counter",
+            "Requests answered, by endpoint and status code.",
+        );
+        for ep in Endpoint::ALL {
+            for (j, st) in STATUSES.iter().enumerate() {
+                let n = sum(sh, |s| &s.requests[ep as usize][j]);
+                if n > 0 {
+                    let st = if *st == 0 {
+                        "other".to_string()
+                    } else {
+                        st.to_string()
+                    };
+                    let _ = writeln!(
+                        o,
+                        "hf3fs_meta_requests_total{{endpoint=\"{}\",status=\"{st}\"}} {n}",
+                        ep.label()
+                    );
+                }
+            }
+        }
+
+        head(
+            &mut o,
+            "request_duration_seconds",
+            "histogram",
+            "Time from request headers to response, by endpoint.",
+        );
+        for ep in Endpoint::ALL {
+            let e = ep as usize;
+            let counts: Vec<u64> = (0..=LATENCY_US.len())
+                .map(|b| sum(sh, |s| &s.latency[e][b]))
+                .collect();
+            let total: u64 = counts.iter().sum();
+            if total == 0 {
+                continue;
+            }
+            let mut cum = 0;
+            for (b, le) in LATENCY_US.iter().enumerate() {
+                cum += counts[b];
+                let _ = writeln!(
+                    o,
+                    "hf3fs_meta_request_duration_seconds_bucket{{endpoint=\"{}\",le=\"{}\"}} {cum}",
+                    ep.label(),
+                    *le as f64 / 1e6
+                );
+            }
+            let _ = writeln!(
+                o,
+                "hf3fs_meta_request_duration_seconds_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {total}",
+                ep.label()
+            );
+            let secs = sum(sh, |s| &s.latency_sum_ns[e]) as f64 / 1e9;
+            let _ = writeln!(
+                o,
+                "hf3fs_meta_request_duration_seconds_sum{{endpoint=\"{}\"}} {secs}",
+                ep.label()
+            );
+            let _ = writeln!(
+                o,
+                "hf3fs_meta_request_duration_seconds_count{{endpoint=\"{}\"}} {total}",
+                ep.label()
+            );
+        }
+
+        head(
+            &mut o,
+            "request_keys",
+            "histogram",
+            "Keys (or confirmations plus releases) per request, by endpoint.",
+        );
+        for ep in Endpoint::ALL {
+            let e = ep as usize;
+            let counts: Vec<u64> = (0..=KEYS.len())
+                .map(|b| sum(sh, |s| &s.keys[e][b]))
+                .collect();
+            let total: u64 = counts.iter().sum();
+            if total == 0 {
+                continue;
+            }
+            let mut cum = 0;
+            for (b, le) in KEYS.iter().enumerate() {
+                cum += counts[b];
+                let _ = writeln!(
+                    o,
+                    "hf3fs_meta_request_keys_bucket{{endpoint=\"{}\",le=\"{le}\"}} {cum}",
+                    ep.label()
+                );
+            }
+            let _ = writeln!(
+                o,
+                "hf3fs_meta_request_keys_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {total}",
+                ep.label()
+            );
+            let _ = writeln!(
+                o,
+                "hf3fs_meta_request_keys_sum{{endpoint=\"{}\"}} {}",
+                ep.label(),
+                sum(sh, |s| &s.keys_sum[e])
+            );
+            let _ = writeln!(
+                o,
+                "hf3fs_meta_request_keys_count{{endpoint=\"{}\"}} {total}",
+                ep.label()
+            );
+        }
+
+        head(
+            &mut o,
+            "confirm_errors_total",
+            "counter",
+            "Typed confirm_write errors (500s), by code.",
+        );
+        for (i, code) in ErrorCode::ALL.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "hf3fs_meta_confirm_errors_total{{code=\"{}\"}} {}",
+                code.as_str(),
+                sum(sh, |s| &s.errors[i])
+            );
+        }
+
+        head(
+            &mut o,
+            "confirm_pages_total",
+            "counter",
+            "Pages handled by successful confirm_write requests, by outcome.",
+        );
+        for (i, name) in CONFIRM_OUTCOMES.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "hf3fs_meta_confirm_pages_total{{outcome=\"{name}\"}} {}",
+                sum(sh, |s| &s.confirm_pages[i])
+            );
+        }
+
+        head(
+            &mut o,
+            "allocate_keys_total",
+            "counter",
+            "Keys answered by batch_allocate: a fresh page, the page already bound, or -1.",
+        );
+        for (i, name) in ALLOCATE_OUTCOMES.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "hf3fs_meta_allocate_keys_total{{outcome=\"{name}\"}} {}",
+                sum(sh, |s| &s.allocate_keys[i])
+            );
+        }
+
+        head(&mut o, "rank_pages", "gauge", "Pages per rank, by state.");
+        for r in &stats.ranks {
+            let c = r.counts;
+            for (state, n) in [
+                ("free", c.free),
+                ("reserved", c.reserved),
+                ("bound", c.bound),
+            ] {
+                let _ = writeln!(
+                    o,
+                    "hf3fs_meta_rank_pages{{rank=\"{}\",state=\"{state}\"}} {n}",
+                    r.rank
+                );
+            }
+        }
+        head(
+            &mut o,
+            "rank_size_pages",
+            "gauge",
+            "num_pages of each initialized rank.",
+        );
+        for r in &stats.ranks {
+            let _ = writeln!(
+                o,
+                "hf3fs_meta_rank_size_pages{{rank=\"{}\"}} {}",
+                r.rank, r.num_pages
+            );
+        }
+        head(&mut o, "ranks", "gauge", "Initialized ranks.");
+        let _ = writeln!(o, "hf3fs_meta_ranks {}", stats.ranks.len());
+        head(&mut o, "keys", "gauge", "Keys stored on at least one rank.");
+        let _ = writeln!(o, "hf3fs_meta_keys {}", stats.keys);
+        head(
+            &mut o,
+            "complete_keys",
+            "gauge",
+            "Keys stored on every rank of their world (batch_exists answers true).",
+        );
+        let _ = writeln!(o, "hf3fs_meta_complete_keys {}", stats.complete_keys);
+        head(
+            &mut o,
+            "reservations_expired_total",
+            "counter",
+            "Reserved pages returned to the pool by --reservation-ttl.",
+        );
+        let _ = writeln!(o, "hf3fs_meta_reservations_expired_total {}", stats.expired);
+        head(
+            &mut o,
+            "open_connections",
+            "gauge",
+            "Client connections open now.",
+        );
+        let _ = writeln!(o, "hf3fs_meta_open_connections {}", self.open_connections());
+        head(
+            &mut o,
+            "connections_total",
+            "counter",
+            "Client connections accepted.",
+        );
+        let _ = writeln!(
+            o,
+            "hf3fs_meta_connections_total {}",
+            self.connections_total.load(Ordering::Relaxed)
+        );
+        head(
+            &mut o,
+            "uptime_seconds",
+            "gauge",
+            "Seconds since the server started.",
+        );
+        let _ = writeln!(
+            o,
+            "hf3fs_meta_uptime_seconds {}",
+            self.uptime().as_secs_f64()
+        );
+        head(
+            &mut o,
+            "build_info",
+            "gauge",
+            "Always 1; the version is a label.",
+        );
+        let _ = writeln!(
+            o,
+            "hf3fs_meta_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(prefix))
+    }
+
+    #[test]
+    fn counts_across_threads_and_renders() {
+        let m = Metrics::default();
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..1000 {
+                        m.request(Endpoint::Exists, 200, 128, Duration::from_micros(40));
+                    }
+                });
+            }
+        });
+        m.request(Endpoint::Confirm, 500, 3, Duration::from_millis(2));
+        m.confirm_error(ErrorCode::DoubleConfirm);
+        let stats = Stats {
+            ranks: vec![],
+            keys: 5,
+            complete_keys: 2,
+            expired: 7,
+        };
+        let t = m.render(&stats);
+        assert_eq!(
+            line(
+                &t,
+                "hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"}"
+            ),
+            Some("hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"} 4000")
+        );
+        assert!(t.contains("hf3fs_meta_request_duration_seconds_bucket{endpoint=\"batch_exists\",le=\"0.00005\"} 4000"));
+        assert!(t.contains("hf3fs_meta_request_duration_seconds_bucket{endpoint=\"batch_exists\",le=\"0.000025\"} 0"));
+        assert!(
+            t.contains("hf3fs_meta_request_keys_bucket{endpoint=\"batch_exists\",le=\"128\"} 4000")
+        );
+        assert!(t.contains("hf3fs_meta_confirm_errors_total{code=\"double_confirm\"} 1"));
+        assert!(t.contains("hf3fs_meta_keys 5\n"));
+        assert!(t.contains("hf3fs_meta_reservations_expired_total 7\n"));
+    }
+
+    #[test]
+    fn unknown_status_is_other() {
+        let m = Metrics::default();
+        m.request(Endpoint::Other, 418, 0, Duration::ZERO);
+        let t = m.render(&Stats {
+            ranks: vec![],
+            keys: 0,
+            complete_keys: 0,
+            expired: 0,
+        });
+        assert!(t.contains("hf3fs_meta_requests_total{endpoint=\"other\",status=\"other\"} 1"));
+    }
+}
