@@ -46,12 +46,7 @@ impl App {
             max_ranks: cfg.max_ranks,
             max_pages_per_rank: cfg.max_pages_per_rank,
         });
-        Self {
-            cfg,
-            store,
-            metrics: Metrics::default(),
-            shutting_down: AtomicBool::new(false),
-        }
+        Self { cfg, store, metrics: Metrics::default(), shutting_down: AtomicBool::new(false) }
     }
 
     /// Whether shutdown has begun.
@@ -73,14 +68,9 @@ pub fn init_tracing(cfg: &Config) {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| {
-            EnvFilter::try_new(&cfg.log_level).unwrap_or_else(|_| EnvFilter::new("info"))
-        });
+        .unwrap_or_else(|| EnvFilter::try_new(&cfg.log_level).unwrap_or_else(|_| EnvFilter::new("info")));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
     let _ = match cfg.log_format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -13,15 +13,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let cfg = Config::parse();
     init_tracing(&cfg);
-    let workers = cfg
-        .workers
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
-        .max(1);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-    {
+    let workers = cfg.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!("cannot start the runtime: {e}");
@@ -36,9 +29,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        let addr = listener
-            .local_addr()
-            .map_or_else(|_| format!("{}:{}", cfg.host, cfg.port), |a| a.to_string());
+        let addr = listener.local_addr().map_or_else(|_| format!("{}:{}", cfg.host, cfg.port), |a| a.to_string());
         tracing::info!(
             %addr,
             workers,

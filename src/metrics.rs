@@ -78,13 +78,10 @@ impl Endpoint {
 
 const ENDPOINTS: usize = Endpoint::ALL.len();
 /// Status codes with their own series; anything else counts as "other".
-const STATUSES: [u16; 13] = [
-    200, 204, 400, 401, 404, 405, 408, 413, 422, 500, 503, 507, 0,
-];
+const STATUSES: [u16; 13] = [200, 204, 400, 401, 404, 405, 408, 413, 422, 500, 503, 507, 0];
 /// Latency bucket upper bounds, in microseconds (then +Inf).
-const LATENCY_US: [u64; 14] = [
-    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 250_000, 1_000_000,
-];
+const LATENCY_US: [u64; 14] =
+    [10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 250_000, 1_000_000];
 /// Keys-per-request bucket upper bounds (then +Inf).
 const KEYS: [u64; 12] = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 8192];
 /// Confirm outcomes, counted per page.
@@ -93,10 +90,7 @@ const CONFIRM_OUTCOMES: [&str; 4] = ["bound", "reconfirmed", "superseded", "rele
 const ALLOCATE_OUTCOMES: [&str; 3] = ["reserved", "reused", "refused"];
 
 fn status_slot(status: u16) -> usize {
-    STATUSES
-        .iter()
-        .position(|&s| s == status)
-        .unwrap_or(STATUSES.len() - 1)
+    STATUSES.iter().position(|&s| s == status).unwrap_or(STATUSES.len() - 1)
 }
 
 /// One thread's counters.
@@ -153,9 +147,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS)
-                .map(|_| CachePadded::new(Shard::default()))
-                .collect(),
+            shards: (0..SHARDS).map(|_| CachePadded::new(Shard::default())).collect(),
             open_connections: AtomicI64::new(0),
             connections_total: AtomicU64::new(0),
             started: Instant::now(),
@@ -184,16 +176,10 @@ impl Metrics {
         let e = ep as usize;
         add(&s.requests[e][status_slot(status)], 1);
         let us = elapsed.as_micros() as u64;
-        let b = LATENCY_US
-            .iter()
-            .position(|&le| us <= le)
-            .unwrap_or(LATENCY_US.len());
+        let b = LATENCY_US.iter().position(|&le| us <= le).unwrap_or(LATENCY_US.len());
         add(&s.latency[e][b], 1);
         add(&s.latency_sum_ns[e], elapsed.as_nanos() as u64);
-        if matches!(
-            ep,
-            Endpoint::Allocate | Endpoint::Confirm | Endpoint::Exists | Endpoint::Locations
-        ) {
+        if matches!(ep, Endpoint::Allocate | Endpoint::Confirm | Endpoint::Exists | Endpoint::Locations) {
             let k = keys as u64;
             let b = KEYS.iter().position(|&le| k <= le).unwrap_or(KEYS.len());
             add(&s.keys[e][b], 1);
@@ -210,10 +196,7 @@ impl Metrics {
     /// Records what a successful confirm did to its pages.
     pub fn confirm_pages(&self, bound: u32, reconfirmed: u32, superseded: u32, released: u32) {
         let s = self.shard();
-        for (i, n) in [bound, reconfirmed, superseded, released]
-            .into_iter()
-            .enumerate()
-        {
+        for (i, n) in [bound, reconfirmed, superseded, released].into_iter().enumerate() {
             if n > 0 {
                 add(&s.confirm_pages[i], u64::from(n));
             }
@@ -256,47 +239,24 @@ impl Metrics {
         let sh = &self.shards[..];
         let mut o = String::with_capacity(16 * 1024);
         let head = |o: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(
-                o,
-                "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}"
-            );
+            let _ = writeln!(o, "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}");
         };
 
-        head(
-            &mut o,
-            "requests_total",
-            "counter",
-            "Requests answered, by endpoint and status code.",
-        );
+        head(&mut o, "requests_total", "counter", "Requests answered, by endpoint and status code.");
         for ep in Endpoint::ALL {
             for (j, st) in STATUSES.iter().enumerate() {
                 let n = sum(sh, |s| &s.requests[ep as usize][j]);
                 if n > 0 {
-                    let st = if *st == 0 {
-                        "other".to_string()
-                    } else {
-                        st.to_string()
-                    };
-                    let _ = writeln!(
-                        o,
-                        "hf3fs_meta_requests_total{{endpoint=\"{}\",status=\"{st}\"}} {n}",
-                        ep.label()
-                    );
+                    let st = if *st == 0 { "other".to_string() } else { st.to_string() };
+                    let _ = writeln!(o, "hf3fs_meta_requests_total{{endpoint=\"{}\",status=\"{st}\"}} {n}", ep.label());
                 }
             }
         }
 
-        head(
-            &mut o,
-            "request_duration_seconds",
-            "histogram",
-            "Time from request headers to response, by endpoint.",
-        );
+        head(&mut o, "request_duration_seconds", "histogram", "Time from request headers to response, by endpoint.");
         for ep in Endpoint::ALL {
             let e = ep as usize;
-            let counts: Vec<u64> = (0..=LATENCY_US.len())
-                .map(|b| sum(sh, |s| &s.latency[e][b]))
-                .collect();
+            let counts: Vec<u64> = (0..=LATENCY_US.len()).map(|b| sum(sh, |s| &s.latency[e][b])).collect();
             let total: u64 = counts.iter().sum();
             if total == 0 {
                 continue;
@@ -317,29 +277,14 @@ impl Metrics {
                 ep.label()
             );
             let secs = sum(sh, |s| &s.latency_sum_ns[e]) as f64 / 1e9;
-            let _ = writeln!(
-                o,
-                "hf3fs_meta_request_duration_seconds_sum{{endpoint=\"{}\"}} {secs}",
-                ep.label()
-            );
-            let _ = writeln!(
-                o,
-                "hf3fs_meta_request_duration_seconds_count{{endpoint=\"{}\"}} {total}",
-                ep.label()
-            );
+            let _ = writeln!(o, "hf3fs_meta_request_duration_seconds_sum{{endpoint=\"{}\"}} {secs}", ep.label());
+            let _ = writeln!(o, "hf3fs_meta_request_duration_seconds_count{{endpoint=\"{}\"}} {total}", ep.label());
         }
 
-        head(
-            &mut o,
-            "request_keys",
-            "histogram",
-            "Keys (or confirmations plus releases) per request, by endpoint.",
-        );
+        head(&mut o, "request_keys", "histogram", "Keys (or confirmations plus releases) per request, by endpoint.");
         for ep in Endpoint::ALL {
             let e = ep as usize;
-            let counts: Vec<u64> = (0..=KEYS.len())
-                .map(|b| sum(sh, |s| &s.keys[e][b]))
-                .collect();
+            let counts: Vec<u64> = (0..=KEYS.len()).map(|b| sum(sh, |s| &s.keys[e][b])).collect();
             let total: u64 = counts.iter().sum();
             if total == 0 {
                 continue;
@@ -347,36 +292,19 @@ impl Metrics {
             let mut cum = 0;
             for (b, le) in KEYS.iter().enumerate() {
                 cum += counts[b];
-                let _ = writeln!(
-                    o,
-                    "hf3fs_meta_request_keys_bucket{{endpoint=\"{}\",le=\"{le}\"}} {cum}",
-                    ep.label()
-                );
+                let _ = writeln!(o, "hf3fs_meta_request_keys_bucket{{endpoint=\"{}\",le=\"{le}\"}} {cum}", ep.label());
             }
-            let _ = writeln!(
-                o,
-                "hf3fs_meta_request_keys_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {total}",
-                ep.label()
-            );
+            let _ = writeln!(o, "hf3fs_meta_request_keys_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {total}", ep.label());
             let _ = writeln!(
                 o,
                 "hf3fs_meta_request_keys_sum{{endpoint=\"{}\"}} {}",
                 ep.label(),
                 sum(sh, |s| &s.keys_sum[e])
             );
-            let _ = writeln!(
-                o,
-                "hf3fs_meta_request_keys_count{{endpoint=\"{}\"}} {total}",
-                ep.label()
-            );
+            let _ = writeln!(o, "hf3fs_meta_request_keys_count{{endpoint=\"{}\"}} {total}", ep.label());
         }
 
-        head(
-            &mut o,
-            "confirm_errors_total",
-            "counter",
-            "Typed confirm_write errors (500s), by code.",
-        );
+        head(&mut o, "confirm_errors_total", "counter", "Typed confirm_write errors (500s), by code.");
         for (i, code) in ErrorCode::ALL.iter().enumerate() {
             let _ = writeln!(
                 o,
@@ -417,41 +345,19 @@ impl Metrics {
         head(&mut o, "rank_pages", "gauge", "Pages per rank, by state.");
         for r in &stats.ranks {
             let c = r.counts;
-            for (state, n) in [
-                ("free", c.free),
-                ("reserved", c.reserved),
-                ("bound", c.bound),
-            ] {
-                let _ = writeln!(
-                    o,
-                    "hf3fs_meta_rank_pages{{rank=\"{}\",state=\"{state}\"}} {n}",
-                    r.rank
-                );
+            for (state, n) in [("free", c.free), ("reserved", c.reserved), ("bound", c.bound)] {
+                let _ = writeln!(o, "hf3fs_meta_rank_pages{{rank=\"{}\",state=\"{state}\"}} {n}", r.rank);
             }
         }
-        head(
-            &mut o,
-            "rank_size_pages",
-            "gauge",
-            "num_pages of each initialized rank.",
-        );
+        head(&mut o, "rank_size_pages", "gauge", "num_pages of each initialized rank.");
         for r in &stats.ranks {
-            let _ = writeln!(
-                o,
-                "hf3fs_meta_rank_size_pages{{rank=\"{}\"}} {}",
-                r.rank, r.num_pages
-            );
+            let _ = writeln!(o, "hf3fs_meta_rank_size_pages{{rank=\"{}\"}} {}", r.rank, r.num_pages);
         }
         head(&mut o, "ranks", "gauge", "Initialized ranks.");
         let _ = writeln!(o, "hf3fs_meta_ranks {}", stats.ranks.len());
         head(&mut o, "keys", "gauge", "Keys stored on at least one rank.");
         let _ = writeln!(o, "hf3fs_meta_keys {}", stats.keys);
-        head(
-            &mut o,
-            "complete_keys",
-            "gauge",
-            "Keys stored on every rank of their world (batch_exists answers true).",
-        );
+        head(&mut o, "complete_keys", "gauge", "Keys stored on every rank of their world (batch_exists answers true).");
         let _ = writeln!(o, "hf3fs_meta_complete_keys {}", stats.complete_keys);
         head(
             &mut o,
@@ -460,46 +366,14 @@ impl Metrics {
             "Reserved pages returned to the pool by --reservation-ttl.",
         );
         let _ = writeln!(o, "hf3fs_meta_reservations_expired_total {}", stats.expired);
-        head(
-            &mut o,
-            "open_connections",
-            "gauge",
-            "Client connections open now.",
-        );
+        head(&mut o, "open_connections", "gauge", "Client connections open now.");
         let _ = writeln!(o, "hf3fs_meta_open_connections {}", self.open_connections());
-        head(
-            &mut o,
-            "connections_total",
-            "counter",
-            "Client connections accepted.",
-        );
-        let _ = writeln!(
-            o,
-            "hf3fs_meta_connections_total {}",
-            self.connections_total.load(Ordering::Relaxed)
-        );
-        head(
-            &mut o,
-            "uptime_seconds",
-            "gauge",
-            "Seconds since the server started.",
-        );
-        let _ = writeln!(
-            o,
-            "hf3fs_meta_uptime_seconds {}",
-            self.uptime().as_secs_f64()
-        );
-        head(
-            &mut o,
-            "build_info",
-            "gauge",
-            "Always 1; the version is a label.",
-        );
-        let _ = writeln!(
-            o,
-            "hf3fs_meta_build_info{{version=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION")
-        );
+        head(&mut o, "connections_total", "counter", "Client connections accepted.");
+        let _ = writeln!(o, "hf3fs_meta_connections_total {}", self.connections_total.load(Ordering::Relaxed));
+        head(&mut o, "uptime_seconds", "gauge", "Seconds since the server started.");
+        let _ = writeln!(o, "hf3fs_meta_uptime_seconds {}", self.uptime().as_secs_f64());
+        head(&mut o, "build_info", "gauge", "Always 1; the version is a label.");
+        let _ = writeln!(o, "hf3fs_meta_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
         o
     }
 }
@@ -526,25 +400,15 @@ mod tests {
         });
         m.request(Endpoint::Confirm, 500, 3, Duration::from_millis(2));
         m.confirm_error(ErrorCode::DoubleConfirm);
-        let stats = Stats {
-            ranks: vec![],
-            keys: 5,
-            complete_keys: 2,
-            expired: 7,
-        };
+        let stats = Stats { ranks: vec![], keys: 5, complete_keys: 2, expired: 7 };
         let t = m.render(&stats);
         assert_eq!(
-            line(
-                &t,
-                "hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"}"
-            ),
+            line(&t, "hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"}"),
             Some("hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"} 4000")
         );
         assert!(t.contains("hf3fs_meta_request_duration_seconds_bucket{endpoint=\"batch_exists\",le=\"0.00005\"} 4000"));
         assert!(t.contains("hf3fs_meta_request_duration_seconds_bucket{endpoint=\"batch_exists\",le=\"0.000025\"} 0"));
-        assert!(
-            t.contains("hf3fs_meta_request_keys_bucket{endpoint=\"batch_exists\",le=\"128\"} 4000")
-        );
+        assert!(t.contains("hf3fs_meta_request_keys_bucket{endpoint=\"batch_exists\",le=\"128\"} 4000"));
         assert!(t.contains("hf3fs_meta_confirm_errors_total{code=\"double_confirm\"} 1"));
         assert!(t.contains("hf3fs_meta_keys 5\n"));
         assert!(t.contains("hf3fs_meta_reservations_expired_total 7\n"));
@@ -554,12 +418,7 @@ mod tests {
     fn unknown_status_is_other() {
         let m = Metrics::default();
         m.request(Endpoint::Other, 418, 0, Duration::ZERO);
-        let t = m.render(&Stats {
-            ranks: vec![],
-            keys: 0,
-            complete_keys: 0,
-            expired: 0,
-        });
+        let t = m.render(&Stats { ranks: vec![], keys: 0, complete_keys: 0, expired: 0 });
         assert!(t.contains("hf3fs_meta_requests_total{endpoint=\"other\",status=\"other\"} 1"));
     }
 }

@@ -71,13 +71,7 @@ pub struct ConfirmError {
 
 impl ConfirmError {
     pub(crate) fn new(code: ErrorCode, rank: i64, page: Option<i64>, key: Option<&str>) -> Self {
-        Self {
-            code,
-            rank,
-            page,
-            key: key.map(str::to_owned),
-            already_bound: false,
-        }
+        Self { code, rank, page, key: key.map(str::to_owned), already_bound: false }
     }
 }
 
@@ -89,10 +83,7 @@ impl fmt::Display for ConfirmError {
             ErrorCode::RankNotInitialized => write!(f, "Rank {r} not initialized"),
             ErrorCode::PageOutOfRange => write!(f, "page {p} is out of range for rank {r}"),
             ErrorCode::ConfirmUnallocated => {
-                write!(
-                    f,
-                    "cannot confirm key {k} on page {p} of rank {r}: the page is not allocated"
-                )
+                write!(f, "cannot confirm key {k} on page {p} of rank {r}: the page is not allocated")
             }
             ErrorCode::DoubleConfirm if self.already_bound => {
                 write!(f, "cannot confirm key {k} on page {p} of rank {r}: the page is bound to another key")
@@ -101,22 +92,13 @@ impl fmt::Display for ConfirmError {
                 write!(f, "cannot confirm key {k} on page {p} of rank {r}: the request binds the page to two keys")
             }
             ErrorCode::ReleaseUnallocated => {
-                write!(
-                    f,
-                    "cannot release page {p} of rank {r}: the page is not allocated"
-                )
+                write!(f, "cannot release page {p} of rank {r}: the page is not allocated")
             }
             ErrorCode::DoubleRelease => {
-                write!(
-                    f,
-                    "cannot release page {p} of rank {r}: the request releases it twice"
-                )
+                write!(f, "cannot release page {p} of rank {r}: the request releases it twice")
             }
             ErrorCode::ConfirmAndRelease => {
-                write!(
-                    f,
-                    "page {p} of rank {r} is both confirmed (key {k}) and released in one request"
-                )
+                write!(f, "page {p} of rank {r} is both confirmed (key {k}) and released in one request")
             }
         }
     }
@@ -152,9 +134,7 @@ pub enum InitError {
         max: u32,
     },
     /// The system refused the memory for the page table.
-    #[error(
-        "Cannot create rank {rank} with {pages} pages: the system refused {bytes} bytes of memory"
-    )]
+    #[error("Cannot create rank {rank} with {pages} pages: the system refused {bytes} bytes of memory")]
     OutOfMemory {
         /// The rank.
         rank: i64,

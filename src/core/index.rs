@@ -35,10 +35,7 @@ impl Entry {
     /// The page `rank` holds for this key.
     #[inline]
     pub fn page(&self, rank: u32) -> Option<u32> {
-        self.pages
-            .get(rank as usize)
-            .copied()
-            .filter(|&p| p != NO_PAGE)
+        self.pages.get(rank as usize).copied().filter(|&p| p != NO_PAGE)
     }
 
     /// Whether every rank of the key's world holds a page for it.
@@ -54,11 +51,7 @@ impl Entry {
 
     /// `(rank, page)` for every binding.
     pub fn bindings(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.pages
-            .iter()
-            .enumerate()
-            .filter(|(_, &p)| p != NO_PAGE)
-            .map(|(r, &p)| (r as u32, p))
+        self.pages.iter().enumerate().filter(|(_, &p)| p != NO_PAGE).map(|(r, &p)| (r as u32, p))
     }
 }
 
@@ -75,8 +68,8 @@ pub struct Delta {
 /// The outcome of [`KeyIndex::bind`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bind {
-    /// The key is now bound to the page on this rank.
-    Bound,
+    /// The key is now bound to the page on this rank; its world size.
+    Bound(u32),
     /// The key already held this other page on the rank; it was kept.
     Kept(u32),
 }
@@ -91,9 +84,7 @@ pub struct KeyIndex {
 
 impl Default for KeyIndex {
     fn default() -> Self {
-        Self {
-            map: scc::HashMap::with_hasher(Hasher::default()),
-        }
+        Self { map: scc::HashMap::with_hasher(Hasher::default()) }
     }
 }
 
@@ -107,37 +98,22 @@ impl KeyIndex {
     /// Whether `key` is complete.
     #[inline]
     pub fn is_complete(&self, key: KeyRef<'_>) -> bool {
-        self.map
-            .read_sync(&key, |_, e| e.complete())
-            .unwrap_or(false)
+        self.map.read_sync(&key, |_, e| e.complete()).unwrap_or(false)
     }
 
     /// The page on `rank` when `key` is complete.
     #[inline]
     pub fn location(&self, key: KeyRef<'_>, rank: u32) -> Option<u32> {
-        self.map
-            .read_sync(&key, |_, e| if e.complete() { e.page(rank) } else { None })
-            .flatten()
+        self.map.read_sync(&key, |_, e| if e.complete() { e.page(rank) } else { None }).flatten()
     }
 
     /// Binds `key` to `page` on `rank`, unless the key already holds a page on
     /// that rank, which is kept (readers may already hold it). `world` gives
     /// the world size when the key is new.
-    pub fn bind(
-        &self,
-        key: KeyRef<'_>,
-        rank: u32,
-        page: u32,
-        world: impl FnOnce() -> u32,
-        delta: &mut Delta,
-    ) -> Bind {
+    pub fn bind(&self, key: KeyRef<'_>, rank: u32, page: u32, world: impl FnOnce() -> u32, delta: &mut Delta) -> Bind {
         let mut entry = self.map.entry_sync(key.to_key()).or_insert_with(|| {
             delta.keys += 1;
-            Entry {
-                world: world(),
-                bound: 0,
-                pages: SmallVec::new(),
-            }
+            Entry { world: world(), bound: 0, pages: SmallVec::new() }
         });
         let e = entry.get_mut();
         if let Some(held) = e.page(rank) {
@@ -151,7 +127,7 @@ impl KeyIndex {
         e.pages[r] = page;
         e.bound += 1;
         delta.complete += i64::from(e.complete()) - i64::from(was_complete);
-        Bind::Bound
+        Bind::Bound(e.world)
     }
 
     /// Removes `key`'s binding to `page` on `rank`; removes the key when that
@@ -196,23 +172,13 @@ mod tests {
     fn bind_keep_unbind() {
         let ix = KeyIndex::default();
         let mut d = Delta::default();
-        assert_eq!(ix.bind(k("a"), 0, 5, || 2, &mut d), Bind::Bound);
+        assert_eq!(ix.bind(k("a"), 0, 5, || 2, &mut d), Bind::Bound(2));
         assert_eq!((d.keys, d.complete), (1, 0));
         assert_eq!(ix.page(k("a"), 0), Some(5));
         assert!(!ix.is_complete(k("a")));
-        assert_eq!(
-            ix.location(k("a"), 0),
-            None,
-            "incomplete keys have no location"
-        );
-        assert_eq!(
-            ix.bind(k("a"), 0, 6, || unreachable!(), &mut d),
-            Bind::Kept(5)
-        );
-        assert_eq!(
-            ix.bind(k("a"), 1, 9, || unreachable!(), &mut d),
-            Bind::Bound
-        );
+        assert_eq!(ix.location(k("a"), 0), None, "incomplete keys have no location");
+        assert_eq!(ix.bind(k("a"), 0, 6, || unreachable!(), &mut d), Bind::Kept(5));
+        assert_eq!(ix.bind(k("a"), 1, 9, || unreachable!(), &mut d), Bind::Bound(2));
         assert_eq!((d.keys, d.complete), (1, 1));
         assert!(ix.is_complete(k("a")));
         assert_eq!(ix.location(k("a"), 1), Some(9));

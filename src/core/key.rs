@@ -208,11 +208,7 @@ mod tests {
         for b in 0u8..=127 {
             let s = format!("{}{}", &MD5[..31], b as char);
             let expect_hex = b.is_ascii_digit() || (b'a'..=b'f').contains(&b);
-            assert_eq!(
-                matches!(KeyRef::parse(&s), KeyRef::Hex(_)),
-                expect_hex,
-                "{b}"
-            );
+            assert_eq!(matches!(KeyRef::parse(&s), KeyRef::Hex(_)), expect_hex, "{b}");
         }
     }
 }

@@ -9,9 +9,11 @@
 //! - [`key`]: the compact key type.
 //! - [`store`]: the operations, atomic per request, lock-free across requests.
 //! - [`error`]: one error variant per code of the wire contract.
+//! - [`journal`]: the change feed for durability.
 
 pub mod error;
 pub mod index;
+pub mod journal;
 pub mod key;
 pub mod pages;
 pub mod store;
@@ -19,9 +21,7 @@ pub(crate) mod sync;
 mod zeroed;
 
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
+pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
-pub use store::{
-    AllocateOutcome, ConfirmOutcome, Initialized, RankStats, Stats, Store, StoreConfig,
-    TICKS_PER_TTL,
-};
+pub use store::{AllocateOutcome, ConfirmOutcome, Initialized, RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL};
 pub use zeroed::OutOfMemory;

@@ -215,11 +215,7 @@ impl PageTable {
     pub fn try_take(&self, n: u64) -> bool {
         // AcqRel: acquiring the releases that incremented the counter makes
         // the pages they freed visible to the search that follows.
-        self.free
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| {
-                free.checked_sub(n)
-            })
-            .is_ok()
+        self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| free.checked_sub(n)).is_ok()
     }
 
     /// Returns `n` pages to the free counter, after they were made FREE.
@@ -239,10 +235,7 @@ impl PageTable {
             return;
         }
         // Relaxed: a hint that spreads allocators over different words.
-        let start = (self
-            .cursor
-            .fetch_add(n / u64::from(LANES) + 1, Ordering::Relaxed)
-            % nwords as u64) as usize;
+        let start = (self.cursor.fetch_add(n / u64::from(LANES) + 1, Ordering::Relaxed) % nwords as u64) as usize;
         let mut use_hints = true;
         let mut backoff = Backoff::default();
         loop {
@@ -368,14 +361,30 @@ impl PageTable {
                     continue;
                 }
             };
-            match word.compare_exchange_weak(
-                cur,
-                cur | (BUSY << shift),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match word.compare_exchange_weak(cur, cur | (BUSY << shift), Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Some(claimed),
                 Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Claims a FREE page directly (FREE → BUSY), taking it from the free
+    /// counter; for rebuilding state from a journal. False when the page is
+    /// not FREE.
+    pub fn claim_free(&self, page: u32) -> bool {
+        let (w, shift) = Self::locate(page);
+        let word = &self.words[w];
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            if (cur >> shift) & 0b11 != FREE || !self.try_take(1) {
+                return false;
+            }
+            match word.compare_exchange(cur, cur | (BUSY << shift), Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => {
+                    self.give_back(1);
+                    cur = now;
+                }
             }
         }
     }
@@ -389,11 +398,7 @@ impl PageTable {
         // We own the lane (it is BUSY = 11), so XOR with 11 ^ to is exact.
         // Release: publishes the back-reference written while BUSY.
         let prev = self.words[w].fetch_xor((BUSY ^ to) << shift, Ordering::Release);
-        debug_assert_eq!(
-            (prev >> shift) & 0b11,
-            BUSY,
-            "settling a page not held BUSY"
-        );
+        debug_assert_eq!((prev >> shift) & 0b11, BUSY, "settling a page not held BUSY");
         if to == FREE {
             self.clear_full(w);
         }
@@ -426,9 +431,7 @@ impl PageTable {
     /// held by this thread.
     pub fn owner(&self, page: u32) -> Option<Key> {
         match self.owner_hex(page) {
-            0 => self
-                .text_owners
-                .read_sync(&page, |_, s| Key::Text(s.clone())),
+            0 => self.text_owners.read_sync(&page, |_, s| Key::Text(s.clone())),
             v => Some(Key::Hex(v.to_be_bytes())),
         }
     }
@@ -436,10 +439,7 @@ impl PageTable {
     /// Whether `page` (held as for [`owner`](Self::owner)) is bound to `key`.
     pub fn owner_is(&self, page: u32, key: KeyRef<'_>) -> bool {
         match (self.owner_hex(page), key) {
-            (0, KeyRef::Text(s)) => self
-                .text_owners
-                .read_sync(&page, |_, t| **t == *s)
-                .unwrap_or(false),
+            (0, KeyRef::Text(s)) => self.text_owners.read_sync(&page, |_, t| **t == *s).unwrap_or(false),
             (v, KeyRef::Hex(k)) => v == k,
             _ => false,
         }
@@ -470,12 +470,7 @@ impl PageTable {
                 if reserved == 0 || now.wrapping_sub(self.stamps[w].load(Ordering::Relaxed)) < ttl {
                     break;
                 }
-                match word.compare_exchange_weak(
-                    cur,
-                    cur & !reserved,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
+                match word.compare_exchange_weak(cur, cur & !reserved, Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => {
                         let n = u64::from(reserved.count_ones());
                         self.clear_full(w);
@@ -524,17 +519,10 @@ impl PageTable {
             return Err(format!("{} pages BUSY with nothing in flight", c.busy));
         }
         if c.free + c.reserved + c.bound != u64::from(self.num_pages) {
-            return Err(format!(
-                "page states add up to {:?}, not {}",
-                c, self.num_pages
-            ));
+            return Err(format!("page states add up to {:?}, not {}", c, self.num_pages));
         }
         if self.free_count() != c.free {
-            return Err(format!(
-                "free counter {} but {} FREE pages",
-                self.free_count(),
-                c.free
-            ));
+            return Err(format!("free counter {} but {} FREE pages", self.free_count(), c.free));
         }
         for w in 0..self.words.len() {
             let v = self.words[w].load(Ordering::Acquire);
@@ -565,13 +553,7 @@ mod tests {
     fn fresh_table_is_all_free() {
         let t = PageTable::new(100).unwrap();
         assert_eq!(t.free_count(), 100);
-        assert_eq!(
-            t.audit().unwrap(),
-            Counts {
-                free: 100,
-                ..Counts::default()
-            }
-        );
+        assert_eq!(t.audit().unwrap(), Counts { free: 100, ..Counts::default() });
         assert_eq!(t.state(99), PageState::Free);
     }
 
@@ -582,17 +564,8 @@ mod tests {
         got.sort_unstable();
         got.dedup();
         assert_eq!(got.len(), 70);
-        assert!(got
-            .iter()
-            .all(|&p| p < 100 && t.state(p) == PageState::Reserved));
-        assert_eq!(
-            t.audit().unwrap(),
-            Counts {
-                free: 30,
-                reserved: 70,
-                ..Counts::default()
-            }
-        );
+        assert!(got.iter().all(|&p| p < 100 && t.state(p) == PageState::Reserved));
+        assert_eq!(t.audit().unwrap(), Counts { free: 30, reserved: 70, ..Counts::default() });
     }
 
     #[test]

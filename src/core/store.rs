@@ -22,12 +22,13 @@
 
 use super::error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
 use super::index::{Bind, Delta, KeyIndex};
+use super::journal::{Change, Journal};
 use super::key::KeyRef;
 use super::pages::{Claimed, Counts, PageState, PageTable, BOUND, FREE};
 use arc_swap::ArcSwap;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Expiry granularity: the server ticks the store's epoch this many times per
 /// reservation TTL.
@@ -51,11 +52,7 @@ pub struct StoreConfig {
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        Self {
-            world_size: None,
-            max_ranks: 1024,
-            max_pages_per_rank: u32::MAX - 1,
-        }
+        Self { world_size: None, max_ranks: 1024, max_pages_per_rank: u32::MAX - 1 }
     }
 }
 
@@ -121,6 +118,7 @@ pub struct Stats {
 
 /// Everything between two `/clear`s.
 struct Generation {
+    id: u64,
     ranks: Box<[OnceLock<PageTable>]>,
     initialized: AtomicU32,
     index: KeyIndex,
@@ -129,8 +127,9 @@ struct Generation {
 }
 
 impl Generation {
-    fn new(max_ranks: u32) -> Self {
+    fn new(id: u64, max_ranks: u32) -> Self {
         Self {
+            id,
             ranks: (0..max_ranks).map(|_| OnceLock::new()).collect(),
             initialized: AtomicU32::new(0),
             index: KeyIndex::default(),
@@ -141,10 +140,7 @@ impl Generation {
 
     #[inline]
     fn rank(&self, rank: i64) -> Option<&PageTable> {
-        usize::try_from(rank)
-            .ok()
-            .and_then(|r| self.ranks.get(r))
-            .and_then(OnceLock::get)
+        usize::try_from(rank).ok().and_then(|r| self.ranks.get(r)).and_then(OnceLock::get)
     }
 
     fn apply(&self, d: Delta) {
@@ -163,6 +159,12 @@ pub struct Store {
     gen: ArcSwap<Generation>,
     epoch: AtomicU32,
     expired: AtomicU64,
+    /// Where durable changes go, when durability is on.
+    journal: Option<Arc<dyn Journal>>,
+    /// Serializes `/clear`s (a rare admin operation, never on the data path)
+    /// so that generations are swapped in the order their ids and journal
+    /// records say.
+    clearing: Mutex<()>,
 }
 
 /// One item of a confirm request, sorted by page for claiming.
@@ -183,13 +185,26 @@ type Claims = Vec<Option<Claimed>>;
 impl Store {
     /// An empty store.
     pub fn new(cfg: StoreConfig) -> Self {
-        let gen = ArcSwap::from_pointee(Generation::new(cfg.max_ranks));
-        Self {
-            cfg,
-            gen,
-            epoch: AtomicU32::new(0),
-            expired: AtomicU64::new(0),
+        Self::with_journal(cfg, None, 0)
+    }
+
+    /// An empty store in generation `generation` that reports every durable
+    /// change to `journal`.
+    pub fn with_journal(cfg: StoreConfig, journal: Option<Arc<dyn Journal>>, generation: u64) -> Self {
+        let gen = ArcSwap::from_pointee(Generation::new(generation, cfg.max_ranks));
+        Self { cfg, gen, epoch: AtomicU32::new(0), expired: AtomicU64::new(0), journal, clearing: Mutex::new(()) }
+    }
+
+    #[inline]
+    fn record(&self, change: Change<'_>) {
+        if let Some(j) = &self.journal {
+            j.record(change);
         }
+    }
+
+    /// The current generation's id (it changes at every `/clear`).
+    pub fn generation(&self) -> u64 {
+        self.gen.load().id
     }
 
     /// The configuration.
@@ -204,39 +219,26 @@ impl Store {
             return Err(InitError::InvalidParameters);
         }
         if rank >= i64::from(self.cfg.max_ranks) {
-            return Err(InitError::TooManyRanks {
-                rank,
-                max: self.cfg.max_ranks,
-            });
+            return Err(InitError::TooManyRanks { rank, max: self.cfg.max_ranks });
         }
         if num_pages > i64::from(self.cfg.max_pages_per_rank) {
-            return Err(InitError::TooManyPages {
-                requested: num_pages,
-                max: self.cfg.max_pages_per_rank,
-            });
+            return Err(InitError::TooManyPages { requested: num_pages, max: self.cfg.max_pages_per_rank });
         }
         let pages = num_pages as u32;
         let gen = self.gen.load();
         let slot = &gen.ranks[rank as usize];
         if let Some(t) = slot.get() {
-            return Ok(Initialized::Existing {
-                num_pages: t.num_pages(),
-            });
+            return Ok(Initialized::Existing { num_pages: t.num_pages() });
         }
-        let table = PageTable::new(pages).map_err(|e| InitError::OutOfMemory {
-            rank,
-            pages,
-            bytes: e.bytes,
-        })?;
+        let table = PageTable::new(pages).map_err(|e| InitError::OutOfMemory { rank, pages, bytes: e.bytes })?;
         match slot.set(table) {
             Ok(()) => {
                 gen.initialized.fetch_add(1, Ordering::Relaxed);
+                self.record(Change::Initialize { generation: gen.id, rank: rank as u32, num_pages: pages });
                 Ok(Initialized::Created)
             }
             // Another initialize of the same rank won the race.
-            Err(_) => Ok(Initialized::Existing {
-                num_pages: slot.get().map_or(pages, PageTable::num_pages),
-            }),
+            Err(_) => Ok(Initialized::Existing { num_pages: slot.get().map_or(pages, PageTable::num_pages) }),
         }
     }
 
@@ -276,18 +278,10 @@ impl Store {
         }
         let reused = distinct.len() as u64 - need;
         if need == 0 {
-            return Ok(AllocateOutcome {
-                reserved: 0,
-                reused,
-                refused: 0,
-            });
+            return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
         }
         if !table.try_take(need) {
-            return Ok(AllocateOutcome {
-                reserved: 0,
-                reused,
-                refused: need,
-            });
+            return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
         }
         {
             let epoch = self.epoch.load(Ordering::Relaxed) as u8;
@@ -300,11 +294,7 @@ impl Store {
                 }
             });
         }
-        Ok(AllocateOutcome {
-            reserved: need,
-            reused,
-            refused: 0,
-        })
+        Ok(AllocateOutcome { reserved: need, reused, refused: 0 })
     }
 
     /// Confirms `confirmations` and releases `releases` on `rank`, atomically:
@@ -316,13 +306,10 @@ impl Store {
         releases: &[i64],
     ) -> Result<ConfirmOutcome, ConfirmError> {
         let gen = self.gen.load();
-        let table = gen
-            .rank(rank)
-            .ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
+        let table = gen.rank(rank).ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
         let n = i64::from(table.num_pages());
-        let out_of_range = |page: i64, key: Option<&str>| {
-            ConfirmError::new(ErrorCode::PageOutOfRange, rank, Some(page), key)
-        };
+        let out_of_range =
+            |page: i64, key: Option<&str>| ConfirmError::new(ErrorCode::PageOutOfRange, rank, Some(page), key);
 
         // 1. Everything that can be checked without claiming a page.
         let mut items = Vec::with_capacity(confirmations.len() + releases.len());
@@ -330,19 +317,13 @@ impl Store {
             if !(0..n).contains(&page) {
                 return Err(out_of_range(page, Some(key)));
             }
-            items.push(Item {
-                page: page as u32,
-                tag: i as u32,
-            });
+            items.push(Item { page: page as u32, tag: i as u32 });
         }
         for (i, &page) in releases.iter().enumerate() {
             if !(0..n).contains(&page) {
                 return Err(out_of_range(page, None));
             }
-            items.push(Item {
-                page: page as u32,
-                tag: RELEASE | i as u32,
-            });
+            items.push(Item { page: page as u32, tag: RELEASE | i as u32 });
         }
         items.sort_unstable_by_key(|it| (it.page, it.tag));
         let mut claims: Claims = vec![None; confirmations.len()];
@@ -355,37 +336,17 @@ impl Store {
             let page = Some(i64::from(a.page));
             match (a.tag & RELEASE != 0, b.tag & RELEASE != 0) {
                 (false, false) => {
-                    let (ka, kb) = (
-                        confirmations[a.tag as usize].0,
-                        confirmations[b.tag as usize].0,
-                    );
+                    let (ka, kb) = (confirmations[a.tag as usize].0, confirmations[b.tag as usize].0);
                     if ka != kb {
-                        return Err(ConfirmError::new(
-                            ErrorCode::DoubleConfirm,
-                            rank,
-                            page,
-                            Some(kb),
-                        ));
+                        return Err(ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(kb)));
                     }
                     repeat[b.tag as usize] = true;
                 }
                 (false, true) => {
                     let key = confirmations[a.tag as usize].0;
-                    return Err(ConfirmError::new(
-                        ErrorCode::ConfirmAndRelease,
-                        rank,
-                        page,
-                        Some(key),
-                    ));
+                    return Err(ConfirmError::new(ErrorCode::ConfirmAndRelease, rank, page, Some(key)));
                 }
-                _ => {
-                    return Err(ConfirmError::new(
-                        ErrorCode::DoubleRelease,
-                        rank,
-                        page,
-                        None,
-                    ))
-                }
+                _ => return Err(ConfirmError::new(ErrorCode::DoubleRelease, rank, page, None)),
             }
         }
         items.retain(|it| it.tag & RELEASE != 0 || !repeat[it.tag as usize]);
@@ -402,35 +363,21 @@ impl Store {
                 Some(c) => {
                     let key = confirmations[it.tag as usize].0;
                     claims[it.tag as usize] = Some(c);
-                    (c == Claimed::Bound && !table.owner_is(it.page, KeyRef::parse(key))).then(
-                        || {
-                            // Put this page back first, then the ones before it.
-                            table.settle(it.page, BOUND);
-                            let mut e = ConfirmError::new(
-                                ErrorCode::DoubleConfirm,
-                                rank,
-                                Some(i64::from(it.page)),
-                                Some(key),
-                            );
-                            e.already_bound = true;
-                            e
-                        },
-                    )
+                    (c == Claimed::Bound && !table.owner_is(it.page, KeyRef::parse(key))).then(|| {
+                        // Put this page back first, then the ones before it.
+                        table.settle(it.page, BOUND);
+                        let mut e =
+                            ConfirmError::new(ErrorCode::DoubleConfirm, rank, Some(i64::from(it.page)), Some(key));
+                        e.already_bound = true;
+                        e
+                    })
                 }
-                None if it.tag & RELEASE != 0 => Some(ConfirmError::new(
-                    ErrorCode::ReleaseUnallocated,
-                    rank,
-                    Some(i64::from(it.page)),
-                    None,
-                )),
+                None if it.tag & RELEASE != 0 => {
+                    Some(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, Some(i64::from(it.page)), None))
+                }
                 None => {
                     let key = confirmations[it.tag as usize].0;
-                    Some(ConfirmError::new(
-                        ErrorCode::ConfirmUnallocated,
-                        rank,
-                        Some(i64::from(it.page)),
-                        Some(key),
-                    ))
+                    Some(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, Some(i64::from(it.page)), Some(key)))
                 }
             };
             if let Some(err) = failure {
@@ -460,16 +407,13 @@ impl Store {
                     debug_assert!(unbound, "a BOUND page's owner must be bound to it");
                 }
                 table.clear_owner(page);
+                self.record(Change::Unbind { generation: gen.id, rank: r, page });
             }
             table.settle(page, FREE);
             freed += 1;
             outcome.released += 1;
         }
-        let world = || {
-            self.cfg
-                .world_size
-                .unwrap_or_else(|| gen.initialized.load(Ordering::Relaxed))
-        };
+        let world = || self.cfg.world_size.unwrap_or_else(|| gen.initialized.load(Ordering::Relaxed));
         for (&(key, page), c) in confirmations.iter().zip(&claims) {
             let page = page as u32;
             match c {
@@ -481,8 +425,9 @@ impl Store {
                 Some(Claimed::Reserved) => {
                     let k = KeyRef::parse(key);
                     match gen.index.bind(k, r, page, world, &mut delta) {
-                        Bind::Bound => {
+                        Bind::Bound(world) => {
                             table.set_owner(page, k);
+                            self.record(Change::Bind { generation: gen.id, rank: r, page, key: k, world });
                             table.settle(page, BOUND);
                             outcome.bound += 1;
                         }
@@ -509,12 +454,7 @@ impl Store {
     }
 
     /// For each key, its page on `rank` when the key is complete.
-    pub fn locations(
-        &self,
-        rank: i64,
-        keys: &[&str],
-        out: &mut Vec<Option<u32>>,
-    ) -> Result<(), RankNotInitialized> {
+    pub fn locations(&self, rank: i64, keys: &[&str], out: &mut Vec<Option<u32>>) -> Result<(), RankNotInitialized> {
         let gen = self.gen.load();
         gen.rank(rank).ok_or(RankNotInitialized(rank))?;
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
@@ -525,8 +465,56 @@ impl Store {
 
     /// Forgets every rank and every key.
     pub fn clear(&self) {
-        self.gen
-            .store(Arc::new(Generation::new(self.cfg.max_ranks)));
+        let _serial = self.clearing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let id = self.gen.load().id + 1;
+        self.gen.store(Arc::new(Generation::new(id, self.cfg.max_ranks)));
+        self.record(Change::Clear { generation: id });
+    }
+
+    /// Recreates a rank while rebuilding the store from a journal (start-up,
+    /// before serving). Not journaled.
+    pub fn restore_rank(&self, rank: u32, num_pages: u32) -> Result<(), InitError> {
+        let gen = self.gen.load();
+        let slot = gen.ranks.get(rank as usize).ok_or(InitError::TooManyRanks { rank: rank.into(), max: self.cfg.max_ranks })?;
+        let table = PageTable::new(num_pages).map_err(|e| InitError::OutOfMemory {
+            rank: rank.into(),
+            pages: num_pages,
+            bytes: e.bytes,
+        })?;
+        if slot.set(table).is_ok() {
+            gen.initialized.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Rebinds `key` to `page` on `rank` with world size `world` while
+    /// rebuilding from a journal. The page must be FREE and the key unbound on
+    /// that rank; anything else means the journal is inconsistent, and the
+    /// binding is refused with a message. Not journaled.
+    pub fn restore_binding(&self, rank: u32, page: u32, key: &str, world: u32) -> Result<(), String> {
+        let gen = self.gen.load();
+        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        if page >= table.num_pages() {
+            return Err(format!("page {page} is out of range for rank {rank}"));
+        }
+        if !table.claim_free(page) {
+            return Err(format!("page {page} of rank {rank} is already bound"));
+        }
+        let k = KeyRef::parse(key);
+        let mut delta = Delta::default();
+        match gen.index.bind(k, rank, page, || world, &mut delta) {
+            Bind::Bound(_) => {
+                table.set_owner(page, k);
+                table.settle(page, BOUND);
+                gen.apply(delta);
+                Ok(())
+            }
+            Bind::Kept(p) => {
+                table.settle(page, FREE);
+                table.give_back(1);
+                Err(format!("key {key} is already bound to page {p} of rank {rank}"))
+            }
+        }
     }
 
     /// The current expiry epoch (low 8 bits are what reservations are stamped with).
@@ -541,12 +529,7 @@ impl Store {
     pub fn tick(&self) -> u64 {
         let now = self.epoch.fetch_add(1, Ordering::Relaxed).wrapping_add(1) as u8;
         let gen = self.gen.load_full();
-        let freed: u64 = gen
-            .ranks
-            .iter()
-            .filter_map(OnceLock::get)
-            .map(|t| t.expire(now, EXPIRY_TICKS))
-            .sum();
+        let freed: u64 = gen.ranks.iter().filter_map(OnceLock::get).map(|t| t.expire(now, EXPIRY_TICKS)).sum();
         self.expired.fetch_add(freed, Ordering::Relaxed);
         freed
     }
@@ -559,11 +542,7 @@ impl Store {
             .iter()
             .enumerate()
             .filter_map(|(r, t)| {
-                t.get().map(|t| RankStats {
-                    rank: r as u32,
-                    num_pages: t.num_pages(),
-                    counts: t.counts(),
-                })
+                t.get().map(|t| RankStats { rank: r as u32, num_pages: t.num_pages(), counts: t.counts() })
             })
             .collect();
         Stats {
@@ -591,9 +570,7 @@ impl Store {
                 match t.owner(p) {
                     None => err = Some(format!("rank {r}: BOUND page {p} has no owner")),
                     Some(k) if gen.index.page(k.as_ref(), r as u32) != Some(p) => {
-                        err = Some(format!(
-                            "rank {r}: page {p} names key {k}, whose binding is elsewhere"
-                        ));
+                        err = Some(format!("rank {r}: page {p} names key {k}, whose binding is elsewhere"));
                     }
                     Some(_) => {}
                 }
@@ -611,13 +588,11 @@ impl Store {
             for (r, p) in e.bindings() {
                 n += 1;
                 bindings += 1;
-                let ok = gen.rank(i64::from(r)).is_some_and(|t| {
-                    p < t.num_pages() && t.state(p) == PageState::Bound && t.owner_is(p, k.as_ref())
-                });
+                let ok = gen
+                    .rank(i64::from(r))
+                    .is_some_and(|t| p < t.num_pages() && t.state(p) == PageState::Bound && t.owner_is(p, k.as_ref()));
                 if !ok && err.is_none() {
-                    err = Some(format!(
-                        "key {k} is bound to page {p} of rank {r}, which is not BOUND to it"
-                    ));
+                    err = Some(format!("key {k} is bound to page {p} of rank {r}, which is not BOUND to it"));
                 }
             }
             if n == 0 && err.is_none() {
@@ -628,14 +603,10 @@ impl Store {
             return Err(e);
         }
         if bindings != bound_pages {
-            return Err(format!(
-                "{bindings} key bindings but {bound_pages} BOUND pages"
-            ));
+            return Err(format!("{bindings} key bindings but {bound_pages} BOUND pages"));
         }
         let stats = self.stats();
-        if keys != gen.keys.load(Ordering::Relaxed)
-            || complete != gen.complete.load(Ordering::Relaxed)
-        {
+        if keys != gen.keys.load(Ordering::Relaxed) || complete != gen.complete.load(Ordering::Relaxed) {
             return Err(format!(
                 "counted {keys} keys / {complete} complete, counters say {} / {}",
                 gen.keys.load(Ordering::Relaxed),

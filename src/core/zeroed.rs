@@ -72,16 +72,11 @@ mod real {
         pub(crate) fn new(len: usize) -> Result<Self, OutOfMemory> {
             let layout = Layout::array::<T>(len).map_err(|_| OutOfMemory { bytes: usize::MAX })?;
             if layout.size() == 0 {
-                return Ok(Self {
-                    ptr: NonNull::dangling(),
-                    len,
-                });
+                return Ok(Self { ptr: NonNull::dangling(), len });
             }
             // SAFETY: the layout has a non-zero size, as alloc_zeroed requires.
             let raw = unsafe { System.alloc_zeroed(layout) };
-            let ptr = NonNull::new(raw.cast::<T>()).ok_or(OutOfMemory {
-                bytes: layout.size(),
-            })?;
+            let ptr = NonNull::new(raw.cast::<T>()).ok_or(OutOfMemory { bytes: layout.size() })?;
             Ok(Self { ptr, len })
         }
     }

@@ -54,10 +54,7 @@ impl Route {
             "/metrics" => (Method::GET, Route::Metrics),
             "/health" => (Method::GET, Route::Health),
             "/stats" => (Method::GET, Route::Stats),
-            _ => match path
-                .strip_prefix("/rank/")
-                .and_then(|r| r.strip_suffix("/initialize"))
-            {
+            _ => match path.strip_prefix("/rank/").and_then(|r| r.strip_suffix("/initialize")) {
                 Some(rank) if !rank.is_empty() && !rank.contains('/') => {
                     (Method::POST, Route::Initialize(rank.to_owned()))
                 }
@@ -89,14 +86,7 @@ impl Route {
 
     /// Whether the handler reads the request body.
     pub fn reads_body(&self) -> bool {
-        matches!(
-            self,
-            Route::Initialize(_)
-                | Route::Allocate
-                | Route::Confirm
-                | Route::Exists
-                | Route::Locations
-        )
+        matches!(self, Route::Initialize(_) | Route::Allocate | Route::Confirm | Route::Exists | Route::Locations)
     }
 
     /// Whether the route changes or wipes state (guarded by the admin token).
@@ -127,14 +117,7 @@ pub const JSON: &str = "application/json";
 
 impl Reply {
     fn json(status: StatusCode, body: Vec<u8>, keys: usize) -> Reply {
-        Reply {
-            status,
-            body,
-            content_type: JSON,
-            keys,
-            allow: None,
-            close: false,
-        }
+        Reply { status, body, content_type: JSON, keys, allow: None, close: false }
     }
 
     /// `{"detail": msg}` with `status`.
@@ -145,14 +128,7 @@ impl Reply {
     }
 
     fn no_content(keys: usize) -> Reply {
-        Reply {
-            status: StatusCode::NO_CONTENT,
-            body: Vec::new(),
-            content_type: JSON,
-            keys,
-            allow: None,
-            close: false,
-        }
+        Reply { status: StatusCode::NO_CONTENT, body: Vec::new(), content_type: JSON, keys, allow: None, close: false }
     }
 
     fn bad_request(e: DecodeError) -> Reply {
@@ -176,18 +152,12 @@ thread_local! {
 
 /// Runs the handler of `route` on a fully read `body`.
 pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
-    let limits = Limits {
-        max_keys: app.cfg.max_keys_per_request,
-        max_key_len: app.cfg.max_key_len,
-    };
+    let limits = Limits { max_keys: app.cfg.max_keys_per_request, max_key_len: app.cfg.max_key_len };
     SCRATCH.with(|s| {
         // A re-entrant borrow cannot happen (handlers never call handle), but
         // answer rather than panic if it ever did.
         let Ok(mut s) = s.try_borrow_mut() else {
-            return Reply::detail(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal error: scratch busy",
-            );
+            return Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, "internal error: scratch busy");
         };
         let s = &mut *s;
         match route {
@@ -209,15 +179,10 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
                 }
             }
             Route::Health => health(app),
-            Route::Stats => Reply::json(
-                StatusCode::OK,
-                stats_json(app, &app.store.stats()).into_bytes(),
-                0,
-            ),
-            Route::MethodNotAllowed(allow) => Reply {
-                allow: Some(allow),
-                ..Reply::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
-            },
+            Route::Stats => Reply::json(StatusCode::OK, stats_json(app, &app.store.stats()).into_bytes(), 0),
+            Route::MethodNotAllowed(allow) => {
+                Reply { allow: Some(allow), ..Reply::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed") }
+            }
             Route::NotFound => Reply::detail(StatusCode::NOT_FOUND, "Not Found"),
         }
     })
@@ -226,9 +191,7 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
 /// FastAPI's 422 for a path parameter that is not a non-negative integer.
 fn rank_validation_error(raw: &str) -> Reply {
     let mut body = Vec::new();
-    let negative = raw
-        .strip_prefix('-')
-        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
+    let negative = raw.strip_prefix('-').is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
     if negative {
         encode::validation_error(
             &mut body,
@@ -259,10 +222,7 @@ fn initialize(app: &App, raw_rank: &str, decoder: &mut Decoder, body: &mut [u8])
         Err(e) => return Reply::bad_request(e),
     };
     if req.role == Role::Scheduler {
-        return message(
-            StatusCode::OK,
-            "Scheduler role does not require initialization",
-        );
+        return message(StatusCode::OK, "Scheduler role does not require initialization");
     }
     match app.store.initialize(rank, req.num_pages) {
         Ok(outcome) => {
@@ -280,10 +240,7 @@ fn initialize(app: &App, raw_rank: &str, decoder: &mut Decoder, body: &mut [u8])
                 }
                 Initialized::Existing { .. } => {}
             }
-            message(
-                StatusCode::OK,
-                &format!("Rank {rank} initialized with {} pages", req.num_pages),
-            )
+            message(StatusCode::OK, &format!("Rank {rank} initialized with {} pages", req.num_pages))
         }
         Err(e @ InitError::OutOfMemory { .. }) => {
             tracing::error!("{e}");
@@ -310,20 +267,12 @@ fn allocate(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Repl
         Err(e) => {
             let msg = format!("Allocation failed: {e}");
             tracing::error!("{msg}");
-            return Reply {
-                keys: n,
-                ..Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg)
-            };
+            return Reply { keys: n, ..Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg) };
         }
     };
-    app.metrics
-        .allocate_keys(counts.reserved, counts.reused, counts.refused);
+    app.metrics.allocate_keys(counts.reserved, counts.reused, counts.refused);
     let mut out = Vec::with_capacity(32 + s.pages.len() * 48);
-    encode::allocate(
-        &mut out,
-        req.rank,
-        s.pages.iter().map(|&(i, page)| (req.keys[i], page)),
-    );
+    encode::allocate(&mut out, req.rank, s.pages.iter().map(|&(i, page)| (req.keys[i], page)));
     Reply::json(StatusCode::OK, out, n)
 }
 
@@ -333,21 +282,14 @@ fn confirm(app: &App, decoder: &mut Decoder, body: &mut [u8], limits: Limits) ->
         Err(e) => return Reply::bad_request(e),
     };
     let n = req.confirmations.len() + req.releases.len();
-    match app
-        .store
-        .confirm(req.rank, &req.confirmations, &req.releases)
-    {
+    match app.store.confirm(req.rank, &req.confirmations, &req.releases) {
         Ok(o) => {
-            app.metrics
-                .confirm_pages(o.bound, o.reconfirmed, o.superseded, o.released);
+            app.metrics.confirm_pages(o.bound, o.reconfirmed, o.superseded, o.released);
             Reply::no_content(n)
         }
         Err(e) => {
             app.metrics.confirm_error(e.code);
-            Reply {
-                keys: n,
-                ..confirm_error_reply(&e)
-            }
+            Reply { keys: n, ..confirm_error_reply(&e) }
         }
     }
 }
@@ -387,10 +329,7 @@ fn locations(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Rep
     if let Err(e) = app.store.locations(req.rank, &req.keys, &mut s.locations) {
         let msg = format!("Failed to get key locations: {e}");
         tracing::error!("{msg}");
-        return Reply {
-            keys: req.keys.len(),
-            ..Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg)
-        };
+        return Reply { keys: req.keys.len(), ..Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg) };
     }
     let mut out = Vec::with_capacity(16 + s.locations.len() * 11);
     encode::locations(&mut out, &s.locations);
@@ -399,11 +338,7 @@ fn locations(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Rep
 
 fn health(app: &App) -> Reply {
     if app.is_shutting_down() {
-        Reply::json(
-            StatusCode::SERVICE_UNAVAILABLE,
-            br#"{"status":"shutting_down"}"#.to_vec(),
-            0,
-        )
+        Reply::json(StatusCode::SERVICE_UNAVAILABLE, br#"{"status":"shutting_down"}"#.to_vec(), 0)
     } else {
         Reply::json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec(), 0)
     }
@@ -412,10 +347,7 @@ fn health(app: &App) -> Reply {
 /// The `/stats` document.
 fn stats_json(app: &App, stats: &Stats) -> String {
     let mut o = String::with_capacity(256 + 128 * stats.ranks.len());
-    let ws = app
-        .cfg
-        .world_size
-        .map_or("null".to_string(), |w| w.to_string());
+    let ws = app.cfg.world_size.map_or("null".to_string(), |w| w.to_string());
     let _ = write!(
         o,
         r#"{{"version":"{}","uptime_seconds":{:.3},"world_size":{ws},"keys":{},"complete_keys":{},"reservations_expired":{},"reservation_ttl_seconds":{},"open_connections":{},"durable":{},"ranks":["#,
@@ -453,21 +385,12 @@ mod tests {
     fn routes() {
         let post = Method::POST;
         assert_eq!(Route::of(&post, "/keys/batch_exists"), Route::Exists);
-        assert_eq!(
-            Route::of(&post, "/rank/3/initialize"),
-            Route::Initialize("3".into())
-        );
-        assert_eq!(
-            Route::of(&post, "/rank/abc/initialize"),
-            Route::Initialize("abc".into())
-        );
+        assert_eq!(Route::of(&post, "/rank/3/initialize"), Route::Initialize("3".into()));
+        assert_eq!(Route::of(&post, "/rank/abc/initialize"), Route::Initialize("abc".into()));
         assert_eq!(Route::of(&post, "/rank//initialize"), Route::NotFound);
         assert_eq!(Route::of(&post, "/rank/1/2/initialize"), Route::NotFound);
         assert_eq!(Route::of(&post, "/keys/batch_exists/"), Route::NotFound);
-        assert_eq!(
-            Route::of(&Method::GET, "/keys/batch_exists"),
-            Route::MethodNotAllowed("POST")
-        );
+        assert_eq!(Route::of(&Method::GET, "/keys/batch_exists"), Route::MethodNotAllowed("POST"));
         assert_eq!(Route::of(&post, "/metrics"), Route::MethodNotAllowed("GET"));
         assert_eq!(Route::of(&Method::GET, "/health"), Route::Health);
         assert_eq!(Route::of(&post, "/"), Route::NotFound);

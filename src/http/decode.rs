@@ -138,23 +138,21 @@ fn syntax_reason(e: &simd_json::Error) -> &'static str {
         ErrorType::InvalidNumber | ErrorType::InvalidExponent | ErrorType::Overflow => {
             "invalid number (or integer beyond 64 bits)"
         }
-        ErrorType::InvalidEscape
-        | ErrorType::InvalidUnicodeEscape
-        | ErrorType::InvalidUnicodeCodepoint => "invalid escape in string",
+        ErrorType::InvalidEscape | ErrorType::InvalidUnicodeEscape | ErrorType::InvalidUnicodeCodepoint => {
+            "invalid escape in string"
+        }
         ErrorType::InvalidUtf8 => "invalid UTF-8",
         ErrorType::UnterminatedString => "unterminated string",
-        ErrorType::ExpectedTrue | ErrorType::ExpectedFalse | ErrorType::ExpectedNull => {
-            "invalid literal"
-        }
+        ErrorType::ExpectedTrue | ErrorType::ExpectedFalse | ErrorType::ExpectedNull => "invalid literal",
         ErrorType::DepthLimitExceeded => "nesting too deep",
         ErrorType::InputTooLarge => "body too large",
         ErrorType::KeyMustBeAString | ErrorType::ExpectedObjectKey | ErrorType::BadKeyType => {
             "expected a string object key"
         }
         ErrorType::ExpectedObjectColon => "expected ':' after object key",
-        ErrorType::ExpectedObjectContent
-        | ErrorType::ExpectedMapComma
-        | ErrorType::ExpectedMapEnd => "malformed object",
+        ErrorType::ExpectedObjectContent | ErrorType::ExpectedMapComma | ErrorType::ExpectedMapEnd => {
+            "malformed object"
+        }
         ErrorType::ExpectedArrayContent | ErrorType::ExpectedArrayComma => "malformed array",
         ErrorType::TrailingData => "trailing characters after the JSON value",
         // simd-json reports unterminated containers and strings, control
@@ -285,18 +283,13 @@ pub struct Decoder {
 
 impl Default for Decoder {
     fn default() -> Self {
-        Self {
-            buffers: Buffers::new(INITIAL_CAPACITY),
-            tape: Tape(Vec::new()),
-        }
+        Self { buffers: Buffers::new(INITIAL_CAPACITY), tape: Tape(Vec::new()) }
     }
 }
 
 impl fmt::Debug for Decoder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Decoder")
-            .field("tape_capacity", &self.tape.0.capacity())
-            .finish_non_exhaustive()
+        f.debug_struct("Decoder").field("tape_capacity", &self.tape.0.capacity()).finish_non_exhaustive()
     }
 }
 
@@ -333,11 +326,7 @@ impl Decoder {
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn allocate<'a>(
-        &mut self,
-        body: &'a mut [u8],
-        limits: Limits,
-    ) -> Result<AllocateBody<'a>, DecodeError> {
+    pub fn allocate<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<AllocateBody<'a>, DecodeError> {
         self.parse(body, |tape| {
             let [rank, keys] = fields(tape, ["rank", "keys"])?;
             let (rank, items) = rank_and_list(rank, keys, "keys")?;
@@ -365,25 +354,16 @@ impl Decoder {
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn confirm<'a>(
-        &mut self,
-        body: &'a mut [u8],
-        limits: Limits,
-    ) -> Result<ConfirmBody<'a>, DecodeError> {
+    pub fn confirm<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<ConfirmBody<'a>, DecodeError> {
         self.parse(body, |tape| {
-            let [rank, confirmations, releases] =
-                fields(tape, ["rank", "confirmations", "pages_to_release"])?;
+            let [rank, confirmations, releases] = fields(tape, ["rank", "confirmations", "pages_to_release"])?;
             let confirmations = match confirmations {
                 None => Items::EMPTY,
-                Some(value) => Items::of(value).ok_or(DecodeError::InvalidRequestFormat {
-                    list: "confirmations",
-                })?,
+                Some(value) => Items::of(value).ok_or(DecodeError::InvalidRequestFormat { list: "confirmations" })?,
             };
             let rank = match rank.and_then(|v| v.first()) {
                 None | Some(Node::Static(StaticNode::Null)) => {
-                    return Err(DecodeError::InvalidRequestFormat {
-                        list: "confirmations",
-                    })
+                    return Err(DecodeError::InvalidRequestFormat { list: "confirmations" })
                 }
                 Some(node) => int_field(node, "rank")?,
             };
@@ -393,10 +373,7 @@ impl Decoder {
             };
             let count = confirmations.len().saturating_add(releases.len());
             if count > limits.max_keys {
-                return Err(DecodeError::TooManyItems {
-                    count,
-                    limit: limits.max_keys,
-                });
+                return Err(DecodeError::TooManyItems { count, limit: limits.max_keys });
             }
 
             let mut pairs = Vec::with_capacity(confirmations.len());
@@ -410,12 +387,7 @@ impl Decoder {
                 let Some((key, page)) = pair else {
                     return Err(DecodeError::ConfirmationItem { index });
                 };
-                check_key(
-                    key,
-                    index,
-                    limits,
-                    DecodeError::EmptyConfirmationKey { index },
-                )?;
+                check_key(key, index, limits, DecodeError::EmptyConfirmationKey { index })?;
                 pairs.push((key, page));
             }
 
@@ -429,11 +401,7 @@ impl Decoder {
                     _ => return Err(DecodeError::ReleaseItem { index }),
                 }
             }
-            Ok(ConfirmBody {
-                rank,
-                confirmations: pairs,
-                releases: pages,
-            })
+            Ok(ConfirmBody { rank, confirmations: pairs, releases: pages })
         })
     }
 
@@ -443,20 +411,14 @@ impl Decoder {
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn exists<'a>(
-        &mut self,
-        body: &'a mut [u8],
-        limits: Limits,
-    ) -> Result<ExistsBody<'a>, DecodeError> {
+    pub fn exists<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<ExistsBody<'a>, DecodeError> {
         self.parse(body, |tape| {
             let [keys] = fields(tape, ["keys"])?;
             let items = match keys {
                 None => Items::EMPTY,
                 Some(value) => Items::of(value).ok_or(DecodeError::InvalidKeysFormat)?,
             };
-            Ok(ExistsBody {
-                keys: key_strings(items, limits)?,
-            })
+            Ok(ExistsBody { keys: key_strings(items, limits)? })
         })
     }
 
@@ -465,18 +427,11 @@ impl Decoder {
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn locations<'a>(
-        &mut self,
-        body: &'a mut [u8],
-        limits: Limits,
-    ) -> Result<LocationsBody<'a>, DecodeError> {
+    pub fn locations<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<LocationsBody<'a>, DecodeError> {
         self.parse(body, |tape| {
             let [rank, keys] = fields(tape, ["rank", "keys"])?;
             let (rank, items) = rank_and_list(rank, keys, "keys")?;
-            Ok(LocationsBody {
-                rank,
-                keys: key_strings(items, limits)?,
-            })
+            Ok(LocationsBody { rank, keys: key_strings(items, limits)? })
         })
     }
 
@@ -489,21 +444,14 @@ impl Decoder {
         body: &'a mut [u8],
         walk: impl FnOnce(&[Node<'a>]) -> Result<T, DecodeError>,
     ) -> Result<T, DecodeError> {
-        if body
-            .iter()
-            .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
-        {
-            return Err(DecodeError::InvalidJson {
-                reason: "empty body",
-            });
+        if body.iter().all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
+            return Err(DecodeError::InvalidJson { reason: "empty body" });
         }
         let large = body.len() > RETAIN_LIMIT;
         let mut tape: Tape<'a> = std::mem::replace(&mut self.tape, Tape(Vec::new())).reset();
         let result = match simd_json::fill_tape(body, &mut self.buffers, &mut tape) {
             Ok(()) => walk(&tape.0),
-            Err(e) => Err(DecodeError::InvalidJson {
-                reason: syntax_reason(&e),
-            }),
+            Err(e) => Err(DecodeError::InvalidJson { reason: syntax_reason(&e) }),
         };
         if large {
             self.buffers = Buffers::new(INITIAL_CAPACITY);
@@ -547,11 +495,7 @@ fn fields<'t, 'a, const N: usize>(
         let Some(value) = value_at(tape, at.saturating_add(1)) else {
             break;
         };
-        if let Some(slot) = names
-            .iter()
-            .position(|n| n == name)
-            .and_then(|i| found.get_mut(i))
-        {
+        if let Some(slot) = names.iter().position(|n| n == name).and_then(|i| found.get_mut(i)) {
             *slot = Some(value);
         }
         at = at.saturating_add(1).saturating_add(value.len());
@@ -609,31 +553,19 @@ fn rank_and_list<'t, 'a>(
 /// Refuses a key list longer than the limit, before anything is allocated.
 fn check_count(items: &Items<'_, '_>, limits: Limits) -> Result<(), DecodeError> {
     if items.len() > limits.max_keys {
-        return Err(DecodeError::TooManyKeys {
-            count: items.len(),
-            limit: limits.max_keys,
-        });
+        return Err(DecodeError::TooManyKeys { count: items.len(), limit: limits.max_keys });
     }
     Ok(())
 }
 
 /// Refuses an empty key (with the list's own error `empty`) or one longer
 /// than the limit.
-fn check_key(
-    key: &str,
-    index: usize,
-    limits: Limits,
-    empty: DecodeError,
-) -> Result<(), DecodeError> {
+fn check_key(key: &str, index: usize, limits: Limits, empty: DecodeError) -> Result<(), DecodeError> {
     if key.is_empty() {
         return Err(empty);
     }
     if key.len() > limits.max_key_len {
-        return Err(DecodeError::KeyTooLong {
-            index,
-            len: key.len(),
-            limit: limits.max_key_len,
-        });
+        return Err(DecodeError::KeyTooLong { index, len: key.len(), limit: limits.max_key_len });
     }
     Ok(())
 }
@@ -700,37 +632,20 @@ mod tests {
     use DecodeError as E;
 
     /// Limits used by most cases: 4 keys of at most 8 bytes.
-    const L: Limits = Limits {
-        max_keys: 4,
-        max_key_len: 8,
-    };
+    const L: Limits = Limits { max_keys: 4, max_key_len: 8 };
 
     /// Limits large enough for the hot-path bodies.
-    const BIG: Limits = Limits {
-        max_keys: 1024,
-        max_key_len: 1024,
-    };
+    const BIG: Limits = Limits { max_keys: 1024, max_key_len: 1024 };
 
     fn check_init(body: &[u8], want: Result<(i64, Role), &str>) {
         let mut buf = body.to_vec();
-        let got = Decoder::default()
-            .initialize(&mut buf)
-            .map(|b| (b.num_pages, b.role))
-            .map_err(|e| e.to_string());
-        assert_eq!(
-            got,
-            want.map_err(str::to_owned),
-            "body {}",
-            String::from_utf8_lossy(body)
-        );
+        let got = Decoder::default().initialize(&mut buf).map(|b| (b.num_pages, b.role)).map_err(|e| e.to_string());
+        assert_eq!(got, want.map_err(str::to_owned), "body {}", String::from_utf8_lossy(body));
     }
 
     fn check_alloc(body: &[u8], want: Result<(i64, &[&str]), &str>) {
         let mut buf = body.to_vec();
-        let got = Decoder::default()
-            .allocate(&mut buf, L)
-            .map(|b| (b.rank, b.keys))
-            .map_err(|e| e.to_string());
+        let got = Decoder::default().allocate(&mut buf, L).map(|b| (b.rank, b.keys)).map_err(|e| e.to_string());
         let want = want.map(|(r, k)| (r, k.to_vec())).map_err(str::to_owned);
         assert_eq!(got, want, "body {}", String::from_utf8_lossy(body));
     }
@@ -742,32 +657,19 @@ mod tests {
             .confirm(&mut buf, L)
             .map(|b| (b.rank, b.confirmations, b.releases))
             .map_err(|e| e.to_string());
-        let want = want
-            .map(|(r, c, p)| (r, c.to_vec(), p.to_vec()))
-            .map_err(str::to_owned);
+        let want = want.map(|(r, c, p)| (r, c.to_vec(), p.to_vec())).map_err(str::to_owned);
         assert_eq!(got, want, "body {}", String::from_utf8_lossy(body));
     }
 
     fn check_exists(body: &[u8], want: Result<&[&str], &str>) {
         let mut buf = body.to_vec();
-        let got = Decoder::default()
-            .exists(&mut buf, L)
-            .map(|b| b.keys)
-            .map_err(|e| e.to_string());
-        assert_eq!(
-            got,
-            want.map(<[&str]>::to_vec).map_err(str::to_owned),
-            "body {}",
-            String::from_utf8_lossy(body)
-        );
+        let got = Decoder::default().exists(&mut buf, L).map(|b| b.keys).map_err(|e| e.to_string());
+        assert_eq!(got, want.map(<[&str]>::to_vec).map_err(str::to_owned), "body {}", String::from_utf8_lossy(body));
     }
 
     fn check_loc(body: &[u8], want: Result<(i64, &[&str]), &str>) {
         let mut buf = body.to_vec();
-        let got = Decoder::default()
-            .locations(&mut buf, L)
-            .map(|b| (b.rank, b.keys))
-            .map_err(|e| e.to_string());
+        let got = Decoder::default().locations(&mut buf, L).map(|b| (b.rank, b.keys)).map_err(|e| e.to_string());
         let want = want.map(|(r, k)| (r, k.to_vec())).map_err(str::to_owned);
         assert_eq!(got, want, "body {}", String::from_utf8_lossy(body));
     }
@@ -777,27 +679,14 @@ mod tests {
     fn check_all(body: &[u8], want: &str) {
         let mut d = Decoder::default();
         let texts = [
-            d.initialize(&mut body.to_vec())
-                .err()
-                .map(|e| e.to_string()),
-            d.allocate(&mut body.to_vec(), L)
-                .err()
-                .map(|e| e.to_string()),
-            d.confirm(&mut body.to_vec(), L)
-                .err()
-                .map(|e| e.to_string()),
+            d.initialize(&mut body.to_vec()).err().map(|e| e.to_string()),
+            d.allocate(&mut body.to_vec(), L).err().map(|e| e.to_string()),
+            d.confirm(&mut body.to_vec(), L).err().map(|e| e.to_string()),
             d.exists(&mut body.to_vec(), L).err().map(|e| e.to_string()),
-            d.locations(&mut body.to_vec(), L)
-                .err()
-                .map(|e| e.to_string()),
+            d.locations(&mut body.to_vec(), L).err().map(|e| e.to_string()),
         ];
         for t in texts {
-            assert_eq!(
-                t.as_deref(),
-                Some(want),
-                "body {}",
-                String::from_utf8_lossy(body)
-            );
+            assert_eq!(t.as_deref(), Some(want), "body {}", String::from_utf8_lossy(body));
         }
     }
 
@@ -857,31 +746,16 @@ mod tests {
         };
         // Within simd-json's depth limit the nested value is skipped whole.
         let mut ok = deep(1000);
-        assert_eq!(
-            Decoder::default().exists(&mut ok, L),
-            Ok(ExistsBody { keys: vec![] })
-        );
+        assert_eq!(Decoder::default().exists(&mut ok, L), Ok(ExistsBody { keys: vec![] }));
         let mut too_deep = deep(5000);
-        let err = Decoder::default()
-            .exists(&mut too_deep, L)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.starts_with("Invalid JSON body: nesting too deep"),
-            "{err}"
-        );
+        let err = Decoder::default().exists(&mut too_deep, L).unwrap_err().to_string();
+        assert!(err.starts_with("Invalid JSON body: nesting too deep"), "{err}");
         // A deep prefix_key is skipped item by item.
         let mut b = b"{\"rank\":1,\"keys\":[[\"a\",".to_vec();
         b.extend(std::iter::repeat(b'[').take(900));
         b.extend(std::iter::repeat(b']').take(900));
         b.extend(b"],\"b\"]}");
-        assert_eq!(
-            Decoder::default().allocate(&mut b, L),
-            Ok(AllocateBody {
-                rank: 1,
-                keys: vec!["a", "b"]
-            })
-        );
+        assert_eq!(Decoder::default().allocate(&mut b, L), Ok(AllocateBody { rank: 1, keys: vec!["a", "b"] }));
     }
 
     #[test]
@@ -1086,18 +960,10 @@ mod tests {
     /// Builds the real connector's allocate body for `n` keys.
     fn hot_allocate_body(n: usize) -> (Vec<u8>, Vec<String>) {
         let keys: Vec<String> = (0..n)
-            .map(|i| {
-                format!(
-                    "{:032x}",
-                    (i as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)
-                )
-            })
+            .map(|i| format!("{:032x}", (i as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835)))
             .collect();
         let items: Vec<String> = keys.iter().map(|k| format!("[\"{k}\",\"\"]")).collect();
-        (
-            format!("{{\"rank\":0,\"keys\":[{}]}}", items.join(",")).into_bytes(),
-            keys,
-        )
+        (format!("{{\"rank\":0,\"keys\":[{}]}}", items.join(",")).into_bytes(), keys)
     }
 
     #[test]
@@ -1110,25 +976,14 @@ mod tests {
             let mut buf = body.clone();
             let got = d.allocate(&mut buf, BIG).unwrap();
             assert_eq!(got.rank, 0);
-            assert_eq!(
-                got.keys,
-                keys.iter().map(String::as_str).collect::<Vec<_>>()
-            );
+            assert_eq!(got.keys, keys.iter().map(String::as_str).collect::<Vec<_>>());
             assert_eq!(got.keys.capacity(), 128);
         }
-        let mut exists_body = format!(
-            "{{\"keys\":[{}]}}",
-            keys.iter()
-                .map(|k| format!("\"{k}\""))
-                .collect::<Vec<_>>()
-                .join(",")
-        )
-        .into_bytes();
+        let mut exists_body =
+            format!("{{\"keys\":[{}]}}", keys.iter().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(","))
+                .into_bytes();
         let got = d.exists(&mut exists_body, BIG).unwrap();
-        assert_eq!(
-            got.keys,
-            keys.iter().map(String::as_str).collect::<Vec<_>>()
-        );
+        assert_eq!(got.keys, keys.iter().map(String::as_str).collect::<Vec<_>>());
     }
 
     #[test]
@@ -1139,53 +994,25 @@ mod tests {
         let mut large = b"{\"rank\":1,\"keys\":[],\"pad\":\"".to_vec();
         large.extend(std::iter::repeat(b'x').take(RETAIN_LIMIT + 10));
         large.extend(b"\"}");
-        assert_eq!(
-            d.allocate(&mut large, L),
-            Ok(AllocateBody {
-                rank: 1,
-                keys: vec![]
-            })
-        );
+        assert_eq!(d.allocate(&mut large, L), Ok(AllocateBody { rank: 1, keys: vec![] }));
         assert_eq!(
             d.allocate(&mut br#"{"rank":1,"keys":["k"]}"#.to_vec(), L),
-            Ok(AllocateBody {
-                rank: 1,
-                keys: vec!["k"]
-            })
+            Ok(AllocateBody { rank: 1, keys: vec!["k"] })
         );
     }
 
     #[test]
     fn zero_limits() {
-        let z = Limits {
-            max_keys: 0,
-            max_key_len: 0,
-        };
+        let z = Limits { max_keys: 0, max_key_len: 0 };
         let mut d = Decoder::default();
-        assert_eq!(
-            d.exists(&mut br#"{"keys":[]}"#.to_vec(), z),
-            Ok(ExistsBody { keys: vec![] })
-        );
-        assert_eq!(
-            d.exists(&mut br#"{"keys":["a"]}"#.to_vec(), z),
-            Err(E::TooManyKeys { count: 1, limit: 0 })
-        );
-        let one = Limits {
-            max_keys: 1,
-            max_key_len: 0,
-        };
+        assert_eq!(d.exists(&mut br#"{"keys":[]}"#.to_vec(), z), Ok(ExistsBody { keys: vec![] }));
+        assert_eq!(d.exists(&mut br#"{"keys":["a"]}"#.to_vec(), z), Err(E::TooManyKeys { count: 1, limit: 0 }));
+        let one = Limits { max_keys: 1, max_key_len: 0 };
         assert_eq!(
             d.exists(&mut br#"{"keys":["a"]}"#.to_vec(), one),
-            Err(E::KeyTooLong {
-                index: 0,
-                len: 1,
-                limit: 0
-            })
+            Err(E::KeyTooLong { index: 0, len: 1, limit: 0 })
         );
-        assert_eq!(
-            d.exists(&mut br#"{"keys":[""]}"#.to_vec(), one),
-            Err(E::EmptyKey { index: 0 })
-        );
+        assert_eq!(d.exists(&mut br#"{"keys":[""]}"#.to_vec(), one), Err(E::EmptyKey { index: 0 }));
     }
 
     #[test]
@@ -1197,10 +1024,7 @@ mod tests {
     /// Runs every decoder on a copy of `body`; only panics matter.
     fn run_all(body: &[u8]) {
         let mut d = Decoder::default();
-        let limits = Limits {
-            max_keys: 8,
-            max_key_len: 16,
-        };
+        let limits = Limits { max_keys: 8, max_key_len: 16 };
         let _ = d.initialize(&mut body.to_vec());
         let _ = d.allocate(&mut body.to_vec(), limits);
         let _ = d.confirm(&mut body.to_vec(), limits);
@@ -1223,22 +1047,12 @@ mod tests {
         ];
         leaf.prop_recursive(6, 64, 6, |inner| {
             prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..6)
-                    .prop_map(|v| format!("[{}]", v.join(","))),
-                proptest::collection::vec(
-                    (
-                        "(rank|keys|confirmations|pages_to_release|num_pages|role|x)",
-                        inner
-                    ),
-                    0..6
-                )
-                .prop_map(|v| {
-                    let fields: Vec<String> = v
-                        .into_iter()
-                        .map(|(k, val)| format!("\"{k}\":{val}"))
-                        .collect();
-                    format!("{{{}}}", fields.join(","))
-                }),
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(|v| format!("[{}]", v.join(","))),
+                proptest::collection::vec(("(rank|keys|confirmations|pages_to_release|num_pages|role|x)", inner), 0..6)
+                    .prop_map(|v| {
+                        let fields: Vec<String> = v.into_iter().map(|(k, val)| format!("\"{k}\":{val}")).collect();
+                        format!("{{{}}}", fields.join(","))
+                    }),
             ]
         })
     }

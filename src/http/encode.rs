@@ -70,14 +70,7 @@ pub fn json_str(out: &mut Vec<u8>, s: &str) {
         };
         match short_escape(b) {
             Some(letter) => out.extend_from_slice(&[b'\\', letter]),
-            None => out.extend_from_slice(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                hex_digit(b >> 4),
-                hex_digit(b & 0x0f),
-            ]),
+            None => out.extend_from_slice(&[b'\\', b'u', b'0', b'0', hex_digit(b >> 4), hex_digit(b & 0x0f)]),
         }
         rest = after;
     }
@@ -105,11 +98,7 @@ pub fn message(out: &mut Vec<u8>, msg: &str) {
 
 /// Appends a batch-allocate answer, `{"rank":R,"results":[["key",page],...]}`,
 /// with one pair per item of `results`, in the order given.
-pub fn allocate<'k>(
-    out: &mut Vec<u8>,
-    rank: i64,
-    results: impl IntoIterator<Item = (&'k str, i64)>,
-) {
+pub fn allocate<'k>(out: &mut Vec<u8>, rank: i64, results: impl IntoIterator<Item = (&'k str, i64)>) {
     let results = results.into_iter();
     // 32-hex-digit key, quotes, brackets, comma and a page of up to 9 digits.
     out.reserve(32 + results.size_hint().0 * 48);
@@ -163,14 +152,7 @@ pub fn locations(out: &mut Vec<u8>, locs: &[Option<u32>]) {
 /// Appends a typed error: the `FastAPI` `detail` text plus a machine-readable
 /// object, `{"detail":"...","error":{"code":"...","rank":R,"page":P,"key":"..."}}`.
 /// `page` and `key` are left out when `None`.
-pub fn typed_error(
-    out: &mut Vec<u8>,
-    detail: &str,
-    code: &str,
-    rank: i64,
-    page: Option<i64>,
-    key: Option<&str>,
-) {
+pub fn typed_error(out: &mut Vec<u8>, detail: &str, code: &str, rank: i64, page: Option<i64>, key: Option<&str>) {
     out.extend_from_slice(br#"{"detail":"#);
     json_str(out, detail);
     out.extend_from_slice(br#","error":{"code":"#);

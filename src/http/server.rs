@@ -12,9 +12,7 @@ use crate::App;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{
-    HeaderValue, ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE,
-};
+use hyper::header::{HeaderValue, ALLOW, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
@@ -32,16 +30,10 @@ use tokio::sync::Semaphore;
 /// Returns once every connection has finished (or the shutdown timeout ran out).
 pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(app.cfg.header_timeout())
-        .keep_alive(true);
+    builder.timer(TokioTimer::new()).header_read_timeout(app.cfg.header_timeout()).keep_alive(true);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(app.cfg.max_connections.max(1)));
-    let sweeper = app
-        .cfg
-        .reservation_ttl()
-        .map(|ttl| tokio::spawn(sweep(app.clone(), ttl)));
+    let sweeper = app.cfg.reservation_ttl().map(|ttl| tokio::spawn(sweep(app.clone(), ttl)));
     tokio::pin!(shutdown);
 
     loop {
@@ -112,10 +104,7 @@ async fn sweep(app: Arc<App>, ttl: Duration) {
 }
 
 /// Answers one request.
-async fn respond(
-    app: Arc<App>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let start = Instant::now();
     let route = Route::of(req.method(), req.uri().path());
     let reply = if let Some(denied) = authorize(&app, &route, &req) {
@@ -128,12 +117,7 @@ async fn respond(
     } else {
         api::handle(&app, &route, &mut [])
     };
-    app.metrics.request(
-        route.endpoint(),
-        reply.status.as_u16(),
-        reply.keys,
-        start.elapsed(),
-    );
+    app.metrics.request(route.endpoint(), reply.status.as_u16(), reply.keys, start.elapsed());
     Ok(into_response(reply))
 }
 
@@ -144,11 +128,7 @@ fn authorize(app: &App, route: &Route, req: &Request<Incoming>) -> Option<Reply>
     if !required {
         return None;
     }
-    let given = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
     if given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
         return None;
     }
@@ -168,16 +148,10 @@ async fn read_body(app: &App, req: Request<Incoming>) -> Result<Vec<u8>, Reply> 
     let limit = app.cfg.max_body_bytes;
     let too_large = || Reply {
         close: true,
-        ..Reply::detail(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("Request body too large: the limit is {limit} bytes"),
-        )
+        ..Reply::detail(StatusCode::PAYLOAD_TOO_LARGE, &format!("Request body too large: the limit is {limit} bytes"))
     };
-    let declared = req
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
+    let declared =
+        req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
@@ -187,10 +161,7 @@ async fn read_body(app: &App, req: Request<Incoming>) -> Result<Vec<u8>, Reply> 
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| Reply {
                 close: true,
-                ..Reply::detail(
-                    StatusCode::BAD_REQUEST,
-                    &format!("Error reading the request body: {e}"),
-                )
+                ..Reply::detail(StatusCode::BAD_REQUEST, &format!("Error reading the request body: {e}"))
             })?;
             if let Ok(data) = frame.into_data() {
                 if buf.len() + data.len() > limit {

@@ -1,0 +1,64 @@
+//! The change feed that durability is built on.
+//!
+//! The store reports every durable change (rank sizes, key bindings, clears)
+//! to an optional [`Journal`] *while the pages involved are still held BUSY*:
+//! two changes to the same page therefore reach the journal in the order they
+//! took effect, so replaying the journal in order rebuilds the same state.
+//! Reservations are deliberately not journaled: after a restart their pages
+//! are free, and a late confirm gets the typed `confirm_unallocated`.
+//!
+//! Every change carries the generation it applies to (a `/clear` starts a new
+//! one), so a change from a request that raced a clear cannot resurrect state
+//! in the generation after it.
+
+use super::key::KeyRef;
+
+/// One durable change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change<'a> {
+    /// A rank was created.
+    Initialize {
+        /// The generation it belongs to.
+        generation: u64,
+        /// The rank.
+        rank: u32,
+        /// Its size.
+        num_pages: u32,
+    },
+    /// A key was bound to a page on a rank.
+    Bind {
+        /// The generation it belongs to.
+        generation: u64,
+        /// The rank.
+        rank: u32,
+        /// The page.
+        page: u32,
+        /// The key.
+        key: KeyRef<'a>,
+        /// The key's world size (fixed at its first binding).
+        world: u32,
+    },
+    /// The binding of a page on a rank was released.
+    Unbind {
+        /// The generation it belongs to.
+        generation: u64,
+        /// The rank.
+        rank: u32,
+        /// The page.
+        page: u32,
+    },
+    /// Everything was forgotten; `generation` is the new generation.
+    Clear {
+        /// The generation that starts now.
+        generation: u64,
+    },
+}
+
+/// A sink for changes. `record` must not block for long (it runs while pages
+/// are held BUSY): queue the change and return. A caller that needs its
+/// changes durable waits, after the store call returns, for everything
+/// recorded so far (that includes its own changes); see `crate::durable`.
+pub trait Journal: Send + Sync {
+    /// Queues `change`.
+    fn record(&self, change: Change<'_>);
+}
