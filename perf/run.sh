@@ -18,6 +18,8 @@
 #   --connections N      loadgen connections (default 32)
 #   --batch N            keys per request (default 128)
 #   --threads N          worker threads of server AND ceiling (default: nproc)
+#   --loadgen-threads N  loadgen runtime threads (default: nproc, at most 4; on 2
+#                        cores 2 saturates the machine, 1 leaves it ~15% idle)
 #   --scenarios "A B"    subset of: exists locations allocate confirm cycle
 #   --client raw|hyper   loadgen HTTP client (default raw)
 #   --no-build           use the binaries already in target/release
@@ -32,6 +34,7 @@ REL="$ROOT/target/release"
 
 QUICK=0 BASELINE="" ROUNDS=3 DURATION=5 WARMUP=1 CONNS=32 BATCH=128 THREADS=""
 SCENARIOS="exists locations allocate confirm cycle" CLIENT=raw BUILD=1 SELFTEST=0
+LG_THREADS=$(( $(nproc) < 4 ? $(nproc) : 4 ))
 ROUNDS_SET=0 DURATION_SET=0 WARMUP_SET=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -43,6 +46,7 @@ while [[ $# -gt 0 ]]; do
     --connections) CONNS="$2"; shift ;;
     --batch) BATCH="$2"; shift ;;
     --threads) THREADS="$2"; shift ;;
+    --loadgen-threads) LG_THREADS="$2"; shift ;;
     --scenarios) SCENARIOS="$2"; shift ;;
     --client) CLIENT="$2"; shift ;;
     --no-build) BUILD=0 ;;
@@ -74,7 +78,9 @@ cleanup() {
   local pid
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do
-    for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    for _ in $(seq 1 25); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    # The server runs under `timeout`, which leads its own process group.
+    kill -KILL -- "-$pid" 2>/dev/null || true
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
@@ -129,7 +135,7 @@ wait_port() { # name pid port logfile
   log "$1 did not listen on port $3 within 10 s; its log:"; tail -n 30 "$4" >&2; exit 1
 }
 
-# Safety net: the ceiling exits by itself even if this script is SIGKILLed.
+# Safety net: ceiling and server end by themselves even if this script is SIGKILLed.
 SAFETY=$(awk -v r="$ROUNDS" -v d="$DURATION" -v w="$WARMUP" -v n="$(wc -w <<<"$SCENARIOS")" \
   'BEGIN { printf "%d", 600 + 3 * r * n * (d + w + 15) }')
 THREAD_ARGS=()
@@ -145,8 +151,10 @@ if [[ $SELFTEST == 1 ]]; then
   log "SELF-TEST: a second ceiling stands in for the server"
   "$REL/ceiling" --addr "127.0.0.1:$SERVER_PORT" "${THREAD_ARGS[@]}" --exit-after "$SAFETY" >"$TMP/server.log" 2>&1 &
 else
+  # `timeout` bounds the server's life even if this script is SIGKILLed
+  # (it forwards our TERM to the server on normal cleanup).
   # shellcheck disable=SC2086
-  env HF3FS_META_LOG_LEVEL="${HF3FS_META_LOG_LEVEL:-warn}" RUST_LOG="${RUST_LOG:-warn}" \
+  timeout --kill-after=5 "$SAFETY" env HF3FS_META_LOG_LEVEL="${HF3FS_META_LOG_LEVEL:-warn}" RUST_LOG="${RUST_LOG:-warn}" \
     ${THREADS:+HF3FS_META_WORKERS=$THREADS} \
     "$REL/hf3fs-meta" --host 127.0.0.1 --port "$SERVER_PORT" ${SERVER_ARGS:-} >"$TMP/server.log" 2>&1 &
 fi
@@ -162,9 +170,9 @@ jget() { # field jsonline -> value (numbers/bools/null only)
 }
 run_one() { # scenario label addr round
   local out rc=0
-  out=$(timeout $(awk -v d="$DURATION" -v w="$WARMUP" 'BEGIN{printf "%d", d + w + 120}') \
+  out=$(timeout --foreground $(awk -v d="$DURATION" -v w="$WARMUP" 'BEGIN{printf "%d", d + w + 120}') \
     "$REL/loadgen" --addr "$3" --scenario "$1" --label "$2" --json --client "$CLIENT" \
-      --duration "$DURATION" --warmup "$WARMUP" --connections "$CONNS" --batch "$BATCH" \
+      --duration "$DURATION" --warmup "$WARMUP" --connections "$CONNS" --batch "$BATCH" --threads "$LG_THREADS" \
       2>>"$TMP/loadgen.err") || rc=$?
   if [[ -z "$out" ]]; then
     log "[$1 r$4] $2: loadgen failed (rc=$rc): $(tail -n 3 "$TMP/loadgen.err" | tr '\n' ' ')"
@@ -232,7 +240,7 @@ CPU=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n
   echo "- nproc: $(nproc); CPU: ${CPU:-unknown}"
   echo "- command: perf/run.sh $([[ $QUICK == 1 ]] && echo --quick) ${BASELINE:+--baseline $BASELINE}"
   echo "- rounds: $ROUNDS per side (alternating), ${DURATION}s measured + ${WARMUP}s warmup each;" \
-       "loadgen: -c $CONNS, batch $BATCH, client $CLIENT, 1 thread; server/ceiling threads: ${THREADS:-default (nproc)}"
+       "loadgen: -c $CONNS, batch $BATCH, client $CLIENT, $LG_THREADS thread(s); server/ceiling threads: ${THREADS:-default (nproc)}"
   if [[ $SELFTEST == 1 ]]; then echo "- SELF-TEST: the \"server\" column is a second ceiling instance, not hf3fs-meta"; fi
   echo "- req/s, p50, p99 are medians over rounds; ratio = server / ceiling (req/s and p99)"
   echo

@@ -3,6 +3,7 @@
 //! See `ARCHITECTURE.md` for the bird's-eye view. The module map:
 //!
 //! - [`core`]: the metadata state and its operations; knows nothing of HTTP.
+//! - [`durable`]: optional on-disk copy of the state (`--data-dir`), recovery.
 //! - [`http`]: accept, parse, route, encode; no business rules.
 //! - [`config`]: the command line, parsed once.
 //! - [`metrics`]: counters and histograms, Prometheus text.
@@ -18,6 +19,7 @@
 
 pub mod config;
 pub mod core;
+pub mod durable;
 pub mod http;
 pub mod metrics;
 
@@ -34,19 +36,36 @@ pub struct App {
     pub store: Store,
     /// The server's counters.
     pub metrics: Metrics,
+    /// Durability, when `--data-dir` is set (see [`App::open`]).
+    pub durable: Option<durable::Durable>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
 }
 
 impl App {
-    /// An empty server state for `cfg`.
+    /// An empty, purely in-memory server state for `cfg` (`--data-dir` is
+    /// ignored: use [`App::open`]).
     pub fn new(cfg: Config) -> Self {
-        let store = Store::new(StoreConfig {
-            world_size: cfg.world_size,
-            max_ranks: cfg.max_ranks,
-            max_pages_per_rank: cfg.max_pages_per_rank,
-        });
-        Self { cfg, store, metrics: Metrics::default(), shutting_down: AtomicBool::new(false) }
+        let store = Store::new(Self::store_config(&cfg));
+        Self { cfg, store, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false) }
+    }
+
+    /// The server state for `cfg`: with `--data-dir`, recovered from that
+    /// directory and kept durable there; without it, as [`App::new`].
+    pub fn open(cfg: Config) -> Result<Self, durable::OpenError> {
+        let Some(dir) = cfg.data_dir.clone() else { return Ok(Self::new(cfg)) };
+        let (store, d, _) = durable::Durable::open(&dir, cfg.fsync, Self::store_config(&cfg))?;
+        Ok(Self { cfg, store, metrics: Metrics::default(), durable: Some(d), shutting_down: AtomicBool::new(false) })
+    }
+
+    fn store_config(cfg: &Config) -> StoreConfig {
+        StoreConfig { world_size: cfg.world_size, max_ranks: cfg.max_ranks, max_pages_per_rank: cfg.max_pages_per_rank }
+    }
+
+    /// Flushes and stops durability (a no-op in memory). Call once serving
+    /// has stopped.
+    pub fn close(&self) -> Result<(), durable::WaitError> {
+        self.durable.as_ref().map_or(Ok(()), durable::Durable::close)
     }
 
     /// Whether shutdown has begun.

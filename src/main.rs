@@ -22,6 +22,19 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Install the signal handlers first, so that a SIGTERM arriving as
+        // soon as the server answers is never fatal.
+        let shutdown = shutdown_signal();
+        // Recover (with --data-dir) before binding: no client may see a
+        // half-rebuilt state.
+        let app = match App::open(cfg) {
+            Ok(app) => Arc::new(app),
+            Err(e) => {
+                tracing::error!("cannot open the data directory: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let cfg = &app.cfg;
         let listener = match tokio::net::TcpListener::bind((cfg.host, cfg.port)).await {
             Ok(l) => l,
             Err(e) => {
@@ -49,31 +62,47 @@ fn main() -> ExitCode {
             "hf3fs-meta {} listening",
             env!("CARGO_PKG_VERSION")
         );
-        let app = Arc::new(App::new(cfg));
-        http::serve(app, listener, shutdown_signal()).await;
+        http::serve(app.clone(), listener, shutdown).await;
+        if let Err(e) = app.close() {
+            tracing::error!("durable store did not close cleanly: {e}");
+            return ExitCode::FAILURE;
+        }
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
 }
 
-/// Resolves on the first SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Registers SIGTERM and SIGINT handlers now; the returned future resolves on
+/// the first of them.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    #[cfg(unix)]
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
+    async move {
+        #[cfg(unix)]
+        {
+            let term = async {
+                match term.as_mut() {
+                    Some(s) => drop(s.recv().await),
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            let int = async {
+                match int.as_mut() {
+                    Some(s) => drop(s.recv().await),
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = term => tracing::info!("SIGTERM received"),
+                () = int => tracing::info!("SIGINT received"),
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("SIGINT received"),
-        () = term => tracing::info!("SIGTERM received"),
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("interrupt received");
+        }
     }
 }

@@ -52,5 +52,8 @@ mod tests {
             .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         // First word of key 0: 48271 = 0xbc8f.
         assert_eq!(&a[..8], b"0000bc8f");
+        // Cross-checked against perf/wrk/common.lua and an independent script.
+        assert_eq!(&b, b"0001791e15c4afc419f23e8d6440a2fb");
+        assert_eq!(&stored_key(9999), b"1cc591f02988ef724355b5dd0e6f45a4");
     }
 }

@@ -10,6 +10,20 @@
 //! Every change carries the generation it applies to (a `/clear` starts a new
 //! one), so a change from a request that raced a clear cannot resurrect state
 //! in the generation after it.
+//!
+//! Order guarantees, which make "replay in order, skipping changes of other
+//! generations than the current one" rebuild the state exactly:
+//! - an `Initialize` is recorded before any change on that rank, and a `Clear`
+//!   before any change of the generation it starts (both are recorded before
+//!   they become visible, under the store's admin lock);
+//! - changes to one page are recorded in the order they happen (the page is
+//!   held BUSY while they are recorded);
+//! - an `Unbind` is recorded before the key index forgets the binding, so a
+//!   later `Bind` of the same key on the same rank (to another page) is
+//!   recorded after it.
+//!
+//! Changes of a generation older than a recorded `Clear` may still arrive
+//! after it (from requests that were in flight across the clear): skip them.
 
 use super::key::KeyRef;
 

@@ -161,10 +161,10 @@ pub struct Store {
     expired: AtomicU64,
     /// Where durable changes go, when durability is on.
     journal: Option<Arc<dyn Journal>>,
-    /// Serializes `/clear`s (a rare admin operation, never on the data path)
-    /// so that generations are swapped in the order their ids and journal
-    /// records say.
-    clearing: Mutex<()>,
+    /// Serializes initializes and clears (admin operations, never on the data
+    /// path: allocate, confirm, exists and locations never take it) so that
+    /// each is journaled before it becomes visible, in the order it happens.
+    admin: Mutex<()>,
 }
 
 /// One item of a confirm request, sorted by page for claiming.
@@ -190,9 +190,11 @@ impl Store {
 
     /// An empty store in generation `generation` that reports every durable
     /// change to `journal`.
-    pub fn with_journal(cfg: StoreConfig, journal: Option<Arc<dyn Journal>>, generation: u64) -> Self {
+    pub fn with_journal(mut cfg: StoreConfig, journal: Option<Arc<dyn Journal>>, generation: u64) -> Self {
+        // A world of 0 would make every key complete before its first binding.
+        cfg.world_size = cfg.world_size.map(|w| w.max(1));
         let gen = ArcSwap::from_pointee(Generation::new(generation, cfg.max_ranks));
-        Self { cfg, gen, epoch: AtomicU32::new(0), expired: AtomicU64::new(0), journal, clearing: Mutex::new(()) }
+        Self { cfg, gen, epoch: AtomicU32::new(0), expired: AtomicU64::new(0), journal, admin: Mutex::new(()) }
     }
 
     #[inline]
@@ -221,25 +223,28 @@ impl Store {
         if rank >= i64::from(self.cfg.max_ranks) {
             return Err(InitError::TooManyRanks { rank, max: self.cfg.max_ranks });
         }
-        if num_pages > i64::from(self.cfg.max_pages_per_rank) {
-            return Err(InitError::TooManyPages { requested: num_pages, max: self.cfg.max_pages_per_rank });
-        }
-        let pages = num_pages as u32;
         let gen = self.gen.load();
         let slot = &gen.ranks[rank as usize];
         if let Some(t) = slot.get() {
             return Ok(Initialized::Existing { num_pages: t.num_pages() });
         }
-        let table = PageTable::new(pages).map_err(|e| InitError::OutOfMemory { rank, pages, bytes: e.bytes })?;
-        match slot.set(table) {
-            Ok(()) => {
-                gen.initialized.fetch_add(1, Ordering::Relaxed);
-                self.record(Change::Initialize { generation: gen.id, rank: rank as u32, num_pages: pages });
-                Ok(Initialized::Created)
-            }
-            // Another initialize of the same rank won the race.
-            Err(_) => Ok(Initialized::Existing { num_pages: slot.get().map_or(pages, PageTable::num_pages) }),
+        if num_pages > i64::from(self.cfg.max_pages_per_rank) {
+            return Err(InitError::TooManyPages { requested: num_pages, max: self.cfg.max_pages_per_rank });
         }
+        let pages = num_pages as u32;
+        // Serialized with other initializes and clears (admin operations,
+        // never the data path), and journaled before the rank becomes visible:
+        // no confirm on it can reach the journal before its Initialize.
+        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(t) = slot.get() {
+            return Ok(Initialized::Existing { num_pages: t.num_pages() });
+        }
+        let table = PageTable::new(pages).map_err(|e| InitError::OutOfMemory { rank, pages, bytes: e.bytes })?;
+        self.record(Change::Initialize { generation: gen.id, rank: rank as u32, num_pages: pages });
+        if slot.set(table).is_ok() {
+            gen.initialized.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Initialized::Created)
     }
 
     /// Allocates pages on `rank` for `keys`.
@@ -256,9 +261,9 @@ impl Store {
         out: &mut Vec<(usize, i64)>,
     ) -> Result<AllocateOutcome, RankNotInitialized> {
         let gen = self.gen.load();
+        out.clear();
         let table = gen.rank(rank).ok_or(RankNotInitialized(rank))?;
         let r = rank as u32;
-        out.clear();
         // Parse every key before looking any up: the lookups then overlap
         // their cache misses.
         let mut seen: HashSet<KeyRef<'_>, foldhash::fast::FixedState> =
@@ -270,31 +275,70 @@ impl Store {
                 distinct.push((i, k));
             }
         }
-        let mut need = 0u64;
-        for &(i, k) in &distinct {
-            let page = gen.index.page(k, r).map_or(-1, i64::from);
-            need += u64::from(page < 0);
-            out.push((i, page));
-        }
-        let reused = distinct.len() as u64 - need;
-        if need == 0 {
-            return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
-        }
-        if !table.try_take(need) {
-            return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
-        }
-        {
+        let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
+        loop {
+            out.clear();
+            let mut need = 0u64;
+            for &(i, k) in &distinct {
+                let page = gen.index.page(k, r).map_or(-1, i64::from);
+                need += u64::from(page < 0);
+                out.push((i, page));
+            }
+            let reused = distinct.len() as u64 - need;
+            if need == 0 {
+                return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
+            }
+            if !table.try_take(need) {
+                return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
+            }
+            fresh.clear();
             let epoch = self.epoch.load(Ordering::Relaxed) as u8;
             let mut slots = out.iter_mut().filter(|(_, p)| *p < 0);
             table.reserve(need, epoch, |page| {
+                fresh.push(page);
                 let slot = slots.next();
                 debug_assert!(slot.is_some(), "reserve emitted more pages than taken");
                 if let Some(s) = slot {
                     s.1 = i64::from(page);
                 }
             });
+            if reused == 0 || !self.reused_page_was_recycled(out, &mut fresh) {
+                return Ok(AllocateOutcome { reserved: need, reused, refused: 0 });
+            }
+            // A stored key's page was released by another request after we
+            // looked it up and has just been reserved again by us, for another
+            // key of this very batch: one answer would name one page twice.
+            // Give the fresh pages back and look everything up again.
+            let mut returned = 0;
+            for &page in &fresh {
+                match table.claim(page) {
+                    Some(Claimed::Reserved) => {
+                        table.settle(page, FREE);
+                        returned += 1;
+                    }
+                    // A misbehaving client confirmed it meanwhile: leave it be.
+                    Some(Claimed::Bound) => table.settle(page, BOUND),
+                    None => {}
+                }
+            }
+            table.give_back(returned);
         }
-        Ok(AllocateOutcome { reserved: need, reused, refused: 0 })
+    }
+
+    /// Whether a reused page in `out` is also one of the `fresh` pages (sorted
+    /// here).
+    fn reused_page_was_recycled(&self, out: &[(usize, i64)], fresh: &mut [u32]) -> bool {
+        fresh.sort_unstable();
+        let fresh_set: &[u32] = fresh;
+        // Fresh pages were written into the slots that held -1; a reused
+        // page equal to a fresh one is the collision.
+        let mut hits = 0;
+        for &(_, page) in out {
+            if fresh_set.binary_search(&(page as u32)).is_ok() {
+                hits += 1;
+            }
+        }
+        hits > fresh_set.len()
     }
 
     /// Confirms `confirmations` and releases `releases` on `rank`, atomically:
@@ -402,12 +446,14 @@ impl Store {
         for (&page, &c) in releases.iter().zip(&release_claims) {
             let page = page as u32;
             if c == Claimed::Bound {
+                // Journaled before the index forgets the binding: a confirm
+                // that rebinds the key elsewhere can only be journaled after.
+                self.record(Change::Unbind { generation: gen.id, rank: r, page });
                 if let Some(owner) = table.owner(page) {
                     let unbound = gen.index.unbind(owner.as_ref(), r, page, &mut delta);
                     debug_assert!(unbound, "a BOUND page's owner must be bound to it");
                 }
                 table.clear_owner(page);
-                self.record(Change::Unbind { generation: gen.id, rank: r, page });
             }
             table.settle(page, FREE);
             freed += 1;
@@ -456,6 +502,7 @@ impl Store {
     /// For each key, its page on `rank` when the key is complete.
     pub fn locations(&self, rank: i64, keys: &[&str], out: &mut Vec<Option<u32>>) -> Result<(), RankNotInitialized> {
         let gen = self.gen.load();
+        out.clear();
         gen.rank(rank).ok_or(RankNotInitialized(rank))?;
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
@@ -465,15 +512,19 @@ impl Store {
 
     /// Forgets every rank and every key.
     pub fn clear(&self) {
-        let _serial = self.clearing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let id = self.gen.load().id + 1;
-        self.gen.store(Arc::new(Generation::new(id, self.cfg.max_ranks)));
+        // Journaled first: nothing of the new generation can precede it.
         self.record(Change::Clear { generation: id });
+        self.gen.store(Arc::new(Generation::new(id, self.cfg.max_ranks)));
     }
 
     /// Recreates a rank while rebuilding the store from a journal (start-up,
     /// before serving). Not journaled.
     pub fn restore_rank(&self, rank: u32, num_pages: u32) -> Result<(), InitError> {
+        if num_pages == 0 {
+            return Err(InitError::InvalidParameters);
+        }
         let gen = self.gen.load();
         let slot = gen.ranks.get(rank as usize).ok_or(InitError::TooManyRanks { rank: rank.into(), max: self.cfg.max_ranks })?;
         let table = PageTable::new(num_pages).map_err(|e| InitError::OutOfMemory {

@@ -38,8 +38,9 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
 
     loop {
         let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            biased; // poll `shutdown` first: installs the signal handlers before the first accept
             () = &mut shutdown => break,
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -107,7 +108,7 @@ async fn sweep(app: Arc<App>, ttl: Duration) {
 async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let start = Instant::now();
     let route = Route::of(req.method(), req.uri().path());
-    let reply = if let Some(denied) = authorize(&app, &route, &req) {
+    let mut reply = if let Some(denied) = authorize(&app, &route, &req) {
         denied
     } else if route.reads_body() {
         match read_body(&app, req).await {
@@ -115,10 +116,32 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
             Err(reply) => reply,
         }
     } else {
-        api::handle(&app, &route, &mut [])
+        let mut reply = api::handle(&app, &route, &mut []);
+        // This route does not read a body. If the client sent one, hyper
+        // may close the connection rather than drain a large unread body:
+        // say so in the answer instead of letting the client find out.
+        reply.close |= has_body(&req);
+        reply
     };
+    // With --data-dir, a successful change is answered only once everything
+    // recorded so far (its own changes and those it observed) is durable.
+    if let Some(d) = &app.durable {
+        if reply.status.is_success() && matches!(route, Route::Initialize(_) | Route::Confirm | Route::Clear) {
+            if let Err(e) = d.sync().await {
+                tracing::error!("durable write failed, answering 503: {e}");
+                reply = Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &format!("Durability failure: {e}"));
+            }
+        }
+    }
     app.metrics.request(route.endpoint(), reply.status.as_u16(), reply.keys, start.elapsed());
     Ok(into_response(reply))
+}
+
+/// Whether the request announces a body (a non-zero Content-Length, or chunked).
+fn has_body(req: &Request<Incoming>) -> bool {
+    let h = req.headers();
+    h.contains_key(hyper::header::TRANSFER_ENCODING)
+        || h.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0")
 }
 
 /// Checks the bearer token where one is required.
@@ -128,7 +151,11 @@ fn authorize(app: &App, route: &Route, req: &Request<Incoming>) -> Option<Reply>
     if !required {
         return None;
     }
-    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let given = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.get(..7).filter(|s| s.eq_ignore_ascii_case("bearer ")).and_then(|_| v.get(7..)));
     if given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
         return None;
     }

@@ -460,7 +460,7 @@ impl Worker {
                 else {
                     return;
                 };
-                if sh.validate && a.hit_ratio >= 1.0 {
+                if sh.validate && a.hit_ratio >= 1.0 && a.stored > 0 && a.scenario != Scenario::Fixed {
                     let bad: &[u8] = if a.scenario == Scenario::Exists {
                         b"false"
                     } else {
@@ -481,7 +481,9 @@ impl Worker {
             }
             Scenario::Confirm => {
                 self.fresh_keys(a.batch);
-                if self.allocate(sh, st, 0, 0, Rec::Aux).await {
+                // A batch that got no page (pool exhausted: all -1) has
+                // nothing to confirm; timing an empty confirm would flatter it.
+                if self.allocate(sh, st, 0, 0, Rec::Aux).await && self.pages[0].iter().any(|&p| p >= 0) {
                     self.confirm(sh, st, 0, 0, Rec::Timed).await;
                     self.release(sh, st, 0, 0).await;
                 }

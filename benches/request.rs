@@ -1,0 +1,166 @@
+//! Whole-request benchmarks, in process: the request body in, the response
+//! bytes out, through the same router and handlers as the server
+//! (`http::api::handle`), but without sockets. Plus the codec alone.
+//!
+//! Run: `cargo bench --bench request`. Figures in perf/RESULTS.md.
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use hf3fs_meta::config::Config;
+use hf3fs_meta::http::api::{handle, Route};
+use hf3fs_meta::http::decode::{Decoder, Limits};
+use hf3fs_meta::http::encode;
+use hf3fs_meta::App;
+use hyper::Method;
+use rand::{Rng, SeedableRng};
+use std::hint::black_box;
+use std::time::Duration;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn hex_keys(rng: &mut impl Rng, n: usize) -> Vec<String> {
+    (0..n).map(|_| format!("{:032x}", rng.gen::<u128>() | 1)).collect()
+}
+
+fn quoted(keys: &[String]) -> String {
+    keys.iter().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(", ")
+}
+
+/// The bodies vLLM's client sends (Python's json.dumps spacing).
+fn allocate_body(rank: u32, keys: &[String]) -> Vec<u8> {
+    let items: Vec<String> = keys.iter().map(|k| format!("[\"{k}\", \"\"]")).collect();
+    format!("{{\"rank\": {rank}, \"keys\": [{}]}}", items.join(", ")).into_bytes()
+}
+
+fn confirm_body(rank: u32, pairs: &[(String, i64)]) -> Vec<u8> {
+    let items: Vec<String> = pairs.iter().map(|(k, p)| format!("[\"{k}\", {p}]")).collect();
+    format!("{{\"rank\": {rank}, \"confirmations\": [{}], \"pages_to_release\": []}}", items.join(", ")).into_bytes()
+}
+
+fn post(app: &App, path: &str, mut body: Vec<u8>) -> Vec<u8> {
+    let route = Route::of(&Method::POST, path);
+    let reply = handle(app, &route, &mut body);
+    assert!(reply.status.is_success(), "{path}: {} {}", reply.status, String::from_utf8_lossy(&reply.body));
+    reply.body
+}
+
+fn app(pages: u32, stored: &[String]) -> App {
+    let app = App::new(Config::for_tests());
+    post(&app, "/rank/0/initialize", format!("{{\"num_pages\": {pages}, \"role\": \"worker\"}}").into_bytes());
+    for chunk in stored.chunks(128) {
+        let answer = post(&app, "/keys/batch_allocate", allocate_body(0, chunk));
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        let pairs: Vec<(String, i64)> = v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r[0].as_str().unwrap().to_owned(), r[1].as_i64().unwrap()))
+            .collect();
+        post(&app, "/keys/confirm_write", confirm_body(0, &pairs));
+    }
+    app
+}
+
+fn requests(c: &mut Criterion) {
+    let mut g = c.benchmark_group("request");
+    g.throughput(Throughput::Elements(128));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+
+    for (label, stored) in [("keys in cache", 128usize), ("10^6 stored keys, random 128", 1_000_000)] {
+        let keys = hex_keys(&mut rng, stored);
+        let app = app(2_000_000, &keys);
+        g.bench_function(format!("batch_exists 128 keys, {label}"), |b| {
+            b.iter_batched(
+                || {
+                    let q: Vec<String> = (0..128).map(|_| keys[rng.gen_range(0..keys.len())].clone()).collect();
+                    format!("{{\"keys\": [{}]}}", quoted(&q)).into_bytes()
+                },
+                |body| black_box(post(&app, "/keys/batch_exists", body)),
+                BatchSize::SmallInput,
+            )
+        });
+        g.bench_function(format!("get_locations 128 keys, {label}"), |b| {
+            b.iter_batched(
+                || {
+                    let q: Vec<String> = (0..128).map(|_| keys[rng.gen_range(0..keys.len())].clone()).collect();
+                    format!("{{\"rank\": 0, \"keys\": [{}]}}", quoted(&q)).into_bytes()
+                },
+                |body| black_box(post(&app, "/keys/get_locations", body)),
+                BatchSize::SmallInput,
+            )
+        });
+    }
+
+    let app = app(100_000_000, &[]);
+    g.bench_function("batch_allocate 128 fresh keys, 10^8 pages", |b| {
+        b.iter_batched(
+            || allocate_body(0, &hex_keys(&mut rng, 128)),
+            |body| black_box(post(&app, "/keys/batch_allocate", body)),
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("confirm_write 128 keys, 10^8 pages", |b| {
+        b.iter_batched(
+            || {
+                let keys = hex_keys(&mut rng, 128);
+                let answer = post(&app, "/keys/batch_allocate", allocate_body(0, &keys));
+                let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+                let pairs: Vec<(String, i64)> = v["results"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| (r[0].as_str().unwrap().to_owned(), r[1].as_i64().unwrap()))
+                    .collect();
+                confirm_body(0, &pairs)
+            },
+            |body| black_box(post(&app, "/keys/confirm_write", body)),
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+fn codec(c: &mut Criterion) {
+    let mut g = c.benchmark_group("codec");
+    g.throughput(Throughput::Elements(128));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(8);
+    let keys = hex_keys(&mut rng, 128);
+    let limits = Limits { max_keys: 65_536, max_key_len: 1024 };
+    let mut dec = Decoder::default();
+    let alloc = allocate_body(0, &keys);
+    g.bench_function("decode batch_allocate body, 128 keys", |b| {
+        b.iter_batched_ref(
+            || alloc.clone(),
+            |body| {
+                black_box(dec.allocate(body, limits).unwrap().keys.len());
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    let exists = format!("{{\"keys\": [{}]}}", quoted(&keys)).into_bytes();
+    g.bench_function("decode batch_exists body, 128 keys", |b| {
+        b.iter_batched_ref(
+            || exists.clone(),
+            |body| {
+                black_box(dec.exists(body, limits).unwrap().keys.len());
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    let mut out = Vec::with_capacity(8192);
+    g.bench_function("encode batch_allocate answer, 128 keys", |b| {
+        b.iter(|| {
+            out.clear();
+            encode::allocate(&mut out, 0, keys.iter().enumerate().map(|(i, k)| (k.as_str(), i as i64)));
+            black_box(out.len())
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    targets = requests, codec
+}
+criterion_main!(benches);

@@ -1,0 +1,304 @@
+//! The request side of durability: a [`Journal`] that only queues, and the
+//! durable position requests wait on.
+//!
+//! [`QueueJournal::record`] runs while the store holds pages BUSY, so it does
+//! the least it can: number the change (one `fetch_add` on `head`), copy it
+//! into an owned message and push it onto an unbounded crossbeam channel. No
+//! lock, no I/O, no waiting.
+//!
+//! A request that needs its changes durable reads `head` *after* its store
+//! call returned and waits until the writer has made every change numbered up
+//! to that value durable ([`Progress::wait`]). The store hands out no ticket
+//! on purpose: a request must also wait for changes it *observed* (a
+//! re-confirm of a page another request just bound), and those were numbered
+//! before it could observe them.
+//!
+//! # Memory ordering
+//!
+//! - `head` (`Relaxed` everywhere). A change is numbered by a `fetch_add`
+//!   before it is pushed and before the store publishes its effect (the page
+//!   word's `Release` store, see `core::pages`). A request that reads `head`
+//!   after its store call returned happens-after both its own `fetch_add`s
+//!   (program order) and those of every change it observed (through the page
+//!   word's `Release`/`Acquire` pair); read-read coherence on `head` then
+//!   guarantees a value at least as large as each of those numbers. No other
+//!   data hangs off `head`, so `Relaxed` suffices.
+//! - `durable` (`Release` store by the writer, `Acquire` loads by waiters):
+//!   the writer publishes the largest `n` such that every change numbered
+//!   `1..=n` is durable. It does not carry data either, but `Acquire` makes a
+//!   waiter that sees `n` also see the `failed` message or anything else the
+//!   writer wrote before it (cheap, and easier to reason about).
+//! - `closed` (`Release`/`Acquire`): set once the writer has exited; a waiter
+//!   whose target is beyond `durable` then gives up instead of waiting forever.
+//! - `failed` is a `OnceLock` (its own synchronization).
+//!
+//! Wake-ups go through `tokio::sync::Notify` (async waiters) and a
+//! `Condvar` (blocking waiters: tests, benchmarks, shutdown). A waiter
+//! registers before it checks `durable`, so a publish between the check and
+//! the sleep is never missed.
+
+use crate::core::{Change, Journal, Key};
+use crossbeam_channel::Sender;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// An owned copy of a [`Change`], tagged with its generation.
+#[derive(Debug)]
+pub(crate) enum Op {
+    Initialize { generation: u64, rank: u32, num_pages: u32 },
+    Bind { generation: u64, rank: u32, page: u32, world: u32, key: Key },
+    Unbind { generation: u64, rank: u32, page: u32 },
+    Clear { generation: u64 },
+}
+
+impl Op {
+    pub(crate) fn generation(&self) -> u64 {
+        match *self {
+            Op::Initialize { generation, .. }
+            | Op::Bind { generation, .. }
+            | Op::Unbind { generation, .. }
+            | Op::Clear { generation } => generation,
+        }
+    }
+}
+
+impl From<Change<'_>> for Op {
+    fn from(c: Change<'_>) -> Self {
+        match c {
+            Change::Initialize { generation, rank, num_pages } => Op::Initialize { generation, rank, num_pages },
+            Change::Bind { generation, rank, page, key, world } => {
+                Op::Bind { generation, rank, page, world, key: key.to_key() }
+            }
+            Change::Unbind { generation, rank, page } => Op::Unbind { generation, rank, page },
+            Change::Clear { generation } => Op::Clear { generation },
+        }
+    }
+}
+
+/// What the writer thread receives.
+#[derive(Debug)]
+pub(crate) enum Msg {
+    /// Change number `seq`.
+    Change { seq: u64, op: Op },
+    /// Write and sync everything before this message, then exit.
+    Stop,
+}
+
+/// Why a wait for durability ended without success.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WaitError {
+    /// The writer hit an I/O error; nothing recorded since is durable.
+    #[error("the durable store failed: {0}")]
+    Failed(String),
+    /// The writer has stopped (shutdown) before reaching this position.
+    #[error("the durable store is closed")]
+    Closed,
+    /// A blocking wait ran out of time.
+    #[error("timed out waiting for the durable store")]
+    TimedOut,
+}
+
+/// The durable position, shared by requests and the writer.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    /// Changes numbered so far (the last number handed out).
+    head: AtomicU64,
+    /// Every change numbered `1..=durable` is durable.
+    durable: AtomicU64,
+    /// Set once the writer has exited.
+    closed: AtomicBool,
+    /// Why the writer stopped writing, if it failed.
+    failed: OnceLock<String>,
+    /// Wakes async waiters.
+    notify: tokio::sync::Notify,
+    /// With `cv`, wakes blocking waiters. Never touched by requests.
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Progress {
+    /// The last change number handed out.
+    pub(crate) fn head(&self) -> u64 {
+        self.head.load(Ordering::Relaxed)
+    }
+
+    /// The durable position.
+    pub(crate) fn durable(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    /// Numbers a new change.
+    fn next(&self) -> u64 {
+        self.head.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Publishes a new durable position (writer only).
+    pub(crate) fn publish(&self, durable: u64) {
+        self.durable.store(durable, Ordering::Release);
+        self.wake();
+    }
+
+    /// Records a failure (writer only); every waiter not yet satisfied fails.
+    pub(crate) fn fail(&self, why: String) {
+        let _ = self.failed.set(why);
+        self.wake();
+    }
+
+    /// Marks the writer as gone (writer only, on exit).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    pub(crate) fn failure(&self) -> Option<&str> {
+        self.failed.get().map(String::as_str)
+    }
+
+    fn wake(&self) {
+        self.notify.notify_waiters();
+        drop(self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        self.cv.notify_all();
+    }
+
+    /// `Some` once waiting for `target` is over.
+    fn check(&self, target: u64) -> Option<Result<(), WaitError>> {
+        if self.durable() >= target {
+            Some(Ok(()))
+        } else if let Some(why) = self.failed.get() {
+            Some(Err(WaitError::Failed(why.clone())))
+        } else if self.closed.load(Ordering::Acquire) {
+            Some(Err(WaitError::Closed))
+        } else {
+            None
+        }
+    }
+
+    /// Waits until every change numbered up to `target` is durable.
+    pub(crate) async fn wait(&self, target: u64) -> Result<(), WaitError> {
+        if let Some(r) = self.check(target) {
+            return r;
+        }
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Register before checking, so a publish in between still wakes us.
+            notified.as_mut().enable();
+            if let Some(r) = self.check(target) {
+                return r;
+            }
+            notified.await;
+        }
+    }
+
+    /// Blocking [`Progress::wait`], with a deadline.
+    pub(crate) fn wait_blocking(&self, target: u64, timeout: Duration) -> Result<(), WaitError> {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            if let Some(r) = self.check(target) {
+                return r;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(WaitError::TimedOut);
+            }
+            guard = self.cv.wait_timeout(guard, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+        }
+    }
+}
+
+/// The [`Journal`] the store reports to when durability is on.
+pub(crate) struct QueueJournal {
+    pub(crate) progress: std::sync::Arc<Progress>,
+    pub(crate) tx: Sender<Msg>,
+}
+
+impl Journal for QueueJournal {
+    fn record(&self, change: Change<'_>) {
+        let op = Op::from(change);
+        let seq = self.progress.next();
+        // A send fails only once the writer has exited; the waiter of this
+        // change then sees `closed` (or `failed`) and answers an error.
+        let _ = self.tx.send(Msg::Change { seq, op });
+    }
+}
+
+/// Turns the change numbers of written batches into the durable position:
+/// the largest `n` such that every number `1..=n` is done. Numbers reach the
+/// writer slightly out of order (a change is numbered before it is pushed),
+/// so the ones beyond a gap wait in a small heap.
+#[derive(Debug, Default)]
+pub(crate) struct Watermark {
+    done: u64,
+    ahead: std::collections::BinaryHeap<std::cmp::Reverse<u64>>,
+}
+
+impl Watermark {
+    /// Starts after `done`.
+    pub(crate) fn new(done: u64) -> Self {
+        Self { done, ahead: Default::default() }
+    }
+
+    /// Marks `seqs` done (sorts them) and returns the new position.
+    pub(crate) fn advance(&mut self, seqs: &mut [u64]) -> u64 {
+        seqs.sort_unstable();
+        for &s in seqs.iter() {
+            if s == self.done + 1 {
+                self.done = s;
+                while self.ahead.peek().is_some_and(|r| r.0 == self.done + 1) {
+                    self.ahead.pop();
+                    self.done += 1;
+                }
+            } else if s > self.done {
+                self.ahead.push(std::cmp::Reverse(s));
+            }
+        }
+        self.done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watermark_waits_for_gaps() {
+        let mut w = Watermark::new(0);
+        assert_eq!(w.advance(&mut [2, 3]), 0);
+        assert_eq!(w.advance(&mut [5, 1]), 3);
+        assert_eq!(w.advance(&mut [4]), 5);
+        assert_eq!(w.advance(&mut []), 5);
+    }
+
+    #[test]
+    fn blocking_wait_sees_publish_failure_and_close() {
+        let p = std::sync::Arc::new(Progress::default());
+        assert_eq!(p.wait_blocking(1, Duration::from_millis(5)), Err(WaitError::TimedOut));
+        let q = p.clone();
+        let t = std::thread::spawn(move || q.wait_blocking(2, Duration::from_secs(10)));
+        p.publish(2);
+        assert_eq!(t.join().unwrap(), Ok(()));
+        p.fail("disk on fire".into());
+        assert!(matches!(p.wait_blocking(3, Duration::from_secs(1)), Err(WaitError::Failed(_))));
+        assert_eq!(p.wait_blocking(2, Duration::from_secs(1)), Ok(()));
+    }
+
+    #[test]
+    fn async_wait_wakes_on_publish() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let p = std::sync::Arc::new(Progress::default());
+        let q = p.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            q.publish(1);
+            std::thread::sleep(Duration::from_millis(20));
+            q.close();
+        });
+        rt.block_on(async {
+            assert_eq!(p.wait(1).await, Ok(()));
+            assert_eq!(p.wait(2).await, Err(WaitError::Closed));
+        });
+        t.join().unwrap();
+    }
+}

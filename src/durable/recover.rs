@@ -1,0 +1,152 @@
+//! Start-up: rebuild the in-memory store from the checkpointed state and the
+//! log tail.
+//!
+//! Ranks come first (the state's `R` keys, then ranks created in the log
+//! tail). The log tail is folded into one change per page. Then the state
+//! chunks stream in key order (chunk-major: page `p` of every rank together)
+//! from this thread to a few restore workers; a page the log tail changed is
+//! skipped there and restored from the fold afterwards. Workers call
+//! [`Store::restore_binding`], which refuses anything inconsistent (a page
+//! bound twice, a key bound twice on one rank): recovery then stops with an
+//! error rather than serve a state it cannot vouch for.
+//!
+//! # Memory ordering
+//!
+//! `bound` counts restored bindings across the workers (`Relaxed`): it is
+//! read once, after `thread::scope` has joined them, and the join orders it.
+
+use super::checkpoint::Fold;
+use super::codec::{self, Binding, CHUNK_PREFIX, CHUNK_SHIFT, RANK_PREFIX};
+use super::store::Db;
+use super::OpenError;
+use crate::core::Store;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Counts of what recovery restored.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Restored {
+    pub(crate) ranks: usize,
+    pub(crate) bindings: u64,
+    pub(crate) chunks: u64,
+    pub(crate) log_entries: usize,
+    pub(crate) log_records: u64,
+}
+
+/// One chunk index's chunks, one per rank that has bindings there.
+type Group = (u32, Vec<(u32, fjall::Slice)>);
+
+/// Restores the state of `db`'s current generation into `store`.
+pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored, OpenError> {
+    let parts = db.parts();
+    let read_err = |e: fjall::Error| OpenError::Corrupt(format!("reading the state: {e}"));
+
+    let mut ranks = BTreeMap::new();
+    for kv in parts.state.prefix([RANK_PREFIX]) {
+        let (k, v) = kv.map_err(read_err)?;
+        let (rank, n) = codec::parse_rank(&k, &v).map_err(|e| OpenError::Corrupt(e.to_string()))?;
+        ranks.insert(rank, n);
+    }
+    let tail = Fold::read(&parts.log, u64::MAX).map_err(OpenError::Corrupt)?;
+    for (&rank, &n) in &tail.ranks {
+        ranks.entry(rank).or_insert(n);
+    }
+    for (&rank, &n) in &ranks {
+        store.restore_rank(rank, n).map_err(|e| OpenError::Restore(format!("rank {rank} ({n} pages): {e}")))?;
+    }
+    let mut out = Restored {
+        ranks: ranks.len(),
+        log_entries: tail.entries.len(),
+        log_records: tail.records,
+        ..Restored::default()
+    };
+    let touched: HashSet<(u32, u32)> = tail.pages.keys().map(|&(rank, page)| (page >> CHUNK_SHIFT, rank)).collect();
+    let overlay = &tail.pages;
+
+    let bound = AtomicU64::new(0);
+    let first_error: Mutex<Option<(String, u64)>> = Mutex::new(None);
+    let fail = |msg: String| {
+        let mut e = first_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &mut *e {
+            Some((_, n)) => *n += 1,
+            None => *e = Some((msg, 1)),
+        }
+    };
+    let restore_one = |rank: u32, page: u32, b: &Binding| {
+        let mut hex = [0u8; 32];
+        match store.restore_binding(rank, page, codec::key_str(&b.key, &mut hex), b.world) {
+            Ok(()) => {
+                bound.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => fail(e),
+        }
+    };
+
+    let read_result = std::thread::scope(|s| {
+        let (tx, rx) = crossbeam_channel::bounded::<Group>(64);
+        for _ in 0..workers.max(1) {
+            let rx = rx.clone();
+            let (touched, restore_one, fail) = (&touched, &restore_one, &fail);
+            s.spawn(move || {
+                let mut entries = Vec::new();
+                let mut all: Vec<(u16, u32, Binding)> = Vec::new();
+                for (chunk, ranks) in rx {
+                    all.clear();
+                    for (rank, v) in ranks {
+                        if let Err(e) = codec::decode_chunk(&v, &mut entries) {
+                            fail(format!("chunk {chunk} of rank {rank}: {e}"));
+                            continue;
+                        }
+                        all.extend(entries.drain(..).map(|(off, b)| (off, rank, b)));
+                    }
+                    // Page-major: each key's bindings on every rank together.
+                    all.sort_unstable_by_key(|e| (e.0, e.1));
+                    for (off, rank, b) in &all {
+                        let page = (chunk << CHUNK_SHIFT) | u32::from(*off);
+                        if touched.contains(&(chunk, *rank)) && overlay.contains_key(&(*rank, page)) {
+                            continue; // the log tail decides this page
+                        }
+                        restore_one(*rank, page, b);
+                    }
+                }
+            });
+        }
+        drop(rx);
+        let mut group: Option<Group> = None;
+        for kv in parts.state.prefix([CHUNK_PREFIX]) {
+            let (k, v) = kv.map_err(read_err)?;
+            let (chunk, rank) = codec::parse_chunk_key(&k).map_err(|e| OpenError::Corrupt(e.to_string()))?;
+            out.chunks += 1;
+            match &mut group {
+                Some((c, g)) if *c == chunk => g.push((rank, v)),
+                _ => {
+                    if let Some(g) = group.replace((chunk, vec![(rank, v)])) {
+                        if tx.send(g).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(g) = group {
+            let _ = tx.send(g);
+        }
+        Ok::<(), OpenError>(())
+    });
+    read_result?;
+
+    // The log tail's bindings, page-major too.
+    let mut added: Vec<(u32, u32, &Binding)> =
+        overlay.iter().filter_map(|(&(rank, page), b)| b.as_ref().map(|b| (page, rank, b))).collect();
+    added.sort_unstable_by_key(|e| (e.0, e.1));
+    for (page, rank, b) in added {
+        restore_one(rank, page, b);
+    }
+
+    if let Some((msg, n)) = first_error.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        return Err(OpenError::Inconsistent(format!("{n} binding(s) could not be restored; the first: {msg}")));
+    }
+    out.bindings = bound.into_inner();
+    Ok(out)
+}

@@ -1,0 +1,1080 @@
+//! The wire contract (/work/shared/api-contract.md), row by row, at the core
+//! level: no HTTP, only `Store`. Every test builds its own store.
+//!
+//! Conventions: `alloc` checks the first-appearance order of every answer it
+//! gets, `rejected` checks that a failed confirm carries the expected
+//! rank/page/key and left the store exactly as it found it (stats, a probe of
+//! exists/locations on every rank, and the audit).
+
+use hf3fs_meta::core::pages::Counts;
+use hf3fs_meta::core::{
+    AllocateOutcome, ConfirmError, ConfirmOutcome, ErrorCode, InitError, Initialized, RankNotInitialized, Stats, Store, StoreConfig,
+    TICKS_PER_TTL,
+};
+
+// ---------------------------------------------------------------------------
+// Keys: 32-hex digests (the connector's), and other strings stored as text.
+
+const A: &str = "0123456789abcdef0123456789abcdef";
+const B: &str = "fedcba9876543210fedcba9876543210";
+const C: &str = "00000000000000000000000000000001";
+const D: &str = "d41d8cd98f00b204e9800998ecf8427e";
+const E: &str = "ffffffffffffffffffffffffffffffff";
+const F: &str = "9e107d9d372bb6826bd81d3542a419d6";
+/// `A` in uppercase: not the same key.
+const A_UPPER: &str = "0123456789ABCDEF0123456789ABCDEF";
+/// The all-zero digest (stored as text by the implementation).
+const ZERO: &str = "00000000000000000000000000000000";
+const TEXT: &str = "block/text-key";
+const EMPTY: &str = "";
+
+const PROBE: [&str; 10] = [A, B, C, D, E, F, A_UPPER, ZERO, TEXT, EMPTY];
+const MAX_RANKS: u32 = 8;
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+fn cfg(world_size: Option<u32>) -> StoreConfig {
+    StoreConfig { world_size, max_ranks: MAX_RANKS, max_pages_per_rank: 1 << 20 }
+}
+
+/// A store whose ranks `0..sizes.len()` are initialized with these sizes.
+fn store_with(world_size: Option<u32>, sizes: &[i64]) -> Store {
+    let s = Store::new(cfg(world_size));
+    for (r, &n) in sizes.iter().enumerate() {
+        assert_eq!(s.initialize(r as i64, n), Ok(Initialized::Created));
+    }
+    s
+}
+
+/// Allocates and returns one page per distinct key, in order of first
+/// appearance (which it checks).
+fn alloc(s: &Store, rank: i64, keys: &[&str]) -> Vec<i64> {
+    let mut out = vec![(999, 999)]; // must be cleared by the store
+    let o = s.allocate(rank, keys, &mut out).unwrap_or_else(|e| panic!("allocate on rank {rank}: {e}"));
+    let mut first = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        if !keys[..i].contains(k) {
+            first.push(i);
+        }
+    }
+    assert_eq!(out.iter().map(|&(i, _)| i).collect::<Vec<_>>(), first, "one entry per distinct key, in order");
+    // The metrics outcome agrees with the answer.
+    let refused = out.iter().filter(|&&(_, p)| p < 0).count() as u64;
+    assert_eq!(o.reserved + o.reused + o.refused, first.len() as u64, "{o:?}");
+    assert_eq!(o.refused, refused, "{o:?}");
+    assert!(o.refused == 0 || o.reserved == 0, "all or nothing: {o:?}");
+    out.into_iter().map(|(_, p)| p).collect()
+}
+
+/// Allocates one page for a single key.
+fn alloc1(s: &Store, rank: i64, key: &str) -> i64 {
+    alloc(s, rank, &[key])[0]
+}
+
+fn confirm_ok(s: &Store, rank: i64, confs: &[(&str, i64)], rels: &[i64]) -> ConfirmOutcome {
+    s.confirm(rank, confs, rels).unwrap_or_else(|e| panic!("confirm {confs:?} / release {rels:?} on {rank}: {e:?}"))
+}
+
+/// The connector's save: allocate, then confirm every page it was given.
+fn save(s: &Store, rank: i64, keys: &[&str]) -> Vec<i64> {
+    let pages = alloc(s, rank, keys);
+    assert!(pages.iter().all(|&p| p >= 0), "save needs pages: {pages:?}");
+    let mut distinct: Vec<&str> = Vec::new();
+    for k in keys {
+        if !distinct.contains(k) {
+            distinct.push(k);
+        }
+    }
+    let confs: Vec<(&str, i64)> = distinct.into_iter().zip(pages.iter().copied()).collect();
+    confirm_ok(s, rank, &confs, &[]);
+    pages
+}
+
+fn outcome(bound: u32, reconfirmed: u32, superseded: u32, released: u32) -> ConfirmOutcome {
+    ConfirmOutcome { bound, reconfirmed, superseded, released }
+}
+
+fn counts(s: &Store, rank: u32) -> Counts {
+    s.stats().ranks.iter().find(|r| r.rank == rank).unwrap_or_else(|| panic!("rank {rank} missing")).counts
+}
+
+fn free_res_bound(s: &Store, rank: u32) -> (u64, u64, u64) {
+    let c = counts(s, rank);
+    assert_eq!(c.busy, 0);
+    (c.free, c.reserved, c.bound)
+}
+
+fn exists(s: &Store, keys: &[&str]) -> Vec<bool> {
+    let mut out = vec![true; 3]; // must be cleared by the store
+    s.exists(keys, &mut out);
+    out
+}
+
+fn exists1(s: &Store, key: &str) -> bool {
+    exists(s, &[key])[0]
+}
+
+fn locations(s: &Store, rank: i64, keys: &[&str]) -> Result<Vec<Option<u32>>, RankNotInitialized> {
+    let mut out = vec![Some(7); 3];
+    s.locations(rank, keys, &mut out).map(|()| out)
+}
+
+fn loc1(s: &Store, rank: i64, key: &str) -> Option<u32> {
+    locations(s, rank, &[key]).unwrap()[0]
+}
+
+/// Everything observable without changing state.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    stats: Stats,
+    exists: Vec<bool>,
+    locations: Vec<Result<Vec<Option<u32>>, RankNotInitialized>>,
+}
+
+fn snapshot(s: &Store) -> Snapshot {
+    let audited = s.audit().unwrap_or_else(|e| panic!("audit: {e}"));
+    let stats = s.stats();
+    assert_eq!(audited, stats);
+    Snapshot {
+        stats,
+        exists: exists(s, &PROBE),
+        locations: (0..MAX_RANKS as i64 + 1).map(|r| locations(s, r, &PROBE)).collect(),
+    }
+}
+
+/// Sends a confirm that must fail with `code` carrying `page` and `key`, and
+/// checks it changed nothing.
+fn rejected(
+    s: &Store,
+    rank: i64,
+    confs: &[(&str, i64)],
+    rels: &[i64],
+    code: ErrorCode,
+    page: Option<i64>,
+    key: Option<&str>,
+) -> ConfirmError {
+    let before = snapshot(s);
+    let err = match s.confirm(rank, confs, rels) {
+        Ok(o) => panic!("confirm {confs:?} / release {rels:?} on {rank} succeeded ({o:?}), expected {code:?}"),
+        Err(e) => e,
+    };
+    assert_eq!((err.code, err.rank, err.page, err.key.as_deref()), (code, rank, page, key), "{err:?}");
+    assert!(!err.to_string().is_empty());
+    assert_eq!(snapshot(s), before, "a rejected confirm ({code:?}) changed the store");
+    err
+}
+
+// ---------------------------------------------------------------------------
+// A store with something of everything, for the error cases.
+//
+// Rank 0 (16 pages) has six pages handed out, q[0] < ... < q[5]:
+//   q0 reserved, q1 bound to A, q2 free again, q3 bound to B, q4 free again,
+//   q5 reserved; the rest never used. Rank 1 (16 pages) binds A, so A is
+//   complete (world = 2) and B is not. Rank 2 is not initialized.
+
+struct Fixture {
+    s: Store,
+    q: [i64; 6],
+    a1: i64,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let s = store_with(None, &[16, 16]);
+        let mut q: Vec<i64> = alloc(&s, 0, &["f0", "f1", "f2", "f3", "f4", "f5"]);
+        q.sort_unstable();
+        let q: [i64; 6] = q.try_into().unwrap();
+        assert_eq!(confirm_ok(&s, 0, &[(A, q[1]), (B, q[3])], &[q[2], q[4]]), outcome(2, 0, 0, 2));
+        let a1 = save(&s, 1, &[A])[0];
+        assert!(exists1(&s, A) && !exists1(&s, B));
+        assert_eq!(free_res_bound(&s, 0), (12, 2, 2));
+        Self { s, q, a1 }
+    }
+
+    /// The valid items every bad request carries: confirm C on q0, D on q5,
+    /// release A's page q1 (which would make A incomplete).
+    fn good_confs(&self) -> [(&'static str, i64); 2] {
+        [(C, self.q[0]), (D, self.q[5])]
+    }
+
+    fn good_rels(&self) -> [i64; 1] {
+        [self.q[1]]
+    }
+
+    /// A bad item plus the valid ones, rejected as a whole.
+    fn reject(&self, bad_confs: &[(&str, i64)], bad_rels: &[i64], code: ErrorCode, page: i64, key: Option<&str>) {
+        for bad_first in [true, false] {
+            let good = self.good_confs();
+            let mut confs: Vec<(&str, i64)> = Vec::new();
+            let mut rels: Vec<i64> = Vec::new();
+            if bad_first {
+                confs.extend_from_slice(bad_confs);
+                rels.extend_from_slice(bad_rels);
+            }
+            confs.extend_from_slice(&good);
+            rels.extend_from_slice(&self.good_rels());
+            if !bad_first {
+                confs.extend_from_slice(bad_confs);
+                rels.extend_from_slice(bad_rels);
+            }
+            rejected(&self.s, 0, &confs, &rels, code, Some(page), key);
+        }
+        self.good_part_still_works();
+    }
+
+    /// After rejections, the reservations and bindings are all still there:
+    /// the valid part of the request succeeds in full.
+    fn good_part_still_works(&self) {
+        let o = confirm_ok(&self.s, 0, &self.good_confs(), &self.good_rels());
+        assert_eq!(o, outcome(2, 0, 0, 1));
+        assert!(!exists1(&self.s, A), "A lost its rank-0 page");
+        assert_eq!(locations(&self.s, 0, &[A, C, D]).unwrap(), vec![None, None, None]);
+        assert_eq!(alloc1(&self.s, 1, A), self.a1, "A keeps its rank-1 page");
+        assert_eq!(free_res_bound(&self.s, 0), (13, 0, 3));
+        self.s.audit().unwrap();
+    }
+}
+
+// ===========================================================================
+// POST /rank/{rank}/initialize
+
+#[test]
+fn initialize_creates_a_rank_of_free_pages() {
+    let s = Store::new(cfg(None));
+    assert_eq!(s.initialize(3, 100), Ok(Initialized::Created));
+    let st = s.audit().unwrap();
+    assert_eq!(st.ranks.len(), 1);
+    assert_eq!((st.ranks[0].rank, st.ranks[0].num_pages), (3, 100));
+    assert_eq!(st.ranks[0].counts, Counts { free: 100, ..Counts::default() });
+    assert_eq!((st.keys, st.complete_keys, st.expired), (0, 0, 0));
+    assert_eq!(locations(&s, 3, &[A]).unwrap(), vec![None]);
+}
+
+#[test]
+fn initialize_existing_rank_same_size_is_existing() {
+    let s = store_with(None, &[10]);
+    assert_eq!(s.initialize(0, 10), Ok(Initialized::Existing { num_pages: 10 }));
+    assert_eq!(s.stats().ranks.len(), 1);
+}
+
+#[test]
+fn initialize_existing_rank_other_size_changes_nothing() {
+    let s = store_with(None, &[10]);
+    let p = save(&s, 0, &[A])[0];
+    let r = alloc1(&s, 0, B);
+    let before = snapshot(&s);
+    assert_eq!(s.initialize(0, 5), Ok(Initialized::Existing { num_pages: 10 }));
+    assert_eq!(s.initialize(0, 1000), Ok(Initialized::Existing { num_pages: 10 }));
+    assert_eq!(snapshot(&s), before);
+    // The reservation and the binding survived.
+    assert_eq!(confirm_ok(&s, 0, &[(B, r), (A, p)], &[]), outcome(1, 1, 0, 0));
+}
+
+#[test]
+fn initialize_rejects_invalid_parameters() {
+    let s = Store::new(cfg(None));
+    for (rank, pages) in [(0, 0), (0, -1), (0, i64::MIN), (-1, 10), (i64::MIN, 10), (-1, 0)] {
+        assert_eq!(s.initialize(rank, pages), Err(InitError::InvalidParameters), "({rank}, {pages})");
+    }
+    assert!(s.stats().ranks.is_empty());
+    // An existing rank does not make a zero size valid.
+    s.initialize(0, 4).unwrap();
+    assert_eq!(s.initialize(0, 0), Err(InitError::InvalidParameters));
+    assert_eq!(s.stats().ranks.len(), 1);
+}
+
+#[test]
+fn initialize_rank_limit() {
+    let s = Store::new(StoreConfig { world_size: None, max_ranks: 4, max_pages_per_rank: 100 });
+    assert_eq!(s.initialize(3, 1), Ok(Initialized::Created));
+    for rank in [4, 5, i64::from(u32::MAX), i64::MAX] {
+        assert_eq!(s.initialize(rank, 1), Err(InitError::TooManyRanks { rank, max: 4 }));
+    }
+    assert_eq!(s.stats().ranks.len(), 1);
+    // Ranks beyond the limit are simply not initialized everywhere else.
+    let mut out = Vec::new();
+    assert_eq!(s.allocate(4, &[A], &mut out), Err(RankNotInitialized(4)));
+    assert_eq!(s.confirm(4, &[], &[]).unwrap_err().code, ErrorCode::RankNotInitialized);
+    assert_eq!(locations(&s, 4, &[A]), Err(RankNotInitialized(4)));
+}
+
+#[test]
+fn initialize_page_limit() {
+    let s = Store::new(StoreConfig { world_size: None, max_ranks: 4, max_pages_per_rank: 100 });
+    assert_eq!(s.initialize(0, 101), Err(InitError::TooManyPages { requested: 101, max: 100 }));
+    assert_eq!(s.initialize(0, i64::MAX), Err(InitError::TooManyPages { requested: i64::MAX, max: 100 }));
+    assert!(s.stats().ranks.is_empty());
+    assert_eq!(s.initialize(0, 100), Ok(Initialized::Created));
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    assert!(alloc(&s, 0, &keys).iter().all(|&p| p >= 0));
+    assert_eq!(free_res_bound(&s, 0), (0, 100, 0));
+}
+
+/// "Initializing a rank that already exists changes nothing and answers the
+/// same 200 (parity)": the reference answers 200 for any positive size once
+/// the rank exists, so the page limit (which only guards new tables) must not
+/// turn that into a 400.
+#[test]
+
+fn initialize_existing_rank_beyond_page_limit_is_existing() {
+    let s = Store::new(StoreConfig { world_size: None, max_ranks: 4, max_pages_per_rank: 100 });
+    s.initialize(0, 50).unwrap();
+    assert_eq!(s.initialize(0, 101), Ok(Initialized::Existing { num_pages: 50 }));
+}
+
+#[test]
+fn initialize_sizes_at_word_boundaries() {
+    for n in [1i64, 31, 32, 33, 63, 64, 65, 100] {
+        let s = store_with(None, &[n]);
+        let keys: Vec<String> = (0..n + 1).map(|i| format!("k{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        assert!(alloc(&s, 0, &keys).iter().all(|&p| p == -1), "n + 1 keys do not fit in {n} pages");
+        let mut pages = alloc(&s, 0, &keys[..n as usize]);
+        pages.sort_unstable();
+        assert_eq!(pages, (0..n).collect::<Vec<_>>(), "every page of a {n}-page rank, once");
+        assert_eq!(alloc1(&s, 0, "one more"), -1);
+        s.audit().unwrap();
+    }
+}
+
+// ===========================================================================
+// POST /keys/batch_allocate
+
+#[test]
+fn allocate_distinct_keys_in_first_appearance_order() {
+    let s = store_with(None, &[64]);
+    let pages = alloc(&s, 0, &[B, A, B, TEXT, A, C, TEXT, EMPTY]);
+    assert_eq!(pages.len(), 5);
+    let mut sorted = pages.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 5, "distinct pages: {pages:?}");
+    assert!(pages.iter().all(|&p| (0..64).contains(&p)));
+    assert_eq!(free_res_bound(&s, 0), (59, 5, 0));
+    // Each page was reserved for the key it was returned with.
+    let confs: Vec<(&str, i64)> = [B, A, TEXT, C, EMPTY].into_iter().zip(pages).collect();
+    assert_eq!(confirm_ok(&s, 0, &confs, &[]), outcome(5, 0, 0, 0));
+    assert_eq!(locations(&s, 0, &[B, A, TEXT, C, EMPTY]).unwrap(), confs.iter().map(|&(_, p)| Some(p as u32)).collect::<Vec<_>>());
+}
+
+#[test]
+fn allocate_empty_batch() {
+    let s = store_with(None, &[4]);
+    assert!(alloc(&s, 0, &[]).is_empty());
+    assert_eq!(free_res_bound(&s, 0), (4, 0, 0));
+}
+
+#[test]
+fn allocate_repeated_keys_get_one_page() {
+    // Two pages are enough for [X, X, X, Y]: repeats must not need pages.
+    let s = store_with(None, &[2]);
+    let pages = alloc(&s, 0, &[TEXT, TEXT, TEXT, A, TEXT, A]);
+    assert_eq!(pages.len(), 2);
+    assert!(pages.iter().all(|&p| p >= 0) && pages[0] != pages[1]);
+    assert_eq!(free_res_bound(&s, 0), (0, 2, 0));
+}
+
+#[test]
+fn allocate_bound_key_returns_its_page_and_reserves_nothing() {
+    let s = store_with(None, &[8]);
+    let p = save(&s, 0, &[A])[0];
+    let before = snapshot(&s);
+    for _ in 0..3 {
+        assert_eq!(alloc(&s, 0, &[A, A]), vec![p]);
+    }
+    assert_eq!(snapshot(&s), before, "allocating a bound key must reserve nothing");
+    // In a batch with new keys, only the new keys take pages.
+    let pages = alloc(&s, 0, &[B, A, C]);
+    assert_eq!(pages[1], p);
+    assert!(pages[0] >= 0 && pages[2] >= 0 && pages[0] != p && pages[2] != p && pages[0] != pages[2]);
+    assert_eq!(free_res_bound(&s, 0), (5, 2, 1));
+    // The connector confirms every page it was given, reused ones included.
+    assert_eq!(confirm_ok(&s, 0, &[(B, pages[0]), (A, p), (C, pages[2])], &[]), outcome(2, 1, 0, 0));
+}
+
+#[test]
+fn allocate_key_bound_on_this_rank_but_incomplete_returns_its_page() {
+    // World 2, A bound only on rank 0: rank 0 still holds its page (the
+    // reference hands out a second page here and leaks one).
+    let s = store_with(None, &[8, 8]);
+    let p0 = save(&s, 0, &[A])[0];
+    assert!(!exists1(&s, A));
+    assert_eq!(alloc1(&s, 0, A), p0);
+    assert_eq!(free_res_bound(&s, 0), (7, 0, 1));
+    // Rank 1 holds nothing for A: a fresh page.
+    let p1 = alloc1(&s, 1, A);
+    assert!(p1 >= 0);
+    assert_eq!(free_res_bound(&s, 1), (7, 1, 0));
+}
+
+#[test]
+fn allocate_is_all_or_nothing_and_stored_keys_keep_their_page() {
+    let s = store_with(None, &[4]);
+    let pa = save(&s, 0, &[A])[0];
+    // 3 free pages, 4 keys need one: none is reserved, stored A keeps its page.
+    let before = snapshot(&s);
+    assert_eq!(alloc(&s, 0, &[B, A, C, D, B, E]), vec![-1, pa, -1, -1, -1]);
+    assert_eq!(snapshot(&s), before);
+    // Exactly the free count is granted.
+    let got = alloc(&s, 0, &[B, A, C, D]);
+    assert_eq!(got[1], pa);
+    assert!(got.iter().all(|&p| p >= 0));
+    assert_eq!(free_res_bound(&s, 0), (0, 3, 1));
+    // A full rank: new keys get -1, the stored key its page.
+    assert_eq!(alloc(&s, 0, &[A, E]), vec![pa, -1]);
+    assert_eq!(alloc(&s, 0, &[A]), vec![pa]);
+    // Freeing one page makes a single key fit again, and it gets that page.
+    confirm_ok(&s, 0, &[], &[got[2]]);
+    assert_eq!(alloc(&s, 0, &[E, F]), vec![-1, -1]);
+    assert_eq!(alloc(&s, 0, &[E, A]), vec![got[2], pa]);
+    s.audit().unwrap();
+}
+
+#[test]
+fn allocate_outcome_counts_distinct_keys() {
+    let s = store_with(None, &[3]);
+    save(&s, 0, &[A]);
+    let mut out = Vec::new();
+    let o = s.allocate(0, &[B, A, B, C, A], &mut out).unwrap();
+    assert_eq!(o, AllocateOutcome { reserved: 2, reused: 1, refused: 0 });
+    let o = s.allocate(0, &[D, A, E, D], &mut out).unwrap();
+    assert_eq!(o, AllocateOutcome { reserved: 0, reused: 1, refused: 2 });
+    let o = s.allocate(0, &[A, A], &mut out).unwrap();
+    assert_eq!(o, AllocateOutcome { reserved: 0, reused: 1, refused: 0 });
+    let o = s.allocate(0, &[], &mut out).unwrap();
+    assert_eq!(o, AllocateOutcome::default());
+}
+
+#[test]
+fn allocate_on_uninitialized_rank() {
+    let s = store_with(None, &[4]);
+    let mut out = Vec::new();
+    for rank in [1, 7, 8, 1000, -1, i64::MIN, i64::MAX] {
+        assert_eq!(s.allocate(rank, &[A], &mut out), Err(RankNotInitialized(rank)));
+    }
+    assert_eq!(free_res_bound(&s, 0), (4, 0, 0));
+}
+
+#[test]
+fn keys_are_compared_as_exact_strings() {
+    // Uppercase hex, the zero digest, text and empty keys are keys of their own.
+    let s = store_with(None, &[16]);
+    let keys = [A, A_UPPER, ZERO, TEXT, EMPTY, "a", "A"];
+    let pages = save(&s, 0, &keys);
+    let mut sorted = pages.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), keys.len());
+    assert_eq!(locations(&s, 0, &keys).unwrap(), pages.iter().map(|&p| Some(p as u32)).collect::<Vec<_>>());
+    assert_eq!(s.stats().keys, keys.len() as u64);
+    // Releasing one leaves the look-alikes alone.
+    confirm_ok(&s, 0, &[], &[pages[0]]);
+    assert_eq!(exists(&s, &keys), vec![false, true, true, true, true, true, true]);
+    s.audit().unwrap();
+}
+
+// ===========================================================================
+// POST /keys/confirm_write: success paths
+
+#[test]
+fn confirm_binds_reserved_pages() {
+    let s = store_with(None, &[8]);
+    let p = alloc(&s, 0, &[A, TEXT]);
+    assert!(!exists1(&s, A));
+    assert_eq!(confirm_ok(&s, 0, &[(A, p[0]), (TEXT, p[1])], &[]), outcome(2, 0, 0, 0));
+    assert_eq!(exists(&s, &[A, TEXT, B]), vec![true, true, false]);
+    assert_eq!(free_res_bound(&s, 0), (6, 0, 2));
+    let st = s.audit().unwrap();
+    assert_eq!((st.keys, st.complete_keys), (2, 2));
+}
+
+#[test]
+fn confirm_empty_request_is_ok() {
+    let s = store_with(None, &[8]);
+    assert_eq!(confirm_ok(&s, 0, &[], &[]), ConfirmOutcome::default());
+}
+
+#[test]
+fn confirm_any_reserved_page_for_any_key() {
+    // The contract ties a confirmation to a reserved page, not to the key it
+    // was allocated for.
+    let s = store_with(None, &[8]);
+    let p = alloc(&s, 0, &[A, B]);
+    assert_eq!(confirm_ok(&s, 0, &[(B, p[0]), (A, p[1])], &[]), outcome(2, 0, 0, 0));
+    assert_eq!(locations(&s, 0, &[A, B]).unwrap(), vec![Some(p[1] as u32), Some(p[0] as u32)]);
+}
+
+#[test]
+fn reconfirm_is_a_noop() {
+    let s = store_with(None, &[8]);
+    let p = save(&s, 0, &[A])[0];
+    let before = snapshot(&s);
+    assert_eq!(confirm_ok(&s, 0, &[(A, p)], &[]), outcome(0, 1, 0, 0));
+    confirm_ok(&s, 0, &[(A, p), (A, p)], &[]);
+    assert_eq!(snapshot(&s), before);
+}
+
+#[test]
+fn duplicate_confirmation_of_a_reserved_page_binds_once() {
+    let s = store_with(None, &[8]);
+    let p = alloc1(&s, 0, TEXT);
+    let o = confirm_ok(&s, 0, &[(TEXT, p), (TEXT, p), (TEXT, p)], &[]);
+    assert_eq!(o.bound, 1);
+    assert_eq!(free_res_bound(&s, 0), (7, 0, 1));
+    assert_eq!(s.audit().unwrap().keys, 1);
+}
+
+#[test]
+fn race_rule_keeps_p1_and_frees_p2() {
+    for key in [A, TEXT] {
+        let s = store_with(None, &[8]);
+        // Two saves of one block raced: both allocated before either confirmed.
+        let p1 = alloc1(&s, 0, key);
+        let p2 = alloc1(&s, 0, key);
+        assert!(p1 >= 0 && p2 >= 0 && p1 != p2);
+        assert_eq!(confirm_ok(&s, 0, &[(key, p1)], &[]), outcome(1, 0, 0, 0));
+        assert_eq!(confirm_ok(&s, 0, &[(key, p2)], &[]), outcome(0, 0, 1, 0));
+        assert_eq!(loc1(&s, 0, key), Some(p1 as u32), "readers may hold P1: keep it");
+        assert_eq!(free_res_bound(&s, 0), (7, 0, 1), "P2 is FREE again");
+        assert_eq!(alloc1(&s, 0, key), p1);
+        // P2 is free: confirming it again is confirm_unallocated.
+        rejected(&s, 0, &[(key, p2)], &[], ErrorCode::ConfirmUnallocated, Some(p2), Some(key));
+        // Reconfirming P1 still works.
+        assert_eq!(confirm_ok(&s, 0, &[(key, p1)], &[]), outcome(0, 1, 0, 0));
+        assert_eq!(s.audit().unwrap().keys, 1);
+    }
+}
+
+#[test]
+fn race_rule_within_one_request() {
+    let s = store_with(None, &[8]);
+    let p1 = alloc1(&s, 0, A);
+    let p2 = alloc1(&s, 0, A);
+    let o = confirm_ok(&s, 0, &[(A, p1), (A, p2)], &[]);
+    assert_eq!((o.bound, o.superseded), (1, 1));
+    let kept = loc1(&s, 0, A).expect("A is complete") as i64;
+    assert!(kept == p1 || kept == p2);
+    assert_eq!(free_res_bound(&s, 0), (7, 0, 1));
+    // The other page is free again.
+    let loser = if kept == p1 { p2 } else { p1 };
+    rejected(&s, 0, &[(A, kept), (A, loser)], &[], ErrorCode::ConfirmUnallocated, Some(loser), Some(A));
+}
+
+#[test]
+fn race_rule_with_reconfirm_in_same_request() {
+    // The connector re-confirms P1 (reused) while a racing save confirms P2.
+    let s = store_with(None, &[8]);
+    let p1 = save(&s, 0, &[A])[0];
+    for reconfirm_first in [false, true] {
+        let p2 = alloc1(&s, 0, B); // a fresh reserved page, confirmed for A
+        let confs = if reconfirm_first { [(A, p1), (A, p2)] } else { [(A, p2), (A, p1)] };
+        assert_eq!(confirm_ok(&s, 0, &confs, &[]), outcome(0, 1, 1, 0));
+        assert_eq!(loc1(&s, 0, A), Some(p1 as u32));
+        assert_eq!(free_res_bound(&s, 0), (7, 0, 1));
+    }
+}
+
+#[test]
+fn release_reserved_page_frees_it() {
+    let s = store_with(None, &[8]);
+    let p = alloc(&s, 0, &[A, B]);
+    assert_eq!(confirm_ok(&s, 0, &[], &[p[0], p[1]]), outcome(0, 0, 0, 2));
+    assert_eq!(free_res_bound(&s, 0), (8, 0, 0));
+    assert!(!exists1(&s, A));
+    rejected(&s, 0, &[(A, p[0])], &[], ErrorCode::ConfirmUnallocated, Some(p[0]), Some(A));
+    rejected(&s, 0, &[], &[p[1]], ErrorCode::ReleaseUnallocated, Some(p[1]), None);
+    assert_eq!(s.stats().keys, 0);
+}
+
+#[test]
+fn release_bound_page_makes_key_incomplete() {
+    let s = store_with(None, &[8, 8]);
+    let p0 = save(&s, 0, &[A, B]);
+    let p1 = save(&s, 1, &[A, B]);
+    assert_eq!(exists(&s, &[A, B]), vec![true, true]);
+    assert_eq!(s.stats().complete_keys, 2);
+    // A's write on rank 1 was torn: the connector releases it.
+    assert_eq!(confirm_ok(&s, 1, &[], &[p1[0]]), outcome(0, 0, 0, 1));
+    assert_eq!(exists(&s, &[A, B]), vec![false, true]);
+    assert_eq!(locations(&s, 0, &[A, B]).unwrap(), vec![None, Some(p0[1] as u32)]);
+    assert_eq!(locations(&s, 1, &[A, B]).unwrap(), vec![None, Some(p1[1] as u32)]);
+    let st = s.audit().unwrap();
+    assert_eq!((st.keys, st.complete_keys), (2, 1));
+    assert_eq!(free_res_bound(&s, 1), (7, 0, 1));
+    // Rank 0 still holds A's page (allocate returns it), rank 1 does not.
+    assert_eq!(alloc1(&s, 0, A), p0[0]);
+    let again = alloc1(&s, 1, A);
+    assert!(again >= 0);
+    assert_eq!(free_res_bound(&s, 1), (6, 1, 1));
+    confirm_ok(&s, 1, &[(A, again)], &[]);
+    assert_eq!(locations(&s, 1, &[A]).unwrap(), vec![Some(again as u32)]);
+    // Releasing the key's last binding forgets the key.
+    confirm_ok(&s, 0, &[], &[p0[0]]);
+    confirm_ok(&s, 1, &[], &[again]);
+    let st = s.audit().unwrap();
+    assert_eq!((st.keys, st.complete_keys), (1, 1));
+    assert!(!exists1(&s, A));
+    // A released bound page is free: a second release is release_unallocated.
+    rejected(&s, 0, &[], &[p0[0]], ErrorCode::ReleaseUnallocated, Some(p0[0]), None);
+}
+
+#[test]
+fn releases_apply_before_confirmations() {
+    let s = store_with(None, &[8]);
+    let p1 = save(&s, 0, &[A])[0];
+    let p2 = alloc1(&s, 0, B); // any reserved page will do
+    // Release A's old page and confirm a new one for A in one request: the
+    // release goes first, so the confirmation binds (it is not the race rule).
+    assert_eq!(confirm_ok(&s, 0, &[(A, p2)], &[p1]), outcome(1, 0, 0, 1));
+    assert_eq!(loc1(&s, 0, A), Some(p2 as u32), "the new page, not the released old one");
+    assert_eq!(free_res_bound(&s, 0), (7, 0, 1));
+    assert_eq!(alloc1(&s, 0, A), p2);
+    // Without the release, the same shape is the race rule: the old page stays.
+    let p3 = alloc1(&s, 0, C);
+    assert_eq!(confirm_ok(&s, 0, &[(A, p3)], &[]), outcome(0, 0, 1, 0));
+    assert_eq!(loc1(&s, 0, A), Some(p2 as u32));
+    // Release a key's page and re-bind another key to a fresh page in one go,
+    // then bind the released key elsewhere: all in one request.
+    let p4 = alloc(&s, 0, &[C, D]);
+    assert_eq!(confirm_ok(&s, 0, &[(C, p4[0]), (A, p4[1])], &[p2]), outcome(2, 0, 0, 1));
+    assert_eq!(locations(&s, 0, &[A, C]).unwrap(), vec![Some(p4[1] as u32), Some(p4[0] as u32)]);
+    assert_eq!(s.audit().unwrap().keys, 2);
+}
+
+// ===========================================================================
+// POST /keys/confirm_write: every error code, each leaving the store as it was
+
+#[test]
+fn error_codes_on_the_wire() {
+    let names: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "rank_not_initialized",
+            "page_out_of_range",
+            "confirm_unallocated",
+            "double_confirm",
+            "release_unallocated",
+            "double_release",
+            "confirm_and_release"
+        ]
+    );
+}
+
+#[test]
+fn confirm_rank_not_initialized() {
+    let f = Fixture::new();
+    let good = f.good_confs();
+    for rank in [2, 7, 8, 1000, -1, i64::MIN] {
+        // Even an empty request names an unknown rank.
+        rejected(&f.s, rank, &[], &[], ErrorCode::RankNotInitialized, None, None);
+        rejected(&f.s, rank, &good, &f.good_rels(), ErrorCode::RankNotInitialized, None, None);
+    }
+    f.good_part_still_works();
+}
+
+#[test]
+fn confirm_page_out_of_range_in_confirmations() {
+    for bad in [16, 17, -1, -16, i64::MIN, i64::MAX, 1 << 32, (1 << 32) + 1] {
+        let f = Fixture::new();
+        f.reject(&[(E, bad)], &[], ErrorCode::PageOutOfRange, bad, Some(E));
+    }
+}
+
+#[test]
+fn confirm_page_out_of_range_aliasing_a_reserved_page() {
+    // 2^32 + q0 must not be truncated to q0.
+    let f = Fixture::new();
+    let bad = (1i64 << 32) + f.q[0];
+    rejected(&f.s, 0, &[(C, bad)], &[], ErrorCode::PageOutOfRange, Some(bad), Some(C));
+    rejected(&f.s, 0, &[], &[bad], ErrorCode::PageOutOfRange, Some(bad), None);
+    let bad = (1i64 << 32) + f.q[1];
+    rejected(&f.s, 0, &[(A, bad)], &[], ErrorCode::PageOutOfRange, Some(bad), Some(A));
+    f.good_part_still_works();
+}
+
+#[test]
+fn confirm_page_out_of_range_in_releases() {
+    for bad in [16, -1, i64::MIN, i64::MAX, 1 << 32] {
+        let f = Fixture::new();
+        f.reject(&[], &[bad], ErrorCode::PageOutOfRange, bad, None);
+    }
+}
+
+#[test]
+fn confirm_unallocated_never_reserved() {
+    let f = Fixture::new();
+    f.reject(&[(E, 15)], &[], ErrorCode::ConfirmUnallocated, 15, Some(E));
+}
+
+#[test]
+fn confirm_unallocated_released_pages() {
+    // q2 and q4 were handed out then released; q2 sits between the good pages.
+    let f = Fixture::new();
+    f.reject(&[(E, f.q[2])], &[], ErrorCode::ConfirmUnallocated, f.q[2], Some(E));
+    let f = Fixture::new();
+    f.reject(&[(TEXT, f.q[4])], &[], ErrorCode::ConfirmUnallocated, f.q[4], Some(TEXT));
+}
+
+#[test]
+fn double_confirm_page_bound_to_another_key() {
+    let f = Fixture::new();
+    // q3 is bound to B.
+    for key in [E, A, TEXT, ZERO, EMPTY] {
+        let err = rejected(&f.s, 0, &[(key, f.q[3])], &[], ErrorCode::DoubleConfirm, Some(f.q[3]), Some(key));
+        assert!(err.already_bound);
+    }
+    f.reject(&[(E, f.q[3])], &[], ErrorCode::DoubleConfirm, f.q[3], Some(E));
+}
+
+#[test]
+fn double_confirm_text_and_hex_owners_differ() {
+    let s = store_with(None, &[8]);
+    let p = save(&s, 0, &[TEXT, A, ZERO]);
+    rejected(&s, 0, &[(A, p[0])], &[], ErrorCode::DoubleConfirm, Some(p[0]), Some(A));
+    rejected(&s, 0, &[(A_UPPER, p[1])], &[], ErrorCode::DoubleConfirm, Some(p[1]), Some(A_UPPER));
+    rejected(&s, 0, &[(TEXT, p[1])], &[], ErrorCode::DoubleConfirm, Some(p[1]), Some(TEXT));
+    rejected(&s, 0, &[("block/text-kez", p[0])], &[], ErrorCode::DoubleConfirm, Some(p[0]), Some("block/text-kez"));
+    rejected(&s, 0, &[(EMPTY, p[2])], &[], ErrorCode::DoubleConfirm, Some(p[2]), Some(EMPTY));
+    assert_eq!(confirm_ok(&s, 0, &[(TEXT, p[0]), (A, p[1]), (ZERO, p[2])], &[]), outcome(0, 3, 0, 0));
+}
+
+#[test]
+fn double_confirm_one_page_two_keys_in_one_request() {
+    let f = Fixture::new();
+    let q0 = f.q[0];
+    for confs in [[(C, q0), (E, q0)], [(E, q0), (C, q0)]] {
+        let before = snapshot(&f.s);
+        let err = f.s.confirm(0, &confs, &[]).unwrap_err();
+        assert_eq!((err.code, err.rank, err.page), (ErrorCode::DoubleConfirm, 0, Some(q0)));
+        assert!(matches!(err.key.as_deref(), Some(C) | Some(E)), "{err:?}");
+        assert!(!err.already_bound);
+        assert_eq!(snapshot(&f.s), before);
+    }
+    // Also with a bound page (q1 is A's) and a reconfirm of the right key.
+    let before = snapshot(&f.s);
+    let err = f.s.confirm(0, &[(A, f.q[1]), (B, f.q[1])], &[]).unwrap_err();
+    assert_eq!((err.code, err.page), (ErrorCode::DoubleConfirm, Some(f.q[1])));
+    assert_eq!(snapshot(&f.s), before);
+    let err = f.s.confirm(0, &[(C, f.q[0]), (A, f.q[5]), (D, f.q[5]), (E, 15)], &[]).unwrap_err();
+    assert_eq!(err.code, ErrorCode::DoubleConfirm, "{err:?}");
+    assert_eq!(snapshot(&f.s), before);
+    f.good_part_still_works();
+}
+
+#[test]
+fn release_unallocated() {
+    let f = Fixture::new();
+    f.reject(&[], &[15], ErrorCode::ReleaseUnallocated, 15, None);
+    let f = Fixture::new();
+    f.reject(&[], &[f.q[2]], ErrorCode::ReleaseUnallocated, f.q[2], None);
+}
+
+#[test]
+fn double_release() {
+    // A bound page and a free page listed twice, beside the good items.
+    let f = Fixture::new();
+    f.reject(&[], &[f.q[3], f.q[3]], ErrorCode::DoubleRelease, f.q[3], None);
+    let f = Fixture::new();
+    f.reject(&[], &[f.q[2], f.q[2]], ErrorCode::DoubleRelease, f.q[2], None);
+    // A reserved page and the good part's own bound page, listed twice.
+    let f = Fixture::new();
+    rejected(&f.s, 0, &[], &[f.q[0], f.q[0]], ErrorCode::DoubleRelease, Some(f.q[0]), None);
+    rejected(&f.s, 0, &[], &[f.q[1], f.q[5], f.q[1]], ErrorCode::DoubleRelease, Some(f.q[1]), None);
+    f.good_part_still_works();
+}
+
+#[test]
+fn confirm_and_release_same_page() {
+    let f = Fixture::new();
+    // Reserved q5 (already in the good part as a confirmation): also released.
+    rejected(
+        &f.s,
+        0,
+        &f.good_confs(),
+        &[f.q[5], f.q[1]],
+        ErrorCode::ConfirmAndRelease,
+        Some(f.q[5]),
+        Some(D),
+    );
+    // Bound q3, reconfirmed by its key and released.
+    f.reject(&[(B, f.q[3])], &[f.q[3]], ErrorCode::ConfirmAndRelease, f.q[3], Some(B));
+}
+
+#[test]
+fn rejected_request_keeps_reservations_for_a_retry() {
+    // The client retries a 500: after any rejection, the same pages are
+    // still reserved and confirmable. The bad page sits first, in the middle
+    // and last in the claim order (pages are claimed in page order).
+    let s = store_with(None, &[40]);
+    let mut held: Vec<(String, i64)> = (0..40).map(|i| format!("{i:032x}")).collect::<Vec<_>>().into_iter().zip(0..).collect();
+    let keys: Vec<&str> = held.iter().map(|(k, _)| k.as_str()).collect();
+    let pages = alloc(&s, 0, &keys);
+    for (h, p) in held.iter_mut().zip(pages) {
+        h.1 = p;
+    }
+    held.sort_by_key(|h| h.1);
+    assert_eq!(held.iter().map(|h| h.1).collect::<Vec<_>>(), (0..40).collect::<Vec<_>>());
+    for idx in [0usize, 20, 39] {
+        let bad = held[idx].1;
+        confirm_ok(&s, 0, &[], &[bad]);
+        let mut confs: Vec<(&str, i64)> = held.iter().filter(|h| h.1 != bad).map(|(k, p)| (k.as_str(), *p)).collect();
+        confs.insert(confs.len() / 2, ("late key", bad));
+        rejected(&s, 0, &confs, &[], ErrorCode::ConfirmUnallocated, Some(bad), Some("late key"));
+        let rels: Vec<i64> = held.iter().map(|h| h.1).collect();
+        rejected(&s, 0, &[], &rels, ErrorCode::ReleaseUnallocated, Some(bad), None);
+        assert_eq!(free_res_bound(&s, 0), (1, 39, 0));
+        let refill = format!("refill {idx}");
+        assert_eq!(alloc1(&s, 0, &refill), bad);
+        held[idx].0 = refill;
+    }
+    let confs: Vec<(&str, i64)> = held.iter().map(|(k, p)| (k.as_str(), *p)).collect();
+    assert_eq!(confirm_ok(&s, 0, &confs, &[]), outcome(40, 0, 0, 0));
+    s.audit().unwrap();
+}
+
+// ===========================================================================
+// POST /keys/batch_exists and /keys/get_locations: world size
+
+#[test]
+fn world_size_from_initialized_ranks() {
+    let s = store_with(None, &[8, 8, 8]);
+    let p0 = save(&s, 0, &[A])[0];
+    let p2 = save(&s, 2, &[A])[0];
+    assert!(!exists1(&s, A), "2 of 3 ranks");
+    assert_eq!(locations(&s, 0, &[A]).unwrap(), vec![None]);
+    let p1 = save(&s, 1, &[A])[0];
+    assert!(exists1(&s, A));
+    for (r, p) in [(0, p0), (1, p1), (2, p2)] {
+        assert_eq!(loc1(&s, r, A), Some(p as u32));
+    }
+    assert_eq!(s.stats().complete_keys, 1);
+}
+
+#[test]
+fn world_size_is_fixed_at_first_confirm() {
+    // Parity: a key confirmed while only rank 0 exists has world 1.
+    let s = store_with(None, &[8]);
+    let p = save(&s, 0, &[A])[0];
+    assert!(exists1(&s, A));
+    s.initialize(1, 8).unwrap();
+    assert!(exists1(&s, A), "world stays 1");
+    assert_eq!(loc1(&s, 0, A), Some(p as u32));
+    assert_eq!(loc1(&s, 1, A), None, "complete, but rank 1 holds no page");
+    // A key first confirmed now has world 2.
+    save(&s, 0, &[B]);
+    assert!(!exists1(&s, B));
+    save(&s, 1, &[B]);
+    assert!(exists1(&s, B));
+    // Once every binding is gone the key is forgotten; its next first confirm
+    // fixes the world again.
+    confirm_ok(&s, 0, &[], &[p]);
+    assert!(!exists1(&s, A));
+    save(&s, 0, &[A]);
+    assert!(!exists1(&s, A), "world is 2 now");
+}
+
+#[test]
+fn world_size_pinned() {
+    let s = Store::new(StoreConfig { world_size: Some(2), ..cfg(None) });
+    s.initialize(0, 8).unwrap();
+    let p0 = save(&s, 0, &[A])[0];
+    assert!(!exists1(&s, A), "pinned to 2 while one rank exists");
+    s.initialize(1, 8).unwrap();
+    s.initialize(2, 8).unwrap();
+    let p1 = save(&s, 1, &[A])[0];
+    assert!(exists1(&s, A), "pinned 2 of 3 initialized ranks");
+    assert_eq!((loc1(&s, 0, A), loc1(&s, 1, A), loc1(&s, 2, A)), (Some(p0 as u32), Some(p1 as u32), None));
+    // Any two ranks complete it.
+    save(&s, 0, &[B]);
+    save(&s, 2, &[B]);
+    assert!(exists1(&s, B));
+
+    let s = Store::new(StoreConfig { world_size: Some(1), ..cfg(None) });
+    s.initialize(0, 8).unwrap();
+    s.initialize(1, 8).unwrap();
+    let p = save(&s, 1, &[A])[0];
+    assert!(exists1(&s, A));
+    assert_eq!((loc1(&s, 0, A), loc1(&s, 1, A)), (None, Some(p as u32)));
+}
+
+#[test]
+fn exists_answers_per_key_in_order() {
+    let s = store_with(None, &[8]);
+    save(&s, 0, &[B, TEXT]);
+    alloc1(&s, 0, A); // reserved, not confirmed: does not exist
+    assert_eq!(exists(&s, &[A, B, TEXT, B, C, EMPTY]), vec![false, true, true, true, false, false]);
+    assert!(exists(&s, &[]).is_empty());
+    // No rank at all: still an answer.
+    let empty = Store::new(cfg(None));
+    assert_eq!(exists(&empty, &[A, B]), vec![false, false]);
+}
+
+#[test]
+fn locations_answers_per_key_and_needs_the_rank() {
+    let s = store_with(None, &[8]);
+    let p = save(&s, 0, &[B, TEXT]);
+    alloc1(&s, 0, A);
+    assert_eq!(
+        locations(&s, 0, &[A, B, TEXT, B, C]).unwrap(),
+        vec![None, Some(p[0] as u32), Some(p[1] as u32), Some(p[0] as u32), None]
+    );
+    assert_eq!(locations(&s, 0, &[]).unwrap(), vec![]);
+    for rank in [1, 8, -1, i64::MAX] {
+        assert_eq!(locations(&s, rank, &[B]), Err(RankNotInitialized(rank)));
+    }
+}
+
+// ===========================================================================
+// POST /clear
+
+#[test]
+fn clear_forgets_ranks_and_keys() {
+    let s = store_with(None, &[8, 8]);
+    let p = save(&s, 0, &[A, B]);
+    save(&s, 1, &[A, B]);
+    let r = alloc1(&s, 0, C);
+    s.clear();
+    let st = s.audit().unwrap();
+    assert!(st.ranks.is_empty());
+    assert_eq!((st.keys, st.complete_keys), (0, 0));
+    assert_eq!(exists(&s, &[A, B, C]), vec![false, false, false]);
+    let mut out = Vec::new();
+    assert_eq!(s.allocate(0, &[A], &mut out), Err(RankNotInitialized(0)));
+    assert_eq!(locations(&s, 0, &[A]), Err(RankNotInitialized(0)));
+    rejected(&s, 0, &[(C, r)], &[], ErrorCode::RankNotInitialized, None, None);
+    // Workers must initialize again, and may pick another size.
+    assert_eq!(s.initialize(0, 8), Ok(Initialized::Created));
+    assert_eq!(free_res_bound(&s, 0), (8, 0, 0));
+    assert_eq!(locations(&s, 0, &[A, B]).unwrap(), vec![None, None]);
+    rejected(&s, 0, &[(A, p[0])], &[], ErrorCode::ConfirmUnallocated, Some(p[0]), Some(A));
+    rejected(&s, 0, &[], &[p[1]], ErrorCode::ReleaseUnallocated, Some(p[1]), None);
+    // The world size counts only ranks initialized since the clear.
+    save(&s, 0, &[A]);
+    assert!(exists1(&s, A), "one rank initialized since the clear: world 1");
+    assert_eq!(s.initialize(1, 3), Ok(Initialized::Created), "another size after a clear");
+    assert_eq!(free_res_bound(&s, 1), (3, 0, 0));
+    s.clear();
+    s.clear();
+    assert!(s.audit().unwrap().ranks.is_empty());
+}
+
+// ===========================================================================
+// Reservation expiry (the server's sweeper calls tick(); here, a fake clock)
+
+#[test]
+fn reservation_survives_ttl_ticks_and_expires_after_one_more() {
+    let s = store_with(None, &[64, 64]);
+    // Repeat across the 8-bit epoch wrap.
+    for round in 0..70u64 {
+        let p = alloc1(&s, 0, A);
+        for t in 0..TICKS_PER_TTL {
+            assert_eq!(s.tick(), 0, "round {round}: tick {t} of the TTL");
+            assert_eq!(free_res_bound(&s, 0), (63, 1, 0));
+        }
+        assert_eq!(s.tick(), 1, "round {round}: TTL + 1 ticks");
+        assert_eq!(free_res_bound(&s, 0), (64, 0, 0));
+        assert_eq!(s.stats().expired, round + 1);
+        rejected(&s, 0, &[(A, p)], &[], ErrorCode::ConfirmUnallocated, Some(p), Some(A));
+        rejected(&s, 0, &[], &[p], ErrorCode::ReleaseUnallocated, Some(p), None);
+    }
+    assert!(s.epoch() > 256);
+}
+
+#[test]
+fn reservation_confirmed_within_ttl_is_kept() {
+    let s = store_with(None, &[64]);
+    let p = alloc(&s, 0, &[A, B]);
+    for _ in 0..TICKS_PER_TTL {
+        s.tick();
+    }
+    assert_eq!(confirm_ok(&s, 0, &[(A, p[0])], &[]), outcome(1, 0, 0, 0));
+    assert_eq!(s.tick(), 1, "only B's reservation expires");
+    assert_eq!(free_res_bound(&s, 0), (63, 0, 1));
+    assert_eq!(loc1(&s, 0, A), Some(p[0] as u32));
+    rejected(&s, 0, &[(B, p[1])], &[], ErrorCode::ConfirmUnallocated, Some(p[1]), Some(B));
+}
+
+#[test]
+fn bound_pages_never_expire() {
+    let s = store_with(None, &[64]);
+    let p = save(&s, 0, &[A, TEXT]);
+    for _ in 0..600 {
+        assert_eq!(s.tick(), 0);
+    }
+    assert_eq!(locations(&s, 0, &[A, TEXT]).unwrap(), vec![Some(p[0] as u32), Some(p[1] as u32)]);
+    assert_eq!(free_res_bound(&s, 0), (62, 0, 2));
+    assert_eq!(s.stats().expired, 0);
+    assert_eq!(confirm_ok(&s, 0, &[(A, p[0]), (TEXT, p[1])], &[]), outcome(0, 2, 0, 0));
+}
+
+#[test]
+fn expiry_is_never_early() {
+    // However reservations share state words, none is freed before
+    // TICKS_PER_TTL + 1 ticks, and all are once TICKS_PER_TTL + 1 ticks have
+    // passed since the newest.
+    let s = store_with(None, &[32]);
+    let mut born: Vec<(i64, u32)> = Vec::new();
+    let keys = ["k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7"];
+    for (i, k) in keys.iter().enumerate() {
+        born.push((alloc1(&s, 0, k), s.epoch()));
+        if i % 2 == 0 {
+            s.tick();
+        }
+        let c = free_res_bound(&s, 0);
+        let young = born.iter().filter(|&&(_, e)| s.epoch() - e <= TICKS_PER_TTL).count() as u64;
+        assert!(c.1 >= young, "step {i}: {} reserved, {young} are young", c.1);
+    }
+    for _ in 0..=TICKS_PER_TTL {
+        s.tick();
+    }
+    assert_eq!(free_res_bound(&s, 0), (32, 0, 0));
+    s.audit().unwrap();
+}
+
+#[test]
+fn tick_after_clear_and_on_empty_store() {
+    let s = Store::new(cfg(None));
+    assert_eq!(s.tick(), 0);
+    s.initialize(0, 8).unwrap();
+    alloc1(&s, 0, A);
+    s.clear();
+    s.initialize(0, 8).unwrap();
+    for _ in 0..=TICKS_PER_TTL {
+        assert_eq!(s.tick(), 0, "the cleared generation's reservation is gone with it");
+    }
+    assert_eq!(free_res_bound(&s, 0), (8, 0, 0));
+}
+
+// ===========================================================================
+// Statistics
+
+#[test]
+fn stats_count_keys_and_pages() {
+    let s = store_with(None, &[10, 20]);
+    save(&s, 0, &[A, B, C]);
+    save(&s, 1, &[A]);
+    alloc(&s, 1, &[D, E]);
+    let st = s.audit().unwrap();
+    assert_eq!((st.keys, st.complete_keys), (3, 1));
+    assert_eq!(st.ranks.iter().map(|r| (r.rank, r.num_pages)).collect::<Vec<_>>(), vec![(0, 10), (1, 20)]);
+    assert_eq!(free_res_bound(&s, 0), (7, 0, 3));
+    assert_eq!(free_res_bound(&s, 1), (17, 2, 1));
+}
+
+/// `StoreConfig` is public and accepts `world_size: Some(0)` (the CLI refuses
+/// 0, the core does not): a new key's entry is then "complete" before its
+/// first binding, so `bind` counts no transition and the complete counter
+/// drifts from the index. Latent through the server, real for library users.
+#[test]
+
+fn world_size_zero_keeps_counters_consistent() {
+    let s = Store::new(StoreConfig { world_size: Some(0), ..cfg(None) });
+    s.initialize(0, 8).unwrap();
+    let p = save(&s, 0, &[A])[0];
+    s.audit().unwrap();
+    confirm_ok(&s, 0, &[], &[p]);
+    s.audit().unwrap();
+}

@@ -1,0 +1,513 @@
+//! Crash test: the real binary with `--data-dir` and `--fsync always`, killed
+//! with SIGKILL under load at random points, restarted on the same directory.
+//!
+//! Each round: start (recovering the previous rounds), check that every
+//! confirm and release acknowledged so far is there, drive confirms from a
+//! few client threads (plain HTTP/1.1 over `TcpStream`, keep-alive), and
+//! SIGKILL the server once a random number of confirms has been answered.
+//! A request cut off by the kill has an unknown outcome: its key is not
+//! checked on that rank. At the end: every page that is not bound can be
+//! allocated, never one that is (no page bound twice), `/stats` adds up,
+//! and SIGTERM still exits 0.
+//!
+//! The seed is printed; `DURABLE_CRASH_SEED=n` replays a run.
+
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf3fs-meta");
+const RANKS: i64 = 2;
+const PAGES: i64 = 32_768;
+const CLIENTS: usize = 3;
+const ROUNDS: u64 = 5;
+/// Failsafe for any single wait (never a synchronization device).
+const FAILSAFE: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------
+// A minimal HTTP/1.1 client.
+
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(FAILSAFE))?;
+        Ok(Conn { stream, buf: Vec::new() })
+    }
+
+    /// Sends one request and reads its response: `(status, body)`.
+    fn call(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, Vec<u8>)> {
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.stream.write_all(req.as_bytes())?;
+        let head_end = loop {
+            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            self.fill()?;
+        };
+        let head = String::from_utf8_lossy(&self.buf[..head_end]).to_ascii_lowercase();
+        let status: u16 = head.get(9..12).and_then(|s| s.parse().ok()).ok_or_else(|| bad("status line"))?;
+        let len = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(Ok(0), |v| v.trim().parse::<usize>().map_err(|_| bad("content-length")))?;
+        while self.buf.len() < head_end + len {
+            self.fill()?;
+        }
+        let body = self.buf[head_end..head_end + len].to_vec();
+        self.buf.drain(..head_end + len);
+        Ok((status, body))
+    }
+
+    fn fill(&mut self) -> std::io::Result<()> {
+        let mut chunk = [0u8; 4096];
+        let n = self.stream.read(&mut chunk)?;
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+
+    /// A POST that must succeed with `status`; returns the JSON body.
+    fn must(&mut self, path: &str, body: &Value, status: u16) -> Value {
+        let (st, b) = self.call("POST", path, &body.to_string()).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert_eq!(st, status, "{path} {body}: {}", String::from_utf8_lossy(&b));
+        if b.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&b).expect("json")
+        }
+    }
+
+    fn allocate(&mut self, rank: i64, keys: &[String]) -> Vec<i64> {
+        let v = self.must("/keys/batch_allocate", &json!({"rank": rank, "keys": keys}), 200);
+        v["results"].as_array().expect("results").iter().map(|p| p[1].as_i64().expect("page")).collect()
+    }
+}
+
+fn bad(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad {what}"))
+}
+
+// ---------------------------------------------------------------------------
+// The server process.
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    lines: Receiver<String>,
+    log: Vec<String>,
+}
+
+impl Server {
+    fn start(dir: &Path) -> Server {
+        for _ in 0..5 {
+            let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+            let mut cmd = Command::new(BIN);
+            cmd.env_remove("RUST_LOG");
+            for (k, _) in std::env::vars_os() {
+                if k.to_string_lossy().starts_with("HF3FS_META_") {
+                    cmd.env_remove(k);
+                }
+            }
+            let mut child = cmd
+                .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--fsync", "always", "--workers", "2"])
+                .arg("--data-dir")
+                .arg(dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn the server");
+            let stderr = child.stderr.take().expect("stderr");
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut s = Server { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), lines: rx, log: Vec::new() };
+            match s.wait_line(|l| l.contains("listening") || l.contains("cannot")) {
+                Some(l) if l.contains("listening") => {
+                    s.wait_healthy();
+                    return s;
+                }
+                Some(l) if l.to_lowercase().contains("address already in use") => s.kill(),
+                other => {
+                    s.kill();
+                    panic!("the server did not start: {other:?}\n{}", s.log.join("\n"));
+                }
+            }
+        }
+        panic!("no free port after 5 tries");
+    }
+
+    fn wait_line(&mut self, f: impl Fn(&str) -> bool) -> Option<String> {
+        let deadline = Instant::now() + FAILSAFE;
+        loop {
+            match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(l) => {
+                    self.log.push(l.clone());
+                    if f(&l) {
+                        return Some(l);
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected | RecvTimeoutError::Timeout) => return None,
+            }
+        }
+    }
+
+    /// Polls GET /health until it answers 200, within the failsafe.
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + FAILSAFE;
+        loop {
+            if let Ok((200, _)) = Conn::connect(self.addr).and_then(|mut c| c.call("GET", "/health", "")) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "/health never answered 200");
+            std::thread::yield_now();
+        }
+    }
+
+    fn conn(&self) -> Conn {
+        Conn::connect(self.addr).expect("connect")
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and a clean exit 0.
+    fn stop(mut self) {
+        let st = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill");
+        assert!(st.success());
+        while self.wait_line(|_| false).is_some() {}
+        let st = self.child.wait().expect("wait");
+        assert_eq!(st.code(), Some(0), "exit {st:?}\n{}", self.log.join("\n"));
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// What the clients were told.
+
+/// The acknowledged state of one (key, rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ack {
+    /// A confirm of this page was answered 204.
+    Bound(i64),
+    /// A release of its page was answered 204 afterwards.
+    Released,
+    /// A request on it was cut off by the kill: either outcome is allowed.
+    Unknown,
+}
+
+type Model = HashMap<(String, i64), Ack>;
+
+/// Counts acknowledged confirms; the killer waits on it.
+#[derive(Default)]
+struct Acks {
+    n: Mutex<u64>,
+    cv: Condvar,
+}
+
+/// A key no other round, client or step uses.
+fn key(round: u64, client: usize, i: u64) -> String {
+    let v = (u128::from(round) << 96) | ((client as u128) << 64) | u128::from(i) | (1 << 127);
+    format!("{v:032x}")
+}
+
+/// One client: saves batches of fresh keys on every rank, and sometimes
+/// releases one rank's pages again, until the connection dies.
+fn client(addr: SocketAddr, round: u64, id: usize, seed: u64, acks: &Acks, stop: &AtomicBool) -> Model {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut model = Model::new();
+    let Ok(mut c) = Conn::connect(addr) else { return model };
+    let mut next = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let n = rng.gen_range(1..=16);
+        let keys: Vec<String> = (0..n).map(|_| key(round, id, post_inc(&mut next))).collect();
+        for rank in 0..RANKS {
+            let body = json!({"rank": rank, "keys": keys}).to_string();
+            let pages: Vec<i64> = match c.call("POST", "/keys/batch_allocate", &body) {
+                Ok((200, b)) => {
+                    let v: Value = serde_json::from_slice(&b).expect("json");
+                    v["results"].as_array().expect("results").iter().map(|p| p[1].as_i64().unwrap()).collect()
+                }
+                Ok((st, b)) => panic!("allocate answered {st}: {}", String::from_utf8_lossy(&b)),
+                Err(_) => return model, // killed: an allocate changes nothing durable
+            };
+            assert!(pages.iter().all(|&p| p >= 0), "out of pages: raise PAGES");
+            let conf: Vec<Value> = keys.iter().zip(&pages).map(|(k, p)| json!([k, p])).collect();
+            let body = json!({"rank": rank, "confirmations": conf}).to_string();
+            match c.call("POST", "/keys/confirm_write", &body) {
+                Ok((204, _)) => {
+                    for (k, &p) in keys.iter().zip(&pages) {
+                        model.insert((k.clone(), rank), Ack::Bound(p));
+                    }
+                    *acks.n.lock().unwrap() += 1;
+                    acks.cv.notify_all();
+                }
+                Ok((st, b)) => panic!("confirm answered {st}: {}", String::from_utf8_lossy(&b)),
+                Err(_) => {
+                    for k in &keys {
+                        model.insert((k.clone(), rank), Ack::Unknown);
+                    }
+                    return model;
+                }
+            }
+        }
+        if rng.gen_bool(0.25) {
+            // A failed write on rank 0: release what it bound there.
+            let pages: Vec<i64> = keys
+                .iter()
+                .filter_map(|k| match model.get(&(k.clone(), 0)) {
+                    Some(Ack::Bound(p)) => Some(*p),
+                    _ => None,
+                })
+                .collect();
+            let body = json!({"rank": 0, "confirmations": [], "pages_to_release": pages}).to_string();
+            let outcome = match c.call("POST", "/keys/confirm_write", &body) {
+                Ok((204, _)) => Ack::Released,
+                Ok((st, b)) => panic!("release answered {st}: {}", String::from_utf8_lossy(&b)),
+                Err(_) => Ack::Unknown,
+            };
+            for k in &keys {
+                model.insert((k.clone(), 0), outcome);
+            }
+            if outcome == Ack::Unknown {
+                return model;
+            }
+        }
+    }
+    model
+}
+
+fn post_inc(n: &mut u64) -> u64 {
+    *n += 1;
+    *n - 1
+}
+
+// ---------------------------------------------------------------------------
+// Checks.
+
+/// Every acknowledged binding is there, every acknowledged release is not,
+/// and `/stats` adds up with no reservation left over. Returns the pages
+/// bound per rank according to the server.
+fn verify(s: &Server, model: &Model) -> Vec<HashSet<i64>> {
+    let mut c = s.conn();
+    let mut bound: Vec<HashSet<i64>> = vec![HashSet::new(); RANKS as usize];
+    let mut checked = 0;
+    for rank in 0..RANKS {
+        // allocate answers a stored key's own page (and reserves nothing for it).
+        let mine: Vec<(&String, i64)> = model
+            .iter()
+            .filter_map(|((k, r), a)| match a {
+                Ack::Bound(p) if *r == rank => Some((k, *p)),
+                _ => None,
+            })
+            .collect();
+        for chunk in mine.chunks(128) {
+            let keys: Vec<String> = chunk.iter().map(|(k, _)| (*k).clone()).collect();
+            let got = c.allocate(rank, &keys);
+            for ((k, want), got) in chunk.iter().zip(got) {
+                assert_eq!(got, *want, "rank {rank}: acknowledged binding of {k} lost or moved");
+                assert!(bound[rank as usize].insert(got), "rank {rank}: page {got} bound to two keys");
+                checked += 1;
+            }
+        }
+    }
+    // Complete keys are found; released ones are not complete any more.
+    let mut complete = Vec::new();
+    let mut released = Vec::new();
+    for ((k, r), a) in model {
+        if *r != 0 {
+            continue;
+        }
+        let other = model.get(&(k.clone(), 1));
+        match (a, other) {
+            (Ack::Bound(p0), Some(Ack::Bound(p1))) => complete.push((k.clone(), *p0, *p1)),
+            (Ack::Released, Some(Ack::Bound(_))) => released.push(k.clone()),
+            _ => {}
+        }
+    }
+    for chunk in complete.chunks(128) {
+        let keys: Vec<&String> = chunk.iter().map(|e| &e.0).collect();
+        let v = c.must("/keys/batch_exists", &json!({"keys": keys}), 200);
+        assert!(v["exists"].as_array().unwrap().iter().all(|b| b == true), "complete keys missing: {v}");
+        let v = c.must("/keys/get_locations", &json!({"rank": 1, "keys": keys}), 200);
+        let want: Vec<i64> = chunk.iter().map(|e| e.2).collect();
+        let got: Vec<i64> = v["locations"].as_array().unwrap().iter().map(|p| p.as_i64().unwrap_or(-1)).collect();
+        assert_eq!(got, want);
+    }
+    for chunk in released.chunks(128) {
+        let v = c.must("/keys/batch_exists", &json!({"keys": chunk}), 200);
+        assert!(v["exists"].as_array().unwrap().iter().all(|b| b == false), "a released key came back: {v}");
+    }
+    let (_, body) = c.call("GET", "/stats", "").expect("stats");
+    let stats: Value = serde_json::from_slice(&body).unwrap();
+    let ranks = stats["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), RANKS as usize, "{stats}");
+    for r in ranks {
+        let (free, reserved, bound_n, n) = (r["free"].as_i64(), r["reserved"].as_i64(), r["bound"].as_i64(), r["num_pages"].as_i64());
+        assert_eq!(n, Some(PAGES));
+        assert_eq!(free.unwrap() + reserved.unwrap() + bound_n.unwrap(), PAGES, "{r}");
+        assert!(bound_n.unwrap() >= bound[r["rank"].as_u64().unwrap() as usize].len() as i64, "{r}");
+    }
+    eprintln!("verified {checked} acknowledged bindings, {} complete keys, {} releases", complete.len(), released.len());
+    bound
+}
+
+#[test]
+fn acknowledged_confirms_survive_sigkill() {
+    let seed = std::env::var("DURABLE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
+    eprintln!("DURABLE_CRASH_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let started = Instant::now();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut model = Model::new();
+    let mut recovered_lines = Vec::new();
+
+    for round in 0..ROUNDS {
+        let mut s = Server::start(dir.path());
+        recovered_lines.extend(s.log.iter().filter(|l| l.contains("recovered")).cloned());
+        if round == 0 {
+            let mut c = s.conn();
+            for rank in 0..RANKS {
+                c.must(&format!("/rank/{rank}/initialize"), &json!({"num_pages": PAGES}), 200);
+            }
+        } else {
+            verify(&s, &model);
+        }
+        // Load, and a SIGKILL once a random number of confirms was answered.
+        let acks = Acks::default();
+        let stop = AtomicBool::new(false);
+        let target = rng.gen_range(10..200u64);
+        let done = AtomicU64::new(0);
+        let models: Vec<Model> = std::thread::scope(|sc| {
+            let handles: Vec<_> = (0..CLIENTS)
+                .map(|id| {
+                    let (acks, stop, done) = (&acks, &stop, &done);
+                    let seed = rng.gen();
+                    let addr = s.addr;
+                    sc.spawn(move || {
+                        let m = client(addr, round, id, seed, acks, stop);
+                        done.fetch_add(1, Ordering::SeqCst);
+                        acks.cv.notify_all();
+                        m
+                    })
+                })
+                .collect();
+            let deadline = Instant::now() + FAILSAFE;
+            let mut n = acks.n.lock().unwrap();
+            while *n < target && done.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+                n = acks.cv.wait_timeout(n, deadline.saturating_duration_since(Instant::now())).unwrap().0;
+            }
+            let answered = *n;
+            drop(n);
+            s.kill();
+            stop.store(true, Ordering::Relaxed);
+            eprintln!("round {round}: SIGKILL after {answered} acknowledged confirms (target {target})");
+            handles.into_iter().map(|h| h.join().expect("client")).collect()
+        });
+        for m in models {
+            for (k, a) in m {
+                model.insert(k, a);
+            }
+        }
+    }
+
+    // Last start: everything acknowledged is there; then fill every rank.
+    let s = Server::start(dir.path());
+    recovered_lines.extend(s.log.iter().filter(|l| l.contains("recovered")).cloned());
+    let bound = verify(&s, &model);
+    let unknown: Vec<(String, i64)> =
+        model.iter().filter(|(_, a)| **a == Ack::Unknown).map(|(k, _)| k.clone()).collect();
+    let mut c = s.conn();
+    for rank in 0..RANKS {
+        let mut fresh = HashSet::new();
+        let mut i = 0u64;
+        loop {
+            let keys: Vec<String> = (0..128).map(|_| key(ROUNDS + 1, rank as usize, post_inc(&mut i))).collect();
+            let pages = c.allocate(rank, &keys);
+            if pages.contains(&-1) {
+                break;
+            }
+            for p in pages {
+                assert!(!bound[rank as usize].contains(&p), "rank {rank}: bound page {p} handed out again");
+                assert!(fresh.insert(p), "rank {rank}: page {p} handed out twice");
+            }
+        }
+        // Whatever is left is less than one batch; take it page by page.
+        loop {
+            let pages = c.allocate(rank, &[key(ROUNDS + 1, rank as usize, post_inc(&mut i))]);
+            if pages[0] < 0 {
+                break;
+            }
+            assert!(!bound[rank as usize].contains(&pages[0]) && fresh.insert(pages[0]));
+        }
+        let (_, body) = c.call("GET", "/stats", "").unwrap();
+        let stats: Value = serde_json::from_slice(&body).unwrap();
+        let r = &stats["ranks"][rank as usize];
+        assert_eq!(r["free"], 0, "{r}");
+        assert_eq!(r["reserved"].as_i64().unwrap(), fresh.len() as i64, "{r}");
+        let b = r["bound"].as_i64().unwrap();
+        let maybe = unknown.iter().filter(|(_, rr)| *rr == rank).count() as i64;
+        let sure = bound[rank as usize].len() as i64;
+        assert!(sure <= b && b <= sure + maybe, "rank {rank}: {b} bound, {sure} acknowledged, {maybe} unknown");
+        assert_eq!(fresh.len() as i64 + b, PAGES);
+    }
+    s.stop();
+    assert!(recovered_lines.len() as u64 == ROUNDS + 1, "one recovery line per start: {recovered_lines:?}");
+    eprintln!("{} rounds in {:.1} s; last recovery: {}", ROUNDS, started.elapsed().as_secs_f64(), recovered_lines.last().unwrap());
+    assert!(started.elapsed() < Duration::from_secs(60), "the crash test must stay under a minute");
+}
+
+#[test]
+fn a_damaged_data_dir_exits_nonzero_with_one_clear_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = Server::start(dir.path());
+        let mut c = s.conn();
+        c.must("/rank/0/initialize", &json!({"num_pages": 8}), 200);
+        s.stop();
+    }
+    std::fs::write(dir.path().join("keyspace/journals/garbage"), b"junk").unwrap();
+    let out = Command::new(BIN)
+        .args(["--host", "127.0.0.1", "--port", "0", "--data-dir"])
+        .arg(dir.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot open the data directory"), "{err}");
+    assert!(!err.contains("panicked at"), "a panic report leaked: {err}");
+}

@@ -1,0 +1,477 @@
+//! The real binary: its command line, its startup log, signals.
+
+mod common;
+
+use common::{Client, FAILSAFE};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, ErrorKind};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_hf3fs-meta");
+
+/// Every flag of the command line.
+const FLAGS: [&str; 22] = [
+    "--host",
+    "--port",
+    "--world-size",
+    "--log-level",
+    "--log-format",
+    "--workers",
+    "--reservation-ttl",
+    "--max-body-bytes",
+    "--max-keys-per-request",
+    "--max-key-len",
+    "--max-ranks",
+    "--max-pages-per-rank",
+    "--max-connections",
+    "--header-timeout",
+    "--body-timeout",
+    "--shutdown-timeout",
+    "--admin-token",
+    "--auth-all",
+    "--data-dir",
+    "--fsync",
+    "--help",
+    "--version",
+];
+
+/// A command for the binary with a clean environment: no `RUST_LOG`, no
+/// `HF3FS_META_*` from the caller.
+fn command() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("RUST_LOG");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HF3FS_META_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// A running server process whose stderr lines arrive on a channel.
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+    lines: Receiver<String>,
+    log: Vec<String>,
+}
+
+impl Proc {
+    /// Starts the binary on a free port of 127.0.0.1 with `args`, and waits
+    /// for its "listening" log line. Retries on a port clash.
+    fn start(args: &[&str]) -> Proc {
+        for _ in 0..5 {
+            let port = {
+                let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+                l.local_addr().expect("addr").port()
+            };
+            let port_s = port.to_string();
+            let mut child = command()
+                .args(["--host", "127.0.0.1", "--port", &port_s])
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn the binary");
+            let stderr = child.stderr.take().expect("stderr");
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut p = Proc { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), lines: rx, log: Vec::new() };
+            match p.wait_line(|l| l.contains("listening") || l.contains("cannot listen")) {
+                Some(l) if l.contains("listening") => return p,
+                Some(l) if l.contains("Address already in use") || l.contains("address already in use") => {
+                    let _ = p.child.kill();
+                    let _ = p.child.wait();
+                    continue;
+                }
+                other => {
+                    let _ = p.child.kill();
+                    let _ = p.child.wait();
+                    panic!("the server did not start: {other:?}\n{}", p.log.join("\n"));
+                }
+            }
+        }
+        panic!("no free port after 5 tries");
+    }
+
+    /// Reads stderr lines until one satisfies `f` (returned), stderr ends, or
+    /// the failsafe runs out. Every line read is kept in `log`.
+    fn wait_line(&mut self, f: impl Fn(&str) -> bool) -> Option<String> {
+        self.next_matching(f).ok()
+    }
+
+    /// Like `wait_line`; the error says whether stderr closed (`true`) or the
+    /// failsafe ran out (`false`).
+    fn next_matching(&mut self, f: impl Fn(&str) -> bool) -> Result<String, bool> {
+        let deadline = Instant::now() + FAILSAFE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.log.push(l.clone());
+                    if f(&l) {
+                        return Ok(l);
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err(true),
+                Err(RecvTimeoutError::Timeout) => return Err(false),
+            }
+        }
+    }
+
+    /// Every remaining stderr line, until the process closes stderr; false
+    /// when the failsafe ran out first.
+    fn drain(&mut self) -> bool {
+        self.next_matching(|_| false) == Err(true)
+    }
+
+    /// Waits for the process to exit: it closes stderr when it does, so
+    /// reading stderr to its end is the wait (bounded by the failsafe).
+    fn wait_exit(&mut self) -> ExitStatus {
+        if !self.drain() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            panic!("the server did not exit\n{}", self.log.join("\n"));
+        }
+        self.child.wait().expect("wait")
+    }
+
+    /// Waits for the exit and checks it is a clean 0 (not death by signal).
+    fn assert_exit_0(&mut self) {
+        let st = self.wait_exit();
+        assert_eq!(st.code(), Some(0), "exit status {st:?}; log:\n{}", self.log.join("\n"));
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    fn signal(&self, sig: &str) {
+        let st =
+            Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]).status().expect("run kill");
+        assert!(st.success(), "kill -{sig} failed");
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+fn help_lists_every_flag() {
+    let out = command().arg("--help").output().expect("run --help");
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8(out.stdout).expect("UTF-8");
+    for flag in FLAGS {
+        assert!(
+            help.lines().any(|l| l.split([' ', ',', '=']).any(|w| w == flag)),
+            "--help does not list {flag}:\n{help}"
+        );
+    }
+    // And the parser agrees: every long flag it knows is in the help.
+    use clap::CommandFactory;
+    for arg in hf3fs_meta::config::Config::command().get_arguments() {
+        if let Some(long) = arg.get_long() {
+            assert!(help.contains(&format!("--{long}")), "--{long} missing from --help");
+            assert!(FLAGS.contains(&format!("--{long}").as_str()), "new flag --{long}: add it to FLAGS");
+        }
+    }
+    let out = command().arg("--version").output().expect("run --version");
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn bad_flags_exit_nonzero_with_usage() {
+    for args in [
+        &["--world-size", "0"][..],
+        &["--port", "70000"],
+        &["--host", "not-an-ip"],
+        &["--auth-all"],
+        &["--log-format", "xml"],
+        &["--no-such-flag"],
+        &["--max-ranks", "0"],
+    ] {
+        let out = command().args(args).stdin(Stdio::null()).output().expect("run");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"), "{args:?}: {out:?}");
+    }
+}
+
+#[test]
+fn startup_log_names_the_effective_config() {
+    let mut p = Proc::start(&[
+        "--world-size",
+        "3",
+        "--reservation-ttl",
+        "77",
+        "--max-body-bytes",
+        "12345",
+        "--max-connections",
+        "9",
+        "--workers",
+        "1",
+        "--admin-token",
+        "hush",
+    ]);
+    let line = p.log.iter().find(|l| l.contains("listening")).cloned().expect("startup line");
+    for want in [
+        format!("addr={}", p.addr),
+        "workers=1".to_string(),
+        "world_size=Some(3)".to_string(),
+        "reservation_ttl_s=77".to_string(),
+        "max_body_bytes=12345".to_string(),
+        "max_keys_per_request=65536".to_string(),
+        "max_key_len=1024".to_string(),
+        "max_ranks=1024".to_string(),
+        "max_connections=9".to_string(),
+        "header_timeout_s=30".to_string(),
+        "body_timeout_s=30".to_string(),
+        "admin_token=true".to_string(),
+        "auth_all=false".to_string(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    ] {
+        assert!(line.contains(&want), "startup line lacks {want:?}: {line}");
+    }
+    assert!(!line.contains("hush"), "the token itself must not be logged: {line}");
+    assert!(line.contains("INFO"), "{line}");
+    // It serves, with that configuration.
+    let mut c = p.client();
+    let st = c.request("GET", "/stats", &[], b"").json();
+    assert_eq!(st["world_size"], json!(3));
+    assert_eq!(st["reservation_ttl_seconds"], json!(77));
+    drop(c);
+    p.signal("TERM");
+    p.assert_exit_0();
+}
+
+#[test]
+fn port_zero_logs_the_real_address() {
+    let mut child = command()
+        .args(["--host", "127.0.0.1", "--port", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut p = Proc { child, addr: SocketAddr::from(([127, 0, 0, 1], 0)), lines: rx, log: Vec::new() };
+    let line = p.wait_line(|l| l.contains("listening")).expect("startup line");
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("no addr= in {line}"));
+    assert_ne!(addr.port(), 0, "{line}");
+    p.addr = addr;
+    let mut c = p.client();
+    assert_eq!(c.request("GET", "/health", &[], b"").status, 200);
+    drop(c);
+    p.signal("INT");
+    p.assert_exit_0();
+}
+
+#[test]
+fn json_log_format() {
+    let mut p = Proc::start(&["--log-format", "json", "--world-size", "2"]);
+    let mut c = p.client();
+    // Something that logs at error level, with a line of its own.
+    let r = c.request("POST", "/keys/confirm_write", &[], br#"{"rank": 5, "confirmations": [["k", 1]]}"#);
+    assert_eq!(r.status, 500);
+    drop(c);
+    p.signal("TERM");
+    p.assert_exit_0();
+    p.drain();
+    assert!(p.log.len() >= 3, "{:?}", p.log);
+    let mut parsed = Vec::new();
+    for line in &p.log {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(v["level"].is_string() && v["fields"].is_object() && v["timestamp"].is_string(), "{line}");
+        parsed.push(v);
+    }
+    let start = parsed
+        .iter()
+        .find(|v| v["fields"]["message"].as_str().is_some_and(|m| m.contains("listening")))
+        .expect("startup line");
+    assert_eq!(start["level"], json!("INFO"));
+    assert_eq!(start["fields"]["addr"], json!(p.addr.to_string()));
+    assert_eq!(start["fields"]["world_size"], json!("Some(2)"));
+    assert_eq!(start["fields"]["max_connections"], json!(4096));
+    let err =
+        parsed.iter().find(|v| v["level"] == json!("ERROR")).unwrap_or_else(|| panic!("no error line: {:?}", p.log));
+    let msg = err["fields"]["message"].as_str().expect("message");
+    assert!(msg.starts_with("Confirm write for keys failed: "), "{msg}");
+    assert!(msg.contains("Rank 5 not initialized"), "{msg}");
+}
+
+#[test]
+fn text_log_has_the_confirm_failure_line() {
+    let mut p = Proc::start(&[]);
+    let mut c = p.client();
+    assert_eq!(c.request("POST", "/rank/0/initialize", &[], br#"{"num_pages": 4}"#).status, 200);
+    let r = c.request("POST", "/keys/confirm_write", &[], br#"{"rank": 0, "confirmations": [["k", 2]]}"#);
+    assert_eq!(r.status, 500);
+    let detail = r.detail();
+    let line = p
+        .wait_line(|l| l.contains("Confirm write for keys failed: "))
+        .unwrap_or_else(|| panic!("no error line: {:?}", p.log));
+    assert!(line.contains("ERROR"), "{line}");
+    let message = detail.strip_prefix("Confirmation failed: ").expect("prefix");
+    assert!(line.ends_with(&format!("Confirm write for keys failed: {message}")), "{line}\nvs {detail}");
+    // Re-initializing with another size: the same 200, and a warning.
+    let r = c.request("POST", "/rank/0/initialize", &[], br#"{"num_pages": 8}"#);
+    assert_eq!(r.json(), json!({"message": "Rank 0 initialized with 8 pages"}));
+    let warn = p
+        .wait_line(|l| l.contains("WARN") && l.contains("already initialized"))
+        .unwrap_or_else(|| panic!("no size-mismatch warning: {:?}", p.log));
+    assert!(warn.contains("existing=4") && warn.contains("requested=8"), "{warn}");
+    drop(c);
+    p.signal("TERM");
+    p.assert_exit_0();
+}
+
+/// Signal with idle keep-alive connections open: exit 0, promptly; the
+/// connections are closed and new ones refused.
+fn graceful_exit_on(sig: &str) {
+    let mut p = Proc::start(&["--shutdown-timeout", "5"]);
+    let mut idle: Vec<Client> = (0..2).map(|_| p.client()).collect();
+    for c in &mut idle {
+        let r = c.request("GET", "/health", &[], b"");
+        assert_eq!(r.status, 200);
+        assert!(!r.closes());
+    }
+    p.signal(sig);
+    let st = p.wait_exit();
+    assert_eq!(st.code(), Some(0), "{st:?}\n{}", p.log.join("\n"));
+    for c in &mut idle {
+        assert!(c.closed_by_server(), "an idle connection was left open");
+    }
+    match TcpStream::connect_timeout(&p.addr, Duration::from_secs(5)) {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}"),
+        Ok(_) => panic!("a connection was accepted after exit"),
+    }
+    p.drain();
+    let log = p.log.join("\n");
+    let name = if sig == "TERM" { "SIGTERM received" } else { "SIGINT received" };
+    assert!(log.contains(name), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+    assert!(!log.contains("shutdown timeout"), "idle connections must not hold up the exit: {log}");
+}
+
+#[test]
+fn sigterm_with_idle_connections_exits_0() {
+    graceful_exit_on("TERM");
+}
+
+#[test]
+fn sigint_with_idle_connections_exits_0() {
+    graceful_exit_on("INT");
+}
+
+#[test]
+fn sigterm_lets_a_request_in_flight_finish() {
+    let mut p = Proc::start(&["--shutdown-timeout", "10"]);
+    let mut c = p.client();
+    assert_eq!(c.request("POST", "/rank/0/initialize", &[], br#"{"num_pages": 4}"#).status, 200);
+    // Headers sent; "100 Continue" proves the handler is reading the body.
+    let body = br#"{"rank": 0, "keys": [["k", ""]]}"#;
+    c.send(
+        format!(
+            "POST /keys/batch_allocate HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let interim = c.read_any().expect("100 Continue");
+    assert_eq!(interim.status, 100, "{interim:?}");
+    p.signal("TERM");
+    p.wait_line(|l| l.contains("shutting down")).unwrap_or_else(|| panic!("no shutdown line: {:?}", p.log));
+    // The server no longer accepts...
+    match TcpStream::connect_timeout(&p.addr, Duration::from_secs(5)) {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}"),
+        Ok(mut s) => {
+            // ...or, if the kernel still completed the handshake, serves nothing.
+            use std::io::{Read, Write};
+            let _ = s.write_all(b"GET /health HTTP/1.1\r\n\r\n");
+            s.set_read_timeout(Some(FAILSAFE)).expect("timeout");
+            let mut buf = [0u8; 64];
+            assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)), "served after shutdown began");
+        }
+    }
+    // ...but the request in flight completes.
+    c.send(body);
+    let r = c.read_response().expect("the in-flight request is answered");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["results"][0][0], json!("k"));
+    assert!(c.closed_by_server(), "the connection closes after its last answer");
+    p.assert_exit_0();
+}
+
+#[test]
+fn shutdown_timeout_bounds_a_stalled_request() {
+    let mut p = Proc::start(&["--shutdown-timeout", "1"]);
+    let mut c = p.client();
+    // A request in flight (its handler is reading the body) that never completes.
+    c.send(b"POST /keys/batch_exists HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n");
+    assert_eq!(c.read_any().expect("100 Continue").status, 100);
+    c.send(b"{\"keys\": [");
+    p.signal("TERM");
+    // The process gives up on it after --shutdown-timeout and exits 0.
+    p.assert_exit_0();
+    let log = p.log.join("\n");
+    assert!(log.contains("shutdown timeout"), "{log}");
+    assert!(c.closed_by_server());
+}
+
+/// The caught-signal mask of a process (Linux: `SigCgt` in /proc/PID/status).
+#[cfg(target_os = "linux")]
+fn caught_signals(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
+    let hex = status.lines().find_map(|l| l.strip_prefix("SigCgt:")).expect("SigCgt line").trim();
+    u64::from_str_radix(hex, 16).expect("hex mask")
+}
+
+/// Once the server has answered a request, SIGTERM and SIGINT must already
+/// be handled: otherwise a signal in that window kills the process with the
+/// default action instead of draining and exiting 0.
+#[cfg(target_os = "linux")]
+#[test]
+fn signal_handlers_are_installed_before_the_first_answer() {
+    for _ in 0..5 {
+        let mut p = Proc::start(&[]);
+        let mut c = p.client();
+        assert_eq!(c.request("GET", "/health", &[], b"").status, 200);
+        let mask = caught_signals(p.child.id());
+        let (sigint, sigterm) = (1u64 << (2 - 1), 1u64 << (15 - 1));
+        assert_eq!(mask & sigint, sigint, "SIGINT not handled yet (SigCgt {mask:x})");
+        assert_eq!(mask & sigterm, sigterm, "SIGTERM not handled yet (SigCgt {mask:x})");
+        drop(c);
+        p.signal("TERM");
+        p.assert_exit_0();
+    }
+}

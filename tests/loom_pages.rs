@@ -1,0 +1,626 @@
+//! Loom models of the page-state machine (`src/core/pages.rs`).
+//!
+//! Each model runs two or three threads against a [`PageTable`] of one or two
+//! state words, explores their interleavings exhaustively up to a preemption
+//! bound, and ends every execution with [`PageTable::audit`] plus checks of its
+//! own: which outcomes are possible, and that the pages end in the one state
+//! each outcome implies.
+//!
+//! Confirms and releases are modelled with the page table's own methods,
+//! following the protocol of `Store::confirm` (claim every page in page order;
+//! on the first invalid item put back what this request claimed; commit by
+//! writing back-references and then settling). The key index (scc) is left
+//! out: it has no part in the page states. Keys are 32-hex digests, so the
+//! table's text-owner map (scc) is never touched inside a model.
+//!
+//! Build and run (see docs/verification.md for the why of each variable):
+//!
+//! ```text
+//! RUSTC_WRAPPER=$PWD/tests/loom_rustc.sh CARGO_TARGET_DIR=target/loom \
+//!   RUSTFLAGS="--cfg loom" CARGO_PROFILE_RELEASE_LTO=false \
+//!   CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true \
+//!   cargo test --release --test loom_pages -- --test-threads=1 --nocapture
+//! ```
+//!
+//! `LOOM_MAX_PREEMPTIONS=N` overrides every model's default bound.
+#![cfg(loom)]
+
+use hf3fs_meta::core::key::{Key, KeyRef};
+use hf3fs_meta::core::pages::{Claimed, PageState, PageTable, BOUND, FREE, RESERVED};
+use loom::sync::Arc;
+use loom::thread;
+use std::collections::BTreeSet;
+
+const KA: &str = "0123456789abcdef0123456789abcdef";
+const KB: &str = "fedcba9876543210fedcba9876543210";
+const KC: &str = "d41d8cd98f00b204e9800998ecf8427e";
+
+// ---------------------------------------------------------------------------
+// Harness.
+
+/// Runs `f` under loom with `bound` preemptions (unless `LOOM_MAX_PREEMPTIONS`
+/// is set) and prints how many executions it took and how long.
+fn model<F>(name: &str, bound: usize, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let mut b = loom::model::Builder::new();
+    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_none() {
+        b.preemption_bound = Some(bound);
+    }
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = runs.clone();
+    let start = std::time::Instant::now();
+    b.check(move || {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    eprintln!(
+        "loom model {name}: preemption bound {:?}, {} executions, {:.2?}",
+        b.preemption_bound,
+        runs.load(std::sync::atomic::Ordering::Relaxed),
+        start.elapsed()
+    );
+}
+
+fn key(s: &str) -> KeyRef<'_> {
+    let k = KeyRef::parse(s);
+    assert!(matches!(k, KeyRef::Hex(_)), "models use hex keys only, so scc is never touched");
+    k
+}
+
+/// Allocates `n` pages as `Store::allocate` does: counter first, then search.
+fn allocate(t: &PageTable, n: u64, epoch: u8) -> Option<Vec<u32>> {
+    if !t.try_take(n) {
+        return None;
+    }
+    let mut got = Vec::new();
+    t.reserve(n, epoch, |p| got.push(p));
+    assert_eq!(got.len() as u64, n, "reserve must hand out exactly what was taken");
+    Some(got)
+}
+
+/// Puts FREE `page` into `state` (RESERVED, or BOUND to `owner`) during a
+/// model's single-threaded set-up, without going through the search.
+fn put(t: &PageTable, page: u32, state: u64, owner: Option<&str>) {
+    assert!(t.claim_free(page), "set-up: page {page} must be FREE");
+    if let Some(k) = owner {
+        t.set_owner(page, key(k));
+    }
+    t.settle(page, state);
+}
+
+/// Why a modelled request was refused (the store's typed errors, by page).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fail {
+    ConfirmUnallocated(u32),
+    DoubleConfirm(u32),
+    ReleaseUnallocated(u32),
+}
+
+/// What a successful modelled request found.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Done {
+    /// Per confirmed page, what it was when claimed.
+    confirmed: Vec<(u32, Claimed)>,
+    /// Per released page, what it was when claimed and, if BOUND, its owner.
+    released: Vec<(u32, Claimed, Option<Key>)>,
+}
+
+/// One confirm-write request on one rank, following `Store::confirm` steps
+/// 2–3: claim in page order, roll back on the first invalid item, else commit
+/// (releases first, back-references before the Release-ordered settle, the
+/// free counter last). The items must name distinct pages (the store checks
+/// that before claiming anything).
+fn request(t: &PageTable, confirms: &[(&str, u32)], releases: &[u32]) -> Result<Done, Fail> {
+    let mut items: Vec<(u32, Option<&str>)> =
+        confirms.iter().map(|&(k, p)| (p, Some(k))).chain(releases.iter().map(|&p| (p, None))).collect();
+    items.sort_unstable_by_key(|it| it.0);
+    assert!(items.windows(2).all(|w| w[0].0 != w[1].0), "distinct pages per request");
+
+    let mut held: Vec<(u32, Option<&str>, Claimed)> = Vec::new();
+    for &(page, k) in &items {
+        let failure = match (t.claim(page), k) {
+            (Some(Claimed::Bound), Some(k)) if !t.owner_is(page, key(k)) => {
+                // Put this page back first, then the ones before it.
+                t.settle(page, BOUND);
+                Some(Fail::DoubleConfirm(page))
+            }
+            (Some(c), k) => {
+                held.push((page, k, c));
+                None
+            }
+            (None, None) => Some(Fail::ReleaseUnallocated(page)),
+            (None, Some(_)) => Some(Fail::ConfirmUnallocated(page)),
+        };
+        if let Some(f) = failure {
+            for &(p, _, c) in &held {
+                t.settle(p, c.bits());
+            }
+            return Err(f);
+        }
+    }
+    for &(page, _, _) in &held {
+        assert_eq!(t.state(page), PageState::Busy, "a claimed page stays BUSY until its claimer settles it");
+    }
+
+    let mut done = Done::default();
+    let mut freed = 0;
+    for &(page, _, c) in held.iter().filter(|h| h.1.is_none()) {
+        let mut owner = None;
+        if c == Claimed::Bound {
+            owner = t.owner(page);
+            t.clear_owner(page);
+        }
+        t.settle(page, FREE);
+        freed += 1;
+        done.released.push((page, c, owner));
+    }
+    for &(page, k, c) in held.iter().filter(|h| h.1.is_some()) {
+        if c == Claimed::Reserved {
+            t.set_owner(page, key(k.unwrap()));
+        }
+        t.settle(page, BOUND);
+        done.confirmed.push((page, c));
+    }
+    t.give_back(freed);
+    Ok(done)
+}
+
+/// The audit, with the model's name in the panic.
+fn audit(t: &PageTable) -> hf3fs_meta::core::pages::Counts {
+    match t.audit() {
+        Ok(c) => c,
+        Err(e) => panic!("audit failed: {e}"),
+    }
+}
+
+fn assert_bound_to(t: &PageTable, page: u32, k: &str) {
+    assert_eq!(t.state(page), PageState::Bound, "page {page}");
+    assert!(t.owner_is(page, key(k)), "page {page} must name {k}");
+}
+
+fn spawn<T: Send + 'static>(
+    t: &Arc<PageTable>,
+    f: impl FnOnce(&PageTable) -> T + Send + 'static,
+) -> thread::JoinHandle<T> {
+    let t = t.clone();
+    thread::spawn(move || f(&t))
+}
+
+// ---------------------------------------------------------------------------
+// (a) allocate vs allocate.
+
+/// Two allocators fill one word between them: every page is handed out once,
+/// the counter ends exact, and the filled word may be hinted full.
+#[test]
+fn a1_allocate_vs_allocate_fill_one_word() {
+    model("a1_allocate_vs_allocate_fill_one_word", 3, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let h1 = spawn(&t, |t| allocate(t, 16, 1).expect("16 of 32 free"));
+        let h2 = spawn(&t, |t| allocate(t, 16, 2).expect("16 of 16 free"));
+        let (a, b) = (h1.join().unwrap(), h2.join().unwrap());
+        let all: BTreeSet<u32> = a.iter().chain(&b).copied().collect();
+        assert_eq!(all.len(), 32, "pages handed out twice: {a:?} / {b:?}");
+        assert_eq!(all, (0..32).collect());
+        let c = audit(&t);
+        assert_eq!((c.free, c.reserved, t.free_count()), (0, 32, 0));
+        assert!(!t.try_take(1), "a full table grants nothing");
+    });
+}
+
+/// Three allocators compete for the last three FREE pages of a word, asking
+/// 2, 1 and 1: the counter grants all or nothing per request, never more than
+/// three pages in all, and the search never hands out a page twice.
+#[test]
+fn a2_allocate_counter_contention_three_threads() {
+    model("a2_allocate_counter_contention_three_threads", 2, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let pre = allocate(&t, 29, 0).unwrap();
+        let hs = [2u64, 1, 1].map(|n| spawn(&t, move |t| (n, allocate(t, n, 1))));
+        let got: Vec<(u64, Option<Vec<u32>>)> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let granted: Vec<u32> = got.iter().filter_map(|g| g.1.clone()).flatten().collect();
+        let distinct: BTreeSet<u32> = granted.iter().chain(&pre).copied().collect();
+        assert_eq!(distinct.len(), granted.len() + pre.len(), "a page handed out twice: {got:?}");
+        // Whichever request reaches the counter last finds too few pages:
+        // either the 2-page one (two pages granted) or a 1-page one (three).
+        let refused: Vec<u64> = got.iter().filter(|g| g.1.is_none()).map(|g| g.0).collect();
+        match refused.as_slice() {
+            [2] => assert_eq!(granted.len(), 2),
+            [1] => assert_eq!(granted.len(), 3),
+            other => panic!("impossible set of refusals {other:?}: {got:?}"),
+        }
+        let c = audit(&t);
+        assert_eq!(c.reserved, 29 + granted.len() as u64);
+        assert_eq!(t.free_count(), 3 - granted.len() as u64);
+    });
+}
+
+/// Two allocators fill a two-word table (32 + 8 pages, the second word
+/// partial) from different start words.
+#[test]
+fn a3_allocate_vs_allocate_two_words() {
+    model("a3_allocate_vs_allocate_two_words", 2, || {
+        let t = Arc::new(PageTable::new(40).unwrap());
+        let h1 = spawn(&t, |t| allocate(t, 20, 1).expect("20 of 40 free"));
+        let h2 = spawn(&t, |t| allocate(t, 20, 1).expect("20 of 20 free"));
+        let (a, b) = (h1.join().unwrap(), h2.join().unwrap());
+        let all: BTreeSet<u32> = a.iter().chain(&b).copied().collect();
+        assert_eq!(all, (0..40).collect(), "pages handed out twice or never: {a:?} / {b:?}");
+        let c = audit(&t);
+        assert_eq!((c.free, c.reserved, t.free_count()), (0, 40, 0));
+    });
+}
+
+// ---------------------------------------------------------------------------
+// (b) confirm vs release of one page.
+
+/// A confirm and a release of the same RESERVED page: either the confirm binds
+/// it and the release then frees it (seeing the confirm's back-reference), or
+/// the release frees it and the confirm finds it FREE. Never both failing,
+/// never both claiming a RESERVED page.
+#[test]
+fn b1_confirm_vs_release_reserved_page() {
+    model("b1_confirm_vs_release_reserved_page", 3, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let p = allocate(&t, 1, 0).unwrap()[0];
+        let hc = spawn(&t, move |t| request(t, &[(KA, p)], &[]));
+        let hr = spawn(&t, move |t| request(t, &[], &[p]));
+        let (c, r) = (hc.join().unwrap(), hr.join().unwrap());
+        match (&c, &r) {
+            (Ok(c), Ok(r)) => {
+                assert_eq!(c.confirmed, vec![(p, Claimed::Reserved)]);
+                // The release came second and must see the confirm's owner:
+                // set_owner (Relaxed) is published by settle (Release) and
+                // acquired by the release's claim (AcqRel).
+                assert_eq!(r.released, vec![(p, Claimed::Bound, Some(key(KA).to_key()))]);
+            }
+            (Err(Fail::ConfirmUnallocated(q)), Ok(r)) => {
+                assert_eq!(*q, p);
+                assert_eq!(r.released, vec![(p, Claimed::Reserved, None)]);
+            }
+            other => panic!("impossible outcome {other:?}"),
+        }
+        assert_eq!(t.state(p), PageState::Free);
+        let counts = audit(&t);
+        assert_eq!((counts.free, t.free_count()), (32, 32));
+    });
+}
+
+/// A page BOUND to KA: a re-confirm of KA races a release. The release always
+/// succeeds and sees KA; the re-confirm succeeds (restoring BOUND) exactly when
+/// it comes first, else it finds the page FREE. The page ends FREE.
+#[test]
+fn b2_reconfirm_vs_release_bound_page() {
+    model("b2_reconfirm_vs_release_bound_page", 3, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let p = 7;
+        put(&t, p, BOUND, Some(KA));
+        let hc = spawn(&t, move |t| request(t, &[(KA, p)], &[]));
+        let hr = spawn(&t, move |t| request(t, &[], &[p]));
+        let (c, r) = (hc.join().unwrap(), hr.join().unwrap());
+        assert_eq!(r, Ok(Done { released: vec![(p, Claimed::Bound, Some(key(KA).to_key()))], ..Done::default() }));
+        match c {
+            Ok(d) => assert_eq!(d.confirmed, vec![(p, Claimed::Bound)]),
+            Err(e) => assert_eq!(e, Fail::ConfirmUnallocated(p)),
+        }
+        assert_eq!(t.state(p), PageState::Free);
+        assert_eq!(audit(&t).free, 32);
+    });
+}
+
+/// A page BOUND to KA: a confirm of KB (refused, putting the BOUND page back)
+/// races a release. The release always succeeds and sees KA (never KB: the
+/// refused confirm wrote no back-reference); the page ends FREE.
+#[test]
+fn b3_foreign_confirm_vs_release_bound_page() {
+    model("b3_foreign_confirm_vs_release_bound_page", 3, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let p = 7;
+        put(&t, p, BOUND, Some(KA));
+        let hx = spawn(&t, move |t| request(t, &[(KB, p)], &[]));
+        let hr = spawn(&t, move |t| request(t, &[], &[p]));
+        let (x, r) = (hx.join().unwrap(), hr.join().unwrap());
+        assert_eq!(r, Ok(Done { released: vec![(p, Claimed::Bound, Some(key(KA).to_key()))], ..Done::default() }));
+        assert!(matches!(x, Err(Fail::DoubleConfirm(q) | Fail::ConfirmUnallocated(q)) if q == p), "{x:?}");
+        assert_eq!(t.state(p), PageState::Free);
+        assert_eq!(audit(&t).free, 32);
+    });
+}
+
+/// Three requests on three different pages of one word (confirm, re-confirm,
+/// release): no one waits, but every claim and settle is a CAS or RMW on the
+/// same word; each request must move only its own lane.
+#[test]
+fn b4_three_requests_one_word_different_pages() {
+    model("b4_three_requests_one_word_different_pages", 2, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        put(&t, 1, RESERVED, None);
+        put(&t, 2, BOUND, Some(KB));
+        put(&t, 3, BOUND, Some(KC));
+        let h1 = spawn(&t, |t| request(t, &[(KA, 1)], &[]));
+        let h2 = spawn(&t, |t| request(t, &[(KB, 2)], &[]));
+        let h3 = spawn(&t, |t| request(t, &[], &[3]));
+        let (a, b, c) = (h1.join().unwrap(), h2.join().unwrap(), h3.join().unwrap());
+        assert_eq!(a.map(|d| d.confirmed), Ok(vec![(1, Claimed::Reserved)]));
+        assert_eq!(b.map(|d| d.confirmed), Ok(vec![(2, Claimed::Bound)]));
+        assert_eq!(c.map(|d| d.released), Ok(vec![(3, Claimed::Bound, Some(key(KC).to_key()))]));
+        assert_bound_to(&t, 1, KA);
+        assert_bound_to(&t, 2, KB);
+        assert_eq!(t.state(3), PageState::Free);
+        let counts = audit(&t);
+        assert_eq!((counts.free, counts.bound, t.free_count()), (30, 2, 30));
+    });
+}
+
+// ---------------------------------------------------------------------------
+// (c) multi-page claims in page order, and rollback.
+
+/// A two-page confirm (pages 3 and 35, in two words) racing a one-page
+/// confirm of page 35 for another key: exactly one wins; the loser's claims
+/// are all put back (page 3 RESERVED again when the two-page request loses).
+#[test]
+fn c1_two_page_confirm_vs_conflicting_single_confirm() {
+    model("c1_two_page_confirm_vs_conflicting_single_confirm", 3, || {
+        let t = Arc::new(PageTable::new(40).unwrap());
+        put(&t, 3, RESERVED, None);
+        put(&t, 35, RESERVED, None);
+        let ha = spawn(&t, |t| request(t, &[(KA, 3), (KB, 35)], &[]));
+        let hb = spawn(&t, |t| request(t, &[(KC, 35)], &[]));
+        let (a, b) = (ha.join().unwrap(), hb.join().unwrap());
+        match (&a, &b) {
+            (Ok(_), Err(Fail::DoubleConfirm(35))) => {
+                assert_bound_to(&t, 3, KA);
+                assert_bound_to(&t, 35, KB);
+            }
+            (Err(Fail::DoubleConfirm(35)), Ok(_)) => {
+                assert_eq!(t.state(3), PageState::Reserved, "the loser must restore page 3");
+                assert_bound_to(&t, 35, KC);
+            }
+            other => panic!("impossible outcome {other:?}"),
+        }
+        let c = audit(&t);
+        assert_eq!(c.free + c.reserved + c.bound, 40);
+        assert_eq!(t.free_count(), 38);
+    });
+}
+
+/// Two requests over the same two pages, both claiming in page order: A
+/// confirms 3 and 35; B releases 3 and confirms 35 for another key. Each can
+/// meet the other's BUSY page and wait; neither can deadlock; whichever comes
+/// second fails and puts back what it claimed (B restores a BOUND page 3).
+#[test]
+fn c2_crossing_requests_roll_back() {
+    model("c2_crossing_requests_roll_back", 2, || {
+        let t = Arc::new(PageTable::new(40).unwrap());
+        put(&t, 3, RESERVED, None);
+        put(&t, 35, RESERVED, None);
+        let ha = spawn(&t, |t| request(t, &[(KA, 3), (KB, 35)], &[]));
+        let hb = spawn(&t, |t| request(t, &[(KC, 35)], &[3]));
+        let (a, b) = (ha.join().unwrap(), hb.join().unwrap());
+        match (&a, &b) {
+            (Ok(_), Err(Fail::DoubleConfirm(35))) => {
+                assert_bound_to(&t, 3, KA);
+                assert_bound_to(&t, 35, KB);
+                assert_eq!(t.free_count(), 38);
+            }
+            (Err(Fail::ConfirmUnallocated(3)), Ok(d)) => {
+                assert_eq!(d.released, vec![(3, Claimed::Reserved, None)]);
+                assert_eq!(t.state(3), PageState::Free);
+                assert_bound_to(&t, 35, KC);
+                assert_eq!(t.free_count(), 39);
+            }
+            other => panic!("impossible outcome {other:?}"),
+        }
+        audit(&t);
+    });
+}
+
+/// A two-page confirm racing a release of its second page: if the release
+/// comes first the confirm fails on page 35 and restores page 3.
+#[test]
+fn c3_two_page_confirm_vs_release_of_second_page() {
+    model("c3_two_page_confirm_vs_release_of_second_page", 3, || {
+        let t = Arc::new(PageTable::new(40).unwrap());
+        put(&t, 3, RESERVED, None);
+        put(&t, 35, RESERVED, None);
+        let ha = spawn(&t, |t| request(t, &[(KA, 3), (KB, 35)], &[]));
+        let hb = spawn(&t, |t| request(t, &[], &[35]));
+        let (a, b) = (ha.join().unwrap(), hb.join().unwrap());
+        match (&a, &b) {
+            (Ok(_), Ok(d)) => {
+                assert_eq!(d.released, vec![(35, Claimed::Bound, Some(key(KB).to_key()))]);
+                assert_bound_to(&t, 3, KA);
+            }
+            (Err(Fail::ConfirmUnallocated(35)), Ok(d)) => {
+                assert_eq!(d.released, vec![(35, Claimed::Reserved, None)]);
+                assert_eq!(t.state(3), PageState::Reserved, "the loser must restore page 3");
+            }
+            other => panic!("impossible outcome {other:?}"),
+        }
+        assert_eq!(t.state(35), PageState::Free);
+        assert_eq!(audit(&t).free, 39);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// (d) reservation expiry.
+
+/// The sweeper expires two old reservations of a word while one is confirmed
+/// and the other released: each page is taken by exactly one of them, the
+/// sweeper's count says how many it took, and the counter ends exact.
+#[test]
+fn d1_expire_vs_confirm_and_release() {
+    model("d1_expire_vs_confirm_and_release", 2, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let pages = allocate(&t, 2, 0).unwrap();
+        let (p, q) = (pages[0], pages[1]);
+        let he = spawn(&t, |t| t.expire(5, 5));
+        let hc = spawn(&t, move |t| request(t, &[(KA, p)], &[]));
+        let hr = spawn(&t, move |t| request(t, &[], &[q]));
+        let (e, c, r) = (he.join().unwrap(), hc.join().unwrap(), hr.join().unwrap());
+        let mut expected = 0;
+        match c {
+            Ok(_) => assert_bound_to(&t, p, KA),
+            Err(f) => {
+                assert_eq!(f, Fail::ConfirmUnallocated(p));
+                assert_eq!(t.state(p), PageState::Free);
+                expected += 1;
+            }
+        }
+        match r {
+            Ok(d) => assert_eq!(d.released, vec![(q, Claimed::Reserved, None)]),
+            Err(f) => {
+                assert_eq!(f, Fail::ReleaseUnallocated(q));
+                expected += 1;
+            }
+        }
+        assert_eq!(e, expected, "the sweeper frees exactly the pages the others did not claim");
+        assert_eq!(t.state(q), PageState::Free);
+        let counts = audit(&t);
+        assert_eq!(t.free_count(), counts.free);
+    });
+}
+
+/// The sweeper runs at epoch 10 over a word holding an old reservation
+/// (epoch 0) while an allocator reserves a page of the same word at epoch 10.
+/// The fresh reservation is never expired: its stamp is stored before the CAS
+/// that publishes it, and the sweeper reads the stamp after acquiring the word.
+#[test]
+fn d2_expire_vs_fresh_reserve_same_word() {
+    model("d2_expire_vs_fresh_reserve_same_word", 3, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let old = allocate(&t, 1, 0).unwrap()[0];
+        let ha = spawn(&t, |t| allocate(t, 1, 10).expect("31 free"));
+        let he = spawn(&t, |t| t.expire(10, 5));
+        let (fresh, e) = (ha.join().unwrap()[0], he.join().unwrap());
+        assert_eq!(t.state(fresh), PageState::Reserved, "a fresh reservation was expired early (expire freed {e})");
+        match e {
+            0 => assert_eq!(t.state(old), PageState::Reserved),
+            1 => assert!(fresh == old || t.state(old) == PageState::Free),
+            n => panic!("expire freed {n} pages"),
+        }
+        let c = audit(&t);
+        assert_eq!(c.reserved, if e == 1 { 1 } else { 2 });
+    });
+}
+
+/// As d2, with the sweeper also racing a release of a third page of the word
+/// (the release's clear of the full hint and give-back against expiry's).
+#[test]
+fn d3_expire_vs_reserve_vs_release() {
+    model("d3_expire_vs_reserve_vs_release", 2, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let old = allocate(&t, 2, 0).unwrap();
+        let ha = spawn(&t, |t| allocate(t, 1, 10).expect("30 free"));
+        let he = spawn(&t, |t| t.expire(10, 5));
+        let victim = old[1];
+        let hr = spawn(&t, move |t| request(t, &[], &[victim]));
+        let (fresh, e, r) = (ha.join().unwrap()[0], he.join().unwrap(), hr.join().unwrap());
+        assert_eq!(t.state(fresh), PageState::Reserved, "a fresh reservation was expired early");
+        assert!(r.is_ok() || r == Err(Fail::ReleaseUnallocated(victim)), "{r:?}");
+        assert!(e <= 2);
+        let c = audit(&t);
+        assert_eq!(c.free, t.free_count());
+    });
+}
+
+/// The smallest form of what d3 and e3 find. One old reservation (page 0,
+/// epoch 0) is released by its client, and the next allocate (epoch 10) gets
+/// the same page back, while the sweeper runs at epoch 10. The fresh
+/// reservation must survive the sweep.
+#[test]
+fn d4_expire_vs_release_then_reallocate() {
+    model("d4_expire_vs_release_then_reallocate", 2, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let old = allocate(&t, 1, 0).unwrap()[0];
+        let he = spawn(&t, |t| t.expire(10, 5));
+        let hc = spawn(&t, move |t| {
+            let r = request(t, &[], &[old]);
+            (r, allocate(t, 1, 10).expect("the pool has pages")[0])
+        });
+        let (e, (r, fresh)) = (he.join().unwrap(), hc.join().unwrap());
+        assert_eq!(
+            t.state(fresh),
+            PageState::Reserved,
+            "page {fresh}, reserved at epoch 10, was expired at epoch 10 (release {r:?}, expire freed {e})"
+        );
+        audit(&t);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// (e) the full hint.
+
+/// An allocator takes the last FREE page of a word (and so marks it full)
+/// while a release frees another page of that word: afterwards the word has a
+/// FREE page and must not be hinted full (the audit checks it), and a new
+/// allocation finds that page.
+#[test]
+fn e1_fill_last_page_vs_release() {
+    model("e1_fill_last_page_vs_release", 3, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let pre = allocate(&t, 31, 0).unwrap();
+        let ha = spawn(&t, |t| allocate(t, 1, 1).expect("one page left"));
+        let victim = pre[5];
+        let hr = spawn(&t, move |t| request(t, &[], &[victim]));
+        let (got, r) = (ha.join().unwrap()[0], hr.join().unwrap());
+        assert!(r.is_ok(), "{r:?}");
+        let c = audit(&t);
+        assert_eq!((c.free, c.reserved, t.free_count()), (1, 31, 1));
+        let again = allocate(&t, 1, 2).expect("the freed page is in the counter")[0];
+        assert_ne!(again, got);
+        assert_eq!(audit(&t).free, 0);
+    });
+}
+
+/// As e1 with a second allocator: the two allocators ask one page each from
+/// a counter that holds one, plus the one the release gives back (if it gives
+/// it back before they ask). Whatever the counter grants, the search finds,
+/// no page is handed out twice, and the word's hint ends right.
+#[test]
+fn e2_fill_vs_release_vs_allocate() {
+    model("e2_fill_vs_release_vs_allocate", 2, || {
+        let t = Arc::new(PageTable::new(32).unwrap());
+        let pre = allocate(&t, 31, 0).unwrap();
+        let ha = spawn(&t, |t| allocate(t, 1, 1));
+        let victim = pre[9];
+        let hr = spawn(&t, move |t| request(t, &[], &[victim]));
+        let hb = spawn(&t, |t| allocate(t, 1, 1));
+        let (a, r, b) = (ha.join().unwrap(), hr.join().unwrap(), hb.join().unwrap());
+        assert!(r.is_ok(), "{r:?}");
+        let granted: Vec<u32> = a.iter().chain(&b).flatten().copied().collect();
+        assert!(!granted.is_empty(), "the counter held a page for whoever asked first");
+        assert!(granted.len() < 2 || granted[0] != granted[1], "page {} handed out twice", granted[0]);
+        for &p in &granted {
+            assert_eq!(t.state(p), PageState::Reserved);
+        }
+        let c = audit(&t);
+        assert_eq!(c.free, 2 - granted.len() as u64);
+        assert_eq!(t.free_count(), c.free);
+    });
+}
+
+/// The full-hint protocol on the partial last word of a two-word table (40
+/// pages: the second word has 8 real lanes): the allocator fills page 39 while
+/// a release frees page 36; the sweeper also frees an old reservation of word
+/// 0 and clears that word's hint.
+#[test]
+fn e3_partial_word_fill_vs_release_vs_expire() {
+    model("e3_partial_word_fill_vs_release_vs_expire", 2, || {
+        let t = Arc::new(PageTable::new(40).unwrap());
+        for p in 0..39 {
+            put(&t, p, RESERVED, None);
+        }
+        // Word 0 has no FREE page: the allocator's search will mark it full.
+        let ha = spawn(&t, |t| allocate(t, 1, 9).expect("one page left"));
+        let hr = spawn(&t, |t| request(t, &[], &[36]));
+        let he = spawn(&t, |t| t.expire(9, 5));
+        let (a, r, e) = (ha.join().unwrap()[0], hr.join().unwrap(), he.join().unwrap());
+        assert_eq!(t.state(a), PageState::Reserved, "fresh page {a} must survive the sweep");
+        assert!(r.is_ok() || r == Err(Fail::ReleaseUnallocated(36)), "{r:?}");
+        let c = audit(&t);
+        assert_eq!(c.free, t.free_count());
+        assert!(e <= 39);
+    });
+}

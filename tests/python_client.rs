@@ -1,0 +1,141 @@
+//! Runs the Python test suite in `tests/python` (a vLLM-style
+//! `requests`/urllib3 client against the real binary) as part of
+//! `cargo test`.
+//!
+//! The interpreter is `$HF3FS_META_PYTHON` (default `python3`); it needs the
+//! packages of `tests/python/requirements.txt`. `.ci/run` makes a venv with
+//! them and points `HF3FS_META_PYTHON` at it. A missing interpreter or
+//! package is a failure, never a skip: a green run must mean the client test
+//! ran.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// pytest must finish within this (the suite takes well under a minute).
+const DEADLINE: Duration = Duration::from_secs(600);
+
+const HOW_TO_FIX: &str = "run `.ci/run`, or create a venv with \
+     `python3 -m venv .venv && .venv/bin/pip install -r tests/python/requirements.txt` \
+     and set HF3FS_META_PYTHON=.venv/bin/python";
+
+fn python() -> String {
+    std::env::var("HF3FS_META_PYTHON")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "python3".to_string())
+}
+
+/// Waits for `child` with a bounded deadline, collecting stdout and stderr.
+fn wait_bounded(mut child: Child, what: &str) -> (std::process::ExitStatus, String) {
+    let mut out = child.stdout.take().expect("stdout piped");
+    let mut err = child.stderr.take().expect("stderr piped");
+    let out_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
+        s
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = Vec::new();
+        let _ = err.read_to_end(&mut s);
+        s
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() > DEADLINE => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let out = out_reader.join().unwrap_or_default();
+                panic!(
+                    "{what} did not finish within {DEADLINE:?}; output so far:\n{}",
+                    String::from_utf8_lossy(&out)
+                );
+            }
+            // Polling a child process: the pause only paces the poll.
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("waiting for {what}: {e}"),
+        }
+    };
+    let mut text = String::from_utf8_lossy(&out_reader.join().unwrap_or_default()).into_owned();
+    let err = err_reader.join().unwrap_or_default();
+    if !err.is_empty() {
+        text.push_str("\n--- stderr ---\n");
+        text.push_str(&String::from_utf8_lossy(&err));
+    }
+    (status, text)
+}
+
+/// The number in pytest's closing "N passed" line.
+fn passed_count(output: &str) -> u64 {
+    let Some(line) = output.lines().rev().find(|l| l.contains(" passed")) else {
+        return 0;
+    };
+    line.split(|c: char| c == ',' || c == ' ')
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find(|w| w[1] == "passed")
+        .and_then(|w| w[0].parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn vllm_python_client_suite() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let bin = env!("CARGO_BIN_EXE_hf3fs-meta");
+    let py = python();
+
+    // The interpreter and the packages, first, so that a missing one says
+    // what to do instead of burying it in a traceback.
+    let probe = Command::new(&py)
+        .args([
+            "-c",
+            "import requests, urllib3, pytest, prometheus_client; print(requests.__version__)",
+        ])
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .output();
+    match probe {
+        Err(e) => panic!("cannot run the Python interpreter `{py}` (HF3FS_META_PYTHON): {e}.\nTo fix: {HOW_TO_FIX}"),
+        Ok(o) if !o.status.success() => panic!(
+            "the Python packages for tests/python are missing from `{py}`:\n{}\nTo fix: {HOW_TO_FIX}",
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Ok(_) => {}
+    }
+
+    let child = Command::new(&py)
+        .args(["-m", "pytest", "-q", "tests/python"])
+        .current_dir(root)
+        .env("HF3FS_META_BIN", bin)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start `{py} -m pytest`: {e}.\nTo fix: {HOW_TO_FIX}"));
+    let (status, output) = wait_bounded(child, "pytest");
+
+    // pytest exits 5 when it collected no test: that is a failure too.
+    assert!(
+        status.success(),
+        "pytest failed ({status}; exit 5 means no test was collected):\n{output}"
+    );
+    let passed = passed_count(&output);
+    assert!(passed > 0, "pytest reported no passing test:\n{output}");
+    assert!(
+        !output.contains(" skipped"),
+        "pytest skipped tests; every test of tests/python must run:\n{output}"
+    );
+    println!("{output}");
+}
+
+#[test]
+fn passed_count_reads_pytest_summaries() {
+    assert_eq!(passed_count("..\n14 passed in 19.07s\n"), 14);
+    assert_eq!(passed_count("1 failed, 3 passed, 2 warnings in 1.0s"), 3);
+    assert_eq!(passed_count("no tests ran in 0.01s"), 0);
+}
