@@ -34,39 +34,46 @@ pub enum KeyRef<'a> {
     Text(&'a str),
 }
 
-/// Maps each ASCII byte to its hex value, or 0xFF for anything that is not a
-/// lowercase hex digit (uppercase is deliberately refused: it would not
-/// round-trip).
-const HEX: [u8; 256] = {
-    let mut t = [0xFFu8; 256];
-    let mut i = 0;
-    while i < 10 {
-        t[b'0' as usize + i] = i as u8;
-        i += 1;
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// Decodes 8 lowercase hex digits with SWAR arithmetic on one `u64` (no
+/// per-byte branches or table loads): returns the 4 bytes they encode, in
+/// order, or `None` if any byte is not `0-9a-f`. Uppercase is deliberately
+/// refused: it would not round-trip.
+#[inline]
+fn decode_hex8(chunk: [u8; 8]) -> Option<[u8; 4]> {
+    let x = u64::from_le_bytes(chunk);
+    if x & HIGH != 0 {
+        return None;
     }
-    let mut i = 0;
-    while i < 6 {
-        t[b'a' as usize + i] = 10 + i as u8;
-        i += 1;
+    // With every byte below 0x80, adding a per-byte constant never carries
+    // into the next byte, and the sum's high bit answers one comparison.
+    let at_least = |lo: u64| x + (0x80 - lo) * ONES; // high bit: byte >= lo
+    let above = |hi: u64| x + (0x7F - hi) * ONES; // high bit: byte > hi
+    let digit = at_least(0x30) & !above(0x39) & HIGH;
+    let lower = at_least(0x61) & !above(0x66) & HIGH;
+    if digit | lower != HIGH {
+        return None;
     }
-    t
-};
+    // Nibble values: the low 4 bits, plus 9 for the letters a-f.
+    let v = (x & (0x0F * ONES)) + (lower >> 7) * 9;
+    // Pack pairs of nibbles into bytes, then the 4 bytes together.
+    let t = ((v << 4) | (v >> 8)) & 0x00FF_00FF_00FF_00FF;
+    let u = (t | (t >> 8)) & 0x0000_FFFF_0000_FFFF;
+    Some(((u | (u >> 16)) as u32).to_le_bytes())
+}
 
 /// Decodes a 32-character lowercase hex string, or `None`.
 #[inline]
 fn decode_hex32(s: &[u8]) -> Option<u128> {
-    if s.len() != 32 {
-        return None;
+    let s: &[u8; 32] = s.try_into().ok()?;
+    let mut out = [0u8; 16];
+    for (i, chunk) in s.chunks_exact(8).enumerate() {
+        let chunk: [u8; 8] = chunk.try_into().ok()?;
+        out[4 * i..4 * i + 4].copy_from_slice(&decode_hex8(chunk)?);
     }
-    let mut v: u128 = 0;
-    let mut bad = 0u8;
-    for &b in s {
-        let d = HEX[b as usize];
-        // Accumulate the "invalid" bit instead of branching per byte.
-        bad |= d & 0x80;
-        v = (v << 4) | u128::from(d & 0x0F);
-    }
-    (bad == 0).then_some(v)
+    Some(u128::from_be_bytes(out))
 }
 
 impl<'a> KeyRef<'a> {
@@ -196,6 +203,27 @@ mod tests {
             let r = KeyRef::parse(s);
             assert_eq!(h.hash_one(r), h.hash_one(r.to_key()));
         }
+    }
+
+    #[test]
+    fn swar_decoding_matches_a_plain_decoder() {
+        // Every byte value in every position of an 8-digit group.
+        let plain = |s: &[u8]| -> Option<u128> {
+            let text = std::str::from_utf8(s).ok()?;
+            if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return None;
+            }
+            u128::from_str_radix(text, 16).ok()
+        };
+        let base = *b"0123456789abcdef0123456789abcdef";
+        for pos in 0..32 {
+            for b in 0..=255u8 {
+                let mut s = base;
+                s[pos] = b;
+                assert_eq!(decode_hex32(&s), plain(&s), "byte {b:#x} at {pos}");
+            }
+        }
+        assert_eq!(decode_hex32(b"ffffffffffffffffffffffffffffffff"), Some(u128::MAX));
     }
 
     #[test]

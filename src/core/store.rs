@@ -526,7 +526,10 @@ impl Store {
             return Err(InitError::InvalidParameters);
         }
         let gen = self.gen.load();
-        let slot = gen.ranks.get(rank as usize).ok_or(InitError::TooManyRanks { rank: rank.into(), max: self.cfg.max_ranks })?;
+        let slot = gen
+            .ranks
+            .get(rank as usize)
+            .ok_or(InitError::TooManyRanks { rank: rank.into(), max: self.cfg.max_ranks })?;
         let table = PageTable::new(num_pages).map_err(|e| InitError::OutOfMemory {
             rank: rank.into(),
             pages: num_pages,

@@ -125,7 +125,9 @@ fn write_fold(db: &Db, parts: &Parts, mut fold: Fold) -> Result<(), String> {
     for ((chunk, rank), changes) in fold.by_chunk() {
         let key = codec::chunk_key(chunk, rank);
         match parts.state.get(key).map_err(|e| format!("reading the state: {e}"))? {
-            Some(v) => codec::decode_chunk(&v, &mut current).map_err(|e| format!("chunk {chunk} of rank {rank}: {e}"))?,
+            Some(v) => {
+                codec::decode_chunk(&v, &mut current).map_err(|e| format!("chunk {chunk} of rank {rank}: {e}"))?
+            }
             None => current.clear(),
         }
         // Merge two offset-sorted lists; a change replaces what was there.
@@ -194,7 +196,10 @@ pub(crate) fn run(
             Ok(Ok(_)) => {}
             // The log keeps everything; the next pass tries again.
             Ok(Err(e)) => tracing::error!("durable checkpoint failed (the log keeps the changes): {e}"),
-            Err(p) => tracing::error!("durable checkpoint panicked (the log keeps the changes): {}", super::panic_message(&*p)),
+            Err(p) => tracing::error!(
+                "durable checkpoint panicked (the log keeps the changes): {}",
+                super::panic_message(&*p)
+            ),
         }
         if stopping {
             return;

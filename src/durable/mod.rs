@@ -174,7 +174,8 @@ impl Durable {
             nudge: nudge_tx,
         };
         let spawn_err = |e: std::io::Error| OpenError::Io(format!("cannot start a thread: {e}"));
-        let writer = std::thread::Builder::new().name("durable-writer".into()).spawn(move || writer.run()).map_err(spawn_err)?;
+        let writer =
+            std::thread::Builder::new().name("durable-writer".into()).spawn(move || writer.run()).map_err(spawn_err)?;
         let cp_db = db.clone();
         let checkpointer = std::thread::Builder::new()
             .name("durable-checkpoint".into())

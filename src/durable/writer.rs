@@ -154,8 +154,7 @@ impl Writer {
             FsyncMode::Always => PersistMode::SyncData,
             FsyncMode::Batch | FsyncMode::None => PersistMode::Buffer,
         };
-        self.log =
-            self.db.switch_generation(g, durability).map_err(|e| format!("clear to generation {g}: {e}"))?;
+        self.log = self.db.switch_generation(g, durability).map_err(|e| format!("clear to generation {g}: {e}"))?;
         self.generation = g;
         self.next_entry = 0;
         Ok(())

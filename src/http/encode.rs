@@ -20,6 +20,28 @@ fn needs_escape(b: u8) -> bool {
     b < 0x20 || b == b'"' || b == b'\\'
 }
 
+/// Whether any byte of `s` needs escaping, 8 bytes per step (SWAR): a byte
+/// below 0x20, `"` or `\\`. The common case, a 32-hex key, is 4 steps.
+fn any_needs_escape(s: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // High bit of each byte of the result: that byte of `v` is zero.
+    let zero_bytes = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        let v = u64::from_le_bytes(w);
+        // Bytes below 0x20: v - 0x20 per byte borrows into the high bit
+        // (only meaningful for bytes below 0x80, hence `& !v`).
+        let control = v.wrapping_sub(0x20 * ONES) & !v & HIGH;
+        if control | zero_bytes(v ^ (u64::from(b'"') * ONES)) | zero_bytes(v ^ (u64::from(b'\\') * ONES)) != 0 {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&b| needs_escape(b))
+}
+
 /// The letter of the two-character escape for `b` (`n` for `\n`, ...), or
 /// `None` when `b` has no short form and needs `\u00XX`.
 fn short_escape(b: u8) -> Option<u8> {
@@ -53,6 +75,11 @@ fn hex_digit(n: u8) -> u8 {
 pub fn json_str(out: &mut Vec<u8>, s: &str) {
     out.reserve(s.len() + 2);
     out.push(b'"');
+    if !any_needs_escape(s.as_bytes()) {
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+        return;
+    }
     let mut rest = s.as_bytes();
     loop {
         let Some(pos) = rest.iter().position(|&b| needs_escape(b)) else {
@@ -189,6 +216,24 @@ pub fn validation_error(out: &mut Vec<u8>, loc: &[&str], msg: &str, typ: &str, i
     out.extend_from_slice(br#","input":"#);
     json_str(out, input);
     out.extend_from_slice(b"}]}");
+}
+
+#[cfg(test)]
+mod swar_tests {
+    use super::*;
+
+    #[test]
+    fn swar_escape_check_matches_the_bytewise_one() {
+        for len in 0..20 {
+            for pos in 0..len {
+                for b in 0..=255u8 {
+                    let mut s = vec![b'a'; len];
+                    s[pos] = b;
+                    assert_eq!(any_needs_escape(&s), s.iter().any(|&c| needs_escape(c)), "{b:#x} at {pos}/{len}");
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
