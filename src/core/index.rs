@@ -75,7 +75,7 @@ pub enum Bind {
 }
 
 /// The hasher: foldhash, randomly seeded per process (keys come from clients).
-type Hasher = foldhash::fast::RandomState;
+type Hasher = foldhash::quality::RandomState;
 
 /// The concurrent key index.
 pub struct KeyIndex {
