@@ -1,0 +1,52 @@
+//! The cost of the request-path metrics: one `Metrics::request` call (a
+//! request counter, a latency bucket, a latency sum, a keys bucket and a keys
+//! sum, all relaxed increments on the calling thread's cache-padded shard), on
+//! one thread and on two threads at once (no shared cache line, so the
+//! per-call cost should not grow). Compare with the in-process cost of a whole
+//! request (`cargo bench --bench request`): tens of nanoseconds against
+//! microseconds.
+//!
+//! Run: `cargo bench --bench metrics`. Figures in perf/RESULTS.md.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use hf3fs_meta::metrics::{Endpoint, Metrics};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+fn metrics(c: &mut Criterion) {
+    let mut g = c.benchmark_group("metrics");
+    let m = Metrics::default();
+    g.bench_function("record one request, 1 thread", |b| {
+        b.iter(|| m.request(black_box(Endpoint::Exists), black_box(200), black_box(128), black_box(Duration::from_micros(37))))
+    });
+    g.bench_function("record one request, 2 threads at once", |b| {
+        b.iter_custom(|iters| {
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| {
+                        for _ in 0..iters {
+                            m.request(
+                                black_box(Endpoint::Exists),
+                                black_box(200),
+                                black_box(128),
+                                black_box(Duration::from_micros(37)),
+                            );
+                        }
+                    });
+                }
+            });
+            // Both threads did `iters` calls in this time: per-call cost as
+            // seen by each thread.
+            t.elapsed()
+        })
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(30).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+    targets = metrics
+}
+criterion_main!(benches);
