@@ -9,8 +9,8 @@
 //! (the HTTP layer, which dominates a real request, is left out).
 //!
 //! Run: `cargo bench --bench durable_confirm` (`-- <seconds> <tasks>` to
-//! change the 5 s per mode and the 32 tasks). Prints one table; the figures
-//! are recorded in perf/RESULTS.md.
+//! change the 5 s per mode and the 32 tasks; `ONLY=batch` runs one mode).
+//! Prints one table; the figures are recorded in perf/RESULTS.md.
 
 use hf3fs_meta::core::{Store, StoreConfig};
 use hf3fs_meta::durable::{Durable, FsyncMode};
@@ -126,6 +126,9 @@ fn main() {
         ("batch", Some(FsyncMode::Batch)),
         ("always", Some(FsyncMode::Always)),
     ] {
+        if std::env::var("ONLY").is_ok_and(|o| o != label) {
+            continue;
+        }
         let r = run(mode, secs, tasks);
         let rate = r.confirms as f64 / r.secs;
         if mode.is_none() {

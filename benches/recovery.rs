@@ -102,7 +102,12 @@ fn bench(c: &mut Criterion) {
                     let (s, d, r) = Durable::open_with(dir.path(), FsyncMode::None, cfg(), None).unwrap();
                     spent += t.elapsed();
                     assert_eq!(r.bindings, expect, "{r:?}");
-                    eprintln!("  recovered {} bindings ({} from the log) in {:.3} s", r.bindings, r.log_records, r.elapsed.as_secs_f64());
+                    eprintln!(
+                        "  recovered {} bindings ({} from the log) in {:.3} s",
+                        r.bindings,
+                        r.log_records,
+                        r.elapsed.as_secs_f64()
+                    );
                     // Nothing was written: closing without a checkpoint keeps
                     // the directory as it was for the next iteration.
                     d.close_without_checkpoint().unwrap();

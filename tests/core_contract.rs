@@ -8,8 +8,8 @@
 
 use hf3fs_meta::core::pages::Counts;
 use hf3fs_meta::core::{
-    AllocateOutcome, ConfirmError, ConfirmOutcome, ErrorCode, InitError, Initialized, RankNotInitialized, Stats, Store, StoreConfig,
-    TICKS_PER_TTL,
+    AllocateOutcome, ConfirmError, ConfirmOutcome, ErrorCode, InitError, Initialized, RankNotInitialized, Stats, Store,
+    StoreConfig, TICKS_PER_TTL,
 };
 
 // ---------------------------------------------------------------------------
@@ -356,7 +356,10 @@ fn allocate_distinct_keys_in_first_appearance_order() {
     // Each page was reserved for the key it was returned with.
     let confs: Vec<(&str, i64)> = [B, A, TEXT, C, EMPTY].into_iter().zip(pages).collect();
     assert_eq!(confirm_ok(&s, 0, &confs, &[]), outcome(5, 0, 0, 0));
-    assert_eq!(locations(&s, 0, &[B, A, TEXT, C, EMPTY]).unwrap(), confs.iter().map(|&(_, p)| Some(p as u32)).collect::<Vec<_>>());
+    assert_eq!(
+        locations(&s, 0, &[B, A, TEXT, C, EMPTY]).unwrap(),
+        confs.iter().map(|&(_, p)| Some(p as u32)).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -625,8 +628,8 @@ fn releases_apply_before_confirmations() {
     let s = store_with(None, &[8]);
     let p1 = save(&s, 0, &[A])[0];
     let p2 = alloc1(&s, 0, B); // any reserved page will do
-    // Release A's old page and confirm a new one for A in one request: the
-    // release goes first, so the confirmation binds (it is not the race rule).
+                               // Release A's old page and confirm a new one for A in one request: the
+                               // release goes first, so the confirmation binds (it is not the race rule).
     assert_eq!(confirm_ok(&s, 0, &[(A, p2)], &[p1]), outcome(1, 0, 0, 1));
     assert_eq!(loc1(&s, 0, A), Some(p2 as u32), "the new page, not the released old one");
     assert_eq!(free_res_bound(&s, 0), (7, 0, 1));
@@ -790,15 +793,7 @@ fn double_release() {
 fn confirm_and_release_same_page() {
     let f = Fixture::new();
     // Reserved q5 (already in the good part as a confirmation): also released.
-    rejected(
-        &f.s,
-        0,
-        &f.good_confs(),
-        &[f.q[5], f.q[1]],
-        ErrorCode::ConfirmAndRelease,
-        Some(f.q[5]),
-        Some(D),
-    );
+    rejected(&f.s, 0, &f.good_confs(), &[f.q[5], f.q[1]], ErrorCode::ConfirmAndRelease, Some(f.q[5]), Some(D));
     // Bound q3, reconfirmed by its key and released.
     f.reject(&[(B, f.q[3])], &[f.q[3]], ErrorCode::ConfirmAndRelease, f.q[3], Some(B));
 }
@@ -809,7 +804,8 @@ fn rejected_request_keeps_reservations_for_a_retry() {
     // still reserved and confirmable. The bad page sits first, in the middle
     // and last in the claim order (pages are claimed in page order).
     let s = store_with(None, &[40]);
-    let mut held: Vec<(String, i64)> = (0..40).map(|i| format!("{i:032x}")).collect::<Vec<_>>().into_iter().zip(0..).collect();
+    let mut held: Vec<(String, i64)> =
+        (0..40).map(|i| format!("{i:032x}")).collect::<Vec<_>>().into_iter().zip(0..).collect();
     let keys: Vec<&str> = held.iter().map(|(k, _)| k.as_str()).collect();
     let pages = alloc(&s, 0, &keys);
     for (h, p) in held.iter_mut().zip(pages) {

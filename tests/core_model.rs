@@ -22,8 +22,8 @@ use hf3fs_meta::core::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 thread_local! {
@@ -74,26 +74,54 @@ enum Pick {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Init { rank: i64, pages: i64 },
-    Alloc { rank: i64, keys: Vec<u8> },
+    Init {
+        rank: i64,
+        pages: i64,
+    },
+    Alloc {
+        rank: i64,
+        keys: Vec<u8>,
+    },
     /// Key index >= KEYS.len() means "the key the picked page was given for".
-    Confirm { rank: i64, confs: Vec<(u8, Pick)>, rels: Vec<Pick> },
+    Confirm {
+        rank: i64,
+        confs: Vec<(u8, Pick)>,
+        rels: Vec<Pick>,
+    },
     /// The connector after a successful write: confirm every page of the
     /// rank's last allocation.
-    SaveLast { rank: i64 },
+    SaveLast {
+        rank: i64,
+    },
     /// The connector after a failed write: release every page it was given.
-    ReleaseLast { rank: i64 },
+    ReleaseLast {
+        rank: i64,
+    },
     /// The connector's save on every worker: allocate the keys on each rank,
     /// then confirm what each rank handed out.
-    SaveEverywhere { keys: Vec<u8> },
+    SaveEverywhere {
+        keys: Vec<u8>,
+    },
     /// Two saves of one block race on a rank: two allocates, then both
     /// confirms (in one request or two, in either order).
-    Race { rank: i64, key: u8, one_request: bool, second_first: bool },
-    Exists { keys: Vec<u8> },
-    Locations { rank: i64, keys: Vec<u8> },
+    Race {
+        rank: i64,
+        key: u8,
+        one_request: bool,
+        second_first: bool,
+    },
+    Exists {
+        keys: Vec<u8>,
+    },
+    Locations {
+        rank: i64,
+        keys: Vec<u8>,
+    },
     Tick(u8),
     /// Clear, and (usually) let the workers initialize again.
-    Clear { reinit: bool },
+    Clear {
+        reinit: bool,
+    },
 }
 
 fn rank_s() -> impl Strategy<Value = i64> {
@@ -266,7 +294,9 @@ impl Model {
             refused: if grant { 0 } else { need as u64 },
         };
         prop_assert_eq!(outcome, want);
-        for (n, what) in [(want.reserved, "alloc reserved"), (want.reused, "alloc reused"), (want.refused, "alloc refused")] {
+        for (n, what) in
+            [(want.reserved, "alloc reserved"), (want.reused, "alloc reused"), (want.refused, "alloc refused")]
+        {
             if n > 0 {
                 note(what);
             }
@@ -623,7 +653,12 @@ fn check_confirm(
         (Ok(want), Ok(got)) => {
             prop_assert_eq!(got, want);
             note("confirm ok");
-            for (n, what) in [(got.bound, "bound"), (got.reconfirmed, "reconfirmed"), (got.superseded, "superseded"), (got.released, "released")] {
+            for (n, what) in [
+                (got.bound, "bound"),
+                (got.reconfirmed, "reconfirmed"),
+                (got.superseded, "superseded"),
+                (got.released, "released"),
+            ] {
                 if n > 0 {
                     note(format!("confirm {what}"));
                 }
@@ -668,7 +703,11 @@ fn step(store: &Store, m: &mut Model, op: &Op, sizes: &[i64]) -> Result<(), Test
                 .iter()
                 .map(|&(k, p)| {
                     let (given_key, page) = m.pick(*rank, p);
-                    let k = if (k as usize) < KEYS.len() { k as usize } else { given_key.unwrap_or(k as usize % KEYS.len()) };
+                    let k = if (k as usize) < KEYS.len() {
+                        k as usize
+                    } else {
+                        given_key.unwrap_or(k as usize % KEYS.len())
+                    };
                     (k, page)
                 })
                 .collect();

@@ -10,8 +10,7 @@
 //! the worst moment) and checks the journal still folds to the store's state.
 
 use hf3fs_meta::core::{
-    AllocateOutcome, Change, ConfirmOutcome, ErrorCode, Journal, RankNotInitialized, Store, StoreConfig,
-    TICKS_PER_TTL,
+    AllocateOutcome, Change, ConfirmOutcome, ErrorCode, Journal, RankNotInitialized, Store, StoreConfig, TICKS_PER_TTL,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -510,11 +509,7 @@ fn connector_cycle_with_a_ticking_sweeper() {
         }
     });
     s.audit().unwrap_or_else(|e| panic!("audit: {e}"));
-    eprintln!(
-        "{} ticks, {} failed requests",
-        ticks.load(Ordering::Relaxed),
-        failures.load(Ordering::Relaxed)
-    );
+    eprintln!("{} ticks, {} failed requests", ticks.load(Ordering::Relaxed), failures.load(Ordering::Relaxed));
     // Release every binding (allocate names a bound key's page; for an unbound
     // key it reserves one, released as well), then let reservations expire.
     let all: Vec<&str> = keys.iter().map(String::as_str).collect();

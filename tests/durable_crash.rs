@@ -376,18 +376,24 @@ fn verify(s: &Server, model: &Model) -> Vec<HashSet<i64>> {
     let ranks = stats["ranks"].as_array().expect("ranks");
     assert_eq!(ranks.len(), RANKS as usize, "{stats}");
     for r in ranks {
-        let (free, reserved, bound_n, n) = (r["free"].as_i64(), r["reserved"].as_i64(), r["bound"].as_i64(), r["num_pages"].as_i64());
+        let (free, reserved, bound_n, n) =
+            (r["free"].as_i64(), r["reserved"].as_i64(), r["bound"].as_i64(), r["num_pages"].as_i64());
         assert_eq!(n, Some(PAGES));
         assert_eq!(free.unwrap() + reserved.unwrap() + bound_n.unwrap(), PAGES, "{r}");
         assert!(bound_n.unwrap() >= bound[r["rank"].as_u64().unwrap() as usize].len() as i64, "{r}");
     }
-    eprintln!("verified {checked} acknowledged bindings, {} complete keys, {} releases", complete.len(), released.len());
+    eprintln!(
+        "verified {checked} acknowledged bindings, {} complete keys, {} releases",
+        complete.len(),
+        released.len()
+    );
     bound
 }
 
 #[test]
 fn acknowledged_confirms_survive_sigkill() {
-    let seed = std::env::var("DURABLE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
+    let seed =
+        std::env::var("DURABLE_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random::<u64>);
     eprintln!("DURABLE_CRASH_SEED={seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let started = Instant::now();
@@ -486,7 +492,12 @@ fn acknowledged_confirms_survive_sigkill() {
     }
     s.stop();
     assert!(recovered_lines.len() as u64 == ROUNDS + 1, "one recovery line per start: {recovered_lines:?}");
-    eprintln!("{} rounds in {:.1} s; last recovery: {}", ROUNDS, started.elapsed().as_secs_f64(), recovered_lines.last().unwrap());
+    eprintln!(
+        "{} rounds in {:.1} s; last recovery: {}",
+        ROUNDS,
+        started.elapsed().as_secs_f64(),
+        recovered_lines.last().unwrap()
+    );
     assert!(started.elapsed() < Duration::from_secs(60), "the crash test must stay under a minute");
 }
 

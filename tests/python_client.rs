@@ -21,10 +21,7 @@ const HOW_TO_FIX: &str = "run `.ci/run`, or create a venv with \
      and set HF3FS_META_PYTHON=.venv/bin/python";
 
 fn python() -> String {
-    std::env::var("HF3FS_META_PYTHON")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "python3".to_string())
+    std::env::var("HF3FS_META_PYTHON").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "python3".to_string())
 }
 
 /// Waits for `child` with a bounded deadline, collecting stdout and stderr.
@@ -49,10 +46,7 @@ fn wait_bounded(mut child: Child, what: &str) -> (std::process::ExitStatus, Stri
                 let _ = child.kill();
                 let _ = child.wait();
                 let out = out_reader.join().unwrap_or_default();
-                panic!(
-                    "{what} did not finish within {DEADLINE:?}; output so far:\n{}",
-                    String::from_utf8_lossy(&out)
-                );
+                panic!("{what} did not finish within {DEADLINE:?}; output so far:\n{}", String::from_utf8_lossy(&out));
             }
             // Polling a child process: the pause only paces the poll.
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
@@ -90,10 +84,7 @@ fn vllm_python_client_suite() {
     // The interpreter and the packages, first, so that a missing one says
     // what to do instead of burying it in a traceback.
     let probe = Command::new(&py)
-        .args([
-            "-c",
-            "import requests, urllib3, pytest, prometheus_client; print(requests.__version__)",
-        ])
+        .args(["-c", "import requests, urllib3, pytest, prometheus_client; print(requests.__version__)"])
         .current_dir(root)
         .stdin(Stdio::null())
         .output();
@@ -120,16 +111,10 @@ fn vllm_python_client_suite() {
     let (status, output) = wait_bounded(child, "pytest");
 
     // pytest exits 5 when it collected no test: that is a failure too.
-    assert!(
-        status.success(),
-        "pytest failed ({status}; exit 5 means no test was collected):\n{output}"
-    );
+    assert!(status.success(), "pytest failed ({status}; exit 5 means no test was collected):\n{output}");
     let passed = passed_count(&output);
     assert!(passed > 0, "pytest reported no passing test:\n{output}");
-    assert!(
-        !output.contains(" skipped"),
-        "pytest skipped tests; every test of tests/python must run:\n{output}"
-    );
+    assert!(!output.contains(" skipped"), "pytest skipped tests; every test of tests/python must run:\n{output}");
     println!("{output}");
 }
 

@@ -39,6 +39,30 @@ struct RawConn {
     rbuf: Vec<u8>,
     start: usize,
     end: usize,
+    /// Whether any byte of the response being read has arrived (set by
+    /// `fill`, cleared before each request): tells a connection closed before
+    /// answering from one cut off in the middle of an answer.
+    got: bool,
+}
+
+/// A failed request of [`Conn::post_detailed`] / [`Conn::get`].
+#[derive(Debug)]
+pub struct CallError {
+    /// What went wrong.
+    pub error: io::Error,
+    /// Whether part of a response had arrived when it failed (a truncated
+    /// answer, as opposed to a connection refused or closed before answering).
+    pub partial: bool,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.partial {
+            write!(f, "{} (after part of a response)", self.error)
+        } else {
+            write!(f, "{}", self.error)
+        }
+    }
 }
 
 fn bad(msg: &str) -> io::Error {
@@ -70,6 +94,7 @@ impl RawConn {
         }
         let n = self.stream.read(&mut self.rbuf[self.end..]).await?;
         self.end += n;
+        self.got |= n > 0;
         Ok(n)
     }
 
@@ -175,11 +200,7 @@ impl RawConn {
                 BodyKind::Chunked => loop {
                     let le = self.line_end().await?;
                     let line = &self.rbuf[self.start..self.start + le - 2];
-                    let hex = line
-                        .split(|&c| c == b';')
-                        .next()
-                        .unwrap_or(b"")
-                        .trim_ascii();
+                    let hex = line.split(|&c| c == b';').next().unwrap_or(b"").trim_ascii();
                     let size = std::str::from_utf8(hex)
                         .ok()
                         .and_then(|s| usize::from_str_radix(s, 16).ok())
@@ -246,26 +267,43 @@ impl Conn {
     }
 
     async fn post_raw(&mut self, path: &str, body: &Bytes) -> io::Result<(u16, &[u8])> {
+        self.send_raw("POST", path, Some(body)).await.map_err(|e| e.error)
+    }
+
+    /// Like [`post`](Self::post), but a failure says whether part of a
+    /// response had arrived. Always uses the raw client.
+    pub async fn post_detailed(&mut self, path: &str, body: &Bytes) -> Result<(u16, &[u8]), CallError> {
+        self.send_raw("POST", path, Some(body)).await
+    }
+
+    /// GET `path` (no body) over the raw client, whatever the mode.
+    pub async fn get(&mut self, path: &str) -> Result<(u16, &[u8]), CallError> {
+        self.send_raw("GET", path, None).await
+    }
+
+    /// One request over the raw client; `body: None` sends no body headers.
+    async fn send_raw(&mut self, method: &str, path: &str, body: Option<&Bytes>) -> Result<(u16, &[u8]), CallError> {
         if self.raw.is_none() {
-            let stream = self.dial().await?;
-            self.raw = Some(RawConn {
-                stream,
-                rbuf: vec![0; 16 << 10],
-                start: 0,
-                end: 0,
-            });
+            let stream = self.dial().await.map_err(|error| CallError { error, partial: false })?;
+            self.raw = Some(RawConn { stream, rbuf: vec![0; 16 << 10], start: 0, end: 0, got: false });
         }
         let w = &mut self.wbuf;
         w.clear();
-        w.extend_from_slice(b"POST ");
+        w.extend_from_slice(method.as_bytes());
+        w.push(b' ');
         w.extend_from_slice(path.as_bytes());
         w.extend_from_slice(b" HTTP/1.1\r\nhost: ");
         w.extend_from_slice(self.host.as_bytes());
-        w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
-        w.extend_from_slice(body.len().to_string().as_bytes());
-        w.extend_from_slice(b"\r\n\r\n");
-        w.extend_from_slice(body);
+        if let Some(body) = body {
+            w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
+            w.extend_from_slice(body.len().to_string().as_bytes());
+            w.extend_from_slice(b"\r\n\r\n");
+            w.extend_from_slice(body);
+        } else {
+            w.extend_from_slice(b"\r\n\r\n");
+        }
         let raw = self.raw.as_mut().expect("dialled above");
+        raw.got = raw.end > raw.start;
         let res = match raw.stream.write_all(&self.wbuf).await {
             Ok(()) => raw.read_response(&mut self.body).await,
             Err(e) => Err(e),
@@ -277,9 +315,10 @@ impl Conn {
                 }
                 Ok((status, &self.body))
             }
-            Err(e) => {
+            Err(error) => {
+                let partial = raw.got;
                 self.raw = None;
-                Err(e)
+                Err(CallError { error, partial })
             }
         }
     }
@@ -287,9 +326,8 @@ impl Conn {
     async fn post_hyper(&mut self, path: &str, body: &Bytes) -> io::Result<(u16, &[u8])> {
         if self.hyper.as_ref().map_or(true, |s| s.is_closed()) {
             let stream = self.dial().await?;
-            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(io::Error::other)?;
+            let (sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(io::Error::other)?;
             tokio::spawn(async move {
                 let _ = conn.await;
             });
@@ -306,12 +344,7 @@ impl Conn {
             sender.ready().await.map_err(io::Error::other)?;
             let resp = sender.send_request(req).await.map_err(io::Error::other)?;
             let status = resp.status().as_u16();
-            let b = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(io::Error::other)?
-                .to_bytes();
+            let b = resp.into_body().collect().await.map_err(io::Error::other)?.to_bytes();
             Ok::<_, io::Error>((status, b))
         }
         .await;

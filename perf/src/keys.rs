@@ -47,9 +47,7 @@ mod tests {
         let a = stored_key(0);
         let b = stored_key(1);
         assert_ne!(a, b);
-        assert!(a
-            .iter()
-            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(a.iter().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         // First word of key 0: 48271 = 0xbc8f.
         assert_eq!(&a[..8], b"0000bc8f");
         // Cross-checked against perf/wrk/common.lua and an independent script.

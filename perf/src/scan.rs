@@ -79,10 +79,7 @@ impl<'a> Scanner<'a> {
     fn field(b: &'a [u8], name: &str) -> Option<Self> {
         let pat = format!("\"{name}\"");
         let pos = b.windows(pat.len()).position(|w| w == pat.as_bytes())?;
-        let mut s = Scanner {
-            b,
-            i: pos + pat.len(),
-        };
+        let mut s = Scanner { b, i: pos + pat.len() };
         if s.eat(b':') {
             Some(s)
         } else {

@@ -15,8 +15,8 @@
 //! `bound` counts restored bindings across the workers (`Relaxed`): it is
 //! read once, after `thread::scope` has joined them, and the join orders it.
 
-use super::checkpoint::Fold;
-use super::codec::{self, Binding, CHUNK_PREFIX, CHUNK_SHIFT, RANK_PREFIX};
+use super::checkpoint::{key_page, sort_key, split_key, Fold};
+use super::codec::{self, Binding, CHUNK_PAGES, CHUNK_PREFIX, CHUNK_SHIFT, RANK_PREFIX};
 use super::store::Db;
 use super::OpenError;
 use crate::core::Store;
@@ -61,8 +61,10 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
         log_records: tail.records,
         ..Restored::default()
     };
-    let touched: HashSet<(u32, u32)> = tail.pages.keys().map(|&(rank, page)| (page >> CHUNK_SHIFT, rank)).collect();
-    let overlay = &tail.pages;
+    let mut tail = tail;
+    let overlay = tail.net();
+    let touched: HashSet<u64> = overlay.iter().map(|e| e.0 >> 8).collect();
+    let overlay = &overlay;
 
     let bound = AtomicU64::new(0);
     let first_error: Mutex<Option<(String, u64)>> = Mutex::new(None);
@@ -89,25 +91,39 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
             let rx = rx.clone();
             let (touched, restore_one, fail) = (&touched, &restore_one, &fail);
             s.spawn(move || {
-                let mut entries = Vec::new();
-                let mut all: Vec<(u16, u32, Binding)> = Vec::new();
+                // One decoded chunk per rank of the group, reused across groups.
+                let mut decoded: Vec<(u32, Vec<(u16, Binding)>)> = Vec::new();
+                let mut cursor: Vec<usize> = Vec::new();
                 for (chunk, ranks) in rx {
-                    all.clear();
-                    for (rank, v) in ranks {
-                        if let Err(e) = codec::decode_chunk(&v, &mut entries) {
+                    let n = ranks.len();
+                    decoded.resize_with(decoded.len().max(n), Default::default);
+                    for (slot, (rank, v)) in decoded.iter_mut().zip(ranks) {
+                        slot.0 = rank;
+                        if let Err(e) = codec::decode_chunk(&v, &mut slot.1) {
                             fail(format!("chunk {chunk} of rank {rank}: {e}"));
-                            continue;
+                            slot.1.clear();
                         }
-                        all.extend(entries.drain(..).map(|(off, b)| (off, rank, b)));
                     }
-                    // Page-major: each key's bindings on every rank together.
-                    all.sort_unstable_by_key(|e| (e.0, e.1));
-                    for (off, rank, b) in &all {
-                        let page = (chunk << CHUNK_SHIFT) | u32::from(*off);
-                        if touched.contains(&(chunk, *rank)) && overlay.contains_key(&(*rank, page)) {
-                            continue; // the log tail decides this page
+                    let check_overlay =
+                        decoded[..n].iter().any(|(r, _)| touched.contains(&(sort_key(*r, chunk << CHUNK_SHIFT) >> 8)));
+                    // Page-major: page p of every rank together, which keeps
+                    // each key's index entry hot while it gets its bindings.
+                    // Each rank's entries are sorted by offset: a merge.
+                    cursor.clear();
+                    cursor.resize(n, 0);
+                    for off in 0..CHUNK_PAGES as u16 {
+                        for (i, (rank, entries)) in decoded[..n].iter().enumerate() {
+                            let Some((o, b)) = entries.get(cursor[i]) else { continue };
+                            if *o != off {
+                                continue;
+                            }
+                            cursor[i] += 1;
+                            let page = (chunk << CHUNK_SHIFT) | u32::from(off);
+                            if check_overlay && overlay.binary_search_by_key(&sort_key(*rank, page), |e| e.0).is_ok() {
+                                continue; // the log tail decides this page
+                            }
+                            restore_one(*rank, page, b);
                         }
-                        restore_one(*rank, page, b);
                     }
                 }
             });
@@ -137,11 +153,10 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
     read_result?;
 
     // The log tail's bindings, page-major too.
-    let mut added: Vec<(u32, u32, &Binding)> =
-        overlay.iter().filter_map(|(&(rank, page), b)| b.as_ref().map(|b| (page, rank, b))).collect();
-    added.sort_unstable_by_key(|e| (e.0, e.1));
-    for (page, rank, b) in added {
-        restore_one(rank, page, b);
+    for (k, b) in overlay {
+        if let Some(b) = b {
+            restore_one(split_key(*k).1, key_page(*k), b);
+        }
     }
 
     if let Some((msg, n)) = first_error.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {

@@ -82,15 +82,11 @@ impl Writer {
         let mut batch = Batch::default();
         // With `--fsync batch`: when written data must be synced by.
         let mut sync_due: Option<Instant> = None;
-        let dbg = std::env::var_os("DBG_W").is_some();
-        let (mut t_wait, mut t_take, mut t_write, mut t_pub, mut n_b) = (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO, 0u64);
         loop {
-            let t0 = Instant::now();
             let first = match sync_due {
                 Some(due) => self.rx.recv_timeout(due.saturating_duration_since(Instant::now())),
                 None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
             };
-            let t1 = Instant::now();
             let mut stop = false;
             match first {
                 Ok(Msg::Change { seq, op }) => self.take(seq, op, &mut batch)?,
@@ -104,29 +100,22 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let t2 = Instant::now();
             let wrote = self.write(&mut batch)?;
-            let t3 = Instant::now();
-            match self.mode {
-                FsyncMode::Always => {}
-                FsyncMode::Batch => {
-                    if wrote && sync_due.is_none() {
-                        sync_due = Some(Instant::now() + BATCH_SYNC_INTERVAL);
-                    }
-                    if sync_due.is_some_and(|d| stop || Instant::now() >= d) {
-                        self.db.keyspace.persist(PersistMode::SyncData).map_err(|e| format!("fsync: {e}"))?;
-                        sync_due = None;
-                    }
-                }
-                FsyncMode::None => {}
-            }
+            // Under `always` the write synced; otherwise written is what we
+            // promise. Either way the batch is acknowledged now, before any
+            // periodic fsync below delays the writer.
             if !batch.seqs.is_empty() {
                 self.progress.publish(watermark.advance(&mut batch.seqs));
                 batch.seqs.clear();
             }
-            if dbg {
-                t_wait += t1 - t0; t_take += t2 - t1; t_write += t3 - t2; t_pub += t3.elapsed(); n_b += 1;
-                if stop { eprintln!("writer: {n_b} batches, wait {t_wait:?} take {t_take:?} write {t_write:?} sync+publish {t_pub:?}"); }
+            if self.mode == FsyncMode::Batch {
+                if wrote && sync_due.is_none() {
+                    sync_due = Some(Instant::now() + BATCH_SYNC_INTERVAL);
+                }
+                if sync_due.is_some_and(|d| !stop && Instant::now() >= d) {
+                    self.db.keyspace.persist(PersistMode::SyncData).map_err(|e| format!("fsync: {e}"))?;
+                    sync_due = None;
+                }
             }
             if stop {
                 self.db.keyspace.persist(PersistMode::SyncAll).map_err(|e| format!("final fsync: {e}"))?;

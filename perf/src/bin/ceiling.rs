@@ -38,35 +38,21 @@ async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infalli
     let (status, body): (_, &'static [u8]) = if post {
         (StatusCode::OK, br#"{"ok":true}"#)
     } else {
-        (
-            StatusCode::METHOD_NOT_ALLOWED,
-            br#"{"detail":"Method Not Allowed"}"#,
-        )
+        (StatusCode::METHOD_NOT_ALLOWED, br#"{"detail":"Method Not Allowed"}"#)
     };
     let mut resp = Response::new(Full::new(Bytes::from_static(body)));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
+    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
     Ok(resp)
 }
 
 fn main() -> std::io::Result<()> {
     let args = Args::parse();
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.max(1))
-        .enable_all()
-        .build()?;
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(threads.max(1)).enable_all().build()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(args.addr).await?;
-        eprintln!(
-            "ceiling listening on {} ({threads} threads)",
-            listener.local_addr()?
-        );
+        eprintln!("ceiling listening on {} ({threads} threads)", listener.local_addr()?);
         if args.exit_after > 0 {
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_secs(args.exit_after)).await;

@@ -135,9 +135,7 @@ struct Shared {
 
 impl Shared {
     fn take(&self, n: u64) -> bool {
-        self.budget
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(n))
-            .is_ok()
+        self.budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(n)).is_ok()
     }
 }
 
@@ -347,29 +345,17 @@ impl Worker {
     /// in the answer, validation off) pages are fabricated as 0..n so the
     /// follow-up requests keep the same shape. Returns false when the
     /// iteration cannot continue.
-    async fn allocate(
-        &mut self,
-        sh: &Shared,
-        st: &mut Stats,
-        rank: u32,
-        slot: usize,
-        rec: Rec,
-    ) -> bool {
+    async fn allocate(&mut self, sh: &Shared, st: &mut Stats, rank: u32, slot: usize, rec: Rec) -> bool {
         let body = alloc_body(rank, &self.keys);
-        let Some((_, resp)) =
-            call(&mut self.conn, sh, st, "/keys/batch_allocate", &body, rec).await
-        else {
+        let Some((_, resp)) = call(&mut self.conn, sh, st, "/keys/batch_allocate", &body, rec).await else {
             return false;
         };
         let pages = &mut self.pages[slot];
         pages.clear();
         let mut parsed = Vec::new();
         let problem = if scan::alloc_results(resp, &mut parsed).is_some() {
-            let keys_ok = parsed.len() == self.keys.len()
-                && parsed
-                    .iter()
-                    .zip(&self.keys)
-                    .all(|((k, _), want)| *k == &want[..]);
+            let keys_ok =
+                parsed.len() == self.keys.len() && parsed.iter().zip(&self.keys).all(|((k, _), want)| *k == &want[..]);
             pages.extend(parsed.iter().map(|&(_, p)| p));
             (!keys_ok).then(|| {
                 format!(
@@ -379,10 +365,7 @@ impl Worker {
                 )
             })
         } else if sh.validate {
-            Some(format!(
-                "unparseable allocate answer: {}",
-                String::from_utf8_lossy(&resp[..resp.len().min(200)])
-            ))
+            Some(format!("unparseable allocate answer: {}", String::from_utf8_lossy(&resp[..resp.len().min(200)])))
         } else {
             pages.extend(0..self.keys.len() as i64);
             None
@@ -405,38 +388,20 @@ impl Worker {
     /// Releases every non-negative page of self.pages[slot] on `rank` (untimed).
     async fn release(&mut self, sh: &Shared, st: &mut Stats, rank: u32, slot: usize) {
         self.release.clear();
-        self.release
-            .extend(self.pages[slot].iter().copied().filter(|&p| p >= 0));
+        self.release.extend(self.pages[slot].iter().copied().filter(|&p| p >= 0));
         if self.release.is_empty() {
             return;
         }
         let body = confirm_body(rank, &[], &[], false, &self.release);
-        call(
-            &mut self.conn,
-            sh,
-            st,
-            "/keys/confirm_write",
-            &body,
-            Rec::Aux,
-        )
-        .await;
+        call(&mut self.conn, sh, st, "/keys/confirm_write", &body, Rec::Aux).await;
     }
 
-    async fn confirm(
-        &mut self,
-        sh: &Shared,
-        st: &mut Stats,
-        rank: u32,
-        slot: usize,
-        rec: Rec,
-    ) -> bool {
+    async fn confirm(&mut self, sh: &Shared, st: &mut Stats, rank: u32, slot: usize, rec: Rec) -> bool {
         let body = confirm_body(rank, &self.keys, &self.pages[slot], true, &[]);
         match call(&mut self.conn, sh, st, "/keys/confirm_write", &body, rec).await {
             Some((status, _)) => {
                 if sh.validate && status != 204 {
-                    st.violation(1, || {
-                        format!("confirm_write answered {status}, expected 204")
-                    });
+                    st.violation(1, || format!("confirm_write answered {status}, expected 204"));
                 }
                 true
             }
@@ -450,25 +415,17 @@ impl Worker {
             Scenario::Exists | Scenario::Locations | Scenario::Fixed => {
                 let (path, body) = match a.scenario {
                     Scenario::Exists => ("/keys/batch_exists", &sh.pool[self.next % sh.pool.len()]),
-                    Scenario::Locations => {
-                        ("/keys/get_locations", &sh.pool[self.next % sh.pool.len()])
-                    }
+                    Scenario::Locations => ("/keys/get_locations", &sh.pool[self.next % sh.pool.len()]),
                     _ => (a.path.as_str(), &sh.fixed),
                 };
                 self.next = self.next.wrapping_add(1);
-                let Some((_, resp)) = call(&mut self.conn, sh, st, path, body, Rec::Timed).await
-                else {
+                let Some((_, resp)) = call(&mut self.conn, sh, st, path, body, Rec::Timed).await else {
                     return;
                 };
                 if sh.validate && a.hit_ratio >= 1.0 && a.stored > 0 && a.scenario != Scenario::Fixed {
-                    let bad: &[u8] = if a.scenario == Scenario::Exists {
-                        b"false"
-                    } else {
-                        b"null"
-                    };
+                    let bad: &[u8] = if a.scenario == Scenario::Exists { b"false" } else { b"null" };
                     if resp.windows(bad.len()).any(|w| w == bad) {
-                        let snippet =
-                            String::from_utf8_lossy(&resp[..resp.len().min(200)]).into_owned();
+                        let snippet = String::from_utf8_lossy(&resp[..resp.len().min(200)]).into_owned();
                         st.violation(1, || format!("{path}: a stored key was missing: {snippet}"));
                     }
                 }
@@ -518,25 +475,14 @@ impl Worker {
         if ok {
             // Scheduler lookup: every confirmed key must exist.
             let body = keys_body("\"keys\":", self.keys.iter());
-            if let Some((_, resp)) = call(
-                &mut self.conn,
-                sh,
-                st,
-                "/keys/batch_exists",
-                &body,
-                Rec::Timed,
-            )
-            .await
-            {
+            if let Some((_, resp)) = call(&mut self.conn, sh, st, "/keys/batch_exists", &body, Rec::Timed).await {
                 if sh.validate {
                     match scan::exists(resp, &mut self.bools) {
                         Some(()) if self.bools.len() == self.keys.len() => {
                             let missing = self.bools.iter().filter(|&&b| !b).count() as u64;
                             if missing > 0 {
                                 st.violation(missing, || {
-                                    format!(
-                                        "{missing} confirmed keys reported absent by batch_exists"
-                                    )
+                                    format!("{missing} confirmed keys reported absent by batch_exists")
                                 });
                             }
                         }
@@ -546,27 +492,16 @@ impl Worker {
             }
             // Load: every location on this connection's rank must equal the allocated page.
             let body = keys_body(&format!("\"rank\":{r0},\"keys\":"), self.keys.iter());
-            if let Some((_, resp)) = call(
-                &mut self.conn,
-                sh,
-                st,
-                "/keys/get_locations",
-                &body,
-                Rec::Timed,
-            )
-            .await
-            {
+            if let Some((_, resp)) = call(&mut self.conn, sh, st, "/keys/get_locations", &body, Rec::Timed).await {
                 if sh.validate {
                     match scan::locations(resp, &mut self.locs) {
                         Some(()) if self.locs.len() == self.keys.len() => {
-                            let bad = self
-                                .locs
-                                .iter()
-                                .zip(&self.pages[0])
-                                .filter(|(l, p)| **l != Some(**p))
-                                .count() as u64;
+                            let bad =
+                                self.locs.iter().zip(&self.pages[0]).filter(|(l, p)| **l != Some(**p)).count() as u64;
                             if bad > 0 {
-                                st.violation(bad, || format!("{bad} get_locations entries null or not the allocated page"));
+                                st.violation(bad, || {
+                                    format!("{bad} get_locations entries null or not the allocated page")
+                                });
                             }
                         }
                         _ => st.violation(1, || "malformed get_locations answer".into()),
@@ -620,10 +555,7 @@ async fn run_worker(sh: Arc<Shared>, id: usize) -> Stats {
 async fn setup(a: &Args) -> Result<bool, String> {
     let mut conn = Conn::new(a.addr, Mode::Raw);
     let empty = Bytes::new();
-    let (status, body) = conn
-        .post("/clear", &empty)
-        .await
-        .map_err(|e| format!("POST /clear: {e}"))?;
+    let (status, body) = conn.post("/clear", &empty).await.map_err(|e| format!("POST /clear: {e}"))?;
     if status != 204 {
         eprintln!(
             "loadgen: POST /clear answered {status} {:?} (expected 204): not a metadata server, setup skipped, responses not validated",
@@ -634,15 +566,9 @@ async fn setup(a: &Args) -> Result<bool, String> {
     for r in 0..a.ranks {
         let body = Bytes::from(format!("{{\"num_pages\":{},\"role\":\"worker\"}}", a.pages));
         let path = format!("/rank/{r}/initialize");
-        let (status, resp) = conn
-            .post(&path, &body)
-            .await
-            .map_err(|e| format!("POST {path}: {e}"))?;
+        let (status, resp) = conn.post(&path, &body).await.map_err(|e| format!("POST {path}: {e}"))?;
         if status != 200 {
-            return Err(format!(
-                "POST {path} answered {status}: {}",
-                String::from_utf8_lossy(resp)
-            ));
+            return Err(format!("POST {path} answered {status}: {}", String::from_utf8_lossy(resp)));
         }
     }
     let prepopulate = a.setup_only || matches!(a.scenario, Scenario::Exists | Scenario::Locations);
@@ -659,14 +585,8 @@ async fn setup(a: &Args) -> Result<bool, String> {
                     .post("/keys/batch_allocate", &body)
                     .await
                     .map_err(|e| format!("pre-populate allocate: {e}"))?;
-                if status != 200
-                    || scan::alloc_results(resp, &mut parsed).is_none()
-                    || parsed.len() != keys.len()
-                {
-                    return Err(format!(
-                        "pre-populate allocate answered {status}: {}",
-                        String::from_utf8_lossy(resp)
-                    ));
+                if status != 200 || scan::alloc_results(resp, &mut parsed).is_none() || parsed.len() != keys.len() {
+                    return Err(format!("pre-populate allocate answered {status}: {}", String::from_utf8_lossy(resp)));
                 }
                 let pages: Vec<i64> = parsed.iter().map(|&(_, p)| p).collect();
                 if pages.iter().any(|&p| p < 0) {
@@ -676,15 +596,10 @@ async fn setup(a: &Args) -> Result<bool, String> {
                     ));
                 }
                 let body = confirm_body(r, &keys, &pages, true, &[]);
-                let (status, resp) = conn
-                    .post("/keys/confirm_write", &body)
-                    .await
-                    .map_err(|e| format!("pre-populate confirm: {e}"))?;
+                let (status, resp) =
+                    conn.post("/keys/confirm_write", &body).await.map_err(|e| format!("pre-populate confirm: {e}"))?;
                 if status != 204 {
-                    return Err(format!(
-                        "pre-populate confirm answered {status}: {}",
-                        String::from_utf8_lossy(resp)
-                    ));
+                    return Err(format!("pre-populate confirm answered {status}: {}", String::from_utf8_lossy(resp)));
                 }
             }
             i += n;
@@ -749,9 +664,7 @@ fn run(a: Args) -> Result<i32, String> {
         return Err(format!("refusing non-loopback target {}", a.addr));
     }
     if !(a.duration > 0.0) || a.warmup < 0.0 || a.duration + a.warmup > MAX_SECONDS {
-        return Err(format!(
-            "--duration must be > 0 and warmup + duration <= {MAX_SECONDS} s"
-        ));
+        return Err(format!("--duration must be > 0 and warmup + duration <= {MAX_SECONDS} s"));
     }
     if a.connections == 0 || a.connections > 4096 || a.threads == 0 || a.threads > 64 {
         return Err("--connections must be in 1..=4096 and --threads in 1..=64".into());
@@ -759,11 +672,7 @@ fn run(a: Args) -> Result<i32, String> {
     if a.batch == 0 || a.ranks == 0 {
         return Err("--batch and --ranks must be >= 1".into());
     }
-    if matches!(
-        a.scenario,
-        Scenario::Exists | Scenario::Locations | Scenario::Fixed
-    ) && a.batch > 100_000
-    {
+    if matches!(a.scenario, Scenario::Exists | Scenario::Locations | Scenario::Fixed) && a.batch > 100_000 {
         return Err("--batch too large".into());
     }
     let fixed = match (&a.scenario, &a.body) {
@@ -774,14 +683,9 @@ fn run(a: Args) -> Result<i32, String> {
         _ => Bytes::new(),
     };
     let rt = if a.threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
     } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(a.threads)
-            .enable_all()
-            .build()
+        tokio::runtime::Builder::new_multi_thread().worker_threads(a.threads).enable_all().build()
     }
     .map_err(|e| format!("runtime: {e}"))?;
 
@@ -809,9 +713,7 @@ fn run(a: Args) -> Result<i32, String> {
             pool,
             fixed,
         });
-        let handles: Vec<_> = (0..a.connections)
-            .map(|id| tokio::spawn(run_worker(sh.clone(), id)))
-            .collect();
+        let handles: Vec<_> = (0..a.connections).map(|id| tokio::spawn(run_worker(sh.clone(), id))).collect();
         let mut st = Stats::new();
         for h in handles {
             match h.await {
@@ -820,10 +722,7 @@ fn run(a: Args) -> Result<i32, String> {
             }
         }
         let now = Instant::now();
-        let measured = now
-            .saturating_duration_since(measure_start)
-            .as_secs_f64()
-            .max(1e-9);
+        let measured = now.saturating_duration_since(measure_start).as_secs_f64().max(1e-9);
         report(&a, &st, measured, validate);
         if st.violations > 0 {
             Ok(1)
@@ -900,23 +799,12 @@ fn report(a: &Args, st: &Stats, secs: f64, validated: bool) {
             st.conn_errors,
         );
         if st.aux.len() > 0 {
-            let _ = write!(
-                o,
-                " | aux {} req p50 {}us p99 {}us",
-                st.aux.len(),
-                q(&st.aux, 0.5),
-                q(&st.aux, 0.99)
-            );
+            let _ = write!(o, " | aux {} req p50 {}us p99 {}us", st.aux.len(), q(&st.aux, 0.5), q(&st.aux, 0.99));
         }
         if a.scenario == Scenario::Cycle {
             let _ = write!(o, " | cycles {}", st.cycles);
         }
-        let _ = write!(
-            o,
-            " | violations {}{}",
-            st.violations,
-            if validated { "" } else { " (not validated)" }
-        );
+        let _ = write!(o, " | violations {}{}", st.violations, if validated { "" } else { " (not validated)" });
         if st.alloc_failed > 0 {
             let _ = write!(o, " | alloc -1: {}", st.alloc_failed);
         }
