@@ -41,7 +41,7 @@ for t in "${targets[@]}"; do
         -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1
     rc=$?
     set -e
-    grep -E '^#[0-9]+ +DONE|stat::average_exec_per_sec|stat::number_of_executed_units' "$log" || true
+    grep -E '^#[0-9]+[[:space:]]+DONE|stat::average_exec_per_sec|stat::number_of_executed_units' "$log" || true
     if [ "$rc" -ne 0 ]; then
         failed=1
         echo "!!! $t failed (exit $rc); last lines of $log:"

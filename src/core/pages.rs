@@ -40,6 +40,10 @@
 //! - A reservation stamp is stored `Relaxed` *before* the CAS that reserves the
 //!   page (which releases it); the sweeper loads the word with `Acquire` before
 //!   reading the stamp, so it never sees a new reservation with an old stamp.
+//!   Because a page can be released and reserved again between the sweeper's
+//!   load and its CAS (ABA: the word looks unchanged), the sweeper's CAS only
+//!   claims the old reservations BUSY; it then reads the stamp again and frees
+//!   them only if it is still old (found by the loom model d4).
 //! - A page becomes FREE (state word, `Release`) before its hint bit is cleared
 //!   and before `free` is incremented (`Release`); an allocator takes from
 //!   `free` with `AcqRel`, so the pages it was promised are visible to its search.
@@ -470,8 +474,22 @@ impl PageTable {
                 if reserved == 0 || now.wrapping_sub(self.stamps[w].load(Ordering::Relaxed)) < ttl {
                     break;
                 }
-                match word.compare_exchange_weak(cur, cur & !reserved, Ordering::AcqRel, Ordering::Acquire) {
+                // Claim the old reservations (01 → 11) rather than freeing
+                // them outright: between our load and this CAS a page may
+                // have been released and reserved again, leaving the word
+                // bit-for-bit the same (ABA). Holding them BUSY, we read the
+                // stamp again: a reservation made since then wrote a fresh
+                // stamp before its CAS, which our CAS came after.
+                match word.compare_exchange_weak(cur, cur | (reserved << 1), Ordering::AcqRel, Ordering::Acquire) {
                     Ok(_) => {
+                        if now.wrapping_sub(self.stamps[w].load(Ordering::Relaxed)) < ttl {
+                            // Re-reserved meanwhile: put them back (11 → 01).
+                            word.fetch_xor(reserved << 1, Ordering::Release);
+                            break;
+                        }
+                        // 11 → 00. Release: publishes the FREE states before
+                        // the hint and the counter announce them.
+                        word.fetch_xor(reserved * 3, Ordering::Release);
                         let n = u64::from(reserved.count_ones());
                         self.clear_full(w);
                         self.give_back(n);
