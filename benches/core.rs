@@ -152,9 +152,8 @@ fn lookups(c: &mut Criterion) {
         let mut locs = Vec::new();
         // Query batches made up front (random keys of the stored set), so the
         // timing holds only the lookups, not key formatting or freeing.
-        let batches: Vec<Vec<&str>> = (0..512)
-            .map(|_| (0..128).map(|_| keys[rng.gen_range(0..keys.len())].as_str()).collect())
-            .collect();
+        let batches: Vec<Vec<&str>> =
+            (0..512).map(|_| (0..128).map(|_| keys[rng.gen_range(0..keys.len())].as_str()).collect()).collect();
         g.bench_function(format!("exists 128 keys, {label}"), |b| {
             let mut i = 0;
             b.iter(|| {

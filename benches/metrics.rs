@@ -17,7 +17,9 @@ fn metrics(c: &mut Criterion) {
     let mut g = c.benchmark_group("metrics");
     let m = Metrics::default();
     g.bench_function("record one request, 1 thread", |b| {
-        b.iter(|| m.request(black_box(Endpoint::Exists), black_box(200), black_box(128), black_box(Duration::from_micros(37))))
+        b.iter(|| {
+            m.request(black_box(Endpoint::Exists), black_box(200), black_box(128), black_box(Duration::from_micros(37)))
+        })
     });
     g.bench_function("record one request, 2 threads at once", |b| {
         b.iter_custom(|iters| {

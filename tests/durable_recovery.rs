@@ -282,3 +282,36 @@ fn a_smaller_max_ranks_is_refused() {
     let e = Durable::open_with(dir.path(), FsyncMode::Always, small, None).err().expect("an error");
     assert!(matches!(e, OpenError::Restore(_)), "{e}");
 }
+
+#[test]
+fn every_fsync_mode_recovers_what_it_acknowledged() {
+    for mode in [FsyncMode::Batch, FsyncMode::None, FsyncMode::Always] {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, d, _) = Durable::open(dir.path(), mode, cfg()).unwrap();
+        s.initialize(0, 64).unwrap();
+        let pages: Vec<i64> = (0..20).map(|i| save(&s, &d, 0, &[&format!("key-{i}")])[0]).collect();
+        // Acknowledged in the mode's sense; the log tail is left unfolded.
+        d.sync_blocking(Duration::from_secs(5)).unwrap();
+        close(d, false);
+        drop(s);
+        let (s, _d, r) = open(dir.path());
+        assert_eq!(r.bindings, 20, "{mode:?}");
+        for (i, p) in pages.iter().enumerate() {
+            assert_eq!(alloc(&s, 0, &[&format!("key-{i}")]), [*p], "{mode:?}");
+        }
+    }
+}
+
+#[test]
+fn a_data_directory_serves_one_process_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_store, first, _) = Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None).unwrap();
+    match Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None) {
+        Err(OpenError::Io(msg)) => assert!(msg.contains("in use by another hf3fs-meta process"), "{msg}"),
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("a second open of a directory in use must fail"),
+    }
+    first.close().unwrap();
+    drop(first);
+    Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None).expect("free again once the first is gone");
+}

@@ -98,6 +98,8 @@ struct Threads {
     writer: JoinHandle<()>,
     checkpointer: JoinHandle<()>,
     stop_checkpointer: Sender<bool>,
+    /// With `--fsync batch`, the periodic syncer.
+    syncer: Option<(JoinHandle<()>, Sender<()>)>,
 }
 
 /// The durability handle: owns the writer and checkpointer threads.
@@ -109,6 +111,9 @@ pub struct Durable {
     db: Arc<store::Db>,
     /// `Some` until closed. A std `Mutex`: taken only by `close`.
     threads: Mutex<Option<Threads>>,
+    /// An exclusive lock on `<dir>/LOCK`, held for as long as this value
+    /// lives: two servers on one data directory would corrupt each other.
+    _lock: std::fs::File,
 }
 
 impl Durable {
@@ -129,6 +134,7 @@ impl Durable {
         checkpoint_every: Option<Duration>,
     ) -> Result<(Store, Durable, Recovered), OpenError> {
         let start = Instant::now();
+        let lock = lock_dir(dir)?;
         let (db, report) = store::Db::open(dir)?;
         if report.dropped_tail_bytes > 0 {
             tracing::warn!(
@@ -176,6 +182,17 @@ impl Durable {
         let spawn_err = |e: std::io::Error| OpenError::Io(format!("cannot start a thread: {e}"));
         let writer =
             std::thread::Builder::new().name("durable-writer".into()).spawn(move || writer.run()).map_err(spawn_err)?;
+        let syncer = if mode == FsyncMode::Batch {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            let (journals, p) = (db.journals_dir(), progress.clone());
+            let h = std::thread::Builder::new()
+                .name("durable-syncer".into())
+                .spawn(move || writer::run_syncer(journals, p, rx))
+                .map_err(spawn_err)?;
+            Some((h, tx))
+        } else {
+            None
+        };
         let cp_db = db.clone();
         let checkpointer = std::thread::Builder::new()
             .name("durable-checkpoint".into())
@@ -209,8 +226,9 @@ impl Durable {
             recovered.keys,
             recovered.elapsed.as_secs_f64()
         );
-        let threads = Threads { writer, checkpointer, stop_checkpointer: stop_tx };
-        let durable = Durable { progress, tx, mode, dir: dir.to_path_buf(), db, threads: Mutex::new(Some(threads)) };
+        let threads = Threads { writer, checkpointer, stop_checkpointer: stop_tx, syncer };
+        let durable =
+            Durable { progress, tx, mode, dir: dir.to_path_buf(), db, threads: Mutex::new(Some(threads)), _lock: lock };
         Ok((store, durable, recovered))
     }
 
@@ -282,12 +300,32 @@ impl Durable {
         };
         let _ = self.tx.send(Msg::Stop);
         let _ = t.writer.join();
+        if let Some((h, stop)) = t.syncer {
+            let _ = stop.send(());
+            let _ = h.join();
+        }
         let _ = t.stop_checkpointer.send(last_checkpoint);
         let _ = t.checkpointer.join();
         match self.progress.failure() {
             Some(f) => Err(WaitError::Failed(f.to_owned())),
             None => Ok(()),
         }
+    }
+}
+
+/// Takes the exclusive lock of a data directory (creating both if needed).
+fn lock_dir(dir: &Path) -> Result<std::fs::File, OpenError> {
+    let io = |e: std::io::Error| OpenError::Io(format!("{}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let file =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("LOCK")).map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(OpenError::Io(format!(
+            "{} is in use by another hf3fs-meta process (its LOCK file is locked)",
+            dir.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(io(e)),
     }
 }
 

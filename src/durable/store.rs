@@ -135,6 +135,11 @@ impl Db {
         Ok((db, report))
     }
 
+    /// Where fjall keeps its journal files.
+    pub(crate) fn journals_dir(&self) -> PathBuf {
+        self.path.join("journals")
+    }
+
     /// The current generation's partitions, locked.
     pub(crate) fn parts(&self) -> MutexGuard<'_, Parts> {
         self.parts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -5,7 +5,9 @@
 //! Group commit falls out of the loop: while the writer writes (and, with
 //! `--fsync always`, syncs) one batch, requests keep queueing; the next
 //! iteration takes all of them at once, so concurrent requests share one
-//! write and one fsync.
+//! write and one fsync. With `--fsync batch` the writer never syncs: a
+//! syncer thread ([`run_syncer`]) fdatasyncs the journal every few
+//! milliseconds beside it.
 //!
 //! Generations: a change is written only if it belongs to the current
 //! generation. An older one comes from a request that raced a `/clear` and is
@@ -23,15 +25,17 @@
 use super::queue::{Msg, Op, Progress, Watermark};
 use super::store::Db;
 use super::{codec, FsyncMode};
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::Receiver;
 use fjall::PersistMode;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Most changes written as one log entry.
 const MAX_BATCH: usize = 65_536;
-/// With `--fsync batch`, written data is synced at most this long after it
-/// was written.
+/// With `--fsync batch`, written data is synced at most about this long
+/// after it was written.
 pub const BATCH_SYNC_INTERVAL: Duration = Duration::from_millis(5);
 
 pub(crate) struct Writer {
@@ -80,18 +84,11 @@ impl Writer {
     fn run_loop(&mut self) -> Result<(), String> {
         let mut watermark = Watermark::new(self.progress.durable());
         let mut batch = Batch::default();
-        // With `--fsync batch`: when written data must be synced by.
-        let mut sync_due: Option<Instant> = None;
         loop {
-            let first = match sync_due {
-                Some(due) => self.rx.recv_timeout(due.saturating_duration_since(Instant::now())),
-                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            };
             let mut stop = false;
-            match first {
+            match self.rx.recv() {
                 Ok(Msg::Change { seq, op }) => self.take(seq, op, &mut batch)?,
-                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => stop = true,
-                Err(RecvTimeoutError::Timeout) => {}
+                Ok(Msg::Stop) | Err(_) => stop = true,
             }
             while !stop && batch.seqs.len() < MAX_BATCH {
                 match self.rx.try_recv() {
@@ -100,22 +97,13 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let wrote = self.write(&mut batch)?;
+            self.write(&mut batch)?;
             // Under `always` the write synced; otherwise written is what we
-            // promise. Either way the batch is acknowledged now, before any
-            // periodic fsync below delays the writer.
+            // promise (with `batch`, the syncer thread fsyncs within
+            // BATCH_SYNC_INTERVAL). Acknowledge.
             if !batch.seqs.is_empty() {
                 self.progress.publish(watermark.advance(&mut batch.seqs));
                 batch.seqs.clear();
-            }
-            if self.mode == FsyncMode::Batch {
-                if wrote && sync_due.is_none() {
-                    sync_due = Some(Instant::now() + BATCH_SYNC_INTERVAL);
-                }
-                if sync_due.is_some_and(|d| !stop && Instant::now() >= d) {
-                    self.db.keyspace.persist(PersistMode::SyncData).map_err(|e| format!("fsync: {e}"))?;
-                    sync_due = None;
-                }
             }
             if stop {
                 self.db.keyspace.persist(PersistMode::SyncAll).map_err(|e| format!("final fsync: {e}"))?;
@@ -159,10 +147,10 @@ impl Writer {
         Ok(())
     }
 
-    /// Appends the batch's records as one log entry. Returns whether it wrote.
-    fn write(&mut self, batch: &mut Batch) -> Result<bool, String> {
+    /// Appends the batch's records as one log entry.
+    fn write(&mut self, batch: &mut Batch) -> Result<(), String> {
         if batch.records == 0 {
-            return Ok(false);
+            return Ok(());
         }
         let durability = match self.mode {
             FsyncMode::Always => PersistMode::SyncData,
@@ -177,6 +165,54 @@ impl Writer {
             let _ = self.nudge.try_send(());
         }
         batch.records = 0;
-        Ok(true)
+        Ok(())
     }
+}
+
+/// With `--fsync batch`: fdatasyncs the store's journal files every
+/// [`BATCH_SYNC_INTERVAL`] while there is something new, through file
+/// descriptors of its own. fjall's `persist` holds its journal lock for the
+/// whole fsync, which would stall the writer's next append; an fsync on
+/// another descriptor of the same file flushes the same dirty pages without
+/// that lock. A failure is a writer failure: nothing is acknowledged after it.
+pub(crate) fn run_syncer(journals: PathBuf, progress: Arc<Progress>, stop: Receiver<()>) {
+    let tick = crossbeam_channel::tick(BATCH_SYNC_INTERVAL);
+    let mut files: HashMap<PathBuf, std::fs::File> = HashMap::new();
+    let mut synced = progress.durable();
+    loop {
+        crossbeam_channel::select! {
+            recv(stop) -> _ => return,
+            recv(tick) -> _ => {}
+        }
+        let written = progress.durable();
+        if written == synced {
+            continue;
+        }
+        if let Err(e) = sync_dir_files(&journals, &mut files) {
+            let why = format!("fsync of the journal in {}: {e}", journals.display());
+            tracing::error!("durable store failed, acknowledging no more changes: {why}");
+            progress.fail(why);
+            return;
+        }
+        synced = written;
+    }
+}
+
+/// fdatasyncs every file in `dir`, keeping the descriptors open.
+fn sync_dir_files(dir: &Path, files: &mut HashMap<PathBuf, std::fs::File>) -> std::io::Result<()> {
+    let present: Vec<PathBuf> = std::fs::read_dir(dir)?.filter_map(Result::ok).map(|e| e.path()).collect();
+    files.retain(|p, _| present.contains(p));
+    for p in present {
+        let f = match files.entry(p) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => match std::fs::File::open(v.key()) {
+                Ok(f) => v.insert(f),
+                // Removed since the listing (a flushed journal): nothing to sync.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            },
+        };
+        f.sync_data()?;
+    }
+    Ok(())
 }
