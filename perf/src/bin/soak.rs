@@ -179,14 +179,14 @@ impl Hasher for FastHasher {
         for c in bytes.chunks(8) {
             let mut w = [0u8; 8];
             w[..c.len()].copy_from_slice(c);
-            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(0x51_7cc1_b727_220a_95);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(0x517c_c1b7_2722_0a95);
         }
     }
     fn write_u32(&mut self, v: u32) {
-        self.0 = (self.0.rotate_left(5) ^ u64::from(v)).wrapping_mul(0x51_7cc1_b727_220a_95);
+        self.0 = (self.0.rotate_left(5) ^ u64::from(v)).wrapping_mul(0x517c_c1b7_2722_0a95);
     }
     fn write_usize(&mut self, v: usize) {
-        self.0 = (self.0.rotate_left(5) ^ v as u64).wrapping_mul(0x51_7cc1_b727_220a_95);
+        self.0 = (self.0.rotate_left(5) ^ v as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
     }
     fn finish(&self) -> u64 {
         mix64(self.0)
@@ -2419,7 +2419,7 @@ fn run(a: Args) -> Result<i32, String> {
     if !(a.duration > 0.0 && a.duration <= MAX_DURATION) {
         return Err(format!("--duration must be in (0, {MAX_DURATION}]"));
     }
-    let load_secs = a.load_secs.unwrap_or(a.duration - RESERVE_SECS).max(5.0).min(MAX_DURATION);
+    let load_secs = a.load_secs.unwrap_or(a.duration - RESERVE_SECS).clamp(5.0, MAX_DURATION);
     if a.workers == 0 || a.workers > 1024 || a.threads == 0 || a.threads > 64 {
         return Err("--workers must be in 1..=1024 and --threads in 1..=64".into());
     }
