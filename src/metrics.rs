@@ -133,6 +133,32 @@ fn sum(shards: &[CachePadded<Shard>], f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
     shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
 }
 
+/// Writes one endpoint's series of a histogram: cumulative buckets (`bounds`
+/// then `+Inf`; `counts` has one more entry than `bounds`), `_sum`, `_count`.
+/// Nothing for an endpoint that never recorded.
+fn histogram(
+    o: &mut String,
+    name: &str,
+    ep: Endpoint,
+    bounds: impl Iterator<Item = String>,
+    counts: &[u64],
+    total_sum: &str,
+) {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return;
+    }
+    let label = ep.label();
+    let mut cum = 0;
+    for (le, n) in bounds.zip(counts) {
+        cum += n;
+        let _ = writeln!(o, "hf3fs_meta_{name}_bucket{{endpoint=\"{label}\",le=\"{le}\"}} {cum}");
+    }
+    let _ = writeln!(o, "hf3fs_meta_{name}_bucket{{endpoint=\"{label}\",le=\"+Inf\"}} {total}");
+    let _ = writeln!(o, "hf3fs_meta_{name}_sum{{endpoint=\"{label}\"}} {total_sum}");
+    let _ = writeln!(o, "hf3fs_meta_{name}_count{{endpoint=\"{label}\"}} {total}");
+}
+
 /// Shards: enough that worker threads rarely share one.
 const SHARDS: usize = 32;
 
@@ -257,51 +283,17 @@ impl Metrics {
         for ep in Endpoint::ALL {
             let e = ep as usize;
             let counts: Vec<u64> = (0..=LATENCY_US.len()).map(|b| sum(sh, |s| &s.latency[e][b])).collect();
-            let total: u64 = counts.iter().sum();
-            if total == 0 {
-                continue;
-            }
-            let mut cum = 0;
-            for (b, le) in LATENCY_US.iter().enumerate() {
-                cum += counts[b];
-                let _ = writeln!(
-                    o,
-                    "hf3fs_meta_request_duration_seconds_bucket{{endpoint=\"{}\",le=\"{}\"}} {cum}",
-                    ep.label(),
-                    *le as f64 / 1e6
-                );
-            }
-            let _ = writeln!(
-                o,
-                "hf3fs_meta_request_duration_seconds_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {total}",
-                ep.label()
-            );
+            let bounds = LATENCY_US.iter().map(|&us| (us as f64 / 1e6).to_string());
             let secs = sum(sh, |s| &s.latency_sum_ns[e]) as f64 / 1e9;
-            let _ = writeln!(o, "hf3fs_meta_request_duration_seconds_sum{{endpoint=\"{}\"}} {secs}", ep.label());
-            let _ = writeln!(o, "hf3fs_meta_request_duration_seconds_count{{endpoint=\"{}\"}} {total}", ep.label());
+            histogram(&mut o, "request_duration_seconds", ep, bounds, &counts, &secs.to_string());
         }
 
         head(&mut o, "request_keys", "histogram", "Keys (or confirmations plus releases) per request, by endpoint.");
         for ep in Endpoint::ALL {
             let e = ep as usize;
             let counts: Vec<u64> = (0..=KEYS.len()).map(|b| sum(sh, |s| &s.keys[e][b])).collect();
-            let total: u64 = counts.iter().sum();
-            if total == 0 {
-                continue;
-            }
-            let mut cum = 0;
-            for (b, le) in KEYS.iter().enumerate() {
-                cum += counts[b];
-                let _ = writeln!(o, "hf3fs_meta_request_keys_bucket{{endpoint=\"{}\",le=\"{le}\"}} {cum}", ep.label());
-            }
-            let _ = writeln!(o, "hf3fs_meta_request_keys_bucket{{endpoint=\"{}\",le=\"+Inf\"}} {total}", ep.label());
-            let _ = writeln!(
-                o,
-                "hf3fs_meta_request_keys_sum{{endpoint=\"{}\"}} {}",
-                ep.label(),
-                sum(sh, |s| &s.keys_sum[e])
-            );
-            let _ = writeln!(o, "hf3fs_meta_request_keys_count{{endpoint=\"{}\"}} {total}", ep.label());
+            let bounds = KEYS.iter().map(u64::to_string);
+            histogram(&mut o, "request_keys", ep, bounds, &counts, &sum(sh, |s| &s.keys_sum[e]).to_string());
         }
 
         head(&mut o, "confirm_errors_total", "counter", "Typed confirm_write errors (500s), by code.");
