@@ -5,7 +5,8 @@
 //! Run: `cargo bench --bench core` (add `-- <filter>` for one group).
 //! Figures and their targets are recorded in perf/RESULTS.md.
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion, Throughput};
 use hf3fs_meta::core::{Store, StoreConfig};
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;
@@ -52,51 +53,40 @@ fn reserve_n(s: &Store, n: usize, rng: &mut impl Rng) {
     }
 }
 
+/// Times the allocate of 128 fresh keys on rank 0 of `s`; each batch's pages
+/// are released again (untimed) so the fill level stays constant.
+fn bench_allocate(g: &mut BenchmarkGroup<'_, WallTime>, name: String, s: &Store, rng: &mut impl Rng) {
+    let mut out = Vec::new();
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let keys = hex_keys(rng, 128);
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                let t = Instant::now();
+                s.allocate(0, black_box(&refs), &mut out).unwrap();
+                total += t.elapsed();
+                let pages: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
+                s.confirm(0, &[], &pages).unwrap();
+            }
+            total
+        })
+    });
+}
+
 fn allocation(c: &mut Criterion) {
     let mut g = c.benchmark_group("allocate");
     g.throughput(Throughput::Elements(128));
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     for (label, pages) in [("10^3", 1_000u32), ("10^6", 1_000_000), ("10^8", 100_000_000)] {
         let s = store(1, pages);
-        let mut out = Vec::new();
-        // Allocate 128 fresh keys, then release the pages (untimed) so the fill
-        // level stays constant.
-        g.bench_function(format!("allocate 128 keys, {label} pages"), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let keys = hex_keys(&mut rng, 128);
-                    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    let t = Instant::now();
-                    s.allocate(0, black_box(&refs), &mut out).unwrap();
-                    total += t.elapsed();
-                    let pages: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
-                    s.confirm(0, &[], &pages).unwrap();
-                }
-                total
-            })
-        });
+        bench_allocate(&mut g, format!("allocate 128 keys, {label} pages"), &s, &mut rng);
     }
     for (label, fill) in [("50%", 0.50f64), ("99%", 0.99)] {
         let pages = 1_000_000u32;
         let s = store(1, pages);
         reserve_n(&s, (f64::from(pages) * fill) as usize, &mut rng);
-        let mut out = Vec::new();
-        g.bench_function(format!("allocate 128 keys, 10^6 pages at {label} fill"), |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let keys = hex_keys(&mut rng, 128);
-                    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    let t = Instant::now();
-                    s.allocate(0, black_box(&refs), &mut out).unwrap();
-                    total += t.elapsed();
-                    let pages: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
-                    s.confirm(0, &[], &pages).unwrap();
-                }
-                total
-            })
-        });
+        bench_allocate(&mut g, format!("allocate 128 keys, 10^6 pages at {label} fill"), &s, &mut rng);
     }
     g.finish();
 }
