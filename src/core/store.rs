@@ -279,8 +279,9 @@ impl Store {
         loop {
             out.clear();
             let mut need = 0u64;
+            let index = gen.index.reader();
             for &(i, k) in &distinct {
-                let page = gen.index.page(k, r).map_or(-1, i64::from);
+                let page = index.page(k, r).map_or(-1, i64::from);
                 need += u64::from(page < 0);
                 out.push((i, page));
             }
@@ -496,7 +497,8 @@ impl Store {
         let gen = self.gen.load();
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
-        out.extend(parsed.iter().map(|&k| gen.index.is_complete(k)));
+        let index = gen.index.reader();
+        out.extend(parsed.iter().map(|&k| index.is_complete(k)));
     }
 
     /// For each key, its page on `rank` when the key is complete.
@@ -506,7 +508,8 @@ impl Store {
         gen.rank(rank).ok_or(RankNotInitialized(rank))?;
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
-        out.extend(parsed.iter().map(|&k| gen.index.location(k, rank as u32)));
+        let index = gen.index.reader();
+        out.extend(parsed.iter().map(|&k| index.location(k, rank as u32)));
         Ok(())
     }
 
@@ -644,7 +647,7 @@ impl Store {
                 bindings += 1;
                 let ok = gen
                     .rank(i64::from(r))
-                    .is_some_and(|t| p < t.num_pages() && t.state(p) == PageState::Bound && t.owner_is(p, k.as_ref()));
+                    .is_some_and(|t| p < t.num_pages() && t.state(p) == PageState::Bound && t.owner_is(p, k));
                 if !ok && err.is_none() {
                     err = Some(format!("key {k} is bound to page {p} of rank {r}, which is not BOUND to it"));
                 }
