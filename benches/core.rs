@@ -184,8 +184,8 @@ fn scaling(c: &mut Criterion) {
                 let per = iters.div_ceil(threads as u64);
                 let t = Instant::now();
                 std::thread::scope(|sc| {
-                    for th in 0..threads {
-                        let (s, pool) = (&s, &pools[th]);
+                    for (th, pool) in pools.iter().enumerate() {
+                        let s = &s;
                         sc.spawn(move || {
                             let rank = if shared { 0 } else { th as i64 };
                             let mut out = Vec::new();

@@ -404,13 +404,13 @@ impl Model {
             match t.st[p as usize] {
                 St::Reserved => {
                     let e = self.keys.entry(k).or_insert_with(|| MKey { world: world_now, pages: BTreeMap::new() });
-                    if e.pages.contains_key(&r) {
-                        t.st[p as usize] = St::Free;
-                        out.superseded += 1;
-                    } else {
-                        e.pages.insert(r, p as u32);
+                    if let std::collections::btree_map::Entry::Vacant(e) = e.pages.entry(r) {
+                        e.insert(p as u32);
                         t.st[p as usize] = St::Bound(k);
                         out.bound += 1;
+                    } else {
+                        t.st[p as usize] = St::Free;
+                        out.superseded += 1;
                     }
                 }
                 St::Bound(_) => out.reconfirmed += 1,

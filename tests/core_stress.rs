@@ -294,6 +294,10 @@ fn connector_cycle_on_shared_ranks_and_overlapping_keys() {
 // 2. Racing confirms: one key, different pages (the P1/P2 rule); one page,
 //    different keys (double_confirm).
 
+/// A racing thread, the outcome of its confirm of the shared key, and that of
+/// its confirm of the contested page.
+type ConfirmResult = (usize, ConfirmOutcome, Result<ConfirmOutcome, ErrorCode>);
+
 #[test]
 fn racing_confirms_of_one_key_keep_exactly_one_page() {
     const THREADS: usize = 4;
@@ -302,7 +306,7 @@ fn racing_confirms_of_one_key_keep_exactly_one_page() {
     let barrier = Barrier::new(THREADS);
     let round_pages: Mutex<Vec<i64>> = Mutex::new(Vec::new());
     let round_page_q: AtomicU32 = AtomicU32::new(0);
-    let results: Mutex<Vec<(usize, ConfirmOutcome, Result<ConfirmOutcome, ErrorCode>)>> = Mutex::new(Vec::new());
+    let results: Mutex<Vec<ConfirmResult>> = Mutex::new(Vec::new());
     thread::scope(|sc| {
         for t in 0..THREADS {
             let (s, barrier, round_pages, round_page_q, results) =
@@ -502,7 +506,7 @@ fn connector_cycle_with_a_ticking_sweeper() {
                     assert_eq!(ex.len(), batch.len());
                     let mut locs = Vec::new();
                     s.locations(r, &batch, &mut locs).unwrap();
-                    assert!(locs.iter().all(|l| l.map_or(true, |p| i64::from(p) < PAGES)));
+                    assert!(locs.iter().all(|l| l.is_none_or(|p| i64::from(p) < PAGES)));
                 }
                 running.fetch_sub(1, Ordering::Relaxed);
             });

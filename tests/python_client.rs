@@ -67,7 +67,7 @@ fn passed_count(output: &str) -> u64 {
     let Some(line) = output.lines().rev().find(|l| l.contains(" passed")) else {
         return 0;
     };
-    line.split(|c: char| c == ',' || c == ' ')
+    line.split([',', ' '])
         .collect::<Vec<_>>()
         .windows(2)
         .find(|w| w[1] == "passed")

@@ -288,7 +288,7 @@ where
     }
     // Under the bucket lock: no other writer changes `bound`.
     let bound = e.bound.load(Relaxed);
-    delta.complete += i64::from(bound - 1 >= e.world) - i64::from(bound >= e.world);
+    delta.complete += i64::from(bound > e.world) - i64::from(bound >= e.world);
     e.pages[rank as usize].store(NO_PAGE, Release);
     e.bound.store(bound - 1, Release);
     if bound == 1 {

@@ -739,8 +739,8 @@ mod tests {
     fn deep_nesting() {
         let deep = |n: usize| {
             let mut b = b"{\"x\":".to_vec();
-            b.extend(std::iter::repeat(b'[').take(n));
-            b.extend(std::iter::repeat(b']').take(n));
+            b.extend(std::iter::repeat_n(b'[', n));
+            b.extend(std::iter::repeat_n(b']', n));
             b.push(b'}');
             b
         };
@@ -752,8 +752,8 @@ mod tests {
         assert!(err.starts_with("Invalid JSON body: nesting too deep"), "{err}");
         // A deep prefix_key is skipped item by item.
         let mut b = b"{\"rank\":1,\"keys\":[[\"a\",".to_vec();
-        b.extend(std::iter::repeat(b'[').take(900));
-        b.extend(std::iter::repeat(b']').take(900));
+        b.extend(std::iter::repeat_n(b'[', 900));
+        b.extend(std::iter::repeat_n(b']', 900));
         b.extend(b"],\"b\"]}");
         assert_eq!(Decoder::default().allocate(&mut b, L), Ok(AllocateBody { rank: 1, keys: vec!["a", "b"] }));
     }
@@ -992,7 +992,7 @@ mod tests {
         assert!(d.allocate(&mut b"{".to_vec(), L).is_err());
         assert!(d.allocate(&mut b"[]".to_vec(), L).is_err());
         let mut large = b"{\"rank\":1,\"keys\":[],\"pad\":\"".to_vec();
-        large.extend(std::iter::repeat(b'x').take(RETAIN_LIMIT + 10));
+        large.extend(std::iter::repeat_n(b'x', RETAIN_LIMIT + 10));
         large.extend(b"\"}");
         assert_eq!(d.allocate(&mut large, L), Ok(AllocateBody { rank: 1, keys: vec![] }));
         assert_eq!(
