@@ -66,6 +66,43 @@ fn app(pages: u32, stored: &[String]) -> App {
     app
 }
 
+/// Confirms of 128 freshly allocated keys, in steady state: each setup first
+/// releases the pages the previous iteration confirmed (untimed), so the key
+/// index keeps its size instead of growing by 128 keys per iteration (which
+/// would time scc's resizing, not confirm). One input per batch, so each
+/// release follows the confirm it undoes.
+fn confirm_steady(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    app: &App,
+    rng: &mut impl Rng,
+    name: &str,
+) {
+    let confirmed: std::cell::RefCell<Vec<i64>> = std::cell::RefCell::new(Vec::new());
+    g.bench_function(name, |b| {
+        b.iter_batched(
+            || {
+                let release = std::mem::take(&mut *confirmed.borrow_mut());
+                if !release.is_empty() {
+                    post(app, "/keys/confirm_write", release_body(0, &release));
+                }
+                let keys = hex_keys(rng, 128);
+                let answer = post(app, "/keys/batch_allocate", allocate_body(0, &keys));
+                let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+                let pairs: Vec<(String, i64)> = v["results"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| (r[0].as_str().unwrap().to_owned(), r[1].as_i64().unwrap()))
+                    .collect();
+                confirmed.borrow_mut().extend(pairs.iter().map(|&(_, p)| p));
+                confirm_body(0, &pairs)
+            },
+            |body| black_box(post(app, "/keys/confirm_write", body)),
+            BatchSize::PerIteration,
+        )
+    });
+}
+
 fn requests(c: &mut Criterion) {
     let mut g = c.benchmark_group("request");
     g.throughput(Throughput::Elements(128));
@@ -94,6 +131,9 @@ fn requests(c: &mut Criterion) {
                 BatchSize::SmallInput,
             )
         });
+        if stored > 128 {
+            confirm_steady(&mut g, &app, &mut rng, &format!("confirm_write 128 fresh keys, {label}"));
+        }
     }
 
     let app = app(100_000_000, &[]);
@@ -104,34 +144,7 @@ fn requests(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
-    // Steady state: each setup releases the pages the previous iteration
-    // confirmed (untimed), so the key index stays the same size instead of
-    // growing by 128 keys per iteration (which timed scc resizes, not confirm).
-    // One input per batch, so each release follows the confirm it undoes.
-    let confirmed: std::cell::RefCell<Vec<i64>> = std::cell::RefCell::new(Vec::new());
-    g.bench_function("confirm_write 128 keys, 10^8 pages", |b| {
-        b.iter_batched(
-            || {
-                let release = std::mem::take(&mut *confirmed.borrow_mut());
-                if !release.is_empty() {
-                    post(&app, "/keys/confirm_write", release_body(0, &release));
-                }
-                let keys = hex_keys(&mut rng, 128);
-                let answer = post(&app, "/keys/batch_allocate", allocate_body(0, &keys));
-                let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
-                let pairs: Vec<(String, i64)> = v["results"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|r| (r[0].as_str().unwrap().to_owned(), r[1].as_i64().unwrap()))
-                    .collect();
-                confirmed.borrow_mut().extend(pairs.iter().map(|&(_, p)| p));
-                confirm_body(0, &pairs)
-            },
-            |body| black_box(post(&app, "/keys/confirm_write", body)),
-            BatchSize::PerIteration,
-        )
-    });
+    confirm_steady(&mut g, &app, &mut rng, "confirm_write 128 keys, 10^8 pages");
     g.finish();
 }
 

@@ -121,12 +121,17 @@ pub enum Bind {
 /// The hasher: foldhash, randomly seeded per process (keys come from clients).
 type Hasher = foldhash::quality::RandomState;
 
-/// The digest map never shrinks below this many entries. Without a floor, a
-/// workload that binds and releases keys around a small population makes scc
-/// grow and shrink its bucket array over and over, and every resize slows
-/// every other thread's lookups (measured: two threads on separate ranks ran
-/// slower than one). About a megabyte.
-const MIN_CAPACITY: usize = 1 << 14;
+/// The digest map never shrinks below this many entries (scc rounds it up to
+/// 8192 slots, 512 KiB). Without a floor, a workload that binds and releases
+/// keys around a small population makes scc grow and shrink its bucket array
+/// over and over, and every resize slows every other thread's lookups
+/// (measured: two threads on separate ranks ran slower than one). Nor should
+/// the floor be large: a `HashIndex` reuses a removed entry's slot only once
+/// its bucket is full, so a small population cycles through every slot of
+/// the table, and an insert into a slot that has left the cache cost 190 ns
+/// instead of 40 with a floor of 2^14 (perf/RESULTS.md). 2^12 kept both the
+/// confirm and the two-thread figures at their best on this machine.
+const MIN_CAPACITY: usize = 1 << 12;
 
 /// The concurrent key index.
 pub struct KeyIndex {
