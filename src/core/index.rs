@@ -15,13 +15,15 @@
 //!
 //! A `HashIndex` never mutates a value it has published, so an [`Entry`]
 //! keeps its changing parts in atomics and is mutated in place by writers
-//! holding the bucket lock; only growing the per-rank vector replaces the
-//! entry (`update`), and readers that hold the old one see its last state.
-//! Each entry holds its pages in a small vector indexed by rank (inline up to
-//! 8 ranks, the common tensor-parallel sizes): 16 bytes of key plus a 48-byte
-//! entry, one cache line per hex key. A key is *complete* when at least
-//! `world` ranks hold a page for it; `world` is fixed when the key is first
-//! bound (see [`crate::core::StoreConfig::world_size`]).
+//! holding the bucket lock; only growing the side vector of ranks beyond the
+//! inline ones replaces the entry (`update`), and readers that hold the old
+//! one see its last state.
+//!
+//! Each entry holds the pages of ranks 0 to 7 inline (the common
+//! tensor-parallel sizes) and any further ranks in a side vector: 16 bytes of
+//! key plus a 48-byte entry, one cache line per hex key. A key is *complete*
+//! when at least `world` ranks hold a page for it; `world` is fixed when the
+//! key is first bound (see [`crate::core::StoreConfig::world_size`]).
 //!
 //! An entry whose last binding is released is removed, so the maps hold
 //! exactly the keys with at least one binding.
@@ -41,45 +43,95 @@
 use super::key::KeyRef;
 use scc::hash_index::Entry as Slot;
 use scc::{Guard, HashIndex};
-use smallvec::SmallVec;
 use std::sync::atomic::{
     AtomicU32,
     Ordering::{Acquire, Relaxed, Release},
 };
 
-/// Marks "no page on this rank" in [`Entry::pages`].
+/// Marks "no page on this rank" in an [`Entry`].
 const NO_PAGE: u32 = u32::MAX;
 
+/// Ranks whose pages an [`Entry`] holds inline.
+const INLINE_RANKS: usize = 8;
+
 /// What the index knows about one key.
+///
+/// `repr(C)`, 48 bytes: with its 16-byte digest, one 64-byte slot of the map,
+/// the counts first, so that an exists reads the key and its completeness
+/// from one cache line, and a location of any of the first 8 ranks as well
+/// (measured: 80-byte slots put `bound` on the next line, a second miss per
+/// key).
 #[derive(Debug)]
+#[repr(C)]
 pub struct Entry {
     /// Ranks needed for the key to be complete; fixed at the first binding.
     world: u32,
-    /// Ranks that hold a page for it (the non-`NO_PAGE` entries of `pages`).
+    /// Ranks that hold a page for it (the non-`NO_PAGE` pages).
     bound: AtomicU32,
-    /// Page per rank, `NO_PAGE` where the rank holds none.
-    pages: SmallVec<[AtomicU32; 8]>,
+    /// Page of ranks `0..INLINE_RANKS`, `NO_PAGE` where the rank holds none.
+    inline: [AtomicU32; INLINE_RANKS],
+    /// Pages of ranks `INLINE_RANKS..`, for keys bound beyond them (boxed
+    /// twice: a thin pointer keeps the entry at 48 bytes).
+    more: Option<Box<Vec<AtomicU32>>>,
+}
+
+const _: () = assert!(std::mem::size_of::<(u128, Entry)>() == 64);
+
+/// `n` empty page slots.
+fn no_pages(n: usize) -> Box<Vec<AtomicU32>> {
+    Box::new((0..n).map(|_| AtomicU32::new(NO_PAGE)).collect())
 }
 
 impl Entry {
     fn new(world: u32, rank: u32, page: u32) -> Self {
-        let mut e = Entry { world, bound: AtomicU32::new(1), pages: SmallVec::new() };
-        e.pages.extend((0..=rank).map(|_| AtomicU32::new(NO_PAGE)));
-        *e.pages[rank as usize].get_mut() = page;
+        let mut e = Entry {
+            world,
+            bound: AtomicU32::new(1),
+            inline: std::array::from_fn(|_| AtomicU32::new(NO_PAGE)),
+            more: (rank as usize >= INLINE_RANKS).then(|| no_pages(rank as usize + 1 - INLINE_RANKS)),
+        };
+        *e.slot_mut(rank) = page;
         e
+    }
+
+    /// The page slot of `rank`, when the entry has one.
+    #[inline]
+    fn slot(&self, rank: u32) -> Option<&AtomicU32> {
+        let r = rank as usize;
+        match r.checked_sub(INLINE_RANKS) {
+            None => Some(&self.inline[r]),
+            Some(i) => self.more.as_ref().and_then(|m| m.get(i)),
+        }
+    }
+
+    fn slot_mut(&mut self, rank: u32) -> &mut u32 {
+        let r = rank as usize;
+        match r.checked_sub(INLINE_RANKS) {
+            None => self.inline[r].get_mut(),
+            Some(i) => self.more.as_mut().expect("grown to hold the rank")[i].get_mut(),
+        }
     }
 
     /// A copy with room for `rank` (writers only, under the bucket lock).
     fn grown(&self, rank: u32) -> Self {
-        let mut pages: SmallVec<[AtomicU32; 8]> = self.pages.iter().map(|p| AtomicU32::new(p.load(Relaxed))).collect();
-        pages.extend((pages.len()..=rank as usize).map(|_| AtomicU32::new(NO_PAGE)));
-        Entry { world: self.world, bound: AtomicU32::new(self.bound.load(Relaxed)), pages }
+        debug_assert!(rank as usize >= INLINE_RANKS, "the inline ranks are always there");
+        let copy = |p: &AtomicU32| AtomicU32::new(p.load(Relaxed));
+        let more = no_pages(rank as usize + 1 - INLINE_RANKS);
+        for (new, old) in more.iter().zip(self.more.iter().flat_map(|m| m.iter())) {
+            new.store(old.load(Relaxed), Relaxed);
+        }
+        Entry {
+            world: self.world,
+            bound: copy(&self.bound),
+            inline: std::array::from_fn(|r| copy(&self.inline[r])),
+            more: Some(more),
+        }
     }
 
     /// The page `rank` holds for this key.
     #[inline]
     pub fn page(&self, rank: u32) -> Option<u32> {
-        self.pages.get(rank as usize).map(|p| p.load(Acquire)).filter(|&p| p != NO_PAGE)
+        self.slot(rank).map(|p| p.load(Acquire)).filter(|&p| p != NO_PAGE)
     }
 
     /// Whether every rank of the key's world holds a page for it.
@@ -95,7 +147,12 @@ impl Entry {
 
     /// `(rank, page)` for every binding.
     pub fn bindings(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.pages.iter().enumerate().map(|(r, p)| (r as u32, p.load(Acquire))).filter(|&(_, p)| p != NO_PAGE)
+        self.inline
+            .iter()
+            .chain(self.more.iter().flat_map(|m| m.iter()))
+            .enumerate()
+            .map(|(r, p)| (r as u32, p.load(Acquire)))
+            .filter(|&(_, p)| p != NO_PAGE)
     }
 }
 
@@ -265,13 +322,13 @@ fn bind_in<K: Eq + std::hash::Hash + Clone + 'static>(
             // Under the bucket lock: no other writer changes `bound`.
             let bound = e.bound.load(Relaxed);
             delta.complete += i64::from(bound + 1 >= world) - i64::from(bound >= world);
-            if let Some(slot) = e.pages.get(rank as usize) {
+            if let Some(slot) = e.slot(rank) {
                 slot.store(page, Release);
                 e.bound.store(bound + 1, Release);
             } else {
                 let mut grown = e.grown(rank);
                 *grown.bound.get_mut() = bound + 1;
-                *grown.pages[rank as usize].get_mut() = page;
+                *grown.slot_mut(rank) = page;
                 o.update(grown);
             }
             Bind::Bound(world)
@@ -294,7 +351,9 @@ where
     // Under the bucket lock: no other writer changes `bound`.
     let bound = e.bound.load(Relaxed);
     delta.complete += i64::from(bound > e.world) - i64::from(bound >= e.world);
-    e.pages[rank as usize].store(NO_PAGE, Release);
+    if let Some(slot) = e.slot(rank) {
+        slot.store(NO_PAGE, Release);
+    }
     e.bound.store(bound - 1, Release);
     if bound == 1 {
         o.remove_entry();
