@@ -91,6 +91,59 @@ fn allocation(c: &mut Criterion) {
     g.finish();
 }
 
+/// The page table alone, without keys: reserving 128 pages (the free counter
+/// taken, then the search) from 10^6 and 10^8-page tables, empty and with
+/// free pages scattered at 99% fill. Each iteration's pages are freed again
+/// outside the timing, so the fill level holds.
+fn pages(c: &mut Criterion) {
+    use hf3fs_meta::core::pages::{PageTable, FREE};
+    let mut g = c.benchmark_group("pages");
+    g.throughput(Throughput::Elements(128));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    for (label, n, fill) in [
+        ("10^6 pages, empty", 1_000_000u32, 0.0f64),
+        ("10^6 pages at 99% fill", 1_000_000, 0.99),
+        ("10^8 pages at 99% fill", 100_000_000, 0.99),
+    ] {
+        let t = PageTable::new(n).unwrap();
+        // Fill completely, then free a random 1 % (scattered holes).
+        if fill > 0.0 {
+            assert!(t.try_take(u64::from(n)));
+            t.reserve(u64::from(n), 0, |_| {});
+            let holes = (f64::from(n) * (1.0 - fill)) as u64;
+            let mut freed = 0;
+            while freed < holes {
+                let p = rng.gen_range(0..n);
+                if t.claim(p).is_some() {
+                    t.settle(p, FREE);
+                    freed += 1;
+                }
+            }
+            t.give_back(freed);
+        }
+        let mut got = Vec::with_capacity(128);
+        g.bench_function(format!("reserve 128 pages, {label}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    got.clear();
+                    let start = Instant::now();
+                    assert!(t.try_take(128));
+                    t.reserve(128, 0, |p| got.push(p));
+                    total += start.elapsed();
+                    for &p in &got {
+                        assert!(t.claim(p).is_some());
+                        t.settle(p, FREE);
+                    }
+                    t.give_back(128);
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
 fn confirm(c: &mut Criterion) {
     let mut g = c.benchmark_group("confirm");
     g.throughput(Throughput::Elements(128));
@@ -212,6 +265,6 @@ fn scaling(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
-    targets = allocation, confirm, lookups, scaling
+    targets = allocation, pages, confirm, lookups, scaling
 }
 criterion_main!(benches);
