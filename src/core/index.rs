@@ -15,9 +15,10 @@
 //!
 //! A `HashIndex` never mutates a value it has published, so an [`Entry`]
 //! keeps its changing parts in atomics and is mutated in place by writers
-//! holding the bucket lock; only growing the side vector of ranks beyond the
-//! inline ones replaces the entry (`update`), and readers that hold the old
-//! one see its last state.
+//! holding the bucket lock; only a binding on a rank numbered beyond the
+//! key's world (room for the whole world is made at the first binding)
+//! replaces the entry (`update`), and readers that hold the old one see its
+//! last state.
 //!
 //! Each entry holds the pages of ranks 0 to 7 inline (the common
 //! tensor-parallel sizes) and any further ranks in a side vector: 16 bytes of
@@ -83,12 +84,16 @@ fn no_pages(n: usize) -> Box<Vec<AtomicU32>> {
 }
 
 impl Entry {
+    /// A key's first binding. Room is made for every rank of its world at
+    /// once, so that the entry is replaced (see [`Self::grown`]) only for a
+    /// rank numbered beyond its world.
     fn new(world: u32, rank: u32, page: u32) -> Self {
+        let ranks = (rank as usize + 1).max(world as usize);
         let mut e = Entry {
             world,
             bound: AtomicU32::new(1),
             inline: std::array::from_fn(|_| AtomicU32::new(NO_PAGE)),
-            more: (rank as usize >= INLINE_RANKS).then(|| no_pages(rank as usize + 1 - INLINE_RANKS)),
+            more: (ranks > INLINE_RANKS).then(|| no_pages(ranks - INLINE_RANKS)),
         };
         *e.slot_mut(rank) = page;
         e
@@ -113,6 +118,13 @@ impl Entry {
     }
 
     /// A copy with room for `rank` (writers only, under the bucket lock).
+    ///
+    /// scc's `update` inserts the copy, then marks the original removed; a
+    /// reader scanning the bucket at that moment can pass the copy's slot
+    /// before it is written and reach the original after it is marked, and
+    /// so miss the key once. That costs a client one cache miss, and only
+    /// happens when a key is bound on a rank numbered beyond its world
+    /// (`Entry::new` makes room for the whole world up front).
     fn grown(&self, rank: u32) -> Self {
         debug_assert!(rank as usize >= INLINE_RANKS, "the inline ranks are always there");
         let copy = |p: &AtomicU32| AtomicU32::new(p.load(Relaxed));
@@ -450,7 +462,9 @@ mod tests {
                                 if (round + i + r) % 3 == 0 {
                                     ix.unbind(key, r, page_of(i, r), &mut d);
                                 } else {
-                                    ix.bind(key, r, page_of(i, r), || RANKS, &mut d);
+                                    // A world of 2 under 12 ranks: bindings on
+                                    // ranks 8.. replace entries (`grown`).
+                                    ix.bind(key, r, page_of(i, r), || 2, &mut d);
                                 }
                             }
                         }
