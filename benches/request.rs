@@ -49,18 +49,22 @@ fn post(app: &App, path: &str, mut body: Vec<u8>) -> Vec<u8> {
     reply.body
 }
 
+/// The `(key, page)` pairs of a batch_allocate answer.
+fn allocated(answer: &[u8]) -> Vec<(String, i64)> {
+    let v: serde_json::Value = serde_json::from_slice(answer).unwrap();
+    v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r[0].as_str().unwrap().to_owned(), r[1].as_i64().unwrap()))
+        .collect()
+}
+
 fn app(pages: u32, stored: &[String]) -> App {
     let app = App::new(Config::for_tests());
     post(&app, "/rank/0/initialize", format!("{{\"num_pages\": {pages}, \"role\": \"worker\"}}").into_bytes());
     for chunk in stored.chunks(128) {
-        let answer = post(&app, "/keys/batch_allocate", allocate_body(0, chunk));
-        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
-        let pairs: Vec<(String, i64)> = v["results"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| (r[0].as_str().unwrap().to_owned(), r[1].as_i64().unwrap()))
-            .collect();
+        let pairs = allocated(&post(&app, "/keys/batch_allocate", allocate_body(0, chunk)));
         post(&app, "/keys/confirm_write", confirm_body(0, &pairs));
     }
     app
@@ -86,14 +90,7 @@ fn confirm_steady(
                     post(app, "/keys/confirm_write", release_body(0, &release));
                 }
                 let keys = hex_keys(rng, 128);
-                let answer = post(app, "/keys/batch_allocate", allocate_body(0, &keys));
-                let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
-                let pairs: Vec<(String, i64)> = v["results"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|r| (r[0].as_str().unwrap().to_owned(), r[1].as_i64().unwrap()))
-                    .collect();
+                let pairs = allocated(&post(app, "/keys/batch_allocate", allocate_body(0, &keys)));
                 confirmed.borrow_mut().extend(pairs.iter().map(|&(_, p)| p));
                 confirm_body(0, &pairs)
             },
