@@ -1612,15 +1612,8 @@ async fn malformed_injector(ctx: Arc<Ctx>, until: Instant) {
             }
             // Poisoned: a valid release of a bound page, then a type error.
             _ => {
-                let r = rng.gen_range(0..WORLD);
-                let Some((k1, p1)) = sample_bound(&ctx, &mut rng, r) else {
+                let Some((r, k1, p1, held)) = lock_sampled_bound(&ctx, &mut rng).await else {
                     pace(&ctx).await;
-                    continue;
-                };
-                let Some(held) = ctx.tracker.lock(r, &[k1], &[p1], false).await else { continue };
-                // The lock may have waited: take the page the key has now.
-                let Some(p1) = current_page(&ctx, r, &k1) else {
-                    held.finish(false);
                     continue;
                 };
                 let k1s = key_str(&k1);
@@ -1649,6 +1642,22 @@ async fn malformed_injector(ctx: Arc<Ctx>, until: Instant) {
 /// wrong change shows in exists and locations at once).
 fn sample_bound<R: Rng>(ctx: &Ctx, rng: &mut R, rank: usize) -> Option<(Key, u32)> {
     ctx.tracker.sample_bound(&ctx.u, rng, rank, true).or_else(|| ctx.tracker.sample_bound(&ctx.u, rng, rank, false))
+}
+
+/// A bound key of a random rank, locked in the tracker, with the page it
+/// holds once the lock is held (the lock may have waited). `None` when no key
+/// is bound yet, the lock is refused, or the key lost its page meanwhile.
+async fn lock_sampled_bound<'c, R: Rng>(ctx: &'c Ctx, rng: &mut R) -> Option<(usize, Key, u32, Held<'c>)> {
+    let r = rng.gen_range(0..WORLD);
+    let (k, p) = sample_bound(ctx, rng, r)?;
+    let held = ctx.tracker.lock(r, &[k], &[p], false).await?;
+    match current_page(ctx, r, &k) {
+        Some(p) => Some((r, k, p, held)),
+        None => {
+            held.finish(false);
+            None
+        }
+    }
 }
 
 fn current_page(ctx: &Ctx, rank: usize, k: &Key) -> Option<u32> {
@@ -1687,14 +1696,8 @@ async fn drop_body_injector(ctx: Arc<Ctx>, until: Instant) {
                 ctx.c.fault("drop_mid_body");
             }
             _ => {
-                let r = rng.gen_range(0..WORLD);
-                let Some((k1, p1)) = sample_bound(&ctx, &mut rng, r) else {
+                let Some((r, k1, p1, held)) = lock_sampled_bound(&ctx, &mut rng).await else {
                     pace(&ctx).await;
-                    continue;
-                };
-                let Some(held) = ctx.tracker.lock(r, &[k1], &[p1], false).await else { continue };
-                let Some(p1) = current_page(&ctx, r, &k1) else {
-                    held.finish(false);
                     continue;
                 };
                 let body = confirm_body(r, &[], &[p1]);
