@@ -58,10 +58,10 @@ const INLINE_RANKS: usize = 8;
 /// What the index knows about one key.
 ///
 /// `repr(C)`, 48 bytes: with its 16-byte digest, one 64-byte slot of the map,
-/// the counts first, so that an exists reads the key and its completeness
-/// from one cache line, and a location of any of the first 8 ranks as well
-/// (measured: 80-byte slots put `bound` on the next line, a second miss per
-/// key).
+/// the counts first, so that the key, its completeness and the pages of the
+/// first 8 ranks share one cache line when the slot is line-aligned. The
+/// `SmallVec` entry this replaced made 80-byte slots: 16 bytes more per key,
+/// for lookups that measured the same (perf/RESULTS.md).
 #[derive(Debug)]
 #[repr(C)]
 pub struct Entry {
