@@ -14,7 +14,7 @@
 //! scrape that reads one shard slightly before another only sees a slightly
 //! older total, which Prometheus tolerates by design.
 
-use crate::core::{ErrorCode, Stats};
+use crate::core::{ErrorCode, Footprint, Stats};
 use crossbeam_utils::CachePadded;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -261,7 +261,7 @@ impl Metrics {
     }
 
     /// Renders every metric in the Prometheus text exposition format (0.0.4).
-    pub fn render(&self, stats: &Stats) -> String {
+    pub fn render(&self, stats: &Stats, footprint: &Footprint) -> String {
         let sh = &self.shards[..];
         let mut o = String::with_capacity(16 * 1024);
         let head = |o: &mut String, name: &str, kind: &str, help: &str| {
@@ -351,6 +351,8 @@ impl Metrics {
         let _ = writeln!(o, "hf3fs_meta_keys {}", stats.keys);
         head(&mut o, "complete_keys", "gauge", "Keys stored on every rank of their world (batch_exists answers true).");
         let _ = writeln!(o, "hf3fs_meta_complete_keys {}", stats.complete_keys);
+        head(&mut o, "index_slots", "gauge", "Slots of the key index, used or not (64 bytes each for a digest key).");
+        let _ = writeln!(o, "hf3fs_meta_index_slots {}", footprint.index_slots);
         head(
             &mut o,
             "reservations_expired_total",
@@ -393,7 +395,7 @@ mod tests {
         m.request(Endpoint::Confirm, 500, 3, Duration::from_millis(2));
         m.confirm_error(ErrorCode::DoubleConfirm);
         let stats = Stats { ranks: vec![], keys: 5, complete_keys: 2, expired: 7 };
-        let t = m.render(&stats);
+        let t = m.render(&stats, &Footprint { index_slots: 8192 });
         assert_eq!(
             line(&t, "hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"}"),
             Some("hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"} 4000")
@@ -403,6 +405,7 @@ mod tests {
         assert!(t.contains("hf3fs_meta_request_keys_bucket{endpoint=\"batch_exists\",le=\"128\"} 4000"));
         assert!(t.contains("hf3fs_meta_confirm_errors_total{code=\"double_confirm\"} 1"));
         assert!(t.contains("hf3fs_meta_keys 5\n"));
+        assert!(t.contains("hf3fs_meta_index_slots 8192\n"));
         assert!(t.contains("hf3fs_meta_reservations_expired_total 7\n"));
     }
 
@@ -410,7 +413,7 @@ mod tests {
     fn unknown_status_is_other() {
         let m = Metrics::default();
         m.request(Endpoint::Other, 418, 0, Duration::ZERO);
-        let t = m.render(&Stats { ranks: vec![], keys: 0, complete_keys: 0, expired: 0 });
+        let t = m.render(&Stats { ranks: vec![], keys: 0, complete_keys: 0, expired: 0 }, &Footprint::default());
         assert!(t.contains("hf3fs_meta_requests_total{endpoint=\"other\",status=\"other\"} 1"));
     }
 }

@@ -36,6 +36,7 @@ fn stats_shape() {
         [
             "complete_keys",
             "durable",
+            "index_slots",
             "keys",
             "open_connections",
             "ranks",
@@ -52,6 +53,8 @@ fn stats_shape() {
     assert_eq!(st["world_size"], Value::Null);
     assert_eq!(st["keys"], json!(0));
     assert_eq!(st["complete_keys"], json!(0));
+    // The key index keeps a floor of slots even when empty.
+    assert!(st["index_slots"].as_u64().is_some_and(|n| n >= 4096), "{st}");
     assert_eq!(st["reservations_expired"], json!(0));
     assert_eq!(st["reservation_ttl_seconds"], json!(600));
     assert!(st["open_connections"].as_i64().is_some_and(|n| n >= 1), "{st}");
@@ -475,6 +478,7 @@ fn metrics_parse_and_move_with_requests() {
     assert_eq!(m1.get("hf3fs_meta_ranks", &[]), 1.0);
     assert_eq!(m1.get("hf3fs_meta_keys", &[]), 2.0);
     assert_eq!(m1.get("hf3fs_meta_complete_keys", &[]), 2.0);
+    assert!(m1.get("hf3fs_meta_index_slots", &[]) >= 4096.0, "the key index's floor of slots");
     assert_eq!(m1.get("hf3fs_meta_allocate_keys_total", &[("outcome", "reserved")]), 3.0);
     assert_eq!(m1.get("hf3fs_meta_confirm_pages_total", &[("outcome", "bound")]), 2.0);
     assert!(m1.get("hf3fs_meta_connections_total", &[]) >= m0.get("hf3fs_meta_connections_total", &[]) + 12.0);

@@ -296,6 +296,11 @@ impl KeyIndex {
         }
     }
 
+    /// Slots of both maps (occupied or not).
+    pub fn slots(&self) -> usize {
+        self.hex.capacity() + self.text.capacity()
+    }
+
     /// Calls `f` with every entry; for audits and snapshots, not the request path.
     pub fn for_each(&self, mut f: impl FnMut(KeyRef<'_>, &Entry)) {
         self.hex.iter_sync(|&d, e| {

@@ -23,5 +23,7 @@ mod zeroed;
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
 pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
-pub use store::{AllocateOutcome, ConfirmOutcome, Initialized, RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL};
+pub use store::{
+    AllocateOutcome, ConfirmOutcome, Footprint, Initialized, RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
+};
 pub use zeroed::OutOfMemory;

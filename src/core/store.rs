@@ -116,6 +116,16 @@ pub struct Stats {
     pub expired: u64,
 }
 
+/// Sizes of the store's structures that its logical [`Stats`] do not show
+/// (they depend on history: a recovered store holds the same keys in a
+/// table sized differently).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Slots of the key index, used or not: 64 bytes each for a digest key.
+    /// scc doubles the table when it fills to about half.
+    pub index_slots: u64,
+}
+
 /// Everything between two `/clear`s.
 struct Generation {
     id: u64,
@@ -608,6 +618,11 @@ impl Store {
             complete_keys: gen.complete.load(Ordering::Relaxed).max(0) as u64,
             expired: self.expired.load(Ordering::Relaxed),
         }
+    }
+
+    /// The current [`Footprint`].
+    pub fn footprint(&self) -> Footprint {
+        Footprint { index_slots: self.gen.load().index.slots() as u64 }
     }
 
     /// Checks every invariant of the design notes. Only meaningful while no

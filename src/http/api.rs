@@ -172,7 +172,7 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
                 Reply::no_content(0)
             }
             Route::Metrics => {
-                let text = app.metrics.render(&app.store.stats());
+                let text = app.metrics.render(&app.store.stats(), &app.store.footprint());
                 Reply {
                     content_type: "text/plain; version=0.0.4; charset=utf-8",
                     ..Reply::json(StatusCode::OK, text.into_bytes(), 0)
@@ -350,11 +350,12 @@ fn stats_json(app: &App, stats: &Stats) -> String {
     let ws = app.cfg.world_size.map_or("null".to_string(), |w| w.to_string());
     let _ = write!(
         o,
-        r#"{{"version":"{}","uptime_seconds":{:.3},"world_size":{ws},"keys":{},"complete_keys":{},"reservations_expired":{},"reservation_ttl_seconds":{},"open_connections":{},"durable":{},"ranks":["#,
+        r#"{{"version":"{}","uptime_seconds":{:.3},"world_size":{ws},"keys":{},"complete_keys":{},"index_slots":{},"reservations_expired":{},"reservation_ttl_seconds":{},"open_connections":{},"durable":{},"ranks":["#,
         env!("CARGO_PKG_VERSION"),
         app.metrics.uptime().as_secs_f64(),
         stats.keys,
         stats.complete_keys,
+        app.store.footprint().index_slots,
         stats.expired,
         app.cfg.reservation_ttl,
         app.metrics.open_connections(),
