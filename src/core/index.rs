@@ -73,12 +73,14 @@ pub struct Entry {
     inline: [AtomicU32; INLINE_RANKS],
     /// Pages of ranks `INLINE_RANKS..`, for keys bound beyond them (boxed
     /// twice: a thin pointer keeps the entry at 48 bytes).
+    #[allow(clippy::box_collection)]
     more: Option<Box<Vec<AtomicU32>>>,
 }
 
 const _: () = assert!(std::mem::size_of::<(u128, Entry)>() == 64);
 
 /// `n` empty page slots.
+#[allow(clippy::box_collection)] // a thin pointer: see `Entry::more`
 fn no_pages(n: usize) -> Box<Vec<AtomicU32>> {
     Box::new((0..n).map(|_| AtomicU32::new(NO_PAGE)).collect())
 }
