@@ -5,6 +5,7 @@
 //!   304), `Connection: close` and close-delimited bodies.
 //! - `Hyper`: hyper 1.x `client::conn::http1`, kept so the two can be measured
 //!   against each other (`loadgen --client hyper`).
+//!
 //! A connection that errors is dropped and re-dialled lazily on the next call.
 
 use std::io;

@@ -649,21 +649,12 @@ fn json_str(s: &str) -> String {
 }
 
 fn main() {
-    let a = Args::parse();
-    std::process::exit(match run(a) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("loadgen: {e}");
-            2
-        }
-    });
+    hf3fs_perf::exit_with("loadgen", run(Args::parse()));
 }
 
 fn run(a: Args) -> Result<i32, String> {
-    if !a.addr.ip().is_loopback() {
-        return Err(format!("refusing non-loopback target {}", a.addr));
-    }
-    if !(a.duration > 0.0) || a.warmup < 0.0 || a.duration + a.warmup > MAX_SECONDS {
+    hf3fs_perf::require_loopback(a.addr)?;
+    if a.duration.is_nan() || a.duration <= 0.0 || a.warmup < 0.0 || a.duration + a.warmup > MAX_SECONDS {
         return Err(format!("--duration must be > 0 and warmup + duration <= {MAX_SECONDS} s"));
     }
     if a.connections == 0 || a.connections > 4096 || a.threads == 0 || a.threads > 64 {
@@ -726,7 +717,7 @@ fn run(a: Args) -> Result<i32, String> {
         report(&a, &st, measured, validate);
         if st.violations > 0 {
             Ok(1)
-        } else if st.hist.len() == 0 {
+        } else if st.hist.is_empty() {
             eprintln!("loadgen: no request completed in the measured window");
             Ok(2)
         } else {
@@ -740,7 +731,7 @@ fn report(a: &Args, st: &Stats, secs: f64, validated: bool) {
     let n = h.len();
     let rps = n as f64 / secs;
     let q = |h: &Histogram<u64>, p: f64| {
-        if h.len() == 0 {
+        if h.is_empty() {
             0
         } else {
             h.value_at_quantile(p)
@@ -798,7 +789,7 @@ fn report(a: &Args, st: &Stats, secs: f64, validated: bool) {
             st.http_5xx,
             st.conn_errors,
         );
-        if st.aux.len() > 0 {
+        if !st.aux.is_empty() {
             let _ = write!(o, " | aux {} req p50 {}us p99 {}us", st.aux.len(), q(&st.aux, 0.5), q(&st.aux, 0.99));
         }
         if a.scenario == Scenario::Cycle {

@@ -2405,20 +2405,11 @@ async fn setup(ctx: &Ctx) -> Result<(), String> {
 }
 
 fn main() {
-    let a = Args::parse();
-    std::process::exit(match run(a) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("soak: {e}");
-            2
-        }
-    });
+    hf3fs_perf::exit_with("soak", run(Args::parse()));
 }
 
 fn run(a: Args) -> Result<i32, String> {
-    if !a.addr.ip().is_loopback() {
-        return Err(format!("refusing non-loopback target {}", a.addr));
-    }
+    hf3fs_perf::require_loopback(a.addr)?;
     if !(a.duration > 0.0 && a.duration <= MAX_DURATION) {
         return Err(format!("--duration must be in (0, {MAX_DURATION}]"));
     }
