@@ -3,6 +3,7 @@
 //! kept for comparison), key generators, and tiny JSON scanners for the few
 //! response shapes the generator has to read. Kept dependency-light on purpose.
 
+pub mod body;
 pub mod client;
 pub mod keys;
 pub mod scan;

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
+use hf3fs_perf::body::{alloc_body, push_key, Wr};
 use hf3fs_perf::client::{Conn, Mode};
 use hf3fs_perf::keys::{random_key, stored_key, Key};
 use hf3fs_perf::scan;
@@ -245,12 +246,6 @@ async fn call<'c>(
     }
 }
 
-fn push_key(b: &mut Vec<u8>, k: &Key) {
-    b.push(b'"');
-    b.extend_from_slice(k);
-    b.push(b'"');
-}
-
 /// `{<head>[ "k", ... ]}` e.g. head = `"keys":` or `"rank":0,"keys":`.
 fn keys_body<'a>(head: &str, keys: impl Iterator<Item = &'a Key>) -> Bytes {
     let mut b = Vec::with_capacity(64 + 35 * 128);
@@ -262,21 +257,6 @@ fn keys_body<'a>(head: &str, keys: impl Iterator<Item = &'a Key>) -> Bytes {
             b.push(b',');
         }
         push_key(&mut b, k);
-    }
-    b.extend_from_slice(b"]}");
-    Bytes::from(b)
-}
-
-fn alloc_body(rank: u32, keys: &[Key]) -> Bytes {
-    let mut b = Vec::with_capacity(64 + 40 * keys.len());
-    let _ = write!(Wr(&mut b), "{{\"rank\":{rank},\"keys\":[");
-    for (i, k) in keys.iter().enumerate() {
-        if i > 0 {
-            b.push(b',');
-        }
-        b.push(b'[');
-        push_key(&mut b, k);
-        b.extend_from_slice(b",\"\"]");
     }
     b.extend_from_slice(b"]}");
     Bytes::from(b)
@@ -308,15 +288,6 @@ fn confirm_body(rank: u32, keys: &[Key], pages: &[i64], confirm: bool, release: 
     }
     b.extend_from_slice(b"]}");
     Bytes::from(b)
-}
-
-/// fmt::Write adapter over a byte vector.
-struct Wr<'a>(&'a mut Vec<u8>);
-impl std::fmt::Write for Wr<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
-    }
 }
 
 struct Worker {

@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Parser;
 use hdrhistogram::Histogram;
+use hf3fs_perf::body::{alloc_body, push_key, Wr};
 use hf3fs_perf::client::{Conn, Mode};
 use hf3fs_perf::keys::{random_key, Key};
 use hf3fs_perf::scan;
@@ -441,27 +442,6 @@ fn snippet(b: &[u8]) -> String {
 // ---------------------------------------------------------------------------
 // Request bodies.
 
-fn push_key(b: &mut Vec<u8>, k: &[u8]) {
-    b.push(b'"');
-    b.extend_from_slice(k);
-    b.push(b'"');
-}
-
-fn alloc_body(rank: usize, keys: &[Key]) -> Bytes {
-    let mut b = Vec::with_capacity(32 + 40 * keys.len());
-    let _ = write!(Wr(&mut b), "{{\"rank\":{rank},\"keys\":[");
-    for (i, k) in keys.iter().enumerate() {
-        if i > 0 {
-            b.push(b',');
-        }
-        b.push(b'[');
-        push_key(&mut b, k);
-        b.extend_from_slice(b",\"\"]");
-    }
-    b.extend_from_slice(b"]}");
-    Bytes::from(b)
-}
-
 fn confirm_body(rank: usize, confirms: &[(Key, u32)], releases: &[u32]) -> Bytes {
     let mut b = Vec::with_capacity(64 + 48 * confirms.len() + 12 * releases.len());
     let _ = write!(Wr(&mut b), "{{\"rank\":{rank},\"confirmations\":[");
@@ -498,14 +478,6 @@ fn keys_body(rank: Option<usize>, keys: &[Key]) -> Bytes {
     }
     b.extend_from_slice(b"]}");
     Bytes::from(b)
-}
-
-struct Wr<'a>(&'a mut Vec<u8>);
-impl std::fmt::Write for Wr<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        self.0.extend_from_slice(s.as_bytes());
-        Ok(())
-    }
 }
 
 // ---------------------------------------------------------------------------
