@@ -14,7 +14,15 @@
 //! - [`checkpoint`]: one thread folds the log into per-chunk state every
 //!   second, so the log stays short and recovery reads compact chunks.
 //! - [`recover`]: start-up rebuilds ranks and bindings from state + log.
+//! - [`fold`]: the net effect of a run of log entries (checkpoint and
+//!   recovery both fold).
 //! - [`codec`]: what the store's keys and values say.
+//! - [`error`]: [`OpenError`] and the guard that turns a panic of the
+//!   embedded store into one.
+//!
+//! This file is the facade: it opens and closes the pieces and holds the
+//! handle. The pieces import each other's leaves (`codec`, `fold`,
+//! `error`), never this file.
 //!
 //! The HTTP layer, after a mutating handler succeeded, waits for
 //! [`Durable::sync`] (everything recorded up to now) before it answers: a
@@ -32,43 +40,27 @@
 
 pub mod checkpoint;
 pub mod codec;
+pub mod error;
+pub mod fold;
 pub mod queue;
 pub mod recover;
 pub mod store;
 pub mod writer;
 
 pub use crate::config::FsyncMode;
+pub use error::OpenError;
 pub use queue::WaitError;
 pub use store::OpenReport;
 
 use crate::core::{Store, StoreConfig};
 use crossbeam_channel::Sender;
+use error::guarded;
 use queue::{Msg, Progress, QueueJournal};
-use std::cell::{Cell, RefCell};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Why the durable store could not be opened. The server logs it and exits
-/// non-zero rather than start with state it cannot vouch for.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OpenError {
-    /// The directory could not be created or read.
-    #[error("I/O error: {0}")]
-    Io(String),
-    /// The store's files are damaged (beyond a torn tail, which is dropped
-    /// with a warning).
-    #[error("the data is corrupt: {0}")]
-    Corrupt(String),
-    /// The data decodes but describes an impossible state.
-    #[error("the data is inconsistent: {0}")]
-    Inconsistent(String),
-    /// The state does not fit this configuration (e.g. a smaller `--max-ranks`).
-    #[error("cannot restore: {0}")]
-    Restore(String),
-}
 
 /// What start-up recovered.
 #[derive(Debug, Clone)]
@@ -106,8 +98,6 @@ struct Threads {
 pub struct Durable {
     progress: Arc<Progress>,
     tx: Sender<Msg>,
-    mode: FsyncMode,
-    dir: PathBuf,
     db: Arc<store::Db>,
     /// `Some` until closed. A std `Mutex`: taken only by `close`.
     threads: Mutex<Option<Threads>>,
@@ -227,39 +217,13 @@ impl Durable {
             recovered.elapsed.as_secs_f64()
         );
         let threads = Threads { writer, checkpointer, stop_checkpointer: stop_tx, syncer };
-        let durable =
-            Durable { progress, tx, mode, dir: dir.to_path_buf(), db, threads: Mutex::new(Some(threads)), _lock: lock };
+        let durable = Durable { progress, tx, db, threads: Mutex::new(Some(threads)), _lock: lock };
         Ok((store, durable, recovered))
-    }
-
-    /// The fsync mode.
-    pub fn mode(&self) -> FsyncMode {
-        self.mode
-    }
-
-    /// The data directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// The number of the last change recorded so far.
     pub fn head(&self) -> u64 {
         self.progress.head()
-    }
-
-    /// Every change numbered up to this is durable.
-    pub fn durable(&self) -> u64 {
-        self.progress.durable()
-    }
-
-    /// Why the writer failed, if it did.
-    pub fn failure(&self) -> Option<&str> {
-        self.progress.failure()
-    }
-
-    /// Waits until every change numbered up to `target` is durable.
-    pub async fn wait(&self, target: u64) -> Result<(), WaitError> {
-        self.progress.wait(target).await
     }
 
     /// Waits until everything recorded so far is durable. Call it after the
@@ -333,47 +297,4 @@ impl Drop for Durable {
     fn drop(&mut self) {
         let _ = self.close();
     }
-}
-
-/// The text of a caught panic's payload.
-pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
-thread_local! {
-    /// Set while this thread runs [`guarded`] code.
-    static GUARDED: Cell<bool> = const { Cell::new(false) };
-    /// The message of the last panic caught by [`guarded`] on this thread.
-    static CAUGHT: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-/// Runs `f`, turning a panic into an error message without printing a
-/// panic report: the embedded store asserts on some malformed files, and a
-/// damaged data directory must produce one clear log line, not a backtrace.
-pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    static HOOK: std::sync::Once = std::sync::Once::new();
-    HOOK.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if GUARDED.with(Cell::get) {
-                let mut msg = panic_message(info.payload()).replace('\n', " ");
-                if let Some(l) = info.location() {
-                    msg = format!("{msg} ({}:{})", l.file(), l.line());
-                }
-                CAUGHT.with(|c| *c.borrow_mut() = Some(msg));
-            } else {
-                previous(info);
-            }
-        }));
-    });
-    let was = GUARDED.with(|g| g.replace(true));
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    GUARDED.with(|g| g.set(was));
-    r.map_err(|p| {
-        let caught = CAUGHT.with(|c| c.borrow_mut().take());
-        format!("the embedded store refused its files: {}", caught.unwrap_or_else(|| panic_message(&*p)))
-    })
 }

@@ -15,10 +15,10 @@
 //! `bound` counts restored bindings across the workers (`Relaxed`): it is
 //! read once, after `thread::scope` has joined them, and the join orders it.
 
-use super::checkpoint::{key_page, sort_key, split_key, Fold};
 use super::codec::{self, Binding, CHUNK_PAGES, CHUNK_PREFIX, CHUNK_SHIFT, RANK_PREFIX};
+use super::error::OpenError;
+use super::fold::{key_page, sort_key, split_key, Fold};
 use super::store::Db;
-use super::OpenError;
 use crate::core::Store;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

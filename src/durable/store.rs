@@ -6,7 +6,7 @@
 //! is the property the log and the checkpoint rely on.
 
 use super::codec::{self, GENERATION_KEY};
-use super::{guarded, OpenError};
+use super::error::{guarded, OpenError};
 use fjall::{CompressionType, Keyspace, PartitionCreateOptions, PartitionHandle, PersistMode};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};

@@ -22,9 +22,11 @@
 //! [`super::queue`]). Its only other atomic is the checkpointer's `backlog`
 //! hint, bumped `Relaxed`: it only decides when to nudge, no data hangs off it.
 
+use super::codec;
+use super::error::panic_message;
 use super::queue::{Msg, Op, Progress, Watermark};
 use super::store::Db;
-use super::{codec, FsyncMode};
+use crate::config::FsyncMode;
 use crossbeam_channel::Receiver;
 use fjall::PersistMode;
 use std::collections::HashMap;
@@ -72,7 +74,7 @@ impl Writer {
         let failure = match result {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e),
-            Err(p) => Some(format!("the writer panicked: {}", super::panic_message(&*p))),
+            Err(p) => Some(format!("the writer panicked: {}", panic_message(&*p))),
         };
         if let Some(why) = failure {
             tracing::error!("durable store failed, acknowledging no more changes: {why}");
