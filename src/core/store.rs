@@ -27,9 +27,9 @@ use super::key::KeyRef;
 use super::pages::{Claimed, Counts, PageState, PageTable, BOUND, FREE};
 
 mod confirm;
+use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Expiry granularity: the server ticks the store's epoch this many times per

@@ -18,8 +18,8 @@ use super::super::index::{Bind, Delta};
 use super::super::journal::Change;
 use super::super::key::KeyRef;
 use super::super::pages::{ClaimGuard, Claimed, PageTable, BOUND, FREE};
+use super::super::sync::Ordering;
 use super::{ConfirmOutcome, Generation, Store};
-use std::sync::atomic::Ordering;
 
 /// One item of a confirm request, sorted by page for claiming.
 #[derive(Clone, Copy)]
