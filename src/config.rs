@@ -123,6 +123,12 @@ pub struct Config {
     /// Durability of acknowledged requests (with --data-dir).
     #[arg(long, env = "HF3FS_META_FSYNC", value_enum, default_value_t = FsyncMode::Batch)]
     pub fsync: FsyncMode,
+
+    /// For tests only: a file naming faults to inject where the durable
+    /// store writes and syncs (`write=enospc`, `sync=eio`, …; read at every
+    /// store call, see `src/durable/faults.rs`). Hidden from --help.
+    #[arg(long, env = "HF3FS_META_DURABLE_FAULTS", hide = true)]
+    pub durable_faults: Option<PathBuf>,
 }
 
 impl Config {

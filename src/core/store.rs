@@ -27,6 +27,8 @@ use super::key::KeyRef;
 use super::pages::{Claimed, Counts, PageState, PageTable, BOUND, FREE};
 
 mod confirm;
+mod snapshot;
+pub use snapshot::Visit;
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use std::collections::HashSet;

@@ -4,10 +4,18 @@
 //! cheap (one store write per batch, not per binding). The checkpointer
 //! thread, every [`CHECKPOINT_INTERVAL`] or sooner when the log grows by
 //! [`NUDGE_RECORDS`], reads the oldest log entries, keeps each page's last
-//! change ([`Fold`], in [`super::fold`]), rewrites only the state chunks those changes touch, and
-//! removes the log entries it folded, all in one atomic store batch. A crash
-//! before that batch keeps the log entries; a crash after keeps the new
-//! chunks: either way, state plus log is the whole history.
+//! change ([`Fold`], in [`super::fold`]), rewrites only the state chunks
+//! those changes touch, and removes the log entries it folded, all in one
+//! atomic store batch. A crash before that batch keeps the log entries; a
+//! crash after keeps the new chunks: either way, state plus log is the whole
+//! history.
+//!
+//! The thread is also the durable layer's clock: at every tick, while the
+//! store is healthy, it runs the probe (a small write and fsync in the data
+//! directory, so that a disk that fills or fails under an idle server shows
+//! on `/health` within a tick) and the stall watch. A failure it meets is
+//! reported like the writer's ([`Shared::fail`]); while the store is
+//! degraded it does nothing (the writer alone recovers).
 //!
 //! # Memory ordering
 //!
@@ -15,14 +23,16 @@
 //! decides when to nudge the checkpointer: `Relaxed`.
 
 use super::codec;
-use super::error::panic_message;
+use super::error::{panic_message, Failure};
+use super::faults::Point;
 use super::fold::{split_key, Fold};
+use super::shared::Shared;
 use super::store::{Db, Parts};
 use crossbeam_channel::Receiver;
 use fjall::PersistMode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often the checkpointer folds the log.
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
@@ -31,21 +41,28 @@ pub const NUDGE_RECORDS: u64 = 1 << 20;
 /// Most records folded in one pass (bounds the pass's memory).
 const MAX_FOLD_RECORDS: u64 = 4 << 20;
 
-/// Folds up to [`MAX_FOLD_RECORDS`] of the log into the state. Returns the
-/// number of records folded.
-pub(crate) fn pass(db: &Db) -> Result<u64, String> {
+/// Folds up to [`MAX_FOLD_RECORDS`] of the current keyspace's log into its
+/// state. Returns the number of records folded (0 on a keyspace a recovery
+/// has replaced).
+pub(crate) fn pass(shared: &Shared) -> Result<u64, Failure> {
+    let db = shared.db.load_full();
     let parts = db.parts();
+    if parts.retired {
+        return Ok(0);
+    }
     let fold = Fold::read(&parts.log, MAX_FOLD_RECORDS)?;
     if fold.entries.is_empty() {
         return Ok(0);
     }
     let records = fold.records;
-    write_fold(db, &parts, fold)?;
+    write_fold(shared, &db, &parts, fold)?;
     Ok(records)
 }
 
 /// Writes `fold` into the state of `parts` and removes its log entries.
-fn write_fold(db: &Db, parts: &Parts, mut fold: Fold) -> Result<(), String> {
+/// A chunk that does not decode is [`Failure::Fatal`] (it was written by us
+/// and reads back wrong).
+fn write_fold(shared: &Shared, db: &Db, parts: &Parts, mut fold: Fold) -> Result<(), Failure> {
     let mut batch = db.keyspace.batch().durability(Some(PersistMode::Buffer));
     for (&rank, &n) in &fold.ranks {
         batch.insert(&parts.state, codec::rank_key(rank).to_vec(), n.to_le_bytes().to_vec());
@@ -62,9 +79,10 @@ fn write_fold(db: &Db, parts: &Parts, mut fold: Fold) -> Result<(), String> {
         rest = tail;
         let (chunk, rank, _) = split_key(first);
         let key = codec::chunk_key(chunk, rank);
-        let existed = match parts.state.get(key).map_err(|e| format!("reading the state: {e}"))? {
+        let existed = match parts.state.get(key).map_err(|e| Failure::store("reading the state", &e))? {
             Some(v) => {
-                codec::decode_chunk(&v, &mut current).map_err(|e| format!("chunk {chunk} of rank {rank}: {e}"))?;
+                codec::decode_chunk(&v, &mut current)
+                    .map_err(|e| Failure::Fatal(format!("state chunk {chunk} of rank {rank}: {e}")))?;
                 true
             }
             None => {
@@ -96,13 +114,15 @@ fn write_fold(db: &Db, parts: &Parts, mut fold: Fold) -> Result<(), String> {
     for k in std::mem::take(&mut fold.entries) {
         batch.remove(&parts.log, k);
     }
-    batch.commit().map_err(|e| format!("writing the checkpoint: {e}"))
+    shared.check(Point::Write).map_err(|e| Failure::io("writing the checkpoint", &e))?;
+    batch.commit().map_err(|e| Failure::store("writing the checkpoint", &e))
 }
 
-/// The checkpointer thread: a pass every [`CHECKPOINT_INTERVAL`], on a
-/// nudge, and a last one when `stop` says so (`true`) or is dropped.
+/// The checkpointer thread: a pass every `every` (and the probe and the
+/// stall watch), a pass on a nudge, and a last one when `stop` says so
+/// (`true`) or is dropped.
 pub(crate) fn run(
-    db: Arc<Db>,
+    shared: Arc<Shared>,
     every: Option<Duration>,
     backlog: Arc<AtomicU64>,
     mut nudge: Receiver<()>,
@@ -111,10 +131,10 @@ pub(crate) fn run(
     // `None`: no periodic pass (tests that need a log tail to stay a tail).
     let tick = every.map_or_else(crossbeam_channel::never, crossbeam_channel::tick);
     loop {
-        let stopping = crossbeam_channel::select! {
+        let (stopping, ticked) = crossbeam_channel::select! {
             recv(stop) -> last_pass => match last_pass {
                 Ok(false) => return,
-                _ => true,
+                _ => (true, false),
             },
             recv(nudge) -> r => {
                 if r.is_err() {
@@ -123,24 +143,31 @@ pub(crate) fn run(
                     nudge = crossbeam_channel::never();
                     continue;
                 }
-                false
+                (false, false)
             }
-            recv(tick) -> _ => false,
+            recv(tick) -> _ => (false, true),
         };
-        backlog.store(0, Ordering::Relaxed);
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
-            // Keep going while passes are full, so a burst is folded soon.
-            match pass(&db) {
-                Ok(n) if n >= MAX_FOLD_RECORDS => continue,
-                other => break other,
+        if let Some(f) = shared.watch.judge(Instant::now()) {
+            shared.fail(f);
+        }
+        if shared.progress.is_healthy() {
+            backlog.store(0, Ordering::Relaxed);
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
+                // Keep going while passes are full, so a burst is folded soon.
+                match pass(&shared) {
+                    Ok(n) if n >= MAX_FOLD_RECORDS => continue,
+                    other => break other,
+                }
+            }));
+            match result {
+                Ok(Ok(_)) => {}
+                Ok(Err(f)) => shared.fail(f),
+                Err(p) => shared.fail(Failure::Fatal(format!("the checkpointer panicked: {}", panic_message(&*p)))),
             }
-        }));
-        match result {
-            Ok(Ok(_)) => {}
-            // The log keeps everything; the next pass tries again.
-            Ok(Err(e)) => tracing::error!("durable checkpoint failed (the log keeps the changes): {e}"),
-            Err(p) => {
-                tracing::error!("durable checkpoint panicked (the log keeps the changes): {}", panic_message(&*p))
+        }
+        if ticked && shared.progress.is_healthy() {
+            if let Err(f) = shared.probe() {
+                shared.fail(f);
             }
         }
         if stopping {
@@ -148,3 +175,4 @@ pub(crate) fn run(
         }
     }
 }
+

@@ -2,9 +2,11 @@
 //! panics into them.
 //!
 //! A leaf: every other file of `durable/` may use it, it uses none of them.
-//! [`OpenError`] is what start-up reports; [`guarded`] and
-//! [`panic_message`] make a panic inside fjall (it asserts on some malformed
-//! files) one clear log line rather than a backtrace.
+//! [`OpenError`] is what start-up reports; `Failure` is what a failure while
+//! serving is, sorted into the two paths of docs/durability.md ("When the
+//! disk fails"); `guarded` and `panic_message` make a panic inside fjall (it
+//! asserts on some malformed files) one clear log line rather than a
+//! backtrace.
 
 use std::cell::{Cell, RefCell};
 
@@ -25,6 +27,57 @@ pub enum OpenError {
     /// The state does not fit this configuration (e.g. a smaller `--max-ranks`).
     #[error("cannot restore: {0}")]
     Restore(String),
+}
+
+/// A failure of the durable store while serving, sorted by what can be done
+/// about it in process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// Writing or syncing failed: a full disk, an I/O error, a read-only
+    /// file system, or the embedded store poisoned by one of those. The
+    /// memory is intact, so the durable layer abandons the store and, once
+    /// writes succeed again, writes a fresh one from memory.
+    Io(String),
+    /// Only a bug or corruption explains it: a panic in a durable thread,
+    /// data that was written and does not read back, a memory state that
+    /// fails its own checks, a writer stuck inside the store. No in-process
+    /// path is safe: the server exits for its supervisor to restart it into
+    /// recovery from the disk.
+    Fatal(String),
+}
+
+impl Failure {
+    /// Sorts an error of the embedded store: I/O and the poisoning that
+    /// follows it are [`Failure::Io`]; anything that says the data itself is
+    /// wrong (a checksum, a decode error, a version, a deleted partition in
+    /// use) is [`Failure::Fatal`].
+    pub(crate) fn store(what: &str, e: &fjall::Error) -> Failure {
+        let msg = format!("{what}: {e}");
+        match e {
+            fjall::Error::Io(_) | fjall::Error::Poisoned | fjall::Error::Storage(fjall::LsmError::Io(_)) => {
+                Failure::Io(msg)
+            }
+            _ => Failure::Fatal(msg),
+        }
+    }
+
+    /// An I/O error of our own file operations.
+    pub(crate) fn io(what: &str, e: &std::io::Error) -> Failure {
+        Failure::Io(format!("{what}: {e}"))
+    }
+
+    /// The message.
+    pub(crate) fn message(&self) -> &str {
+        match self {
+            Failure::Io(m) | Failure::Fatal(m) => m,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
 }
 
 /// The text of a caught panic's payload.

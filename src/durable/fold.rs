@@ -3,10 +3,11 @@
 //! Both readers of the log use it: the checkpointer
 //! ([`super::checkpoint`]) folds the oldest entries into the state chunks,
 //! and recovery ([`super::recover`]) folds the log tail and lays it over
-//! the checkpointed state. A leaf: it knows the codec and nothing else of
-//! the durable layer.
+//! the checkpointed state. A leaf: it knows the codec and the error type,
+//! nothing else of the durable layer.
 
 use super::codec::{self, Binding, Record, CHUNK_PAGES, CHUNK_SHIFT};
+use super::error::Failure;
 use std::collections::BTreeMap;
 
 /// The net effect of a run of log entries.
@@ -48,11 +49,13 @@ pub(crate) fn key_page(k: u64) -> u32 {
 
 impl Fold {
     /// Folds log entries of `log` in order, up to about `limit` records.
-    pub(crate) fn read(log: &fjall::PartitionHandle, limit: u64) -> Result<Fold, String> {
+    /// A log entry that does not decode is [`Failure::Fatal`]: it was
+    /// written by this process or a previous one and reads back wrong.
+    pub(crate) fn read(log: &fjall::PartitionHandle, limit: u64) -> Result<Fold, Failure> {
         let mut fold = Fold::default();
         for kv in log.iter() {
-            let (k, v) = kv.map_err(|e| format!("reading the log: {e}"))?;
-            fold.add(&v).map_err(|e| format!("log entry {}: {e}", u64_key(&k)))?;
+            let (k, v) = kv.map_err(|e| Failure::store("reading the log", &e))?;
+            fold.add(&v).map_err(|e| Failure::Fatal(format!("log entry {}: {e}", u64_key(&k))))?;
             fold.entries.push(k);
             if fold.records >= limit {
                 break;

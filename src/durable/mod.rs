@@ -6,27 +6,35 @@
 //! pieces, in the order a change travels:
 //!
 //! - [`queue`]: the store's [`Journal`](crate::core::Journal). `record`
-//!   numbers the change and pushes it onto a channel: no lock, no I/O.
+//!   numbers the change and pushes it onto a channel: no lock, no I/O. It
+//!   also holds the durable position and the health state requests see.
 //! - [`writer`]: one thread drains the channel in batches, appends each
 //!   batch to the log as one entry of the embedded store (fjall), syncs per
 //!   `--fsync`, and publishes the durable position. Concurrent requests share
-//!   one write and one fsync (group commit).
+//!   one write and one fsync (group commit). After a failure it recovers.
+//! - [`syncer`]: with `--fsync batch`, fdatasyncs the journal every 5 ms.
 //! - [`checkpoint`]: one thread folds the log into per-chunk state every
-//!   second, so the log stays short and recovery reads compact chunks.
+//!   second, so the log stays short and recovery reads compact chunks; it
+//!   also probes the disk and watches for stalls.
 //! - [`recover`]: start-up rebuilds ranks and bindings from state + log.
+//! - [`snapshot`]: after a disk fault, a fresh keyspace written from memory.
+//! - [`shared`]: what those threads share (current keyspace, health, faults).
 //! - [`fold`]: the net effect of a run of log entries (checkpoint and
 //!   recovery both fold).
 //! - [`codec`]: what the store's keys and values say.
-//! - [`error`]: [`OpenError`] and the guard that turns a panic of the
-//!   embedded store into one.
+//! - [`error`]: [`OpenError`], the failure classes, and the guard that turns
+//!   a panic of the embedded store into an error.
+//! - [`faults`]: fault injection at the store boundary, for tests.
 //!
 //! This file is the facade: it opens and closes the pieces and holds the
 //! handle. The pieces import each other's leaves (`codec`, `fold`,
-//! `error`), never this file.
+//! `error`, `faults`, `shared`), never this file.
 //!
 //! The HTTP layer, after a mutating handler succeeded, waits for
 //! [`Durable::sync`] (everything recorded up to now) before it answers: a
-//! 204 under `--fsync always` means on disk.
+//! 204 under `--fsync always` means on disk. While the store cannot write
+//! ([`Durable::health`]), that wait fails at once: the change stays in
+//! memory and is answered 503 (docs/durability.md, "When the disk fails").
 //!
 //! What is durable: rank sizes, bindings (key, rank, page) with each key's
 //! world size, and `/clear`. What is not: reservations (after a restart
@@ -35,32 +43,70 @@
 //!
 //! # Memory ordering
 //!
-//! The atomics live in [`queue`] (head, durable position, closed flag) and
-//! [`checkpoint`] (backlog hint); each file explains its orderings.
+//! The atomics live in [`queue`] (head, durable position, closed flag,
+//! health), [`checkpoint`] (backlog hint), [`shared`] (stall watch) and
+//! [`faults`] (test switches); each file explains its orderings.
 
 pub mod checkpoint;
 pub mod codec;
 pub mod error;
+pub mod faults;
 pub mod fold;
 pub mod queue;
 pub mod recover;
+pub mod shared;
+pub mod snapshot;
 pub mod store;
+pub mod syncer;
 pub mod writer;
 
 pub use crate::config::FsyncMode;
 pub use error::OpenError;
-pub use queue::WaitError;
+pub use faults::{Fault, Faults, Point};
+pub use queue::{Health, WaitError};
 pub use store::OpenReport;
 
 use crate::core::{Store, StoreConfig};
 use crossbeam_channel::Sender;
 use error::guarded;
 use queue::{Msg, Progress, QueueJournal};
+use shared::{Shared, Watch};
+use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// The exit status of a server whose durable store failed in a way no
+/// in-process recovery can repair (`EX_TEMPFAIL`): a supervisor should
+/// restart it, and the restart recovers from the disk.
+pub const EXIT_FATAL: u8 = 75;
+
+/// How [`Durable::open_opts`] runs the background threads.
+#[derive(Clone)]
+pub struct Options {
+    /// How often the checkpointer folds the log, probes the disk and checks
+    /// for stalls (`None`: only on a nudge, an explicit
+    /// [`Durable::checkpoint`] or [`Durable::check_now`], or at close).
+    pub checkpoint_every: Option<Duration>,
+    /// The first wait before a degraded store tries to recover; it doubles
+    /// after each failed attempt, up to [`writer::RETRY_MAX`] (`None`:
+    /// only on [`Durable::recover_now`]).
+    pub retry_after: Option<Duration>,
+    /// Injected faults (tests).
+    pub faults: Option<Arc<Faults>>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            checkpoint_every: Some(checkpoint::CHECKPOINT_INTERVAL),
+            retry_after: Some(Duration::from_secs(1)),
+            faults: None,
+        }
+    }
+}
 
 /// What start-up recovered.
 #[derive(Debug, Clone)]
@@ -96,9 +142,8 @@ struct Threads {
 
 /// The durability handle: owns the writer and checkpointer threads.
 pub struct Durable {
-    progress: Arc<Progress>,
+    shared: Arc<Shared>,
     tx: Sender<Msg>,
-    db: Arc<store::Db>,
     /// `Some` until closed. A std `Mutex`: taken only by `close`.
     threads: Mutex<Option<Threads>>,
     /// An exclusive lock on `<dir>/LOCK`, held for as long as this value
@@ -110,8 +155,8 @@ impl Durable {
     /// Opens (or creates) the durable store in `dir`, rebuilds a [`Store`]
     /// from it, and starts the writer and checkpointer. Logs one line with
     /// what it recovered.
-    pub fn open(dir: &Path, mode: FsyncMode, cfg: StoreConfig) -> Result<(Store, Durable, Recovered), OpenError> {
-        Self::open_with(dir, mode, cfg, Some(checkpoint::CHECKPOINT_INTERVAL))
+    pub fn open(dir: &Path, mode: FsyncMode, cfg: StoreConfig) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
+        Self::open_opts(dir, mode, cfg, Options::default())
     }
 
     /// [`Durable::open`] with the checkpoint period (`None`: only on a
@@ -122,26 +167,25 @@ impl Durable {
         mode: FsyncMode,
         cfg: StoreConfig,
         checkpoint_every: Option<Duration>,
-    ) -> Result<(Store, Durable, Recovered), OpenError> {
+    ) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
+        Self::open_opts(dir, mode, cfg, Options { checkpoint_every, ..Options::default() })
+    }
+
+    /// [`Durable::open`] with [`Options`].
+    ///
+    /// A store that recovers but cannot write (the probe, a small write and
+    /// fsync in `dir`, fails) starts degraded: it serves what it recovered,
+    /// `/health` answers 503, and it recovers by itself once writes succeed.
+    pub fn open_opts(
+        dir: &Path,
+        mode: FsyncMode,
+        cfg: StoreConfig,
+        opts: Options,
+    ) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
         let start = Instant::now();
         let lock = lock_dir(dir)?;
         let (db, report) = store::Db::open(dir)?;
-        if report.dropped_tail_bytes > 0 {
-            tracing::warn!(
-                dir = %dir.display(),
-                bytes = report.dropped_tail_bytes,
-                "durable store: dropped a torn journal tail of {} bytes (a batch being written when the process died; \
-                 it was never acknowledged under --fsync always)",
-                report.dropped_tail_bytes
-            );
-        }
-        if report.stale_partitions > 0 {
-            tracing::warn!(
-                partitions = report.stale_partitions,
-                "durable store: removed the partitions of an older generation (a /clear was interrupted)"
-            );
-        }
-        let db = Arc::new(db);
+        log_open_report(dir, &report);
         let generation = db.parts().generation;
         let progress = Arc::new(Progress::default());
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -154,39 +198,58 @@ impl Durable {
             let last = parts.log.last_key_value().map_err(|e| OpenError::Corrupt(format!("reading the log: {e}")))?;
             (last.map_or(0, |(k, _)| k.as_ref().try_into().map_or(0, u64::from_be_bytes) + 1), parts.log.clone())
         };
+        let store = Arc::new(store);
+        let shared = Arc::new(Shared {
+            root: dir.to_path_buf(),
+            db: arc_swap::ArcSwap::from_pointee(db),
+            progress: progress.clone(),
+            faults: opts.faults,
+            watch: Watch::new(start),
+            writer: tx.clone(),
+        });
+        if let Err(f) = shared.probe() {
+            tracing::warn!(
+                "durable store: cannot write to {}: {f}. Starting degraded: the recovered state is served, /health \
+                 answers 503 and changes are refused until a write succeeds",
+                dir.display()
+            );
+            progress.fail(&f);
+        }
 
         let backlog = Arc::new(AtomicU64::new(0));
         let (nudge_tx, nudge_rx) = crossbeam_channel::bounded(1);
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
         let writer = writer::Writer {
-            db: db.clone(),
+            shared: shared.clone(),
+            store: store.clone(),
             mode,
-            progress: progress.clone(),
             rx,
             generation,
             log,
             next_entry,
             backlog: backlog.clone(),
             nudge: nudge_tx,
+            retry: opts.retry_after,
         };
         let spawn_err = |e: std::io::Error| OpenError::Io(format!("cannot start a thread: {e}"));
         let writer =
             std::thread::Builder::new().name("durable-writer".into()).spawn(move || writer.run()).map_err(spawn_err)?;
         let syncer = if mode == FsyncMode::Batch {
             let (tx, rx) = crossbeam_channel::bounded(1);
-            let (journals, p) = (db.journals_dir(), progress.clone());
+            let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name("durable-syncer".into())
-                .spawn(move || writer::run_syncer(journals, p, rx))
+                .spawn(move || syncer::run(s, rx))
                 .map_err(spawn_err)?;
             Some((h, tx))
         } else {
             None
         };
-        let cp_db = db.clone();
+        let cp = shared.clone();
+        let every = opts.checkpoint_every;
         let checkpointer = std::thread::Builder::new()
             .name("durable-checkpoint".into())
-            .spawn(move || checkpoint::run(cp_db, checkpoint_every, backlog, nudge_rx, stop_rx))
+            .spawn(move || checkpoint::run(cp, every, backlog, nudge_rx, stop_rx))
             .map_err(spawn_err)?;
 
         let stats = store.stats();
@@ -217,35 +280,111 @@ impl Durable {
             recovered.elapsed.as_secs_f64()
         );
         let threads = Threads { writer, checkpointer, stop_checkpointer: stop_tx, syncer };
-        let durable = Durable { progress, tx, db, threads: Mutex::new(Some(threads)), _lock: lock };
+        let durable = Durable { shared, tx, threads: Mutex::new(Some(threads)), _lock: lock };
         Ok((store, durable, recovered))
     }
 
     /// The number of the last change recorded so far.
     pub fn head(&self) -> u64 {
-        self.progress.head()
+        self.shared.progress.head()
     }
 
     /// Waits until everything recorded so far is durable. Call it after the
-    /// store call whose effects must be durable has returned.
+    /// store call whose effects must be durable has returned. Fails at once
+    /// while the store is degraded.
     pub async fn sync(&self) -> Result<(), WaitError> {
-        self.progress.wait(self.head()).await
+        self.shared.progress.wait(self.head()).await
     }
 
     /// Blocking [`Durable::sync`] with a deadline (tests, benchmarks).
     pub fn sync_blocking(&self, timeout: Duration) -> Result<(), WaitError> {
-        self.progress.wait_blocking(self.head(), timeout)
+        self.shared.progress.wait_blocking(self.head(), timeout)
+    }
+
+    /// Whether the store can write now.
+    pub fn health(&self) -> Health {
+        self.shared.progress.health()
+    }
+
+    /// [`Durable::health`] is [`Health::Healthy`].
+    pub fn is_healthy(&self) -> bool {
+        self.shared.progress.is_healthy()
+    }
+
+    /// Resolves once the store has failed beyond in-process recovery, with
+    /// the reason; the binary then exits with [`EXIT_FATAL`].
+    pub async fn fatal(&self) -> Arc<str> {
+        self.shared.progress.fatal().await
+    }
+
+    /// Probes the disk and the stall watch now (the checkpointer does it
+    /// every tick); returns the health after that. For tests.
+    #[doc(hidden)]
+    pub fn check_now(&self) -> Health {
+        if let Some(f) = self.shared.watch.judge(Instant::now()) {
+            self.shared.fail(f);
+        }
+        if self.is_healthy() {
+            if let Err(f) = self.shared.probe() {
+                self.shared.fail(f);
+            }
+        }
+        self.health()
+    }
+
+    /// A degraded store tries to recover now rather than at its next
+    /// scheduled attempt; waits (up to `timeout`) for that attempt and
+    /// returns the health after it. For tests and operators' tools.
+    #[doc(hidden)]
+    pub fn recover_now(&self, timeout: Duration) -> Health {
+        let p = &self.shared.progress;
+        if p.is_healthy() {
+            return Health::Healthy;
+        }
+        let before = p.counts().2;
+        let _ = self.tx.send(Msg::Recover);
+        p.wait_until(timeout, |p| p.counts().2 > before || matches!(p.health(), Health::Fatal(_)));
+        self.health()
+    }
+
+    /// Appends the durable store's series to a Prometheus text page.
+    pub fn render_metrics(&self, out: &mut String) {
+        let (failures, recoveries, _) = self.shared.progress.counts();
+        let series: [(&str, &str, &str, u64); 3] = [
+            (
+                "durable_healthy",
+                "gauge",
+                "1 while the durable store (--data-dir) can write, 0 while it cannot (degraded or failing).",
+                u64::from(self.is_healthy()),
+            ),
+            ("durable_failures_total", "counter", "Times the durable store stopped being able to write.", failures),
+            (
+                "durable_recoveries_total",
+                "counter",
+                "Times it recovered in process (a fresh checkpoint written from memory).",
+                recoveries,
+            ),
+        ];
+        for (name, kind, help, v) in series {
+            let _ = writeln!(out, "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}\nhf3fs_meta_{name} {v}");
+        }
     }
 
     /// Folds the log into the checkpointed state now (the checkpointer does
     /// it every second anyway). Returns the records folded.
+    /// A failure degrades the store as the checkpointer's would.
     pub fn checkpoint(&self) -> Result<u64, String> {
-        checkpoint::pass(&self.db)
+        checkpoint::pass(&self.shared).map_err(|f| {
+            let why = f.to_string();
+            self.shared.fail(f);
+            why
+        })
     }
 
     /// Writes and syncs everything recorded so far, folds the log, and stops
     /// the threads. Idempotent. Changes recorded afterwards are not written
-    /// (their waiters get [`WaitError::Closed`]).
+    /// (their waiters get [`WaitError::Closed`]). Fails if the store is not
+    /// healthy (what was not durable then is not durable now).
     pub fn close(&self) -> Result<(), WaitError> {
         self.stop(true)
     }
@@ -259,8 +398,9 @@ impl Durable {
     }
 
     fn stop(&self, last_checkpoint: bool) -> Result<(), WaitError> {
+        let failed = || self.shared.progress.failure().map_or(Ok(()), |f| Err(WaitError::Failed(f.to_string())));
         let Some(t) = self.threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() else {
-            return self.progress.failure().map_or(Ok(()), |f| Err(WaitError::Failed(f.to_owned())));
+            return failed();
         };
         let _ = self.tx.send(Msg::Stop);
         let _ = t.writer.join();
@@ -270,10 +410,34 @@ impl Durable {
         }
         let _ = t.stop_checkpointer.send(last_checkpoint);
         let _ = t.checkpointer.join();
-        match self.progress.failure() {
-            Some(f) => Err(WaitError::Failed(f.to_owned())),
-            None => Ok(()),
-        }
+        failed()
+    }
+}
+
+/// Logs what opening the keyspace cleaned up.
+fn log_open_report(dir: &Path, report: &OpenReport) {
+    if report.dropped_tail_bytes > 0 {
+        tracing::warn!(
+            dir = %dir.display(),
+            bytes = report.dropped_tail_bytes,
+            "durable store: dropped a torn journal tail of {} bytes (a batch being written when the process died; \
+             it was never acknowledged under --fsync always)",
+            report.dropped_tail_bytes
+        );
+    }
+    if report.stale_partitions > 0 {
+        tracing::warn!(
+            partitions = report.stale_partitions,
+            "durable store: removed the partitions of an older generation (a /clear was interrupted)"
+        );
+    }
+    if report.stale_keyspaces > 0 {
+        tracing::warn!(
+            keyspaces = report.stale_keyspaces,
+            keyspace = %report.keyspace,
+            "durable store: removed keyspace directories other than the current one (a recovery from a disk fault \
+             was interrupted, or had not finished removing the old one)"
+        );
     }
 }
 

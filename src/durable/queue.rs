@@ -30,21 +30,28 @@
 //!   writer wrote before it (cheap, and easier to reason about).
 //! - `closed` (`Release`/`Acquire`): set once the writer has exited; a waiter
 //!   whose target is beyond `durable` then gives up instead of waiting forever.
-//! - `failed` is a `OnceLock` (its own synchronization).
+//! - `health` (`Release` store after the reason is set under its mutex,
+//!   `Acquire` loads): a waiter that sees DEGRADED or FATAL then reads the
+//!   reason under the mutex. The writer publishes the durable position a
+//!   recovery reached *before* it sets HEALTHY again, so a waiter never sees
+//!   HEALTHY with a position older than the recovery.
+//! - `failures`, `recoveries` and `attempts` are counters for metrics and
+//!   tests (`Relaxed`); a test that waits for an attempt does so under `lock`.
 //!
 //! Wake-ups go through `tokio::sync::Notify` (async waiters) and a
 //! `Condvar` (blocking waiters: tests, benchmarks, shutdown). A waiter
 //! registers before it checks `durable`, so a publish between the check and
 //! the sleep is never missed.
 
+use super::error::Failure;
 use crate::core::{Change, Journal, Key};
 use crossbeam_channel::Sender;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// An owned copy of a [`Change`], tagged with its generation.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Op {
     Initialize { generation: u64, rank: u32, num_pages: u32 },
     Bind { generation: u64, rank: u32, page: u32, world: u32, key: Key },
@@ -53,6 +60,13 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// Whether this is a rank creation or a clear: the changes a degraded
+    /// writer keeps (see `super::writer`), since they are recorded before
+    /// they become visible and a snapshot may not see them yet.
+    pub(crate) fn is_admin(&self) -> bool {
+        matches!(self, Op::Initialize { .. } | Op::Clear { .. })
+    }
+
     pub(crate) fn generation(&self) -> u64 {
         match *self {
             Op::Initialize { generation, .. }
@@ -83,7 +97,28 @@ pub(crate) enum Msg {
     Change { seq: u64, op: Op },
     /// Write and sync everything before this message, then exit.
     Stop,
+    /// Another thread reported a failure: look at the health state.
+    Wake,
+    /// A degraded writer tries to recover now (tests, operators).
+    Recover,
 }
+
+/// Whether the durable store can write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// Writes succeed; acknowledged changes are durable.
+    Healthy,
+    /// Writes fail (the reason says how); changes stay in memory, are
+    /// answered 503, and reach the disk with the next successful recovery.
+    Degraded(Arc<str>),
+    /// Nothing safe can be done in process; the server is exiting.
+    Fatal(Arc<str>),
+}
+
+/// [`Health`] as one byte.
+const HEALTHY: u8 = 0;
+const DEGRADED: u8 = 1;
+const FATAL: u8 = 2;
 
 /// Why a wait for durability ended without success.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -108,8 +143,17 @@ pub(crate) struct Progress {
     durable: AtomicU64,
     /// Set once the writer has exited.
     closed: AtomicBool,
-    /// Why the writer stopped writing, if it failed.
-    failed: OnceLock<String>,
+    /// HEALTHY, DEGRADED or FATAL.
+    health: AtomicU8,
+    /// Why not healthy. A std `Mutex`: taken on failures, recoveries and
+    /// by waiters that fail, never on a healthy request path.
+    reason: Mutex<Option<Arc<str>>>,
+    /// Times the store became degraded.
+    failures: AtomicU64,
+    /// Times it recovered in process.
+    recoveries: AtomicU64,
+    /// Recovery attempts finished (successful or not).
+    attempts: AtomicU64,
     /// Wakes async waiters.
     notify: tokio::sync::Notify,
     /// With `cv`, wakes blocking waiters. Never touched by requests.
@@ -139,10 +183,78 @@ impl Progress {
         self.wake();
     }
 
-    /// Records a failure (writer only); every waiter not yet satisfied fails.
-    pub(crate) fn fail(&self, why: String) {
-        let _ = self.failed.set(why);
+    /// Records a failure: DEGRADED for [`Failure::Io`], FATAL for
+    /// [`Failure::Fatal`]; every waiter not yet satisfied fails. Returns
+    /// whether the state got worse (a second failure while degraded only
+    /// updates the reason; nothing leaves FATAL).
+    pub(crate) fn fail(&self, failure: &Failure) -> bool {
+        let (to, why) = match failure {
+            Failure::Io(m) => (DEGRADED, m),
+            Failure::Fatal(m) => (FATAL, m),
+        };
+        let mut reason = self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = self.health.load(Ordering::Acquire);
+        if now > to {
+            return false;
+        }
+        *reason = Some(why.as_str().into());
+        self.health.store(to, Ordering::Release);
+        drop(reason);
+        let worse = now < to;
+        if worse && to == DEGRADED {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
         self.wake();
+        worse
+    }
+
+    /// Marks a recovery (writer only, after it published the position the
+    /// recovery reached).
+    pub(crate) fn recovered(&self) {
+        let mut reason = self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.health.load(Ordering::Acquire) == DEGRADED {
+            *reason = None;
+            self.health.store(HEALTHY, Ordering::Release);
+            self.recoveries.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(reason);
+        self.wake();
+    }
+
+    /// Counts a finished recovery attempt (writer only).
+    pub(crate) fn attempted(&self) {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        self.wake();
+    }
+
+    /// Whether the store can write.
+    pub(crate) fn is_healthy(&self) -> bool {
+        self.health.load(Ordering::Acquire) == HEALTHY
+    }
+
+    /// The health state.
+    pub(crate) fn health(&self) -> Health {
+        match self.health.load(Ordering::Acquire) {
+            HEALTHY => Health::Healthy,
+            h => {
+                let why = self.reason().unwrap_or_else(|| "unknown".into());
+                if h == FATAL {
+                    Health::Fatal(why)
+                } else {
+                    Health::Degraded(why)
+                }
+            }
+        }
+    }
+
+    fn reason(&self) -> Option<Arc<str>> {
+        self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// `(failures, recoveries, attempts)` so far.
+    pub(crate) fn counts(&self) -> (u64, u64, u64) {
+        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        (c(&self.failures), c(&self.recoveries), c(&self.attempts))
     }
 
     /// Marks the writer as gone (writer only, on exit).
@@ -151,8 +263,13 @@ impl Progress {
         self.wake();
     }
 
-    pub(crate) fn failure(&self) -> Option<&str> {
-        self.failed.get().map(String::as_str)
+    /// Why the store is not healthy, if it is not.
+    pub(crate) fn failure(&self) -> Option<Arc<str>> {
+        if self.is_healthy() {
+            None
+        } else {
+            self.reason()
+        }
     }
 
     fn wake(&self) {
@@ -165,8 +282,8 @@ impl Progress {
     fn check(&self, target: u64) -> Option<Result<(), WaitError>> {
         if self.durable() >= target {
             Some(Ok(()))
-        } else if let Some(why) = self.failed.get() {
-            Some(Err(WaitError::Failed(why.clone())))
+        } else if let Some(why) = self.failure() {
+            Some(Err(WaitError::Failed(why.to_string())))
         } else if self.closed.load(Ordering::Acquire) {
             Some(Err(WaitError::Closed))
         } else {
@@ -188,6 +305,36 @@ impl Progress {
                 return r;
             }
             notified.await;
+        }
+    }
+
+    /// Waits until the state is FATAL; returns why.
+    pub(crate) async fn fatal(&self) -> Arc<str> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Health::Fatal(why) = self.health() {
+                return why;
+            }
+            notified.await;
+        }
+    }
+
+    /// Blocks until `done` holds (checked after every wake-up) or `timeout`
+    /// passes; returns whether it held.
+    pub(crate) fn wait_until(&self, timeout: Duration, mut done: impl FnMut(&Self) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            if done(self) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            guard = self.cv.wait_timeout(guard, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
         }
     }
 
@@ -279,7 +426,7 @@ mod tests {
         let t = std::thread::spawn(move || q.wait_blocking(2, Duration::from_secs(10)));
         p.publish(2);
         assert_eq!(t.join().unwrap(), Ok(()));
-        p.fail("disk on fire".into());
+        p.fail(&Failure::Io("disk on fire".into()));
         assert!(matches!(p.wait_blocking(3, Duration::from_secs(1)), Err(WaitError::Failed(_))));
         assert_eq!(p.wait_blocking(2, Duration::from_secs(1)), Ok(()));
     }

@@ -48,7 +48,7 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
         let (rank, n) = codec::parse_rank(&k, &v).map_err(|e| OpenError::Corrupt(e.to_string()))?;
         ranks.insert(rank, n);
     }
-    let tail = Fold::read(&parts.log, u64::MAX).map_err(OpenError::Corrupt)?;
+    let tail = Fold::read(&parts.log, u64::MAX).map_err(|f| OpenError::Corrupt(f.to_string()))?;
     for (&rank, &n) in &tail.ranks {
         ranks.entry(rank).or_insert(n);
     }
