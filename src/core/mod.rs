@@ -24,7 +24,6 @@ pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
 pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
 pub use store::{
-    AllocateOutcome, ConfirmOutcome, Footprint, Initialized, RankStats, Stats, Store, StoreConfig, Visit,
-    TICKS_PER_TTL,
+    AllocateOutcome, ConfirmOutcome, Footprint, Initialized, RankStats, Stats, Store, StoreConfig, Visit, TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;

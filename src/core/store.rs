@@ -28,9 +28,9 @@ use super::pages::{Claimed, Counts, PageState, PageTable, BOUND, FREE};
 
 mod confirm;
 mod snapshot;
-pub use snapshot::Visit;
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
+pub use snapshot::Visit;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 

@@ -175,4 +175,3 @@ pub(crate) fn run(
         }
     }
 }
-

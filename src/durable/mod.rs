@@ -230,6 +230,7 @@ impl Durable {
             backlog: backlog.clone(),
             nudge: nudge_tx,
             retry: opts.retry_after,
+            recover_asked: false,
         };
         let spawn_err = |e: std::io::Error| OpenError::Io(format!("cannot start a thread: {e}"));
         let writer =
@@ -366,7 +367,10 @@ impl Durable {
             ),
         ];
         for (name, kind, help, v) in series {
-            let _ = writeln!(out, "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}\nhf3fs_meta_{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}\nhf3fs_meta_{name} {v}"
+            );
         }
     }
 

@@ -38,6 +38,9 @@ pub const STALL_DEGRADED: Duration = Duration::from_secs(5);
 /// thread cannot be cancelled, so the process exits.
 pub const STALL_FATAL: Duration = Duration::from_secs(60);
 
+/// How a failure of the probe starts.
+const PROBE: &str = "probe of";
+
 /// The threads the stall watch follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Who {
@@ -146,7 +149,7 @@ impl Shared {
         let failure = match failure {
             // The embedded store often says only "Poisoned"; the probe says
             // what the disk answers now (e.g. ENOSPC).
-            Failure::Io(m) => match self.probe() {
+            Failure::Io(m) if !m.starts_with(PROBE) => match self.probe() {
                 Err(p) => Failure::Io(format!("{m} ({p})")),
                 Ok(()) => Failure::Io(m),
             },
@@ -179,7 +182,7 @@ impl Shared {
         };
         run().map_err(|e| {
             let _ = std::fs::remove_file(&path);
-            Failure::io(&format!("probe of {}", self.root.display()), &e)
+            Failure::io(&format!("{PROBE} {}", self.root.display()), &e)
         })
     }
 }

@@ -176,12 +176,10 @@ impl Db {
         std::fs::create_dir_all(&path).map_err(|e| OpenError::Io(format!("cannot create {}: {e}", path.display())))?;
         let before = journal_ends(&path);
         let corrupt = |e: String| OpenError::Corrupt(format!("{}: {e}", path.display()));
-        let keyspace = guarded(|| open_keyspace(&path))
-            .map_err(corrupt)?
-            .map_err(|e| match e {
-                fjall::Error::Io(e) => OpenError::Io(format!("{}: {e}", path.display())),
-                e => corrupt(e.to_string()),
-            })?;
+        let keyspace = guarded(|| open_keyspace(&path)).map_err(corrupt)?.map_err(|e| match e {
+            fjall::Error::Io(e) => OpenError::Io(format!("{}: {e}", path.display())),
+            e => corrupt(e.to_string()),
+        })?;
         for (p, written) in &before {
             // A journal fjall removed entirely was fully flushed: nothing lost.
             if p.exists() {
@@ -320,7 +318,8 @@ impl Db {
         let mut b = self.keyspace.batch().durability(Some(durability));
         b.insert(&self.meta, GENERATION_KEY.to_vec(), g.to_le_bytes().to_vec());
         b.commit()?;
-        let old = std::mem::replace(&mut *self.parts(), Parts { generation: g, log: log.clone(), state, retired: false });
+        let old =
+            std::mem::replace(&mut *self.parts(), Parts { generation: g, log: log.clone(), state, retired: false });
         self.keyspace.delete_partition(old.log)?;
         self.keyspace.delete_partition(old.state)?;
         Ok(log)

@@ -69,6 +69,9 @@ pub(crate) struct Writer {
     /// The first wait before a recovery attempt (`None`: only on
     /// [`Msg::Recover`]).
     pub(crate) retry: Option<Duration>,
+    /// A [`Msg::Recover`] came while the loop was not degraded yet (it may
+    /// arrive just before the failure it is about).
+    pub(crate) recover_asked: bool,
 }
 
 /// State of one pass of the loop.
@@ -164,7 +167,11 @@ impl Writer {
                 stop = true;
                 Ok(())
             }
-            Ok(Msg::Wake | Msg::Recover) => Ok(()),
+            Ok(Msg::Wake) => Ok(()),
+            Ok(Msg::Recover) => {
+                self.recover_asked = true;
+                Ok(())
+            }
         };
         while taken.is_ok() && !stop && batch.seqs.len() < MAX_BATCH {
             taken = match self.rx.try_recv() {
@@ -173,7 +180,11 @@ impl Writer {
                     stop = true;
                     Ok(())
                 }
-                Ok(Msg::Wake | Msg::Recover) => Ok(()),
+                Ok(Msg::Wake) => Ok(()),
+                Ok(Msg::Recover) => {
+                    self.recover_asked = true;
+                    Ok(())
+                }
                 Err(_) => break,
             };
         }
@@ -259,9 +270,13 @@ impl Writer {
         let mut delay = self.retry;
         let mut next = delay.map(|d| Instant::now() + d);
         loop {
-            let msg = match next {
-                Some(at) => self.rx.recv_deadline(at),
-                None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+            let msg = if std::mem::take(&mut self.recover_asked) {
+                Ok(Msg::Recover)
+            } else {
+                match next {
+                    Some(at) => self.rx.recv_deadline(at),
+                    None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                }
             };
             match msg {
                 Ok(Msg::Change { seq, op }) => {
@@ -276,14 +291,15 @@ impl Writer {
                 Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return Ok(true),
                 Ok(Msg::Recover) | Err(RecvTimeoutError::Timeout) => {}
             }
-            let attempt = self.recover(&mut admin);
-            self.shared.progress.attempted();
-            match attempt {
+            // `attempted` comes after the health state is updated, so that
+            // a caller of `recover_now` sees the outcome of its attempt.
+            match self.recover(&mut admin) {
                 Ok(w) => {
                     // Everything drained so far is in the snapshot or in
                     // the records just written.
                     self.shared.progress.publish(watermark.advance(&mut []));
                     self.shared.progress.recovered();
+                    self.shared.progress.attempted();
                     tracing::warn!(
                         keyspace = w.0,
                         ranks = w.1,
@@ -296,9 +312,14 @@ impl Writer {
                     );
                     return Ok(false);
                 }
-                Err(f @ Failure::Fatal(_)) => return Err(f),
+                Err(f @ Failure::Fatal(_)) => {
+                    self.shared.fail(f.clone());
+                    self.shared.progress.attempted();
+                    return Err(f);
+                }
                 Err(Failure::Io(why)) => {
                     self.shared.progress.fail(&Failure::Io(why.clone()));
+                    self.shared.progress.attempted();
                     delay = delay.map(|d| (d * 2).min(RETRY_MAX));
                     next = delay.map(|d| Instant::now() + d);
                     tracing::warn!(

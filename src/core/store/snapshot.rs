@@ -133,7 +133,13 @@ mod tests {
         .unwrap();
         assert_eq!(
             seen,
-            ["gen 0".into(), "rank 0 100".into(), format!("bind 0 {pa} {A} 2"), "rank 2 50".into(), format!("bind 2 {pt} text-key 2")]
+            [
+                "gen 0".into(),
+                "rank 0 100".into(),
+                format!("bind 0 {pa} {A} 2"),
+                "rank 2 50".into(),
+                format!("bind 2 {pt} text-key 2")
+            ]
         );
         // Stopping early stops.
         let mut n = 0;
