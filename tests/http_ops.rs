@@ -76,8 +76,8 @@ fn stats_shape() {
     assert_eq!(
         st["ranks"],
         json!([
-            {"rank": 1, "num_pages": 5, "free": 3, "reserved": 1, "bound": 1},
-            {"rank": 3, "num_pages": 10, "free": 10, "reserved": 0, "bound": 0},
+            {"rank": 1, "num_pages": 5, "free": 3, "reserved": 1, "bound": 1, "leased": 0, "evictable": 1, "quarantined": 0},
+            {"rank": 3, "num_pages": 10, "free": 10, "reserved": 0, "bound": 0, "leased": 0, "evictable": 0, "quarantined": 0},
         ])
     );
     assert_eq!(st["keys"], json!(1));
