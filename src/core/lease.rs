@@ -122,9 +122,11 @@ impl LeaseLength {
 pub struct Lease(AtomicU32);
 
 impl Lease {
-    /// A fresh word: used (a new key gets a second chance), never leased.
+    /// A fresh word: never leased, not marked used. A key written and
+    /// never read again is the first the hand takes; one that is read gets
+    /// its second chance from the read.
     pub fn fresh() -> Self {
-        Lease(AtomicU32::new(REF))
+        Lease(AtomicU32::new(0))
     }
 
     /// A copy for an entry that replaces this one (under the bucket lock).
@@ -229,7 +231,7 @@ mod tests {
         assert_eq!(l.deadline(), 0);
         assert!(!l.visit(5), "marked used: a second chance");
         assert!(l.visit(5));
-        assert!(Lease::fresh().covers(0, LeaseLength(0)), "a new key starts marked");
+        assert!(!Lease::fresh().covers(0, LeaseLength(0)), "a new key starts unmarked");
     }
 
     #[test]

@@ -144,7 +144,8 @@ impl Store {
         reason: EvictReason,
     ) -> (u64, u64) {
         let now = self.clock.now();
-        let budget = budget_words.min(table.words() as u64);
+        // Two turns at most: the first may only take second chances away.
+        let budget = budget_words.min(2 * table.words() as u64);
         let (mut keys, mut pages, mut passed) = (0u64, 0u64, 0u64);
         let mut victims: Vec<Key> = Vec::with_capacity(64);
         while table.free_count() < target && passed < budget {
@@ -157,6 +158,9 @@ impl Store {
                 }
             });
             for k in &victims {
+                if table.free_count() >= target {
+                    break;
+                }
                 let freed = self.evict_key(gen, k, now);
                 if freed > 0 {
                     keys += 1;
@@ -258,5 +262,134 @@ impl Default for EvictCounters {
             pass_nanos: z(),
             pass_max_nanos: z(),
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use crate::core::{LeaseLength, Store, StoreConfig};
+
+    fn store(pages: i64, lease: u32) -> Store {
+        let cfg = StoreConfig {
+            world_size: Some(2),
+            eviction: true,
+            read_lease: LeaseLength(lease),
+            manual_clock: true,
+            ..StoreConfig::default()
+        };
+        let s = Store::new(cfg);
+        s.initialize(0, pages).unwrap();
+        s.initialize(1, pages).unwrap();
+        s
+    }
+
+    fn key(i: usize) -> String {
+        format!("{i:032x}")
+    }
+
+    /// Allocates and confirms `keys` on both ranks; panics on a -1.
+    fn store_keys(s: &Store, keys: &[String]) {
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        for r in 0..2 {
+            let mut out = Vec::new();
+            s.allocate(r, &refs, &mut out).unwrap();
+            let conf: Vec<(&str, i64)> = out.iter().map(|&(i, p)| (refs[i], p)).collect();
+            assert!(conf.iter().all(|&(_, p)| p >= 0), "rank {r} refused: {out:?}");
+            s.confirm(r, &conf, &[]).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_full_rank_keeps_accepting_keys_and_evicts_whole_keys() {
+        let s = store(64, 0);
+        let old: Vec<String> = (0..64).map(key).collect();
+        store_keys(&s, &old);
+        let new: Vec<String> = (100..108).map(key).collect();
+        store_keys(&s, &new);
+        let ev = s.evict_stats();
+        assert_eq!(ev.keys_allocate, 8, "8 keys evicted, each on both ranks");
+        assert_eq!(ev.pages, 16);
+        let mut exists = Vec::new();
+        let all: Vec<&str> = old.iter().chain(&new).map(String::as_str).collect();
+        s.exists(&all, &mut exists);
+        assert_eq!(exists.iter().filter(|&&e| e).count(), 64);
+        assert!(exists[64..].iter().all(|&e| e), "every new key is stored");
+        s.audit().unwrap();
+    }
+
+    #[test]
+    fn leased_keys_are_not_evicted_and_a_full_lease_answers_minus_one() {
+        let s = store(8, 100);
+        let old: Vec<String> = (0..8).map(key).collect();
+        store_keys(&s, &old);
+        let refs: Vec<&str> = old.iter().map(String::as_str).collect();
+        let mut exists = Vec::new();
+        s.exists(&refs, &mut exists);
+        assert!(exists.iter().all(|&e| e), "all leased now");
+        let mut out = Vec::new();
+        s.allocate(0, &["00000000000000000000000000000abc"], &mut out).unwrap();
+        assert_eq!(out, vec![(0, -1)], "every page is leased");
+        // The lease passes: the same allocate now evicts.
+        s.set_clock(200);
+        s.allocate(0, &["00000000000000000000000000000abc"], &mut out).unwrap();
+        assert!(out[0].1 >= 0, "{out:?}");
+        s.audit().unwrap();
+    }
+
+    #[test]
+    fn a_released_leased_page_is_held_back_until_the_lease_passes() {
+        let s = store(4, 100);
+        let keys: Vec<String> = (0..4).map(key).collect();
+        store_keys(&s, &keys);
+        let mut loc = Vec::new();
+        s.locations(0, &[keys[0].as_str()], &mut loc).unwrap();
+        let page = i64::from(loc[0].unwrap());
+        // The connector's write-failure path releases the stored page.
+        let o = s.confirm(0, &[], &[page]).unwrap();
+        assert_eq!((o.released, o.quarantined), (1, 1));
+        s.audit().unwrap();
+        assert_eq!(s.stats().ranks[0].quarantined, 1);
+        // A second release of it finds it already released.
+        let e = s.confirm(0, &[], &[page]).unwrap_err();
+        assert_eq!(e.code, crate::core::ErrorCode::ReleaseUnallocated);
+        // No other key gets the page while the lease runs (the other keys
+        // are evictable, so the allocate evicts one of them instead).
+        let mut out = Vec::new();
+        s.allocate(0, &["000000000000000000000000000000ff"], &mut out).unwrap();
+        assert!(out[0].1 >= 0 && out[0].1 != page, "{out:?}");
+        s.set_clock(101);
+        assert_eq!(s.maintain(64).quarantine_freed, 0, "deadline not yet come");
+        s.set_clock(200);
+        assert_eq!(s.maintain(64).quarantine_freed, 1);
+        assert_eq!(s.stats().ranks[0].quarantined, 0);
+        s.audit().unwrap();
+    }
+
+    #[test]
+    fn the_watermark_evictor_brings_a_rank_down_to_the_low_watermark() {
+        let s = store(100, 0);
+        // 97 keys fill both ranks above the 0.95 high watermark.
+        let keys: Vec<String> = (0..97).map(key).collect();
+        store_keys(&s, &keys);
+        let r = s.maintain(1 << 20);
+        assert!(r.keys >= 7, "{r:?}");
+        for rank in s.stats().ranks {
+            assert!(rank.counts.free >= 10, "down to 0.90: {rank:?}");
+        }
+        assert_eq!(s.evict_stats().keys_watermark, r.keys);
+        s.audit().unwrap();
+    }
+
+    #[test]
+    fn recovery_holds_eviction_for_a_lease() {
+        let s = store(4, 50);
+        store_keys(&s, &(0..4).map(key).collect::<Vec<_>>());
+        s.hold_eviction_for_a_lease();
+        let mut out = Vec::new();
+        s.allocate(0, &["000000000000000000000000000000ff"], &mut out).unwrap();
+        assert_eq!(out, vec![(0, -1)]);
+        s.set_clock(60);
+        s.allocate(0, &["000000000000000000000000000000ff"], &mut out).unwrap();
+        assert!(out[0].1 >= 0);
     }
 }
