@@ -87,6 +87,23 @@ pub struct Args {
     /// against the model written by `--model-out`.
     #[arg(long)]
     pub reaudit: Option<PathBuf>,
+    /// Eviction mode: a working set larger than the ranks, writers that
+    /// record their key in a simulated copy of each page before confirming,
+    /// and readers that check the read lease (see perf/README.md, "Eviction
+    /// soak"). No fault injector, no exact model.
+    #[arg(long)]
+    pub eviction_check: bool,
+    /// The server's --read-lease, in seconds (eviction mode).
+    #[arg(long, default_value_t = 3.0)]
+    pub read_lease: f64,
+    /// Keys in the universe per page of a rank (eviction mode; 3-5 makes the
+    /// ranks fill over and over).
+    #[arg(long, default_value_t = 4.0)]
+    pub working_set: f64,
+    /// Reader tasks (eviction mode): exists → locations → read, each step
+    /// after a random delay well inside the lease.
+    #[arg(long, default_value_t = 8)]
+    pub readers: usize,
 }
 
 impl Args {
@@ -106,6 +123,18 @@ impl Args {
             || !(0.0..=1.0).contains(&self.hot_prob)
         {
             return Err("--pages must be >= 1024, --roots/--branches >= 1, --fail-prob/--hot-prob in [0, 1]".into());
+        }
+        if self.eviction_check {
+            if !(0.5..=60.0).contains(&self.read_lease)
+                || !(1.0..=16.0).contains(&self.working_set)
+                || self.readers == 0
+                || self.readers > 1024
+            {
+                return Err("--read-lease must be in [0.5, 60], --working-set in [1, 16], --readers in 1..=1024".into());
+            }
+            if self.model_out.is_some() || self.reaudit.is_some() {
+                return Err("--eviction-check keeps no exact model: no --model-out or --reaudit".into());
+            }
         }
         Ok(self.load_secs.unwrap_or(self.duration - RESERVE_SECS).clamp(5.0, MAX_DURATION))
     }

@@ -30,9 +30,43 @@ pub(crate) struct AuditReport {
     pub(crate) seconds: f64,
 }
 
+/// An audit under way: its report so far, its connection and its start.
+pub(crate) struct AuditRun {
+    pub(crate) rep: AuditReport,
+    pub(crate) link: Link,
+    t: Instant,
+    sent0: u64,
+}
+
+impl AuditRun {
+    /// Starts an audit by waiting for every reservation to drain; the last
+    /// /stats (None: /stats failed, nothing more can be checked).
+    pub(crate) async fn begin(ctx: &Ctx) -> (AuditRun, Option<StatsDoc>) {
+        let mut run = AuditRun {
+            rep: AuditReport::default(),
+            link: Link::new(ctx.a.addr),
+            t: Instant::now(),
+            sent0: ctx.c.total_sent(),
+        };
+        let stats = drain_reserved(ctx, &mut run.link).await;
+        run.rep.drained_after = run.t.elapsed().as_secs_f64();
+        if let Some(s) = &stats {
+            run.rep.expired = s.expired;
+        }
+        (run, stats)
+    }
+
+    /// The report, with the requests and time the audit took.
+    pub(crate) fn end(mut self, ctx: &Ctx) -> AuditReport {
+        self.rep.requests = ctx.c.total_sent() - self.sent0;
+        self.rep.seconds = self.t.elapsed().as_secs_f64();
+        self.rep
+    }
+}
+
 /// Polls /stats until no rank holds a reservation (within ~3 TTLs); a
 /// reservation that outlives that is a violation. Returns the last /stats.
-pub(crate) async fn drain_reserved(ctx: &Ctx, link: &mut Link) -> Option<StatsDoc> {
+async fn drain_reserved(ctx: &Ctx, link: &mut Link) -> Option<StatsDoc> {
     let limit = 3 * ctx.ttl + 2;
     let deadline = Instant::now() + Duration::from_secs(limit);
     loop {
@@ -59,14 +93,10 @@ pub(crate) async fn drain_reserved(ctx: &Ctx, link: &mut Link) -> Option<StatsDo
 /// the SIGTERM make their keys and pages uncertain, and the counts are then
 /// checked within that many.
 pub(crate) async fn audit(ctx: &Ctx, restarted: bool) -> AuditReport {
-    let mut rep = AuditReport::default();
-    let mut link = Link::new(ctx.a.addr);
-    let t = Instant::now();
-    let sent0 = ctx.c.total_sent();
     // 1. Reserved drains to zero within ~3 TTLs.
-    let Some(stats) = drain_reserved(ctx, &mut link).await else { return rep };
-    rep.drained_after = t.elapsed().as_secs_f64();
-    rep.expired = stats.expired;
+    let (mut run, stats) = AuditRun::begin(ctx).await;
+    let Some(stats) = stats else { return run.rep };
+    let (rep, link) = (&mut run.rep, &mut run.link);
     // Pages reserved on the vanish rank can only come back by expiry.
     let vanished = ctx.c.vanish_rank_pages.load(Ordering::Relaxed);
     if !restarted && stats.expired < vanished {
@@ -80,22 +110,20 @@ pub(crate) async fn audit(ctx: &Ctx, restarted: bool) -> AuditReport {
         other => ctx.violation(format!("vanish rank {VANISH}: expected {VANISH_PAGES} free pages, got {other:?}")),
     }
     // 2. Counts against the model.
-    let keys = check_counts(ctx, &stats, restarted, &mut rep);
+    let keys = check_counts(ctx, &stats, restarted, rep);
     // 3. Every key ever touched: exists, and locations on every rank; no
     //    page shared by two keys on a rank.
     let mut seen: Vec<FastMap<i64, Key>> = (0..NR).map(|_| FastMap::default()).collect();
     for chunk in keys.chunks(4096) {
-        exists(ctx, &mut link, Kind::Audit, chunk).await;
+        exists(ctx, link, Kind::Audit, chunk).await;
         for (r, seen) in seen.iter_mut().enumerate() {
-            let Some(locs) = locations(ctx, &mut link, Kind::Audit, r, chunk).await else { continue };
+            let Some(locs) = locations(ctx, link, Kind::Audit, r, chunk).await else { continue };
             let limit = if r == SPARE { i64::from(SPARE_PAGES) } else { i64::from(ctx.a.pages) };
             rep.locations_checked += check_unique(ctx, r, limit, chunk, &locs, seen);
         }
         rep.keys_checked += chunk.len() as u64;
     }
-    rep.requests = ctx.c.total_sent() - sent0;
-    rep.seconds = t.elapsed().as_secs_f64();
-    rep
+    run.end(ctx)
 }
 
 /// Checks located pages of `keys` on rank `r`: in `0..limit`, and no page the

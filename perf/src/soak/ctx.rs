@@ -81,6 +81,38 @@ impl Ctx {
     }
 }
 
+/// How a load task notices, in phase 2, that the server is gone: three
+/// consecutive rounds with a connection failure after the signal.
+#[derive(Default)]
+pub(crate) struct GoneCheck {
+    before: u64,
+    dead: u32,
+}
+
+impl GoneCheck {
+    /// Call at the start of a round.
+    pub(crate) fn round(&mut self, ctx: &Ctx) {
+        self.before = ctx.c.conn_errors.load(Ordering::Relaxed);
+    }
+
+    /// Call at the end of a round: true when the task should stop.
+    pub(crate) async fn gone(&mut self, ctx: &Ctx) -> bool {
+        if !ctx.sigterm.load(Ordering::Relaxed) {
+            return false;
+        }
+        if ctx.c.conn_errors.load(Ordering::Relaxed) > self.before {
+            self.dead += 1;
+            if self.dead >= 3 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await; // pacing only
+        } else {
+            self.dead = 0;
+        }
+        false
+    }
+}
+
 /// A keep-alive connection; `broken` makes the next call dial a new one
 /// (after a timeout cancelled a request half-way).
 pub(crate) struct Link {

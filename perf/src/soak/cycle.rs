@@ -4,14 +4,14 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::counters::Kind;
-use super::ctx::{call, unexpected, Ctx, Link};
+use super::ctx::{call, unexpected, Ctx, GoneCheck, Link};
 use super::model::{Expect, LOCK_WAIT};
 use super::universe::{key_str, mix64};
 use super::wire::{confirm_body, keys_body, parse, snippet, typed_error};
@@ -83,7 +83,7 @@ pub(crate) async fn mutate(
 }
 
 /// Parses an allocate answer for `keys`: one page per key, in order.
-pub(crate) fn alloc_pages(ctx: &Ctx, rank: usize, keys: &[Key], resp: &[u8]) -> Option<Vec<i64>> {
+fn alloc_pages(ctx: &Ctx, rank: usize, keys: &[Key], resp: &[u8]) -> Option<Vec<i64>> {
     let mut parsed = Vec::with_capacity(keys.len());
     let ok = scan::alloc_results(resp, &mut parsed).is_some()
         && parsed.len() == keys.len()
@@ -95,25 +95,33 @@ pub(crate) fn alloc_pages(ctx: &Ctx, rank: usize, keys: &[Key], resp: &[u8]) -> 
     Some(parsed.iter().map(|&(_, p)| p).collect())
 }
 
-/// batch_allocate on `rank`, checked against the model.
-pub(crate) async fn allocate(ctx: &Ctx, link: &mut Link, kind: Kind, rank: usize, keys: &[Key]) -> Option<Vec<i64>> {
-    let body = alloc_body(rank, keys);
-    let t0 = ctx.tracker.now();
-    match call(ctx, link, kind, false, "/keys/batch_allocate", &body).await {
-        Ok((200, resp)) => {
-            let pages = alloc_pages(ctx, rank, keys, resp)?;
-            for v in ctx.tracker.check_allocate(rank, keys, &pages, t0) {
-                ctx.violation(v);
-            }
-            ctx.c.checked_reads.fetch_add(1, Ordering::Relaxed);
-            Some(pages)
-        }
+/// batch_allocate on `rank`, unchecked: one page or -1 per key.
+pub(crate) async fn allocate_answer(
+    ctx: &Ctx,
+    link: &mut Link,
+    kind: Kind,
+    rank: usize,
+    keys: &[Key],
+) -> Option<Vec<i64>> {
+    match call(ctx, link, kind, false, "/keys/batch_allocate", &alloc_body(rank, keys)).await {
+        Ok((200, resp)) => alloc_pages(ctx, rank, keys, resp),
         Ok((status, resp)) => {
             unexpected(ctx, "batch_allocate", status, resp);
             None
         }
         Err(_) => None,
     }
+}
+
+/// batch_allocate on `rank`, checked against the model.
+pub(crate) async fn allocate(ctx: &Ctx, link: &mut Link, kind: Kind, rank: usize, keys: &[Key]) -> Option<Vec<i64>> {
+    let t0 = ctx.tracker.now();
+    let pages = allocate_answer(ctx, link, kind, rank, keys).await?;
+    for v in ctx.tracker.check_allocate(rank, keys, &pages, t0) {
+        ctx.violation(v);
+    }
+    ctx.c.checked_reads.fetch_add(1, Ordering::Relaxed);
+    Some(pages)
 }
 
 /// A read of `keys` to `path`, unchecked: the answer, one item per key, as
@@ -245,9 +253,9 @@ async fn save_on_rank<R: Rng>(ctx: &Ctx, link: &mut Link, rng: &mut R, rank: usi
 pub(crate) async fn worker(ctx: Arc<Ctx>, id: usize, until: Instant) {
     let mut rng = SmallRng::seed_from_u64(mix64(ctx.a.seed ^ 0xc0ffee ^ id as u64));
     let mut link = Link::new(ctx.a.addr);
-    let mut dead = 0;
+    let mut gone = GoneCheck::default();
     while ctx.running(until) {
-        let before = ctx.c.conn_errors.load(Ordering::Relaxed);
+        gone.round(&ctx);
         let keys = ctx.u.batch(&mut rng);
         exists(&ctx, &mut link, Kind::Exists, &keys).await;
         let first = rng.gen_range(0..WORLD);
@@ -257,16 +265,8 @@ pub(crate) async fn worker(ctx: Arc<Ctx>, id: usize, until: Instant) {
         exists(&ctx, &mut link, Kind::Exists, &keys).await;
         locations(&ctx, &mut link, Kind::Locations, rng.gen_range(0..WORLD), &keys).await;
         ctx.c.cycles.fetch_add(1, Ordering::Relaxed);
-        if ctx.sigterm.load(Ordering::Relaxed) {
-            if ctx.c.conn_errors.load(Ordering::Relaxed) > before {
-                dead += 1;
-                if dead >= 3 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await; // pacing only
-            } else {
-                dead = 0;
-            }
+        if gone.gone(&ctx).await {
+            break;
         }
     }
 }

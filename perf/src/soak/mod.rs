@@ -36,6 +36,8 @@
 //! | `model/` | the model of bindings, its locks and its file |
 //! | `cycle.rs` | the connector's cycle, each answer checked against the model |
 //! | `faults/` | the fault injectors, one file per family |
+//! | `eviction/` | `--eviction-check`: the read-lease soak over simulated pages |
+//! | `metrics.rs` | eviction counters read from `/metrics` |
 //! | `stats.rs` | `/stats`, read and checked |
 //! | `audit.rs` | the audit after the load, and `--reaudit` |
 //! | `sigterm.rs` | phase 2, the signal under load |
@@ -49,7 +51,9 @@ mod audit;
 mod counters;
 mod ctx;
 mod cycle;
+mod eviction;
 mod faults;
+mod metrics;
 mod model;
 mod report;
 mod sigterm;
@@ -57,7 +61,6 @@ mod stats;
 mod universe;
 mod wire;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,7 +70,7 @@ use bytes::Bytes;
 pub use args::Args;
 use counters::Kind;
 use ctx::{call, Ctx, Link};
-use report::Summary;
+use report::{LoadFigures, Summary};
 use universe::{mix64, Universe};
 use wire::snippet;
 
@@ -102,12 +105,16 @@ pub fn run(a: Args) -> Result<i32, String> {
         .build()
         .map_err(|e| format!("runtime: {e}"))?;
     rt.block_on(async move {
-        let u = Universe {
-            seed: mix64(a.seed),
-            roots: a.roots,
-            branches: a.branches,
-            hot_roots: a.hot_roots,
-            hot_prob: a.hot_prob,
+        let u = if a.eviction_check {
+            eviction::universe(&a)
+        } else {
+            Universe {
+                seed: mix64(a.seed),
+                roots: a.roots,
+                branches: a.branches,
+                hot_roots: a.hot_roots,
+                hot_prob: a.hot_prob,
+            }
         };
         let mut ctx = Ctx::new(a, u, (hard_limit as usize) + 60);
         ctx.ttl = check_server(&ctx).await?;
@@ -115,6 +122,9 @@ pub fn run(a: Args) -> Result<i32, String> {
             return audit::reaudit(ctx, &path).await;
         }
         setup(&ctx).await?;
+        if ctx.a.eviction_check {
+            return eviction::run(Arc::new(ctx), load_secs).await;
+        }
         let ctx = Arc::new(ctx);
         eprintln!(
             "soak: {} workers, {} ranks x {} pages, ttl {} s, load {load_secs:.0} s{}",
@@ -125,20 +135,25 @@ pub fn run(a: Args) -> Result<i32, String> {
             if ctx.a.no_faults { ", no faults" } else { ", faults on" }
         );
         let s = load_audit_and_signal(&ctx, load_secs).await;
-        println!("{}", s.text());
-        if let Some(p) = &ctx.a.json_out {
-            std::fs::write(p, s.json().to_string()).map_err(|e| format!("--json-out {}: {e}", p.display()))?;
-        }
-        if let Some(p) = &ctx.a.model_out {
-            std::fs::write(p, ctx.tracker.dump(ctx.a.pages))
-                .map_err(|e| format!("--model-out {}: {e}", p.display()))?;
-        }
-        Ok(if ctx.c.violations.load(Ordering::Relaxed) > 0 { 1 } else { 0 })
+        finish(&ctx, &s.text(), &s.json())
     })
 }
 
-/// Refuses a server the soak cannot check: it must pin `--world-size 8` and
-/// run a short reservation TTL. Returns the TTL in seconds.
+/// Prints the summary, writes `--json-out` and `--model-out`; the exit code.
+fn finish(ctx: &Ctx, text: &str, json: &serde_json::Value) -> Result<i32, String> {
+    println!("{text}");
+    if let Some(p) = &ctx.a.json_out {
+        std::fs::write(p, json.to_string()).map_err(|e| format!("--json-out {}: {e}", p.display()))?;
+    }
+    if let Some(p) = &ctx.a.model_out {
+        std::fs::write(p, ctx.tracker.dump(ctx.a.pages)).map_err(|e| format!("--model-out {}: {e}", p.display()))?;
+    }
+    Ok(if ctx.c.violations.load(Ordering::Relaxed) > 0 { 1 } else { 0 })
+}
+
+/// Refuses a server the soak cannot check: it must pin `--world-size 8`,
+/// run a short reservation TTL and (where it reports one) the read lease the
+/// eviction mode was told. Returns the TTL in seconds.
 async fn check_server(ctx: &Ctx) -> Result<u64, String> {
     let mut link = Link::new(ctx.a.addr);
     let stats = stats::get_stats(ctx, &mut link, Kind::Setup).await.ok_or("GET /stats failed: is the server up?")?;
@@ -148,18 +163,30 @@ async fn check_server(ctx: &Ctx) -> Result<u64, String> {
     if stats.ttl == 0 || stats.ttl > 60 {
         return Err(format!("the server must run with a short --reservation-ttl (1..=60 s; it has {})", stats.ttl));
     }
+    match stats.read_lease {
+        Some(l) if ctx.a.eviction_check && (l - ctx.a.read_lease).abs() > 1e-3 => {
+            return Err(format!(
+                "the server runs --read-lease {l}, the soak was told --read-lease {}",
+                ctx.a.read_lease
+            ))
+        }
+        _ => {}
+    }
     Ok(stats.ttl)
 }
 
-/// `/clear`, then every rank's initialize and the scheduler's.
+/// `/clear`, then every rank's initialize and the scheduler's (the spare
+/// and vanish ranks only for the fault injectors, not in eviction mode).
 async fn setup(ctx: &Ctx) -> Result<(), String> {
     let mut link = Link::new(ctx.a.addr);
     let init = |r: usize, n: u32| {
         (format!("/rank/{r}/initialize"), Bytes::from(format!("{{\"num_pages\":{n},\"role\":\"worker\"}}")))
     };
     let mut inits: Vec<(String, Bytes)> = (0..WORLD).map(|r| init(r, ctx.a.pages)).collect();
-    inits.push(init(SPARE, SPARE_PAGES));
-    inits.push(init(VANISH, VANISH_PAGES));
+    if !ctx.a.eviction_check {
+        inits.push(init(SPARE, SPARE_PAGES));
+        inits.push(init(VANISH, VANISH_PAGES));
+    }
     inits.push(("/rank/0/initialize".into(), Bytes::from_static(b"{\"role\":\"scheduler\"}")));
     match call(ctx, &mut link, Kind::Setup, false, "/clear", &Bytes::new()).await {
         Ok((204, _)) => {}
@@ -196,12 +223,26 @@ fn spawn_progress(ctx: &Arc<Ctx>) -> tokio::task::JoinHandle<()> {
     })
 }
 
-/// Waits for the load tasks; a panicked one is a violation.
-async fn join_all(ctx: &Ctx, tasks: Vec<tokio::task::JoinHandle<()>>) {
+/// Waits for the load tasks started at `load_start` (a panicked one is a
+/// violation), printing progress meanwhile; returns what the summary
+/// reports of the load phase.
+async fn load_phase(ctx: &Arc<Ctx>, load_start: Instant, tasks: Vec<tokio::task::JoinHandle<()>>) -> LoadFigures {
+    let progress = spawn_progress(ctx);
     for t in tasks {
         if let Err(e) = t.await {
             ctx.violation(format!("a load task panicked: {e}"));
         }
+    }
+    let secs = load_start.elapsed().as_secs_f64();
+    progress.abort();
+    let requests = ctx.c.answered.load(Ordering::Relaxed);
+    eprintln!("soak: load done ({requests} answers); waiting for reservations to expire, then auditing");
+    LoadFigures {
+        secs,
+        requests,
+        sent: ctx.c.sent.iter().map(|a| a.load(Ordering::Relaxed)).collect(),
+        faults: ctx.c.faults.lock().unwrap().clone(),
+        windows: report::windows(ctx, load_start, secs),
     }
 }
 
@@ -215,15 +256,7 @@ async fn load_audit_and_signal(ctx: &Arc<Ctx>, load_secs: f64) -> Summary<'_> {
     if !ctx.a.no_faults {
         faults::spawn_all(ctx, until, &mut tasks);
     }
-    let progress = spawn_progress(ctx);
-    join_all(ctx, tasks).await;
-    let load_secs_real = load_start.elapsed().as_secs_f64();
-    progress.abort();
-    let load_requests = ctx.c.answered.load(Ordering::Relaxed);
-    let load_sent: Vec<u64> = ctx.c.sent.iter().map(|a| a.load(Ordering::Relaxed)).collect();
-    let faults: BTreeMap<&'static str, u64> = ctx.c.faults.lock().unwrap().clone();
-    let windows = report::windows(ctx, load_start, load_secs_real);
-    eprintln!("soak: load done ({load_requests} answers); waiting for reservations to expire, then auditing");
+    let load = load_phase(ctx, load_start, tasks).await;
 
     // Audit on the live server.
     let audit = audit::audit(ctx, false).await;
@@ -231,19 +264,13 @@ async fn load_audit_and_signal(ctx: &Arc<Ctx>, load_secs: f64) -> Summary<'_> {
 
     // Phase 2: SIGTERM under load.
     let term = match ctx.a.server_pid {
-        Some(pid) => Some(sigterm::sigterm_phase(ctx, pid).await),
+        Some(pid) => Some(
+            sigterm::sigterm_phase(ctx, pid, |until| {
+                (0..ctx.a.workers).map(|id| tokio::spawn(cycle::worker(ctx.clone(), 1000 + id, until))).collect()
+            })
+            .await,
+        ),
         None => None,
     };
-    Summary {
-        ctx,
-        load_secs: load_secs_real,
-        load_requests,
-        load_sent,
-        faults,
-        windows,
-        audit,
-        violations_at_audit,
-        term,
-        total_secs: ctx.start.elapsed().as_secs_f64(),
-    }
+    Summary { ctx, load, audit, violations_at_audit, term, total_secs: ctx.start.elapsed().as_secs_f64() }
 }

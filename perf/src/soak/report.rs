@@ -29,7 +29,7 @@ pub(crate) fn windows(ctx: &Ctx, load_start: Instant, secs: f64) -> (f64, f64, f
 }
 
 /// `name count, name count, ...`, or `none`.
-fn list<K: std::fmt::Display>(m: impl IntoIterator<Item = (K, u64)>, sep: &str) -> String {
+pub(crate) fn list<K: std::fmt::Display>(m: impl IntoIterator<Item = (K, u64)>, sep: &str) -> String {
     let v: Vec<String> = m.into_iter().map(|(k, n)| format!("{k}{sep}{n}")).collect();
     if v.is_empty() {
         "none".into()
@@ -39,19 +39,27 @@ fn list<K: std::fmt::Display>(m: impl IntoIterator<Item = (K, u64)>, sep: &str) 
 }
 
 /// `x` rounded to `decimals` places, for the JSON summary.
-fn round(x: f64, decimals: i32) -> f64 {
+pub(crate) fn round(x: f64, decimals: i32) -> f64 {
     let f = 10f64.powi(decimals);
     (x * f).round() / f
+}
+
+/// What the summary reports of the load phase.
+pub(crate) struct LoadFigures {
+    pub(crate) secs: f64,
+    /// Answers received.
+    pub(crate) requests: u64,
+    /// Requests sent, by kind.
+    pub(crate) sent: Vec<u64>,
+    pub(crate) faults: BTreeMap<&'static str, u64>,
+    /// Answers per second over 10-s windows: (min, median, max).
+    pub(crate) windows: (f64, f64, f64),
 }
 
 /// Everything the summary reports, gathered at the end of the run.
 pub(crate) struct Summary<'a> {
     pub(crate) ctx: &'a Ctx,
-    pub(crate) load_secs: f64,
-    pub(crate) load_requests: u64,
-    pub(crate) load_sent: Vec<u64>,
-    pub(crate) faults: BTreeMap<&'static str, u64>,
-    pub(crate) windows: (f64, f64, f64),
+    pub(crate) load: LoadFigures,
     pub(crate) audit: AuditReport,
     pub(crate) violations_at_audit: u64,
     pub(crate) term: Option<TermReport>,
@@ -69,20 +77,20 @@ impl Summary<'_> {
         let _ = writeln!(
             o,
             "run: {:.1} s total, load phase {:.1} s, {} workers x 8 ranks, {} pages/rank, reservation ttl {} s",
-            self.total_secs, self.load_secs, self.ctx.a.workers, self.ctx.a.pages, self.ctx.ttl
+            self.total_secs, self.load.secs, self.ctx.a.workers, self.ctx.a.pages, self.ctx.ttl
         );
         let _ = writeln!(
             o,
             "load held: {:.0} answers/s mean over the load phase; 10-s windows min {:.0} / median {:.0} / max {:.0}; latency p50 {} us, p99 {} us, max {} us",
-            self.load_requests as f64 / self.load_secs.max(1e-9),
-            self.windows.0,
-            self.windows.1,
-            self.windows.2,
+            self.load.requests as f64 / self.load.secs.max(1e-9),
+            self.load.windows.0,
+            self.load.windows.1,
+            self.load.windows.2,
             lat.value_at_quantile(0.5),
             lat.value_at_quantile(0.99),
             lat.max()
         );
-        let sent = KINDS.iter().zip(&self.load_sent).filter(|(_, n)| **n > 0).map(|(k, n)| (k.name(), *n));
+        let sent = KINDS.iter().zip(&self.load.sent).filter(|(_, n)| **n > 0).map(|(k, n)| (k.name(), *n));
         let _ = writeln!(o, "requests in the load phase: {}", list(sent, " "));
     }
 
@@ -131,9 +139,12 @@ impl Summary<'_> {
             "acknowledged confirm pages (model): bound {}, re-confirmed {}, superseded {}, bound pages released {}",
             oc[0], oc[1], oc[2], oc[3]
         );
-        let total_faults: u64 = self.faults.values().sum();
-        let _ =
-            writeln!(o, "faults injected: {total_faults} ({})", list(self.faults.iter().map(|(k, n)| (k, *n)), " "));
+        let total_faults: u64 = self.load.faults.values().sum();
+        let _ = writeln!(
+            o,
+            "faults injected: {total_faults} ({})",
+            list(self.load.faults.iter().map(|(k, n)| (k, *n)), " ")
+        );
         let races = list(c.races.lock().unwrap().iter().map(|(k, n)| (k.clone(), *n)), " ");
         let _ = writeln!(o, "typed 500s on the load path explained by the model (protocol races): {races}");
         let un = list(c.unexpected.lock().unwrap().iter().map(|(k, n)| (k.clone(), *n)), ": ");
@@ -164,19 +175,19 @@ impl Summary<'_> {
         let c = &self.ctx.c;
         let counts = |m: &BTreeMap<String, u64>| m.iter().map(|(k, n)| (k.clone(), json!(n))).collect::<Value>();
         let sent: serde_json::Map<String, Value> =
-            KINDS.iter().zip(&self.load_sent).map(|(k, n)| (k.name().to_string(), json!(n))).collect();
+            KINDS.iter().zip(&self.load.sent).map(|(k, n)| (k.name().to_string(), json!(n))).collect();
         let faults: serde_json::Map<String, Value> =
-            self.faults.iter().map(|(k, n)| (k.to_string(), json!(n))).collect();
+            self.load.faults.iter().map(|(k, n)| (k.to_string(), json!(n))).collect();
         let t = self.term.as_ref();
         json!({
             "total_secs": round(self.total_secs, 1),
-            "load_secs": round(self.load_secs, 1),
+            "load_secs": round(self.load.secs, 1),
             "workers": self.ctx.a.workers,
-            "answers": self.load_requests,
-            "rps_mean": round(self.load_requests as f64 / self.load_secs.max(1e-9), 0),
-            "rps_window_min": round(self.windows.0, 0),
-            "rps_window_median": round(self.windows.1, 0),
-            "rps_window_max": round(self.windows.2, 0),
+            "answers": self.load.requests,
+            "rps_mean": round(self.load.requests as f64 / self.load.secs.max(1e-9), 0),
+            "rps_window_min": round(self.load.windows.0, 0),
+            "rps_window_median": round(self.load.windows.1, 0),
+            "rps_window_max": round(self.load.windows.2, 0),
             "sent": sent,
             "cycles": c.cycles.load(Ordering::Relaxed),
             "faults": faults,

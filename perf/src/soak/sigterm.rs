@@ -9,8 +9,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::task::JoinHandle;
+
 use super::ctx::Ctx;
-use super::cycle::worker;
 
 /// What phase 2 saw, for the summary.
 #[derive(Default, Debug)]
@@ -29,13 +30,18 @@ fn exited(pid: u32) -> bool {
     }
 }
 
-/// Runs phase 2 against the server process `pid`.
-pub(crate) async fn sigterm_phase(ctx: &Arc<Ctx>, pid: u32) -> TermReport {
+/// Runs phase 2 against the server process `pid`; `load(until)` starts the
+/// load tasks, which must stop by `until` or once the server is gone.
+pub(crate) async fn sigterm_phase(
+    ctx: &Arc<Ctx>,
+    pid: u32,
+    load: impl FnOnce(Instant) -> Vec<JoinHandle<()>>,
+) -> TermReport {
     let mut rep = TermReport::default();
     ctx.stop.store(false, Ordering::Relaxed);
     let grace = Duration::from_secs(ctx.a.shutdown_timeout + 3);
     let until = Instant::now() + Duration::from_secs_f64(ctx.a.sigterm_after) + grace;
-    let tasks: Vec<_> = (0..ctx.a.workers).map(|id| tokio::spawn(worker(ctx.clone(), 1000 + id, until))).collect();
+    let tasks = load(until);
     tokio::time::sleep(Duration::from_secs_f64(ctx.a.sigterm_after)).await; // let the load build up
     ctx.sigterm.store(true, Ordering::Relaxed);
     let t = Instant::now();

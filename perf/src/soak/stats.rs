@@ -30,6 +30,8 @@ pub(crate) struct StatsDoc {
     pub(crate) expired: u64,
     pub(crate) world_size: Option<i64>,
     pub(crate) ttl: u64,
+    /// `read_lease_seconds`, where the server reports it.
+    pub(crate) read_lease: Option<f64>,
 }
 
 impl StatsDoc {
@@ -52,6 +54,7 @@ impl StatsDoc {
             expired: u(j, "reservations_expired")?,
             world_size: int(j, "world_size"),
             ttl: u(j, "reservation_ttl_seconds")?,
+            read_lease: j.get("read_lease_seconds").and_then(Value::as_f64),
         })
     }
 }
@@ -105,6 +108,7 @@ mod tests {
         let j = parse(br#"{"world_size":null,"reservation_ttl_seconds":4,"keys":0,"complete_keys":0,"reservations_expired":0,"ranks":[]}"#)
             .unwrap();
         assert_eq!(StatsDoc::from_json(&j).unwrap().world_size, None);
+        assert_eq!(s.read_lease, None);
         assert!(StatsDoc::from_json(&parse(br#"{"ranks":[]}"#).unwrap()).is_none());
     }
 }

@@ -106,6 +106,16 @@ impl Universe {
         (start..start + n).map(|p| self.key(root, branch, p)).collect()
     }
 
+    /// Every key of the universe, each once.
+    pub(crate) fn all_keys(&self) -> Vec<Key> {
+        let mut keys: Vec<Key> = (0..self.roots)
+            .flat_map(|r| (0..self.branches).flat_map(move |b| (0..CHAIN_LEN).map(move |p| self.key(r, b, p))))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     pub(crate) fn any_key<R: Rng>(&self, rng: &mut R) -> Key {
         self.key(rng.gen_range(0..self.roots), rng.gen_range(0..self.branches), rng.gen_range(0..CHAIN_LEN))
     }
@@ -124,6 +134,9 @@ mod tests {
         assert_eq!(u.key(root, 0, s - 1), u.key(root, 1, s - 1));
         assert_ne!(u.key(root, 0, s), u.key(root, 1, s));
         assert_ne!(u.key(root, 0, 0), u.key(root, 0, 1));
+        let all = u.all_keys();
+        assert!(all.len() < 4 * 3 * CHAIN_LEN as usize && all.len() > 4 * CHAIN_LEN as usize);
+        assert!(all.binary_search(&u.key(root, 1, s)).is_ok());
         let k = u.key(root, 0, 5);
         assert!(k.iter().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
     }
