@@ -62,12 +62,26 @@ impl App {
         // inject at the store boundary (durable::faults).
         let faults = cfg.durable_faults.clone().map(durable::Faults::from_file);
         let opts = durable::Options { faults, ..durable::Options::default() };
-        let (store, d, _) = durable::Durable::open_opts(&dir, cfg.fsync, Self::store_config(&cfg), opts)?;
+        let (store, d, recovered) = durable::Durable::open_opts(&dir, cfg.fsync, Self::store_config(&cfg), opts)?;
+        if recovered.bindings > 0 {
+            // Readers may hold leases from before the restart, which were
+            // not persisted: evict nothing for one lease period.
+            store.hold_eviction_for_a_lease();
+        }
         Ok(Self { cfg, store, metrics: Metrics::default(), durable: Some(d), shutting_down: AtomicBool::new(false) })
     }
 
     fn store_config(cfg: &Config) -> StoreConfig {
-        StoreConfig { world_size: cfg.world_size, max_ranks: cfg.max_ranks, max_pages_per_rank: cfg.max_pages_per_rank }
+        StoreConfig {
+            world_size: cfg.world_size,
+            max_ranks: cfg.max_ranks,
+            max_pages_per_rank: cfg.max_pages_per_rank,
+            eviction: cfg.eviction == config::Eviction::Clock,
+            high_watermark: cfg.evict_high_watermark,
+            low_watermark: cfg.evict_low_watermark,
+            read_lease: core::LeaseLength::from_secs(cfg.read_lease),
+            manual_clock: false,
+        }
     }
 
     /// Flushes and stops durability (a no-op in memory). Call once serving

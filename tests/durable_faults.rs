@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 const FAILSAFE: Duration = Duration::from_secs(30);
 
 fn cfg() -> StoreConfig {
-    StoreConfig { world_size: Some(2), max_ranks: 16, max_pages_per_rank: 1 << 20 }
+    StoreConfig { world_size: Some(2), max_ranks: 16, max_pages_per_rank: 1 << 20, ..StoreConfig::default() }
 }
 
 fn key(i: u64) -> String {

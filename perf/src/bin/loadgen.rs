@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use hf3fs_perf::body::{alloc_body, push_key, Wr};
+use hf3fs_perf::body::{alloc_body, confirm_body, keys_body};
 use hf3fs_perf::client::{Conn, Mode};
 use hf3fs_perf::keys::{random_key, stored_key, Key};
 use hf3fs_perf::scan;
@@ -246,48 +246,9 @@ async fn call<'c>(
     }
 }
 
-/// `{<head>[ "k", ... ]}` e.g. head = `"keys":` or `"rank":0,"keys":`.
-fn keys_body<'a>(head: &str, keys: impl Iterator<Item = &'a Key>) -> Bytes {
-    let mut b = Vec::with_capacity(64 + 35 * 128);
-    b.push(b'{');
-    b.extend_from_slice(head.as_bytes());
-    b.push(b'[');
-    for (i, k) in keys.enumerate() {
-        if i > 0 {
-            b.push(b',');
-        }
-        push_key(&mut b, k);
-    }
-    b.extend_from_slice(b"]}");
-    Bytes::from(b)
-}
-
-/// confirm_write body: confirmations for keys[i] -> pages[i] (pages >= 0 only)
-/// when `confirm`, and `pages_to_release` = `release`.
-fn confirm_body(rank: u32, keys: &[Key], pages: &[i64], confirm: bool, release: &[i64]) -> Bytes {
-    let mut b = Vec::with_capacity(96 + 48 * keys.len());
-    let _ = write!(Wr(&mut b), "{{\"rank\":{rank},\"confirmations\":[");
-    if confirm {
-        let mut first = true;
-        for (k, &p) in keys.iter().zip(pages) {
-            if p < 0 {
-                continue;
-            }
-            if !first {
-                b.push(b',');
-            }
-            first = false;
-            b.push(b'[');
-            push_key(&mut b, k);
-            let _ = write!(Wr(&mut b), ",{p}]");
-        }
-    }
-    b.extend_from_slice(b"],\"pages_to_release\":[");
-    for (i, p) in release.iter().enumerate() {
-        let _ = write!(Wr(&mut b), "{}{p}", if i > 0 { "," } else { "" });
-    }
-    b.extend_from_slice(b"]}");
-    Bytes::from(b)
+/// The confirmations of a confirm_write: keys[i] -> pages[i], pages >= 0 only.
+fn granted<'a>(keys: &'a [Key], pages: &'a [i64]) -> impl Iterator<Item = (&'a Key, i64)> {
+    keys.iter().zip(pages.iter().copied()).filter(|&(_, p)| p >= 0)
 }
 
 struct Worker {
@@ -363,12 +324,12 @@ impl Worker {
         if self.release.is_empty() {
             return;
         }
-        let body = confirm_body(rank, &[], &[], false, &self.release);
+        let body = confirm_body(rank, granted(&[], &[]), &self.release);
         call(&mut self.conn, sh, st, "/keys/confirm_write", &body, Rec::Aux).await;
     }
 
     async fn confirm(&mut self, sh: &Shared, st: &mut Stats, rank: u32, slot: usize, rec: Rec) -> bool {
-        let body = confirm_body(rank, &self.keys, &self.pages[slot], true, &[]);
+        let body = confirm_body(rank, granted(&self.keys, &self.pages[slot]), [0i64; 0]);
         match call(&mut self.conn, sh, st, "/keys/confirm_write", &body, rec).await {
             Some((status, _)) => {
                 if sh.validate && status != 204 {
@@ -445,7 +406,7 @@ impl Worker {
         }
         if ok {
             // Scheduler lookup: every confirmed key must exist.
-            let body = keys_body("\"keys\":", self.keys.iter());
+            let body = keys_body(None, &self.keys);
             if let Some((_, resp)) = call(&mut self.conn, sh, st, "/keys/batch_exists", &body, Rec::Timed).await {
                 if sh.validate {
                     match scan::exists(resp, &mut self.bools) {
@@ -462,7 +423,7 @@ impl Worker {
                 }
             }
             // Load: every location on this connection's rank must equal the allocated page.
-            let body = keys_body(&format!("\"rank\":{r0},\"keys\":"), self.keys.iter());
+            let body = keys_body(Some(r0 as usize), &self.keys);
             if let Some((_, resp)) = call(&mut self.conn, sh, st, "/keys/get_locations", &body, Rec::Timed).await {
                 if sh.validate {
                     match scan::locations(resp, &mut self.locs) {
@@ -566,7 +527,7 @@ async fn setup(a: &Args) -> Result<bool, String> {
                         a.pages, a.stored
                     ));
                 }
-                let body = confirm_body(r, &keys, &pages, true, &[]);
+                let body = confirm_body(r, granted(&keys, &pages), [0i64; 0]);
                 let (status, resp) =
                     conn.post("/keys/confirm_write", &body).await.map_err(|e| format!("pre-populate confirm: {e}"))?;
                 if status != 204 {
@@ -581,9 +542,9 @@ async fn setup(a: &Args) -> Result<bool, String> {
 
 fn build_pool(a: &Args) -> Vec<Bytes> {
     let mut rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed);
-    let head = match a.scenario {
-        Scenario::Exists => "\"keys\":".to_string(),
-        Scenario::Locations => "\"rank\":0,\"keys\":".to_string(),
+    let rank = match a.scenario {
+        Scenario::Exists => None,
+        Scenario::Locations => Some(0),
         _ => return Vec::new(),
     };
     (0..POOL_BODIES)
@@ -597,7 +558,7 @@ fn build_pool(a: &Args) -> Vec<Bytes> {
                     }
                 })
                 .collect();
-            keys_body(&head, keys.iter())
+            keys_body(rank, &keys)
         })
         .collect()
 }

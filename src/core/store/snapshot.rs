@@ -75,8 +75,8 @@ impl Store {
                 // Held BUSY until the guard drops; a RESERVED page (bound
                 // pages can be released and reserved again since the word
                 // was read) is put back as it was.
-                let mut held = ClaimGuard::new(table, 1);
-                if held.claim(page) != Some(Claimed::Bound) {
+                let mut held = ClaimGuard::new(1);
+                if held.claim(table, page) != Some(Claimed::Bound) {
                     return;
                 }
                 let Some(key) = table.owner(page) else {
@@ -111,7 +111,12 @@ mod tests {
 
     #[test]
     fn visits_ranks_and_bound_pages_only() {
-        let s = Store::new(StoreConfig { world_size: Some(2), max_ranks: 4, max_pages_per_rank: 1000 });
+        let s = Store::new(StoreConfig {
+            world_size: Some(2),
+            max_ranks: 4,
+            max_pages_per_rank: 1000,
+            ..StoreConfig::default()
+        });
         s.initialize(0, 100).unwrap();
         s.initialize(2, 50).unwrap();
         let mut out = Vec::new();
