@@ -209,6 +209,17 @@ impl Generation {
     }
 }
 
+/// Ends a journal operation ([`Store::journal_op`]) when dropped.
+struct JournalOp<'a>(Option<&'a dyn Journal>);
+
+impl Drop for JournalOp<'_> {
+    fn drop(&mut self) {
+        if let Some(j) = self.0 {
+            j.end();
+        }
+    }
+}
+
 /// The metadata store. Share it by reference or `Arc`; every method takes `&self`.
 pub struct Store {
     cfg: StoreConfig,
@@ -282,6 +293,16 @@ impl Store {
         if let Some(j) = &self.journal {
             j.record(change);
         }
+    }
+
+    /// Brackets one operation's changes ([`Journal::begin`]) until the
+    /// returned guard drops, whatever the way out.
+    #[inline]
+    fn journal_op(&self) -> JournalOp<'_> {
+        if let Some(j) = &self.journal {
+            j.begin();
+        }
+        JournalOp(self.journal.as_deref())
     }
 
     /// The current generation's id (it changes at every `/clear`).

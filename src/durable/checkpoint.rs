@@ -22,7 +22,7 @@
 //! `backlog` (records written since the last pass) is a hint that only
 //! decides when to nudge the checkpointer: `Relaxed`.
 
-use super::codec;
+use super::codec::{self, Binding};
 use super::error::{panic_message, Failure};
 use super::faults::Point;
 use super::fold::{split_key, Fold};
@@ -44,34 +44,40 @@ const MAX_FOLD_RECORDS: u64 = 4 << 20;
 /// Folds up to [`MAX_FOLD_RECORDS`] of the current keyspace's log into its
 /// state. Returns the number of records folded (0 on a keyspace a recovery
 /// has replaced).
-pub(crate) fn pass(shared: &Shared) -> Result<u64, Failure> {
+pub(crate) fn pass(shared: &Shared, scratch: &mut Scratch) -> Result<u64, Failure> {
     let db = shared.db.load_full();
     let parts = db.parts();
     if parts.retired {
         return Ok(0);
     }
-    let fold = Fold::read(&parts.log, MAX_FOLD_RECORDS)?;
-    if fold.entries.is_empty() {
+    scratch.fold.read_into(&parts.log, MAX_FOLD_RECORDS)?;
+    if scratch.fold.entries.is_empty() {
         return Ok(0);
     }
-    let records = fold.records;
-    write_fold(shared, &db, &parts, fold)?;
+    let records = scratch.fold.records;
+    write_fold(shared, &db, &parts, scratch)?;
     Ok(records)
+}
+
+/// The buffers of a pass, kept by the checkpointer between passes.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    fold: Fold,
+    current: Vec<(u16, Binding)>,
+    merged: Vec<(u16, Binding)>,
+    buf: Vec<u8>,
 }
 
 /// Writes `fold` into the state of `parts` and removes its log entries.
 /// A chunk that does not decode is [`Failure::Fatal`] (it was written by us
 /// and reads back wrong).
-fn write_fold(shared: &Shared, db: &Db, parts: &Parts, mut fold: Fold) -> Result<(), Failure> {
+fn write_fold(shared: &Shared, db: &Db, parts: &Parts, scratch: &mut Scratch) -> Result<(), Failure> {
+    let Scratch { fold, current, merged, buf } = scratch;
     let mut batch = db.keyspace.batch().durability(Some(PersistMode::Buffer));
     for (&rank, &n) in &fold.ranks {
         batch.insert(&parts.state, codec::rank_key(rank).to_vec(), n.to_le_bytes().to_vec());
     }
-    let net = fold.net();
-    let mut current = Vec::new();
-    let mut merged = Vec::new();
-    let mut buf = Vec::new();
-    let mut rest = &net[..];
+    let mut rest = fold.net();
     while let Some(&(first, _)) = rest.first() {
         // One state chunk's changes: equal keys above the offset byte.
         let n = rest.iter().position(|e| e.0 >> 8 != first >> 8).unwrap_or(rest.len());
@@ -81,7 +87,7 @@ fn write_fold(shared: &Shared, db: &Db, parts: &Parts, mut fold: Fold) -> Result
         let key = codec::chunk_key(chunk, rank);
         let existed = match parts.state.get(key).map_err(|e| Failure::store("reading the state", &e))? {
             Some(v) => {
-                codec::decode_chunk(&v, &mut current)
+                codec::decode_chunk(&v, current)
                     .map_err(|e| Failure::Fatal(format!("state chunk {chunk} of rank {rank}: {e}")))?;
                 true
             }
@@ -105,13 +111,13 @@ fn write_fold(shared: &Shared, db: &Db, parts: &Parts, mut fold: Fold) -> Result
         }
         merged.extend(old);
         if !merged.is_empty() {
-            codec::encode_chunk(&merged, &mut buf);
+            codec::encode_chunk(merged, buf);
             batch.insert(&parts.state, key.to_vec(), buf.clone());
         } else if existed {
             batch.remove(&parts.state, key.to_vec());
         }
     }
-    for k in std::mem::take(&mut fold.entries) {
+    for k in fold.entries.drain(..) {
         batch.remove(&parts.log, k);
     }
     shared.check(Point::Write).map_err(|e| Failure::io("writing the checkpoint", &e))?;
@@ -130,6 +136,7 @@ pub(crate) fn run(
 ) {
     // `None`: no periodic pass (tests that need a log tail to stay a tail).
     let tick = every.map_or_else(crossbeam_channel::never, crossbeam_channel::tick);
+    let mut scratch = Scratch::default();
     loop {
         let (stopping, ticked) = crossbeam_channel::select! {
             recv(stop) -> last_pass => match last_pass {
@@ -154,7 +161,7 @@ pub(crate) fn run(
             backlog.store(0, Ordering::Relaxed);
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
                 // Keep going while passes are full, so a burst is folded soon.
-                match pass(&shared) {
+                match pass(&shared, &mut scratch) {
                     Ok(n) if n >= MAX_FOLD_RECORDS => continue,
                     other => break other,
                 }

@@ -378,7 +378,7 @@ impl Durable {
     /// it every second anyway). Returns the records folded.
     /// A failure degrades the store as the checkpointer's would.
     pub fn checkpoint(&self) -> Result<u64, String> {
-        checkpoint::pass(&self.shared).map_err(|f| {
+        checkpoint::pass(&self.shared, &mut checkpoint::Scratch::default()).map_err(|f| {
             let why = f.to_string();
             self.shared.fail(f);
             why

@@ -4,7 +4,13 @@
 //! [`QueueJournal::record`] runs while the store holds pages BUSY, so it does
 //! the least it can: number the change (one `fetch_add` on `head`), copy it
 //! into an owned message and push it onto an unbounded crossbeam channel. No
-//! lock, no I/O, no waiting.
+//! lock, no I/O, no waiting. Inside an operation the store brackets
+//! ([`Journal::begin`]/[`Journal::end`], a confirm's commit), the changes
+//! go into a thread-local buffer instead and the whole operation is pushed
+//! as one message at its end: one channel send per request rather than one
+//! per page. The changes are still numbered as they are recorded, and the
+//! writer writes them in number order ([`Watermark::ready`]): another
+//! request may change a page again before this one's message is sent.
 //!
 //! A request that needs its changes durable reads `head` *after* its store
 //! call returned and waits until the writer has made every change numbered up
@@ -95,6 +101,8 @@ impl From<Change<'_>> for Op {
 pub(crate) enum Msg {
     /// Change number `seq`.
     Change { seq: u64, op: Op },
+    /// The changes of one operation, numbered, in order.
+    Changes(Vec<(u64, Op)>),
     /// Write and sync everything before this message, then exit.
     Stop,
     /// Another thread reported a failure: look at the health state.
@@ -361,20 +369,83 @@ pub(crate) struct QueueJournal {
     pub(crate) tx: Sender<Msg>,
 }
 
+/// The operation a thread is in, for one journal.
+#[derive(Default)]
+struct Pending {
+    /// The journal the operation is for (its address); 0 when none.
+    owner: usize,
+    /// Nesting depth of `begin`s.
+    depth: u32,
+    /// The changes recorded so far.
+    ops: Vec<(u64, Op)>,
+}
+
+thread_local! {
+    static PENDING: std::cell::RefCell<Pending> = std::cell::RefCell::new(Pending::default());
+}
+
+impl QueueJournal {
+    fn id(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    /// Pushes onto the channel. A send fails only once the writer has
+    /// exited; the waiter of the change then sees `closed` (or `failed`)
+    /// and answers an error.
+    fn send(&self, msg: Msg) {
+        let _ = self.tx.send(msg);
+    }
+}
+
 impl Journal for QueueJournal {
     fn record(&self, change: Change<'_>) {
         let op = Op::from(change);
         let seq = self.progress.next();
-        // A send fails only once the writer has exited; the waiter of this
-        // change then sees `closed` (or `failed`) and answers an error.
-        let _ = self.tx.send(Msg::Change { seq, op });
+        let unbuffered = PENDING.with(|p| match p.try_borrow_mut() {
+            Ok(mut p) if p.depth > 0 && p.owner == self.id() => {
+                p.ops.push((seq, op));
+                None
+            }
+            _ => Some(op),
+        });
+        if let Some(op) = unbuffered {
+            self.send(Msg::Change { seq, op });
+        }
+    }
+
+    fn begin(&self) {
+        PENDING.with(|p| {
+            let Ok(mut p) = p.try_borrow_mut() else { return };
+            if p.depth == 0 {
+                p.owner = self.id();
+            }
+            p.depth += 1;
+        });
+    }
+
+    fn end(&self) {
+        let ops = PENDING.with(|p| {
+            let Ok(mut p) = p.try_borrow_mut() else { return Vec::new() };
+            p.depth = p.depth.saturating_sub(1);
+            if p.depth > 0 || p.owner != self.id() {
+                return Vec::new();
+            }
+            p.owner = 0;
+            std::mem::take(&mut p.ops)
+        });
+        if !ops.is_empty() {
+            self.send(Msg::Changes(ops));
+        }
     }
 }
 
-/// Turns the change numbers of written batches into the durable position:
-/// the largest `n` such that every number `1..=n` is done. Numbers reach the
-/// writer slightly out of order (a change is numbered before it is pushed),
-/// so the ones beyond a gap wait in a small heap.
+/// Turns change numbers into the durable position: the largest `n` such
+/// that every number `1..=n` is done. Numbers reach the writer out of order
+/// (a change is numbered before it is pushed, an operation's changes are
+/// pushed at its end), so the writer takes changes in number order
+/// ([`Watermark::ready`]); a degraded writer, which writes nothing, counts
+/// what it drops in any order ([`Watermark::advance`]), and those beyond a
+/// gap wait in a small heap.
 #[derive(Debug, Default)]
 pub(crate) struct Watermark {
     done: u64,
@@ -385,6 +456,33 @@ impl Watermark {
     /// Starts after `done`.
     pub(crate) fn new(done: u64) -> Self {
         Self { done, ahead: Default::default() }
+    }
+
+    /// The position: every number up to it is done.
+    pub(crate) fn done(&self) -> u64 {
+        self.done
+    }
+
+    /// Moves into `out`, in number order, the changes of `pending` that
+    /// extend the run of numbers done (skipping numbers already counted by
+    /// [`Watermark::advance`]), and marks them done; the rest stay in
+    /// `pending`, waiting for the numbers before them.
+    pub(crate) fn ready(&mut self, pending: &mut Vec<(u64, Op)>, out: &mut Vec<(u64, Op)>) {
+        pending.sort_unstable_by_key(|e| e.0);
+        let mut i = 0;
+        loop {
+            let next = self.done + 1;
+            if self.ahead.peek().is_some_and(|r| r.0 == next) {
+                self.ahead.pop();
+                self.done = next;
+            } else if pending.get(i).is_some_and(|e| e.0 == next) {
+                self.done = next;
+                i += 1;
+            } else {
+                break;
+            }
+        }
+        out.extend(pending.drain(..i));
     }
 
     /// Marks `seqs` done (sorts them) and returns the new position.
@@ -408,6 +506,43 @@ impl Watermark {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ready_takes_the_run_in_order_and_skips_counted_numbers() {
+        let op = |p| (p, Op::Unbind { generation: 0, rank: 0, page: p as u32 });
+        let mut w = Watermark::new(0);
+        let (mut pending, mut out) = (vec![op(3), op(1), op(5)], Vec::new());
+        w.ready(&mut pending, &mut out);
+        assert_eq!(out.iter().map(|e| e.0).collect::<Vec<_>>(), [1]);
+        assert_eq!(pending.iter().map(|e| e.0).collect::<Vec<_>>(), [3, 5]);
+        // 2 and 4 were counted while degraded (dropped, covered elsewhere).
+        w.advance(&mut [4, 2]);
+        w.ready(&mut pending, &mut out);
+        assert_eq!(out.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 3, 5]);
+        assert_eq!((w.done(), pending.len()), (5, 0));
+    }
+
+    #[test]
+    fn an_operation_is_one_message_in_number_order() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let j = QueueJournal { progress: std::sync::Arc::new(Progress::default()), tx };
+        let unbind = |page| Change::Unbind { generation: 0, rank: 0, page };
+        j.record(unbind(1));
+        j.begin();
+        j.record(unbind(2));
+        j.begin();
+        j.record(unbind(3));
+        j.end();
+        assert!(matches!(rx.try_recv(), Ok(Msg::Change { seq: 1, .. })));
+        assert!(rx.try_recv().is_err(), "held until the outer end");
+        j.end();
+        match rx.try_recv() {
+            Ok(Msg::Changes(v)) => assert_eq!(v.iter().map(|e| e.0).collect::<Vec<_>>(), [2, 3]),
+            other => panic!("{other:?}"),
+        }
+        j.record(unbind(4));
+        assert!(matches!(rx.try_recv(), Ok(Msg::Change { seq: 4, .. })));
+    }
 
     #[test]
     fn watermark_waits_for_gaps() {

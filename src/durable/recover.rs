@@ -61,8 +61,7 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
         log_records: tail.records,
         ..Restored::default()
     };
-    let mut tail = tail;
-    let overlay = tail.net();
+    let overlay = tail.into_net();
     let touched: HashSet<u64> = overlay.iter().map(|e| e.0 >> 8).collect();
     let overlay = &overlay;
 

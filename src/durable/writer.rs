@@ -79,7 +79,13 @@ pub(crate) struct Writer {
 struct Batch {
     buf: Vec<u8>,
     records: u64,
-    seqs: Vec<u64>,
+    /// Changes received and not taken yet: beyond a gap in the numbers
+    /// (an operation still being recorded on another thread).
+    pending: Vec<(u64, Op)>,
+    /// The changes taken this pass, in number order.
+    ready: Vec<(u64, Op)>,
+    /// Whether this pass took any change.
+    took: bool,
     /// The rank creations and clears taken, kept in case the write fails.
     admin: Vec<Op>,
 }
@@ -88,7 +94,7 @@ impl Batch {
     fn reset(&mut self) {
         self.buf.clear();
         self.records = 0;
-        self.seqs.clear();
+        self.took = false;
         self.admin.clear();
     }
 }
@@ -124,7 +130,7 @@ impl Writer {
                 }
                 continue;
             }
-            let (stop, written) = self.one_batch(&mut batch);
+            let (stop, written) = self.one_batch(&mut watermark, &mut batch);
             if let Err(f) = written {
                 if let Failure::Fatal(_) = f {
                     return Err(f);
@@ -142,8 +148,8 @@ impl Writer {
             if !self.shared.progress.is_healthy() {
                 continue;
             }
-            if !batch.seqs.is_empty() {
-                self.shared.progress.publish(watermark.advance(&mut batch.seqs));
+            if batch.took {
+                self.shared.progress.publish(watermark.done());
             }
             batch.reset();
             if stop {
@@ -156,48 +162,51 @@ impl Writer {
         }
     }
 
-    /// Takes whatever is queued (waiting for the first message) and writes
-    /// it as one log entry. Returns whether a `Stop` came, and how the
-    /// taking and writing went.
-    fn one_batch(&mut self, batch: &mut Batch) -> (bool, Result<(), Failure>) {
+    /// Takes whatever is queued (waiting for the first message), in number
+    /// order as far as the numbers run without a gap, and writes it as one
+    /// log entry. Returns whether a `Stop` came, and how the writing went.
+    fn one_batch(&mut self, watermark: &mut Watermark, batch: &mut Batch) -> (bool, Result<(), Failure>) {
         let mut stop = false;
-        let mut taken = match self.rx.recv() {
-            Ok(Msg::Change { seq, op }) => self.take(seq, op, batch),
-            Ok(Msg::Stop) | Err(_) => {
-                stop = true;
-                Ok(())
-            }
-            Ok(Msg::Wake) => Ok(()),
-            Ok(Msg::Recover) => {
-                self.recover_asked = true;
-                Ok(())
-            }
-        };
-        while taken.is_ok() && !stop && batch.seqs.len() < MAX_BATCH {
-            taken = match self.rx.try_recv() {
-                Ok(Msg::Change { seq, op }) => self.take(seq, op, batch),
-                Ok(Msg::Stop) => {
-                    stop = true;
-                    Ok(())
+        let mut received = 0;
+        let mut msg = self.rx.recv().map_err(|_| ());
+        loop {
+            match msg {
+                Ok(Msg::Change { seq, op }) => {
+                    batch.pending.push((seq, op));
+                    received += 1;
                 }
-                Ok(Msg::Wake) => Ok(()),
-                Ok(Msg::Recover) => {
-                    self.recover_asked = true;
-                    Ok(())
+                Ok(Msg::Changes(mut ops)) => {
+                    received += ops.len();
+                    batch.pending.append(&mut ops);
                 }
+                Ok(Msg::Stop) | Err(()) => stop = true,
+                Ok(Msg::Wake) => {}
+                Ok(Msg::Recover) => self.recover_asked = true,
+            }
+            if stop || received >= MAX_BATCH {
+                break;
+            }
+            msg = match self.rx.try_recv() {
+                Ok(m) => Ok(m),
                 Err(_) => break,
             };
         }
-        (stop, taken.and_then(|()| self.write(batch)))
-    }
-
-    /// Adds one change to the batch (or switches generation).
-    fn take(&mut self, seq: u64, op: Op, batch: &mut Batch) -> Result<(), Failure> {
-        batch.seqs.push(seq);
-        if op.is_admin() {
-            batch.admin.push(op.clone());
+        let mut ready = std::mem::take(&mut batch.ready);
+        watermark.ready(&mut batch.pending, &mut ready);
+        batch.took |= !ready.is_empty();
+        let mut taken = Ok(());
+        for (_, op) in ready.drain(..) {
+            if op.is_admin() {
+                batch.admin.push(op.clone());
+            }
+            // After a failure the rest is still counted (the watermark did),
+            // and its rank creations and clears are kept; not encoded.
+            if taken.is_ok() {
+                taken = self.encode(op, batch);
+            }
         }
-        self.encode(op, batch)
+        batch.ready = ready;
+        (stop, taken.and_then(|()| self.write(batch)))
     }
 
     /// Encodes one change into the batch (or switches generation).
@@ -261,11 +270,17 @@ impl Writer {
     /// try to recover on schedule or on request. Returns `true` if a `Stop`
     /// came first, `false` once recovered.
     fn degraded(&mut self, watermark: &mut Watermark, batch: &mut Batch) -> Result<bool, Failure> {
-        // The failed batch's changes were drained before any snapshot can
-        // start: the memory has them, and its rank creations and clears are
+        // The failed batch's changes, and those waiting beyond a gap, were
+        // drained before any snapshot can start: the memory has them (they
+        // are counted as covered), and their rank creations and clears are
         // kept.
-        watermark.advance(&mut batch.seqs);
         let mut admin = std::mem::take(&mut batch.admin);
+        for (seq, op) in batch.pending.drain(..) {
+            watermark.advance(&mut [seq]);
+            if op.is_admin() {
+                admin.push(op);
+            }
+        }
         batch.reset();
         let mut delay = self.retry;
         let mut next = delay.map(|d| Instant::now() + d);
@@ -287,6 +302,15 @@ impl Writer {
                     }
                     continue;
                 }
+                Ok(Msg::Changes(ops)) => {
+                    for (seq, op) in ops {
+                        watermark.advance(&mut [seq]);
+                        if op.is_admin() {
+                            admin.push(op);
+                        }
+                    }
+                    continue;
+                }
                 Ok(Msg::Wake) => continue,
                 Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return Ok(true),
                 Ok(Msg::Recover) | Err(RecvTimeoutError::Timeout) => {}
@@ -297,7 +321,7 @@ impl Writer {
                 Ok(w) => {
                     // Everything drained so far is in the snapshot or in
                     // the records just written.
-                    self.shared.progress.publish(watermark.advance(&mut []));
+                    self.shared.progress.publish(watermark.done());
                     self.shared.progress.recovered();
                     self.shared.progress.attempted();
                     tracing::warn!(

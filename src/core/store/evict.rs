@@ -182,6 +182,8 @@ impl Store {
     /// is neither leased nor marked used and every one of its pages can be
     /// claimed at once. Returns the pages freed (0: not evicted).
     pub(super) fn evict_key(&self, gen: &Generation, key: &Key, now: u32) -> u64 {
+        // The journal hears one eviction as one operation.
+        let _op = self.journal_op();
         let k = key.as_ref();
         let mut claim = ClaimGuard::new(8);
         let mut ranks: Vec<u32> = Vec::with_capacity(8);
