@@ -413,12 +413,14 @@ fn a_clear_while_degraded_is_recovered_in_order() {
     d.close().unwrap();
 }
 
-/// The journal's order when pages change hands between threads: two
-/// workers on one small rank release pages the other then binds, so an
+/// The journal's order when pages change hands between threads: three
+/// workers on one small rank release pages the others then bind, so an
 /// `Unbind` and the next `Bind` of a page come from different requests
-/// whose messages can reach the writer in either order. Replaying the log
-/// must give the memory's state exactly (no fault here; the same writer
-/// path as after a recovery).
+/// whose messages can reach the writer in either order; meanwhile a fourth
+/// thread runs checkpoints, which read the chunks the log touched from
+/// memory while the workers change them. The checkpointed state plus the
+/// log tail must give the memory's state exactly (no fault here; the same
+/// writer path as after a recovery).
 #[test]
 fn pages_changing_hands_between_threads_replay_exactly() {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -427,9 +429,18 @@ fn pages_changing_hands_between_threads_replay_exactly() {
     let (s, d) = open(dir.path(), FsyncMode::None, &faults);
     s.initialize(0, 96).unwrap();
     let next = AtomicU64::new(1);
+    let running = std::sync::atomic::AtomicUsize::new(3);
+    let mut folded = 0;
     std::thread::scope(|sc| {
+        let checkpoints = sc.spawn(|| {
+            let mut entries = 0;
+            while running.load(Ordering::Relaxed) > 0 {
+                entries += d.checkpoint().expect("checkpoint");
+            }
+            entries
+        });
         for _ in 0..3 {
-            let (s, next) = (&s, &next);
+            let (s, next, running) = (&s, &next, &running);
             sc.spawn(move || {
                 let mut mine: std::collections::VecDeque<i64> = Default::default();
                 for _ in 0..5000 {
@@ -449,9 +460,12 @@ fn pages_changing_hands_between_threads_replay_exactly() {
                         s.confirm(0, &[], &[p]).expect("release");
                     }
                 }
+                running.fetch_sub(1, Ordering::Relaxed);
             });
         }
+        folded = checkpoints.join().expect("checkpoints");
     });
+    assert!(folded > 0, "the checkpoints folded something");
     d.sync_blocking(FAILSAFE).expect("durable");
     s.audit().expect("audit");
     let before = dump(&s);

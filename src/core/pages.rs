@@ -654,13 +654,25 @@ impl PageTable {
     /// read (a durable snapshot claims each one, which waits out the BUSY
     /// ones; a page FREE or RESERVED at that moment can only change under a
     /// later claim).
-    pub fn for_each_held(&self, mut f: impl FnMut(u32)) {
-        for (w, word) in self.words.iter().enumerate() {
-            let v = word.load(Ordering::Acquire);
+    pub fn for_each_held(&self, f: impl FnMut(u32)) {
+        self.for_each_held_in(0..self.num_pages(), f);
+    }
+
+    /// [`for_each_held`](Self::for_each_held) over the pages of `range` only.
+    pub fn for_each_held_in(&self, range: std::ops::Range<u32>, mut f: impl FnMut(u32)) {
+        let end = range.end.min(self.num_pages());
+        if range.start >= end {
+            return;
+        }
+        for w in (range.start / LANES) as usize..=((end - 1) / LANES) as usize {
+            let v = self.words[w].load(Ordering::Acquire);
             // The high bit of a lane: BOUND (10) or BUSY (11).
             let mut held = (v >> 1) & LOW;
             while held != 0 {
-                f(w as u32 * LANES + held.trailing_zeros() / 2);
+                let page = w as u32 * LANES + held.trailing_zeros() / 2;
+                if range.start <= page && page < end {
+                    f(page);
+                }
                 held &= held - 1;
             }
         }

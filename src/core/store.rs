@@ -34,7 +34,7 @@ mod snapshot;
 
 use arc_swap::ArcSwap;
 pub use evict::{EvictReason, EvictStats, MaintainReport};
-pub use snapshot::Visit;
+pub use snapshot::{ReadPagesError, Visit};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 

@@ -1,14 +1,34 @@
 //! Folding the log into the checkpointed state.
 //!
 //! The writer appends whole batches to the log, which keeps acknowledgements
-//! cheap (one store write per batch, not per binding). The checkpointer
-//! thread, every [`CHECKPOINT_INTERVAL`] or sooner when the log grows by
-//! [`NUDGE_RECORDS`], reads the oldest log entries, keeps each page's last
-//! change ([`Fold`], in [`super::fold`]), rewrites only the state chunks
-//! those changes touch, and removes the log entries it folded, all in one
-//! atomic store batch. A crash before that batch keeps the log entries; a
-//! crash after keeps the new chunks: either way, state plus log is the whole
-//! history.
+//! cheap (one store write per batch, not per binding). The log must not
+//! grow without bound, and recovery must not replay much of it, so the
+//! checkpointer thread, every [`CHECKPOINT_INTERVAL`] or sooner when the log
+//! grows by [`NUDGE_RECORDS`], rewrites the state chunks the log touched and
+//! removes the log entries it covered.
+//!
+//! It does not read the log back. The writer, as it writes each entry,
+//! notes which state chunks it touches and which ranks it creates
+//! ([`Dirty`]); a pass takes that set with the entries written so far
+//! (`first..cut`), reads each of those chunks **from memory**
+//! ([`crate::core::Store::read_pages`], each page read while held BUSY, as
+//! the recovery snapshot does), writes them, and then removes the entries.
+//! Every change in an entry below the cut was recorded before the pass
+//! began, so the chunk read holds it; a chunk may also hold later changes,
+//! whose entries stay in the log, and replaying those over it is harmless
+//! (each record names a page's whole new state, the last one wins). Chunks
+//! are written in batches of a few MB, and the entries are removed in the
+//! last one: a crash in between leaves newer chunks and the whole log.
+//!
+//! The first version folded the log itself (read every entry, decode, sort
+//! by page, merge into the stored chunks): a fifth of the server's CPU in
+//! the confirm benchmark, where most changes are a bind and its release.
+//! Reading a chunk from memory costs a claim per bound page instead of a
+//! decode, a sort and a merge per change (perf/RESULTS.md, "Durability").
+//!
+//! The pass reads the generation its keyspace belongs to; if the store has
+//! moved on (a `/clear` the writer has not written yet), it gives up and
+//! leaves everything to the writer's generation switch.
 //!
 //! The thread is also the durable layer's clock: at every tick, while the
 //! store is healthy, it runs the probe (a small write and fsync in the data
@@ -22,12 +42,11 @@
 //! `backlog` (records written since the last pass) is a hint that only
 //! decides when to nudge the checkpointer: `Relaxed`.
 
-use super::codec::{self, Binding};
+use super::codec::{self, Binding, CHUNK_SHIFT};
 use super::error::{panic_message, Failure};
 use super::faults::Point;
-use super::fold::{split_key, Fold};
-use super::shared::Shared;
-use super::store::{Db, Parts};
+use super::shared::{Dirty, Shared};
+use crate::core::ReadPagesError;
 use crossbeam_channel::Receiver;
 use fjall::PersistMode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,90 +57,106 @@ use std::time::{Duration, Instant};
 pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 /// The writer nudges the checkpointer after this many records.
 pub const NUDGE_RECORDS: u64 = 1 << 20;
-/// Most records folded in one pass (bounds the pass's memory).
-const MAX_FOLD_RECORDS: u64 = 4 << 20;
+/// A checkpoint batch is committed once it holds about this many bytes.
+const BATCH_BYTES: usize = 4 << 20;
 
-/// Folds up to [`MAX_FOLD_RECORDS`] of the current keyspace's log into its
-/// state. Returns the number of records folded (0 on a keyspace a recovery
-/// has replaced).
-pub(crate) fn pass(shared: &Shared, scratch: &mut Scratch) -> Result<u64, Failure> {
+/// Why a pass stopped without folding.
+enum Stop {
+    /// The store moved to another generation: the writer switches soon.
+    Generation,
+    Failed(Failure),
+}
+
+impl From<Failure> for Stop {
+    fn from(f: Failure) -> Self {
+        Stop::Failed(f)
+    }
+}
+
+/// Folds the log entries written so far into the current keyspace's
+/// state. Returns the number of log entries removed (0 on a keyspace a
+/// recovery has replaced, or while a `/clear` is on its way).
+pub(crate) fn pass(shared: &Shared) -> Result<u64, Failure> {
     let db = shared.db.load_full();
+    // Held for the pass: the writer's generation switch waits for it.
     let parts = db.parts();
     if parts.retired {
         return Ok(0);
     }
-    scratch.fold.read_into(&parts.log, MAX_FOLD_RECORDS)?;
-    if scratch.fold.entries.is_empty() {
-        return Ok(0);
+    let taken = {
+        let mut d = shared.dirty();
+        if (d.keyspace, d.generation) != (db.number(), parts.generation) || d.cut == d.first {
+            return Ok(0);
+        }
+        d.take()
+    };
+    match write_chunks(shared, &db, &parts, &taken) {
+        Ok(()) => {
+            shared.dirty().folded(&taken);
+            Ok(taken.cut - taken.first)
+        }
+        Err(Stop::Generation) => {
+            shared.dirty().put_back(taken);
+            Ok(0)
+        }
+        Err(Stop::Failed(f)) => Err(f),
     }
-    let records = scratch.fold.records;
-    write_fold(shared, &db, &parts, scratch)?;
-    Ok(records)
 }
 
-/// The buffers of a pass, kept by the checkpointer between passes.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    fold: Fold,
-    current: Vec<(u16, Binding)>,
-    merged: Vec<(u16, Binding)>,
-    buf: Vec<u8>,
-}
-
-/// Writes `fold` into the state of `parts` and removes its log entries.
-/// A chunk that does not decode is [`Failure::Fatal`] (it was written by us
-/// and reads back wrong).
-fn write_fold(shared: &Shared, db: &Db, parts: &Parts, scratch: &mut Scratch) -> Result<(), Failure> {
-    let Scratch { fold, current, merged, buf } = scratch;
-    let mut batch = db.keyspace.batch().durability(Some(PersistMode::Buffer));
-    for (&rank, &n) in &fold.ranks {
+/// Writes the chunks and ranks of `taken` from memory, then removes its log
+/// entries.
+fn write_chunks(
+    shared: &Shared,
+    db: &super::store::Db,
+    parts: &super::store::Parts,
+    taken: &Dirty,
+) -> Result<(), Stop> {
+    let commit = |batch: fjall::Batch| -> Result<(), Failure> {
+        shared.check(Point::Write).map_err(|e| Failure::io("writing the checkpoint", &e))?;
+        batch.commit().map_err(|e| Failure::store("writing the checkpoint", &e))
+    };
+    let new_batch = || db.keyspace.batch().durability(Some(PersistMode::Buffer));
+    let mut batch = new_batch();
+    let mut bytes = 0;
+    for (&rank, &n) in &taken.ranks {
         batch.insert(&parts.state, codec::rank_key(rank).to_vec(), n.to_le_bytes().to_vec());
     }
-    let mut rest = fold.net();
-    while let Some(&(first, _)) = rest.first() {
-        // One state chunk's changes: equal keys above the offset byte.
-        let n = rest.iter().position(|e| e.0 >> 8 != first >> 8).unwrap_or(rest.len());
-        let (changes, tail) = rest.split_at(n);
-        rest = tail;
-        let (chunk, rank, _) = split_key(first);
-        let key = codec::chunk_key(chunk, rank);
-        let existed = match parts.state.get(key).map_err(|e| Failure::store("reading the state", &e))? {
-            Some(v) => {
-                codec::decode_chunk(&v, current)
-                    .map_err(|e| Failure::Fatal(format!("state chunk {chunk} of rank {rank}: {e}")))?;
-                true
-            }
-            None => {
-                current.clear();
-                false
-            }
-        };
-        // Merge two offset-sorted lists; a change replaces what was there.
-        merged.clear();
-        let mut old = current.drain(..).peekable();
-        for (k, change) in changes {
-            let off = split_key(*k).2;
-            while let Some(e) = old.next_if(|e| e.0 < off) {
-                merged.push(e);
-            }
-            old.next_if(|e| e.0 == off);
-            if let Some(b) = change {
-                merged.push((off, b.clone()));
+    let mut chunks: Vec<u64> = taken.chunks.iter().copied().collect();
+    chunks.sort_unstable();
+    let (mut entries, mut buf) = (Vec::<(u16, Binding)>::new(), Vec::new());
+    for id in chunks {
+        let (rank, chunk) = ((id >> 32) as u32, id as u32);
+        let first = chunk << CHUNK_SHIFT;
+        entries.clear();
+        let read =
+            shared.store.read_pages(parts.generation, rank, first..first + codec::CHUNK_PAGES, |p, key, world| {
+                entries.push(((p - first) as u16, Binding { world, key }));
+            });
+        match read {
+            Ok(()) => {}
+            Err(ReadPagesError::Generation) => return Err(Stop::Generation),
+            Err(ReadPagesError::Inconsistent(m)) => {
+                return Err(Failure::Fatal(format!("the in-memory state fails its own checks: {m}")).into())
             }
         }
-        merged.extend(old);
-        if !merged.is_empty() {
-            codec::encode_chunk(merged, buf);
+        let key = codec::chunk_key(chunk, rank);
+        if !entries.is_empty() {
+            codec::encode_chunk(&entries, &mut buf);
+            bytes += buf.len();
             batch.insert(&parts.state, key.to_vec(), buf.clone());
-        } else if existed {
+        } else if parts.state.contains_key(key).map_err(|e| Failure::store("reading the state", &e))? {
             batch.remove(&parts.state, key.to_vec());
         }
+        if bytes >= BATCH_BYTES {
+            commit(std::mem::replace(&mut batch, new_batch()))?;
+            bytes = 0;
+        }
     }
-    for k in fold.entries.drain(..) {
-        batch.remove(&parts.log, k);
+    for e in taken.first..taken.cut {
+        batch.remove(&parts.log, codec::log_key(e).to_vec());
     }
-    shared.check(Point::Write).map_err(|e| Failure::io("writing the checkpoint", &e))?;
-    batch.commit().map_err(|e| Failure::store("writing the checkpoint", &e))
+    commit(batch)?;
+    Ok(())
 }
 
 /// The checkpointer thread: a pass every `every` (and the probe and the
@@ -136,7 +171,6 @@ pub(crate) fn run(
 ) {
     // `None`: no periodic pass (tests that need a log tail to stay a tail).
     let tick = every.map_or_else(crossbeam_channel::never, crossbeam_channel::tick);
-    let mut scratch = Scratch::default();
     loop {
         let (stopping, ticked) = crossbeam_channel::select! {
             recv(stop) -> last_pass => match last_pass {
@@ -159,13 +193,7 @@ pub(crate) fn run(
         }
         if shared.progress.is_healthy() {
             backlog.store(0, Ordering::Relaxed);
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
-                // Keep going while passes are full, so a burst is folded soon.
-                match pass(&shared, &mut scratch) {
-                    Ok(n) if n >= MAX_FOLD_RECORDS => continue,
-                    other => break other,
-                }
-            }));
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pass(&shared)));
             match result {
                 Ok(Ok(_)) => {}
                 Ok(Err(f)) => shared.fail(f),

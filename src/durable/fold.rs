@@ -28,14 +28,7 @@ pub(crate) struct Fold {
     pub(crate) entries: Vec<fjall::Slice>,
     /// Records folded.
     pub(crate) records: u64,
-    /// [`Fold::net`]'s output, kept for its capacity.
-    net: Vec<(u64, Option<Binding>)>,
 }
-
-/// A fold keeps its buffers between passes up to this many page changes
-/// (about 48 bytes each); beyond, a pass that used less gives the memory
-/// back.
-const KEEP_CHANGES: usize = 1 << 16;
 
 /// Orders page changes by state chunk, rank, then offset in the chunk (24 +
 /// 32 + 8 bits: every `u32` page and rank fits).
@@ -60,41 +53,15 @@ impl Fold {
     /// written by this process or a previous one and reads back wrong.
     pub(crate) fn read(log: &fjall::PartitionHandle, limit: u64) -> Result<Fold, Failure> {
         let mut fold = Fold::default();
-        fold.read_into(log, limit)?;
-        Ok(fold)
-    }
-
-    /// [`Fold::read`] into this fold, reusing its buffers (the
-    /// checkpointer's allocations and page faults were a quarter of its
-    /// time when each pass started from empty vectors).
-    pub(crate) fn read_into(&mut self, log: &fjall::PartitionHandle, limit: u64) -> Result<(), Failure> {
-        self.reset();
         for kv in log.iter() {
             let (k, v) = kv.map_err(|e| Failure::store("reading the log", &e))?;
-            self.add(&v).map_err(|e| Failure::Fatal(format!("log entry {}: {e}", u64_key(&k))))?;
-            self.entries.push(k);
-            if self.records >= limit {
+            fold.add(&v).map_err(|e| Failure::Fatal(format!("log entry {}: {e}", u64_key(&k))))?;
+            fold.entries.push(k);
+            if fold.records >= limit {
                 break;
             }
         }
-        Ok(())
-    }
-
-    /// Empties the fold; keeps its buffers unless the last pass used far
-    /// less than they hold.
-    fn reset(&mut self) {
-        let used = self.keys.len().max(self.net.len());
-        if self.keys.capacity() > KEEP_CHANGES && self.keys.capacity() > 2 * used {
-            self.keys = Vec::new();
-            self.changes = Vec::new();
-            self.net = Vec::new();
-        }
-        self.ranks.clear();
-        self.keys.clear();
-        self.changes.clear();
-        self.entries.clear();
-        self.net.clear();
-        self.records = 0;
+        Ok(fold)
     }
 
     /// Folds one log entry.
@@ -115,24 +82,20 @@ impl Fold {
     }
 
     /// The last change of each page, sorted by [`sort_key`] (so grouped by
-    /// state chunk). Takes the changes out of the fold.
-    pub(crate) fn net(&mut self) -> &[(u64, Option<Binding>)] {
+    /// state chunk). Consumes the changes.
+    pub(crate) fn net(&mut self) -> Vec<(u64, Option<Binding>)> {
         // Indices grow in log order, so among equal keys the last is the latest.
         self.keys.sort_unstable();
-        self.net.clear();
+        let mut out = Vec::with_capacity(self.keys.len());
         for (i, &(k, idx)) in self.keys.iter().enumerate() {
             if self.keys.get(i + 1).is_some_and(|n| n.0 == k) {
                 continue;
             }
-            self.net.push((k, self.changes[idx as usize].take()));
+            out.push((k, self.changes[idx as usize].take()));
         }
-        &self.net
-    }
-
-    /// [`Fold::net`], owned.
-    pub(crate) fn into_net(mut self) -> Vec<(u64, Option<Binding>)> {
-        self.net();
-        self.net
+        self.keys = Vec::new();
+        self.changes = Vec::new();
+        out
     }
 }
 
@@ -160,27 +123,10 @@ mod tests {
         f.add(&e2).unwrap();
         assert_eq!(f.records, 6);
         assert_eq!(f.ranks.get(&1), Some(&1000));
-        let net: Vec<(u32, u32, Option<String>)> = f
-            .into_net()
-            .into_iter()
-            .map(|(k, b)| (split_key(k).1, key_page(k), b.map(|b| b.key.to_string())))
-            .collect();
+        let net: Vec<(u32, u32, Option<String>)> =
+            f.net().into_iter().map(|(k, b)| (split_key(k).1, key_page(k), b.map(|b| b.key.to_string()))).collect();
         // Chunk 0 (rank 0 then rank 1), then chunk 1.
         assert_eq!(net, [(0, 5, Some("b".into())), (1, 7, Some("d".into())), (1, 300, None)]);
         assert_eq!(split_key(sort_key(u32::MAX, u32::MAX)), (u32::MAX >> CHUNK_SHIFT, u32::MAX, 255));
-    }
-
-    #[test]
-    fn a_reused_fold_starts_empty() {
-        let mut e = Vec::new();
-        codec::put_bind(&mut e, 0, 1, 1, KeyRef::Text("a"));
-        let mut f = Fold::default();
-        f.add(&e).unwrap();
-        assert_eq!(f.net().len(), 1);
-        f.reset();
-        assert_eq!((f.records, f.net().len()), (0, 0));
-        codec::put_unbind(&mut e, 0, 1);
-        f.add(&e).unwrap();
-        assert_eq!(f.net(), [(sort_key(0, 1), None)]);
     }
 }

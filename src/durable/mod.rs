@@ -199,6 +199,7 @@ impl Durable {
             (last.map_or(0, |(k, _)| k.as_ref().try_into().map_or(0, u64::from_be_bytes) + 1), parts.log.clone())
         };
         let store = Arc::new(store);
+        let db_number = db.number();
         let shared = Arc::new(Shared {
             root: dir.to_path_buf(),
             db: arc_swap::ArcSwap::from_pointee(db),
@@ -206,7 +207,15 @@ impl Durable {
             faults: opts.faults,
             watch: Watch::new(start),
             writer: tx.clone(),
+            store: store.clone(),
+            // The log tail recovery replayed: the first pass folds it.
+            dirty: Mutex::new(shared::Dirty {
+                chunks: restored.tail_chunks.iter().copied().collect(),
+                ranks: restored.tail_ranks.clone(),
+                ..shared::Dirty::new(db_number, generation, restored.first_entry)
+            }),
         });
+        shared.dirty().cut = next_entry;
         if let Err(f) = shared.probe() {
             tracing::warn!(
                 "durable store: cannot write to {}: {f}. Starting degraded: the recovered state is served, /health \
@@ -221,7 +230,6 @@ impl Durable {
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
         let writer = writer::Writer {
             shared: shared.clone(),
-            store: store.clone(),
             mode,
             rx,
             generation,
@@ -378,7 +386,7 @@ impl Durable {
     /// it every second anyway). Returns the records folded.
     /// A failure degrades the store as the checkpointer's would.
     pub fn checkpoint(&self) -> Result<u64, String> {
-        checkpoint::pass(&self.shared, &mut checkpoint::Scratch::default()).map_err(|f| {
+        checkpoint::pass(&self.shared).map_err(|f| {
             let why = f.to_string();
             self.shared.fail(f);
             why

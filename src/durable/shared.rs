@@ -21,12 +21,13 @@ use super::error::Failure;
 use super::faults::{self, Faults, Point};
 use super::queue::{Msg, Progress};
 use super::store::Db;
+use crate::core::Store;
 use arc_swap::ArcSwap;
 use crossbeam_channel::Sender;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// A store call that has not returned after this long makes the store
@@ -120,6 +121,73 @@ impl Watch {
     }
 }
 
+/// A state chunk: `rank << 32 | chunk`.
+pub(crate) fn chunk_id(rank: u32, chunk: u32) -> u64 {
+    (u64::from(rank) << 32) | u64::from(chunk)
+}
+
+/// What the log holds that the checkpointed state may not: the writer adds
+/// to it after each log write, the checkpointer takes it for a pass
+/// ([`super::checkpoint`]).
+#[derive(Debug, Default)]
+pub(crate) struct Dirty {
+    /// The keyspace of the log entries (its number: a recovery writes a
+    /// new keyspace, and the entries of the old one are not its concern).
+    pub(crate) keyspace: u64,
+    /// The generation of the log entries.
+    pub(crate) generation: u64,
+    /// Log entries `first..cut` are not folded into the state yet.
+    pub(crate) first: u64,
+    pub(crate) cut: u64,
+    /// The state chunks they touch ([`chunk_id`]).
+    pub(crate) chunks: foldhash::HashSet<u64>,
+    /// The ranks they create, with their sizes.
+    pub(crate) ranks: std::collections::BTreeMap<u32, u32>,
+}
+
+impl Dirty {
+    /// An empty log of generation `generation` in keyspace number
+    /// `keyspace`, whose next entry is `first`.
+    pub(crate) fn new(keyspace: u64, generation: u64, first: u64) -> Self {
+        Self { keyspace, generation, first, cut: first, ..Self::default() }
+    }
+
+    /// Whether `other` describes the same log.
+    fn same_log(&self, other: &Dirty) -> bool {
+        (self.keyspace, self.generation) == (other.keyspace, other.generation)
+    }
+
+    /// Takes the chunks and ranks for a pass; `first..cut` stays until the
+    /// pass ends ([`Dirty::folded`] or [`Dirty::put_back`]).
+    pub(crate) fn take(&mut self) -> Dirty {
+        Dirty {
+            keyspace: self.keyspace,
+            generation: self.generation,
+            first: self.first,
+            cut: self.cut,
+            chunks: std::mem::take(&mut self.chunks),
+            ranks: std::mem::take(&mut self.ranks),
+        }
+    }
+
+    /// A pass folded `taken`: its log entries are gone.
+    pub(crate) fn folded(&mut self, taken: &Dirty) {
+        if self.same_log(taken) {
+            self.first = taken.cut;
+        }
+    }
+
+    /// A pass gave up: what it took is still to fold.
+    pub(crate) fn put_back(&mut self, taken: Dirty) {
+        if self.same_log(&taken) {
+            self.chunks.extend(taken.chunks);
+            for (r, n) in taken.ranks {
+                self.ranks.entry(r).or_insert(n);
+            }
+        }
+    }
+}
+
 /// What the writer, the checkpointer and the syncer share.
 pub(crate) struct Shared {
     /// The data directory.
@@ -134,9 +202,20 @@ pub(crate) struct Shared {
     pub(crate) watch: Watch,
     /// Wakes the writer after another thread reported a failure.
     pub(crate) writer: Sender<Msg>,
+    /// The in-memory store: the authority that checkpoints and recoveries
+    /// read.
+    pub(crate) store: Arc<Store>,
+    /// What the log holds beyond the state. A std `Mutex`: taken by the
+    /// writer once per log write and by the checkpointer once per pass.
+    pub(crate) dirty: Mutex<Dirty>,
 }
 
 impl Shared {
+    /// The dirty set, locked.
+    pub(crate) fn dirty(&self) -> MutexGuard<'_, Dirty> {
+        self.dirty.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Fails now if a fault is injected at `point`.
     pub(crate) fn check(&self, point: Point) -> std::io::Result<()> {
         faults::check(&self.faults, point)

@@ -240,6 +240,11 @@ impl Db {
         &self.name
     }
 
+    /// The keyspace's number (`keyspace-<n>`; 0 for `keyspace`).
+    pub(crate) fn number(&self) -> u64 {
+        keyspace_number(&self.name).unwrap_or(0)
+    }
+
     /// The keyspace's directory.
     pub(crate) fn path(&self) -> &Path {
         &self.path

@@ -36,10 +36,9 @@ use super::codec;
 use super::error::{panic_message, Failure};
 use super::faults::Point;
 use super::queue::{Msg, Op, Watermark};
-use super::shared::{Shared, Who};
+use super::shared::{chunk_id, Dirty, Shared, Who};
 use super::snapshot;
 use crate::config::FsyncMode;
-use crate::core::Store;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use fjall::PersistMode;
 use std::sync::Arc;
@@ -52,8 +51,6 @@ pub const RETRY_MAX: Duration = Duration::from_secs(10);
 
 pub(crate) struct Writer {
     pub(crate) shared: Arc<Shared>,
-    /// The authority a recovery snapshots.
-    pub(crate) store: Arc<Store>,
     pub(crate) mode: FsyncMode,
     pub(crate) rx: Receiver<Msg>,
     /// The generation being written.
@@ -86,6 +83,10 @@ struct Batch {
     ready: Vec<(u64, Op)>,
     /// Whether this pass took any change.
     took: bool,
+    /// The state chunks this pass's records touch ([`chunk_id`]), and the
+    /// ranks they create: added to the [`Dirty`] set once written.
+    chunks: Vec<u64>,
+    ranks: Vec<(u32, u32)>,
     /// The rank creations and clears taken, kept in case the write fails.
     admin: Vec<Op>,
 }
@@ -96,6 +97,17 @@ impl Batch {
         self.records = 0;
         self.took = false;
         self.admin.clear();
+        self.chunks.clear();
+        self.ranks.clear();
+    }
+
+    /// Notes a page change for the checkpointer.
+    fn touch(&mut self, rank: u32, page: u32) {
+        let id = chunk_id(rank, page >> codec::CHUNK_SHIFT);
+        // Consecutive records mostly touch the same chunk.
+        if self.chunks.last() != Some(&id) {
+            self.chunks.push(id);
+        }
     }
 }
 
@@ -219,12 +231,23 @@ impl Writer {
             // Everything pending belongs to the generation being wiped.
             batch.buf.clear();
             batch.records = 0;
+            batch.chunks.clear();
+            batch.ranks.clear();
             self.switch(g)?;
         }
         match op {
-            Op::Initialize { rank, num_pages, .. } => codec::put_initialize(&mut batch.buf, rank, num_pages),
-            Op::Bind { rank, page, world, key, .. } => codec::put_bind(&mut batch.buf, rank, page, world, key.as_ref()),
-            Op::Unbind { rank, page, .. } => codec::put_unbind(&mut batch.buf, rank, page),
+            Op::Initialize { rank, num_pages, .. } => {
+                codec::put_initialize(&mut batch.buf, rank, num_pages);
+                batch.ranks.push((rank, num_pages));
+            }
+            Op::Bind { rank, page, world, key, .. } => {
+                codec::put_bind(&mut batch.buf, rank, page, world, key.as_ref());
+                batch.touch(rank, page);
+            }
+            Op::Unbind { rank, page, .. } => {
+                codec::put_unbind(&mut batch.buf, rank, page);
+                batch.touch(rank, page);
+            }
             Op::Clear { .. } => return Ok(()),
         }
         batch.records += 1;
@@ -240,6 +263,7 @@ impl Writer {
         self.log = db.switch_generation(g, self.persist_mode()).map_err(|e| Failure::store(&what, &e))?;
         self.generation = g;
         self.next_entry = 0;
+        *self.shared.dirty() = Dirty::new(db.number(), g, 0);
         Ok(())
     }
 
@@ -258,6 +282,14 @@ impl Writer {
         b.insert(&self.log, codec::log_key(self.next_entry).to_vec(), std::mem::take(&mut batch.buf));
         b.commit().map_err(|e| Failure::store("log write", &e))?;
         self.next_entry += 1;
+        {
+            let mut d = self.shared.dirty();
+            d.cut = self.next_entry;
+            d.chunks.extend(batch.chunks.drain(..));
+            for (r, n) in batch.ranks.drain(..) {
+                d.ranks.entry(r).or_insert(n);
+            }
+        }
         let before = self.backlog.fetch_add(batch.records, std::sync::atomic::Ordering::Relaxed);
         if before < super::checkpoint::NUDGE_RECORDS && before + batch.records >= super::checkpoint::NUDGE_RECORDS {
             let _ = self.nudge.try_send(());
@@ -360,8 +392,11 @@ impl Writer {
     fn recover(&mut self, admin: &mut Vec<Op>) -> Result<(String, u64, u64, Duration), Failure> {
         self.shared.probe()?;
         let old = self.shared.db.load_full();
-        let w = snapshot::write(&self.shared, &old, &self.store)?;
+        let w = snapshot::write(&self.shared, &old, &self.shared.store)?;
         let db = Arc::new(w.db);
+        // The new log's (empty) dirty set first: a checkpoint pass still
+        // on the old keyspace then changes nothing of it.
+        *self.shared.dirty() = Dirty::new(db.number(), w.generation, 0);
         self.shared.db.store(db.clone());
         self.generation = w.generation;
         self.log = db.parts().log.clone();

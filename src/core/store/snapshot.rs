@@ -18,8 +18,8 @@
 //! waits at most for the few instructions of one read.
 
 use super::super::key::Key;
-use super::super::pages::{ClaimGuard, Claimed};
-use super::Store;
+use super::super::pages::{ClaimGuard, Claimed, PageTable};
+use super::{Generation, Store};
 
 /// What [`Store::snapshot`] reports, in this order: the generation, then
 /// each rank followed by its bindings in page order.
@@ -72,22 +72,11 @@ impl Store {
                 if err.is_some() || stop {
                     return;
                 }
-                // Held BUSY until the guard drops; a RESERVED page (bound
-                // pages can be released and reserved again since the word
-                // was read) is put back as it was.
-                let mut held = ClaimGuard::new(1);
-                if held.claim(table, page) != Some(Claimed::Bound) {
-                    return;
+                match read_page(&gen, table, rank, page) {
+                    Ok(Some((key, world))) => stop = !visit(Visit::Binding { rank, page, key, world }),
+                    Ok(None) => {}
+                    Err(e) => err = Some(e),
                 }
-                // A BOUND page that names no key is quarantined (released
-                // within a reader's lease, its unbind journaled): free on disk.
-                let Some(key) = table.owner(page) else { return };
-                let Some(world) = gen.index.world(key.as_ref()) else {
-                    err = Some(format!("rank {rank}: page {page} names key {key}, which the index does not know"));
-                    return;
-                };
-                drop(held);
-                stop = !visit(Visit::Binding { rank, page, key, world });
             });
             if let Some(e) = err {
                 return Err(e);
@@ -98,6 +87,66 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Why [`Store::read_pages`] read nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadPagesError {
+    /// The store is in another generation now (a `/clear` happened).
+    Generation,
+    /// The memory fails its own checks (as for [`Store::snapshot`]).
+    Inconsistent(String),
+}
+
+impl Store {
+    /// The bound pages of `pages` on `rank` in generation `generation`,
+    /// in page order, each read as [`Store::snapshot`] reads it: for the
+    /// durable checkpoint, which rewrites the state chunks the log touched
+    /// from memory. A rank that does not exist has none. Fails if the store
+    /// has moved to another generation.
+    pub fn read_pages(
+        &self,
+        generation: u64,
+        rank: u32,
+        pages: std::ops::Range<u32>,
+        mut visit: impl FnMut(u32, Key, u32),
+    ) -> Result<(), ReadPagesError> {
+        let gen = self.gen.load();
+        if gen.id != generation {
+            return Err(ReadPagesError::Generation);
+        }
+        let Some(table) = gen.rank(i64::from(rank)) else { return Ok(()) };
+        let mut err = None;
+        table.for_each_held_in(pages, |page| {
+            if err.is_some() {
+                return;
+            }
+            match read_page(&gen, table, rank, page) {
+                Ok(Some((key, world))) => visit(page, key, world),
+                Ok(None) => {}
+                Err(e) => err = Some(e),
+            }
+        });
+        err.map_or(Ok(()), |e| Err(ReadPagesError::Inconsistent(e)))
+    }
+}
+
+/// The key and world of `page` if it is bound, read while it is held BUSY.
+fn read_page(gen: &Generation, table: &PageTable, rank: u32, page: u32) -> Result<Option<(Key, u32)>, String> {
+    // Held BUSY until the guard drops; a RESERVED page (bound pages can be
+    // released and reserved again since the word was read) is put back as
+    // it was.
+    let mut held = ClaimGuard::new(1);
+    if held.claim(table, page) != Some(Claimed::Bound) {
+        return Ok(None);
+    }
+    // A BOUND page that names no key is quarantined (released within a
+    // reader's lease, its unbind journaled): free on disk.
+    let Some(key) = table.owner(page) else { return Ok(None) };
+    let Some(world) = gen.index.world(key.as_ref()) else {
+        return Err(format!("rank {rank}: page {page} names key {key}, which the index does not know"));
+    };
+    Ok(Some((key, world)))
 }
 
 #[cfg(all(test, not(loom)))]
@@ -145,6 +194,13 @@ mod tests {
                 format!("bind 2 {pt} text-key 2")
             ]
         );
+        // One range of one rank.
+        let mut got = Vec::new();
+        s.read_pages(0, 0, pa as u32..pa as u32 + 1, |p, k, w| got.push((p, k.to_string(), w))).unwrap();
+        assert_eq!(got, [(pa as u32, A.to_string(), 2)]);
+        s.read_pages(0, 0, 0..pa as u32, |_, _, _| panic!("no bound page before {pa}")).unwrap();
+        s.read_pages(0, 3, 0..10, |_, _, _| panic!("no rank 3")).unwrap();
+        assert_eq!(s.read_pages(1, 0, 0..10, |_, _, _| {}), Err(ReadPagesError::Generation));
         // Stopping early stops.
         let mut n = 0;
         s.snapshot(|_| {
