@@ -208,6 +208,7 @@ impl Durable {
             watch: Watch::new(start),
             writer: tx.clone(),
             store: store.clone(),
+            retiring: Mutex::new(Vec::new()),
             // The log tail recovery replayed: the first pass folds it.
             dirty: Mutex::new(shared::Dirty {
                 chunks: restored.tail_chunks.iter().copied().collect(),
@@ -228,6 +229,9 @@ impl Durable {
         let backlog = Arc::new(AtomicU64::new(0));
         let (nudge_tx, nudge_rx) = crossbeam_channel::bounded(1);
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+        // Before the writer runs: the syncer must sync whatever is
+        // published after this, even if it starts late.
+        let synced = progress.durable();
         let writer = writer::Writer {
             shared: shared.clone(),
             mode,
@@ -248,7 +252,7 @@ impl Durable {
             let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name("durable-syncer".into())
-                .spawn(move || syncer::run(s, rx))
+                .spawn(move || syncer::run(s, rx, synced))
                 .map_err(spawn_err)?;
             Some((h, tx))
         } else {
@@ -422,6 +426,11 @@ impl Durable {
         }
         let _ = t.stop_checkpointer.send(last_checkpoint);
         let _ = t.checkpointer.join();
+        let retiring =
+            std::mem::take(&mut *self.shared.retiring.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for h in retiring {
+            let _ = h.join();
+        }
         failed()
     }
 }

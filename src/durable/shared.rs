@@ -208,6 +208,8 @@ pub(crate) struct Shared {
     /// What the log holds beyond the state. A std `Mutex`: taken by the
     /// writer once per log write and by the checkpointer once per pass.
     pub(crate) dirty: Mutex<Dirty>,
+    /// Threads removing replaced keyspaces, joined at close.
+    pub(crate) retiring: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 impl Shared {

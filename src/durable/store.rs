@@ -114,8 +114,10 @@ fn remove_other_keyspaces(dir: &Path, keep: &str) -> std::io::Result<usize> {
         if name == "CURRENT.tmp" || name == "probe.tmp" {
             std::fs::remove_file(e.path())?;
         } else if name != keep && keyspace_number(&name).is_some() && e.file_type()?.is_dir() {
-            std::fs::remove_dir_all(e.path())?;
-            removed += 1;
+            match std::fs::remove_dir_all(e.path()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => removed += 1,
+            }
         }
     }
     Ok(removed)

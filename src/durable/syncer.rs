@@ -24,10 +24,12 @@ use std::time::{Duration, Instant};
 pub const BATCH_SYNC_INTERVAL: Duration = Duration::from_millis(5);
 
 /// The syncer thread; returns when `stop` receives or disconnects.
-pub(crate) fn run(shared: Arc<Shared>, stop: Receiver<()>) {
+/// `synced` is the durable position when the store was opened: the thread
+/// may start after the writer has already published more, which it must
+/// sync too.
+pub(crate) fn run(shared: Arc<Shared>, stop: Receiver<()>, mut synced: u64) {
     let tick = crossbeam_channel::tick(BATCH_SYNC_INTERVAL);
     let mut files: HashMap<PathBuf, std::fs::File> = HashMap::new();
-    let mut synced = shared.progress.durable();
     loop {
         crossbeam_channel::select! {
             recv(stop) -> _ => return,

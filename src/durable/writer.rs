@@ -401,7 +401,7 @@ impl Writer {
         self.generation = w.generation;
         self.log = db.parts().log.clone();
         self.next_entry = 0;
-        retire(old);
+        retire(&self.shared, old);
         // The rank creations and clears drained while degraded, in order.
         let mut batch = Batch::default();
         for op in admin.iter().cloned() {
@@ -416,7 +416,8 @@ impl Writer {
 /// Lets go of a replaced keyspace and removes its directory, on a thread of
 /// its own: dropping fjall waits for its background threads, which must not
 /// hold up the writer.
-fn retire(old: Arc<super::store::Db>) {
+/// `close` joins the thread.
+fn retire(shared: &Shared, old: Arc<super::store::Db>) {
     old.retire();
     let path = old.path().to_owned();
     let spawned = std::thread::Builder::new().name("durable-retire".into()).spawn(move || {
@@ -425,7 +426,8 @@ fn retire(old: Arc<super::store::Db>) {
             tracing::warn!("could not remove the replaced keyspace {} (start-up will): {e}", path.display());
         }
     });
-    if let Err(e) = spawned {
-        tracing::warn!("could not start a thread to remove a replaced keyspace (start-up will): {e}");
+    match spawned {
+        Ok(h) => shared.retiring.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(h),
+        Err(e) => tracing::warn!("could not start a thread to remove a replaced keyspace (start-up will): {e}"),
     }
 }
