@@ -94,6 +94,12 @@ impl Proc {
         }
     }
 
+    /// Whether a stderr line read so far, or one still to come within the
+    /// failsafe, satisfies `f`.
+    fn saw_line(&mut self, f: impl Fn(&str) -> bool) -> bool {
+        self.log.iter().any(|l| f(l)) || self.wait_line(f).is_some()
+    }
+
     fn wait_line(&mut self, f: impl Fn(&str) -> bool) -> Option<String> {
         let deadline = Instant::now() + FAILSAFE;
         loop {
@@ -292,7 +298,7 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
     assert!(h.json()["reason"].as_str().is_some_and(|s| s.contains("No space left")), "{h:?}");
     std::fs::write(&faults, "").unwrap();
     p.await_health(200);
-    assert!(p.wait_line(|l| l.contains("durable store recovered")).is_some());
+    assert!(p.saw_line(|l| l.contains("durable store recovered")), "{}", p.log.join("\n"));
     assert_eq!(p.healthy_gauge(), "1");
     for (k, pg) in late.iter().zip(&pages) {
         held.insert(k.clone(), (1, *pg));
