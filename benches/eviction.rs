@@ -76,27 +76,32 @@ fn allocate(c: &mut Criterion) {
             })
         });
         drop(full);
-        // A rank with free pages at the same size: each batch's pages are
+        // Ranks with free pages: empty, and holding as many keys as the full
+        // one (twice the pages, half full), so that both allocates look up
+        // their keys in an index of the same size. Each batch's pages are
         // released again (untimed).
-        let free = Store::new(config(true, 0));
-        free.initialize(0, pages as i64).unwrap();
-        let mut next = 0;
-        g.bench_function(format!("allocate 128 keys, free rank, {label} pages"), |b| {
-            b.iter_custom(|iters| {
-                let mut t = Duration::ZERO;
-                for _ in 0..iters {
-                    let keys: Vec<String> = (next..next + 128).map(key).collect();
-                    next += 128;
-                    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    let start = Instant::now();
-                    free.allocate(0, black_box(&refs), &mut out).unwrap();
-                    t += start.elapsed();
-                    let pages: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
-                    free.confirm(0, &[], &pages).unwrap();
-                }
-                t
-            })
-        });
+        for (stored, what) in [(0, "empty"), (pages, "as many keys stored")] {
+            let free = Store::new(config(true, 0));
+            free.initialize(0, (pages + stored) as i64).unwrap();
+            fill(&free, 0, stored);
+            let mut next = pages + stored;
+            g.bench_function(format!("allocate 128 keys, free rank ({what}), {label} pages"), |b| {
+                b.iter_custom(|iters| {
+                    let mut t = Duration::ZERO;
+                    for _ in 0..iters {
+                        let keys: Vec<String> = (next..next + 128).map(key).collect();
+                        next += 128;
+                        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                        let start = Instant::now();
+                        free.allocate(0, black_box(&refs), &mut out).unwrap();
+                        t += start.elapsed();
+                        let pages: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
+                        free.confirm(0, &[], &pages).unwrap();
+                    }
+                    t
+                })
+            });
+        }
     }
     g.finish();
 }

@@ -698,6 +698,13 @@ impl<'t> ClaimGuard<'t> {
         Self { held: Vec::with_capacity(n) }
     }
 
+    /// An empty guard on the allocation of `buffer` (from an earlier
+    /// [`commit`](Self::commit)), so that a loop of claims allocates once.
+    pub fn reusing(mut buffer: Vec<(&'t PageTable, u32, Claimed)>) -> Self {
+        buffer.clear();
+        Self { held: buffer }
+    }
+
     /// Claims `page` of `table` ([`PageTable::claim`], which waits for a
     /// BUSY page) and, when it was claimed, holds it.
     pub fn claim(&mut self, table: &'t PageTable, page: u32) -> Option<Claimed> {
@@ -725,6 +732,17 @@ impl<'t> ClaimGuard<'t> {
     /// caller now owes each one a [`PageTable::settle`].
     pub fn commit(mut self) -> Vec<(&'t PageTable, u32, Claimed)> {
         std::mem::take(&mut self.held)
+    }
+
+    /// Ends the claim with rollback, like a drop, and hands back the
+    /// allocation for [`reusing`](Self::reusing).
+    pub fn abort(mut self) -> Vec<(&'t PageTable, u32, Claimed)> {
+        let mut held = std::mem::take(&mut self.held);
+        for &(table, page, c) in held.iter().rev() {
+            table.settle(page, c.bits());
+        }
+        held.clear();
+        held
     }
 }
 

@@ -373,13 +373,17 @@ impl Store {
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
             }
             if !table.try_take(need) {
-                // Evict what the batch needs, once, then look again: the
-                // eviction may have taken keys of this very batch.
-                if !evicted && self.evict_for_allocate(&gen, table, need) {
-                    evicted = true;
+                // Evict what the batch needs, once.
+                let room = !evicted && self.evict_for_allocate(&gen, table, need);
+                evicted = true;
+                if !room {
+                    return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
+                }
+                // The eviction may have taken stored keys of this very batch:
+                // then look them up again. With none, take the pages now.
+                if reused > 0 || !table.try_take(need) {
                     continue;
                 }
-                return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
             }
             fresh.clear();
             let epoch = self.epoch.load(Ordering::Relaxed) as u8;
