@@ -6,7 +6,7 @@
 #   SERVER_BINARY      default target/ci/hf3fs-meta (built by `cargo test --profile ci`)
 # Environment:
 #   SCHEMATHESIS_PY    the Python of a venv with tests/schemathesis/requirements.txt
-#                      (default .venv-schemathesis/bin/python, which .ci/run makes)
+#                      (default .venv-tools/bin/python, which .ci/run makes)
 #   ST_MAX_EXAMPLES    generated cases per operation and phase (default 100)
 #   ST_SEED            a seed to replay a run (default: random, printed)
 #
@@ -21,14 +21,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$PWD
 BIN=${1:-$ROOT/target/ci/hf3fs-meta}
-PY=${SCHEMATHESIS_PY:-$ROOT/.venv-schemathesis/bin/python}
+PY=${SCHEMATHESIS_PY:-$ROOT/.venv-tools/bin/python}
 MAX_EXAMPLES=${ST_MAX_EXAMPLES:-100}
 HARD_LIMIT_S=170
 
 log() { echo "schemathesis/run.sh: $*" >&2; }
 [[ -x "$BIN" ]] || { log "no server binary at $BIN (run cargo test --profile ci first)"; exit 1; }
 "$PY" -c 'import schemathesis' 2>/dev/null || {
-    log "schemathesis is not importable by $PY: python3 -m venv .venv-schemathesis && .venv-schemathesis/bin/pip install -r tests/schemathesis/requirements.txt"
+    log "schemathesis is not importable by $PY: python3 -m venv .venv-tools && .venv-tools/bin/pip install -r tests/schemathesis/requirements.txt"
     exit 1
 }
 "$PY" tests/schemathesis/hooks.py # the hook's own self-test
