@@ -27,6 +27,7 @@ import matplotlib
 
 matplotlib.use("svg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 LABELS = ["server", "ceiling", "baseline"]
 NAMES = {"server": "hf3fs-meta", "ceiling": "bare hyper (ceiling)", "baseline": "baseline"}
@@ -67,7 +68,7 @@ def main() -> None:
         raise SystemExit(f"plot.py: no server results in {args.results}")
 
     plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "hf3fs-meta", "font.size": 9})
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 8.5), constrained_layout=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 9), constrained_layout=True)
     fig.suptitle(args.title, fontsize=10)
     x = range(len(scenarios))
 
@@ -102,12 +103,15 @@ def main() -> None:
         bottom.bar(xs, ys, width, color=COLORS[label], hatch=HATCHES[k], edgecolor="black", linewidth=0.4,
                    label=f"{NAMES[label]} {name}")
     bottom.set_yscale("log")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+    bottom.yaxis.set_major_formatter(plain)
+    bottom.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
     bottom.set_xticks(list(x), scenarios)
     bottom.set_ylabel("latency, µs (log scale; closed loop, includes queueing)")
     bottom.set_title("Latency percentiles per endpoint scenario", fontsize=9)
     bottom.grid(axis="y", which="both", alpha=0.3)
-    bottom.legend(ncol=len(labels), fontsize=7, loc="upper left")
-    bottom.margins(y=0.25)
+    bottom.legend(ncol=len(labels), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), frameon=False)
 
     fig.savefig(args.out, format="svg", metadata={"Date": None})
 
