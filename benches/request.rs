@@ -6,7 +6,7 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use hf3fs_meta::config::Config;
-use hf3fs_meta::http::api::{handle, Route};
+use hf3fs_meta::http::api::{handle, route};
 use hf3fs_meta::http::decode::{Decoder, Limits};
 use hf3fs_meta::http::encode;
 use hf3fs_meta::App;
@@ -43,7 +43,7 @@ fn release_body(rank: u32, pages: &[i64]) -> Vec<u8> {
 }
 
 fn post(app: &App, path: &str, mut body: Vec<u8>) -> Vec<u8> {
-    let route = Route::of(&Method::POST, path);
+    let route = route(&Method::POST, path);
     let reply = handle(app, &route, &mut body);
     assert!(reply.status.is_success(), "{path}: {} {}", reply.status, String::from_utf8_lossy(&reply.body));
     reply.body

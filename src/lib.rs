@@ -7,6 +7,7 @@
 //! - [`http`]: accept, parse, route, encode; no business rules.
 //! - [`config`]: the command line, parsed once.
 //! - [`metrics`]: counters and histograms, Prometheus text.
+//! - [`routes`]: the table of routes, read by the router, the metrics and the server.
 //!
 //! Invariants that hold across the crate:
 //! - No request path takes a global lock: operations on different pages never
@@ -22,6 +23,7 @@ pub mod core;
 pub mod durable;
 pub mod http;
 pub mod metrics;
+pub mod routes;
 
 use crate::config::{Config, LogFormat};
 use crate::core::{Store, StoreConfig};

@@ -15,68 +15,42 @@
 //! older total, which Prometheus tolerates by design.
 
 use crate::core::{ErrorCode, Footprint, Stats};
+use crate::routes::{RouteId, Spec, ROUTES};
 use crossbeam_utils::CachePadded;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// The endpoints, as labelled in metrics.
+/// A request's metric series: one per row of [`ROUTES`], plus one for
+/// requests no route took (404s, 405s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    /// POST /rank/{rank}/initialize
-    Initialize,
-    /// POST /keys/batch_allocate
-    Allocate,
-    /// POST /keys/confirm_write
-    Confirm,
-    /// POST /keys/batch_exists
-    Exists,
-    /// POST /keys/get_locations
-    Locations,
-    /// POST /clear
-    Clear,
-    /// GET /metrics
-    Metrics,
-    /// GET /health
-    Health,
-    /// GET /stats
-    Stats,
-    /// Anything else (404s, 405s).
-    Other,
-}
+pub struct Endpoint(usize);
 
 impl Endpoint {
-    const ALL: [Endpoint; 10] = [
-        Endpoint::Initialize,
-        Endpoint::Allocate,
-        Endpoint::Confirm,
-        Endpoint::Exists,
-        Endpoint::Locations,
-        Endpoint::Clear,
-        Endpoint::Metrics,
-        Endpoint::Health,
-        Endpoint::Stats,
-        Endpoint::Other,
-    ];
+    /// Requests that matched no route.
+    pub const OTHER: Endpoint = Endpoint(ROUTES.len());
+
+    /// The series of `route`.
+    #[inline]
+    pub fn route(route: RouteId) -> Self {
+        Endpoint(route.index())
+    }
+
+    fn all() -> impl Iterator<Item = Endpoint> {
+        (0..ENDPOINTS).map(Endpoint)
+    }
+
+    fn spec(self) -> Option<&'static Spec> {
+        ROUTES.get(self.0)
+    }
 
     /// The label value.
     pub fn label(self) -> &'static str {
-        match self {
-            Endpoint::Initialize => "initialize",
-            Endpoint::Allocate => "batch_allocate",
-            Endpoint::Confirm => "confirm_write",
-            Endpoint::Exists => "batch_exists",
-            Endpoint::Locations => "get_locations",
-            Endpoint::Clear => "clear",
-            Endpoint::Metrics => "metrics",
-            Endpoint::Health => "health",
-            Endpoint::Stats => "stats",
-            Endpoint::Other => "other",
-        }
+        self.spec().map_or("other", |s| s.label)
     }
 }
 
-const ENDPOINTS: usize = Endpoint::ALL.len();
+const ENDPOINTS: usize = ROUTES.len() + 1;
 /// Status codes with their own series; anything else counts as "other".
 const STATUSES: [u16; 13] = [200, 204, 400, 401, 404, 405, 408, 413, 422, 500, 503, 507, 0];
 /// Latency bucket upper bounds, in microseconds (then +Inf).
@@ -199,13 +173,13 @@ impl Metrics {
     #[inline]
     pub fn request(&self, ep: Endpoint, status: u16, keys: usize, elapsed: Duration) {
         let s = self.shard();
-        let e = ep as usize;
+        let e = ep.0;
         add(&s.requests[e][status_slot(status)], 1);
         let us = elapsed.as_micros() as u64;
         let b = LATENCY_US.iter().position(|&le| us <= le).unwrap_or(LATENCY_US.len());
         add(&s.latency[e][b], 1);
         add(&s.latency_sum_ns[e], elapsed.as_nanos() as u64);
-        if matches!(ep, Endpoint::Allocate | Endpoint::Confirm | Endpoint::Exists | Endpoint::Locations) {
+        if ep.spec().is_some_and(|s| s.keyed) {
             let k = keys as u64;
             let b = KEYS.iter().position(|&le| k <= le).unwrap_or(KEYS.len());
             add(&s.keys[e][b], 1);
@@ -269,9 +243,9 @@ impl Metrics {
         };
 
         head(&mut o, "requests_total", "counter", "Requests answered, by endpoint and status code.");
-        for ep in Endpoint::ALL {
+        for ep in Endpoint::all() {
             for (j, st) in STATUSES.iter().enumerate() {
-                let n = sum(sh, |s| &s.requests[ep as usize][j]);
+                let n = sum(sh, |s| &s.requests[ep.0][j]);
                 if n > 0 {
                     let st = if *st == 0 { "other".to_string() } else { st.to_string() };
                     let _ = writeln!(o, "hf3fs_meta_requests_total{{endpoint=\"{}\",status=\"{st}\"}} {n}", ep.label());
@@ -280,8 +254,8 @@ impl Metrics {
         }
 
         head(&mut o, "request_duration_seconds", "histogram", "Time from request headers to response, by endpoint.");
-        for ep in Endpoint::ALL {
-            let e = ep as usize;
+        for ep in Endpoint::all() {
+            let e = ep.0;
             let counts: Vec<u64> = (0..=LATENCY_US.len()).map(|b| sum(sh, |s| &s.latency[e][b])).collect();
             let bounds = LATENCY_US.iter().map(|&us| (us as f64 / 1e6).to_string());
             let secs = sum(sh, |s| &s.latency_sum_ns[e]) as f64 / 1e9;
@@ -289,8 +263,8 @@ impl Metrics {
         }
 
         head(&mut o, "request_keys", "histogram", "Keys (or confirmations plus releases) per request, by endpoint.");
-        for ep in Endpoint::ALL {
-            let e = ep as usize;
+        for ep in Endpoint::all() {
+            let e = ep.0;
             let counts: Vec<u64> = (0..=KEYS.len()).map(|b| sum(sh, |s| &s.keys[e][b])).collect();
             let bounds = KEYS.iter().map(u64::to_string);
             histogram(&mut o, "request_keys", ep, bounds, &counts, &sum(sh, |s| &s.keys_sum[e]).to_string());
@@ -375,6 +349,11 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::routes::{Dialect, Op};
+
+    fn exists() -> Endpoint {
+        Endpoint::route(RouteId::of(Dialect::Vllm, Op::Exists).unwrap())
+    }
 
     fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
         text.lines().find(|l| l.starts_with(prefix))
@@ -387,12 +366,12 @@ mod tests {
             for _ in 0..4 {
                 s.spawn(|| {
                     for _ in 0..1000 {
-                        m.request(Endpoint::Exists, 200, 128, Duration::from_micros(40));
+                        m.request(exists(), 200, 128, Duration::from_micros(40));
                     }
                 });
             }
         });
-        m.request(Endpoint::Confirm, 500, 3, Duration::from_millis(2));
+        m.request(Endpoint::route(RouteId::of(Dialect::Vllm, Op::Confirm).unwrap()), 500, 3, Duration::from_millis(2));
         m.confirm_error(ErrorCode::DoubleConfirm);
         let stats = Stats { ranks: vec![], keys: 5, complete_keys: 2, expired: 7 };
         let t = m.render(&stats, &Footprint { index_slots: 8192 });
@@ -412,7 +391,7 @@ mod tests {
     #[test]
     fn unknown_status_is_other() {
         let m = Metrics::default();
-        m.request(Endpoint::Other, 418, 0, Duration::ZERO);
+        m.request(Endpoint::OTHER, 418, 0, Duration::ZERO);
         let t = m.render(&Stats { ranks: vec![], keys: 0, complete_keys: 0, expired: 0 }, &Footprint::default());
         assert!(t.contains("hf3fs_meta_requests_total{endpoint=\"other\",status=\"other\"} 1"));
     }

@@ -1,4 +1,4 @@
-//! Arbitrary requests through `Route::of` and `api::handle` on an `App` with
+//! Arbitrary requests through `api::route` and `api::handle` on an `App` with
 //! two initialized ranks (0 and 1, 64 pages each).
 //!
 //! Input: up to 8 requests separated by a line `---`; each request is
@@ -18,7 +18,7 @@
 #![no_main]
 
 use hf3fs_meta::config::Config;
-use hf3fs_meta::http::api::{handle, Route, JSON};
+use hf3fs_meta::http::api::{handle, route, JSON};
 use hf3fs_meta::App;
 use hyper::Method;
 use libfuzzer_sys::fuzz_target;
@@ -74,7 +74,7 @@ fuzz_target!(|data: &[u8]| {
         // hyper refuses a request line with an invalid method before routing.
         let Ok(method) = Method::from_bytes(method) else { continue };
         let path = String::from_utf8_lossy(path);
-        let route = Route::of(&method, &path);
+        let route = route(&method, &path);
         let before = app.store.stats();
         let mut body = body.to_vec();
         let reply = handle(&app, &route, &mut body);

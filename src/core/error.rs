@@ -3,7 +3,7 @@
 //! They carry the rank, page and key a client needs to act, and format their
 //! message only when displayed: nothing here costs anything on success. The
 //! HTTP layer maps each one to a status and body in one place
-//! (`crate::http::respond`).
+//! (`confirm_error_reply` and the handlers of `crate::http::api`).
 
 use std::fmt;
 

@@ -42,12 +42,12 @@
 //! another key.
 
 use super::key::KeyRef;
-use scc::hash_index::Entry as Slot;
-use scc::{Guard, HashIndex};
-use std::sync::atomic::{
+use super::sync::{
     AtomicU32,
     Ordering::{Acquire, Relaxed, Release},
 };
+use scc::hash_index::Entry as Slot;
+use scc::{Guard, HashIndex};
 
 /// Marks "no page on this rank" in an [`Entry`].
 const NO_PAGE: u32 = u32::MAX;
@@ -91,13 +91,13 @@ impl Entry {
     /// rank numbered beyond its world.
     fn new(world: u32, rank: u32, page: u32) -> Self {
         let ranks = (rank as usize + 1).max(world as usize);
-        let mut e = Entry {
+        let e = Entry {
             world,
             bound: AtomicU32::new(1),
             inline: std::array::from_fn(|_| AtomicU32::new(NO_PAGE)),
             more: (ranks > INLINE_RANKS).then(|| no_pages(ranks - INLINE_RANKS)),
         };
-        *e.slot_mut(rank) = page;
+        e.set_unpublished(rank, page);
         e
     }
 
@@ -111,12 +111,12 @@ impl Entry {
         }
     }
 
-    fn slot_mut(&mut self, rank: u32) -> &mut u32 {
-        let r = rank as usize;
-        match r.checked_sub(INLINE_RANKS) {
-            None => self.inline[r].get_mut(),
-            Some(i) => self.more.as_mut().expect("grown to hold the rank")[i].get_mut(),
-        }
+    /// Sets `rank`'s page in an entry not yet in the map (the map's insert
+    /// or update publishes it). Through the atomic's `store` rather than
+    /// `get_mut`, which loom's atomics do not have.
+    fn set_unpublished(&self, rank: u32, page: u32) {
+        // Relaxed: nobody else can see the entry yet.
+        self.slot(rank).expect("made with room for the rank").store(page, Relaxed);
     }
 
     /// A copy with room for `rank` (writers only, under the bucket lock).
@@ -152,11 +152,6 @@ impl Entry {
     #[inline]
     pub fn complete(&self) -> bool {
         self.bound.load(Acquire) >= self.world
-    }
-
-    /// The world size fixed for this key.
-    pub fn world(&self) -> u32 {
-        self.world
     }
 
     /// `(rank, page)` for every binding.
@@ -345,9 +340,9 @@ fn bind_in<K: Eq + std::hash::Hash + Clone + 'static>(
                 slot.store(page, Release);
                 e.bound.store(bound + 1, Release);
             } else {
-                let mut grown = e.grown(rank);
-                *grown.bound.get_mut() = bound + 1;
-                *grown.slot_mut(rank) = page;
+                let grown = e.grown(rank);
+                grown.bound.store(bound + 1, Relaxed);
+                grown.set_unpublished(rank, page);
                 o.update(grown);
             }
             Bind::Bound(world)

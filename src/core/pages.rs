@@ -556,6 +556,49 @@ impl PageTable {
     }
 }
 
+/// Pages one request holds BUSY, each with the state it had: the undo log
+/// of a claim. Dropping the guard puts every page back as it was, in reverse
+/// order, so any early return or panic between claim and commit rolls the
+/// request back by itself; [`ClaimGuard::commit`] hands the pages over to the
+/// caller's commit instead.
+pub struct ClaimGuard<'t> {
+    table: &'t PageTable,
+    held: Vec<(u32, Claimed)>,
+}
+
+impl<'t> ClaimGuard<'t> {
+    /// An empty guard on `table`, with room for `n` pages.
+    pub fn new(table: &'t PageTable, n: usize) -> Self {
+        Self { table, held: Vec::with_capacity(n) }
+    }
+
+    /// Claims `page` ([`PageTable::claim`]) and, when it was claimed, holds it.
+    pub fn claim(&mut self, page: u32) -> Option<Claimed> {
+        let c = self.table.claim(page)?;
+        self.held.push((page, c));
+        Some(c)
+    }
+
+    /// The pages held, in claim order, with what each was.
+    pub fn held(&self) -> &[(u32, Claimed)] {
+        &self.held
+    }
+
+    /// Ends the claim without rollback: every held page stays BUSY, and the
+    /// caller now owes each one a [`PageTable::settle`].
+    pub fn commit(mut self) -> Vec<(u32, Claimed)> {
+        std::mem::take(&mut self.held)
+    }
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        for &(page, c) in self.held.iter().rev() {
+            self.table.settle(page, c.bits());
+        }
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -621,6 +664,31 @@ mod tests {
         t.settle(p, FREE);
         t.give_back(1);
         assert_eq!(t.state(p), PageState::Free);
+        t.audit().unwrap();
+    }
+
+    #[test]
+    fn a_dropped_claim_guard_puts_every_page_back() {
+        let t = PageTable::new(64).unwrap();
+        let ps = reserve(&t, 3);
+        t.claim(ps[1]).unwrap();
+        t.settle(ps[1], BOUND);
+        {
+            let mut g = ClaimGuard::new(&t, 3);
+            assert_eq!(g.claim(ps[0]), Some(Claimed::Reserved));
+            assert_eq!(g.claim(ps[1]), Some(Claimed::Bound));
+            assert_eq!(g.claim(5), None, "a FREE page is not held");
+            assert_eq!(g.held().len(), 2);
+            assert_eq!(t.state(ps[0]), PageState::Busy);
+        }
+        assert_eq!(t.state(ps[0]), PageState::Reserved);
+        assert_eq!(t.state(ps[1]), PageState::Bound);
+        let mut g = ClaimGuard::new(&t, 1);
+        g.claim(ps[2]).unwrap();
+        let held = g.commit();
+        assert_eq!(held, vec![(ps[2], Claimed::Reserved)]);
+        assert_eq!(t.state(ps[2]), PageState::Busy, "a committed guard leaves its pages to the caller");
+        t.settle(ps[2], RESERVED);
         t.audit().unwrap();
     }
 

@@ -20,14 +20,16 @@
 //! `complete` and `expired` are exported counts; `epoch` is a coarse clock
 //! whose exact value at a reservation only moves its expiry by one tick.
 
-use super::error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
+use super::error::{InitError, RankNotInitialized};
 use super::index::{Bind, Delta, KeyIndex};
 use super::journal::{Change, Journal};
 use super::key::KeyRef;
 use super::pages::{Claimed, Counts, PageState, PageTable, BOUND, FREE};
+
+mod confirm;
+use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Expiry granularity: the server ticks the store's epoch this many times per
@@ -176,21 +178,6 @@ pub struct Store {
     /// each is journaled before it becomes visible, in the order it happens.
     admin: Mutex<()>,
 }
-
-/// One item of a confirm request, sorted by page for claiming.
-#[derive(Clone, Copy)]
-struct Item {
-    page: u32,
-    /// Index into confirmations, or `RELEASE | index` into releases.
-    tag: u32,
-}
-
-/// Marks a release in [`Item::tag`]; confirmations sort first on equal pages.
-const RELEASE: u32 = 1 << 31;
-
-/// Claimed state per confirmation; `None` for a repeat of an earlier
-/// identical confirmation in the same request.
-type Claims = Vec<Option<Claimed>>;
 
 impl Store {
     /// An empty store.
@@ -350,156 +337,6 @@ impl Store {
             }
         }
         hits > fresh_set.len()
-    }
-
-    /// Confirms `confirmations` and releases `releases` on `rank`, atomically:
-    /// either all of it takes effect or none does and the typed error says why.
-    pub fn confirm(
-        &self,
-        rank: i64,
-        confirmations: &[(&str, i64)],
-        releases: &[i64],
-    ) -> Result<ConfirmOutcome, ConfirmError> {
-        let gen = self.gen.load();
-        let table = gen.rank(rank).ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
-        let n = i64::from(table.num_pages());
-        let out_of_range =
-            |page: i64, key: Option<&str>| ConfirmError::new(ErrorCode::PageOutOfRange, rank, Some(page), key);
-
-        // 1. Everything that can be checked without claiming a page.
-        let mut items = Vec::with_capacity(confirmations.len() + releases.len());
-        for (i, &(key, page)) in confirmations.iter().enumerate() {
-            if !(0..n).contains(&page) {
-                return Err(out_of_range(page, Some(key)));
-            }
-            items.push(Item { page: page as u32, tag: i as u32 });
-        }
-        for (i, &page) in releases.iter().enumerate() {
-            if !(0..n).contains(&page) {
-                return Err(out_of_range(page, None));
-            }
-            items.push(Item { page: page as u32, tag: RELEASE | i as u32 });
-        }
-        items.sort_unstable_by_key(|it| (it.page, it.tag));
-        let mut claims: Claims = vec![None; confirmations.len()];
-        let mut repeat = vec![false; confirmations.len()];
-        for pair in items.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            if a.page != b.page {
-                continue;
-            }
-            let page = Some(i64::from(a.page));
-            match (a.tag & RELEASE != 0, b.tag & RELEASE != 0) {
-                (false, false) => {
-                    let (ka, kb) = (confirmations[a.tag as usize].0, confirmations[b.tag as usize].0);
-                    if ka != kb {
-                        return Err(ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(kb)));
-                    }
-                    repeat[b.tag as usize] = true;
-                }
-                (false, true) => {
-                    let key = confirmations[a.tag as usize].0;
-                    return Err(ConfirmError::new(ErrorCode::ConfirmAndRelease, rank, page, Some(key)));
-                }
-                _ => return Err(ConfirmError::new(ErrorCode::DoubleRelease, rank, page, None)),
-            }
-        }
-        items.retain(|it| it.tag & RELEASE != 0 || !repeat[it.tag as usize]);
-
-        // 2. Claim every page, in page order (so two requests never wait on
-        //    each other in a cycle), and check what we found.
-        let mut release_claims = vec![Claimed::Reserved; releases.len()];
-        for (done, it) in items.iter().enumerate() {
-            let failure = match table.claim(it.page) {
-                Some(c) if it.tag & RELEASE != 0 => {
-                    release_claims[(it.tag & !RELEASE) as usize] = c;
-                    None
-                }
-                Some(c) => {
-                    let key = confirmations[it.tag as usize].0;
-                    claims[it.tag as usize] = Some(c);
-                    (c == Claimed::Bound && !table.owner_is(it.page, KeyRef::parse(key))).then(|| {
-                        // Put this page back first, then the ones before it.
-                        table.settle(it.page, BOUND);
-                        let mut e =
-                            ConfirmError::new(ErrorCode::DoubleConfirm, rank, Some(i64::from(it.page)), Some(key));
-                        e.already_bound = true;
-                        e
-                    })
-                }
-                None if it.tag & RELEASE != 0 => {
-                    Some(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, Some(i64::from(it.page)), None))
-                }
-                None => {
-                    let key = confirmations[it.tag as usize].0;
-                    Some(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, Some(i64::from(it.page)), Some(key)))
-                }
-            };
-            if let Some(err) = failure {
-                for prev in &items[..done] {
-                    let c = if prev.tag & RELEASE != 0 {
-                        release_claims[(prev.tag & !RELEASE) as usize]
-                    } else {
-                        claims[prev.tag as usize].unwrap_or(Claimed::Reserved)
-                    };
-                    table.settle(prev.page, c.bits());
-                }
-                return Err(err);
-            }
-        }
-
-        // 3. Commit. Releases first, so that a request which releases a key's
-        //    old page and confirms a new one for it ends with the new one.
-        let r = rank as u32;
-        let mut delta = Delta::default();
-        let mut outcome = ConfirmOutcome::default();
-        let mut freed = 0u64;
-        for (&page, &c) in releases.iter().zip(&release_claims) {
-            let page = page as u32;
-            if c == Claimed::Bound {
-                // Journaled before the index forgets the binding: a confirm
-                // that rebinds the key elsewhere can only be journaled after.
-                self.record(Change::Unbind { generation: gen.id, rank: r, page });
-                if let Some(owner) = table.owner(page) {
-                    let unbound = gen.index.unbind(owner.as_ref(), r, page, &mut delta);
-                    debug_assert!(unbound, "a BOUND page's owner must be bound to it");
-                }
-                table.clear_owner(page);
-            }
-            table.settle(page, FREE);
-            freed += 1;
-            outcome.released += 1;
-        }
-        let world = || self.cfg.world_size.unwrap_or_else(|| gen.initialized.load(Ordering::Relaxed));
-        for (&(key, page), c) in confirmations.iter().zip(&claims) {
-            let page = page as u32;
-            match c {
-                None => {}
-                Some(Claimed::Bound) => {
-                    table.settle(page, BOUND);
-                    outcome.reconfirmed += 1;
-                }
-                Some(Claimed::Reserved) => {
-                    let k = KeyRef::parse(key);
-                    match gen.index.bind(k, r, page, world, &mut delta) {
-                        Bind::Bound(world) => {
-                            table.set_owner(page, k);
-                            self.record(Change::Bind { generation: gen.id, rank: r, page, key: k, world });
-                            table.settle(page, BOUND);
-                            outcome.bound += 1;
-                        }
-                        Bind::Kept(_) => {
-                            table.settle(page, FREE);
-                            freed += 1;
-                            outcome.superseded += 1;
-                        }
-                    }
-                }
-            }
-        }
-        table.give_back(freed);
-        gen.apply(delta);
-        Ok(outcome)
     }
 
     /// For each key, whether it is complete.

@@ -10,88 +10,36 @@ use super::decode::{DecodeError, Decoder, Limits, Role};
 use super::encode;
 use crate::core::{ConfirmError, InitError, Initialized, Stats};
 use crate::metrics::Endpoint;
+use crate::routes::{self, Op, RankParam};
 use crate::App;
 use hyper::{Method, StatusCode};
 use std::cell::RefCell;
 use std::fmt::Write as _;
 
-/// A route, decided from the method and path alone.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Route {
-    /// POST /rank/{rank}/initialize, with the raw path segment.
-    Initialize(String),
-    /// POST /keys/batch_allocate
-    Allocate,
-    /// POST /keys/confirm_write
-    Confirm,
-    /// POST /keys/batch_exists
-    Exists,
-    /// POST /keys/get_locations
-    Locations,
-    /// POST /clear
-    Clear,
-    /// GET /metrics
-    Metrics,
-    /// GET /health
-    Health,
-    /// GET /stats
-    Stats,
-    /// A known path with the wrong method; carries the allowed one.
-    MethodNotAllowed(&'static str),
-    /// Anything else.
-    NotFound,
+/// The outcome of routing a request (see [`crate::routes`]).
+pub use crate::routes::Found as Route;
+
+/// Routes a request by its method and path, from [`crate::routes::ROUTES`].
+/// A method the table does not know is answered like a wrong one.
+pub fn route(method: &Method, path: &str) -> Route {
+    let m = if *method == Method::POST {
+        routes::Method::Post
+    } else if *method == Method::GET {
+        routes::Method::Get
+    } else {
+        return match routes::find(routes::Method::Get, path) {
+            Route::Route(id, _) => Route::MethodNotAllowed(id.spec().method),
+            other => other,
+        };
+    };
+    routes::find(m, path)
 }
 
-impl Route {
-    /// Routes a request.
-    pub fn of(method: &Method, path: &str) -> Route {
-        let (want, route) = match path {
-            "/keys/batch_allocate" => (Method::POST, Route::Allocate),
-            "/keys/confirm_write" => (Method::POST, Route::Confirm),
-            "/keys/batch_exists" => (Method::POST, Route::Exists),
-            "/keys/get_locations" => (Method::POST, Route::Locations),
-            "/clear" => (Method::POST, Route::Clear),
-            "/metrics" => (Method::GET, Route::Metrics),
-            "/health" => (Method::GET, Route::Health),
-            "/stats" => (Method::GET, Route::Stats),
-            _ => match path.strip_prefix("/rank/").and_then(|r| r.strip_suffix("/initialize")) {
-                Some(rank) if !rank.is_empty() && !rank.contains('/') => {
-                    (Method::POST, Route::Initialize(rank.to_owned()))
-                }
-                _ => return Route::NotFound,
-            },
-        };
-        if *method == want {
-            route
-        } else {
-            Route::MethodNotAllowed(if want == Method::POST { "POST" } else { "GET" })
-        }
-    }
-
-    /// The metrics label.
-    pub fn endpoint(&self) -> Endpoint {
-        match self {
-            Route::Initialize(_) => Endpoint::Initialize,
-            Route::Allocate => Endpoint::Allocate,
-            Route::Confirm => Endpoint::Confirm,
-            Route::Exists => Endpoint::Exists,
-            Route::Locations => Endpoint::Locations,
-            Route::Clear => Endpoint::Clear,
-            Route::Metrics => Endpoint::Metrics,
-            Route::Health => Endpoint::Health,
-            Route::Stats => Endpoint::Stats,
-            Route::MethodNotAllowed(_) | Route::NotFound => Endpoint::Other,
-        }
-    }
-
-    /// Whether the handler reads the request body.
-    pub fn reads_body(&self) -> bool {
-        matches!(self, Route::Initialize(_) | Route::Allocate | Route::Confirm | Route::Exists | Route::Locations)
-    }
-
-    /// Whether the route changes or wipes state (guarded by the admin token).
-    pub fn is_admin(&self) -> bool {
-        matches!(self, Route::Clear)
+/// The metrics series of a routed request.
+pub fn endpoint(route: &Route) -> Endpoint {
+    match route {
+        Route::Route(id, _) => Endpoint::route(*id),
+        Route::MethodNotAllowed(_) | Route::NotFound => Endpoint::OTHER,
     }
 }
 
@@ -160,30 +108,37 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
             return Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, "internal error: scratch busy");
         };
         let s = &mut *s;
-        match route {
-            Route::Initialize(rank) => initialize(app, rank, &mut s.decoder, body),
-            Route::Allocate => allocate(app, s, body, limits),
-            Route::Confirm => confirm(app, &mut s.decoder, body, limits),
-            Route::Exists => exists(app, s, body, limits),
-            Route::Locations => locations(app, s, body, limits),
-            Route::Clear => {
+        let (id, rank) = match route {
+            Route::Route(id, rank) => (*id, rank),
+            Route::MethodNotAllowed(allow) => {
+                let allow = allow.as_str();
+                return Reply {
+                    allow: Some(allow),
+                    ..Reply::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed")
+                };
+            }
+            Route::NotFound => return Reply::detail(StatusCode::NOT_FOUND, "Not Found"),
+        };
+        match id.spec().op {
+            Op::Initialize => initialize(app, rank, &mut s.decoder, body),
+            Op::Allocate => allocate(app, s, body, limits),
+            Op::Confirm => confirm(app, &mut s.decoder, body, limits),
+            Op::Exists => exists(app, s, body, limits),
+            Op::Locations => locations(app, s, body, limits),
+            Op::Clear => {
                 app.store.clear();
                 tracing::warn!("cleared every rank and key (POST /clear)");
                 Reply::no_content(0)
             }
-            Route::Metrics => {
+            Op::Metrics => {
                 let text = app.metrics.render(&app.store.stats(), &app.store.footprint());
                 Reply {
                     content_type: "text/plain; version=0.0.4; charset=utf-8",
                     ..Reply::json(StatusCode::OK, text.into_bytes(), 0)
                 }
             }
-            Route::Health => health(app),
-            Route::Stats => Reply::json(StatusCode::OK, stats_json(app, &app.store.stats()).into_bytes(), 0),
-            Route::MethodNotAllowed(allow) => {
-                Reply { allow: Some(allow), ..Reply::detail(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed") }
-            }
-            Route::NotFound => Reply::detail(StatusCode::NOT_FOUND, "Not Found"),
+            Op::Health => health(app),
+            Op::Stats => Reply::json(StatusCode::OK, stats_json(app, &app.store.stats()).into_bytes(), 0),
         }
     })
 }
@@ -212,10 +167,19 @@ fn rank_validation_error(raw: &str) -> Reply {
     Reply::json(StatusCode::UNPROCESSABLE_ENTITY, body, 0)
 }
 
-fn initialize(app: &App, raw_rank: &str, decoder: &mut Decoder, body: &mut [u8]) -> Reply {
-    let rank = match raw_rank.parse::<i64>() {
-        Ok(r) if r >= 0 && raw_rank.bytes().all(|b| b.is_ascii_digit()) => r,
-        _ => return rank_validation_error(raw_rank),
+/// The `{rank}` of a route, or the 422 that names a bad one.
+fn rank_of(rank: &RankParam) -> Result<i64, Reply> {
+    match rank {
+        RankParam::Int(r) => Ok(*r),
+        RankParam::Invalid(raw) => Err(rank_validation_error(raw)),
+        RankParam::None => Err(Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, "internal error: route has no rank")),
+    }
+}
+
+fn initialize(app: &App, rank: &RankParam, decoder: &mut Decoder, body: &mut [u8]) -> Reply {
+    let rank = match rank_of(rank) {
+        Ok(r) => r,
+        Err(reply) => return reply,
     };
     let req = match decoder.initialize(body) {
         Ok(r) => r,
@@ -383,17 +347,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn routes() {
-        let post = Method::POST;
-        assert_eq!(Route::of(&post, "/keys/batch_exists"), Route::Exists);
-        assert_eq!(Route::of(&post, "/rank/3/initialize"), Route::Initialize("3".into()));
-        assert_eq!(Route::of(&post, "/rank/abc/initialize"), Route::Initialize("abc".into()));
-        assert_eq!(Route::of(&post, "/rank//initialize"), Route::NotFound);
-        assert_eq!(Route::of(&post, "/rank/1/2/initialize"), Route::NotFound);
-        assert_eq!(Route::of(&post, "/keys/batch_exists/"), Route::NotFound);
-        assert_eq!(Route::of(&Method::GET, "/keys/batch_exists"), Route::MethodNotAllowed("POST"));
-        assert_eq!(Route::of(&post, "/metrics"), Route::MethodNotAllowed("GET"));
-        assert_eq!(Route::of(&Method::GET, "/health"), Route::Health);
-        assert_eq!(Route::of(&post, "/"), Route::NotFound);
+    fn hyper_methods_map_onto_the_table() {
+        assert!(matches!(route(&Method::POST, "/keys/batch_exists"), Route::Route(..)));
+        assert_eq!(route(&Method::PUT, "/keys/batch_exists"), Route::MethodNotAllowed(routes::Method::Post));
+        assert_eq!(route(&Method::HEAD, "/metrics"), Route::MethodNotAllowed(routes::Method::Get));
+        assert_eq!(route(&Method::DELETE, "/nowhere"), Route::NotFound);
     }
 }

@@ -4,8 +4,9 @@
 //! The answers of this API have a handful of fixed shapes, so building a
 //! value tree or going through a generic serializer would only add
 //! allocations and indirection on the hot path. Each function here appends
-//! one complete document to `out` (it never clears it), so a handler can reuse
-//! one buffer per connection and hand it to the HTTP layer as is.
+//! one complete document to `out` (it never clears it). A handler sizes a
+//! fresh buffer for its answer and hands it to hyper as the response body,
+//! which takes ownership of it: nothing is copied after encoding.
 //!
 //! The output is compact JSON with no spaces. The Python reference server
 //! (`FastAPI`'s `JSONResponse`) puts a space after `:` and `,`; JSON clients,

@@ -8,6 +8,7 @@
 //! in-flight request finish (bounded by `--shutdown-timeout`), return.
 
 use super::api::{self, Reply, Route};
+use crate::routes::Spec;
 use crate::App;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -107,10 +108,14 @@ async fn sweep(app: Arc<App>, ttl: Duration) {
 /// Answers one request.
 async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let start = Instant::now();
-    let route = Route::of(req.method(), req.uri().path());
-    let mut reply = if let Some(denied) = authorize(&app, &route, &req) {
+    let route = api::route(req.method(), req.uri().path());
+    let spec = match &route {
+        Route::Route(id, _) => Some(id.spec()),
+        _ => None,
+    };
+    let mut reply = if let Some(denied) = authorize(&app, spec, &req) {
         denied
-    } else if route.reads_body() {
+    } else if spec.is_some_and(|s| s.reads_body) {
         match read_body(&app, req).await {
             Ok(mut body) => api::handle(&app, &route, &mut body),
             Err(reply) => reply,
@@ -126,14 +131,14 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
     // With --data-dir, a successful change is answered only once everything
     // recorded so far (its own changes and those it observed) is durable.
     if let Some(d) = &app.durable {
-        if reply.status.is_success() && matches!(route, Route::Initialize(_) | Route::Confirm | Route::Clear) {
+        if reply.status.is_success() && spec.is_some_and(|s| s.durable) {
             if let Err(e) = d.sync().await {
                 tracing::error!("durable write failed, answering 503: {e}");
                 reply = Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &format!("Durability failure: {e}"));
             }
         }
     }
-    app.metrics.request(route.endpoint(), reply.status.as_u16(), reply.keys, start.elapsed());
+    app.metrics.request(api::endpoint(&route), reply.status.as_u16(), reply.keys, start.elapsed());
     Ok(into_response(reply))
 }
 
@@ -145,9 +150,9 @@ fn has_body(req: &Request<Incoming>) -> bool {
 }
 
 /// Checks the bearer token where one is required.
-fn authorize(app: &App, route: &Route, req: &Request<Incoming>) -> Option<Reply> {
+fn authorize(app: &App, spec: Option<&Spec>, req: &Request<Incoming>) -> Option<Reply> {
     let token = app.cfg.admin_token.as_deref()?;
-    let required = route.is_admin() || (app.cfg.auth_all && *route != Route::Health);
+    let required = spec.map_or(app.cfg.auth_all, |s| s.admin || (app.cfg.auth_all && !s.open));
     if !required {
         return None;
     }

@@ -1,0 +1,291 @@
+//! `Store::confirm`: confirm written pages and release failed ones on one
+//! rank, atomically, in three steps:
+//!
+//! 1. **validate**: everything that can be checked without claiming a page
+//!    (ranges, one page named twice); most rejections cost no CAS at all.
+//! 2. **claim**: every page RESERVED|BOUND → BUSY in page order (two requests
+//!    never wait on each other in a cycle), held by a [`ClaimGuard`]. A page
+//!    that is FREE, or BOUND to another key, ends the request: the guard's
+//!    drop puts every page back as it was, so a rejected request changes
+//!    nothing by construction, whatever the path out (an early return or a
+//!    panic).
+//! 3. **commit**: releases first, then confirmations in request order, each
+//!    page's key binding and back-reference written before its final state
+//!    is published. The commit cannot fail.
+
+use super::super::error::{ConfirmError, ErrorCode};
+use super::super::index::{Bind, Delta};
+use super::super::journal::Change;
+use super::super::key::KeyRef;
+use super::super::pages::{ClaimGuard, Claimed, PageTable, BOUND, FREE};
+use super::super::sync::Ordering;
+use super::{ConfirmOutcome, Generation, Store};
+
+/// One item of a confirm request, sorted by page for claiming.
+#[derive(Clone, Copy)]
+struct Item {
+    page: u32,
+    /// Index into confirmations, or `RELEASE | index` into releases.
+    tag: u32,
+}
+
+/// Marks a release in [`Item::tag`]; confirmations sort first on equal pages.
+const RELEASE: u32 = 1 << 31;
+
+impl Item {
+    #[inline]
+    fn release(self) -> Option<usize> {
+        (self.tag & RELEASE != 0).then_some((self.tag & !RELEASE) as usize)
+    }
+}
+
+impl Store {
+    /// Confirms `confirmations` and releases `releases` on `rank`, atomically:
+    /// either all of it takes effect or none does and the typed error says why.
+    pub fn confirm(
+        &self,
+        rank: i64,
+        confirmations: &[(&str, i64)],
+        releases: &[i64],
+    ) -> Result<ConfirmOutcome, ConfirmError> {
+        let gen = self.gen.load();
+        let table = gen.rank(rank).ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
+        let items = validate(rank, table.num_pages(), confirmations, releases)?;
+        let claim = claim(table, rank, &items, confirmations)?;
+        fail_point_before_commit();
+        Ok(self.commit(&gen, table, rank as u32, confirmations, releases, &items, claim))
+    }
+
+    /// Step 3: settles every claimed page. Releases first, so that a request
+    /// which releases a key's old page and confirms a new one for it ends
+    /// with the new one.
+    #[allow(clippy::too_many_arguments)]
+    fn commit(
+        &self,
+        gen: &Generation,
+        table: &PageTable,
+        r: u32,
+        confirmations: &[(&str, i64)],
+        releases: &[i64],
+        items: &[Item],
+        claim: ClaimGuard<'_>,
+    ) -> ConfirmOutcome {
+        // What each page was, by its place in the request; `None` for a
+        // repeat of an earlier identical confirmation (not claimed).
+        let mut claims: Vec<Option<Claimed>> = vec![None; confirmations.len()];
+        let mut release_claims = vec![Claimed::Reserved; releases.len()];
+        for (it, &(_, c)) in items.iter().zip(&claim.commit()) {
+            match it.release() {
+                Some(i) => release_claims[i] = c,
+                None => claims[it.tag as usize] = Some(c),
+            }
+        }
+        let mut delta = Delta::default();
+        let mut outcome = ConfirmOutcome::default();
+        let mut freed = 0u64;
+        for (&page, &c) in releases.iter().zip(&release_claims) {
+            let page = page as u32;
+            if c == Claimed::Bound {
+                // Journaled before the index forgets the binding: a confirm
+                // that rebinds the key elsewhere can only be journaled after.
+                self.record(Change::Unbind { generation: gen.id, rank: r, page });
+                if let Some(owner) = table.owner(page) {
+                    let unbound = gen.index.unbind(owner.as_ref(), r, page, &mut delta);
+                    debug_assert!(unbound, "a BOUND page's owner must be bound to it");
+                }
+                table.clear_owner(page);
+            }
+            table.settle(page, FREE);
+            freed += 1;
+            outcome.released += 1;
+        }
+        let world = || self.cfg.world_size.unwrap_or_else(|| gen.initialized.load(Ordering::Relaxed));
+        for (&(key, page), c) in confirmations.iter().zip(&claims) {
+            let page = page as u32;
+            match c {
+                None => {}
+                Some(Claimed::Bound) => {
+                    table.settle(page, BOUND);
+                    outcome.reconfirmed += 1;
+                }
+                Some(Claimed::Reserved) => {
+                    let k = KeyRef::parse(key);
+                    match gen.index.bind(k, r, page, world, &mut delta) {
+                        Bind::Bound(world) => {
+                            table.set_owner(page, k);
+                            self.record(Change::Bind { generation: gen.id, rank: r, page, key: k, world });
+                            table.settle(page, BOUND);
+                            outcome.bound += 1;
+                        }
+                        Bind::Kept(_) => {
+                            table.settle(page, FREE);
+                            freed += 1;
+                            outcome.superseded += 1;
+                        }
+                    }
+                }
+            }
+        }
+        table.give_back(freed);
+        gen.apply(delta);
+        outcome
+    }
+}
+
+/// Step 1: ranges and pages named twice, checked without touching a page.
+/// Returns the items to claim, in page order, without repeats of an
+/// identical confirmation.
+fn validate(
+    rank: i64,
+    num_pages: u32,
+    confirmations: &[(&str, i64)],
+    releases: &[i64],
+) -> Result<Vec<Item>, ConfirmError> {
+    let n = i64::from(num_pages);
+    let out_of_range =
+        |page: i64, key: Option<&str>| ConfirmError::new(ErrorCode::PageOutOfRange, rank, Some(page), key);
+    let mut items = Vec::with_capacity(confirmations.len() + releases.len());
+    for (i, &(key, page)) in confirmations.iter().enumerate() {
+        if !(0..n).contains(&page) {
+            return Err(out_of_range(page, Some(key)));
+        }
+        items.push(Item { page: page as u32, tag: i as u32 });
+    }
+    for (i, &page) in releases.iter().enumerate() {
+        if !(0..n).contains(&page) {
+            return Err(out_of_range(page, None));
+        }
+        items.push(Item { page: page as u32, tag: RELEASE | i as u32 });
+    }
+    items.sort_unstable_by_key(|it| (it.page, it.tag));
+    let mut repeat = vec![false; confirmations.len()];
+    for pair in items.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if a.page != b.page {
+            continue;
+        }
+        let page = Some(i64::from(a.page));
+        match (a.release(), b.release()) {
+            (None, None) => {
+                let (ka, kb) = (confirmations[a.tag as usize].0, confirmations[b.tag as usize].0);
+                if ka != kb {
+                    return Err(ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(kb)));
+                }
+                repeat[b.tag as usize] = true;
+            }
+            (None, Some(_)) => {
+                let key = confirmations[a.tag as usize].0;
+                return Err(ConfirmError::new(ErrorCode::ConfirmAndRelease, rank, page, Some(key)));
+            }
+            _ => return Err(ConfirmError::new(ErrorCode::DoubleRelease, rank, page, None)),
+        }
+    }
+    items.retain(|it| it.release().is_some() || !repeat[it.tag as usize]);
+    Ok(items)
+}
+
+/// Step 2: claims every page in page order and checks what it found. On the
+/// first conflict the guard is dropped, which puts back every page claimed.
+fn claim<'t>(
+    table: &'t PageTable,
+    rank: i64,
+    items: &[Item],
+    confirmations: &[(&str, i64)],
+) -> Result<ClaimGuard<'t>, ConfirmError> {
+    let mut guard = ClaimGuard::new(table, items.len());
+    for it in items {
+        let page = Some(i64::from(it.page));
+        let key = || confirmations[it.tag as usize].0;
+        match (guard.claim(it.page), it.release()) {
+            (None, Some(_)) => return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None)),
+            (None, None) => return Err(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, page, Some(key()))),
+            (Some(Claimed::Bound), None) if !table.owner_is(it.page, KeyRef::parse(key())) => {
+                let mut e = ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(key()));
+                e.already_bound = true;
+                return Err(e);
+            }
+            (Some(_), _) => {}
+        }
+    }
+    Ok(guard)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Makes the next confirm on this thread panic between claim and commit.
+    static PANIC_BEFORE_COMMIT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A test's way to fail between claim and commit; nothing in a build.
+#[inline]
+fn fail_point_before_commit() {
+    #[cfg(test)]
+    if PANIC_BEFORE_COMMIT.with(|p| p.replace(false)) {
+        panic!("injected failure between claim and commit");
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::core::StoreConfig;
+
+    const K: [&str; 4] = [
+        "00000000000000000000000000000001",
+        "00000000000000000000000000000002",
+        "00000000000000000000000000000003",
+        "plain text key",
+    ];
+
+    /// Everything a client could observe, and the audit.
+    fn observe(s: &Store) -> (crate::core::Stats, Vec<Option<u32>>) {
+        s.audit().expect("audit");
+        let mut loc = Vec::new();
+        s.locations(0, &K, &mut loc).unwrap();
+        (s.stats(), loc)
+    }
+
+    #[test]
+    fn a_panic_between_claim_and_commit_changes_nothing() {
+        let s = Store::new(StoreConfig { world_size: Some(1), ..StoreConfig::default() });
+        s.initialize(0, 64).unwrap();
+        let mut out = Vec::new();
+        s.allocate(0, &K, &mut out).unwrap();
+        let pages: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
+        // Two keys stored, two reserved: the request below claims pages of
+        // both kinds (a re-confirm, a release of a bound page, confirms).
+        s.confirm(0, &[(K[0], pages[0]), (K[1], pages[1])], &[]).unwrap();
+        let before = observe(&s);
+        let confirmations = [(K[0], pages[0]), (K[2], pages[2]), (K[3], pages[3])];
+        PANIC_BEFORE_COMMIT.with(|p| p.set(true));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.confirm(0, &confirmations, &[pages[1]])));
+        assert!(r.is_err(), "the fail point must fire");
+        assert_eq!(observe(&s), before, "a confirm that died before its commit changed something");
+        // The same request, not interrupted, then goes through.
+        let o = s.confirm(0, &confirmations, &[pages[1]]).unwrap();
+        assert_eq!((o.bound, o.reconfirmed, o.released), (2, 1, 1));
+        s.audit().unwrap();
+    }
+
+    #[test]
+    fn a_conflict_after_claims_puts_every_claimed_page_back() {
+        let s = Store::new(StoreConfig { world_size: Some(1), ..StoreConfig::default() });
+        s.initialize(0, 64).unwrap();
+        let mut out = Vec::new();
+        s.allocate(0, &K[..3], &mut out).unwrap();
+        let pages: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
+        s.confirm(0, &[(K[0], pages[0])], &[]).unwrap();
+        let before = observe(&s);
+        // Claims pages[1] and pages[2] (reserved) and then meets page 63,
+        // which is FREE: the whole request is rejected.
+        let free = 63;
+        assert!(!pages.contains(&free));
+        let e = s.confirm(0, &[(K[1], pages[1]), (K[2], pages[2]), (K[3], free)], &[]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::ConfirmUnallocated);
+        assert_eq!(observe(&s), before);
+        // A page bound to another key, met after claims.
+        let e = s.confirm(0, &[(K[1], pages[1]), (K[2], pages[0])], &[pages[2]]).unwrap_err();
+        assert_eq!((e.code, e.already_bound), (ErrorCode::DoubleConfirm, true));
+        assert_eq!(observe(&s), before);
+    }
+}
