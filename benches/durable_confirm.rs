@@ -25,7 +25,7 @@ const BATCH: usize = 128;
 const PAGES: i64 = 1 << 20;
 
 fn cfg() -> StoreConfig {
-    StoreConfig { world_size: Some(1), max_ranks: 8, max_pages_per_rank: u32::MAX - 1 }
+    StoreConfig { world_size: Some(1), max_ranks: 8, max_pages_per_rank: u32::MAX - 1, ..StoreConfig::default() }
 }
 
 struct Run {

@@ -27,7 +27,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const RANKS: u32 = 8;
 
 fn cfg() -> StoreConfig {
-    StoreConfig { world_size: None, max_ranks: 64, max_pages_per_rank: u32::MAX - 1 }
+    StoreConfig { world_size: None, max_ranks: 64, max_pages_per_rank: u32::MAX - 1, ..StoreConfig::default() }
 }
 
 fn keys_per_rank() -> u32 {

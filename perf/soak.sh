@@ -22,6 +22,15 @@
 #                       write against the client's model, then SIGTERM it again
 #   --crash             with --durable: SIGKILL the server under load instead of
 #                       SIGTERM (a crash), then restart and re-audit the same way
+#   --eviction-check    the eviction soak instead (perf/README.md, "Eviction soak"):
+#                       ranks of --evict-pages pages, a working set 4x larger, the
+#                       server run with --read-lease; writers record each page they
+#                       write in a simulated copy, readers check their lease on it.
+#                       No fault injectors; not with --durable
+#   --read-lease SECS   with --eviction-check: the server's read lease (default 3)
+#   --evict-pages N     with --eviction-check: pages per rank (default 4096)
+#   --server-arg ARG    one more argument for the server (repeatable), e.g.
+#                       --server-arg --evict-high-watermark --server-arg 0.9
 #   --json-out FILE     also write the soak summary as JSON
 #   --keep-logs DIR     copy the server log to DIR
 #   anything after --   passed to the soak client (see `soak --help`)
@@ -33,8 +42,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
 
 DURATION=60 SERVER_BIN="" SOAK_BIN="" BUILD=1 PROFILE=release WORKERS=16 JSON_OUT="" KEEP_LOGS="" DURABLE=0 CRASH=0
+EVICTION=0 READ_LEASE=3 EVICT_PAGES=4096
 TTL=4 SHUTDOWN_TIMEOUT=5
-EXTRA=()
+EXTRA=() SERVER_EXTRA=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --duration) DURATION="$2"; shift ;;
@@ -45,6 +55,10 @@ while [[ $# -gt 0 ]]; do
     --workers) WORKERS="$2"; shift ;;
     --durable) DURABLE=1 ;;
     --crash) CRASH=1 ;;
+    --eviction-check) EVICTION=1 ;;
+    --read-lease) READ_LEASE="$2"; shift ;;
+    --evict-pages) EVICT_PAGES="$2"; shift ;;
+    --server-arg) SERVER_EXTRA+=("$2"); shift ;;
     --json-out) JSON_OUT="$2"; shift ;;
     --keep-logs) KEEP_LOGS="$2"; shift ;;
     --) shift; EXTRA=("$@"); break ;;
@@ -54,6 +68,9 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 [[ $CRASH == 0 || $DURABLE == 1 ]] || { echo "soak.sh: --crash needs --durable" >&2; exit 2; }
+[[ $EVICTION == 0 || $DURABLE == 0 ]] || { echo "soak.sh: --eviction-check keeps no exact model: not with --durable" >&2; exit 2; }
+[[ "$READ_LEASE" =~ ^[0-9]+(\.[0-9]+)?$ && "$EVICT_PAGES" =~ ^[0-9]+$ ]] \
+  || { echo "soak.sh: --read-lease takes seconds, --evict-pages a whole number" >&2; exit 2; }
 [[ "$DURATION" =~ ^[0-9]+$ && "$DURATION" -ge 20 && "$DURATION" -le 3600 ]] \
   || { echo "soak.sh: --duration must be an integer in 20..3600" >&2; exit 2; }
 
@@ -105,6 +122,8 @@ trap 'exit 130' INT TERM
 # the shutdown lines are in the log whatever RUST_LOG says outside.
 SERVER_ARGS=(--host 127.0.0.1 --port 0 --world-size 8 --reservation-ttl "$TTL" --shutdown-timeout "$SHUTDOWN_TIMEOUT")
 [[ $DURABLE == 1 ]] && SERVER_ARGS+=(--data-dir "$TMP/data")
+[[ $EVICTION == 1 ]] && SERVER_ARGS+=(--read-lease "$READ_LEASE")
+SERVER_ARGS+=(${SERVER_EXTRA[@]+"${SERVER_EXTRA[@]}"})
 LIMIT=$(( DURATION + 180 ))
 SERVER_NAME=$(basename "$SERVER_BIN")
 start_server() { # logfile; sets SERVER_PID, WATCHDOG_PID, PORT
@@ -161,7 +180,7 @@ check_exit() { # logfile [KILL]
 }
 
 start_server "$TMP/server.log"
-log "server pid $SERVER_PID on 127.0.0.1:$PORT (ttl ${TTL}s, world 8$([[ $DURABLE == 1 ]] && echo ", --data-dir")); soak for ${DURATION}s"
+log "server pid $SERVER_PID on 127.0.0.1:$PORT (ttl ${TTL}s, world 8$([[ $DURABLE == 1 ]] && echo ", --data-dir")$([[ $EVICTION == 1 ]] && echo ", eviction check: read lease ${READ_LEASE}s, $EVICT_PAGES pages")); soak for ${DURATION}s"
 
 # --- the soak ------------------------------------------------------------
 SOAK_ARGS=(--addr "127.0.0.1:$PORT" --duration "$DURATION" --workers "$WORKERS"
@@ -169,9 +188,10 @@ SOAK_ARGS=(--addr "127.0.0.1:$PORT" --duration "$DURATION" --workers "$WORKERS"
 [[ -n "$JSON_OUT" ]] && SOAK_ARGS+=(--json-out "$JSON_OUT")
 [[ $DURABLE == 1 ]] && SOAK_ARGS+=(--model-out "$TMP/model.txt")
 [[ $CRASH == 1 ]] && SOAK_ARGS+=(--signal KILL)
+[[ $EVICTION == 1 ]] && SOAK_ARGS+=(--eviction-check --read-lease "$READ_LEASE" --pages "$EVICT_PAGES")
 START=$SECONDS
 set +e
-"$SOAK_BIN" "${SOAK_ARGS[@]}" "${EXTRA[@]}" &
+"$SOAK_BIN" "${SOAK_ARGS[@]}" ${EXTRA[@]+"${EXTRA[@]}"} &
 SOAK_PID=$!
 wait "$SOAK_PID"
 SOAK_RC=$?
@@ -213,5 +233,5 @@ fi
 if [[ $CRASH == 1 ]]; then
   log "PASS in $(( SECONDS - START ))s: soak clean, server SIGKILLed under load, restart on the same --data-dir re-audited clean"
 else
-  log "PASS in $(( SECONDS - START ))s: soak clean, server exited 0 after SIGTERM and logged 'stopped'$([[ $DURABLE == 1 ]] && echo "; restart on the same --data-dir re-audited clean")"
+  log "PASS in $(( SECONDS - START ))s: $([[ $EVICTION == 1 ]] && echo "eviction soak" || echo soak) clean, server exited 0 after SIGTERM and logged 'stopped'$([[ $DURABLE == 1 ]] && echo "; restart on the same --data-dir re-audited clean")"
 fi

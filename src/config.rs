@@ -30,6 +30,23 @@ pub enum FsyncMode {
     None,
 }
 
+/// What a full rank does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Eviction {
+    /// Evict whole keys (every rank) by CLOCK recency, never a leased one.
+    Clock,
+    /// Keep every key: a full rank answers -1, like the Python server.
+    None,
+}
+
+/// A fraction in (0, 1].
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(f) if f > 0.0 && f <= 1.0 => Ok(f),
+        _ => Err(format!("'{s}' is not a fraction in (0, 1]")),
+    }
+}
+
 /// hf3fs-meta: lock-free metadata server for vLLM's HF3FS KV-cache connector.
 #[derive(Debug, Clone, Parser)]
 #[command(version, about, long_about = None)]
@@ -82,7 +99,7 @@ pub struct Config {
 
     /// Ranks are 0..N.
     #[arg(long, env = "HF3FS_META_MAX_RANKS", default_value_t = 1024,
-          value_parser = clap::value_parser!(u32).range(1..=65_536))]
+          value_parser = clap::value_parser!(u32).range(1..=65_535))]
     pub max_ranks: u32,
 
     /// Largest num_pages a rank may be initialized with.
@@ -123,6 +140,26 @@ pub struct Config {
     /// Durability of acknowledged requests (with --data-dir).
     #[arg(long, env = "HF3FS_META_FSYNC", value_enum, default_value_t = FsyncMode::Batch)]
     pub fsync: FsyncMode,
+
+    /// What a full rank does: `clock` evicts whole keys (on every rank) by
+    /// recency, never one under a read lease; `none` answers -1.
+    #[arg(long, env = "HF3FS_META_EVICTION", value_enum, default_value_t = Eviction::Clock)]
+    pub eviction: Eviction,
+
+    /// The background evictor starts when a rank has more than this
+    /// fraction of its pages in use (not free)...
+    #[arg(long, env = "HF3FS_META_EVICT_HIGH_WATERMARK", default_value_t = 0.95, value_parser = fraction)]
+    pub evict_high_watermark: f64,
+
+    /// ...and evicts until it is down to this fraction.
+    #[arg(long, env = "HF3FS_META_EVICT_LOW_WATERMARK", default_value_t = 0.90, value_parser = fraction)]
+    pub evict_low_watermark: f64,
+
+    /// Seconds a key stays protected after batch_exists reported it in its
+    /// leading run or get_locations returned its page: not evicted, and its
+    /// pages not given to another key. 0 turns leases off.
+    #[arg(long, env = "HF3FS_META_READ_LEASE", default_value_t = 120)]
+    pub read_lease: u64,
 }
 
 impl Config {
@@ -139,6 +176,17 @@ impl Config {
     /// The reservation TTL, or `None` when expiry is off.
     pub fn reservation_ttl(&self) -> Option<Duration> {
         (self.reservation_ttl > 0).then(|| Duration::from_secs(self.reservation_ttl))
+    }
+
+    /// Checks what clap cannot check flag by flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.evict_low_watermark > self.evict_high_watermark {
+            return Err(format!(
+                "--evict-low-watermark ({}) must not be above --evict-high-watermark ({})",
+                self.evict_low_watermark, self.evict_high_watermark
+            ));
+        }
+        Ok(())
     }
 
     /// A configuration with every default, for tests: `Config::parse_from`.
@@ -169,6 +217,20 @@ mod tests {
     fn auth_all_needs_a_token() {
         assert!(Config::try_parse_from(["hf3fs-meta", "--auth-all"]).is_err());
         assert!(Config::try_parse_from(["hf3fs-meta", "--auth-all", "--admin-token", "t"]).is_ok());
+    }
+
+    #[test]
+    fn eviction_flags() {
+        let c = Config::parse_from(["hf3fs-meta"]);
+        assert_eq!(
+            (c.eviction, c.evict_high_watermark, c.evict_low_watermark, c.read_lease),
+            (Eviction::Clock, 0.95, 0.90, 120)
+        );
+        assert!(Config::try_parse_from(["hf3fs-meta", "--evict-high-watermark", "1.5"]).is_err());
+        assert!(Config::try_parse_from(["hf3fs-meta", "--evict-low-watermark", "0"]).is_err());
+        let c = Config::parse_from(["hf3fs-meta", "--evict-high-watermark", "0.5", "--evict-low-watermark", "0.6"]);
+        assert!(c.validate().is_err());
+        assert!(Config::parse_from(["hf3fs-meta", "--eviction", "none"]).validate().is_ok());
     }
 
     #[test]

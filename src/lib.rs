@@ -56,12 +56,26 @@ impl App {
     /// directory and kept durable there; without it, as [`App::new`].
     pub fn open(cfg: Config) -> Result<Self, durable::OpenError> {
         let Some(dir) = cfg.data_dir.clone() else { return Ok(Self::new(cfg)) };
-        let (store, d, _) = durable::Durable::open(&dir, cfg.fsync, Self::store_config(&cfg))?;
+        let (store, d, recovered) = durable::Durable::open(&dir, cfg.fsync, Self::store_config(&cfg))?;
+        if recovered.bindings > 0 {
+            // Readers may hold leases from before the restart, which were
+            // not persisted: evict nothing for one lease period.
+            store.hold_eviction_for_a_lease();
+        }
         Ok(Self { cfg, store, metrics: Metrics::default(), durable: Some(d), shutting_down: AtomicBool::new(false) })
     }
 
     fn store_config(cfg: &Config) -> StoreConfig {
-        StoreConfig { world_size: cfg.world_size, max_ranks: cfg.max_ranks, max_pages_per_rank: cfg.max_pages_per_rank }
+        StoreConfig {
+            world_size: cfg.world_size,
+            max_ranks: cfg.max_ranks,
+            max_pages_per_rank: cfg.max_pages_per_rank,
+            eviction: cfg.eviction == config::Eviction::Clock,
+            high_watermark: cfg.evict_high_watermark,
+            low_watermark: cfg.evict_low_watermark,
+            read_lease: core::LeaseLength::from_secs(cfg.read_lease),
+            manual_clock: false,
+        }
     }
 
     /// Flushes and stops durability (a no-op in memory). Call once serving

@@ -13,6 +13,10 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     let cfg = Config::parse();
     init_tracing(&cfg);
+    if let Err(e) = cfg.validate() {
+        tracing::error!("invalid configuration: {e}");
+        return ExitCode::from(2);
+    }
     let workers = cfg.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
@@ -59,6 +63,10 @@ fn main() -> ExitCode {
             admin_token = cfg.admin_token.is_some(),
             auth_all = cfg.auth_all,
             data_dir = ?cfg.data_dir,
+            eviction = ?cfg.eviction,
+            evict_high_watermark = cfg.evict_high_watermark,
+            evict_low_watermark = cfg.evict_low_watermark,
+            read_lease_s = cfg.read_lease,
             "hf3fs-meta {} listening",
             env!("CARGO_PKG_VERSION")
         );

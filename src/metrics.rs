@@ -14,7 +14,7 @@
 //! scrape that reads one shard slightly before another only sees a slightly
 //! older total, which Prometheus tolerates by design.
 
-use crate::core::{ErrorCode, Footprint, Stats};
+use crate::core::{ErrorCode, EvictStats, Footprint, LeaseStats, Stats};
 use crate::routes::{RouteId, Spec, ROUTES};
 use crossbeam_utils::CachePadded;
 use std::fmt::Write as _;
@@ -235,7 +235,7 @@ impl Metrics {
     }
 
     /// Renders every metric in the Prometheus text exposition format (0.0.4).
-    pub fn render(&self, stats: &Stats, footprint: &Footprint) -> String {
+    pub fn render(&self, stats: &Stats, footprint: &Footprint, evict: &EvictStats, leases: &LeaseStats) -> String {
         let sh = &self.shards[..];
         let mut o = String::with_capacity(16 * 1024);
         let head = |o: &mut String, name: &str, kind: &str, help: &str| {
@@ -334,6 +334,43 @@ impl Metrics {
             "Reserved pages returned to the pool by --reservation-ttl.",
         );
         let _ = writeln!(o, "hf3fs_meta_reservations_expired_total {}", stats.expired);
+        head(&mut o, "evictions_total", "counter", "Keys evicted (every rank of each), by what evicted them.");
+        let _ = writeln!(o, "hf3fs_meta_evictions_total{{reason=\"watermark\"}} {}", evict.keys_watermark);
+        let _ = writeln!(o, "hf3fs_meta_evictions_total{{reason=\"allocate\"}} {}", evict.keys_allocate);
+        head(&mut o, "pages_evicted_total", "counter", "Pages freed by evictions, over every rank.");
+        let _ = writeln!(o, "hf3fs_meta_pages_evicted_total {}", evict.pages);
+        head(
+            &mut o,
+            "quarantine_freed_total",
+            "counter",
+            "Pages released under a read lease and freed once it passed.",
+        );
+        let _ = writeln!(o, "hf3fs_meta_quarantine_freed_total {}", evict.quarantine_freed);
+        head(
+            &mut o,
+            "rank_quarantined_pages",
+            "gauge",
+            "Released pages held back until a read lease passes, per rank.",
+        );
+        for r in &stats.ranks {
+            let _ = writeln!(o, "hf3fs_meta_rank_quarantined_pages{{rank=\"{}\"}} {}", r.rank, r.quarantined);
+        }
+        head(&mut o, "leased_keys", "gauge", "Keys under a read lease now.");
+        let _ = writeln!(o, "hf3fs_meta_leased_keys {}", leases.leased_keys);
+        head(&mut o, "rank_leased_pages", "gauge", "Pages of keys under a read lease, per rank.");
+        for &(r, leased, _) in &leases.ranks {
+            let _ = writeln!(o, "hf3fs_meta_rank_leased_pages{{rank=\"{r}\"}} {leased}");
+        }
+        head(&mut o, "rank_evictable_pages", "gauge", "Bound pages of keys the evictor may take now, per rank.");
+        for &(r, _, evictable) in &leases.ranks {
+            let _ = writeln!(o, "hf3fs_meta_rank_evictable_pages{{rank=\"{r}\"}} {evictable}");
+        }
+        head(&mut o, "evictor_passes_total", "counter", "Background eviction passes run.");
+        let _ = writeln!(o, "hf3fs_meta_evictor_passes_total {}", evict.passes);
+        head(&mut o, "evictor_pass_seconds_total", "counter", "Time spent in background eviction passes.");
+        let _ = writeln!(o, "hf3fs_meta_evictor_pass_seconds_total {}", evict.pass_nanos as f64 / 1e9);
+        head(&mut o, "evictor_pass_max_seconds", "gauge", "The longest background eviction pass so far.");
+        let _ = writeln!(o, "hf3fs_meta_evictor_pass_max_seconds {}", evict.pass_max_nanos as f64 / 1e9);
         head(&mut o, "open_connections", "gauge", "Client connections open now.");
         let _ = writeln!(o, "hf3fs_meta_open_connections {}", self.open_connections());
         head(&mut o, "connections_total", "counter", "Client connections accepted.");
@@ -374,7 +411,7 @@ mod tests {
         m.request(Endpoint::route(RouteId::of(Dialect::Vllm, Op::Confirm).unwrap()), 500, 3, Duration::from_millis(2));
         m.confirm_error(ErrorCode::DoubleConfirm);
         let stats = Stats { ranks: vec![], keys: 5, complete_keys: 2, expired: 7 };
-        let t = m.render(&stats, &Footprint { index_slots: 8192 });
+        let t = m.render(&stats, &Footprint { index_slots: 8192 }, &EvictStats::default(), &LeaseStats::default());
         assert_eq!(
             line(&t, "hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"}"),
             Some("hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"} 4000")
@@ -392,7 +429,12 @@ mod tests {
     fn unknown_status_is_other() {
         let m = Metrics::default();
         m.request(Endpoint::OTHER, 418, 0, Duration::ZERO);
-        let t = m.render(&Stats { ranks: vec![], keys: 0, complete_keys: 0, expired: 0 }, &Footprint::default());
+        let t = m.render(
+            &Stats { ranks: vec![], keys: 0, complete_keys: 0, expired: 0 },
+            &Footprint::default(),
+            &EvictStats::default(),
+            &LeaseStats::default(),
+        );
         assert!(t.contains("hf3fs_meta_requests_total{endpoint=\"other\",status=\"other\"} 1"));
     }
 }

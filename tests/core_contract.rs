@@ -35,7 +35,7 @@ const MAX_RANKS: u32 = 8;
 // Helpers.
 
 fn cfg(world_size: Option<u32>) -> StoreConfig {
-    StoreConfig { world_size, max_ranks: MAX_RANKS, max_pages_per_rank: 1 << 20 }
+    StoreConfig { world_size, max_ranks: MAX_RANKS, max_pages_per_rank: 1 << 20, ..StoreConfig::default() }
 }
 
 /// A store whose ranks `0..sizes.len()` are initialized with these sizes.
@@ -92,7 +92,7 @@ fn save(s: &Store, rank: i64, keys: &[&str]) -> Vec<i64> {
 }
 
 fn outcome(bound: u32, reconfirmed: u32, superseded: u32, released: u32) -> ConfirmOutcome {
-    ConfirmOutcome { bound, reconfirmed, superseded, released }
+    ConfirmOutcome { bound, reconfirmed, superseded, released, quarantined: 0 }
 }
 
 fn counts(s: &Store, rank: u32) -> Counts {
@@ -286,7 +286,8 @@ fn initialize_rejects_invalid_parameters() {
 
 #[test]
 fn initialize_rank_limit() {
-    let s = Store::new(StoreConfig { world_size: None, max_ranks: 4, max_pages_per_rank: 100 });
+    let s =
+        Store::new(StoreConfig { world_size: None, max_ranks: 4, max_pages_per_rank: 100, ..StoreConfig::default() });
     assert_eq!(s.initialize(3, 1), Ok(Initialized::Created));
     for rank in [4, 5, i64::from(u32::MAX), i64::MAX] {
         assert_eq!(s.initialize(rank, 1), Err(InitError::TooManyRanks { rank, max: 4 }));
@@ -301,7 +302,8 @@ fn initialize_rank_limit() {
 
 #[test]
 fn initialize_page_limit() {
-    let s = Store::new(StoreConfig { world_size: None, max_ranks: 4, max_pages_per_rank: 100 });
+    let s =
+        Store::new(StoreConfig { world_size: None, max_ranks: 4, max_pages_per_rank: 100, ..StoreConfig::default() });
     assert_eq!(s.initialize(0, 101), Err(InitError::TooManyPages { requested: 101, max: 100 }));
     assert_eq!(s.initialize(0, i64::MAX), Err(InitError::TooManyPages { requested: i64::MAX, max: 100 }));
     assert!(s.stats().ranks.is_empty());
@@ -319,7 +321,8 @@ fn initialize_page_limit() {
 #[test]
 
 fn initialize_existing_rank_beyond_page_limit_is_existing() {
-    let s = Store::new(StoreConfig { world_size: None, max_ranks: 4, max_pages_per_rank: 100 });
+    let s =
+        Store::new(StoreConfig { world_size: None, max_ranks: 4, max_pages_per_rank: 100, ..StoreConfig::default() });
     s.initialize(0, 50).unwrap();
     assert_eq!(s.initialize(0, 101), Ok(Initialized::Existing { num_pages: 50 }));
 }

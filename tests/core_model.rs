@@ -469,6 +469,7 @@ impl Model {
                         bound: count(|s| matches!(s, St::Bound(_))),
                         busy: 0,
                     },
+                    quarantined: 0,
                 }
             })
             .collect();
@@ -791,7 +792,7 @@ fn step(store: &Store, m: &mut Model, op: &Op, sizes: &[i64]) -> Result<(), Test
 
 fn run(world_size: Option<u32>, sizes: &[i64], ops: &[Op]) -> Result<(), TestCaseError> {
     let journal = Arc::new(Recorder::default());
-    let cfg = StoreConfig { world_size, max_ranks: MAX_RANKS, max_pages_per_rank: MAX_PAGES };
+    let cfg = StoreConfig { world_size, max_ranks: MAX_RANKS, max_pages_per_rank: MAX_PAGES, ..StoreConfig::default() };
     let store = Store::with_journal(cfg, Some(journal.clone() as Arc<dyn Journal>), 0);
     let mut m = Model::new(world_size);
     let mut replay = Replay::default();

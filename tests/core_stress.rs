@@ -42,7 +42,7 @@ impl Rng {
 }
 
 fn cfg(world_size: Option<u32>) -> StoreConfig {
-    StoreConfig { world_size, max_ranks: 8, max_pages_per_rank: 1 << 16 }
+    StoreConfig { world_size, max_ranks: 8, max_pages_per_rank: 1 << 16, ..StoreConfig::default() }
 }
 
 fn store_with(world_size: Option<u32>, sizes: &[i64]) -> Store {

@@ -18,7 +18,7 @@ const D: &str = "9e107d9d372bb6826bd81d3542a419d6";
 const TEXT: &str = "block/text-key";
 
 fn cfg() -> StoreConfig {
-    StoreConfig { world_size: None, max_ranks: 16, max_pages_per_rank: 1 << 20 }
+    StoreConfig { world_size: None, max_ranks: 16, max_pages_per_rank: 1 << 20, ..StoreConfig::default() }
 }
 
 /// Opens without periodic checkpoints, so a test decides what is folded.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_hf3fs-meta");
 
 /// Every flag of the command line.
-const FLAGS: [&str; 22] = [
+const FLAGS: [&str; 26] = [
     "--host",
     "--port",
     "--world-size",
@@ -34,6 +34,10 @@ const FLAGS: [&str; 22] = [
     "--auth-all",
     "--data-dir",
     "--fsync",
+    "--eviction",
+    "--evict-high-watermark",
+    "--evict-low-watermark",
+    "--read-lease",
     "--help",
     "--version",
 ];

@@ -14,6 +14,13 @@ const BAD_ALLOC: &str = r#"{"detail":"Invalid request format: need 'rank' and 'k
 const BAD_CONFIRM: &str = r#"{"detail":"Invalid request format: need 'rank' and 'confirmations'"}"#;
 const BAD_INIT: &str = r#"{"detail":"Invalid initialization parameters"}"#;
 
+/// A server with the Python server's semantics: no eviction (a full rank
+/// answers -1) and no read leases (a released page is free at once). The
+/// rows that eviction and leases change are tested in `http_eviction.rs`.
+fn contract_server() -> TestServer {
+    TestServer::with_args(&["--eviction", "none", "--read-lease", "0"])
+}
+
 /// Checks a typed confirm_write 500: `{"detail": "Confirmation failed: ...",
 /// "error": {code, rank, page?, key?}}`, nothing else.
 fn assert_typed(r: &common::Response, code: &str, rank: i64, page: Option<i64>, key: Option<&str>) {
@@ -64,7 +71,7 @@ fn free_pages(n: i64, used: &[i64]) -> Vec<i64> {
 
 #[test]
 fn initialize_worker_and_default_role() {
-    let s = TestServer::new();
+    let s = contract_server();
     check(
         &s,
         "POST",
@@ -102,9 +109,9 @@ fn initialize_worker_and_default_role() {
     assert_eq!(
         st["ranks"],
         json!([
-            {"rank": 0, "num_pages": 10, "free": 10, "reserved": 0, "bound": 0},
-            {"rank": 1, "num_pages": 7, "free": 7, "reserved": 0, "bound": 0},
-            {"rank": 1023, "num_pages": 1, "free": 1, "reserved": 0, "bound": 0},
+            {"rank": 0, "num_pages": 10, "free": 10, "reserved": 0, "bound": 0, "leased": 0, "evictable": 0, "quarantined": 0},
+            {"rank": 1, "num_pages": 7, "free": 7, "reserved": 0, "bound": 0, "leased": 0, "evictable": 0, "quarantined": 0},
+            {"rank": 1023, "num_pages": 1, "free": 1, "reserved": 0, "bound": 0, "leased": 0, "evictable": 0, "quarantined": 0},
         ])
     );
     s.audit();
@@ -112,7 +119,7 @@ fn initialize_worker_and_default_role() {
 
 #[test]
 fn initialize_scheduler_changes_nothing() {
-    let s = TestServer::new();
+    let s = contract_server();
     let msg = r#"{"message":"Scheduler role does not require initialization"}"#;
     s.check_unchanged(&[], "POST", "/rank/0/initialize", r#"{"role": "scheduler"}"#, 200, msg);
     s.check_unchanged(&[], "POST", "/rank/3/initialize", r#"{"role": "scheduler", "num_pages": 100}"#, 200, msg);
@@ -127,7 +134,7 @@ fn initialize_scheduler_changes_nothing() {
 
 #[test]
 fn initialize_invalid_parameters() {
-    let s = TestServer::new();
+    let s = contract_server();
     for body in [
         r#"{}"#,
         r#"{"num_pages": 0}"#,
@@ -171,7 +178,7 @@ fn initialize_invalid_parameters() {
 
 #[test]
 fn initialize_existing_rank_keeps_its_size_and_state() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let pages = s.allocate(0, &["a", "b"]);
     s.confirm(0, &[("a", pages[0])], &[]);
@@ -201,7 +208,7 @@ fn initialize_existing_rank_keeps_its_size_and_state() {
 
 #[test]
 fn initialize_rank_path_validation_is_422() {
-    let s = TestServer::new();
+    let s = contract_server();
     for (raw, typ) in [
         ("abc", "int_parsing"),
         ("-1", "greater_than_equal"),
@@ -232,7 +239,7 @@ fn initialize_rank_path_validation_is_422() {
 
 #[test]
 fn allocate_first_appearance_order_dedupe_and_bare_strings() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 16);
     let r = s.post(
         "/keys/batch_allocate",
@@ -258,7 +265,7 @@ fn allocate_first_appearance_order_dedupe_and_bare_strings() {
 
 #[test]
 fn allocate_empty_and_escaped_keys_round_trip() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(2, 8);
     check(&s, "POST", "/keys/batch_allocate", r#"{"rank": 2, "keys": []}"#, 200, r#"{"rank":2,"results":[]}"#);
     // Keys come back exactly as sent, escapes and all; unknown fields are ignored.
@@ -273,7 +280,7 @@ fn allocate_empty_and_escaped_keys_round_trip() {
 
 #[test]
 fn allocate_key_forms_are_distinct() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 16);
     let lower = hexkey(7);
     let lower = lower.as_str();
@@ -291,7 +298,7 @@ fn allocate_key_forms_are_distinct() {
 
 #[test]
 fn allocate_returns_the_stored_page() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let k = hexkey(1);
     let k = k.as_str();
@@ -318,7 +325,7 @@ fn allocate_returns_the_stored_page() {
 
 #[test]
 fn allocate_is_all_or_nothing() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 4);
     let stored = s.allocate(0, &["s"])[0];
     s.confirm(0, &[("s", stored)], &[]);
@@ -362,7 +369,7 @@ fn allocate_is_all_or_nothing() {
 
 #[test]
 fn allocate_rank_not_initialized_is_500() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 4);
     for rank in [1, 7, 1023, 5000, -1] {
         s.check_unchanged(
@@ -378,7 +385,7 @@ fn allocate_rank_not_initialized_is_500() {
 
 #[test]
 fn allocate_invalid_format_is_400() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 4);
     for body in [
         r#"{"keys": [["a", ""]]}"#,
@@ -400,7 +407,7 @@ fn allocate_invalid_format_is_400() {
 
 #[test]
 fn confirm_success_is_204_with_empty_body() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let p = s.allocate(0, &["a", "b"]);
     let r = s.post(
@@ -422,7 +429,7 @@ fn confirm_success_is_204_with_empty_body() {
 
 #[test]
 fn confirm_invalid_format_is_400() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let p = s.allocate(0, &["a"])[0];
     for body in [
@@ -440,7 +447,7 @@ fn confirm_invalid_format_is_400() {
 
 #[test]
 fn confirm_rank_not_initialized() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let p = s.allocate(0, &["a"])[0];
     fails(&s, json!({"rank": 1, "confirmations": [["a", p]]}), "rank_not_initialized", None, None);
@@ -453,7 +460,7 @@ fn confirm_rank_not_initialized() {
 
 #[test]
 fn confirm_page_out_of_range() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let p = s.allocate(0, &["a"])[0];
     fails(&s, json!({"rank": 0, "confirmations": [["a", 8]]}), "page_out_of_range", Some(8), Some("a"));
@@ -475,7 +482,7 @@ fn confirm_page_out_of_range() {
 
 #[test]
 fn confirm_unallocated() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let p = s.allocate(0, &["a"])[0];
     let free = free_pages(8, &[p]);
@@ -492,7 +499,7 @@ fn confirm_unallocated() {
 
 #[test]
 fn confirm_double_confirm() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let pa = s.allocate(0, &["a"])[0];
     s.confirm(0, &[("a", pa)], &[]);
@@ -509,7 +516,7 @@ fn confirm_double_confirm() {
 
 #[test]
 fn confirm_release_errors() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let pages = s.allocate(0, &["a", "b"]);
     let (pa, pb) = (pages[0], pages[1]);
@@ -548,7 +555,7 @@ fn confirm_release_errors() {
 
 #[test]
 fn confirm_reconfirm_is_a_no_op() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let p = s.allocate(0, &["a"])[0];
     s.confirm(0, &[("a", p)], &[]);
@@ -566,7 +573,7 @@ fn confirm_reconfirm_is_a_no_op() {
 
 #[test]
 fn confirm_p1_p2_keeps_the_first_page() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     // Two saves of one block raced: two reservations for the same key.
     let p1 = s.allocate(0, &["k"])[0];
@@ -603,7 +610,7 @@ fn confirm_p1_p2_keeps_the_first_page() {
 
 #[test]
 fn confirm_releases() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init_ranks(2, 8);
     let a0 = s.allocate(0, &["a", "b"]);
     let a1 = s.allocate(1, &["a"]);
@@ -631,7 +638,7 @@ fn confirm_releases() {
 
 #[test]
 fn confirm_release_old_and_confirm_new_in_one_request() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let p1 = s.allocate(0, &["k"])[0];
     s.confirm(0, &[("k", p1)], &[]);
@@ -652,7 +659,7 @@ fn confirm_release_old_and_confirm_new_in_one_request() {
 
 #[test]
 fn exists_and_locations_basics() {
-    let s = TestServer::new();
+    let s = contract_server();
     check(&s, "POST", "/keys/batch_exists", r#"{}"#, 200, r#"{"exists":[]}"#);
     check(&s, "POST", "/keys/batch_exists", r#"{"keys": []}"#, 200, r#"{"exists":[]}"#);
     check(&s, "POST", "/keys/batch_exists", r#"{"keys": ["nope", "nope"]}"#, 200, r#"{"exists":[false,false]}"#);
@@ -701,7 +708,7 @@ fn exists_and_locations_basics() {
 
 #[test]
 fn world_size_from_initialized_ranks() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init_ranks(2, 8);
     let k = hexkey(1);
     let k = k.as_str();
@@ -723,7 +730,7 @@ fn world_size_from_initialized_ranks() {
 
 #[test]
 fn world_size_is_fixed_at_first_confirm() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 8);
     let early = hexkey(1);
     let early = early.as_str();
@@ -777,7 +784,7 @@ fn world_size_flag_pins_it() {
 
 #[test]
 fn clear_forgets_everything() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init_ranks(2, 8);
     let k = hexkey(3);
     let k = k.as_str();
@@ -830,7 +837,7 @@ fn clear_forgets_everything() {
 
 #[test]
 fn unknown_paths_are_404() {
-    let s = TestServer::new();
+    let s = contract_server();
     for (m, p) in [
         ("POST", "/"),
         ("GET", "/"),
@@ -851,7 +858,7 @@ fn unknown_paths_are_404() {
 
 #[test]
 fn wrong_methods_are_405_with_allow() {
-    let s = TestServer::new();
+    let s = contract_server();
     for (m, p, allow) in [
         ("GET", "/keys/batch_allocate", "POST"),
         ("GET", "/keys/confirm_write", "POST"),
@@ -875,7 +882,7 @@ fn wrong_methods_are_405_with_allow() {
 
 #[test]
 fn every_body_is_json_with_its_content_type() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 4);
     for (m, p, body) in [
         ("POST", "/rank/0/initialize", r#"{"num_pages": 4}"#),
@@ -959,7 +966,7 @@ impl Connector {
 
 #[test]
 fn vllm_connector_flow() {
-    let s = TestServer::new();
+    let s = contract_server();
     let tp = 2;
     let mut sched = Connector { c: s.client() };
     let mut workers: Vec<Connector> = (0..tp).map(|_| Connector { c: s.client() }).collect();
@@ -1028,7 +1035,7 @@ fn vllm_connector_flow() {
 
 #[test]
 fn full_rank_batch_with_minus_one_is_abandoned_without_leak() {
-    let s = TestServer::new();
+    let s = contract_server();
     s.init(0, 3);
     let keys: Vec<String> = (0..4).map(hexkey).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -1043,7 +1050,7 @@ fn full_rank_batch_with_minus_one_is_abandoned_without_leak() {
 
 #[test]
 fn concurrent_savers_never_share_a_page() {
-    let s = TestServer::new();
+    let s = contract_server();
     let pages = 192;
     s.init(0, pages);
     let threads = 4;
@@ -1083,7 +1090,7 @@ fn concurrent_savers_never_share_a_page() {
 
 #[test]
 fn large_batches() {
-    let s = TestServer::new();
+    let s = contract_server();
     let n = 5000;
     s.init(0, n);
     let keys: Vec<String> = (0..n as u64).map(hexkey).collect();
@@ -1108,7 +1115,7 @@ fn large_batches() {
 fn initialize_a_huge_rank_is_cheap() {
     // 10^8 pages per rank, as real deployments size them: lazily-zeroed
     // memory, so this answers at once and the rank works like any other.
-    let s = TestServer::new();
+    let s = contract_server();
     let n: i64 = 100_000_000;
     check(
         &s,

@@ -36,10 +36,15 @@ fn stats_shape() {
         [
             "complete_keys",
             "durable",
+            "evicted_keys",
+            "evicted_pages",
+            "eviction",
             "index_slots",
             "keys",
+            "leased_keys",
             "open_connections",
             "ranks",
+            "read_lease_seconds",
             "reservation_ttl_seconds",
             "reservations_expired",
             "uptime_seconds",
@@ -57,6 +62,8 @@ fn stats_shape() {
     assert!(st["index_slots"].as_u64().is_some_and(|n| n >= 4096), "{st}");
     assert_eq!(st["reservations_expired"], json!(0));
     assert_eq!(st["reservation_ttl_seconds"], json!(600));
+    assert_eq!((&st["eviction"], &st["read_lease_seconds"]), (&json!("clock"), &json!(120)));
+    assert_eq!((&st["evicted_keys"], &st["evicted_pages"], &st["leased_keys"]), (&json!(0), &json!(0), &json!(0)));
     assert!(st["open_connections"].as_i64().is_some_and(|n| n >= 1), "{st}");
     assert_eq!(st["durable"], json!(false));
     assert_eq!(st["ranks"], json!([]));
@@ -69,8 +76,8 @@ fn stats_shape() {
     assert_eq!(
         st["ranks"],
         json!([
-            {"rank": 1, "num_pages": 5, "free": 3, "reserved": 1, "bound": 1},
-            {"rank": 3, "num_pages": 10, "free": 10, "reserved": 0, "bound": 0},
+            {"rank": 1, "num_pages": 5, "free": 3, "reserved": 1, "bound": 1, "leased": 0, "evictable": 1, "quarantined": 0},
+            {"rank": 3, "num_pages": 10, "free": 10, "reserved": 0, "bound": 0, "leased": 0, "evictable": 0, "quarantined": 0},
         ])
     );
     assert_eq!(st["keys"], json!(1));

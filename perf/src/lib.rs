@@ -1,12 +1,23 @@
-//! Shared pieces of the hf3fs-meta load-test harness (used by `loadgen`):
-//! an HTTP/1.1 keep-alive client (hand-rolled, with a hyper-based alternative
-//! kept for comparison), key generators, and tiny JSON scanners for the few
-//! response shapes the generator has to read. Kept dependency-light on purpose.
+//! The hf3fs-meta load-test harness: what its binaries `loadgen` and `soak`
+//! share, and the soak itself (`ceiling` stands alone):
+//!
+//! | module | what | used by |
+//! |---|---|---|
+//! | [`client`] | an HTTP/1.1 keep-alive client (hand-rolled, with a hyper-based alternative kept for comparison) | loadgen, soak |
+//! | [`keys`] | key generators | loadgen, soak |
+//! | [`body`] | the allocate body, key quoting and the byte writer | loadgen, soak |
+//! | [`scan`] | tiny JSON scanners for the few hot response shapes (no allocation per answer) | loadgen, soak |
+//! | [`soak`] | the soak and fault-injection run, its model, audit and report | soak |
+//!
+//! The hot paths stay dependency-light on purpose; `soak`, which must check
+//! that every answer is valid JSON and reads `/stats` and error bodies,
+//! parses them with serde_json.
 
 pub mod body;
 pub mod client;
 pub mod keys;
 pub mod scan;
+pub mod soak;
 
 use std::net::SocketAddr;
 

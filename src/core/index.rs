@@ -42,8 +42,9 @@
 //! another key.
 
 use super::key::KeyRef;
+use super::lease::{Lease, LeaseLength};
 use super::sync::{
-    AtomicU32,
+    AtomicU16, AtomicU32,
     Ordering::{Acquire, Relaxed, Release},
 };
 use scc::hash_index::Entry as Slot;
@@ -65,10 +66,13 @@ const INLINE_RANKS: usize = 8;
 #[derive(Debug)]
 #[repr(C)]
 pub struct Entry {
-    /// Ranks needed for the key to be complete; fixed at the first binding.
-    world: u32,
+    /// Ranks needed for the key to be complete; fixed at the first binding
+    /// (`--max-ranks` is at most 65,535).
+    world: u16,
     /// Ranks that hold a page for it (the non-`NO_PAGE` pages).
-    bound: AtomicU32,
+    bound: AtomicU16,
+    /// Its read lease and recency mark ([`super::lease`]).
+    lease: Lease,
     /// Page of ranks `0..INLINE_RANKS`, `NO_PAGE` where the rank holds none.
     inline: [AtomicU32; INLINE_RANKS],
     /// Pages of ranks `INLINE_RANKS..`, for keys bound beyond them (boxed
@@ -92,8 +96,9 @@ impl Entry {
     fn new(world: u32, rank: u32, page: u32) -> Self {
         let ranks = (rank as usize + 1).max(world as usize);
         let e = Entry {
-            world,
-            bound: AtomicU32::new(1),
+            world: world.min(u32::from(u16::MAX)) as u16,
+            bound: AtomicU16::new(1),
+            lease: Lease::fresh(),
             inline: std::array::from_fn(|_| AtomicU32::new(NO_PAGE)),
             more: (ranks > INLINE_RANKS).then(|| no_pages(ranks - INLINE_RANKS)),
         };
@@ -130,13 +135,15 @@ impl Entry {
     fn grown(&self, rank: u32) -> Self {
         debug_assert!(rank as usize >= INLINE_RANKS, "the inline ranks are always there");
         let copy = |p: &AtomicU32| AtomicU32::new(p.load(Relaxed));
+        let bound = AtomicU16::new(self.bound.load(Relaxed));
         let more = no_pages(rank as usize + 1 - INLINE_RANKS);
         for (new, old) in more.iter().zip(self.more.iter().flat_map(|m| m.iter())) {
             new.store(old.load(Relaxed), Relaxed);
         }
         Entry {
             world: self.world,
-            bound: copy(&self.bound),
+            bound,
+            lease: self.lease.copy(),
             inline: std::array::from_fn(|r| copy(&self.inline[r])),
             more: Some(more),
         }
@@ -152,6 +159,21 @@ impl Entry {
     #[inline]
     pub fn complete(&self) -> bool {
         self.bound.load(Acquire) >= self.world
+    }
+
+    /// The world size fixed for this key.
+    pub fn world(&self) -> u32 {
+        u32::from(self.world)
+    }
+
+    /// Ranks that hold a page for it.
+    pub fn bound(&self) -> u32 {
+        u32::from(self.bound.load(Acquire))
+    }
+
+    /// Its lease and recency word.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
     }
 
     /// `(rank, page)` for every binding.
@@ -250,6 +272,55 @@ impl Reader<'_> {
     pub fn location(&self, key: KeyRef<'_>, rank: u32) -> Option<u32> {
         self.entry(key).filter(|e| e.complete()).and_then(|e| e.page(rank))
     }
+
+    /// `read`'s answer about `key`, leasing the key when there is one.
+    ///
+    /// Lock-free when the key's lease already covers `now`; otherwise the
+    /// lease is raised and the answer read again on the live entry, under
+    /// its bucket lock (see [`super::lease`]). Keys with no answer are
+    /// neither leased nor locked.
+    #[inline]
+    fn leased<R>(&self, key: KeyRef<'_>, now: u32, len: LeaseLength, read: impl Fn(&Entry) -> Option<R>) -> Option<R> {
+        let e = self.entry(key)?;
+        if e.lease.covers(now, len) {
+            return read(e);
+        }
+        read(e)?;
+        self.index.locked(key, |live| {
+            let r = read(live)?;
+            live.lease.raise(now, len);
+            Some(r)
+        })?
+    }
+
+    /// Whether `key` is complete, leasing it when it is (an answer `true` of
+    /// `batch_exists`'s leading run).
+    #[inline]
+    pub fn lease_complete(&self, key: KeyRef<'_>, now: u32, len: LeaseLength) -> bool {
+        self.leased(key, now, len, |e| e.complete().then_some(())).is_some()
+    }
+
+    /// The page on `rank` when `key` is complete, leasing the key when there
+    /// is one (an answer of `get_locations`).
+    #[inline]
+    pub fn lease_location(&self, key: KeyRef<'_>, rank: u32, now: u32, len: LeaseLength) -> Option<u32> {
+        self.leased(key, now, len, |e| e.complete().then(|| e.page(rank)).flatten())
+    }
+
+    /// The page `rank` holds for `key`, complete or not, leasing the key
+    /// when there is one (an allocate that hands a stored page out again:
+    /// its writer will write that page).
+    #[inline]
+    pub fn lease_page(&self, key: KeyRef<'_>, rank: u32, now: u32, len: LeaseLength) -> Option<u32> {
+        self.leased(key, now, len, |e| e.page(rank))
+    }
+
+    /// Marks `key` used (a confirm of its stored page); writes only when the
+    /// mark is not set.
+    #[inline]
+    pub fn touch(&self, key: KeyRef<'_>) {
+        self.leased(key, 0, LeaseLength(0), |_| Some(()));
+    }
 }
 
 impl KeyIndex {
@@ -285,11 +356,44 @@ impl KeyIndex {
     }
 
     /// Removes `key`'s binding to `page` on `rank`; removes the key when that
-    /// was its last binding. Returns whether the binding existed.
-    pub fn unbind(&self, key: KeyRef<'_>, rank: u32, page: u32, delta: &mut Delta) -> bool {
+    /// was its last binding. Returns the key's lease deadline, which the page
+    /// must wait for before another key may have it, or `None` when the
+    /// binding did not exist.
+    pub fn unbind(&self, key: KeyRef<'_>, rank: u32, page: u32, delta: &mut Delta) -> Option<u32> {
         match key {
             KeyRef::Hex(d) => unbind_in(&self.hex, &d, rank, page, delta),
             KeyRef::Text(s) => unbind_in(&self.text, s, rank, page, delta),
+        }
+    }
+
+    /// Runs `f` on the live entry of `key` under its bucket lock.
+    fn locked<R>(&self, key: KeyRef<'_>, f: impl FnOnce(&Entry) -> R) -> Option<R> {
+        match key {
+            KeyRef::Hex(d) => self.hex.get_sync(&d).map(|o| f(o.get())),
+            KeyRef::Text(s) => self.text.get_sync(s).map(|o| f(o.get())),
+        }
+    }
+
+    /// Runs `decide` on the live entry of `key` under its bucket lock, and
+    /// removes the key when it answers true (the evictor's step: it claims
+    /// and journals there, so that nothing can bind, unbind or lease the key
+    /// between its decision and the removal). Returns `decide`'s answer, or
+    /// `None` when the key is absent.
+    pub fn remove_if_locked(&self, key: KeyRef<'_>, decide: impl FnOnce(&Entry) -> bool) -> Option<bool> {
+        fn go<K: Eq + std::hash::Hash + 'static>(
+            o: Option<scc::hash_index::OccupiedEntry<'_, K, Entry, Hasher>>,
+            decide: impl FnOnce(&Entry) -> bool,
+        ) -> Option<bool> {
+            let o = o?;
+            let remove = decide(o.get());
+            if remove {
+                o.remove_entry();
+            }
+            Some(remove)
+        }
+        match key {
+            KeyRef::Hex(d) => go(self.hex.get_sync(&d), decide),
+            KeyRef::Text(s) => go(self.text.get_sync(s), decide),
         }
     }
 
@@ -332,16 +436,16 @@ fn bind_in<K: Eq + std::hash::Hash + Clone + 'static>(
             if let Some(held) = e.page(rank) {
                 return Bind::Kept(held);
             }
-            let world = e.world;
+            let world = e.world();
             // Under the bucket lock: no other writer changes `bound`.
-            let bound = e.bound.load(Relaxed);
+            let bound = u32::from(e.bound.load(Relaxed));
             delta.complete += i64::from(bound + 1 >= world) - i64::from(bound >= world);
             if let Some(slot) = e.slot(rank) {
                 slot.store(page, Release);
-                e.bound.store(bound + 1, Release);
+                e.bound.store(bound as u16 + 1, Release);
             } else {
                 let grown = e.grown(rank);
-                grown.bound.store(bound + 1, Relaxed);
+                grown.bound.store(bound as u16 + 1, Relaxed);
                 grown.set_unpublished(rank, page);
                 o.update(grown);
             }
@@ -350,17 +454,15 @@ fn bind_in<K: Eq + std::hash::Hash + Clone + 'static>(
     }
 }
 
-fn unbind_in<K, Q>(map: &HashIndex<K, Entry, Hasher>, key: &Q, rank: u32, page: u32, delta: &mut Delta) -> bool
+fn unbind_in<K, Q>(map: &HashIndex<K, Entry, Hasher>, key: &Q, rank: u32, page: u32, delta: &mut Delta) -> Option<u32>
 where
     K: Eq + std::hash::Hash + 'static,
     Q: scc::Equivalent<K> + std::hash::Hash + ?Sized,
 {
-    let Some(o) = map.get_sync(key) else {
-        return false;
-    };
+    let o = map.get_sync(key)?;
     let e = o.get();
     if e.page(rank) != Some(page) {
-        return false;
+        return None;
     }
     // Under the bucket lock: no other writer changes `bound`.
     let bound = e.bound.load(Relaxed);
@@ -369,11 +471,13 @@ where
         slot.store(NO_PAGE, Release);
     }
     e.bound.store(bound - 1, Release);
+    // Under the lock that every lease is raised under (see `super::lease`).
+    let deadline = e.lease.deadline();
     if bound == 1 {
         o.remove_entry();
         delta.keys -= 1;
     }
-    true
+    Some(deadline)
 }
 
 #[cfg(test)]
@@ -398,10 +502,10 @@ mod tests {
         assert_eq!((d.keys, d.complete), (1, 1));
         assert!(ix.is_complete(k("a")));
         assert_eq!(ix.location(k("a"), 1), Some(9));
-        assert!(!ix.unbind(k("a"), 1, 8, &mut d), "wrong page");
-        assert!(ix.unbind(k("a"), 1, 9, &mut d));
+        assert!(ix.unbind(k("a"), 1, 8, &mut d).is_none(), "wrong page");
+        assert!(ix.unbind(k("a"), 1, 9, &mut d).is_some());
         assert_eq!((d.keys, d.complete), (1, 0));
-        assert!(ix.unbind(k("a"), 0, 5, &mut d));
+        assert!(ix.unbind(k("a"), 0, 5, &mut d).is_some());
         assert_eq!((d.keys, d.complete), (0, 0));
         assert_eq!(ix.page(k("a"), 0), None);
         let mut n = 0;
@@ -434,7 +538,7 @@ mod tests {
             assert_eq!(ix.location(key, r), Some(100 + r));
         }
         assert_eq!(ix.page(key, 5), None);
-        assert!(ix.unbind(key, 9, 109, &mut d));
+        assert!(ix.unbind(key, 9, 109, &mut d).is_some());
         assert_eq!(d.complete, 0);
         assert_eq!(ix.page(key, 17), Some(117), "a binding on a grown rank survives");
         assert_eq!(ix.location(key, 17), None, "incomplete again");

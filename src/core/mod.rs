@@ -7,6 +7,7 @@
 //! - [`pages`]: the per-rank page-state table (2-bit states in `AtomicU64`s).
 //! - [`index`]: the key index (key → world size and per-rank page).
 //! - [`key`]: the compact key type.
+//! - [`lease`]: read leases, recency marks and their clock.
 //! - [`store`]: the operations, atomic per request, lock-free across requests.
 //! - [`error`]: one error variant per code of the wire contract.
 //! - [`journal`]: the change feed for durability.
@@ -15,6 +16,7 @@ pub mod error;
 pub mod index;
 pub mod journal;
 pub mod key;
+pub mod lease;
 pub mod pages;
 pub mod store;
 pub(crate) mod sync;
@@ -23,7 +25,9 @@ mod zeroed;
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
 pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
+pub use lease::{LeaseLength, TICKS_PER_SECOND};
 pub use store::{
-    AllocateOutcome, ConfirmOutcome, Footprint, Initialized, RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
+    AllocateOutcome, ConfirmOutcome, EvictReason, EvictStats, Footprint, Initialized, LeaseStats, MaintainReport,
+    RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;

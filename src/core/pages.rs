@@ -161,6 +161,14 @@ pub struct PageTable {
     free: AtomicU64,
     /// Rotating start hint for the page search, in words.
     cursor: AtomicU64,
+    /// The CLOCK hand of eviction, in words (see `Store`'s evictor).
+    hand: AtomicU64,
+    /// Pages released while a reader's lease may still cover them: BOUND
+    /// with no owner until their deadline passes, then freed. Rare (a
+    /// failed write of a stored key), so a mutex.
+    quarantine: std::sync::Mutex<Vec<(u32, u32)>>,
+    /// How many pages `quarantine` holds, read without its lock.
+    quarantined: AtomicU64,
 }
 
 impl PageTable {
@@ -176,6 +184,9 @@ impl PageTable {
             text_owners: scc::HashMap::new(),
             free: AtomicU64::new(u64::from(num_pages)),
             cursor: AtomicU64::new(0),
+            hand: AtomicU64::new(0),
+            quarantine: std::sync::Mutex::new(Vec::new()),
+            quarantined: AtomicU64::new(0),
         })
     }
 
@@ -393,6 +404,23 @@ impl PageTable {
         }
     }
 
+    /// Claims `page` if it is BOUND now (BOUND → BUSY), without waiting: the
+    /// evictor's claim, which gives up on a key rather than wait.
+    pub fn try_claim_bound(&self, page: u32) -> bool {
+        let (w, shift) = Self::locate(page);
+        let word = &self.words[w];
+        let mut cur = word.load(Ordering::Acquire);
+        loop {
+            if (cur >> shift) & 0b11 != BOUND {
+                return false;
+            }
+            match word.compare_exchange_weak(cur, cur | (BUSY << shift), Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
     /// Moves a page this thread holds BUSY to `to` (FREE, RESERVED or BOUND).
     ///
     /// A page set FREE has its hint cleared here; the caller then returns it to
@@ -454,6 +482,111 @@ impl PageTable {
         if self.owner_hex(page) == 0 {
             self.text_owners.remove_sync(&page);
         }
+    }
+
+    /// Forgets the owner of `page` (held BUSY) entirely, so that the page
+    /// names no key (a quarantined page; or a page whose key was evicted).
+    pub fn forget_owner(&self, page: u32) {
+        self.clear_owner(page);
+        let i = 2 * page as usize;
+        // Relaxed: published by settle's Release.
+        self.owners[i].store(0, Ordering::Relaxed);
+        self.owners[i + 1].store(0, Ordering::Relaxed);
+    }
+
+    /// Whether `page` (held as for [`owner`](Self::owner)) names a key; a
+    /// BOUND page that names none is quarantined.
+    pub fn has_owner(&self, page: u32) -> bool {
+        self.owner_hex(page) != 0 || self.text_owners.contains_sync(&page)
+    }
+
+    /// Holds back `page`, held BUSY and just unbound from its key, until
+    /// tick `deadline` has passed: it stays BOUND, naming no key, so that no
+    /// allocate hands it out while a reader's lease may cover it.
+    pub fn quarantine(&self, page: u32, deadline: u32) {
+        self.forget_owner(page);
+        let mut q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        q.push((page, deadline));
+        // Relaxed: a count for a lock-free "anything to do?" check.
+        self.quarantined.fetch_add(1, Ordering::Relaxed);
+        drop(q);
+        self.settle(page, BOUND);
+    }
+
+    /// Pages held back by [`quarantine`](Self::quarantine) now.
+    pub fn quarantined(&self) -> u64 {
+        self.quarantined.load(Ordering::Relaxed)
+    }
+
+    /// Whether `page` is in the quarantine (for the audit).
+    pub fn is_quarantined(&self, page: u32) -> bool {
+        let q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        q.iter().any(|&(p, _)| p == page)
+    }
+
+    /// Frees every quarantined page whose deadline has come (at or before
+    /// `now`); returns how many.
+    pub fn release_quarantined(&self, now: u32) -> u64 {
+        if self.quarantined() == 0 {
+            return 0;
+        }
+        let due: Vec<u32> = {
+            let mut q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut due = Vec::new();
+            q.retain(|&(p, d)| {
+                let keep = d > now;
+                if !keep {
+                    due.push(p);
+                }
+                keep
+            });
+            self.quarantined.fetch_sub(due.len() as u64, Ordering::Relaxed);
+            due
+        };
+        for &page in &due {
+            // A confirm or release that meets the page holds it for an
+            // instant and finds it names no key; wait for it.
+            let c = self.claim(page);
+            debug_assert_eq!(c, Some(Claimed::Bound), "a quarantined page stays BOUND");
+            debug_assert!(!self.has_owner(page), "a quarantined page names no key");
+            self.settle(page, FREE);
+        }
+        self.give_back(due.len() as u64);
+        due.len() as u64
+    }
+
+    /// Moves the eviction hand on by `n` words; returns the words it passed.
+    pub fn advance_hand(&self, n: u64) -> std::ops::Range<usize> {
+        let len = self.words.len() as u64;
+        if len == 0 {
+            return 0..0;
+        }
+        // Relaxed: a position; concurrent evictors take disjoint steps.
+        let start = self.hand.fetch_add(n, Ordering::Relaxed) % len;
+        start as usize..(start + n).min(len) as usize
+    }
+
+    /// Calls `f` with every BOUND page of words `words`.
+    pub fn for_each_bound_in(&self, words: std::ops::Range<usize>, mut f: impl FnMut(u32)) {
+        for w in words {
+            let v = self.words[w].load(Ordering::Acquire);
+            let mut bound = (v >> 1) & !v & LOW;
+            while bound != 0 {
+                f(w as u32 * LANES + bound.trailing_zeros() / 2);
+                bound &= bound - 1;
+            }
+        }
+    }
+
+    /// Number of state words (the eviction hand's full turn).
+    pub fn words(&self) -> usize {
+        self.words.len()
+    }
+
+    /// The owner of `page` as the evictor reads it, without holding the
+    /// page: a hint to look the key up by, checked again once claimed.
+    pub fn owner_hint(&self, page: u32) -> Option<Key> {
+        self.owner(page)
     }
 
     /// Returns every RESERVED page of every word whose newest reservation is at
@@ -518,15 +651,8 @@ impl PageTable {
     }
 
     /// Calls `f` with every BOUND page (for the audit).
-    pub fn for_each_bound(&self, mut f: impl FnMut(u32)) {
-        for (w, word) in self.words.iter().enumerate() {
-            let v = word.load(Ordering::Acquire);
-            let mut bound = (v >> 1) & !v & LOW;
-            while bound != 0 {
-                f(w as u32 * LANES + bound.trailing_zeros() / 2);
-                bound &= bound - 1;
-            }
-        }
+    pub fn for_each_bound(&self, f: impl FnMut(u32)) {
+        self.for_each_bound_in(0..self.words.len(), f);
     }
 
     /// Checks this table's own invariants; only meaningful when no request is
@@ -557,44 +683,73 @@ impl PageTable {
 }
 
 /// Pages one request holds BUSY, each with the state it had: the undo log
-/// of a claim. Dropping the guard puts every page back as it was, in reverse
-/// order, so any early return or panic between claim and commit rolls the
-/// request back by itself; [`ClaimGuard::commit`] hands the pages over to the
-/// caller's commit instead.
+/// of a claim, over one rank or several (an eviction claims a key's page on
+/// every rank). Dropping the guard puts every page back as it was, in
+/// reverse order, so any early return or panic between claim and commit
+/// rolls the request back by itself; [`ClaimGuard::commit`] hands the pages
+/// over to the caller's commit instead.
 pub struct ClaimGuard<'t> {
-    table: &'t PageTable,
-    held: Vec<(u32, Claimed)>,
+    held: Vec<(&'t PageTable, u32, Claimed)>,
 }
 
 impl<'t> ClaimGuard<'t> {
-    /// An empty guard on `table`, with room for `n` pages.
-    pub fn new(table: &'t PageTable, n: usize) -> Self {
-        Self { table, held: Vec::with_capacity(n) }
+    /// An empty guard, with room for `n` pages.
+    pub fn new(n: usize) -> Self {
+        Self { held: Vec::with_capacity(n) }
     }
 
-    /// Claims `page` ([`PageTable::claim`]) and, when it was claimed, holds it.
-    pub fn claim(&mut self, page: u32) -> Option<Claimed> {
-        let c = self.table.claim(page)?;
-        self.held.push((page, c));
+    /// An empty guard on the allocation of `buffer` (from an earlier
+    /// [`commit`](Self::commit)), so that a loop of claims allocates once.
+    pub fn reusing(mut buffer: Vec<(&'t PageTable, u32, Claimed)>) -> Self {
+        buffer.clear();
+        Self { held: buffer }
+    }
+
+    /// Claims `page` of `table` ([`PageTable::claim`], which waits for a
+    /// BUSY page) and, when it was claimed, holds it.
+    pub fn claim(&mut self, table: &'t PageTable, page: u32) -> Option<Claimed> {
+        let c = table.claim(page)?;
+        self.held.push((table, page, c));
         Some(c)
     }
 
+    /// Claims `page` of `table` only if it is BOUND now, without waiting
+    /// ([`PageTable::try_claim_bound`]); holds it when claimed.
+    pub fn try_claim_bound(&mut self, table: &'t PageTable, page: u32) -> bool {
+        let ok = table.try_claim_bound(page);
+        if ok {
+            self.held.push((table, page, Claimed::Bound));
+        }
+        ok
+    }
+
     /// The pages held, in claim order, with what each was.
-    pub fn held(&self) -> &[(u32, Claimed)] {
+    pub fn held(&self) -> &[(&'t PageTable, u32, Claimed)] {
         &self.held
     }
 
     /// Ends the claim without rollback: every held page stays BUSY, and the
     /// caller now owes each one a [`PageTable::settle`].
-    pub fn commit(mut self) -> Vec<(u32, Claimed)> {
+    pub fn commit(mut self) -> Vec<(&'t PageTable, u32, Claimed)> {
         std::mem::take(&mut self.held)
+    }
+
+    /// Ends the claim with rollback, like a drop, and hands back the
+    /// allocation for [`reusing`](Self::reusing).
+    pub fn abort(mut self) -> Vec<(&'t PageTable, u32, Claimed)> {
+        let mut held = std::mem::take(&mut self.held);
+        for &(table, page, c) in held.iter().rev() {
+            table.settle(page, c.bits());
+        }
+        held.clear();
+        held
     }
 }
 
 impl Drop for ClaimGuard<'_> {
     fn drop(&mut self) {
-        for &(page, c) in self.held.iter().rev() {
-            self.table.settle(page, c.bits());
+        for &(table, page, c) in self.held.iter().rev() {
+            table.settle(page, c.bits());
         }
     }
 }
@@ -674,18 +829,19 @@ mod tests {
         t.claim(ps[1]).unwrap();
         t.settle(ps[1], BOUND);
         {
-            let mut g = ClaimGuard::new(&t, 3);
-            assert_eq!(g.claim(ps[0]), Some(Claimed::Reserved));
-            assert_eq!(g.claim(ps[1]), Some(Claimed::Bound));
-            assert_eq!(g.claim(5), None, "a FREE page is not held");
+            let mut g = ClaimGuard::new(3);
+            assert_eq!(g.claim(&t, ps[0]), Some(Claimed::Reserved));
+            assert!(!g.try_claim_bound(&t, ps[0]), "held BUSY: not claimed again");
+            assert!(g.try_claim_bound(&t, ps[1]));
+            assert_eq!(g.claim(&t, 5), None, "a FREE page is not held");
             assert_eq!(g.held().len(), 2);
             assert_eq!(t.state(ps[0]), PageState::Busy);
         }
         assert_eq!(t.state(ps[0]), PageState::Reserved);
         assert_eq!(t.state(ps[1]), PageState::Bound);
-        let mut g = ClaimGuard::new(&t, 1);
-        g.claim(ps[2]).unwrap();
-        let held = g.commit();
+        let mut g = ClaimGuard::new(1);
+        g.claim(&t, ps[2]).unwrap();
+        let held: Vec<(u32, Claimed)> = g.commit().into_iter().map(|(_, p, c)| (p, c)).collect();
         assert_eq!(held, vec![(ps[2], Claimed::Reserved)]);
         assert_eq!(t.state(ps[2]), PageState::Busy, "a committed guard leaves its pages to the caller");
         t.settle(ps[2], RESERVED);

@@ -24,11 +24,15 @@ use super::error::{InitError, RankNotInitialized};
 use super::index::{Bind, Delta, KeyIndex};
 use super::journal::{Change, Journal};
 use super::key::KeyRef;
+use super::lease::{Clock, LeaseLength};
 use super::pages::{Claimed, Counts, PageState, PageTable, BOUND, FREE};
+use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 mod confirm;
-use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+mod evict;
+
 use arc_swap::ArcSwap;
+pub use evict::{EvictReason, EvictStats, MaintainReport};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -50,11 +54,34 @@ pub struct StoreConfig {
     pub max_ranks: u32,
     /// The largest `num_pages` an initialize may ask for.
     pub max_pages_per_rank: u32,
+    /// Whether full ranks evict whole keys by CLOCK (`--eviction clock`).
+    pub eviction: bool,
+    /// Above this fraction of a rank's pages in use, the background
+    /// evictor starts (`--evict-high-watermark`).
+    pub high_watermark: f64,
+    /// ...and evicts down to this fraction (`--evict-low-watermark`).
+    pub low_watermark: f64,
+    /// How long a read protects a key (`--read-lease`); 0 for no leases.
+    pub read_lease: LeaseLength,
+    /// Leases and eviction run on a clock set by hand ([`Store::set_clock`])
+    /// rather than real time: for tests.
+    pub manual_clock: bool,
 }
 
 impl Default for StoreConfig {
+    /// The core's defaults: no eviction and no leases, the behaviour of the
+    /// Python server (the command line's defaults turn both on).
     fn default() -> Self {
-        Self { world_size: None, max_ranks: 1024, max_pages_per_rank: u32::MAX - 1 }
+        Self {
+            world_size: None,
+            max_ranks: 1024,
+            max_pages_per_rank: u32::MAX - 1,
+            eviction: false,
+            high_watermark: 0.95,
+            low_watermark: 0.90,
+            read_lease: LeaseLength(0),
+            manual_clock: false,
+        }
     }
 }
 
@@ -81,6 +108,8 @@ pub struct ConfirmOutcome {
     pub superseded: u32,
     /// Pages released (reserved or bound).
     pub released: u32,
+    /// Of those, bound pages held back until a reader's lease passes.
+    pub quarantined: u32,
 }
 
 /// What an allocate answered, per distinct key, for metrics.
@@ -103,6 +132,9 @@ pub struct RankStats {
     pub num_pages: u32,
     /// Page counts by state.
     pub counts: Counts,
+    /// BOUND pages held back after a release until a reader's lease passes
+    /// (included in `counts.bound`).
+    pub quarantined: u64,
 }
 
 /// A snapshot of the store's statistics.
@@ -116,6 +148,16 @@ pub struct Stats {
     pub complete_keys: u64,
     /// Reservations returned to the pool by expiry, ever.
     pub expired: u64,
+}
+
+/// Keys and pages under a read lease, from a scan of the key index (O(keys)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseStats {
+    /// Keys whose lease has not passed.
+    pub leased_keys: u64,
+    /// Per initialized rank (in rank order): pages of leased keys, and
+    /// pages of keys the evictor may take.
+    pub ranks: Vec<(u32, u64, u64)>,
 }
 
 /// Sizes of the store's structures that its logical [`Stats`] do not show
@@ -177,6 +219,13 @@ pub struct Store {
     /// path: allocate, confirm, exists and locations never take it) so that
     /// each is journaled before it becomes visible, in the order it happens.
     admin: Mutex<()>,
+    /// What leases and eviction are timed by.
+    clock: Clock,
+    /// No eviction before this tick (a lease period after a recovery: the
+    /// leases readers held before the restart were not persisted).
+    evict_not_before: AtomicU32,
+    /// The evictor's statistics.
+    evict: evict::EvictCounters,
 }
 
 impl Store {
@@ -191,7 +240,39 @@ impl Store {
         // A world of 0 would make every key complete before its first binding.
         cfg.world_size = cfg.world_size.map(|w| w.max(1));
         let gen = ArcSwap::from_pointee(Generation::new(generation, cfg.max_ranks));
-        Self { cfg, gen, epoch: AtomicU32::new(0), expired: AtomicU64::new(0), journal, admin: Mutex::new(()) }
+        let clock = if cfg.manual_clock { Clock::manual() } else { Clock::monotonic() };
+        Self {
+            cfg,
+            gen,
+            epoch: AtomicU32::new(0),
+            expired: AtomicU64::new(0),
+            journal,
+            admin: Mutex::new(()),
+            clock,
+            evict_not_before: AtomicU32::new(0),
+            evict: evict::EvictCounters::default(),
+        }
+    }
+
+    /// The lease clock's tick now.
+    #[inline]
+    pub fn now(&self) -> u32 {
+        self.clock.now()
+    }
+
+    /// Sets a manual lease clock ([`StoreConfig::manual_clock`]); tests'
+    /// way to let time pass.
+    pub fn set_clock(&self, tick: u32) {
+        self.clock.set(tick);
+    }
+
+    /// Holds eviction off for one lease period from now: called after a
+    /// recovery, since the leases of readers before the restart were not
+    /// persisted.
+    pub fn hold_eviction_for_a_lease(&self) {
+        let until = self.clock.now().saturating_add(self.cfg.read_lease.0).saturating_add(1);
+        // Relaxed: a threshold read by the evictor; nothing hangs off it.
+        self.evict_not_before.store(until, Ordering::Relaxed);
     }
 
     #[inline]
@@ -273,21 +354,36 @@ impl Store {
             }
         }
         let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
+        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
+        let mut evicted = false;
         loop {
             out.clear();
             let mut need = 0u64;
             let index = gen.index.reader();
             for &(i, k) in &distinct {
-                let page = index.page(k, r).map_or(-1, i64::from);
+                // A stored page handed out again is leased: its writer will
+                // write it again, so it must not go to another key meanwhile.
+                let page = index.lease_page(k, r, now, lease).map_or(-1, i64::from);
                 need += u64::from(page < 0);
                 out.push((i, page));
             }
+            drop(index);
             let reused = distinct.len() as u64 - need;
             if need == 0 {
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
             }
             if !table.try_take(need) {
-                return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
+                // Evict what the batch needs, once.
+                let room = !evicted && self.evict_for_allocate(&gen, table, need);
+                evicted = true;
+                if !room {
+                    return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
+                }
+                // The eviction may have taken stored keys of this very batch:
+                // then look them up again. With none, take the pages now.
+                if reused > 0 || !table.try_take(need) {
+                    continue;
+                }
             }
             fresh.clear();
             let epoch = self.epoch.load(Ordering::Relaxed) as u8;
@@ -339,24 +435,37 @@ impl Store {
         hits > fresh_set.len()
     }
 
-    /// For each key, whether it is complete.
+    /// For each key, whether it is complete. The keys of the leading run of
+    /// `true` answers are leased (the scheduler loads those and only those);
+    /// the answers after the first `false` take no lease.
     pub fn exists(&self, keys: &[&str], out: &mut Vec<bool>) {
         let gen = self.gen.load();
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
+        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
-        out.extend(parsed.iter().map(|&k| index.is_complete(k)));
+        let mut leading = true;
+        out.extend(parsed.iter().map(|&k| {
+            if leading {
+                leading = index.lease_complete(k, now, lease);
+                leading
+            } else {
+                index.is_complete(k)
+            }
+        }));
     }
 
-    /// For each key, its page on `rank` when the key is complete.
+    /// For each key, its page on `rank` when the key is complete. Every key
+    /// given a page is leased.
     pub fn locations(&self, rank: i64, keys: &[&str], out: &mut Vec<Option<u32>>) -> Result<(), RankNotInitialized> {
         let gen = self.gen.load();
         out.clear();
         gen.rank(rank).ok_or(RankNotInitialized(rank))?;
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
+        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
-        out.extend(parsed.iter().map(|&k| index.location(k, rank as u32)));
+        out.extend(parsed.iter().map(|&k| index.lease_location(k, rank as u32, now, lease)));
         Ok(())
     }
 
@@ -446,7 +555,12 @@ impl Store {
             .iter()
             .enumerate()
             .filter_map(|(r, t)| {
-                t.get().map(|t| RankStats { rank: r as u32, num_pages: t.num_pages(), counts: t.counts() })
+                t.get().map(|t| RankStats {
+                    rank: r as u32,
+                    num_pages: t.num_pages(),
+                    counts: t.counts(),
+                    quarantined: t.quarantined(),
+                })
             })
             .collect();
         Stats {
@@ -462,11 +576,36 @@ impl Store {
         Footprint { index_slots: self.gen.load().index.slots() as u64 }
     }
 
+    /// Keys and pages under a read lease now, per rank: a scan of the key
+    /// index (O(keys); for `/stats` and `/metrics`, not the request path).
+    pub fn lease_stats(&self) -> LeaseStats {
+        let gen = self.gen.load_full();
+        let now = self.clock.now();
+        let mut leased = vec![0u64; gen.ranks.len()];
+        let mut evictable = vec![0u64; gen.ranks.len()];
+        let mut leased_keys = 0;
+        gen.index.for_each(|_, e| {
+            let l = e.lease().leased(now);
+            leased_keys += u64::from(l);
+            for (r, _) in e.bindings() {
+                if let Some(c) = if l { leased.get_mut(r as usize) } else { evictable.get_mut(r as usize) } {
+                    *c += 1;
+                }
+            }
+        });
+        let ranks = (0..gen.ranks.len())
+            .filter(|&r| gen.ranks[r].get().is_some())
+            .map(|r| (r as u32, leased[r], evictable[r]))
+            .collect();
+        LeaseStats { leased_keys, ranks }
+    }
+
     /// Checks every invariant of the design notes. Only meaningful while no
     /// request is in flight (tests call it at the end of a run).
     pub fn audit(&self) -> Result<Stats, String> {
         let gen = self.gen.load_full();
         let mut bound_pages = 0u64;
+        let mut quarantined = 0u64;
         for (r, t) in gen.ranks.iter().enumerate() {
             let Some(t) = t.get() else { continue };
             let c = t.audit().map_err(|e| format!("rank {r}: {e}"))?;
@@ -477,7 +616,8 @@ impl Store {
                     return;
                 }
                 match t.owner(p) {
-                    None => err = Some(format!("rank {r}: BOUND page {p} has no owner")),
+                    None if t.is_quarantined(p) => quarantined += 1,
+                    None => err = Some(format!("rank {r}: BOUND page {p} has no owner and is not quarantined")),
                     Some(k) if gen.index.page(k.as_ref(), r as u32) != Some(p) => {
                         err = Some(format!("rank {r}: page {p} names key {k}, whose binding is elsewhere"));
                     }
@@ -511,8 +651,10 @@ impl Store {
         if let Some(e) = err {
             return Err(e);
         }
-        if bindings != bound_pages {
-            return Err(format!("{bindings} key bindings but {bound_pages} BOUND pages"));
+        if bindings + quarantined != bound_pages {
+            return Err(format!(
+                "{bindings} key bindings and {quarantined} quarantined pages but {bound_pages} BOUND pages"
+            ));
         }
         let stats = self.stats();
         if keys != gen.keys.load(Ordering::Relaxed) || complete != gen.complete.load(Ordering::Relaxed) {

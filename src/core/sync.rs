@@ -6,10 +6,10 @@
 //! directly; they import from here.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicI64, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering};
+pub(crate) use std::sync::atomic::{AtomicI64, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// Waits a little before looking again at a page another request holds BUSY.
 ///

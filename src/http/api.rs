@@ -135,7 +135,9 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
                 Reply::no_content(0)
             }
             Op::Metrics => {
-                let text = app.metrics.render(&app.store.stats(), &app.store.footprint());
+                let store = &app.store;
+                let text =
+                    app.metrics.render(&store.stats(), &store.footprint(), &store.evict_stats(), &store.lease_stats());
                 Reply {
                     content_type: "text/plain; version=0.0.4; charset=utf-8",
                     ..Reply::json(StatusCode::OK, text.into_bytes(), 0)
@@ -315,32 +317,42 @@ fn health(app: &App) -> Reply {
 
 /// The `/stats` document.
 fn stats_json(app: &App, stats: &Stats) -> String {
-    let mut o = String::with_capacity(256 + 128 * stats.ranks.len());
+    let mut o = String::with_capacity(512 + 192 * stats.ranks.len());
     let ws = app.cfg.world_size.map_or("null".to_string(), |w| w.to_string());
+    let leases = app.store.lease_stats();
+    let ev = app.store.evict_stats();
     let _ = write!(
         o,
-        r#"{{"version":"{}","uptime_seconds":{:.3},"world_size":{ws},"keys":{},"complete_keys":{},"index_slots":{},"reservations_expired":{},"reservation_ttl_seconds":{},"open_connections":{},"durable":{},"ranks":["#,
+        r#"{{"version":"{}","uptime_seconds":{:.3},"world_size":{ws},"keys":{},"complete_keys":{},"leased_keys":{},"index_slots":{},"reservations_expired":{},"reservation_ttl_seconds":{},"eviction":"{}","read_lease_seconds":{},"evicted_keys":{},"evicted_pages":{},"open_connections":{},"durable":{},"ranks":["#,
         env!("CARGO_PKG_VERSION"),
         app.metrics.uptime().as_secs_f64(),
         stats.keys,
         stats.complete_keys,
+        leases.leased_keys,
         app.store.footprint().index_slots,
         stats.expired,
         app.cfg.reservation_ttl,
+        if app.store.config().eviction { "clock" } else { "none" },
+        app.cfg.read_lease,
+        ev.keys_watermark + ev.keys_allocate,
+        ev.pages,
         app.metrics.open_connections(),
         app.cfg.data_dir.is_some(),
     );
     for (i, r) in stats.ranks.iter().enumerate() {
         let c = r.counts;
+        let (leased, evictable) =
+            leases.ranks.iter().find(|l| l.0 == r.rank).map_or((0, 0), |&(_, leased, evictable)| (leased, evictable));
         let _ = write!(
             o,
-            r#"{}{{"rank":{},"num_pages":{},"free":{},"reserved":{},"bound":{}}}"#,
+            r#"{}{{"rank":{},"num_pages":{},"free":{},"reserved":{},"bound":{},"leased":{leased},"evictable":{evictable},"quarantined":{}}}"#,
             if i > 0 { "," } else { "" },
             r.rank,
             r.num_pages,
             c.free,
             c.reserved + c.busy,
-            c.bound
+            c.bound,
+            r.quarantined,
         );
     }
     o.push_str("]}");

@@ -35,6 +35,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(app.cfg.max_connections.max(1)));
     let sweeper = app.cfg.reservation_ttl().map(|ttl| tokio::spawn(sweep(app.clone(), ttl)));
+    let maintainer = tokio::spawn(maintain(app.clone()));
     tokio::pin!(shutdown);
 
     loop {
@@ -75,6 +76,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
     if let Some(s) = sweeper {
         s.abort();
     }
+    maintainer.abort();
     let timeout = Duration::from_secs(app.cfg.shutdown_timeout);
     tracing::info!(
         open = app.metrics.open_connections(),
@@ -101,6 +103,30 @@ async fn sweep(app: Arc<App>, ttl: Duration) {
             Ok(0) => {}
             Ok(n) => tracing::warn!(pages = n, "returned expired reservations to the pool"),
             Err(e) => tracing::error!("reservation sweep failed: {e}"),
+        }
+    }
+}
+
+/// How often the evictor and the quarantine run.
+const MAINTAIN_PERIOD: Duration = Duration::from_millis(100);
+
+/// Words of each rank the evictor's hand may pass per run (2^17 pages):
+/// a run stays short on a huge rank, and the next one goes on from there.
+const MAINTAIN_BUDGET_WORDS: u64 = 4096;
+
+/// Keeps every rank under its high watermark and frees quarantined pages
+/// whose lease has passed (`Store::maintain`), every [`MAINTAIN_PERIOD`].
+async fn maintain(app: Arc<App>) {
+    let mut interval = tokio::time::interval(MAINTAIN_PERIOD);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let app = app.clone();
+        // A run walks page tables: keep it off the worker threads.
+        match tokio::task::spawn_blocking(move || app.store.maintain(MAINTAIN_BUDGET_WORDS)).await {
+            Ok(r) if r.keys > 0 => tracing::debug!(keys = r.keys, pages = r.pages, "evicted above the high watermark"),
+            Ok(_) => {}
+            Err(e) => tracing::error!("eviction pass failed: {e}"),
         }
     }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use hf3fs_perf::body::{alloc_body, push_key, Wr};
+use hf3fs_perf::body::{alloc_body, confirm_body, keys_body};
 use hf3fs_perf::client::{Conn, Mode};
 use hf3fs_perf::keys::{random_key, stored_key, Key};
 use hf3fs_perf::scan;
@@ -42,6 +42,9 @@ enum Scenario {
     Confirm,
     /// allocate → confirm → exists → get_locations (timed, checked), release (untimed)
     Cycle,
+    /// allocate fresh keys (untimed), confirm_write them (timed), never
+    /// release: the ranks fill and, with eviction on, keep turning over
+    Save,
     /// POST --body FILE to --path
     Fixed,
 }
@@ -121,6 +124,10 @@ struct Args {
     /// PRNG seed (per-connection streams derive from it).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Iterations per second over all connections (0: as fast as answered),
+    /// for measurements at a steady rate (e.g. the evictor's CPU).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
 }
 
 struct Shared {
@@ -246,48 +253,9 @@ async fn call<'c>(
     }
 }
 
-/// `{<head>[ "k", ... ]}` e.g. head = `"keys":` or `"rank":0,"keys":`.
-fn keys_body<'a>(head: &str, keys: impl Iterator<Item = &'a Key>) -> Bytes {
-    let mut b = Vec::with_capacity(64 + 35 * 128);
-    b.push(b'{');
-    b.extend_from_slice(head.as_bytes());
-    b.push(b'[');
-    for (i, k) in keys.enumerate() {
-        if i > 0 {
-            b.push(b',');
-        }
-        push_key(&mut b, k);
-    }
-    b.extend_from_slice(b"]}");
-    Bytes::from(b)
-}
-
-/// confirm_write body: confirmations for keys[i] -> pages[i] (pages >= 0 only)
-/// when `confirm`, and `pages_to_release` = `release`.
-fn confirm_body(rank: u32, keys: &[Key], pages: &[i64], confirm: bool, release: &[i64]) -> Bytes {
-    let mut b = Vec::with_capacity(96 + 48 * keys.len());
-    let _ = write!(Wr(&mut b), "{{\"rank\":{rank},\"confirmations\":[");
-    if confirm {
-        let mut first = true;
-        for (k, &p) in keys.iter().zip(pages) {
-            if p < 0 {
-                continue;
-            }
-            if !first {
-                b.push(b',');
-            }
-            first = false;
-            b.push(b'[');
-            push_key(&mut b, k);
-            let _ = write!(Wr(&mut b), ",{p}]");
-        }
-    }
-    b.extend_from_slice(b"],\"pages_to_release\":[");
-    for (i, p) in release.iter().enumerate() {
-        let _ = write!(Wr(&mut b), "{}{p}", if i > 0 { "," } else { "" });
-    }
-    b.extend_from_slice(b"]}");
-    Bytes::from(b)
+/// The confirmations of a confirm_write: keys[i] -> pages[i], pages >= 0 only.
+fn granted<'a>(keys: &'a [Key], pages: &'a [i64]) -> impl Iterator<Item = (&'a Key, i64)> {
+    keys.iter().zip(pages.iter().copied()).filter(|&(_, p)| p >= 0)
 }
 
 struct Worker {
@@ -363,12 +331,12 @@ impl Worker {
         if self.release.is_empty() {
             return;
         }
-        let body = confirm_body(rank, &[], &[], false, &self.release);
+        let body = confirm_body(rank, granted(&[], &[]), &self.release);
         call(&mut self.conn, sh, st, "/keys/confirm_write", &body, Rec::Aux).await;
     }
 
     async fn confirm(&mut self, sh: &Shared, st: &mut Stats, rank: u32, slot: usize, rec: Rec) -> bool {
-        let body = confirm_body(rank, &self.keys, &self.pages[slot], true, &[]);
+        let body = confirm_body(rank, granted(&self.keys, &self.pages[slot]), [0i64; 0]);
         match call(&mut self.conn, sh, st, "/keys/confirm_write", &body, rec).await {
             Some((status, _)) => {
                 if sh.validate && status != 204 {
@@ -417,6 +385,14 @@ impl Worker {
                 }
             }
             Scenario::Cycle => self.cycle(sh, st).await,
+            Scenario::Save => {
+                self.fresh_keys(a.batch);
+                // All or nothing: a batch with a -1 got no page and, like
+                // the connector, gives up without releasing anything.
+                if self.allocate(sh, st, 0, 0, Rec::Aux).await && self.pages[0].iter().all(|&p| p >= 0) {
+                    self.confirm(sh, st, 0, 0, Rec::Timed).await;
+                }
+            }
         }
     }
 
@@ -445,7 +421,7 @@ impl Worker {
         }
         if ok {
             // Scheduler lookup: every confirmed key must exist.
-            let body = keys_body("\"keys\":", self.keys.iter());
+            let body = keys_body(None, &self.keys);
             if let Some((_, resp)) = call(&mut self.conn, sh, st, "/keys/batch_exists", &body, Rec::Timed).await {
                 if sh.validate {
                     match scan::exists(resp, &mut self.bools) {
@@ -462,7 +438,7 @@ impl Worker {
                 }
             }
             // Load: every location on this connection's rank must equal the allocated page.
-            let body = keys_body(&format!("\"rank\":{r0},\"keys\":"), self.keys.iter());
+            let body = keys_body(Some(r0 as usize), &self.keys);
             if let Some((_, resp)) = call(&mut self.conn, sh, st, "/keys/get_locations", &body, Rec::Timed).await {
                 if sh.validate {
                     match scan::locations(resp, &mut self.locs) {
@@ -505,12 +481,20 @@ async fn run_worker(sh: Arc<Shared>, id: usize) -> Stats {
         Scenario::Exists | Scenario::Locations | Scenario::Fixed => 1,
         Scenario::Allocate => 2,
         Scenario::Confirm => 3,
+        Scenario::Save => 2,
         Scenario::Cycle => 3 * a.ranks as u64 + 2,
     };
+    // With --rate, each connection paces itself to its share of the rate.
+    let pace = (a.rate > 0.0).then(|| Duration::from_secs_f64(a.connections as f64 / a.rate));
+    let mut next_at = tokio::time::Instant::now();
     let mut st = Stats::new();
     let hard = sh.end + Duration::from_secs(5);
     let work = async {
         while Instant::now() < sh.end && sh.take(steps) {
+            if let Some(p) = pace {
+                next_at += p;
+                tokio::time::sleep_until(next_at).await;
+            }
             w.iteration(&sh, &mut st).await;
         }
     };
@@ -566,7 +550,7 @@ async fn setup(a: &Args) -> Result<bool, String> {
                         a.pages, a.stored
                     ));
                 }
-                let body = confirm_body(r, &keys, &pages, true, &[]);
+                let body = confirm_body(r, granted(&keys, &pages), [0i64; 0]);
                 let (status, resp) =
                     conn.post("/keys/confirm_write", &body).await.map_err(|e| format!("pre-populate confirm: {e}"))?;
                 if status != 204 {
@@ -581,9 +565,9 @@ async fn setup(a: &Args) -> Result<bool, String> {
 
 fn build_pool(a: &Args) -> Vec<Bytes> {
     let mut rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed);
-    let head = match a.scenario {
-        Scenario::Exists => "\"keys\":".to_string(),
-        Scenario::Locations => "\"rank\":0,\"keys\":".to_string(),
+    let rank = match a.scenario {
+        Scenario::Exists => None,
+        Scenario::Locations => Some(0),
         _ => return Vec::new(),
     };
     (0..POOL_BODIES)
@@ -597,7 +581,7 @@ fn build_pool(a: &Args) -> Vec<Bytes> {
                     }
                 })
                 .collect();
-            keys_body(&head, keys.iter())
+            keys_body(rank, &keys)
         })
         .collect()
 }

@@ -74,7 +74,7 @@ impl Store {
         // repeat of an earlier identical confirmation (not claimed).
         let mut claims: Vec<Option<Claimed>> = vec![None; confirmations.len()];
         let mut release_claims = vec![Claimed::Reserved; releases.len()];
-        for (it, &(_, c)) in items.iter().zip(&claim.commit()) {
+        for (it, &(_, _, c)) in items.iter().zip(&claim.commit()) {
             match it.release() {
                 Some(i) => release_claims[i] = c,
                 None => claims[it.tag as usize] = Some(c),
@@ -83,21 +83,28 @@ impl Store {
         let mut delta = Delta::default();
         let mut outcome = ConfirmOutcome::default();
         let mut freed = 0u64;
+        let now = self.clock.now();
         for (&page, &c) in releases.iter().zip(&release_claims) {
             let page = page as u32;
+            outcome.released += 1;
             if c == Claimed::Bound {
                 // Journaled before the index forgets the binding: a confirm
                 // that rebinds the key elsewhere can only be journaled after.
                 self.record(Change::Unbind { generation: gen.id, rank: r, page });
-                if let Some(owner) = table.owner(page) {
-                    let unbound = gen.index.unbind(owner.as_ref(), r, page, &mut delta);
-                    debug_assert!(unbound, "a BOUND page's owner must be bound to it");
+                let deadline =
+                    table.owner(page).and_then(|owner| gen.index.unbind(owner.as_ref(), r, page, &mut delta));
+                debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
+                if deadline.is_some_and(|d| d > now) {
+                    // A reader may have been given this page within its
+                    // lease: no other key gets it before the lease passes.
+                    table.quarantine(page, deadline.unwrap_or(0));
+                    outcome.quarantined += 1;
+                    continue;
                 }
                 table.clear_owner(page);
             }
             table.settle(page, FREE);
             freed += 1;
-            outcome.released += 1;
         }
         let world = || self.cfg.world_size.unwrap_or_else(|| gen.initialized.load(Ordering::Relaxed));
         for (&(key, page), c) in confirmations.iter().zip(&claims) {
@@ -106,6 +113,7 @@ impl Store {
                 None => {}
                 Some(Claimed::Bound) => {
                     table.settle(page, BOUND);
+                    gen.index.reader().touch(KeyRef::parse(key));
                     outcome.reconfirmed += 1;
                 }
                 Some(Claimed::Reserved) => {
@@ -192,12 +200,16 @@ fn claim<'t>(
     items: &[Item],
     confirmations: &[(&str, i64)],
 ) -> Result<ClaimGuard<'t>, ConfirmError> {
-    let mut guard = ClaimGuard::new(table, items.len());
+    let mut guard = ClaimGuard::new(items.len());
     for it in items {
         let page = Some(i64::from(it.page));
         let key = || confirmations[it.tag as usize].0;
-        match (guard.claim(it.page), it.release()) {
+        match (guard.claim(table, it.page), it.release()) {
             (None, Some(_)) => return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None)),
+            // Released already and held back for a lease: as good as free.
+            (Some(Claimed::Bound), Some(_)) if !table.has_owner(it.page) => {
+                return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None))
+            }
             (None, None) => return Err(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, page, Some(key()))),
             (Some(Claimed::Bound), None) if !table.owner_is(it.page, KeyRef::parse(key())) => {
                 let mut e = ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(key()));

@@ -1,0 +1,245 @@
+//! Read leases and recency marks: one 32-bit word per key, and the clock
+//! they are measured on.
+//!
+//! A key's [`Lease`] word holds its lease deadline, in [`Clock`] ticks (0
+//! for never leased; bits 0–30), and its recency mark for the CLOCK hand
+//! (bit 31, `REF`: used since the hand last passed it).
+//!
+//! A key that `batch_exists` reports true in its leading run, or whose page
+//! `get_locations` returns (or an allocate hands out again), is *leased*
+//! until the deadline: it is not evicted, and a page of it that a client
+//! releases is not handed to another key before the deadline (the
+//! quarantine of `Store::confirm`). Leases are never persisted.
+//!
+//! # Memory ordering
+//!
+//! The word lives in the key's index entry, and every change of the entry
+//! (its pages, its count, this word) is made under the entry's bucket lock,
+//! on the entry the map holds at that moment. scc relocates entries when its
+//! table resizes, by copying them under the same locks, so a reader without
+//! the lock may hold the live entry or an older copy that nobody writes any
+//! more; both show a state the entry really had.
+//!
+//! - A reader answers from its unlocked copy only when the copy's lease
+//!   already covers it ([`Lease::covers`], an `Acquire` load before it reads
+//!   the pages). Otherwise it takes the lock, raises the lease on the live
+//!   entry ([`Lease::raise`], a `Release` store) and reads the pages there.
+//! - A releaser clears a page and reads the deadline under the lock; an
+//!   evictor checks the word and removes the entry under the lock.
+//!
+//! Deadlines only rise, and every copy of an entry is a snapshot of the live
+//! one, so a deadline a reader saw is seen by every releaser or evictor that
+//! locks the entry after the lease was written. A releaser that locked the
+//! entry before cleared the page first; the reader's `Acquire` load of the
+//! newer deadline (written after, under the same lock) then shows it the
+//! cleared page, and it answers "no page". Either way no page leaves a key
+//! while a reader that was given it is within its lease.
+
+use super::sync::{AtomicU32, Ordering};
+use std::time::Instant;
+
+/// Clock ticks per second: leases have a tenth of a second of granularity.
+pub const TICKS_PER_SECOND: u32 = 10;
+
+/// The recency mark.
+const REF: u32 = 1 << 31;
+/// The deadline's bits.
+const DEADLINE: u32 = REF - 1;
+
+/// The time leases are measured on: ticks of [`TICKS_PER_SECOND`] since the
+/// store started. Injectable: tests drive a manual clock.
+#[derive(Debug)]
+pub enum Clock {
+    /// Real time, from a start instant.
+    Monotonic(Instant),
+    /// A tick set by hand ([`Clock::set`]).
+    Manual(AtomicU32),
+}
+
+impl Clock {
+    /// Real time from now on.
+    pub fn monotonic() -> Self {
+        Clock::Monotonic(Instant::now())
+    }
+
+    /// A manual clock at tick 0.
+    pub fn manual() -> Self {
+        Clock::Manual(AtomicU32::new(0))
+    }
+
+    /// The current tick. Saturates after 6.8 years (deadlines have 31 bits).
+    #[inline]
+    pub fn now(&self) -> u32 {
+        match self {
+            Clock::Monotonic(start) => {
+                let t = start.elapsed();
+                let ticks = t.as_secs().saturating_mul(u64::from(TICKS_PER_SECOND))
+                    + u64::from(t.subsec_millis() / (1000 / TICKS_PER_SECOND));
+                ticks.min(u64::from(DEADLINE)) as u32
+            }
+            // Relaxed: a clock reading; nothing is published through it.
+            Clock::Manual(t) => t.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Sets a manual clock (a no-op on real time).
+    pub fn set(&self, tick: u32) {
+        if let Clock::Manual(t) = self {
+            t.store(tick.min(DEADLINE), Ordering::Relaxed);
+        }
+    }
+}
+
+/// How long a lease lasts, in ticks (0: no leases).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LeaseLength(pub u32);
+
+impl LeaseLength {
+    /// A lease of `secs` seconds.
+    pub fn from_secs(secs: u64) -> Self {
+        LeaseLength(secs.saturating_mul(u64::from(TICKS_PER_SECOND)).min(u64::from(DEADLINE / 2)) as u32)
+    }
+
+    /// The deadline a reader at `now` needs: one tick more than the length,
+    /// because `now` may be up to a tick behind real time.
+    #[inline]
+    fn need(self, now: u32) -> u32 {
+        now.saturating_add(self.0).saturating_add(1).min(DEADLINE)
+    }
+
+    /// How far past [`need`](Self::need) a lease is pushed when it is
+    /// written, so that a hot key's word is written once per slack rather
+    /// than on every read.
+    #[inline]
+    fn slack(self) -> u32 {
+        (self.0 / 8).max(1)
+    }
+}
+
+/// A key's lease and recency word (see the module note).
+#[derive(Debug)]
+#[repr(transparent)]
+pub struct Lease(AtomicU32);
+
+impl Lease {
+    /// A fresh word: never leased, not marked used. A key written and
+    /// never read again is the first the hand takes; one that is read gets
+    /// its second chance from the read.
+    pub fn fresh() -> Self {
+        Lease(AtomicU32::new(0))
+    }
+
+    /// A copy for an entry that replaces this one (under the bucket lock).
+    pub fn copy(&self) -> Self {
+        // Relaxed: under the bucket lock; the copy is published by the map.
+        Lease(AtomicU32::new(self.0.load(Ordering::Relaxed)))
+    }
+
+    /// Whether a read at `now` may answer without writing: the lease
+    /// already covers it (with no lease length: the key is already marked
+    /// used). Lock-free.
+    #[inline]
+    pub fn covers(&self, now: u32, len: LeaseLength) -> bool {
+        // Acquire: pairs with `raise`; the pages are read after (module note).
+        let v = self.0.load(Ordering::Acquire);
+        if len.0 == 0 {
+            v & REF != 0
+        } else {
+            v & DEADLINE >= len.need(now)
+        }
+    }
+
+    /// Leases the key for a read at `now` and marks it used. Under the
+    /// bucket lock. The deadline goes a little past the need, so that a hot
+    /// key's word is written once per slack rather than on every read.
+    pub fn raise(&self, now: u32, len: LeaseLength) {
+        let v = self.0.load(Ordering::Relaxed);
+        let mut deadline = v & DEADLINE;
+        if len.0 != 0 && deadline < len.need(now) {
+            deadline = len.need(now).saturating_add(len.slack()).min(DEADLINE);
+        }
+        // Release: publishes the deadline to lock-free readers (`covers`).
+        self.0.store(deadline | REF, Ordering::Release);
+    }
+
+    /// The deadline (0 for never leased).
+    pub fn deadline(&self) -> u32 {
+        // Relaxed: callers hold the bucket lock, or only count.
+        self.0.load(Ordering::Relaxed) & DEADLINE
+    }
+
+    /// Whether the key is leased at `now`.
+    pub fn leased(&self, now: u32) -> bool {
+        self.deadline() > now
+    }
+
+    /// The CLOCK hand's visit at `now`, under the bucket lock: true when the
+    /// key may be evicted (not leased, not marked). A marked key loses its
+    /// mark (its second chance) and is passed over.
+    pub fn visit(&self, now: u32) -> bool {
+        let v = self.0.load(Ordering::Relaxed);
+        if v & DEADLINE > now {
+            return false;
+        }
+        if v & REF != 0 {
+            // Release: like every store of the word (module note).
+            self.0.store(v & !REF, Ordering::Release);
+            return false;
+        }
+        true
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const L: LeaseLength = LeaseLength(100);
+
+    #[test]
+    fn a_lease_blocks_eviction_until_it_passes() {
+        let l = Lease(AtomicU32::new(0));
+        assert!(!l.covers(50, L));
+        l.raise(50, L);
+        assert!(l.covers(50, L));
+        let d = l.deadline();
+        assert!(d > 150, "covers the whole length: {d}");
+        assert!(!l.visit(150));
+        assert!(!l.visit(d - 1));
+        assert!(l.leased(d - 1) && !l.leased(d));
+        // At the deadline the mark the lease set gives a second chance.
+        assert!(!l.visit(d));
+        assert!(l.visit(d));
+    }
+
+    #[test]
+    fn hot_reads_need_a_write_once_per_slack() {
+        let l = Lease(AtomicU32::new(0));
+        l.raise(0, L);
+        for now in 0..=L.slack() {
+            assert!(l.covers(now, L), "no write needed at {now}");
+        }
+        assert!(!l.covers(L.slack() + 1, L));
+    }
+
+    #[test]
+    fn without_lease_length_reads_only_mark_use() {
+        let l = Lease(AtomicU32::new(0));
+        assert!(!l.covers(5, LeaseLength(0)));
+        l.raise(5, LeaseLength(0));
+        assert!(l.covers(5, LeaseLength(0)));
+        assert_eq!(l.deadline(), 0);
+        assert!(!l.visit(5), "marked used: a second chance");
+        assert!(l.visit(5));
+        assert!(!Lease::fresh().covers(0, LeaseLength(0)), "a new key starts unmarked");
+    }
+
+    #[test]
+    fn manual_clock() {
+        let c = Clock::manual();
+        assert_eq!(c.now(), 0);
+        c.set(42);
+        assert_eq!(c.now(), 42);
+        assert!(Clock::monotonic().now() < 10);
+    }
+}
