@@ -47,6 +47,23 @@ fn fill(s: &Store, from: u64, to: u64) {
     }
 }
 
+/// Times `iters` allocates of 128 keys not seen before on rank 0 of `s`,
+/// numbered from `*next`; `after` (untimed) gets the keys and the answer.
+fn time_allocates(s: &Store, next: &mut u64, iters: u64, mut after: impl FnMut(&[&str], &[(usize, i64)])) -> Duration {
+    let mut out = Vec::new();
+    let mut t = Duration::ZERO;
+    for _ in 0..iters {
+        let keys: Vec<String> = (*next..*next + 128).map(key).collect();
+        *next += 128;
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let start = Instant::now();
+        s.allocate(0, black_box(&refs), &mut out).unwrap();
+        t += start.elapsed();
+        after(&refs, &out);
+    }
+    t
+}
+
 fn allocate(c: &mut Criterion) {
     let mut g = c.benchmark_group("eviction");
     g.measurement_time(Duration::from_secs(5)).sample_size(30);
@@ -57,22 +74,13 @@ fn allocate(c: &mut Criterion) {
         full.initialize(0, pages as i64).unwrap();
         fill(&full, 0, pages);
         let mut next = pages;
-        let mut out = Vec::new();
         g.bench_function(format!("allocate 128 keys, full rank (evicting), {label} pages"), |b| {
             b.iter_custom(|iters| {
-                let mut t = Duration::ZERO;
-                for _ in 0..iters {
-                    let keys: Vec<String> = (next..next + 128).map(key).collect();
-                    next += 128;
-                    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    let start = Instant::now();
-                    full.allocate(0, black_box(&refs), &mut out).unwrap();
-                    t += start.elapsed();
+                time_allocates(&full, &mut next, iters, |refs, out| {
                     let conf: Vec<(&str, i64)> = out.iter().map(|&(j, p)| (refs[j], p)).collect();
                     assert!(conf.iter().all(|&(_, p)| p >= 0), "a full rank refused");
                     full.confirm(0, &conf, &[]).unwrap();
-                }
-                t
+                })
             })
         });
         drop(full);
@@ -87,18 +95,10 @@ fn allocate(c: &mut Criterion) {
             let mut next = pages + stored;
             g.bench_function(format!("allocate 128 keys, free rank ({what}), {label} pages"), |b| {
                 b.iter_custom(|iters| {
-                    let mut t = Duration::ZERO;
-                    for _ in 0..iters {
-                        let keys: Vec<String> = (next..next + 128).map(key).collect();
-                        next += 128;
-                        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-                        let start = Instant::now();
-                        free.allocate(0, black_box(&refs), &mut out).unwrap();
-                        t += start.elapsed();
+                    time_allocates(&free, &mut next, iters, |_, out| {
                         let pages: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
                         free.confirm(0, &[], &pages).unwrap();
-                    }
-                    t
+                    })
                 })
             });
         }
