@@ -7,7 +7,7 @@
 # Environment:
 #   SCHEMATHESIS_PY    the Python of a venv with tests/schemathesis/requirements.txt
 #                      (default .venv-tools/bin/python, which .ci/run makes)
-#   ST_MAX_EXAMPLES    generated cases per operation and phase (default 100)
+#   ST_MAX_EXAMPLES    generated cases per operation and phase (default 300: about 40 s)
 #   ST_SEED            a seed to replay a run (default: random, printed)
 #
 # What fails the run: any 5xx but the documented 500s (tests/schemathesis/hooks.py),
@@ -22,7 +22,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$PWD
 BIN=${1:-$ROOT/target/ci/hf3fs-meta}
 PY=${SCHEMATHESIS_PY:-$ROOT/.venv-tools/bin/python}
-MAX_EXAMPLES=${ST_MAX_EXAMPLES:-100}
+MAX_EXAMPLES=${ST_MAX_EXAMPLES:-300}
 HARD_LIMIT_S=170
 
 log() { echo "schemathesis/run.sh: $*" >&2; }
