@@ -96,7 +96,10 @@ fn path_of(target: &str) -> String {
 /// pointer (for messages and the validator cache).
 fn expected_response<'d>(doc: &'d Value, method: &str, path: &str, status: u16) -> Result<(String, &'d Value), String> {
     let paths = doc["paths"].as_object().ok_or("no paths")?;
-    let Some((template, item)) = paths.iter().find(|(t, _)| matches(t, path)) else {
+    // The most specific template wins: `/keys/confirm_write` over a
+    // `/{rank}/confirm_write`, as in the server's route table.
+    let params = |t: &str| t.matches('{').count();
+    let Some((template, item)) = paths.iter().filter(|(t, _)| matches(t, path)).min_by_key(|(t, _)| params(t)) else {
         return shared(doc, "NotFound", 404, status, &format!("{path} matches no route"));
     };
     let Some(op) = item.get(method.to_ascii_lowercase()) else {
