@@ -3,7 +3,9 @@
 //!
 //! The router ([`find`]), the metrics (one series per row, labelled from the
 //! row) and the server (body, authorization, durability) all read this table;
-//! adding a route is adding a row and, for a new [`Op`], its handler.
+//! adding a route is adding a row and, for a new [`Op`], its handler, and
+//! documenting it in `docs/api.md` and `docs/openapi.json` (a test in
+//! `tests/http_ops.rs` fails while the table and the document disagree).
 //!
 //! Architecture invariant: this file is data and a matcher; it knows nothing
 //! of hyper, of the core or of JSON.
@@ -67,6 +69,8 @@ pub enum Op {
     Health,
     /// The statistics document.
     Stats,
+    /// The OpenAPI document (`docs/openapi.json`).
+    OpenApi,
 }
 
 /// One row of the table.
@@ -111,7 +115,7 @@ const BASE: Spec = Spec {
 };
 
 /// Every route. Literal paths come before patterns that could match them.
-pub static ROUTES: [Spec; 9] = [
+pub static ROUTES: [Spec; 10] = [
     Spec {
         path: "/keys/batch_allocate",
         op: Op::Allocate,
@@ -158,6 +162,14 @@ pub static ROUTES: [Spec; 9] = [
         ..BASE
     },
     Spec { method: Method::Get, path: "/stats", dialect: Dialect::Ops, op: Op::Stats, label: "stats", ..BASE },
+    Spec {
+        method: Method::Get,
+        path: "/openapi.json",
+        dialect: Dialect::Ops,
+        op: Op::OpenApi,
+        label: "openapi",
+        ..BASE
+    },
 ];
 
 /// Segments a `{rank}` never matches: they name the vLLM dialect.
