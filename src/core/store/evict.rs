@@ -118,7 +118,10 @@ impl Store {
     /// `need` (another allocate may still take the pages first).
     pub(super) fn evict_for_allocate(&self, gen: &Generation, table: &PageTable, need: u64) -> bool {
         let now = self.clock.now();
-        table.release_quarantined(now);
+        let freed = table.release_quarantined(now);
+        // Relaxed: statistics. Counted here too, or the metric would miss
+        // every page an allocate frees before the background pass does.
+        self.evict.quarantine_freed.fetch_add(freed, Ordering::Relaxed);
         if table.free_count() >= need {
             return true;
         }
