@@ -373,11 +373,16 @@ impl Store {
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
             }
             if !table.try_take(need) {
-                // Evict what the batch needs, once, then look again: the
-                // eviction may have taken keys of this very batch.
-                if !evicted && self.evict_for_allocate(&gen, table, need) {
+                // Evict what the batch needs, once, then look again, even
+                // when it fell short: the eviction may have taken keys of
+                // this very batch, and the answer must not name a page as
+                // theirs that no longer is (nor may the -1 answer).
+                if !evicted {
                     evicted = true;
-                    continue;
+                    let room = self.evict_for_allocate(&gen, table, need);
+                    if room.enough || room.evicted > 0 {
+                        continue;
+                    }
                 }
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
             }
