@@ -405,6 +405,27 @@ fn a_re_confirm_gives_its_key_a_second_chance() {
     assert!(!gone.contains_key(&stored[0]), "marked used: passed over while unmarked keys remain");
 }
 
+#[test]
+fn a_refused_allocate_never_names_a_page_its_own_eviction_freed() {
+    // No lease length: the reused key is only marked, and the allocate's
+    // second turn of the hand may take it.
+    let t = T::new(1, 3, 0);
+    let a = key(0);
+    let page = t.save(0, &[&a])[0];
+    let pending = t.alloc(0, &refs(&keys(10..12)));
+    assert!(pending.iter().all(|&p| p >= 0), "two pages reserved, none free");
+    let batch = [&*a, &key(20), &key(21)];
+    let mut out = Vec::new();
+    let o = t.s.allocate(0, &batch, &mut out).unwrap();
+    // It evicted `a` (its only candidate) and still fell short: the answer
+    // is -1 for all three, not `a`'s old page, which is free now.
+    assert_eq!(t.evict_stats().keys_allocate, 1);
+    assert_eq!(out, vec![(0, -1), (1, -1), (2, -1)], "{o:?}");
+    assert_eq!((o.reused, o.refused, o.reserved), (0, 3, 0));
+    assert_eq!(t.alloc(0, &[&key(30)]), [page], "the freed page goes to the next key");
+    t.s.audit().unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // What is never evicted.
 
