@@ -373,16 +373,24 @@ impl Store {
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
             }
             if !table.try_take(need) {
-                // Evict what the batch needs, once.
-                let room = !evicted && self.evict_for_allocate(&gen, table, need);
-                evicted = true;
-                if !room {
+                // Evict what the batch needs, once. Then look the keys up
+                // again, even when the eviction fell short: it may have
+                // taken stored keys of this very batch, and the answer must
+                // not name a page as theirs that no longer is (nor may a -1
+                // answer). A batch with no stored key cannot have lost one:
+                // with room made, it takes its pages at once.
+                if !evicted {
+                    evicted = true;
+                    let room = self.evict_for_allocate(&gen, table, need);
+                    let took = room.enough && reused == 0 && table.try_take(need);
+                    if !took && (room.enough || room.evicted > 0) {
+                        continue;
+                    }
+                    if !took {
+                        return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
+                    }
+                } else {
                     return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
-                }
-                // The eviction may have taken stored keys of this very batch:
-                // then look them up again. With none, take the pages now.
-                if reused > 0 || !table.try_take(need) {
-                    continue;
                 }
             }
             fresh.clear();

@@ -60,6 +60,15 @@ pub struct EvictStats {
     pub pass_max_nanos: u64,
 }
 
+/// What an allocate's eviction did ([`Store::evict_for_allocate`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Room {
+    /// The free counter reached what the batch needs.
+    pub(super) enough: bool,
+    /// Keys evicted (the batch's own stored keys may be among them).
+    pub(super) evicted: u64,
+}
+
 /// What one background pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MaintainReport {
@@ -114,22 +123,26 @@ impl Store {
     }
 
     /// An allocate's eviction: makes room for `need` fresh pages on `table`
-    /// with a bounded budget. Returns whether the free counter reached
-    /// `need` (another allocate may still take the pages first).
-    pub(super) fn evict_for_allocate(&self, gen: &Generation, table: &PageTable, need: u64) -> bool {
+    /// with a bounded budget. Says whether the free counter reached `need`
+    /// (another allocate may still take the pages first) and how many keys
+    /// it evicted to get there.
+    pub(super) fn evict_for_allocate(&self, gen: &Generation, table: &PageTable, need: u64) -> Room {
         let now = self.clock.now();
-        table.release_quarantined(now);
+        let freed = table.release_quarantined(now);
+        // Relaxed: statistics. Counted here too, or the metric would miss
+        // every page an allocate frees before the background pass does.
+        self.evict.quarantine_freed.fetch_add(freed, Ordering::Relaxed);
         if table.free_count() >= need {
-            return true;
+            return Room { enough: true, evicted: 0 };
         }
         if !self.eviction_allowed(now) {
-            return false;
+            return Room { enough: false, evicted: 0 };
         }
         // 16 pages visited per page needed, at least a thousand: the work an
         // allocate may spend before it answers -1 on a rank of leased keys.
         let budget = (need * 16).max(1024).div_ceil(32);
-        self.evict_on(gen, table, need, budget, EvictReason::Allocate);
-        table.free_count() >= need
+        let (evicted, _) = self.evict_on(gen, table, need, budget, EvictReason::Allocate);
+        Room { enough: table.free_count() >= need, evicted }
     }
 
     /// Moves `table`'s hand until its free counter reaches `target` or
