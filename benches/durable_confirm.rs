@@ -37,7 +37,7 @@ struct Run {
 fn run(mode: Option<FsyncMode>, secs: f64, tasks: usize) -> Run {
     let dir = tempfile::tempdir_in(std::env::var("HF3FS_BENCH_DIR").unwrap_or_else(|_| "/tmp".into())).unwrap();
     let (store, durable) = match mode {
-        None => (Store::new(cfg()), None),
+        None => (std::sync::Arc::new(Store::new(cfg())), None),
         Some(m) => {
             let (s, d, _) = Durable::open(dir.path(), m, cfg()).unwrap();
             (s, Some(d))

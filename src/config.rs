@@ -160,6 +160,12 @@ pub struct Config {
     /// pages not given to another key. 0 turns leases off.
     #[arg(long, env = "HF3FS_META_READ_LEASE", default_value_t = 120)]
     pub read_lease: u64,
+
+    /// For tests only: a file naming faults to inject where the durable
+    /// store writes and syncs (`write=enospc`, `sync=eio`, …; read at every
+    /// store call, see `src/durable/faults.rs`). Hidden from --help.
+    #[arg(long, env = "HF3FS_META_DURABLE_FAULTS", hide = true)]
+    pub durable_faults: Option<PathBuf>,
 }
 
 impl Config {

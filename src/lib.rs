@@ -29,13 +29,15 @@ use crate::config::{Config, LogFormat};
 use crate::core::{Store, StoreConfig};
 use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Everything a request handler needs, shared by every connection.
 pub struct App {
     /// The effective configuration.
     pub cfg: Config,
-    /// The metadata state.
-    pub store: Store,
+    /// The metadata state (shared with the durable writer, which snapshots
+    /// it to recover from a disk fault).
+    pub store: Arc<Store>,
     /// The server's counters.
     pub metrics: Metrics,
     /// Durability, when `--data-dir` is set (see [`App::open`]).
@@ -48,7 +50,7 @@ impl App {
     /// An empty, purely in-memory server state for `cfg` (`--data-dir` is
     /// ignored: use [`App::open`]).
     pub fn new(cfg: Config) -> Self {
-        let store = Store::new(Self::store_config(&cfg));
+        let store = Arc::new(Store::new(Self::store_config(&cfg)));
         Self { cfg, store, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false) }
     }
 
@@ -56,7 +58,11 @@ impl App {
     /// directory and kept durable there; without it, as [`App::new`].
     pub fn open(cfg: Config) -> Result<Self, durable::OpenError> {
         let Some(dir) = cfg.data_dir.clone() else { return Ok(Self::new(cfg)) };
-        let (store, d, recovered) = durable::Durable::open(&dir, cfg.fsync, Self::store_config(&cfg))?;
+        // The hidden test-only --durable-faults: a file naming faults to
+        // inject at the store boundary (durable::faults).
+        let faults = cfg.durable_faults.clone().map(durable::Faults::from_file);
+        let opts = durable::Options { faults, ..durable::Options::default() };
+        let (store, d, recovered) = durable::Durable::open_opts(&dir, cfg.fsync, Self::store_config(&cfg), opts)?;
         if recovered.bindings > 0 {
             // Readers may hold leases from before the restart, which were
             // not persisted: evict nothing for one lease period.
@@ -82,6 +88,16 @@ impl App {
     /// has stopped.
     pub fn close(&self) -> Result<(), durable::WaitError> {
         self.durable.as_ref().map_or(Ok(()), durable::Durable::close)
+    }
+
+    /// Resolves if the durable store fails beyond in-process recovery, with
+    /// the reason (never without `--data-dir`); the binary then exits with
+    /// [`durable::EXIT_FATAL`].
+    pub async fn fatal(&self) -> Arc<str> {
+        match &self.durable {
+            Some(d) => d.fatal().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// Whether shutdown has begun.

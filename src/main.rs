@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use hf3fs_meta::config::Config;
-use hf3fs_meta::{http, init_tracing, App};
+use hf3fs_meta::{durable, http, init_tracing, App};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -38,6 +38,21 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        if app.durable.is_some() {
+            // A durable store that failed beyond in-process recovery: one
+            // clear line and a status of its own, for the supervisor to
+            // restart the server into recovery (docs/durability.md).
+            let watched = app.clone();
+            tokio::spawn(async move {
+                let why = watched.fatal().await;
+                tracing::error!(
+                    "durable store failed beyond in-process recovery: {why}; exiting with status {} so that the \
+                     supervisor restarts the server, which recovers from the data directory",
+                    durable::EXIT_FATAL
+                );
+                std::process::exit(i32::from(durable::EXIT_FATAL));
+            });
+        }
         let cfg = &app.cfg;
         let listener = match tokio::net::TcpListener::bind((cfg.host, cfg.port)).await {
             Ok(l) => l,

@@ -22,7 +22,7 @@ fn cfg() -> StoreConfig {
 }
 
 /// Opens without periodic checkpoints, so a test decides what is folded.
-fn open(dir: &Path) -> (Store, Durable, Recovered) {
+fn open(dir: &Path) -> (std::sync::Arc<Store>, Durable, Recovered) {
     Durable::open_with(dir, FsyncMode::Always, cfg(), None).unwrap_or_else(|e| panic!("open: {e}"))
 }
 

@@ -72,7 +72,20 @@ pub enum Change<'a> {
 /// are held BUSY): queue the change and return. A caller that needs its
 /// changes durable waits, after the store call returns, for everything
 /// recorded so far (that includes its own changes); see `crate::durable`.
+///
+/// The store brackets the changes of one operation (a confirm's commit, one
+/// eviction) with [`Journal::begin`] and [`Journal::end`], on one thread, so
+/// that a journal may hand them on as one message. A journal that does so
+/// must still write changes in the order they were recorded: once `record`
+/// returns, another thread may observe the change and record the next one
+/// to the same page before this operation ends.
 pub trait Journal: Send + Sync {
     /// Queues `change`.
     fn record(&self, change: Change<'_>);
+
+    /// Starts an operation on this thread (the default does nothing).
+    fn begin(&self) {}
+
+    /// Ends the operation this thread began last (the default does nothing).
+    fn end(&self) {}
 }

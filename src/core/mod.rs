@@ -28,6 +28,6 @@ pub use key::{Key, KeyRef};
 pub use lease::{LeaseLength, TICKS_PER_SECOND};
 pub use store::{
     AllocateOutcome, ConfirmOutcome, EvictReason, EvictStats, Footprint, Initialized, LeaseStats, MaintainReport,
-    RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
+    RankStats, ReadPagesError, Stats, Store, StoreConfig, Visit, TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;

@@ -30,9 +30,11 @@ use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 mod confirm;
 mod evict;
+mod snapshot;
 
 use arc_swap::ArcSwap;
 pub use evict::{EvictReason, EvictStats, MaintainReport};
+pub use snapshot::{ReadPagesError, Visit};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -207,6 +209,17 @@ impl Generation {
     }
 }
 
+/// Ends a journal operation ([`Store::journal_op`]) when dropped.
+struct JournalOp<'a>(Option<&'a dyn Journal>);
+
+impl Drop for JournalOp<'_> {
+    fn drop(&mut self) {
+        if let Some(j) = self.0 {
+            j.end();
+        }
+    }
+}
+
 /// The metadata store. Share it by reference or `Arc`; every method takes `&self`.
 pub struct Store {
     cfg: StoreConfig,
@@ -280,6 +293,16 @@ impl Store {
         if let Some(j) = &self.journal {
             j.record(change);
         }
+    }
+
+    /// Brackets one operation's changes ([`Journal::begin`]) until the
+    /// returned guard drops, whatever the way out.
+    #[inline]
+    fn journal_op(&self) -> JournalOp<'_> {
+        if let Some(j) = &self.journal {
+            j.begin();
+        }
+        JournalOp(self.journal.as_deref())
     }
 
     /// The current generation's id (it changes at every `/clear`).

@@ -6,19 +6,35 @@
 //! pieces, in the order a change travels:
 //!
 //! - [`queue`]: the store's [`Journal`](crate::core::Journal). `record`
-//!   numbers the change and pushes it onto a channel: no lock, no I/O.
+//!   numbers the change and pushes it onto a channel: no lock, no I/O. It
+//!   also holds the durable position and the health state requests see.
 //! - [`writer`]: one thread drains the channel in batches, appends each
 //!   batch to the log as one entry of the embedded store (fjall), syncs per
 //!   `--fsync`, and publishes the durable position. Concurrent requests share
-//!   one write and one fsync (group commit).
+//!   one write and one fsync (group commit). After a failure it recovers.
+//! - [`syncer`]: with `--fsync batch`, fdatasyncs the journal every 5 ms.
 //! - [`checkpoint`]: one thread folds the log into per-chunk state every
-//!   second, so the log stays short and recovery reads compact chunks.
+//!   second, so the log stays short and recovery reads compact chunks; it
+//!   also probes the disk and watches for stalls.
 //! - [`recover`]: start-up rebuilds ranks and bindings from state + log.
+//! - [`snapshot`]: after a disk fault, a fresh keyspace written from memory.
+//! - [`shared`]: what those threads share (current keyspace, health, faults).
+//! - [`fold`]: the net effect of a run of log entries (checkpoint and
+//!   recovery both fold).
 //! - [`codec`]: what the store's keys and values say.
+//! - [`error`]: [`OpenError`], the failure classes, and the guard that turns
+//!   a panic of the embedded store into an error.
+//! - [`faults`]: fault injection at the store boundary, for tests.
+//!
+//! This file is the facade: it opens and closes the pieces and holds the
+//! handle. The pieces import each other's leaves (`codec`, `fold`,
+//! `error`, `faults`, `shared`), never this file.
 //!
 //! The HTTP layer, after a mutating handler succeeded, waits for
 //! [`Durable::sync`] (everything recorded up to now) before it answers: a
-//! 204 under `--fsync always` means on disk.
+//! 204 under `--fsync always` means on disk. While the store cannot write
+//! ([`Durable::health`]), that wait fails at once: the change stays in
+//! memory and is answered 503 (docs/durability.md, "When the disk fails").
 //!
 //! What is durable: rank sizes, bindings (key, rank, page) with each key's
 //! world size, and `/clear`. What is not: reservations (after a restart
@@ -27,47 +43,69 @@
 //!
 //! # Memory ordering
 //!
-//! The atomics live in [`queue`] (head, durable position, closed flag) and
-//! [`checkpoint`] (backlog hint); each file explains its orderings.
+//! The atomics live in [`queue`] (head, durable position, closed flag,
+//! health), [`checkpoint`] (backlog hint), [`shared`] (stall watch) and
+//! [`faults`] (test switches); each file explains its orderings.
 
 pub mod checkpoint;
 pub mod codec;
+pub mod error;
+pub mod faults;
+pub mod fold;
 pub mod queue;
 pub mod recover;
+pub mod shared;
+pub mod snapshot;
 pub mod store;
+pub mod syncer;
 pub mod writer;
 
 pub use crate::config::FsyncMode;
-pub use queue::WaitError;
+pub use error::OpenError;
+pub use faults::{Fault, Faults, Point};
+pub use queue::{Health, WaitError};
 pub use store::OpenReport;
 
 use crate::core::{Store, StoreConfig};
 use crossbeam_channel::Sender;
+use error::guarded;
 use queue::{Msg, Progress, QueueJournal};
-use std::cell::{Cell, RefCell};
-use std::path::{Path, PathBuf};
+use shared::{Shared, Watch};
+use std::fmt::Write as _;
+use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Why the durable store could not be opened. The server logs it and exits
-/// non-zero rather than start with state it cannot vouch for.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OpenError {
-    /// The directory could not be created or read.
-    #[error("I/O error: {0}")]
-    Io(String),
-    /// The store's files are damaged (beyond a torn tail, which is dropped
-    /// with a warning).
-    #[error("the data is corrupt: {0}")]
-    Corrupt(String),
-    /// The data decodes but describes an impossible state.
-    #[error("the data is inconsistent: {0}")]
-    Inconsistent(String),
-    /// The state does not fit this configuration (e.g. a smaller `--max-ranks`).
-    #[error("cannot restore: {0}")]
-    Restore(String),
+/// The exit status of a server whose durable store failed in a way no
+/// in-process recovery can repair (`EX_TEMPFAIL`): a supervisor should
+/// restart it, and the restart recovers from the disk.
+pub const EXIT_FATAL: u8 = 75;
+
+/// How [`Durable::open_opts`] runs the background threads.
+#[derive(Clone)]
+pub struct Options {
+    /// How often the checkpointer folds the log, probes the disk and checks
+    /// for stalls (`None`: only on a nudge, an explicit
+    /// [`Durable::checkpoint`] or [`Durable::check_now`], or at close).
+    pub checkpoint_every: Option<Duration>,
+    /// The first wait before a degraded store tries to recover; it doubles
+    /// after each failed attempt, up to [`writer::RETRY_MAX`] (`None`:
+    /// only on [`Durable::recover_now`]).
+    pub retry_after: Option<Duration>,
+    /// Injected faults (tests).
+    pub faults: Option<Arc<Faults>>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            checkpoint_every: Some(checkpoint::CHECKPOINT_INTERVAL),
+            retry_after: Some(Duration::from_secs(1)),
+            faults: None,
+        }
+    }
 }
 
 /// What start-up recovered.
@@ -104,11 +142,8 @@ struct Threads {
 
 /// The durability handle: owns the writer and checkpointer threads.
 pub struct Durable {
-    progress: Arc<Progress>,
+    shared: Arc<Shared>,
     tx: Sender<Msg>,
-    mode: FsyncMode,
-    dir: PathBuf,
-    db: Arc<store::Db>,
     /// `Some` until closed. A std `Mutex`: taken only by `close`.
     threads: Mutex<Option<Threads>>,
     /// An exclusive lock on `<dir>/LOCK`, held for as long as this value
@@ -120,8 +155,8 @@ impl Durable {
     /// Opens (or creates) the durable store in `dir`, rebuilds a [`Store`]
     /// from it, and starts the writer and checkpointer. Logs one line with
     /// what it recovered.
-    pub fn open(dir: &Path, mode: FsyncMode, cfg: StoreConfig) -> Result<(Store, Durable, Recovered), OpenError> {
-        Self::open_with(dir, mode, cfg, Some(checkpoint::CHECKPOINT_INTERVAL))
+    pub fn open(dir: &Path, mode: FsyncMode, cfg: StoreConfig) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
+        Self::open_opts(dir, mode, cfg, Options::default())
     }
 
     /// [`Durable::open`] with the checkpoint period (`None`: only on a
@@ -132,26 +167,25 @@ impl Durable {
         mode: FsyncMode,
         cfg: StoreConfig,
         checkpoint_every: Option<Duration>,
-    ) -> Result<(Store, Durable, Recovered), OpenError> {
+    ) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
+        Self::open_opts(dir, mode, cfg, Options { checkpoint_every, ..Options::default() })
+    }
+
+    /// [`Durable::open`] with [`Options`].
+    ///
+    /// A store that recovers but cannot write (the probe, a small write and
+    /// fsync in `dir`, fails) starts degraded: it serves what it recovered,
+    /// `/health` answers 503, and it recovers by itself once writes succeed.
+    pub fn open_opts(
+        dir: &Path,
+        mode: FsyncMode,
+        cfg: StoreConfig,
+        opts: Options,
+    ) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
         let start = Instant::now();
         let lock = lock_dir(dir)?;
         let (db, report) = store::Db::open(dir)?;
-        if report.dropped_tail_bytes > 0 {
-            tracing::warn!(
-                dir = %dir.display(),
-                bytes = report.dropped_tail_bytes,
-                "durable store: dropped a torn journal tail of {} bytes (a batch being written when the process died; \
-                 it was never acknowledged under --fsync always)",
-                report.dropped_tail_bytes
-            );
-        }
-        if report.stale_partitions > 0 {
-            tracing::warn!(
-                partitions = report.stale_partitions,
-                "durable store: removed the partitions of an older generation (a /clear was interrupted)"
-            );
-        }
-        let db = Arc::new(db);
+        log_open_report(dir, &report);
         let generation = db.parts().generation;
         let progress = Arc::new(Progress::default());
         let (tx, rx) = crossbeam_channel::unbounded();
@@ -164,39 +198,71 @@ impl Durable {
             let last = parts.log.last_key_value().map_err(|e| OpenError::Corrupt(format!("reading the log: {e}")))?;
             (last.map_or(0, |(k, _)| k.as_ref().try_into().map_or(0, u64::from_be_bytes) + 1), parts.log.clone())
         };
+        let store = Arc::new(store);
+        let db_number = db.number();
+        let shared = Arc::new(Shared {
+            root: dir.to_path_buf(),
+            db: arc_swap::ArcSwap::from_pointee(db),
+            progress: progress.clone(),
+            faults: opts.faults,
+            watch: Watch::new(start),
+            writer: tx.clone(),
+            store: store.clone(),
+            retiring: Mutex::new(Vec::new()),
+            // The log tail recovery replayed: the first pass folds it.
+            dirty: Mutex::new(shared::Dirty {
+                chunks: restored.tail_chunks.iter().copied().collect(),
+                ranks: restored.tail_ranks.clone(),
+                ..shared::Dirty::new(db_number, generation, restored.first_entry)
+            }),
+        });
+        shared.dirty().cut = next_entry;
+        if let Err(f) = shared.probe() {
+            tracing::warn!(
+                "durable store: cannot write to {}: {f}. Starting degraded: the recovered state is served, /health \
+                 answers 503 and changes are refused until a write succeeds",
+                dir.display()
+            );
+            progress.fail(&f);
+        }
 
         let backlog = Arc::new(AtomicU64::new(0));
         let (nudge_tx, nudge_rx) = crossbeam_channel::bounded(1);
         let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+        // Before the writer runs: the syncer must sync whatever is
+        // published after this, even if it starts late.
+        let synced = progress.durable();
         let writer = writer::Writer {
-            db: db.clone(),
+            shared: shared.clone(),
             mode,
-            progress: progress.clone(),
             rx,
             generation,
             log,
             next_entry,
             backlog: backlog.clone(),
             nudge: nudge_tx,
+            retry: opts.retry_after,
+            recover_asked: false,
         };
         let spawn_err = |e: std::io::Error| OpenError::Io(format!("cannot start a thread: {e}"));
         let writer =
             std::thread::Builder::new().name("durable-writer".into()).spawn(move || writer.run()).map_err(spawn_err)?;
         let syncer = if mode == FsyncMode::Batch {
             let (tx, rx) = crossbeam_channel::bounded(1);
-            let (journals, p) = (db.journals_dir(), progress.clone());
+            let s = shared.clone();
             let h = std::thread::Builder::new()
                 .name("durable-syncer".into())
-                .spawn(move || writer::run_syncer(journals, p, rx))
+                .spawn(move || syncer::run(s, rx, synced))
                 .map_err(spawn_err)?;
             Some((h, tx))
         } else {
             None
         };
-        let cp_db = db.clone();
+        let cp = shared.clone();
+        let every = opts.checkpoint_every;
         let checkpointer = std::thread::Builder::new()
             .name("durable-checkpoint".into())
-            .spawn(move || checkpoint::run(cp_db, checkpoint_every, backlog, nudge_rx, stop_rx))
+            .spawn(move || checkpoint::run(cp, every, backlog, nudge_rx, stop_rx))
             .map_err(spawn_err)?;
 
         let stats = store.stats();
@@ -227,61 +293,114 @@ impl Durable {
             recovered.elapsed.as_secs_f64()
         );
         let threads = Threads { writer, checkpointer, stop_checkpointer: stop_tx, syncer };
-        let durable =
-            Durable { progress, tx, mode, dir: dir.to_path_buf(), db, threads: Mutex::new(Some(threads)), _lock: lock };
+        let durable = Durable { shared, tx, threads: Mutex::new(Some(threads)), _lock: lock };
         Ok((store, durable, recovered))
-    }
-
-    /// The fsync mode.
-    pub fn mode(&self) -> FsyncMode {
-        self.mode
-    }
-
-    /// The data directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// The number of the last change recorded so far.
     pub fn head(&self) -> u64 {
-        self.progress.head()
-    }
-
-    /// Every change numbered up to this is durable.
-    pub fn durable(&self) -> u64 {
-        self.progress.durable()
-    }
-
-    /// Why the writer failed, if it did.
-    pub fn failure(&self) -> Option<&str> {
-        self.progress.failure()
-    }
-
-    /// Waits until every change numbered up to `target` is durable.
-    pub async fn wait(&self, target: u64) -> Result<(), WaitError> {
-        self.progress.wait(target).await
+        self.shared.progress.head()
     }
 
     /// Waits until everything recorded so far is durable. Call it after the
-    /// store call whose effects must be durable has returned.
+    /// store call whose effects must be durable has returned. Fails at once
+    /// while the store is degraded.
     pub async fn sync(&self) -> Result<(), WaitError> {
-        self.progress.wait(self.head()).await
+        self.shared.progress.wait(self.head()).await
     }
 
     /// Blocking [`Durable::sync`] with a deadline (tests, benchmarks).
     pub fn sync_blocking(&self, timeout: Duration) -> Result<(), WaitError> {
-        self.progress.wait_blocking(self.head(), timeout)
+        self.shared.progress.wait_blocking(self.head(), timeout)
+    }
+
+    /// Whether the store can write now.
+    pub fn health(&self) -> Health {
+        self.shared.progress.health()
+    }
+
+    /// [`Durable::health`] is [`Health::Healthy`].
+    pub fn is_healthy(&self) -> bool {
+        self.shared.progress.is_healthy()
+    }
+
+    /// Resolves once the store has failed beyond in-process recovery, with
+    /// the reason; the binary then exits with [`EXIT_FATAL`].
+    pub async fn fatal(&self) -> Arc<str> {
+        self.shared.progress.fatal().await
+    }
+
+    /// Probes the disk and the stall watch now (the checkpointer does it
+    /// every tick); returns the health after that. For tests.
+    #[doc(hidden)]
+    pub fn check_now(&self) -> Health {
+        if let Some(f) = self.shared.watch.judge(Instant::now()) {
+            self.shared.fail(f);
+        }
+        if self.is_healthy() {
+            if let Err(f) = self.shared.probe() {
+                self.shared.fail(f);
+            }
+        }
+        self.health()
+    }
+
+    /// A degraded store tries to recover now rather than at its next
+    /// scheduled attempt; waits (up to `timeout`) for that attempt and
+    /// returns the health after it. For tests and operators' tools.
+    #[doc(hidden)]
+    pub fn recover_now(&self, timeout: Duration) -> Health {
+        let p = &self.shared.progress;
+        if p.is_healthy() {
+            return Health::Healthy;
+        }
+        let before = p.counts().2;
+        let _ = self.tx.send(Msg::Recover);
+        p.wait_until(timeout, |p| p.counts().2 > before || matches!(p.health(), Health::Fatal(_)));
+        self.health()
+    }
+
+    /// Appends the durable store's series to a Prometheus text page.
+    pub fn render_metrics(&self, out: &mut String) {
+        let (failures, recoveries, _) = self.shared.progress.counts();
+        let series: [(&str, &str, &str, u64); 3] = [
+            (
+                "durable_healthy",
+                "gauge",
+                "1 while the durable store (--data-dir) can write, 0 while it cannot (degraded or failing).",
+                u64::from(self.is_healthy()),
+            ),
+            ("durable_failures_total", "counter", "Times the durable store stopped being able to write.", failures),
+            (
+                "durable_recoveries_total",
+                "counter",
+                "Times it recovered in process (a fresh checkpoint written from memory).",
+                recoveries,
+            ),
+        ];
+        for (name, kind, help, v) in series {
+            let _ = writeln!(
+                out,
+                "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}\nhf3fs_meta_{name} {v}"
+            );
+        }
     }
 
     /// Folds the log into the checkpointed state now (the checkpointer does
     /// it every second anyway). Returns the records folded.
+    /// A failure degrades the store as the checkpointer's would.
     pub fn checkpoint(&self) -> Result<u64, String> {
-        checkpoint::pass(&self.db)
+        checkpoint::pass(&self.shared).map_err(|f| {
+            let why = f.to_string();
+            self.shared.fail(f);
+            why
+        })
     }
 
     /// Writes and syncs everything recorded so far, folds the log, and stops
     /// the threads. Idempotent. Changes recorded afterwards are not written
-    /// (their waiters get [`WaitError::Closed`]).
+    /// (their waiters get [`WaitError::Closed`]). Fails if the store is not
+    /// healthy (what was not durable then is not durable now).
     pub fn close(&self) -> Result<(), WaitError> {
         self.stop(true)
     }
@@ -295,8 +414,9 @@ impl Durable {
     }
 
     fn stop(&self, last_checkpoint: bool) -> Result<(), WaitError> {
+        let failed = || self.shared.progress.failure().map_or(Ok(()), |f| Err(WaitError::Failed(f.to_string())));
         let Some(t) = self.threads.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() else {
-            return self.progress.failure().map_or(Ok(()), |f| Err(WaitError::Failed(f.to_owned())));
+            return failed();
         };
         let _ = self.tx.send(Msg::Stop);
         let _ = t.writer.join();
@@ -306,10 +426,39 @@ impl Durable {
         }
         let _ = t.stop_checkpointer.send(last_checkpoint);
         let _ = t.checkpointer.join();
-        match self.progress.failure() {
-            Some(f) => Err(WaitError::Failed(f.to_owned())),
-            None => Ok(()),
+        let retiring =
+            std::mem::take(&mut *self.shared.retiring.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        for h in retiring {
+            let _ = h.join();
         }
+        failed()
+    }
+}
+
+/// Logs what opening the keyspace cleaned up.
+fn log_open_report(dir: &Path, report: &OpenReport) {
+    if report.dropped_tail_bytes > 0 {
+        tracing::warn!(
+            dir = %dir.display(),
+            bytes = report.dropped_tail_bytes,
+            "durable store: dropped a torn journal tail of {} bytes (a batch being written when the process died; \
+             it was never acknowledged under --fsync always)",
+            report.dropped_tail_bytes
+        );
+    }
+    if report.stale_partitions > 0 {
+        tracing::warn!(
+            partitions = report.stale_partitions,
+            "durable store: removed the partitions of an older generation (a /clear was interrupted)"
+        );
+    }
+    if report.stale_keyspaces > 0 {
+        tracing::warn!(
+            keyspaces = report.stale_keyspaces,
+            keyspace = %report.keyspace,
+            "durable store: removed keyspace directories other than the current one (a recovery from a disk fault \
+             was interrupted, or had not finished removing the old one)"
+        );
     }
 }
 
@@ -333,47 +482,4 @@ impl Drop for Durable {
     fn drop(&mut self) {
         let _ = self.close();
     }
-}
-
-/// The text of a caught panic's payload.
-pub(crate) fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
-}
-
-thread_local! {
-    /// Set while this thread runs [`guarded`] code.
-    static GUARDED: Cell<bool> = const { Cell::new(false) };
-    /// The message of the last panic caught by [`guarded`] on this thread.
-    static CAUGHT: RefCell<Option<String>> = const { RefCell::new(None) };
-}
-
-/// Runs `f`, turning a panic into an error message without printing a
-/// panic report: the embedded store asserts on some malformed files, and a
-/// damaged data directory must produce one clear log line, not a backtrace.
-pub(crate) fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    static HOOK: std::sync::Once = std::sync::Once::new();
-    HOOK.call_once(|| {
-        let previous = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if GUARDED.with(Cell::get) {
-                let mut msg = panic_message(info.payload()).replace('\n', " ");
-                if let Some(l) = info.location() {
-                    msg = format!("{msg} ({}:{})", l.file(), l.line());
-                }
-                CAUGHT.with(|c| *c.borrow_mut() = Some(msg));
-            } else {
-                previous(info);
-            }
-        }));
-    });
-    let was = GUARDED.with(|g| g.replace(true));
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    GUARDED.with(|g| g.set(was));
-    r.map_err(|p| {
-        let caught = CAUGHT.with(|c| c.borrow_mut().take());
-        format!("the embedded store refused its files: {}", caught.unwrap_or_else(|| panic_message(&*p)))
-    })
 }

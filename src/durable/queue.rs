@@ -4,7 +4,13 @@
 //! [`QueueJournal::record`] runs while the store holds pages BUSY, so it does
 //! the least it can: number the change (one `fetch_add` on `head`), copy it
 //! into an owned message and push it onto an unbounded crossbeam channel. No
-//! lock, no I/O, no waiting.
+//! lock, no I/O, no waiting. Inside an operation the store brackets
+//! ([`Journal::begin`]/[`Journal::end`], a confirm's commit), the changes
+//! go into a thread-local buffer instead and the whole operation is pushed
+//! as one message at its end: one channel send per request rather than one
+//! per page. The changes are still numbered as they are recorded, and the
+//! writer writes them in number order ([`Watermark::ready`]): another
+//! request may change a page again before this one's message is sent.
 //!
 //! A request that needs its changes durable reads `head` *after* its store
 //! call returned and waits until the writer has made every change numbered up
@@ -30,21 +36,28 @@
 //!   writer wrote before it (cheap, and easier to reason about).
 //! - `closed` (`Release`/`Acquire`): set once the writer has exited; a waiter
 //!   whose target is beyond `durable` then gives up instead of waiting forever.
-//! - `failed` is a `OnceLock` (its own synchronization).
+//! - `health` (`Release` store after the reason is set under its mutex,
+//!   `Acquire` loads): a waiter that sees DEGRADED or FATAL then reads the
+//!   reason under the mutex. The writer publishes the durable position a
+//!   recovery reached *before* it sets HEALTHY again, so a waiter never sees
+//!   HEALTHY with a position older than the recovery.
+//! - `failures`, `recoveries` and `attempts` are counters for metrics and
+//!   tests (`Relaxed`); a test that waits for an attempt does so under `lock`.
 //!
 //! Wake-ups go through `tokio::sync::Notify` (async waiters) and a
 //! `Condvar` (blocking waiters: tests, benchmarks, shutdown). A waiter
 //! registers before it checks `durable`, so a publish between the check and
 //! the sleep is never missed.
 
+use super::error::Failure;
 use crate::core::{Change, Journal, Key};
 use crossbeam_channel::Sender;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// An owned copy of a [`Change`], tagged with its generation.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Op {
     Initialize { generation: u64, rank: u32, num_pages: u32 },
     Bind { generation: u64, rank: u32, page: u32, world: u32, key: Key },
@@ -53,6 +66,13 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// Whether this is a rank creation or a clear: the changes a degraded
+    /// writer keeps (see `super::writer`), since they are recorded before
+    /// they become visible and a snapshot may not see them yet.
+    pub(crate) fn is_admin(&self) -> bool {
+        matches!(self, Op::Initialize { .. } | Op::Clear { .. })
+    }
+
     pub(crate) fn generation(&self) -> u64 {
         match *self {
             Op::Initialize { generation, .. }
@@ -81,9 +101,32 @@ impl From<Change<'_>> for Op {
 pub(crate) enum Msg {
     /// Change number `seq`.
     Change { seq: u64, op: Op },
+    /// The changes of one operation, numbered, in order.
+    Changes(Vec<(u64, Op)>),
     /// Write and sync everything before this message, then exit.
     Stop,
+    /// Another thread reported a failure: look at the health state.
+    Wake,
+    /// A degraded writer tries to recover now (tests, operators).
+    Recover,
 }
+
+/// Whether the durable store can write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// Writes succeed; acknowledged changes are durable.
+    Healthy,
+    /// Writes fail (the reason says how); changes stay in memory, are
+    /// answered 503, and reach the disk with the next successful recovery.
+    Degraded(Arc<str>),
+    /// Nothing safe can be done in process; the server is exiting.
+    Fatal(Arc<str>),
+}
+
+/// [`Health`] as one byte.
+const HEALTHY: u8 = 0;
+const DEGRADED: u8 = 1;
+const FATAL: u8 = 2;
 
 /// Why a wait for durability ended without success.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -108,8 +151,17 @@ pub(crate) struct Progress {
     durable: AtomicU64,
     /// Set once the writer has exited.
     closed: AtomicBool,
-    /// Why the writer stopped writing, if it failed.
-    failed: OnceLock<String>,
+    /// HEALTHY, DEGRADED or FATAL.
+    health: AtomicU8,
+    /// Why not healthy. A std `Mutex`: taken on failures, recoveries and
+    /// by waiters that fail, never on a healthy request path.
+    reason: Mutex<Option<Arc<str>>>,
+    /// Times the store became degraded.
+    failures: AtomicU64,
+    /// Times it recovered in process.
+    recoveries: AtomicU64,
+    /// Recovery attempts finished (successful or not).
+    attempts: AtomicU64,
     /// Wakes async waiters.
     notify: tokio::sync::Notify,
     /// With `cv`, wakes blocking waiters. Never touched by requests.
@@ -139,10 +191,78 @@ impl Progress {
         self.wake();
     }
 
-    /// Records a failure (writer only); every waiter not yet satisfied fails.
-    pub(crate) fn fail(&self, why: String) {
-        let _ = self.failed.set(why);
+    /// Records a failure: DEGRADED for [`Failure::Io`], FATAL for
+    /// [`Failure::Fatal`]; every waiter not yet satisfied fails. Returns
+    /// whether the state got worse (a second failure while degraded only
+    /// updates the reason; nothing leaves FATAL).
+    pub(crate) fn fail(&self, failure: &Failure) -> bool {
+        let (to, why) = match failure {
+            Failure::Io(m) => (DEGRADED, m),
+            Failure::Fatal(m) => (FATAL, m),
+        };
+        let mut reason = self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = self.health.load(Ordering::Acquire);
+        if now > to {
+            return false;
+        }
+        *reason = Some(why.as_str().into());
+        self.health.store(to, Ordering::Release);
+        drop(reason);
+        let worse = now < to;
+        if worse && to == DEGRADED {
+            self.failures.fetch_add(1, Ordering::Relaxed);
+        }
         self.wake();
+        worse
+    }
+
+    /// Marks a recovery (writer only, after it published the position the
+    /// recovery reached).
+    pub(crate) fn recovered(&self) {
+        let mut reason = self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.health.load(Ordering::Acquire) == DEGRADED {
+            *reason = None;
+            self.health.store(HEALTHY, Ordering::Release);
+            self.recoveries.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(reason);
+        self.wake();
+    }
+
+    /// Counts a finished recovery attempt (writer only).
+    pub(crate) fn attempted(&self) {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        self.wake();
+    }
+
+    /// Whether the store can write.
+    pub(crate) fn is_healthy(&self) -> bool {
+        self.health.load(Ordering::Acquire) == HEALTHY
+    }
+
+    /// The health state.
+    pub(crate) fn health(&self) -> Health {
+        match self.health.load(Ordering::Acquire) {
+            HEALTHY => Health::Healthy,
+            h => {
+                let why = self.reason().unwrap_or_else(|| "unknown".into());
+                if h == FATAL {
+                    Health::Fatal(why)
+                } else {
+                    Health::Degraded(why)
+                }
+            }
+        }
+    }
+
+    fn reason(&self) -> Option<Arc<str>> {
+        self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// `(failures, recoveries, attempts)` so far.
+    pub(crate) fn counts(&self) -> (u64, u64, u64) {
+        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        (c(&self.failures), c(&self.recoveries), c(&self.attempts))
     }
 
     /// Marks the writer as gone (writer only, on exit).
@@ -151,8 +271,13 @@ impl Progress {
         self.wake();
     }
 
-    pub(crate) fn failure(&self) -> Option<&str> {
-        self.failed.get().map(String::as_str)
+    /// Why the store is not healthy, if it is not.
+    pub(crate) fn failure(&self) -> Option<Arc<str>> {
+        if self.is_healthy() {
+            None
+        } else {
+            self.reason()
+        }
     }
 
     fn wake(&self) {
@@ -165,8 +290,8 @@ impl Progress {
     fn check(&self, target: u64) -> Option<Result<(), WaitError>> {
         if self.durable() >= target {
             Some(Ok(()))
-        } else if let Some(why) = self.failed.get() {
-            Some(Err(WaitError::Failed(why.clone())))
+        } else if let Some(why) = self.failure() {
+            Some(Err(WaitError::Failed(why.to_string())))
         } else if self.closed.load(Ordering::Acquire) {
             Some(Err(WaitError::Closed))
         } else {
@@ -188,6 +313,36 @@ impl Progress {
                 return r;
             }
             notified.await;
+        }
+    }
+
+    /// Waits until the state is FATAL; returns why.
+    pub(crate) async fn fatal(&self) -> Arc<str> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Health::Fatal(why) = self.health() {
+                return why;
+            }
+            notified.await;
+        }
+    }
+
+    /// Blocks until `done` holds (checked after every wake-up) or `timeout`
+    /// passes; returns whether it held.
+    pub(crate) fn wait_until(&self, timeout: Duration, mut done: impl FnMut(&Self) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            if done(self) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            guard = self.cv.wait_timeout(guard, left).unwrap_or_else(std::sync::PoisonError::into_inner).0;
         }
     }
 
@@ -214,20 +369,83 @@ pub(crate) struct QueueJournal {
     pub(crate) tx: Sender<Msg>,
 }
 
+/// The operation a thread is in, for one journal.
+#[derive(Default)]
+struct Pending {
+    /// The journal the operation is for (its address); 0 when none.
+    owner: usize,
+    /// Nesting depth of `begin`s.
+    depth: u32,
+    /// The changes recorded so far.
+    ops: Vec<(u64, Op)>,
+}
+
+thread_local! {
+    static PENDING: std::cell::RefCell<Pending> = std::cell::RefCell::new(Pending::default());
+}
+
+impl QueueJournal {
+    fn id(&self) -> usize {
+        self as *const Self as usize
+    }
+
+    /// Pushes onto the channel. A send fails only once the writer has
+    /// exited; the waiter of the change then sees `closed` (or `failed`)
+    /// and answers an error.
+    fn send(&self, msg: Msg) {
+        let _ = self.tx.send(msg);
+    }
+}
+
 impl Journal for QueueJournal {
     fn record(&self, change: Change<'_>) {
         let op = Op::from(change);
         let seq = self.progress.next();
-        // A send fails only once the writer has exited; the waiter of this
-        // change then sees `closed` (or `failed`) and answers an error.
-        let _ = self.tx.send(Msg::Change { seq, op });
+        let unbuffered = PENDING.with(|p| match p.try_borrow_mut() {
+            Ok(mut p) if p.depth > 0 && p.owner == self.id() => {
+                p.ops.push((seq, op));
+                None
+            }
+            _ => Some(op),
+        });
+        if let Some(op) = unbuffered {
+            self.send(Msg::Change { seq, op });
+        }
+    }
+
+    fn begin(&self) {
+        PENDING.with(|p| {
+            let Ok(mut p) = p.try_borrow_mut() else { return };
+            if p.depth == 0 {
+                p.owner = self.id();
+            }
+            p.depth += 1;
+        });
+    }
+
+    fn end(&self) {
+        let ops = PENDING.with(|p| {
+            let Ok(mut p) = p.try_borrow_mut() else { return Vec::new() };
+            p.depth = p.depth.saturating_sub(1);
+            if p.depth > 0 || p.owner != self.id() {
+                return Vec::new();
+            }
+            p.owner = 0;
+            std::mem::take(&mut p.ops)
+        });
+        if !ops.is_empty() {
+            self.send(Msg::Changes(ops));
+        }
     }
 }
 
-/// Turns the change numbers of written batches into the durable position:
-/// the largest `n` such that every number `1..=n` is done. Numbers reach the
-/// writer slightly out of order (a change is numbered before it is pushed),
-/// so the ones beyond a gap wait in a small heap.
+/// Turns change numbers into the durable position: the largest `n` such
+/// that every number `1..=n` is done. Numbers reach the writer out of order
+/// (a change is numbered before it is pushed, an operation's changes are
+/// pushed at its end), so the writer takes changes in number order
+/// ([`Watermark::ready`]); a degraded writer, which writes nothing, counts
+/// what it drops in any order ([`Watermark::advance`]), and those beyond a
+/// gap wait in a small heap.
 #[derive(Debug, Default)]
 pub(crate) struct Watermark {
     done: u64,
@@ -238,6 +456,33 @@ impl Watermark {
     /// Starts after `done`.
     pub(crate) fn new(done: u64) -> Self {
         Self { done, ahead: Default::default() }
+    }
+
+    /// The position: every number up to it is done.
+    pub(crate) fn done(&self) -> u64 {
+        self.done
+    }
+
+    /// Moves into `out`, in number order, the changes of `pending` that
+    /// extend the run of numbers done (skipping numbers already counted by
+    /// [`Watermark::advance`]), and marks them done; the rest stay in
+    /// `pending`, waiting for the numbers before them.
+    pub(crate) fn ready(&mut self, pending: &mut Vec<(u64, Op)>, out: &mut Vec<(u64, Op)>) {
+        pending.sort_unstable_by_key(|e| e.0);
+        let mut i = 0;
+        loop {
+            let next = self.done + 1;
+            if self.ahead.peek().is_some_and(|r| r.0 == next) {
+                self.ahead.pop();
+                self.done = next;
+            } else if pending.get(i).is_some_and(|e| e.0 == next) {
+                self.done = next;
+                i += 1;
+            } else {
+                break;
+            }
+        }
+        out.extend(pending.drain(..i));
     }
 
     /// Marks `seqs` done (sorts them) and returns the new position.
@@ -263,6 +508,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ready_takes_the_run_in_order_and_skips_counted_numbers() {
+        let op = |p| (p, Op::Unbind { generation: 0, rank: 0, page: p as u32 });
+        let mut w = Watermark::new(0);
+        let (mut pending, mut out) = (vec![op(3), op(1), op(5)], Vec::new());
+        w.ready(&mut pending, &mut out);
+        assert_eq!(out.iter().map(|e| e.0).collect::<Vec<_>>(), [1]);
+        assert_eq!(pending.iter().map(|e| e.0).collect::<Vec<_>>(), [3, 5]);
+        // 2 and 4 were counted while degraded (dropped, covered elsewhere).
+        w.advance(&mut [4, 2]);
+        w.ready(&mut pending, &mut out);
+        assert_eq!(out.iter().map(|e| e.0).collect::<Vec<_>>(), [1, 3, 5]);
+        assert_eq!((w.done(), pending.len()), (5, 0));
+    }
+
+    #[test]
+    fn an_operation_is_one_message_in_number_order() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let j = QueueJournal { progress: std::sync::Arc::new(Progress::default()), tx };
+        let unbind = |page| Change::Unbind { generation: 0, rank: 0, page };
+        j.record(unbind(1));
+        j.begin();
+        j.record(unbind(2));
+        j.begin();
+        j.record(unbind(3));
+        j.end();
+        assert!(matches!(rx.try_recv(), Ok(Msg::Change { seq: 1, .. })));
+        assert!(rx.try_recv().is_err(), "held until the outer end");
+        j.end();
+        match rx.try_recv() {
+            Ok(Msg::Changes(v)) => assert_eq!(v.iter().map(|e| e.0).collect::<Vec<_>>(), [2, 3]),
+            other => panic!("{other:?}"),
+        }
+        j.record(unbind(4));
+        assert!(matches!(rx.try_recv(), Ok(Msg::Change { seq: 4, .. })));
+    }
+
+    #[test]
     fn watermark_waits_for_gaps() {
         let mut w = Watermark::new(0);
         assert_eq!(w.advance(&mut [2, 3]), 0);
@@ -279,7 +561,7 @@ mod tests {
         let t = std::thread::spawn(move || q.wait_blocking(2, Duration::from_secs(10)));
         p.publish(2);
         assert_eq!(t.join().unwrap(), Ok(()));
-        p.fail("disk on fire".into());
+        p.fail(&Failure::Io("disk on fire".into()));
         assert!(matches!(p.wait_blocking(3, Duration::from_secs(1)), Err(WaitError::Failed(_))));
         assert_eq!(p.wait_blocking(2, Duration::from_secs(1)), Ok(()));
     }

@@ -15,23 +15,31 @@
 //! `bound` counts restored bindings across the workers (`Relaxed`): it is
 //! read once, after `thread::scope` has joined them, and the join orders it.
 
-use super::checkpoint::{key_page, sort_key, split_key, Fold};
 use super::codec::{self, Binding, CHUNK_PAGES, CHUNK_PREFIX, CHUNK_SHIFT, RANK_PREFIX};
+use super::error::OpenError;
+use super::fold::{key_page, sort_key, split_key, Fold};
+use super::shared::chunk_id;
 use super::store::Db;
-use super::OpenError;
 use crate::core::Store;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// Counts of what recovery restored.
-#[derive(Debug, Default, Clone, Copy)]
+/// Counts of what recovery restored, and what the log tail touched (the
+/// first checkpoint after start-up folds it).
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Restored {
     pub(crate) ranks: usize,
     pub(crate) bindings: u64,
     pub(crate) chunks: u64,
     pub(crate) log_entries: usize,
     pub(crate) log_records: u64,
+    /// The number of the first log entry (0 for an empty log).
+    pub(crate) first_entry: u64,
+    /// The state chunks the log tail touches, as `rank << 32 | chunk`.
+    pub(crate) tail_chunks: Vec<u64>,
+    /// The ranks the log tail creates.
+    pub(crate) tail_ranks: BTreeMap<u32, u32>,
 }
 
 /// One chunk index's chunks, one per rank that has bindings there.
@@ -48,7 +56,7 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
         let (rank, n) = codec::parse_rank(&k, &v).map_err(|e| OpenError::Corrupt(e.to_string()))?;
         ranks.insert(rank, n);
     }
-    let tail = Fold::read(&parts.log, u64::MAX).map_err(OpenError::Corrupt)?;
+    let tail = Fold::read(&parts.log, u64::MAX).map_err(|f| OpenError::Corrupt(f.to_string()))?;
     for (&rank, &n) in &tail.ranks {
         ranks.entry(rank).or_insert(n);
     }
@@ -59,11 +67,15 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
         ranks: ranks.len(),
         log_entries: tail.entries.len(),
         log_records: tail.records,
+        first_entry: tail.entries.first().map_or(0, |k| k.as_ref().try_into().map_or(0, u64::from_be_bytes)),
+        tail_ranks: tail.ranks.clone(),
         ..Restored::default()
     };
     let mut tail = tail;
     let overlay = tail.net();
     let touched: HashSet<u64> = overlay.iter().map(|e| e.0 >> 8).collect();
+    // `sort_key >> 8` is `chunk << 32 | rank`.
+    out.tail_chunks = touched.iter().map(|&k| chunk_id(k as u32, (k >> 32) as u32)).collect();
     let overlay = &overlay;
 
     let bound = AtomicU64::new(0);

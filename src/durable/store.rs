@@ -1,15 +1,32 @@
 //! The embedded store (fjall) and the partitions of the current generation.
 //!
-//! One fjall keyspace lives in `<data-dir>/keyspace`. fjall writes every batch
-//! to its journal first (checksummed, one sequential file), so a batch is
-//! atomic across partitions and a crash keeps a prefix of the batches: that
-//! is the property the log and the checkpoint rely on.
+//! One fjall keyspace holds the data: `<data-dir>/keyspace` at first, then
+//! `<data-dir>/keyspace-<n>` after the n-th recovery from a disk fault,
+//! which writes a fresh keyspace from memory beside the abandoned one
+//! ([`super::snapshot`]). `<data-dir>/CURRENT` names the keyspace in use; it
+//! is replaced atomically (write, fsync, rename, fsync the directory) once
+//! the new keyspace is complete and synced, so a crash at any point leaves
+//! one complete keyspace named by it. Without `CURRENT` (a directory that
+//! never needed a recovery) the keyspace is `keyspace`. Start-up removes
+//! every other `keyspace*` directory: a half-written snapshot or an
+//! abandoned keyspace.
+//!
+//! fjall writes every batch to its journal first (checksummed, one
+//! sequential file), so a batch is atomic across partitions and a crash
+//! keeps a prefix of the batches: that is the property the log and the
+//! checkpoint rely on.
 
 use super::codec::{self, GENERATION_KEY};
-use super::{guarded, OpenError};
+use super::error::{guarded, Failure, OpenError};
 use fjall::{CompressionType, Keyspace, PartitionCreateOptions, PartitionHandle, PersistMode};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
+
+/// The keyspace of a data directory that never needed a recovery.
+const FIRST: &str = "keyspace";
+/// The file naming the keyspace in use.
+const CURRENT: &str = "CURRENT";
 
 /// The partitions of one generation.
 pub(crate) struct Parts {
@@ -19,13 +36,18 @@ pub(crate) struct Parts {
     pub(crate) log: PartitionHandle,
     /// Its checkpointed state (`state_{g}`).
     pub(crate) state: PartitionHandle,
+    /// Set once a recovery replaced this keyspace: a checkpoint pass that
+    /// finds it set does nothing.
+    pub(crate) retired: bool,
 }
 
 /// The keyspace and the current generation.
 pub(crate) struct Db {
     pub(crate) keyspace: Keyspace,
-    /// Where the keyspace lives.
+    /// Where the keyspace lives (`<data-dir>/<name>`).
     path: PathBuf,
+    /// Its directory name (`keyspace` or `keyspace-<n>`).
+    name: String,
     meta: PartitionHandle,
     /// The current generation's partitions. A std `Mutex`, held by the
     /// checkpointer for one pass and by the writer while it switches
@@ -41,6 +63,11 @@ pub struct OpenReport {
     pub dropped_tail_bytes: u64,
     /// Partitions of older generations removed (a crash during a `/clear`).
     pub stale_partitions: usize,
+    /// Keyspace directories removed: abandoned by a recovery, or a fresh
+    /// one whose writing a crash interrupted.
+    pub stale_keyspaces: usize,
+    /// The keyspace directory in use.
+    pub keyspace: String,
 }
 
 fn log_options() -> PartitionCreateOptions {
@@ -51,6 +78,49 @@ fn log_options() -> PartitionCreateOptions {
 
 fn state_options() -> PartitionCreateOptions {
     PartitionCreateOptions::default().manual_journal_persist(true)
+}
+
+/// Opens (or creates) the fjall keyspace at `path`.
+fn open_keyspace(path: &Path) -> fjall::Result<Keyspace> {
+    fjall::Config::new(path)
+        .manual_journal_persist(true)
+        // Two cores: one background flush and one compaction thread leave
+        // the rest to the server.
+        .flush_workers(1)
+        .compaction_workers(1)
+        .open()
+}
+
+/// `Some(n)` for `keyspace-<n>`, `Some(0)` for `keyspace`, else `None`.
+fn keyspace_number(name: &str) -> Option<u64> {
+    if name == FIRST {
+        return Some(0);
+    }
+    name.strip_prefix(FIRST)?.strip_prefix('-')?.parse().ok()
+}
+
+/// Removes every keyspace directory of `dir` but `keep`, and a stray
+/// `CURRENT.tmp`; returns how many keyspaces it removed.
+fn remove_other_keyspaces(dir: &Path, keep: &str) -> std::io::Result<usize> {
+    let mut removed = 0;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for e in entries {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == "CURRENT.tmp" || name == "probe.tmp" {
+            std::fs::remove_file(e.path())?;
+        } else if name != keep && keyspace_number(&name).is_some() && e.file_type()?.is_dir() {
+            match std::fs::remove_dir_all(e.path()) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => removed += 1,
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// For each journal file, where its written bytes end: fjall preallocates
@@ -86,25 +156,32 @@ fn file_len(path: &Path) -> u64 {
 }
 
 impl Db {
-    /// Opens (or creates) the keyspace in `dir`, finds the current
-    /// generation and removes older ones.
+    /// Opens (or creates) the keyspace `dir/CURRENT` names, finds the
+    /// current generation and removes older ones, and removes every other
+    /// keyspace directory.
     pub(crate) fn open(dir: &Path) -> Result<(Db, OpenReport), OpenError> {
-        let path = dir.join("keyspace");
+        let name = match std::fs::read_to_string(dir.join(CURRENT)) {
+            Ok(n) => n.trim().to_owned(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => FIRST.to_owned(),
+            Err(e) => return Err(OpenError::Io(format!("{}: {e}", dir.join(CURRENT).display()))),
+        };
+        if keyspace_number(&name).is_none() {
+            return Err(OpenError::Corrupt(format!("{} names {name:?}, not a keyspace", dir.join(CURRENT).display())));
+        }
+        let path = dir.join(&name);
+        if name != FIRST && !path.is_dir() {
+            return Err(OpenError::Corrupt(format!("{} names {name}, which is missing", dir.join(CURRENT).display())));
+        }
+        let mut report = OpenReport { keyspace: name.clone(), ..OpenReport::default() };
+        report.stale_keyspaces = remove_other_keyspaces(dir, &name)
+            .map_err(|e| OpenError::Io(format!("cannot remove an old keyspace in {}: {e}", dir.display())))?;
         std::fs::create_dir_all(&path).map_err(|e| OpenError::Io(format!("cannot create {}: {e}", path.display())))?;
         let before = journal_ends(&path);
         let corrupt = |e: String| OpenError::Corrupt(format!("{}: {e}", path.display()));
-        let keyspace = guarded(|| {
-            fjall::Config::new(&path)
-                .manual_journal_persist(true)
-                // Two cores: one background flush and one compaction thread
-                // leave the rest to the server.
-                .flush_workers(1)
-                .compaction_workers(1)
-                .open()
-        })
-        .map_err(corrupt)?
-        .map_err(|e| corrupt(e.to_string()))?;
-        let mut report = OpenReport::default();
+        let keyspace = guarded(|| open_keyspace(&path)).map_err(corrupt)?.map_err(|e| match e {
+            fjall::Error::Io(e) => OpenError::Io(format!("{}: {e}", path.display())),
+            e => corrupt(e.to_string()),
+        })?;
         for (p, written) in &before {
             // A journal fjall removed entirely was fully flushed: nothing lost.
             if p.exists() {
@@ -131,8 +208,96 @@ impl Db {
         }
         let log = keyspace.open_partition(&codec::log_partition(generation), log_options()).map_err(fjall_err)?;
         let state = keyspace.open_partition(&codec::state_partition(generation), state_options()).map_err(fjall_err)?;
-        let db = Db { keyspace, path, meta, parts: Mutex::new(Parts { generation, log, state }) };
+        let db = Db { keyspace, path, name, meta, parts: Mutex::new(Parts { generation, log, state, retired: false }) };
         Ok((db, report))
+    }
+
+    /// Creates an empty keyspace `dir/name` (removing any leftover of that
+    /// name) with the partitions of `generation`; for a recovery's
+    /// snapshot. Nothing names it until [`Db::make_current`].
+    pub(crate) fn create(dir: &Path, name: &str, generation: u64) -> Result<Db, Failure> {
+        let path = dir.join(name);
+        match std::fs::remove_dir_all(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Failure::io(&format!("removing {}", path.display()), &e))
+            }
+            _ => {}
+        }
+        let store = |e: fjall::Error| Failure::store(&format!("creating {}", path.display()), &e);
+        let keyspace = open_keyspace(&path).map_err(store)?;
+        let meta = keyspace.open_partition("meta", PartitionCreateOptions::default()).map_err(store)?;
+        let log = keyspace.open_partition(&codec::log_partition(generation), log_options()).map_err(store)?;
+        let state = keyspace.open_partition(&codec::state_partition(generation), state_options()).map_err(store)?;
+        let parts = Mutex::new(Parts { generation, log, state, retired: false });
+        Ok(Db { keyspace, path, name: name.to_owned(), meta, parts })
+    }
+
+    /// The meta partition (a snapshot records its generation there).
+    pub(crate) fn meta(&self) -> &PartitionHandle {
+        &self.meta
+    }
+
+    /// The keyspace's directory name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The keyspace's number (`keyspace-<n>`; 0 for `keyspace`).
+    pub(crate) fn number(&self) -> u64 {
+        keyspace_number(&self.name).unwrap_or(0)
+    }
+
+    /// The keyspace's directory.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The name of the keyspace a recovery writes after this one.
+    pub(crate) fn next_name(&self) -> String {
+        format!("{FIRST}-{}", keyspace_number(&self.name).unwrap_or(0) + 1)
+    }
+
+    /// fsyncs every file and directory of the keyspace (a snapshot's last
+    /// step before it is named current: fjall syncs its journal, this also
+    /// covers the directory entries of everything it created).
+    pub(crate) fn sync_tree(&self) -> std::io::Result<()> {
+        // fjall's own threads may remove a file meanwhile (a flushed
+        // journal, a compacted segment): gone is fine.
+        fn gone_ok(r: std::io::Result<()>) -> std::io::Result<()> {
+            match r {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                r => r,
+            }
+        }
+        fn walk(p: &Path) -> std::io::Result<()> {
+            for e in std::fs::read_dir(p)? {
+                let e = e?;
+                if e.file_type()?.is_dir() {
+                    gone_ok(walk(&e.path()))?;
+                } else {
+                    gone_ok(std::fs::File::open(e.path()).and_then(|f| f.sync_all()))?;
+                }
+            }
+            std::fs::File::open(p)?.sync_all()
+        }
+        walk(&self.path)
+    }
+
+    /// Names this keyspace in `dir/CURRENT`, atomically and durably: the
+    /// last step of a recovery.
+    pub(crate) fn make_current(&self, dir: &Path) -> std::io::Result<()> {
+        let tmp = dir.join("CURRENT.tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        writeln!(f, "{}", self.name)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, dir.join(CURRENT))?;
+        std::fs::File::open(dir)?.sync_all()
+    }
+
+    /// Marks the keyspace replaced, after any checkpoint pass on it ends.
+    pub(crate) fn retire(&self) {
+        self.parts().retired = true;
     }
 
     /// Where fjall keeps its journal files.
@@ -160,7 +325,8 @@ impl Db {
         let mut b = self.keyspace.batch().durability(Some(durability));
         b.insert(&self.meta, GENERATION_KEY.to_vec(), g.to_le_bytes().to_vec());
         b.commit()?;
-        let old = std::mem::replace(&mut *self.parts(), Parts { generation: g, log: log.clone(), state });
+        let old =
+            std::mem::replace(&mut *self.parts(), Parts { generation: g, log: log.clone(), state, retired: false });
         self.keyspace.delete_partition(old.log)?;
         self.keyspace.delete_partition(old.state)?;
         Ok(log)

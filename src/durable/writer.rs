@@ -1,12 +1,12 @@
 //! The writer thread: drains the queue in batches, appends each batch to the
 //! log as one entry, syncs according to `--fsync`, and publishes the durable
-//! position.
+//! position; after a failure, recovers.
 //!
 //! Group commit falls out of the loop: while the writer writes (and, with
 //! `--fsync always`, syncs) one batch, requests keep queueing; the next
 //! iteration takes all of them at once, so concurrent requests share one
-//! write and one fsync. With `--fsync batch` the writer never syncs: a
-//! syncer thread ([`run_syncer`]) fdatasyncs the journal every few
+//! write and one fsync. With `--fsync batch` the writer never syncs: the
+//! syncer thread ([`super::syncer`]) fdatasyncs the journal every few
 //! milliseconds beside it.
 //!
 //! Generations: a change is written only if it belongs to the current
@@ -16,32 +16,42 @@
 //! on its way (the store records it just after the swap): the writer switches
 //! generation right away, and the `Clear` is then a no-op.
 //!
+//! Failures (docs/durability.md, "When the disk fails"): when a write fails
+//! here, or another thread reports one, the store is degraded and the writer
+//! stops publishing. It keeps draining the queue, so memory stays bounded,
+//! dropping page changes (the memory has them) but keeping rank creations
+//! and clears ([`super::snapshot`] says why). It then tries to recover,
+//! after 1 s, then after twice as long each time up to 10 s, or at once on
+//! [`Msg::Recover`]: probe, write a fresh keyspace from memory, write the
+//! kept records, publish everything drained so far, healthy again. A
+//! [`Failure::Fatal`] ends the thread; the binary exits.
+//!
 //! # Memory ordering
 //!
 //! The writer publishes the durable position through [`Progress`] (see
 //! [`super::queue`]). Its only other atomic is the checkpointer's `backlog`
 //! hint, bumped `Relaxed`: it only decides when to nudge, no data hangs off it.
 
-use super::queue::{Msg, Op, Progress, Watermark};
-use super::store::Db;
-use super::{codec, FsyncMode};
-use crossbeam_channel::Receiver;
+use super::codec;
+use super::error::{panic_message, Failure};
+use super::faults::Point;
+use super::queue::{Msg, Op, Watermark};
+use super::shared::{chunk_id, Dirty, Shared, Who};
+use super::snapshot;
+use crate::config::FsyncMode;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use fjall::PersistMode;
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most changes written as one log entry.
 const MAX_BATCH: usize = 65_536;
-/// With `--fsync batch`, written data is synced at most about this long
-/// after it was written.
-pub const BATCH_SYNC_INTERVAL: Duration = Duration::from_millis(5);
+/// The longest wait between two recovery attempts.
+pub const RETRY_MAX: Duration = Duration::from_secs(10);
 
 pub(crate) struct Writer {
-    pub(crate) db: Arc<Db>,
+    pub(crate) shared: Arc<Shared>,
     pub(crate) mode: FsyncMode,
-    pub(crate) progress: Arc<Progress>,
     pub(crate) rx: Receiver<Msg>,
     /// The generation being written.
     pub(crate) generation: u64,
@@ -53,6 +63,12 @@ pub(crate) struct Writer {
     /// Changes taken since the checkpointer last looked (a nudge when large).
     pub(crate) backlog: Arc<std::sync::atomic::AtomicU64>,
     pub(crate) nudge: crossbeam_channel::Sender<()>,
+    /// The first wait before a recovery attempt (`None`: only on
+    /// [`Msg::Recover`]).
+    pub(crate) retry: Option<Duration>,
+    /// A [`Msg::Recover`] came while the loop was not degraded yet (it may
+    /// arrive just before the failure it is about).
+    pub(crate) recover_asked: bool,
 }
 
 /// State of one pass of the loop.
@@ -60,61 +76,153 @@ pub(crate) struct Writer {
 struct Batch {
     buf: Vec<u8>,
     records: u64,
-    seqs: Vec<u64>,
+    /// Changes received and not taken yet: beyond a gap in the numbers
+    /// (an operation still being recorded on another thread).
+    pending: Vec<(u64, Op)>,
+    /// The changes taken this pass, in number order.
+    ready: Vec<(u64, Op)>,
+    /// Whether this pass took any change.
+    took: bool,
+    /// The state chunks this pass's records touch ([`chunk_id`]), and the
+    /// ranks they create: added to the [`Dirty`] set once written.
+    chunks: Vec<u64>,
+    ranks: Vec<(u32, u32)>,
+    /// The rank creations and clears taken, kept in case the write fails.
+    admin: Vec<Op>,
+}
+
+impl Batch {
+    fn reset(&mut self) {
+        self.buf.clear();
+        self.records = 0;
+        self.took = false;
+        self.admin.clear();
+        self.chunks.clear();
+        self.ranks.clear();
+    }
+
+    /// Notes a page change for the checkpointer.
+    fn touch(&mut self, rank: u32, page: u32) {
+        let id = chunk_id(rank, page >> codec::CHUNK_SHIFT);
+        // Consecutive records mostly touch the same chunk.
+        if self.chunks.last() != Some(&id) {
+            self.chunks.push(id);
+        }
+    }
 }
 
 impl Writer {
-    /// Runs until a `Stop` message or a failure. Never panics out: a panic
-    /// inside the store is caught and reported as a failure.
+    /// Runs until a `Stop` message or a fatal failure. Never panics out: a
+    /// panic is caught and reported as fatal.
     pub(crate) fn run(mut self) {
-        let progress = self.progress.clone();
+        let shared = self.shared.clone();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.run_loop()));
-        let failure = match result {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e),
-            Err(p) => Some(format!("the writer panicked: {}", super::panic_message(&*p))),
-        };
-        if let Some(why) = failure {
-            tracing::error!("durable store failed, acknowledging no more changes: {why}");
-            progress.fail(why);
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(f)) => shared.fail(f),
+            Err(p) => shared.fail(Failure::Fatal(format!("the writer panicked: {}", panic_message(&*p)))),
         }
-        progress.close();
+        shared.progress.close();
     }
 
-    fn run_loop(&mut self) -> Result<(), String> {
-        let mut watermark = Watermark::new(self.progress.durable());
+    fn persist_mode(&self) -> PersistMode {
+        match self.mode {
+            FsyncMode::Always => PersistMode::SyncData,
+            FsyncMode::Batch | FsyncMode::None => PersistMode::Buffer,
+        }
+    }
+
+    fn run_loop(&mut self) -> Result<(), Failure> {
+        let mut watermark = Watermark::new(self.shared.progress.durable());
         let mut batch = Batch::default();
         loop {
-            let mut stop = false;
-            match self.rx.recv() {
-                Ok(Msg::Change { seq, op }) => self.take(seq, op, &mut batch)?,
-                Ok(Msg::Stop) | Err(_) => stop = true,
-            }
-            while !stop && batch.seqs.len() < MAX_BATCH {
-                match self.rx.try_recv() {
-                    Ok(Msg::Change { seq, op }) => self.take(seq, op, &mut batch)?,
-                    Ok(Msg::Stop) => stop = true,
-                    Err(_) => break,
+            if !self.shared.progress.is_healthy() {
+                if self.degraded(&mut watermark, &mut batch)? {
+                    return Ok(()); // stopped while degraded: the failure stands
                 }
+                continue;
             }
-            self.write(&mut batch)?;
+            let (stop, written) = self.one_batch(&mut watermark, &mut batch);
+            if let Err(f) = written {
+                if let Failure::Fatal(_) = f {
+                    return Err(f);
+                }
+                self.shared.fail(f);
+                if stop {
+                    return Ok(());
+                }
+                continue; // the batch stays unpublished; degraded() takes it over
+            }
             // Under `always` the write synced; otherwise written is what we
-            // promise (with `batch`, the syncer thread fsyncs within
-            // BATCH_SYNC_INTERVAL). Acknowledge.
-            if !batch.seqs.is_empty() {
-                self.progress.publish(watermark.advance(&mut batch.seqs));
-                batch.seqs.clear();
+            // promise (with `batch`, the syncer fsyncs within
+            // BATCH_SYNC_INTERVAL). Acknowledge, unless another thread found
+            // the store failing meanwhile.
+            if !self.shared.progress.is_healthy() {
+                continue;
             }
+            if batch.took {
+                self.shared.progress.publish(watermark.done());
+            }
+            batch.reset();
             if stop {
-                self.db.keyspace.persist(PersistMode::SyncAll).map_err(|e| format!("final fsync: {e}"))?;
+                let _call = self.shared.watch.enter(Who::Writer, Instant::now());
+                self.shared.check(Point::Sync).map_err(|e| Failure::io("final fsync", &e))?;
+                let db = self.shared.db.load_full();
+                db.keyspace.persist(PersistMode::SyncAll).map_err(|e| Failure::store("final fsync", &e))?;
                 return Ok(());
             }
         }
     }
 
-    /// Adds one change to the batch (or switches generation).
-    fn take(&mut self, seq: u64, op: Op, batch: &mut Batch) -> Result<(), String> {
-        batch.seqs.push(seq);
+    /// Takes whatever is queued (waiting for the first message), in number
+    /// order as far as the numbers run without a gap, and writes it as one
+    /// log entry. Returns whether a `Stop` came, and how the writing went.
+    fn one_batch(&mut self, watermark: &mut Watermark, batch: &mut Batch) -> (bool, Result<(), Failure>) {
+        let mut stop = false;
+        let mut received = 0;
+        let mut msg = self.rx.recv().map_err(|_| ());
+        loop {
+            match msg {
+                Ok(Msg::Change { seq, op }) => {
+                    batch.pending.push((seq, op));
+                    received += 1;
+                }
+                Ok(Msg::Changes(mut ops)) => {
+                    received += ops.len();
+                    batch.pending.append(&mut ops);
+                }
+                Ok(Msg::Stop) | Err(()) => stop = true,
+                Ok(Msg::Wake) => {}
+                Ok(Msg::Recover) => self.recover_asked = true,
+            }
+            if stop || received >= MAX_BATCH {
+                break;
+            }
+            msg = match self.rx.try_recv() {
+                Ok(m) => Ok(m),
+                Err(_) => break,
+            };
+        }
+        let mut ready = std::mem::take(&mut batch.ready);
+        watermark.ready(&mut batch.pending, &mut ready);
+        batch.took |= !ready.is_empty();
+        let mut taken = Ok(());
+        for (_, op) in ready.drain(..) {
+            if op.is_admin() {
+                batch.admin.push(op.clone());
+            }
+            // After a failure the rest is still counted (the watermark did),
+            // and its rank creations and clears are kept; not encoded.
+            if taken.is_ok() {
+                taken = self.encode(op, batch);
+            }
+        }
+        batch.ready = ready;
+        (stop, taken.and_then(|()| self.write(batch)))
+    }
+
+    /// Encodes one change into the batch (or switches generation).
+    fn encode(&mut self, op: Op, batch: &mut Batch) -> Result<(), Failure> {
         let g = op.generation();
         if g < self.generation {
             return Ok(()); // raced a /clear: wiped in memory too
@@ -123,12 +231,23 @@ impl Writer {
             // Everything pending belongs to the generation being wiped.
             batch.buf.clear();
             batch.records = 0;
+            batch.chunks.clear();
+            batch.ranks.clear();
             self.switch(g)?;
         }
         match op {
-            Op::Initialize { rank, num_pages, .. } => codec::put_initialize(&mut batch.buf, rank, num_pages),
-            Op::Bind { rank, page, world, key, .. } => codec::put_bind(&mut batch.buf, rank, page, world, key.as_ref()),
-            Op::Unbind { rank, page, .. } => codec::put_unbind(&mut batch.buf, rank, page),
+            Op::Initialize { rank, num_pages, .. } => {
+                codec::put_initialize(&mut batch.buf, rank, num_pages);
+                batch.ranks.push((rank, num_pages));
+            }
+            Op::Bind { rank, page, world, key, .. } => {
+                codec::put_bind(&mut batch.buf, rank, page, world, key.as_ref());
+                batch.touch(rank, page);
+            }
+            Op::Unbind { rank, page, .. } => {
+                codec::put_unbind(&mut batch.buf, rank, page);
+                batch.touch(rank, page);
+            }
             Op::Clear { .. } => return Ok(()),
         }
         batch.records += 1;
@@ -136,30 +255,41 @@ impl Writer {
     }
 
     /// Makes generation `g` current, durably, and drops the older ones.
-    fn switch(&mut self, g: u64) -> Result<(), String> {
-        let durability = match self.mode {
-            FsyncMode::Always => PersistMode::SyncData,
-            FsyncMode::Batch | FsyncMode::None => PersistMode::Buffer,
-        };
-        self.log = self.db.switch_generation(g, durability).map_err(|e| format!("clear to generation {g}: {e}"))?;
+    fn switch(&mut self, g: u64) -> Result<(), Failure> {
+        let what = format!("clear to generation {g}");
+        let _call = self.shared.watch.enter(Who::Writer, Instant::now());
+        self.shared.check(Point::Write).map_err(|e| Failure::io(&what, &e))?;
+        let db = self.shared.db.load_full();
+        self.log = db.switch_generation(g, self.persist_mode()).map_err(|e| Failure::store(&what, &e))?;
         self.generation = g;
         self.next_entry = 0;
+        *self.shared.dirty() = Dirty::new(db.number(), g, 0);
         Ok(())
     }
 
     /// Appends the batch's records as one log entry.
-    fn write(&mut self, batch: &mut Batch) -> Result<(), String> {
+    fn write(&mut self, batch: &mut Batch) -> Result<(), Failure> {
         if batch.records == 0 {
             return Ok(());
         }
-        let durability = match self.mode {
-            FsyncMode::Always => PersistMode::SyncData,
-            FsyncMode::Batch | FsyncMode::None => PersistMode::Buffer,
-        };
-        let mut b = self.db.keyspace.batch().durability(Some(durability));
+        let _call = self.shared.watch.enter(Who::Writer, Instant::now());
+        self.shared.check(Point::Write).map_err(|e| Failure::io("log write", &e))?;
+        if self.mode == FsyncMode::Always {
+            self.shared.check(Point::Sync).map_err(|e| Failure::io("log fsync", &e))?;
+        }
+        let db = self.shared.db.load();
+        let mut b = db.keyspace.batch().durability(Some(self.persist_mode()));
         b.insert(&self.log, codec::log_key(self.next_entry).to_vec(), std::mem::take(&mut batch.buf));
-        b.commit().map_err(|e| format!("log write: {e}"))?;
+        b.commit().map_err(|e| Failure::store("log write", &e))?;
         self.next_entry += 1;
+        {
+            let mut d = self.shared.dirty();
+            d.cut = self.next_entry;
+            d.chunks.extend(batch.chunks.drain(..));
+            for (r, n) in batch.ranks.drain(..) {
+                d.ranks.entry(r).or_insert(n);
+            }
+        }
         let before = self.backlog.fetch_add(batch.records, std::sync::atomic::Ordering::Relaxed);
         if before < super::checkpoint::NUDGE_RECORDS && before + batch.records >= super::checkpoint::NUDGE_RECORDS {
             let _ = self.nudge.try_send(());
@@ -167,52 +297,137 @@ impl Writer {
         batch.records = 0;
         Ok(())
     }
-}
 
-/// With `--fsync batch`: fdatasyncs the store's journal files every
-/// [`BATCH_SYNC_INTERVAL`] while there is something new, through file
-/// descriptors of its own. fjall's `persist` holds its journal lock for the
-/// whole fsync, which would stall the writer's next append; an fsync on
-/// another descriptor of the same file flushes the same dirty pages without
-/// that lock. A failure is a writer failure: nothing is acknowledged after it.
-pub(crate) fn run_syncer(journals: PathBuf, progress: Arc<Progress>, stop: Receiver<()>) {
-    let tick = crossbeam_channel::tick(BATCH_SYNC_INTERVAL);
-    let mut files: HashMap<PathBuf, std::fs::File> = HashMap::new();
-    let mut synced = progress.durable();
-    loop {
-        crossbeam_channel::select! {
-            recv(stop) -> _ => return,
-            recv(tick) -> _ => {}
+    /// The degraded loop: drain the queue, keep rank creations and clears,
+    /// try to recover on schedule or on request. Returns `true` if a `Stop`
+    /// came first, `false` once recovered.
+    fn degraded(&mut self, watermark: &mut Watermark, batch: &mut Batch) -> Result<bool, Failure> {
+        // The failed batch's changes, and those waiting beyond a gap, were
+        // drained before any snapshot can start: the memory has them (they
+        // are counted as covered), and their rank creations and clears are
+        // kept.
+        let mut admin = std::mem::take(&mut batch.admin);
+        for (seq, op) in batch.pending.drain(..) {
+            watermark.advance(&mut [seq]);
+            if op.is_admin() {
+                admin.push(op);
+            }
         }
-        let written = progress.durable();
-        if written == synced {
-            continue;
+        batch.reset();
+        let mut delay = self.retry;
+        let mut next = delay.map(|d| Instant::now() + d);
+        loop {
+            let msg = if std::mem::take(&mut self.recover_asked) {
+                Ok(Msg::Recover)
+            } else {
+                match next {
+                    Some(at) => self.rx.recv_deadline(at),
+                    None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                }
+            };
+            match msg {
+                Ok(Msg::Change { seq, op }) => {
+                    // Counted, not published: a recovery covers it.
+                    watermark.advance(&mut [seq]);
+                    if op.is_admin() {
+                        admin.push(op);
+                    }
+                    continue;
+                }
+                Ok(Msg::Changes(ops)) => {
+                    for (seq, op) in ops {
+                        watermark.advance(&mut [seq]);
+                        if op.is_admin() {
+                            admin.push(op);
+                        }
+                    }
+                    continue;
+                }
+                Ok(Msg::Wake) => continue,
+                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return Ok(true),
+                Ok(Msg::Recover) | Err(RecvTimeoutError::Timeout) => {}
+            }
+            // `attempted` comes after the health state is updated, so that
+            // a caller of `recover_now` sees the outcome of its attempt.
+            match self.recover(&mut admin) {
+                Ok(w) => {
+                    // Everything drained so far is in the snapshot or in
+                    // the records just written.
+                    self.shared.progress.publish(watermark.done());
+                    self.shared.progress.recovered();
+                    self.shared.progress.attempted();
+                    tracing::warn!(
+                        keyspace = w.0,
+                        ranks = w.1,
+                        bindings = w.2,
+                        ms = w.3.as_millis() as u64,
+                        "durable store recovered: wrote a fresh checkpoint from memory ({} ranks, {} bindings in                          {:.3} s); acknowledging changes again",
+                        w.1,
+                        w.2,
+                        w.3.as_secs_f64()
+                    );
+                    return Ok(false);
+                }
+                Err(f @ Failure::Fatal(_)) => {
+                    self.shared.fail(f.clone());
+                    self.shared.progress.attempted();
+                    return Err(f);
+                }
+                Err(Failure::Io(why)) => {
+                    self.shared.progress.fail(&Failure::Io(why.clone()));
+                    self.shared.progress.attempted();
+                    delay = delay.map(|d| (d * 2).min(RETRY_MAX));
+                    next = delay.map(|d| Instant::now() + d);
+                    tracing::warn!(
+                        "durable store still cannot write: {why}; next attempt in {:?}",
+                        delay.unwrap_or_default()
+                    );
+                }
+            }
         }
-        if let Err(e) = sync_dir_files(&journals, &mut files) {
-            let why = format!("fsync of the journal in {}: {e}", journals.display());
-            tracing::error!("durable store failed, acknowledging no more changes: {why}");
-            progress.fail(why);
-            return;
+    }
+
+    /// One recovery attempt: probe, fresh keyspace from memory, the kept
+    /// records. Returns what it wrote (keyspace, ranks, bindings, time).
+    fn recover(&mut self, admin: &mut Vec<Op>) -> Result<(String, u64, u64, Duration), Failure> {
+        self.shared.probe()?;
+        let old = self.shared.db.load_full();
+        let w = snapshot::write(&self.shared, &old, &self.shared.store)?;
+        let db = Arc::new(w.db);
+        // The new log's (empty) dirty set first: a checkpoint pass still
+        // on the old keyspace then changes nothing of it.
+        *self.shared.dirty() = Dirty::new(db.number(), w.generation, 0);
+        self.shared.db.store(db.clone());
+        self.generation = w.generation;
+        self.log = db.parts().log.clone();
+        self.next_entry = 0;
+        retire(&self.shared, old);
+        // The rank creations and clears drained while degraded, in order.
+        let mut batch = Batch::default();
+        for op in admin.iter().cloned() {
+            self.encode(op, &mut batch)?;
         }
-        synced = written;
+        self.write(&mut batch)?;
+        admin.clear();
+        Ok((db.name().to_owned(), w.ranks, w.bindings, w.elapsed))
     }
 }
 
-/// fdatasyncs every file in `dir`, keeping the descriptors open.
-fn sync_dir_files(dir: &Path, files: &mut HashMap<PathBuf, std::fs::File>) -> std::io::Result<()> {
-    let present: Vec<PathBuf> = std::fs::read_dir(dir)?.filter_map(Result::ok).map(|e| e.path()).collect();
-    files.retain(|p, _| present.contains(p));
-    for p in present {
-        let f = match files.entry(p) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => match std::fs::File::open(v.key()) {
-                Ok(f) => v.insert(f),
-                // Removed since the listing (a flushed journal): nothing to sync.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            },
-        };
-        f.sync_data()?;
+/// Lets go of a replaced keyspace and removes its directory, on a thread of
+/// its own: dropping fjall waits for its background threads, which must not
+/// hold up the writer.
+/// `close` joins the thread.
+fn retire(shared: &Shared, old: Arc<super::store::Db>) {
+    old.retire();
+    let path = old.path().to_owned();
+    let spawned = std::thread::Builder::new().name("durable-retire".into()).spawn(move || {
+        drop(old);
+        if let Err(e) = std::fs::remove_dir_all(&path) {
+            tracing::warn!("could not remove the replaced keyspace {} (start-up will): {e}", path.display());
+        }
+    });
+    match spawned {
+        Ok(h) => shared.retiring.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(h),
+        Err(e) => tracing::warn!("could not start a thread to remove a replaced keyspace (start-up will): {e}"),
     }
-    Ok(())
 }

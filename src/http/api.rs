@@ -9,6 +9,7 @@
 use super::decode::{DecodeError, Decoder, Limits, Role};
 use super::encode;
 use crate::core::{ConfirmError, InitError, Initialized, Stats};
+use crate::durable::Health;
 use crate::metrics::Endpoint;
 use crate::routes::{self, Op, RankParam};
 use crate::App;
@@ -136,8 +137,11 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
             }
             Op::Metrics => {
                 let store = &app.store;
-                let text =
+                let mut text =
                     app.metrics.render(&store.stats(), &store.footprint(), &store.evict_stats(), &store.lease_stats());
+                if let Some(d) = &app.durable {
+                    d.render_metrics(&mut text);
+                }
                 Reply {
                     content_type: "text/plain; version=0.0.4; charset=utf-8",
                     ..Reply::json(StatusCode::OK, text.into_bytes(), 0)
@@ -309,9 +313,16 @@ fn locations(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Rep
 
 fn health(app: &App) -> Reply {
     if app.is_shutting_down() {
-        Reply::json(StatusCode::SERVICE_UNAVAILABLE, br#"{"status":"shutting_down"}"#.to_vec(), 0)
-    } else {
-        Reply::json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec(), 0)
+        return Reply::json(StatusCode::SERVICE_UNAVAILABLE, br#"{"status":"shutting_down"}"#.to_vec(), 0);
+    }
+    match app.durable.as_ref().map(|d| d.health()) {
+        Some(Health::Degraded(why) | Health::Fatal(why)) => {
+            let mut body = br#"{"status":"degraded","reason":"#.to_vec();
+            encode::json_str(&mut body, &why);
+            body.push(b'}');
+            Reply::json(StatusCode::SERVICE_UNAVAILABLE, body, 0)
+        }
+        Some(Health::Healthy) | None => Reply::json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec(), 0),
     }
 }
 

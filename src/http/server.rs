@@ -8,7 +8,8 @@
 //! in-flight request finish (bounded by `--shutdown-timeout`), return.
 
 use super::api::{self, Reply, Route};
-use crate::routes::Spec;
+use crate::durable::Health;
+use crate::routes::{Op, Spec};
 use crate::App;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -143,7 +144,7 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
         denied
     } else if spec.is_some_and(|s| s.reads_body) {
         match read_body(&app, req).await {
-            Ok(mut body) => api::handle(&app, &route, &mut body),
+            Ok(mut body) => refuse_allocation(&app, spec).unwrap_or_else(|| api::handle(&app, &route, &mut body)),
             Err(reply) => reply,
         }
     } else {
@@ -166,6 +167,26 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
     }
     app.metrics.request(api::endpoint(&route), reply.status.as_u16(), reply.keys, start.elapsed());
     Ok(into_response(reply))
+}
+
+/// While the durable store cannot write, allocations are refused: a page
+/// released in memory but not on disk must not change hands, or a restart
+/// before the store recovers would bind the old key to the new key's data
+/// (docs/durability.md, "When the disk fails"). Reads and the other changes
+/// go on.
+fn refuse_allocation(app: &App, spec: Option<&Spec>) -> Option<Reply> {
+    let d = app.durable.as_ref()?;
+    if spec?.op != Op::Allocate || d.is_healthy() {
+        return None;
+    }
+    let why = match d.health() {
+        Health::Degraded(why) | Health::Fatal(why) => why,
+        Health::Healthy => return None,
+    };
+    Some(Reply::detail(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("Durability failure: the durable store cannot write ({why}); allocations are refused until it can"),
+    ))
 }
 
 /// Whether the request announces a body (a non-zero Content-Length, or chunked).

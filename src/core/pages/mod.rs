@@ -654,6 +654,34 @@ impl PageTable {
         c
     }
 
+    /// Calls `f` with every page that is BOUND or BUSY when its word is
+    /// read (a durable snapshot claims each one, which waits out the BUSY
+    /// ones; a page FREE or RESERVED at that moment can only change under a
+    /// later claim).
+    pub fn for_each_held(&self, f: impl FnMut(u32)) {
+        self.for_each_held_in(0..self.num_pages(), f);
+    }
+
+    /// [`for_each_held`](Self::for_each_held) over the pages of `range` only.
+    pub fn for_each_held_in(&self, range: std::ops::Range<u32>, mut f: impl FnMut(u32)) {
+        let end = range.end.min(self.num_pages());
+        if range.start >= end {
+            return;
+        }
+        for w in (range.start / LANES) as usize..=((end - 1) / LANES) as usize {
+            let v = self.words[w].load(Ordering::Acquire);
+            // The high bit of a lane: BOUND (10) or BUSY (11).
+            let mut held = (v >> 1) & LOW;
+            while held != 0 {
+                let page = w as u32 * LANES + held.trailing_zeros() / 2;
+                if range.start <= page && page < end {
+                    f(page);
+                }
+                held &= held - 1;
+            }
+        }
+    }
+
     /// Calls `f` with every BOUND page (for the audit).
     pub fn for_each_bound(&self, f: impl FnMut(u32)) {
         self.for_each_bound_in(0..self.words.len(), f);

@@ -70,6 +70,8 @@ impl Store {
         items: &[Item],
         claim: ClaimGuard<'_>,
     ) -> ConfirmOutcome {
+        // The journal hears the whole commit as one operation.
+        let _op = self.journal_op();
         // What each page was, by its place in the request; `None` for a
         // repeat of an earlier identical confirmation (not claimed).
         let mut claims: Vec<Option<Claimed>> = vec![None; confirmations.len()];

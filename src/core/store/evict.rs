@@ -205,6 +205,8 @@ impl Store {
     /// claimed at once. Returns the pages freed (0: not evicted); the key
     /// counts go to `scratch.delta`, for the caller to apply.
     fn evict_key<'g>(&self, gen: &'g Generation, key: &Key, now: u32, scratch: &mut Scratch<'g>) -> u64 {
+        // The journal hears one eviction as one operation.
+        let _op = self.journal_op();
         let k = key.as_ref();
         let mut claim = ClaimGuard::reusing(std::mem::take(&mut scratch.held));
         let ranks = &mut scratch.ranks;
