@@ -23,11 +23,12 @@ pub(crate) mod sync;
 mod zeroed;
 
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
+pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
-pub use lease::{LeaseLength, TICKS_PER_SECOND};
+pub use lease::{Clock, LeaseLength, TICKS_PER_SECOND};
 pub use store::{
-    AllocateOutcome, ConfirmOutcome, EvictReason, EvictStats, Footprint, Initialized, LeaseStats, MaintainReport,
-    RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
+    AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Initialized,
+    LeaseStats, MaintainReport, RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;
