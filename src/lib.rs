@@ -1,4 +1,5 @@
-//! hf3fs-meta: a lock-free metadata server for vLLM's HF3FS KV-cache connector.
+//! hf3fs-meta: a lock-free metadata server for vLLM's HF3FS KV-cache
+//! connector and SGLang HiCache's 3FS backend, on one port.
 //!
 //! See `ARCHITECTURE.md` for the bird's-eye view. The module map:
 //!
@@ -26,7 +27,7 @@ pub mod metrics;
 pub mod routes;
 
 use crate::config::{Config, LogFormat};
-use crate::core::{Store, StoreConfig};
+use crate::core::{Spaces, SpacesConfig, Store, StoreConfig};
 use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -34,8 +35,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct App {
     /// The effective configuration.
     pub cfg: Config,
-    /// The metadata state.
+    /// The metadata state of vLLM's dialect: one page space whose keys span
+    /// its ranks.
     pub store: Store,
+    /// SGLang's page spaces, one per `(rank, namespace)`, apart from `store`.
+    pub spaces: Spaces,
     /// The server's counters.
     pub metrics: Metrics,
     /// Durability, when `--data-dir` is set (see [`App::open`]).
@@ -49,7 +53,8 @@ impl App {
     /// ignored: use [`App::open`]).
     pub fn new(cfg: Config) -> Self {
         let store = Store::new(Self::store_config(&cfg));
-        Self { cfg, store, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false) }
+        let spaces = Self::spaces(&cfg, &store);
+        Self { cfg, store, spaces, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false) }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that
@@ -62,7 +67,20 @@ impl App {
             // not persisted: evict nothing for one lease period.
             store.hold_eviction_for_a_lease();
         }
-        Ok(Self { cfg, store, metrics: Metrics::default(), durable: Some(d), shutting_down: AtomicBool::new(false) })
+        let spaces = Self::spaces(&cfg, &store);
+        Ok(Self {
+            cfg,
+            store,
+            spaces,
+            metrics: Metrics::default(),
+            durable: Some(d),
+            shutting_down: AtomicBool::new(false),
+        })
+    }
+
+    /// SGLang's spaces, timed by `store`'s clock.
+    fn spaces(cfg: &Config, store: &Store) -> Spaces {
+        Spaces::new(SpacesConfig { max_spaces: cfg.max_spaces, store: Self::store_config(cfg) }, store.clock())
     }
 
     fn store_config(cfg: &Config) -> StoreConfig {

@@ -9,6 +9,7 @@
 //! - [`key`]: the compact key type.
 //! - [`lease`]: read leases, recency marks and their clock.
 //! - [`store`]: the operations, atomic per request, lock-free across requests.
+//! - [`spaces`]: SGLang's page spaces, one store per `(rank, namespace)`.
 //! - [`error`]: one error variant per code of the wire contract.
 //! - [`journal`]: the change feed for durability.
 
@@ -18,6 +19,7 @@ pub mod journal;
 pub mod key;
 pub mod lease;
 pub mod pages;
+pub mod spaces;
 pub mod store;
 pub(crate) mod sync;
 mod zeroed;
@@ -27,6 +29,7 @@ pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
 pub use lease::{Clock, LeaseLength, TICKS_PER_SECOND};
+pub use spaces::{SpaceError, SpaceName, SpaceStats, Spaces, SpacesConfig, DEFAULT_NAMESPACE};
 pub use store::{
     AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Initialized,
     LeaseStats, MaintainReport, RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL,

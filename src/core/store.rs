@@ -485,6 +485,11 @@ impl Store {
         }
     }
 
+    /// The size of `rank`, when it exists.
+    pub fn rank_size(&self, rank: u32) -> Option<u32> {
+        self.gen.load().rank(rank.into()).map(PageTable::num_pages)
+    }
+
     /// The current expiry epoch (low 8 bits are what reservations are stamped with).
     pub fn epoch(&self) -> u32 {
         self.epoch.load(Ordering::Relaxed)
