@@ -354,6 +354,12 @@ impl Reader<'_> {
         self.leased(key, now, len, |e| e.page(rank))
     }
 
+    /// The entry of `key` (the evictor warms its victims' lines with it).
+    #[inline]
+    pub fn get(&self, key: KeyRef<'_>) -> Option<&Entry> {
+        self.entry(key)
+    }
+
     /// Marks `key` used (a confirm of its stored page); writes only when the
     /// mark is not set.
     #[inline]

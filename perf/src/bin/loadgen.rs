@@ -42,6 +42,9 @@ enum Scenario {
     Confirm,
     /// allocate → confirm → exists → get_locations (timed, checked), release (untimed)
     Cycle,
+    /// allocate fresh keys (untimed), confirm_write them (timed), never
+    /// release: the ranks fill and, with eviction on, keep turning over
+    Save,
     /// POST --body FILE to --path
     Fixed,
 }
@@ -121,6 +124,10 @@ struct Args {
     /// PRNG seed (per-connection streams derive from it).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Iterations per second over all connections (0: as fast as answered),
+    /// for measurements at a steady rate (e.g. the evictor's CPU).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
 }
 
 struct Shared {
@@ -378,6 +385,14 @@ impl Worker {
                 }
             }
             Scenario::Cycle => self.cycle(sh, st).await,
+            Scenario::Save => {
+                self.fresh_keys(a.batch);
+                // All or nothing: a batch with a -1 got no page and, like
+                // the connector, gives up without releasing anything.
+                if self.allocate(sh, st, 0, 0, Rec::Aux).await && self.pages[0].iter().all(|&p| p >= 0) {
+                    self.confirm(sh, st, 0, 0, Rec::Timed).await;
+                }
+            }
         }
     }
 
@@ -466,12 +481,20 @@ async fn run_worker(sh: Arc<Shared>, id: usize) -> Stats {
         Scenario::Exists | Scenario::Locations | Scenario::Fixed => 1,
         Scenario::Allocate => 2,
         Scenario::Confirm => 3,
+        Scenario::Save => 2,
         Scenario::Cycle => 3 * a.ranks as u64 + 2,
     };
+    // With --rate, each connection paces itself to its share of the rate.
+    let pace = (a.rate > 0.0).then(|| Duration::from_secs_f64(a.connections as f64 / a.rate));
+    let mut next_at = tokio::time::Instant::now();
     let mut st = Stats::new();
     let hard = sh.end + Duration::from_secs(5);
     let work = async {
         while Instant::now() < sh.end && sh.take(steps) {
+            if let Some(p) = pace {
+                next_at += p;
+                tokio::time::sleep_until(next_at).await;
+            }
             w.iteration(&sh, &mut st).await;
         }
     };

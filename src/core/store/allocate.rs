@@ -16,7 +16,7 @@
 //! writer will write it again.
 
 use super::super::key::KeyRef;
-use super::super::pages::{Claimed, BOUND, FREE};
+use super::super::pages::{Claimed, PageTable, BOUND, FREE};
 use super::super::sync::Ordering;
 use super::super::RankNotInitialized;
 use super::{AllocateOutcome, Store};
@@ -136,7 +136,7 @@ impl Store {
             if need == 0 {
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
             }
-            let got = match grant {
+            let take = |table: &PageTable| match grant {
                 Grant::AllOrNothing => {
                     if table.try_take(need) {
                         need
@@ -146,15 +146,24 @@ impl Store {
                 }
                 Grant::Partial => table.take_up_to(need),
             };
+            let mut got = take(table);
             if got < need && !evicted {
-                // Evict what the batch needs, once, then look again: the
-                // eviction may have taken keys of this very batch.
+                // Evict what the batch needs, once.
                 table.give_back(got);
                 evicted = true;
-                if self.evict_for_allocate(&gen, table, need) || grant == Grant::Partial {
+                let room = self.evict_for_allocate(&gen, table, need);
+                if !room && grant == Grant::AllOrNothing {
+                    return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
+                }
+                // The eviction may have taken stored keys of this very batch:
+                // then look them up again. With none, take the pages now.
+                if reused > 0 {
                     continue;
                 }
-                return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
+                got = take(table);
+                if got == 0 && grant == Grant::AllOrNothing {
+                    continue;
+                }
             }
             if got == 0 {
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
