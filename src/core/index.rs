@@ -240,7 +240,7 @@ impl IndexFloor {
     pub const VLLM: IndexFloor = IndexFloor { hex: MIN_CAPACITY, digest: 0 };
     /// An SGLang space (there may be thousands): only its digest map keeps
     /// a floor, a small one.
-    pub const SGLANG: IndexFloor = IndexFloor { hex: 0, digest: 1 << 8 };
+    pub const SGLANG: IndexFloor = IndexFloor { hex: 0, digest: 1 << 12 };
 }
 
 impl Default for IndexFloor {

@@ -29,6 +29,7 @@
 //! cannot be, and no loom model involves it (models use 32-hex keys only).
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -66,7 +67,7 @@ impl Suffix {
 }
 
 /// A 64-hex digest key: its 32 bytes and its suffix. 34 bytes, no pointer.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Digest {
     /// The digest, in the order the hex digits spell it.
     pub bytes: [u8; 32],
@@ -96,6 +97,19 @@ impl Digest {
         bytes[..16].copy_from_slice(&hi.to_be_bytes());
         bytes[16..].copy_from_slice(&lo.to_be_bytes());
         Some(Digest { bytes, suffix })
+    }
+}
+
+impl Hash for Digest {
+    /// Four words and the tag: cheaper than hashing 32 bytes as a slice.
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        for w in self.bytes.chunks_exact(8) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            state.write_u64(u64::from_le_bytes(b));
+        }
+        state.write_u16(self.suffix.0);
     }
 }
 
