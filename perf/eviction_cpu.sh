@@ -50,18 +50,21 @@ run() { # label pages
     --max-pages-per-rank $(( PAGES * 10 )) >"$TMP/server-$1.log" 2>&1 &
   PID=$!
   for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.05; done
+  # The server is `timeout`'s child: its CPU is what we read.
+  local SRV
+  SRV=$(pgrep -P "$PID" -x hf3fs-meta | head -n 1)
   "$REL/loadgen" --addr "127.0.0.1:$PORT" --scenario save --rate "$RATE" --connections 4 --threads 1 \
     --ranks 1 --pages "$2" --stored 0 --warmup "$WARMUP" --duration "$DURATION" --json --label "$1" \
     >"$TMP/loadgen-$1.json" 2>"$TMP/loadgen-$1.err" &
   local lg=$!
   sleep "$WARMUP"
   local c0 e0 w0 a0 t0
-  c0=$(cpu "$PID"); e0=$(metric hf3fs_meta_evictor_pass_seconds_total)
+  c0=$(cpu "$SRV"); e0=$(metric hf3fs_meta_evictor_pass_seconds_total)
   w0=$(metric 'hf3fs_meta_evictions_total{reason="watermark"}'); a0=$(metric 'hf3fs_meta_evictions_total{reason="allocate"}')
   t0=$(date +%s.%N)
   wait "$lg" || true
   local c1 e1 w1 a1 t1
-  c1=$(cpu "$PID"); e1=$(metric hf3fs_meta_evictor_pass_seconds_total)
+  c1=$(cpu "$SRV"); e1=$(metric hf3fs_meta_evictor_pass_seconds_total)
   w1=$(metric 'hf3fs_meta_evictions_total{reason="watermark"}'); a1=$(metric 'hf3fs_meta_evictions_total{reason="allocate"}')
   t1=$(date +%s.%N)
   kill -TERM "$PID"; wait "$PID" 2>/dev/null || true; PID=""

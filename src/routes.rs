@@ -3,7 +3,9 @@
 //!
 //! The router ([`find`]), the metrics (one series per row, labelled from the
 //! row) and the server (body, authorization, durability) all read this table;
-//! adding a route is adding a row and, for a new [`Op`], its handler.
+//! adding a route is adding a row and, for a new [`Op`], its handler, and
+//! documenting it in `docs/api.md` and `docs/openapi.json` (a test in
+//! `tests/http_ops.rs` fails while the table and the document disagree).
 //!
 //! Architecture invariant: this file is data and a matcher; it knows nothing
 //! of hyper, of the core or of JSON.
@@ -72,6 +74,8 @@ pub enum Op {
     Health,
     /// The statistics document.
     Stats,
+    /// The OpenAPI document (`docs/openapi.json`).
+    OpenApi,
 }
 
 /// One row of the table.
@@ -119,7 +123,7 @@ const BASE: Spec = Spec {
 const SGLANG: Spec = Spec { dialect: Dialect::Sglang, reads_body: true, ..BASE };
 
 /// Every route. Literal paths come before patterns that could match them.
-pub static ROUTES: [Spec; 16] = [
+pub static ROUTES: [Spec; 17] = [
     Spec {
         path: "/keys/batch_allocate",
         op: Op::Allocate,
@@ -188,6 +192,14 @@ pub static ROUTES: [Spec; 16] = [
         ..BASE
     },
     Spec { method: Method::Get, path: "/stats", dialect: Dialect::Ops, op: Op::Stats, label: "stats", ..BASE },
+    Spec {
+        method: Method::Get,
+        path: "/openapi.json",
+        dialect: Dialect::Ops,
+        op: Op::OpenApi,
+        label: "openapi",
+        ..BASE
+    },
 ];
 
 /// Segments a `{rank}` never matches: they name the vLLM dialect.

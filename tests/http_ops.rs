@@ -738,3 +738,40 @@ fn max_connections_holds_extra_clients_in_the_backlog() {
     drop(c2);
     drop(c3);
 }
+
+// ------------------------------------------------------------- /openapi.json
+
+#[test]
+fn openapi_json_is_the_committed_document() {
+    let s = TestServer::new();
+    let r = s.get("/openapi.json");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
+    let committed =
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json")).expect("docs/openapi.json");
+    assert!(r.body == committed, "GET /openapi.json differs from docs/openapi.json (rebuild the server?)");
+    // Only GET, like every operations route.
+    check(&s, "POST", "/openapi.json", "{}", 405, r#"{"detail":"Method Not Allowed"}"#);
+}
+
+#[test]
+fn openapi_json_documents_every_route_of_the_table_and_no_other() {
+    use hf3fs_meta::routes::ROUTES;
+    let doc: Value = serde_json::from_str(common::schema::OPENAPI).expect("docs/openapi.json is JSON");
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"), "info.version must follow Cargo.toml");
+    let served: Vec<(String, String)> =
+        ROUTES.iter().map(|r| (r.path.to_string(), r.method.as_str().to_ascii_lowercase())).collect();
+    let mut documented = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("path item").keys() {
+            documented.push((path.clone(), method.clone()));
+        }
+    }
+    for route in &served {
+        assert!(documented.contains(route), "route {route:?} of src/routes.rs is not in docs/openapi.json");
+    }
+    for op in &documented {
+        assert!(served.contains(op), "docs/openapi.json documents {op:?}, which src/routes.rs does not serve");
+    }
+}

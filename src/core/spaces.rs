@@ -145,6 +145,9 @@ impl Spaces {
     /// every key then gets -1). An existing space is left as it is and its
     /// size reported, whatever size is asked for.
     pub fn initialize(&self, rank: u32, namespace: &str, num_pages: i64) -> Result<Initialized, SpaceError> {
+        if num_pages < 0 {
+            return Err(SpaceError::NegativePages(num_pages));
+        }
         if let Some(e) = self.with(rank, namespace, existing_size) {
             return Ok(e);
         }
@@ -299,6 +302,7 @@ mod tests {
         assert!(matches!(s.initialize(2, "kv", 2), Err(SpaceError::TooManySpaces { max: 3, .. })));
         assert_eq!(s.initialize(1, "kv", 2), Ok(Initialized::Existing { num_pages: 2 }), "existing still answers");
         assert_eq!(s.initialize(5, "x", -1), Err(SpaceError::NegativePages(-1)));
+        assert_eq!(s.initialize(0, "kv", -1), Err(SpaceError::NegativePages(-1)), "even for an existing space");
         assert_eq!(s.len(), 3);
         let key = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
         let mut out = Vec::new();

@@ -63,6 +63,10 @@ pub struct Reply {
 /// The JSON content type.
 pub const JSON: &str = "application/json";
 
+/// The API's OpenAPI 3.1 document, served by `GET /openapi.json` byte for
+/// byte as committed (docs/api.md is the same contract in prose).
+pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
 impl Reply {
     pub(super) fn json(status: StatusCode, body: Vec<u8>, keys: usize) -> Reply {
         Reply { status, body, content_type: JSON, keys, allow: None, close: false }
@@ -155,6 +159,7 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
                 let body = stats_json(app, &app.store.stats(), &app.spaces.stats()).into_bytes();
                 Reply::json(StatusCode::OK, body, 0)
             }
+            Op::OpenApi => Reply::json(StatusCode::OK, OPENAPI.as_bytes().to_vec(), 0),
         }
     })
 }

@@ -31,7 +31,7 @@ pub(super) fn handle(app: &App, op: Op, rank: &RankParam, s: &mut Scratch, body:
         Op::Locations => page_indices(app, rank, s, body, limits),
         Op::Delete => delete(app, rank, s, body, limits),
         Op::Clear => clear(app, rank, s, body),
-        Op::Metrics | Op::Health | Op::Stats => {
+        Op::Metrics | Op::Health | Op::Stats | Op::OpenApi => {
             Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, "internal error: not an SGLang operation")
         }
     }

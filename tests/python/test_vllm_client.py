@@ -1,6 +1,6 @@
 """hf3fs-meta driven the way vLLM's HF3FS KV connector drives it.
 
-The client below is written from the wire contract (shared/api-contract.md),
+The client below is written from the wire contract (docs/api.md),
 not copied from vLLM: one keep-alive ``requests.Session`` with urllib3
 retries on 500/502/503/504 (3 retries, 0.3 s backoff, GET and POST), JSON
 POSTs, ``raise_for_status()``, and 204 / an empty body read as ``{}``. The

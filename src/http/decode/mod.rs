@@ -41,7 +41,7 @@
 //!
 //! # Rules
 //!
-//! The detail texts and their precedence follow `api-contract.md` and the
+//! The detail texts and their precedence follow `docs/api.md` and the
 //! Python reference: unknown fields are ignored, a repeated field takes its
 //! last value (like Python's `json`), and the reference's "Invalid request
 //! format" check comes before any type check of the fields it names. Checks
