@@ -590,8 +590,8 @@ def test_allocate_that_cannot_be_fully_served_reserves_nothing(client, server):
     assert state(c) == before
 
     m = c.metrics()
-    assert m.value("hf3fs_meta_allocate_keys_total", outcome="refused") == 2 * (free + 1) + 1
-    assert m.value("hf3fs_meta_allocate_keys_total", outcome="reused") == 10
+    assert m.value("hf3fs_meta_allocate_keys_total", dialect="vllm", outcome="refused") == 2 * (free + 1) + 1
+    assert m.value("hf3fs_meta_allocate_keys_total", dialect="vllm", outcome="reused") == 10
     assert m.value("hf3fs_meta_evictions_total", reason="allocate") == 0, "a leased key is never evicted"
     assert m.value("hf3fs_meta_pages_evicted_total") == 0
 
@@ -677,8 +677,8 @@ def test_typed_500_survives_the_retrying_client_unchanged(client, server, code):
 
     m = c.metrics()
     attempts = 1 + (1 + RETRIES)
-    assert m.value("hf3fs_meta_requests_total", endpoint="confirm_write", status="500") == attempts
-    assert m.value("hf3fs_meta_confirm_errors_total", code=code) == attempts
+    assert m.value("hf3fs_meta_requests_total", dialect="vllm", endpoint="confirm_write", status="500") == attempts
+    assert m.value("hf3fs_meta_confirm_errors_total", dialect="vllm", code=code) == attempts
     # The runbook's log line, once per attempt.
     assert server.log().count("Confirm write for keys failed: ") == attempts
 
@@ -742,7 +742,10 @@ def test_metrics_match_what_the_client_did(client, server):
     assert m.type_of("hf3fs_meta_rank_pages") == "gauge"
     assert m.type_of("hf3fs_meta_request_duration_seconds") == "histogram"
 
-    req = lambda ep, st: m.value("hf3fs_meta_requests_total", endpoint=ep, status=st)  # noqa: E731
+    def req(ep: str, st: str) -> float:
+        dialect = "ops" if ep in ("stats", "health", "metrics") else "vllm"
+        return m.value("hf3fs_meta_requests_total", dialect=dialect, endpoint=ep, status=st)
+
     assert req("initialize", "200") == 1 + WORLD
     assert req("batch_allocate", "200") == 5
     assert req("confirm_write", "204") == 4
@@ -755,18 +758,18 @@ def test_metrics_match_what_the_client_did(client, server):
     answered = sum(v for (n, _), v in m.samples.items() if n == "hf3fs_meta_requests_total")
     assert answered == 1 + WORLD + 5 + 4 + (1 + RETRIES) + 1 + WORLD + 1 + req("health", "200")
     # Each endpoint's latency histogram counts the same requests.
-    assert m.value("hf3fs_meta_request_duration_seconds_count", endpoint="batch_allocate") == 5
-    assert m.value("hf3fs_meta_request_keys_sum", endpoint="batch_allocate") == 3 * BATCH + 16 + NUM_PAGES
-    assert m.value("hf3fs_meta_request_keys_sum", endpoint="batch_exists") == BATCH
+    assert m.value("hf3fs_meta_request_duration_seconds_count", dialect="vllm", endpoint="batch_allocate") == 5
+    assert m.value("hf3fs_meta_request_keys_sum", dialect="vllm", endpoint="batch_allocate") == 3 * BATCH + 16 + NUM_PAGES
+    assert m.value("hf3fs_meta_request_keys_sum", dialect="vllm", endpoint="batch_exists") == BATCH
 
-    assert m.value("hf3fs_meta_allocate_keys_total", outcome="reserved") == WORLD * BATCH + 16
-    assert m.value("hf3fs_meta_allocate_keys_total", outcome="reused") == BATCH
-    assert m.value("hf3fs_meta_allocate_keys_total", outcome="refused") == NUM_PAGES
-    assert m.value("hf3fs_meta_confirm_pages_total", outcome="bound") == WORLD * BATCH
-    assert m.value("hf3fs_meta_confirm_pages_total", outcome="reconfirmed") == BATCH
-    assert m.value("hf3fs_meta_confirm_pages_total", outcome="released") == 16
-    assert m.value("hf3fs_meta_confirm_pages_total", outcome="superseded") == 0
-    assert m.value("hf3fs_meta_confirm_errors_total", code="double_confirm") == 1 + RETRIES
+    assert m.value("hf3fs_meta_allocate_keys_total", dialect="vllm", outcome="reserved") == WORLD * BATCH + 16
+    assert m.value("hf3fs_meta_allocate_keys_total", dialect="vllm", outcome="reused") == BATCH
+    assert m.value("hf3fs_meta_allocate_keys_total", dialect="vllm", outcome="refused") == NUM_PAGES
+    assert m.value("hf3fs_meta_confirm_pages_total", dialect="vllm", outcome="bound") == WORLD * BATCH
+    assert m.value("hf3fs_meta_confirm_pages_total", dialect="vllm", outcome="reconfirmed") == BATCH
+    assert m.value("hf3fs_meta_confirm_pages_total", dialect="vllm", outcome="released") == 16
+    assert m.value("hf3fs_meta_confirm_pages_total", dialect="vllm", outcome="superseded") == 0
+    assert m.value("hf3fs_meta_confirm_errors_total", dialect="vllm", code="double_confirm") == 1 + RETRIES
 
     # Page gauges: what the test did, and what /stats says.
     assert m.value("hf3fs_meta_ranks") == WORLD

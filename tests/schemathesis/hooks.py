@@ -4,8 +4,8 @@ One check, `documented_server_errors`, takes the place of schemathesis's
 `not_a_server_error`: a 5xx fails the run unless it is one of the 500s that
 docs/api.md documents, each recognised by its exact shape:
 
-- confirm_write: the typed error, `{"detail": "Confirmation failed: ...",
-  "error": {"code": <a documented code>, "rank": ...}}`;
+- confirm_write (vLLM's and SGLang's): the typed error, `{"detail":
+  "Confirmation failed: ...", "error": {"code": <a documented code>, "rank": ...}}`;
 - batch_allocate: `{"detail": "Allocation failed: Rank R not initialized"}`;
 - get_locations: `{"detail": "Failed to get key locations: Rank R not initialized"}`.
 
@@ -45,7 +45,7 @@ def documented_500(path: str, status: int, body: bytes) -> str | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("detail"), str):
         return "a 500 without a detail string"
     detail = doc["detail"]
-    if path == "/keys/confirm_write":
+    if path in ("/keys/confirm_write", "/{rank}/confirm_write"):
         err = doc.get("error")
         if (
             detail.startswith("Confirmation failed: ")
@@ -77,6 +77,8 @@ def _self_test() -> None:
     assert documented_500("/keys/confirm_write", 500, typed) is None
     assert documented_500("/keys/confirm_write", 500, b'{"detail":"Confirmation failed: x"}')
     assert documented_500("/keys/confirm_write", 502, typed)
+    assert documented_500("/{rank}/confirm_write", 500, typed) is None
+    assert documented_500("/{rank}/exists", 500, b'{"detail":"anything"}')
     assert documented_500("/keys/batch_allocate", 500, b'{"detail":"Allocation failed: Rank -3 not initialized"}') is None
     assert documented_500("/keys/batch_allocate", 500, b'{"detail":"Allocation failed: boom"}')
     assert documented_500("/keys/get_locations", 500, b'{"detail":"Failed to get key locations: Rank 9 not initialized"}') is None

@@ -64,6 +64,11 @@ for r in 0 1 2 3 4 5 6 7; do
     "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=b"{\"num_pages\": 1024}", method="POST"), timeout=5)' \
         "$BASE/rank/$r/initialize"
 done
+# SGLang's spaces (r, "kv") too, for its routes.
+for r in 0 1 2 3; do
+    "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=b"{\"num_pages\": 1024}", method="POST"), timeout=5)' \
+        "$BASE/$r/initialize"
+done
 
 SEED_ARGS=()
 [[ -n "${ST_SEED:-}" ]] && SEED_ARGS=(--seed "$ST_SEED")

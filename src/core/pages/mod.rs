@@ -20,7 +20,9 @@
 //! - `stamps`, one byte per word: the reservation epoch of the newest
 //!   reservation in that word, for reservation expiry (see [`PageTable::expire`]).
 //! - `owners`, the page → key back-reference: the 128-bit digest of a hex key
-//!   (16 bytes per page, lazily zeroed), or 0 with the text in `text_owners`.
+//!   (16 bytes per page, lazily zeroed), or 0 with the key on the side: an
+//!   SGLang digest key inline in `digest_owners` (no allocation per key), any
+//!   other text in `text_owners`.
 //!
 //! Memory: 2 bits of state + 1/32 byte of stamp + 1/32 bit of hint per page
 //! (0.28 byte), plus 16 bytes of back-reference per page that has ever been
@@ -57,7 +59,7 @@
 //! - `cursor` is a rotating start hint; `Relaxed`, its value only spreads
 //!   concurrent allocators over different words.
 
-use super::key::{Key, KeyRef};
+use super::key::{Digest, Key, KeyRef};
 use super::sync::{AtomicU64, AtomicU8, Backoff, Ordering};
 use super::zeroed::{OutOfMemory, ZeroedSlice};
 
@@ -159,7 +161,9 @@ pub struct PageTable {
     stamps: ZeroedSlice<AtomicU8>,
     /// Two words per page: the 128-bit hex key bound to it, or 0 for a text key.
     owners: ZeroedSlice<AtomicU64>,
-    /// Owners of pages bound to text (non-hex) keys. Rare; off the hex path.
+    /// Owners of pages bound to SGLang's digest keys, inline (34 bytes).
+    digest_owners: scc::HashMap<u32, Digest>,
+    /// Owners of pages bound to text keys. Rare; off the hex path.
     text_owners: scc::HashMap<u32, Box<str>>,
     /// FREE pages not yet promised to an allocator.
     free: AtomicU64,
@@ -185,6 +189,7 @@ impl PageTable {
             full: ZeroedSlice::new(nwords.div_ceil(64))?,
             stamps: ZeroedSlice::new(nwords)?,
             owners: ZeroedSlice::new(2 * num_pages as usize)?,
+            digest_owners: scc::HashMap::new(),
             text_owners: scc::HashMap::new(),
             free: AtomicU64::new(u64::from(num_pages)),
             cursor: AtomicU64::new(0),
@@ -235,6 +240,18 @@ impl PageTable {
         // AcqRel: acquiring the releases that incremented the counter makes
         // the pages they freed visible to the search that follows.
         self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| free.checked_sub(n)).is_ok()
+    }
+
+    /// Takes up to `n` pages from the free counter: as many as it holds, at
+    /// most `n`. Returns how many; the caller must follow with
+    /// [`reserve`](Self::reserve) for exactly that many.
+    pub fn take_up_to(&self, n: u64) -> u64 {
+        // AcqRel: as in `try_take`.
+        match self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| (free > 0).then(|| free - free.min(n)))
+        {
+            Ok(free) => free.min(n),
+            Err(_) => 0,
+        }
     }
 
     /// Returns `n` pages to the free counter, after they were made FREE.
@@ -445,6 +462,10 @@ impl PageTable {
         let i = 2 * page as usize;
         let v = match key {
             KeyRef::Hex(v) => v,
+            KeyRef::Digest(d) => {
+                self.digest_owners.upsert_sync(page, d);
+                0
+            }
             KeyRef::Text(s) => {
                 self.text_owners.upsert_sync(page, s.into());
                 0
@@ -467,7 +488,10 @@ impl PageTable {
     /// held by this thread.
     pub fn owner(&self, page: u32) -> Option<Key> {
         match self.owner_hex(page) {
-            0 => self.text_owners.read_sync(&page, |_, s| Key::Text(s.clone())),
+            0 => self
+                .digest_owners
+                .read_sync(&page, |_, d| Key::Digest(*d))
+                .or_else(|| self.text_owners.read_sync(&page, |_, s| Key::Text(s.clone()))),
             v => Some(Key::Hex(v.to_be_bytes())),
         }
     }
@@ -475,6 +499,7 @@ impl PageTable {
     /// Whether `page` (held as for [`owner`](Self::owner)) is bound to `key`.
     pub fn owner_is(&self, page: u32, key: KeyRef<'_>) -> bool {
         match (self.owner_hex(page), key) {
+            (0, KeyRef::Digest(d)) => self.digest_owners.read_sync(&page, |_, o| *o == d).unwrap_or(false),
             (0, KeyRef::Text(s)) => self.text_owners.read_sync(&page, |_, t| **t == *s).unwrap_or(false),
             (v, KeyRef::Hex(k)) => v == k,
             _ => false,
@@ -483,7 +508,7 @@ impl PageTable {
 
     /// Forgets the owner of `page` (held BUSY) as it leaves BOUND.
     pub fn clear_owner(&self, page: u32) {
-        if self.owner_hex(page) == 0 {
+        if self.owner_hex(page) == 0 && self.digest_owners.remove_sync(&page).is_none() {
             self.text_owners.remove_sync(&page);
         }
     }
@@ -501,7 +526,7 @@ impl PageTable {
     /// Whether `page` (held as for [`owner`](Self::owner)) names a key; a
     /// BOUND page that names none is quarantined.
     pub fn has_owner(&self, page: u32) -> bool {
-        self.owner_hex(page) != 0 || self.text_owners.contains_sync(&page)
+        self.owner_hex(page) != 0 || self.digest_owners.contains_sync(&page) || self.text_owners.contains_sync(&page)
     }
 
     /// Holds back `page`, held BUSY and just unbound from its key, until

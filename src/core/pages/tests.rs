@@ -39,6 +39,16 @@ fn reserve_never_exceeds_the_pool_and_finds_every_page() {
 }
 
 #[test]
+fn take_up_to_takes_what_there_is() {
+    let t = PageTable::new(10).unwrap();
+    assert_eq!(t.take_up_to(4), 4);
+    assert_eq!(t.take_up_to(100), 6);
+    assert_eq!(t.take_up_to(1), 0);
+    assert_eq!(t.free_count(), 0);
+    assert_eq!(PageTable::new(0).unwrap().take_up_to(3), 0);
+}
+
+#[test]
 fn take_is_all_or_nothing() {
     let t = PageTable::new(10).unwrap();
     assert!(!t.try_take(11));
@@ -107,6 +117,15 @@ fn owners_round_trip_hex_and_text() {
     // A text owner replacing a hex one must not leave the hex behind.
     t.set_owner(1, KeyRef::Text("t"));
     assert!(t.owner_is(1, KeyRef::Text("t")) && !t.owner_is(1, hex));
+    // SGLang's digest keys, inline on the side.
+    let sha = KeyRef::parse("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef-v");
+    assert!(matches!(sha, KeyRef::Digest(_)));
+    t.set_owner(3, sha);
+    assert_eq!(t.owner(3), Some(sha.to_key()));
+    assert!(t.owner_is(3, sha) && !t.owner_is(3, KeyRef::Text("t")) && t.has_owner(3));
+    t.clear_owner(3);
+    assert_eq!(t.owner(3), None);
+    assert!(!t.has_owner(3));
 }
 
 #[test]
