@@ -979,6 +979,7 @@ fn run(cfg: Cfg, sizes: &[i64], ops: &[Op]) -> Result<(), TestCaseError> {
         low_watermark: cfg.low,
         read_lease: LeaseLength(cfg.lease),
         manual_clock: true,
+        ..StoreConfig::default()
     };
     let store = Store::with_journal(scfg, Some(journal.clone() as Arc<dyn Journal>), 0);
     let mut run = Run { store: &store, m: Model::new(cfg), journal, replay: Replay::default(), sizes };
