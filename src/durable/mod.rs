@@ -34,6 +34,7 @@ pub mod checkpoint;
 pub mod codec;
 pub mod queue;
 pub mod recover;
+pub mod spaces;
 pub mod store;
 pub mod writer;
 

@@ -679,6 +679,22 @@ impl PageTable {
         c
     }
 
+    /// Calls `f` with every page that is BOUND or BUSY when its word is
+    /// read (a durable snapshot claims each one, which waits out the BUSY
+    /// ones; a page FREE or RESERVED at that moment can only change under a
+    /// later claim).
+    pub fn for_each_held(&self, mut f: impl FnMut(u32)) {
+        for (w, word) in self.words.iter().enumerate() {
+            let v = word.load(Ordering::Acquire);
+            // The high bit of a lane: BOUND (10) or BUSY (11).
+            let mut held = (v >> 1) & LOW;
+            while held != 0 {
+                f(w as u32 * LANES + held.trailing_zeros() / 2);
+                held &= held - 1;
+            }
+        }
+    }
+
     /// Calls `f` with every BOUND page (for the audit).
     pub fn for_each_bound(&self, f: impl FnMut(u32)) {
         self.for_each_bound_in(0..self.words.len(), f);
