@@ -32,7 +32,9 @@ pub(super) fn report(a: &Args, st: &Stats, secs: f64, validated: bool) {
             h.value_at_quantile(p)
         }
     };
-    let scenario = format!("{:?}", a.scenario).to_lowercase();
+    // The name `--scenario` takes (`sglang-exists`), which run.sh looks up.
+    let scenario =
+        clap::ValueEnum::to_possible_value(&a.scenario).map_or_else(String::new, |v| v.get_name().to_string());
     let client = format!("{:?}", a.client).to_lowercase();
     if a.json {
         let mut o = String::new();
