@@ -186,9 +186,9 @@ fn a_released_leased_page_is_held_back_and_visible() {
     // again (leasing them); the write fails and the connector releases them.
     let given = s.allocate(0, &refs(&k));
     assert_eq!(given, stored[0]);
-    let released = metric(&s, r#"hf3fs_meta_confirm_pages_total{outcome="released"}"#);
+    let released = metric(&s, r#"hf3fs_meta_confirm_pages_total{dialect="vllm",outcome="released"}"#);
     s.confirm(0, &[], &given);
-    assert_eq!(metric(&s, r#"hf3fs_meta_confirm_pages_total{outcome="released"}"#) - released, 4.0);
+    assert_eq!(metric(&s, r#"hf3fs_meta_confirm_pages_total{dialect="vllm",outcome="released"}"#) - released, 4.0);
     let e = rank(&s, 0);
     let n = |f: &str| e[f].as_i64().unwrap();
     assert_eq!((n("free"), n("reserved"), n("bound"), n("quarantined")), (12, 0, 4, 4));
