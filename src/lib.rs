@@ -46,8 +46,6 @@ pub struct App {
     pub metrics: Metrics,
     /// Durability, when `--data-dir` is set (see [`App::open`]).
     pub durable: Option<durable::Durable>,
-    /// The durability of SGLang's spaces (`<data-dir>/sglang`).
-    pub spaces_durable: Option<durable::Durable>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
 }
@@ -58,15 +56,7 @@ impl App {
     pub fn new(cfg: Config) -> Self {
         let store = Arc::new(Store::new(Self::store_config(&cfg)));
         let spaces = Self::spaces(&cfg, &store);
-        Self {
-            cfg,
-            store,
-            spaces,
-            metrics: Metrics::default(),
-            durable: None,
-            spaces_durable: None,
-            shutting_down: AtomicBool::new(false),
-        }
+        Self { cfg, store, spaces, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false) }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that
@@ -83,32 +73,20 @@ impl App {
             // not persisted: evict nothing for one lease period.
             store.hold_eviction_for_a_lease();
         }
-        let (clock, scfg) = (store.clock(), Self::spaces_config(&cfg));
-        let (spaces, sd, space_bindings) =
-            durable::spaces::open(&dir, cfg.fsync, &Self::store_config(&cfg), cfg.max_spaces, |dur| {
-                Spaces::durable(scfg, clock, dur)
-            })?;
-        if space_bindings > 0 {
-            spaces.hold_eviction_for_a_lease();
-        }
+        let spaces = Self::spaces(&cfg, &store);
         Ok(Self {
             cfg,
             store,
             spaces,
             metrics: Metrics::default(),
             durable: Some(d),
-            spaces_durable: Some(sd),
             shutting_down: AtomicBool::new(false),
         })
     }
 
-    fn spaces_config(cfg: &Config) -> SpacesConfig {
-        SpacesConfig { max_spaces: cfg.max_spaces, store: Self::store_config(cfg) }
-    }
-
-    /// SGLang's spaces, in memory, timed by `store`'s clock.
+    /// SGLang's spaces, timed by `store`'s clock.
     fn spaces(cfg: &Config, store: &Store) -> Spaces {
-        Spaces::new(Self::spaces_config(cfg), store.clock())
+        Spaces::new(SpacesConfig { max_spaces: cfg.max_spaces, store: Self::store_config(cfg) }, store.clock())
     }
 
     fn store_config(cfg: &Config) -> StoreConfig {
@@ -128,8 +106,7 @@ impl App {
     /// Flushes and stops durability (a no-op in memory). Call once serving
     /// has stopped.
     pub fn close(&self) -> Result<(), durable::WaitError> {
-        let spaces = self.spaces_durable.as_ref().map_or(Ok(()), durable::Durable::close);
-        self.durable.as_ref().map_or(Ok(()), durable::Durable::close).and(spaces)
+        self.durable.as_ref().map_or(Ok(()), durable::Durable::close)
     }
 
     /// Resolves if the durable store fails beyond in-process recovery, with

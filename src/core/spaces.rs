@@ -18,35 +18,17 @@
 //! their number is bounded (`--max-spaces`), so a client cannot grow the map
 //! without limit.
 //!
-//! # Durability
-//!
-//! With `--data-dir`, the spaces share one durable store of their own (the
-//! durable layer's, opened on a subdirectory), in which space number `id` is
-//! rank `id`: each space's store journals through a [`SpaceJournal`] that
-//! renames its rank 0 to `id` and keeps that store's one generation. A
-//! space's `clear` cannot drop the shared generation: it journals an
-//! `Unbind` per bound page instead ([`Store::reset`]), and the adapter drops
-//! the bindings that requests still in flight on the old generation record
-//! after it. Which `(rank, namespace)` each id is lives in a
-//! [`SpaceCatalog`], written durably before the space becomes visible.
-//!
 //! # Memory ordering
 //!
 //! The map is scc's, which orders its own reads and writes. Creations are
 //! serialized by a mutex (an admin path), and a space is inserted only once
 //! its rank exists, so a reader that finds a space finds it whole. `count`
 //! mirrors the map's size under that mutex (`Relaxed`: read for `/stats`).
-//! A [`SpaceJournal`]'s `current` generation is raised (`Release`) when a
-//! reset records its `Clear`, before the reset publishes the new generation;
-//! a request that runs on the new generation acquired it after that, and
-//! its records read `current` (`Acquire`) as at least the new one.
 
 use super::error::InitError;
-use super::journal::{Change, Journal};
-use super::key::Key;
 use super::lease::Clock;
 use super::store::{EvictStats, Initialized, MaintainReport, RankStats, Store, StoreConfig};
-use super::sync::{AtomicU32, AtomicU64, Ordering};
+use super::sync::{AtomicU32, Ordering};
 use scc::HashIndex;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -112,73 +94,6 @@ pub enum SpaceError {
     /// The page table could not be made.
     #[error(transparent)]
     Init(#[from] InitError),
-    /// The catalog could not record the space durably.
-    #[error("Durability failure: cannot record rank {rank} namespace '{namespace}': {why}")]
-    Durability {
-        /// The rank asked for.
-        rank: u32,
-        /// The namespace asked for.
-        namespace: String,
-        /// What failed.
-        why: String,
-    },
-}
-
-/// Where the names of durable spaces are kept: `id` is `(rank, namespace)`.
-/// The durable layer implements it.
-pub trait SpaceCatalog: Send + Sync {
-    /// Records space `id` durably; called before the space becomes visible
-    /// and before anything of it is journaled.
-    fn created(&self, id: u32, rank: u32, namespace: &str, num_pages: u32) -> Result<(), String>;
-}
-
-/// What makes the spaces durable: the shared journal (of the spaces'
-/// durable store), its generation, and the catalog.
-#[derive(Clone)]
-pub struct SpacesDurability {
-    /// The journal of the spaces' durable store.
-    pub journal: Arc<dyn Journal>,
-    /// That store's generation (it never changes: spaces never clear it).
-    pub generation: u64,
-    /// Where space ids are named.
-    pub catalog: Arc<dyn SpaceCatalog>,
-}
-
-/// One space's view of the shared journal: its rank 0 is rank `space`, its
-/// generations are the shared one (see the module note).
-struct SpaceJournal {
-    inner: Arc<dyn Journal>,
-    space: u32,
-    generation: u64,
-    /// The space store's generation at its last reset: bindings of older
-    /// generations, recorded by requests in flight across the reset, are
-    /// dropped (the reset unbound everything of its generation).
-    current: AtomicU64,
-}
-
-impl Journal for SpaceJournal {
-    fn record(&self, change: Change<'_>) {
-        let (space, generation) = (self.space, self.generation);
-        // Acquire: pairs with the Release below (module note).
-        let current = self.current.load(Ordering::Acquire);
-        let mapped = match change {
-            Change::Initialize { generation: g, num_pages, .. } if g >= current => {
-                Change::Initialize { generation, rank: space, num_pages }
-            }
-            Change::Bind { generation: g, page, key, world, .. } if g >= current => {
-                Change::Bind { generation, rank: space, page, key, world }
-            }
-            // An unbinding only ever forgets: whatever its generation.
-            Change::Unbind { page, .. } => Change::Unbind { generation, rank: space, page },
-            Change::Clear { generation: g } => {
-                // Release: before the reset publishes generation `g`.
-                self.current.fetch_max(g, Ordering::Release);
-                return;
-            }
-            _ => return,
-        };
-        self.inner.record(mapped);
-    }
 }
 
 /// How spaces are made.
@@ -200,8 +115,6 @@ pub struct Spaces {
     clock: Arc<Clock>,
     /// Serializes creations (an admin path, never a lookup).
     create: Mutex<()>,
-    /// With `--data-dir`.
-    durability: Option<SpacesDurability>,
 }
 
 impl Spaces {
@@ -217,60 +130,7 @@ impl Spaces {
             cfg,
             clock,
             create: Mutex::new(()),
-            durability: None,
         }
-    }
-
-    /// As [`Spaces::new`], every space durable through `durability`.
-    pub fn durable(cfg: SpacesConfig, clock: Arc<Clock>, durability: SpacesDurability) -> Self {
-        Self { durability: Some(durability), ..Self::new(cfg, clock) }
-    }
-
-    /// A space's store, journaling as space `id` when durable.
-    fn store(&self, id: u32) -> Store {
-        let journal = self.durability.as_ref().map(|d| {
-            let j = SpaceJournal {
-                inner: d.journal.clone(),
-                space: id,
-                generation: d.generation,
-                current: AtomicU64::new(0),
-            };
-            Arc::new(j) as Arc<dyn Journal>
-        });
-        Store::with_clock(self.cfg.store.clone(), journal, 0, self.clock.clone())
-    }
-
-    /// Rebuilds durable space `id`, `(rank, namespace)` of `num_pages` pages,
-    /// with `bindings` (page, key) at start-up, before serving. `journaled`
-    /// says whether the durable store knows its size already; when it does
-    /// not (the process died between the catalog and the journal), it is
-    /// journaled now. Not for the request path.
-    pub fn restore(
-        &self,
-        id: u32,
-        name: SpaceName,
-        num_pages: u32,
-        journaled: bool,
-        bindings: &[(u32, Key)],
-    ) -> Result<(), String> {
-        let store = self.store(id);
-        let made = if journaled {
-            store.restore_rank(0, num_pages).map_err(|e| e.to_string())
-        } else {
-            store.initialize_space_rank(num_pages).map(|_| ()).map_err(|e| e.to_string())
-        };
-        made.map_err(|e| format!("space {id} ({} '{}'): {e}", name.rank, name.namespace))?;
-        for (page, key) in bindings {
-            store.restore_binding(0, *page, &key.to_string(), 1)?;
-        }
-        let _create = self.create.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if self.map.insert_sync(name.clone(), Arc::new(store)).is_err() {
-            return Err(format!("space {} '{}' is named twice in the catalog", name.rank, name.namespace));
-        }
-        // Relaxed: under the mutex; ids are dense, so the next is the count.
-        let next = self.count.load(Ordering::Relaxed).max(id + 1);
-        self.count.store(next, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Runs `f` on space `(rank, namespace)`, or answers `None` when it does
@@ -309,19 +169,7 @@ impl Spaces {
         if count >= self.cfg.max_spaces {
             return Err(SpaceError::TooManySpaces { rank, namespace: namespace.into(), max: self.cfg.max_spaces });
         }
-        if pages > self.cfg.store.max_pages_per_rank {
-            let max = self.cfg.store.max_pages_per_rank;
-            return Err(SpaceError::Init(InitError::TooManyPages { requested: num_pages, max }));
-        }
-        let id = count;
-        if let Some(d) = &self.durability {
-            d.catalog.created(id, rank, namespace, pages).map_err(|why| SpaceError::Durability {
-                rank,
-                namespace: namespace.into(),
-                why,
-            })?;
-        }
-        let store = self.store(id);
+        let store = Store::with_clock(self.cfg.store.clone(), None, 0, self.clock.clone());
         store.initialize_space_rank(pages)?;
         // Visible only now, whole.
         let _ = self.map.insert_sync(SpaceName { rank, namespace: namespace.into() }, Arc::new(store));

@@ -23,7 +23,7 @@
 use super::error::{InitError, RankNotInitialized};
 use super::index::{Bind, Delta, IndexFloor, KeyIndex};
 use super::journal::{Change, Journal};
-use super::key::{Key, KeyRef};
+use super::key::KeyRef;
 use super::lease::{Clock, LeaseLength};
 use super::pages::{Counts, PageState, PageTable, BOUND, FREE};
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -328,27 +328,6 @@ impl Store {
         JournalOp(self.journal.as_deref())
     }
 
-    /// Where durable changes go, when durability is on (to share with the
-    /// stores of SGLang's spaces).
-    pub fn journal(&self) -> Option<Arc<dyn Journal>> {
-        self.journal.clone()
-    }
-
-    /// Every binding of `rank`: `(page, key, world)`, in page order. For
-    /// rebuilding SGLang's spaces at start-up, not the request path.
-    pub fn bindings_on(&self, rank: u32) -> Vec<(u32, Key, u32)> {
-        let gen = self.gen.load_full();
-        let Some(t) = gen.rank(rank.into()) else { return Vec::new() };
-        let mut out = Vec::new();
-        t.for_each_bound(|page| {
-            if let Some(key) = t.owner(page) {
-                let world = gen.index.world(key.as_ref()).unwrap_or(1);
-                out.push((page, key, world));
-            }
-        });
-        out
-    }
-
     /// The current generation's id (it changes at every `/clear`).
     pub fn generation(&self) -> u64 {
         self.gen.load().id
@@ -473,31 +452,11 @@ impl Store {
         // Journaled first, in the order a replay needs: the clear, then the
         // ranks of the new generation.
         self.record(Change::Clear { generation: id });
-        if self.journal.is_some() {
-            self.unbind_all_journaled(&old);
-        }
         for (rank, num_pages) in sizes {
             self.record(Change::Initialize { generation: id, rank, num_pages });
         }
         self.gen.store(Arc::new(fresh));
         Ok(())
-    }
-
-    /// Journals an `Unbind` for every page bound in `old` (a reset's, after
-    /// its `Clear`): for a journal that keeps one generation for good (SGLang's
-    /// spaces share one durable store and never drop it), the reset must
-    /// forget each binding. Each page is claimed while it is recorded, so a
-    /// request in flight on `old` finishes its change first.
-    fn unbind_all_journaled(&self, old: &Generation) {
-        for (r, t) in old.ranks.iter().enumerate() {
-            let Some(t) = t.get() else { continue };
-            t.for_each_held(|page| {
-                let mut held = super::pages::ClaimGuard::new(1);
-                if held.claim(t, page) == Some(super::pages::Claimed::Bound) && t.has_owner(page) {
-                    self.record(Change::Unbind { generation: old.id, rank: r as u32, page });
-                }
-            });
-        }
     }
 
     /// Recreates a rank while rebuilding the store from a journal (start-up,

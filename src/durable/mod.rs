@@ -56,7 +56,6 @@ pub mod queue;
 pub mod recover;
 pub mod shared;
 pub mod snapshot;
-pub mod spaces;
 pub mod store;
 pub mod syncer;
 pub mod writer;

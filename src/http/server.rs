@@ -166,9 +166,7 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
     };
     // With --data-dir, a successful change is answered only once everything
     // recorded so far (its own changes and those it observed) is durable.
-    // SGLang's routes journal to the spaces' own durable store.
-    let sglang = spec.is_some_and(|s| s.dialect == crate::routes::Dialect::Sglang);
-    if let Some(d) = if sglang { &app.spaces_durable } else { &app.durable } {
+    if let Some(d) = &app.durable {
         if reply.status.is_success() && spec.is_some_and(|s| s.durable) {
             if let Err(e) = d.sync().await {
                 tracing::error!("durable write failed, answering 503: {e}");

@@ -89,10 +89,6 @@ fn initialize(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Reply {
             }
             Reply::no_content(0)
         }
-        Err(e @ SpaceError::Durability { .. }) => {
-            tracing::error!("{e}");
-            Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
-        }
         Err(e @ SpaceError::Init(InitError::OutOfMemory { .. })) => {
             tracing::error!("{e}");
             Reply::detail(StatusCode::INSUFFICIENT_STORAGE, &e.to_string())
