@@ -384,6 +384,12 @@ impl KeyIndex {
         self.reader().page(key, rank)
     }
 
+    /// The world size fixed for `key`, while it has a binding (for a
+    /// durable snapshot, not the request path).
+    pub fn world(&self, key: KeyRef<'_>) -> Option<u32> {
+        self.reader().entry(key).map(Entry::world)
+    }
+
     /// Whether `key` is complete.
     pub fn is_complete(&self, key: KeyRef<'_>) -> bool {
         self.reader().is_complete(key)
