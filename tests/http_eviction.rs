@@ -28,15 +28,17 @@ fn refs(v: &[String]) -> Vec<&str> {
 }
 
 /// The value of one series of `/metrics` (its full name and labels, as
-/// printed), 0 when absent.
+/// printed); a series that is not exported fails the test.
 fn metric(s: &TestServer, series: &str) -> f64 {
     let r = s.get("/metrics");
     assert_eq!(r.status, 200);
-    r.text()
+    let text = r.text();
+    let v = text
         .lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
-        .map_or(0.0, |v| v.trim().parse().unwrap_or_else(|e| panic!("{series}: {v:?}: {e}")))
+        .unwrap_or_else(|| panic!("{series} is not exported:\n{text}"));
+    v.trim().parse().unwrap_or_else(|e| panic!("{series}: {v:?}: {e}"))
 }
 
 /// Keys evicted so far, for any reason.
