@@ -32,6 +32,7 @@ from test_vllm_client import (  # noqa: F401  (server is a fixture)
     block_hashes,
     free_loopback_port,
     leading_true,
+    rank_entry,
     rank_stats,
     save,
     server,
@@ -137,8 +138,8 @@ def test_readme_socat_recipe_carries_the_connector_flow(server, forward):
         # Released pages of keys under a read lease stay quarantined, and
         # counted as bound, until the lease passes.
         def live(rank: int) -> int:
-            r = rank_stats(direct, rank)
-            return r["bound"] - r.get("quarantined", 0)
+            r = rank_entry(direct, rank)
+            return r["bound"] - r["quarantined"]
 
         assert live(0) == len(keys)
         assert live(1) == len(keys) - 2

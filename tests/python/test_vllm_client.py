@@ -537,7 +537,7 @@ def test_write_failure_releases_every_page(client, server):
     ]
     m = c.metrics()
     assert m.value("hf3fs_meta_rank_quarantined_pages", rank="0") == BATCH
-    assert m.value("hf3fs_meta_confirm_pages_total", outcome="released") == 32 + BATCH
+    assert m.value("hf3fs_meta_confirm_pages_total", dialect="vllm", outcome="released") == 32 + BATCH
     # The write-failure path sent again on the held pages: typed 500, nothing changes.
     r = raw_post(server.base_url, "/keys/confirm_write", {"rank": 0, "confirmations": [], "pages_to_release": given[:1]})
     assert r.status_code == 500 and r.json()["error"]["code"] == "release_unallocated", r.text
