@@ -5,8 +5,11 @@
 # `ceiling` on free loopback ports, and for each scenario run `loadgen`
 # against them ALTERNATELY (server, ceiling, server, ceiling, ...) so that the
 # noise of a shared machine hits both alike; report medians in one markdown
-# table (also written to perf/last-run.md). Everything it starts is killed on
-# exit, even on failure or Ctrl-C.
+# table (also written to perf/last-run.md) and draw them as a chart
+# (perf/last-run.svg: throughput per scenario against the ceiling and the
+# baseline, latency percentiles; perf/plot.py with matplotlib from a scratch
+# venv, target/perf-plot-venv, made on first use). Everything it starts is
+# killed on exit, even on failure or Ctrl-C.
 #
 # Usage: perf/run.sh [--quick] [--baseline URL] [options]
 #   --quick              1 round of 2 s per side (whole run < 1 min once built)
@@ -20,10 +23,13 @@
 #   --threads N          worker threads of server AND ceiling (default: nproc)
 #   --loadgen-threads N  loadgen runtime threads (default: nproc, at most 4; on 2
 #                        cores 2 saturates the machine, 1 leaves it ~15% idle)
-#   --scenarios "A B"    subset of: exists locations allocate confirm cycle
+#   --scenarios "A B"    subset of: exists locations allocate confirm cycle, and SGLang's
+#                        sglang-exists sglang-indices sglang-reserve sglang-confirm
+#                        (perf/sglang_baseline.sh runs those against SGLang's own server)
 #   --client raw|hyper   loadgen HTTP client (default raw)
 #   --no-build           use the binaries already in target/release
 #   --server-is-ceiling  harness self-test: a second ceiling stands in for the server
+#   --no-plot            skip the chart (perf/last-run.svg)
 # Environment: SERVER_ARGS (extra flags for hf3fs-meta), RUST_LOG / HF3FS_META_LOG_LEVEL
 # (default warn, so logging does not skew the numbers).
 set -euo pipefail
@@ -33,7 +39,7 @@ ROOT=$(pwd)
 REL="$ROOT/target/release"
 
 QUICK=0 BASELINE="" ROUNDS=3 DURATION=5 WARMUP=1 CONNS=32 BATCH=128 THREADS=""
-SCENARIOS="exists locations allocate confirm cycle" CLIENT=raw BUILD=1 SELFTEST=0
+SCENARIOS="exists locations allocate confirm cycle" CLIENT=raw BUILD=1 SELFTEST=0 PLOT=1
 LG_THREADS=$(( $(nproc) < 4 ? $(nproc) : 4 ))
 ROUNDS_SET=0 DURATION_SET=0 WARMUP_SET=0
 while [[ $# -gt 0 ]]; do
@@ -51,6 +57,7 @@ while [[ $# -gt 0 ]]; do
     --client) CLIENT="$2"; shift ;;
     --no-build) BUILD=0 ;;
     --server-is-ceiling) SELFTEST=1 ;;
+    --no-plot) PLOT=0 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -243,6 +250,7 @@ CPU=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n
        "loadgen: -c $CONNS, batch $BATCH, client $CLIENT, $LG_THREADS thread(s); server/ceiling threads: ${THREADS:-default (nproc)}"
   if [[ $SELFTEST == 1 ]]; then echo "- SELF-TEST: the \"server\" column is a second ceiling instance, not hf3fs-meta"; fi
   echo "- req/s, p50, p99 are medians over rounds; ratio = server / ceiling (req/s and p99)"
+  if [[ $PLOT == 1 ]]; then echo "- chart: [last-run.svg](last-run.svg)"; fi
   echo
   cat "$TABLE"
   if [[ -s "$NOTES" ]]; then echo; echo "Problems (summed over rounds):"; echo; cat "$NOTES"; fi
@@ -256,6 +264,23 @@ CPU=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n
   echo "</details>"
 } >"$ROOT/perf/last-run.md"
 log "wrote perf/last-run.md"
+
+# --- chart ---------------------------------------------------------------
+# matplotlib in a scratch venv of its own (nothing installed system-wide); a
+# chart that cannot be drawn is reported but does not fail the run: the
+# figures are in the table.
+plot() {
+  local venv="${HF3FS_PERF_PLOT_VENV:-$ROOT/target/perf-plot-venv}"
+  if ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
+    log "making the chart's venv ($venv: perf/plot-requirements.txt)"
+    python3 -m venv "$venv" && "$venv/bin/python" -m pip install -q -r "$ROOT/perf/plot-requirements.txt" || return 1
+  fi
+  "$venv/bin/python" "$ROOT/perf/plot.py" --results "$RESULTS" --out "$ROOT/perf/last-run.svg" \
+    --title "hf3fs-meta $COMMIT$DIRTY, $(date -u '+%Y-%m-%d'), nproc $(nproc): perf/run.sh $([[ $QUICK == 1 ]] && echo --quick) ${BASELINE:+--baseline $BASELINE}(-c $CONNS, batch $BATCH, medians of $ROUNDS round(s) of ${DURATION}s)"
+}
+if [[ $PLOT == 1 ]]; then
+  if plot; then log "wrote perf/last-run.svg"; else log "could not draw perf/last-run.svg (see above); the table is complete"; fi
+fi
 if [[ $FAILED == 1 ]]; then
   log "some runs against the server/baseline failed or found violations (see above)"; exit 1
 fi

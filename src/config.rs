@@ -107,6 +107,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=(u32::MAX as i64 - 1)))]
     pub max_pages_per_rank: u32,
 
+    /// Most SGLang page spaces (one per rank and namespace that SGLang's
+    /// initialize names); an initialize beyond it gets a 400.
+    #[arg(long, env = "HF3FS_META_MAX_SPACES", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_spaces: u32,
+
     /// Most open client connections; further ones wait in the listen backlog.
     #[arg(long, env = "HF3FS_META_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,

@@ -1,4 +1,5 @@
-//! hf3fs-meta: a lock-free metadata server for vLLM's HF3FS KV-cache connector.
+//! hf3fs-meta: a lock-free metadata server for vLLM's HF3FS KV-cache
+//! connector and SGLang HiCache's 3FS backend, on one port.
 //!
 //! See `ARCHITECTURE.md` for the bird's-eye view. The module map:
 //!
@@ -26,7 +27,7 @@ pub mod metrics;
 pub mod routes;
 
 use crate::config::{Config, LogFormat};
-use crate::core::{Store, StoreConfig};
+use crate::core::{Spaces, SpacesConfig, Store, StoreConfig};
 use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,9 +36,12 @@ use std::sync::Arc;
 pub struct App {
     /// The effective configuration.
     pub cfg: Config,
-    /// The metadata state (shared with the durable writer, which snapshots
-    /// it to recover from a disk fault).
+    /// The metadata state of vLLM's dialect: one page space whose keys span
+    /// its ranks (shared with the durable writer, which snapshots it to
+    /// recover from a disk fault).
     pub store: Arc<Store>,
+    /// SGLang's page spaces, one per `(rank, namespace)`, apart from `store`.
+    pub spaces: Spaces,
     /// The server's counters.
     pub metrics: Metrics,
     /// Durability, when `--data-dir` is set (see [`App::open`]).
@@ -51,7 +55,8 @@ impl App {
     /// ignored: use [`App::open`]).
     pub fn new(cfg: Config) -> Self {
         let store = Arc::new(Store::new(Self::store_config(&cfg)));
-        Self { cfg, store, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false) }
+        let spaces = Self::spaces(&cfg, &store);
+        Self { cfg, store, spaces, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false) }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that
@@ -68,7 +73,20 @@ impl App {
             // not persisted: evict nothing for one lease period.
             store.hold_eviction_for_a_lease();
         }
-        Ok(Self { cfg, store, metrics: Metrics::default(), durable: Some(d), shutting_down: AtomicBool::new(false) })
+        let spaces = Self::spaces(&cfg, &store);
+        Ok(Self {
+            cfg,
+            store,
+            spaces,
+            metrics: Metrics::default(),
+            durable: Some(d),
+            shutting_down: AtomicBool::new(false),
+        })
+    }
+
+    /// SGLang's spaces, timed by `store`'s clock.
+    fn spaces(cfg: &Config, store: &Store) -> Spaces {
+        Spaces::new(SpacesConfig { max_spaces: cfg.max_spaces, store: Self::store_config(cfg) }, store.clock())
     }
 
     fn store_config(cfg: &Config) -> StoreConfig {
@@ -81,6 +99,7 @@ impl App {
             low_watermark: cfg.evict_low_watermark,
             read_lease: core::LeaseLength::from_secs(cfg.read_lease),
             manual_clock: false,
+            index_floor: core::IndexFloor::VLLM,
         }
     }
 

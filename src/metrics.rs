@@ -14,8 +14,8 @@
 //! scrape that reads one shard slightly before another only sees a slightly
 //! older total, which Prometheus tolerates by design.
 
-use crate::core::{ErrorCode, EvictStats, Footprint, LeaseStats, Stats};
-use crate::routes::{RouteId, Spec, ROUTES};
+use crate::core::{ErrorCode, EvictStats, Footprint, LeaseStats, SpaceStats, Stats};
+use crate::routes::{Dialect, RouteId, Spec, ROUTES};
 use crossbeam_utils::CachePadded;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -48,6 +48,24 @@ impl Endpoint {
     pub fn label(self) -> &'static str {
         self.spec().map_or("other", |s| s.label)
     }
+
+    /// The `dialect` label value (`none` for requests no route took).
+    pub fn dialect(self) -> &'static str {
+        self.spec().map_or("none", |s| s.dialect.label())
+    }
+
+    /// `dialect="…",endpoint="…"`: the labels of every request series.
+    fn labels(self) -> String {
+        format!("dialect=\"{}\",endpoint=\"{}\"", self.dialect(), self.label())
+    }
+}
+
+/// The client families whose requests change pages, each with its own
+/// series of outcome counters.
+const DATA_DIALECTS: [Dialect; 2] = [Dialect::Vllm, Dialect::Sglang];
+
+fn dialect_slot(d: Dialect) -> usize {
+    usize::from(d == Dialect::Sglang)
 }
 
 const ENDPOINTS: usize = ROUTES.len() + 1;
@@ -62,6 +80,8 @@ const KEYS: [u64; 12] = [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 8192];
 const CONFIRM_OUTCOMES: [&str; 4] = ["bound", "reconfirmed", "superseded", "released"];
 /// Allocate outcomes, counted per key.
 const ALLOCATE_OUTCOMES: [&str; 3] = ["reserved", "reused", "refused"];
+/// Delete outcomes (SGLang's delete_keys), counted per key.
+const DELETE_OUTCOMES: [&str; 2] = ["deleted", "quarantined"];
 
 fn status_slot(status: u16) -> usize {
     STATUSES.iter().position(|&s| s == status).unwrap_or(STATUSES.len() - 1)
@@ -74,9 +94,10 @@ struct Shard {
     latency_sum_ns: [AtomicU64; ENDPOINTS],
     keys: [[AtomicU64; KEYS.len() + 1]; ENDPOINTS],
     keys_sum: [AtomicU64; ENDPOINTS],
-    errors: [AtomicU64; ErrorCode::ALL.len()],
-    confirm_pages: [AtomicU64; CONFIRM_OUTCOMES.len()],
-    allocate_keys: [AtomicU64; ALLOCATE_OUTCOMES.len()],
+    errors: [[AtomicU64; ErrorCode::ALL.len()]; DATA_DIALECTS.len()],
+    confirm_pages: [[AtomicU64; CONFIRM_OUTCOMES.len()]; DATA_DIALECTS.len()],
+    allocate_keys: [[AtomicU64; ALLOCATE_OUTCOMES.len()]; DATA_DIALECTS.len()],
+    delete_keys: [AtomicU64; DELETE_OUTCOMES.len()],
 }
 
 impl Default for Shard {
@@ -90,9 +111,10 @@ impl Default for Shard {
             latency_sum_ns: z(),
             keys: std::array::from_fn(|_| z()),
             keys_sum: z(),
-            errors: z(),
-            confirm_pages: z(),
-            allocate_keys: z(),
+            errors: std::array::from_fn(|_| z()),
+            confirm_pages: std::array::from_fn(|_| z()),
+            allocate_keys: std::array::from_fn(|_| z()),
+            delete_keys: z(),
         }
     }
 }
@@ -122,15 +144,15 @@ fn histogram(
     if total == 0 {
         return;
     }
-    let label = ep.label();
+    let labels = ep.labels();
     let mut cum = 0;
     for (le, n) in bounds.zip(counts) {
         cum += n;
-        let _ = writeln!(o, "hf3fs_meta_{name}_bucket{{endpoint=\"{label}\",le=\"{le}\"}} {cum}");
+        let _ = writeln!(o, "hf3fs_meta_{name}_bucket{{{labels},le=\"{le}\"}} {cum}");
     }
-    let _ = writeln!(o, "hf3fs_meta_{name}_bucket{{endpoint=\"{label}\",le=\"+Inf\"}} {total}");
-    let _ = writeln!(o, "hf3fs_meta_{name}_sum{{endpoint=\"{label}\"}} {total_sum}");
-    let _ = writeln!(o, "hf3fs_meta_{name}_count{{endpoint=\"{label}\"}} {total}");
+    let _ = writeln!(o, "hf3fs_meta_{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
+    let _ = writeln!(o, "hf3fs_meta_{name}_sum{{{labels}}} {total_sum}");
+    let _ = writeln!(o, "hf3fs_meta_{name}_count{{{labels}}} {total}");
 }
 
 /// Shards: enough that worker threads rarely share one.
@@ -188,29 +210,37 @@ impl Metrics {
     }
 
     /// Records a typed confirm error.
-    pub fn confirm_error(&self, code: ErrorCode) {
+    pub fn confirm_error(&self, dialect: Dialect, code: ErrorCode) {
         let i = ErrorCode::ALL.iter().position(|&c| c == code).unwrap_or(0);
-        add(&self.shard().errors[i], 1);
+        add(&self.shard().errors[dialect_slot(dialect)][i], 1);
     }
 
     /// Records what a successful confirm did to its pages.
-    pub fn confirm_pages(&self, bound: u32, reconfirmed: u32, superseded: u32, released: u32) {
-        let s = self.shard();
+    pub fn confirm_pages(&self, dialect: Dialect, bound: u32, reconfirmed: u32, superseded: u32, released: u32) {
+        let s = &self.shard().confirm_pages[dialect_slot(dialect)];
         for (i, n) in [bound, reconfirmed, superseded, released].into_iter().enumerate() {
             if n > 0 {
-                add(&s.confirm_pages[i], u64::from(n));
+                add(&s[i], u64::from(n));
             }
         }
     }
 
     /// Records what an allocate answered per key.
-    pub fn allocate_keys(&self, reserved: u64, reused: u64, refused: u64) {
-        let s = self.shard();
+    pub fn allocate_keys(&self, dialect: Dialect, reserved: u64, reused: u64, refused: u64) {
+        let s = &self.shard().allocate_keys[dialect_slot(dialect)];
         for (i, n) in [reserved, reused, refused].into_iter().enumerate() {
             if n > 0 {
-                add(&s.allocate_keys[i], n);
+                add(&s[i], n);
             }
         }
+    }
+
+    /// Records what an SGLang delete_keys did: keys deleted, and of those,
+    /// pages held back under a lease.
+    pub fn delete_keys(&self, deleted: u32, quarantined: u32) {
+        let s = self.shard();
+        add(&s.delete_keys[0], u64::from(deleted));
+        add(&s.delete_keys[1], u64::from(quarantined));
     }
 
     /// A connection was accepted.
@@ -235,20 +265,28 @@ impl Metrics {
     }
 
     /// Renders every metric in the Prometheus text exposition format (0.0.4).
-    pub fn render(&self, stats: &Stats, footprint: &Footprint, evict: &EvictStats, leases: &LeaseStats) -> String {
+    /// `stats` to `leases` describe vLLM's store; `spaces` SGLang's spaces.
+    pub fn render(
+        &self,
+        stats: &Stats,
+        footprint: &Footprint,
+        evict: &EvictStats,
+        leases: &LeaseStats,
+        spaces: &[SpaceStats],
+    ) -> String {
         let sh = &self.shards[..];
         let mut o = String::with_capacity(16 * 1024);
         let head = |o: &mut String, name: &str, kind: &str, help: &str| {
             let _ = writeln!(o, "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}");
         };
 
-        head(&mut o, "requests_total", "counter", "Requests answered, by endpoint and status code.");
+        head(&mut o, "requests_total", "counter", "Requests answered, by dialect, endpoint and status code.");
         for ep in Endpoint::all() {
             for (j, st) in STATUSES.iter().enumerate() {
                 let n = sum(sh, |s| &s.requests[ep.0][j]);
                 if n > 0 {
                     let st = if *st == 0 { "other".to_string() } else { st.to_string() };
-                    let _ = writeln!(o, "hf3fs_meta_requests_total{{endpoint=\"{}\",status=\"{st}\"}} {n}", ep.label());
+                    let _ = writeln!(o, "hf3fs_meta_requests_total{{{},status=\"{st}\"}} {n}", ep.labels());
                 }
             }
         }
@@ -270,14 +308,17 @@ impl Metrics {
             histogram(&mut o, "request_keys", ep, bounds, &counts, &sum(sh, |s| &s.keys_sum[e]).to_string());
         }
 
-        head(&mut o, "confirm_errors_total", "counter", "Typed confirm_write errors (500s), by code.");
-        for (i, code) in ErrorCode::ALL.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "hf3fs_meta_confirm_errors_total{{code=\"{}\"}} {}",
-                code.as_str(),
-                sum(sh, |s| &s.errors[i])
-            );
+        head(&mut o, "confirm_errors_total", "counter", "Typed confirm_write errors (500s), by dialect and code.");
+        for (d, dialect) in DATA_DIALECTS.iter().enumerate() {
+            for (i, code) in ErrorCode::ALL.iter().enumerate() {
+                let _ = writeln!(
+                    o,
+                    "hf3fs_meta_confirm_errors_total{{dialect=\"{}\",code=\"{}\"}} {}",
+                    dialect.label(),
+                    code.as_str(),
+                    sum(sh, |s| &s.errors[d][i])
+                );
+            }
         }
 
         head(
@@ -286,25 +327,45 @@ impl Metrics {
             "counter",
             "Pages handled by successful confirm_write requests, by outcome.",
         );
-        for (i, name) in CONFIRM_OUTCOMES.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "hf3fs_meta_confirm_pages_total{{outcome=\"{name}\"}} {}",
-                sum(sh, |s| &s.confirm_pages[i])
-            );
+        for (d, dialect) in DATA_DIALECTS.iter().enumerate() {
+            for (i, name) in CONFIRM_OUTCOMES.iter().enumerate() {
+                let _ = writeln!(
+                    o,
+                    "hf3fs_meta_confirm_pages_total{{dialect=\"{}\",outcome=\"{name}\"}} {}",
+                    dialect.label(),
+                    sum(sh, |s| &s.confirm_pages[d][i])
+                );
+            }
         }
 
         head(
             &mut o,
             "allocate_keys_total",
             "counter",
-            "Keys answered by batch_allocate: a fresh page, the page already bound, or -1.",
+            "Keys answered by batch_allocate (vLLM) and reserve_and_allocate_page_indices (SGLang): \
+             a fresh page, the page already bound, or -1.",
         );
-        for (i, name) in ALLOCATE_OUTCOMES.iter().enumerate() {
+        for (d, dialect) in DATA_DIALECTS.iter().enumerate() {
+            for (i, name) in ALLOCATE_OUTCOMES.iter().enumerate() {
+                let _ = writeln!(
+                    o,
+                    "hf3fs_meta_allocate_keys_total{{dialect=\"{}\",outcome=\"{name}\"}} {}",
+                    dialect.label(),
+                    sum(sh, |s| &s.allocate_keys[d][i])
+                );
+            }
+        }
+        head(
+            &mut o,
+            "delete_keys_total",
+            "counter",
+            "Keys unbound by SGLang's delete_keys; quarantined: of those, pages held back under a read lease.",
+        );
+        for (i, name) in DELETE_OUTCOMES.iter().enumerate() {
             let _ = writeln!(
                 o,
-                "hf3fs_meta_allocate_keys_total{{outcome=\"{name}\"}} {}",
-                sum(sh, |s| &s.allocate_keys[i])
+                "hf3fs_meta_delete_keys_total{{dialect=\"sglang\",outcome=\"{name}\"}} {}",
+                sum(sh, |s| &s.delete_keys[i])
             );
         }
 
@@ -371,6 +432,7 @@ impl Metrics {
         let _ = writeln!(o, "hf3fs_meta_evictor_pass_seconds_total {}", evict.pass_nanos as f64 / 1e9);
         head(&mut o, "evictor_pass_max_seconds", "gauge", "The longest background eviction pass so far.");
         let _ = writeln!(o, "hf3fs_meta_evictor_pass_max_seconds {}", evict.pass_max_nanos as f64 / 1e9);
+        render_spaces(&mut o, spaces);
         head(&mut o, "open_connections", "gauge", "Client connections open now.");
         let _ = writeln!(o, "hf3fs_meta_open_connections {}", self.open_connections());
         head(&mut o, "connections_total", "counter", "Client connections accepted.");
@@ -380,6 +442,57 @@ impl Metrics {
         head(&mut o, "build_info", "gauge", "Always 1; the version is a label.");
         let _ = writeln!(o, "hf3fs_meta_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
         o
+    }
+}
+
+/// `value` escaped for a Prometheus label value.
+fn label_value(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return value.into();
+    }
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n").into()
+}
+
+/// The gauges and counters of SGLang's page spaces, each labelled by the
+/// space's `rank` and `namespace`.
+fn render_spaces(o: &mut String, spaces: &[SpaceStats]) {
+    let head = |o: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(o, "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}");
+    };
+    let names: Vec<String> = spaces
+        .iter()
+        .map(|s| format!("rank=\"{}\",namespace=\"{}\"", s.name.rank, label_value(&s.name.namespace)))
+        .collect();
+    head(o, "spaces", "gauge", "SGLang page spaces (one per rank and namespace).");
+    let _ = writeln!(o, "hf3fs_meta_spaces {}", spaces.len());
+    head(o, "space_pages", "gauge", "Pages per SGLang space, by state.");
+    for (s, l) in spaces.iter().zip(&names) {
+        let c = s.pages.counts;
+        for (state, n) in [("free", c.free), ("reserved", c.reserved + c.busy), ("bound", c.bound)] {
+            let _ = writeln!(o, "hf3fs_meta_space_pages{{{l},state=\"{state}\"}} {n}");
+        }
+    }
+    type Field = fn(&SpaceStats) -> u64;
+    let series: [(&str, &str, &str, Field); 7] = [
+        ("space_size_pages", "gauge", "num_pages of each SGLang space.", |s| s.pages.num_pages.into()),
+        ("space_keys", "gauge", "Keys stored per SGLang space.", |s| s.keys),
+        ("space_leased_pages", "gauge", "Pages of keys under a read lease, per SGLang space.", |s| s.leased_pages),
+        ("space_evictable_pages", "gauge", "Bound pages the evictor may take now, per SGLang space.", |s| {
+            s.evictable_pages
+        }),
+        ("space_quarantined_pages", "gauge", "Released or deleted pages held back under a read lease.", |s| {
+            s.pages.quarantined
+        }),
+        ("space_evicted_keys_total", "counter", "Keys evicted per SGLang space.", |s| {
+            s.evict.keys_watermark + s.evict.keys_allocate
+        }),
+        ("space_reservations_expired_total", "counter", "Reserved pages returned by --reservation-ttl.", |s| s.expired),
+    ];
+    for (name, kind, help, f) in series {
+        head(o, name, kind, help);
+        for (s, l) in spaces.iter().zip(&names) {
+            let _ = writeln!(o, "hf3fs_meta_{name}{{{l}}} {}", f(s));
+        }
     }
 }
 
@@ -409,17 +522,19 @@ mod tests {
             }
         });
         m.request(Endpoint::route(RouteId::of(Dialect::Vllm, Op::Confirm).unwrap()), 500, 3, Duration::from_millis(2));
-        m.confirm_error(ErrorCode::DoubleConfirm);
+        m.confirm_error(Dialect::Vllm, ErrorCode::DoubleConfirm);
         let stats = Stats { ranks: vec![], keys: 5, complete_keys: 2, expired: 7 };
-        let t = m.render(&stats, &Footprint { index_slots: 8192 }, &EvictStats::default(), &LeaseStats::default());
+        let t = m.render(&stats, &Footprint { index_slots: 8192 }, &EvictStats::default(), &LeaseStats::default(), &[]);
         assert_eq!(
-            line(&t, "hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"}"),
-            Some("hf3fs_meta_requests_total{endpoint=\"batch_exists\",status=\"200\"} 4000")
+            line(&t, "hf3fs_meta_requests_total{dialect=\"vllm\",endpoint=\"batch_exists\",status=\"200\"}"),
+            Some("hf3fs_meta_requests_total{dialect=\"vllm\",endpoint=\"batch_exists\",status=\"200\"} 4000")
         );
-        assert!(t.contains("hf3fs_meta_request_duration_seconds_bucket{endpoint=\"batch_exists\",le=\"0.00005\"} 4000"));
-        assert!(t.contains("hf3fs_meta_request_duration_seconds_bucket{endpoint=\"batch_exists\",le=\"0.000025\"} 0"));
-        assert!(t.contains("hf3fs_meta_request_keys_bucket{endpoint=\"batch_exists\",le=\"128\"} 4000"));
-        assert!(t.contains("hf3fs_meta_confirm_errors_total{code=\"double_confirm\"} 1"));
+        let ex = "dialect=\"vllm\",endpoint=\"batch_exists\"";
+        assert!(t.contains(&format!("hf3fs_meta_request_duration_seconds_bucket{{{ex},le=\"0.00005\"}} 4000")));
+        assert!(t.contains(&format!("hf3fs_meta_request_duration_seconds_bucket{{{ex},le=\"0.000025\"}} 0")));
+        assert!(t.contains(&format!("hf3fs_meta_request_keys_bucket{{{ex},le=\"128\"}} 4000")));
+        assert!(t.contains("hf3fs_meta_confirm_errors_total{dialect=\"vllm\",code=\"double_confirm\"} 1"));
+        assert!(t.contains("hf3fs_meta_confirm_errors_total{dialect=\"sglang\",code=\"double_confirm\"} 0"));
         assert!(t.contains("hf3fs_meta_keys 5\n"));
         assert!(t.contains("hf3fs_meta_index_slots 8192\n"));
         assert!(t.contains("hf3fs_meta_reservations_expired_total 7\n"));
@@ -434,7 +549,8 @@ mod tests {
             &Footprint::default(),
             &EvictStats::default(),
             &LeaseStats::default(),
+            &[],
         );
-        assert!(t.contains("hf3fs_meta_requests_total{endpoint=\"other\",status=\"other\"} 1"));
+        assert!(t.contains("hf3fs_meta_requests_total{dialect=\"none\",endpoint=\"other\",status=\"other\"} 1"));
     }
 }

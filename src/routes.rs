@@ -3,7 +3,9 @@
 //!
 //! The router ([`find`]), the metrics (one series per row, labelled from the
 //! row) and the server (body, authorization, durability) all read this table;
-//! adding a route is adding a row and, for a new [`Op`], its handler.
+//! adding a route is adding a row and, for a new [`Op`], its handler, and
+//! documenting it in `docs/api.md` and `docs/openapi.json` (a test in
+//! `tests/http_ops.rs` fails while the table and the document disagree).
 //!
 //! Architecture invariant: this file is data and a matcher; it knows nothing
 //! of hyper, of the core or of JSON.
@@ -32,6 +34,8 @@ impl Method {
 pub enum Dialect {
     /// vLLM's HF3FS connector (`/rank/…`, `/keys/…`, `/clear`).
     Vllm,
+    /// SGLang HiCache's 3FS backend (`/{rank}/{op}`, an integer first).
+    Sglang,
     /// The server's own operational routes (`/health`, `/metrics`, …).
     Ops,
 }
@@ -41,6 +45,7 @@ impl Dialect {
     pub fn label(self) -> &'static str {
         match self {
             Dialect::Vllm => "vllm",
+            Dialect::Sglang => "sglang",
             Dialect::Ops => "ops",
         }
     }
@@ -59,14 +64,18 @@ pub enum Op {
     Exists,
     /// The pages of keys on a rank.
     Locations,
-    /// Forget everything.
+    /// Forget everything (vLLM), or reset one space (SGLang).
     Clear,
+    /// Forget some keys (SGLang).
+    Delete,
     /// Prometheus text.
     Metrics,
     /// Liveness and readiness.
     Health,
     /// The statistics document.
     Stats,
+    /// The OpenAPI document (`docs/openapi.json`).
+    OpenApi,
 }
 
 /// One row of the table.
@@ -110,8 +119,11 @@ const BASE: Spec = Spec {
     open: false,
 };
 
+/// An SGLang row: `POST /{rank}/{op}` with a JSON body.
+const SGLANG: Spec = Spec { dialect: Dialect::Sglang, reads_body: true, ..BASE };
+
 /// Every route. Literal paths come before patterns that could match them.
-pub static ROUTES: [Spec; 9] = [
+pub static ROUTES: [Spec; 17] = [
     Spec {
         path: "/keys/batch_allocate",
         op: Op::Allocate,
@@ -147,6 +159,28 @@ pub static ROUTES: [Spec; 9] = [
         durable: true,
         ..BASE
     },
+    // SGLang HiCache: `{rank}` never matches `keys` or `rank`, so these
+    // never take a vLLM path (`/keys/confirm_write` is vLLM's).
+    Spec { path: "/{rank}/initialize", op: Op::Initialize, label: "initialize", durable: true, ..SGLANG },
+    Spec { path: "/{rank}/exists", op: Op::Exists, label: "exists", keyed: true, ..SGLANG },
+    Spec {
+        path: "/{rank}/reserve_and_allocate_page_indices",
+        op: Op::Allocate,
+        label: "reserve_and_allocate_page_indices",
+        keyed: true,
+        ..SGLANG
+    },
+    Spec {
+        path: "/{rank}/confirm_write",
+        op: Op::Confirm,
+        label: "confirm_write",
+        keyed: true,
+        durable: true,
+        ..SGLANG
+    },
+    Spec { path: "/{rank}/delete_keys", op: Op::Delete, label: "delete_keys", keyed: true, durable: true, ..SGLANG },
+    Spec { path: "/{rank}/clear", op: Op::Clear, label: "clear", durable: true, ..SGLANG },
+    Spec { path: "/{rank}/get_page_indices", op: Op::Locations, label: "get_page_indices", keyed: true, ..SGLANG },
     Spec { method: Method::Get, path: "/metrics", dialect: Dialect::Ops, op: Op::Metrics, label: "metrics", ..BASE },
     Spec {
         method: Method::Get,
@@ -158,6 +192,14 @@ pub static ROUTES: [Spec; 9] = [
         ..BASE
     },
     Spec { method: Method::Get, path: "/stats", dialect: Dialect::Ops, op: Op::Stats, label: "stats", ..BASE },
+    Spec {
+        method: Method::Get,
+        path: "/openapi.json",
+        dialect: Dialect::Ops,
+        op: Op::OpenApi,
+        label: "openapi",
+        ..BASE
+    },
 ];
 
 /// Segments a `{rank}` never matches: they name the vLLM dialect.
@@ -276,6 +318,22 @@ mod tests {
         assert_eq!(find(Post, "/metrics"), Found::MethodNotAllowed(Get));
         assert_eq!(op(find(Get, "/health")), Some((Op::Health, RankParam::None)));
         assert_eq!(find(Post, "/"), Found::NotFound);
+        // SGLang's: an integer first, or FastAPI's 422 for anything else;
+        // vLLM's prefixes are never ranks.
+        assert_eq!(op(find(Post, "/3/exists")), Some((Op::Exists, RankParam::Int(3))));
+        assert_eq!(op(find(Post, "/x/confirm_write")), Some((Op::Confirm, RankParam::Invalid("x".into()))));
+        let dialect = |f: Found| match f {
+            Found::Route(id, _) => Some(id.spec().dialect),
+            _ => None,
+        };
+        assert_eq!(dialect(find(Post, "/keys/confirm_write")), Some(Dialect::Vllm));
+        assert_eq!(dialect(find(Post, "/0/confirm_write")), Some(Dialect::Sglang));
+        assert_eq!(dialect(find(Post, "/clear")), Some(Dialect::Vllm));
+        assert_eq!(dialect(find(Post, "/0/clear")), Some(Dialect::Sglang));
+        assert_eq!(find(Post, "/rank/exists"), Found::NotFound);
+        assert_eq!(find(Post, "/keys/clear"), Found::NotFound);
+        assert_eq!(find(Get, "/0/exists"), Found::MethodNotAllowed(Post));
+        assert_eq!(find(Post, "/0/1/exists"), Found::NotFound);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The wire contract (/work/shared/api-contract.md), row by row, at the core
+//! The wire contract (docs/api.md), row by row, at the core
 //! level: no HTTP, only `Store`. Every test builds its own store.
 //!
 //! Conventions: `alloc` checks the first-appearance order of every answer it

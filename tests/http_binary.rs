@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_hf3fs-meta");
 
 /// Every flag of the command line.
-const FLAGS: [&str; 26] = [
+const FLAGS: [&str; 27] = [
     "--host",
     "--port",
     "--world-size",
@@ -38,6 +38,7 @@ const FLAGS: [&str; 26] = [
     "--evict-high-watermark",
     "--evict-low-watermark",
     "--read-lease",
+    "--max-spaces",
     "--help",
     "--version",
 ];

@@ -1,4 +1,7 @@
-//! Every row of the wire contract (shared/api-contract.md), over HTTP.
+//! Every row of the wire contract (docs/api.md), over HTTP.
+//!
+//! Every answer these tests read through `common::Client::request` is also
+//! validated against docs/openapi.json (`common::schema`).
 
 mod common;
 
@@ -1132,4 +1135,59 @@ fn initialize_a_huge_rank_is_cheap() {
     let r = s.confirm_raw(0, &[("x", n - 1)], &[]);
     assert_typed(&r, "confirm_unallocated", 0, Some(n - 1), Some("x"));
     assert_eq!(s.pages(0), (n - 1, 0, 1));
+}
+
+// ------------------------------------------------------------ docs/openapi.json
+
+/// A response as the test client would have read it.
+fn fake(status: u16, content_type: Option<&str>, body: &str) -> common::Response {
+    let mut headers = vec![("content-length".to_string(), body.len().to_string())];
+    if let Some(ct) = content_type {
+        headers.push(("content-type".to_string(), ct.to_string()));
+    }
+    common::Response { status, reason: String::new(), headers, body: body.as_bytes().to_vec() }
+}
+
+#[test]
+fn answers_are_validated_against_the_openapi_document() {
+    use common::schema::{check as conforms, VALIDATED};
+    use std::sync::atomic::Ordering;
+    // The hook runs on every request of this file.
+    let s = TestServer::new();
+    let before = VALIDATED.load(Ordering::Relaxed);
+    s.get("/health");
+    assert!(VALIDATED.load(Ordering::Relaxed) > before, "Client::request did not validate the answer");
+
+    // And it refuses what the document does not describe.
+    let json = Some("application/json");
+    let ok = |m: &str, p: &str, r: common::Response| assert_eq!(conforms(m, p, &r), Ok(()), "{m} {p}");
+    let bad = |m: &str, p: &str, r: common::Response| assert!(conforms(m, p, &r).is_err(), "{m} {p}: {r:?}");
+    ok("POST", "/keys/batch_exists", fake(200, json, r#"{"exists":[true,false]}"#));
+    bad("POST", "/keys/batch_exists", fake(200, json, r#"{"exists":[1]}"#));
+    bad("POST", "/keys/batch_exists", fake(200, json, r#"{"exists":[],"extra":1}"#));
+    bad("POST", "/keys/batch_exists", fake(200, Some("text/plain"), r#"{"exists":[]}"#));
+    bad("POST", "/keys/batch_exists", fake(500, json, r#"{"detail":"x"}"#));
+    ok("POST", "/keys/confirm_write", fake(204, None, ""));
+    bad("POST", "/keys/confirm_write", fake(204, None, "{}"));
+    ok(
+        "POST",
+        "/keys/confirm_write",
+        fake(500, json, r#"{"detail":"Confirmation failed: x","error":{"code":"double_release","rank":0,"page":1}}"#),
+    );
+    bad("POST", "/keys/confirm_write", fake(500, json, r#"{"detail":"x","error":{"code":"double_release","rank":0}}"#));
+    bad(
+        "POST",
+        "/keys/confirm_write",
+        fake(500, json, r#"{"detail":"Confirmation failed: x","error":{"code":"nope","rank":0}}"#),
+    );
+    ok("POST", "/rank/7/initialize", fake(200, json, r#"{"message":"m"}"#));
+    bad("POST", "/keys/batch_allocate", fake(200, json, r#"{"rank":0,"results":[["k"]]}"#));
+    bad("POST", "/keys/batch_allocate", fake(200, json, r#"{"rank":0,"results":[["k",-2]]}"#));
+    ok("POST", "/nope", fake(404, json, NOT_FOUND));
+    bad("POST", "/nope", fake(200, json, NOT_FOUND));
+    bad("GET", "/keys/batch_exists", fake(405, json, NOT_ALLOWED)); // no Allow header
+    let mut allowed = fake(405, json, NOT_ALLOWED);
+    allowed.headers.push(("allow".to_string(), "POST".to_string()));
+    ok("GET", "/keys/batch_exists", allowed);
+    ok("GET", "/metrics", fake(200, Some("text/plain; version=0.0.4; charset=utf-8"), "# HELP x y\n"));
 }

@@ -42,11 +42,13 @@ fn stats_shape() {
             "index_slots",
             "keys",
             "leased_keys",
+            "max_spaces",
             "open_connections",
             "ranks",
             "read_lease_seconds",
             "reservation_ttl_seconds",
             "reservations_expired",
+            "spaces",
             "uptime_seconds",
             "version",
             "world_size"
@@ -67,6 +69,7 @@ fn stats_shape() {
     assert!(st["open_connections"].as_i64().is_some_and(|n| n >= 1), "{st}");
     assert_eq!(st["durable"], json!(false));
     assert_eq!(st["ranks"], json!([]));
+    assert_eq!((&st["spaces"], &st["max_spaces"]), (&json!([]), &json!(4096)));
 
     s.init(3, 10);
     s.init(1, 5);
@@ -375,6 +378,15 @@ impl Exposition {
     }
 }
 
+/// The `dialect` label of a request series, by its `endpoint`.
+fn dialect_of(endpoint: &str) -> &'static str {
+    match endpoint {
+        "other" => "none",
+        "health" | "metrics" | "stats" => "ops",
+        _ => "vllm",
+    }
+}
+
 fn scrape(s: &TestServer) -> Exposition {
     let r = s.get("/metrics");
     assert_eq!(r.status, 200, "{r:?}");
@@ -423,10 +435,13 @@ fn metrics_parse_and_move_with_requests() {
         "double_release",
         "confirm_and_release",
     ] {
-        assert!(
-            m0.find("hf3fs_meta_confirm_errors_total", &[("code".to_string(), code.to_string())].into()).is_some(),
-            "{code} not exported"
-        );
+        for dialect in ["vllm", "sglang"] {
+            let labels = [("dialect".to_string(), dialect.to_string()), ("code".to_string(), code.to_string())];
+            assert!(
+                m0.find("hf3fs_meta_confirm_errors_total", &labels.into()).is_some(),
+                "{dialect} {code} not exported"
+            );
+        }
     }
 
     // A known mix of requests.
@@ -444,8 +459,9 @@ fn metrics_parse_and_move_with_requests() {
     assert_eq!(s.get("/health").status, 200);
 
     let m1 = scrape(&s);
-    let req =
-        |m: &Exposition, ep: &str, st: &str| m.get("hf3fs_meta_requests_total", &[("endpoint", ep), ("status", st)]);
+    let req = |m: &Exposition, ep: &str, st: &str| {
+        m.get("hf3fs_meta_requests_total", &[("dialect", dialect_of(ep)), ("endpoint", ep), ("status", st)])
+    };
     for (ep, st, delta) in [
         ("initialize", "200", 1.0),
         ("batch_allocate", "200", 1.0),
@@ -462,17 +478,21 @@ fn metrics_parse_and_move_with_requests() {
     ] {
         assert_eq!(req(&m1, ep, st) - req(&m0, ep, st), delta, "requests_total{{endpoint={ep},status={st}}}");
     }
-    let err = |m: &Exposition, code: &str| m.get("hf3fs_meta_confirm_errors_total", &[("code", code)]);
+    let err =
+        |m: &Exposition, code: &str| m.get("hf3fs_meta_confirm_errors_total", &[("dialect", "vllm"), ("code", code)]);
     assert_eq!(err(&m1, "confirm_unallocated") - err(&m0, "confirm_unallocated"), 1.0);
     assert_eq!(err(&m1, "double_release") - err(&m0, "double_release"), 1.0);
     assert_eq!(err(&m1, "double_confirm") - err(&m0, "double_confirm"), 0.0);
 
     // Keys per request: allocate saw 3 keys and a refused body.
-    let keys = |m: &Exposition, name: &str, ep: &str| m.get(name, &[("endpoint", ep)]);
+    let keys = |m: &Exposition, name: &str, ep: &str| m.get(name, &[("dialect", "vllm"), ("endpoint", ep)]);
     assert_eq!(keys(&m1, "hf3fs_meta_request_keys_count", "batch_allocate"), 2.0);
     assert_eq!(keys(&m1, "hf3fs_meta_request_keys_sum", "batch_allocate"), 3.0);
-    assert_eq!(m1.get("hf3fs_meta_request_keys_bucket", &[("endpoint", "batch_allocate"), ("le", "2")]), 1.0);
-    assert_eq!(m1.get("hf3fs_meta_request_keys_bucket", &[("endpoint", "batch_allocate"), ("le", "4")]), 2.0);
+    let bucket = |le: &str| {
+        m1.get("hf3fs_meta_request_keys_bucket", &[("dialect", "vllm"), ("endpoint", "batch_allocate"), ("le", le)])
+    };
+    assert_eq!(bucket("2"), 1.0);
+    assert_eq!(bucket("4"), 2.0);
     assert_eq!(keys(&m1, "hf3fs_meta_request_keys_sum", "batch_exists"), 4.0);
     assert_eq!(keys(&m1, "hf3fs_meta_request_keys_count", "confirm_write"), 3.0);
     assert_eq!(keys(&m1, "hf3fs_meta_request_duration_seconds_count", "batch_allocate"), 2.0);
@@ -486,8 +506,8 @@ fn metrics_parse_and_move_with_requests() {
     assert_eq!(m1.get("hf3fs_meta_keys", &[]), 2.0);
     assert_eq!(m1.get("hf3fs_meta_complete_keys", &[]), 2.0);
     assert!(m1.get("hf3fs_meta_index_slots", &[]) >= 4096.0, "the key index's floor of slots");
-    assert_eq!(m1.get("hf3fs_meta_allocate_keys_total", &[("outcome", "reserved")]), 3.0);
-    assert_eq!(m1.get("hf3fs_meta_confirm_pages_total", &[("outcome", "bound")]), 2.0);
+    assert_eq!(m1.get("hf3fs_meta_allocate_keys_total", &[("dialect", "vllm"), ("outcome", "reserved")]), 3.0);
+    assert_eq!(m1.get("hf3fs_meta_confirm_pages_total", &[("dialect", "vllm"), ("outcome", "bound")]), 2.0);
     assert!(m1.get("hf3fs_meta_connections_total", &[]) >= m0.get("hf3fs_meta_connections_total", &[]) + 12.0);
 
     // More moves: release, reuse, clear.
@@ -495,9 +515,9 @@ fn metrics_parse_and_move_with_requests() {
     assert_eq!(s.allocate(0, &["a"]), [p[0]]);
     let m2 = scrape(&s);
     assert_eq!((pages(&m2, "free"), pages(&m2, "reserved"), pages(&m2, "bound")), (14.0, 0.0, 2.0));
-    assert_eq!(m2.get("hf3fs_meta_confirm_pages_total", &[("outcome", "reconfirmed")]), 1.0);
-    assert_eq!(m2.get("hf3fs_meta_confirm_pages_total", &[("outcome", "released")]), 1.0);
-    assert_eq!(m2.get("hf3fs_meta_allocate_keys_total", &[("outcome", "reused")]), 1.0);
+    assert_eq!(m2.get("hf3fs_meta_confirm_pages_total", &[("dialect", "vllm"), ("outcome", "reconfirmed")]), 1.0);
+    assert_eq!(m2.get("hf3fs_meta_confirm_pages_total", &[("dialect", "vllm"), ("outcome", "released")]), 1.0);
+    assert_eq!(m2.get("hf3fs_meta_allocate_keys_total", &[("dialect", "vllm"), ("outcome", "reused")]), 1.0);
     check(&s, "POST", "/clear", "", 204, "");
     let m3 = scrape(&s);
     assert_eq!(req(&m3, "clear", "204"), 1.0);
@@ -519,9 +539,12 @@ fn metrics_count_refused_allocations_and_bad_requests() {
     assert_eq!(s.post("/rank/x/initialize", "{}").status, 422);
     assert_eq!(s.post("/keys/batch_exists", "{").status, 400);
     let m = scrape(&s);
-    assert_eq!(m.get("hf3fs_meta_allocate_keys_total", &[("outcome", "refused")]), 3.0);
-    assert_eq!(m.get("hf3fs_meta_requests_total", &[("endpoint", "initialize"), ("status", "422")]), 1.0);
-    assert_eq!(m.get("hf3fs_meta_requests_total", &[("endpoint", "batch_exists"), ("status", "400")]), 1.0);
+    assert_eq!(m.get("hf3fs_meta_allocate_keys_total", &[("dialect", "vllm"), ("outcome", "refused")]), 3.0);
+    let req = |ep: &str, st: &str| {
+        m.get("hf3fs_meta_requests_total", &[("dialect", "vllm"), ("endpoint", ep), ("status", st)])
+    };
+    assert_eq!(req("initialize", "422"), 1.0);
+    assert_eq!(req("batch_exists", "400"), 1.0);
 }
 
 // --------------------------------------------------------------- admin token
@@ -580,7 +603,7 @@ fn admin_token_guards_clear() {
     // 401s are counted.
     let m = scrape(&s);
     assert_eq!(
-        m.get("hf3fs_meta_requests_total", &[("endpoint", "clear"), ("status", "401")]),
+        m.get("hf3fs_meta_requests_total", &[("dialect", "vllm"), ("endpoint", "clear"), ("status", "401")]),
         wrong.len() as f64 + 1.0
     );
 }
@@ -681,7 +704,8 @@ fn body_timeout_cuts_off_a_slow_body() {
     let r = s.client().request("POST", "/keys/batch_allocate", &[], body);
     assert_eq!(r.status, 200, "{r:?}");
     let m = scrape(&s);
-    let t = m.get("hf3fs_meta_requests_total", &[("endpoint", "batch_allocate"), ("status", "408")]);
+    let t =
+        m.get("hf3fs_meta_requests_total", &[("dialect", "vllm"), ("endpoint", "batch_allocate"), ("status", "408")]);
     assert!(t <= 1.0);
 }
 
@@ -713,4 +737,41 @@ fn max_connections_holds_extra_clients_in_the_backlog() {
     assert_eq!(r.json()["open_connections"], json!(2));
     drop(c2);
     drop(c3);
+}
+
+// ------------------------------------------------------------- /openapi.json
+
+#[test]
+fn openapi_json_is_the_committed_document() {
+    let s = TestServer::new();
+    let r = s.get("/openapi.json");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
+    let committed =
+        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/openapi.json")).expect("docs/openapi.json");
+    assert!(r.body == committed, "GET /openapi.json differs from docs/openapi.json (rebuild the server?)");
+    // Only GET, like every operations route.
+    check(&s, "POST", "/openapi.json", "{}", 405, r#"{"detail":"Method Not Allowed"}"#);
+}
+
+#[test]
+fn openapi_json_documents_every_route_of_the_table_and_no_other() {
+    use hf3fs_meta::routes::ROUTES;
+    let doc: Value = serde_json::from_str(common::schema::OPENAPI).expect("docs/openapi.json is JSON");
+    assert_eq!(doc["openapi"], "3.1.0");
+    assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"), "info.version must follow Cargo.toml");
+    let served: Vec<(String, String)> =
+        ROUTES.iter().map(|r| (r.path.to_string(), r.method.as_str().to_ascii_lowercase())).collect();
+    let mut documented = Vec::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("path item").keys() {
+            documented.push((path.clone(), method.clone()));
+        }
+    }
+    for route in &served {
+        assert!(documented.contains(route), "route {route:?} of src/routes.rs is not in docs/openapi.json");
+    }
+    for op in &documented {
+        assert!(served.contains(op), "docs/openapi.json documents {op:?}, which src/routes.rs does not serve");
+    }
 }

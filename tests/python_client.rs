@@ -1,6 +1,6 @@
-//! Runs the Python test suite in `tests/python` (a vLLM-style
-//! `requests`/urllib3 client against the real binary) as part of
-//! `cargo test`.
+//! Runs the Python test suites in `tests/python` (a vLLM-style and an
+//! SGLang-style `requests`/urllib3 client against the real binary) as part
+//! of `cargo test`, one test each.
 //!
 //! The interpreter is `$HF3FS_META_PYTHON` (default `python3`); it needs the
 //! packages of `tests/python/requirements.txt`. `.ci/run` makes a venv with
@@ -75,8 +75,9 @@ fn passed_count(output: &str) -> u64 {
         .unwrap_or(0)
 }
 
-#[test]
-fn vllm_python_client_suite() {
+/// Runs pytest on `args` (paths and options under the repository root) and
+/// checks that it passed, ran something and skipped nothing.
+fn run_pytest(args: &[&str]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let bin = env!("CARGO_BIN_EXE_hf3fs-meta");
     let py = python();
@@ -84,7 +85,7 @@ fn vllm_python_client_suite() {
     // The interpreter and the packages, first, so that a missing one says
     // what to do instead of burying it in a traceback.
     let probe = Command::new(&py)
-        .args(["-c", "import requests, urllib3, pytest, prometheus_client; print(requests.__version__)"])
+        .args(["-c", "import requests, urllib3, pytest, prometheus_client, orjson; print(requests.__version__)"])
         .current_dir(root)
         .stdin(Stdio::null())
         .output();
@@ -98,7 +99,8 @@ fn vllm_python_client_suite() {
     }
 
     let child = Command::new(&py)
-        .args(["-m", "pytest", "-q", "tests/python"])
+        .args(["-m", "pytest", "-q"])
+        .args(args)
         .current_dir(root)
         .env("HF3FS_META_BIN", bin)
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -116,6 +118,19 @@ fn vllm_python_client_suite() {
     assert!(passed > 0, "pytest reported no passing test:\n{output}");
     assert!(!output.contains(" skipped"), "pytest skipped tests; every test of tests/python must run:\n{output}");
     println!("{output}");
+}
+
+/// The SGLang suite, on its own.
+const SGLANG_SUITE: &str = "tests/python/test_sglang_client.py";
+
+#[test]
+fn vllm_python_client_suite() {
+    run_pytest(&["tests/python", "--ignore", SGLANG_SUITE]);
+}
+
+#[test]
+fn sglang_python_client_suite() {
+    run_pytest(&[SGLANG_SUITE]);
 }
 
 #[test]

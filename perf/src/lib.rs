@@ -7,6 +7,7 @@
 //! | [`keys`] | key generators | loadgen, soak |
 //! | [`body`] | the allocate body, key quoting and the byte writer | loadgen, soak |
 //! | [`scan`] | tiny JSON scanners for the few hot response shapes (no allocation per answer) | loadgen, soak |
+//! | [`sglang`] | SGLang HiCache's keys, bodies and space setup | loadgen |
 //! | [`soak`] | the soak and fault-injection run, its model, audit and report | soak |
 //!
 //! The hot paths stay dependency-light on purpose; `soak`, which must check
@@ -17,6 +18,7 @@ pub mod body;
 pub mod client;
 pub mod keys;
 pub mod scan;
+pub mod sglang;
 pub mod soak;
 
 use std::net::SocketAddr;

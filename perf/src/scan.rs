@@ -144,8 +144,46 @@ pub fn exists(body: &[u8], out: &mut Vec<bool>) -> Option<()> {
 
 /// Parses the `locations` array of a get_locations answer.
 pub fn locations(body: &[u8], out: &mut Vec<Option<i64>>) -> Option<()> {
+    pages_or_null(body, "locations", out)
+}
+
+/// Parses the `indices` array of SGLang's get_page_indices answer.
+pub fn page_indices(body: &[u8], out: &mut Vec<Option<i64>>) -> Option<()> {
+    pages_or_null(body, "indices", out)
+}
+
+/// Parses the `indices` array of SGLang's reserve_and_allocate_page_indices
+/// answer: `[[is_written, page], ...]`.
+pub fn reserved_indices(body: &[u8], out: &mut Vec<(bool, i64)>) -> Option<()> {
     out.clear();
-    let mut s = Scanner::field(body, "locations")?;
+    let mut s = Scanner::field(body, "indices")?;
+    s.array(|s| {
+        if !s.eat(b'[') {
+            return None;
+        }
+        let written = if s.lit(b"true") {
+            true
+        } else if s.lit(b"false") {
+            false
+        } else {
+            return None;
+        };
+        if !s.eat(b',') {
+            return None;
+        }
+        let p = s.int()?;
+        if !s.eat(b']') {
+            return None;
+        }
+        out.push((written, p));
+        Some(())
+    })
+}
+
+/// An array field of pages or nulls.
+fn pages_or_null(body: &[u8], field: &str, out: &mut Vec<Option<i64>>) -> Option<()> {
+    out.clear();
+    let mut s = Scanner::field(body, field)?;
     s.array(|s| {
         if s.peek() == Some(b'n') {
             if !s.lit(b"null") {
@@ -178,5 +216,11 @@ mod tests {
         locations(br#"{"locations":[1,null, 7]}"#, &mut l).unwrap();
         assert_eq!(l, vec![Some(1), None, Some(7)]);
         assert!(locations(br#"{"locations":[1,nul]}"#, &mut l).is_none());
+        page_indices(br#"{"indices":[null,4]}"#, &mut l).unwrap();
+        assert_eq!(l, vec![None, Some(4)]);
+        let mut ri = Vec::new();
+        reserved_indices(br#"{"indices": [[true, 3], [false,-1]]}"#, &mut ri).unwrap();
+        assert_eq!(ri, vec![(true, 3), (false, -1)]);
+        assert!(reserved_indices(br#"{"indices":[[1,3]]}"#, &mut ri).is_none());
     }
 }

@@ -1,8 +1,10 @@
 //! The key index: key → world size and, per rank, the page bound to it.
 //!
-//! Two concurrent hash maps (scc's [`HashIndex`]): one for the 32-hex digests
-//! every vLLM key is, stored as a `u128`, and one for any other string. One
-//! lookup per key answers `batch_exists` whatever the number of ranks.
+//! Three concurrent hash maps (scc's [`HashIndex`]): one for the 32-hex
+//! digests every vLLM key is, stored as a `u128`; one for SGLang's 64-hex
+//! digests and their suffixes ([`Digest`], 34 bytes inline); one for any
+//! other string. One lookup per key answers `batch_exists` whatever the
+//! number of ranks.
 //!
 //! `HashIndex` rather than scc's `HashMap` because the request path is mostly
 //! reads: a `HashIndex` read is lock-free and writes nothing shared (a
@@ -41,7 +43,7 @@
 //! "no page": the answer the key had an instant later, never a page of
 //! another key.
 
-use super::key::KeyRef;
+use super::key::{Digest, KeyRef};
 use super::lease::{Lease, LeaseLength};
 use super::sync::{
     AtomicU16, AtomicU32,
@@ -81,7 +83,13 @@ pub struct Entry {
     more: Option<Box<Vec<AtomicU32>>>,
 }
 
+// Not under loom: loom's atomics are larger than the real ones.
+#[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<(u128, Entry)>() == 64);
+// An SGLang key's slot: its 34 bytes, padded to the entry's alignment (not
+// under loom either).
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<(Digest, Entry)>() == 88);
 
 /// `n` empty page slots.
 #[allow(clippy::box_collection)] // a thin pointer: see `Entry::more`
@@ -221,18 +229,52 @@ type Hasher = foldhash::quality::RandomState;
 /// confirm and the two-thread figures at their best on this machine.
 const MIN_CAPACITY: usize = 1 << 12;
 
+/// The smallest sizes the maps of a [`KeyIndex`] keep, in keys (0: the map
+/// allocates nothing until its first key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexFloor {
+    /// The 32-hex map (vLLM's keys).
+    pub hex: usize,
+    /// The 64-hex map (SGLang's keys).
+    pub digest: usize,
+}
+
+impl IndexFloor {
+    /// vLLM's store: the hex map at [`MIN_CAPACITY`], the others lazy.
+    pub const VLLM: IndexFloor = IndexFloor { hex: MIN_CAPACITY, digest: 0 };
+    /// An SGLang space (there may be thousands): only its digest map keeps
+    /// a floor, a small one.
+    pub const SGLANG: IndexFloor = IndexFloor { hex: 0, digest: 1 << 12 };
+}
+
+impl Default for IndexFloor {
+    fn default() -> Self {
+        Self::VLLM
+    }
+}
+
 /// The concurrent key index.
 pub struct KeyIndex {
     /// 32-hex keys, as the big-endian number they spell.
     hex: HashIndex<u128, Entry, Hasher>,
+    /// 64-hex keys with their suffix.
+    digest: HashIndex<Digest, Entry, Hasher>,
     /// Every other key, verbatim.
     text: HashIndex<Box<str>, Entry, Hasher>,
 }
 
 impl Default for KeyIndex {
     fn default() -> Self {
+        Self::new(IndexFloor::default())
+    }
+}
+
+impl KeyIndex {
+    /// An empty index whose maps keep at least `floor` keys' room.
+    pub fn new(floor: IndexFloor) -> Self {
         Self {
-            hex: HashIndex::with_capacity_and_hasher(MIN_CAPACITY, Hasher::default()),
+            hex: HashIndex::with_capacity_and_hasher(floor.hex, Hasher::default()),
+            digest: HashIndex::with_capacity_and_hasher(floor.digest, Hasher::default()),
             text: HashIndex::with_hasher(Hasher::default()),
         }
     }
@@ -251,6 +293,7 @@ impl Reader<'_> {
     fn entry(&self, key: KeyRef<'_>) -> Option<&Entry> {
         match key {
             KeyRef::Hex(d) => self.index.hex.peek(&d, &self.guard),
+            KeyRef::Digest(d) => self.index.digest.peek(&d, &self.guard),
             KeyRef::Text(s) => self.index.text.peek(s, &self.guard),
         }
     }
@@ -315,6 +358,12 @@ impl Reader<'_> {
         self.leased(key, now, len, |e| e.page(rank))
     }
 
+    /// The entry of `key` (the evictor warms its victims' lines with it).
+    #[inline]
+    pub fn get(&self, key: KeyRef<'_>) -> Option<&Entry> {
+        self.entry(key)
+    }
+
     /// Marks `key` used (a confirm of its stored page); writes only when the
     /// mark is not set.
     #[inline]
@@ -357,6 +406,7 @@ impl KeyIndex {
     pub fn bind(&self, key: KeyRef<'_>, rank: u32, page: u32, world: impl FnOnce() -> u32, delta: &mut Delta) -> Bind {
         match key {
             KeyRef::Hex(d) => bind_in(&self.hex, d, rank, page, world, delta),
+            KeyRef::Digest(d) => bind_in(&self.digest, d, rank, page, world, delta),
             KeyRef::Text(s) => bind_in(&self.text, Box::from(s), rank, page, world, delta),
         }
     }
@@ -368,6 +418,7 @@ impl KeyIndex {
     pub fn unbind(&self, key: KeyRef<'_>, rank: u32, page: u32, delta: &mut Delta) -> Option<u32> {
         match key {
             KeyRef::Hex(d) => unbind_in(&self.hex, &d, rank, page, delta),
+            KeyRef::Digest(d) => unbind_in(&self.digest, &d, rank, page, delta),
             KeyRef::Text(s) => unbind_in(&self.text, s, rank, page, delta),
         }
     }
@@ -376,6 +427,7 @@ impl KeyIndex {
     fn locked<R>(&self, key: KeyRef<'_>, f: impl FnOnce(&Entry) -> R) -> Option<R> {
         match key {
             KeyRef::Hex(d) => self.hex.get_sync(&d).map(|o| f(o.get())),
+            KeyRef::Digest(d) => self.digest.get_sync(&d).map(|o| f(o.get())),
             KeyRef::Text(s) => self.text.get_sync(s).map(|o| f(o.get())),
         }
     }
@@ -399,19 +451,24 @@ impl KeyIndex {
         }
         match key {
             KeyRef::Hex(d) => go(self.hex.get_sync(&d), decide),
+            KeyRef::Digest(d) => go(self.digest.get_sync(&d), decide),
             KeyRef::Text(s) => go(self.text.get_sync(s), decide),
         }
     }
 
-    /// Slots of both maps (occupied or not).
+    /// Slots of the three maps (occupied or not).
     pub fn slots(&self) -> usize {
-        self.hex.capacity() + self.text.capacity()
+        self.hex.capacity() + self.digest.capacity() + self.text.capacity()
     }
 
     /// Calls `f` with every entry; for audits and snapshots, not the request path.
     pub fn for_each(&self, mut f: impl FnMut(KeyRef<'_>, &Entry)) {
         self.hex.iter_sync(|&d, e| {
             f(KeyRef::Hex(d), e);
+            true
+        });
+        self.digest.iter_sync(|&d, e| {
+            f(KeyRef::Digest(d), e);
             true
         });
         self.text.iter_sync(|s, e| {

@@ -7,20 +7,29 @@
 //! clients) still works, stored as text ([`Key::Text`]), so that a key always
 //! round-trips to exactly the string the client sent.
 //!
+//! SGLang's keys (64-hex SHA-256 digests, with `-k`, `-v` or `_<pool>`
+//! suffixes) are stored as their 32 bytes and a suffix tag ([`Key::Digest`],
+//! see [`digest`]): no heap allocation per key either.
+//!
 //! The all-zero digest is stored as text too: the page table uses 0 in a
-//! back-reference to mean "this page's key is text, look it up on the side"
-//! (see [`super::pages`]).
+//! back-reference to mean "this page's key is on the side" (see
+//! [`super::pages`]).
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
+
+mod digest;
+
+pub use digest::{pools_interned, Digest, Suffix, MAX_POOLS, MAX_POOL_LEN};
 
 /// A stored key: owned, compact.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Key {
     /// A 32-character lowercase hex string, as the 16 bytes it encodes (never
-    /// all zero). Bytes rather than a `u128` keep the enum 8-byte aligned: 24
-    /// bytes instead of 32.
+    /// all zero). Bytes rather than a `u128` keep the enum's alignment low.
     Hex([u8; 16]),
+    /// A 64-character lowercase hex string and its suffix ([`Digest`]).
+    Digest(Digest),
     /// Any other string, verbatim.
     Text(Box<str>),
 }
@@ -30,6 +39,8 @@ pub enum Key {
 pub enum KeyRef<'a> {
     /// See [`Key::Hex`]; the digest as one big-endian number.
     Hex(u128),
+    /// See [`Key::Digest`].
+    Digest(Digest),
     /// See [`Key::Text`].
     Text(&'a str),
 }
@@ -78,12 +89,19 @@ fn decode_hex32(s: &[u8]) -> Option<u128> {
 
 impl<'a> KeyRef<'a> {
     /// Classifies a key string: compact when it is a nonzero 32-character
-    /// lowercase hex digest, text otherwise.
+    /// lowercase hex digest, or a 64-character one with a known suffix
+    /// ([`Digest::parse`]); text otherwise.
     #[inline]
     pub fn parse(s: &'a str) -> Self {
-        match decode_hex32(s.as_bytes()) {
-            Some(v) if v != 0 => KeyRef::Hex(v),
-            _ => KeyRef::Text(s),
+        if s.len() == 32 {
+            match decode_hex32(s.as_bytes()) {
+                Some(v) if v != 0 => KeyRef::Hex(v),
+                _ => KeyRef::Text(s),
+            }
+        } else if s.len() >= 64 {
+            Digest::parse(s).map_or(KeyRef::Text(s), KeyRef::Digest)
+        } else {
+            KeyRef::Text(s)
         }
     }
 
@@ -91,6 +109,7 @@ impl<'a> KeyRef<'a> {
     pub fn to_key(self) -> Key {
         match self {
             KeyRef::Hex(v) => Key::Hex(v.to_be_bytes()),
+            KeyRef::Digest(d) => Key::Digest(d),
             KeyRef::Text(s) => Key::Text(s.into()),
         }
     }
@@ -102,6 +121,7 @@ impl Key {
     pub fn as_ref(&self) -> KeyRef<'_> {
         match self {
             Key::Hex(b) => KeyRef::Hex(u128::from_be_bytes(*b)),
+            Key::Digest(d) => KeyRef::Digest(*d),
             Key::Text(s) => KeyRef::Text(s),
         }
     }
@@ -115,6 +135,7 @@ impl Hash for KeyRef<'_> {
     fn hash<H: Hasher>(&self, state: &mut H) {
         match *self {
             KeyRef::Hex(v) => state.write_u128(v),
+            KeyRef::Digest(d) => d.hash(state),
             KeyRef::Text(s) => {
                 state.write(s.as_bytes());
                 state.write_u8(0xFF);
@@ -141,6 +162,7 @@ impl fmt::Display for KeyRef<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KeyRef::Hex(v) => write!(f, "{v:032x}"),
+            KeyRef::Digest(d) => d.fmt(f),
             KeyRef::Text(s) => f.write_str(s),
         }
     }
@@ -199,7 +221,7 @@ mod tests {
     #[test]
     fn key_and_keyref_hash_alike() {
         let h = foldhash::fast::FixedState::with_seed(7);
-        for s in [MD5, "text key"] {
+        for s in [MD5, "text key", "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef-k"] {
             let r = KeyRef::parse(s);
             assert_eq!(h.hash_one(r), h.hash_one(r.to_key()));
         }
@@ -228,7 +250,26 @@ mod tests {
 
     #[test]
     fn key_is_compact() {
-        assert_eq!(std::mem::size_of::<Key>(), 24);
+        // The digest variant (32 bytes and a 2-byte suffix, inline) sets the
+        // size; an owned `Key` is a transient (an evictor's victim, a
+        // recovered binding), never stored per key.
+        assert_eq!(std::mem::size_of::<Key>(), 40);
+        assert_eq!(std::mem::size_of::<Digest>(), 34);
+    }
+
+    #[test]
+    fn sglang_keys_are_digests_and_round_trip() {
+        let sha = "0123456789abcdef0123456789abcdef00112233445566778899aabbccddeeff";
+        for s in [sha.to_string(), format!("{sha}-k"), format!("{sha}-v"), format!("{sha}_kv_test_pool")] {
+            let k = KeyRef::parse(&s);
+            assert!(matches!(k, KeyRef::Digest(_)), "{s}");
+            assert_eq!(k.to_string(), s);
+            assert_eq!(k.to_key().to_string(), s);
+            assert_eq!(k.to_key().as_ref(), k);
+        }
+        for s in [&sha[..40], &format!("{sha}-q"), &sha.to_uppercase()] {
+            assert_eq!(KeyRef::parse(s), KeyRef::Text(s), "{s}");
+        }
     }
 
     #[test]

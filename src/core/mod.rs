@@ -9,6 +9,7 @@
 //! - [`key`]: the compact key type.
 //! - [`lease`]: read leases, recency marks and their clock.
 //! - [`store`]: the operations, atomic per request, lock-free across requests.
+//! - [`spaces`]: SGLang's page spaces, one store per `(rank, namespace)`.
 //! - [`error`]: one error variant per code of the wire contract.
 //! - [`journal`]: the change feed for durability.
 
@@ -18,16 +19,19 @@ pub mod journal;
 pub mod key;
 pub mod lease;
 pub mod pages;
+pub mod spaces;
 pub mod store;
 pub(crate) mod sync;
 mod zeroed;
 
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
+pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
-pub use lease::{LeaseLength, TICKS_PER_SECOND};
+pub use lease::{Clock, LeaseLength, TICKS_PER_SECOND};
+pub use spaces::{SpaceError, SpaceName, SpaceStats, Spaces, SpacesConfig, DEFAULT_NAMESPACE};
 pub use store::{
-    AllocateOutcome, ConfirmOutcome, EvictReason, EvictStats, Footprint, Initialized, LeaseStats, MaintainReport,
-    RankStats, ReadPagesError, Stats, Store, StoreConfig, Visit, TICKS_PER_TTL,
+    AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Initialized,
+    LeaseStats, MaintainReport, RankStats, ReadPagesError, Stats, Store, StoreConfig, Visit, TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;

@@ -21,21 +21,24 @@
 //! whose exact value at a reservation only moves its expiry by one tick.
 
 use super::error::{InitError, RankNotInitialized};
-use super::index::{Bind, Delta, KeyIndex};
+use super::index::{Bind, Delta, IndexFloor, KeyIndex};
 use super::journal::{Change, Journal};
 use super::key::KeyRef;
 use super::lease::{Clock, LeaseLength};
-use super::pages::{Claimed, Counts, PageState, PageTable, BOUND, FREE};
+use super::pages::{Counts, PageState, PageTable, BOUND, FREE};
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
+mod allocate;
 mod confirm;
+mod delete;
 mod evict;
 mod snapshot;
 
+pub use allocate::AllocSlot;
 use arc_swap::ArcSwap;
+pub use delete::DeleteOutcome;
 pub use evict::{EvictReason, EvictStats, MaintainReport};
 pub use snapshot::{ReadPagesError, Visit};
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Expiry granularity: the server ticks the store's epoch this many times per
@@ -68,6 +71,8 @@ pub struct StoreConfig {
     /// Leases and eviction run on a clock set by hand ([`Store::set_clock`])
     /// rather than real time: for tests.
     pub manual_clock: bool,
+    /// The smallest sizes of the key index's maps.
+    pub index_floor: IndexFloor,
 }
 
 impl Default for StoreConfig {
@@ -83,6 +88,7 @@ impl Default for StoreConfig {
             low_watermark: 0.90,
             read_lease: LeaseLength(0),
             manual_clock: false,
+            index_floor: IndexFloor::VLLM,
         }
     }
 }
@@ -183,12 +189,12 @@ struct Generation {
 }
 
 impl Generation {
-    fn new(id: u64, max_ranks: u32) -> Self {
+    fn new(id: u64, cfg: &StoreConfig) -> Self {
         Self {
             id,
-            ranks: (0..max_ranks).map(|_| OnceLock::new()).collect(),
+            ranks: (0..cfg.max_ranks).map(|_| OnceLock::new()).collect(),
             initialized: AtomicU32::new(0),
-            index: KeyIndex::default(),
+            index: KeyIndex::new(cfg.index_floor),
             keys: AtomicI64::new(0),
             complete: AtomicI64::new(0),
         }
@@ -232,8 +238,9 @@ pub struct Store {
     /// path: allocate, confirm, exists and locations never take it) so that
     /// each is journaled before it becomes visible, in the order it happens.
     admin: Mutex<()>,
-    /// What leases and eviction are timed by.
-    clock: Clock,
+    /// What leases and eviction are timed by (shared by the page spaces of
+    /// one server).
+    clock: Arc<Clock>,
     /// No eviction before this tick (a lease period after a recovery: the
     /// leases readers held before the restart were not persisted).
     evict_not_before: AtomicU32,
@@ -249,11 +256,22 @@ impl Store {
 
     /// An empty store in generation `generation` that reports every durable
     /// change to `journal`.
-    pub fn with_journal(mut cfg: StoreConfig, journal: Option<Arc<dyn Journal>>, generation: u64) -> Self {
+    pub fn with_journal(cfg: StoreConfig, journal: Option<Arc<dyn Journal>>, generation: u64) -> Self {
+        let clock = Arc::new(if cfg.manual_clock { Clock::manual() } else { Clock::monotonic() });
+        Self::with_clock(cfg, journal, generation, clock)
+    }
+
+    /// An empty store in generation `generation`, timed by `clock` (which
+    /// other stores may share: the page spaces of one server).
+    pub fn with_clock(
+        mut cfg: StoreConfig,
+        journal: Option<Arc<dyn Journal>>,
+        generation: u64,
+        clock: Arc<Clock>,
+    ) -> Self {
         // A world of 0 would make every key complete before its first binding.
         cfg.world_size = cfg.world_size.map(|w| w.max(1));
-        let gen = ArcSwap::from_pointee(Generation::new(generation, cfg.max_ranks));
-        let clock = if cfg.manual_clock { Clock::manual() } else { Clock::monotonic() };
+        let gen = ArcSwap::from_pointee(Generation::new(generation, &cfg));
         Self {
             cfg,
             gen,
@@ -277,6 +295,11 @@ impl Store {
     /// way to let time pass.
     pub fn set_clock(&self, tick: u32) {
         self.clock.set(tick);
+    }
+
+    /// The clock, to share with other stores.
+    pub fn clock(&self) -> Arc<Clock> {
+        self.clock.clone()
     }
 
     /// Holds eviction off for one lease period from now: called after a
@@ -325,133 +348,43 @@ impl Store {
             return Err(InitError::TooManyRanks { rank, max: self.cfg.max_ranks });
         }
         let gen = self.gen.load();
-        let slot = &gen.ranks[rank as usize];
-        if let Some(t) = slot.get() {
+        if let Some(t) = gen.ranks[rank as usize].get() {
             return Ok(Initialized::Existing { num_pages: t.num_pages() });
         }
         if num_pages > i64::from(self.cfg.max_pages_per_rank) {
             return Err(InitError::TooManyPages { requested: num_pages, max: self.cfg.max_pages_per_rank });
         }
-        let pages = num_pages as u32;
+        self.create_rank(rank as u32, num_pages as u32)
+    }
+
+    /// Creates rank 0 of an SGLang page space with `num_pages` pages, which
+    /// may be 0 (a space that answers -1 for every key, as SGLang's server
+    /// accepts); an existing rank 0 is left as it is.
+    pub fn initialize_space_rank(&self, num_pages: u32) -> Result<Initialized, InitError> {
+        if num_pages > self.cfg.max_pages_per_rank {
+            return Err(InitError::TooManyPages { requested: num_pages.into(), max: self.cfg.max_pages_per_rank });
+        }
+        self.create_rank(0, num_pages)
+    }
+
+    /// Creates `rank` (below `max_ranks`) with `pages` pages unless it exists.
+    fn create_rank(&self, rank: u32, pages: u32) -> Result<Initialized, InitError> {
         // Serialized with other initializes and clears (admin operations,
         // never the data path), and journaled before the rank becomes visible:
         // no confirm on it can reach the journal before its Initialize.
         let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let gen = self.gen.load();
+        let slot = &gen.ranks[rank as usize];
         if let Some(t) = slot.get() {
             return Ok(Initialized::Existing { num_pages: t.num_pages() });
         }
-        let table = PageTable::new(pages).map_err(|e| InitError::OutOfMemory { rank, pages, bytes: e.bytes })?;
-        self.record(Change::Initialize { generation: gen.id, rank: rank as u32, num_pages: pages });
+        let table =
+            PageTable::new(pages).map_err(|e| InitError::OutOfMemory { rank: rank.into(), pages, bytes: e.bytes })?;
+        self.record(Change::Initialize { generation: gen.id, rank, num_pages: pages });
         if slot.set(table).is_ok() {
             gen.initialized.fetch_add(1, Ordering::Relaxed);
         }
         Ok(Initialized::Created)
-    }
-
-    /// Allocates pages on `rank` for `keys`.
-    ///
-    /// `out` receives, for each distinct key in order of first appearance, the
-    /// index of its first appearance in `keys` and its page: the page this rank
-    /// already binds to it, or a freshly reserved one. Fresh pages are granted
-    /// all or nothing: when the rank cannot reserve one for every key that
-    /// needs one, none is reserved and those keys get -1.
-    pub fn allocate(
-        &self,
-        rank: i64,
-        keys: &[&str],
-        out: &mut Vec<(usize, i64)>,
-    ) -> Result<AllocateOutcome, RankNotInitialized> {
-        let gen = self.gen.load();
-        out.clear();
-        let table = gen.rank(rank).ok_or(RankNotInitialized(rank))?;
-        let r = rank as u32;
-        // Parse every key before looking any up: the lookups then overlap
-        // their cache misses.
-        let mut seen: HashSet<KeyRef<'_>, foldhash::fast::FixedState> =
-            HashSet::with_capacity_and_hasher(keys.len(), foldhash::fast::FixedState::default());
-        let mut distinct = Vec::with_capacity(keys.len());
-        for (i, s) in keys.iter().enumerate() {
-            let k = KeyRef::parse(s);
-            if seen.insert(k) {
-                distinct.push((i, k));
-            }
-        }
-        let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
-        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
-        let mut evicted = false;
-        loop {
-            out.clear();
-            let mut need = 0u64;
-            let index = gen.index.reader();
-            for &(i, k) in &distinct {
-                // A stored page handed out again is leased: its writer will
-                // write it again, so it must not go to another key meanwhile.
-                let page = index.lease_page(k, r, now, lease).map_or(-1, i64::from);
-                need += u64::from(page < 0);
-                out.push((i, page));
-            }
-            drop(index);
-            let reused = distinct.len() as u64 - need;
-            if need == 0 {
-                return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
-            }
-            if !table.try_take(need) {
-                // Evict what the batch needs, once, then look again: the
-                // eviction may have taken keys of this very batch.
-                if !evicted && self.evict_for_allocate(&gen, table, need) {
-                    evicted = true;
-                    continue;
-                }
-                return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
-            }
-            fresh.clear();
-            let epoch = self.epoch.load(Ordering::Relaxed) as u8;
-            let mut slots = out.iter_mut().filter(|(_, p)| *p < 0);
-            table.reserve(need, epoch, |page| {
-                fresh.push(page);
-                let slot = slots.next();
-                debug_assert!(slot.is_some(), "reserve emitted more pages than taken");
-                if let Some(s) = slot {
-                    s.1 = i64::from(page);
-                }
-            });
-            if reused == 0 || !self.reused_page_was_recycled(out, &mut fresh) {
-                return Ok(AllocateOutcome { reserved: need, reused, refused: 0 });
-            }
-            // A stored key's page was released by another request after we
-            // looked it up and has just been reserved again by us, for another
-            // key of this very batch: one answer would name one page twice.
-            // Give the fresh pages back and look everything up again.
-            let mut returned = 0;
-            for &page in &fresh {
-                match table.claim(page) {
-                    Some(Claimed::Reserved) => {
-                        table.settle(page, FREE);
-                        returned += 1;
-                    }
-                    // A misbehaving client confirmed it meanwhile: leave it be.
-                    Some(Claimed::Bound) => table.settle(page, BOUND),
-                    None => {}
-                }
-            }
-            table.give_back(returned);
-        }
-    }
-
-    /// Whether a reused page in `out` is also one of the `fresh` pages (sorted
-    /// here).
-    fn reused_page_was_recycled(&self, out: &[(usize, i64)], fresh: &mut [u32]) -> bool {
-        fresh.sort_unstable();
-        let fresh_set: &[u32] = fresh;
-        // Fresh pages were written into the slots that held -1; a reused
-        // page equal to a fresh one is the collision.
-        let mut hits = 0;
-        for &(_, page) in out {
-            if fresh_set.binary_search(&(page as u32)).is_ok() {
-                hits += 1;
-            }
-        }
-        hits > fresh_set.len()
     }
 
     /// For each key, whether it is complete. The keys of the leading run of
@@ -494,15 +427,41 @@ impl Store {
         let id = self.gen.load().id + 1;
         // Journaled first: nothing of the new generation can precede it.
         self.record(Change::Clear { generation: id });
-        self.gen.store(Arc::new(Generation::new(id, self.cfg.max_ranks)));
+        self.gen.store(Arc::new(Generation::new(id, &self.cfg)));
+    }
+
+    /// Forgets every key but keeps every rank, with its size: every page
+    /// free again (SGLang's `clear` of one space). Atomic for requests: they
+    /// see the old generation or the new one, whose ranks all exist.
+    pub fn reset(&self) -> Result<(), InitError> {
+        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let old = self.gen.load_full();
+        let id = old.id + 1;
+        let fresh = Generation::new(id, &self.cfg);
+        let mut sizes = Vec::new();
+        for (r, t) in old.ranks.iter().enumerate() {
+            let Some(t) = t.get() else { continue };
+            let pages = t.num_pages();
+            let table =
+                PageTable::new(pages).map_err(|e| InitError::OutOfMemory { rank: r as i64, pages, bytes: e.bytes })?;
+            if fresh.ranks[r].set(table).is_ok() {
+                fresh.initialized.fetch_add(1, Ordering::Relaxed);
+            }
+            sizes.push((r as u32, pages));
+        }
+        // Journaled first, in the order a replay needs: the clear, then the
+        // ranks of the new generation.
+        self.record(Change::Clear { generation: id });
+        for (rank, num_pages) in sizes {
+            self.record(Change::Initialize { generation: id, rank, num_pages });
+        }
+        self.gen.store(Arc::new(fresh));
+        Ok(())
     }
 
     /// Recreates a rank while rebuilding the store from a journal (start-up,
     /// before serving). Not journaled.
     pub fn restore_rank(&self, rank: u32, num_pages: u32) -> Result<(), InitError> {
-        if num_pages == 0 {
-            return Err(InitError::InvalidParameters);
-        }
         let gen = self.gen.load();
         let slot = gen
             .ranks
@@ -547,6 +506,11 @@ impl Store {
                 Err(format!("key {key} is already bound to page {p} of rank {rank}"))
             }
         }
+    }
+
+    /// The size of `rank`, when it exists.
+    pub fn rank_size(&self, rank: u32) -> Option<u32> {
+        self.gen.load().rank(rank.into()).map(PageTable::num_pages)
     }
 
     /// The current expiry epoch (low 8 bits are what reservations are stamped with).

@@ -19,8 +19,11 @@
 //!   restore every rank's page `p` together, which keeps each key's index
 //!   entry hot while it gets its bindings.
 //!
-//! A key is `0` + its 16 digest bytes, or `1` + a `u32` length + its UTF-8
-//! text (see [`crate::core::Key`]).
+//! A key is `0` + its 16 digest bytes, `2` + its 32 digest bytes + a `u8`
+//! length + its suffix text (an SGLang key), or `1` + a `u32` length + its
+//! UTF-8 text (see [`crate::core::Key`]). A digest key's suffix is written as
+//! text, never as the process's pool id, which another process may number
+//! differently.
 
 use crate::core::{Key, KeyRef};
 use std::fmt;
@@ -42,6 +45,10 @@ const TAG_BIND: u8 = 2;
 const TAG_UNBIND: u8 = 3;
 const KEY_HEX: u8 = 0;
 const KEY_TEXT: u8 = 1;
+const KEY_DIGEST: u8 = 2;
+
+/// Bytes [`key_str`] may need: 64 hex digits and the longest suffix.
+pub const KEY_BUF: usize = 64 + 1 + crate::core::key::MAX_POOL_LEN;
 
 /// The log partition of generation `g`.
 pub fn log_partition(g: u64) -> String {
@@ -193,12 +200,42 @@ fn put_key(out: &mut Vec<u8>, key: KeyRef<'_>) {
             out.push(KEY_HEX);
             out.extend_from_slice(&v.to_be_bytes());
         }
+        KeyRef::Digest(d) => {
+            out.push(KEY_DIGEST);
+            out.extend_from_slice(&d.bytes);
+            let mut buf = [0u8; KEY_BUF];
+            let suffix = &digest_str(&d, &mut buf)[64..];
+            out.push(suffix.len() as u8);
+            out.extend_from_slice(suffix.as_bytes());
+        }
         KeyRef::Text(s) => {
             out.push(KEY_TEXT);
             out.extend_from_slice(&(s.len() as u32).to_le_bytes());
             out.extend_from_slice(s.as_bytes());
         }
     }
+}
+
+/// Writes `bytes` as lowercase hex into `out` (twice as long).
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (i, byte) in bytes.iter().enumerate() {
+        out[2 * i] = HEX[usize::from(byte >> 4)];
+        out[2 * i + 1] = HEX[usize::from(byte & 15)];
+    }
+}
+
+/// A digest key as the client sent it, written into `buf`.
+fn digest_str<'a>(d: &crate::core::key::Digest, buf: &'a mut [u8; KEY_BUF]) -> &'a str {
+    use std::io::Write as _;
+    hex_into(&d.bytes, &mut buf[..64]);
+    let mut rest = &mut buf[64..];
+    let room = rest.len();
+    // The suffix is at most `MAX_POOL_LEN + 1` bytes: it fits.
+    let _ = write!(rest, "{}", &d.to_string()[64..]);
+    let len = 64 + room - rest.len();
+    // Only ASCII hex digits and the suffix's UTF-8 were written.
+    std::str::from_utf8(&buf[..len]).unwrap_or_default()
 }
 
 /// A cursor over a value.
@@ -247,6 +284,22 @@ impl<'a> Reader<'a> {
                 let at = self.pos;
                 let s = std::str::from_utf8(self.bytes(n)?).map_err(|_| Corrupt::new(self.what, at))?;
                 Ok(Key::Text(s.into()))
+            }
+            KEY_DIGEST => {
+                let mut text = [0u8; 64];
+                hex_into(self.bytes(32)?, &mut text);
+                let n = usize::from(self.u8()?);
+                let at = self.pos;
+                let suffix = std::str::from_utf8(self.bytes(n)?).map_err(|_| Corrupt::new(self.what, at))?;
+                let s = format!("{}{suffix}", std::str::from_utf8(&text).unwrap_or_default());
+                // Parsed again, so that the pool gets this process's id (or,
+                // with the pool table full, the key is text: the same string).
+                match KeyRef::parse(&s) {
+                    KeyRef::Text(_) if suffix.is_empty() || suffix == "-k" || suffix == "-v" => {
+                        Err(Corrupt::new(self.what, at))
+                    }
+                    k => Ok(k.to_key()),
+                }
             }
             _ => Err(Corrupt::new(self.what, at)),
         }
@@ -304,17 +357,14 @@ pub fn decode_chunk(buf: &[u8], out: &mut Vec<(u16, Binding)>) -> Result<(), Cor
 }
 
 /// Writes `key` as the string a client sent, into `buf` when it is a digest.
-pub fn key_str<'a>(key: &'a Key, buf: &'a mut [u8; 32]) -> &'a str {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+pub fn key_str<'a>(key: &'a Key, buf: &'a mut [u8; KEY_BUF]) -> &'a str {
     match key {
         Key::Hex(b) => {
-            for (i, byte) in b.iter().enumerate() {
-                buf[2 * i] = HEX[usize::from(byte >> 4)];
-                buf[2 * i + 1] = HEX[usize::from(byte & 15)];
-            }
+            hex_into(b, &mut buf[..32]);
             // Only ASCII hex digits were written.
-            std::str::from_utf8(buf).unwrap_or_default()
+            std::str::from_utf8(&buf[..32]).unwrap_or_default()
         }
+        Key::Digest(d) => digest_str(d, buf),
         Key::Text(s) => s,
     }
 }
@@ -324,6 +374,7 @@ mod tests {
     use super::*;
 
     const MD5: &str = "0123456789abcdef0123456789abcdef";
+    const SHA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
     #[test]
     fn log_round_trips() {
@@ -388,7 +439,37 @@ mod tests {
         assert_eq!(partition_generation(&state_partition(0)), Some(0));
         assert_eq!(partition_generation("meta"), None);
         let k = KeyRef::parse(MD5).to_key();
-        let mut b = [0; 32];
+        let mut b = [0; KEY_BUF];
         assert_eq!(key_str(&k, &mut b), MD5);
+        for s in [SHA.to_string(), format!("{SHA}-k"), format!("{SHA}_codec_pool")] {
+            let k = KeyRef::parse(&s).to_key();
+            assert!(matches!(k, Key::Digest(_)));
+            assert_eq!(key_str(&k, &mut b), s);
+        }
+    }
+
+    #[test]
+    fn digest_keys_round_trip_in_the_log() {
+        let mut buf = Vec::new();
+        let keys = [SHA.to_string(), format!("{SHA}-v"), format!("{SHA}_codec_log_pool")];
+        for (i, k) in keys.iter().enumerate() {
+            put_bind(&mut buf, 0, i as u32, 1, KeyRef::parse(k));
+        }
+        let mut got = Vec::new();
+        decode_log(&buf, |r| got.push(r)).unwrap();
+        for (r, k) in got.iter().zip(&keys) {
+            match r {
+                Record::Bind { binding, .. } => {
+                    assert!(matches!(binding.key, Key::Digest(_)));
+                    assert_eq!(binding.key.to_string(), *k);
+                }
+                r => panic!("{r:?}"),
+            }
+        }
+        let mut one = Vec::new();
+        put_bind(&mut one, 0, 0, 1, KeyRef::parse(&keys[2]));
+        for cut in 1..one.len() {
+            assert!(decode_log(&one[..cut], |_| {}).is_err(), "cut at {cut}");
+        }
     }
 }

@@ -88,7 +88,7 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
         }
     };
     let restore_one = |rank: u32, page: u32, b: &Binding| {
-        let mut hex = [0u8; 32];
+        let mut hex = [0u8; codec::KEY_BUF];
         match store.restore_binding(rank, page, codec::key_str(&b.key, &mut hex), b.world) {
             Ok(()) => {
                 bound.fetch_add(1, Ordering::Relaxed);

@@ -8,10 +8,10 @@
 
 use super::decode::{DecodeError, Decoder, Limits, Role};
 use super::encode;
-use crate::core::{ConfirmError, InitError, Initialized, Stats};
+use crate::core::{AllocSlot, ConfirmError, InitError, Initialized, SpaceStats, Stats};
 use crate::durable::Health;
 use crate::metrics::Endpoint;
-use crate::routes::{self, Op, RankParam};
+use crate::routes::{self, Dialect, Op, RankParam};
 use crate::App;
 use hyper::{Method, StatusCode};
 use std::cell::RefCell;
@@ -64,8 +64,12 @@ pub struct Reply {
 /// The JSON content type.
 pub const JSON: &str = "application/json";
 
+/// The API's OpenAPI 3.1 document, served by `GET /openapi.json` byte for
+/// byte as committed (docs/api.md is the same contract in prose).
+pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
+
 impl Reply {
-    fn json(status: StatusCode, body: Vec<u8>, keys: usize) -> Reply {
+    pub(super) fn json(status: StatusCode, body: Vec<u8>, keys: usize) -> Reply {
         Reply { status, body, content_type: JSON, keys, allow: None, close: false }
     }
 
@@ -76,7 +80,7 @@ impl Reply {
         Reply::json(status, body, 0)
     }
 
-    fn no_content(keys: usize) -> Reply {
+    pub(super) fn no_content(keys: usize) -> Reply {
         Reply { status: StatusCode::NO_CONTENT, body: Vec::new(), content_type: JSON, keys, allow: None, close: false }
     }
 
@@ -88,11 +92,12 @@ impl Reply {
 /// Per-thread scratch reused across requests: the JSON decoder's buffers and
 /// the core's output vectors.
 #[derive(Default)]
-struct Scratch {
-    decoder: Decoder,
+pub(super) struct Scratch {
+    pub(super) decoder: Decoder,
     pages: Vec<(usize, i64)>,
-    flags: Vec<bool>,
-    locations: Vec<Option<u32>>,
+    pub(super) flags: Vec<bool>,
+    pub(super) locations: Vec<Option<u32>>,
+    pub(super) slots: Vec<AllocSlot>,
 }
 
 thread_local! {
@@ -120,12 +125,17 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
             }
             Route::NotFound => return Reply::detail(StatusCode::NOT_FOUND, "Not Found"),
         };
+        if id.spec().dialect == Dialect::Sglang {
+            return super::sglang::handle(app, id.spec().op, rank, s, body, limits);
+        }
         match id.spec().op {
             Op::Initialize => initialize(app, rank, &mut s.decoder, body),
             Op::Allocate => allocate(app, s, body, limits),
             Op::Confirm => confirm(app, &mut s.decoder, body, limits),
             Op::Exists => exists(app, s, body, limits),
             Op::Locations => locations(app, s, body, limits),
+            // SGLang's only (dispatched above).
+            Op::Delete => Reply::detail(StatusCode::NOT_FOUND, "Not Found"),
             Op::Clear => {
                 app.store.clear();
                 tracing::warn!("cleared every rank and key (POST /clear)");
@@ -133,8 +143,13 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
             }
             Op::Metrics => {
                 let store = &app.store;
-                let mut text =
-                    app.metrics.render(&store.stats(), &store.footprint(), &store.evict_stats(), &store.lease_stats());
+                let mut text = app.metrics.render(
+                    &store.stats(),
+                    &store.footprint(),
+                    &store.evict_stats(),
+                    &store.lease_stats(),
+                    &app.spaces.stats(),
+                );
                 if let Some(d) = &app.durable {
                     d.render_metrics(&mut text);
                 }
@@ -144,13 +159,17 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
                 }
             }
             Op::Health => health(app),
-            Op::Stats => Reply::json(StatusCode::OK, stats_json(app, &app.store.stats()).into_bytes(), 0),
+            Op::Stats => {
+                let body = stats_json(app, &app.store.stats(), &app.spaces.stats()).into_bytes();
+                Reply::json(StatusCode::OK, body, 0)
+            }
+            Op::OpenApi => Reply::json(StatusCode::OK, OPENAPI.as_bytes().to_vec(), 0),
         }
     })
 }
 
 /// FastAPI's 422 for a path parameter that is not a non-negative integer.
-fn rank_validation_error(raw: &str) -> Reply {
+pub(super) fn rank_validation_error(raw: &str) -> Reply {
     let mut body = Vec::new();
     let negative = raw.strip_prefix('-').is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()));
     if negative {
@@ -240,7 +259,7 @@ fn allocate(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Repl
             return Reply { keys: n, ..Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg) };
         }
     };
-    app.metrics.allocate_keys(counts.reserved, counts.reused, counts.refused);
+    app.metrics.allocate_keys(Dialect::Vllm, counts.reserved, counts.reused, counts.refused);
     let mut out = Vec::with_capacity(32 + s.pages.len() * 48);
     encode::allocate(&mut out, req.rank, s.pages.iter().map(|&(i, page)| (req.keys[i], page)));
     Reply::json(StatusCode::OK, out, n)
@@ -254,18 +273,18 @@ fn confirm(app: &App, decoder: &mut Decoder, body: &mut [u8], limits: Limits) ->
     let n = req.confirmations.len() + req.releases.len();
     match app.store.confirm(req.rank, &req.confirmations, &req.releases) {
         Ok(o) => {
-            app.metrics.confirm_pages(o.bound, o.reconfirmed, o.superseded, o.released);
+            app.metrics.confirm_pages(Dialect::Vllm, o.bound, o.reconfirmed, o.superseded, o.released);
             Reply::no_content(n)
         }
         Err(e) => {
-            app.metrics.confirm_error(e.code);
+            app.metrics.confirm_error(Dialect::Vllm, e.code);
             Reply { keys: n, ..confirm_error_reply(&e) }
         }
     }
 }
 
 /// The typed 500 of a rejected confirm, and its log line.
-fn confirm_error_reply(e: &ConfirmError) -> Reply {
+pub(super) fn confirm_error_reply(e: &ConfirmError) -> Reply {
     let msg = e.to_string();
     tracing::error!("Confirm write for keys failed: {msg}");
     let mut body = Vec::with_capacity(msg.len() + 128);
@@ -321,8 +340,9 @@ fn health(app: &App) -> Reply {
     }
 }
 
-/// The `/stats` document.
-fn stats_json(app: &App, stats: &Stats) -> String {
+/// The `/stats` document: vLLM's store at the top level and in `ranks`,
+/// SGLang's spaces in `spaces`.
+fn stats_json(app: &App, stats: &Stats, spaces: &[SpaceStats]) -> String {
     let mut o = String::with_capacity(512 + 192 * stats.ranks.len());
     let ws = app.cfg.world_size.map_or("null".to_string(), |w| w.to_string());
     let leases = app.store.lease_stats();
@@ -359,6 +379,30 @@ fn stats_json(app: &App, stats: &Stats) -> String {
             c.reserved + c.busy,
             c.bound,
             r.quarantined,
+        );
+    }
+    let _ = write!(o, r#"],"max_spaces":{},"spaces":["#, app.spaces.max());
+    for (i, sp) in spaces.iter().enumerate() {
+        let c = sp.pages.counts;
+        let mut ns = Vec::with_capacity(sp.name.namespace.len() + 2);
+        encode::json_str(&mut ns, &sp.name.namespace);
+        let _ = write!(
+            o,
+            r#"{}{{"rank":{},"namespace":{},"num_pages":{},"free":{},"reserved":{},"bound":{},"keys":{},"leased_keys":{},"leased":{},"evictable":{},"quarantined":{},"evicted_keys":{},"reservations_expired":{}}}"#,
+            if i > 0 { "," } else { "" },
+            sp.name.rank,
+            String::from_utf8_lossy(&ns),
+            sp.pages.num_pages,
+            c.free,
+            c.reserved + c.busy,
+            c.bound,
+            sp.keys,
+            sp.leased_keys,
+            sp.leased_pages,
+            sp.evictable_pages,
+            sp.pages.quarantined,
+            sp.evict.keys_watermark + sp.evict.keys_allocate,
+            sp.expired,
         );
     }
     o.push_str("]}");

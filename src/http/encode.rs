@@ -162,8 +162,35 @@ pub fn exists(out: &mut Vec<u8>, exists: &[bool]) {
 /// Appends a get-locations answer, `{"locations":[5,null,...]}`, where `None`
 /// (the key is not complete) is written as `null`.
 pub fn locations(out: &mut Vec<u8>, locs: &[Option<u32>]) {
-    out.reserve(18 + locs.len() * 11);
-    out.extend_from_slice(br#"{"locations":["#);
+    page_list(out, br#"{"locations":["#, locs);
+}
+
+/// Appends SGLang's get_page_indices answer, `{"indices":[5,null,...]}`.
+pub fn indices(out: &mut Vec<u8>, locs: &[Option<u32>]) {
+    page_list(out, br#"{"indices":["#, locs);
+}
+
+/// Appends SGLang's reserve_and_allocate_page_indices answer,
+/// `{"indices":[[true,5],[false,-1],...]}`: per key, whether it was already
+/// written and its page.
+pub fn reserved_indices(out: &mut Vec<u8>, slots: impl ExactSizeIterator<Item = (bool, i64)>) {
+    out.reserve(16 + slots.len() * 14);
+    out.extend_from_slice(br#"{"indices":["#);
+    for (i, (written, page)) in slots.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(if written { b"[true," } else { b"[false," });
+        int(out, page);
+        out.push(b']');
+    }
+    out.extend_from_slice(b"]}");
+}
+
+/// Appends `head`, the pages of `locs` (`null` for `None`) and `]}`.
+fn page_list(out: &mut Vec<u8>, head: &[u8], locs: &[Option<u32>]) {
+    out.reserve(head.len() + 2 + locs.len() * 11);
+    out.extend_from_slice(head);
     let mut buf = itoa::Buffer::new();
     for (i, loc) in locs.iter().enumerate() {
         if i > 0 {
@@ -346,6 +373,15 @@ mod tests {
         check(|o| locations(o, &[]), r#"{"locations":[]}"#, json!({"locations": []}));
         check(|o| locations(o, &[None]), r#"{"locations":[null]}"#, json!({"locations": [null]}));
         check(|o| locations(o, &[Some(5), None, Some(0), Some(u32::MAX)]), r#"{"locations":[5,null,0,4294967295]}"#, json!({"locations": [5, null, 0, u32::MAX]}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn sglang_answers() {
+        check(|o| indices(o, &[]), r#"{"indices":[]}"#, json!({"indices": []}));
+        check(|o| indices(o, &[Some(3), None]), r#"{"indices":[3,null]}"#, json!({"indices": [3, null]}));
+        check(|o| reserved_indices(o, [].into_iter()), r#"{"indices":[]}"#, json!({"indices": []}));
+        check(|o| reserved_indices(o, [(true, 5), (false, -1)].into_iter()), r#"{"indices":[[true,5],[false,-1]]}"#, json!({"indices": [[true, 5], [false, -1]]}));
     }
 
     #[test]

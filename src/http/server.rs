@@ -89,8 +89,9 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
     }
 }
 
-/// Returns expired reservations to the pool, ticking the store's epoch
-/// every TTL / [`crate::core::TICKS_PER_TTL`].
+/// Returns expired reservations to the pool, ticking the epoch of every page
+/// space (vLLM's store and SGLang's spaces) every TTL /
+/// [`crate::core::TICKS_PER_TTL`].
 async fn sweep(app: Arc<App>, ttl: Duration) {
     let period = ttl / crate::core::TICKS_PER_TTL;
     let mut interval = tokio::time::interval(period);
@@ -100,7 +101,7 @@ async fn sweep(app: Arc<App>, ttl: Duration) {
         interval.tick().await;
         let app = app.clone();
         // The sweep scans every page table: keep it off the worker threads.
-        match tokio::task::spawn_blocking(move || app.store.tick()).await {
+        match tokio::task::spawn_blocking(move || app.store.tick() + app.spaces.tick()).await {
             Ok(0) => {}
             Ok(n) => tracing::warn!(pages = n, "returned expired reservations to the pool"),
             Err(e) => tracing::error!("reservation sweep failed: {e}"),
@@ -115,8 +116,9 @@ const MAINTAIN_PERIOD: Duration = Duration::from_millis(100);
 /// a run stays short on a huge rank, and the next one goes on from there.
 const MAINTAIN_BUDGET_WORDS: u64 = 4096;
 
-/// Keeps every rank under its high watermark and frees quarantined pages
-/// whose lease has passed (`Store::maintain`), every [`MAINTAIN_PERIOD`].
+/// Keeps every rank of every page space (vLLM's store and SGLang's spaces)
+/// under its high watermark and frees quarantined pages whose lease has
+/// passed (`Store::maintain`), every [`MAINTAIN_PERIOD`].
 async fn maintain(app: Arc<App>) {
     let mut interval = tokio::time::interval(MAINTAIN_PERIOD);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -124,7 +126,14 @@ async fn maintain(app: Arc<App>) {
         interval.tick().await;
         let app = app.clone();
         // A run walks page tables: keep it off the worker threads.
-        match tokio::task::spawn_blocking(move || app.store.maintain(MAINTAIN_BUDGET_WORDS)).await {
+        let pass = move || {
+            let mut r = app.store.maintain(MAINTAIN_BUDGET_WORDS);
+            let s = app.spaces.maintain(MAINTAIN_BUDGET_WORDS);
+            r.keys += s.keys;
+            r.pages += s.pages;
+            r
+        };
+        match tokio::task::spawn_blocking(pass).await {
             Ok(r) if r.keys > 0 => tracing::debug!(keys = r.keys, pages = r.pages, "evicted above the high watermark"),
             Ok(_) => {}
             Err(e) => tracing::error!("eviction pass failed: {e}"),

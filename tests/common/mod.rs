@@ -9,8 +9,12 @@
 //! - [`check`]: one request, one expected status and JSON body, one line.
 //! - [`TestServer::state`] / [`TestServer::assert_unchanged`]: what a failed
 //!   request must not change, plus the store's own audit.
+//! - [`schema`]: every answer read by [`Client::request`] is checked against
+//!   `docs/openapi.json`.
 
 #![allow(dead_code)]
+
+pub mod schema;
 
 use hf3fs_meta::config::Config;
 use hf3fs_meta::App;
@@ -444,10 +448,13 @@ impl Client {
     }
 
     /// Sends one request and reads its response. `body` goes with a
-    /// Content-Length (and a JSON content type when non-empty).
+    /// Content-Length (and a JSON content type when non-empty). The answer
+    /// must conform to `docs/openapi.json` ([`schema`]).
     pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Response {
         self.send(&request_bytes(method, path, headers, body));
-        self.read_response().unwrap_or_else(|e| panic!("{method} {path}: no response: {e}"))
+        let r = self.read_response().unwrap_or_else(|e| panic!("{method} {path}: no response: {e}"));
+        schema::assert_conforms(method, path, &r);
+        r
     }
 
     /// Reads more bytes into the buffer; 0 means EOF.

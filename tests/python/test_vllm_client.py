@@ -1,12 +1,16 @@
 """hf3fs-meta driven the way vLLM's HF3FS KV connector drives it.
 
-The client below is written from the wire contract (shared/api-contract.md),
+The client below is written from the wire contract (docs/api.md),
 not copied from vLLM: one keep-alive ``requests.Session`` with urllib3
 retries on 500/502/503/504 (3 retries, 0.3 s backoff, GET and POST), JSON
 POSTs, ``raise_for_status()``, and 204 / an empty body read as ``{}``. The
 tests walk the connector's real flow on a world of two worker ranks plus the
 scheduler, and check the server's state through GET /stats and GET /metrics
 after every step that could change it.
+
+Tests whose outcome depends on eviction run twice (``[clock]``: the binary's
+defaults, eviction on with 120 s read leases; ``[none]``: ``--eviction none
+--read-lease 0``, the Python server's semantics); see MODES.
 
 Run: ``pytest -q tests/python`` with HF3FS_META_BIN naming the server binary
 (default target/release/hf3fs-meta, then target/debug/hf3fs-meta).
@@ -183,9 +187,10 @@ def _die_with_parent() -> None:
 
 
 class Server:
-    def __init__(self, proc: subprocess.Popen, port: int, log_path: Path):
+    def __init__(self, proc: subprocess.Popen, port: int, log_path: Path, mode: str = "clock"):
         self.proc = proc
         self.port = port
+        self.mode = mode
         self.base_url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
 
@@ -196,7 +201,18 @@ class Server:
         return "\n".join(self.log().splitlines()[-n:])
 
 
-def _start(binary: Path, log_path: Path) -> Server | None:
+# The server's eviction modes: "clock" is the binary's default (eviction on,
+# 120 s read leases); "none" pins the Python server's semantics (a full rank
+# answers -1, a released page is free at once).
+MODES = {
+    "clock": [],
+    "none": ["--eviction", "none", "--read-lease", "0"],
+}
+both_modes = pytest.mark.parametrize("server", list(MODES), indirect=True)
+eviction_off = pytest.mark.parametrize("server", ["none"], indirect=True)
+
+
+def _start(binary: Path, log_path: Path, mode: str) -> Server | None:
     """Starts the server on a fresh port and waits for GET /health. Returns
     None when the process exited before answering (a port race: retry)."""
     port = free_loopback_port()
@@ -206,7 +222,7 @@ def _start(binary: Path, log_path: Path) -> Server | None:
     log = open(log_path, "ab")
     try:
         proc = subprocess.Popen(
-            [str(binary), "--host", "127.0.0.1", "--port", str(port), "--workers", "2"],
+            [str(binary), "--host", "127.0.0.1", "--port", str(port), "--workers", "2", *MODES[mode]],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -215,7 +231,7 @@ def _start(binary: Path, log_path: Path) -> Server | None:
         )
     finally:
         log.close()
-    server = Server(proc, port, log_path)
+    server = Server(proc, port, log_path, mode)
     deadline = time.monotonic() + STARTUP_DEADLINE_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -242,12 +258,14 @@ def _start(binary: Path, log_path: Path) -> Server | None:
 
 
 @pytest.fixture
-def server(tmp_path):
+def server(request, tmp_path):
+    """The binary in `request.param`'s mode (see MODES; default "clock")."""
+    mode = getattr(request, "param", "clock")
     binary = server_binary()
     log_path = tmp_path / "hf3fs-meta.log"
     srv = None
     for _ in range(3):
-        srv = _start(binary, log_path)
+        srv = _start(binary, log_path, mode)
         if srv is not None:
             break
     if srv is None:
@@ -325,19 +343,34 @@ def leading_true(flags: list[bool]) -> int:
 
 
 VOLATILE_STATS = ("uptime_seconds", "open_connections")
+# Reading (batch_exists, get_locations, a reused allocate) leases keys: these
+# counts describe the readers, not the pages.
+LEASE_STATS = ("leased_keys",)
+RANK_LEASE_STATS = ("leased", "evictable")
+RANK_PAGE_STATS = ("rank", "num_pages", "free", "reserved", "bound")
 
 
 def state(c: MetadataClient) -> dict:
-    """GET /stats without the fields that move on their own."""
+    """GET /stats without the fields that move on their own or with reads."""
     s = c.stats()
-    for k in VOLATILE_STATS:
+    for k in VOLATILE_STATS + LEASE_STATS:
         s.pop(k, None)
+    for r in s["ranks"]:
+        for k in RANK_LEASE_STATS:
+            r.pop(k, None)
     return s
 
 
-def rank_stats(c: MetadataClient, rank: int) -> dict:
+def rank_entry(c: MetadataClient, rank: int) -> dict:
+    """The rank's whole /stats entry."""
     (r,) = [r for r in c.stats()["ranks"] if r["rank"] == rank]
     return r
+
+
+def rank_stats(c: MetadataClient, rank: int) -> dict:
+    """The rank's page counts, as the Python server reports them."""
+    r = rank_entry(c, rank)
+    return {k: r[k] for k in RANK_PAGE_STATS}
 
 
 def save_prefix_on_every_rank(c: MetadataClient, keys: list[str]) -> dict[int, list[int]]:
@@ -349,7 +382,8 @@ def save_prefix_on_every_rank(c: MetadataClient, keys: list[str]) -> dict[int, l
 # --------------------------------------------------------------------------
 
 
-def test_save_then_load(client):
+@both_modes
+def test_save_then_load(client, server):
     c = client
     set_up_world(c)
     keys = block_hashes(BATCH, "prompt-A")
@@ -400,7 +434,8 @@ def test_save_then_load(client):
     assert leading_true(flags) == 3
 
 
-def test_second_save_of_the_same_prefix_reuses_pages(client):
+@both_modes
+def test_second_save_of_the_same_prefix_reuses_pages(client, server):
     c = client
     set_up_world(c)
     keys = block_hashes(BATCH, "prompt-A")
@@ -414,12 +449,19 @@ def test_second_save_of_the_same_prefix_reuses_pages(client):
         assert c.confirm_write(rank, list(zip(keys, again)), []) == {}
 
     assert state(c) == before, "re-saving a stored prefix reserves and frees nothing"
+    # With leases on, a stored page handed out again leases its key: the
+    # writer is about to write it, so no eviction may take it meanwhile.
+    assert c.stats()["leased_keys"] == (BATCH if server.mode == "clock" else 0)
     assert leading_true(c.batch_exists(keys)) == BATCH
     for rank in range(WORLD):
         assert c.get_locations(rank, keys) == first[rank]
 
 
-def test_longer_prompt_reuses_the_stored_prefix_and_reserves_the_rest(client):
+# Fills both ranks to the last page: with eviction on, the background evictor
+# would then take unleased keys while the test reads (test_connector_pattern_
+# on_a_small_full_rank covers that mode).
+@eviction_off
+def test_longer_prompt_reuses_the_stored_prefix_and_reserves_the_rest(client, server):
     c = client
     set_up_world(c)
     keys = block_hashes(BATCH, "prompt-A")
@@ -441,8 +483,10 @@ def test_longer_prompt_reuses_the_stored_prefix_and_reserves_the_rest(client):
     assert s["keys"] == s["complete_keys"] == BATCH + 64
 
 
-def test_write_failure_releases_every_page(client):
+@both_modes
+def test_write_failure_releases_every_page(client, server):
     c = client
+    clock = server.mode == "clock"
     set_up_world(c)
     keys = block_hashes(BATCH, "prompt-A")
     first = save_prefix_on_every_rank(c, keys)
@@ -455,6 +499,7 @@ def test_write_failure_releases_every_page(client):
     assert rank_stats(c, 0) == {
         "rank": 0, "num_pages": NUM_PAGES, "free": NUM_PAGES - BATCH, "reserved": 0, "bound": BATCH,
     }
+    assert rank_entry(c, 0)["quarantined"] == 0, "reserved pages were never read: free at once"
     assert c.batch_exists(other) == [False] * 32
 
     # A re-save of the stored prefix whose write fails: the connector
@@ -470,23 +515,56 @@ def test_write_failure_releases_every_page(client):
     s = state(c)
     assert s["complete_keys"] == 0
     assert s["keys"] == BATCH, "still stored on rank 1"
-    assert [(r["free"], r["reserved"], r["bound"]) for r in s["ranks"]] == [
-        (NUM_PAGES, 0, 0),
-        (NUM_PAGES - BATCH, 0, BATCH),
+    if not clock:
+        assert [(r["free"], r["reserved"], r["bound"]) for r in s["ranks"]] == [
+            (NUM_PAGES, 0, 0),
+            (NUM_PAGES - BATCH, 0, BATCH),
+        ]
+        # The next save of the prefix on rank 0 makes it whole again.
+        redo = save(c, 0, keys)
+        assert leading_true(c.batch_exists(keys)) == BATCH
+        assert c.get_locations(0, keys) == redo
+        assert c.get_locations(1, keys) == first[1]
+        return
+
+    # With read leases: the allocate that handed the stored pages out again
+    # leased their keys, so the released pages are held back (BOUND, naming
+    # no key) until that lease passes: no other key gets a page a reader may
+    # still be reading.
+    assert [(r["free"], r["reserved"], r["bound"], r["quarantined"]) for r in s["ranks"]] == [
+        (NUM_PAGES - BATCH, 0, BATCH, BATCH),
+        (NUM_PAGES - BATCH, 0, BATCH, 0),
     ]
+    m = c.metrics()
+    assert m.value("hf3fs_meta_rank_quarantined_pages", rank="0") == BATCH
+    assert m.value("hf3fs_meta_confirm_pages_total", dialect="vllm", outcome="released") == 32 + BATCH
+    # The write-failure path sent again on the held pages: typed 500, nothing changes.
+    r = raw_post(server.base_url, "/keys/confirm_write", {"rank": 0, "confirmations": [], "pages_to_release": given[:1]})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "release_unallocated", r.text
+    r = raw_post(server.base_url, "/keys/confirm_write", {"rank": 0, "confirmations": [[keys[0], given[0]]], "pages_to_release": []})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "double_confirm", r.text
+    assert state(c) == s
+    # Rank 0 now holds 64 free pages and nothing it may evict: a re-save of
+    # the whole prefix (128 fresh pages) is refused until the lease passes,
+    # all or nothing; half of it fits.
+    assert allocate(c, 0, keys) == [-1] * BATCH
+    assert state(c) == s
+    redo = save(c, 0, keys[:64])
+    assert not set(redo) & set(given), "no held page handed out"
+    assert leading_true(c.batch_exists(keys)) == 64
+    assert c.get_locations(0, keys[:64]) == redo
+    assert c.get_locations(1, keys[:64]) == first[1][:64]
 
-    # The next save of the prefix on rank 0 makes it whole again.
-    redo = save(c, 0, keys)
-    assert leading_true(c.batch_exists(keys)) == BATCH
-    assert c.get_locations(0, keys) == redo
-    assert c.get_locations(1, keys) == first[1]
 
-
-def test_allocate_that_cannot_be_fully_served_reserves_nothing(client):
+@both_modes
+def test_allocate_that_cannot_be_fully_served_reserves_nothing(client, server):
     c = client
     set_up_world(c)
     keys = block_hashes(BATCH, "prompt-A")
     first = save_prefix_on_every_rank(c, keys)
+    # The scheduler reads the prefix: with eviction on, that leases it, and a
+    # rank of leased and free pages only behaves as the Python server's.
+    assert leading_true(c.batch_exists(keys)) == BATCH
     before = state(c)
     free = NUM_PAGES - BATCH
 
@@ -512,8 +590,10 @@ def test_allocate_that_cannot_be_fully_served_reserves_nothing(client):
     assert state(c) == before
 
     m = c.metrics()
-    assert m.value("hf3fs_meta_allocate_keys_total", outcome="refused") == 2 * (free + 1) + 1
-    assert m.value("hf3fs_meta_allocate_keys_total", outcome="reused") == 10
+    assert m.value("hf3fs_meta_allocate_keys_total", dialect="vllm", outcome="refused") == 2 * (free + 1) + 1
+    assert m.value("hf3fs_meta_allocate_keys_total", dialect="vllm", outcome="reused") == 10
+    assert m.value("hf3fs_meta_evictions_total", reason="allocate") == 0, "a leased key is never evicted"
+    assert m.value("hf3fs_meta_pages_evicted_total") == 0
 
 
 class World:
@@ -597,8 +677,8 @@ def test_typed_500_survives_the_retrying_client_unchanged(client, server, code):
 
     m = c.metrics()
     attempts = 1 + (1 + RETRIES)
-    assert m.value("hf3fs_meta_requests_total", endpoint="confirm_write", status="500") == attempts
-    assert m.value("hf3fs_meta_confirm_errors_total", code=code) == attempts
+    assert m.value("hf3fs_meta_requests_total", dialect="vllm", endpoint="confirm_write", status="500") == attempts
+    assert m.value("hf3fs_meta_confirm_errors_total", dialect="vllm", code=code) == attempts
     # The runbook's log line, once per attempt.
     assert server.log().count("Confirm write for keys failed: ") == attempts
 
@@ -637,7 +717,8 @@ def test_clear_forgets_ranks_until_they_initialize_again(client, server):
         assert c.get_locations(rank, keys) == pages[rank]
 
 
-def test_metrics_match_what_the_client_did(client):
+@both_modes
+def test_metrics_match_what_the_client_did(client, server):
     c = client
     set_up_world(c)  # 3 initialize
     keys = block_hashes(BATCH, "prompt-A")
@@ -661,7 +742,10 @@ def test_metrics_match_what_the_client_did(client):
     assert m.type_of("hf3fs_meta_rank_pages") == "gauge"
     assert m.type_of("hf3fs_meta_request_duration_seconds") == "histogram"
 
-    req = lambda ep, st: m.value("hf3fs_meta_requests_total", endpoint=ep, status=st)  # noqa: E731
+    def req(ep: str, st: str) -> float:
+        dialect = "ops" if ep in ("stats", "health", "metrics") else "vllm"
+        return m.value("hf3fs_meta_requests_total", dialect=dialect, endpoint=ep, status=st)
+
     assert req("initialize", "200") == 1 + WORLD
     assert req("batch_allocate", "200") == 5
     assert req("confirm_write", "204") == 4
@@ -674,18 +758,18 @@ def test_metrics_match_what_the_client_did(client):
     answered = sum(v for (n, _), v in m.samples.items() if n == "hf3fs_meta_requests_total")
     assert answered == 1 + WORLD + 5 + 4 + (1 + RETRIES) + 1 + WORLD + 1 + req("health", "200")
     # Each endpoint's latency histogram counts the same requests.
-    assert m.value("hf3fs_meta_request_duration_seconds_count", endpoint="batch_allocate") == 5
-    assert m.value("hf3fs_meta_request_keys_sum", endpoint="batch_allocate") == 3 * BATCH + 16 + NUM_PAGES
-    assert m.value("hf3fs_meta_request_keys_sum", endpoint="batch_exists") == BATCH
+    assert m.value("hf3fs_meta_request_duration_seconds_count", dialect="vllm", endpoint="batch_allocate") == 5
+    assert m.value("hf3fs_meta_request_keys_sum", dialect="vllm", endpoint="batch_allocate") == 3 * BATCH + 16 + NUM_PAGES
+    assert m.value("hf3fs_meta_request_keys_sum", dialect="vllm", endpoint="batch_exists") == BATCH
 
-    assert m.value("hf3fs_meta_allocate_keys_total", outcome="reserved") == WORLD * BATCH + 16
-    assert m.value("hf3fs_meta_allocate_keys_total", outcome="reused") == BATCH
-    assert m.value("hf3fs_meta_allocate_keys_total", outcome="refused") == NUM_PAGES
-    assert m.value("hf3fs_meta_confirm_pages_total", outcome="bound") == WORLD * BATCH
-    assert m.value("hf3fs_meta_confirm_pages_total", outcome="reconfirmed") == BATCH
-    assert m.value("hf3fs_meta_confirm_pages_total", outcome="released") == 16
-    assert m.value("hf3fs_meta_confirm_pages_total", outcome="superseded") == 0
-    assert m.value("hf3fs_meta_confirm_errors_total", code="double_confirm") == 1 + RETRIES
+    assert m.value("hf3fs_meta_allocate_keys_total", dialect="vllm", outcome="reserved") == WORLD * BATCH + 16
+    assert m.value("hf3fs_meta_allocate_keys_total", dialect="vllm", outcome="reused") == BATCH
+    assert m.value("hf3fs_meta_allocate_keys_total", dialect="vllm", outcome="refused") == NUM_PAGES
+    assert m.value("hf3fs_meta_confirm_pages_total", dialect="vllm", outcome="bound") == WORLD * BATCH
+    assert m.value("hf3fs_meta_confirm_pages_total", dialect="vllm", outcome="reconfirmed") == BATCH
+    assert m.value("hf3fs_meta_confirm_pages_total", dialect="vllm", outcome="released") == 16
+    assert m.value("hf3fs_meta_confirm_pages_total", dialect="vllm", outcome="superseded") == 0
+    assert m.value("hf3fs_meta_confirm_errors_total", dialect="vllm", code="double_confirm") == 1 + RETRIES
 
     # Page gauges: what the test did, and what /stats says.
     assert m.value("hf3fs_meta_ranks") == WORLD
@@ -701,3 +785,98 @@ def test_metrics_match_what_the_client_did(client):
     # One keep-alive session: the server accepted at most one connection for
     # it besides the readiness probes.
     assert m.value("hf3fs_meta_connections_total") <= 1 + req("health", "200")
+
+
+SMALL_PAGES = 256  # per rank, for the connector pattern on a small rank
+PROMPT = 32  # blocks per prompt
+PROMPTS = 24  # 768 distinct blocks: three times a rank
+HIT_EVERY = 4  # every 4th request repeats the previous prompt (a prefix hit)
+
+
+@both_modes
+def test_connector_pattern_on_a_small_full_rank(client, server):
+    """The connector's real pattern on ranks that fill three times over.
+
+    Each request: the scheduler's batch_exists on the prompt, whose leading
+    run it will load; the save of the rest on every worker rank (allocate,
+    any -1 fails the whole save, else confirm); the load of the leading run
+    (get_locations), which in vLLM runs later, from a queue: here after
+    another request's save, which evicts. With eviction on, saves keep
+    succeeding and every leading run the scheduler was told stays loadable
+    at the pages that were saved; with eviction off the cache stops caching
+    once the ranks are full, as the Python server does.
+    """
+    c = client
+    clock = server.mode == "clock"
+    assert c.initialize(0, role="scheduler")
+    for rank in range(WORLD):
+        c.initialize(rank, SMALL_PAGES)
+    saved: dict[str, dict[int, int]] = {}  # key -> rank -> page, as confirmed
+    refused_saves = 0
+    hits = []
+    prompt = []
+    for i in range(PROMPTS):
+        if i % HIT_EVERY == HIT_EVERY - 1:
+            pass  # a repeat of the previous prompt: the scheduler finds it stored
+        else:
+            prompt = block_hashes(PROMPT, f"conversation-{i}")
+        lead = leading_true(c.batch_exists(prompt))
+        if i % HIT_EVERY == HIT_EVERY - 1 and (clock or refused_saves == 0):
+            assert lead == PROMPT, f"request {i}: the prompt saved just before is a full hit"
+        if lead:
+            hits.append((prompt[:lead], i))
+        # Another request's save comes between the lookup and the load.
+        other = block_hashes(PROMPT, f"interleaved-{i}")
+        for rank in range(WORLD):
+            pages = allocate(c, rank, other)
+            if -1 in pages:
+                assert pages == [-1] * PROMPT, "all or nothing"
+                refused_saves += 1
+                continue  # the connector fails the save and releases nothing
+            assert c.confirm_write(rank, list(zip(other, pages)), []) == {}
+            for k, p in zip(other, pages):
+                saved.setdefault(k, {})[rank] = p
+        # The load of the leading run: every block is where it was saved.
+        for rank in range(WORLD):
+            locs = c.get_locations(rank, prompt[:lead])
+            assert locs == [saved[k][rank] for k in prompt[:lead]], f"request {i}, rank {rank}"
+        # The save of the rest of the prompt.
+        rest = prompt[lead:]
+        for rank in range(WORLD):
+            pages = allocate(c, rank, rest)
+            if -1 in pages:
+                assert pages == [-1] * len(rest), "all or nothing"
+                refused_saves += 1
+                continue
+            assert c.confirm_write(rank, list(zip(rest, pages)), []) == {}
+            for k, p in zip(rest, pages):
+                saved.setdefault(k, {})[rank] = p
+
+    s = c.stats()
+    m = c.metrics()
+    evictions = m.value("hf3fs_meta_evictions_total", reason="allocate") + m.value(
+        "hf3fs_meta_evictions_total", reason="watermark"
+    )
+    if not clock:
+        # The Python server's behaviour: once full, every new save is refused.
+        assert refused_saves > 0 and evictions == 0 and s["evicted_keys"] == 0
+        assert s["eviction"] == "none" and s["read_lease_seconds"] == 0
+        return
+    assert refused_saves == 0, "a full rank keeps accepting new keys"
+    assert len(saved) > 2 * SMALL_PAGES, "the working set is several times a rank"
+    assert evictions > 0 and s["evicted_keys"] == evictions
+    assert m.value("hf3fs_meta_pages_evicted_total") == s["evicted_pages"] > 0
+    assert s["eviction"] == "clock" and s["read_lease_seconds"] == 120
+    # A load that comes late, after the ranks turned over twice: every
+    # leading run the scheduler was told is still where it was saved
+    # (without leases the CLOCK hand would have taken the early ones).
+    for keys, i in hits:
+        for rank in range(WORLD):
+            assert c.get_locations(rank, keys) == [saved[k][rank] for k in keys], f"the hit of request {i}"
+        assert leading_true(c.batch_exists(keys)) == len(keys), f"the hit of request {i}"
+    leased = {k for keys, _ in hits for k in keys}
+    assert s["leased_keys"] >= len(leased)
+    for r in s["ranks"]:
+        assert r["free"] + r["reserved"] + r["bound"] == SMALL_PAGES
+        assert r["leased"] >= len(leased) and r["quarantined"] == 0
+    assert m.value("hf3fs_meta_leased_keys") == s["leased_keys"]

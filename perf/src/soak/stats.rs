@@ -19,6 +19,9 @@ pub(crate) struct RankCounts {
     pub(crate) free: u64,
     pub(crate) reserved: u64,
     pub(crate) bound: u64,
+    /// Of `bound`, pages held back for a read lease (0 where the server
+    /// does not report it).
+    pub(crate) quarantined: u64,
 }
 
 /// The fields of `/stats` the soak reads.
@@ -45,6 +48,7 @@ impl StatsDoc {
                 free: u(r, "free")?,
                 reserved: u(r, "reserved")?,
                 bound: u(r, "bound")?,
+                quarantined: u(r, "quarantined").unwrap_or(0),
             });
         }
         Some(StatsDoc {

@@ -89,24 +89,18 @@ impl Store {
         for (&page, &c) in releases.iter().zip(&release_claims) {
             let page = page as u32;
             outcome.released += 1;
-            if c == Claimed::Bound {
-                // Journaled before the index forgets the binding: a confirm
-                // that rebinds the key elsewhere can only be journaled after.
-                self.record(Change::Unbind { generation: gen.id, rank: r, page });
-                let deadline =
-                    table.owner(page).and_then(|owner| gen.index.unbind(owner.as_ref(), r, page, &mut delta));
-                debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
-                if deadline.is_some_and(|d| d > now) {
-                    // A reader may have been given this page within its
-                    // lease: no other key gets it before the lease passes.
-                    table.quarantine(page, deadline.unwrap_or(0));
-                    outcome.quarantined += 1;
-                    continue;
+            let owner = if c == Claimed::Bound { table.owner(page) } else { None };
+            debug_assert!(c != Claimed::Bound || owner.is_some(), "claim refuses a BOUND page naming no key");
+            match owner {
+                Some(key) => match self.unbind_held(gen, table, r, page, key.as_ref(), now, &mut delta) {
+                    Unbound::Freed => freed += 1,
+                    Unbound::Quarantined => outcome.quarantined += 1,
+                },
+                None => {
+                    table.settle(page, FREE);
+                    freed += 1;
                 }
-                table.clear_owner(page);
             }
-            table.settle(page, FREE);
-            freed += 1;
         }
         let world = || self.cfg.world_size.unwrap_or_else(|| gen.initialized.load(Ordering::Relaxed));
         for (&(key, page), c) in confirmations.iter().zip(&claims) {
@@ -139,6 +133,48 @@ impl Store {
         table.give_back(freed);
         gen.apply(delta);
         outcome
+    }
+}
+
+/// What became of a bound page that its holder unbound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unbound {
+    /// FREE now; the caller owes the free counter one page.
+    Freed,
+    /// BOUND to no key until the key's lease passes.
+    Quarantined,
+}
+
+impl Store {
+    /// Unbinds `page` of rank `r`, which this thread holds BUSY (claimed
+    /// BOUND) and which `key` owns, and settles it: FREE, or quarantined
+    /// when a reader's lease on `key` may still cover it. The release path
+    /// of a confirm and of SGLang's `delete_keys`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn unbind_held(
+        &self,
+        gen: &Generation,
+        table: &PageTable,
+        r: u32,
+        page: u32,
+        key: KeyRef<'_>,
+        now: u32,
+        delta: &mut Delta,
+    ) -> Unbound {
+        // Journaled before the index forgets the binding: a confirm that
+        // rebinds the key elsewhere can only be journaled after.
+        self.record(Change::Unbind { generation: gen.id, rank: r, page });
+        let deadline = gen.index.unbind(key, r, page, delta);
+        debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
+        if let Some(d) = deadline.filter(|&d| d > now) {
+            // A reader may have been given this page within its lease: no
+            // other key gets it before the lease passes.
+            table.quarantine(page, d);
+            return Unbound::Quarantined;
+        }
+        table.clear_owner(page);
+        table.settle(page, FREE);
+        Unbound::Freed
     }
 }
 

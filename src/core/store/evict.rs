@@ -60,6 +60,15 @@ pub struct EvictStats {
     pub pass_max_nanos: u64,
 }
 
+/// What an allocate's eviction did ([`Store::evict_for_allocate`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Room {
+    /// The free counter reached what the batch needs.
+    pub(super) enough: bool,
+    /// Keys evicted (the batch's own stored keys may be among them).
+    pub(super) evicted: u64,
+}
+
 /// What one background pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MaintainReport {
@@ -114,22 +123,26 @@ impl Store {
     }
 
     /// An allocate's eviction: makes room for `need` fresh pages on `table`
-    /// with a bounded budget. Returns whether the free counter reached
-    /// `need` (another allocate may still take the pages first).
-    pub(super) fn evict_for_allocate(&self, gen: &Generation, table: &PageTable, need: u64) -> bool {
+    /// with a bounded budget. Says whether the free counter reached `need`
+    /// (another allocate may still take the pages first) and how many keys
+    /// it evicted to get there.
+    pub(super) fn evict_for_allocate(&self, gen: &Generation, table: &PageTable, need: u64) -> Room {
         let now = self.clock.now();
-        table.release_quarantined(now);
+        let freed = table.release_quarantined(now);
+        // Relaxed: statistics. Counted here too, or the metric would miss
+        // every page an allocate frees before the background pass does.
+        self.evict.quarantine_freed.fetch_add(freed, Ordering::Relaxed);
         if table.free_count() >= need {
-            return true;
+            return Room { enough: true, evicted: 0 };
         }
         if !self.eviction_allowed(now) {
-            return false;
+            return Room { enough: false, evicted: 0 };
         }
         // 16 pages visited per page needed, at least a thousand: the work an
         // allocate may spend before it answers -1 on a rank of leased keys.
         let budget = (need * 16).max(1024).div_ceil(32);
-        self.evict_on(gen, table, need, budget, EvictReason::Allocate);
-        table.free_count() >= need
+        let (evicted, _) = self.evict_on(gen, table, need, budget, EvictReason::Allocate);
+        Room { enough: table.free_count() >= need, evicted }
     }
 
     /// Moves `table`'s hand until its free counter reaches `target` or
@@ -148,6 +161,7 @@ impl Store {
         let budget = budget_words.min(2 * table.words() as u64);
         let (mut keys, mut pages, mut passed) = (0u64, 0u64, 0u64);
         let mut victims: Vec<Key> = Vec::with_capacity(64);
+        let mut scratch = Scratch::default();
         while table.free_count() < target && passed < budget {
             let words = table.advance_hand(STEP_WORDS);
             passed += words.len().max(1) as u64;
@@ -157,16 +171,24 @@ impl Store {
                     victims.push(k);
                 }
             });
+            // Look every victim up once, lock-free, before visiting them one
+            // by one under their bucket locks: independent lookups overlap
+            // their cache misses, and the visits then find the lines warm.
+            let index = gen.index.reader();
+            let warm: u32 = victims.iter().map(|k| index.get(k.as_ref()).map_or(0, |e| e.bound())).sum();
+            std::hint::black_box(warm);
+            drop(index);
             for k in &victims {
                 if table.free_count() >= target {
                     break;
                 }
-                let freed = self.evict_key(gen, k, now);
+                let freed = self.evict_key(gen, k, now, &mut scratch);
                 if freed > 0 {
                     keys += 1;
                     pages += freed;
                 }
             }
+            gen.apply(std::mem::take(&mut scratch.delta));
         }
         let counter = match reason {
             EvictReason::Watermark => &self.evict.keys_watermark,
@@ -180,14 +202,16 @@ impl Store {
 
     /// Visits `key` with the CLOCK hand at tick `now` and evicts it when it
     /// is neither leased nor marked used and every one of its pages can be
-    /// claimed at once. Returns the pages freed (0: not evicted).
-    pub(super) fn evict_key(&self, gen: &Generation, key: &Key, now: u32) -> u64 {
+    /// claimed at once. Returns the pages freed (0: not evicted); the key
+    /// counts go to `scratch.delta`, for the caller to apply.
+    fn evict_key<'g>(&self, gen: &'g Generation, key: &Key, now: u32, scratch: &mut Scratch<'g>) -> u64 {
         // The journal hears one eviction as one operation.
         let _op = self.journal_op();
         let k = key.as_ref();
-        let mut claim = ClaimGuard::new(8);
-        let mut ranks: Vec<u32> = Vec::with_capacity(8);
-        let mut delta = Delta::default();
+        let mut claim = ClaimGuard::reusing(std::mem::take(&mut scratch.held));
+        let ranks = &mut scratch.ranks;
+        ranks.clear();
+        let delta = &mut scratch.delta;
         let removed = gen.index.remove_if_locked(k, |e| {
             if !e.lease().visit(now) {
                 return false;
@@ -211,7 +235,8 @@ impl Store {
             true
         });
         if removed != Some(true) {
-            return 0; // the guard puts back whatever it claimed
+            scratch.held = claim.abort();
+            return 0;
         }
         let held = claim.commit();
         for &(table, page, _) in &held {
@@ -219,8 +244,9 @@ impl Store {
             table.settle(page, FREE);
             table.give_back(1);
         }
-        gen.apply(delta);
-        held.len() as u64
+        let n = held.len() as u64;
+        scratch.held = held;
+        n
     }
 
     /// Eviction counts since start.
@@ -238,6 +264,14 @@ impl Store {
             pass_max_nanos: l(&e.pass_max_nanos),
         }
     }
+}
+
+/// Buffers an eviction loop reuses from key to key.
+#[derive(Default)]
+struct Scratch<'g> {
+    held: Vec<(&'g PageTable, u32, super::super::pages::Claimed)>,
+    ranks: Vec<u32>,
+    delta: Delta,
 }
 
 /// The evictor's counters (statistics, `Relaxed`).

@@ -36,11 +36,12 @@
 //! This file holds what every dialect shares: the [`Decoder`] and its
 //! scratch, the [`Limits`] and the [`DecodeError`] texts. `tape.rs` walks
 //! simd-json's tape (fields, integers, lists of keys); `vllm.rs` decodes the
-//! bodies of vLLM's routes; the tests live in `tests.rs`.
+//! bodies of vLLM's routes, `sglang.rs` those of SGLang HiCache's; the tests
+//! live in `tests.rs`.
 //!
 //! # Rules
 //!
-//! The detail texts and their precedence follow `api-contract.md` and the
+//! The detail texts and their precedence follow `docs/api.md` and the
 //! Python reference: unknown fields are ignored, a repeated field takes its
 //! last value (like Python's `json`), and the reference's "Invalid request
 //! format" check comes before any type check of the fields it names. Checks
@@ -59,9 +60,11 @@ use std::fmt;
 
 use simd_json::{Buffers, ErrorType, Node, Tape};
 
+mod sglang;
 mod tape;
 mod vllm;
 
+pub use sglang::{SpaceConfirmBody, SpaceInitBody, SpaceKeysBody, MAX_NAMESPACE_LEN};
 pub use vllm::{AllocateBody, ConfirmBody, ExistsBody, InitializeBody, LocationsBody, Role};
 
 /// Bodies up to this many bytes leave their parse scratch in the [`Decoder`]
@@ -195,6 +198,45 @@ pub enum DecodeError {
     #[error("Invalid field 'pages_to_release': item {index} must be an integer")]
     ReleaseItem {
         /// Zero-based position in `pages_to_release`.
+        index: usize,
+    },
+    /// SGLang: a required field is absent.
+    #[error("Missing field '{field}'")]
+    MissingField {
+        /// The field's name.
+        field: &'static str,
+    },
+    /// SGLang: a field that must be a list holds something else.
+    #[error("Invalid field '{field}': expected a list")]
+    ExpectedList {
+        /// The field's name.
+        field: &'static str,
+    },
+    /// SGLang: a field that must be a string holds something else.
+    #[error("Invalid field '{field}': expected a string")]
+    ExpectedString {
+        /// The field's name.
+        field: &'static str,
+    },
+    /// SGLang: the namespace is longer than the limit.
+    #[error("Invalid field 'namespace': {len} bytes > limit {limit}")]
+    NamespaceTooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// SGLang confirm: an item of `written_keys_to_confirm` is not a
+    /// `[key string, integer]` list of exactly two elements.
+    #[error("Invalid field 'written_keys_to_confirm': item {index} must be a [key, page] pair")]
+    WrittenKeyItem {
+        /// Zero-based position in `written_keys_to_confirm`.
+        index: usize,
+    },
+    /// SGLang confirm: a confirmed key is the empty string.
+    #[error("Invalid field 'written_keys_to_confirm': item {index} has an empty key")]
+    EmptyWrittenKey {
+        /// Zero-based position in `written_keys_to_confirm`.
         index: usize,
     },
     /// A key list is longer than [`Limits::max_keys`].

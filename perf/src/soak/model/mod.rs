@@ -12,8 +12,22 @@
 //! concurrently, and the model is updated from each answer in the server's
 //! own order. A 204 applies the contract's rules (bind, re-confirm no-op,
 //! supersede, release); a typed 500 must be consistent with the model (e.g.
-//! `double_confirm` only for a page the model binds to another key) and
-//! changes nothing.
+//! `double_confirm` only for a page the model binds to another key, or one
+//! it may hold back) and changes nothing.
+//!
+//! # Pages held back for a read lease
+//!
+//! With read leases (the server's default), a released page whose key a
+//! reader may still hold a lease on is unbound at once but *quarantined*:
+//! it stays BOUND, naming no key, until that lease passes, and requests that
+//! name it meanwhile find it released (`release_unallocated`) or bound
+//! (`double_confirm`). The client cannot see the server's leases, so every
+//! page released while bound is recorded as possibly held back
+//! ([`RankModel::held`]) until an allocate hands it out or a confirm binds
+//! it, either of which proves the quarantine over. The audit reads the
+//! server's `quarantined` count per rank and checks the bound pages net of
+//! it. Eviction, which would make bindings vanish on their own, never runs
+//! in this mode: its ranks stay far below the high watermark (checked).
 //!
 //! Reads are checked for every key that was stable during the whole request:
 //! no mutation touching it in flight and none finished since the request
@@ -81,6 +95,9 @@ pub(crate) struct RankModel {
     locked: FastSet<u32>,
     /// Pages named by a request that got no answer.
     pub(crate) uncertain: FastSet<u32>,
+    /// Pages released while bound: the server may hold each back for a
+    /// reader's lease (see the module note) until it is handed out again.
+    pub(crate) held: FastSet<u32>,
 }
 
 /// The bindings, with the logical clock readers use to tell stable keys.
@@ -133,6 +150,7 @@ impl Tracker {
         // Releases first, like the server (a request never names a page twice).
         for p in releases {
             if let Some((k, _)) = m.ranks[rank].owner.remove(p) {
+                m.ranks[rank].held.insert(*p);
                 let s = m.keys.entry(k).or_default();
                 if s.pages[rank] == *p {
                     s.pages[rank] = NONE;
@@ -165,6 +183,7 @@ impl Tracker {
             s.pages[rank] = *p;
             s.nbound += 1;
             m.ranks[rank].owner.insert(*p, (*k, now));
+            m.ranks[rank].held.remove(p);
             m.outcomes[0] += 1;
         }
         v
@@ -184,12 +203,14 @@ impl Tracker {
         let page = err.page.and_then(|p| u32::try_from(p).ok());
         let owner = page.and_then(|p| r.owner.get(&p).map(|(k, _)| *k));
         let uncertain = page.is_some_and(|p| r.uncertain.contains(&p));
+        // Released while bound, maybe held back for a lease: BOUND, no key.
+        let held = owner.is_none() && page.is_some_and(|p| r.held.contains(&p));
         let confirmed_key = page.and_then(|p| confirms.iter().find(|(_, q)| *q == p).map(|(k, _)| *k));
         let released = page.is_some_and(|p| releases.contains(&p));
         let ok = match err.code.as_str() {
             "confirm_unallocated" => confirmed_key.is_some() && (owner.is_none() || uncertain),
             "double_confirm" => {
-                confirmed_key.is_some() && (uncertain || owner.is_some_and(|o| Some(o) != confirmed_key))
+                confirmed_key.is_some() && (uncertain || held || owner.is_some_and(|o| Some(o) != confirmed_key))
             }
             "release_unallocated" => released && (owner.is_none() || uncertain),
             _ => false,
@@ -225,13 +246,24 @@ impl Tracker {
 
     /// Checks an allocate answer: a stable stored key must get its page back
     /// (never -1); a freshly reserved page must not be one the model has had
-    /// bound (to another key) since before the request started.
+    /// bound (to another key) since before the request started. A page
+    /// freshly reserved is no longer held back for a lease.
     pub(crate) fn check_allocate(&self, rank: usize, keys: &[Key], pages: &[i64], t0: u64) -> Vec<String> {
         let mut v = Vec::new();
         if rank >= NR {
             return v;
         }
-        let m = self.m.lock().unwrap();
+        let mut m = self.m.lock().unwrap();
+        let m = &mut *m;
+        for (k, &p) in keys.iter().zip(pages) {
+            // Fresh for certain only when the key was unbound and untouched
+            // throughout: a stored page handed out again may have been
+            // released (and held back) since the answer was sent.
+            let fresh = m.keys.get(k).map_or(true, |s| s.stable(t0) && s.pages[rank] == NONE);
+            if let (true, Ok(p)) = (fresh, u32::try_from(p)) {
+                m.ranks[rank].held.remove(&p);
+            }
+        }
         let r = &m.ranks[rank];
         for (k, &p) in keys.iter().zip(pages) {
             let s = m.keys.get(k);
@@ -314,5 +346,32 @@ mod tests {
         assert!(t.check_typed(1, &e("confirm_unallocated", 9), &[(b, 9)], &[]).is_err());
         assert!(t.check_typed(1, &e("release_unallocated", 9), &[], &[9]).is_err());
         assert!(t.check_typed(1, &e("release_unallocated", 3), &[], &[3]).is_ok());
+    }
+
+    #[test]
+    fn a_page_released_while_bound_may_be_held_back_until_handed_out() {
+        let t = Tracker::new();
+        let (a, b) = (hex_key(0, 1), hex_key(0, 2));
+        let e = |code: &str, page| TypedError { code: code.into(), rank: Some(0), page: Some(page) };
+        // A free page never bound: double_confirm on it is not explained.
+        assert!(t.check_typed(0, &e("double_confirm", 5), &[(b, 5)], &[]).is_err());
+        assert!(t.apply(0, &[(a, 5)], &[]).is_empty());
+        assert!(t.apply(0, &[], &[5]).is_empty());
+        // Released while bound: maybe quarantined (BOUND, naming no key).
+        assert!(t.check_typed(0, &e("double_confirm", 5), &[(b, 5)], &[]).is_ok());
+        assert!(t.check_typed(0, &e("double_confirm", 5), &[(a, 5)], &[]).is_ok());
+        assert!(t.check_typed(0, &e("release_unallocated", 5), &[], &[5]).is_ok());
+        assert!(t.check_typed(0, &e("confirm_unallocated", 5), &[(b, 5)], &[]).is_ok());
+        // Handed out as the stored page of a key released meanwhile: proves
+        // nothing. Handed out fresh to an untouched key: the quarantine is over.
+        assert!(t.check_allocate(0, &[a], &[5], 0).is_empty());
+        assert!(t.check_typed(0, &e("double_confirm", 5), &[(b, 5)], &[]).is_ok());
+        assert!(t.check_allocate(0, &[b], &[5], t.now()).is_empty());
+        assert!(t.check_typed(0, &e("double_confirm", 5), &[(b, 5)], &[]).is_err());
+        // Bound again, released again, bound by a confirm: over too.
+        assert!(t.apply(0, &[(b, 5)], &[]).is_empty());
+        assert!(t.apply(0, &[], &[5]).is_empty());
+        assert!(t.apply(0, &[(a, 5)], &[]).is_empty());
+        assert_eq!(t.m.lock().unwrap().ranks[0].held.len(), 0);
     }
 }

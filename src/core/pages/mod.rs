@@ -20,7 +20,9 @@
 //! - `stamps`, one byte per word: the reservation epoch of the newest
 //!   reservation in that word, for reservation expiry (see [`PageTable::expire`]).
 //! - `owners`, the page → key back-reference: the 128-bit digest of a hex key
-//!   (16 bytes per page, lazily zeroed), or 0 with the text in `text_owners`.
+//!   (16 bytes per page, lazily zeroed), or 0 with the key on the side: an
+//!   SGLang digest key inline in `digest_owners` (no allocation per key), any
+//!   other text in `text_owners`.
 //!
 //! Memory: 2 bits of state + 1/32 byte of stamp + 1/32 bit of hint per page
 //! (0.28 byte), plus 16 bytes of back-reference per page that has ever been
@@ -57,9 +59,13 @@
 //! - `cursor` is a rotating start hint; `Relaxed`, its value only spreads
 //!   concurrent allocators over different words.
 
-use super::key::{Key, KeyRef};
+use super::key::{Digest, Key, KeyRef};
 use super::sync::{AtomicU64, AtomicU8, Backoff, Ordering};
 use super::zeroed::{OutOfMemory, ZeroedSlice};
+
+mod guard;
+
+pub use guard::ClaimGuard;
 
 /// State bits of a FREE page.
 pub const FREE: u64 = 0b00;
@@ -155,7 +161,9 @@ pub struct PageTable {
     stamps: ZeroedSlice<AtomicU8>,
     /// Two words per page: the 128-bit hex key bound to it, or 0 for a text key.
     owners: ZeroedSlice<AtomicU64>,
-    /// Owners of pages bound to text (non-hex) keys. Rare; off the hex path.
+    /// Owners of pages bound to SGLang's digest keys, inline (34 bytes).
+    digest_owners: scc::HashMap<u32, Digest>,
+    /// Owners of pages bound to text keys. Rare; off the hex path.
     text_owners: scc::HashMap<u32, Box<str>>,
     /// FREE pages not yet promised to an allocator.
     free: AtomicU64,
@@ -181,6 +189,7 @@ impl PageTable {
             full: ZeroedSlice::new(nwords.div_ceil(64))?,
             stamps: ZeroedSlice::new(nwords)?,
             owners: ZeroedSlice::new(2 * num_pages as usize)?,
+            digest_owners: scc::HashMap::new(),
             text_owners: scc::HashMap::new(),
             free: AtomicU64::new(u64::from(num_pages)),
             cursor: AtomicU64::new(0),
@@ -231,6 +240,18 @@ impl PageTable {
         // AcqRel: acquiring the releases that incremented the counter makes
         // the pages they freed visible to the search that follows.
         self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| free.checked_sub(n)).is_ok()
+    }
+
+    /// Takes up to `n` pages from the free counter: as many as it holds, at
+    /// most `n`. Returns how many; the caller must follow with
+    /// [`reserve`](Self::reserve) for exactly that many.
+    pub fn take_up_to(&self, n: u64) -> u64 {
+        // AcqRel: as in `try_take`.
+        match self.free.fetch_update(Ordering::AcqRel, Ordering::Acquire, |free| (free > 0).then(|| free - free.min(n)))
+        {
+            Ok(free) => free.min(n),
+            Err(_) => 0,
+        }
     }
 
     /// Returns `n` pages to the free counter, after they were made FREE.
@@ -441,6 +462,10 @@ impl PageTable {
         let i = 2 * page as usize;
         let v = match key {
             KeyRef::Hex(v) => v,
+            KeyRef::Digest(d) => {
+                self.digest_owners.upsert_sync(page, d);
+                0
+            }
             KeyRef::Text(s) => {
                 self.text_owners.upsert_sync(page, s.into());
                 0
@@ -463,7 +488,10 @@ impl PageTable {
     /// held by this thread.
     pub fn owner(&self, page: u32) -> Option<Key> {
         match self.owner_hex(page) {
-            0 => self.text_owners.read_sync(&page, |_, s| Key::Text(s.clone())),
+            0 => self
+                .digest_owners
+                .read_sync(&page, |_, d| Key::Digest(*d))
+                .or_else(|| self.text_owners.read_sync(&page, |_, s| Key::Text(s.clone()))),
             v => Some(Key::Hex(v.to_be_bytes())),
         }
     }
@@ -471,6 +499,7 @@ impl PageTable {
     /// Whether `page` (held as for [`owner`](Self::owner)) is bound to `key`.
     pub fn owner_is(&self, page: u32, key: KeyRef<'_>) -> bool {
         match (self.owner_hex(page), key) {
+            (0, KeyRef::Digest(d)) => self.digest_owners.read_sync(&page, |_, o| *o == d).unwrap_or(false),
             (0, KeyRef::Text(s)) => self.text_owners.read_sync(&page, |_, t| **t == *s).unwrap_or(false),
             (v, KeyRef::Hex(k)) => v == k,
             _ => false,
@@ -479,7 +508,7 @@ impl PageTable {
 
     /// Forgets the owner of `page` (held BUSY) as it leaves BOUND.
     pub fn clear_owner(&self, page: u32) {
-        if self.owner_hex(page) == 0 {
+        if self.owner_hex(page) == 0 && self.digest_owners.remove_sync(&page).is_none() {
             self.text_owners.remove_sync(&page);
         }
     }
@@ -497,7 +526,7 @@ impl PageTable {
     /// Whether `page` (held as for [`owner`](Self::owner)) names a key; a
     /// BOUND page that names none is quarantined.
     pub fn has_owner(&self, page: u32) -> bool {
-        self.owner_hex(page) != 0 || self.text_owners.contains_sync(&page)
+        self.owner_hex(page) != 0 || self.digest_owners.contains_sync(&page) || self.text_owners.contains_sync(&page)
     }
 
     /// Holds back `page`, held BUSY and just unbound from its key, until
@@ -710,260 +739,5 @@ impl PageTable {
     }
 }
 
-/// Pages one request holds BUSY, each with the state it had: the undo log
-/// of a claim, over one rank or several (an eviction claims a key's page on
-/// every rank). Dropping the guard puts every page back as it was, in
-/// reverse order, so any early return or panic between claim and commit
-/// rolls the request back by itself; [`ClaimGuard::commit`] hands the pages
-/// over to the caller's commit instead.
-pub struct ClaimGuard<'t> {
-    held: Vec<(&'t PageTable, u32, Claimed)>,
-}
-
-impl<'t> ClaimGuard<'t> {
-    /// An empty guard, with room for `n` pages.
-    pub fn new(n: usize) -> Self {
-        Self { held: Vec::with_capacity(n) }
-    }
-
-    /// Claims `page` of `table` ([`PageTable::claim`], which waits for a
-    /// BUSY page) and, when it was claimed, holds it.
-    pub fn claim(&mut self, table: &'t PageTable, page: u32) -> Option<Claimed> {
-        let c = table.claim(page)?;
-        self.held.push((table, page, c));
-        Some(c)
-    }
-
-    /// Claims `page` of `table` only if it is BOUND now, without waiting
-    /// ([`PageTable::try_claim_bound`]); holds it when claimed.
-    pub fn try_claim_bound(&mut self, table: &'t PageTable, page: u32) -> bool {
-        let ok = table.try_claim_bound(page);
-        if ok {
-            self.held.push((table, page, Claimed::Bound));
-        }
-        ok
-    }
-
-    /// The pages held, in claim order, with what each was.
-    pub fn held(&self) -> &[(&'t PageTable, u32, Claimed)] {
-        &self.held
-    }
-
-    /// Ends the claim without rollback: every held page stays BUSY, and the
-    /// caller now owes each one a [`PageTable::settle`].
-    pub fn commit(mut self) -> Vec<(&'t PageTable, u32, Claimed)> {
-        std::mem::take(&mut self.held)
-    }
-}
-
-impl Drop for ClaimGuard<'_> {
-    fn drop(&mut self) {
-        for &(table, page, c) in self.held.iter().rev() {
-            table.settle(page, c.bits());
-        }
-    }
-}
-
 #[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    fn reserve(t: &PageTable, n: u64) -> Vec<u32> {
-        assert!(t.try_take(n));
-        let mut v = Vec::new();
-        t.reserve(n, 0, |p| v.push(p));
-        v
-    }
-
-    #[test]
-    fn fresh_table_is_all_free() {
-        let t = PageTable::new(100).unwrap();
-        assert_eq!(t.free_count(), 100);
-        assert_eq!(t.audit().unwrap(), Counts { free: 100, ..Counts::default() });
-        assert_eq!(t.state(99), PageState::Free);
-    }
-
-    #[test]
-    fn reserve_hands_out_distinct_pages_and_counts() {
-        let t = PageTable::new(100).unwrap();
-        let mut got = reserve(&t, 70);
-        got.sort_unstable();
-        got.dedup();
-        assert_eq!(got.len(), 70);
-        assert!(got.iter().all(|&p| p < 100 && t.state(p) == PageState::Reserved));
-        assert_eq!(t.audit().unwrap(), Counts { free: 30, reserved: 70, ..Counts::default() });
-    }
-
-    #[test]
-    fn reserve_never_exceeds_the_pool_and_finds_every_page() {
-        let t = PageTable::new(33).unwrap();
-        let mut got = reserve(&t, 33);
-        assert!(!t.try_take(1), "a full rank grants nothing");
-        got.sort_unstable();
-        assert_eq!(got, (0..33).collect::<Vec<_>>());
-        t.audit().unwrap();
-    }
-
-    #[test]
-    fn take_is_all_or_nothing() {
-        let t = PageTable::new(10).unwrap();
-        assert!(!t.try_take(11));
-        assert_eq!(t.free_count(), 10);
-        assert!(t.try_take(10));
-        assert_eq!(t.free_count(), 0);
-    }
-
-    #[test]
-    fn claim_transitions() {
-        let t = PageTable::new(64).unwrap();
-        assert_eq!(t.claim(5), None, "a FREE page cannot be claimed");
-        let p = reserve(&t, 1)[0];
-        assert_eq!(t.claim(p), Some(Claimed::Reserved));
-        assert_eq!(t.state(p), PageState::Busy);
-        t.settle(p, BOUND);
-        assert_eq!(t.state(p), PageState::Bound);
-        assert_eq!(t.claim(p), Some(Claimed::Bound));
-        t.settle(p, Claimed::Bound.bits()); // rollback
-        assert_eq!(t.state(p), PageState::Bound);
-        assert_eq!(t.claim(p), Some(Claimed::Bound));
-        t.settle(p, FREE);
-        t.give_back(1);
-        assert_eq!(t.state(p), PageState::Free);
-        t.audit().unwrap();
-    }
-
-    #[test]
-    fn a_dropped_claim_guard_puts_every_page_back() {
-        let t = PageTable::new(64).unwrap();
-        let ps = reserve(&t, 3);
-        t.claim(ps[1]).unwrap();
-        t.settle(ps[1], BOUND);
-        {
-            let mut g = ClaimGuard::new(3);
-            assert_eq!(g.claim(&t, ps[0]), Some(Claimed::Reserved));
-            assert!(!g.try_claim_bound(&t, ps[0]), "held BUSY: not claimed again");
-            assert!(g.try_claim_bound(&t, ps[1]));
-            assert_eq!(g.claim(&t, 5), None, "a FREE page is not held");
-            assert_eq!(g.held().len(), 2);
-            assert_eq!(t.state(ps[0]), PageState::Busy);
-        }
-        assert_eq!(t.state(ps[0]), PageState::Reserved);
-        assert_eq!(t.state(ps[1]), PageState::Bound);
-        let mut g = ClaimGuard::new(1);
-        g.claim(&t, ps[2]).unwrap();
-        let held: Vec<(u32, Claimed)> = g.commit().into_iter().map(|(_, p, c)| (p, c)).collect();
-        assert_eq!(held, vec![(ps[2], Claimed::Reserved)]);
-        assert_eq!(t.state(ps[2]), PageState::Busy, "a committed guard leaves its pages to the caller");
-        t.settle(ps[2], RESERVED);
-        t.audit().unwrap();
-    }
-
-    #[test]
-    fn owners_round_trip_hex_and_text() {
-        let t = PageTable::new(8).unwrap();
-        let hex = KeyRef::parse("0123456789abcdef0123456789abcdef");
-        t.set_owner(1, hex);
-        t.set_owner(2, KeyRef::Text("plain"));
-        assert_eq!(t.owner(1), Some(hex.to_key()));
-        assert_eq!(t.owner(2), Some(Key::Text("plain".into())));
-        assert!(t.owner_is(1, hex) && !t.owner_is(1, KeyRef::Text("plain")));
-        assert!(t.owner_is(2, KeyRef::Text("plain")) && !t.owner_is(2, KeyRef::Text("other")));
-        t.clear_owner(2);
-        assert_eq!(t.owner(2), None);
-        // A text owner replacing a hex one must not leave the hex behind.
-        t.set_owner(1, KeyRef::Text("t"));
-        assert!(t.owner_is(1, KeyRef::Text("t")) && !t.owner_is(1, hex));
-    }
-
-    #[test]
-    fn full_hint_skips_full_words_and_clears_on_free() {
-        let t = PageTable::new(32 * 200).unwrap();
-        let all = reserve(&t, 32 * 200);
-        assert_eq!(t.next_not_full(0), 200, "every word is hinted full");
-        let p = all[4321];
-        assert_eq!(t.claim(p), Some(Claimed::Reserved));
-        t.settle(p, FREE);
-        t.give_back(1);
-        assert_eq!(t.next_not_full(0), p as usize / 32);
-        assert_eq!(reserve(&t, 1), vec![p]);
-        t.audit().unwrap();
-    }
-
-    #[test]
-    fn expiry_frees_only_old_reservations() {
-        let t = PageTable::new(64).unwrap();
-        assert!(t.try_take(1));
-        let mut old = Vec::new();
-        t.reserve(1, 10, |p| old.push(p));
-        assert_eq!(t.expire(12, 5), 0, "too young");
-        assert_eq!(t.expire(15, 5), 1);
-        assert_eq!(t.state(old[0]), PageState::Free);
-        t.audit().unwrap();
-    }
-
-    #[test]
-    fn expiry_leaves_bound_and_busy_pages() {
-        let t = PageTable::new(64).unwrap();
-        let ps = reserve(&t, 3);
-        t.claim(ps[0]).unwrap();
-        t.settle(ps[0], BOUND);
-        t.claim(ps[1]).unwrap(); // held BUSY across the sweep
-        assert_eq!(t.expire(200, 5), 1);
-        assert_eq!(t.state(ps[0]), PageState::Bound);
-        assert_eq!(t.state(ps[1]), PageState::Busy);
-        assert_eq!(t.state(ps[2]), PageState::Free);
-        t.settle(ps[1], RESERVED);
-    }
-
-    #[test]
-    fn expiry_epochs_wrap() {
-        let t = PageTable::new(32).unwrap();
-        assert!(t.try_take(1));
-        t.reserve(1, 254, |_| {});
-        assert_eq!(t.expire(1, 5), 0, "254 → 1 is 3 epochs");
-        assert_eq!(t.expire(3, 5), 1, "254 → 3 is 5 epochs");
-    }
-
-    #[test]
-    fn partial_last_word_is_never_handed_out() {
-        let t = PageTable::new(40).unwrap();
-        let mut got = reserve(&t, 40);
-        got.sort_unstable();
-        assert_eq!(got.last(), Some(&39));
-        assert_eq!(t.counts().free, 0);
-        t.audit().unwrap();
-    }
-
-    #[test]
-    fn huge_tables_are_lazy() {
-        // 10^8 pages: creating and using a corner costs milliseconds.
-        let t = PageTable::new(100_000_000).unwrap();
-        assert_eq!(reserve(&t, 128).len(), 128);
-        assert_eq!(t.free_count(), 100_000_000 - 128);
-    }
-
-    #[test]
-    fn concurrent_reserve_hands_out_each_page_once() {
-        let t = PageTable::new(32 * 64).unwrap();
-        let per = 32 * 16;
-        let all: Vec<Vec<u32>> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..4)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut mine = Vec::new();
-                        for _ in 0..per / 8 {
-                            mine.extend(reserve(&t, 8));
-                        }
-                        mine
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let mut flat: Vec<u32> = all.concat();
-        flat.sort_unstable();
-        flat.dedup();
-        assert_eq!(flat.len(), 32 * 64);
-        t.audit().unwrap();
-    }
-}
+mod tests;

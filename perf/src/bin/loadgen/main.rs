@@ -3,11 +3,11 @@
 //! N connections each send requests back to back for a bounded time and a
 //! bounded count; latencies go into HDR histograms (µs). Scenarios mirror what
 //! vLLM's HF3FS connector does: batch_exists, get_locations, batch_allocate,
-//! confirm_write and the full save/lookup/load cycle with correctness checks.
+//! confirm_write and the full save/lookup/load cycle with correctness checks;
+//! the `sglang-*` ones what SGLang HiCache's backend does, on space `0:kv`.
 //! Prints one line per run (human or `--json`). Exit 1 on any correctness
 //! violation, 2 on setup/usage failure or when no request succeeded.
 
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,8 +21,14 @@ use hf3fs_perf::body::{alloc_body, confirm_body, keys_body};
 use hf3fs_perf::client::{Conn, Mode};
 use hf3fs_perf::keys::{random_key, stored_key, Key};
 use hf3fs_perf::scan;
+use hf3fs_perf::sglang::{self, SgKey};
+
+mod report;
+mod sglang_worker;
+
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use report::report;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -42,8 +48,34 @@ enum Scenario {
     Confirm,
     /// allocate → confirm → exists → get_locations (timed, checked), release (untimed)
     Cycle,
+    /// allocate fresh keys (untimed), confirm_write them (timed), never
+    /// release: the ranks fill and, with eviction on, keep turning over
+    Save,
     /// POST --body FILE to --path
     Fixed,
+    /// SGLang: POST /0/exists with --batch stored keys
+    SglangExists,
+    /// SGLang: POST /0/get_page_indices with --batch stored keys
+    SglangIndices,
+    /// SGLang: reserve_and_allocate_page_indices fresh keys (timed), release them (untimed)
+    SglangReserve,
+    /// SGLang: reserve fresh keys (untimed), confirm_write them (timed), delete_keys them (untimed)
+    SglangConfirm,
+}
+
+impl Scenario {
+    /// Whether the scenario speaks SGLang's dialect.
+    fn sglang(self) -> bool {
+        matches!(
+            self,
+            Scenario::SglangExists | Scenario::SglangIndices | Scenario::SglangReserve | Scenario::SglangConfirm
+        )
+    }
+
+    /// Whether it sends the pre-built bodies of the lookup pool.
+    fn lookup(self) -> bool {
+        matches!(self, Scenario::Exists | Scenario::Locations | Scenario::SglangExists | Scenario::SglangIndices)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -121,6 +153,10 @@ struct Args {
     /// PRNG seed (per-connection streams derive from it).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Iterations per second over all connections (0: as fast as answered),
+    /// for measurements at a steady rate (e.g. the evictor's CPU).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
 }
 
 struct Shared {
@@ -261,6 +297,8 @@ struct Worker {
     bools: Vec<bool>,
     locs: Vec<Option<i64>>,
     next: usize,
+    sg_keys: Vec<SgKey>,
+    sg_got: Vec<(bool, i64)>,
 }
 
 impl Worker {
@@ -344,10 +382,23 @@ impl Worker {
     async fn iteration(&mut self, sh: &Shared, st: &mut Stats) {
         let a = &sh.args;
         match a.scenario {
-            Scenario::Exists | Scenario::Locations | Scenario::Fixed => {
+            Scenario::SglangReserve => {
+                if self.sg_reserve(sh, st, Rec::Timed).await {
+                    self.sg_release(sh, st).await;
+                }
+            }
+            Scenario::SglangConfirm => self.sg_confirm(sh, st).await,
+            Scenario::Exists
+            | Scenario::Locations
+            | Scenario::Fixed
+            | Scenario::SglangExists
+            | Scenario::SglangIndices => {
+                let pooled = &sh.pool[self.next % sh.pool.len().max(1)];
                 let (path, body) = match a.scenario {
-                    Scenario::Exists => ("/keys/batch_exists", &sh.pool[self.next % sh.pool.len()]),
-                    Scenario::Locations => ("/keys/get_locations", &sh.pool[self.next % sh.pool.len()]),
+                    Scenario::Exists => ("/keys/batch_exists", pooled),
+                    Scenario::Locations => ("/keys/get_locations", pooled),
+                    Scenario::SglangExists => ("/0/exists", pooled),
+                    Scenario::SglangIndices => ("/0/get_page_indices", pooled),
                     _ => (a.path.as_str(), &sh.fixed),
                 };
                 self.next = self.next.wrapping_add(1);
@@ -355,7 +406,8 @@ impl Worker {
                     return;
                 };
                 if sh.validate && a.hit_ratio >= 1.0 && a.stored > 0 && a.scenario != Scenario::Fixed {
-                    let bad: &[u8] = if a.scenario == Scenario::Exists { b"false" } else { b"null" };
+                    let exists = matches!(a.scenario, Scenario::Exists | Scenario::SglangExists);
+                    let bad: &[u8] = if exists { b"false" } else { b"null" };
                     if resp.windows(bad.len()).any(|w| w == bad) {
                         let snippet = String::from_utf8_lossy(&resp[..resp.len().min(200)]).into_owned();
                         st.violation(1, || format!("{path}: a stored key was missing: {snippet}"));
@@ -378,6 +430,14 @@ impl Worker {
                 }
             }
             Scenario::Cycle => self.cycle(sh, st).await,
+            Scenario::Save => {
+                self.fresh_keys(a.batch);
+                // All or nothing: a batch with a -1 got no page and, like
+                // the connector, gives up without releasing anything.
+                if self.allocate(sh, st, 0, 0, Rec::Aux).await && self.pages[0].iter().all(|&p| p >= 0) {
+                    self.confirm(sh, st, 0, 0, Rec::Timed).await;
+                }
+            }
         }
     }
 
@@ -461,17 +521,30 @@ async fn run_worker(sh: Arc<Shared>, id: usize) -> Stats {
         bools: Vec::with_capacity(a.batch),
         locs: Vec::with_capacity(a.batch),
         next: id * 7919,
+        sg_keys: Vec::with_capacity(a.batch),
+        sg_got: Vec::with_capacity(a.batch),
     };
     let steps: u64 = match a.scenario {
         Scenario::Exists | Scenario::Locations | Scenario::Fixed => 1,
+        Scenario::SglangExists | Scenario::SglangIndices => 1,
+        Scenario::SglangReserve => 2,
+        Scenario::SglangConfirm => 3,
         Scenario::Allocate => 2,
         Scenario::Confirm => 3,
+        Scenario::Save => 2,
         Scenario::Cycle => 3 * a.ranks as u64 + 2,
     };
+    // With --rate, each connection paces itself to its share of the rate.
+    let pace = (a.rate > 0.0).then(|| Duration::from_secs_f64(a.connections as f64 / a.rate));
+    let mut next_at = tokio::time::Instant::now();
     let mut st = Stats::new();
     let hard = sh.end + Duration::from_secs(5);
     let work = async {
         while Instant::now() < sh.end && sh.take(steps) {
+            if let Some(p) = pace {
+                next_at += p;
+                tokio::time::sleep_until(next_at).await;
+            }
             w.iteration(&sh, &mut st).await;
         }
     };
@@ -485,6 +558,10 @@ async fn run_worker(sh: Arc<Shared>, id: usize) -> Stats {
 /// Ok(true) when the target behaved like the metadata server (responses will
 /// be validated), Ok(false) when it did not (e.g. the ceiling): setup skipped.
 async fn setup(a: &Args) -> Result<bool, String> {
+    if a.scenario.sglang() {
+        let stored = if a.setup_only || a.scenario.lookup() { a.stored } else { 0 };
+        return sglang::setup(a.addr, a.pages, stored, a.batch).await;
+    }
     let mut conn = Conn::new(a.addr, Mode::Raw);
     let empty = Bytes::new();
     let (status, body) = conn.post("/clear", &empty).await.map_err(|e| format!("POST /clear: {e}"))?;
@@ -542,6 +619,22 @@ async fn setup(a: &Args) -> Result<bool, String> {
 
 fn build_pool(a: &Args) -> Vec<Bytes> {
     let mut rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed);
+    if matches!(a.scenario, Scenario::SglangExists | Scenario::SglangIndices) {
+        return (0..POOL_BODIES)
+            .map(|_| {
+                let keys: Vec<SgKey> = (0..a.batch)
+                    .map(|_| {
+                        if a.stored > 0 && rng.gen::<f64>() < a.hit_ratio {
+                            sglang::stored(rng.gen_range(0..a.stored))
+                        } else {
+                            sglang::random_key(&mut rng)
+                        }
+                    })
+                    .collect();
+                sglang::keys_body(&keys)
+            })
+            .collect();
+    }
     let rank = match a.scenario {
         Scenario::Exists => None,
         Scenario::Locations => Some(0),
@@ -563,23 +656,6 @@ fn build_pool(a: &Args) -> Vec<Bytes> {
         .collect()
 }
 
-fn json_str(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
-}
-
 fn main() {
     hf3fs_perf::exit_with("loadgen", run(Args::parse()));
 }
@@ -595,7 +671,7 @@ fn run(a: Args) -> Result<i32, String> {
     if a.batch == 0 || a.ranks == 0 {
         return Err("--batch and --ranks must be >= 1".into());
     }
-    if matches!(a.scenario, Scenario::Exists | Scenario::Locations | Scenario::Fixed) && a.batch > 100_000 {
+    if (a.scenario.lookup() || a.scenario == Scenario::Fixed) && a.batch > 100_000 {
         return Err("--batch too large".into());
     }
     let fixed = match (&a.scenario, &a.body) {
@@ -656,90 +732,4 @@ fn run(a: Args) -> Result<i32, String> {
             Ok(0)
         }
     })
-}
-
-fn report(a: &Args, st: &Stats, secs: f64, validated: bool) {
-    let h = &st.hist;
-    let n = h.len();
-    let rps = n as f64 / secs;
-    let q = |h: &Histogram<u64>, p: f64| {
-        if h.is_empty() {
-            0
-        } else {
-            h.value_at_quantile(p)
-        }
-    };
-    let scenario = format!("{:?}", a.scenario).to_lowercase();
-    let client = format!("{:?}", a.client).to_lowercase();
-    if a.json {
-        let mut o = String::new();
-        let _ = write!(
-            o,
-            "{{\"scenario\":\"{scenario}\",\"label\":{},\"addr\":\"{}\",\"client\":\"{client}\",\"connections\":{},\"threads\":{},\"batch\":{},\
-\"seconds\":{secs:.3},\"requests\":{n},\"rps\":{rps:.1},\"p50_us\":{},\"p90_us\":{},\"p99_us\":{},\"p999_us\":{},\"max_us\":{},\"mean_us\":{:.1},\
-\"http_errors\":{},\"http_5xx\":{},\"conn_errors\":{},\"aux_requests\":{},\"aux_p50_us\":{},\"aux_p99_us\":{},\"cycles\":{},\
-\"alloc_failed\":{},\"violations\":{},\"validated\":{validated},\"timed_out_conns\":{},\"first_error\":{},\"first_violation\":{}}}",
-            json_str(&a.label),
-            a.addr,
-            a.connections,
-            a.threads,
-            a.batch,
-            q(h, 0.5),
-            q(h, 0.9),
-            q(h, 0.99),
-            q(h, 0.999),
-            h.max(),
-            h.mean(),
-            st.http_errors,
-            st.http_5xx,
-            st.conn_errors,
-            st.aux.len(),
-            q(&st.aux, 0.5),
-            q(&st.aux, 0.99),
-            st.cycles,
-            st.alloc_failed,
-            st.violations,
-            st.timed_out,
-            st.first_error.as_deref().map_or("null".into(), json_str),
-            st.first_violation.as_deref().map_or("null".into(), json_str),
-        );
-        println!("{o}");
-    } else {
-        let mut o = format!(
-            "{scenario:<9} {:<8} {} c={} t={} b={} | {n} req in {secs:.2}s = {rps:.0} req/s | p50 {}us p90 {}us p99 {}us p99.9 {}us max {}us | errors: http {} (5xx {}) conn {}",
-            if a.label.is_empty() { "-" } else { &a.label },
-            a.addr,
-            a.connections,
-            a.threads,
-            a.batch,
-            q(h, 0.5),
-            q(h, 0.9),
-            q(h, 0.99),
-            q(h, 0.999),
-            h.max(),
-            st.http_errors,
-            st.http_5xx,
-            st.conn_errors,
-        );
-        if !st.aux.is_empty() {
-            let _ = write!(o, " | aux {} req p50 {}us p99 {}us", st.aux.len(), q(&st.aux, 0.5), q(&st.aux, 0.99));
-        }
-        if a.scenario == Scenario::Cycle {
-            let _ = write!(o, " | cycles {}", st.cycles);
-        }
-        let _ = write!(o, " | violations {}{}", st.violations, if validated { "" } else { " (not validated)" });
-        if st.alloc_failed > 0 {
-            let _ = write!(o, " | alloc -1: {}", st.alloc_failed);
-        }
-        if st.timed_out > 0 {
-            let _ = write!(o, " | timed-out conns {}", st.timed_out);
-        }
-        println!("{o}");
-        if let Some(e) = &st.first_error {
-            eprintln!("  first error: {e}");
-        }
-        if let Some(v) = &st.first_violation {
-            eprintln!("  first violation: {v}");
-        }
-    }
 }

@@ -8,6 +8,11 @@
 //! The last section replays deterministic interleavings of racing requests
 //! into the journal (a hook in `Journal::record` runs the other request at
 //! the worst moment) and checks the journal still folds to the store's state.
+//!
+//! [`eviction`]: the same kind of run under eviction pressure, with read
+//! leases on a manual clock and simulated pages that readers check.
+
+mod eviction;
 
 use hf3fs_meta::core::{
     AllocateOutcome, Change, ConfirmOutcome, ErrorCode, Journal, RankNotInitialized, Store, StoreConfig, TICKS_PER_TTL,

@@ -1,0 +1,75 @@
+//! The claim guard: the undo log of pages held BUSY by one request.
+
+use super::{Claimed, PageTable};
+
+/// Pages one request holds BUSY, each with the state it had: the undo log
+/// of a claim, over one rank or several (an eviction claims a key's page on
+/// every rank). Dropping the guard puts every page back as it was, in
+/// reverse order, so any early return or panic between claim and commit
+/// rolls the request back by itself; [`ClaimGuard::commit`] hands the pages
+/// over to the caller's commit instead.
+pub struct ClaimGuard<'t> {
+    held: Vec<(&'t PageTable, u32, Claimed)>,
+}
+
+impl<'t> ClaimGuard<'t> {
+    /// An empty guard, with room for `n` pages.
+    pub fn new(n: usize) -> Self {
+        Self { held: Vec::with_capacity(n) }
+    }
+
+    /// An empty guard on the allocation of `buffer` (from an earlier
+    /// [`commit`](Self::commit)), so that a loop of claims allocates once.
+    pub fn reusing(mut buffer: Vec<(&'t PageTable, u32, Claimed)>) -> Self {
+        buffer.clear();
+        Self { held: buffer }
+    }
+
+    /// Claims `page` of `table` ([`PageTable::claim`], which waits for a
+    /// BUSY page) and, when it was claimed, holds it.
+    pub fn claim(&mut self, table: &'t PageTable, page: u32) -> Option<Claimed> {
+        let c = table.claim(page)?;
+        self.held.push((table, page, c));
+        Some(c)
+    }
+
+    /// Claims `page` of `table` only if it is BOUND now, without waiting
+    /// ([`PageTable::try_claim_bound`]); holds it when claimed.
+    pub fn try_claim_bound(&mut self, table: &'t PageTable, page: u32) -> bool {
+        let ok = table.try_claim_bound(page);
+        if ok {
+            self.held.push((table, page, Claimed::Bound));
+        }
+        ok
+    }
+
+    /// The pages held, in claim order, with what each was.
+    pub fn held(&self) -> &[(&'t PageTable, u32, Claimed)] {
+        &self.held
+    }
+
+    /// Ends the claim without rollback: every held page stays BUSY, and the
+    /// caller now owes each one a [`PageTable::settle`].
+    pub fn commit(mut self) -> Vec<(&'t PageTable, u32, Claimed)> {
+        std::mem::take(&mut self.held)
+    }
+
+    /// Ends the claim with rollback, like a drop, and hands back the
+    /// allocation for [`reusing`](Self::reusing).
+    pub fn abort(mut self) -> Vec<(&'t PageTable, u32, Claimed)> {
+        let mut held = std::mem::take(&mut self.held);
+        for &(table, page, c) in held.iter().rev() {
+            table.settle(page, c.bits());
+        }
+        held.clear();
+        held
+    }
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        for &(table, page, c) in self.held.iter().rev() {
+            table.settle(page, c.bits());
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! SGLang's page spaces: one [`Store`] per `(rank, namespace)`.
+//!
+//! A [`Store`] is already a page space: ranks sharing one key index, with its
+//! own generation (`clear`), eviction hand and leases. vLLM's dialect uses
+//! one, whose keys span its ranks. SGLang's HiCache keys its state by
+//! `"{rank}:{namespace}"` instead, each with its own pages and keys, so each
+//! SGLang space is a store of one rank (rank 0 inside it, world size 1),
+//! created by SGLang's `initialize` and apart from vLLM's store and from
+//! every other space: no request of one space touches a page of another.
+//!
+//! Finding a space is one lock-free read of a [`HashIndex`] (namespaces are
+//! few: SGLang's pool names) and one increment of the space's reference
+//! count. Running the request under the map's epoch guard instead would save
+//! that increment, but a guard held for a whole request holds back scc's
+//! reclamation of removed entries in every map of the process: measured,
+//! SGLang's confirm + delete cycle ran at a quarter of its speed. Spaces are
+//! never removed (SGLang's `clear` resets a space, keeping its size), and
+//! their number is bounded (`--max-spaces`), so a client cannot grow the map
+//! without limit.
+//!
+//! # Memory ordering
+//!
+//! The map is scc's, which orders its own reads and writes. Creations are
+//! serialized by a mutex (an admin path), and a space is inserted only once
+//! its rank exists, so a reader that finds a space finds it whole. `count`
+//! mirrors the map's size under that mutex (`Relaxed`: read for `/stats`).
+
+use super::error::InitError;
+use super::lease::Clock;
+use super::store::{EvictStats, Initialized, MaintainReport, RankStats, Store, StoreConfig};
+use super::sync::{AtomicU32, Ordering};
+use scc::HashIndex;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+/// The default namespace of SGLang's API.
+pub const DEFAULT_NAMESPACE: &str = "kv";
+
+/// A space's name, owned (the map's key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpaceName {
+    /// SGLang's rank (its tensor-parallel rank).
+    pub rank: u32,
+    /// The namespace (a pool name: `kv`, `mamba`, ...).
+    pub namespace: Box<str>,
+}
+
+/// A space's name, borrowed from a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SpaceRef<'a> {
+    rank: u32,
+    namespace: &'a str,
+}
+
+// SpaceName and SpaceRef must hash alike (the map is read with a SpaceRef).
+impl Hash for SpaceRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u32(self.rank);
+        state.write(self.namespace.as_bytes());
+        state.write_u8(0xFF);
+    }
+}
+
+impl Hash for SpaceName {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        SpaceRef { rank: self.rank, namespace: &self.namespace }.hash(state);
+    }
+}
+
+impl scc::Equivalent<SpaceName> for SpaceRef<'_> {
+    fn equivalent(&self, key: &SpaceName) -> bool {
+        self.rank == key.rank && *self.namespace == *key.namespace
+    }
+}
+
+/// A rejected SGLang `initialize`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpaceError {
+    /// `--max-spaces` spaces exist already.
+    #[error(
+        "Cannot create rank {rank} namespace '{namespace}': the server already holds {max} page spaces (--max-spaces)"
+    )]
+    TooManySpaces {
+        /// The rank asked for.
+        rank: u32,
+        /// The namespace asked for.
+        namespace: String,
+        /// The configured limit.
+        max: u32,
+    },
+    /// `num_pages` is negative.
+    #[error("Invalid field 'num_pages': {0} is negative")]
+    NegativePages(i64),
+    /// The page table could not be made.
+    #[error(transparent)]
+    Init(#[from] InitError),
+}
+
+/// How spaces are made.
+#[derive(Debug, Clone)]
+pub struct SpacesConfig {
+    /// Most spaces the server holds (`--max-spaces`).
+    pub max_spaces: u32,
+    /// The configuration of each space's store (its `world_size`,
+    /// `max_ranks` and `index_floor` are set by [`Spaces::new`]).
+    pub store: StoreConfig,
+}
+
+/// Every SGLang page space of the server.
+pub struct Spaces {
+    map: HashIndex<SpaceName, Arc<Store>, foldhash::quality::RandomState>,
+    /// Spaces created (the map's size), for `/stats`.
+    count: AtomicU32,
+    cfg: SpacesConfig,
+    clock: Arc<Clock>,
+    /// Serializes creations (an admin path, never a lookup).
+    create: Mutex<()>,
+}
+
+impl Spaces {
+    /// No spaces yet; each space to come is configured from `cfg` and timed
+    /// by `clock` (the vLLM store's, so that one manual clock drives all).
+    pub fn new(mut cfg: SpacesConfig, clock: Arc<Clock>) -> Self {
+        cfg.store.world_size = Some(1);
+        cfg.store.max_ranks = 1;
+        cfg.store.index_floor = super::IndexFloor::SGLANG;
+        Self {
+            map: HashIndex::with_hasher(foldhash::quality::RandomState::default()),
+            count: AtomicU32::new(0),
+            cfg,
+            clock,
+            create: Mutex::new(()),
+        }
+    }
+
+    /// Runs `f` on space `(rank, namespace)`, or answers `None` when it does
+    /// not exist. Lock-free.
+    #[inline]
+    pub fn with<R>(&self, rank: u32, namespace: &str, f: impl FnOnce(&Store) -> R) -> Option<R> {
+        let s = self.map.peek_with(&SpaceRef { rank, namespace }, |_, s| s.clone())?;
+        Some(f(&s))
+    }
+
+    /// Creates space `(rank, namespace)` with `num_pages` pages (0 allowed:
+    /// every key then gets -1). An existing space is left as it is and its
+    /// size reported, whatever size is asked for.
+    pub fn initialize(&self, rank: u32, namespace: &str, num_pages: i64) -> Result<Initialized, SpaceError> {
+        if num_pages < 0 {
+            return Err(SpaceError::NegativePages(num_pages));
+        }
+        if let Some(e) = self.with(rank, namespace, existing_size) {
+            return Ok(e);
+        }
+        let pages = u32::try_from(num_pages).map_err(|_| {
+            if num_pages < 0 {
+                SpaceError::NegativePages(num_pages)
+            } else {
+                SpaceError::Init(InitError::TooManyPages {
+                    requested: num_pages,
+                    max: self.cfg.store.max_pages_per_rank,
+                })
+            }
+        })?;
+        let _create = self.create.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(e) = self.with(rank, namespace, existing_size) {
+            return Ok(e);
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        if count >= self.cfg.max_spaces {
+            return Err(SpaceError::TooManySpaces { rank, namespace: namespace.into(), max: self.cfg.max_spaces });
+        }
+        let store = Store::with_clock(self.cfg.store.clone(), None, 0, self.clock.clone());
+        store.initialize_space_rank(pages)?;
+        // Visible only now, whole.
+        let _ = self.map.insert_sync(SpaceName { rank, namespace: namespace.into() }, Arc::new(store));
+        self.count.store(count + 1, Ordering::Relaxed);
+        Ok(Initialized::Created)
+    }
+
+    /// Every space, in `(rank, namespace)` order (for `/stats`, `/metrics`
+    /// and the background passes; not the request path).
+    pub fn list(&self) -> Vec<(SpaceName, Arc<Store>)> {
+        let mut v = Vec::with_capacity(self.len());
+        self.map.iter_sync(|k, s| {
+            v.push((k.clone(), s.clone()));
+            true
+        });
+        v.sort_by(|a, b| (a.0.rank, &a.0.namespace).cmp(&(b.0.rank, &b.0.namespace)));
+        v
+    }
+
+    /// How many spaces exist.
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Relaxed) as usize
+    }
+
+    /// Whether there is no space.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The largest number of spaces.
+    pub fn max(&self) -> u32 {
+        self.cfg.max_spaces
+    }
+
+    /// Ticks every space's reservation clock ([`Store::tick`]); returns the
+    /// pages returned to their pool.
+    pub fn tick(&self) -> u64 {
+        self.list().iter().map(|(_, s)| s.tick()).sum()
+    }
+
+    /// One background pass over every space ([`Store::maintain`]).
+    pub fn maintain(&self, budget_words: u64) -> MaintainReport {
+        let mut total = MaintainReport::default();
+        for (_, s) in self.list() {
+            let r = s.maintain(budget_words);
+            total.keys += r.keys;
+            total.pages += r.pages;
+            total.quarantine_freed += r.quarantine_freed;
+        }
+        total
+    }
+
+    /// Holds eviction off for one lease period in every space (after a
+    /// recovery from disk).
+    pub fn hold_eviction_for_a_lease(&self) {
+        for (_, s) in self.list() {
+            s.hold_eviction_for_a_lease();
+        }
+    }
+}
+
+/// One space's statistics (for `/stats` and `/metrics`; a scan of its pages
+/// and keys).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpaceStats {
+    /// The space.
+    pub name: SpaceName,
+    /// Its pages by state (its one rank).
+    pub pages: RankStats,
+    /// Keys stored.
+    pub keys: u64,
+    /// Keys under a read lease now.
+    pub leased_keys: u64,
+    /// Pages of leased keys.
+    pub leased_pages: u64,
+    /// Pages of keys the evictor may take now.
+    pub evictable_pages: u64,
+    /// Reservations returned to the pool by expiry, ever.
+    pub expired: u64,
+    /// Its evictions.
+    pub evict: EvictStats,
+}
+
+impl Spaces {
+    /// Every space's statistics, in `(rank, namespace)` order.
+    pub fn stats(&self) -> Vec<SpaceStats> {
+        self.list()
+            .into_iter()
+            .filter_map(|(name, s)| {
+                let st = s.stats();
+                let pages = *st.ranks.first()?;
+                let leases = s.lease_stats();
+                let (_, leased_pages, evictable_pages) = leases.ranks.first().copied().unwrap_or_default();
+                Some(SpaceStats {
+                    name,
+                    pages,
+                    keys: st.keys,
+                    leased_keys: leases.leased_keys,
+                    leased_pages,
+                    evictable_pages,
+                    expired: st.expired,
+                    evict: s.evict_stats(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A space's size, as an `initialize` of an existing space reports it.
+fn existing_size(s: &Store) -> Initialized {
+    Initialized::Existing { num_pages: s.rank_size(0).unwrap_or(0) }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn spaces(max: u32) -> Spaces {
+        let cfg = SpacesConfig { max_spaces: max, store: StoreConfig::default() };
+        Spaces::new(cfg, Arc::new(Clock::manual()))
+    }
+
+    #[test]
+    fn spaces_are_apart_and_bounded() {
+        let s = spaces(3);
+        assert_eq!(s.initialize(0, "kv", 4), Ok(Initialized::Created));
+        assert_eq!(s.initialize(0, "kv", 9), Ok(Initialized::Existing { num_pages: 4 }));
+        assert_eq!(s.initialize(0, "mamba", 0), Ok(Initialized::Created));
+        assert_eq!(s.initialize(1, "kv", 2), Ok(Initialized::Created));
+        assert!(matches!(s.initialize(2, "kv", 2), Err(SpaceError::TooManySpaces { max: 3, .. })));
+        assert_eq!(s.initialize(1, "kv", 2), Ok(Initialized::Existing { num_pages: 2 }), "existing still answers");
+        assert_eq!(s.initialize(5, "x", -1), Err(SpaceError::NegativePages(-1)));
+        assert_eq!(s.initialize(0, "kv", -1), Err(SpaceError::NegativePages(-1)), "even for an existing space");
+        assert_eq!(s.len(), 3);
+        let key = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let mut out = Vec::new();
+        s.with(0, "kv", |st| st.allocate(0, &[key], &mut out).unwrap()).unwrap();
+        let page = out[0].1;
+        s.with(0, "kv", |st| st.confirm(0, &[(key, page)], &[]).unwrap()).unwrap();
+        let mut e = Vec::new();
+        s.with(0, "kv", |st| st.exists(&[key], &mut e));
+        assert_eq!(e, [true]);
+        s.with(1, "kv", |st| st.exists(&[key], &mut e));
+        assert_eq!(e, [false], "another space does not see the key");
+        assert!(s.with(0, "swa", |_| ()).is_none());
+        let names: Vec<(u32, String)> = s.list().iter().map(|(n, _)| (n.rank, n.namespace.to_string())).collect();
+        assert_eq!(names, [(0, "kv".into()), (0, "mamba".into()), (1, "kv".into())]);
+        let mut slots = Vec::new();
+        s.with(0, "mamba", |st| st.allocate_partial(0, &[key], &mut slots).unwrap());
+        assert_eq!(slots[0].page, -1, "a space of 0 pages answers -1");
+    }
+}

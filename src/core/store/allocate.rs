@@ -1,0 +1,300 @@
+//! Allocation: pages for keys on one rank, in two grants over one machinery.
+//!
+//! - **All or nothing** ([`Store::allocate`], vLLM's `batch_allocate`): when
+//!   the rank cannot reserve a page for every key that needs one, none is
+//!   reserved and those keys get -1. vLLM's connector fails the whole batch
+//!   on any -1, so a partial grant would only strand pages.
+//! - **Partial** ([`Store::allocate_partial`], SGLang's
+//!   `reserve_and_allocate_page_indices`): keys get pages in request order
+//!   until the rank runs out; the later ones get -1. SGLang's engine writes
+//!   the pages it got and skips the rest.
+//!
+//! Both take the batch from the free counter first (O(1)), evict what the
+//! batch needs once when it falls short ([`Store::evict_for_allocate`]), and
+//! then search the page table for exactly the pages taken, which cannot
+//! fail. A key the rank already binds gets its stored page, leased, since its
+//! writer will write it again.
+
+use super::super::key::KeyRef;
+use super::super::pages::{Claimed, PageTable, BOUND, FREE};
+use super::super::sync::Ordering;
+use super::super::RankNotInitialized;
+use super::{AllocateOutcome, Store};
+use std::collections::{HashMap, HashSet};
+
+/// How many of the pages a batch needs the rank must grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Grant {
+    /// Every page, or none.
+    AllOrNothing,
+    /// As many as there are, in request order.
+    Partial,
+}
+
+/// One answer of [`Store::allocate_partial`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocSlot {
+    /// The key was already stored: `page` is its stored page (leased).
+    pub stored: bool,
+    /// The page, or -1 when the rank had none left for this key.
+    pub page: i64,
+}
+
+type FixedState = foldhash::fast::FixedState;
+
+impl Store {
+    /// Allocates pages on `rank` for `keys`.
+    ///
+    /// `out` receives, for each distinct key in order of first appearance, the
+    /// index of its first appearance in `keys` and its page: the page this rank
+    /// already binds to it, or a freshly reserved one. Fresh pages are granted
+    /// all or nothing: when the rank cannot reserve one for every key that
+    /// needs one, none is reserved and those keys get -1.
+    pub fn allocate(
+        &self,
+        rank: i64,
+        keys: &[&str],
+        out: &mut Vec<(usize, i64)>,
+    ) -> Result<AllocateOutcome, RankNotInitialized> {
+        self.allocate_with(rank, keys, Grant::AllOrNothing, out, None)
+    }
+
+    /// Allocates pages on `rank` for `keys`, as many as the rank can give:
+    /// `out` receives one [`AllocSlot`] per key, in request order. A key the rank
+    /// binds gets its stored page; the other keys get fresh pages in order of
+    /// first appearance until the rank (after evicting what it may) has none
+    /// left, and -1 after that. A key named twice gets the same answer twice.
+    pub fn allocate_partial(
+        &self,
+        rank: i64,
+        keys: &[&str],
+        out: &mut Vec<AllocSlot>,
+    ) -> Result<AllocateOutcome, RankNotInitialized> {
+        let mut pages = Vec::with_capacity(keys.len());
+        let mut stored = Vec::with_capacity(keys.len());
+        let outcome = self.allocate_with(rank, keys, Grant::Partial, &mut pages, Some(&mut stored))?;
+        out.clear();
+        let slot = |j: usize| AllocSlot { stored: stored[j], page: pages[j].1 };
+        if pages.len() == keys.len() {
+            // No key repeated: the distinct keys are the keys, in order.
+            out.extend((0..keys.len()).map(slot));
+        } else {
+            // Equal strings are equal keys (parsing is injective), so a
+            // repeated key is found by its text.
+            let first: HashMap<&str, usize, FixedState> =
+                pages.iter().enumerate().map(|(j, &(i, _))| (keys[i], j)).collect();
+            out.extend(keys.iter().map(|k| slot(first[k])));
+        }
+        Ok(outcome)
+    }
+
+    /// The machinery of both grants. `stored`, when given, receives for each
+    /// entry of `out` whether its page was stored rather than fresh.
+    fn allocate_with(
+        &self,
+        rank: i64,
+        keys: &[&str],
+        grant: Grant,
+        out: &mut Vec<(usize, i64)>,
+        mut stored: Option<&mut Vec<bool>>,
+    ) -> Result<AllocateOutcome, RankNotInitialized> {
+        let gen = self.gen.load();
+        out.clear();
+        let table = gen.rank(rank).ok_or(RankNotInitialized(rank))?;
+        let r = rank as u32;
+        // Parse every key before looking any up: the lookups then overlap
+        // their cache misses.
+        let mut seen: HashSet<KeyRef<'_>, FixedState> =
+            HashSet::with_capacity_and_hasher(keys.len(), FixedState::default());
+        let mut distinct = Vec::with_capacity(keys.len());
+        for (i, s) in keys.iter().enumerate() {
+            let k = KeyRef::parse(s);
+            if seen.insert(k) {
+                distinct.push((i, k));
+            }
+        }
+        let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
+        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
+        let mut evicted = false;
+        loop {
+            out.clear();
+            let mut need = 0u64;
+            let index = gen.index.reader();
+            for &(i, k) in &distinct {
+                // A stored page handed out again is leased: its writer will
+                // write it again, so it must not go to another key meanwhile.
+                let page = index.lease_page(k, r, now, lease).map_or(-1, i64::from);
+                need += u64::from(page < 0);
+                out.push((i, page));
+            }
+            drop(index);
+            if let Some(s) = stored.as_deref_mut() {
+                s.clear();
+                s.extend(out.iter().map(|&(_, p)| p >= 0));
+            }
+            let reused = distinct.len() as u64 - need;
+            if need == 0 {
+                return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
+            }
+            let take = |table: &PageTable| match grant {
+                Grant::AllOrNothing => {
+                    if table.try_take(need) {
+                        need
+                    } else {
+                        0
+                    }
+                }
+                Grant::Partial => table.take_up_to(need),
+            };
+            let mut got = take(table);
+            if got < need && !evicted {
+                // Evict what the batch needs, once.
+                table.give_back(got);
+                evicted = true;
+                let room = self.evict_for_allocate(&gen, table, need);
+                // The eviction may have taken stored keys of this very batch,
+                // even when it fell short: then look them up again, since an
+                // answer must not name a page as theirs that no longer is
+                // (nor may a -1 answer). With no stored key, take the pages
+                // now.
+                if reused > 0 && (room.enough || room.evicted > 0) {
+                    continue;
+                }
+                if !room.enough && room.evicted == 0 && grant == Grant::AllOrNothing {
+                    return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
+                }
+                got = take(table);
+                if got == 0 && grant == Grant::AllOrNothing {
+                    continue;
+                }
+            }
+            if got == 0 {
+                return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
+            }
+            fresh.clear();
+            let epoch = self.epoch.load(Ordering::Relaxed) as u8;
+            let mut slots = out.iter_mut().filter(|(_, p)| *p < 0);
+            table.reserve(got, epoch, |page| {
+                fresh.push(page);
+                let slot = slots.next();
+                debug_assert!(slot.is_some(), "reserve emitted more pages than taken");
+                if let Some(s) = slot {
+                    s.1 = i64::from(page);
+                }
+            });
+            let outcome = AllocateOutcome { reserved: got, reused, refused: need - got };
+            if reused == 0 || !self.reused_page_was_recycled(out, &mut fresh) {
+                return Ok(outcome);
+            }
+            // A stored key's page was released by another request after we
+            // looked it up and has just been reserved again by us, for another
+            // key of this very batch: one answer would name one page twice.
+            // Give the fresh pages back and look everything up again.
+            let mut returned = 0;
+            for &page in &fresh {
+                match table.claim(page) {
+                    Some(Claimed::Reserved) => {
+                        table.settle(page, FREE);
+                        returned += 1;
+                    }
+                    // A misbehaving client confirmed it meanwhile: leave it be.
+                    Some(Claimed::Bound) => table.settle(page, BOUND),
+                    None => {}
+                }
+            }
+            table.give_back(returned);
+        }
+    }
+
+    /// Whether a reused page in `out` is also one of the `fresh` pages (sorted
+    /// here).
+    fn reused_page_was_recycled(&self, out: &[(usize, i64)], fresh: &mut [u32]) -> bool {
+        fresh.sort_unstable();
+        let fresh_set: &[u32] = fresh;
+        // Fresh pages were written into the slots that held -1; a reused
+        // page equal to a fresh one is the collision.
+        let mut hits = 0;
+        for &(_, page) in out {
+            if page >= 0 && fresh_set.binary_search(&(page as u32)).is_ok() {
+                hits += 1;
+            }
+        }
+        hits > fresh_set.len()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::core::StoreConfig;
+
+    fn key(i: usize) -> String {
+        format!("{i:064x}")
+    }
+
+    fn store(pages: i64, eviction: bool) -> Store {
+        let s = Store::new(StoreConfig { world_size: Some(1), eviction, ..StoreConfig::default() });
+        s.initialize(0, pages).unwrap();
+        s
+    }
+
+    fn slots(s: &Store, keys: &[&str]) -> Vec<(bool, i64)> {
+        let mut out = Vec::new();
+        s.allocate_partial(0, keys, &mut out).unwrap();
+        out.iter().map(|s| (s.stored, s.page)).collect()
+    }
+
+    #[test]
+    fn partial_grants_in_order_and_answers_minus_one_after() {
+        let s = store(2, false);
+        let (a, b, c) = (key(1), key(2), key(3));
+        let got = slots(&s, &[&a, &b, &c]);
+        assert!(got[0].1 >= 0 && got[1].1 >= 0 && got[0].1 != got[1].1, "{got:?}");
+        assert_eq!(got[2], (false, -1));
+        assert!(!got[0].0 && !got[1].0);
+        assert_eq!(slots(&s, &[]), vec![]);
+        s.confirm(0, &[(&a, got[0].1)], &[got[1].1]).unwrap();
+        // a is stored; b's page is free again; c gets it, d does not.
+        let d = key(4);
+        let again = slots(&s, &[&c, &a, &d]);
+        assert_eq!(again[1], (true, got[0].1));
+        assert_eq!(again[0], (false, got[1].1));
+        assert_eq!(again[2], (false, -1));
+        s.audit().unwrap();
+    }
+
+    #[test]
+    fn a_key_named_twice_gets_one_page() {
+        let s = store(8, false);
+        let (a, b) = (key(1), key(2));
+        let got = slots(&s, &[&a, &b, &a]);
+        assert_eq!(got[0], got[2]);
+        assert_ne!(got[0].1, got[1].1);
+        assert_eq!(s.stats().ranks[0].counts.reserved, 2);
+    }
+
+    #[test]
+    fn an_empty_rank_answers_minus_one_for_every_key() {
+        let s = Store::new(StoreConfig { world_size: Some(1), ..StoreConfig::default() });
+        s.initialize_space_rank(0).unwrap();
+        assert_eq!(slots(&s, &[&key(1), &key(2)]), vec![(false, -1), (false, -1)]);
+        s.audit().unwrap();
+    }
+
+    #[test]
+    fn a_full_rank_evicts_for_a_partial_batch() {
+        let s = store(4, true);
+        let old: Vec<String> = (0..4).map(key).collect();
+        let refs: Vec<&str> = old.iter().map(String::as_str).collect();
+        let got = slots(&s, &refs);
+        let conf: Vec<(&str, i64)> = refs.iter().zip(&got).map(|(k, g)| (*k, g.1)).collect();
+        s.confirm(0, &conf, &[]).unwrap();
+        let new: Vec<String> = (10..16).map(key).collect();
+        let refs: Vec<&str> = new.iter().map(String::as_str).collect();
+        let got = slots(&s, &refs);
+        // Four keys evictable: four pages, then -1.
+        assert_eq!(got.iter().filter(|g| g.1 >= 0).count(), 4, "{got:?}");
+        assert!(got[4..].iter().all(|g| g.1 == -1), "{got:?}");
+        s.audit().unwrap();
+    }
+}

@@ -1,0 +1,184 @@
+//! The bodies of SGLang HiCache's routes (`POST /{rank}/{op}`).
+//!
+//! Every body is a JSON object with an optional `namespace` string (default
+//! `"kv"`). SGLang's own server answers a malformed body with a bare 500,
+//! which its client retries three times; here it is a 400 whose `detail`
+//! names the field, so the caller fails at once and knows why.
+//!
+//! Keys are checked like vLLM's (a non-empty string within `--max-key-len`);
+//! lists are bounded by `--max-keys`; the namespace by
+//! [`MAX_NAMESPACE_LEN`] bytes.
+
+use super::tape::{check_count, check_key, fields, int_field, int_of, key_strings, Items};
+use super::{DecodeError, Decoder, Limits};
+use crate::core::DEFAULT_NAMESPACE;
+use simd_json::Node;
+
+/// The longest namespace accepted, in bytes (SGLang's are pool names).
+pub const MAX_NAMESPACE_LEN: usize = 256;
+
+/// Body of `POST /{rank}/initialize`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpaceInitBody<'a> {
+    /// Pages of the space (required; may be 0).
+    pub num_pages: i64,
+    /// The namespace.
+    pub namespace: &'a str,
+}
+
+/// Body of `exists`, `delete_keys` and `get_page_indices`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpaceKeysBody<'a> {
+    /// The keys, in request order.
+    pub keys: Vec<&'a str>,
+    /// The namespace.
+    pub namespace: &'a str,
+}
+
+/// Body of `confirm_write`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpaceConfirmBody<'a> {
+    /// `(key, page)` pairs to bind (`written_keys_to_confirm`).
+    pub confirmations: Vec<(&'a str, i64)>,
+    /// Pages to free (`pages_to_release`).
+    pub releases: Vec<i64>,
+    /// The namespace.
+    pub namespace: &'a str,
+}
+
+/// The `namespace` field: absent means `"kv"`; anything but a string, or a
+/// string too long, is refused.
+fn namespace<'a>(value: Option<&[Node<'a>]>) -> Result<&'a str, DecodeError> {
+    match value.and_then(<[Node<'a>]>::first) {
+        None => Ok(DEFAULT_NAMESPACE),
+        Some(Node::String(s)) if s.len() > MAX_NAMESPACE_LEN => {
+            Err(DecodeError::NamespaceTooLong { len: s.len(), limit: MAX_NAMESPACE_LEN })
+        }
+        Some(Node::String(s)) => Ok(s),
+        Some(_) => Err(DecodeError::ExpectedString { field: "namespace" }),
+    }
+}
+
+/// A list field that must be present.
+fn required_list<'t, 'a>(value: Option<&'t [Node<'a>]>, field: &'static str) -> Result<Items<'t, 'a>, DecodeError> {
+    let value = value.ok_or(DecodeError::MissingField { field })?;
+    Items::of(value).ok_or(DecodeError::ExpectedList { field })
+}
+
+/// A list field that may be absent (then empty).
+fn optional_list<'t, 'a>(value: Option<&'t [Node<'a>]>, field: &'static str) -> Result<Items<'t, 'a>, DecodeError> {
+    value.map_or(Ok(Items::EMPTY), |v| Items::of(v).ok_or(DecodeError::ExpectedList { field }))
+}
+
+impl Decoder {
+    /// Decodes `{"num_pages": int, "namespace"?: str}`.
+    ///
+    /// # Errors
+    ///
+    /// The [`DecodeError`] whose text is the 400 answer's `detail`.
+    pub fn space_initialize<'a>(&mut self, body: &'a mut [u8]) -> Result<SpaceInitBody<'a>, DecodeError> {
+        self.parse(body, |tape| {
+            let [num_pages, ns] = fields(tape, ["num_pages", "namespace"])?;
+            let namespace = namespace(ns)?;
+            let node =
+                num_pages.and_then(<[Node<'a>]>::first).ok_or(DecodeError::MissingField { field: "num_pages" })?;
+            Ok(SpaceInitBody { num_pages: int_field(node, "num_pages")?, namespace })
+        })
+    }
+
+    /// Decodes `{"keys": [str, ...], "namespace"?: str}` (`exists`,
+    /// `delete_keys`, `get_page_indices`).
+    ///
+    /// # Errors
+    ///
+    /// The [`DecodeError`] whose text is the 400 answer's `detail`.
+    pub fn space_keys<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<SpaceKeysBody<'a>, DecodeError> {
+        self.parse(body, |tape| {
+            let [keys, ns] = fields(tape, ["keys", "namespace"])?;
+            let namespace = namespace(ns)?;
+            Ok(SpaceKeysBody { keys: key_strings(required_list(keys, "keys")?, limits)?, namespace })
+        })
+    }
+
+    /// Decodes `{"keys": [[key, prefix_key], ...], "namespace"?: str}`
+    /// (`reserve_and_allocate_page_indices`). A bare key string is taken as
+    /// well as a pair; anything after the key in a pair is skipped unread.
+    ///
+    /// # Errors
+    ///
+    /// The [`DecodeError`] whose text is the 400 answer's `detail`.
+    pub fn space_reserve<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<SpaceKeysBody<'a>, DecodeError> {
+        self.parse(body, |tape| {
+            let [keys, ns] = fields(tape, ["keys", "namespace"])?;
+            let namespace = namespace(ns)?;
+            let items = required_list(keys, "keys")?;
+            check_count(&items, limits)?;
+            let mut out = Vec::with_capacity(items.len());
+            for (index, item) in items.enumerate() {
+                let key = match item {
+                    [Node::String(key)] => *key,
+                    [Node::Array { len, .. }, Node::String(key), ..] if *len > 0 => *key,
+                    _ => return Err(DecodeError::KeyItem { index }),
+                };
+                check_key(key, index, limits, DecodeError::EmptyKey { index })?;
+                out.push(key);
+            }
+            Ok(SpaceKeysBody { keys: out, namespace })
+        })
+    }
+
+    /// Decodes `{"written_keys_to_confirm"?: [[key, page], ...],
+    /// "pages_to_release"?: [page, ...], "namespace"?: str}`.
+    ///
+    /// # Errors
+    ///
+    /// The [`DecodeError`] whose text is the 400 answer's `detail`.
+    pub fn space_confirm<'a>(
+        &mut self,
+        body: &'a mut [u8],
+        limits: Limits,
+    ) -> Result<SpaceConfirmBody<'a>, DecodeError> {
+        self.parse(body, |tape| {
+            let [written, releases, ns] = fields(tape, ["written_keys_to_confirm", "pages_to_release", "namespace"])?;
+            let namespace = namespace(ns)?;
+            let written = optional_list(written, "written_keys_to_confirm")?;
+            let releases = releases.map_or(Ok(Items::EMPTY), |v| Items::of(v).ok_or(DecodeError::ReleasesNotList))?;
+            let count = written.len().saturating_add(releases.len());
+            if count > limits.max_keys {
+                return Err(DecodeError::TooManyItems { count, limit: limits.max_keys });
+            }
+            let mut pairs = Vec::with_capacity(written.len());
+            for (index, item) in written.enumerate() {
+                let pair = match item {
+                    [Node::Array { len: 2, .. }, Node::String(key), Node::Static(page)] => {
+                        int_of(page).ok().map(|page| (*key, page))
+                    }
+                    _ => None,
+                };
+                let (key, page) = pair.ok_or(DecodeError::WrittenKeyItem { index })?;
+                check_key(key, index, limits, DecodeError::EmptyWrittenKey { index })?;
+                pairs.push((key, page));
+            }
+            let mut pages = Vec::with_capacity(releases.len());
+            for (index, item) in releases.enumerate() {
+                match item {
+                    [Node::Static(page)] => pages.push(int_of(page).map_err(|_| DecodeError::ReleaseItem { index })?),
+                    _ => return Err(DecodeError::ReleaseItem { index }),
+                }
+            }
+            Ok(SpaceConfirmBody { confirmations: pairs, releases: pages, namespace })
+        })
+    }
+
+    /// Decodes `{"namespace"?: str}` (`clear`).
+    ///
+    /// # Errors
+    ///
+    /// The [`DecodeError`] whose text is the 400 answer's `detail`.
+    pub fn space_namespace<'a>(&mut self, body: &'a mut [u8]) -> Result<&'a str, DecodeError> {
+        self.parse(body, |tape| {
+            let [ns] = fields(tape, ["namespace"])?;
+            namespace(ns)
+        })
+    }
+}
