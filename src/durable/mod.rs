@@ -155,6 +155,12 @@ impl Durable {
     /// Opens (or creates) the durable store in `dir`, rebuilds a [`Store`]
     /// from it, and starts the writer and checkpointer. Logs one line with
     /// what it recovered.
+    ///
+    /// The returned store must be the only source of the journal's changes:
+    /// checkpoints and the recovery from a disk fault read the state back
+    /// from it (docs/durability.md, "What the durable layer assumes"). A
+    /// journal fed by other stores would have their pages checkpointed as
+    /// this store's, i.e. empty.
     pub fn open(dir: &Path, mode: FsyncMode, cfg: StoreConfig) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
         Self::open_opts(dir, mode, cfg, Options::default())
     }
