@@ -232,6 +232,7 @@ fuzz_target!(|input: Input| {
         world_size: input.world_size.map(|w| u32::from(w % 4) + 1),
         max_ranks: u32::from(RANKS),
         max_pages_per_rank: 4096,
+        ..StoreConfig::default()
     });
     // Ranks 0 and 1 exist from the start, with a partial last state word.
     store.initialize(0, 40).unwrap();
