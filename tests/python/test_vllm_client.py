@@ -18,19 +18,18 @@ Run: ``pytest -q tests/python`` with HF3FS_META_BIN naming the server binary
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import requests
+
+from server_process import _die_with_parent, free_loopback_port, server_binary
 from prometheus_client.parser import text_string_to_metric_families
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
@@ -155,35 +154,8 @@ def raw_post(base_url: str, path: str, payload: dict) -> requests.Response:
 # --------------------------------------------------------------------------
 
 
-def server_binary() -> Path:
-    env = os.environ.get("HF3FS_META_BIN")
-    if env:
-        p = Path(env)
-        if not p.is_file():
-            pytest.fail(f"HF3FS_META_BIN={env} is not a file")
-        return p
-    for profile in ("release", "debug"):
-        p = REPO / "target" / profile / "hf3fs-meta"
-        if p.is_file():
-            return p
-    pytest.fail("no server binary: set HF3FS_META_BIN or run `cargo build --release`")
-
-
-def free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """Child side of fork: SIGKILL the server if the test process dies, so a
-    killed pytest never leaves a server behind."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+# server_binary, free_loopback_port and _die_with_parent: server_process.py,
+# shared with the SGLang suite.
 
 
 class Server:
