@@ -67,21 +67,33 @@ pub fn confirm_body<'a, P: Display, Q: Display>(
     releases: impl IntoIterator<Item = Q>,
 ) -> Bytes {
     let mut b = Vec::with_capacity(96 + 48 * 128);
-    let _ = write!(Wr(&mut b), "{{\"rank\":{rank},\"confirmations\":[");
-    for (i, (k, p)) in confirms.into_iter().enumerate() {
+    let _ = write!(Wr(&mut b), "{{\"rank\":{rank},\"confirmations\":");
+    push_pairs_and_releases(&mut b, confirms, releases, push_key);
+    Bytes::from(b)
+}
+
+/// The tail both dialects' confirm bodies share:
+/// `[["k",p],...],"pages_to_release":[p,...]}`, keys written by `push`.
+pub fn push_pairs_and_releases<'a, K: ?Sized + 'a, P: Display, Q: Display>(
+    b: &mut Vec<u8>,
+    pairs: impl IntoIterator<Item = (&'a K, P)>,
+    releases: impl IntoIterator<Item = Q>,
+    push: impl Fn(&mut Vec<u8>, &K),
+) {
+    b.push(b'[');
+    for (i, (k, p)) in pairs.into_iter().enumerate() {
         if i > 0 {
             b.push(b',');
         }
         b.push(b'[');
-        push_key(&mut b, k);
-        let _ = write!(Wr(&mut b), ",{p}]");
+        push(b, k);
+        let _ = write!(Wr(b), ",{p}]");
     }
     b.extend_from_slice(b"],\"pages_to_release\":[");
     for (i, p) in releases.into_iter().enumerate() {
-        let _ = write!(Wr(&mut b), "{}{p}", if i > 0 { "," } else { "" });
+        let _ = write!(Wr(b), "{}{p}", if i > 0 { "," } else { "" });
     }
     b.extend_from_slice(b"]}");
-    Bytes::from(b)
 }
 
 #[cfg(test)]

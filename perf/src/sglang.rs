@@ -4,13 +4,11 @@
 //! bodies drive hf3fs-meta and SGLang's own Python server, so the two can be
 //! measured side by side (perf/run.sh --baseline).
 
-use crate::body::Wr;
 use crate::client::{Conn, Mode};
 use crate::keys::stored_key;
 use crate::scan;
 use bytes::Bytes;
 use rand::Rng;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 
 /// An SGLang page key: 64 lowercase hex characters.
@@ -82,20 +80,8 @@ pub fn reserve_body(keys: &[SgKey]) -> Bytes {
 /// `{"written_keys_to_confirm":[["k",p],...],"pages_to_release":[p,...]}`.
 pub fn confirm_body<'a>(written: impl IntoIterator<Item = (&'a SgKey, i64)>, release: &[i64]) -> Bytes {
     let mut b = Vec::with_capacity(64 + 80 * 128);
-    b.extend_from_slice(b"{\"written_keys_to_confirm\":[");
-    for (i, (k, p)) in written.into_iter().enumerate() {
-        if i > 0 {
-            b.push(b',');
-        }
-        b.push(b'[');
-        push_key(&mut b, k);
-        let _ = write!(Wr(&mut b), ",{p}]");
-    }
-    b.extend_from_slice(b"],\"pages_to_release\":[");
-    for (i, p) in release.iter().enumerate() {
-        let _ = write!(Wr(&mut b), "{}{p}", if i > 0 { "," } else { "" });
-    }
-    b.extend_from_slice(b"]}");
+    b.extend_from_slice(b"{\"written_keys_to_confirm\":");
+    crate::body::push_pairs_and_releases(&mut b, written, release, push_key);
     Bytes::from(b)
 }
 
