@@ -39,7 +39,13 @@ const BATCH: u64 = 8;
 const LEASE: u32 = 3;
 const WRITERS: usize = 3;
 const READERS: usize = 2;
+/// Saves per writer at least; past them a writer goes on until the readers
+/// have read [`READS`] pages, so that how much the readers got done does
+/// not hang on how the threads were scheduled. [`MAX_SAVES`] bounds a run
+/// whose readers never get there (then the test fails).
 const SAVES: u64 = 2500;
+const READS: u64 = 1000;
+const MAX_SAVES: u64 = 8 * SAVES;
 
 fn key(id: u64) -> String {
     hex_key(7, id)
@@ -128,7 +134,10 @@ fn confirm_each(s: &Store, r: i64, pairs: &[(&str, i64)]) {
 fn writer(sh: &Shared, w: usize) {
     let _finish = Finish { sh, i: w };
     let mut rng = Rng::new(77 + w as u64);
-    for _ in 0..SAVES {
+    for i in 0..MAX_SAVES {
+        if i >= SAVES && sh.pages_read.load(Ordering::SeqCst) >= READS {
+            break;
+        }
         // A quarter of the saves repeat a recent batch: stored pages come
         // back as reuses (leased by the allocate), and their write failures
         // release stored pages under a lease.
@@ -277,7 +286,7 @@ fn reader(sh: &Shared, me: usize) {
                 key(id),
                 found.wrapping_sub(1)
             );
-            sh.pages_read.fetch_add(1, Ordering::Relaxed);
+            sh.pages_read.fetch_add(1, Ordering::SeqCst);
         }
         sh.progress[me].fetch_add(1, Ordering::SeqCst);
     }
@@ -366,7 +375,7 @@ fn connector_cycle_under_eviction_pressure_keeps_every_lease() {
     assert!(ticks > 2 * LEASE, "leases came and went during the run");
     assert!(ev.keys_allocate + ev.keys_watermark > KEYS / 2, "eviction pressure: {ev:?}");
     assert!(quarantined + ev.quarantine_freed > 0, "some released page was held back");
-    assert!(sh.pages_read.load(Ordering::Relaxed) > 1000, "readers read");
+    assert!(sh.pages_read.load(Ordering::SeqCst) >= READS, "readers read");
 
     // Every key that exists is whole, at pages no other key is located at.
     let names: Vec<String> = (0..KEYS).map(key).collect();
