@@ -44,8 +44,9 @@ pub struct App {
     pub spaces: Spaces,
     /// The server's counters.
     pub metrics: Metrics,
-    /// Durability, when `--data-dir` is set (see [`App::open`]).
-    pub durable: Option<durable::Durable>,
+    /// Durability, when `--data-dir` is set (see [`App::open`]): vLLM's
+    /// store and SGLang's spaces, each on a durable store of its own.
+    pub durable: Option<durable::Durability>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
 }
@@ -67,26 +68,35 @@ impl App {
         // inject at the store boundary (durable::faults).
         let faults = cfg.durable_faults.clone().map(durable::Faults::from_file);
         let opts = durable::Options { faults, ..durable::Options::default() };
-        let (store, d, recovered) = durable::Durable::open_opts(&dir, cfg.fsync, Self::store_config(&cfg), opts)?;
+        let (store, vllm, recovered) =
+            durable::Durable::open_opts(&dir, cfg.fsync, Self::store_config(&cfg), opts.clone())?;
+        let (spaces, sglang, space_recovered) =
+            durable::spaces::open(&dir, cfg.fsync, Self::spaces_config(&cfg), store.clock(), opts)?;
+        // Readers may hold leases from before the restart, which were not
+        // persisted: evict nothing for one lease period.
         if recovered.bindings > 0 {
-            // Readers may hold leases from before the restart, which were
-            // not persisted: evict nothing for one lease period.
             store.hold_eviction_for_a_lease();
         }
-        let spaces = Self::spaces(&cfg, &store);
+        if space_recovered.bindings > 0 {
+            spaces.hold_eviction_for_a_lease();
+        }
         Ok(Self {
             cfg,
             store,
             spaces,
             metrics: Metrics::default(),
-            durable: Some(d),
+            durable: Some(durable::Durability { vllm, sglang }),
             shutting_down: AtomicBool::new(false),
         })
     }
 
-    /// SGLang's spaces, timed by `store`'s clock.
+    fn spaces_config(cfg: &Config) -> SpacesConfig {
+        SpacesConfig { max_spaces: cfg.max_spaces, store: Self::store_config(cfg) }
+    }
+
+    /// SGLang's spaces in memory, timed by `store`'s clock.
     fn spaces(cfg: &Config, store: &Store) -> Spaces {
-        Spaces::new(SpacesConfig { max_spaces: cfg.max_spaces, store: Self::store_config(cfg) }, store.clock())
+        Spaces::new(Self::spaces_config(cfg), store.clock())
     }
 
     fn store_config(cfg: &Config) -> StoreConfig {
@@ -106,7 +116,7 @@ impl App {
     /// Flushes and stops durability (a no-op in memory). Call once serving
     /// has stopped.
     pub fn close(&self) -> Result<(), durable::WaitError> {
-        self.durable.as_ref().map_or(Ok(()), durable::Durable::close)
+        self.durable.as_ref().map_or(Ok(()), durable::Durability::close)
     }
 
     /// Resolves if the durable store fails beyond in-process recovery, with

@@ -92,6 +92,8 @@ struct World {
     space_files: Vec<File>,
     mismatches: AtomicU64,
     checked: AtomicU64,
+    /// Clears made in the middle of a phase.
+    clears: AtomicU64,
 }
 
 fn store_config() -> StoreConfig {
@@ -124,6 +126,7 @@ impl World {
             space_files: SPACES.iter().map(|_| File::new()).collect(),
             mismatches: AtomicU64::new(0),
             checked: AtomicU64::new(0),
+            clears: AtomicU64::new(0),
         }
     }
 
@@ -243,10 +246,19 @@ impl World {
 
     fn worker(&self, rng: &mut Rng) {
         let mut pending = Vec::new();
-        for _ in 0..STEPS {
+        for step in 0..STEPS {
             // A working set of 64 batches: several times what fits.
             let base = rng.below(64) * 8;
             let s = rng.below(SPACES.len() as u64) as usize;
+            if step % 25 == 24 {
+                // A clear racing every other request of the phase: it must
+                // hold back what readers lease and leave writes in flight
+                // their pages.
+                let (rank, ns) = SPACES[s];
+                self.spaces.with(rank, ns, |st| st.reset());
+                self.clears.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             match rng.below(20) {
                 0..=4 => self.vllm_save(rng, base),
                 5..=8 => self.vllm_load(base, &mut pending),
@@ -277,8 +289,8 @@ fn both_dialects_under_load_never_hand_a_read_page_on_and_audit_clean() {
     let mut rngs: Vec<Rng> = (0..4).map(|t| Rng::new(t + 11)).collect();
     for phase in 0..PHASES {
         // Between phases: time passes, reservations are swept, and now and
-        // then a space is cleared (a clear forgets leases too, so it is not
-        // raced with reads: SGLang's engine clears when idle).
+        // then a space is cleared while no request runs (workers also clear
+        // in the middle of a phase, racing everything else).
         w.clock.set(phase * 3);
         if phase % 2 == 1 {
             w.vllm.tick();
@@ -286,7 +298,7 @@ fn both_dialects_under_load_never_hand_a_read_page_on_and_audit_clean() {
         }
         if phase % 7 == 6 {
             let (rank, ns) = SPACES[phase as usize % SPACES.len()];
-            w.spaces.with(rank, ns, |st| st.reset().unwrap());
+            w.spaces.with(rank, ns, |st| st.reset());
         }
         let done = AtomicBool::new(false);
         thread::scope(|sc| {
@@ -308,6 +320,7 @@ fn both_dialects_under_load_never_hand_a_read_page_on_and_audit_clean() {
     }
     assert_eq!(w.mismatches.load(Ordering::SeqCst), 0, "a reader was handed another key's page");
     assert!(w.checked.load(Ordering::SeqCst) > 0, "no read was checked");
+    assert!(w.clears.load(Ordering::SeqCst) > 0, "no clear raced the requests");
     w.vllm.audit().unwrap_or_else(|e| panic!("vLLM store: {e}"));
     for (name, st) in w.spaces.list() {
         st.audit().unwrap_or_else(|e| panic!("space {}:{}: {e}", name.rank, name.namespace));

@@ -403,7 +403,7 @@ fn acknowledged_confirms_survive_sigkill() {
 
     for round in 0..ROUNDS {
         let mut s = Server::start(dir.path());
-        recovered_lines.extend(s.log.iter().filter(|l| l.contains("recovered")).cloned());
+        recovered_lines.extend(s.log.iter().filter(|l| is_vllm_recovery(l)).cloned());
         if round == 0 {
             let mut c = s.conn();
             for rank in 0..RANKS {
@@ -452,7 +452,7 @@ fn acknowledged_confirms_survive_sigkill() {
 
     // Last start: everything acknowledged is there; then fill every rank.
     let s = Server::start(dir.path());
-    recovered_lines.extend(s.log.iter().filter(|l| l.contains("recovered")).cloned());
+    recovered_lines.extend(s.log.iter().filter(|l| is_vllm_recovery(l)).cloned());
     let bound = verify(&s, &model);
     let unknown: Vec<(String, i64)> =
         model.iter().filter(|(_, a)| **a == Ack::Unknown).map(|(k, _)| k.clone()).collect();
@@ -491,7 +491,7 @@ fn acknowledged_confirms_survive_sigkill() {
         assert_eq!(fresh.len() as i64 + b, PAGES);
     }
     s.stop();
-    assert!(recovered_lines.len() as u64 == ROUNDS + 1, "one recovery line per start: {recovered_lines:?}");
+    assert!(recovered_lines.len() as u64 == ROUNDS + 1, "one vLLM recovery line per start: {recovered_lines:?}");
     eprintln!(
         "{} rounds in {:.1} s; last recovery: {}",
         ROUNDS,
@@ -521,4 +521,92 @@ fn a_damaged_data_dir_exits_nonzero_with_one_clear_line() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot open the data directory"), "{err}");
     assert!(!err.contains("panicked at"), "a panic report leaked: {err}");
+}
+
+/// The recovery line of vLLM's store (the SGLang spaces' store, in
+/// `<data-dir>/sglang`, logs one of its own).
+fn is_vllm_recovery(line: &str) -> bool {
+    line.contains("recovered") && !line.contains("/sglang")
+}
+
+// ---------------------------------------------------------------------------
+// SGLang's page spaces through the real binary.
+
+/// An SGLang key: a 64-hex digest with the MHA suffix of its half.
+fn sglang_key(i: u64) -> String {
+    format!("{:016x}{:016x}{:016x}{:016x}{}", i + 1, i ^ 0x5a5a, !i, i * 3, if i.is_multiple_of(2) { "-k" } else { "-v" })
+}
+
+/// Where each of `keys` is in space `(rank, ns)` (`None`: not stored).
+fn sglang_pages(c: &mut Conn, rank: u32, ns: &str, keys: &[String]) -> Vec<Option<i64>> {
+    let v = c.must(&format!("/{rank}/get_page_indices"), &json!({"keys": keys, "namespace": ns}), 200);
+    v["indices"].as_array().expect("indices").iter().map(Value::as_i64).collect()
+}
+
+/// Reserves and confirms `keys` in space `(rank, ns)`; returns their pages.
+fn sglang_set(c: &mut Conn, rank: u32, ns: &str, keys: &[String]) -> Vec<i64> {
+    let v = c.must(
+        &format!("/{rank}/reserve_and_allocate_page_indices"),
+        &json!({"keys": keys.iter().map(|k| json!([k, ""])).collect::<Vec<_>>(), "namespace": ns}),
+        200,
+    );
+    let pages: Vec<i64> =
+        v["indices"].as_array().expect("indices").iter().map(|e| e[1].as_i64().expect("page")).collect();
+    let written: Vec<Value> = keys.iter().zip(&pages).map(|(k, p)| json!([k, p])).collect();
+    c.must(&format!("/{rank}/confirm_write"), &json!({"written_keys_to_confirm": written, "namespace": ns}), 204);
+    pages
+}
+
+#[test]
+fn sglang_spaces_survive_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<String> = (0..48).map(sglang_key).collect();
+    let spaces = [(0u32, "kv"), (0, "mamba"), (5, "kv")];
+    // Round 1: three spaces, keys in each; every answer is acknowledged
+    // (`--fsync always`), then SIGKILL.
+    let mut expect: HashMap<(u32, &str), Vec<Option<i64>>> = HashMap::new();
+    {
+        let mut s = Server::start(dir.path());
+        let mut c = s.conn();
+        for (i, &(rank, ns)) in spaces.iter().enumerate() {
+            c.must(&format!("/{rank}/initialize"), &json!({"num_pages": 64, "namespace": ns}), 204);
+            let mine = &keys[i * 8..i * 8 + 24];
+            let pages = sglang_set(&mut c, rank, ns, mine);
+            assert!(pages.iter().all(|&p| p >= 0));
+        }
+        // A delete and a clear, acknowledged before the kill.
+        c.must("/0/delete_keys", &json!({"keys": &keys[..4]}), 204);
+        c.must("/5/clear", &json!({}), 204);
+        sglang_set(&mut c, 5, "kv", &keys[40..]);
+        for &(rank, ns) in &spaces {
+            expect.insert((rank, ns), sglang_pages(&mut c, rank, ns, &keys));
+        }
+        s.kill();
+    }
+    let kv = &expect[&(0, "kv")];
+    assert!(kv[..4].iter().all(Option::is_none) && kv[4..24].iter().all(Option::is_some), "{kv:?}");
+    let five = &expect[&(5, "kv")];
+    assert_eq!(five.iter().flatten().count(), 8, "only the keys set after the clear: {five:?}");
+    // Round 2: everything acknowledged is back, and the spaces go on.
+    let s = {
+        let mut s = Server::start(dir.path());
+        let mut c = s.conn();
+        for &(rank, ns) in &spaces {
+            assert_eq!(sglang_pages(&mut c, rank, ns, &keys), expect[&(rank, ns)], "space ({rank}, {ns})");
+        }
+        // An initialize of an existing space keeps it; a new one is new.
+        c.must("/0/initialize", &json!({"num_pages": 8}), 204);
+        c.must("/9/initialize", &json!({"num_pages": 16, "namespace": "swa"}), 204);
+        sglang_set(&mut c, 9, "swa", &keys[..3]);
+        let (_, body) = c.call("GET", "/stats", "").unwrap();
+        let stats: Value = serde_json::from_slice(&body).unwrap();
+        let kv0 = stats["spaces"].as_array().unwrap().iter().find(|sp| sp["rank"] == 0 && sp["namespace"] == "kv");
+        assert_eq!(kv0.expect("space (0, kv)")["num_pages"], 64, "the recovered size is kept");
+        s.kill();
+        Server::start(dir.path())
+    };
+    let mut c = s.conn();
+    assert_eq!(sglang_pages(&mut c, 9, "swa", &keys[..3]).iter().flatten().count(), 3);
+    assert_eq!(sglang_pages(&mut c, 0, "mamba", &keys), expect[&(0, "mamba")]);
+    s.stop();
 }

@@ -151,7 +151,7 @@ impl Proc {
     fn healthy_gauge(&self) -> String {
         let text = self.call("GET", "/metrics", &Value::Null).text();
         text.lines()
-            .find_map(|l| l.strip_prefix("hf3fs_meta_durable_healthy "))
+            .find_map(|l| l.strip_prefix("hf3fs_meta_durable_healthy{store=\"vllm\"} "))
             .unwrap_or_else(|| panic!("no durable_healthy gauge:\n{text}"))
             .to_owned()
     }

@@ -29,9 +29,12 @@ pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
 pub use lease::{Clock, LeaseLength, TICKS_PER_SECOND};
-pub use spaces::{SpaceError, SpaceName, SpaceStats, Spaces, SpacesConfig, DEFAULT_NAMESPACE};
+pub use spaces::{
+    SpaceCatalog, SpaceError, SpaceName, SpaceSource, SpaceStats, Spaces, SpacesConfig, SpacesDurability,
+    DEFAULT_NAMESPACE,
+};
 pub use store::{
     AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Initialized,
-    LeaseStats, MaintainReport, RankStats, ReadPagesError, Stats, Store, StoreConfig, Visit, TICKS_PER_TTL,
+    LeaseStats, MaintainReport, PageSource, RankStats, ReadPagesError, Stats, Store, StoreConfig, Visit, TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;

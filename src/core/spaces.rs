@@ -18,20 +18,39 @@
 //! their number is bounded (`--max-spaces`), so a client cannot grow the map
 //! without limit.
 //!
+//! # Durability
+//!
+//! With `--data-dir`, the spaces share one durable store of their own (the
+//! durable layer's, on a subdirectory; `crate::durable::spaces`), in which
+//! space number `id` is rank `id`:
+//! - each space's store journals through a [`SpaceJournal`], which renames
+//!   its rank 0 to `id`;
+//! - a space never changes generation ([`Store::reset`] unbinds in place),
+//!   so every space records in the durable store's one generation;
+//! - the durable layer reads the state back through [`SpaceSource`]
+//!   (checkpoints, and the fresh keyspace after a disk fault);
+//! - which `(rank, namespace)` each id is lives in a [`SpaceCatalog`],
+//!   written durably before the space becomes visible.
+//!
 //! # Memory ordering
 //!
 //! The map is scc's, which orders its own reads and writes. Creations are
 //! serialized by a mutex (an admin path), and a space is inserted only once
 //! its rank exists, so a reader that finds a space finds it whole. `count`
 //! mirrors the map's size under that mutex (`Relaxed`: read for `/stats`).
+//! [`SpaceSource`] keeps its stores under a `RwLock`.
 
 use super::error::InitError;
+use super::journal::{Change, Journal};
+use super::key::Key;
 use super::lease::Clock;
-use super::store::{EvictStats, Initialized, MaintainReport, RankStats, Store, StoreConfig};
+use super::store::{
+    EvictStats, Initialized, MaintainReport, PageSource, RankStats, ReadPagesError, Store, StoreConfig, Visit,
+};
 use super::sync::{AtomicU32, Ordering};
 use scc::HashIndex;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// The default namespace of SGLang's API.
 pub const DEFAULT_NAMESPACE: &str = "kv";
@@ -94,6 +113,143 @@ pub enum SpaceError {
     /// The page table could not be made.
     #[error(transparent)]
     Init(#[from] InitError),
+    /// The catalog could not record the space durably.
+    #[error("Durability failure: cannot record rank {rank} namespace '{namespace}': {why}")]
+    Durability {
+        /// The rank asked for.
+        rank: u32,
+        /// The namespace asked for.
+        namespace: String,
+        /// What failed.
+        why: String,
+    },
+}
+
+/// Where the names of durable spaces are kept: space `id` is
+/// `(rank, namespace)`. The durable layer implements it.
+pub trait SpaceCatalog: Send + Sync {
+    /// Records space `id` durably; called before the space becomes visible
+    /// and before anything of it is journaled.
+    fn created(&self, id: u32, rank: u32, namespace: &str, num_pages: u32) -> Result<(), String>;
+}
+
+/// What makes the spaces durable: the journal of their durable store, that
+/// store's generation (it never changes), and the catalog.
+#[derive(Clone)]
+pub struct SpacesDurability {
+    /// The journal of the spaces' durable store.
+    pub journal: Arc<dyn Journal>,
+    /// That store's generation.
+    pub generation: u64,
+    /// Where space ids are named.
+    pub catalog: Arc<dyn SpaceCatalog>,
+}
+
+/// One space's view of the spaces' shared journal: its rank 0 is rank
+/// `space` there.
+struct SpaceJournal {
+    inner: Arc<dyn Journal>,
+    space: u32,
+}
+
+impl Journal for SpaceJournal {
+    fn record(&self, change: Change<'_>) {
+        let space = self.space;
+        let mapped = match change {
+            Change::Initialize { generation, num_pages, .. } => {
+                Change::Initialize { generation, rank: space, num_pages }
+            }
+            Change::Bind { generation, page, key, world, .. } => {
+                Change::Bind { generation, rank: space, page, key, world }
+            }
+            Change::Unbind { generation, page, .. } => Change::Unbind { generation, rank: space, page },
+            Change::Clear { .. } => {
+                // A space resets in place (`Store::reset`) and never clears.
+                debug_assert!(false, "an SGLang space never changes generation");
+                return;
+            }
+        };
+        self.inner.record(mapped);
+    }
+
+    fn begin(&self) {
+        self.inner.begin();
+    }
+
+    fn end(&self) {
+        self.inner.end();
+    }
+}
+
+/// The spaces as the durable layer sees them: space `id` is rank `id`
+/// ([`PageSource`]).
+pub struct SpaceSource {
+    generation: u64,
+    /// By id.
+    stores: RwLock<Vec<Arc<Store>>>,
+}
+
+impl SpaceSource {
+    fn new(generation: u64) -> Self {
+        Self { generation, stores: RwLock::new(Vec::new()) }
+    }
+
+    /// Adds space `id`, the next one.
+    fn register(&self, id: u32, store: Arc<Store>) {
+        let mut v = self.stores.write().unwrap_or_else(PoisonError::into_inner);
+        debug_assert_eq!(v.len(), id as usize, "space ids are dense and made in order");
+        v.push(store);
+    }
+
+    fn get(&self, id: u32) -> Option<Arc<Store>> {
+        self.stores.read().unwrap_or_else(PoisonError::into_inner).get(id as usize).cloned()
+    }
+
+    fn all(&self) -> Vec<Arc<Store>> {
+        self.stores.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+impl PageSource for SpaceSource {
+    fn read_pages(
+        &self,
+        generation: u64,
+        rank: u32,
+        pages: std::ops::Range<u32>,
+        visit: &mut dyn FnMut(u32, Key, u32),
+    ) -> Result<(), ReadPagesError> {
+        if generation != self.generation {
+            return Err(ReadPagesError::Generation);
+        }
+        match self.get(rank) {
+            Some(s) => s.read_pages(generation, 0, pages, visit),
+            None => Ok(()),
+        }
+    }
+
+    fn snapshot(&self, visit: &mut dyn FnMut(Visit) -> bool) -> Result<(), String> {
+        if !visit(Visit::Generation(self.generation)) {
+            return Ok(());
+        }
+        // Spaces made after this read are not visited: their creation was
+        // journaled first, and the durable layer keeps it.
+        for (id, s) in self.all().iter().enumerate() {
+            let rank = id as u32;
+            let mut go = true;
+            s.snapshot(|v| {
+                go = match v {
+                    Visit::Generation(_) => true,
+                    Visit::Rank { num_pages, .. } => visit(Visit::Rank { rank, num_pages }),
+                    Visit::Binding { page, key, world, .. } => visit(Visit::Binding { rank, page, key, world }),
+                };
+                go
+            })?;
+            if !go {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How spaces are made.
@@ -115,6 +271,8 @@ pub struct Spaces {
     clock: Arc<Clock>,
     /// Serializes creations (an admin path, never a lookup).
     create: Mutex<()>,
+    /// With `--data-dir`: the journal and catalog, and the spaces by id.
+    durability: Option<(SpacesDurability, Arc<SpaceSource>)>,
 }
 
 impl Spaces {
@@ -130,7 +288,73 @@ impl Spaces {
             cfg,
             clock,
             create: Mutex::new(()),
+            durability: None,
         }
+    }
+
+    /// As [`Spaces::new`], every space durable through `durability`
+    /// (see the module note).
+    pub fn durable(cfg: SpacesConfig, clock: Arc<Clock>, durability: SpacesDurability) -> Self {
+        let source = Arc::new(SpaceSource::new(durability.generation));
+        Self { durability: Some((durability, source)), ..Self::new(cfg, clock) }
+    }
+
+    /// What the durable layer reads the spaces back from (`None` in memory).
+    pub fn source(&self) -> Option<Arc<SpaceSource>> {
+        self.durability.as_ref().map(|(_, s)| s.clone())
+    }
+
+    /// A new store for space `id`, journaling as rank `id` when durable.
+    fn store(&self, id: u32) -> Store {
+        match &self.durability {
+            Some((d, _)) => {
+                let journal = Arc::new(SpaceJournal { inner: d.journal.clone(), space: id });
+                Store::with_clock(self.cfg.store.clone(), Some(journal), d.generation, self.clock.clone())
+            }
+            None => Store::with_clock(self.cfg.store.clone(), None, 0, self.clock.clone()),
+        }
+    }
+
+    /// Makes `store` space `id`, named `name`, visible (under `create`).
+    fn publish(&self, id: u32, name: SpaceName, store: Store) -> Result<(), SpaceName> {
+        let store = Arc::new(store);
+        if let Some((_, source)) = &self.durability {
+            source.register(id, store.clone());
+        }
+        self.map.insert_sync(name, store).map_err(|(name, _)| name)?;
+        // Relaxed: under the mutex; ids are dense, so the next is the count.
+        self.count.store(id + 1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Rebuilds durable space `id`, `name` of `num_pages` pages, with its
+    /// `bindings` (page, key) at start-up, before serving. `journaled` says
+    /// whether the durable store knows its size already; when it does not
+    /// (the process died between the catalog and the journal), it is
+    /// journaled now. Ids must come in order. Not for the request path.
+    pub fn restore(
+        &self,
+        id: u32,
+        name: SpaceName,
+        num_pages: u32,
+        journaled: bool,
+        bindings: &[(u32, Key)],
+    ) -> Result<(), String> {
+        let _create = self.create.lock().unwrap_or_else(PoisonError::into_inner);
+        if id != self.count.load(Ordering::Relaxed) {
+            return Err(format!("space {id} comes out of order"));
+        }
+        let what = || format!("space {id} (rank {} namespace '{}')", name.rank, name.namespace);
+        let store = self.store(id);
+        store.restore_rank(0, num_pages).map_err(|e| format!("{}: {e}", what()))?;
+        if !journaled {
+            store.journal_ranks();
+        }
+        for (page, key) in bindings {
+            store.restore_binding(0, *page, &key.to_string(), 1).map_err(|e| format!("{}: {e}", what()))?;
+        }
+        let w = what();
+        self.publish(id, name, store).map_err(|_| format!("{w} is named twice in the catalog"))
     }
 
     /// Runs `f` on space `(rank, namespace)`, or answers `None` when it does
@@ -161,7 +385,7 @@ impl Spaces {
                 })
             }
         })?;
-        let _create = self.create.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _create = self.create.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(e) = self.with(rank, namespace, existing_size) {
             return Ok(e);
         }
@@ -169,11 +393,31 @@ impl Spaces {
         if count >= self.cfg.max_spaces {
             return Err(SpaceError::TooManySpaces { rank, namespace: namespace.into(), max: self.cfg.max_spaces });
         }
-        let store = Store::with_clock(self.cfg.store.clone(), None, 0, self.clock.clone());
-        store.initialize_space_rank(pages)?;
+        if pages > self.cfg.store.max_pages_per_rank {
+            let max = self.cfg.store.max_pages_per_rank;
+            return Err(SpaceError::Init(InitError::TooManyPages { requested: num_pages, max }));
+        }
+        let id = count;
+        let store = self.store(id);
+        match &self.durability {
+            None => {
+                store.initialize_space_rank(pages)?;
+            }
+            Some((d, _)) => {
+                // The table first (it may not fit in memory), then the
+                // catalog, then the journal: a space the catalog names was
+                // journaled or is journaled at the next start-up.
+                store.restore_rank(0, pages)?;
+                d.catalog.created(id, rank, namespace, pages).map_err(|why| SpaceError::Durability {
+                    rank,
+                    namespace: namespace.into(),
+                    why,
+                })?;
+                store.journal_ranks();
+            }
+        }
         // Visible only now, whole.
-        let _ = self.map.insert_sync(SpaceName { rank, namespace: namespace.into() }, Arc::new(store));
-        self.count.store(count + 1, Ordering::Relaxed);
+        let _ = self.publish(id, SpaceName { rank, namespace: namespace.into() }, store);
         Ok(Initialized::Created)
     }
 

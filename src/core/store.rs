@@ -38,7 +38,7 @@ pub use allocate::AllocSlot;
 use arc_swap::ArcSwap;
 pub use delete::DeleteOutcome;
 pub use evict::{EvictReason, EvictStats, MaintainReport};
-pub use snapshot::{ReadPagesError, Visit};
+pub use snapshot::{PageSource, ReadPagesError, Visit};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Expiry granularity: the server ticks the store's epoch this many times per
@@ -430,33 +430,18 @@ impl Store {
         self.gen.store(Arc::new(Generation::new(id, &self.cfg)));
     }
 
-    /// Forgets every key but keeps every rank, with its size: every page
-    /// free again (SGLang's `clear` of one space). Atomic for requests: they
-    /// see the old generation or the new one, whose ranks all exist.
-    pub fn reset(&self) -> Result<(), InitError> {
+    /// Journals an `Initialize` for every rank, for ranks made by
+    /// [`Store::restore_rank`] (which journals nothing): a durable SGLang
+    /// space makes its table, then names itself in the catalog, then
+    /// journals it.
+    pub fn journal_ranks(&self) {
         let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let old = self.gen.load_full();
-        let id = old.id + 1;
-        let fresh = Generation::new(id, &self.cfg);
-        let mut sizes = Vec::new();
-        for (r, t) in old.ranks.iter().enumerate() {
-            let Some(t) = t.get() else { continue };
-            let pages = t.num_pages();
-            let table =
-                PageTable::new(pages).map_err(|e| InitError::OutOfMemory { rank: r as i64, pages, bytes: e.bytes })?;
-            if fresh.ranks[r].set(table).is_ok() {
-                fresh.initialized.fetch_add(1, Ordering::Relaxed);
+        let gen = self.gen.load();
+        for (r, slot) in gen.ranks.iter().enumerate() {
+            if let Some(t) = slot.get() {
+                self.record(Change::Initialize { generation: gen.id, rank: r as u32, num_pages: t.num_pages() });
             }
-            sizes.push((r as u32, pages));
         }
-        // Journaled first, in the order a replay needs: the clear, then the
-        // ranks of the new generation.
-        self.record(Change::Clear { generation: id });
-        for (rank, num_pages) in sizes {
-            self.record(Change::Initialize { generation: id, rank, num_pages });
-        }
-        self.gen.store(Arc::new(fresh));
-        Ok(())
     }
 
     /// Recreates a rank while rebuilding the store from a journal (start-up,

@@ -129,7 +129,7 @@ fn write_chunks(
         let first = chunk << CHUNK_SHIFT;
         entries.clear();
         let read =
-            shared.store.read_pages(parts.generation, rank, first..first + codec::CHUNK_PAGES, |p, key, world| {
+            shared.store.read_pages(parts.generation, rank, first..first + codec::CHUNK_PAGES, &mut |p, key, world| {
                 entries.push(((p - first) as u16, Binding { world, key }));
             });
         match read {

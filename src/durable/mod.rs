@@ -18,6 +18,8 @@
 //!   also probes the disk and watches for stalls.
 //! - [`recover`]: start-up rebuilds ranks and bindings from state + log.
 //! - [`snapshot`]: after a disk fault, a fresh keyspace written from memory.
+//! - [`spaces`]: SGLang's spaces on a durable store of their own, and
+//!   [`dialects`]: the server's two stores together.
 //! - [`shared`]: what those threads share (current keyspace, health, faults).
 //! - [`fold`]: the net effect of a run of log entries (checkpoint and
 //!   recovery both fold).
@@ -49,6 +51,7 @@
 
 pub mod checkpoint;
 pub mod codec;
+pub mod dialects;
 pub mod error;
 pub mod faults;
 pub mod fold;
@@ -56,22 +59,23 @@ pub mod queue;
 pub mod recover;
 pub mod shared;
 pub mod snapshot;
+pub mod spaces;
 pub mod store;
 pub mod syncer;
 pub mod writer;
 
 pub use crate::config::FsyncMode;
+pub use dialects::Durability;
 pub use error::OpenError;
 pub use faults::{Fault, Faults, Point};
 pub use queue::{Health, WaitError};
 pub use store::OpenReport;
 
-use crate::core::{Store, StoreConfig};
+use crate::core::{Journal, PageSource, Store, StoreConfig};
 use crossbeam_channel::Sender;
 use error::guarded;
 use queue::{Msg, Progress, QueueJournal};
 use shared::{Shared, Watch};
-use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -188,6 +192,27 @@ impl Durable {
         cfg: StoreConfig,
         opts: Options,
     ) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
+        Self::open_source(dir, mode, cfg, opts, |store, _| {
+            let store = Arc::new(store);
+            Ok((store.clone() as Arc<dyn PageSource>, store))
+        })
+    }
+
+    /// [`Durable::open_opts`] for state served by something else than the
+    /// recovered [`Store`]: `make` receives that store (recovered, and
+    /// journaling here) with this store's journal, and returns what the
+    /// durable layer reads back from from then on (checkpoints, recovery
+    /// from a disk fault) with whatever the caller serves. SGLang's spaces
+    /// are rebuilt from the recovered store this way
+    /// ([`spaces::open`]). Every change recorded to the journal must come
+    /// from the returned source.
+    pub fn open_source<T>(
+        dir: &Path,
+        mode: FsyncMode,
+        cfg: StoreConfig,
+        opts: Options,
+        make: impl FnOnce(Store, Arc<dyn Journal>) -> Result<(Arc<dyn PageSource>, T), OpenError>,
+    ) -> Result<(T, Durable, Recovered), OpenError> {
         let start = Instant::now();
         let lock = lock_dir(dir)?;
         let (db, report) = store::Db::open(dir)?;
@@ -196,7 +221,7 @@ impl Durable {
         let progress = Arc::new(Progress::default());
         let (tx, rx) = crossbeam_channel::unbounded();
         let journal = Arc::new(QueueJournal { progress: progress.clone(), tx: tx.clone() });
-        let store = Store::with_journal(cfg, Some(journal), generation);
+        let store = Store::with_journal(cfg, Some(journal.clone()), generation);
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 4);
         let restored = guarded(|| recover::restore(&db, &store, workers)).map_err(OpenError::Corrupt)??;
         let (next_entry, log) = {
@@ -204,7 +229,8 @@ impl Durable {
             let last = parts.log.last_key_value().map_err(|e| OpenError::Corrupt(format!("reading the log: {e}")))?;
             (last.map_or(0, |(k, _)| k.as_ref().try_into().map_or(0, u64::from_be_bytes) + 1), parts.log.clone())
         };
-        let store = Arc::new(store);
+        let keys = store.stats().keys;
+        let (source, served) = make(store, journal)?;
         let db_number = db.number();
         let shared = Arc::new(Shared {
             root: dir.to_path_buf(),
@@ -213,7 +239,7 @@ impl Durable {
             faults: opts.faults,
             watch: Watch::new(start),
             writer: tx.clone(),
-            store: store.clone(),
+            store: source,
             retiring: Mutex::new(Vec::new()),
             // The log tail recovery replayed: the first pass folds it.
             dirty: Mutex::new(shared::Dirty {
@@ -271,12 +297,11 @@ impl Durable {
             .spawn(move || checkpoint::run(cp, every, backlog, nudge_rx, stop_rx))
             .map_err(spawn_err)?;
 
-        let stats = store.stats();
         let recovered = Recovered {
             generation,
             ranks: restored.ranks,
             bindings: restored.bindings,
-            keys: stats.keys,
+            keys,
             log_entries: restored.log_entries,
             log_records: restored.log_records,
             chunks: restored.chunks,
@@ -300,7 +325,7 @@ impl Durable {
         );
         let threads = Threads { writer, checkpointer, stop_checkpointer: stop_tx, syncer };
         let durable = Durable { shared, tx, threads: Mutex::new(Some(threads)), _lock: lock };
-        Ok((store, durable, recovered))
+        Ok((served, durable, recovered))
     }
 
     /// The number of the last change recorded so far.
@@ -366,10 +391,12 @@ impl Durable {
         self.health()
     }
 
-    /// Appends the durable store's series to a Prometheus text page.
-    pub fn render_metrics(&self, out: &mut String) {
+    /// The durable store's series for `/metrics`: name (after
+    /// `hf3fs_meta_`), type, help and value ([`Durability::render_metrics`]
+    /// renders them).
+    pub fn series(&self) -> [(&'static str, &'static str, &'static str, u64); 3] {
         let (failures, recoveries, _) = self.shared.progress.counts();
-        let series: [(&str, &str, &str, u64); 3] = [
+        [
             (
                 "durable_healthy",
                 "gauge",
@@ -383,13 +410,7 @@ impl Durable {
                 "Times it recovered in process (a fresh checkpoint written from memory).",
                 recoveries,
             ),
-        ];
-        for (name, kind, help, v) in series {
-            let _ = writeln!(
-                out,
-                "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}\nhf3fs_meta_{name} {v}"
-            );
-        }
+        ]
     }
 
     /// Folds the log into the checkpointed state now (the checkpointer does

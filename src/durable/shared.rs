@@ -21,7 +21,7 @@ use super::error::Failure;
 use super::faults::{self, Faults, Point};
 use super::queue::{Msg, Progress};
 use super::store::Db;
-use crate::core::Store;
+use crate::core::PageSource;
 use arc_swap::ArcSwap;
 use crossbeam_channel::Sender;
 use std::io::Write as _;
@@ -202,9 +202,9 @@ pub(crate) struct Shared {
     pub(crate) watch: Watch,
     /// Wakes the writer after another thread reported a failure.
     pub(crate) writer: Sender<Msg>,
-    /// The in-memory store: the authority that checkpoints and recoveries
-    /// read.
-    pub(crate) store: Arc<Store>,
+    /// The in-memory state: the authority that checkpoints and recoveries
+    /// read (vLLM's store, or SGLang's spaces).
+    pub(crate) store: Arc<dyn PageSource>,
     /// What the log holds beyond the state. A std `Mutex`: taken by the
     /// writer once per log write and by the checkpointer once per pass.
     pub(crate) dirty: Mutex<Dirty>,

@@ -33,7 +33,7 @@ use super::error::Failure;
 use super::faults::Point;
 use super::shared::{Shared, Who};
 use super::store::Db;
-use crate::core::{Store, Visit};
+use crate::core::{PageSource, Visit};
 use fjall::PersistMode;
 use std::time::{Duration, Instant};
 
@@ -71,7 +71,7 @@ struct Builder<'a> {
 /// Writes `store` into a fresh keyspace after `current` and names it
 /// current. On failure the fresh directory is left for the next attempt
 /// (or start-up) to remove, and `CURRENT` still names the old keyspace.
-pub(crate) fn write(shared: &Shared, current: &Db, store: &Store) -> Result<Written, Failure> {
+pub(crate) fn write(shared: &Shared, current: &Db, store: &dyn PageSource) -> Result<Written, Failure> {
     let start = Instant::now();
     let mut b = Builder {
         shared,
@@ -88,7 +88,7 @@ pub(crate) fn write(shared: &Shared, current: &Db, store: &Store) -> Result<Writ
         generation: 0,
         err: None,
     };
-    let scan = store.snapshot(|v| b.visit(v));
+    let scan = store.snapshot(&mut |v| b.visit(v));
     if let Some(e) = b.err.take() {
         return Err(e);
     }

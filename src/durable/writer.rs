@@ -392,7 +392,7 @@ impl Writer {
     fn recover(&mut self, admin: &mut Vec<Op>) -> Result<(String, u64, u64, Duration), Failure> {
         self.shared.probe()?;
         let old = self.shared.db.load_full();
-        let w = snapshot::write(&self.shared, &old, &self.shared.store)?;
+        let w = snapshot::write(&self.shared, &old, &*self.shared.store)?;
         let db = Arc::new(w.db);
         // The new log's (empty) dirty set first: a checkpoint pass still
         // on the old keyspace then changes nothing of it.

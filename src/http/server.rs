@@ -166,8 +166,10 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
     };
     // With --data-dir, a successful change is answered only once everything
     // recorded so far (its own changes and those it observed) is durable.
-    if let Some(d) = &app.durable {
-        if reply.status.is_success() && spec.is_some_and(|s| s.durable) {
+    // Each dialect waits for its own durable store.
+    if let (Some(d), Some(spec)) = (&app.durable, spec) {
+        if reply.status.is_success() && spec.durable {
+            let d = d.of(spec.dialect);
             if let Err(e) = d.sync().await {
                 tracing::error!("durable write failed, answering 503: {e}");
                 reply = Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &format!("Durability failure: {e}"));
@@ -184,8 +186,9 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
 /// (docs/durability.md, "When the disk fails"). Reads and the other changes
 /// go on.
 fn refuse_allocation(app: &App, spec: Option<&Spec>) -> Option<Reply> {
-    let d = app.durable.as_ref()?;
-    if spec?.op != Op::Allocate || d.is_healthy() {
+    let spec = spec?;
+    let d = app.durable.as_ref()?.of(spec.dialect);
+    if spec.op != Op::Allocate || d.is_healthy() {
         return None;
     }
     let why = match d.health() {

@@ -93,6 +93,10 @@ fn initialize(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Reply {
             tracing::error!("{e}");
             Reply::detail(StatusCode::INSUFFICIENT_STORAGE, &e.to_string())
         }
+        Err(e @ SpaceError::Durability { .. }) => {
+            tracing::error!("{e}");
+            Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+        }
         Err(e) => {
             tracing::warn!("{e}");
             Reply::detail(StatusCode::BAD_REQUEST, &e.to_string())
@@ -196,14 +200,15 @@ fn clear(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Reply {
         Ok(ns) => ns,
         Err(e) => return bad_request(e),
     };
-    on_space(app, rank, ns, 0, |st| match st.reset() {
-        Ok(()) => {
-            tracing::warn!(rank, namespace = ns, "cleared an SGLang space (POST /{rank}/clear)");
-            Reply::no_content(0)
-        }
-        Err(e) => {
-            tracing::error!("{e}");
-            Reply::detail(StatusCode::INSUFFICIENT_STORAGE, &e.to_string())
-        }
+    on_space(app, rank, ns, 0, |st| {
+        let o = st.reset();
+        tracing::warn!(
+            rank,
+            namespace = ns,
+            keys = o.deleted,
+            held_for_readers = o.quarantined,
+            "cleared an SGLang space (POST /{rank}/clear)"
+        );
+        Reply::no_content(0)
     })
 }

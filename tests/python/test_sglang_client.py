@@ -436,7 +436,12 @@ def test_both_dialects_on_one_server(server, client):
     assert pool.exists(md5 + sha) == 8
     client.clear(0)
     assert v("/keys/batch_exists", {"keys": md5 + sha}).json()["exists"] == [True] * 8
-    pool.set(md5)
+    # The exists above leased every page of the space: the clear forgot the
+    # keys but holds their pages back for the reader until the lease passes.
+    assert pool.exists(md5 + sha) == 0
+    assert space(server.base_url, 0, "kv")["quarantined"] == 8
+    other = Pool(client, 0, "mamba", 8)
+    other.set(md5)
     assert v("/clear", {}).status_code == 204
-    assert pool.exists(md5) == 4
+    assert other.exists(md5) == 4
     vllm.close()

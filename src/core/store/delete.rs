@@ -7,6 +7,20 @@
 //! Keys are deleted one page at a time (claim, check, unbind), never holding
 //! two pages at once, so a delete cannot wait in a cycle with a confirm.
 //! Missing keys are ignored, as SGLang's server does.
+//!
+//! `Store::reset` (SGLang's `clear` of one space) is a delete of every key
+//! the store holds, page by page through the same path, rather than a swap
+//! to a fresh generation:
+//! - a reader given a page just before the clear keeps its lease: the page
+//!   is quarantined, not handed to the next writer;
+//! - a reservation in flight stays its writer's until it confirms (the key
+//!   is then stored after the clear, as if written just after it) or
+//!   expires. A fresh generation would have made the page free at once, and
+//!   a new writer given it would write over the old writer's bytes while
+//!   the old writer's confirm still bound its key there;
+//! - every change is an ordinary `Unbind`, recorded while its page is held,
+//!   so the journal of a space never needs a generation of its own (SGLang's
+//!   spaces share one durable store, `crate::durable::spaces`).
 
 use super::super::index::Delta;
 use super::super::key::KeyRef;
@@ -62,6 +76,40 @@ impl Store {
         table.give_back(freed);
         gen.apply(delta);
         Ok(outcome)
+    }
+
+    /// Forgets every key but keeps every rank with its size: SGLang's
+    /// `clear` of one space (see the module note). Leased pages are
+    /// quarantined until their lease passes; reserved pages stay reserved.
+    /// A key bound by a request that raced the reset may remain, as if it
+    /// had been written just after it.
+    pub fn reset(&self) -> DeleteOutcome {
+        // Serialized with initializes and other resets (admin operations).
+        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let gen = self.gen.load();
+        let now = self.clock.now();
+        let mut outcome = DeleteOutcome::default();
+        for (r, slot) in gen.ranks.iter().enumerate() {
+            let Some(table) = slot.get() else { continue };
+            let (mut delta, mut freed) = (Delta::default(), 0u64);
+            table.for_each_held(|page| {
+                let mut held = ClaimGuard::new(1);
+                if held.claim(table, page) != Some(Claimed::Bound) {
+                    return; // the guard puts the page back as it was
+                }
+                // A BOUND page without a key is already quarantined.
+                let Some(key) = table.owner(page) else { return };
+                let _ = held.commit();
+                outcome.deleted += 1;
+                match self.unbind_held(&gen, table, r as u32, page, key.as_ref(), now, &mut delta) {
+                    Unbound::Freed => freed += 1,
+                    Unbound::Quarantined => outcome.quarantined += 1,
+                }
+            });
+            table.give_back(freed);
+            gen.apply(delta);
+        }
+        outcome
     }
 }
 
@@ -131,6 +179,38 @@ mod tests {
         assert!(!put(&s, &refs).contains(&page));
         s.set_clock(200);
         assert_eq!(s.maintain(64).quarantine_freed, 1);
+        s.audit().unwrap();
+    }
+
+    #[test]
+    fn reset_forgets_every_key_keeps_leases_and_reservations() {
+        let s = store(100);
+        let (a, b, c) = (key(1), key(2), key(3));
+        let pages = put(&s, &[&a, &b]);
+        let mut loc = Vec::new();
+        s.locations(0, &[&a], &mut loc).unwrap();
+        let mut out = Vec::new();
+        s.allocate(0, &[&c], &mut out).unwrap();
+        let reserved = out[0].1;
+        let o = s.reset();
+        assert_eq!((o.deleted, o.quarantined), (2, 1), "a leased, b freed");
+        let mut e = Vec::new();
+        s.exists(&[&a, &b], &mut e);
+        assert_eq!(e, [false, false]);
+        let st = s.stats();
+        assert_eq!((st.keys, st.ranks[0].quarantined, st.ranks[0].counts.reserved), (0, 1, 1));
+        assert_eq!(st.ranks[0].num_pages, 8, "the rank keeps its size");
+        // The write in flight across the reset still lands.
+        s.confirm(0, &[(&c, reserved)], &[]).unwrap();
+        s.exists(&[&c], &mut e);
+        assert_eq!(e, [true]);
+        s.audit().unwrap();
+        // The leased page comes back once the lease has passed.
+        s.set_clock(200);
+        assert_eq!(s.maintain(64).quarantine_freed, 1);
+        assert!(pages.iter().all(|&p| p != reserved));
+        assert_eq!(s.reset().deleted, 1);
+        assert_eq!(s.stats().ranks[0].counts.free, 8);
         s.audit().unwrap();
     }
 }

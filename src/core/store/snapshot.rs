@@ -131,6 +131,44 @@ impl Store {
     }
 }
 
+/// What the durable layer reads the state back from: the checkpointer
+/// (chunks the log touched) and the fresh keyspace after a disk fault (the
+/// whole state). Its ranks are the durable store's ranks; every change it
+/// reports must have been recorded to that store's journal, while the page
+/// was held, by the stores behind it (see the module note).
+///
+/// A [`Store`] is one. SGLang's spaces are another
+/// ([`crate::core::SpaceSource`]): space number `id` is durable rank `id`.
+pub trait PageSource: Send + Sync {
+    /// As [`Store::read_pages`].
+    fn read_pages(
+        &self,
+        generation: u64,
+        rank: u32,
+        pages: std::ops::Range<u32>,
+        visit: &mut dyn FnMut(u32, Key, u32),
+    ) -> Result<(), ReadPagesError>;
+
+    /// As [`Store::snapshot`].
+    fn snapshot(&self, visit: &mut dyn FnMut(Visit) -> bool) -> Result<(), String>;
+}
+
+impl PageSource for Store {
+    fn read_pages(
+        &self,
+        generation: u64,
+        rank: u32,
+        pages: std::ops::Range<u32>,
+        visit: &mut dyn FnMut(u32, Key, u32),
+    ) -> Result<(), ReadPagesError> {
+        Store::read_pages(self, generation, rank, pages, visit)
+    }
+
+    fn snapshot(&self, visit: &mut dyn FnMut(Visit) -> bool) -> Result<(), String> {
+        Store::snapshot(self, visit)
+    }
+}
+
 /// The key and world of `page` if it is bound, read while it is held BUSY.
 fn read_page(gen: &Generation, table: &PageTable, rank: u32, page: u32) -> Result<Option<(Key, u32)>, String> {
     // Held BUSY until the guard drops; a RESERVED page (bound pages can be
