@@ -94,8 +94,12 @@ pub struct Spec {
     pub label: &'static str,
     /// Whether the handler reads a request body.
     pub reads_body: bool,
-    /// Whether a successful answer waits until its changes are durable
-    /// (with `--data-dir`).
+    /// Whether a successful answer waits until everything journaled so far
+    /// is durable (with `--data-dir`): its own changes, and, for an
+    /// allocate, the releases and evictions that freed the pages it hands
+    /// out. A page must not reach a new writer before its unbinding is on
+    /// disk, or a crash in between would bind the old key to the new
+    /// writer's bytes.
     pub durable: bool,
     /// Whether the admin token guards it even without `--auth-all`.
     pub admin: bool,
@@ -130,6 +134,7 @@ pub static ROUTES: [Spec; 17] = [
         label: "batch_allocate",
         reads_body: true,
         keyed: true,
+        durable: true,
         ..BASE
     },
     Spec {
@@ -168,6 +173,7 @@ pub static ROUTES: [Spec; 17] = [
         op: Op::Allocate,
         label: "reserve_and_allocate_page_indices",
         keyed: true,
+        durable: true,
         ..SGLANG
     },
     Spec {
@@ -347,6 +353,15 @@ mod tests {
             );
             let twins = RouteId::all().filter(|o| o.spec().label == s.label && o.spec().dialect == s.dialect).count();
             assert_eq!(twins, 1, "label {} of {:?} is used twice", s.label, s.dialect);
+        }
+    }
+
+    #[test]
+    fn every_route_that_changes_or_hands_out_pages_waits_for_the_disk() {
+        for id in RouteId::all() {
+            let s = id.spec();
+            let changes = matches!(s.op, Op::Initialize | Op::Allocate | Op::Confirm | Op::Delete | Op::Clear);
+            assert_eq!(s.durable, changes, "{:?} {}: durable must be {changes}", s.dialect, s.path);
         }
     }
 }

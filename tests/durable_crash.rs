@@ -534,7 +534,14 @@ fn is_vllm_recovery(line: &str) -> bool {
 
 /// An SGLang key: a 64-hex digest with the MHA suffix of its half.
 fn sglang_key(i: u64) -> String {
-    format!("{:016x}{:016x}{:016x}{:016x}{}", i + 1, i ^ 0x5a5a, !i, i * 3, if i.is_multiple_of(2) { "-k" } else { "-v" })
+    format!(
+        "{:016x}{:016x}{:016x}{:016x}{}",
+        i + 1,
+        i ^ 0x5a5a,
+        !i,
+        i * 3,
+        if i.is_multiple_of(2) { "-k" } else { "-v" }
+    )
 }
 
 /// Where each of `keys` is in space `(rank, ns)` (`None`: not stored).
