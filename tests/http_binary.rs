@@ -274,6 +274,15 @@ fn startup_log_names_the_effective_config() {
 }
 
 #[test]
+fn eviction_without_read_leases_is_warned_about() {
+    let mut p = Proc::start(&["--read-lease", "0"]);
+    let line = p.wait_line(|l| l.contains("--read-lease 0")).expect("a warning about --read-lease 0");
+    assert!(line.contains("WARN") && line.contains("nothing protects a reader"), "{line}");
+    p.signal("TERM");
+    p.assert_exit_0();
+}
+
+#[test]
 fn port_zero_logs_the_real_address() {
     let mut child = command()
         .args(["--host", "127.0.0.1", "--port", "0"])
