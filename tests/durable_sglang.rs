@@ -258,3 +258,31 @@ fn a_clear_under_a_read_lease_holds_the_page_and_is_durable() {
 fn keys_from(start: u64, n: u64) -> Vec<String> {
     (start..start + n).map(|i| sha(i, "")).collect()
 }
+
+#[test]
+fn a_restart_with_fewer_spaces_allowed_than_stored_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sp, d, _) = open_spaces(dir.path(), None);
+    for ns in ["kv", "mamba", "swa"] {
+        sp.initialize(0, ns, 8).unwrap();
+    }
+    let two = keys(2);
+    let two: Vec<&str> = two.iter().map(String::as_str).collect();
+    set(&sp, 0, "swa", &two);
+    d.close().unwrap();
+    drop((sp, d));
+    let clock = Arc::new(Clock::manual());
+    let opts = Options { checkpoint_every: None, retry_after: None, faults: None };
+    let cfg = SpacesConfig { max_spaces: 2, ..spaces_cfg() };
+    let r = durable::spaces::open(dir.path(), FsyncMode::Always, cfg, clock, opts);
+    let e = r.err().expect("three spaces stored, two allowed");
+    let e = e.to_string();
+    assert!(e.contains("--max-spaces 2") && e.contains("rank 2"), "{e}");
+    // With room again, everything is there.
+    let (sp, d, _) = open_spaces(dir.path(), None);
+    assert_eq!(sp.len(), 3);
+    let mut e = Vec::new();
+    sp.with(0, "swa", |st| st.exists(&two[..1], &mut e));
+    assert_eq!(e, [true]);
+    d.close().unwrap();
+}

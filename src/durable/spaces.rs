@@ -150,7 +150,8 @@ pub fn open(
     // The recovered state: space `id` is rank `id`, each key of world 1.
     let recovered_cfg = StoreConfig { world_size: Some(1), max_ranks: cfg.max_spaces.max(1), ..cfg.store.clone() };
     let path = sub.join(CATALOG);
-    Durable::open_source(&sub, mode, recovered_cfg, opts, move |recovered, journal| {
+    let max_spaces = cfg.max_spaces;
+    let opened = Durable::open_source(&sub, mode, recovered_cfg, opts, move |recovered, journal| {
         let entries = read(&path)?;
         let catalog = Arc::new(Catalog::open(path, &entries)?);
         let durability = SpacesDurability { journal, generation: recovered.generation(), catalog };
@@ -171,6 +172,13 @@ pub fn open(
         }
         let source = spaces.source().ok_or_else(|| OpenError::Inconsistent("the spaces are not durable".into()))?;
         Ok((source as Arc<dyn PageSource>, spaces))
+    });
+    // Its ranks are space ids, bounded by --max-spaces, not --max-ranks.
+    opened.map_err(|e| match e {
+        OpenError::Restore(m) => {
+            OpenError::Restore(format!("SGLang spaces (space id = rank, at most --max-spaces {max_spaces}): {m}"))
+        }
+        other => other,
     })
 }
 
