@@ -495,11 +495,7 @@ impl Model {
     }
 
     fn tick(&mut self) -> u64 {
-        self.epoch += 1;
-        let now = self.epoch as u8;
-        let freed: u64 = self.ranks.values_mut().map(|t| t.expire(now)).sum();
-        self.expired += freed;
-        freed
+        page_model::tick(&mut self.ranks, &mut self.epoch, &mut self.expired)
     }
 
     /// batch_exists: the leading run of trues is leased.
@@ -686,9 +682,7 @@ fn check_confirm(
     confs: &[(usize, i64)],
     rels: &[i64],
 ) -> Result<(), TestCaseError> {
-    let sconfs: Vec<(&str, i64)> = confs.iter().map(|&(k, p)| (KEYS[k], p)).collect();
-    let got = store.confirm(rank, &sconfs, rels);
-    match page_model::agree(rank, m.confirm(rank, confs, rels), got)? {
+    match page_model::confirm_agrees(store, &KEYS, rank, (confs, rels), || m.confirm(rank, confs, rels))? {
         Ok(got) => {
             if got.quarantined > 0 {
                 note("release quarantined");

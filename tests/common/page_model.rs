@@ -10,7 +10,9 @@
 //! `#[path = "common/page_model.rs"] mod page_model;`.
 
 use hf3fs_meta::core::pages::Counts;
-use hf3fs_meta::core::{AllocateOutcome, ConfirmError, ConfirmOutcome, ErrorCode, RankStats, Stats, TICKS_PER_TTL};
+use hf3fs_meta::core::{
+    AllocateOutcome, ConfirmError, ConfirmOutcome, ErrorCode, RankStats, Stats, Store, TICKS_PER_TTL,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use std::cell::RefCell;
@@ -130,6 +132,16 @@ impl MRank {
     }
 }
 
+/// A tick of the reservation clock over every rank: the epoch advances,
+/// expired reservations are freed and counted; how many.
+pub fn tick(ranks: &mut BTreeMap<u32, MRank>, epoch: &mut u32, expired: &mut u64) -> u64 {
+    *epoch += 1;
+    let now = *epoch as u8;
+    let freed: u64 = ranks.values_mut().map(|t| t.expire(now)).sum();
+    *expired += freed;
+    freed
+}
+
 /// The store's statistics the model implies.
 pub fn stats(ranks: &BTreeMap<u32, MRank>, keys: u64, complete_keys: u64, expired: u64) -> Stats {
     Stats { ranks: ranks.iter().map(|(&rank, t)| t.stats(rank)).collect(), keys, complete_keys, expired }
@@ -208,15 +220,20 @@ pub fn confirm_faults(t: &MRank, keys: &[&str], confs: &[(usize, i64)], rels: &[
     faults
 }
 
-/// Compares the store's answer to a confirm request on `rank` with the
-/// model's: the outcome both agree on, or the store's fault, which must be
-/// one the model found.
-pub fn agree(
+/// Sends a confirm request to `store` (keys are indices into `keys`), then
+/// asks the model for its answer (`model`, which applies it) and compares:
+/// the outcome both agree on, or the store's fault, which must be one the
+/// model found.
+pub fn confirm_agrees(
+    store: &Store,
+    keys: &[&str],
     rank: i64,
-    want: Result<ConfirmOutcome, Vec<Fault>>,
-    got: Result<ConfirmOutcome, ConfirmError>,
+    (confs, rels): (&[(usize, i64)], &[i64]),
+    model: impl FnOnce() -> Result<ConfirmOutcome, Vec<Fault>>,
 ) -> Result<Result<ConfirmOutcome, Fault>, TestCaseError> {
-    match (want, got) {
+    let named: Vec<(&str, i64)> = confs.iter().map(|&(k, p)| (keys[k], p)).collect();
+    let got = store.confirm(rank, &named, rels);
+    match (model(), got) {
         (Ok(want), Ok(got)) => {
             prop_assert_eq!(got, want);
             Ok(Ok(got))
