@@ -15,9 +15,12 @@
 //! Where the contract leaves a choice open (which error a request with
 //! several faults reports), the model accepts any fault it finds.
 
+#[path = "common/generations.rs"]
+mod generations;
 #[path = "common/page_model.rs"]
 mod page_model;
 
+use generations::Rec;
 use hf3fs_meta::core::{
     AllocateOutcome, Change, ConfirmOutcome, ErrorCode, InitError, Initialized, Journal, RankNotInitialized, Stats,
     Store, StoreConfig,
@@ -401,28 +404,12 @@ impl Model {
 // that must match the model after every step, and at the end into a fresh
 // store through the restore API.
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Rec {
-    Init { generation: u64, rank: u32, num_pages: u32 },
-    Bind { generation: u64, rank: u32, page: u32, key: String, world: u32 },
-    Unbind { generation: u64, rank: u32, page: u32 },
-    Clear { generation: u64 },
-}
-
 #[derive(Default)]
 struct Recorder(Mutex<Vec<Rec>>);
 
 impl Journal for Recorder {
     fn record(&self, change: Change<'_>) {
-        let rec = match change {
-            Change::Initialize { generation, rank, num_pages } => Rec::Init { generation, rank, num_pages },
-            Change::Bind { generation, rank, page, key, world } => {
-                Rec::Bind { generation, rank, page, key: key.to_string(), world }
-            }
-            Change::Unbind { generation, rank, page } => Rec::Unbind { generation, rank, page },
-            Change::Clear { generation } => Rec::Clear { generation },
-        };
-        self.0.lock().unwrap().push(rec);
+        self.0.lock().unwrap().push(Rec::from(change));
     }
 }
 

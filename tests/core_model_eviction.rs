@@ -27,16 +27,19 @@
 
 #[path = "common/page_model.rs"]
 mod page_model;
+#[path = "common/recorder.rs"]
+mod recorder;
 
 use hf3fs_meta::core::{
-    AllocateOutcome, Change, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats, RankNotInitialized, Stats,
-    Store, StoreConfig,
+    AllocateOutcome, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats, RankNotInitialized, Stats, Store,
+    StoreConfig,
 };
 use page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
+use recorder::{Rec, Recorder};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 const KEYS: [&str; 10] = [
     "0123456789abcdef0123456789abcdef",
@@ -581,30 +584,7 @@ impl Model {
 }
 
 // ---------------------------------------------------------------------------
-// The journal
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Rec {
-    Init { rank: u32, num_pages: u32 },
-    Bind { rank: u32, page: u32, key: String, world: u32 },
-    Unbind { rank: u32, page: u32 },
-    Clear,
-}
-
-#[derive(Default)]
-struct Recorder(Mutex<Vec<Rec>>);
-
-impl Journal for Recorder {
-    fn record(&self, change: Change<'_>) {
-        let rec = match change {
-            Change::Initialize { rank, num_pages, .. } => Rec::Init { rank, num_pages },
-            Change::Bind { rank, page, key, world, .. } => Rec::Bind { rank, page, key: key.to_string(), world },
-            Change::Unbind { rank, page, .. } => Rec::Unbind { rank, page },
-            Change::Clear { .. } => Rec::Clear,
-        };
-        self.0.lock().unwrap().push(rec);
-    }
-}
+// The journal (`Rec`, `Recorder`: tests/common/recorder.rs)
 
 /// The journal folded into ranks and bindings, strictly.
 #[derive(Debug, Default)]
