@@ -653,18 +653,7 @@ fn run(world_size: Option<u32>, sizes: &[i64], ops: &[Op]) -> Result<(), TestCas
     }
     replay.restore_and_compare(&store, &m)?;
     // Drain: release every bound page, expire every reservation: all free.
-    for (&r, t) in &m.ranks {
-        store.confirm(i64::from(r), &[], &t.bound_pages()).map_err(|e| TestCaseError::fail(format!("drain: {e:?}")))?;
-    }
-    for _ in 0..EXPIRY_TICKS {
-        store.tick();
-    }
-    let st = store.audit().map_err(TestCaseError::fail)?;
-    prop_assert_eq!(st.keys, 0);
-    for r in &st.ranks {
-        prop_assert_eq!(r.counts.free, u64::from(r.num_pages), "rank {} not drained", r.rank);
-    }
-    Ok(())
+    page_model::drain(&store, &m.ranks, || {})
 }
 
 fn case_s() -> impl Strategy<Value = (Option<u32>, Vec<i64>, Vec<Op>)> {

@@ -844,20 +844,10 @@ fn run(cfg: Cfg, sizes: &[i64], ops: &[Op]) -> Result<(), TestCaseError> {
     prop_assert_eq!(a, b, "exists after restore");
     // Drain: release every bound page, let every lease pass, free the
     // quarantine, expire every reservation: all free, no key.
-    for (&r, t) in &run.m.ranks {
-        store.confirm(i64::from(r), &[], &t.bound_pages()).map_err(|e| TestCaseError::fail(format!("drain: {e:?}")))?;
-    }
-    store.set_clock(run.m.now + 10_000);
-    store.maintain(u64::MAX);
-    for _ in 0..EXPIRY_TICKS {
-        store.tick();
-    }
-    let st = store.audit().map_err(TestCaseError::fail)?;
-    prop_assert_eq!(st.keys, 0);
-    for r in &st.ranks {
-        prop_assert_eq!(r.counts.free, u64::from(r.num_pages), "rank {} not drained", r.rank);
-    }
-    Ok(())
+    page_model::drain(&store, &run.m.ranks, || {
+        store.set_clock(run.m.now + 10_000);
+        store.maintain(u64::MAX);
+    })
 }
 
 fn case_s() -> impl Strategy<Value = (Cfg, Vec<i64>, Vec<Op>)> {

@@ -124,6 +124,28 @@ fn save_acked(p: &ServerProcess, rank: i64, keys: &[String], held: &mut HashMap<
     }
 }
 
+/// A data directory and an empty fault file in a fresh temporary directory.
+struct FaultFile {
+    _dir: tempfile::TempDir,
+    data: PathBuf,
+    faults: PathBuf,
+}
+
+impl FaultFile {
+    fn new() -> FaultFile {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, faults) = (dir.path().join("data"), dir.path().join("faults"));
+        std::fs::write(&faults, "").unwrap();
+        FaultFile { _dir: dir, data, faults }
+    }
+
+    /// The server's flags for these tests: a key is complete on one rank;
+    /// the fault file.
+    fn flags(&self) -> [&str; 4] {
+        ["--world-size", "1", "--durable-faults", self.faults.to_str().unwrap()]
+    }
+}
+
 /// Write errors from the fault file: `/health` and `/metrics` turn at the
 /// first failed write, allocations are refused, a confirm answered 503
 /// stays visible; a SIGKILL in the middle of the fault loses nothing
@@ -131,11 +153,8 @@ fn save_acked(p: &ServerProcess, rank: i64, keys: &[String], held: &mut HashMap<
 /// the 503 confirm is durable.
 #[test]
 fn write_faults_degrade_health_and_recover_through_the_binary() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let faults = dir.path().join("faults");
-    std::fs::write(&faults, "").unwrap();
-    let flags = ["--world-size", "1", "--durable-faults", faults.to_str().unwrap()];
+    let rig = FaultFile::new();
+    let (data, faults, flags) = (&rig.data, &rig.faults, rig.flags());
     let mut held = HashMap::new();
 
     let mut p = ServerProcess::serve_durable(&data, &flags);
@@ -198,11 +217,8 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
 /// clear line, status 75; the restart recovers what was acknowledged.
 #[test]
 fn a_fatal_failure_exits_75_and_the_restart_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let faults = dir.path().join("faults");
-    std::fs::write(&faults, "").unwrap();
-    let flags = ["--world-size", "1", "--durable-faults", faults.to_str().unwrap()];
+    let rig = FaultFile::new();
+    let (data, faults, flags) = (&rig.data, &rig.faults, rig.flags());
     let mut held = HashMap::new();
     let mut p = ServerProcess::serve_durable(&data, &flags);
     p.init(0);

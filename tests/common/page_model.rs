@@ -169,6 +169,25 @@ pub fn bindings(
     bound
 }
 
+/// The end of a run: releases every page the model has bound in `store`,
+/// runs `settle` (what else must pass for every page to come back), expires
+/// every reservation; then every page must be free and no key left.
+pub fn drain(store: &Store, ranks: &BTreeMap<u32, MRank>, settle: impl FnOnce()) -> Result<(), TestCaseError> {
+    for (&r, t) in ranks {
+        store.confirm(i64::from(r), &[], &t.bound_pages()).map_err(|e| TestCaseError::fail(format!("drain: {e:?}")))?;
+    }
+    settle();
+    for _ in 0..EXPIRY_TICKS {
+        store.tick();
+    }
+    let st = store.audit().map_err(TestCaseError::fail)?;
+    prop_assert_eq!(st.keys, 0);
+    for r in &st.ranks {
+        prop_assert_eq!(r.counts.free, u64::from(r.num_pages), "rank {} not drained", r.rank);
+    }
+    Ok(())
+}
+
 /// A fault of a confirm request: (code, page, key, already_bound).
 pub type Fault = (ErrorCode, Option<i64>, Option<String>, bool);
 
