@@ -157,7 +157,7 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
     let (data, faults, flags) = (&rig.data, &rig.faults, rig.flags());
     let mut held = HashMap::new();
 
-    let mut p = ServerProcess::serve_durable(&data, &flags);
+    let mut p = ServerProcess::serve_durable(data, &flags);
     p.init(0);
     p.init(1);
     for b in 0..10 {
@@ -165,7 +165,7 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
     }
     assert_eq!(p.healthy_gauge(), "1");
 
-    std::fs::write(&faults, "write=eio").unwrap();
+    std::fs::write(faults, "write=eio").unwrap();
     let lost = keys(1000, 16);
     let pages = p.allocate(1, &lost).expect("the store does not know yet");
     let r = p.confirm(1, &lost, &pages);
@@ -183,20 +183,20 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
 
     // A crash in the middle of the fault.
     p.kill();
-    std::fs::write(&faults, "").unwrap();
-    let mut p = ServerProcess::serve_durable(&data, &flags);
+    std::fs::write(faults, "").unwrap();
+    let mut p = ServerProcess::serve_durable(data, &flags);
     p.await_health(200);
     p.audit(&held);
     assert_eq!(p.locations(1, &lost[..1]), [None], "the 503 confirm never reached the disk");
 
     // A fault that clears while the server runs.
-    std::fs::write(&faults, "write=enospc").unwrap();
+    std::fs::write(faults, "write=enospc").unwrap();
     let late = keys(3000, 16);
     let pages = p.allocate(1, &late).expect("allocate");
     assert_eq!(p.confirm(1, &late, &pages).status, 503);
     let h = p.await_health(503);
     assert!(h.json()["reason"].as_str().is_some_and(|s| s.contains("No space left")), "{h:?}");
-    std::fs::write(&faults, "").unwrap();
+    std::fs::write(faults, "").unwrap();
     p.await_health(200);
     assert!(p.saw_line(|l| l.contains("durable store recovered")), "{}", p.log.join("\n"));
     assert_eq!(p.healthy_gauge(), "1");
@@ -205,7 +205,7 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
     }
     save_acked(&p, 1, &keys(4000, 16), &mut held);
     p.kill();
-    let mut p = ServerProcess::serve_durable(&data, &flags);
+    let mut p = ServerProcess::serve_durable(data, &flags);
     p.await_health(200);
     p.audit(&held);
     let _ = Command::new("kill").args(["-TERM", &p.child.id().to_string()]).status();
@@ -220,10 +220,10 @@ fn a_fatal_failure_exits_75_and_the_restart_recovers() {
     let rig = FaultFile::new();
     let (data, faults, flags) = (&rig.data, &rig.faults, rig.flags());
     let mut held = HashMap::new();
-    let mut p = ServerProcess::serve_durable(&data, &flags);
+    let mut p = ServerProcess::serve_durable(data, &flags);
     p.init(0);
     save_acked(&p, 0, &keys(0, 16), &mut held);
-    std::fs::write(&faults, "write=panic").unwrap();
+    std::fs::write(faults, "write=panic").unwrap();
     let more = keys(100, 16);
     let pages = p.allocate(0, &more).expect("allocate");
     // The answer may be a 503 or a cut connection: the process is exiting.
@@ -240,8 +240,8 @@ fn a_fatal_failure_exits_75_and_the_restart_recovers() {
     let lines: Vec<&String> = p.log.iter().filter(|l| l.contains("exiting with status 75")).collect();
     assert_eq!(lines.len(), 1, "{}", p.log.join("\n"));
     assert!(lines[0].contains("injected panic"), "{}", lines[0]);
-    std::fs::write(&faults, "").unwrap();
-    let p = ServerProcess::serve_durable(&data, &flags);
+    std::fs::write(faults, "").unwrap();
+    let p = ServerProcess::serve_durable(data, &flags);
     p.audit(&held);
 }
 
