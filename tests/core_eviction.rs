@@ -14,12 +14,15 @@
 //! `get_locations`, because those reads lease what they see and would change
 //! the outcome they are meant to check.
 
+#[path = "common/recorder.rs"]
+mod recorder;
+
 use hf3fs_meta::core::{
-    Change, ConfirmError, ErrorCode, EvictStats, Journal, LeaseLength, LeaseStats, Stats, Store, StoreConfig,
-    TICKS_PER_TTL,
+    ConfirmError, ErrorCode, EvictStats, Journal, LeaseLength, LeaseStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
 };
+use recorder::{Rec, Recorder};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// A lease of 100 ticks (10 s).
 const LEASE: u32 = 100;
@@ -37,30 +40,8 @@ fn refs(v: &[String]) -> Vec<&str> {
 }
 
 // ---------------------------------------------------------------------------
-// A journal that records, and folds what it recorded into bindings.
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Rec {
-    Init { rank: u32, num_pages: u32 },
-    Bind { rank: u32, page: u32, key: String, world: u32 },
-    Unbind { rank: u32, page: u32 },
-    Clear,
-}
-
-#[derive(Default)]
-struct Recorder(Mutex<Vec<Rec>>);
-
-impl Journal for Recorder {
-    fn record(&self, change: Change<'_>) {
-        let rec = match change {
-            Change::Initialize { rank, num_pages, .. } => Rec::Init { rank, num_pages },
-            Change::Bind { rank, page, key, world, .. } => Rec::Bind { rank, page, key: key.to_string(), world },
-            Change::Unbind { rank, page, .. } => Rec::Unbind { rank, page },
-            Change::Clear { .. } => Rec::Clear,
-        };
-        self.0.lock().unwrap().push(rec);
-    }
-}
+// A journal that records (tests/common/recorder.rs), and folds what it
+// recorded into bindings.
 
 /// What a journal folds to: ranks and (rank, page) → (key, world).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -15,26 +15,21 @@
 //! Where the contract leaves a choice open (which error a request with
 //! several faults reports), the model accepts any fault it finds.
 
-use hf3fs_meta::core::pages::Counts;
+#[path = "common/generations.rs"]
+mod generations;
+#[path = "common/page_model.rs"]
+mod page_model;
+
+use generations::Rec;
 use hf3fs_meta::core::{
-    AllocateOutcome, Change, ConfirmError, ConfirmOutcome, ErrorCode, InitError, Initialized, Journal,
-    RankNotInitialized, RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
+    AllocateOutcome, Change, ConfirmOutcome, ErrorCode, InitError, Initialized, Journal, RankNotInitialized, Stats,
+    Store, StoreConfig,
 };
+use page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-
-thread_local! {
-    /// What the generated operations reached, per test thread (see
-    /// `generator_reaches_every_outcome`).
-    static SEEN: RefCell<BTreeMap<String, usize>> = const { RefCell::new(BTreeMap::new()) };
-}
-
-fn note(what: impl Into<String>) {
-    SEEN.with(|s| *s.borrow_mut().entry(what.into()).or_default() += 1);
-}
 
 /// The key pool: hex digests (compact in the store) and text keys, including
 /// look-alikes that must stay distinct keys.
@@ -54,9 +49,6 @@ const KEYS: [&str; 12] = [
 ];
 const MAX_RANKS: u32 = 3;
 const MAX_PAGES: u32 = 80;
-/// Ticks after which a word's newest reservation is expired (store.rs).
-const EXPIRY_TICKS: u8 = TICKS_PER_TTL as u8 + 1;
-const LANES: usize = 32;
 
 // ---------------------------------------------------------------------------
 // Operations
@@ -169,21 +161,7 @@ fn op_s() -> impl Strategy<Value = Op> {
 }
 
 // ---------------------------------------------------------------------------
-// The model
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum St {
-    Free,
-    Reserved,
-    Bound(usize),
-}
-
-#[derive(Debug)]
-struct MRank {
-    st: Vec<St>,
-    /// Per 32-page word: the epoch (low 8 bits) of its newest reservation.
-    stamp: Vec<u8>,
-}
+// The model (page states and ranks: tests/common/page_model.rs)
 
 #[derive(Debug)]
 struct MKey {
@@ -196,9 +174,6 @@ impl MKey {
         self.pages.len() as u32 >= self.world
     }
 }
-
-/// A fault of a confirm request: (code, page, key, already_bound).
-type Fault = (ErrorCode, Option<i64>, Option<String>, bool);
 
 #[derive(Debug)]
 struct Model {
@@ -251,8 +226,7 @@ impl Model {
         if pages > i64::from(MAX_PAGES) {
             return vec![too_many];
         }
-        let n = pages as usize;
-        self.ranks.insert(rank as u32, MRank { st: vec![St::Free; n], stamp: vec![0; n.div_ceil(LANES)] });
+        self.ranks.insert(rank as u32, MRank::new(pages as usize));
         vec![Ok(Initialized::Created)]
     }
 
@@ -271,12 +245,7 @@ impl Model {
         };
         let (got, outcome) =
             got.map_err(|e| TestCaseError::fail(format!("allocate on initialized rank {rank}: {e}")))?;
-        let mut distinct: Vec<(usize, usize)> = Vec::new();
-        for (i, &k) in keys.iter().enumerate() {
-            if !distinct.iter().any(|&(_, d)| d == k) {
-                distinct.push((i, k));
-            }
-        }
+        let distinct = page_model::first_appearances(keys);
         prop_assert_eq!(
             got.iter().map(|&(i, _)| i).collect::<Vec<_>>(),
             distinct.iter().map(|&(i, _)| i).collect::<Vec<_>>(),
@@ -286,13 +255,9 @@ impl Model {
             distinct.iter().map(|&(_, k)| self.keys.get(&k).and_then(|e| e.pages.get(&r)).copied()).collect();
         let need = held.iter().filter(|h| h.is_none()).count();
         let t = self.ranks.get_mut(&r).unwrap();
-        let free = t.st.iter().filter(|s| **s == St::Free).count();
+        let free = t.free();
         let grant = need <= free;
-        let want = AllocateOutcome {
-            reserved: if grant { need as u64 } else { 0 },
-            reused: (distinct.len() - need) as u64,
-            refused: if grant { 0 } else { need as u64 },
-        };
+        let want = page_model::allocate_outcome(distinct.len(), need, grant);
         prop_assert_eq!(outcome, want);
         for (n, what) in
             [(want.reserved, "alloc reserved"), (want.reused, "alloc reused"), (want.refused, "alloc refused")]
@@ -318,16 +283,9 @@ impl Model {
                 }
             }
         }
-        for &p in &fresh {
-            t.st[p as usize] = St::Reserved;
-            t.stamp[p as usize / LANES] = epoch;
-        }
+        t.reserve(&fresh, epoch);
         let pairs: Vec<(usize, i64)> = distinct.iter().map(|&(_, k)| k).zip(got.iter().map(|&(_, p)| p)).collect();
-        let g = self.given.entry(rank).or_default();
-        g.extend(pairs.iter().filter(|&&(_, p)| p >= 0));
-        let excess = g.len().saturating_sub(32);
-        g.drain(..excess);
-        self.last.insert(rank, pairs);
+        page_model::remember(&mut self.given, &mut self.last, rank, pairs, 32);
         Ok(())
     }
 
@@ -339,47 +297,7 @@ impl Model {
             return Err(vec![(ErrorCode::RankNotInitialized, None, None, false)]);
         };
         let t = self.ranks.get_mut(&r).unwrap();
-        let n = t.st.len() as i64;
-        let mut faults: Vec<Fault> = Vec::new();
-        let key = |k: usize| Some(KEYS[k].to_owned());
-        let mut per_page: BTreeMap<i64, (Vec<usize>, usize)> = BTreeMap::new();
-        for &(k, p) in confs {
-            if (0..n).contains(&p) {
-                per_page.entry(p).or_default().0.push(k);
-            } else {
-                faults.push((ErrorCode::PageOutOfRange, Some(p), key(k), false));
-            }
-        }
-        for &p in rels {
-            if (0..n).contains(&p) {
-                per_page.entry(p).or_default().1 += 1;
-            } else {
-                faults.push((ErrorCode::PageOutOfRange, Some(p), None, false));
-            }
-        }
-        for (&p, (ks, nrel)) in &per_page {
-            let state = t.st[p as usize];
-            let distinct: BTreeSet<usize> = ks.iter().copied().collect();
-            if *nrel >= 2 {
-                faults.push((ErrorCode::DoubleRelease, Some(p), None, false));
-            }
-            if *nrel >= 1 && state == St::Free {
-                faults.push((ErrorCode::ReleaseUnallocated, Some(p), None, false));
-            }
-            for &k in &distinct {
-                if *nrel >= 1 {
-                    faults.push((ErrorCode::ConfirmAndRelease, Some(p), key(k), false));
-                }
-                if distinct.len() >= 2 {
-                    faults.push((ErrorCode::DoubleConfirm, Some(p), key(k), false));
-                }
-                match state {
-                    St::Free => faults.push((ErrorCode::ConfirmUnallocated, Some(p), key(k), false)),
-                    St::Bound(o) if o != k => faults.push((ErrorCode::DoubleConfirm, Some(p), key(k), true)),
-                    _ => {}
-                }
-            }
-        }
+        let faults = page_model::confirm_faults(t, &KEYS, confs, rels);
         if !faults.is_empty() {
             return Err(faults);
         }
@@ -414,27 +332,14 @@ impl Model {
                     }
                 }
                 St::Bound(_) => out.reconfirmed += 1,
-                St::Free => unreachable!("a fault"),
+                St::Free | St::Held(_) => unreachable!("a fault"),
             }
         }
         Ok(out)
     }
 
     fn tick(&mut self) -> u64 {
-        self.epoch += 1;
-        let now = self.epoch as u8;
-        let mut freed = 0;
-        for t in self.ranks.values_mut() {
-            for (w, lanes) in t.st.chunks_mut(LANES).enumerate() {
-                let reserved = lanes.iter().filter(|s| **s == St::Reserved).count() as u64;
-                if reserved > 0 && now.wrapping_sub(t.stamp[w]) >= EXPIRY_TICKS {
-                    lanes.iter_mut().filter(|s| **s == St::Reserved).for_each(|s| *s = St::Free);
-                    freed += reserved;
-                }
-            }
-        }
-        self.expired += freed;
-        freed
+        page_model::tick(&mut self.ranks, &mut self.epoch, &mut self.expired)
     }
 
     fn exists(&self, keys: &[usize]) -> Vec<bool> {
@@ -455,30 +360,8 @@ impl Model {
     }
 
     fn stats(&self) -> Stats {
-        let ranks = self
-            .ranks
-            .iter()
-            .map(|(&rank, t)| {
-                let count = |want: fn(&St) -> bool| t.st.iter().filter(|s| want(s)).count() as u64;
-                RankStats {
-                    rank,
-                    num_pages: t.st.len() as u32,
-                    counts: Counts {
-                        free: count(|s| *s == St::Free),
-                        reserved: count(|s| *s == St::Reserved),
-                        bound: count(|s| matches!(s, St::Bound(_))),
-                        busy: 0,
-                    },
-                    quarantined: 0,
-                }
-            })
-            .collect();
-        Stats {
-            ranks,
-            keys: self.keys.len() as u64,
-            complete_keys: self.keys.values().filter(|e| e.complete()).count() as u64,
-            expired: self.expired,
-        }
+        let complete = self.keys.values().filter(|e| e.complete()).count() as u64;
+        page_model::stats(&self.ranks, self.keys.len() as u64, complete, self.expired)
     }
 
     /// Resolves a page pick against the current model.
@@ -521,28 +404,12 @@ impl Model {
 // that must match the model after every step, and at the end into a fresh
 // store through the restore API.
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Rec {
-    Init { generation: u64, rank: u32, num_pages: u32 },
-    Bind { generation: u64, rank: u32, page: u32, key: String, world: u32 },
-    Unbind { generation: u64, rank: u32, page: u32 },
-    Clear { generation: u64 },
-}
-
 #[derive(Default)]
 struct Recorder(Mutex<Vec<Rec>>);
 
 impl Journal for Recorder {
     fn record(&self, change: Change<'_>) {
-        let rec = match change {
-            Change::Initialize { generation, rank, num_pages } => Rec::Init { generation, rank, num_pages },
-            Change::Bind { generation, rank, page, key, world } => {
-                Rec::Bind { generation, rank, page, key: key.to_string(), world }
-            }
-            Change::Unbind { generation, rank, page } => Rec::Unbind { generation, rank, page },
-            Change::Clear { generation } => Rec::Clear { generation },
-        };
-        self.0.lock().unwrap().push(rec);
+        self.0.lock().unwrap().push(Rec::from(change));
     }
 }
 
@@ -587,16 +454,8 @@ impl Replay {
 
     fn matches(&self, store: &Store, m: &Model) -> Result<(), TestCaseError> {
         prop_assert_eq!(self.generation, store.generation());
-        let ranks: BTreeMap<u32, u32> = m.ranks.iter().map(|(&r, t)| (r, t.st.len() as u32)).collect();
-        prop_assert_eq!(&self.ranks, &ranks, "journaled ranks");
-        let mut bound = BTreeMap::new();
-        for (&r, t) in &m.ranks {
-            for (p, s) in t.st.iter().enumerate() {
-                if let St::Bound(k) = *s {
-                    bound.insert((r, p as u32), (KEYS[k].to_owned(), m.keys[&k].world));
-                }
-            }
-        }
+        prop_assert_eq!(&self.ranks, &page_model::rank_sizes(&m.ranks), "journaled ranks");
+        let bound = page_model::bindings(&m.ranks, &KEYS, |k| m.keys[&k].world);
         prop_assert_eq!(&self.bound, &bound, "journaled bindings");
         Ok(())
     }
@@ -648,11 +507,8 @@ fn check_confirm(
     confs: &[(usize, i64)],
     rels: &[i64],
 ) -> Result<(), TestCaseError> {
-    let sconfs: Vec<(&str, i64)> = confs.iter().map(|&(k, p)| (KEYS[k], p)).collect();
-    let got = store.confirm(rank, &sconfs, rels);
-    match (m.confirm(rank, confs, rels), got) {
-        (Ok(want), Ok(got)) => {
-            prop_assert_eq!(got, want);
+    match page_model::confirm_agrees(store, &KEYS, rank, (confs, rels), || m.confirm(rank, confs, rels))? {
+        Ok(got) => {
             note("confirm ok");
             for (n, what) in [
                 (got.bound, "bound"),
@@ -665,16 +521,7 @@ fn check_confirm(
                 }
             }
         }
-        (Ok(want), Err(e)) => {
-            return Err(TestCaseError::fail(format!("confirm rejected ({e:?}), model says valid with {want:?}")))
-        }
-        (Err(faults), Ok(o)) => {
-            return Err(TestCaseError::fail(format!("confirm succeeded ({o:?}), model finds faults {faults:?}")))
-        }
-        (Err(faults), Err(ConfirmError { code, rank: er, page, key, already_bound, .. })) => {
-            prop_assert_eq!(er, rank);
-            let fault = (code, page, key, already_bound);
-            prop_assert!(faults.contains(&fault), "store reports {:?}, model's faults are {:?}", fault, faults);
+        Err((code, _, _, already_bound)) => {
             note(format!("error {}{}", code.as_str(), if already_bound { " (already bound)" } else { "" }));
         }
     }
@@ -806,20 +653,7 @@ fn run(world_size: Option<u32>, sizes: &[i64], ops: &[Op]) -> Result<(), TestCas
     }
     replay.restore_and_compare(&store, &m)?;
     // Drain: release every bound page, expire every reservation: all free.
-    for (&r, t) in &m.ranks {
-        let bound: Vec<i64> =
-            t.st.iter().enumerate().filter(|(_, s)| matches!(s, St::Bound(_))).map(|(p, _)| p as i64).collect();
-        store.confirm(i64::from(r), &[], &bound).map_err(|e| TestCaseError::fail(format!("drain: {e:?}")))?;
-    }
-    for _ in 0..EXPIRY_TICKS {
-        store.tick();
-    }
-    let st = store.audit().map_err(TestCaseError::fail)?;
-    prop_assert_eq!(st.keys, 0);
-    for r in &st.ranks {
-        prop_assert_eq!(r.counts.free, u64::from(r.num_pages), "rank {} not drained", r.rank);
-    }
-    Ok(())
+    page_model::drain(&store, &m.ranks, || {})
 }
 
 fn case_s() -> impl Strategy<Value = (Option<u32>, Vec<i64>, Vec<Op>)> {
@@ -828,16 +662,6 @@ fn case_s() -> impl Strategy<Value = (Option<u32>, Vec<i64>, Vec<Op>)> {
         prop::collection::vec(size_s(), 2..=3),
         prop::collection::vec(op_s(), 1..80),
     )
-}
-
-fn config() -> ProptestConfig {
-    // 256 cases unless PROPTEST_CASES says otherwise; no regression files
-    // (this suite may only write its own test sources).
-    let mut c = ProptestConfig { failure_persistence: None, ..ProptestConfig::default() };
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        c.cases = 256;
-    }
-    c
 }
 
 proptest! {
@@ -895,12 +719,7 @@ fn model_rejects_wrong_answers() {
 /// seed's 128 cases must hit every error code and every success path.
 #[test]
 fn generator_reaches_every_outcome() {
-    use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
-    SEEN.with(|s| s.borrow_mut().clear());
-    let cfg = ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() };
-    let mut runner = TestRunner::new_with_rng(cfg, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
-    runner.run(&case_s(), |(w, sizes, ops)| run(w, &sizes, &ops)).unwrap();
-    let seen = SEEN.with(|s| s.borrow().clone());
+    let seen = page_model::reached(128, &case_s(), |(w, sizes, ops)| run(w, &sizes, &ops));
     let mut want: Vec<String> = ErrorCode::ALL.iter().map(|c| format!("error {}", c.as_str())).collect();
     want.push("error double_confirm (already bound)".into());
     for w in [

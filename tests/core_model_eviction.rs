@@ -25,25 +25,21 @@
 //! - no page that a read answered (exists' leading run, locations, an
 //!   allocate's reuse) goes to another key within the lease.
 
-use hf3fs_meta::core::pages::Counts;
+#[path = "common/page_model.rs"]
+mod page_model;
+#[path = "common/recorder.rs"]
+mod recorder;
+
 use hf3fs_meta::core::{
-    AllocateOutcome, Change, ConfirmError, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats,
-    RankNotInitialized, RankStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
+    AllocateOutcome, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats, RankNotInitialized, Stats, Store,
+    StoreConfig,
 };
+use page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use std::cell::RefCell;
+use recorder::{Rec, Recorder};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-
-thread_local! {
-    /// What the generated operations reached (see `generator_reaches_every_outcome`).
-    static SEEN: RefCell<BTreeMap<&'static str, usize>> = const { RefCell::new(BTreeMap::new()) };
-}
-
-fn note(what: &'static str) {
-    SEEN.with(|s| *s.borrow_mut().entry(what).or_default() += 1);
-}
+use std::sync::Arc;
 
 const KEYS: [&str; 10] = [
     "0123456789abcdef0123456789abcdef",
@@ -59,8 +55,6 @@ const KEYS: [&str; 10] = [
 ];
 const MAX_RANKS: u32 = 3;
 const MAX_PAGES: u32 = 40;
-const EXPIRY_TICKS: u8 = TICKS_PER_TTL as u8 + 1;
-const LANES: usize = 32;
 
 // ---------------------------------------------------------------------------
 // Operations
@@ -181,28 +175,7 @@ fn size_s() -> impl Strategy<Value = i64> {
 }
 
 // ---------------------------------------------------------------------------
-// The model
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum St {
-    Free,
-    Reserved,
-    Bound(usize),
-    /// Released under a lease: BOUND, naming no key, until this tick.
-    Held(u32),
-}
-
-#[derive(Debug)]
-struct MRank {
-    st: Vec<St>,
-    stamp: Vec<u8>,
-}
-
-impl MRank {
-    fn free(&self) -> usize {
-        self.st.iter().filter(|s| **s == St::Free).count()
-    }
-}
+// The model (page states and ranks: tests/common/page_model.rs)
 
 #[derive(Debug)]
 struct MKey {
@@ -217,8 +190,6 @@ impl MKey {
         self.pages.len() as u32 >= self.world
     }
 }
-
-type Fault = (ErrorCode, Option<i64>, Option<String>, bool);
 
 /// An eviction the journal reported: the key's index and its (rank, page)s.
 type Victim = (usize, Vec<(u32, u32)>);
@@ -361,12 +332,7 @@ impl Model {
             return Ok(());
         };
         let (got, outcome) = got.map_err(|e| TestCaseError::fail(format!("allocate on rank {rank}: {e}")))?;
-        let mut distinct: Vec<(usize, usize)> = Vec::new();
-        for (i, &k) in keys.iter().enumerate() {
-            if !distinct.iter().any(|&(_, d)| d == k) {
-                distinct.push((i, k));
-            }
-        }
+        let distinct = page_model::first_appearances(keys);
         prop_assert_eq!(
             got.iter().map(|&(i, _)| i).collect::<Vec<_>>(),
             distinct.iter().map(|&(i, _)| i).collect::<Vec<_>>()
@@ -406,11 +372,7 @@ impl Model {
         // The answer, true after the request.
         let held: Vec<Option<u32>> = distinct.iter().map(|&(_, k)| page_of(self, k)).collect();
         let need = held.iter().filter(|h| h.is_none()).count();
-        let want = AllocateOutcome {
-            reserved: if grant { need as u64 } else { 0 },
-            reused: (distinct.len() - need) as u64,
-            refused: if grant { 0 } else { need as u64 },
-        };
+        let want = page_model::allocate_outcome(distinct.len(), need, grant);
         prop_assert_eq!(outcome, want);
         note(if grant { "alloc granted" } else { "alloc refused" });
         let epoch = self.epoch as u8;
@@ -439,16 +401,9 @@ impl Model {
                 }
             }
         }
-        for &p in &fresh {
-            t.st[p as usize] = St::Reserved;
-            t.stamp[p as usize / LANES] = epoch;
-        }
+        t.reserve(&fresh, epoch);
         let pairs: Vec<(usize, i64)> = distinct.iter().map(|&(_, k)| k).zip(got.iter().map(|&(_, p)| p)).collect();
-        let g = self.given.entry(rank).or_default();
-        g.extend(pairs.iter().filter(|&&(_, p)| p >= 0));
-        let excess = g.len().saturating_sub(24);
-        g.drain(..excess);
-        self.last.insert(rank, pairs);
+        page_model::remember(&mut self.given, &mut self.last, rank, pairs, 24);
         Ok(())
     }
 
@@ -458,49 +413,7 @@ impl Model {
         let Some(r) = self.rank_of(rank) else {
             return Err(vec![(ErrorCode::RankNotInitialized, None, None, false)]);
         };
-        let t = &self.ranks[&r];
-        let n = t.st.len() as i64;
-        let mut faults: Vec<Fault> = Vec::new();
-        let key = |k: usize| Some(KEYS[k].to_owned());
-        let mut per_page: BTreeMap<i64, (Vec<usize>, usize)> = BTreeMap::new();
-        for &(k, p) in confs {
-            if (0..n).contains(&p) {
-                per_page.entry(p).or_default().0.push(k);
-            } else {
-                faults.push((ErrorCode::PageOutOfRange, Some(p), key(k), false));
-            }
-        }
-        for &p in rels {
-            if (0..n).contains(&p) {
-                per_page.entry(p).or_default().1 += 1;
-            } else {
-                faults.push((ErrorCode::PageOutOfRange, Some(p), None, false));
-            }
-        }
-        for (&p, (ks, nrel)) in &per_page {
-            let state = t.st[p as usize];
-            let distinct: BTreeSet<usize> = ks.iter().copied().collect();
-            if *nrel >= 2 {
-                faults.push((ErrorCode::DoubleRelease, Some(p), None, false));
-            }
-            if *nrel >= 1 && matches!(state, St::Free | St::Held(_)) {
-                faults.push((ErrorCode::ReleaseUnallocated, Some(p), None, false));
-            }
-            for &k in &distinct {
-                if *nrel >= 1 {
-                    faults.push((ErrorCode::ConfirmAndRelease, Some(p), key(k), false));
-                }
-                if distinct.len() >= 2 {
-                    faults.push((ErrorCode::DoubleConfirm, Some(p), key(k), false));
-                }
-                match state {
-                    St::Free => faults.push((ErrorCode::ConfirmUnallocated, Some(p), key(k), false)),
-                    St::Bound(o) if o != k => faults.push((ErrorCode::DoubleConfirm, Some(p), key(k), true)),
-                    St::Held(_) => faults.push((ErrorCode::DoubleConfirm, Some(p), key(k), true)),
-                    _ => {}
-                }
-            }
-        }
+        let faults = page_model::confirm_faults(&self.ranks[&r], &KEYS, confs, rels);
         if !faults.is_empty() {
             return Err(faults);
         }
@@ -585,20 +498,7 @@ impl Model {
     }
 
     fn tick(&mut self) -> u64 {
-        self.epoch += 1;
-        let now = self.epoch as u8;
-        let mut freed = 0;
-        for t in self.ranks.values_mut() {
-            for (w, lanes) in t.st.chunks_mut(LANES).enumerate() {
-                let reserved = lanes.iter().filter(|s| **s == St::Reserved).count() as u64;
-                if reserved > 0 && now.wrapping_sub(t.stamp[w]) >= EXPIRY_TICKS {
-                    lanes.iter_mut().filter(|s| **s == St::Reserved).for_each(|s| *s = St::Free);
-                    freed += reserved;
-                }
-            }
-        }
-        self.expired += freed;
-        freed
+        page_model::tick(&mut self.ranks, &mut self.epoch, &mut self.expired)
     }
 
     /// batch_exists: the leading run of trues is leased.
@@ -630,30 +530,8 @@ impl Model {
     }
 
     fn stats(&self) -> Stats {
-        let ranks = self
-            .ranks
-            .iter()
-            .map(|(&rank, t)| {
-                let count = |want: fn(&St) -> bool| t.st.iter().filter(|s| want(s)).count() as u64;
-                RankStats {
-                    rank,
-                    num_pages: t.st.len() as u32,
-                    counts: Counts {
-                        free: count(|s| *s == St::Free),
-                        reserved: count(|s| *s == St::Reserved),
-                        bound: count(|s| matches!(s, St::Bound(_) | St::Held(_))),
-                        busy: 0,
-                    },
-                    quarantined: count(|s| matches!(s, St::Held(_))),
-                }
-            })
-            .collect();
-        Stats {
-            ranks,
-            keys: self.keys.len() as u64,
-            complete_keys: self.keys.values().filter(|e| e.complete()).count() as u64,
-            expired: self.expired,
-        }
+        let complete = self.keys.values().filter(|e| e.complete()).count() as u64;
+        page_model::stats(&self.ranks, self.keys.len() as u64, complete, self.expired)
     }
 
     fn lease_stats(&self) -> LeaseStats {
@@ -706,30 +584,7 @@ impl Model {
 }
 
 // ---------------------------------------------------------------------------
-// The journal
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Rec {
-    Init { rank: u32, num_pages: u32 },
-    Bind { rank: u32, page: u32, key: String, world: u32 },
-    Unbind { rank: u32, page: u32 },
-    Clear,
-}
-
-#[derive(Default)]
-struct Recorder(Mutex<Vec<Rec>>);
-
-impl Journal for Recorder {
-    fn record(&self, change: Change<'_>) {
-        let rec = match change {
-            Change::Initialize { rank, num_pages, .. } => Rec::Init { rank, num_pages },
-            Change::Bind { rank, page, key, world, .. } => Rec::Bind { rank, page, key: key.to_string(), world },
-            Change::Unbind { rank, page, .. } => Rec::Unbind { rank, page },
-            Change::Clear { .. } => Rec::Clear,
-        };
-        self.0.lock().unwrap().push(rec);
-    }
-}
+// The journal (`Rec`, `Recorder`: tests/common/recorder.rs)
 
 /// The journal folded into ranks and bindings, strictly.
 #[derive(Debug, Default)]
@@ -765,16 +620,8 @@ impl Replay {
     }
 
     fn matches(&self, m: &Model) -> Result<(), TestCaseError> {
-        let ranks: BTreeMap<u32, u32> = m.ranks.iter().map(|(&r, t)| (r, t.st.len() as u32)).collect();
-        prop_assert_eq!(&self.ranks, &ranks, "journaled ranks");
-        let mut bound = BTreeMap::new();
-        for (&r, t) in &m.ranks {
-            for (p, s) in t.st.iter().enumerate() {
-                if let St::Bound(k) = *s {
-                    bound.insert((r, p as u32), (KEYS[k].to_owned(), m.keys[&k].world));
-                }
-            }
-        }
+        prop_assert_eq!(&self.ranks, &page_model::rank_sizes(&m.ranks), "journaled ranks");
+        let bound = page_model::bindings(&m.ranks, &KEYS, |k| m.keys[&k].world);
         prop_assert_eq!(&self.bound, &bound, "journaled bindings");
         Ok(())
     }
@@ -815,11 +662,8 @@ fn check_confirm(
     confs: &[(usize, i64)],
     rels: &[i64],
 ) -> Result<(), TestCaseError> {
-    let sconfs: Vec<(&str, i64)> = confs.iter().map(|&(k, p)| (KEYS[k], p)).collect();
-    let got = store.confirm(rank, &sconfs, rels);
-    match (m.confirm(rank, confs, rels), got) {
-        (Ok(want), Ok(got)) => {
-            prop_assert_eq!(got, want);
+    match page_model::confirm_agrees(store, &KEYS, rank, (confs, rels), || m.confirm(rank, confs, rels))? {
+        Ok(got) => {
             if got.quarantined > 0 {
                 note("release quarantined");
             }
@@ -827,12 +671,7 @@ fn check_confirm(
                 note("release freed");
             }
         }
-        (Ok(want), Err(e)) => return Err(TestCaseError::fail(format!("confirm rejected ({e:?}), model: {want:?}"))),
-        (Err(f), Ok(o)) => return Err(TestCaseError::fail(format!("confirm succeeded ({o:?}), model: {f:?}"))),
-        (Err(faults), Err(ConfirmError { code, rank: er, page, key, already_bound, .. })) => {
-            prop_assert_eq!(er, rank);
-            let fault = (code, page, key, already_bound);
-            prop_assert!(faults.contains(&fault), "store reports {:?}, model's faults are {:?}", fault, faults);
+        Err((code, page, _, _)) => {
             let on_held = page.and_then(|p| m.rank_of(rank).map(|r| (r, p))).is_some_and(|(r, p)| {
                 (0..m.ranks[&r].st.len() as i64).contains(&p) && matches!(m.ranks[&r].st[p as usize], St::Held(_))
             });
@@ -944,8 +783,7 @@ impl Run<'_> {
                 m.promises.clear();
                 for (r, &pages) in self.sizes.iter().enumerate() {
                     store.initialize(r as i64, pages).map_err(|e| TestCaseError::fail(format!("{e}")))?;
-                    let n = pages as usize;
-                    m.ranks.insert(r as u32, MRank { st: vec![St::Free; n], stamp: vec![0; n.div_ceil(LANES)] });
+                    m.ranks.insert(r as u32, MRank::new(pages as usize));
                 }
             }
         }
@@ -985,8 +823,7 @@ fn run(cfg: Cfg, sizes: &[i64], ops: &[Op]) -> Result<(), TestCaseError> {
     let mut run = Run { store: &store, m: Model::new(cfg), journal, replay: Replay::default(), sizes };
     for (r, &pages) in sizes.iter().enumerate() {
         store.initialize(r as i64, pages).unwrap();
-        let n = pages as usize;
-        run.m.ranks.insert(r as u32, MRank { st: vec![St::Free; n], stamp: vec![0; n.div_ceil(LANES)] });
+        run.m.ranks.insert(r as u32, MRank::new(pages as usize));
     }
     run.replay.catch_up(&run.journal)?;
     for (i, op) in ops.iter().enumerate() {
@@ -1007,34 +844,14 @@ fn run(cfg: Cfg, sizes: &[i64], ops: &[Op]) -> Result<(), TestCaseError> {
     prop_assert_eq!(a, b, "exists after restore");
     // Drain: release every bound page, let every lease pass, free the
     // quarantine, expire every reservation: all free, no key.
-    for (&r, t) in &run.m.ranks {
-        let bound: Vec<i64> =
-            t.st.iter().enumerate().filter(|(_, s)| matches!(s, St::Bound(_))).map(|(p, _)| p as i64).collect();
-        store.confirm(i64::from(r), &[], &bound).map_err(|e| TestCaseError::fail(format!("drain: {e:?}")))?;
-    }
-    store.set_clock(run.m.now + 10_000);
-    store.maintain(u64::MAX);
-    for _ in 0..EXPIRY_TICKS {
-        store.tick();
-    }
-    let st = store.audit().map_err(TestCaseError::fail)?;
-    prop_assert_eq!(st.keys, 0);
-    for r in &st.ranks {
-        prop_assert_eq!(r.counts.free, u64::from(r.num_pages), "rank {} not drained", r.rank);
-    }
-    Ok(())
+    page_model::drain(&store, &run.m.ranks, || {
+        store.set_clock(run.m.now + 10_000);
+        store.maintain(u64::MAX);
+    })
 }
 
 fn case_s() -> impl Strategy<Value = (Cfg, Vec<i64>, Vec<Op>)> {
     (cfg_s(), prop::collection::vec(size_s(), 2..=3), prop::collection::vec(op_s(), 1..100))
-}
-
-fn config() -> ProptestConfig {
-    let mut c = ProptestConfig { failure_persistence: None, ..ProptestConfig::default() };
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        c.cases = 256;
-    }
-    c
 }
 
 proptest! {
@@ -1086,12 +903,7 @@ fn model_rejects_wrong_answers() {
 /// A fixed seed's cases must reach every path of eviction and leases.
 #[test]
 fn generator_reaches_every_outcome() {
-    use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
-    SEEN.with(|s| s.borrow_mut().clear());
-    let cfg = ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() };
-    let mut runner = TestRunner::new_with_rng(cfg, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
-    runner.run(&case_s(), |(c, sizes, ops)| run(c, &sizes, &ops)).unwrap();
-    let seen = SEEN.with(|s| s.borrow().clone());
+    let seen = page_model::reached(128, &case_s(), |(c, sizes, ops)| run(c, &sizes, &ops));
     let want = [
         "evicted",
         "alloc granted",
@@ -1107,7 +919,7 @@ fn generator_reaches_every_outcome() {
         "exists: a true after the leading run",
         "watermark pass stopped by leases",
     ];
-    let missing: Vec<&&str> = want.iter().filter(|w| !seen.contains_key(*w)).collect();
+    let missing: Vec<&&str> = want.iter().filter(|w| !seen.contains_key(**w)).collect();
     assert!(missing.is_empty(), "never reached: {missing:?}; reached: {seen:#?}");
     eprintln!("{seen:#?}");
 }

@@ -12,25 +12,24 @@
 //!
 //! The seed is printed; `DURABLE_CRASH_SEED=n` replays a run.
 
+mod common;
+
+use common::process::{command, ServerProcess};
+use common::FAILSAFE;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf3fs-meta");
 const RANKS: i64 = 2;
 const PAGES: i64 = 32_768;
 const CLIENTS: usize = 3;
 const ROUNDS: u64 = 5;
-/// Failsafe for any single wait (never a synchronization device).
-const FAILSAFE: Duration = Duration::from_secs(20);
 
 // ---------------------------------------------------------------------------
 // A minimal HTTP/1.1 client.
@@ -109,73 +108,16 @@ fn bad(what: &str) -> std::io::Error {
 // ---------------------------------------------------------------------------
 // The server process.
 
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-    lines: Receiver<String>,
-    log: Vec<String>,
+/// Starts the server on `dir` (recovering what it holds) and waits until
+/// `/health` answers 200.
+fn start(dir: &Path) -> ServerProcess {
+    let s = ServerProcess::serve_durable(dir, &[]);
+    s.wait_healthy();
+    s
 }
 
-impl Server {
-    fn start(dir: &Path) -> Server {
-        for _ in 0..5 {
-            let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
-            let mut cmd = Command::new(BIN);
-            cmd.env_remove("RUST_LOG");
-            for (k, _) in std::env::vars_os() {
-                if k.to_string_lossy().starts_with("HF3FS_META_") {
-                    cmd.env_remove(k);
-                }
-            }
-            let mut child = cmd
-                .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--fsync", "always", "--workers", "2"])
-                .arg("--data-dir")
-                .arg(dir)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn the server");
-            let stderr = child.stderr.take().expect("stderr");
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-            let mut s = Server { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), lines: rx, log: Vec::new() };
-            match s.wait_line(|l| l.contains("listening") || l.contains("cannot")) {
-                Some(l) if l.contains("listening") => {
-                    s.wait_healthy();
-                    return s;
-                }
-                Some(l) if l.to_lowercase().contains("address already in use") => s.kill(),
-                other => {
-                    s.kill();
-                    panic!("the server did not start: {other:?}\n{}", s.log.join("\n"));
-                }
-            }
-        }
-        panic!("no free port after 5 tries");
-    }
-
-    fn wait_line(&mut self, f: impl Fn(&str) -> bool) -> Option<String> {
-        let deadline = Instant::now() + FAILSAFE;
-        loop {
-            match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(l) => {
-                    self.log.push(l.clone());
-                    if f(&l) {
-                        return Some(l);
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected | RecvTimeoutError::Timeout) => return None,
-            }
-        }
-    }
-
+/// What these tests add to the process of `common::process`.
+impl ServerProcess {
     /// Polls GET /health until it answers 200, within the failsafe.
     fn wait_healthy(&self) {
         let deadline = Instant::now() + FAILSAFE;
@@ -192,26 +134,10 @@ impl Server {
         Conn::connect(self.addr).expect("connect")
     }
 
-    fn kill(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-
     /// SIGTERM and a clean exit 0.
     fn stop(mut self) {
-        let st = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill");
-        assert!(st.success());
-        while self.wait_line(|_| false).is_some() {}
-        let st = self.child.wait().expect("wait");
-        assert_eq!(st.code(), Some(0), "exit {st:?}\n{}", self.log.join("\n"));
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill();
-        }
+        self.signal("TERM");
+        self.assert_exit_0();
     }
 }
 
@@ -321,7 +247,7 @@ fn post_inc(n: &mut u64) -> u64 {
 /// Every acknowledged binding is there, every acknowledged release is not,
 /// and `/stats` adds up with no reservation left over. Returns the pages
 /// bound per rank according to the server.
-fn verify(s: &Server, model: &Model) -> Vec<HashSet<i64>> {
+fn verify(s: &ServerProcess, model: &Model) -> Vec<HashSet<i64>> {
     let mut c = s.conn();
     let mut bound: Vec<HashSet<i64>> = vec![HashSet::new(); RANKS as usize];
     let mut checked = 0;
@@ -402,7 +328,7 @@ fn acknowledged_confirms_survive_sigkill() {
     let mut recovered_lines = Vec::new();
 
     for round in 0..ROUNDS {
-        let mut s = Server::start(dir.path());
+        let mut s = start(dir.path());
         recovered_lines.extend(s.log.iter().filter(|l| is_vllm_recovery(l)).cloned());
         if round == 0 {
             let mut c = s.conn();
@@ -451,7 +377,7 @@ fn acknowledged_confirms_survive_sigkill() {
     }
 
     // Last start: everything acknowledged is there; then fill every rank.
-    let s = Server::start(dir.path());
+    let s = start(dir.path());
     recovered_lines.extend(s.log.iter().filter(|l| is_vllm_recovery(l)).cloned());
     let bound = verify(&s, &model);
     let unknown: Vec<(String, i64)> =
@@ -505,18 +431,14 @@ fn acknowledged_confirms_survive_sigkill() {
 fn a_damaged_data_dir_exits_nonzero_with_one_clear_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     {
-        let s = Server::start(dir.path());
+        let s = start(dir.path());
         let mut c = s.conn();
         c.must("/rank/0/initialize", &json!({"num_pages": 8}), 200);
         s.stop();
     }
     std::fs::write(dir.path().join("keyspace/journals/garbage"), b"junk").unwrap();
-    let out = Command::new(BIN)
-        .args(["--host", "127.0.0.1", "--port", "0", "--data-dir"])
-        .arg(dir.path())
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run");
+    let out =
+        command().args(["--host", "127.0.0.1", "--port", "0", "--data-dir"]).arg(dir.path()).output().expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot open the data directory"), "{err}");
@@ -573,7 +495,7 @@ fn sglang_spaces_survive_sigkill() {
     // (`--fsync always`), then SIGKILL.
     let mut expect: HashMap<(u32, &str), Vec<Option<i64>>> = HashMap::new();
     {
-        let mut s = Server::start(dir.path());
+        let mut s = start(dir.path());
         let mut c = s.conn();
         for (i, &(rank, ns)) in spaces.iter().enumerate() {
             c.must(&format!("/{rank}/initialize"), &json!({"num_pages": 64, "namespace": ns}), 204);
@@ -596,7 +518,7 @@ fn sglang_spaces_survive_sigkill() {
     assert_eq!(five.iter().flatten().count(), 8, "only the keys set after the clear: {five:?}");
     // Round 2: everything acknowledged is back, and the spaces go on.
     let s = {
-        let mut s = Server::start(dir.path());
+        let mut s = start(dir.path());
         let mut c = s.conn();
         for &(rank, ns) in &spaces {
             assert_eq!(sglang_pages(&mut c, rank, ns, &keys), expect[&(rank, ns)], "space ({rank}, {ns})");
@@ -610,7 +532,7 @@ fn sglang_spaces_survive_sigkill() {
         let kv0 = stats["spaces"].as_array().unwrap().iter().find(|sp| sp["rank"] == 0 && sp["namespace"] == "kv");
         assert_eq!(kv0.expect("space (0, kv)")["num_pages"], 64, "the recovered size is kept");
         s.kill();
-        Server::start(dir.path())
+        start(dir.path())
     };
     let mut c = s.conn();
     assert_eq!(sglang_pages(&mut c, 9, "swa", &keys[..3]).iter().flatten().count(), 3);

@@ -13,127 +13,18 @@
 
 mod common;
 
+use common::process::{ServerProcess, Started};
 use common::{hexkey, request_bytes, Client, Outcome, Response, FAILSAFE};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::process::Command;
 use std::time::Instant;
 
-const BIN: &str = env!("CARGO_BIN_EXE_hf3fs-meta");
 const PAGES: i64 = 4096;
 
-/// The server process; stderr lines arrive on a channel.
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
-    lines: Receiver<String>,
-    log: Vec<String>,
-}
-
-/// How a start ended.
-enum Started {
-    Serving(Proc),
-    /// The process exited before listening (a refused start), with its log.
-    Exited(ExitStatus, Vec<String>),
-}
-
-impl Proc {
-    /// Starts the binary on `data`, with `--fsync always` and `extra`.
-    fn start(data: &Path, extra: &[&str]) -> Started {
-        for _ in 0..5 {
-            let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
-            let mut cmd = Command::new(BIN);
-            cmd.env_remove("RUST_LOG");
-            for (k, _) in std::env::vars_os() {
-                if k.to_string_lossy().starts_with("HF3FS_META_") {
-                    cmd.env_remove(k);
-                }
-            }
-            let mut child = cmd
-                .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--fsync", "always", "--workers", "2"])
-                .arg("--data-dir")
-                .arg(data)
-                .args(extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn the server");
-            let stderr = child.stderr.take().expect("stderr");
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-            let mut p = Proc { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), lines: rx, log: Vec::new() };
-            let started = |l: &str| l.contains("listening") || l.contains("cannot open") || l.contains("cannot listen");
-            match p.wait_line(started) {
-                Some(l) if l.contains("listening") => return Started::Serving(p),
-                Some(l) if l.to_lowercase().contains("address already in use") => p.kill(),
-                _ => {
-                    let st = p.wait_exit();
-                    return Started::Exited(st, std::mem::take(&mut p.log));
-                }
-            }
-        }
-        panic!("no free port after 5 tries");
-    }
-
-    /// [`Proc::start`] that must serve.
-    fn serve(data: &Path, extra: &[&str]) -> Proc {
-        match Proc::start(data, extra) {
-            Started::Serving(p) => p,
-            Started::Exited(st, log) => panic!("the server exited ({st:?}):\n{}", log.join("\n")),
-        }
-    }
-
-    /// Whether a stderr line read so far, or one still to come within the
-    /// failsafe, satisfies `f`.
-    fn saw_line(&mut self, f: impl Fn(&str) -> bool) -> bool {
-        self.log.iter().any(|l| f(l)) || self.wait_line(f).is_some()
-    }
-
-    fn wait_line(&mut self, f: impl Fn(&str) -> bool) -> Option<String> {
-        let deadline = Instant::now() + FAILSAFE;
-        loop {
-            match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(l) => {
-                    self.log.push(l.clone());
-                    if f(&l) {
-                        return Some(l);
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected | RecvTimeoutError::Timeout) => return None,
-            }
-        }
-    }
-
-    /// Reads stderr to its end (the process closes it as it exits), then
-    /// reaps the process.
-    fn wait_exit(&mut self) -> ExitStatus {
-        let _ = self.wait_line(|_| false);
-        let deadline = Instant::now() + FAILSAFE;
-        loop {
-            if let Some(st) = self.child.try_wait().expect("try_wait") {
-                return st;
-            }
-            assert!(Instant::now() < deadline, "the server did not exit\n{}", self.log.join("\n"));
-            std::thread::yield_now();
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-
+/// The HTTP calls these tests make, on the process of `common::process`.
+impl ServerProcess {
     fn call(&self, method: &str, path: &str, body: &Value) -> Response {
         let body = if body.is_null() { Vec::new() } else { body.to_string().into_bytes() };
         Client::connect(self.addr).request(method, path, &[("content-type", "application/json")], &body)
@@ -166,9 +57,7 @@ impl Proc {
                 return r;
             }
             assert!(Instant::now() < deadline, "/health never answered {status}; last {r:?}\n{}", self.log.join("\n"));
-            while let Ok(l) = self.lines.try_recv() {
-                self.log.push(l);
-            }
+            self.read_log();
             std::thread::yield_now();
         }
     }
@@ -220,26 +109,40 @@ impl Proc {
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill();
-        }
-    }
-}
-
 /// Keys `from..from + n`.
 fn keys(from: u64, n: u64) -> Vec<String> {
     (from..from + n).map(hexkey).collect()
 }
 
 /// Saves `keys` on `rank` and records them as acknowledged.
-fn save_acked(p: &Proc, rank: i64, keys: &[String], held: &mut HashMap<String, (i64, i64)>) {
+fn save_acked(p: &ServerProcess, rank: i64, keys: &[String], held: &mut HashMap<String, (i64, i64)>) {
     let pages = p.allocate(rank, keys).expect("allocate");
     let r = p.confirm(rank, keys, &pages);
     assert_eq!(r.status, 204, "{r:?}");
     for (k, pg) in keys.iter().zip(pages) {
         held.insert(k.clone(), (rank, pg));
+    }
+}
+
+/// A data directory and an empty fault file in a fresh temporary directory.
+struct FaultFile {
+    _dir: tempfile::TempDir,
+    data: PathBuf,
+    faults: PathBuf,
+}
+
+impl FaultFile {
+    fn new() -> FaultFile {
+        let dir = tempfile::tempdir().unwrap();
+        let (data, faults) = (dir.path().join("data"), dir.path().join("faults"));
+        std::fs::write(&faults, "").unwrap();
+        FaultFile { _dir: dir, data, faults }
+    }
+
+    /// The server's flags for these tests: a key is complete on one rank;
+    /// the fault file.
+    fn flags(&self) -> [&str; 4] {
+        ["--world-size", "1", "--durable-faults", self.faults.to_str().unwrap()]
     }
 }
 
@@ -250,14 +153,11 @@ fn save_acked(p: &Proc, rank: i64, keys: &[String], held: &mut HashMap<String, (
 /// the 503 confirm is durable.
 #[test]
 fn write_faults_degrade_health_and_recover_through_the_binary() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let faults = dir.path().join("faults");
-    std::fs::write(&faults, "").unwrap();
-    let flags = ["--world-size", "1", "--durable-faults", faults.to_str().unwrap()];
+    let rig = FaultFile::new();
+    let (data, faults, flags) = (&rig.data, &rig.faults, rig.flags());
     let mut held = HashMap::new();
 
-    let mut p = Proc::serve(&data, &flags);
+    let mut p = ServerProcess::serve_durable(data, &flags);
     p.init(0);
     p.init(1);
     for b in 0..10 {
@@ -265,7 +165,7 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
     }
     assert_eq!(p.healthy_gauge(), "1");
 
-    std::fs::write(&faults, "write=eio").unwrap();
+    std::fs::write(faults, "write=eio").unwrap();
     let lost = keys(1000, 16);
     let pages = p.allocate(1, &lost).expect("the store does not know yet");
     let r = p.confirm(1, &lost, &pages);
@@ -283,20 +183,20 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
 
     // A crash in the middle of the fault.
     p.kill();
-    std::fs::write(&faults, "").unwrap();
-    let mut p = Proc::serve(&data, &flags);
+    std::fs::write(faults, "").unwrap();
+    let mut p = ServerProcess::serve_durable(data, &flags);
     p.await_health(200);
     p.audit(&held);
     assert_eq!(p.locations(1, &lost[..1]), [None], "the 503 confirm never reached the disk");
 
     // A fault that clears while the server runs.
-    std::fs::write(&faults, "write=enospc").unwrap();
+    std::fs::write(faults, "write=enospc").unwrap();
     let late = keys(3000, 16);
     let pages = p.allocate(1, &late).expect("allocate");
     assert_eq!(p.confirm(1, &late, &pages).status, 503);
     let h = p.await_health(503);
     assert!(h.json()["reason"].as_str().is_some_and(|s| s.contains("No space left")), "{h:?}");
-    std::fs::write(&faults, "").unwrap();
+    std::fs::write(faults, "").unwrap();
     p.await_health(200);
     assert!(p.saw_line(|l| l.contains("durable store recovered")), "{}", p.log.join("\n"));
     assert_eq!(p.healthy_gauge(), "1");
@@ -305,7 +205,7 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
     }
     save_acked(&p, 1, &keys(4000, 16), &mut held);
     p.kill();
-    let mut p = Proc::serve(&data, &flags);
+    let mut p = ServerProcess::serve_durable(data, &flags);
     p.await_health(200);
     p.audit(&held);
     let _ = Command::new("kill").args(["-TERM", &p.child.id().to_string()]).status();
@@ -317,16 +217,13 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
 /// clear line, status 75; the restart recovers what was acknowledged.
 #[test]
 fn a_fatal_failure_exits_75_and_the_restart_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let faults = dir.path().join("faults");
-    std::fs::write(&faults, "").unwrap();
-    let flags = ["--world-size", "1", "--durable-faults", faults.to_str().unwrap()];
+    let rig = FaultFile::new();
+    let (data, faults, flags) = (&rig.data, &rig.faults, rig.flags());
     let mut held = HashMap::new();
-    let mut p = Proc::serve(&data, &flags);
+    let mut p = ServerProcess::serve_durable(data, &flags);
     p.init(0);
     save_acked(&p, 0, &keys(0, 16), &mut held);
-    std::fs::write(&faults, "write=panic").unwrap();
+    std::fs::write(faults, "write=panic").unwrap();
     let more = keys(100, 16);
     let pages = p.allocate(0, &more).expect("allocate");
     // The answer may be a 503 or a cut connection: the process is exiting.
@@ -343,8 +240,8 @@ fn a_fatal_failure_exits_75_and_the_restart_recovers() {
     let lines: Vec<&String> = p.log.iter().filter(|l| l.contains("exiting with status 75")).collect();
     assert_eq!(lines.len(), 1, "{}", p.log.join("\n"));
     assert!(lines[0].contains("injected panic"), "{}", lines[0]);
-    std::fs::write(&faults, "").unwrap();
-    let p = Proc::serve(&data, &flags);
+    std::fs::write(faults, "").unwrap();
+    let p = ServerProcess::serve_durable(data, &flags);
     p.audit(&held);
 }
 
@@ -403,7 +300,7 @@ fn a_full_tmpfs_degrades_and_recovers_once_space_is_freed() {
     let filler = fs.0.join("filler");
     let flags = ["--world-size", "1"];
     let mut held = HashMap::new();
-    let mut p = Proc::serve(&data, &flags);
+    let mut p = ServerProcess::serve_durable(&data, &flags);
     p.init(0);
     for b in 0..8 {
         save_acked(&p, 0, &keys(b * 16, 16), &mut held);
@@ -441,12 +338,12 @@ fn a_full_tmpfs_degrades_and_recovers_once_space_is_freed() {
 
     // A restart on the still-full disk: refused, or degraded; never healthy.
     p.kill();
-    match Proc::start(&data, &flags) {
+    match ServerProcess::start_durable(&data, &flags) {
         Started::Exited(st, log) => {
             assert_eq!(st.code(), Some(1), "{}", log.join("\n"));
             assert!(log.iter().any(|l| l.contains("cannot open the data directory")), "{}", log.join("\n"));
             std::fs::remove_file(&filler).unwrap();
-            p = Proc::serve(&data, &flags);
+            p = ServerProcess::serve_durable(&data, &flags);
         }
         Started::Serving(mut q) => {
             let h = q.health();
@@ -460,6 +357,6 @@ fn a_full_tmpfs_degrades_and_recovers_once_space_is_freed() {
     p.await_health(200);
     save_acked(&p, 0, &keys(90_000, 16), &mut held);
     p.kill();
-    let p = Proc::serve(&data, &flags);
+    let p = ServerProcess::serve_durable(&data, &flags);
     p.audit(&held);
 }

@@ -37,6 +37,14 @@ fn open(dir: &Path, mode: FsyncMode, faults: &Arc<Faults>) -> (Arc<Store>, Durab
     (s, d)
 }
 
+/// A fresh data dir opened with `mode` and a fault switch the test sets.
+fn start(mode: FsyncMode) -> (tempfile::TempDir, Arc<Faults>, Arc<Store>, Durable) {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Faults::manual();
+    let (s, d) = open(dir.path(), mode, &faults);
+    (dir, faults, s, d)
+}
+
 /// Opens a clean restart (no faults) and audits it.
 fn reopen(dir: &Path) -> (Arc<Store>, Durable) {
     let (s, d, _) = Durable::open_with(dir, FsyncMode::Always, cfg(), None).unwrap_or_else(|e| panic!("reopen: {e}"));
@@ -62,8 +70,11 @@ fn page_of(s: &Store, rank: i64, key: &str) -> i64 {
     out[0].1
 }
 
+/// Every binding of a store, (rank, page) → key, and its ranks.
+type Dump = (BTreeMap<(u32, u32), String>, BTreeMap<u32, u32>);
+
 /// Every binding of the store, as a map (rank, page) → key, and its ranks.
-fn dump(s: &Store) -> (BTreeMap<(u32, u32), String>, BTreeMap<u32, u32>) {
+fn dump(s: &Store) -> Dump {
     let (mut bindings, mut ranks) = (BTreeMap::new(), BTreeMap::new());
     s.snapshot(|v| {
         match v {
@@ -79,6 +90,28 @@ fn dump(s: &Store) -> (BTreeMap<(u32, u32), String>, BTreeMap<u32, u32>) {
     })
     .expect("snapshot");
     (bindings, ranks)
+}
+
+/// Closes the store (`checkpoint`: with a final checkpoint, else as after
+/// a crash of the process) and restarts it from `dir`: the restart must
+/// find `want` (`case` names the case in the failure). The restarted store
+/// stays open.
+fn restart_finds(
+    case: &str,
+    dir: &Path,
+    (s, d): (Arc<Store>, Durable),
+    checkpoint: bool,
+    want: &Dump,
+) -> (Arc<Store>, Durable) {
+    if checkpoint {
+        d.close().unwrap();
+    } else {
+        d.close_without_checkpoint().expect("close");
+    }
+    drop((s, d));
+    let (s, d) = reopen(dir);
+    assert_eq!(&dump(&s), want, "{case}: the restart finds the memory's state");
+    (s, d)
 }
 
 fn degraded(h: &Health) -> Option<&str> {
@@ -99,9 +132,7 @@ fn write_and_fsync_failures_degrade_then_recover() {
         (Point::Sync, Fault::Io, "Input/output error"),
     ];
     for (point, fault, says) in cases {
-        let dir = tempfile::tempdir().unwrap();
-        let faults = Faults::manual();
-        let (s, d) = open(dir.path(), FsyncMode::Always, &faults);
+        let (dir, faults, s, d) = start(FsyncMode::Always);
         s.initialize(0, 1000).unwrap();
         s.initialize(1, 1000).unwrap();
         let acked: Vec<String> = (0..50).map(key).collect();
@@ -132,11 +163,7 @@ fn write_and_fsync_failures_degrade_then_recover() {
         d.sync_blocking(FAILSAFE).expect("acknowledging again");
         s.audit().expect("audit");
         let before = dump(&s);
-        d.close_without_checkpoint().expect("close");
-        drop((s, d));
-
-        let (s, d) = reopen(dir.path());
-        assert_eq!(dump(&s), before, "{point:?} {fault:?}: the restart finds the memory's state");
+        let (_, d) = restart_finds(&format!("{point:?} {fault:?}"), dir.path(), (s, d), false, &before);
         d.close().unwrap();
     }
 }
@@ -147,9 +174,7 @@ fn write_and_fsync_failures_degrade_then_recover() {
 /// whose fsync failed.
 #[test]
 fn a_failed_background_fsync_degrades_and_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Faults::manual();
-    let (s, d) = open(dir.path(), FsyncMode::Batch, &faults);
+    let (dir, faults, s, d) = start(FsyncMode::Batch);
     s.initialize(0, 1000).unwrap();
     save(&s, 0, &(0..20).map(key).collect::<Vec<_>>());
     d.sync_blocking(FAILSAFE).expect("healthy");
@@ -171,10 +196,7 @@ fn a_failed_background_fsync_degrades_and_recovers() {
     d.sync_blocking(FAILSAFE).expect("durable after the recovery");
     let before = dump(&s);
     assert_eq!(before.0.len(), 40);
-    d.close().unwrap();
-    drop((s, d));
-    let (s, d) = reopen(dir.path());
-    assert_eq!(dump(&s), before);
+    let (_, d) = restart_finds("background fsync", dir.path(), (s, d), true, &before);
     d.close().unwrap();
 }
 
@@ -183,9 +205,7 @@ fn a_failed_background_fsync_degrades_and_recovers() {
 /// degrades the store like a failed log write.
 #[test]
 fn the_probe_and_the_checkpoint_notice_an_idle_failure() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Faults::manual();
-    let (s, d) = open(dir.path(), FsyncMode::None, &faults);
+    let (dir, faults, s, d) = start(FsyncMode::None);
     s.initialize(0, 100).unwrap();
     save(&s, 0, &[key(1)]);
     d.sync_blocking(FAILSAFE).unwrap();
@@ -205,10 +225,7 @@ fn the_probe_and_the_checkpoint_notice_an_idle_failure() {
     faults.clear();
     assert_eq!(d.recover_now(FAILSAFE), Health::Healthy);
     let before = dump(&s);
-    d.close().unwrap();
-    drop((s, d));
-    let (s, d) = reopen(dir.path());
-    assert_eq!(dump(&s), before);
+    let (_, d) = restart_finds("idle failure", dir.path(), (s, d), true, &before);
     d.close().unwrap();
 }
 
@@ -238,10 +255,7 @@ fn start_up_on_a_broken_disk_is_degraded_never_healthy() {
     assert_eq!(d.recover_now(FAILSAFE), Health::Healthy);
     let before = dump(&s);
     assert_eq!(before.0.len(), 3);
-    d.close().unwrap();
-    drop((s, d));
-    let (s, d) = reopen(dir.path());
-    assert_eq!(dump(&s), before);
+    let (_, d) = restart_finds("broken disk at start-up", dir.path(), (s, d), true, &before);
     d.close().unwrap();
 }
 
@@ -251,9 +265,7 @@ fn start_up_on_a_broken_disk_is_degraded_never_healthy() {
 /// it recovers passes the audit.
 #[test]
 fn a_crash_while_degraded_keeps_every_acknowledged_change() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Faults::manual();
-    let (s, d) = open(dir.path(), FsyncMode::Always, &faults);
+    let (dir, faults, s, d) = start(FsyncMode::Always);
     s.initialize(0, 1000).unwrap();
     s.initialize(1, 1000).unwrap();
     let acked: Vec<String> = (0..100).map(key).collect();
@@ -278,9 +290,7 @@ fn a_crash_while_degraded_keeps_every_acknowledged_change() {
 /// every wait fails, and `fatal()` resolves for the binary to exit.
 #[test]
 fn a_panic_in_the_writer_is_fatal() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Faults::manual();
-    let (s, d) = open(dir.path(), FsyncMode::Always, &faults);
+    let (dir, faults, s, d) = start(FsyncMode::Always);
     s.initialize(0, 100).unwrap();
     save(&s, 0, &[key(1)]);
     d.sync_blocking(FAILSAFE).unwrap();
@@ -306,9 +316,7 @@ fn a_panic_in_the_writer_is_fatal() {
 #[test]
 fn recovery_under_load_matches_memory_exactly() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Faults::manual();
-    let (s, d) = open(dir.path(), FsyncMode::None, &faults);
+    let (dir, faults, s, d) = start(FsyncMode::None);
     for r in 0..3 {
         s.initialize(r, 4096).unwrap();
     }
@@ -374,10 +382,7 @@ fn recovery_under_load_matches_memory_exactly() {
     s.audit().expect("audit");
     let before = dump(&s);
     assert!(before.0.len() > 700 && before.1.contains_key(&7), "{} bindings", before.0.len());
-    d.close_without_checkpoint().expect("close");
-    drop((s, d));
-    let (s, d) = reopen(dir.path());
-    assert_eq!(dump(&s), before);
+    let (_, d) = restart_finds("under load", dir.path(), (s, d), false, &before);
     d.close().unwrap();
 }
 
@@ -385,9 +390,7 @@ fn recovery_under_load_matches_memory_exactly() {
 /// recovery, in order.
 #[test]
 fn a_clear_while_degraded_is_recovered_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Faults::manual();
-    let (s, d) = open(dir.path(), FsyncMode::Always, &faults);
+    let (dir, faults, s, d) = start(FsyncMode::Always);
     s.initialize(0, 100).unwrap();
     save(&s, 0, &[key(1), key(2)]);
     d.sync_blocking(FAILSAFE).unwrap();
@@ -405,10 +408,7 @@ fn a_clear_while_degraded_is_recovered_in_order() {
     d.sync_blocking(FAILSAFE).unwrap();
     let before = dump(&s);
     assert_eq!(before.0.len(), 1);
-    d.close().unwrap();
-    drop((s, d));
-    let (s, d) = reopen(dir.path());
-    assert_eq!(dump(&s), before);
+    let (s, d) = restart_finds("clear while degraded", dir.path(), (s, d), true, &before);
     assert_eq!(s.generation(), 2);
     d.close().unwrap();
 }
@@ -424,9 +424,7 @@ fn a_clear_while_degraded_is_recovered_in_order() {
 #[test]
 fn pages_changing_hands_between_threads_replay_exactly() {
     use std::sync::atomic::{AtomicU64, Ordering};
-    let dir = tempfile::tempdir().unwrap();
-    let faults = Faults::manual();
-    let (s, d) = open(dir.path(), FsyncMode::None, &faults);
+    let (dir, _faults, s, d) = start(FsyncMode::None);
     s.initialize(0, 96).unwrap();
     let next = AtomicU64::new(1);
     let running = std::sync::atomic::AtomicUsize::new(3);
@@ -471,9 +469,6 @@ fn pages_changing_hands_between_threads_replay_exactly() {
     d.sync_blocking(FAILSAFE).expect("durable");
     s.audit().expect("audit");
     let before = dump(&s);
-    d.close_without_checkpoint().expect("close");
-    drop((s, d));
-    let (s, d) = reopen(dir.path());
-    assert_eq!(dump(&s), before);
+    let (_, d) = restart_finds("pages changing hands", dir.path(), (s, d), false, &before);
     d.close().unwrap();
 }

@@ -2,15 +2,13 @@
 
 mod common;
 
+use common::process::{command, ServerProcess};
 use common::{Client, FAILSAFE};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, ErrorKind};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_hf3fs-meta");
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpStream};
+use std::process::Stdio;
+use std::time::Duration;
 
 /// Every flag of the command line.
 const FLAGS: [&str; 27] = [
@@ -42,141 +40,6 @@ const FLAGS: [&str; 27] = [
     "--help",
     "--version",
 ];
-
-/// A command for the binary with a clean environment: no `RUST_LOG`, no
-/// `HF3FS_META_*` from the caller.
-fn command() -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.env_remove("RUST_LOG");
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("HF3FS_META_") {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
-}
-
-/// A running server process whose stderr lines arrive on a channel.
-struct Proc {
-    child: Child,
-    addr: SocketAddr,
-    lines: Receiver<String>,
-    log: Vec<String>,
-}
-
-impl Proc {
-    /// Starts the binary on a free port of 127.0.0.1 with `args`, and waits
-    /// for its "listening" log line. Retries on a port clash.
-    fn start(args: &[&str]) -> Proc {
-        for _ in 0..5 {
-            let port = {
-                let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-                l.local_addr().expect("addr").port()
-            };
-            let port_s = port.to_string();
-            let mut child = command()
-                .args(["--host", "127.0.0.1", "--port", &port_s])
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn the binary");
-            let stderr = child.stderr.take().expect("stderr");
-            let (tx, rx) = mpsc::channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-            let mut p = Proc { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), lines: rx, log: Vec::new() };
-            match p.wait_line(|l| l.contains("listening") || l.contains("cannot listen")) {
-                Some(l) if l.contains("listening") => return p,
-                Some(l) if l.contains("Address already in use") || l.contains("address already in use") => {
-                    let _ = p.child.kill();
-                    let _ = p.child.wait();
-                    continue;
-                }
-                other => {
-                    let _ = p.child.kill();
-                    let _ = p.child.wait();
-                    panic!("the server did not start: {other:?}\n{}", p.log.join("\n"));
-                }
-            }
-        }
-        panic!("no free port after 5 tries");
-    }
-
-    /// Reads stderr lines until one satisfies `f` (returned), stderr ends, or
-    /// the failsafe runs out. Every line read is kept in `log`.
-    fn wait_line(&mut self, f: impl Fn(&str) -> bool) -> Option<String> {
-        self.next_matching(f).ok()
-    }
-
-    /// Like `wait_line`; the error says whether stderr closed (`true`) or the
-    /// failsafe ran out (`false`).
-    fn next_matching(&mut self, f: impl Fn(&str) -> bool) -> Result<String, bool> {
-        let deadline = Instant::now() + FAILSAFE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    self.log.push(l.clone());
-                    if f(&l) {
-                        return Ok(l);
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => return Err(true),
-                Err(RecvTimeoutError::Timeout) => return Err(false),
-            }
-        }
-    }
-
-    /// Every remaining stderr line, until the process closes stderr; false
-    /// when the failsafe ran out first.
-    fn drain(&mut self) -> bool {
-        self.next_matching(|_| false) == Err(true)
-    }
-
-    /// Waits for the process to exit: it closes stderr when it does, so
-    /// reading stderr to its end is the wait (bounded by the failsafe).
-    fn wait_exit(&mut self) -> ExitStatus {
-        if !self.drain() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            panic!("the server did not exit\n{}", self.log.join("\n"));
-        }
-        self.child.wait().expect("wait")
-    }
-
-    /// Waits for the exit and checks it is a clean 0 (not death by signal).
-    fn assert_exit_0(&mut self) {
-        let st = self.wait_exit();
-        assert_eq!(st.code(), Some(0), "exit status {st:?}; log:\n{}", self.log.join("\n"));
-    }
-
-    fn client(&self) -> Client {
-        Client::connect(self.addr)
-    }
-
-    fn signal(&self, sig: &str) {
-        let st =
-            Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]).status().expect("run kill");
-        assert!(st.success(), "kill -{sig} failed");
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
 
 #[test]
 fn help_lists_every_flag() {
@@ -228,7 +91,7 @@ fn bad_flags_exit_nonzero_with_usage() {
 
 #[test]
 fn startup_log_names_the_effective_config() {
-    let mut p = Proc::start(&[
+    let mut p = ServerProcess::serve(&[
         "--world-size",
         "3",
         "--reservation-ttl",
@@ -284,23 +147,7 @@ fn eviction_without_read_leases_is_warned_about() {
 
 #[test]
 fn port_zero_logs_the_real_address() {
-    let mut child = command()
-        .args(["--host", "127.0.0.1", "--port", "0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut p = Proc { child, addr: SocketAddr::from(([127, 0, 0, 1], 0)), lines: rx, log: Vec::new() };
+    let mut p = ServerProcess::spawn(0, &[]);
     let line = p.wait_line(|l| l.contains("listening")).expect("startup line");
     let addr = line
         .split_whitespace()
@@ -318,7 +165,7 @@ fn port_zero_logs_the_real_address() {
 
 #[test]
 fn json_log_format() {
-    let mut p = Proc::start(&["--log-format", "json", "--world-size", "2"]);
+    let mut p = ServerProcess::serve(&["--log-format", "json", "--world-size", "2"]);
     let mut c = p.client();
     // Something that logs at error level, with a line of its own.
     let r = c.request("POST", "/keys/confirm_write", &[], br#"{"rank": 5, "confirmations": [["k", 1]]}"#);
@@ -351,7 +198,7 @@ fn json_log_format() {
 
 #[test]
 fn text_log_has_the_confirm_failure_line() {
-    let mut p = Proc::start(&[]);
+    let mut p = ServerProcess::serve(&[]);
     let mut c = p.client();
     assert_eq!(c.request("POST", "/rank/0/initialize", &[], br#"{"num_pages": 4}"#).status, 200);
     let r = c.request("POST", "/keys/confirm_write", &[], br#"{"rank": 0, "confirmations": [["k", 2]]}"#);
@@ -378,7 +225,7 @@ fn text_log_has_the_confirm_failure_line() {
 /// Signal with idle keep-alive connections open: exit 0, promptly; the
 /// connections are closed and new ones refused.
 fn graceful_exit_on(sig: &str) {
-    let mut p = Proc::start(&["--shutdown-timeout", "5"]);
+    let mut p = ServerProcess::serve(&["--shutdown-timeout", "5"]);
     let mut idle: Vec<Client> = (0..2).map(|_| p.client()).collect();
     for c in &mut idle {
         let r = c.request("GET", "/health", &[], b"");
@@ -415,7 +262,7 @@ fn sigint_with_idle_connections_exits_0() {
 
 #[test]
 fn sigterm_lets_a_request_in_flight_finish() {
-    let mut p = Proc::start(&["--shutdown-timeout", "10"]);
+    let mut p = ServerProcess::serve(&["--shutdown-timeout", "10"]);
     let mut c = p.client();
     assert_eq!(c.request("POST", "/rank/0/initialize", &[], br#"{"num_pages": 4}"#).status, 200);
     // Headers sent; "100 Continue" proves the handler is reading the body.
@@ -454,7 +301,7 @@ fn sigterm_lets_a_request_in_flight_finish() {
 
 #[test]
 fn shutdown_timeout_bounds_a_stalled_request() {
-    let mut p = Proc::start(&["--shutdown-timeout", "1"]);
+    let mut p = ServerProcess::serve(&["--shutdown-timeout", "1"]);
     let mut c = p.client();
     // A request in flight (its handler is reading the body) that never completes.
     c.send(b"POST /keys/batch_exists HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n");
@@ -483,7 +330,7 @@ fn caught_signals(pid: u32) -> u64 {
 #[test]
 fn signal_handlers_are_installed_before_the_first_answer() {
     for _ in 0..5 {
-        let mut p = Proc::start(&[]);
+        let mut p = ServerProcess::serve(&[]);
         let mut c = p.client();
         assert_eq!(c.request("GET", "/health", &[], b"").status, 200);
         let mask = caught_signals(p.child.id());

@@ -47,44 +47,22 @@
 //! orders both outcomes.
 #![cfg(loom)]
 
-use hf3fs_meta::core::key::KeyRef;
+#[path = "common/loom_harness.rs"]
+mod loom_harness;
+
 use hf3fs_meta::core::lease::Lease;
 use hf3fs_meta::core::pages::{ClaimGuard, Claimed, PageState, PageTable, BOUND, FREE, RESERVED};
 use hf3fs_meta::core::LeaseLength;
 use loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
+use loom_harness::{audit, key, model, put, KA, KB};
 
-const KA: &str = "0123456789abcdef0123456789abcdef";
-const KB: &str = "fedcba9876543210fedcba9876543210";
 const NO_PAGE: u32 = u32::MAX;
 /// The tick every model runs at.
 const NOW: u32 = 10;
 /// A lease of 5 ticks.
 const LEN: LeaseLength = LeaseLength(5);
-
-fn model<F>(name: &str, bound: usize, f: F)
-where
-    F: Fn() + Sync + Send + 'static,
-{
-    let mut b = loom::model::Builder::new();
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_none() {
-        b.preemption_bound = Some(bound);
-    }
-    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = runs.clone();
-    let start = std::time::Instant::now();
-    b.check(move || {
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f();
-    });
-    eprintln!(
-        "loom model {name}: preemption bound {:?}, {} executions, {:.2?}",
-        b.preemption_bound,
-        runs.load(std::sync::atomic::Ordering::Relaxed),
-        start.elapsed()
-    );
-}
 
 /// What an actor of a model returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,25 +121,6 @@ where
             check(outs.into_iter().map(|o| o.expect("joined")).collect());
         });
     }
-}
-
-fn key(s: &str) -> KeyRef<'_> {
-    let k = KeyRef::parse(s);
-    assert!(matches!(k, KeyRef::Hex(_)), "hex keys only: the text-owner map is scc");
-    k
-}
-
-/// Puts FREE `page` into `state` during set-up.
-fn put(t: &PageTable, page: u32, state: u64, owner: Option<&str>) {
-    assert!(t.claim_free(page), "set-up: page {page} must be FREE");
-    if let Some(k) = owner {
-        t.set_owner(page, key(k));
-    }
-    t.settle(page, state);
-}
-
-fn audit(t: &PageTable) -> hf3fs_meta::core::pages::Counts {
-    t.audit().unwrap_or_else(|e| panic!("audit failed: {e}"))
 }
 
 // ---------------------------------------------------------------------------

@@ -25,49 +25,20 @@
 //! `LOOM_MAX_PREEMPTIONS=N` overrides every model's default bound.
 #![cfg(loom)]
 
-use hf3fs_meta::core::key::{Key, KeyRef};
+#[path = "common/loom_harness.rs"]
+mod loom_harness;
+
+use hf3fs_meta::core::key::Key;
 use hf3fs_meta::core::pages::{Claimed, PageState, PageTable, BOUND, FREE, RESERVED};
 use loom::sync::Arc;
 use loom::thread;
+use loom_harness::{audit, key, model, put, KA, KB};
 use std::collections::BTreeSet;
 
-const KA: &str = "0123456789abcdef0123456789abcdef";
-const KB: &str = "fedcba9876543210fedcba9876543210";
 const KC: &str = "d41d8cd98f00b204e9800998ecf8427e";
 
 // ---------------------------------------------------------------------------
-// Harness.
-
-/// Runs `f` under loom with `bound` preemptions (unless `LOOM_MAX_PREEMPTIONS`
-/// is set) and prints how many executions it took and how long.
-fn model<F>(name: &str, bound: usize, f: F)
-where
-    F: Fn() + Sync + Send + 'static,
-{
-    let mut b = loom::model::Builder::new();
-    if std::env::var_os("LOOM_MAX_PREEMPTIONS").is_none() {
-        b.preemption_bound = Some(bound);
-    }
-    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = runs.clone();
-    let start = std::time::Instant::now();
-    b.check(move || {
-        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f();
-    });
-    eprintln!(
-        "loom model {name}: preemption bound {:?}, {} executions, {:.2?}",
-        b.preemption_bound,
-        runs.load(std::sync::atomic::Ordering::Relaxed),
-        start.elapsed()
-    );
-}
-
-fn key(s: &str) -> KeyRef<'_> {
-    let k = KeyRef::parse(s);
-    assert!(matches!(k, KeyRef::Hex(_)), "models use hex keys only, so scc is never touched");
-    k
-}
+// Harness (the model runner, the keys, `put` and `audit`: tests/common/loom_harness.rs).
 
 /// Allocates `n` pages as `Store::allocate` does: counter first, then search.
 fn allocate(t: &PageTable, n: u64, epoch: u8) -> Option<Vec<u32>> {
@@ -78,16 +49,6 @@ fn allocate(t: &PageTable, n: u64, epoch: u8) -> Option<Vec<u32>> {
     t.reserve(n, epoch, |p| got.push(p));
     assert_eq!(got.len() as u64, n, "reserve must hand out exactly what was taken");
     Some(got)
-}
-
-/// Puts FREE `page` into `state` (RESERVED, or BOUND to `owner`) during a
-/// model's single-threaded set-up, without going through the search.
-fn put(t: &PageTable, page: u32, state: u64, owner: Option<&str>) {
-    assert!(t.claim_free(page), "set-up: page {page} must be FREE");
-    if let Some(k) = owner {
-        t.set_owner(page, key(k));
-    }
-    t.settle(page, state);
 }
 
 /// Why a modelled request was refused (the store's typed errors, by page).
@@ -165,14 +126,6 @@ fn request(t: &PageTable, confirms: &[(&str, u32)], releases: &[u32]) -> Result<
     }
     t.give_back(freed);
     Ok(done)
-}
-
-/// The audit, with the model's name in the panic.
-fn audit(t: &PageTable) -> hf3fs_meta::core::pages::Counts {
-    match t.audit() {
-        Ok(c) => c,
-        Err(e) => panic!("audit failed: {e}"),
-    }
 }
 
 fn assert_bound_to(t: &PageTable, page: u32, k: &str) {

@@ -11,9 +11,12 @@
 //!   request must not change, plus the store's own audit.
 //! - [`schema`]: every answer read by [`Client::request`] is checked against
 //!   `docs/openapi.json`.
+//! - [`process`]: the real binary as a child process (flags, stderr log,
+//!   exit status, signals).
 
 #![allow(dead_code)]
 
+pub mod process;
 pub mod schema;
 
 use hf3fs_meta::config::Config;

@@ -13,7 +13,10 @@
 //! leases on a manual clock and simulated pages that readers check.
 
 mod eviction;
+#[path = "../common/generations.rs"]
+mod generations;
 
+use generations::Rec;
 use hf3fs_meta::core::{
     AllocateOutcome, Change, ConfirmOutcome, ErrorCode, Journal, RankNotInitialized, Store, StoreConfig, TICKS_PER_TTL,
 };
@@ -751,14 +754,6 @@ fn clear_races_requests() {
 // starts that generation), bindings fold per page (two changes to one page
 // are ordered; changes to one key on different pages are not).
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Rec {
-    Init { generation: u64, rank: u32, num_pages: u32 },
-    Bind { generation: u64, rank: u32, page: u32, key: String, world: u32 },
-    Unbind { generation: u64, rank: u32, page: u32 },
-    Clear { generation: u64 },
-}
-
 type Action = Box<dyn FnOnce() + Send>;
 
 struct HookJournal {
@@ -769,14 +764,7 @@ struct HookJournal {
 
 impl Journal for HookJournal {
     fn record(&self, change: Change<'_>) {
-        let rec = match change {
-            Change::Initialize { generation, rank, num_pages } => Rec::Init { generation, rank, num_pages },
-            Change::Bind { generation, rank, page, key, world } => {
-                Rec::Bind { generation, rank, page, key: key.to_string(), world }
-            }
-            Change::Unbind { generation, rank, page } => Rec::Unbind { generation, rank, page },
-            Change::Clear { generation } => Rec::Clear { generation },
-        };
+        let rec = Rec::from(change);
         if (self.trigger)(&rec) {
             let action = self.action.lock().unwrap().take();
             if let Some(run_the_other_request) = action {

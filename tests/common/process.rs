@@ -1,0 +1,209 @@
+//! The real binary as a child process, for the tests that need the process
+//! itself (`tests/http_binary.rs`, `tests/durable_crash.rs`,
+//! `tests/durable_disk.rs`): its flags, its stderr log line by line, its
+//! exit status, signals and SIGKILL.
+//!
+//! Every wait is bounded by [`FAILSAFE`](super::FAILSAFE) and ends on a
+//! condition (a log line, stderr closing), never on a sleep.
+
+use super::{Client, FAILSAFE};
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::time::Instant;
+
+/// The server binary cargo built for these tests.
+pub const BIN: &str = env!("CARGO_BIN_EXE_hf3fs-meta");
+
+/// A command for the binary with a clean environment: no `RUST_LOG`, no
+/// `HF3FS_META_*` from the caller.
+pub fn command() -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("RUST_LOG");
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("HF3FS_META_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// A running server process whose stderr lines arrive on a channel; killed
+/// on drop if it still runs.
+pub struct ServerProcess {
+    pub child: Child,
+    /// Where it listens (port 0 until the test learns the real one, for a
+    /// process spawned with `--port 0`).
+    pub addr: SocketAddr,
+    lines: Receiver<String>,
+    /// Every stderr line read so far.
+    pub log: Vec<String>,
+}
+
+/// How a [`ServerProcess::start`] ended.
+pub enum Started {
+    Serving(ServerProcess),
+    /// The process exited before listening (a refused start), with its log.
+    Exited(ExitStatus, Vec<String>),
+}
+
+/// A start-up failure the binary logs before it exits (src/main.rs).
+fn refused(line: &str) -> bool {
+    ["cannot start the runtime", "cannot open", "cannot listen"].iter().any(|w| line.contains(w))
+}
+
+impl ServerProcess {
+    /// Spawns the binary with `--host 127.0.0.1 --port <port>` and `args`;
+    /// a thread forwards its stderr line by line.
+    pub fn spawn(port: u16, args: &[&str]) -> ServerProcess {
+        let mut child = command()
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the server");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        ServerProcess { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), lines: rx, log: Vec::new() }
+    }
+
+    /// Starts the binary on a free port of 127.0.0.1 with `args` and waits
+    /// for its "listening" line; retries on a port clash. A process that
+    /// refuses to start is waited for to its exit.
+    pub fn start(args: &[&str]) -> Started {
+        for _ in 0..5 {
+            let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+            let mut p = ServerProcess::spawn(port, args);
+            match p.wait_line(|l| l.contains("listening") || refused(l)) {
+                Some(l) if l.contains("listening") => return Started::Serving(p),
+                Some(l) if l.to_lowercase().contains("address already in use") => p.kill(),
+                _ => {
+                    let st = p.wait_exit();
+                    return Started::Exited(st, std::mem::take(&mut p.log));
+                }
+            }
+        }
+        panic!("no free port after 5 tries");
+    }
+
+    /// [`ServerProcess::start`] that must serve.
+    pub fn serve(args: &[&str]) -> ServerProcess {
+        match ServerProcess::start(args) {
+            Started::Serving(p) => p,
+            Started::Exited(st, log) => panic!("the server did not start ({st:?}):\n{}", log.join("\n")),
+        }
+    }
+
+    /// [`ServerProcess::start`] on the data directory `data`, with
+    /// `--fsync always --workers 2` and `extra`.
+    pub fn start_durable(data: &Path, extra: &[&str]) -> Started {
+        let data = data.to_str().expect("a UTF-8 data directory");
+        let mut args = vec!["--fsync", "always", "--workers", "2", "--data-dir", data];
+        args.extend_from_slice(extra);
+        ServerProcess::start(&args)
+    }
+
+    /// [`ServerProcess::start_durable`] that must serve.
+    pub fn serve_durable(data: &Path, extra: &[&str]) -> ServerProcess {
+        match ServerProcess::start_durable(data, extra) {
+            Started::Serving(p) => p,
+            Started::Exited(st, log) => panic!("the server did not start ({st:?}):\n{}", log.join("\n")),
+        }
+    }
+
+    /// A new keep-alive connection to the server.
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    /// Reads stderr lines until one satisfies `f` (returned), stderr ends, or
+    /// the failsafe runs out. Every line read is kept in `log`.
+    pub fn wait_line(&mut self, f: impl Fn(&str) -> bool) -> Option<String> {
+        self.next_matching(f).ok()
+    }
+
+    /// Whether a stderr line read so far, or one still to come within the
+    /// failsafe, satisfies `f`.
+    pub fn saw_line(&mut self, f: impl Fn(&str) -> bool) -> bool {
+        self.log.iter().any(|l| f(l)) || self.wait_line(f).is_some()
+    }
+
+    /// Like `wait_line`; the error says whether stderr closed (`true`) or the
+    /// failsafe ran out (`false`).
+    pub fn next_matching(&mut self, f: impl Fn(&str) -> bool) -> Result<String, bool> {
+        let deadline = Instant::now() + FAILSAFE;
+        loop {
+            match self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(l) => {
+                    self.log.push(l.clone());
+                    if f(&l) {
+                        return Ok(l);
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err(true),
+                Err(RecvTimeoutError::Timeout) => return Err(false),
+            }
+        }
+    }
+
+    /// The stderr lines already sent, without waiting for more.
+    pub fn read_log(&mut self) {
+        while let Ok(l) = self.lines.try_recv() {
+            self.log.push(l);
+        }
+    }
+
+    /// Every remaining stderr line, until the process closes stderr; false
+    /// when the failsafe ran out first.
+    pub fn drain(&mut self) -> bool {
+        self.next_matching(|_| false) == Err(true)
+    }
+
+    /// Waits for the process to exit: it closes stderr when it does, so
+    /// reading stderr to its end is the wait (bounded by the failsafe).
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        if !self.drain() {
+            self.kill();
+            panic!("the server did not exit\n{}", self.log.join("\n"));
+        }
+        self.child.wait().expect("wait")
+    }
+
+    /// Waits for the exit and checks it is a clean 0 (not death by signal).
+    pub fn assert_exit_0(&mut self) {
+        let st = self.wait_exit();
+        assert_eq!(st.code(), Some(0), "exit status {st:?}; log:\n{}", self.log.join("\n"));
+    }
+
+    /// Sends `sig` (a name for kill(1): TERM, INT, ...).
+    pub fn signal(&self, sig: &str) {
+        let st =
+            Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]).status().expect("run kill");
+        assert!(st.success(), "kill -{sig} failed");
+    }
+
+    /// SIGKILL, and the process reaped.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
