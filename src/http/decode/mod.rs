@@ -60,6 +60,7 @@ use std::fmt;
 
 use simd_json::{Buffers, ErrorType, Node, Tape};
 
+mod fast;
 mod sglang;
 mod tape;
 mod vllm;
@@ -277,11 +278,20 @@ pub struct Decoder {
     /// The tape's allocation, empty between calls; its lifetime is re-tied
     /// to each body by [`Tape::reset`].
     tape: Tape<'static>,
+    /// The fast path's key positions, reused across bodies.
+    scratch: fast::Scratch,
+    /// Whether the fast path is tried before simd-json.
+    fast_path: bool,
 }
 
 impl Default for Decoder {
     fn default() -> Self {
-        Self { buffers: Buffers::new(INITIAL_CAPACITY), tape: Tape(Vec::new()) }
+        Self {
+            buffers: Buffers::new(INITIAL_CAPACITY),
+            tape: Tape(Vec::new()),
+            scratch: fast::Scratch::default(),
+            fast_path: true,
+        }
     }
 }
 
@@ -292,6 +302,23 @@ impl fmt::Debug for Decoder {
 }
 
 impl Decoder {
+    /// A decoder that never takes the fast path: every body goes to
+    /// simd-json. The oracle of the fast path's tests and fuzz target, and
+    /// the baseline of its benchmark; the server uses [`Decoder::default`].
+    #[must_use]
+    pub fn tape_only() -> Self {
+        Self { fast_path: false, ..Self::default() }
+    }
+
+    /// Runs the fast path's scan over `body` (see `fast.rs`): `Some` when it
+    /// recognised the whole body, and then its lists wait in the scratch.
+    fn scan(&mut self, body: &[u8], spec: &fast::Spec, limits: Limits) -> Option<fast::Scan> {
+        if !self.fast_path {
+            return None;
+        }
+        self.scratch.scan(body, spec, limits)
+    }
+
     /// Parses `body` onto the reusable tape and runs `walk` over it.
     ///
     /// The result may borrow strings from `body` (lifetime `'a`) but not
@@ -319,5 +346,7 @@ impl Decoder {
     }
 }
 
+#[cfg(test)]
+mod fast_tests;
 #[cfg(test)]
 mod tests;
