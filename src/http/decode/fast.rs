@@ -365,6 +365,11 @@ impl Cursor<'_> {
             return None;
         }
         let start = self.at;
+        if self.b.get(start) == Some(&b'"') {
+            // The empty prefix key of vLLM's allocate pairs.
+            self.at = start + 1;
+            return Some((start, start));
+        }
         let mut i = start;
         // 32 bytes at a time (a vLLM key in one step), then 8, then 1.
         while let Some(block) = self.b.get(i..).and_then(<[u8]>::first_chunk::<32>) {

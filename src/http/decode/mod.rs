@@ -14,6 +14,23 @@
 //! from the array header (after the list's length has been checked against
 //! [`Limits`]).
 //!
+//! # The fast path
+//!
+//! Before simd-json, each hot route (exists, locations, allocate, confirm
+//! and SGLang's keys, reserve and confirm bodies) tries a scanner of the
+//! exact shapes the real clients send, `fast.rs`: one object of the route's
+//! known members, each once; keys that are printable ASCII without `"` or
+//! `\`; integers of at most 18 digits; any JSON whitespace between tokens
+//! (vLLM's client sends Python's `", "` and `": "`). It decodes straight
+//! from the bytes into the same typed arguments, and gives up on anything
+//! else (an escape, an unknown or repeated field, a float, a limit reached,
+//! a syntax error), so the body then goes to simd-json and every 400 keeps
+//! coming from the tape walk. Safe because what it accepts is a subset of
+//! JSON on which the tape walk's answer is certain; the proptests in
+//! `fast_tests.rs` and the `fast` fuzz target compare both paths on
+//! generated, near-valid and arbitrary bodies, simd-json being the oracle.
+//! Measured in perf/RESULTS.md ("Decoder fast path").
+//!
 //! # Scratch reuse
 //!
 //! A [`Decoder`] owns simd-json's [`Buffers`] and the tape's `Vec` and reuses
@@ -34,10 +51,11 @@
 //! # Layout
 //!
 //! This file holds what every dialect shares: the [`Decoder`] and its
-//! scratch, the [`Limits`] and the [`DecodeError`] texts. `tape.rs` walks
-//! simd-json's tape (fields, integers, lists of keys); `vllm.rs` decodes the
-//! bodies of vLLM's routes, `sglang.rs` those of SGLang HiCache's; the tests
-//! live in `tests.rs`.
+//! scratch, the [`Limits`] and the [`DecodeError`] texts. `fast.rs` is the
+//! fast path's scanner; `tape.rs` walks simd-json's tape (fields, integers,
+//! lists of keys); `vllm.rs` decodes the bodies of vLLM's routes,
+//! `sglang.rs` those of SGLang HiCache's; the tests live in `tests.rs` and
+//! `fast_tests.rs`.
 //!
 //! # Rules
 //!
