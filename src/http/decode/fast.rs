@@ -10,7 +10,7 @@
 //!
 //! - integers `-?[0-9]+` of at most 18 digits, without leading zeros and
 //!   other than `-0`, so every one fits in `i64` (no overflow check needed);
-//! - *plain strings*: printable ASCII (0x20–0x7F) without `"` or `\`, so a
+//! - *plain strings*: ASCII bytes 0x20–0x7F (DEL included) but `"` and `\`, so a
 //!   string's text is exactly its bytes (no escape to undo, no UTF-8 to
 //!   check);
 //! - keys: plain strings of 1 to `max_key_len` bytes, at most `max_keys` of

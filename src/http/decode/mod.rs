@@ -19,7 +19,7 @@
 //! Before simd-json, each hot route (exists, locations, allocate, confirm
 //! and SGLang's keys, reserve and confirm bodies) tries a scanner of the
 //! exact shapes the real clients send, `fast.rs`: one object of the route's
-//! known members, each once; keys that are printable ASCII without `"` or
+//! known members, each once; strings of ASCII bytes 0x20–0x7F but `"` and
 //! `\`; integers of at most 18 digits; any JSON whitespace between tokens
 //! (vLLM's client sends Python's `", "` and `": "`). It decodes straight
 //! from the bytes into the same typed arguments, and gives up on anything
