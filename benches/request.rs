@@ -151,27 +151,30 @@ fn codec(c: &mut Criterion) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(8);
     let keys = hex_keys(&mut rng, 128);
     let limits = Limits { max_keys: 65_536, max_key_len: 1024 };
-    let mut dec = Decoder::default();
     let alloc = allocate_body(0, &keys);
-    g.bench_function("decode batch_allocate body, 128 keys", |b| {
-        b.iter_batched_ref(
-            || alloc.clone(),
-            |body| {
-                black_box(dec.allocate(body, limits).unwrap().keys.len());
-            },
-            BatchSize::SmallInput,
-        )
-    });
     let exists = format!("{{\"keys\": [{}]}}", quoted(&keys)).into_bytes();
-    g.bench_function("decode batch_exists body, 128 keys", |b| {
-        b.iter_batched_ref(
-            || exists.clone(),
-            |body| {
-                black_box(dec.exists(body, limits).unwrap().keys.len());
-            },
-            BatchSize::SmallInput,
-        )
-    });
+    let pairs: Vec<(String, i64)> = keys.iter().cloned().zip(0..).collect();
+    let confirm = confirm_body(0, &pairs);
+    // The fast path and the simd-json tape walk alone, one after the other
+    // on each body, in one run (perf/RESULTS.md compares them).
+    for (body_name, body) in [("batch_allocate", &alloc), ("batch_exists", &exists), ("confirm_write", &confirm)] {
+        for (path, mut dec) in [("fast path", Decoder::default()), ("simd-json tape", Decoder::tape_only())] {
+            g.bench_function(format!("decode {body_name} body, 128 keys, {path}"), |b| {
+                b.iter_batched_ref(
+                    || body.clone(),
+                    |body| {
+                        let n = match body_name {
+                            "batch_allocate" => dec.allocate(body, limits).map(|a| a.keys.len()),
+                            "batch_exists" => dec.exists(body, limits).map(|a| a.keys.len()),
+                            _ => dec.confirm(body, limits).map(|a| a.confirmations.len()),
+                        };
+                        black_box(n.unwrap());
+                    },
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+    }
     let mut out = Vec::with_capacity(8192);
     g.bench_function("encode batch_allocate answer, 128 keys", |b| {
         b.iter(|| {

@@ -16,7 +16,7 @@ secs="${1:-30}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(decode router ops)
+    targets=(decode router ops fast)
 fi
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

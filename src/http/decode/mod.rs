@@ -14,6 +14,23 @@
 //! from the array header (after the list's length has been checked against
 //! [`Limits`]).
 //!
+//! # The fast path
+//!
+//! Before simd-json, each hot route (exists, locations, allocate, confirm
+//! and SGLang's keys, reserve and confirm bodies) tries a scanner of the
+//! exact shapes the real clients send, `fast.rs`: one object of the route's
+//! known members, each once; strings of ASCII bytes 0x20–0x7F but `"` and
+//! `\`; integers of at most 18 digits; any JSON whitespace between tokens
+//! (vLLM's client sends Python's `", "` and `": "`). It decodes straight
+//! from the bytes into the same typed arguments, and gives up on anything
+//! else (an escape, an unknown or repeated field, a float, a limit reached,
+//! a syntax error), so the body then goes to simd-json and every 400 keeps
+//! coming from the tape walk. Safe because what it accepts is a subset of
+//! JSON on which the tape walk's answer is certain; the proptests in
+//! `fast_tests.rs` and the `fast` fuzz target compare both paths on
+//! generated, near-valid and arbitrary bodies, simd-json being the oracle.
+//! Measured in perf/RESULTS.md ("Decoder fast path").
+//!
 //! # Scratch reuse
 //!
 //! A [`Decoder`] owns simd-json's [`Buffers`] and the tape's `Vec` and reuses
@@ -34,10 +51,11 @@
 //! # Layout
 //!
 //! This file holds what every dialect shares: the [`Decoder`] and its
-//! scratch, the [`Limits`] and the [`DecodeError`] texts. `tape.rs` walks
-//! simd-json's tape (fields, integers, lists of keys); `vllm.rs` decodes the
-//! bodies of vLLM's routes, `sglang.rs` those of SGLang HiCache's; the tests
-//! live in `tests.rs`.
+//! scratch, the [`Limits`] and the [`DecodeError`] texts. `fast.rs` is the
+//! fast path's scanner; `tape.rs` walks simd-json's tape (fields, integers,
+//! lists of keys); `vllm.rs` decodes the bodies of vLLM's routes,
+//! `sglang.rs` those of SGLang HiCache's; the tests live in `tests.rs` and
+//! `fast_tests.rs`.
 //!
 //! # Rules
 //!
@@ -60,6 +78,7 @@ use std::fmt;
 
 use simd_json::{Buffers, ErrorType, Node, Tape};
 
+mod fast;
 mod sglang;
 mod tape;
 mod vllm;
@@ -277,11 +296,20 @@ pub struct Decoder {
     /// The tape's allocation, empty between calls; its lifetime is re-tied
     /// to each body by [`Tape::reset`].
     tape: Tape<'static>,
+    /// The fast path's key positions, reused across bodies.
+    scratch: fast::Scratch,
+    /// Whether the fast path is tried before simd-json.
+    fast_path: bool,
 }
 
 impl Default for Decoder {
     fn default() -> Self {
-        Self { buffers: Buffers::new(INITIAL_CAPACITY), tape: Tape(Vec::new()) }
+        Self {
+            buffers: Buffers::new(INITIAL_CAPACITY),
+            tape: Tape(Vec::new()),
+            scratch: fast::Scratch::default(),
+            fast_path: true,
+        }
     }
 }
 
@@ -292,6 +320,23 @@ impl fmt::Debug for Decoder {
 }
 
 impl Decoder {
+    /// A decoder that never takes the fast path: every body goes to
+    /// simd-json. The oracle of the fast path's tests and fuzz target, and
+    /// the baseline of its benchmark; the server uses [`Decoder::default`].
+    #[must_use]
+    pub fn tape_only() -> Self {
+        Self { fast_path: false, ..Self::default() }
+    }
+
+    /// Runs the fast path's scan over `body` (see `fast.rs`): `Some` when it
+    /// recognised the whole body, and then its lists wait in the scratch.
+    fn scan(&mut self, body: &[u8], spec: &fast::Spec, limits: Limits) -> Option<fast::Scan> {
+        if !self.fast_path {
+            return None;
+        }
+        self.scratch.scan(body, spec, limits)
+    }
+
     /// Parses `body` onto the reusable tape and runs `walk` over it.
     ///
     /// The result may borrow strings from `body` (lifetime `'a`) but not
@@ -319,5 +364,7 @@ impl Decoder {
     }
 }
 
+#[cfg(test)]
+mod fast_tests;
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,7 @@
 //! [`MAX_NAMESPACE_LEN`] bytes.
 
 use super::tape::{check_count, check_key, fields, int_field, int_of, key_strings, Items};
-use super::{DecodeError, Decoder, Limits};
+use super::{fast, DecodeError, Decoder, Limits};
 use crate::core::DEFAULT_NAMESPACE;
 use simd_json::Node;
 
@@ -93,6 +93,11 @@ impl Decoder {
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
     pub fn space_keys<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<SpaceKeysBody<'a>, DecodeError> {
+        if let Some(scan) = self.scan(body, &fast::SPACE_KEYS, limits) {
+            return self.scratch.finish(body, |b| {
+                Some(SpaceKeysBody { keys: b.keys()?, namespace: b.namespace(&scan, DEFAULT_NAMESPACE)? })
+            });
+        }
         self.parse(body, |tape| {
             let [keys, ns] = fields(tape, ["keys", "namespace"])?;
             let namespace = namespace(ns)?;
@@ -108,6 +113,11 @@ impl Decoder {
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
     pub fn space_reserve<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<SpaceKeysBody<'a>, DecodeError> {
+        if let Some(scan) = self.scan(body, &fast::SPACE_RESERVE, limits) {
+            return self.scratch.finish(body, |b| {
+                Some(SpaceKeysBody { keys: b.keys()?, namespace: b.namespace(&scan, DEFAULT_NAMESPACE)? })
+            });
+        }
         self.parse(body, |tape| {
             let [keys, ns] = fields(tape, ["keys", "namespace"])?;
             let namespace = namespace(ns)?;
@@ -138,6 +148,15 @@ impl Decoder {
         body: &'a mut [u8],
         limits: Limits,
     ) -> Result<SpaceConfirmBody<'a>, DecodeError> {
+        if let Some(scan) = self.scan(body, &fast::SPACE_CONFIRM, limits) {
+            return self.scratch.finish(body, |b| {
+                Some(SpaceConfirmBody {
+                    confirmations: b.confirmations()?,
+                    releases: b.releases(),
+                    namespace: b.namespace(&scan, DEFAULT_NAMESPACE)?,
+                })
+            });
+        }
         self.parse(body, |tape| {
             let [written, releases, ns] = fields(tape, ["written_keys_to_confirm", "pages_to_release", "namespace"])?;
             let namespace = namespace(ns)?;

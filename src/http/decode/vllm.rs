@@ -1,7 +1,7 @@
 //! The bodies of vLLM's routes (`/rank/{rank}/initialize`, `/keys/…`).
 
 use super::tape::{check_count, check_key, fields, int_field, int_of, key_strings, rank_and_list, Items};
-use super::{DecodeError, Decoder, Limits};
+use super::{fast, DecodeError, Decoder, Limits};
 use simd_json::{Node, StaticNode};
 
 /// The role named in an initialize request.
@@ -94,6 +94,9 @@ impl Decoder {
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
     pub fn allocate<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<AllocateBody<'a>, DecodeError> {
+        if let Some(scan) = self.scan(body, &fast::ALLOCATE, limits) {
+            return self.scratch.finish(body, |b| Some(AllocateBody { rank: scan.rank?, keys: b.keys()? }));
+        }
         self.parse(body, |tape| {
             let [rank, keys] = fields(tape, ["rank", "keys"])?;
             let (rank, items) = rank_and_list(rank, keys, "keys")?;
@@ -122,6 +125,11 @@ impl Decoder {
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
     pub fn confirm<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<ConfirmBody<'a>, DecodeError> {
+        if let Some(scan) = self.scan(body, &fast::CONFIRM, limits) {
+            return self.scratch.finish(body, |b| {
+                Some(ConfirmBody { rank: scan.rank?, confirmations: b.confirmations()?, releases: b.releases() })
+            });
+        }
         self.parse(body, |tape| {
             let [rank, confirmations, releases] = fields(tape, ["rank", "confirmations", "pages_to_release"])?;
             let confirmations = match confirmations {
@@ -179,6 +187,9 @@ impl Decoder {
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
     pub fn exists<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<ExistsBody<'a>, DecodeError> {
+        if self.scan(body, &fast::EXISTS, limits).is_some() {
+            return self.scratch.finish(body, |b| Some(ExistsBody { keys: b.keys()? }));
+        }
         self.parse(body, |tape| {
             let [keys] = fields(tape, ["keys"])?;
             let items = match keys {
@@ -195,6 +206,9 @@ impl Decoder {
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
     pub fn locations<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<LocationsBody<'a>, DecodeError> {
+        if let Some(scan) = self.scan(body, &fast::LOCATIONS, limits) {
+            return self.scratch.finish(body, |b| Some(LocationsBody { rank: scan.rank?, keys: b.keys()? }));
+        }
         self.parse(body, |tape| {
             let [rank, keys] = fields(tape, ["rank", "keys"])?;
             let (rank, items) = rank_and_list(rank, keys, "keys")?;

@@ -1,0 +1,447 @@
+//! The fast path: a scanner for the exact body shapes the real clients send,
+//! straight from the bytes, with simd-json's tape (`tape.rs`) behind it for
+//! everything else.
+//!
+//! # What it accepts
+//!
+//! One JSON object whose members are all named in the route's [`Spec`], each
+//! at most once, with JSON whitespace (space, tab, CR, LF) anywhere between
+//! tokens, nothing but whitespace after it, and these values:
+//!
+//! - integers `-?[0-9]+` of at most 18 digits, without leading zeros and
+//!   other than `-0`, so every one fits in `i64` (no overflow check needed);
+//! - *plain strings*: ASCII bytes 0x20–0x7F (DEL included) but `"` and `\`, so a
+//!   string's text is exactly its bytes (no escape to undo, no UTF-8 to
+//!   check);
+//! - keys: plain strings of 1 to `max_key_len` bytes, at most `max_keys` of
+//!   them (with the pages to release, for confirm);
+//! - allocate/reserve items: a key, or `[key, plain string or null]`;
+//! - confirmation items: `[key, integer]`;
+//! - a namespace: a plain string of at most `MAX_NAMESPACE_LEN` bytes.
+//!
+//! vLLM's connector sends these bodies (Python's `json.dumps` spacing), so do
+//! SGLang's client (orjson, compact) and perf's load generator.
+//!
+//! # Why it is safe
+//!
+//! The scanner never produces an error: on any byte it does not expect it
+//! answers `None` and the caller decodes the body with simd-json as before.
+//! So every 400 still comes from the tape walk, with its text and precedence.
+//! What it accepts is a subset of JSON on which the tape walk's answer is
+//! certain: no field repeated (the tape walk takes the last), no unknown
+//! field (skipped there), no escape, no number that simd-json could read as
+//! a float or refuse, no limit reached (those are errors there). On that
+//! subset both paths give the same typed arguments; the `fast` fuzz target
+//! and the proptests in `tests.rs` check it with the tape walk as the oracle.
+//!
+//! # Two passes, no `unsafe`
+//!
+//! The scan borrows the body only briefly and records where each key lies
+//! (in a [`Scratch`] reused across requests), because a result borrowed
+//! from the body for the request's lifetime would keep the body from going
+//! to simd-json when the scan gives up. Once the scan has accepted the whole
+//! body, [`Scratch::finish`] borrows it for good, checks it as UTF-8 once
+//! (it is ASCII, so this cannot fail) and cuts the keys out of it.
+
+use super::sglang::MAX_NAMESPACE_LEN;
+use super::{DecodeError, Limits};
+
+/// Where a string's text lies in the body: byte offsets, quotes excluded.
+type Span = (usize, usize);
+
+/// The kinds of value a fast-path field holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Value {
+    /// An integer (`rank`).
+    Int,
+    /// A list of keys (exists, locations, SGLang's keys).
+    Keys,
+    /// A list of keys or `[key, prefix_key]` pairs (allocate, reserve).
+    KeyPairs,
+    /// A list of `[key, page]` pairs (confirm).
+    Confirmations,
+    /// A list of pages (`pages_to_release`).
+    Releases,
+    /// SGLang's `namespace`.
+    Namespace,
+}
+
+/// The members a route's body may have on the fast path, and which of them
+/// it must have.
+#[derive(Debug)]
+pub(super) struct Spec {
+    /// Each member's name and kind of value (at most 8).
+    fields: &'static [(&'static [u8], Value)],
+    /// Bit `i` set: `fields[i]` must be present.
+    required: u8,
+}
+
+/// `batch_exists`: `{"keys": [...]}`.
+pub(super) const EXISTS: Spec = Spec { fields: &[(b"keys", Value::Keys)], required: 0 };
+/// `get_locations`: `{"rank": R, "keys": [...]}`.
+pub(super) const LOCATIONS: Spec = Spec { fields: &[(b"rank", Value::Int), (b"keys", Value::Keys)], required: 0b11 };
+/// `batch_allocate`: `{"rank": R, "keys": [[key, prefix], ...]}`.
+pub(super) const ALLOCATE: Spec = Spec { fields: &[(b"rank", Value::Int), (b"keys", Value::KeyPairs)], required: 0b11 };
+/// `confirm_write`: `{"rank": R, "confirmations": [...], "pages_to_release": [...]}`.
+pub(super) const CONFIRM: Spec = Spec {
+    fields: &[(b"rank", Value::Int), (b"confirmations", Value::Confirmations), (b"pages_to_release", Value::Releases)],
+    required: 0b1,
+};
+/// SGLang's `exists`, `get_page_indices`, `delete_keys`.
+pub(super) const SPACE_KEYS: Spec =
+    Spec { fields: &[(b"keys", Value::Keys), (b"namespace", Value::Namespace)], required: 0b1 };
+/// SGLang's `reserve_and_allocate_page_indices`.
+pub(super) const SPACE_RESERVE: Spec =
+    Spec { fields: &[(b"keys", Value::KeyPairs), (b"namespace", Value::Namespace)], required: 0b1 };
+/// SGLang's `confirm_write`.
+pub(super) const SPACE_CONFIRM: Spec = Spec {
+    fields: &[
+        (b"written_keys_to_confirm", Value::Confirmations),
+        (b"pages_to_release", Value::Releases),
+        (b"namespace", Value::Namespace),
+    ],
+    required: 0,
+};
+
+/// Keys up to this many leave their scratch in place for the next request.
+const RETAIN_KEYS: usize = 4096;
+
+/// What a successful scan found besides the lists kept in the [`Scratch`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Scan {
+    /// The integer field, if the spec has one.
+    pub(super) rank: Option<i64>,
+    /// The namespace, if present.
+    namespace: Option<Span>,
+}
+
+/// The lists of the last scan, reused across requests.
+#[derive(Debug, Default)]
+pub(super) struct Scratch {
+    /// Every key, in request order.
+    keys: Vec<Span>,
+    /// For confirmations: the page of each key, at the same index.
+    pages: Vec<i64>,
+    /// The pages to release, in request order.
+    releases: Vec<i64>,
+}
+
+impl Scratch {
+    /// Scans `body` as one of the shapes of `spec`. `None` means "not
+    /// recognised with certainty", never "invalid": the caller then decodes
+    /// the body with simd-json.
+    pub(super) fn scan(&mut self, body: &[u8], spec: &Spec, limits: Limits) -> Option<Scan> {
+        if self.keys.capacity() > RETAIN_KEYS || self.releases.capacity() > RETAIN_KEYS {
+            *self = Self::default();
+        }
+        self.keys.clear();
+        self.pages.clear();
+        self.releases.clear();
+        let mut c = Cursor { b: body, at: 0 };
+        let mut scan = Scan { rank: None, namespace: None };
+        let mut seen = 0u8;
+        if c.next()? != b'{' {
+            return None;
+        }
+        if c.peek()? == b'}' {
+            c.at += 1;
+        } else {
+            loop {
+                let (start, end) = c.string()?;
+                let name = body.get(start..end)?;
+                let i = spec.fields.iter().position(|(n, _)| *n == name)?;
+                let bit = 1u8.checked_shl(u32::try_from(i).ok()?)?;
+                if seen & bit != 0 {
+                    return None;
+                }
+                seen |= bit;
+                if c.next()? != b':' {
+                    return None;
+                }
+                self.value(&mut c, spec.fields.get(i)?.1, &mut scan, limits)?;
+                match c.next()? {
+                    b',' => {}
+                    b'}' => break,
+                    _ => return None,
+                }
+            }
+        }
+        c.ws();
+        (c.at == body.len() && seen & spec.required == spec.required).then_some(scan)
+    }
+
+    /// Scans one member's value into `scan` or the lists.
+    fn value(&mut self, c: &mut Cursor<'_>, kind: Value, scan: &mut Scan, limits: Limits) -> Option<()> {
+        match kind {
+            Value::Int => scan.rank = Some(c.int()?),
+            Value::Namespace => {
+                let (start, end) = c.string()?;
+                if end - start > MAX_NAMESPACE_LEN {
+                    return None;
+                }
+                scan.namespace = Some((start, end));
+            }
+            Value::Keys => c.list(|c| self.key(c, limits))?,
+            Value::KeyPairs => c.list(|c| {
+                if c.peek()? != b'[' {
+                    return self.key(c, limits);
+                }
+                c.at += 1;
+                self.key(c, limits)?;
+                if c.next()? != b',' {
+                    return None;
+                }
+                // The prefix key is read past; only its form is checked.
+                if c.peek()? == b'"' {
+                    c.string()?;
+                } else {
+                    c.literal(b"null")?;
+                }
+                (c.next()? == b']').then_some(())
+            })?,
+            Value::Confirmations => c.list(|c| {
+                if c.next()? != b'[' {
+                    return None;
+                }
+                self.key(c, limits)?;
+                if c.next()? != b',' {
+                    return None;
+                }
+                self.pages.push(c.int()?);
+                (c.next()? == b']').then_some(())
+            })?,
+            Value::Releases => c.list(|c| {
+                let page = c.int()?;
+                self.room(limits)?;
+                self.releases.push(page);
+                Some(())
+            })?,
+        }
+        Some(())
+    }
+
+    /// `Some` while one more item fits in `max_keys` (keys and releases
+    /// count together, as confirm's limit does; no body has both others).
+    fn room(&self, limits: Limits) -> Option<()> {
+        (self.keys.len().saturating_add(self.releases.len()) < limits.max_keys).then_some(())
+    }
+
+    /// Scans one key: a plain string within the limits.
+    fn key(&mut self, c: &mut Cursor<'_>, limits: Limits) -> Option<()> {
+        let (start, end) = c.string()?;
+        let len = end - start;
+        if len == 0 || len > limits.max_key_len {
+            return None;
+        }
+        self.room(limits)?;
+        self.keys.push((start, end));
+        Some(())
+    }
+
+    /// Borrows the scanned body for good and builds the typed arguments.
+    ///
+    /// # Errors
+    ///
+    /// None in practice: the scan admits ASCII only, so the body is UTF-8
+    /// and every span falls on character boundaries. Were it otherwise the
+    /// answer would be the tape walk's for a body that is not UTF-8.
+    pub(super) fn finish<'a, T>(
+        &self,
+        body: &'a [u8],
+        build: impl FnOnce(&Built<'_, 'a>) -> Option<T>,
+    ) -> Result<T, DecodeError> {
+        const NOT_UTF8: DecodeError = DecodeError::InvalidJson { reason: "invalid UTF-8" };
+        let Ok(text) = std::str::from_utf8(body) else {
+            return Err(NOT_UTF8);
+        };
+        build(&Built { scratch: self, text }).ok_or(NOT_UTF8)
+    }
+}
+
+/// A scan's results over the body's text, for [`Scratch::finish`].
+pub(super) struct Built<'s, 'a> {
+    /// The lists the scan filled.
+    scratch: &'s Scratch,
+    /// The whole body, checked as UTF-8.
+    text: &'a str,
+}
+
+impl<'a> Built<'_, 'a> {
+    /// The keys, in request order.
+    pub(super) fn keys(&self) -> Option<Vec<&'a str>> {
+        let mut out = Vec::with_capacity(self.scratch.keys.len());
+        for &(start, end) in &self.scratch.keys {
+            out.push(self.text.get(start..end)?);
+        }
+        Some(out)
+    }
+
+    /// The `(key, page)` confirmations, in request order.
+    pub(super) fn confirmations(&self) -> Option<Vec<(&'a str, i64)>> {
+        let mut out = Vec::with_capacity(self.scratch.keys.len());
+        for (&(start, end), &page) in self.scratch.keys.iter().zip(&self.scratch.pages) {
+            out.push((self.text.get(start..end)?, page));
+        }
+        Some(out)
+    }
+
+    /// The pages to release, in request order.
+    pub(super) fn releases(&self) -> Vec<i64> {
+        self.scratch.releases.clone()
+    }
+
+    /// The namespace of `scan`, or `default` when the body named none.
+    pub(super) fn namespace(&self, scan: &Scan, default: &'a str) -> Option<&'a str> {
+        match scan.namespace {
+            None => Some(default),
+            Some((start, end)) => self.text.get(start..end),
+        }
+    }
+}
+
+/// A position in the body being scanned.
+struct Cursor<'b> {
+    /// The body.
+    b: &'b [u8],
+    /// The next byte to read.
+    at: usize,
+}
+
+/// One in each byte of a word.
+const ONES: u64 = 0x0101_0101_0101_0101;
+/// The high bit of each byte of a word.
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// The bytes of `w` that end or spoil a plain string (`"`, `\`, a control
+/// character, a non-ASCII byte), as the high bit of each. The lowest flag is
+/// exact; flags above it may be spurious (borrows of the subtractions), so
+/// only the lowest is used.
+fn specials(w: u64) -> u64 {
+    let quote = w ^ (ONES * u64::from(b'"'));
+    let backslash = w ^ (ONES * u64::from(b'\\'));
+    let is_quote = quote.wrapping_sub(ONES) & !quote;
+    let is_backslash = backslash.wrapping_sub(ONES) & !backslash;
+    let is_control = w.wrapping_sub(ONES * 0x20) & !w;
+    (is_quote | is_backslash | is_control | w) & HIGH
+}
+
+/// A byte that may appear in a plain string.
+fn plain(c: u8) -> bool {
+    (0x20..0x80).contains(&c) && c != b'"' && c != b'\\'
+}
+
+impl Cursor<'_> {
+    /// Skips JSON whitespace.
+    fn ws(&mut self) {
+        while matches!(self.b.get(self.at), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+            self.at += 1;
+        }
+    }
+
+    /// The next byte after whitespace, not consumed.
+    fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.b.get(self.at).copied()
+    }
+
+    /// The next byte after whitespace, consumed.
+    fn next(&mut self) -> Option<u8> {
+        let c = self.peek()?;
+        self.at += 1;
+        Some(c)
+    }
+
+    /// Consumes `word` (after whitespace).
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        self.ws();
+        let end = self.at.checked_add(word.len())?;
+        (self.b.get(self.at..end)? == word).then(|| self.at = end)
+    }
+
+    /// A plain string (after whitespace): the span of its text.
+    #[inline]
+    fn string(&mut self) -> Option<Span> {
+        if self.next()? != b'"' {
+            return None;
+        }
+        let start = self.at;
+        if self.b.get(start) == Some(&b'"') {
+            // The empty prefix key of vLLM's allocate pairs.
+            self.at = start + 1;
+            return Some((start, start));
+        }
+        let mut i = start;
+        // 32 bytes at a time (a vLLM key in one step), then 8, then 1.
+        while let Some(block) = self.b.get(i..).and_then(<[u8]>::first_chunk::<32>) {
+            let word = |k: usize| block.get(k..k + 8).and_then(|w| w.try_into().ok()).map_or(HIGH, u64::from_le_bytes);
+            if specials(word(0)) | specials(word(8)) | specials(word(16)) | specials(word(24)) != 0 {
+                break;
+            }
+            i += 32;
+            if self.b.get(i) == Some(&b'"') {
+                self.at = i + 1;
+                return Some((start, i));
+            }
+        }
+        while let Some(word) = self.b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
+            let flags = specials(u64::from_le_bytes(*word));
+            if flags != 0 {
+                i += (flags.trailing_zeros() / 8) as usize;
+                break;
+            }
+            i += 8;
+        }
+        while self.b.get(i).is_some_and(|&c| plain(c)) {
+            i += 1;
+        }
+        if self.b.get(i) != Some(&b'"') {
+            return None;
+        }
+        self.at = i + 1;
+        Some((start, i))
+    }
+
+    /// An integer of at most 18 digits (after whitespace). What follows is
+    /// left to the caller, which accepts only `,` `]` `}` or whitespace, so
+    /// `1.5` and `1e3` are refused there.
+    fn int(&mut self) -> Option<i64> {
+        self.ws();
+        let negative = self.b.get(self.at) == Some(&b'-');
+        let first = self.at + usize::from(negative);
+        let mut i = first;
+        let mut value: i64 = 0;
+        while let Some(&c) = self.b.get(i).filter(|c| c.is_ascii_digit()) {
+            if i - first == 18 {
+                return None;
+            }
+            value = value * 10 + i64::from(c - b'0');
+            i += 1;
+        }
+        let digits = i - first;
+        let leading_zero = digits > 1 && self.b.get(first) == Some(&b'0');
+        if digits == 0 || leading_zero || (negative && value == 0) {
+            return None;
+        }
+        self.at = i;
+        Some(if negative { -value } else { value })
+    }
+
+    /// A list (after whitespace), each item scanned by `item`.
+    fn list(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        if self.next()? != b'[' {
+            return None;
+        }
+        if self.peek()? == b']' {
+            self.at += 1;
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            match self.next()? {
+                b',' => {}
+                b']' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+}
