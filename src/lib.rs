@@ -99,7 +99,7 @@ impl App {
             low_watermark: cfg.evict_low_watermark,
             read_lease: core::LeaseLength::from_secs(cfg.read_lease),
             manual_clock: false,
-            index_floor: core::IndexFloor::VLLM,
+            index_floor: core::IndexFloor::vllm(cfg.expected_keys as usize),
         }
     }
 

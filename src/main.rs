@@ -82,6 +82,7 @@ fn main() -> ExitCode {
             evict_high_watermark = cfg.evict_high_watermark,
             evict_low_watermark = cfg.evict_low_watermark,
             read_lease_s = cfg.read_lease,
+            expected_keys = cfg.expected_keys,
             "hf3fs-meta {} listening",
             env!("CARGO_PKG_VERSION")
         );
