@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;
 
 fn main() -> ExitCode {
     let cfg = Config::parse();
