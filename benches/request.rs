@@ -176,7 +176,12 @@ fn codec(c: &mut Criterion) {
     g.bench_function("encode batch_allocate answer, 128 keys", |b| {
         b.iter(|| {
             out.clear();
-            encode::allocate(&mut out, 0, keys.iter().enumerate().map(|(i, k)| (k.as_str(), i as i64)));
+            encode::allocate(
+                &mut out,
+                0,
+                encode::Keys::Any,
+                keys.iter().enumerate().map(|(i, k)| (k.as_str(), i as i64)),
+            );
             black_box(out.len())
         })
     });

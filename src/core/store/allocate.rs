@@ -104,15 +104,7 @@ impl Store {
         let r = rank as u32;
         // Parse every key before looking any up: the lookups then overlap
         // their cache misses.
-        let mut seen: HashSet<KeyRef<'_>, FixedState> =
-            HashSet::with_capacity_and_hasher(keys.len(), FixedState::default());
-        let mut distinct = Vec::with_capacity(keys.len());
-        for (i, s) in keys.iter().enumerate() {
-            let k = KeyRef::parse(s);
-            if seen.insert(k) {
-                distinct.push((i, k));
-            }
-        }
+        let distinct = distinct_keys(keys);
         let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let mut evicted = false;
@@ -221,6 +213,44 @@ impl Store {
         }
         hits > fresh_set.len()
     }
+}
+
+thread_local! {
+    /// The digests already met in this thread's current batch, kept
+    /// between requests so that a batch allocates nothing for them.
+    static SEEN_HEX: std::cell::RefCell<HashSet<u128, FixedState>> = std::cell::RefCell::default();
+}
+
+/// Each distinct key of `keys`, parsed, with the index of its first
+/// appearance, in order of first appearance.
+fn distinct_keys<'k>(keys: &[&'k str]) -> Vec<(usize, KeyRef<'k>)> {
+    let mut distinct = Vec::with_capacity(keys.len());
+    let all_hex = SEEN_HEX.with(|seen| {
+        let Ok(mut seen) = seen.try_borrow_mut() else { return false };
+        seen.clear();
+        seen.reserve(keys.len());
+        for (i, s) in keys.iter().enumerate() {
+            let k = KeyRef::parse(s);
+            let KeyRef::Hex(d) = k else { return false };
+            if seen.insert(d) {
+                distinct.push((i, k));
+            }
+        }
+        true
+    });
+    if !all_hex {
+        // Another kind of key in the batch: one set of whole keys.
+        distinct.clear();
+        let mut seen: HashSet<KeyRef<'_>, FixedState> =
+            HashSet::with_capacity_and_hasher(keys.len(), FixedState::default());
+        for (i, s) in keys.iter().enumerate() {
+            let k = KeyRef::parse(s);
+            if seen.insert(k) {
+                distinct.push((i, k));
+            }
+        }
+    }
+    distinct
 }
 
 #[cfg(all(test, not(loom)))]
