@@ -13,46 +13,18 @@
 //! ```
 //!
 //! The bodies are benches/request.rs's; figures in perf/RESULTS.md.
-use hf3fs_meta::config::Config;
-use hf3fs_meta::http::api::{handle, route};
+
 use hf3fs_meta::App;
-use hyper::Method;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use std::time::Instant;
+
+#[path = "../benches/common/vllm.rs"]
+mod vllm;
+use vllm::{allocate_body, allocated, app, confirm_body, hex_keys, post, release_body};
 
 #[global_allocator]
 static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;
 
-fn hex_keys(rng: &mut impl Rng, n: usize) -> Vec<String> {
-    (0..n).map(|_| format!("{:032x}", rng.gen::<u128>() | 1)).collect()
-}
-fn allocate_body(rank: u32, keys: &[String]) -> Vec<u8> {
-    let items: Vec<String> = keys.iter().map(|k| format!("[\"{k}\", \"\"]")).collect();
-    format!("{{\"rank\": {rank}, \"keys\": [{}]}}", items.join(", ")).into_bytes()
-}
-fn confirm_body(rank: u32, pairs: &[(String, i64)]) -> Vec<u8> {
-    let items: Vec<String> = pairs.iter().map(|(k, p)| format!("[\"{k}\", {p}]")).collect();
-    format!("{{\"rank\": {rank}, \"confirmations\": [{}], \"pages_to_release\": []}}", items.join(", ")).into_bytes()
-}
-fn release_body(rank: u32, pages: &[i64]) -> Vec<u8> {
-    let list: Vec<String> = pages.iter().map(i64::to_string).collect();
-    format!("{{\"rank\": {rank}, \"confirmations\": [], \"pages_to_release\": [{}]}}", list.join(", ")).into_bytes()
-}
-fn post(app: &App, path: &str, mut body: Vec<u8>) -> Vec<u8> {
-    let route = route(&Method::POST, path);
-    let reply = handle(app, &route, &mut body);
-    assert!(reply.status.is_success());
-    reply.body
-}
-fn allocated(answer: &[u8]) -> Vec<(String, i64)> {
-    let v: serde_json::Value = serde_json::from_slice(answer).unwrap();
-    v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| (r[0].as_str().unwrap().to_owned(), r[1].as_i64().unwrap()))
-        .collect()
-}
 #[inline(never)]
 fn phase_allocate(app: &App, body: Vec<u8>) -> Vec<u8> {
     post(app, "/keys/batch_allocate", body)
@@ -65,6 +37,7 @@ fn phase_confirm(app: &App, body: Vec<u8>) -> Vec<u8> {
 fn phase_release(app: &App, body: Vec<u8>) -> usize {
     post(app, std::hint::black_box("/keys/confirm_write"), body).len() + 1
 }
+/// The median of `v`.
 fn med(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -74,14 +47,7 @@ fn main() {
     let iters: usize = std::env::args().nth(2).map_or(2000, |s| s.parse().unwrap());
     let pages: u32 = std::env::args().nth(3).map_or(2_000_000, |s| s.parse().unwrap());
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let app = App::new(Config::for_tests());
-    post(&app, "/rank/0/initialize", format!("{{\"num_pages\": {pages}, \"role\": \"worker\"}}").into_bytes());
-    let keys = hex_keys(&mut rng, stored);
-    for chunk in keys.chunks(128) {
-        let pairs = allocated(&post(&app, "/keys/batch_allocate", allocate_body(0, chunk)));
-        post(&app, "/keys/confirm_write", confirm_body(0, &pairs));
-    }
-    drop(keys);
+    let app = app(pages, &hex_keys(&mut rng, stored));
     let (mut ta, mut tc) = (Vec::new(), Vec::new());
     for _ in 0..iters {
         let keys = hex_keys(&mut rng, 128);
