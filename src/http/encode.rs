@@ -164,9 +164,19 @@ pub fn allocate<'k>(out: &mut Vec<u8>, rank: i64, keys: Keys, results: impl Into
         match keys {
             Keys::Plain => {
                 debug_assert!(!any_needs_escape(key.as_bytes()), "a plain key needs an escape: {key:?}");
-                out.push(b'"');
-                out.extend_from_slice(key.as_bytes());
-                out.push(b'"');
+                match <&[u8; 32]>::try_from(key.as_bytes()) {
+                    // A 32-hex key, quoted, in one fixed-size copy.
+                    Ok(k) => {
+                        let mut quoted = [b'"'; 34];
+                        quoted[1..33].copy_from_slice(k);
+                        out.extend_from_slice(&quoted);
+                    }
+                    Err(_) => {
+                        out.push(b'"');
+                        out.extend_from_slice(key.as_bytes());
+                        out.push(b'"');
+                    }
+                }
             }
             Keys::Any => json_str(out, key),
         }
@@ -388,6 +398,8 @@ mod tests {
         check(|o| allocate(o, i64::MIN, Keys::Plain, [("", i64::MAX)]), r#"{"rank":-9223372036854775808,"results":[["",9223372036854775807]]}"#, json!({"rank": i64::MIN, "results": [["", i64::MAX]]}));
         let keys = ["a".to_string(), "b".to_string()];
         check(|o| allocate(o, 1, Keys::Plain, keys.iter().map(|k| (k.as_str(), 7))), r#"{"rank":1,"results":[["a",7],["b",7]]}"#, json!({"rank": 1, "results": [["a", 7], ["b", 7]]}));
+        let md5 = "0123456789abcdef0123456789abcdef";
+        check(|o| allocate(o, 2, Keys::Plain, [(md5, 3), ("k", 4)]), r#"{"rank":2,"results":[["0123456789abcdef0123456789abcdef",3],["k",4]]}"#, json!({"rank": 2, "results": [[md5, 3], ["k", 4]]}));
     }
 
     #[test]
