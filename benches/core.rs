@@ -13,7 +13,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;
 
 fn hex_keys(rng: &mut impl Rng, n: usize) -> Vec<String> {
     (0..n).map(|_| format!("{:032x}", rng.gen::<u128>() | 1)).collect()

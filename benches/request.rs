@@ -5,70 +5,19 @@
 //! Run: `cargo bench --bench request`. Figures in perf/RESULTS.md.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use hf3fs_meta::config::Config;
-use hf3fs_meta::http::api::{handle, route};
 use hf3fs_meta::http::decode::{Decoder, Limits};
 use hf3fs_meta::http::encode;
 use hf3fs_meta::App;
-use hyper::Method;
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;
 use std::time::Duration;
 
+#[path = "common/vllm.rs"]
+mod vllm;
+use vllm::{allocate_body, allocated, app, confirm_body, hex_keys, post, quoted, release_body};
+
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn hex_keys(rng: &mut impl Rng, n: usize) -> Vec<String> {
-    (0..n).map(|_| format!("{:032x}", rng.gen::<u128>() | 1)).collect()
-}
-
-fn quoted(keys: &[String]) -> String {
-    keys.iter().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(", ")
-}
-
-/// The bodies vLLM's client sends (Python's json.dumps spacing).
-fn allocate_body(rank: u32, keys: &[String]) -> Vec<u8> {
-    let items: Vec<String> = keys.iter().map(|k| format!("[\"{k}\", \"\"]")).collect();
-    format!("{{\"rank\": {rank}, \"keys\": [{}]}}", items.join(", ")).into_bytes()
-}
-
-fn confirm_body(rank: u32, pairs: &[(String, i64)]) -> Vec<u8> {
-    let items: Vec<String> = pairs.iter().map(|(k, p)| format!("[\"{k}\", {p}]")).collect();
-    format!("{{\"rank\": {rank}, \"confirmations\": [{}], \"pages_to_release\": []}}", items.join(", ")).into_bytes()
-}
-
-fn release_body(rank: u32, pages: &[i64]) -> Vec<u8> {
-    let list: Vec<String> = pages.iter().map(i64::to_string).collect();
-    format!("{{\"rank\": {rank}, \"confirmations\": [], \"pages_to_release\": [{}]}}", list.join(", ")).into_bytes()
-}
-
-fn post(app: &App, path: &str, mut body: Vec<u8>) -> Vec<u8> {
-    let route = route(&Method::POST, path);
-    let reply = handle(app, &route, &mut body);
-    assert!(reply.status.is_success(), "{path}: {} {}", reply.status, String::from_utf8_lossy(&reply.body));
-    reply.body
-}
-
-/// The `(key, page)` pairs of a batch_allocate answer.
-fn allocated(answer: &[u8]) -> Vec<(String, i64)> {
-    let v: serde_json::Value = serde_json::from_slice(answer).unwrap();
-    v["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| (r[0].as_str().unwrap().to_owned(), r[1].as_i64().unwrap()))
-        .collect()
-}
-
-fn app(pages: u32, stored: &[String]) -> App {
-    let app = App::new(Config::for_tests());
-    post(&app, "/rank/0/initialize", format!("{{\"num_pages\": {pages}, \"role\": \"worker\"}}").into_bytes());
-    for chunk in stored.chunks(128) {
-        let pairs = allocated(&post(&app, "/keys/batch_allocate", allocate_body(0, chunk)));
-        post(&app, "/keys/confirm_write", confirm_body(0, &pairs));
-    }
-    app
-}
+static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;
 
 /// Confirms of 128 freshly allocated keys, in steady state: each setup first
 /// releases the pages the previous iteration confirmed (untimed), so the key
@@ -179,7 +128,12 @@ fn codec(c: &mut Criterion) {
     g.bench_function("encode batch_allocate answer, 128 keys", |b| {
         b.iter(|| {
             out.clear();
-            encode::allocate(&mut out, 0, keys.iter().enumerate().map(|(i, k)| (k.as_str(), i as i64)));
+            encode::allocate(
+                &mut out,
+                0,
+                encode::Keys::Any,
+                keys.iter().enumerate().map(|(i, k)| (k.as_str(), i as i64)),
+            );
             black_box(out.len())
         })
     });

@@ -107,6 +107,15 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=(u32::MAX as i64 - 1)))]
     pub max_pages_per_rank: u32,
 
+    /// Keys the vLLM key index is sized for at start (0: it starts small and
+    /// doubles as it fills). With the index pre-sized, storing that many
+    /// keys never doubles it, so resident memory does not peak at the old
+    /// and the new table side by side; the price is that the table's memory
+    /// (about 128 bytes a key) is taken as soon as keys spread over it, and
+    /// the table never shrinks below it.
+    #[arg(long, env = "HF3FS_META_EXPECTED_KEYS", default_value_t = 0)]
+    pub expected_keys: u64,
+
     /// Most SGLang page spaces (one per rank and namespace that SGLang's
     /// initialize names); an initialize beyond it gets a 400.
     #[arg(long, env = "HF3FS_META_MAX_SPACES", default_value_t = 4096,
@@ -192,6 +201,7 @@ impl Config {
 
     /// Checks what clap cannot check flag by flag.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_expected_keys(mem_total())?;
         if self.evict_low_watermark > self.evict_high_watermark {
             return Err(format!(
                 "--evict-low-watermark ({}) must not be above --evict-high-watermark ({})",
@@ -201,10 +211,41 @@ impl Config {
         Ok(())
     }
 
+    /// `--expected-keys` must leave room on a machine of `mem_total` bytes
+    /// (`None`: unknown, only the hard cap applies): a table larger than the
+    /// memory would fail to allocate at start.
+    fn validate_expected_keys(&self, mem_total: Option<u64>) -> Result<(), String> {
+        let n = self.expected_keys;
+        if n > MAX_EXPECTED_KEYS {
+            return Err(format!("--expected-keys ({n}) must be at most {MAX_EXPECTED_KEYS}"));
+        }
+        let bytes = crate::core::IndexFloor::table_bytes(n as usize) as u64;
+        match mem_total {
+            Some(total) if bytes > total / 2 => Err(format!(
+                "--expected-keys ({n}) would size the key index at {} MiB, more than half of this machine's memory ({} MiB)",
+                bytes >> 20,
+                total >> 20
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// A configuration with every default, for tests: `Config::parse_from`.
     pub fn for_tests() -> Self {
         Config::parse_from(["hf3fs-meta", "--host", "127.0.0.1", "--port", "0"])
     }
+}
+
+/// The most keys `--expected-keys` may name: 2^32 keys would size a table
+/// of 2^33 slots, 512 GiB.
+pub const MAX_EXPECTED_KEYS: u64 = 1 << 31;
+
+/// This machine's memory in bytes (`MemTotal` of /proc/meminfo), when known.
+fn mem_total() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 #[cfg(test)]
@@ -243,6 +284,22 @@ mod tests {
         let c = Config::parse_from(["hf3fs-meta", "--evict-high-watermark", "0.5", "--evict-low-watermark", "0.6"]);
         assert!(c.validate().is_err());
         assert!(Config::parse_from(["hf3fs-meta", "--eviction", "none"]).validate().is_ok());
+    }
+
+    #[test]
+    fn expected_keys_is_checked_against_the_memory() {
+        let c = |n: &str| Config::parse_from(["hf3fs-meta", "--expected-keys", n]);
+        assert_eq!(Config::parse_from(["hf3fs-meta"]).expected_keys, 0);
+        assert!(Config::try_parse_from(["hf3fs-meta", "--expected-keys", "-1"]).is_err());
+        assert!(Config::try_parse_from(["hf3fs-meta", "--expected-keys", "many"]).is_err());
+        let gib = 1u64 << 30;
+        // 10^6 keys: 2^21 slots of 64 bytes, 128 MiB.
+        assert_eq!(c("1000000").validate_expected_keys(Some(gib)), Ok(()));
+        let e = c("1000000").validate_expected_keys(Some(gib / 8)).unwrap_err();
+        assert!(e.contains("128 MiB") && e.contains("--expected-keys"), "{e}");
+        assert_eq!(c("1000000").validate_expected_keys(None), Ok(()));
+        let e = c(&(MAX_EXPECTED_KEYS + 1).to_string()).validate_expected_keys(None).unwrap_err();
+        assert!(e.contains("at most"), "{e}");
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`config`]: the command line, parsed once.
 //! - [`metrics`]: counters and histograms, Prometheus text.
 //! - [`routes`]: the table of routes, read by the router, the metrics and the server.
+//! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
 //!
 //! Invariants that hold across the crate:
 //! - No request path takes a global lock: operations on different pages never
@@ -19,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+pub mod alloc;
 pub mod config;
 pub mod core;
 pub mod durable;
@@ -109,7 +111,7 @@ impl App {
             low_watermark: cfg.evict_low_watermark,
             read_lease: core::LeaseLength::from_secs(cfg.read_lease),
             manual_clock: false,
-            index_floor: core::IndexFloor::VLLM,
+            index_floor: core::IndexFloor::vllm(cfg.expected_keys as usize),
         }
     }
 

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;
 
 fn main() -> ExitCode {
     let cfg = Config::parse();
@@ -82,6 +82,7 @@ fn main() -> ExitCode {
             evict_high_watermark = cfg.evict_high_watermark,
             evict_low_watermark = cfg.evict_low_watermark,
             read_lease_s = cfg.read_lease,
+            expected_keys = cfg.expected_keys,
             "hf3fs-meta {} listening",
             env!("CARGO_PKG_VERSION")
         );

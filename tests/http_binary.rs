@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 /// Every flag of the command line.
-const FLAGS: [&str; 27] = [
+const FLAGS: [&str; 28] = [
     "--host",
     "--port",
     "--world-size",
@@ -37,6 +37,7 @@ const FLAGS: [&str; 27] = [
     "--evict-low-watermark",
     "--read-lease",
     "--max-spaces",
+    "--expected-keys",
     "--help",
     "--version",
 ];
@@ -81,12 +82,41 @@ fn bad_flags_exit_nonzero_with_usage() {
         &["--log-format", "xml"],
         &["--no-such-flag"],
         &["--max-ranks", "0"],
+        &["--expected-keys", "-5"],
     ] {
         let out = command().args(args).stdin(Stdio::null()).output().expect("run");
         assert!(!out.status.success(), "{args:?} was accepted");
         assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
         assert!(String::from_utf8_lossy(&out.stderr).starts_with("error:"), "{args:?}: {out:?}");
     }
+}
+
+/// `--expected-keys` sizes the key index at start (`/stats` counts its
+/// slots); a size the hard cap refuses is a configuration error (exit 2)
+/// before anything listens.
+#[test]
+fn expected_keys_sizes_the_index() {
+    let slots = |args: &[&str]| {
+        let mut p = ServerProcess::serve(args);
+        let st = p.client().request("GET", "/stats", &[], b"").json();
+        p.signal("TERM");
+        p.assert_exit_0();
+        st["index_slots"].as_u64().expect("index_slots")
+    };
+    // The default floor, 2^12 keys: 2^13 slots.
+    assert_eq!(slots(&[]), 1 << 13);
+    // 10^5 keys: room for 5/4 of them, to a power of two (2^17 slots).
+    assert_eq!(slots(&["--expected-keys", "100000"]), 1 << 17);
+    // Below the floor, the floor.
+    assert_eq!(slots(&["--expected-keys", "10"]), 1 << 13);
+    let out = command()
+        .args(["--host", "127.0.0.1", "--port", "0", "--expected-keys", "4294967296"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid configuration") && err.contains("--expected-keys"), "{err}");
 }
 
 #[test]

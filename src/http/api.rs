@@ -246,6 +246,8 @@ fn message(status: StatusCode, msg: &str) -> Reply {
 }
 
 fn allocate(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Reply {
+    // Read before decoding, which rewrites the body in place.
+    let keys = if encode::escape_free(body) { encode::Keys::Plain } else { encode::Keys::Any };
     let req = match s.decoder.allocate(body, limits) {
         Ok(r) => r,
         Err(e) => return Reply::bad_request(e),
@@ -261,7 +263,7 @@ fn allocate(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Repl
     };
     app.metrics.allocate_keys(Dialect::Vllm, counts.reserved, counts.reused, counts.refused);
     let mut out = Vec::with_capacity(32 + s.pages.len() * 48);
-    encode::allocate(&mut out, req.rank, s.pages.iter().map(|&(i, page)| (req.keys[i], page)));
+    encode::allocate(&mut out, req.rank, keys, s.pages.iter().map(|&(i, page)| (req.keys[i], page)));
     Reply::json(StatusCode::OK, out, n)
 }
 

@@ -104,15 +104,7 @@ impl Store {
         let r = rank as u32;
         // Parse every key before looking any up: the lookups then overlap
         // their cache misses.
-        let mut seen: HashSet<KeyRef<'_>, FixedState> =
-            HashSet::with_capacity_and_hasher(keys.len(), FixedState::default());
-        let mut distinct = Vec::with_capacity(keys.len());
-        for (i, s) in keys.iter().enumerate() {
-            let k = KeyRef::parse(s);
-            if seen.insert(k) {
-                distinct.push((i, k));
-            }
-        }
+        let distinct = distinct_keys(keys);
         let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let mut evicted = false;
@@ -223,6 +215,51 @@ impl Store {
     }
 }
 
+thread_local! {
+    /// The digests already met in this thread's current batch, kept
+    /// between requests so that a batch allocates nothing for them.
+    static SEEN_HEX: std::cell::RefCell<HashSet<u128, FixedState>> = std::cell::RefCell::default();
+}
+
+/// The most digests whose room [`SEEN_HEX`] keeps between batches (256 KiB).
+const KEPT_SEEN: usize = 1 << 14;
+
+/// Each distinct key of `keys`, parsed, with the index of its first
+/// appearance, in order of first appearance.
+fn distinct_keys<'k>(keys: &[&'k str]) -> Vec<(usize, KeyRef<'k>)> {
+    let mut distinct = Vec::with_capacity(keys.len());
+    let all_hex = SEEN_HEX.with(|seen| {
+        let Ok(mut seen) = seen.try_borrow_mut() else { return false };
+        if seen.capacity() > KEPT_SEEN {
+            // A huge batch once: do not keep its set for the thread's life.
+            *seen = HashSet::default();
+        }
+        seen.clear();
+        seen.reserve(keys.len());
+        for (i, s) in keys.iter().enumerate() {
+            let k = KeyRef::parse(s);
+            let KeyRef::Hex(d) = k else { return false };
+            if seen.insert(d) {
+                distinct.push((i, k));
+            }
+        }
+        true
+    });
+    if !all_hex {
+        // Another kind of key in the batch: one set of whole keys.
+        distinct.clear();
+        let mut seen: HashSet<KeyRef<'_>, FixedState> =
+            HashSet::with_capacity_and_hasher(keys.len(), FixedState::default());
+        for (i, s) in keys.iter().enumerate() {
+            let k = KeyRef::parse(s);
+            if seen.insert(k) {
+                distinct.push((i, k));
+            }
+        }
+    }
+    distinct
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -261,6 +298,23 @@ mod tests {
         assert_eq!(again[0], (false, got[1].1));
         assert_eq!(again[2], (false, -1));
         s.audit().unwrap();
+    }
+
+    #[test]
+    fn distinct_keys_in_order_of_first_appearance_whatever_the_kinds() {
+        let hex = |i: u32| format!("{i:032x}");
+        let (a, b) = (hex(1), hex(2));
+        let firsts = |keys: &[&str]| distinct_keys(keys).into_iter().map(|(i, _)| i).collect::<Vec<_>>();
+        assert_eq!(firsts(&[&a, &b, &a, &b]), vec![0, 1]);
+        // A text key in the batch: the same answer through the other set.
+        assert_eq!(firsts(&[&a, "text", &b, "text", &a]), vec![0, 1, 2]);
+        // A batch larger than the kept set, then a small one: nothing of the
+        // first is remembered.
+        let many: Vec<String> = (1..=(KEPT_SEEN as u32 + 10)).map(hex).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(distinct_keys(&refs).len(), many.len());
+        assert_eq!(firsts(&[&b, &a, &b]), vec![0, 1]);
+        assert_eq!(distinct_keys(&[&a])[0].1, KeyRef::parse(&a));
     }
 
     #[test]
