@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# perf/vllm_baseline.sh — vLLM's own Python metadata server as the baseline of
+# perf/run.sh's vLLM scenarios, measured on this machine.
+#
+# Makes a scratch venv at run time (deleted on exit), takes
+# vllm/distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_metadata_server.py
+# out of the vllm wheel (pip download --no-deps; the server's code never
+# enters this repository). The module imports nothing from the engine, only
+# fastapi, orjson, requests and (to serve) uvicorn, so it runs as a script
+# beside those four, exactly as `python hf3fs_metadata_server.py --host H
+# --port P` starts it: uvicorn's defaults (uvloop and httptools with
+# uvicorn[standard], one process, access log on). It is started on a free
+# loopback port and measured with
+#   perf/run.sh --baseline http://127.0.0.1:PORT --scenarios "exists locations allocate confirm" "$@"
+#
+# Usage: perf/vllm_baseline.sh [run.sh options, e.g. --quick --no-build]
+# Environment: VLLM_VERSION (default 0.33.0, a cp38-abi3 wheel of about
+# 340 MB); VLLM_WHEEL (path of an already downloaded vllm wheel: no download).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VERSION=${VLLM_VERSION:-0.33.0}
+MODULE=vllm/distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_metadata_server.py
+TMP=$(mktemp -d /tmp/vllm-baseline.XXXXXX)
+PID=""
+cleanup() {
+  [[ -n "$PID" ]] && { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+log() { echo "vllm_baseline.sh: $*" >&2; }
+
+log "scratch venv in $TMP"
+python3 -m venv "$TMP/venv"
+PY="$TMP/venv/bin/python"
+"$PY" -m pip install -q --disable-pip-version-check fastapi 'uvicorn[standard]' orjson requests
+WHEEL=${VLLM_WHEEL:-}
+if [[ -z "$WHEEL" ]]; then
+  log "downloading the vllm $VERSION wheel (no dependencies)"
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps -d "$TMP/wheel" "vllm==$VERSION"
+  WHEEL=$(ls "$TMP"/wheel/vllm-*.whl)
+fi
+"$PY" - "$WHEEL" "$MODULE" "$TMP/hf3fs_metadata_server.py" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    open(sys.argv[3], "wb").write(z.read(sys.argv[2]))
+PY
+log "versions: $("$PY" -m pip list --format=freeze 2>/dev/null | grep -Ei '^(fastapi|uvicorn|uvloop|httptools|orjson|starlette)==' | tr '\n' ' ')"
+
+PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+(cd "$TMP" && exec timeout 3600 "$PY" hf3fs_metadata_server.py --host 127.0.0.1 --port "$PORT") \
+  >"$TMP/server.log" 2>&1 &
+PID=$!
+for _ in $(seq 1 200); do
+  (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
+  kill -0 "$PID" 2>/dev/null || { log "the Python server exited:"; tail -n 30 "$TMP/server.log" >&2; exit 1; }
+  sleep 0.1 # polling the server's start, bounded by the loop
+done
+log "vLLM $(basename "$WHEEL" | cut -d- -f2)'s metadata server on 127.0.0.1:$PORT"
+perf/run.sh --baseline "http://127.0.0.1:$PORT" --scenarios "exists locations allocate confirm" "$@"
