@@ -2,7 +2,8 @@
 # perf/connections.sh — how the server holds up with many clients (issue 14):
 # perf/run.sh at 32, 256, 1,024 and 4,096 keep-alive connections (the
 # server's default cap is 4,096), exists and confirm, server and bare-hyper
-# ceiling alternated, one table per connection count, then one summary table
+# ceiling alternated, the counts alternated round by round, one table per
+# count and round, then one summary table
 # per scenario: req/s of server and ceiling, their ratio, the server's req/s
 # against its own at the first count, its p50, p99 and p99.9, and the peak
 # resident memory (VmHWM) of server and ceiling at each count. Loopback only.
@@ -29,18 +30,23 @@ done
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 OUT=$(mktemp -d /tmp/hf3fs-conns.XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
-first=1
-for n in $COUNTS; do
-  perf/run.sh "${BUILD[@]}" --no-plot --scenarios "exists confirm" --rounds "$ROUNDS" --duration "$DURATION" \
-    --connections "$n" --results "$OUT/res-$n.jsonl" "$@" >"$OUT/run-$n.md" 2>"$OUT/run-$n.log" ||
-    { tail -n 20 "$OUT/run-$n.log" >&2; exit 1; }
-  [[ $first == 1 ]] && BUILD=(--no-build) && first=0
-  echo "### $n connections"
-  echo
-  grep -E '^\|' "$OUT/run-$n.md"
-  if grep -q '^Problems' "$OUT/run-$n.md"; then echo; sed -n '/^Problems/,$p' "$OUT/run-$n.md"; fi
-  echo
+# Rounds outside, counts inside: every count is measured once per round, so
+# the counts are compared side by side in time as the two targets are
+# within a count (the machine's load drifts over minutes).
+for r in $(seq 1 "$ROUNDS"); do
+  for n in $COUNTS; do
+    perf/run.sh "${BUILD[@]}" --no-plot --scenarios "exists confirm" --rounds 1 --duration "$DURATION" \
+      --connections "$n" --results "$OUT/res-$n-$r.jsonl" "$@" >"$OUT/run-$n-$r.md" 2>"$OUT/run-$n-$r.log" ||
+      { tail -n 20 "$OUT/run-$n-$r.log" >&2; exit 1; }
+    BUILD=(--no-build)
+    echo "### $n connections, round $r"
+    echo
+    grep -E '^\|' "$OUT/run-$n-$r.md"
+    if grep -q '^Problems' "$OUT/run-$n-$r.md"; then echo; sed -n '/^Problems/,$p' "$OUT/run-$n-$r.md"; fi
+    echo
+  done
 done
+for n in $COUNTS; do cat "$OUT"/res-"$n"-*.jsonl >"$OUT/res-$n.jsonl"; done
 
 echo "### Summary (medians of $ROUNDS rounds of ${DURATION}s)"
 echo

@@ -123,10 +123,14 @@ if [[ $SELFTEST == 0 && ! -x "$REL/hf3fs-meta" ]]; then
 fi
 
 # --- start targets -------------------------------------------------------
+# Below the kernel's ephemeral range: a port that a client socket of the
+# load generator (4,096 of them at once) holds cannot be bound.
+EPHEMERAL_LO=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+PORT_LO=10000 PORT_SPAN=$(( EPHEMERAL_LO > 12000 ? EPHEMERAL_LO - 10000 : 20000 ))
 free_port() {
   local p
   for _ in $(seq 1 200); do
-    p=$(( 20000 + RANDOM % 30000 ))
+    p=$(( PORT_LO + RANDOM % PORT_SPAN ))
     if [[ -z "$(ss -Htln "sport = :$p" 2>/dev/null)" ]] && ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       echo "$p"; return 0
     fi
