@@ -6,16 +6,18 @@
 # vllm/distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_metadata_server.py
 # out of the vllm wheel (pip download --no-deps; the server's code never
 # enters this repository). The module imports nothing from the engine, only
-# fastapi, orjson, requests and (to serve) uvicorn, so it runs as a script
-# beside those four, exactly as `python hf3fs_metadata_server.py --host H
-# --port P` starts it: uvicorn's defaults (uvloop and httptools with
-# uvicorn[standard], one process, access log on). It is started on a free
-# loopback port and measured with
+# fastapi, orjson, requests and (to serve) uvicorn, so it runs beside those
+# four as its own `run()` starts it: one uvicorn process with uvloop and
+# httptools (uvicorn[standard]), except that uvicorn's access log is off and
+# its log level is warning, as hf3fs-meta logs at warn in perf/run.sh
+# (VLLM_ACCESS_LOG=1 keeps both, as `python hf3fs_metadata_server.py` does).
+# It is started on a free loopback port and measured with
 #   perf/run.sh --baseline http://127.0.0.1:PORT --scenarios "exists locations allocate confirm" "$@"
 #
 # Usage: perf/vllm_baseline.sh [run.sh options, e.g. --quick --no-build]
 # Environment: VLLM_VERSION (default 0.33.0, a cp38-abi3 wheel of about
-# 340 MB); VLLM_WHEEL (path of an already downloaded vllm wheel: no download).
+# 340 MB); VLLM_WHEEL (path of an already downloaded vllm wheel: no download);
+# VLLM_ACCESS_LOG=1 (uvicorn's access log on, as the module's own main runs it).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VERSION=${VLLM_VERSION:-0.33.0}
@@ -47,8 +49,13 @@ PY
 log "versions: $("$PY" -m pip list --format=freeze 2>/dev/null | grep -Ei '^(fastapi|uvicorn|uvloop|httptools|orjson|starlette)==' | tr '\n' ' ')"
 
 PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-(cd "$TMP" && exec timeout 3600 "$PY" hf3fs_metadata_server.py --host 127.0.0.1 --port "$PORT") \
-  >"$TMP/server.log" 2>&1 &
+if [[ "${VLLM_ACCESS_LOG:-0}" == 1 ]]; then
+  SERVE=(hf3fs_metadata_server.py --host 127.0.0.1 --port "$PORT")
+else
+  SERVE=(-c "import sys, uvicorn, hf3fs_metadata_server as m
+uvicorn.run(m.Hf3fsMetadataServer().app, host='127.0.0.1', port=int(sys.argv[1]), access_log=False, log_level='warning')" "$PORT")
+fi
+(cd "$TMP" && exec timeout 3600 "$PY" "${SERVE[@]}") >"$TMP/server.log" 2>&1 &
 PID=$!
 for _ in $(seq 1 200); do
   (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
