@@ -22,19 +22,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VERSION=${VLLM_VERSION:-0.33.0}
 MODULE=vllm/distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_metadata_server.py
-TMP=$(mktemp -d /tmp/vllm-baseline.XXXXXX)
-PID=""
-cleanup() {
-  [[ -n "$PID" ]] && { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-log() { echo "vllm_baseline.sh: $*" >&2; }
-
-log "scratch venv in $TMP"
-python3 -m venv "$TMP/venv"
-PY="$TMP/venv/bin/python"
-"$PY" -m pip install -q --disable-pip-version-check fastapi 'uvicorn[standard]' orjson requests
+# shellcheck source=perf/python_baseline.sh
+source perf/python_baseline.sh
+pybase_init vllm_baseline.sh
 WHEEL=${VLLM_WHEEL:-}
 if [[ -z "$WHEEL" ]]; then
   log "downloading the vllm $VERSION wheel (no dependencies)"
@@ -48,19 +38,12 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 PY
 log "versions: $("$PY" -m pip list --format=freeze 2>/dev/null | grep -Ei '^(fastapi|uvicorn|uvloop|httptools|orjson|starlette)==' | tr '\n' ' ')"
 
-PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 if [[ "${VLLM_ACCESS_LOG:-0}" == 1 ]]; then
   SERVE=(hf3fs_metadata_server.py --host 127.0.0.1 --port "$PORT")
 else
   SERVE=(-c "import sys, uvicorn, hf3fs_metadata_server as m
 uvicorn.run(m.Hf3fsMetadataServer().app, host='127.0.0.1', port=int(sys.argv[1]), access_log=False, log_level='warning')" "$PORT")
 fi
-(cd "$TMP" && exec timeout 3600 "$PY" "${SERVE[@]}") >"$TMP/server.log" 2>&1 &
-PID=$!
-for _ in $(seq 1 200); do
-  (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
-  kill -0 "$PID" 2>/dev/null || { log "the Python server exited:"; tail -n 30 "$TMP/server.log" >&2; exit 1; }
-  sleep 0.1 # polling the server's start, bounded by the loop
-done
+pybase_start "$TMP" "$PY" "${SERVE[@]}"
 log "vLLM $(basename "$WHEEL" | cut -d- -f2)'s metadata server on 127.0.0.1:$PORT"
 perf/run.sh --baseline "http://127.0.0.1:$PORT" --scenarios "exists locations allocate confirm" "$@"
