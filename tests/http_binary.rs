@@ -47,13 +47,18 @@ const FLAGS: [&str; 27] = [
 /// `HF3FS_META_*` from the caller.
 fn command() -> Command {
     let mut cmd = Command::new(BIN);
+    clean_env(&mut cmd);
+    cmd
+}
+
+/// Removes `RUST_LOG` and every `HF3FS_META_*` of the caller from `cmd`'s environment.
+fn clean_env(cmd: &mut Command) {
     cmd.env_remove("RUST_LOG");
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("HF3FS_META_") {
             cmd.env_remove(k);
         }
     }
-    cmd
 }
 
 /// A running server process whose stderr lines arrive on a channel.
@@ -499,12 +504,7 @@ fn command_under_ulimit(flag: &'static str, n: u64) -> impl Fn() -> Command {
     move || {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", &format!("ulimit {flag} {n} && exec \"$0\" \"$@\""), BIN]);
-        cmd.env_remove("RUST_LOG");
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("HF3FS_META_") {
-                cmd.env_remove(k);
-            }
-        }
+        clean_env(&mut cmd);
         cmd
     }
 }

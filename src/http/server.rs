@@ -124,6 +124,8 @@ fn raise_fd_limit(max_connections: usize) -> usize {
         if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
             return max_connections;
         }
+        // rlim_t is u64 on Linux, not on every unix (i64 on FreeBSD).
+        #[allow(clippy::unnecessary_cast)]
         let (soft, hard) = (lim.rlim_cur as u64, lim.rlim_max as u64);
         if soft >= wanted {
             return max_connections;
