@@ -30,10 +30,26 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
+
+/// Binds the listening socket with a backlog as long as the connection cap
+/// (at least tokio's 1,024; the kernel trims it to `net.core.somaxconn`),
+/// so that every client can connect at once, as a cluster's workers do when
+/// the server restarts. With tokio's 1,024, 4,096 clients connecting
+/// together overflowed the queue (1,600 dropped handshakes a run) and those
+/// clients waited one to seven seconds for their SYN retries.
+pub fn bind(addr: SocketAddr, max_connections: usize) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    // As tokio's TcpListener::bind: a restart may rebind at once.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(u32::try_from(max_connections).unwrap_or(u32::MAX).max(1024))
+}
 
 /// Serves `app` on `listener` until `shutdown` resolves, then drains.
 ///
