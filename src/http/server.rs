@@ -9,7 +9,8 @@
 //!
 //! The cap needs as many file descriptors: [`serve`] raises the soft
 //! open-file limit to fit it (up to the hard limit) and says so when it
-//! cannot. Nothing here grows with the number of connections but hyper's
+//! cannot; [`bind`] makes the listen backlog as long, so that all the
+//! clients may connect at once. Nothing here grows with the number of connections but hyper's
 //! buffers (about 14 KB resident per open connection at 4,096, a little less
 //! than a bare hyper server's): the accept loop is one task, and a request
 //! costs as many instructions at 4,096 connections as at 32
