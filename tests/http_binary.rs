@@ -556,3 +556,31 @@ fn hard_open_file_limit_below_the_cap_lowers_it_with_a_warning() {
     p.signal("TERM");
     p.assert_exit_0();
 }
+
+/// The listen backlog is as long as --max-connections (the kernel trims it
+/// to net.core.somaxconn), so that every client may connect at once. `ss`
+/// shows a listening socket's backlog as its Send-Q.
+#[cfg(target_os = "linux")]
+#[test]
+fn listen_backlog_follows_the_connection_cap() {
+    if Command::new("ss").arg("-V").output().is_err() {
+        eprintln!("skipped: no `ss` (iproute2) to read the listen backlog with");
+        return;
+    }
+    let somaxconn: u64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .expect("read somaxconn")
+        .trim()
+        .parse()
+        .expect("somaxconn is a number");
+    let mut p = Proc::start(&["--max-connections", "1500"]);
+    let out = Command::new("ss").args(["-Hltn", &format!("sport = :{}", p.addr.port())]).output().expect("run ss");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let send_q: u64 = text
+        .split_whitespace()
+        .nth(2)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no listening socket in ss's answer: {text:?}"));
+    assert_eq!(send_q, somaxconn.min(1500), "{text}");
+    p.signal("TERM");
+    p.assert_exit_0();
+}
