@@ -45,6 +45,8 @@ def medians(path: str) -> tuple[list[str], dict[tuple[str, str], dict[str, float
             if not line:
                 continue
             r = json.loads(line)
+            if r["scenario"].startswith("_"):  # not a loadgen run (e.g. "_memory")
+                continue
             if r["scenario"] not in scenarios:
                 scenarios.append(r["scenario"])
             runs[(r["scenario"], r["label"])].append(r)

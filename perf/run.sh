@@ -30,6 +30,8 @@
 #   --no-build           use the binaries already in target/release
 #   --server-is-ceiling  harness self-test: a second ceiling stands in for the server
 #   --no-plot            skip the chart (perf/last-run.svg)
+#   --results FILE       also copy the raw results (one JSON line per run, then one
+#                        per target with its peak resident memory, "scenario":"_memory")
 # Environment: SERVER_ARGS (extra flags for hf3fs-meta), RUST_LOG / HF3FS_META_LOG_LEVEL
 # (default warn, so logging does not skew the numbers).
 set -euo pipefail
@@ -39,7 +41,7 @@ ROOT=$(pwd)
 REL="$ROOT/target/release"
 
 QUICK=0 BASELINE="" ROUNDS=3 DURATION=5 WARMUP=1 CONNS=32 BATCH=128 THREADS=""
-SCENARIOS="exists locations allocate confirm cycle" CLIENT=raw BUILD=1 SELFTEST=0 PLOT=1
+SCENARIOS="exists locations allocate confirm cycle" CLIENT=raw BUILD=1 SELFTEST=0 PLOT=1 RESULTS_OUT=""
 LG_THREADS=$(( $(nproc) < 4 ? $(nproc) : 4 ))
 ROUNDS_SET=0 DURATION_SET=0 WARMUP_SET=0
 while [[ $# -gt 0 ]]; do
@@ -58,6 +60,7 @@ while [[ $# -gt 0 ]]; do
     --no-build) BUILD=0 ;;
     --server-is-ceiling) SELFTEST=1 ;;
     --no-plot) PLOT=0 ;;
+    --results) RESULTS_OUT="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -120,10 +123,14 @@ if [[ $SELFTEST == 0 && ! -x "$REL/hf3fs-meta" ]]; then
 fi
 
 # --- start targets -------------------------------------------------------
+# Below the kernel's ephemeral range: a port that a client socket of the
+# load generator (4,096 of them at once) holds cannot be bound.
+EPHEMERAL_LO=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+PORT_LO=10000 PORT_SPAN=$(( EPHEMERAL_LO > 12000 ? EPHEMERAL_LO - 10000 : 20000 ))
 free_port() {
   local p
   for _ in $(seq 1 200); do
-    p=$(( 20000 + RANDOM % 30000 ))
+    p=$(( PORT_LO + RANDOM % PORT_SPAN ))
     if [[ -z "$(ss -Htln "sport = :$p" 2>/dev/null)" ]] && ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       echo "$p"; return 0
     fi
@@ -151,6 +158,7 @@ THREAD_ARGS=()
 CEIL_PORT=$(free_port)
 "$REL/ceiling" --addr "127.0.0.1:$CEIL_PORT" "${THREAD_ARGS[@]}" --exit-after "$SAFETY" >"$TMP/ceiling.log" 2>&1 &
 PIDS+=($!); wait_port ceiling "$!" "$CEIL_PORT" "$TMP/ceiling.log"
+CEIL_PID=$!
 
 SERVER_PORT=$(free_port)
 while [[ "$SERVER_PORT" == "$CEIL_PORT" ]]; do SERVER_PORT=$(free_port); done
@@ -166,6 +174,9 @@ else
     "$REL/hf3fs-meta" --host 127.0.0.1 --port "$SERVER_PORT" ${SERVER_ARGS:-} >"$TMP/server.log" 2>&1 &
 fi
 PIDS+=($!); wait_port server "$!" "$SERVER_PORT" "$TMP/server.log"
+# The server runs under `timeout`: its own pid is timeout's child.
+SERVER_PID=$(pgrep -P "$!" | head -n 1 || true)
+SERVER_PID=${SERVER_PID:-$!}
 log "server on 127.0.0.1:$SERVER_PORT, ceiling on 127.0.0.1:$CEIL_PORT${BASE_ADDR:+, baseline on $BASE_ADDR}"
 
 # --- run -----------------------------------------------------------------
@@ -197,6 +208,13 @@ for s in $SCENARIOS; do
   done
 done
 
+# Peak resident memory of each target over the whole run (VmHWM).
+for t in "server:$SERVER_PID" "ceiling:$CEIL_PID"; do
+  hwm=$(sed -nE 's/^VmHWM:[[:space:]]*([0-9]+) kB/\1/p' "/proc/${t#*:}/status" 2>/dev/null || true)
+  if [[ -n "$hwm" ]]; then echo "{\"scenario\":\"_memory\",\"label\":\"${t%%:*}\",\"hwm_kb\":$hwm}" >>"$RESULTS"; fi
+done
+if [[ -n "$RESULTS_OUT" ]]; then cp "$RESULTS" "$RESULTS_OUT"; fi
+
 # --- report --------------------------------------------------------------
 median() { # scenario label field
   grep -F "\"scenario\":\"$1\",\"label\":\"$2\"" "$RESULTS" | sed -nE "s/.*\"$3\":(-?[0-9.]+).*/\1/p" | sort -g |
@@ -211,13 +229,13 @@ ratio() { [[ -z "$1" || -z "$2" ]] && { echo "—"; return; }; awk -v a="$1" -v 
 
 TABLE="$TMP/table.md"
 {
-  echo "| scenario | server req/s | ceiling req/s | ratio | p50 | p99 | p99 ratio | baseline req/s |"
-  echo "|---|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| scenario | server req/s | ceiling req/s | ratio | p50 | p99 | p99.9 | p99 ratio | baseline req/s |"
+  echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
   for s in $SCENARIOS; do
     srps=$(median "$s" server rps); crps=$(median "$s" ceiling rps)
-    sp50=$(median "$s" server p50_us); sp99=$(median "$s" server p99_us); cp99=$(median "$s" ceiling p99_us)
+    sp50=$(median "$s" server p50_us); sp99=$(median "$s" server p99_us); sp999=$(median "$s" server p999_us); cp99=$(median "$s" ceiling p99_us)
     brps=""; if [[ -n "$BASE_ADDR" ]]; then brps=$(median "$s" baseline rps); fi
-    echo "| $s | $(fmt_rps "$srps") | $(fmt_rps "$crps") | $(ratio "$srps" "$crps") | $(fmt_us "$sp50") | $(fmt_us "$sp99") | $(ratio "$sp99" "$cp99") | $(fmt_rps "$brps") |"
+    echo "| $s | $(fmt_rps "$srps") | $(fmt_rps "$crps") | $(ratio "$srps" "$crps") | $(fmt_us "$sp50") | $(fmt_us "$sp99") | $(fmt_us "$sp999") | $(ratio "$sp99" "$cp99") | $(fmt_rps "$brps") |"
   done
 } >"$TABLE"
 NOTES="$TMP/notes.md"
@@ -249,7 +267,7 @@ CPU=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n
   echo "- rounds: $ROUNDS per side (alternating), ${DURATION}s measured + ${WARMUP}s warmup each;" \
        "loadgen: -c $CONNS, batch $BATCH, client $CLIENT, $LG_THREADS thread(s); server/ceiling threads: ${THREADS:-default (nproc)}"
   if [[ $SELFTEST == 1 ]]; then echo "- SELF-TEST: the \"server\" column is a second ceiling instance, not hf3fs-meta"; fi
-  echo "- req/s, p50, p99 are medians over rounds; ratio = server / ceiling (req/s and p99)"
+  echo "- req/s, p50, p99, p99.9 are medians over rounds; ratio = server / ceiling (req/s and p99)"
   if [[ $PLOT == 1 ]]; then echo "- chart: [last-run.svg](last-run.svg)"; fi
   echo
   cat "$TABLE"

@@ -16,19 +16,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VERSION=${SGLANG_VERSION:-0.5.23}
-TMP=$(mktemp -d /tmp/sglang-baseline.XXXXXX)
-PID=""
-cleanup() {
-  [[ -n "$PID" ]] && { kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; }
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-log() { echo "sglang_baseline.sh: $*" >&2; }
-
-log "scratch venv in $TMP"
-python3 -m venv "$TMP/venv"
-PY="$TMP/venv/bin/python"
-"$PY" -m pip install -q --disable-pip-version-check fastapi 'uvicorn[standard]' orjson requests
+# shellcheck source=perf/python_baseline.sh
+source perf/python_baseline.sh
+pybase_init sglang_baseline.sh
 "$PY" -m pip download -q --disable-pip-version-check --no-deps -d "$TMP/wheel" "sglang==$VERSION"
 SRC="$TMP/src"
 mkdir -p "$SRC/sglang/srt/mem_cache/storage/hf3fs"
@@ -46,15 +36,7 @@ done
 printf 'from enum import Enum\n\nclass PoolName(str, Enum):\n    KV = "kv"\n' >"$SRC/sglang/srt/mem_cache/hicache_storage.py"
 printf 'class Hf3fsMetadataInterface:\n    pass\n' >"$SRC/sglang/srt/mem_cache/storage/hf3fs/storage_hf3fs.py"
 
-PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-(cd "$SRC" && PYTHONPATH="$SRC" exec timeout 3600 "$PY" mini_3fs_metadata_server.py --host 127.0.0.1 --port "$PORT") \
-  >"$TMP/server.log" 2>&1 &
-PID=$!
-for _ in $(seq 1 200); do
-  (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break
-  kill -0 "$PID" 2>/dev/null || { log "the Python server exited:"; tail -n 30 "$TMP/server.log" >&2; exit 1; }
-  sleep 0.1 # polling the server's start, bounded by the loop
-done
+pybase_start "$SRC" env PYTHONPATH="$SRC" "$PY" mini_3fs_metadata_server.py --host 127.0.0.1 --port "$PORT"
 log "SGLang $VERSION's metadata server on 127.0.0.1:$PORT"
 perf/run.sh --baseline "http://127.0.0.1:$PORT" \
   --scenarios "sglang-exists sglang-indices sglang-reserve sglang-confirm" "$@"

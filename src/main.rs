@@ -54,7 +54,7 @@ fn main() -> ExitCode {
             });
         }
         let cfg = &app.cfg;
-        let listener = match tokio::net::TcpListener::bind((cfg.host, cfg.port)).await {
+        let listener = match http::bind(std::net::SocketAddr::new(cfg.host, cfg.port), cfg.max_connections) {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!("cannot listen on {}:{}: {e}", cfg.host, cfg.port);

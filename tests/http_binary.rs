@@ -2,12 +2,12 @@
 
 mod common;
 
-use common::process::{command, ServerProcess};
+use common::process::{clean_env, command, ServerProcess, BIN};
 use common::{Client, FAILSAFE};
 use serde_json::{json, Value};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Every flag of the command line.
@@ -371,4 +371,92 @@ fn signal_handlers_are_installed_before_the_first_answer() {
         p.signal("TERM");
         p.assert_exit_0();
     }
+}
+
+/// The binary started by `sh` after `ulimit <flag> <n>` (the arguments
+/// that follow go to the binary), with the same clean environment.
+#[cfg(target_os = "linux")]
+fn command_under_ulimit(flag: &'static str, n: u64) -> impl Fn() -> Command {
+    move || {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", &format!("ulimit {flag} {n} && exec \"$0\" \"$@\""), BIN]);
+        clean_env(&mut cmd);
+        cmd
+    }
+}
+
+/// `Max open files` of a process: (soft, hard), `None` for unlimited.
+#[cfg(target_os = "linux")]
+fn open_file_limits(pid: u32) -> (Option<u64>, Option<u64>) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("read /proc limits");
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).expect("Max open files line");
+    let mut v = line["Max open files".len()..].split_whitespace().map(|x| x.parse::<u64>().ok());
+    (v.next().flatten(), v.next().flatten())
+}
+
+/// A soft open-file limit below --max-connections (plus 64 for the rest) is
+/// raised to fit, as far as the hard limit allows.
+#[cfg(target_os = "linux")]
+#[test]
+fn soft_open_file_limit_is_raised_to_fit_the_connection_cap() {
+    let (_, hard) = open_file_limits(std::process::id());
+    let mut p = ServerProcess::serve_with(&command_under_ulimit("-Sn", 100), &["--max-connections", "300"]);
+    let want = hard.map_or(364, |h| h.min(364));
+    let line = p.wait_line(|l| l.contains("open-file limit")).expect("a log line about the open-file limit");
+    let (soft, _) = open_file_limits(p.child.id());
+    assert_eq!(soft, Some(want), "{line}");
+    if want == 364 {
+        assert!(line.contains("raised the soft open-file limit") && line.contains("to=364"), "{line}");
+    }
+    let mut c = p.client();
+    assert_eq!(c.request("GET", "/health", &[], b"").status, 200);
+    drop(c);
+    p.signal("TERM");
+    p.assert_exit_0();
+}
+
+/// When even the hard limit leaves no room for --max-connections, the
+/// server says so at startup and serves at most what fits (here 100 - 64).
+#[cfg(target_os = "linux")]
+#[test]
+fn hard_open_file_limit_below_the_cap_lowers_it_with_a_warning() {
+    let mut p = ServerProcess::serve_with(&command_under_ulimit("-n", 100), &["--max-connections", "4096"]);
+    let line = p.wait_line(|l| l.contains("open-file limit")).expect("a warning about the open-file limit");
+    assert!(line.contains("WARN") && line.contains("serving at most 36"), "{line}");
+    // It serves within that: 36 clients at once, each answered.
+    let mut clients: Vec<Client> = (0..36).map(|_| p.client()).collect();
+    for c in &mut clients {
+        assert_eq!(c.request("GET", "/health", &[], b"").status, 200);
+    }
+    drop(clients);
+    p.signal("TERM");
+    p.assert_exit_0();
+}
+
+/// The listen backlog is as long as --max-connections (the kernel trims it
+/// to net.core.somaxconn), so that every client may connect at once. `ss`
+/// shows a listening socket's backlog as its Send-Q.
+#[cfg(target_os = "linux")]
+#[test]
+fn listen_backlog_follows_the_connection_cap() {
+    if Command::new("ss").arg("-V").output().is_err() {
+        eprintln!("skipped: no `ss` (iproute2) to read the listen backlog with");
+        return;
+    }
+    let somaxconn: u64 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .expect("read somaxconn")
+        .trim()
+        .parse()
+        .expect("somaxconn is a number");
+    let mut p = ServerProcess::serve(&["--max-connections", "1500"]);
+    let out = Command::new("ss").args(["-Hltn", &format!("sport = :{}", p.addr.port())]).output().expect("run ss");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let send_q: u64 = text
+        .split_whitespace()
+        .nth(2)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no listening socket in ss's answer: {text:?}"));
+    assert_eq!(send_q, somaxconn.min(1500), "{text}");
+    p.signal("TERM");
+    p.assert_exit_0();
 }

@@ -8,7 +8,7 @@
 //!
 //! A connection that errors is dropped and re-dialled lazily on the next call.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 
 use bytes::Bytes;
@@ -238,6 +238,24 @@ impl RawConn {
     }
 }
 
+/// Writes `head` then `body` with as few (vectored) writes as the socket takes.
+async fn write_all_vectored(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Result<()> {
+    let total = head.len() + body.len();
+    let mut done = 0;
+    while done < total {
+        let n = if done < head.len() {
+            stream.write_vectored(&[IoSlice::new(&head[done..]), IoSlice::new(body)]).await?
+        } else {
+            stream.write(&body[done - head.len()..]).await?
+        };
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        done += n;
+    }
+    Ok(())
+}
+
 impl Conn {
     pub fn new(addr: SocketAddr, mode: Mode) -> Self {
         Conn {
@@ -246,8 +264,12 @@ impl Conn {
             mode,
             raw: None,
             hyper: None,
-            wbuf: Vec::with_capacity(16 << 10),
-            body: Vec::with_capacity(16 << 10),
+            // Small to start with: 4,096 connections each holding 16 KiB
+            // buffers made the load generator's memory per connection, and
+            // its cache misses per request, grow with the count (perf/RESULTS.md,
+            // "Many clients"). Both grow to the largest message seen.
+            wbuf: Vec::with_capacity(256),
+            body: Vec::new(),
             hyper_body: Bytes::new(),
         }
     }
@@ -286,7 +308,7 @@ impl Conn {
     async fn send_raw(&mut self, method: &str, path: &str, body: Option<&Bytes>) -> Result<(u16, &[u8]), CallError> {
         if self.raw.is_none() {
             let stream = self.dial().await.map_err(|error| CallError { error, partial: false })?;
-            self.raw = Some(RawConn { stream, rbuf: vec![0; 16 << 10], start: 0, end: 0, got: false });
+            self.raw = Some(RawConn { stream, rbuf: vec![0; 4 << 10], start: 0, end: 0, got: false });
         }
         let w = &mut self.wbuf;
         w.clear();
@@ -298,14 +320,14 @@ impl Conn {
         if let Some(body) = body {
             w.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
             w.extend_from_slice(body.len().to_string().as_bytes());
-            w.extend_from_slice(b"\r\n\r\n");
-            w.extend_from_slice(body);
-        } else {
-            w.extend_from_slice(b"\r\n\r\n");
         }
+        w.extend_from_slice(b"\r\n\r\n");
         let raw = self.raw.as_mut().expect("dialled above");
         raw.got = raw.end > raw.start;
-        let res = match raw.stream.write_all(&self.wbuf).await {
+        // The head and the body in one vectored write: the body is not
+        // copied (bodies of 128 keys are 4–6 KiB).
+        let body: &[u8] = body.map_or(&[], |b| b);
+        let res = match write_all_vectored(&mut raw.stream, &self.wbuf, body).await {
             Ok(()) => raw.read_response(&mut self.body).await,
             Err(e) => Err(e),
         };

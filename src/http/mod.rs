@@ -14,4 +14,4 @@ pub mod encode;
 pub mod server;
 mod sglang;
 
-pub use server::serve;
+pub use server::{bind, serve};

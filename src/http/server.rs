@@ -6,6 +6,15 @@
 //! (further clients wait in the kernel's listen backlog), header reads are cut
 //! off by hyper's timer, and shutdown is graceful: stop accepting, let every
 //! in-flight request finish (bounded by `--shutdown-timeout`), return.
+//!
+//! The cap needs as many file descriptors: [`serve`] raises the soft
+//! open-file limit to fit it (up to the hard limit) and says so when it
+//! cannot; [`bind`] makes the listen backlog as long, so that all the
+//! clients may connect at once. Nothing here grows with the number of connections but hyper's
+//! buffers (about 14 KB resident per open connection at 4,096, a little less
+//! than a bare hyper server's): the accept loop is one task, and a request
+//! costs as many instructions at 4,096 connections as at 32
+//! (perf/RESULTS.md, "Many clients").
 
 use super::api::{self, Reply, Route};
 use crate::durable::Health;
@@ -22,10 +31,26 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
+
+/// Binds the listening socket with a backlog as long as the connection cap
+/// (at least tokio's 1,024; the kernel trims it to `net.core.somaxconn`),
+/// so that every client can connect at once, as a cluster's workers do when
+/// the server restarts. With tokio's 1,024, 4,096 clients connecting
+/// together overflowed the queue (1,600 dropped handshakes a run) and those
+/// clients waited one to seven seconds for their SYN retries.
+pub fn bind(addr: SocketAddr, max_connections: usize) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    // As tokio's TcpListener::bind: a restart may rebind at once.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(u32::try_from(max_connections).unwrap_or(u32::MAX).max(1024))
+}
 
 /// Serves `app` on `listener` until `shutdown` resolves, then drains.
 ///
@@ -34,9 +59,14 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(app.cfg.header_timeout()).keep_alive(true);
     let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(app.cfg.max_connections.max(1)));
+    // The cap, lowered to what the open-file limit allows: a client beyond
+    // it then waits in the backlog as it would at the cap, instead of the
+    // accept failing with EMFILE again and again.
+    let cap = raise_fd_limit(app.cfg.max_connections.max(1));
+    let slots = Arc::new(Semaphore::new(cap));
     let sweeper = app.cfg.reservation_ttl().map(|ttl| tokio::spawn(sweep(app.clone(), ttl)));
     let maintainer = tokio::spawn(maintain(app.clone()));
+    let mut accept_errors = AcceptErrors::default();
     tokio::pin!(shutdown);
 
     loop {
@@ -50,7 +80,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
                 Ok(s) => s,
                 Err(e) => {
                     // EMFILE and friends: log, breathe, keep serving.
-                    tracing::warn!("accept failed: {e}");
+                    accept_errors.warn(&e);
                     tokio::time::sleep(Duration::from_millis(10)).await;
                     continue;
                 }
@@ -86,6 +116,76 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
     tokio::select! {
         () = graceful.shutdown() => tracing::info!("all connections closed"),
         () = tokio::time::sleep(timeout) => tracing::warn!("shutdown timeout ({timeout:?}) reached with connections still open"),
+    }
+}
+
+/// File descriptors kept for everything but client sockets: the listener,
+/// the runtime's epoll and eventfd, the durable store's files, stdio.
+const FD_RESERVE: u64 = 64;
+
+/// Raises the soft open-file limit so that `max_connections` client sockets
+/// fit beside [`FD_RESERVE`], as far as the hard limit allows, and returns
+/// how many connections fit (at least 1, at most `max_connections`); warns
+/// when that is fewer.
+///
+/// Service managers often start a process with a soft limit of 1,024: with
+/// the default cap of 4,096 connections, accept failed with EMFILE from
+/// about the 1,000th client on, and the log took a hundred warnings a second.
+fn raise_fd_limit(max_connections: usize) -> usize {
+    #[cfg(unix)]
+    {
+        let wanted = (max_connections as u64).saturating_add(FD_RESERVE);
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit writes one `rlimit` into `lim`, a valid and
+        // exclusively borrowed value of that type.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+            return max_connections;
+        }
+        // rlim_t is u64 on Linux, not on every unix (i64 on FreeBSD).
+        #[allow(clippy::unnecessary_cast)]
+        let (soft, hard) = (lim.rlim_cur as u64, lim.rlim_max as u64);
+        if soft >= wanted {
+            return max_connections;
+        }
+        let target = wanted.min(hard);
+        let new = libc::rlimit { rlim_cur: target as libc::rlim_t, rlim_max: lim.rlim_max };
+        // SAFETY: setrlimit only reads `new`, a valid `rlimit`.
+        let raised = target > soft && unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0;
+        let now = if raised { target } else { soft };
+        if now >= wanted {
+            tracing::info!(from = soft, to = now, "raised the soft open-file limit to fit --max-connections");
+            return max_connections;
+        }
+        let fit = (now.saturating_sub(FD_RESERVE).max(1) as usize).min(max_connections);
+        tracing::warn!(
+            limit = now,
+            max_connections,
+            "the open-file limit leaves room for {fit} client connections, fewer than --max-connections: \
+             serving at most {fit}, further clients wait in the listen backlog (raise the hard limit, e.g. \
+             LimitNOFILE= in systemd)"
+        );
+        fit
+    }
+    #[cfg(not(unix))]
+    max_connections
+}
+
+/// Failed accepts, logged at most once a second with the count since.
+#[derive(Default)]
+struct AcceptErrors {
+    last: Option<Instant>,
+    since: u64,
+}
+
+impl AcceptErrors {
+    fn warn(&mut self, e: &std::io::Error) {
+        self.since += 1;
+        if self.last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        tracing::warn!(failures = self.since, "accept failed: {e}");
+        self.last = Some(Instant::now());
+        self.since = 0;
     }
 }
 

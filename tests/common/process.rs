@@ -21,13 +21,19 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_hf3fs-meta");
 /// `HF3FS_META_*` from the caller.
 pub fn command() -> Command {
     let mut cmd = Command::new(BIN);
+    clean_env(&mut cmd);
+    cmd
+}
+
+/// Removes `RUST_LOG` and every `HF3FS_META_*` of the caller from `cmd`'s
+/// environment.
+pub fn clean_env(cmd: &mut Command) {
     cmd.env_remove("RUST_LOG");
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("HF3FS_META_") {
             cmd.env_remove(k);
         }
     }
-    cmd
 }
 
 /// A running server process whose stderr lines arrive on a channel; killed
@@ -58,7 +64,13 @@ impl ServerProcess {
     /// Spawns the binary with `--host 127.0.0.1 --port <port>` and `args`;
     /// a thread forwards its stderr line by line.
     pub fn spawn(port: u16, args: &[&str]) -> ServerProcess {
-        let mut child = command()
+        ServerProcess::spawn_with(&command, port, args)
+    }
+
+    /// [`ServerProcess::spawn`] with the command made by `cmd` (e.g. the
+    /// binary under a `ulimit`).
+    pub fn spawn_with(cmd: &dyn Fn() -> Command, port: u16, args: &[&str]) -> ServerProcess {
+        let mut child = cmd()
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(args)
             .stdin(Stdio::null())
@@ -82,9 +94,14 @@ impl ServerProcess {
     /// for its "listening" line; retries on a port clash. A process that
     /// refuses to start is waited for to its exit.
     pub fn start(args: &[&str]) -> Started {
+        ServerProcess::start_with(&command, args)
+    }
+
+    /// [`ServerProcess::start`] with the command made by `cmd`.
+    pub fn start_with(cmd: &dyn Fn() -> Command, args: &[&str]) -> Started {
         for _ in 0..5 {
             let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
-            let mut p = ServerProcess::spawn(port, args);
+            let mut p = ServerProcess::spawn_with(cmd, port, args);
             match p.wait_line(|l| l.contains("listening") || refused(l)) {
                 Some(l) if l.contains("listening") => return Started::Serving(p),
                 Some(l) if l.to_lowercase().contains("address already in use") => p.kill(),
@@ -99,7 +116,12 @@ impl ServerProcess {
 
     /// [`ServerProcess::start`] that must serve.
     pub fn serve(args: &[&str]) -> ServerProcess {
-        match ServerProcess::start(args) {
+        ServerProcess::serve_with(&command, args)
+    }
+
+    /// [`ServerProcess::start_with`] that must serve.
+    pub fn serve_with(cmd: &dyn Fn() -> Command, args: &[&str]) -> ServerProcess {
+        match ServerProcess::start_with(cmd, args) {
             Started::Serving(p) => p,
             Started::Exited(st, log) => panic!("the server did not start ({st:?}):\n{}", log.join("\n")),
         }

@@ -21,8 +21,7 @@ pub(super) fn json_str(s: &str) -> String {
     o
 }
 
-pub(super) fn report(a: &Args, st: &Stats, secs: f64, validated: bool) {
-    let h = &st.hist;
+pub(super) fn report(a: &Args, st: &Stats, h: &Histogram<u64>, aux: &Histogram<u64>, secs: f64, validated: bool) {
     let n = h.len();
     let rps = n as f64 / secs;
     let q = |h: &Histogram<u64>, p: f64| {
@@ -58,9 +57,9 @@ pub(super) fn report(a: &Args, st: &Stats, secs: f64, validated: bool) {
             st.http_errors,
             st.http_5xx,
             st.conn_errors,
-            st.aux.len(),
-            q(&st.aux, 0.5),
-            q(&st.aux, 0.99),
+            aux.len(),
+            q(aux, 0.5),
+            q(aux, 0.99),
             st.cycles,
             st.alloc_failed,
             st.violations,
@@ -86,8 +85,8 @@ pub(super) fn report(a: &Args, st: &Stats, secs: f64, validated: bool) {
             st.http_5xx,
             st.conn_errors,
         );
-        if !st.aux.is_empty() {
-            let _ = write!(o, " | aux {} req p50 {}us p99 {}us", st.aux.len(), q(&st.aux, 0.5), q(&st.aux, 0.99));
+        if !aux.is_empty() {
+            let _ = write!(o, " | aux {} req p50 {}us p99 {}us", aux.len(), q(aux, 0.5), q(aux, 0.99));
         }
         if a.scenario == Scenario::Cycle {
             let _ = write!(o, " | cycles {}", st.cycles);
