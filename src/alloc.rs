@@ -33,24 +33,14 @@ pub struct Allocator;
 
 #[cfg(target_os = "linux")]
 mod os {
-    use std::ffi::c_void;
-
-    extern "C" {
-        fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32;
-    }
-
-    /// `MADV_HUGEPAGE` and `MADV_NOHUGEPAGE` of Linux's `<sys/mman.h>`.
-    const MADV_HUGEPAGE: i32 = 14;
-    const MADV_NOHUGEPAGE: i32 = 15;
-
     /// Advises `[start, start + len)`, whole huge pages inside a block the
     /// caller owns. A failure leaves small pages: nothing to handle.
     pub(super) fn advise(start: usize, len: usize, huge: bool) {
-        let advice = if huge { MADV_HUGEPAGE } else { MADV_NOHUGEPAGE };
+        let advice = if huge { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
         // SAFETY: the range lies inside a live block of this allocator (see
         // `huge_range`), page-aligned; madvise with these advices changes
         // how the kernel backs the pages, never their contents.
-        let _ = unsafe { madvise(start as *mut c_void, len, advice) };
+        let _ = unsafe { libc::madvise(start as *mut libc::c_void, len, advice) };
     }
 }
 
