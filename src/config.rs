@@ -107,12 +107,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=(u32::MAX as i64 - 1)))]
     pub max_pages_per_rank: u32,
 
-    /// Keys the vLLM key index is sized for at start (0: it starts small and
-    /// doubles as it fills). With the index pre-sized, storing that many
-    /// keys never doubles it, so resident memory does not peak at the old
-    /// and the new table side by side; the price is that the table's memory
-    /// (about 128 bytes a key) is taken as soon as keys spread over it, and
-    /// the table never shrinks below it.
+    /// Keys the vLLM key index's tables are sized for at start (0: they
+    /// start small and double as they fill, one 256th at a time). With the
+    /// tables pre-sized, storing that many keys never rebuilds one; the
+    /// price is that their memory (5–10 bytes a key) is taken as soon as
+    /// keys spread over it, and never given back. The entries themselves
+    /// (56 bytes a key) grow with the keys either way.
     #[arg(long, env = "HF3FS_META_EXPECTED_KEYS", default_value_t = 0)]
     pub expected_keys: u64,
 
@@ -236,9 +236,9 @@ impl Config {
     }
 }
 
-/// The most keys `--expected-keys` may name: 2^32 keys would size a table
-/// of 2^33 slots, 512 GiB.
-pub const MAX_EXPECTED_KEYS: u64 = 1 << 31;
+/// The most keys `--expected-keys` may name: the most keys the index can
+/// hold (its 28-bit ids).
+pub const MAX_EXPECTED_KEYS: u64 = crate::core::index::MAX_IDS as u64 - 1;
 
 /// This machine's memory in bytes (`MemTotal` of /proc/meminfo), when known.
 fn mem_total() -> Option<u64> {
@@ -293,10 +293,10 @@ mod tests {
         assert!(Config::try_parse_from(["hf3fs-meta", "--expected-keys", "-1"]).is_err());
         assert!(Config::try_parse_from(["hf3fs-meta", "--expected-keys", "many"]).is_err());
         let gib = 1u64 << 30;
-        // 10^6 keys: 2^21 slots of 64 bytes, 128 MiB.
+        // 10^6 keys: 256 tables of 2^13 slots of 4 bytes, 8 MiB.
         assert_eq!(c("1000000").validate_expected_keys(Some(gib)), Ok(()));
-        let e = c("1000000").validate_expected_keys(Some(gib / 8)).unwrap_err();
-        assert!(e.contains("128 MiB") && e.contains("--expected-keys"), "{e}");
+        let e = c("1000000").validate_expected_keys(Some(gib / 128)).unwrap_err();
+        assert!(e.contains("8 MiB") && e.contains("--expected-keys"), "{e}");
         assert_eq!(c("1000000").validate_expected_keys(None), Ok(()));
         let e = c(&(MAX_EXPECTED_KEYS + 1).to_string()).validate_expected_keys(None).unwrap_err();
         assert!(e.contains("at most"), "{e}");

@@ -28,11 +28,11 @@
 #[path = "common/loom_harness.rs"]
 mod loom_harness;
 
-use hf3fs_meta::core::key::Key;
+use hf3fs_meta::core::pages::Owned;
 use hf3fs_meta::core::pages::{Claimed, PageState, PageTable, BOUND, FREE, RESERVED};
 use loom::sync::Arc;
 use loom::thread;
-use loom_harness::{audit, key, model, put, KA, KB};
+use loom_harness::{audit, key, model, owned, put, KA, KB};
 use std::collections::BTreeSet;
 
 const KC: &str = "d41d8cd98f00b204e9800998ecf8427e";
@@ -65,7 +65,7 @@ struct Done {
     /// Per confirmed page, what it was when claimed.
     confirmed: Vec<(u32, Claimed)>,
     /// Per released page, what it was when claimed and, if BOUND, its owner.
-    released: Vec<(u32, Claimed, Option<Key>)>,
+    released: Vec<(u32, Claimed, Option<Owned>)>,
 }
 
 /// One confirm-write request on one rank, following `Store::confirm` steps
@@ -226,7 +226,7 @@ fn b1_confirm_vs_release_reserved_page() {
                 // The release came second and must see the confirm's owner:
                 // set_owner (Relaxed) is published by settle (Release) and
                 // acquired by the release's claim (AcqRel).
-                assert_eq!(r.released, vec![(p, Claimed::Bound, Some(key(KA).to_key()))]);
+                assert_eq!(r.released, vec![(p, Claimed::Bound, Some(owned(KA)))]);
             }
             (Err(Fail::ConfirmUnallocated(q)), Ok(r)) => {
                 assert_eq!(*q, p);
@@ -252,7 +252,7 @@ fn b2_reconfirm_vs_release_bound_page() {
         let hc = spawn(&t, move |t| request(t, &[(KA, p)], &[]));
         let hr = spawn(&t, move |t| request(t, &[], &[p]));
         let (c, r) = (hc.join().unwrap(), hr.join().unwrap());
-        assert_eq!(r, Ok(Done { released: vec![(p, Claimed::Bound, Some(key(KA).to_key()))], ..Done::default() }));
+        assert_eq!(r, Ok(Done { released: vec![(p, Claimed::Bound, Some(owned(KA)))], ..Done::default() }));
         match c {
             Ok(d) => assert_eq!(d.confirmed, vec![(p, Claimed::Bound)]),
             Err(e) => assert_eq!(e, Fail::ConfirmUnallocated(p)),
@@ -274,7 +274,7 @@ fn b3_foreign_confirm_vs_release_bound_page() {
         let hx = spawn(&t, move |t| request(t, &[(KB, p)], &[]));
         let hr = spawn(&t, move |t| request(t, &[], &[p]));
         let (x, r) = (hx.join().unwrap(), hr.join().unwrap());
-        assert_eq!(r, Ok(Done { released: vec![(p, Claimed::Bound, Some(key(KA).to_key()))], ..Done::default() }));
+        assert_eq!(r, Ok(Done { released: vec![(p, Claimed::Bound, Some(owned(KA)))], ..Done::default() }));
         assert!(matches!(x, Err(Fail::DoubleConfirm(q) | Fail::ConfirmUnallocated(q)) if q == p), "{x:?}");
         assert_eq!(t.state(p), PageState::Free);
         assert_eq!(audit(&t).free, 32);
@@ -297,7 +297,7 @@ fn b4_three_requests_one_word_different_pages() {
         let (a, b, c) = (h1.join().unwrap(), h2.join().unwrap(), h3.join().unwrap());
         assert_eq!(a.map(|d| d.confirmed), Ok(vec![(1, Claimed::Reserved)]));
         assert_eq!(b.map(|d| d.confirmed), Ok(vec![(2, Claimed::Bound)]));
-        assert_eq!(c.map(|d| d.released), Ok(vec![(3, Claimed::Bound, Some(key(KC).to_key()))]));
+        assert_eq!(c.map(|d| d.released), Ok(vec![(3, Claimed::Bound, Some(owned(KC)))]));
         assert_bound_to(&t, 1, KA);
         assert_bound_to(&t, 2, KB);
         assert_eq!(t.state(3), PageState::Free);
@@ -382,7 +382,7 @@ fn c3_two_page_confirm_vs_release_of_second_page() {
         let (a, b) = (ha.join().unwrap(), hb.join().unwrap());
         match (&a, &b) {
             (Ok(_), Ok(d)) => {
-                assert_eq!(d.released, vec![(35, Claimed::Bound, Some(key(KB).to_key()))]);
+                assert_eq!(d.released, vec![(35, Claimed::Bound, Some(owned(KB)))]);
                 assert_bound_to(&t, 3, KA);
             }
             (Err(Fail::ConfirmUnallocated(35)), Ok(d)) => {

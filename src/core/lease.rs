@@ -129,6 +129,12 @@ impl Lease {
         Lease(AtomicU32::new(0))
     }
 
+    /// Makes the word fresh again, for a reused entry nobody can see.
+    pub fn reset(&self) {
+        // Relaxed: published with the entry.
+        self.0.store(0, Ordering::Relaxed);
+    }
+
     /// A copy for an entry that replaces this one (under the bucket lock).
     pub fn copy(&self) -> Self {
         // Relaxed: under the bucket lock; the copy is published by the map.

@@ -21,11 +21,11 @@
 //! whose exact value at a reservation only moves its expiry by one tick.
 
 use super::error::{InitError, RankNotInitialized};
-use super::index::{Bind, Delta, IndexFloor, KeyIndex};
+use super::index::{Bind, Delta, IndexFloor, KeyIndex, MAX_IDS};
 use super::journal::{Change, Journal};
 use super::key::KeyRef;
 use super::lease::{Clock, LeaseLength};
-use super::pages::{Counts, PageState, PageTable, BOUND, FREE};
+use super::pages::{Counts, Owner, PageState, PageTable, BOUND, FREE};
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 mod allocate;
@@ -396,6 +396,7 @@ impl Store {
         out.clear();
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
+        index.warm(parsed.iter().copied());
         let mut leading = true;
         out.extend(parsed.iter().map(|&k| {
             if leading {
@@ -417,6 +418,7 @@ impl Store {
         out.clear();
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
+        index.warm(parsed.iter().copied());
         out.extend(parsed.iter().map(|&k| index.lease_location(k, rank as u32, now, lease)));
         Ok(())
     }
@@ -479,8 +481,8 @@ impl Store {
         let k = KeyRef::parse(key);
         let mut delta = Delta::default();
         match gen.index.bind(k, rank, page, || world, &mut delta) {
-            Bind::Bound(_) => {
-                table.set_owner(page, k);
+            Bind::Bound(_, id) => {
+                table.set_owner(page, id.map_or(Owner::Key(k), Owner::Id));
                 table.settle(page, BOUND);
                 gen.apply(delta);
                 Ok(())
@@ -489,6 +491,11 @@ impl Store {
                 table.settle(page, FREE);
                 table.give_back(1);
                 Err(format!("key {key} is already bound to page {p} of rank {rank}"))
+            }
+            Bind::Full => {
+                table.settle(page, FREE);
+                table.give_back(1);
+                Err(format!("key {key} cannot be stored: the index holds {} keys, its most", MAX_IDS - 1))
             }
         }
     }
@@ -583,13 +590,14 @@ impl Store {
                 if err.is_some() {
                     return;
                 }
-                match t.owner(p) {
+                match t.owner(p).map(|o| gen.index.key_of(&o).ok_or(o)) {
                     None if t.is_quarantined(p) => quarantined += 1,
                     None => err = Some(format!("rank {r}: BOUND page {p} has no owner and is not quarantined")),
-                    Some(k) if gen.index.page(k.as_ref(), r as u32) != Some(p) => {
+                    Some(Err(o)) => err = Some(format!("rank {r}: BOUND page {p} names {o:?}, which names no key")),
+                    Some(Ok(k)) if gen.index.page(k.as_ref(), r as u32) != Some(p) => {
                         err = Some(format!("rank {r}: page {p} names key {k}, whose binding is elsewhere"));
                     }
-                    Some(_) => {}
+                    Some(Ok(_)) => {}
                 }
             });
             if let Some(e) = err {
@@ -607,7 +615,7 @@ impl Store {
                 bindings += 1;
                 let ok = gen
                     .rank(i64::from(r))
-                    .is_some_and(|t| p < t.num_pages() && t.state(p) == PageState::Bound && t.owner_is(p, k));
+                    .is_some_and(|t| p < t.num_pages() && t.state(p) == PageState::Bound && gen.index.owns(t, p, k));
                 if !ok && err.is_none() {
                     err = Some(format!("key {k} is bound to page {p} of rank {r}, which is not BOUND to it"));
                 }

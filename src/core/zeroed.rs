@@ -11,7 +11,7 @@
 //! Under loom the arrays are plain `Vec`s of loom atomics (loom atomics cannot
 //! be zero-initialized by the allocator).
 
-use super::sync::{AtomicU64, AtomicU8};
+use super::sync::{AtomicU32, AtomicU64, AtomicU8};
 
 /// An atomic type whose all-zero bit pattern is a valid value equal to 0.
 ///
@@ -29,6 +29,13 @@ unsafe impl Zeroable for AtomicU64 {
     #[cfg(loom)]
     fn zero() -> Self {
         AtomicU64::new(0)
+    }
+}
+// SAFETY: as above.
+unsafe impl Zeroable for AtomicU32 {
+    #[cfg(loom)]
+    fn zero() -> Self {
+        AtomicU32::new(0)
     }
 }
 // SAFETY: as above.

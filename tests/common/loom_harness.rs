@@ -4,8 +4,9 @@
 //! audit helpers on a [`PageTable`]. Include it with
 //! `#[path = "common/loom_harness.rs"] mod loom_harness;`.
 
+use hf3fs_meta::core::index::MAX_IDS;
 use hf3fs_meta::core::key::KeyRef;
-use hf3fs_meta::core::pages::{Counts, PageTable};
+use hf3fs_meta::core::pages::{Counts, Owned, Owner, PageTable};
 
 pub const KA: &str = "0123456789abcdef0123456789abcdef";
 pub const KB: &str = "fedcba9876543210fedcba9876543210";
@@ -35,12 +36,23 @@ where
     );
 }
 
-/// A model's key: 32-hex digests only, so the table's text-owner map (scc,
-/// not loom-aware) is never touched inside a model.
-pub fn key(s: &str) -> KeyRef<'_> {
-    let k = KeyRef::parse(s);
-    assert!(matches!(k, KeyRef::Hex(_)), "models use hex keys only, so scc is never touched");
-    k
+/// A model's key as its pages name it: a 32-hex digest, named by an id as
+/// the key index would (derived from its first digits here), so that the
+/// table's side map of keys (scc, not loom-aware) is never touched inside a
+/// model.
+pub fn key(s: &str) -> Owner<'static> {
+    assert!(matches!(KeyRef::parse(s), KeyRef::Hex(_)), "models use hex keys only, so scc is never touched");
+    let digits = u32::from_str_radix(&s[..7], 16).expect("hex");
+    Owner::Id(digits % (MAX_IDS - 1) + 1)
+}
+
+/// [`key`], owned (what [`PageTable::owner`] answers).
+#[allow(dead_code)] // loom_eviction compares owners with `key` only
+pub fn owned(s: &str) -> Owned {
+    match key(s) {
+        Owner::Id(id) => Owned::Id(id),
+        Owner::Key(_) => unreachable!("models name keys by id"),
+    }
 }
 
 /// Puts FREE `page` into `state` (RESERVED, or BOUND to `owner`) during a

@@ -19,13 +19,12 @@
 //!   so a search at 99% fill skips 64 words (2048 pages) per load.
 //! - `stamps`, one byte per word: the reservation epoch of the newest
 //!   reservation in that word, for reservation expiry (see [`PageTable::expire`]).
-//! - `owners`, the page → key back-reference: the 128-bit digest of a hex key
-//!   (16 bytes per page, lazily zeroed), or 0 with the key on the side: an
-//!   SGLang digest key inline in `digest_owners` (no allocation per key), any
-//!   other text in `text_owners`.
+//! - `owners`, the page → key back-reference: the 4-byte id of a hex key in
+//!   the key index (lazily zeroed), or a mark with the key on the side in
+//!   `key_owners` (an SGLang digest inline, other text boxed).
 //!
 //! Memory: 2 bits of state + 1/32 byte of stamp + 1/32 bit of hint per page
-//! (0.28 byte), plus 16 bytes of back-reference per page that has ever been
+//! (0.28 byte), plus 4 bytes of back-reference per page that has ever been
 //! bound. All of it is reserved virtual memory that becomes resident only when
 //! touched.
 //!
@@ -59,13 +58,47 @@
 //! - `cursor` is a rotating start hint; `Relaxed`, its value only spreads
 //!   concurrent allocators over different words.
 
-use super::key::{Digest, Key, KeyRef};
-use super::sync::{AtomicU64, AtomicU8, Backoff, Ordering};
+use super::key::{Key, KeyRef};
+use super::sync::{AtomicU32, AtomicU64, AtomicU8, Backoff, Ordering};
 use super::zeroed::{OutOfMemory, ZeroedSlice};
 
 mod guard;
 
 pub use guard::ClaimGuard;
+
+/// An owner word naming no key.
+const NO_OWNER: u32 = 0;
+/// An owner word whose key is in the side map.
+const SIDE: u32 = u32::MAX;
+
+/// What names the key of a page: a vLLM hex key by its id in the key index
+/// (4 bytes a page), any other key by itself, on the side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner<'a> {
+    /// A hex key's id ([`crate::core::index::KeyIndex::hex_id`]).
+    Id(u32),
+    /// Any other key.
+    Key(KeyRef<'a>),
+}
+
+/// An [`Owner`], owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owned {
+    /// A hex key's id.
+    Id(u32),
+    /// Any other key.
+    Key(Key),
+}
+
+impl Owned {
+    /// The borrowed form.
+    pub fn as_ref(&self) -> Owner<'_> {
+        match self {
+            Owned::Id(id) => Owner::Id(*id),
+            Owned::Key(k) => Owner::Key(k.as_ref()),
+        }
+    }
+}
 
 /// State bits of a FREE page.
 pub const FREE: u64 = 0b00;
@@ -159,12 +192,12 @@ pub struct PageTable {
     full: ZeroedSlice<AtomicU64>,
     /// Per state word, the epoch of its newest reservation.
     stamps: ZeroedSlice<AtomicU8>,
-    /// Two words per page: the 128-bit hex key bound to it, or 0 for a text key.
-    owners: ZeroedSlice<AtomicU64>,
-    /// Owners of pages bound to SGLang's digest keys, inline (34 bytes).
-    digest_owners: scc::HashMap<u32, Digest>,
-    /// Owners of pages bound to text keys. Rare; off the hex path.
-    text_owners: scc::HashMap<u32, Box<str>>,
+    /// One word per page: the id of the hex key bound to it, `SIDE` for
+    /// a key kept in `key_owners`, `NO_OWNER` for none.
+    owners: ZeroedSlice<AtomicU32>,
+    /// Owners of pages bound to keys without an id (SGLang's digests
+    /// inline, text boxed).
+    key_owners: scc::HashMap<u32, Key>,
     /// FREE pages not yet promised to an allocator.
     free: AtomicU64,
     /// Rotating start hint for the page search, in words.
@@ -188,9 +221,8 @@ impl PageTable {
             words: ZeroedSlice::new(nwords)?,
             full: ZeroedSlice::new(nwords.div_ceil(64))?,
             stamps: ZeroedSlice::new(nwords)?,
-            owners: ZeroedSlice::new(2 * num_pages as usize)?,
-            digest_owners: scc::HashMap::new(),
-            text_owners: scc::HashMap::new(),
+            owners: ZeroedSlice::new(num_pages as usize)?,
+            key_owners: scc::HashMap::new(),
             free: AtomicU64::new(u64::from(num_pages)),
             cursor: AtomicU64::new(0),
             hand: AtomicU64::new(0),
@@ -457,59 +489,65 @@ impl PageTable {
         }
     }
 
-    /// Records `key` as the owner of `page`, which this thread holds BUSY.
-    pub fn set_owner(&self, page: u32, key: KeyRef<'_>) {
-        let i = 2 * page as usize;
-        let v = match key {
-            KeyRef::Hex(v) => v,
-            KeyRef::Digest(d) => {
-                self.digest_owners.upsert_sync(page, d);
-                0
+    /// Records `owner` as the owner of `page`, which this thread holds BUSY.
+    pub fn set_owner(&self, page: u32, owner: Owner<'_>) {
+        let word = match owner {
+            Owner::Id(id) => {
+                debug_assert!(id != NO_OWNER && id != SIDE, "ids are below MAX_IDS");
+                // A key replacing a side owner must not leave it behind.
+                if self.owner_word(page) == SIDE {
+                    self.key_owners.remove_sync(&page);
+                }
+                id
             }
-            KeyRef::Text(s) => {
-                self.text_owners.upsert_sync(page, s.into());
-                0
+            Owner::Key(k) => {
+                self.key_owners.upsert_sync(page, k.to_key());
+                SIDE
             }
         };
         // Relaxed: published by settle's Release (see the module note).
-        self.owners[i].store((v >> 64) as u64, Ordering::Relaxed);
-        self.owners[i + 1].store(v as u64, Ordering::Relaxed);
+        self.owners[page as usize].store(word, Ordering::Relaxed);
     }
 
     #[inline]
-    fn owner_hex(&self, page: u32) -> u128 {
-        let i = 2 * page as usize;
+    fn owner_word(&self, page: u32) -> u32 {
         // Relaxed: the caller acquired the page's state (claim) first.
-        (u128::from(self.owners[i].load(Ordering::Relaxed)) << 64)
-            | u128::from(self.owners[i + 1].load(Ordering::Relaxed))
+        self.owners[page as usize].load(Ordering::Relaxed)
     }
 
-    /// The key bound to `page`; the page must be BOUND, or BUSY from BOUND and
+    /// The owner of `page`; the page must be BOUND, or BUSY from BOUND and
     /// held by this thread.
-    pub fn owner(&self, page: u32) -> Option<Key> {
-        match self.owner_hex(page) {
-            0 => self
-                .digest_owners
-                .read_sync(&page, |_, d| Key::Digest(*d))
-                .or_else(|| self.text_owners.read_sync(&page, |_, s| Key::Text(s.clone()))),
-            v => Some(Key::Hex(v.to_be_bytes())),
+    pub fn owner(&self, page: u32) -> Option<Owned> {
+        match self.owner_word(page) {
+            NO_OWNER => None,
+            SIDE => self.key_owners.read_sync(&page, |_, k| Owned::Key(k.clone())),
+            id => Some(Owned::Id(id)),
         }
     }
 
-    /// Whether `page` (held as for [`owner`](Self::owner)) is bound to `key`.
-    pub fn owner_is(&self, page: u32, key: KeyRef<'_>) -> bool {
-        match (self.owner_hex(page), key) {
-            (0, KeyRef::Digest(d)) => self.digest_owners.read_sync(&page, |_, o| *o == d).unwrap_or(false),
-            (0, KeyRef::Text(s)) => self.text_owners.read_sync(&page, |_, t| **t == *s).unwrap_or(false),
-            (v, KeyRef::Hex(k)) => v == k,
-            _ => false,
+    /// The id that names the owner of `page` (held as for
+    /// [`owner`](Self::owner)), when it is named by one.
+    pub fn owner_id(&self, page: u32) -> Option<u32> {
+        Some(self.owner_word(page)).filter(|&w| w != NO_OWNER && w != SIDE)
+    }
+
+    /// Whether `page` (held as for [`owner`](Self::owner)) is bound to `owner`.
+    pub fn owner_is(&self, page: u32, owner: Owner<'_>) -> bool {
+        match (self.owner_word(page), owner) {
+            (NO_OWNER, _) => false,
+            (SIDE, Owner::Key(k)) => self.key_owners.read_sync(&page, |_, o| o.as_ref() == k).unwrap_or(false),
+            (SIDE, Owner::Id(_)) | (_, Owner::Key(_)) => false,
+            (w, Owner::Id(id)) => w == id,
         }
     }
 
-    /// Forgets the owner of `page` (held BUSY) as it leaves BOUND.
+    /// Forgets the owner of `page` (held BUSY) as it leaves BOUND. An id
+    /// stays behind, unread, until the page is bound again (one store less
+    /// on the release path).
     pub fn clear_owner(&self, page: u32) {
-        if self.owner_hex(page) == 0 && self.digest_owners.remove_sync(&page).is_none() {
-            self.text_owners.remove_sync(&page);
+        if self.owner_word(page) == SIDE {
+            self.key_owners.remove_sync(&page);
+            self.owners[page as usize].store(NO_OWNER, Ordering::Relaxed);
         }
     }
 
@@ -517,16 +555,14 @@ impl PageTable {
     /// names no key (a quarantined page; or a page whose key was evicted).
     pub fn forget_owner(&self, page: u32) {
         self.clear_owner(page);
-        let i = 2 * page as usize;
         // Relaxed: published by settle's Release.
-        self.owners[i].store(0, Ordering::Relaxed);
-        self.owners[i + 1].store(0, Ordering::Relaxed);
+        self.owners[page as usize].store(NO_OWNER, Ordering::Relaxed);
     }
 
     /// Whether `page` (held as for [`owner`](Self::owner)) names a key; a
     /// BOUND page that names none is quarantined.
     pub fn has_owner(&self, page: u32) -> bool {
-        self.owner_hex(page) != 0 || self.digest_owners.contains_sync(&page) || self.text_owners.contains_sync(&page)
+        self.owner_word(page) != NO_OWNER
     }
 
     /// Holds back `page`, held BUSY and just unbound from its key, until
@@ -614,7 +650,7 @@ impl PageTable {
 
     /// The owner of `page` as the evictor reads it, without holding the
     /// page: a hint to look the key up by, checked again once claimed.
-    pub fn owner_hint(&self, page: u32) -> Option<Key> {
+    pub fn owner_hint(&self, page: u32) -> Option<Owned> {
         self.owner(page)
     }
 

@@ -103,29 +103,42 @@ fn a_dropped_claim_guard_puts_every_page_back() {
 }
 
 #[test]
-fn owners_round_trip_hex_and_text() {
+fn owners_round_trip_ids_and_keys() {
     let t = PageTable::new(8).unwrap();
-    let hex = KeyRef::parse("0123456789abcdef0123456789abcdef");
-    t.set_owner(1, hex);
-    t.set_owner(2, KeyRef::Text("plain"));
-    assert_eq!(t.owner(1), Some(hex.to_key()));
-    assert_eq!(t.owner(2), Some(Key::Text("plain".into())));
-    assert!(t.owner_is(1, hex) && !t.owner_is(1, KeyRef::Text("plain")));
-    assert!(t.owner_is(2, KeyRef::Text("plain")) && !t.owner_is(2, KeyRef::Text("other")));
+    let text = |s| Owner::Key(KeyRef::Text(s));
+    t.set_owner(1, Owner::Id(7));
+    t.set_owner(2, text("plain"));
+    assert_eq!(t.owner(1), Some(Owned::Id(7)));
+    assert_eq!(t.owner_id(1), Some(7));
+    assert_eq!(t.owner(2), Some(Owned::Key(Key::Text("plain".into()))));
+    assert_eq!(t.owner_id(2), None, "a key on the side has no id");
+    assert!(t.owner_is(1, Owner::Id(7)) && !t.owner_is(1, Owner::Id(8)) && !t.owner_is(1, text("plain")));
+    assert!(t.owner_is(2, text("plain")) && !t.owner_is(2, text("other")) && !t.owner_is(2, Owner::Id(7)));
     t.clear_owner(2);
     assert_eq!(t.owner(2), None);
-    // A text owner replacing a hex one must not leave the hex behind.
-    t.set_owner(1, KeyRef::Text("t"));
-    assert!(t.owner_is(1, KeyRef::Text("t")) && !t.owner_is(1, hex));
+    // A text owner replacing an id must not leave the id behind, nor an id
+    // replacing a text owner the text.
+    t.set_owner(1, text("t"));
+    assert!(t.owner_is(1, text("t")) && !t.owner_is(1, Owner::Id(7)));
+    t.set_owner(1, Owner::Id(9));
+    assert!(t.owner_is(1, Owner::Id(9)) && !t.owner_is(1, text("t")));
+    t.set_owner(4, text("u"));
+    t.forget_owner(4);
+    assert!(!t.has_owner(4));
+    t.set_owner(4, Owner::Id(3));
+    assert_eq!(t.owner(4), Some(Owned::Id(3)), "nothing of the side key is left");
     // SGLang's digest keys, inline on the side.
     let sha = KeyRef::parse("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef-v");
     assert!(matches!(sha, KeyRef::Digest(_)));
-    t.set_owner(3, sha);
-    assert_eq!(t.owner(3), Some(sha.to_key()));
-    assert!(t.owner_is(3, sha) && !t.owner_is(3, KeyRef::Text("t")) && t.has_owner(3));
+    t.set_owner(3, Owner::Key(sha));
+    assert_eq!(t.owner(3), Some(Owned::Key(sha.to_key())));
+    assert!(t.owner_is(3, Owner::Key(sha)) && !t.owner_is(3, text("t")) && t.has_owner(3));
     t.clear_owner(3);
     assert_eq!(t.owner(3), None);
     assert!(!t.has_owner(3));
+    // An id is forgotten only when the page is quarantined or evicted.
+    t.forget_owner(1);
+    assert!(!t.has_owner(1));
 }
 
 #[test]

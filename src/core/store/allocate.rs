@@ -112,6 +112,7 @@ impl Store {
             out.clear();
             let mut need = 0u64;
             let index = gen.index.reader();
+            index.warm(distinct.iter().map(|&(_, k)| k));
             for &(i, k) in &distinct {
                 // A stored page handed out again is leased: its writer will
                 // write it again, so it must not go to another key meanwhile.

@@ -14,10 +14,10 @@
 //!    is published. The commit cannot fail.
 
 use super::super::error::{ConfirmError, ErrorCode};
-use super::super::index::{Bind, Delta};
+use super::super::index::{Bind, Delta, KeyIndex};
 use super::super::journal::Change;
 use super::super::key::KeyRef;
-use super::super::pages::{ClaimGuard, Claimed, PageTable, BOUND, FREE};
+use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND, FREE};
 use super::super::sync::Ordering;
 use super::{ConfirmOutcome, Generation, Store};
 
@@ -51,7 +51,7 @@ impl Store {
         let gen = self.gen.load();
         let table = gen.rank(rank).ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
         let items = validate(rank, table.num_pages(), confirmations, releases)?;
-        let claim = claim(table, rank, &items, confirmations)?;
+        let claim = claim(&gen.index, table, rank, &items, confirmations)?;
         fail_point_before_commit();
         Ok(self.commit(&gen, table, rank as u32, confirmations, releases, &items, claim))
     }
@@ -91,7 +91,8 @@ impl Store {
             outcome.released += 1;
             let owner = if c == Claimed::Bound { table.owner(page) } else { None };
             debug_assert!(c != Claimed::Bound || owner.is_some(), "claim refuses a BOUND page naming no key");
-            match owner {
+            // The page is held, so its key stays and its id names it.
+            match owner.and_then(|o| gen.index.key_of(&o)) {
                 Some(key) => match self.unbind_held(gen, table, r, page, key.as_ref(), now, &mut delta) {
                     Unbound::Freed => freed += 1,
                     Unbound::Quarantined => outcome.quarantined += 1,
@@ -115,13 +116,15 @@ impl Store {
                 Some(Claimed::Reserved) => {
                     let k = KeyRef::parse(key);
                     match gen.index.bind(k, r, page, world, &mut delta) {
-                        Bind::Bound(world) => {
-                            table.set_owner(page, k);
+                        Bind::Bound(world, id) => {
+                            table.set_owner(page, id.map_or(Owner::Key(k), Owner::Id));
                             self.record(Change::Bind { generation: gen.id, rank: r, page, key: k, world });
                             table.settle(page, BOUND);
                             outcome.bound += 1;
                         }
-                        Bind::Kept(_) => {
+                        // Every id taken: as if the key had been evicted
+                        // at once (the page goes back to the pool).
+                        Bind::Kept(_) | Bind::Full => {
                             table.settle(page, FREE);
                             freed += 1;
                             outcome.superseded += 1;
@@ -233,6 +236,7 @@ fn validate(
 /// Step 2: claims every page in page order and checks what it found. On the
 /// first conflict the guard is dropped, which puts back every page claimed.
 fn claim<'t>(
+    index: &KeyIndex,
     table: &'t PageTable,
     rank: i64,
     items: &[Item],
@@ -249,7 +253,7 @@ fn claim<'t>(
                 return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None))
             }
             (None, None) => return Err(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, page, Some(key()))),
-            (Some(Claimed::Bound), None) if !table.owner_is(it.page, KeyRef::parse(key())) => {
+            (Some(Claimed::Bound), None) if !index.owns(table, it.page, KeyRef::parse(key())) => {
                 let mut e = ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(key()));
                 e.already_bound = true;
                 return Err(e);

@@ -63,7 +63,7 @@ impl Store {
         let (mut delta, mut outcome, mut freed) = (Delta::default(), DeleteOutcome::default(), 0u64);
         for (page, key) in found {
             let mut held = ClaimGuard::new(1);
-            if held.claim(table, page) != Some(Claimed::Bound) || !table.owner_is(page, key) {
+            if held.claim(table, page) != Some(Claimed::Bound) || !gen.index.owns(table, page, key) {
                 continue; // the guard puts the page back as it was
             }
             let _ = held.commit();
@@ -98,7 +98,7 @@ impl Store {
                     return; // the guard puts the page back as it was
                 }
                 // A BOUND page without a key is already quarantined.
-                let Some(key) = table.owner(page) else { return };
+                let Some(key) = table.owner(page).and_then(|o| gen.index.key_of(&o)) else { return };
                 let _ = held.commit();
                 outcome.deleted += 1;
                 match self.unbind_held(&gen, table, r as u32, page, key.as_ref(), now, &mut delta) {

@@ -21,7 +21,7 @@
 //!   bounded steps; an allocate that finds too few free pages evicts what it
 //!   needs with a bounded budget before it answers -1.
 
-use super::super::index::Delta;
+use super::super::index::{Delta, KeyIndex};
 use super::super::journal::Change;
 use super::super::key::Key;
 use super::super::pages::{ClaimGuard, PageTable, FREE};
@@ -167,7 +167,8 @@ impl Store {
             passed += words.len().max(1) as u64;
             victims.clear();
             table.for_each_bound_in(words, |page| {
-                if let Some(k) = table.owner_hint(page) {
+                // A hint: the key is checked again under its lock.
+                if let Some(k) = table.owner_hint(page).and_then(|o| gen.index.key_of(&o)) {
                     victims.push(k);
                 }
             });
@@ -213,6 +214,7 @@ impl Store {
         ranks.clear();
         let delta = &mut scratch.delta;
         let removed = gen.index.remove_if_locked(k, |e| {
+            let owner = KeyIndex::owner_of(k, &e);
             if !e.lease().visit(now) {
                 return false;
             }
@@ -220,7 +222,7 @@ impl Store {
                 let Some(table) = gen.rank(i64::from(r)) else { return false };
                 // The page must still be this key's, and nobody's request
                 // may be in the middle of it: otherwise pass the key over.
-                if !claim.try_claim_bound(table, page) || !table.owner_is(page, k) {
+                if !claim.try_claim_bound(table, page) || !table.owner_is(page, owner) {
                     return false;
                 }
                 ranks.push(r);

@@ -180,7 +180,10 @@ fn read_page(gen: &Generation, table: &PageTable, rank: u32, page: u32) -> Resul
     }
     // A BOUND page that names no key is quarantined (released within a
     // reader's lease, its unbind journaled): free on disk.
-    let Some(key) = table.owner(page) else { return Ok(None) };
+    let Some(owner) = table.owner(page) else { return Ok(None) };
+    let Some(key) = gen.index.key_of(&owner) else {
+        return Err(format!("rank {rank}: page {page} names key id {owner:?}, which the index never gave"));
+    };
     let Some(world) = gen.index.world(key.as_ref()) else {
         return Err(format!("rank {rank}: page {page} names key {key}, which the index does not know"));
     };

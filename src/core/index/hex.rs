@@ -1,0 +1,771 @@
+//! The index of vLLM's 32-hex keys: an arena of entries named by 4-byte
+//! ids, and a table of ids sharded 256 ways (issue 14).
+//!
+//! A key costs its arena slot (56 bytes: the 16-byte digest and a
+//! [`Head`]), its ids in the table (4 bytes a slot at a load between 0.4
+//! and 0.8), and 4 bytes of back-reference per page in the page tables,
+//! which name a key by its id ([`crate::core::pages::Owner`]). scc's
+//! `HashIndex` held the 16-byte digest per page and a 64-byte slot per key
+//! at about half load: 255 bytes a key on 8 ranks against about 95 here
+//! (perf/RESULTS.md).
+//!
+//! # The table
+//!
+//! A slot of a shard's table is `0` (empty), `1` (a tombstone) or
+//! `id << 4 | tag`, the tag being 4 bits of the key's hash: a probe
+//! follows an id into the arena only when the tag matches (1 time in 16
+//! for another key). Open addressing with linear probing: a lookup reads
+//! consecutive slots (16 to a cache line) until it meets its key or an
+//! empty slot. A removed key leaves a tombstone, so that a reader probing
+//! past it still reaches the keys beyond; tombstones count towards the load,
+//! and a shard whose live keys and tombstones pass 4/5 of its slots is
+//! rebuilt, twice as large when its live keys need it, as large otherwise.
+//!
+//! The hash picks the shard (its top 8 bits), the tag (the next 4) and the
+//! first slot (the low bits). Each shard has a mutex that serializes its
+//! writers (the "bucket lock" of [`super::super::lease`]: binds, unbinds,
+//! lease raises, evictions); readers take no lock. A rebuild publishes the
+//! new table with one pointer swap, and the old table is freed by scc's
+//! epoch-based reclamation once no reader can hold it. Growth copies one
+//! shard at a time: the peak is one shard's old and new table (1/256 of
+//! the whole), never twice the index.
+//!
+//! # Ids
+//!
+//! Ids come from a bump counter, or from the shard's free list: an id
+//! whose key was removed is reused only three epochs of scc's reclamation
+//! after its removal (the same rule that frees memory), when no reader
+//! that could have found it in any version of the table can still be
+//! reading its slot. A reader therefore never sees an entry change keys
+//! under it: an id it reached names one key for as long as its guard lives.
+//! Ids are 28 bits: at most 2^28 − 1 keys a store (268 million).
+//!
+//! # Memory ordering
+//!
+//! A new key's slot is written (`Relaxed`) and then its id stored into the
+//! table with `Release`; a reader loads table slots with `Acquire`, so a
+//! reader that finds the id sees the digest and the head written before.
+//! Entries are then mutated in place under the shard's mutex with the
+//! orderings of [`super::Head`]. The arena's segments are installed with
+//! `Release` and loaded with `Acquire`, and never freed before the map.
+
+use super::{Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
+use crate::core::sync::{AtomicU32 as PageWord, Ordering::Relaxed as PageRelaxed};
+use scc::{AtomicShared, Guard, HashIndex, Shared};
+use sdd::Epoch;
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+/// Shards: the hash's top `SHARD_BITS` bits pick one.
+const SHARD_BITS: u32 = 8;
+const SHARDS: usize = 1 << SHARD_BITS;
+/// A table slot nobody has used since the table was made.
+const EMPTY: u32 = 0;
+/// A table slot whose key was removed.
+const TOMB: u32 = 1;
+/// Bits of the key's hash kept beside its id in a table slot.
+const TAG_BITS: u32 = 4;
+const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
+/// Ids are below this (id 0 is never used: `0 << 4 | tag` could be EMPTY
+/// or TOMB).
+pub const MAX_IDS: u32 = 1 << (32 - TAG_BITS);
+/// The smallest table of a shard, in slots.
+const MIN_SLOTS: usize = 16;
+/// Arena slots a segment: 2^19 × 56 bytes, 29 MiB, so that the allocator
+/// backs it with huge pages (src/alloc.rs): random lookups miss the TLB
+/// less.
+const SEG_BITS: u32 = 19;
+const SEG_SLOTS: usize = 1 << SEG_BITS;
+const SEGMENTS: usize = (MAX_IDS as usize).div_ceil(SEG_SLOTS);
+
+/// One key in the arena: its digest and its [`Head`].
+#[repr(C)]
+pub(super) struct Slot {
+    hi: AtomicU64,
+    lo: AtomicU64,
+    head: Head,
+}
+
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<Slot>() == 56);
+
+impl Slot {
+    fn digest(&self) -> u128 {
+        // Relaxed: the id was acquired from the table (module note).
+        (u128::from(self.hi.load(Ordering::Relaxed)) << 64) | u128::from(self.lo.load(Ordering::Relaxed))
+    }
+}
+
+/// The arena: slots by id, in segments made on first use and kept until
+/// the map is dropped.
+struct Arena {
+    segments: Box<[AtomicPtr<Slot>]>,
+    /// The next id never handed out.
+    next: AtomicU32,
+    /// Serializes the making of segments.
+    grow: Mutex<()>,
+}
+
+impl Arena {
+    fn new() -> Self {
+        Arena {
+            segments: (0..SEGMENTS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+            next: AtomicU32::new(1),
+            grow: Mutex::new(()),
+        }
+    }
+
+    /// A fresh id with its segment made, or `None` when all are taken.
+    fn fresh(&self) -> Option<u32> {
+        let id =
+            self.next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < MAX_IDS).then_some(n + 1)).ok()?;
+        let seg = &self.segments[id as usize >> SEG_BITS];
+        if seg.load(Ordering::Acquire).is_null() {
+            let _g = self.grow.lock().unwrap_or_else(PoisonError::into_inner);
+            if seg.load(Ordering::Acquire).is_null() {
+                seg.store(Box::into_raw(new_segment()).cast::<Slot>(), Ordering::Release);
+            }
+        }
+        Some(id)
+    }
+
+    /// The slot of `id`, which was handed out.
+    #[inline]
+    fn slot(&self, id: u32) -> &Slot {
+        self.try_slot(id).expect("an id handed out has its segment")
+    }
+
+    /// The slot of `id`, when its segment exists.
+    #[inline]
+    fn try_slot(&self, id: u32) -> Option<&Slot> {
+        let seg = self.segments.get(id as usize >> SEG_BITS)?.load(Ordering::Acquire);
+        // SAFETY: a non-null segment is a live allocation of SEG_SLOTS
+        // slots (freed only in `drop`), and the index is masked below it.
+        (!seg.is_null()).then(|| unsafe { &*seg.add(id as usize & (SEG_SLOTS - 1)) })
+    }
+
+    /// The bytes of the segments made so far.
+    fn bytes(&self) -> usize {
+        self.segments.iter().filter(|s| !s.load(Ordering::Relaxed).is_null()).count()
+            * SEG_SLOTS
+            * std::mem::size_of::<Slot>()
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        for s in self.segments.iter() {
+            let p = s.load(Ordering::Relaxed);
+            if !p.is_null() {
+                // SAFETY: made by `new_segment` as a boxed slice of this length.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, SEG_SLOTS)) });
+            }
+        }
+    }
+}
+
+/// A segment of zeroed slots: lazily zeroed memory, resident only where
+/// touched. A zeroed slot is a valid empty one (all atomics at 0, its lease
+/// fresh).
+#[cfg(not(loom))]
+fn new_segment() -> Box<[Slot]> {
+    let layout = std::alloc::Layout::array::<Slot>(SEG_SLOTS).expect("a segment's size fits");
+    // SAFETY: the layout is non-zero; every field of `Slot` is an atomic
+    // integer, for which all-zero bytes are a valid value.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout).cast::<Slot>();
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, SEG_SLOTS))
+    }
+}
+
+/// Under loom the atomics are loom's, which must be made, not zeroed.
+#[cfg(loom)]
+fn new_segment() -> Box<[Slot]> {
+    (0..SEG_SLOTS).map(|_| Slot { hi: AtomicU64::new(0), lo: AtomicU64::new(0), head: Head::empty() }).collect()
+}
+
+/// One shard's table of ids.
+struct Table {
+    mask: usize,
+    slots: Box<[AtomicU32]>,
+}
+
+impl Table {
+    fn new(slots: usize) -> Self {
+        debug_assert!(slots.is_power_of_two());
+        // Zeroed by the allocator (EMPTY is 0); an `AtomicU32` has the
+        // size and alignment of a `u32`.
+        let v: Box<[u32]> = vec![EMPTY; slots].into_boxed_slice();
+        // SAFETY: `AtomicU32` has the same in-memory representation as `u32`.
+        let slots = unsafe { Box::from_raw(Box::into_raw(v) as *mut [AtomicU32]) };
+        Table { mask: slots.len() - 1, slots }
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        self.mask + 1
+    }
+}
+
+/// What a shard's writers keep under its mutex.
+#[derive(Default)]
+struct ShardState {
+    /// Keys in the table.
+    live: usize,
+    /// Tombstones in the table.
+    tombs: usize,
+    /// Ids safe to reuse.
+    free: Vec<u32>,
+    /// Ids removed, with the epoch of their removal, oldest first.
+    limbo: VecDeque<(Epoch, u32)>,
+}
+
+impl ShardState {
+    /// An id for a new key: a free one, a ripe one from the limbo, or a
+    /// fresh one.
+    fn take_id(&mut self, arena: &Arena, guard: &Guard) -> Option<u32> {
+        if let Some(id) = self.free.pop() {
+            return Some(id);
+        }
+        let now = guard.epoch();
+        while let Some(&(retired, id)) = self.limbo.front() {
+            if retired.in_same_generation(now) {
+                break;
+            }
+            self.limbo.pop_front();
+            self.free.push(id);
+        }
+        self.free.pop().or_else(|| arena.fresh())
+    }
+}
+
+#[repr(align(128))]
+struct Shard {
+    table: AtomicShared<Table>,
+    state: Mutex<ShardState>,
+}
+
+/// Where a key is in its shard's table.
+struct Found<'g> {
+    pos: usize,
+    id: u32,
+    slot: &'g Slot,
+}
+
+/// The map of 32-hex keys.
+pub(super) struct HexMap {
+    shards: OnceLock<Box<[Shard]>>,
+    /// Slots of each shard's first table.
+    first_slots: usize,
+    arena: Arena,
+    /// Pages of ranks `INLINE_RANKS..`, by id, for the keys bound there.
+    wide: HashIndex<u32, Box<[PageWord]>, Hasher>,
+    /// Keys `wide` holds (so that removing a key looks there only when it may).
+    wide_keys: AtomicU64,
+    hasher: Hasher,
+}
+
+/// Slots of each shard's table for `keys` keys in all: room for them
+/// within the 4/5 load, rounded up to a power of two.
+fn shard_slots(keys: usize) -> usize {
+    let per = keys.div_ceil(SHARDS);
+    (per.saturating_mul(5) / 4 + 1).checked_next_power_of_two().unwrap_or(usize::MAX).max(MIN_SLOTS)
+}
+
+/// Slots of all the tables for `keys` keys.
+pub(super) fn table_slots(keys: usize) -> usize {
+    shard_slots(keys).saturating_mul(SHARDS)
+}
+
+impl HexMap {
+    /// An empty map whose tables start with room for `floor` keys (0: its
+    /// shards are made at its first key).
+    pub(super) fn new(floor: usize) -> Self {
+        let map = HexMap {
+            shards: OnceLock::new(),
+            first_slots: shard_slots(floor),
+            arena: Arena::new(),
+            wide: HashIndex::with_hasher(Hasher::default()),
+            wide_keys: AtomicU64::new(0),
+            hasher: Hasher::default(),
+        };
+        if floor > 0 {
+            map.shards();
+        }
+        map
+    }
+
+    fn shards(&self) -> &[Shard] {
+        self.shards.get_or_init(|| {
+            (0..SHARDS)
+                .map(|_| Shard {
+                    table: AtomicShared::new(Table::new(self.first_slots)),
+                    state: Mutex::new(ShardState::default()),
+                })
+                .collect()
+        })
+    }
+
+    #[inline]
+    fn hash(&self, d: u128) -> u64 {
+        self.hasher.hash_one(d)
+    }
+
+    #[inline]
+    fn shard_of(h: u64) -> usize {
+        (h >> (64 - SHARD_BITS)) as usize
+    }
+
+    #[inline]
+    fn tag_of(h: u64) -> u32 {
+        (h >> (64 - SHARD_BITS - TAG_BITS)) as u32 & TAG_MASK
+    }
+
+    /// Finds `d` (hash `h`) in `t`.
+    #[inline]
+    fn find<'g>(&'g self, t: &Table, d: u128, h: u64) -> Option<Found<'g>> {
+        let tag = Self::tag_of(h);
+        let mut pos = h as usize & t.mask;
+        loop {
+            // Acquire: pairs with the insert's Release (module note).
+            let v = t.slots[pos].load(Ordering::Acquire);
+            if v == EMPTY {
+                return None;
+            }
+            if v & TAG_MASK == tag && v >> TAG_BITS != 0 {
+                let id = v >> TAG_BITS;
+                let slot = self.arena.slot(id);
+                if slot.digest() == d {
+                    return Some(Found { pos, id, slot });
+                }
+            }
+            pos = (pos + 1) & t.mask;
+        }
+    }
+
+    /// The entry of `d`, lock-free.
+    #[inline]
+    pub(super) fn get<'g>(&'g self, d: u128, guard: &'g Guard) -> Option<EntryRef<'g>> {
+        let shards = self.shards.get()?;
+        let h = self.hash(d);
+        let t = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard);
+        let f = self.find(t.as_ref()?, d, h)?;
+        Some(self.entry(f.id, f.slot, guard))
+    }
+
+    fn entry<'g>(&'g self, id: u32, slot: &'g Slot, guard: &'g Guard) -> EntryRef<'g> {
+        EntryRef::hex(&slot.head, &self.wide, id, guard)
+    }
+
+    /// Prefetches what looking up `keys` will read: first the table lines of
+    /// all of them, then the arena slots their ids name. Independent
+    /// lookups of a batch then overlap their cache misses instead of taking
+    /// two in a row per key.
+    pub(super) fn warm(&self, keys: &mut dyn Iterator<Item = u128>, guard: &Guard) {
+        let Some(shards) = self.shards.get() else { return };
+        let mut spots: [(u64, *const AtomicU32); 128] = [(0, std::ptr::null()); 128];
+        let mut n = 0;
+        for d in keys.take(128) {
+            let h = self.hash(d);
+            let Some(t) = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard).as_ref() else { continue };
+            let p: *const AtomicU32 = &t.slots[h as usize & t.mask];
+            prefetch(p.cast());
+            spots[n] = (h, p);
+            n += 1;
+        }
+        for &(h, p) in &spots[..n] {
+            // SAFETY: `p` points into a table that `guard` keeps alive.
+            let v = unsafe { &*p }.load(Ordering::Acquire);
+            if v >> TAG_BITS != 0 && v & TAG_MASK == Self::tag_of(h) {
+                if let Some(s) = self.arena.try_slot(v >> TAG_BITS) {
+                    prefetch((s as *const Slot).cast());
+                }
+            }
+        }
+    }
+
+    /// Runs `f` on the live entry of `d` (or `None`) under its shard's
+    /// mutex; `f` may ask for the key's removal by returning true in its
+    /// second value.
+    fn with_locked<R>(&self, d: u128, f: impl FnOnce(Option<EntryRef<'_>>) -> (R, bool)) -> R {
+        let shards = self.shards();
+        let h = self.hash(d);
+        let shard = &shards[Self::shard_of(h)];
+        let mut st = shard.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = Guard::new();
+        let t = shard.table.load(Ordering::Acquire, &guard);
+        let t = t.as_ref().expect("a shard always has a table");
+        let found = self.find(t, d, h);
+        let (r, remove) = f(found.as_ref().map(|f| self.entry(f.id, f.slot, &guard)));
+        if remove {
+            let f = found.expect("only a present key is removed");
+            self.remove(&mut st, t, &f, &guard);
+        }
+        r
+    }
+
+    /// Removes the key found at `f` (under its shard's mutex).
+    fn remove(&self, st: &mut ShardState, t: &Table, f: &Found<'_>, guard: &Guard) {
+        // Release: like every table store (readers skip a tombstone).
+        t.slots[f.pos].store(TOMB, Ordering::Release);
+        st.live -= 1;
+        st.tombs += 1;
+        // Relaxed: writers of `wide` count under the shard mutexes; a
+        // count that is not yet 0 only costs a look.
+        if self.wide_keys.load(Ordering::Relaxed) > 0 && self.wide.remove_sync(&f.id) {
+            self.wide_keys.fetch_sub(1, Ordering::Relaxed);
+        }
+        st.limbo.push_back((guard.epoch(), f.id));
+        // Let this thread move the epoch on, so that the id ripens.
+        guard.set_has_garbage();
+    }
+
+    /// Runs `f` on the live entry of `d` under its shard's mutex.
+    pub(super) fn locked<R>(&self, d: u128, f: impl FnOnce(EntryRef<'_>) -> R) -> Option<R> {
+        self.with_locked(d, |e| (e.map(f), false))
+    }
+
+    /// The evictor's step (see [`super::KeyIndex::remove_if_locked`]).
+    pub(super) fn remove_if_locked(&self, d: u128, decide: impl FnOnce(EntryRef<'_>) -> bool) -> Option<bool> {
+        self.with_locked(d, |e| match e {
+            None => (None, false),
+            Some(e) => {
+                let r = decide(e);
+                (Some(r), r)
+            }
+        })
+    }
+
+    /// Binds `d` to `page` on `rank` (see [`super::KeyIndex::bind`]).
+    pub(super) fn bind(&self, d: u128, rank: u32, page: u32, world: impl FnOnce() -> u32, delta: &mut Delta) -> Bind {
+        let shards = self.shards();
+        let h = self.hash(d);
+        let shard = &shards[Self::shard_of(h)];
+        let mut st = shard.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let guard = Guard::new();
+        let t = shard.table.load(Ordering::Acquire, &guard);
+        let t = t.as_ref().expect("a shard always has a table");
+        if let Some(f) = self.find(t, d, h) {
+            return self.bind_present(f.id, &f.slot.head, rank, page, delta, &guard);
+        }
+        let Some(id) = st.take_id(&self.arena, &guard) else { return Bind::Full };
+        let world = world();
+        let slot = self.arena.slot(id);
+        slot.hi.store((d >> 64) as u64, Ordering::Relaxed);
+        slot.lo.store(d as u64, Ordering::Relaxed);
+        slot.head.reset(world);
+        let ranks = (rank as usize + 1).max(world as usize);
+        if ranks > INLINE_RANKS {
+            self.add_wide(id, no_pages(ranks - INLINE_RANKS));
+        }
+        slot.head.set_unpublished(rank, page, self.wide.peek(&id, &guard).map(|b| &**b));
+        delta.keys += 1;
+        delta.complete += i64::from(1 >= world);
+        // Room first: the insert below must find an empty slot or a tombstone.
+        let t = if (st.live + st.tombs + 1) * 5 > t.len() * 4 { self.rebuild(shard, &mut st, t, &guard) } else { t };
+        let mut pos = h as usize & t.mask;
+        loop {
+            let v = t.slots[pos].load(Ordering::Relaxed);
+            if v == EMPTY || v == TOMB {
+                st.tombs -= usize::from(v == TOMB);
+                break;
+            }
+            pos = (pos + 1) & t.mask;
+        }
+        st.live += 1;
+        // Release: publishes the slot written above (module note).
+        t.slots[pos].store(id << TAG_BITS | Self::tag_of(h), Ordering::Release);
+        Bind::Bound(world, Some(id))
+    }
+
+    /// A binding of a key already in the map, under its shard's mutex.
+    fn bind_present(&self, id: u32, e: &Head, rank: u32, page: u32, delta: &mut Delta, guard: &Guard) -> Bind {
+        let wide = || self.wide.peek(&id, guard).map(|b| &**b);
+        if let Some(held) = e.page(rank, wide()) {
+            return Bind::Kept(held);
+        }
+        let world = e.world();
+        // Under the shard's mutex: no other writer changes `bound`.
+        let bound = e.bound();
+        delta.complete += i64::from(bound + 1 >= world) - i64::from(bound >= world);
+        if let Some(slot) = e.slot(rank, wide()) {
+            e.publish(slot, page, bound + 1);
+        } else {
+            // Room for `rank`: a longer copy of the wide pages, which
+            // replaces the old (a reader holding the old sees its last state).
+            let old = wide();
+            let grown = no_pages(rank as usize + 1 - INLINE_RANKS);
+            for (new, old) in grown.iter().zip(old.into_iter().flatten()) {
+                new.store(old.load(PageRelaxed), PageRelaxed);
+            }
+            grown[rank as usize - INLINE_RANKS].store(page, PageRelaxed);
+            match self.wide.entry_sync(id) {
+                scc::hash_index::Entry::Occupied(mut o) => o.update(grown),
+                scc::hash_index::Entry::Vacant(v) => {
+                    self.wide_keys.fetch_add(1, Ordering::Relaxed);
+                    v.insert_entry(grown);
+                }
+            }
+            e.set_bound(bound + 1);
+        }
+        Bind::Bound(world, Some(id))
+    }
+
+    /// Gives the new key `id` its wide pages.
+    fn add_wide(&self, id: u32, pages: Box<[PageWord]>) {
+        if self.wide.insert_sync(id, pages).is_ok() {
+            self.wide_keys.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Removes `d`'s binding to `page` on `rank` (see [`super::KeyIndex::unbind`]).
+    pub(super) fn unbind(&self, d: u128, rank: u32, page: u32, delta: &mut Delta) -> Option<u32> {
+        self.with_locked(d, |e| match e {
+            None => (None, false),
+            Some(e) => match e.unbind(rank, page, delta) {
+                None => (None, false),
+                Some((deadline, last)) => (Some(deadline), last),
+            },
+        })
+    }
+
+    /// Makes `shard` a new table with room for one more key (under its
+    /// mutex) and returns it.
+    fn rebuild<'g>(&self, shard: &Shard, st: &mut ShardState, old: &Table, guard: &'g Guard) -> &'g Table {
+        let want = (st.live + 1) * 2;
+        let slots = want.checked_next_power_of_two().unwrap_or(usize::MAX).max(MIN_SLOTS).max(self.first_slots);
+        let slots = if (st.live + 1) * 5 > slots * 4 { slots * 2 } else { slots };
+        let t = Table::new(slots);
+        for s in old.slots.iter() {
+            let v = s.load(Ordering::Relaxed);
+            if v >> TAG_BITS == 0 {
+                continue;
+            }
+            let h = self.hash(self.arena.slot(v >> TAG_BITS).digest());
+            let mut pos = h as usize & t.mask;
+            while t.slots[pos].load(Ordering::Relaxed) != EMPTY {
+                pos = (pos + 1) & t.mask;
+            }
+            t.slots[pos].store(v, Ordering::Relaxed);
+        }
+        st.tombs = 0;
+        // Release: the new table's slots and everything they name.
+        let (_old, _) = shard.table.swap((Some(Shared::new(t)), scc::Tag::None), Ordering::Release);
+        shard.table.load(Ordering::Acquire, guard).as_ref().expect("just stored")
+    }
+
+    /// The digest of the key named `id`; the caller holds a page of the
+    /// key (so that the key stays), or takes the answer as a hint.
+    pub(super) fn digest(&self, id: u32) -> Option<u128> {
+        self.arena.try_slot(id).map(Slot::digest)
+    }
+
+    /// The id of `d`, lock-free.
+    pub(super) fn id(&self, d: u128, guard: &Guard) -> Option<u32> {
+        let shards = self.shards.get()?;
+        let h = self.hash(d);
+        let t = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard);
+        self.find(t.as_ref()?, d, h).map(|f| f.id)
+    }
+
+    /// Slots of the tables (used or not).
+    pub(super) fn slots(&self) -> usize {
+        let Some(shards) = self.shards.get() else { return 0 };
+        let guard = Guard::new();
+        shards.iter().map(|s| s.table.load(Ordering::Acquire, &guard).as_ref().map_or(0, Table::len)).sum()
+    }
+
+    /// Bytes of the tables and of the arena's segments, made so far.
+    pub(super) fn bytes(&self) -> usize {
+        self.slots() * 4 + self.arena.bytes()
+    }
+
+    /// Calls `f` with every key and its entry; not the request path.
+    pub(super) fn for_each(&self, f: &mut dyn FnMut(u128, EntryRef<'_>)) {
+        let Some(shards) = self.shards.get() else { return };
+        let guard = Guard::new();
+        for s in shards.iter() {
+            let Some(t) = s.table.load(Ordering::Acquire, &guard).as_ref() else { continue };
+            for v in t.slots.iter() {
+                let v = v.load(Ordering::Acquire);
+                if v >> TAG_BITS != 0 {
+                    let id = v >> TAG_BITS;
+                    let slot = self.arena.slot(id);
+                    f(slot.digest(), self.entry(id, slot, &guard));
+                }
+            }
+        }
+    }
+}
+
+/// `n` empty page slots.
+fn no_pages(n: usize) -> Box<[PageWord]> {
+    (0..n).map(|_| PageWord::new(NO_PAGE)).collect()
+}
+
+/// Asks the CPU to bring the line at `p` into the cache.
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::super::{Bind, Delta, KeyIndex};
+    use super::*;
+    use crate::core::key::KeyRef;
+
+    fn hex(i: u64) -> u128 {
+        // Spread over the shards like real digests.
+        u128::from(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)) << 64 | u128::from(i + 1)
+    }
+
+    #[test]
+    fn many_keys_grow_the_tables_and_leave_nothing_behind() {
+        let m = HexMap::new(0);
+        let mut d = Delta::default();
+        const N: u64 = 50_000;
+        for i in 0..N {
+            assert!(matches!(m.bind(hex(i), (i % 3) as u32, i as u32, || 1, &mut d), Bind::Bound(1, Some(_))));
+        }
+        assert_eq!((d.keys, d.complete), (N as i64, N as i64));
+        assert!(m.slots() >= (N as usize) * 5 / 4, "the tables grew: {} slots", m.slots());
+        let g = Guard::new();
+        for i in 0..N {
+            let e = m.get(hex(i), &g).expect("stored");
+            assert_eq!(e.page((i % 3) as u32), Some(i as u32));
+            assert_eq!(m.digest(e.id().unwrap()), Some(hex(i)));
+        }
+        assert!(m.get(hex(N), &g).is_none());
+        drop(g);
+        let mut seen = 0;
+        m.for_each(&mut |_, _| seen += 1);
+        assert_eq!(seen, N);
+        for i in 0..N {
+            assert!(m.unbind(hex(i), (i % 3) as u32, i as u32, &mut d).is_some());
+        }
+        assert_eq!((d.keys, d.complete), (0, 0));
+        let mut left = 0;
+        m.for_each(&mut |_, _| left += 1);
+        assert_eq!(left, 0);
+    }
+
+    /// Keys that come and go around a small population leave tombstones;
+    /// the tables are rebuilt at their size rather than grown.
+    #[test]
+    fn tombstones_do_not_grow_the_tables() {
+        let m = HexMap::new(1);
+        let floor = m.slots();
+        let mut d = Delta::default();
+        for i in 0..200_000u64 {
+            m.bind(hex(i), 0, 1, || 1, &mut d);
+            if i >= 8 {
+                assert!(m.unbind(hex(i - 8), 0, 1, &mut d).is_some());
+            }
+        }
+        assert_eq!(d.keys, 8);
+        assert_eq!(m.slots(), floor, "8 live keys never need more than the first tables");
+        let g = Guard::new();
+        for i in 200_000 - 8..200_000 {
+            assert!(m.get(hex(i), &g).is_some(), "key {i} survived every rebuild");
+        }
+    }
+
+    /// A removed key's id goes back into use once no reader can hold it.
+    /// The epoch moves as threads drop guards; bounded by count, not time.
+    #[test]
+    fn removed_ids_are_reused() {
+        let m = HexMap::new(1);
+        let mut d = Delta::default();
+        let mut reused = false;
+        for i in 0..1_000_000u64 {
+            let Bind::Bound(_, Some(id)) = m.bind(hex(i), 0, 1, || 1, &mut d) else { panic!("bound") };
+            m.unbind(hex(i), 0, 1, &mut d);
+            if u64::from(id) <= i {
+                reused = true;
+                break;
+            }
+        }
+        assert!(reused, "a million keys came and went without one id reused");
+        assert!(m.arena.next.load(Ordering::Relaxed) < 1_000_000);
+    }
+
+    /// An id taken while every id is handed out fails the bind, changing
+    /// nothing.
+    #[test]
+    fn full_arena_refuses_a_new_key() {
+        let m = HexMap::new(1);
+        let mut d = Delta::default();
+        m.bind(hex(1), 0, 1, || 1, &mut d);
+        m.arena.next.store(MAX_IDS, Ordering::Relaxed);
+        assert_eq!(m.bind(hex(2), 0, 2, || 1, &mut d), Bind::Full);
+        assert_eq!((d.keys, d.complete), (1, 1));
+        assert!(m.get(hex(2), &Guard::new()).is_none());
+        assert!(matches!(m.bind(hex(1), 1, 3, || 1, &mut d), Bind::Bound(1, Some(_))), "known keys still bind");
+    }
+
+    /// Readers race writers whose keys come and go entirely, so that ids
+    /// and arena slots are reused under them: a reader must only ever see a
+    /// page that was bound to that key on that rank.
+    #[test]
+    fn readers_never_see_a_reused_slot_change_keys() {
+        const KEYS: u64 = 512;
+        let ix = KeyIndex::new(crate::core::index::IndexFloor { hex: 0, digest: 0 });
+        let page_of = |key: u64, rank: u32| (key * 16 + u64::from(rank)) as u32;
+        let keys: Vec<String> = (0..KEYS).map(|i| format!("{:032x}", hex(i))).collect();
+        std::thread::scope(|sc| {
+            for w in 0..2u32 {
+                let (ix, keys) = (&ix, &keys);
+                sc.spawn(move || {
+                    for round in 0..60u64 {
+                        let mut d = Delta::default();
+                        for (i, key) in keys.iter().enumerate() {
+                            let (i, k) = (i as u64, KeyRef::parse(key));
+                            if i % 2 != u64::from(w) {
+                                continue; // each writer has its own keys
+                            }
+                            // Bound on ranks 0..10 (two of them wide), then
+                            // gone entirely every other round.
+                            for r in 0..10 {
+                                if round % 2 == 0 {
+                                    ix.bind(k, r, page_of(i, r), || 10, &mut d);
+                                } else {
+                                    ix.unbind(k, r, page_of(i, r), &mut d);
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+            let (ix, keys) = (&ix, &keys);
+            sc.spawn(move || {
+                for _ in 0..300 {
+                    let reader = ix.reader();
+                    let parsed: Vec<KeyRef<'_>> = keys.iter().map(|k| KeyRef::parse(k)).collect();
+                    reader.warm(parsed.iter().copied());
+                    for (i, &k) in parsed.iter().enumerate() {
+                        for r in 0..10 {
+                            if let Some(p) = reader.page(k, r) {
+                                assert_eq!(p, page_of(i as u64, r), "key {i} rank {r}");
+                            }
+                        }
+                    }
+                }
+            });
+        });
+        let mut n = 0;
+        ix.for_each(|_, _| n += 1);
+        assert_eq!(n, 0, "every key was unbound on every rank in the last round");
+    }
+}
