@@ -302,8 +302,13 @@ impl PageTable {
         if n == 0 || nwords == 0 {
             return;
         }
-        // Relaxed: a hint that spreads allocators over different words.
-        let start = (self.cursor.fetch_add(n / u64::from(LANES) + 1, Ordering::Relaxed) % nwords as u64) as usize;
+        // Relaxed: a hint that spreads allocators over different words. It
+        // moves by the words `n` pages fill, no more: pages are handed out
+        // densely, so that a rank's back-references and states stay in as
+        // few memory pages as its keys need (moving one word further left a
+        // 32-page hole every 4 words, and a rank 90 % full touched every
+        // page of its back-references: perf/RESULTS.md, issue 14).
+        let start = (self.cursor.fetch_add(n.div_ceil(u64::from(LANES)), Ordering::Relaxed) % nwords as u64) as usize;
         let mut use_hints = true;
         let mut backoff = Backoff::default();
         loop {
