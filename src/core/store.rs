@@ -396,14 +396,15 @@ impl Store {
         out.clear();
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
-        index.warm(parsed.iter().copied());
+        let mut entries = Vec::with_capacity(parsed.len());
+        index.entries(&parsed, &mut entries);
         let mut leading = true;
-        out.extend(parsed.iter().map(|&k| {
+        out.extend(parsed.iter().zip(entries).map(|(&k, e)| {
             if leading {
-                leading = index.lease_complete(k, now, lease);
+                leading = index.lease_complete(k, e, now, lease);
                 leading
             } else {
-                index.is_complete(k)
+                e.is_some_and(|e| e.complete())
             }
         }));
     }
@@ -418,8 +419,9 @@ impl Store {
         out.clear();
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
-        index.warm(parsed.iter().copied());
-        out.extend(parsed.iter().map(|&k| index.lease_location(k, rank as u32, now, lease)));
+        let mut entries = Vec::with_capacity(parsed.len());
+        index.entries(&parsed, &mut entries);
+        out.extend(parsed.iter().zip(entries).map(|(&k, e)| index.lease_location(k, e, rank as u32, now, lease)));
         Ok(())
     }
 

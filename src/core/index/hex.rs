@@ -50,6 +50,7 @@
 //! `Release` and loaded with `Acquire`, and never freed before the map.
 
 use super::{Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
+use crate::core::key::KeyRef;
 use crate::core::sync::{AtomicU32 as PageWord, Ordering::Relaxed as PageRelaxed};
 use scc::{AtomicShared, Guard, HashIndex, Shared};
 use sdd::Epoch;
@@ -79,6 +80,9 @@ const MIN_SLOTS: usize = 16;
 const SEG_BITS: u32 = 19;
 const SEG_SLOTS: usize = 1 << SEG_BITS;
 const SEGMENTS: usize = (MAX_IDS as usize).div_ceil(SEG_SLOTS);
+/// Keys [`HexMap::get_batch`] looks up at once: enough independent misses
+/// to fill the core's line-fill buffers, few enough for the stack.
+pub(super) const BATCH: usize = 32;
 
 /// One key in the arena: its digest and its [`Head`].
 #[repr(C)]
@@ -362,30 +366,37 @@ impl HexMap {
         EntryRef::hex(&slot.head, &self.wide, id, guard)
     }
 
-    /// Prefetches what looking up `keys` will read: first the table lines of
-    /// all of them, then the arena slots their ids name. Independent
-    /// lookups of a batch then overlap their cache misses instead of taking
-    /// two in a row per key.
-    pub(super) fn warm(&self, keys: &mut dyn Iterator<Item = u128>, guard: &Guard) {
+    /// Looks up the hex keys of `keys` (at most [`BATCH`]), writing each
+    /// one's entry to its place in `out` (other keys' places are left as
+    /// they are). In three passes, so that the misses of independent keys
+    /// overlap rather than queue: hash every key and prefetch its first
+    /// table line; read the slots and prefetch the entries their ids name;
+    /// then probe, finding the lines warm.
+    pub(super) fn get_batch<'g>(&'g self, keys: &[KeyRef<'_>], guard: &'g Guard, out: &mut [Option<EntryRef<'g>>]) {
+        debug_assert!(keys.len() <= BATCH && out.len() == keys.len());
         let Some(shards) = self.shards.get() else { return };
-        let mut spots: [(u64, *const AtomicU32); 128] = [(0, std::ptr::null()); 128];
-        let mut n = 0;
-        for d in keys.take(128) {
+        let mut spots: [(u64, Option<&'g Table>); BATCH] = [(0, None); BATCH];
+        for (spot, k) in spots.iter_mut().zip(keys) {
+            let KeyRef::Hex(d) = *k else { continue };
             let h = self.hash(d);
-            let Some(t) = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard).as_ref() else { continue };
-            let p: *const AtomicU32 = &t.slots[h as usize & t.mask];
-            prefetch(p.cast());
-            spots[n] = (h, p);
-            n += 1;
+            let t = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard).as_ref();
+            if let Some(t) = t {
+                prefetch((&t.slots[h as usize & t.mask] as *const AtomicU32).cast());
+            }
+            *spot = (h, t);
         }
-        for &(h, p) in &spots[..n] {
-            // SAFETY: `p` points into a table that `guard` keeps alive.
-            let v = unsafe { &*p }.load(Ordering::Acquire);
+        for &(h, t) in &spots[..keys.len()] {
+            let Some(t) = t else { continue };
+            let v = t.slots[h as usize & t.mask].load(Ordering::Relaxed);
             if v >> TAG_BITS != 0 && v & TAG_MASK == Self::tag_of(h) {
                 if let Some(s) = self.arena.try_slot(v >> TAG_BITS) {
                     prefetch((s as *const Slot).cast());
                 }
             }
+        }
+        for ((&(h, t), k), o) in spots.iter().zip(keys).zip(out.iter_mut()) {
+            let (KeyRef::Hex(d), Some(t)) = (*k, t) else { continue };
+            *o = self.find(t, d, h).map(|f| self.entry(f.id, f.slot, guard));
         }
     }
 
@@ -624,7 +635,6 @@ fn prefetch(p: *const u8) {
 mod tests {
     use super::super::{Bind, Delta, KeyIndex};
     use super::*;
-    use crate::core::key::KeyRef;
 
     fn hex(i: u64) -> u128 {
         // Spread over the shards like real digests.
@@ -753,10 +763,12 @@ mod tests {
                 for _ in 0..300 {
                     let reader = ix.reader();
                     let parsed: Vec<KeyRef<'_>> = keys.iter().map(|k| KeyRef::parse(k)).collect();
-                    reader.warm(parsed.iter().copied());
-                    for (i, &k) in parsed.iter().enumerate() {
+                    let mut entries = Vec::new();
+                    reader.entries(&parsed, &mut entries);
+                    for (i, (&k, e)) in parsed.iter().zip(&entries).enumerate() {
                         for r in 0..10 {
-                            if let Some(p) = reader.page(k, r) {
+                            // Both ways: the batch's entries, and one by one.
+                            for p in [e.and_then(|e| e.page(r)), reader.page(k, r)].into_iter().flatten() {
                                 assert_eq!(p, page_of(i as u64, r), "key {i} rank {r}");
                             }
                         }

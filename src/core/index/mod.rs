@@ -3,7 +3,7 @@
 //! Three maps. vLLM's keys are 32-hex digests, stored as a `u128` in
 //! [`hex`]'s map of our own: an arena of 56-byte entries named by 4-byte
 //! ids, found through 256 shards of open-addressing tables of ids, which a
-//! batch can prefetch ([`Reader::warm`]); the page tables name these keys
+//! batch looks up with its cache misses overlapped ([`Reader::entries`]); the page tables name these keys
 //! by their id. SGLang's 64-hex digests with their suffix ([`Digest`], 34
 //! bytes inline) and any other string stay in scc's [`HashIndex`], where
 //! the page tables keep the whole key on the side. One lookup per key
@@ -470,15 +470,19 @@ impl Reader<'_> {
         }
     }
 
-    /// Prefetches what looking up the hex keys among `keys` will read (see
-    /// [`HexMap::warm`]); the lookups that follow find their lines warm.
-    #[inline]
-    pub fn warm<'k>(&self, keys: impl IntoIterator<Item = KeyRef<'k>>) {
-        let mut hex = keys.into_iter().filter_map(|k| match k {
-            KeyRef::Hex(d) => Some(d),
-            _ => None,
-        });
-        self.index.hex.warm(&mut hex, &self.guard);
+    /// The entry of each of `keys`, in order, into `out`: the hex keys
+    /// looked up a batch at a time with their cache misses overlapped
+    /// ([`HexMap::get_batch`]), the others one by one.
+    pub fn entries<'r>(&'r self, keys: &[KeyRef<'_>], out: &mut Vec<Option<EntryRef<'r>>>) {
+        out.clear();
+        for chunk in keys.chunks(hex::BATCH) {
+            let start = out.len();
+            out.extend(chunk.iter().map(|&k| match k {
+                KeyRef::Hex(_) => None,
+                k => self.entry(k),
+            }));
+            self.index.hex.get_batch(chunk, &self.guard, &mut out[start..]);
+        }
     }
 
     /// The page `rank` holds for `key`, complete or not.
@@ -513,7 +517,21 @@ impl Reader<'_> {
         len: LeaseLength,
         read: impl Fn(EntryRef<'_>) -> Option<R>,
     ) -> Option<R> {
-        let e = self.entry(key)?;
+        self.leased_at(key, self.entry(key), now, len, read)
+    }
+
+    /// [`Self::leased`] with the key's entry already looked up
+    /// ([`Self::entries`]).
+    #[inline]
+    fn leased_at<R>(
+        &self,
+        key: KeyRef<'_>,
+        e: Option<EntryRef<'_>>,
+        now: u32,
+        len: LeaseLength,
+        read: impl Fn(EntryRef<'_>) -> Option<R>,
+    ) -> Option<R> {
+        let e = e?;
         if e.lease().covers(now, len) {
             return read(e);
         }
@@ -525,26 +543,41 @@ impl Reader<'_> {
         })?
     }
 
-    /// Whether `key` is complete, leasing it when it is (an answer `true` of
-    /// `batch_exists`'s leading run).
+    /// Whether `key`, whose entry is `e` ([`Self::entries`]), is complete,
+    /// leasing it when it is (an answer `true` of `batch_exists`'s leading
+    /// run).
     #[inline]
-    pub fn lease_complete(&self, key: KeyRef<'_>, now: u32, len: LeaseLength) -> bool {
-        self.leased(key, now, len, |e| e.complete().then_some(())).is_some()
+    pub fn lease_complete(&self, key: KeyRef<'_>, e: Option<EntryRef<'_>>, now: u32, len: LeaseLength) -> bool {
+        self.leased_at(key, e, now, len, |e| e.complete().then_some(())).is_some()
     }
 
-    /// The page on `rank` when `key` is complete, leasing the key when there
-    /// is one (an answer of `get_locations`).
+    /// The page on `rank` when `key` (entry `e`) is complete, leasing the
+    /// key when there is one (an answer of `get_locations`).
     #[inline]
-    pub fn lease_location(&self, key: KeyRef<'_>, rank: u32, now: u32, len: LeaseLength) -> Option<u32> {
-        self.leased(key, now, len, |e| e.complete().then(|| e.page(rank)).flatten())
+    pub fn lease_location(
+        &self,
+        key: KeyRef<'_>,
+        e: Option<EntryRef<'_>>,
+        rank: u32,
+        now: u32,
+        len: LeaseLength,
+    ) -> Option<u32> {
+        self.leased_at(key, e, now, len, |e| e.complete().then(|| e.page(rank)).flatten())
     }
 
-    /// The page `rank` holds for `key`, complete or not, leasing the key
-    /// when there is one (an allocate that hands a stored page out again:
-    /// its writer will write that page).
+    /// The page `rank` holds for `key` (entry `e`), complete or not,
+    /// leasing the key when there is one (an allocate that hands a stored
+    /// page out again: its writer will write that page).
     #[inline]
-    pub fn lease_page(&self, key: KeyRef<'_>, rank: u32, now: u32, len: LeaseLength) -> Option<u32> {
-        self.leased(key, now, len, |e| e.page(rank))
+    pub fn lease_page(
+        &self,
+        key: KeyRef<'_>,
+        e: Option<EntryRef<'_>>,
+        rank: u32,
+        now: u32,
+        len: LeaseLength,
+    ) -> Option<u32> {
+        self.leased_at(key, e, now, len, |e| e.page(rank))
     }
 
     /// The entry of `key` (the evictor warms its victims' lines with it).

@@ -105,6 +105,7 @@ impl Store {
         // Parse every key before looking any up: the lookups then overlap
         // their cache misses.
         let distinct = distinct_keys(keys);
+        let keys_only: Vec<KeyRef<'_>> = distinct.iter().map(|&(_, k)| k).collect();
         let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let mut evicted = false;
@@ -112,11 +113,12 @@ impl Store {
             out.clear();
             let mut need = 0u64;
             let index = gen.index.reader();
-            index.warm(distinct.iter().map(|&(_, k)| k));
-            for &(i, k) in &distinct {
+            let mut entries = Vec::with_capacity(distinct.len());
+            index.entries(&keys_only, &mut entries);
+            for (&(i, k), &e) in distinct.iter().zip(&entries) {
                 // A stored page handed out again is leased: its writer will
                 // write it again, so it must not go to another key meanwhile.
-                let page = index.lease_page(k, r, now, lease).map_or(-1, i64::from);
+                let page = index.lease_page(k, e, r, now, lease).map_or(-1, i64::from);
                 need += u64::from(page < 0);
                 out.push((i, page));
             }
