@@ -17,9 +17,11 @@
 //! for another key). Open addressing with linear probing: a lookup reads
 //! consecutive slots (16 to a cache line) until it meets its key or an
 //! empty slot. A removed key leaves a tombstone, so that a reader probing
-//! past it still reaches the keys beyond; tombstones count towards the load,
-//! and a shard whose live keys and tombstones pass 4/5 of its slots is
-//! rebuilt, twice as large when its live keys need it, as large otherwise.
+//! past it still reaches the keys beyond (unless the next slot is empty:
+//! then its slot and the tombstones before it are emptied); tombstones
+//! count towards the load, and a shard whose live keys and tombstones pass
+//! 4/5 of its slots is rebuilt, twice as large when its live keys need it,
+//! as large otherwise.
 //!
 //! The hash picks the shard (its top 8 bits), the tag (the next 4) and the
 //! first slot (the low bits). Each shard has a mutex that serializes its
@@ -422,10 +424,29 @@ impl HexMap {
 
     /// Removes the key found at `f` (under its shard's mutex).
     fn remove(&self, st: &mut ShardState, t: &Table, f: &Found<'_>, guard: &Guard) {
-        // Release: like every table store (readers skip a tombstone).
-        t.slots[f.pos].store(TOMB, Ordering::Release);
         st.live -= 1;
-        st.tombs += 1;
+        // A slot followed by an empty one ends every probe that reaches it,
+        // so it may be emptied rather than marked, and so may the
+        // tombstones just before it: fewer rebuilds under churn. A reader
+        // probing through them meets the empty slot where it would have
+        // met the next one, having missed no key.
+        if t.slots[(f.pos + 1) & t.mask].load(Ordering::Relaxed) == EMPTY {
+            // Release: like every table store.
+            t.slots[f.pos].store(EMPTY, Ordering::Release);
+            let mut p = f.pos;
+            loop {
+                p = p.wrapping_sub(1) & t.mask;
+                if t.slots[p].load(Ordering::Relaxed) != TOMB {
+                    break;
+                }
+                t.slots[p].store(EMPTY, Ordering::Release);
+                st.tombs -= 1;
+            }
+        } else {
+            // Release: like every table store (readers skip a tombstone).
+            t.slots[f.pos].store(TOMB, Ordering::Release);
+            st.tombs += 1;
+        }
         // Relaxed: writers of `wide` count under the shard mutexes; a
         // count that is not yet 0 only costs a look.
         if self.wide_keys.load(Ordering::Relaxed) > 0 && self.wide.remove_sync(&f.id) {
