@@ -34,7 +34,9 @@ use report::report;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const MAX_SECONDS: f64 = 600.0;
-const POOL_BODIES: usize = 256;
+/// The most request bodies `--pool-bodies` may ask for (at 128 keys, about
+/// 300 MB of bodies).
+const MAX_POOL_BODIES: usize = 65_536;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Scenario {
@@ -124,6 +126,12 @@ struct Args {
     /// Fraction of exists/locations keys drawn from the stored pool (rest: random misses).
     #[arg(long, default_value_t = 1.0)]
     hit_ratio: f64,
+    /// Distinct request bodies the lookup scenarios cycle through, each of
+    /// --batch keys drawn at random among the --stored ones. 1 sends the same
+    /// keys in every request (hot keys); about --stored / --batch spreads the
+    /// requests over the whole stored set (random keys, out of cache).
+    #[arg(long, default_value_t = 256)]
+    pool_bodies: usize,
     /// Run setup (/clear, initialize, pre-populate). This is the default.
     #[arg(long, overrides_with = "no_setup")]
     setup: bool,
@@ -650,7 +658,7 @@ async fn setup(a: &Args) -> Result<bool, String> {
 fn build_pool(a: &Args) -> Vec<Bytes> {
     let mut rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed);
     if matches!(a.scenario, Scenario::SglangExists | Scenario::SglangIndices) {
-        return (0..POOL_BODIES)
+        return (0..a.pool_bodies)
             .map(|_| {
                 let keys: Vec<SgKey> = (0..a.batch)
                     .map(|_| {
@@ -670,7 +678,7 @@ fn build_pool(a: &Args) -> Vec<Bytes> {
         Scenario::Locations => Some(0),
         _ => return Vec::new(),
     };
-    (0..POOL_BODIES)
+    (0..a.pool_bodies)
         .map(|_| {
             let keys: Vec<Key> = (0..a.batch)
                 .map(|_| {
@@ -703,6 +711,9 @@ fn run(a: Args) -> Result<i32, String> {
     }
     if (a.scenario.lookup() || a.scenario == Scenario::Fixed) && a.batch > 100_000 {
         return Err("--batch too large".into());
+    }
+    if a.pool_bodies == 0 || a.pool_bodies > MAX_POOL_BODIES {
+        return Err(format!("--pool-bodies must be in 1..={MAX_POOL_BODIES}"));
     }
     let fixed = match (&a.scenario, &a.body) {
         (Scenario::Fixed, Some(p)) => {
