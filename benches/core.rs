@@ -7,9 +7,9 @@
 //!
 //! `HF3FS_BENCH_BIG=1` adds the lookups among 10^7 stored keys (issue 14,
 //! item 2: "128 random keys among 10^7 stored"). It is opt-in because the
-//! store then holds about 2.5 GB with the scc index and filling it takes
-//! tens of seconds; without it the run stays quick. For that case alone:
-//! `HF3FS_BENCH_BIG=1 cargo bench --profile ci --bench core -- 10^7`.
+//! bench then peaks at 1.9 GB with the scc index and filling the store takes
+//! about 10 s; without it the run stays quick. For that case alone:
+//! `HF3FS_BENCH_BIG=1 cargo bench --profile ci --bench core -- 'lookup/.*10\^7'`.
 
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion, Throughput};

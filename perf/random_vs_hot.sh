@@ -2,7 +2,8 @@
 # perf/random_vs_hot.sh — lookups of random stored keys against the same hot
 # keys over HTTP (issue 14, item 2: "exists of 128 random stored keys keeps
 # >= 0.7x the throughput of 128 hot keys"). Starts ONE server, stores
-# --stored keys on rank 0 (loadgen --setup-only), then for each scenario
+# --stored keys on rank 0 (loadgen's setup, then half a second of random
+# exists whose answers it checks: all true), then for each scenario
 # alternates two loads on it, --rounds times:
 #   hot:    every request carries the same --batch keys (loadgen --pool-bodies 1)
 #   random: each request carries --batch keys drawn at random among the stored
@@ -77,8 +78,11 @@ for _ in $(seq 100); do
 done
 echo "server $BIN ($(git rev-parse --short HEAD 2>/dev/null || echo '?') checked out), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 t0=$(date +%s.%N)
-"$LOADGEN" --addr "127.0.0.1:$PORT" --setup-only --pages "$PAGES" --stored "$STORED" --batch "$BATCH" >/dev/null
-echo "stored $STORED keys in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s; random bodies: $BODIES of $BATCH keys"
+# Setup (stores the keys) and a short validated run of random exists: every
+# answer must say true, or loadgen exits 1 and so does this script.
+"$LOADGEN" --addr "127.0.0.1:$PORT" --scenario exists --pages "$PAGES" --stored "$STORED" --batch "$BATCH" \
+  --pool-bodies "$BODIES" --duration 0.5 --label check
+echo "stored and checked $STORED keys in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s; random bodies: $BODIES of $BATCH keys"
 
 run() { # scenario kind [port label-prefix]
   local bodies=1
