@@ -34,7 +34,9 @@ use report::report;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const MAX_SECONDS: f64 = 600.0;
-const POOL_BODIES: usize = 256;
+/// The most request bodies `--pool-bodies` may ask for (at 128 keys, about
+/// 300 MB of bodies).
+const MAX_POOL_BODIES: usize = 65_536;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Scenario {
@@ -124,6 +126,12 @@ struct Args {
     /// Fraction of exists/locations keys drawn from the stored pool (rest: random misses).
     #[arg(long, default_value_t = 1.0)]
     hit_ratio: f64,
+    /// Distinct request bodies the lookup scenarios cycle through, each of
+    /// --batch keys drawn at random among the --stored ones. 1 sends the same
+    /// keys in every request (hot keys); about --stored / --batch spreads the
+    /// requests over the whole stored set (random keys, out of cache).
+    #[arg(long, default_value_t = 256)]
+    pool_bodies: usize,
     /// Run setup (/clear, initialize, pre-populate). This is the default.
     #[arg(long, overrides_with = "no_setup")]
     setup: bool,
@@ -650,7 +658,7 @@ async fn setup(a: &Args) -> Result<bool, String> {
 fn build_pool(a: &Args) -> Vec<Bytes> {
     let mut rng = SmallRng::seed_from_u64(a.seed ^ 0x5eed);
     if matches!(a.scenario, Scenario::SglangExists | Scenario::SglangIndices) {
-        return (0..POOL_BODIES)
+        return (0..a.pool_bodies)
             .map(|_| {
                 let keys: Vec<SgKey> = (0..a.batch)
                     .map(|_| {
@@ -670,7 +678,7 @@ fn build_pool(a: &Args) -> Vec<Bytes> {
         Scenario::Locations => Some(0),
         _ => return Vec::new(),
     };
-    (0..POOL_BODIES)
+    (0..a.pool_bodies)
         .map(|_| {
             let keys: Vec<Key> = (0..a.batch)
                 .map(|_| {
@@ -703,6 +711,9 @@ fn run(a: Args) -> Result<i32, String> {
     }
     if (a.scenario.lookup() || a.scenario == Scenario::Fixed) && a.batch > 100_000 {
         return Err("--batch too large".into());
+    }
+    if a.pool_bodies == 0 || a.pool_bodies > MAX_POOL_BODIES {
+        return Err(format!("--pool-bodies must be in 1..={MAX_POOL_BODIES}"));
     }
     let fixed = match (&a.scenario, &a.body) {
         (Scenario::Fixed, Some(p)) => {
@@ -764,4 +775,49 @@ fn run(a: Args) -> Result<i32, String> {
             Ok(0)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn args(extra: &[&str]) -> Args {
+        Args::parse_from(["loadgen"].iter().chain(extra))
+    }
+
+    /// The 32-hex-digit keys quoted in a request body.
+    fn keys_in(body: &[u8]) -> Vec<Key> {
+        body.split(|&b| b == b'"').filter(|s| s.len() == 32).map(|s| s.try_into().unwrap()).collect()
+    }
+
+    #[test]
+    fn pool_bodies_is_the_number_of_distinct_bodies_and_one_means_the_same_keys_every_time() {
+        let hot = build_pool(&args(&["--scenario", "exists", "--stored", "1000", "--pool-bodies", "1"]));
+        assert_eq!(hot.len(), 1);
+        assert_eq!(keys_in(&hot[0]).len(), 128);
+        let random = build_pool(&args(&["--scenario", "locations", "--stored", "100000", "--pool-bodies", "782"]));
+        assert_eq!(random.len(), 782);
+        assert_eq!(random.iter().collect::<HashSet<_>>().len(), 782, "every body differs");
+        assert_eq!(build_pool(&args(&["--scenario", "exists"])).len(), 256, "the default is unchanged");
+    }
+
+    #[test]
+    fn pooled_keys_are_stored_keys_spread_over_the_stored_set() {
+        let stored: HashSet<Key> = (0..1000).map(stored_key).collect();
+        let pool = build_pool(&args(&["--scenario", "exists", "--stored", "1000", "--pool-bodies", "64"]));
+        let drawn: Vec<Key> = pool.iter().flat_map(|b| keys_in(b)).collect();
+        assert_eq!(drawn.len(), 64 * 128);
+        assert!(drawn.iter().all(|k| stored.contains(k)), "a pooled key is not a stored one");
+        // 8,192 draws among 1,000 keys leave almost none undrawn.
+        assert!(drawn.iter().collect::<HashSet<_>>().len() > 990);
+    }
+
+    #[test]
+    fn pool_bodies_out_of_range_is_a_usage_error() {
+        for n in ["0", "65537"] {
+            let err = run(args(&["--pool-bodies", n, "--no-setup"])).unwrap_err();
+            assert!(err.contains("--pool-bodies"), "{err}");
+        }
+    }
 }
