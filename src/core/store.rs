@@ -397,7 +397,7 @@ impl Store {
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
         let mut entries = Vec::with_capacity(parsed.len());
-        index.entries(&parsed, &mut entries);
+        index.entries(&parsed, |&k| k, &mut entries);
         let mut leading = true;
         out.extend(parsed.iter().zip(entries).map(|(&k, e)| {
             if leading {
@@ -420,7 +420,7 @@ impl Store {
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
         let mut entries = Vec::with_capacity(parsed.len());
-        index.entries(&parsed, &mut entries);
+        index.entries(&parsed, |&k| k, &mut entries);
         out.extend(parsed.iter().zip(entries).map(|(&k, e)| index.lease_location(k, e, rank as u32, now, lease)));
         Ok(())
     }

@@ -374,12 +374,19 @@ impl HexMap {
     /// overlap rather than queue: hash every key and prefetch its first
     /// table line; read the slots and prefetch the entries their ids name;
     /// then probe, finding the lines warm.
-    pub(super) fn get_batch<'g>(&'g self, keys: &[KeyRef<'_>], guard: &'g Guard, out: &mut [Option<EntryRef<'g>>]) {
-        debug_assert!(keys.len() <= BATCH && out.len() == keys.len());
+    pub(super) fn get_batch<'g, T>(
+        &'g self,
+        items: &[T],
+        key: &impl Fn(&T) -> KeyRef<'_>,
+        guard: &'g Guard,
+        out: &mut [Option<EntryRef<'g>>],
+    ) {
+        debug_assert!(items.len() <= BATCH && out.len() == items.len());
         let Some(shards) = self.shards.get() else { return };
+        // Per key: its hash, and its table while it still needs a probe.
         let mut spots: [(u64, Option<&'g Table>); BATCH] = [(0, None); BATCH];
-        for (spot, k) in spots.iter_mut().zip(keys) {
-            let KeyRef::Hex(d) = *k else { continue };
+        for (spot, it) in spots.iter_mut().zip(items) {
+            let KeyRef::Hex(d) = key(it) else { continue };
             let h = self.hash(d);
             let t = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard).as_ref();
             if let Some(t) = t {
@@ -387,17 +394,21 @@ impl HexMap {
             }
             *spot = (h, t);
         }
-        for &(h, t) in &spots[..keys.len()] {
-            let Some(t) = t else { continue };
-            let v = t.slots[h as usize & t.mask].load(Ordering::Relaxed);
-            if v >> TAG_BITS != 0 && v & TAG_MASK == Self::tag_of(h) {
+        for (h, t) in &mut spots[..items.len()] {
+            let Some(tab) = *t else { continue };
+            let v = tab.slots[*h as usize & tab.mask].load(Ordering::Relaxed);
+            if v == EMPTY {
+                // Absent: its probe would end here (an absent key's answer
+                // is already in `out`).
+                *t = None;
+            } else if v >> TAG_BITS != 0 && v & TAG_MASK == Self::tag_of(*h) {
                 if let Some(s) = self.arena.try_slot(v >> TAG_BITS) {
                     prefetch((s as *const Slot).cast());
                 }
             }
         }
-        for ((&(h, t), k), o) in spots.iter().zip(keys).zip(out.iter_mut()) {
-            let (KeyRef::Hex(d), Some(t)) = (*k, t) else { continue };
+        for ((&(h, t), it), o) in spots.iter().zip(items).zip(out.iter_mut()) {
+            let (KeyRef::Hex(d), Some(t)) = (key(it), t) else { continue };
             *o = self.find(t, d, h).map(|f| self.entry(f.id, f.slot, guard));
         }
     }
@@ -785,7 +796,7 @@ mod tests {
                     let reader = ix.reader();
                     let parsed: Vec<KeyRef<'_>> = keys.iter().map(|k| KeyRef::parse(k)).collect();
                     let mut entries = Vec::new();
-                    reader.entries(&parsed, &mut entries);
+                    reader.entries(&parsed, |&k| k, &mut entries);
                     for (i, (&k, e)) in parsed.iter().zip(&entries).enumerate() {
                         for r in 0..10 {
                             // Both ways: the batch's entries, and one by one.

@@ -470,18 +470,18 @@ impl Reader<'_> {
         }
     }
 
-    /// The entry of each of `keys`, in order, into `out`: the hex keys
-    /// looked up a batch at a time with their cache misses overlapped
-    /// ([`HexMap::get_batch`]), the others one by one.
-    pub fn entries<'r>(&'r self, keys: &[KeyRef<'_>], out: &mut Vec<Option<EntryRef<'r>>>) {
+    /// The entry of the key of each of `items` (`key` tells it), in order,
+    /// into `out`: the hex keys looked up a batch at a time with their cache
+    /// misses overlapped ([`HexMap::get_batch`]), the others one by one.
+    pub fn entries<'r, T>(&'r self, items: &[T], key: impl Fn(&T) -> KeyRef<'_>, out: &mut Vec<Option<EntryRef<'r>>>) {
         out.clear();
-        for chunk in keys.chunks(hex::BATCH) {
+        for chunk in items.chunks(hex::BATCH) {
             let start = out.len();
-            out.extend(chunk.iter().map(|&k| match k {
+            out.extend(chunk.iter().map(|it| match key(it) {
                 KeyRef::Hex(_) => None,
                 k => self.entry(k),
             }));
-            self.index.hex.get_batch(chunk, &self.guard, &mut out[start..]);
+            self.index.hex.get_batch(chunk, &key, &self.guard, &mut out[start..]);
         }
     }
 

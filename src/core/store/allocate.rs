@@ -105,7 +105,6 @@ impl Store {
         // Parse every key before looking any up: the lookups then overlap
         // their cache misses.
         let distinct = distinct_keys(keys);
-        let keys_only: Vec<KeyRef<'_>> = distinct.iter().map(|&(_, k)| k).collect();
         let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let mut evicted = false;
@@ -114,7 +113,7 @@ impl Store {
             let mut need = 0u64;
             let index = gen.index.reader();
             let mut entries = Vec::with_capacity(distinct.len());
-            index.entries(&keys_only, &mut entries);
+            index.entries(&distinct, |&(_, k)| k, &mut entries);
             for (&(i, k), &e) in distinct.iter().zip(&entries) {
                 // A stored page handed out again is leased: its writer will
                 // write it again, so it must not go to another key meanwhile.
