@@ -14,11 +14,13 @@
 //! # Memory ordering
 //!
 //! The word lives in the key's index entry, and every change of the entry
-//! (its pages, its count, this word) is made under the entry's bucket lock,
-//! on the entry the map holds at that moment. scc relocates entries when its
+//! (its pages, its count, this word) is made under the key's lock (scc's
+//! bucket lock, or the hex map's shard mutex: "the bucket lock" below), on
+//! the entry the map holds at that moment. scc relocates entries when its
 //! table resizes, by copying them under the same locks, so a reader without
 //! the lock may hold the live entry or an older copy that nobody writes any
-//! more; both show a state the entry really had.
+//! more; both show a state the entry really had. The hex map never moves an
+//! entry, so there its readers always hold the live one.
 //!
 //! - A reader answers from its unlocked copy only when the copy's lease
 //!   already covers it ([`Lease::covers`], an `Acquire` load before it reads
