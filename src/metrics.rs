@@ -386,7 +386,12 @@ impl Metrics {
         let _ = writeln!(o, "hf3fs_meta_keys {}", stats.keys);
         head(&mut o, "complete_keys", "gauge", "Keys stored on every rank of their world (batch_exists answers true).");
         let _ = writeln!(o, "hf3fs_meta_complete_keys {}", stats.complete_keys);
-        head(&mut o, "index_slots", "gauge", "Slots of the key index's tables, used or not (4 bytes each for vLLM's keys).");
+        head(
+            &mut o,
+            "index_slots",
+            "gauge",
+            "Slots of the key index's tables, used or not (4 bytes each for vLLM's keys).",
+        );
         let _ = writeln!(o, "hf3fs_meta_index_slots {}", footprint.index_slots);
         head(
             &mut o,

@@ -59,7 +59,7 @@ use sdd::Epoch;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// Shards: the hash's top `SHARD_BITS` bits pick one.
 const SHARD_BITS: u32 = 8;
@@ -413,17 +413,25 @@ impl HexMap {
         }
     }
 
+    /// The hash of `d`, its shard, and the shard's state, locked.
+    fn lock(&self, d: u128) -> (u64, &Shard, MutexGuard<'_, ShardState>) {
+        let h = self.hash(d);
+        let shard = &self.shards()[Self::shard_of(h)];
+        (h, shard, shard.state.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The table of `shard`, whose mutex the caller holds.
+    fn table<'g>(shard: &Shard, guard: &'g Guard) -> &'g Table {
+        shard.table.load(Ordering::Acquire, guard).as_ref().expect("a shard always has a table")
+    }
+
     /// Runs `f` on the live entry of `d` (or `None`) under its shard's
     /// mutex; `f` may ask for the key's removal by returning true in its
     /// second value.
     fn with_locked<R>(&self, d: u128, f: impl FnOnce(Option<EntryRef<'_>>) -> (R, bool)) -> R {
-        let shards = self.shards();
-        let h = self.hash(d);
-        let shard = &shards[Self::shard_of(h)];
-        let mut st = shard.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (h, shard, mut st) = self.lock(d);
         let guard = Guard::new();
-        let t = shard.table.load(Ordering::Acquire, &guard);
-        let t = t.as_ref().expect("a shard always has a table");
+        let t = Self::table(shard, &guard);
         let found = self.find(t, d, h);
         let (r, remove) = f(found.as_ref().map(|f| self.entry(f.id, f.slot, &guard)));
         if remove {
@@ -486,13 +494,9 @@ impl HexMap {
 
     /// Binds `d` to `page` on `rank` (see [`super::KeyIndex::bind`]).
     pub(super) fn bind(&self, d: u128, rank: u32, page: u32, world: impl FnOnce() -> u32, delta: &mut Delta) -> Bind {
-        let shards = self.shards();
-        let h = self.hash(d);
-        let shard = &shards[Self::shard_of(h)];
-        let mut st = shard.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (h, shard, mut st) = self.lock(d);
         let guard = Guard::new();
-        let t = shard.table.load(Ordering::Acquire, &guard);
-        let t = t.as_ref().expect("a shard always has a table");
+        let t = Self::table(shard, &guard);
         if let Some(f) = self.find(t, d, h) {
             return self.bind_present(f.id, &f.slot.head, rank, page, delta, &guard);
         }
