@@ -151,13 +151,6 @@ impl Arena {
         // slots (freed only in `drop`), and the index is masked below it.
         (!seg.is_null()).then(|| unsafe { &*seg.add(id as usize & (SEG_SLOTS - 1)) })
     }
-
-    /// The bytes of the segments made so far.
-    fn bytes(&self) -> usize {
-        self.segments.iter().filter(|s| !s.load(Ordering::Relaxed).is_null()).count()
-            * SEG_SLOTS
-            * std::mem::size_of::<Slot>()
-    }
 }
 
 impl Drop for Arena {
@@ -625,11 +618,6 @@ impl HexMap {
         let Some(shards) = self.shards.get() else { return 0 };
         let guard = Guard::new();
         shards.iter().map(|s| s.table.load(Ordering::Acquire, &guard).as_ref().map_or(0, Table::len)).sum()
-    }
-
-    /// Bytes of the tables and of the arena's segments, made so far.
-    pub(super) fn bytes(&self) -> usize {
-        self.slots() * 4 + self.arena.bytes()
     }
 
     /// Calls `f` with every key and its entry; not the request path.

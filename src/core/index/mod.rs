@@ -718,11 +718,6 @@ impl KeyIndex {
         self.hex.slots() + self.digest.capacity() + self.text.capacity()
     }
 
-    /// Bytes of the hex map's tables and arena made so far.
-    pub fn hex_bytes(&self) -> usize {
-        self.hex.bytes()
-    }
-
     /// Calls `f` with every entry; for audits and snapshots, not the request path.
     pub fn for_each(&self, mut f: impl FnMut(KeyRef<'_>, EntryRef<'_>)) {
         self.hex.for_each(&mut |d, e| f(KeyRef::Hex(d), e));
