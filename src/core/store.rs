@@ -484,7 +484,7 @@ impl Store {
         let mut delta = Delta::default();
         match gen.index.bind(k, rank, page, || world, &mut delta) {
             Bind::Bound(_, id) => {
-                table.set_owner(page, id.map_or(Owner::Key(k), Owner::Id));
+                table.set_owner(page, Owner::of(k, id));
                 table.settle(page, BOUND);
                 gen.apply(delta);
                 Ok(())

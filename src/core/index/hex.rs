@@ -605,14 +605,6 @@ impl HexMap {
         self.arena.try_slot(id).map(Slot::digest)
     }
 
-    /// The id of `d`, lock-free.
-    pub(super) fn id(&self, d: u128, guard: &Guard) -> Option<u32> {
-        let shards = self.shards.get()?;
-        let h = self.hash(d);
-        let t = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard);
-        self.find(t.as_ref()?, d, h).map(|f| f.id)
-    }
-
     /// Slots of the tables (used or not).
     pub(super) fn slots(&self) -> usize {
         let Some(shards) = self.shards.get() else { return 0 };

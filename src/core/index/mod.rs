@@ -678,24 +678,6 @@ impl KeyIndex {
         }
     }
 
-    /// The id of hex key `d`, while it is stored (what its pages name it by).
-    pub fn hex_id(&self, d: u128) -> Option<u32> {
-        self.hex.id(d, &Guard::new())
-    }
-
-    /// The digest of the hex key named `id`. Exact while the caller holds
-    /// one of the key's pages claimed (the key cannot leave the index);
-    /// otherwise a hint, to be checked under the key's lock.
-    pub fn hex_digest(&self, id: u32) -> Option<u128> {
-        self.hex.digest(id)
-    }
-
-    /// The owner that `key`'s binding gives its page, `e` being the key's
-    /// entry: its id for a hex key, the key itself for the others.
-    pub fn owner_of<'k>(key: KeyRef<'k>, e: &EntryRef<'_>) -> Owner<'k> {
-        e.id().map_or(Owner::Key(key), Owner::Id)
-    }
-
     /// The key that `owned` names: exact when the caller holds the page
     /// it was read from claimed, a hint otherwise.
     pub fn key_of(&self, owned: &Owned) -> Option<Key> {

@@ -75,10 +75,19 @@ const SIDE: u32 = u32::MAX;
 /// (4 bytes a page), any other key by itself, on the side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner<'a> {
-    /// A hex key's id ([`crate::core::index::KeyIndex::hex_id`]).
+    /// A hex key's id (what [`crate::core::index::Bind::Bound`] and
+    /// [`crate::core::index::EntryRef::id`] give).
     Id(u32),
     /// Any other key.
     Key(KeyRef<'a>),
+}
+
+impl<'a> Owner<'a> {
+    /// The owner `key` gives its pages, `id` being its id in the key index
+    /// when it has one.
+    pub fn of(key: KeyRef<'a>, id: Option<u32>) -> Self {
+        id.map_or(Owner::Key(key), Owner::Id)
+    }
 }
 
 /// An [`Owner`], owned.
@@ -88,16 +97,6 @@ pub enum Owned {
     Id(u32),
     /// Any other key.
     Key(Key),
-}
-
-impl Owned {
-    /// The borrowed form.
-    pub fn as_ref(&self) -> Owner<'_> {
-        match self {
-            Owned::Id(id) => Owner::Id(*id),
-            Owned::Key(k) => Owner::Key(k.as_ref()),
-        }
-    }
 }
 
 /// State bits of a FREE page.

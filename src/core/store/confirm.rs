@@ -117,7 +117,7 @@ impl Store {
                     let k = KeyRef::parse(key);
                     match gen.index.bind(k, r, page, world, &mut delta) {
                         Bind::Bound(world, id) => {
-                            table.set_owner(page, id.map_or(Owner::Key(k), Owner::Id));
+                            table.set_owner(page, Owner::of(k, id));
                             self.record(Change::Bind { generation: gen.id, rank: r, page, key: k, world });
                             table.settle(page, BOUND);
                             outcome.bound += 1;

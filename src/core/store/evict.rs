@@ -21,10 +21,10 @@
 //!   bounded steps; an allocate that finds too few free pages evicts what it
 //!   needs with a bounded budget before it answers -1.
 
-use super::super::index::{Delta, KeyIndex};
+use super::super::index::Delta;
 use super::super::journal::Change;
 use super::super::key::Key;
-use super::super::pages::{ClaimGuard, PageTable, FREE};
+use super::super::pages::{ClaimGuard, Owner, PageTable, FREE};
 use super::super::sync::Ordering;
 use super::{Generation, Store};
 use std::time::Instant;
@@ -214,7 +214,7 @@ impl Store {
         ranks.clear();
         let delta = &mut scratch.delta;
         let removed = gen.index.remove_if_locked(k, |e| {
-            let owner = KeyIndex::owner_of(k, &e);
+            let owner = Owner::of(k, e.id());
             if !e.lease().visit(now) {
                 return false;
             }
