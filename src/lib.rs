@@ -22,7 +22,8 @@
 
 pub mod alloc;
 pub mod config;
-pub mod core;
+/// The metadata state, a crate of its own (`core/`): see its docs.
+pub use hf3fs_meta_core as core;
 pub mod durable;
 pub mod http;
 pub mod metrics;

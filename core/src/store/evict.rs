@@ -305,7 +305,7 @@ impl Default for EvictCounters {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use crate::core::{LeaseLength, Store, StoreConfig};
+    use crate::{LeaseLength, Store, StoreConfig};
 
     fn store(pages: i64, lease: u32) -> Store {
         let cfg = StoreConfig {
@@ -389,7 +389,7 @@ mod tests {
         assert_eq!(s.stats().ranks[0].quarantined, 1);
         // A second release of it finds it already released.
         let e = s.confirm(0, &[], &[page]).unwrap_err();
-        assert_eq!(e.code, crate::core::ErrorCode::ReleaseUnallocated);
+        assert_eq!(e.code, crate::ErrorCode::ReleaseUnallocated);
         // No other key gets the page while the lease runs (the other keys
         // are evictable, so the allocate evicts one of them instead).
         let mut out = Vec::new();

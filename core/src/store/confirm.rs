@@ -282,7 +282,7 @@ fn fail_point_before_commit() {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::core::StoreConfig;
+    use crate::StoreConfig;
 
     const K: [&str; 4] = [
         "00000000000000000000000000000001",
@@ -292,7 +292,7 @@ mod tests {
     ];
 
     /// Everything a client could observe, and the audit.
-    fn observe(s: &Store) -> (crate::core::Stats, Vec<Option<u32>>) {
+    fn observe(s: &Store) -> (crate::Stats, Vec<Option<u32>>) {
         s.audit().expect("audit");
         let mut loc = Vec::new();
         s.locations(0, &K, &mut loc).unwrap();

@@ -96,7 +96,7 @@ fn full_arena_refuses_a_new_key() {
 #[test]
 fn readers_never_see_a_reused_slot_change_keys() {
     const KEYS: u64 = 512;
-    let ix = KeyIndex::new(crate::core::index::IndexFloor { hex: 0, digest: 0 });
+    let ix = KeyIndex::new(crate::index::IndexFloor { hex: 0, digest: 0 });
     let page_of = |key: u64, rank: u32| (key * 16 + u64::from(rank)) as u32;
     let keys: Vec<String> = (0..KEYS).map(|i| format!("{:032x}", hex(i))).collect();
     std::thread::scope(|sc| {

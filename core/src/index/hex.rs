@@ -4,7 +4,7 @@
 //! A key costs its arena slot (56 bytes: the 16-byte digest and a
 //! [`Head`]), its ids in the table (4 bytes a slot at a load between 0.4
 //! and 0.8), and 4 bytes of back-reference per page in the page tables,
-//! which name a key by its id ([`crate::core::pages::Owner`]). scc's
+//! which name a key by its id ([`crate::pages::Owner`]). scc's
 //! `HashIndex` held the 16-byte digest per page and a 64-byte slot per key
 //! at about half load: 255 bytes a key on 8 ranks against about 95 here
 //! (perf/RESULTS.md).
@@ -52,8 +52,8 @@
 //! `Release` and loaded with `Acquire`, and never freed before the map.
 
 use super::{Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
-use crate::core::key::KeyRef;
-use crate::core::sync::{AtomicU32 as PageWord, Ordering::Relaxed as PageRelaxed};
+use crate::key::KeyRef;
+use crate::sync::{AtomicU32 as PageWord, Ordering::Relaxed as PageRelaxed};
 use scc::{AtomicShared, Guard, HashIndex, Shared};
 use sdd::Epoch;
 use std::collections::VecDeque;

@@ -1,5 +1,5 @@
 //! Loom models of eviction racing confirm, release, reads and allocate
-//! (issue 10), in the style of `tests/loom_pages.rs` (see its harness notes
+//! (issue 10), in the style of `pages.rs` (see its harness notes
 //! and docs/verification.md for how to run them).
 //!
 //! What is the store's own code: the page table ([`PageTable`]: `claim`,
@@ -27,7 +27,7 @@
 //!   quarantines the page or frees it.
 //!
 //! Every model runs at one tick (`NOW`): leases are what the readers raise
-//! or what the set-up gives. Limits as in `loom_pages.rs`: at most one thread
+//! or what the set-up gives. Limits as in `pages.rs`: at most one thread
 //! waits on a BUSY page at a time; hex keys only; the quarantine's std mutex
 //! is touched by one thread only.
 //!
@@ -45,18 +45,15 @@
 //! The `lease_word_race_is_explored` test pins that this is enough: with
 //! the reader spawned first alone it finds one execution, across both
 //! orders both outcomes.
-#![cfg(loom)]
 
-#[path = "common/loom_harness.rs"]
-mod loom_harness;
 
-use hf3fs_meta::core::lease::Lease;
-use hf3fs_meta::core::pages::{ClaimGuard, Claimed, PageState, PageTable, BOUND, FREE, RESERVED};
-use hf3fs_meta::core::LeaseLength;
+use hf3fs_meta_core::lease::Lease;
+use hf3fs_meta_core::pages::{ClaimGuard, Claimed, PageState, PageTable, BOUND, FREE, RESERVED};
+use hf3fs_meta_core::LeaseLength;
 use loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
-use loom_harness::{audit, key, model, put, KA, KB};
+use crate::harness::{audit, key, model, put, KA, KB};
 
 const NO_PAGE: u32 = u32::MAX;
 /// The tick every model runs at.

@@ -1,12 +1,11 @@
-//! The harness shared by the loom models (`tests/loom_pages.rs`,
-//! `tests/loom_eviction.rs`; built with `--cfg loom`, see
-//! docs/verification.md): the model runner, the keys, and the set-up and
-//! audit helpers on a [`PageTable`]. Include it with
-//! `#[path = "common/loom_harness.rs"] mod loom_harness;`.
+//! The harness shared by the loom models ([`crate::pages`],
+//! [`crate::eviction`]; built with `--cfg loom`, see docs/verification.md):
+//! the model runner, the keys, and the set-up and audit helpers on a
+//! [`PageTable`].
 
-use hf3fs_meta::core::index::MAX_IDS;
-use hf3fs_meta::core::key::KeyRef;
-use hf3fs_meta::core::pages::{Counts, Owned, Owner, PageTable};
+use hf3fs_meta_core::index::MAX_IDS;
+use hf3fs_meta_core::key::KeyRef;
+use hf3fs_meta_core::pages::{Counts, Owned, Owner, PageTable};
 
 pub const KA: &str = "0123456789abcdef0123456789abcdef";
 pub const KB: &str = "fedcba9876543210fedcba9876543210";

@@ -75,8 +75,8 @@ const SIDE: u32 = u32::MAX;
 /// (4 bytes a page), any other key by itself, on the side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner<'a> {
-    /// A hex key's id (what [`crate::core::index::Bind::Bound`] and
-    /// [`crate::core::index::EntryRef::id`] give).
+    /// A hex key's id (what [`crate::index::Bind::Bound`] and
+    /// [`crate::index::EntryRef::id`] give).
     Id(u32),
     /// Any other key.
     Key(KeyRef<'a>),

@@ -265,7 +265,7 @@ fn distinct_keys<'k>(keys: &[&'k str]) -> Vec<(usize, KeyRef<'k>)> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::core::StoreConfig;
+    use crate::StoreConfig;
 
     fn key(i: usize) -> String {
         format!("{i:064x}")

@@ -28,7 +28,7 @@
 //! vector (an scc entry's `more`, the hex map's `wide` index by id). A key
 //! is *complete* when at least `world` ranks hold a page for it; `world` is
 //! fixed when the key is first bound (see
-//! [`crate::core::StoreConfig::world_size`]).
+//! [`crate::StoreConfig::world_size`]).
 //!
 //! An entry whose last binding is released is removed, so the maps hold
 //! exactly the keys with at least one binding.

@@ -138,7 +138,7 @@ impl Store {
 /// was held, by the stores behind it (see the module note).
 ///
 /// A [`Store`] is one. SGLang's spaces are another
-/// ([`crate::core::SpaceSource`]): space number `id` is durable rank `id`.
+/// ([`crate::SpaceSource`]): space number `id` is durable rank `id`.
 pub trait PageSource: Send + Sync {
     /// As [`Store::read_pages`].
     fn read_pages(
@@ -262,7 +262,7 @@ mod tests {
     fn a_quarantined_page_is_free_in_the_snapshot() {
         let cfg = StoreConfig {
             world_size: Some(1),
-            read_lease: crate::core::LeaseLength::from_secs(60),
+            read_lease: crate::LeaseLength::from_secs(60),
             manual_clock: true,
             ..StoreConfig::default()
         };

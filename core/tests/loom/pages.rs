@@ -1,4 +1,4 @@
-//! Loom models of the page-state machine (`src/core/pages.rs`).
+//! Loom models of the page-state machine (`core/src/pages/`).
 //!
 //! Each model runs two or three threads against a [`PageTable`] of one or two
 //! state words, explores their interleavings exhaustively up to a preemption
@@ -13,26 +13,14 @@
 //! out: it has no part in the page states. Keys are 32-hex digests, so the
 //! table's text-owner map (scc) is never touched inside a model.
 //!
-//! Build and run (see docs/verification.md for the why of each variable):
-//!
-//! ```text
-//! RUSTC_WRAPPER=$PWD/tests/loom_rustc.sh CARGO_TARGET_DIR=target/loom \
-//!   RUSTFLAGS="--cfg loom" CARGO_PROFILE_RELEASE_LTO=false \
-//!   CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true \
-//!   cargo test --release --test loom_pages -- --test-threads=1 --nocapture
-//! ```
-//!
-//! `LOOM_MAX_PREEMPTIONS=N` overrides every model's default bound.
-#![cfg(loom)]
+//! How to run them: [`crate`].
 
-#[path = "common/loom_harness.rs"]
-mod loom_harness;
 
-use hf3fs_meta::core::pages::Owned;
-use hf3fs_meta::core::pages::{Claimed, PageState, PageTable, BOUND, FREE, RESERVED};
+use hf3fs_meta_core::pages::Owned;
+use hf3fs_meta_core::pages::{Claimed, PageState, PageTable, BOUND, FREE, RESERVED};
 use loom::sync::Arc;
 use loom::thread;
-use loom_harness::{audit, key, model, owned, put, KA, KB};
+use crate::harness::{audit, key, model, owned, put, KA, KB};
 use std::collections::BTreeSet;
 
 const KC: &str = "d41d8cd98f00b204e9800998ecf8427e";

@@ -115,7 +115,7 @@ impl Store {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use crate::core::{LeaseLength, Store, StoreConfig};
+    use crate::{LeaseLength, Store, StoreConfig};
 
     fn key(i: usize) -> String {
         format!("{i:064x}-k")
