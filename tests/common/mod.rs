@@ -1,4 +1,9 @@
-//! Shared harness of the HTTP integration tests.
+//! The one shared harness of the integration tests: every layer's binary
+//! (`tests/{core,http,durable,process}/main.rs`) includes it as
+//! `#[path = "../common/mod.rs"] mod common;`.
+//!
+//! - [`generations`], [`page_model`], [`recorder`]: the core's model and
+//!   journal-recording helpers.
 //!
 //! - [`TestServer`]: the real `hf3fs_meta::http::serve` on a tokio runtime in a
 //!   background thread, bound to 127.0.0.1:0, shut down on drop.
@@ -16,7 +21,10 @@
 
 #![allow(dead_code)]
 
+pub mod generations;
+pub mod page_model;
 pub mod process;
+pub mod recorder;
 pub mod schema;
 
 use hf3fs_meta::config::Config;

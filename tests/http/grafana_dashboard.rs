@@ -8,13 +8,11 @@
 //! and every label matcher of a selector (`name{label="…"}`) a label of that
 //! metric (or `instance` / `job`, which Prometheus adds).
 
-mod common;
-
-use common::TestServer;
+use crate::common::TestServer;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
-const DASHBOARD: &str = include_str!("../contrib/grafana/hf3fs-meta.json");
+const DASHBOARD: &str = include_str!("../../contrib/grafana/hf3fs-meta.json");
 
 /// Metrics the dashboard already shows but the server does not export yet
 /// (none today: the eviction metrics of issue 10 were the last). A name
@@ -118,7 +116,7 @@ fn dashboard_names_only_exported_metrics_and_labels() {
             (None, true) => {}
             (None, false) => problems.push(format!("{} is not exported by the server", u.name)),
             (Some(_), true) => problems.push(format!(
-                "{} is exported now: remove it from NOT_YET_EXPORTED in tests/grafana_dashboard.rs",
+                "{} is exported now: remove it from NOT_YET_EXPORTED in tests/http/grafana_dashboard.rs",
                 u.name
             )),
             (Some(labels), false) => {
