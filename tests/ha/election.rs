@@ -11,6 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The direct client's calls: when each was sent, and its status (`None`:
+/// no answer).
+type Calls = Vec<(Instant, Option<u16>)>;
+
 #[test]
 fn missing_token_is_refused_at_start_up() {
     let _serial = crate::serial();
@@ -109,7 +113,7 @@ fn a_paused_leader_answers_no_2xx_after_its_deadline_and_stays_deposed() {
     let target = addr(procs[l]);
     // A direct client keeps calling the leader, one connection a request.
     let stop = Arc::new(AtomicBool::new(false));
-    let log: Arc<Mutex<Vec<(Instant, Option<u16>)>>> = Arc::default();
+    let log: Arc<Mutex<Calls>> = Arc::default();
     let caller = {
         let (stop, log, target) = (stop.clone(), log.clone(), target.clone());
         std::thread::spawn(move || {
@@ -189,4 +193,38 @@ fn losing_etcd_quorum_stops_the_leader_within_a_ttl_until_quorum_returns() {
     assert_eq!(resumed, epoch, "the lease survived: same leader, same epoch");
     assert_eq!(probe(&leader).map(|r| r.status), Some(200));
     assert_eq!(serving_epoch(procs[s]), None);
+}
+
+#[test]
+fn without_replication_only_the_first_leader_ever_serves() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let safe = |id: &str| {
+        let args: Vec<String> = c.node_args(id).into_iter().filter(|a| a != "--ha-promote-without-state").collect();
+        ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let mut a = safe("a");
+    let epoch = wait_for("a, the first leader ever, serves", || serving_epoch(&a));
+    let mut b = safe("b");
+    wait_for("b follows a", || ha(&b).filter(|h| h["leader"]["node"] == "a"));
+    assert_eq!(ha(&a).expect("health")["standby"], serde_json::Value::Null, "nothing replicated: nobody named");
+    // As the replication layer would: name b the synchronous standby.
+    let etcd = hf3fs_meta::ha::etcd::Client::new(&[c.etcd.endpoints()], Default::default()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let sync = format!("{}/sync", c.prefix).into_bytes();
+    rt.block_on(etcd.put(&sync, b"b", None)).unwrap();
+    a.kill();
+    // b wins the key, but its (default) promotion refuses: it has no state.
+    let line = b.wait_line(|l| l.contains("not serving as leader")).expect("b refused its promotion");
+    assert!(line.contains("only the first leader"), "{line}");
+    assert_eq!(probe(&addr(&b)).map(|r| r.status), Some(503));
+    assert_ne!(ha(&b).expect("health")["role"], "leader");
+    // A node that was never named cannot even campaign.
+    let mut d = safe("d");
+    assert!(d.saw_line(|l| l.contains("may not become one")), "{:?}", d.log);
+    assert_eq!(serving_epoch(&d), None);
+    assert!(epoch > 0);
 }
