@@ -120,7 +120,7 @@ fn authenticates_with_etcd_credentials() {
             user: user.map(str::to_string),
             password: Some(password.to_string()),
         };
-        Client::new(&[eps.clone()], opts).unwrap()
+        Client::new(std::slice::from_ref(&eps), opts).unwrap()
     };
     let rt = runtime();
     let good = with(Some("root"), "root-password");
