@@ -196,7 +196,7 @@ fn losing_etcd_quorum_stops_the_leader_within_a_ttl_until_quorum_returns() {
 }
 
 #[test]
-fn without_replication_only_the_first_leader_ever_serves() {
+fn without_replication_a_named_standby_without_its_state_refuses() {
     let _serial = crate::serial();
     if !available() {
         return;

@@ -7,6 +7,7 @@
 //! - [`cluster`]: nodes, relays, polling helpers.
 //! - [`client`]: the etcd JSON-gateway client against real etcd.
 //! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
+//! - [`history`]: without replication, only the last leader may lead again.
 //! - [`relay`]: following the leader, closing connections to a deposed one.
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
@@ -20,6 +21,7 @@ mod client;
 mod cluster;
 mod election;
 mod etcd;
+mod history;
 mod http;
 mod relay;
 
