@@ -355,6 +355,15 @@ impl Election {
             self.node.set_standby(snap.sync.as_ref().and_then(|kv| String::from_utf8(kv.value.clone()).ok()));
             let leader = snap.leader.as_ref().and_then(|kv| LeaderRecord::decode(&kv.value, kv.create_revision));
             self.node.set_leader(leader.clone());
+            if let Some(kv) = snap.leader.as_ref().filter(|kv| kv.lease == session.lease) {
+                // The key is on this session's lease: a campaign whose answer
+                // was lost (every attempt timed out after one was applied).
+                let mut ctx = self.context(kv, snap.initialized.as_ref(), snap.last.as_ref());
+                tracing::info!(node = %self.node.id, epoch = ctx.epoch, "found the leader key already ours");
+                ctx.previous = last_leader.clone();
+                self.lead(&session, ctx).await;
+                return Ok(());
+            }
             if let Some(l) = leader {
                 *last_leader = Some(l);
                 self.wait_change(watch.ok(), &mut lost).await;
@@ -470,11 +479,24 @@ impl Election {
         if leader.lease != session.lease {
             return None;
         }
-        let epoch = leader.create_revision as u64;
-        let first = initialized.as_ref().is_some_and(|i| i.create_revision == leader.create_revision);
-        let own_history = last.as_ref().is_some_and(|l| l.value == me) && self.holds_own_state();
-        tracing::info!(node = %self.node.id, epoch, first, own_history, ?claim, "won the leader key");
-        Some(PromotionContext { epoch, first_leader: first, own_history, previous: None, planned: false })
+        let ctx = self.context(leader, initialized.as_ref(), last.as_ref());
+        tracing::info!(
+            node = %self.node.id, epoch = ctx.epoch, first = ctx.first_leader, own_history = ctx.own_history, ?claim,
+            "won the leader key"
+        );
+        Some(ctx)
+    }
+
+    /// The promotion's context for the leader key `leader` (this node's),
+    /// read with `P/initialized` and `P/last` at one revision.
+    fn context(&self, leader: &Kv, initialized: Option<&Kv>, last: Option<&Kv>) -> PromotionContext {
+        PromotionContext {
+            epoch: leader.create_revision as u64,
+            first_leader: initialized.is_some_and(|i| i.create_revision == leader.create_revision),
+            own_history: last.is_some_and(|l| l.value == self.node.id.as_bytes()) && self.holds_own_state(),
+            previous: None,
+            planned: false,
+        }
     }
 
     /// Leads at `ctx.epoch` until the lease or the key is lost, then hands
