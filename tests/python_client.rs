@@ -86,7 +86,10 @@ fn run_pytest(args: &[&str]) {
     // The interpreter and the packages, first, so that a missing one says
     // what to do instead of burying it in a traceback.
     let probe = Command::new(&py)
-        .args(["-c", "import requests, urllib3, pytest, prometheus_client, orjson, fastapi; print(requests.__version__)"])
+        .args([
+            "-c",
+            "import requests, urllib3, pytest, prometheus_client, orjson, fastapi; print(requests.__version__)",
+        ])
         .current_dir(root)
         .stdin(Stdio::null())
         .output();
@@ -127,7 +130,8 @@ const SGLANG_SUITE: &str = "tests/python/test_sglang_client.py";
 /// The engines' own clients (vLLM's and SGLang's `Hf3fsGlobalMetadataClient`,
 /// read out of their pinned wheels, which it downloads once into
 /// `${XDG_CACHE_HOME:-~/.cache}/hf3fs-meta/wheels`; see engine_wheels.py).
-const ENGINE_SUITES: [&str; 2] = ["tests/python/test_engine_client_vllm.py", "tests/python/test_engine_client_sglang.py"];
+const ENGINE_SUITES: [&str; 2] =
+    ["tests/python/test_engine_client_vllm.py", "tests/python/test_engine_client_sglang.py"];
 
 #[test]
 fn vllm_python_client_suite() {
