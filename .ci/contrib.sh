@@ -4,7 +4,8 @@
 #   .ci/contrib.sh [SERVER_BINARY]      (default: target/ci/hf3fs-meta)
 #
 # 1. promtool check rules, promtool test rules, and every alert of the rules
-#    file has a test where it fires and one where it does not;
+#    file has a test where it fires and one where it does not; the Grafana
+#    dashboard's queries parse (tests/grafana_dashboard.rs checks its names);
 # 2. a live server (the binary, --data-dir in a temporary directory, a free
 #    port): after requests on both dialects, every hf3fs_meta_* name the
 #    rules and their tests use is in its /metrics, with the labels and label
@@ -113,6 +114,18 @@ if bad:
     sys.exit("\n".join(bad))
 print(f"{len(alerts)} alerts, each fires and stays quiet in {sys.argv[2]}")
 EOF
+
+say "the Grafana dashboard's queries parse as PromQL (promtool, Grafana variables substituted)"
+python3 - contrib/grafana/hf3fs-meta.json >"$TMP/dashboard.rules.yml" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("groups:\n  - name: dashboard\n    rules:")
+for p in d["panels"]:
+    for t in p.get("targets", []):
+        e = t["expr"].replace("$__rate_interval", "5m").replace("$instance", ".*")
+        print(f"      - record: dashboard:panel{p['id']}:{t['refId']}\n        expr: {json.dumps(e)}")
+EOF
+promtool check rules "$TMP/dashboard.rules.yml"
 
 # --- 2. A live server: the names the rules use are the names it exports --------
 start_server() { # $1: log file; the rest: extra flags
@@ -240,15 +253,29 @@ metric() { curl -sf -m 5 "$BASE/metrics" | awk -v s="$1" 'index($0, s" ") == 1 {
 health() { curl -s -m 5 -o /dev/null -w '%{http_code}' "$BASE/health"; }
 expect "/health while healthy" 200 "$(health)"
 expect 'hf3fs_meta_durable_healthy{store="vllm"} while healthy' 1 "$(metric 'hf3fs_meta_durable_healthy{store="vllm"}')"
+healthy() { # store -> the gauge
+    metric "hf3fs_meta_durable_healthy{store=\"$1\"}"
+}
 echo "write=enospc" >"$FAULTS"
-for _ in $(seq 1 50); do [ "$(health)" = 503 ] && break; sleep 0.1; done
+# Each store (vllm, sglang) notices at its next write or its once-a-second probe.
+for _ in $(seq 1 100); do
+    [ "$(health)" = 503 ] && [ "$(healthy vllm)" = 0 ] && [ "$(healthy sglang)" = 0 ] && break
+    sleep 0.1
+done
 expect "/health with a full disk" 503 "$(health)"
-expect 'hf3fs_meta_durable_healthy{store="vllm"} with a full disk' 0 "$(metric 'hf3fs_meta_durable_healthy{store="vllm"}')"
+expect 'hf3fs_meta_durable_healthy{store="vllm"} with a full disk' 0 "$(healthy vllm)"
+expect 'hf3fs_meta_durable_healthy{store="sglang"} with a full disk' 0 "$(healthy sglang)"
 : >"$FAULTS"
-for _ in $(seq 1 150); do [ "$(health)" = 200 ] && break; sleep 0.1; done
+# Retries after 1, 2, 4, 8 s, then every 10 s: back within about 15 s.
+for _ in $(seq 1 300); do
+    [ "$(health)" = 200 ] && [ "$(healthy vllm)" = 1 ] && [ "$(healthy sglang)" = 1 ] && break
+    sleep 0.1
+done
 expect "/health once the disk takes writes again" 200 "$(health)"
-expect 'hf3fs_meta_durable_healthy{store="vllm"} after recovery' 1 "$(metric 'hf3fs_meta_durable_healthy{store="vllm"}')"
-expect 'hf3fs_meta_durable_recoveries_total{store="vllm"}' 1 "$(metric 'hf3fs_meta_durable_recoveries_total{store="vllm"}')"
+expect 'hf3fs_meta_durable_healthy{store="vllm"} after recovery' 1 "$(healthy vllm)"
+expect 'hf3fs_meta_durable_healthy{store="sglang"} after recovery' 1 "$(healthy sglang)"
+rec="$(metric 'hf3fs_meta_durable_recoveries_total{store="vllm"}')"
+[ "${rec:-0}" -ge 1 ] || fail "hf3fs_meta_durable_recoveries_total{store=\"vllm\"} is ${rec:-missing} after a recovery"
 
 # --- 3. Exit statuses the unit relies on ------------------------------------------
 read_unit() { sed -n "s/^$1=//p" "$UNIT" | tail -1; }
