@@ -85,10 +85,12 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Serves `cfg` on 127.0.0.1 (any port) until dropped.
+    /// Serves `cfg` on 127.0.0.1 (any port) until dropped, as the binary
+    /// would: with `--data-dir`, recovered from and kept durable in that
+    /// directory (closed on drop).
     pub fn start(cfg: Config) -> TestServer {
         count_server_panics();
-        let app = Arc::new(App::new(cfg));
+        let app = Arc::new(App::open(cfg).expect("App::open"));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let served = app.clone();
@@ -308,7 +310,10 @@ impl Drop for TestServer {
                 panic!("the server thread panicked");
             }
         }
+        // Serving has stopped: flush and stop durability (a no-op in memory).
+        let closed = self.app.close();
         if !std::thread::panicking() {
+            closed.expect("closing the durable store");
             assert_no_server_panic();
         }
     }
