@@ -1,0 +1,15 @@
+//! Tests of the real binary as a child process: flags, signals, exit
+//! statuses, SIGKILL restarts, a full disk, and the engines' Python clients.
+//!
+//! - [`binary`]: start-up, flags, shutdown, the listen backlog.
+//! - [`durable_crash`]: SIGKILL under load, then restarts.
+//! - [`durable_disk`]: a full disk (a small tmpfs when run as root).
+//! - [`python_client`]: the Python suite in tests/python.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod binary;
+mod durable_crash;
+mod durable_disk;
+mod python_client;
