@@ -23,7 +23,7 @@ repository:
 A wheel that cannot be fetched fails the test under CI (``CI=true``); outside
 CI it skips with a message when the package index cannot be reached at all
 (offline: pip's error is a network one, or the index does not answer), and
-fails otherwise (a wrong pin, a full disk). tests/python_client.rs fails on
+fails otherwise (a wrong pin, a full disk). tests/process/python_client.rs fails on
 any skip, so `cargo test` needs the network or a filled cache either way.
 """
 
