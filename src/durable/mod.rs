@@ -5,7 +5,7 @@
 //! only keeps a copy on disk and rebuilds the store from it at start-up. The
 //! pieces, in the order a change travels:
 //!
-//! - [`queue`]: the store's [`Journal`](crate::core::Journal). `record`
+//! - [`queue`]: the store's [`Journal`]. `record`
 //!   numbers the change and pushes it onto a channel: no lock, no I/O. It
 //!   also holds the durable position and the health state requests see.
 //! - [`writer`]: one thread drains the channel in batches, appends each

@@ -28,7 +28,7 @@
 //!
 //! # Memory ordering
 //!
-//! The writer publishes the durable position through [`Progress`] (see
+//! The writer publishes the durable position through [`Progress`](super::queue::Progress) (see
 //! [`super::queue`]). Its only other atomic is the checkpointer's `backlog`
 //! hint, bumped `Relaxed`: it only decides when to nudge, no data hangs off it.
 
