@@ -64,12 +64,12 @@ pub mod store;
 pub mod syncer;
 pub mod writer;
 
-pub use crate::config::FsyncMode;
 pub use dialects::Durability;
 pub use error::OpenError;
 pub use faults::{Fault, Faults, Point};
 pub use queue::{Health, WaitError};
 pub use store::OpenReport;
+pub use writer::FsyncMode;
 
 use crate::core::{Journal, PageSource, Store, StoreConfig};
 use crossbeam_channel::Sender;

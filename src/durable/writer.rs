@@ -38,11 +38,22 @@ use super::faults::Point;
 use super::queue::{Msg, Op, Watermark};
 use super::shared::{chunk_id, Dirty, Shared, Who};
 use super::snapshot;
-use crate::config::FsyncMode;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use fjall::PersistMode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// When a durable change counts as done (`--fsync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncMode {
+    /// Every acknowledged request is on disk (fsync before the answer).
+    Always,
+    /// Group commit: requests are acknowledged once their batch is written;
+    /// the batch is fsynced every few milliseconds.
+    Batch,
+    /// Written, never fsynced by us: the OS decides when.
+    None,
+}
 
 /// Most changes written as one log entry.
 const MAX_BATCH: usize = 65_536;
