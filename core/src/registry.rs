@@ -15,7 +15,7 @@
 //! spaces in `(rank, namespace)` order), so two reports of one state agree.
 
 use super::spaces::{SpaceName, Spaces};
-use super::store::{EvictStats, Footprint, MaintainReport, RankStats, Store};
+use super::store::{EvictStats, Footprint, MaintainReport, RankLeases, RankStats, Store};
 use std::sync::Arc;
 
 /// Which client family a page space serves.
@@ -111,6 +111,21 @@ pub struct RankPages {
 }
 
 impl RankPages {
+    /// A rank's pages from its scan and its lease counts: BUSY pages count
+    /// as reserved (a confirm in flight has not settled them yet).
+    pub fn new(r: &RankStats, l: RankLeases) -> Self {
+        RankPages {
+            rank: r.rank,
+            num_pages: r.num_pages,
+            free: r.counts.free,
+            reserved: r.counts.reserved + r.counts.busy,
+            bound: r.counts.bound,
+            quarantined: r.quarantined,
+            leased: l.leased_pages,
+            evictable: l.evictable_pages,
+        }
+    }
+
     /// The page counts by state, labelled as both reports label them.
     pub fn by_state(&self) -> [(&'static str, u64); 3] {
         [("free", self.free), ("reserved", self.reserved), ("bound", self.bound)]
@@ -147,19 +162,7 @@ impl SpaceReport {
         let ranks = stats
             .ranks
             .iter()
-            .map(|r: &RankStats| {
-                let l = leases.ranks.iter().find(|l| l.rank == r.rank).copied().unwrap_or_default();
-                RankPages {
-                    rank: r.rank,
-                    num_pages: r.num_pages,
-                    free: r.counts.free,
-                    reserved: r.counts.reserved + r.counts.busy,
-                    bound: r.counts.bound,
-                    quarantined: r.quarantined,
-                    leased: l.leased_pages,
-                    evictable: l.evictable_pages,
-                }
-            })
+            .map(|r| RankPages::new(r, leases.ranks.iter().find(|l| l.rank == r.rank).copied().unwrap_or_default()))
             .collect();
         SpaceReport {
             label,
@@ -305,6 +308,16 @@ mod tests {
         assert_eq!(p.by_state(), [("free", 62), ("reserved", 1), ("bound", 1)]);
         assert_eq!(p.free + p.reserved + p.bound, u64::from(p.num_pages));
         assert_eq!((report[0].keys, report[0].complete_keys), (1, 1));
+    }
+
+    #[test]
+    fn busy_pages_count_as_reserved() {
+        let counts = crate::pages::Counts { free: 3, reserved: 2, bound: 4, busy: 1 };
+        let r = RankStats { rank: 5, num_pages: 10, counts, quarantined: 1 };
+        let l = RankLeases { rank: 5, leased_pages: 2, evictable_pages: 2 };
+        let p = RankPages::new(&r, l);
+        assert_eq!(p.by_state(), [("free", 3), ("reserved", 3), ("bound", 4)]);
+        assert_eq!((p.rank, p.num_pages, p.quarantined, p.leased, p.evictable), (5, 10, 1, 2, 2));
     }
 
     #[test]
