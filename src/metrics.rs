@@ -297,7 +297,7 @@ struct Samples<'o> {
 }
 
 /// A sample's labels, in order: name and value (escaped when written).
-type Labels<'a> = [(&'static str, &'a dyn Display)];
+type SampleLabels<'a> = [(&'static str, &'a dyn Display)];
 
 impl<'o> Samples<'o> {
     fn start(o: &'o mut String, f: &Family) -> Self {
@@ -305,11 +305,11 @@ impl<'o> Samples<'o> {
         Samples { o, name: f.name }
     }
 
-    fn put(&mut self, labels: &Labels<'_>, value: impl Display) {
+    fn put(&mut self, labels: &SampleLabels<'_>, value: impl Display) {
         self.put_suffixed("", labels, value);
     }
 
-    fn put_suffixed(&mut self, suffix: &str, labels: &Labels<'_>, value: impl Display) {
+    fn put_suffixed(&mut self, suffix: &str, labels: &SampleLabels<'_>, value: impl Display) {
         let _ = write!(self.o, "hf3fs_meta_{}{suffix}", self.name);
         for (i, (name, v)) in labels.iter().enumerate() {
             let _ = write!(self.o, "{}{name}=\"{}\"", if i == 0 { '{' } else { ',' }, label_value(&v.to_string()));
