@@ -9,9 +9,7 @@
 //! bound, leased, evictable and quarantined, evicted keys, and a namespace
 //! that Prometheus must escape.
 
-mod common;
-
-use common::TestServer;
+use crate::common::TestServer;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
