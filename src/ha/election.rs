@@ -547,8 +547,7 @@ impl Election {
     /// Holds eviction, waits out the previous lease and runs the hook.
     async fn promote(&self, ctx: &PromotionContext) -> Result<(), Refusal> {
         // Readers' leases are not replicated: evict nothing for one lease.
-        self.app.store.hold_eviction_for_a_lease();
-        self.app.spaces.hold_eviction_for_a_lease();
+        self.app.registry.hold_eviction_for_a_lease(|_| true);
         let wait = if ctx.first_leader || ctx.planned { Duration::ZERO } else { self.node.ttl };
         let waited = tokio::time::sleep(wait);
         let (r, ()) = tokio::join!(self.promotion.promote(ctx), waited);

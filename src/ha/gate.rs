@@ -13,7 +13,7 @@
 
 use super::node::{Node, Role};
 use crate::metrics::Endpoint;
-use crate::routes::{self, Dialect, Found};
+use crate::routes::{self, Found};
 use crate::App;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -59,7 +59,7 @@ fn data_route(method: &Method, path: &str) -> Option<Endpoint> {
         _ => return None,
     };
     match routes::find(m, path) {
-        Found::Route(id, _) if id.spec().dialect != Dialect::Ops => Some(Endpoint::route(id)),
+        Found::Route(id, _) if id.spec().dialect.is_some() => Some(Endpoint::route(id)),
         _ => None,
     }
 }

@@ -83,10 +83,15 @@ fn exported(text: &str) -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
-/// A server whose scrape has a series of every metric it can export.
+/// A server whose scrape has a series of every metric it can export: with
+/// `--data-dir` (the durable store's series) and one SGLang space (the
+/// spaces' series).
 fn scrape_with_every_series() -> String {
-    let s = TestServer::new();
+    let dir = tempfile::tempdir().expect("a temporary data directory");
+    let s = TestServer::with_args(&["--data-dir", dir.path().to_str().expect("a UTF-8 path")]);
     s.init(0, 8);
+    let r = s.post("/0/initialize", r#"{"num_pages": 4}"#);
+    assert_eq!(r.status, 204, "{r:?}");
     let pages = s.allocate(0, &["a", "b"]);
     s.confirm(0, &[("a", pages[0])], &[pages[1]]);
     assert_eq!(s.confirm_raw(0, &[("c", 7)], &[]).status, 500);

@@ -4,7 +4,8 @@
 //! - [`binary`]: start-up, flags, shutdown, the listen backlog.
 //! - [`durable_crash`]: SIGKILL under load, then restarts.
 //! - [`durable_disk`]: a full disk (a small tmpfs when run as root).
-//! - [`python_client`]: the Python suite in tests/python.
+//! - [`python_client`]: the Python suites in tests/python, the engines' own
+//!   clients (read out of their wheels at test time) included.
 
 #[path = "../common/mod.rs"]
 mod common;
