@@ -17,7 +17,6 @@ use crate::routes::{self, Found};
 use crate::App;
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING};
 use hyper::{Method, Request, Response, StatusCode};
 use std::convert::Infallible;
@@ -29,9 +28,9 @@ use std::time::Instant;
 type Answer = Result<Response<Full<Bytes>>, Infallible>;
 
 /// Runs `respond` for `req` if this node may answer it, else answers 503.
-pub async fn guard<F, Fut>(app: Arc<App>, req: Request<Incoming>, respond: F) -> Answer
+pub async fn guard<B, F, Fut>(app: Arc<App>, req: Request<B>, respond: F) -> Answer
 where
-    F: FnOnce(Arc<App>, Request<Incoming>) -> Fut,
+    F: FnOnce(Arc<App>, Request<B>) -> Fut,
     Fut: Future<Output = Answer>,
 {
     let Some(node) = app.ha.clone() else { return respond(app, req).await };
@@ -65,7 +64,7 @@ fn data_route(method: &Method, path: &str) -> Option<Endpoint> {
 }
 
 /// Whether the request announces a body (left unread by a refusal).
-fn has_body(req: &Request<Incoming>) -> bool {
+fn has_body<B>(req: &Request<B>) -> bool {
     let h = req.headers();
     h.contains_key(TRANSFER_ENCODING)
         || h.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0")
@@ -101,6 +100,66 @@ fn refusal(node: &Node, close: bool) -> Response<Full<Bytes>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use crate::ha::node::{after, Node, Role};
+    use std::time::Duration;
+
+    fn app_with_node() -> (Arc<App>, Arc<Node>) {
+        let node = Arc::new(Node::new(
+            "a".into(),
+            "http://127.0.0.1:1".into(),
+            Duration::from_secs(2),
+            b"0123456789abcdef".to_vec().into(),
+        ));
+        (Arc::new(App::new(Config::for_tests()).with_ha(node.clone())), node)
+    }
+
+    fn post(path: &str) -> Request<()> {
+        Request::post(path).header(CONTENT_LENGTH, "2").body(()).unwrap()
+    }
+
+    async fn ok(_: Arc<App>, _: Request<()>) -> Answer {
+        Ok(Response::new(Full::new(Bytes::from_static(b"{}"))))
+    }
+
+    #[tokio::test]
+    async fn a_follower_refuses_without_running_the_handler() {
+        let (app, node) = app_with_node();
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let r = guard(app.clone(), post("/keys/batch_exists"), |a, q| {
+            ran.store(true, std::sync::atomic::Ordering::Relaxed);
+            ok(a, q)
+        })
+        .await
+        .unwrap();
+        assert!(!ran.load(std::sync::atomic::Ordering::Relaxed), "the handler ran on a follower");
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[RETRY_AFTER], "1");
+        assert_eq!(r.headers()[CONNECTION], "close", "the unread body closes the connection");
+        // Operational routes answer anyway.
+        let r = guard(app, Request::get("/health").body(()).unwrap(), ok).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(node.status_json().contains("follower"));
+    }
+
+    #[tokio::test]
+    async fn an_answer_whose_deadline_passed_meanwhile_is_withdrawn() {
+        let (app, node) = app_with_node();
+        node.set_role(Role::Leader { epoch: 4 });
+        node.extend(4, after(Duration::from_secs(60)));
+        let r = guard(app.clone(), post("/keys/batch_exists"), ok).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "a serving leader answers");
+        // The deadline passes while the handler runs (a pause, a slow disk).
+        let n = node.clone();
+        let r = guard(app, post("/keys/batch_exists"), move |a, q| {
+            n.fence(4);
+            ok(a, q)
+        })
+        .await
+        .unwrap();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(node.status_json().contains("fenced"));
+    }
 
     #[test]
     fn only_data_routes_are_gated() {
