@@ -93,3 +93,26 @@ fn closed(r: &std::io::Result<usize>) -> bool {
         Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
     }
 }
+
+#[test]
+fn a_request_during_an_unplanned_failover_is_held_until_the_new_leader_serves() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let (mut a, mut b) = (c.node("a"), c.node("b"));
+    let (l, epoch, s) = leader_and_standby(&[("a", &a), ("b", &b)]);
+    let relay = c.relay(None, &[]);
+    wait_for("the relay reaches the leader", || probe(&relay.addr).filter(|r| r.status == 200));
+    let (killed, standby) = if l == 0 { (&mut a, &mut b) } else { (&mut b, &mut a) };
+    killed.kill();
+    // The killed leader's key lives until its lease expires, and it refuses
+    // connections: the relay keeps the request until the standby serves,
+    // instead of closing it (vLLM's client has only three quick retries).
+    let r = probe_held(&relay.addr);
+    assert_eq!(r.status, 200, "{r:?}");
+    let new_epoch = serving_epoch(standby).expect("the standby serves");
+    assert!(new_epoch > epoch);
+    assert_eq!(request(&relay.addr, "GET", "/stats", "").expect("stats").json()["ha"]["node"], ["a", "b"][s]);
+}
