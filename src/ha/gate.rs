@@ -7,9 +7,16 @@
 //! becomes a 503: zero 2xx after the deadline). The operational routes
 //! (`/health`, `/stats`, `/metrics`, `/openapi.json`) always answer.
 //!
+//! A last check sits at the socket ([`GuardedIo`]): a write that starts a
+//! success response (`HTTP/1.1 2..`) on a node that may no longer serve is
+//! refused and the connection closed, so a process paused after the answer
+//! was sealed but before it was sent cannot deliver it late. What is left is
+//! a pause between that check and the `write` system call itself.
+//!
 //! Without `--ha` the gate costs one `Option` check. It wraps the server's
-//! handler (`service_fn(|req| gate::guard(app, req, respond))`), so the
-//! handler itself knows nothing of HA.
+//! handler (`service_fn(|req| gate::guard(app, req, respond))`) and its
+//! sockets (`GuardedIo::new(stream, app.ha.clone())`), so the handler itself
+//! knows nothing of HA.
 
 use super::node::{Node, Role};
 use crate::metrics::Endpoint;
@@ -21,8 +28,12 @@ use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY
 use hyper::{Method, Request, Response, StatusCode};
 use std::convert::Infallible;
 use std::future::Future;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The server's response type.
 type Answer = Result<Response<Full<Bytes>>, Infallible>;
@@ -41,14 +52,26 @@ where
         app.metrics.request(endpoint, 503, 0, start.elapsed());
         return Ok(refusal(&node, has_body(&req)));
     }
-    let resp = respond(app, req).await?;
-    if resp.status().is_success() && !node.serving() {
-        // The deadline passed while the request ran: withdraw the answer.
-        node.count_rejection();
-        return Ok(refusal(&node, false));
+    let mut resp = respond(app, req).await?;
+    if resp.status().is_success() {
+        if !node.serving() {
+            // The deadline passed while the request ran: withdraw the answer.
+            node.count_rejection();
+            return Ok(refusal(&node, false));
+        }
+        // Marks a data answer for the socket's last check (GuardedIo), and
+        // tells the client which leader answered.
+        resp.headers_mut().insert(EPOCH, HeaderValue::from(node.leader_epoch()));
     }
     Ok(resp)
 }
+
+/// The header naming the epoch of the leader that answered a data route
+/// with a success.
+pub const EPOCH: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-hf3fs-meta-epoch");
+
+/// How [`EPOCH`] starts a header line in a response head.
+const EPOCH_LINE: &[u8] = b"\r\nx-hf3fs-meta-epoch:";
 
 /// The metrics series of `path` if it is a data route.
 fn data_route(method: &Method, path: &str) -> Option<Endpoint> {
@@ -95,6 +118,79 @@ fn refusal(node: &Node, close: bool) -> Response<Full<Bytes>> {
         h.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     resp
+}
+
+/// A client connection of the server: with `--ha`, refuses to start
+/// sending a success response once this node may no longer serve (see the
+/// module docs); reads and every other write pass through untouched.
+pub struct GuardedIo<T> {
+    inner: T,
+    node: Option<Arc<Node>>,
+}
+
+impl<T> GuardedIo<T> {
+    /// `inner`, guarded by `node` (`None`: without `--ha`, a plain pass-through).
+    pub fn new(inner: T, node: Option<Arc<Node>>) -> Self {
+        GuardedIo { inner, node }
+    }
+
+    /// The error that replaces a data route's success answer the node may
+    /// no longer send, if `head` (the start of a write) begins one. Cheap on
+    /// a serving leader (a prefix and the deadline); only a node that does
+    /// not serve looks for the [`EPOCH`] header, which marks data answers
+    /// (`/health`, `/stats`, `/metrics` go out from any node).
+    fn refuse(&self, head: &[u8]) -> Option<io::Error> {
+        let node = self.node.as_ref()?;
+        let success = head.starts_with(b"HTTP/1.1 2") || head.starts_with(b"HTTP/1.0 2");
+        if !success || node.serving() {
+            return None;
+        }
+        let end = head.windows(4).position(|w| w == b"\r\n\r\n").map_or(head.len(), |i| i + 2);
+        if !head[..end].windows(EPOCH_LINE.len()).any(|w| w.eq_ignore_ascii_case(EPOCH_LINE)) {
+            return None;
+        }
+        node.count_rejection();
+        Some(io::Error::new(io::ErrorKind::ConnectionAborted, "a success answer past the serving deadline"))
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for GuardedIo<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for GuardedIo<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.refuse(buf) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        // hyper puts a response's status line at the start of one slice.
+        if let Some(e) = bufs.iter().find(|b| !b.is_empty()).and_then(|b| self.refuse(b)) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]
@@ -149,6 +245,7 @@ mod tests {
         node.extend(4, after(Duration::from_secs(60)));
         let r = guard(app.clone(), post("/keys/batch_exists"), ok).await.unwrap();
         assert_eq!(r.status(), StatusCode::OK, "a serving leader answers");
+        assert_eq!(r.headers()[EPOCH], "4", "and names its epoch");
         // The deadline passes while the handler runs (a pause, a slow disk).
         let n = node.clone();
         let r = guard(app, post("/keys/batch_exists"), move |a, q| {
@@ -159,6 +256,30 @@ mod tests {
         .unwrap();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(node.status_json().contains("fenced"));
+    }
+
+    #[tokio::test]
+    async fn the_socket_refuses_a_success_answer_past_the_deadline() {
+        use tokio::io::AsyncWriteExt;
+        let (_, node) = app_with_node();
+        node.set_role(Role::Leader { epoch: 4 });
+        node.extend(4, after(Duration::from_secs(60)));
+        let mut io = GuardedIo::new(Vec::new(), Some(node.clone()));
+        let data = |status: &str| format!("HTTP/1.1 {status}\r\nx-hf3fs-meta-epoch: 4\r\ncontent-length: 0\r\n\r\n");
+        io.write_all(data("200 OK").as_bytes()).await.unwrap();
+        node.fence(4);
+        let e = io.write_all(data("204 No Content").as_bytes()).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        // Refusals, operational answers and body bytes still go out.
+        io.write_all(b"HTTP/1.1 503 Service Unavailable\r\n\r\n").await.unwrap();
+        io.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"status\":\"ok\"}").await.unwrap();
+        io.write_all(b"{\"exists\":[true]}").await.unwrap();
+        let sent = String::from_utf8_lossy(&io.inner).into_owned();
+        assert_eq!(sent.matches("HTTP/1.1").count(), 3, "{sent}");
+        assert!(!sent.contains("204"), "{sent}");
+        // Without --ha: a pass-through.
+        let mut plain = GuardedIo::new(Vec::new(), None);
+        plain.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
     }
 
     #[test]

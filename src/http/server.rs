@@ -89,7 +89,8 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
         let _ = stream.set_nodelay(true);
         let app_for_conn = app.clone();
         let service = service_fn(move |req| crate::ha::gate::guard(app_for_conn.clone(), req, respond));
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let io = TokioIo::new(crate::ha::gate::GuardedIo::new(stream, app.ha.clone()));
+        let conn = graceful.watch(builder.serve_connection(io, service));
         let app = app.clone();
         tokio::spawn(async move {
             app.metrics.connection_opened();

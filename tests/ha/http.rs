@@ -31,7 +31,9 @@ impl Answer {
 }
 
 /// Sends one request on a new connection; `None` if the connection was
-/// refused, closed before a whole answer, or silent for `timeout`.
+/// refused, closed before a whole answer, or silent for `timeout`. Returns
+/// as soon as the whole answer is in (by its Content-Length), not when the
+/// peer closes: the moment an answer arrived is what the HA tests time.
 pub fn request_within(addr: &str, method: &str, path: &str, body: &str, timeout: Duration) -> Option<Answer> {
     let sock: SocketAddr = addr.to_socket_addrs().ok()?.next()?;
     let mut s = TcpStream::connect_timeout(&sock, timeout).ok()?;
@@ -39,8 +41,24 @@ pub fn request_within(addr: &str, method: &str, path: &str, body: &str, timeout:
     s.set_write_timeout(Some(timeout)).ok()?;
     s.write_all(&request_bytes(method, path, &[("Connection", "close")], body.as_bytes())).ok()?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    parse(&raw)
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some(a) = parse_complete(&raw) {
+            return Some(a);
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => return parse(&raw),
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(_) => return None,
+        }
+    }
+}
+
+/// A whole answer already in `raw`: its head, and a body as long as its
+/// Content-Length says (none: not complete before EOF).
+fn parse_complete(raw: &[u8]) -> Option<Answer> {
+    let a = parse(raw)?;
+    a.header("content-length").is_some().then_some(a)
 }
 
 /// [`request_within`] with the failsafe as the timeout.
