@@ -40,6 +40,12 @@ pub fn request_within(addr: &str, method: &str, path: &str, body: &str, timeout:
     s.set_read_timeout(Some(timeout)).ok()?;
     s.set_write_timeout(Some(timeout)).ok()?;
     s.write_all(&request_bytes(method, path, &[("Connection", "close")], body.as_bytes())).ok()?;
+    read_answer(&mut s)
+}
+
+/// Reads one whole answer from `s`: until its Content-Length is satisfied,
+/// else until EOF.
+pub fn read_answer(s: &mut impl Read) -> Option<Answer> {
     let mut raw = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     loop {
