@@ -188,6 +188,39 @@ impl<'a> KeyRef<'a> {
         }
     }
 
+    /// The key's reservation tag: 32 bits that the page table keeps beside
+    /// a page reserved for this key, so that a confirm naming another key
+    /// is refused (`reserved_for_other_key`), and that the journal records
+    /// with the reservation.
+    ///
+    /// Stable across processes and releases (it is journaled, and another
+    /// process checks it after a restart or a failover): a function of the
+    /// string the client sent, never of a process-local id. A 32-hex key
+    /// folds its 128 bits (MD5 digests are uniform); any other key hashes
+    /// its text with 64-bit FNV-1a, folded, so that an SGLang digest key
+    /// gets the same tag whether this process stores it compactly or, its
+    /// pool table full, as text. Two different keys share a tag with
+    /// probability 2^-32.
+    #[inline]
+    pub fn tag(self) -> u32 {
+        match self {
+            KeyRef::Hex(v) => {
+                let x = (v ^ (v >> 64)) as u64;
+                (x ^ (x >> 32)) as u32
+            }
+            KeyRef::Digest(d) => {
+                let mut h = Fnv::default();
+                let _ = fmt::Write::write_fmt(&mut h, format_args!("{d}"));
+                h.finish32()
+            }
+            KeyRef::Text(s) => {
+                let mut h = Fnv::default();
+                h.bytes(s.as_bytes());
+                h.finish32()
+            }
+        }
+    }
+
     /// An owned copy (allocates only for text keys).
     pub fn to_key(self) -> Key {
         match self {
@@ -195,6 +228,35 @@ impl<'a> KeyRef<'a> {
             KeyRef::Digest(d) => Key::Digest(d),
             KeyRef::Text(s) => Key::Text(s.into()),
         }
+    }
+}
+
+/// 64-bit FNV-1a, for [`KeyRef::tag`]: fixed forever (tags are journaled),
+/// so no seeded or versioned hasher.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn finish32(&self) -> u32 {
+        (self.0 ^ (self.0 >> 32)) as u32
+    }
+}
+
+impl fmt::Write for Fnv {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.bytes(s.as_bytes());
+        Ok(())
     }
 }
 

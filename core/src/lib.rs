@@ -35,6 +35,7 @@ pub use spaces::{
 };
 pub use store::{
     AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Initialized,
-    LeaseStats, MaintainReport, PageSource, RankStats, ReadPagesError, Stats, Store, StoreConfig, Visit, TICKS_PER_TTL,
+    LeaseStats, MaintainReport, PageRead, PageSource, RankStats, ReadPagesError, Stats, Store, StoreConfig, Visit,
+    TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;

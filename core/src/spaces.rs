@@ -45,7 +45,7 @@ use super::journal::{Change, Journal};
 use super::key::Key;
 use super::lease::Clock;
 use super::store::{
-    EvictStats, Initialized, MaintainReport, PageSource, RankStats, ReadPagesError, Store, StoreConfig, Visit,
+    EvictStats, Initialized, MaintainReport, PageRead, PageSource, RankStats, ReadPagesError, Store, StoreConfig, Visit,
 };
 use super::sync::{AtomicU32, Ordering};
 use scc::HashIndex;
@@ -163,6 +163,8 @@ impl Journal for SpaceJournal {
                 Change::Bind { generation, rank: space, page, key, world }
             }
             Change::Unbind { generation, page, .. } => Change::Unbind { generation, rank: space, page },
+            Change::Reserve { generation, page, tag, .. } => Change::Reserve { generation, rank: space, page, tag },
+            Change::Hold { generation, page, .. } => Change::Hold { generation, rank: space, page },
             Change::Clear { .. } => {
                 // A space resets in place (`Store::reset`) and never clears.
                 debug_assert!(false, "an SGLang space never changes generation");
@@ -216,7 +218,7 @@ impl PageSource for SpaceSource {
         generation: u64,
         rank: u32,
         pages: std::ops::Range<u32>,
-        visit: &mut dyn FnMut(u32, Key, u32),
+        visit: &mut dyn FnMut(u32, PageRead),
     ) -> Result<(), ReadPagesError> {
         if generation != self.generation {
             return Err(ReadPagesError::Generation);
@@ -241,6 +243,8 @@ impl PageSource for SpaceSource {
                     Visit::Generation(_) => true,
                     Visit::Rank { num_pages, .. } => visit(Visit::Rank { rank, num_pages }),
                     Visit::Binding { page, key, world, .. } => visit(Visit::Binding { rank, page, key, world }),
+                    Visit::Reserved { page, tag, .. } => visit(Visit::Reserved { rank, page, tag }),
+                    Visit::Held { page, .. } => visit(Visit::Held { rank, page }),
                 };
                 go
             })?;
