@@ -111,6 +111,7 @@ impl App {
             high_watermark: cfg.evict_high_watermark,
             low_watermark: cfg.evict_low_watermark,
             read_lease: core::LeaseLength::from_secs(cfg.read_lease),
+            reservation_ttl: core::LeaseLength::from_secs(cfg.reservation_ttl),
             manual_clock: false,
             index_floor: core::IndexFloor::vllm(cfg.expected_keys as usize),
         }

@@ -2,7 +2,7 @@
 //! serve until SIGTERM or SIGINT, drain, exit 0.
 
 use clap::Parser;
-use hf3fs_meta::config::{Config, Eviction};
+use hf3fs_meta::config::Config;
 use hf3fs_meta::{durable, http, init_tracing, App};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -86,12 +86,6 @@ fn main() -> ExitCode {
             "hf3fs-meta {} listening",
             env!("CARGO_PKG_VERSION")
         );
-        if cfg.eviction == Eviction::Clock && cfg.read_lease == 0 {
-            tracing::warn!(
-                "--eviction clock with --read-lease 0: nothing protects a reader or a re-save from eviction; a page \
-                 located or handed out again may go to another key at once (README, \"Eviction and read leases\")"
-            );
-        }
         http::serve(app.clone(), listener, shutdown).await;
         if let Err(e) = app.close() {
             tracing::error!("durable store did not close cleanly: {e}");

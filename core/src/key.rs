@@ -196,7 +196,7 @@ impl<'a> KeyRef<'a> {
     /// Stable across processes and releases (it is journaled, and another
     /// process checks it after a restart or a failover): a function of the
     /// string the client sent, never of a process-local id. A 32-hex key
-    /// folds its 128 bits (MD5 digests are uniform); any other key hashes
+    /// mixes its 128 bits (two multiplies); any other key hashes
     /// its text with 64-bit FNV-1a, folded, so that an SGLang digest key
     /// gets the same tag whether this process stores it compactly or, its
     /// pool table full, as text. Two different keys share a tag with
@@ -205,8 +205,11 @@ impl<'a> KeyRef<'a> {
     pub fn tag(self) -> u32 {
         match self {
             KeyRef::Hex(v) => {
-                let x = (v ^ (v >> 64)) as u64;
-                (x ^ (x >> 32)) as u32
+                // Multiplied before they are combined, so that structured
+                // keys (equal halves, say) do not all share one tag.
+                let (hi, lo) = ((v >> 64) as u64, v as u64);
+                let h = (hi ^ lo.wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+                ((h >> 32) ^ h) as u32
             }
             KeyRef::Digest(d) => {
                 let mut h = Fnv::default();
@@ -337,6 +340,28 @@ mod tests {
     use std::hash::BuildHasher;
 
     const MD5: &str = "0123456789abcdef0123456789abcdef";
+    /// The tags of the keys in `tags_are_stable_and_spread`, as released.
+    const PINNED: [u32; 5] = [0x4587_7e80, 0x2fcf_d576, 0x13ac_3a9c, 0xa90d_36d5, 0x52b8_e601];
+
+    /// Tags are journaled and checked by other processes: they must never
+    /// change between releases, whatever the kind of key, and a digest key
+    /// must get the same tag stored compactly or as text.
+    #[test]
+    fn tags_are_stable_and_spread() {
+        let sha = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let pinned: Vec<u32> = [MD5, "fedcba9876543210fedcba9876543210", "text key", sha, &format!("{sha}-k")]
+            .iter()
+            .map(|s| KeyRef::parse(s).tag())
+            .collect();
+        assert_eq!(pinned, [PINNED[0], PINNED[1], PINNED[2], PINNED[3], PINNED[4]], "{pinned:x?}");
+        let pooled = format!("{sha}_tag_test_pool");
+        assert_eq!(KeyRef::parse(&pooled).tag(), KeyRef::Text(&pooled).tag(), "digest or text: one tag");
+        // Structured keys spread too: 10^4 keys of equal halves, no collision.
+        let mut seen = std::collections::HashSet::new();
+        for i in 1..=10_000u128 {
+            assert!(seen.insert(KeyRef::Hex((i << 64) | i).tag()), "collision at {i}");
+        }
+    }
 
     #[test]
     fn lowercase_digest_is_compact_and_round_trips() {

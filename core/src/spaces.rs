@@ -42,7 +42,6 @@
 
 use super::error::InitError;
 use super::journal::{Change, Journal};
-use super::key::Key;
 use super::lease::Clock;
 use super::store::{
     EvictStats, Initialized, MaintainReport, PageRead, PageSource, RankStats, ReadPagesError, Store, StoreConfig, Visit,
@@ -332,7 +331,8 @@ impl Spaces {
     }
 
     /// Rebuilds durable space `id`, `name` of `num_pages` pages, with its
-    /// `bindings` (page, key) at start-up, before serving. `journaled` says
+    /// `pages` in use (bound, reserved or held; see [`Store::read_pages`])
+    /// at start-up, before serving. `journaled` says
     /// whether the durable store knows its size already; when it does not
     /// (the process died between the catalog and the journal), it is
     /// journaled now. Ids must come in order. Not for the request path.
@@ -342,7 +342,7 @@ impl Spaces {
         name: SpaceName,
         num_pages: u32,
         journaled: bool,
-        bindings: &[(u32, Key)],
+        pages: &[(u32, PageRead)],
     ) -> Result<(), String> {
         let _create = self.create.lock().unwrap_or_else(PoisonError::into_inner);
         if id != self.count.load(Ordering::Relaxed) {
@@ -354,8 +354,13 @@ impl Spaces {
         if !journaled {
             store.journal_ranks();
         }
-        for (page, key) in bindings {
-            store.restore_binding(0, *page, &key.to_string(), 1).map_err(|e| format!("{}: {e}", what()))?;
+        for (page, read) in pages {
+            match read {
+                PageRead::Bound { key, .. } => store.restore_binding(0, *page, &key.to_string(), 1),
+                PageRead::Reserved { tag } => store.restore_reservation(0, *page, *tag),
+                PageRead::Held => store.restore_hold(0, *page),
+            }
+            .map_err(|e| format!("{}: {e}", what()))?;
         }
         let w = what();
         self.publish(id, name, store).map_err(|_| format!("{w} is named twice in the catalog"))

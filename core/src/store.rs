@@ -422,10 +422,11 @@ impl Store {
         let gen = self.gen.load();
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
-        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
         let mut entries = Vec::with_capacity(parsed.len());
         index.entries(&parsed, |&k| k, &mut entries);
+        // Read after the lookups: a lease counts from when the answer is built.
+        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let mut leading = true;
         out.extend(parsed.iter().zip(entries).map(|(&k, e)| {
             if leading {
@@ -445,10 +446,11 @@ impl Store {
         gen.rank(rank).ok_or(RankNotInitialized(rank))?;
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
-        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
         let mut entries = Vec::with_capacity(parsed.len());
         index.entries(&parsed, |&k| k, &mut entries);
+        // Read after the lookups: a lease counts from when the answer is built.
+        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         out.extend(parsed.iter().zip(entries).map(|(&k, e)| index.lease_location(k, e, rank as u32, now, lease)));
         Ok(())
     }

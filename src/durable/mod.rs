@@ -121,6 +121,12 @@ pub struct Recovered {
     pub ranks: usize,
     /// Key-rank bindings restored.
     pub bindings: u64,
+    /// Reservations restored, each for its key with a fresh TTL: the
+    /// writers that held them before the restart may still confirm.
+    pub reservations: u64,
+    /// Pages restored as held for one read lease (released or deleted
+    /// within a reader's lease before the restart).
+    pub held: u64,
     /// Distinct keys restored.
     pub keys: u64,
     /// Log entries (writer batches) replayed over the checkpointed state.
@@ -301,6 +307,8 @@ impl Durable {
             generation,
             ranks: restored.ranks,
             bindings: restored.bindings,
+            reservations: restored.reservations,
+            held: restored.held,
             keys,
             log_entries: restored.log_entries,
             log_records: restored.log_records,
@@ -315,12 +323,16 @@ impl Durable {
             ranks = recovered.ranks,
             bindings = recovered.bindings,
             keys = recovered.keys,
+            reservations = recovered.reservations,
+            held = recovered.held,
             log_records_replayed = recovered.log_records,
             ms = recovered.elapsed.as_millis() as u64,
-            "durable store: recovered {} ranks, {} bindings of {} keys in {:.3} s",
+            "durable store: recovered {} ranks, {} bindings of {} keys, {} reservations, {} held pages in {:.3} s",
             recovered.ranks,
             recovered.bindings,
             recovered.keys,
+            recovered.reservations,
+            recovered.held,
             recovered.elapsed.as_secs_f64()
         );
         let threads = Threads { writer, checkpointer, stop_checkpointer: stop_tx, syncer };

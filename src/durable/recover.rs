@@ -5,7 +5,10 @@
 //! tail). The log tail is folded into one change per page. Then the state
 //! chunks stream in key order (chunk-major: page `p` of every rank together)
 //! from this thread to a few restore workers; a page the log tail changed is
-//! skipped there and restored from the fold afterwards. Workers call
+//! skipped there and restored from the fold afterwards. Then the pending
+//! pages (state format 2's `P` chunks, then the log tail's): each reserved
+//! page is reserved again for its key's tag with a fresh TTL, and each held
+//! page held for one read lease from now. Workers call
 //! [`Store::restore_binding`], which refuses anything inconsistent (a page
 //! bound twice, a key bound twice on one rank): recovery then stops with an
 //! error rather than serve a state it cannot vouch for.
@@ -15,9 +18,9 @@
 //! `bound` counts restored bindings across the workers (`Relaxed`): it is
 //! read once, after `thread::scope` has joined them, and the join orders it.
 
-use super::codec::{self, Binding, CHUNK_PAGES, CHUNK_PREFIX, CHUNK_SHIFT, RANK_PREFIX};
+use super::codec::{self, Binding, Pending, CHUNK_PAGES, CHUNK_PREFIX, CHUNK_SHIFT, PENDING_PREFIX, RANK_PREFIX};
 use super::error::OpenError;
-use super::fold::{key_page, sort_key, split_key, Fold};
+use super::fold::{key_page, sort_key, split_key, Fold, PageChange};
 use super::shared::chunk_id;
 use super::store::Db;
 use crate::core::Store;
@@ -31,6 +34,10 @@ use std::sync::Mutex;
 pub(crate) struct Restored {
     pub(crate) ranks: usize,
     pub(crate) bindings: u64,
+    /// Reservations restored (their writers may still confirm them).
+    pub(crate) reservations: u64,
+    /// Pages restored as held for a reader's lease.
+    pub(crate) held: u64,
     pub(crate) chunks: u64,
     pub(crate) log_entries: usize,
     pub(crate) log_records: u64,
@@ -131,7 +138,7 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
                             }
                             cursor[i] += 1;
                             let page = (chunk << CHUNK_SHIFT) | u32::from(off);
-                            if check_overlay && overlay.binary_search_by_key(&sort_key(*rank, page), |e| e.0).is_ok() {
+                            if check_overlay && in_overlay(overlay, *rank, page) {
                                 continue; // the log tail decides this page
                             }
                             restore_one(*rank, page, b);
@@ -165,15 +172,65 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
     read_result?;
 
     // The log tail's bindings, page-major too.
-    for (k, b) in overlay {
-        if let Some(b) = b {
+    for (k, c) in overlay {
+        if let PageChange::Bound(b) = c {
             restore_one(split_key(*k).1, key_page(*k), b);
         }
     }
+    let (reservations, held) = restore_pending(&parts.state, store, overlay, &touched, &fail)?;
+    out.reservations = reservations;
+    out.held = held;
 
     if let Some((msg, n)) = first_error.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
         return Err(OpenError::Inconsistent(format!("{n} binding(s) could not be restored; the first: {msg}")));
     }
     out.bindings = bound.into_inner();
     Ok(out)
+}
+
+/// Whether the log tail's fold decides `page` of `rank`.
+fn in_overlay(overlay: &[(u64, PageChange)], rank: u32, page: u32) -> bool {
+    overlay.binary_search_by_key(&sort_key(rank, page), |e| e.0).is_ok()
+}
+
+/// Restores the pending pages: the state's `P` chunks (skipping pages the
+/// log tail decides), then the tail's. Returns how many reservations and
+/// held pages it restored; a page it cannot restore goes to `fail`.
+fn restore_pending(
+    state: &fjall::PartitionHandle,
+    store: &Store,
+    overlay: &[(u64, PageChange)],
+    touched: &HashSet<u64>,
+    fail: &dyn Fn(String),
+) -> Result<(u64, u64), OpenError> {
+    let (mut reserved, mut held) = (0u64, 0u64);
+    let mut one = |rank: u32, page: u32, p: Pending| {
+        let r = match p {
+            Pending::Reserved(tag) => store.restore_reservation(rank, page, tag).map(|()| reserved += 1),
+            Pending::Held => store.restore_hold(rank, page).map(|()| held += 1),
+        };
+        if let Err(e) = r {
+            fail(e);
+        }
+    };
+    let mut entries = Vec::new();
+    for kv in state.prefix([PENDING_PREFIX]) {
+        let (k, v) = kv.map_err(|e| OpenError::Corrupt(format!("reading the state: {e}")))?;
+        let (chunk, rank) = codec::parse_chunk_key(&k).map_err(|e| OpenError::Corrupt(e.to_string()))?;
+        codec::decode_pending(&v, &mut entries)
+            .map_err(|e| OpenError::Corrupt(format!("pending chunk {chunk} of rank {rank}: {e}")))?;
+        let check_overlay = touched.contains(&(sort_key(rank, chunk << CHUNK_SHIFT) >> 8));
+        for &(off, p) in &entries {
+            let page = (chunk << CHUNK_SHIFT) | u32::from(off);
+            if !(check_overlay && in_overlay(overlay, rank, page)) {
+                one(rank, page, p);
+            }
+        }
+    }
+    for (k, c) in overlay {
+        if let PageChange::Pending(p) = c {
+            one(split_key(*k).1, key_page(*k), *p);
+        }
+    }
+    Ok((reserved, held))
 }
