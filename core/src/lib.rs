@@ -28,7 +28,7 @@ pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
 pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
-pub use lease::{Clock, LeaseLength, TICKS_PER_SECOND};
+pub use lease::{Clock, LeaseLength, MAX_LEASE, TICKS_PER_SECOND};
 pub use spaces::{
     SpaceCatalog, SpaceError, SpaceName, SpaceSource, SpaceStats, Spaces, SpacesConfig, SpacesDurability,
     DEFAULT_NAMESPACE,

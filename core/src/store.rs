@@ -69,11 +69,13 @@ pub struct StoreConfig {
     /// How long a read protects a key (`--read-lease`); 0 for no leases.
     pub read_lease: LeaseLength,
     /// How long an unconfirmed reservation lives (`--reservation-ttl`, in
-    /// lease ticks; 0: forever). A re-save (an allocate that answers a
-    /// stored page) leases its key for at least this long, and at least a
-    /// quarter more (reservations expire between 1 and 1.25 TTLs), so that
-    /// the page is not evicted or handed out while its writer may still be
-    /// rewriting it, whatever `read_lease` is.
+    /// lease ticks). A re-save (an allocate that answers a stored page)
+    /// leases its key for at least this long, and a quarter more
+    /// (reservations expire between 1 and 1.25 TTLs), so that the page is
+    /// not evicted or handed out while its writer may still be rewriting
+    /// it, whatever `read_lease` is. 0 adds nothing to `read_lease` (the
+    /// core's default, the Python server's behaviour); the server passes
+    /// [`crate::lease::MAX_LEASE`] for reservations that never expire.
     pub reservation_ttl: LeaseLength,
     /// Leases and eviction run on a clock set by hand ([`Store::set_clock`])
     /// rather than real time: for tests.
@@ -335,8 +337,7 @@ impl Store {
     #[inline]
     fn reuse_lease(&self) -> LeaseLength {
         let ttl = self.cfg.reservation_ttl.0;
-        let write = if ttl == 0 { lease::MAX_LEASE } else { ttl.saturating_add(ttl.div_ceil(4)) };
-        self.cfg.read_lease.max(LeaseLength(write))
+        self.cfg.read_lease.max(LeaseLength(ttl.saturating_add(ttl.div_ceil(4))))
     }
 
     #[inline]
