@@ -365,14 +365,15 @@ impl Writer {
                     self.shared.progress.recovered();
                     self.shared.progress.attempted();
                     tracing::warn!(
-                        keyspace = w.0,
-                        ranks = w.1,
-                        bindings = w.2,
-                        ms = w.3.as_millis() as u64,
-                        "durable store recovered: wrote a fresh checkpoint from memory ({} ranks, {} bindings in                          {:.3} s); acknowledging changes again",
-                        w.1,
-                        w.2,
-                        w.3.as_secs_f64()
+                        keyspace = w.keyspace,
+                        ranks = w.ranks,
+                        bindings = w.bindings,
+                        ms = w.elapsed.as_millis() as u64,
+                        "durable store recovered: wrote a fresh checkpoint from memory ({} ranks, {} bindings in {:.3} \
+                         s); acknowledging changes again",
+                        w.ranks,
+                        w.bindings,
+                        w.elapsed.as_secs_f64()
                     );
                     return Ok(false);
                 }
@@ -396,8 +397,8 @@ impl Writer {
     }
 
     /// One recovery attempt: probe, fresh keyspace from memory, the kept
-    /// records. Returns what it wrote (keyspace, ranks, bindings, time).
-    fn recover(&mut self, admin: &mut Vec<Op>) -> Result<(String, u64, u64, Duration), Failure> {
+    /// records. Returns what it wrote.
+    fn recover(&mut self, admin: &mut Vec<Op>) -> Result<Rewritten, Failure> {
         self.shared.probe()?;
         let old = self.shared.db.load_full();
         let w = snapshot::write(&self.shared, &old, &*self.shared.store)?;
@@ -417,8 +418,20 @@ impl Writer {
         }
         self.write(&mut batch)?;
         admin.clear();
-        Ok((db.name().to_owned(), w.ranks, w.bindings, w.elapsed))
+        Ok(Rewritten { keyspace: db.name().to_owned(), ranks: w.ranks, bindings: w.bindings, elapsed: w.elapsed })
     }
+}
+
+/// What a recovery from a disk fault wrote ([`Writer::recover`]).
+struct Rewritten {
+    /// The fresh keyspace's directory name.
+    keyspace: String,
+    /// Ranks written.
+    ranks: u64,
+    /// Bindings written.
+    bindings: u64,
+    /// How long the snapshot took.
+    elapsed: Duration,
 }
 
 /// Lets go of a replaced keyspace and removes its directory, on a thread of
