@@ -55,23 +55,10 @@ type Group = (u32, Vec<(u32, fjall::Slice)>);
 /// Restores the state of `db`'s current generation into `store`.
 pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored, OpenError> {
     let parts = db.parts();
-    let read_err = |e: fjall::Error| OpenError::Corrupt(format!("reading the state: {e}"));
 
-    let mut ranks = BTreeMap::new();
-    for kv in parts.state.prefix([RANK_PREFIX]) {
-        let (k, v) = kv.map_err(read_err)?;
-        let (rank, n) = codec::parse_rank(&k, &v).map_err(|e| OpenError::Corrupt(e.to_string()))?;
-        ranks.insert(rank, n);
-    }
     let tail = Fold::read(&parts.log, u64::MAX).map_err(|f| OpenError::Corrupt(f.to_string()))?;
-    for (&rank, &n) in &tail.ranks {
-        ranks.entry(rank).or_insert(n);
-    }
-    for (&rank, &n) in &ranks {
-        store.restore_rank(rank, n).map_err(|e| OpenError::Restore(format!("rank {rank} ({n} pages): {e}")))?;
-    }
     let mut out = Restored {
-        ranks: ranks.len(),
+        ranks: restore_ranks(&parts.state, &tail, store)?,
         log_entries: tail.entries.len(),
         log_records: tail.records,
         first_entry: tail.entries.first().map_or(0, |k| k.as_ref().try_into().map_or(0, u64::from_be_bytes)),
@@ -110,63 +97,14 @@ pub(crate) fn restore(db: &Db, store: &Store, workers: usize) -> Result<Restored
             let rx = rx.clone();
             let (touched, restore_one, fail) = (&touched, &restore_one, &fail);
             s.spawn(move || {
-                // One decoded chunk per rank of the group, reused across groups.
-                let mut decoded: Vec<(u32, Vec<(u16, Binding)>)> = Vec::new();
-                let mut cursor: Vec<usize> = Vec::new();
-                for (chunk, ranks) in rx {
-                    let n = ranks.len();
-                    decoded.resize_with(decoded.len().max(n), Default::default);
-                    for (slot, (rank, v)) in decoded.iter_mut().zip(ranks) {
-                        slot.0 = rank;
-                        if let Err(e) = codec::decode_chunk(&v, &mut slot.1) {
-                            fail(format!("chunk {chunk} of rank {rank}: {e}"));
-                            slot.1.clear();
-                        }
-                    }
-                    let check_overlay =
-                        decoded[..n].iter().any(|(r, _)| touched.contains(&(sort_key(*r, chunk << CHUNK_SHIFT) >> 8)));
-                    // Page-major: page p of every rank together, which keeps
-                    // each key's index entry hot while it gets its bindings.
-                    // Each rank's entries are sorted by offset: a merge.
-                    cursor.clear();
-                    cursor.resize(n, 0);
-                    for off in 0..CHUNK_PAGES as u16 {
-                        for (i, (rank, entries)) in decoded[..n].iter().enumerate() {
-                            let Some((o, b)) = entries.get(cursor[i]) else { continue };
-                            if *o != off {
-                                continue;
-                            }
-                            cursor[i] += 1;
-                            let page = (chunk << CHUNK_SHIFT) | u32::from(off);
-                            if check_overlay && in_overlay(overlay, *rank, page) {
-                                continue; // the log tail decides this page
-                            }
-                            restore_one(*rank, page, b);
-                        }
-                    }
+                let mut scratch = Scratch::default();
+                for group in rx {
+                    restore_group(group, &mut scratch, touched, overlay, restore_one, fail);
                 }
             });
         }
         drop(rx);
-        let mut group: Option<Group> = None;
-        for kv in parts.state.prefix([CHUNK_PREFIX]) {
-            let (k, v) = kv.map_err(read_err)?;
-            let (chunk, rank) = codec::parse_chunk_key(&k).map_err(|e| OpenError::Corrupt(e.to_string()))?;
-            out.chunks += 1;
-            match &mut group {
-                Some((c, g)) if *c == chunk => g.push((rank, v)),
-                _ => {
-                    if let Some(g) = group.replace((chunk, vec![(rank, v)])) {
-                        if tx.send(g).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(g) = group {
-            let _ = tx.send(g);
-        }
+        out.chunks = send_groups(&parts.state, &tx)?;
         Ok::<(), OpenError>(())
     });
     read_result?;
@@ -233,4 +171,97 @@ fn restore_pending(
         }
     }
     Ok((reserved, held))
+}
+
+/// Restores every rank: the state's `R` keys, then the ranks the log tail
+/// creates. Returns how many.
+fn restore_ranks(state: &fjall::PartitionHandle, tail: &Fold, store: &Store) -> Result<usize, OpenError> {
+    let mut ranks = BTreeMap::new();
+    for kv in state.prefix([RANK_PREFIX]) {
+        let (k, v) = kv.map_err(|e| OpenError::Corrupt(format!("reading the state: {e}")))?;
+        let (rank, n) = codec::parse_rank(&k, &v).map_err(|e| OpenError::Corrupt(e.to_string()))?;
+        ranks.insert(rank, n);
+    }
+    for (&rank, &n) in &tail.ranks {
+        ranks.entry(rank).or_insert(n);
+    }
+    for (&rank, &n) in &ranks {
+        store.restore_rank(rank, n).map_err(|e| OpenError::Restore(format!("rank {rank} ({n} pages): {e}")))?;
+    }
+    Ok(ranks.len())
+}
+
+/// Streams the state's binding chunks in key order to the restore
+/// workers, grouped by chunk index; returns how many chunks it read.
+fn send_groups(state: &fjall::PartitionHandle, tx: &crossbeam_channel::Sender<Group>) -> Result<u64, OpenError> {
+    let mut chunks = 0;
+    let mut group: Option<Group> = None;
+    for kv in state.prefix([CHUNK_PREFIX]) {
+        let (k, v) = kv.map_err(|e| OpenError::Corrupt(format!("reading the state: {e}")))?;
+        let (chunk, rank) = codec::parse_chunk_key(&k).map_err(|e| OpenError::Corrupt(e.to_string()))?;
+        chunks += 1;
+        match &mut group {
+            Some((c, g)) if *c == chunk => g.push((rank, v)),
+            _ => {
+                if let Some(g) = group.replace((chunk, vec![(rank, v)])) {
+                    if tx.send(g).is_err() {
+                        return Ok(chunks);
+                    }
+                }
+            }
+        }
+    }
+    if let Some(g) = group {
+        let _ = tx.send(g);
+    }
+    Ok(chunks)
+}
+
+/// A restore worker's buffers, reused across groups: one decoded chunk per
+/// rank of the group, and a merge cursor per rank.
+#[derive(Default)]
+struct Scratch {
+    decoded: Vec<(u32, Vec<(u16, Binding)>)>,
+    cursor: Vec<usize>,
+}
+
+/// Restores one chunk index's bindings on every rank, page-major (page
+/// `p` of every rank together, which keeps each key's index entry hot
+/// while it gets its bindings), skipping the pages the log tail decides.
+fn restore_group(
+    (chunk, ranks): Group,
+    scratch: &mut Scratch,
+    touched: &HashSet<u64>,
+    overlay: &[(u64, PageChange)],
+    restore_one: &dyn Fn(u32, u32, &Binding),
+    fail: &dyn Fn(String),
+) {
+    let Scratch { decoded, cursor } = scratch;
+    let n = ranks.len();
+    decoded.resize_with(decoded.len().max(n), Default::default);
+    for (slot, (rank, v)) in decoded.iter_mut().zip(ranks) {
+        slot.0 = rank;
+        if let Err(e) = codec::decode_chunk(&v, &mut slot.1) {
+            fail(format!("chunk {chunk} of rank {rank}: {e}"));
+            slot.1.clear();
+        }
+    }
+    let check_overlay = decoded[..n].iter().any(|(r, _)| touched.contains(&(sort_key(*r, chunk << CHUNK_SHIFT) >> 8)));
+    // Each rank's entries are sorted by offset: a merge.
+    cursor.clear();
+    cursor.resize(n, 0);
+    for off in 0..CHUNK_PAGES as u16 {
+        for (i, (rank, entries)) in decoded[..n].iter().enumerate() {
+            let Some((o, b)) = entries.get(cursor[i]) else { continue };
+            if *o != off {
+                continue;
+            }
+            cursor[i] += 1;
+            let page = (chunk << CHUNK_SHIFT) | u32::from(off);
+            if check_overlay && in_overlay(overlay, *rank, page) {
+                continue; // the log tail decides this page
+            }
+            restore_one(*rank, page, b);
+        }
+    }
 }
