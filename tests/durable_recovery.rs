@@ -6,7 +6,7 @@
 //! (everything folded into the checkpointed state) and ending as a crash
 //! would (the log tail not folded), so both recovery paths are covered.
 
-use hf3fs_meta::core::{ErrorCode, Initialized, Store, StoreConfig};
+use hf3fs_meta::core::{Initialized, Store, StoreConfig};
 use hf3fs_meta::durable::{Durable, FsyncMode, OpenError, Recovered};
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -521,7 +521,8 @@ mod tests {
         assert_eq!(back, e);
         // A held entry with a tag, or an unknown kind, is corrupt.
         let mut bad = chunk.clone();
-        bad[bad.len() - 1] = 1;
+        let last = bad.len() - 1;
+        bad[last] = 1;
         assert!(decode_pending(&bad, &mut back).is_err());
         bad[2] = 9;
         assert!(decode_pending(&bad, &mut back).is_err());
