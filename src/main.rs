@@ -86,7 +86,7 @@ fn main() -> ExitCode {
             "hf3fs-meta {} listening",
             env!("CARGO_PKG_VERSION")
         );
-        http::serve(app.clone(), listener, shutdown).await;
+        hf3fs_meta::serve(app.clone(), listener, shutdown).await;
         if let Err(e) = app.close() {
             tracing::error!("durable store did not close cleanly: {e}");
             return ExitCode::FAILURE;

@@ -1,6 +1,11 @@
-//! Shared harness of the HTTP integration tests.
+//! The one shared harness of the integration tests: every layer's binary
+//! (`tests/{core,http,durable,process}/main.rs`) includes it as
+//! `#[path = "../common/mod.rs"] mod common;`.
 //!
-//! - [`TestServer`]: the real `hf3fs_meta::http::serve` on a tokio runtime in a
+//! - [`generations`], [`page_model`], [`recorder`]: the core's model and
+//!   journal-recording helpers.
+//!
+//! - [`TestServer`]: the real `hf3fs_meta::serve` on a tokio runtime in a
 //!   background thread, bound to 127.0.0.1:0, shut down on drop.
 //! - [`Client`]: a tiny blocking HTTP/1.1 client over `std::net::TcpStream`
 //!   that sends raw bytes and parses what comes back (status, headers,
@@ -16,7 +21,10 @@
 
 #![allow(dead_code)]
 
+pub mod generations;
+pub mod page_model;
 pub mod process;
+pub mod recorder;
 pub mod schema;
 
 use hf3fs_meta::config::Config;
@@ -77,10 +85,12 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Serves `cfg` on 127.0.0.1 (any port) until dropped.
+    /// Serves `cfg` on 127.0.0.1 (any port) until dropped, as the binary
+    /// would: with `--data-dir`, recovered from and kept durable in that
+    /// directory (closed on drop).
     pub fn start(cfg: Config) -> TestServer {
         count_server_panics();
-        let app = Arc::new(App::new(cfg));
+        let app = Arc::new(App::open(cfg).expect("App::open"));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let served = app.clone();
@@ -96,7 +106,7 @@ impl TestServer {
                 rt.block_on(async move {
                     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
                     addr_tx.send(listener.local_addr().expect("local addr")).expect("send addr");
-                    hf3fs_meta::http::serve(served, listener, async move {
+                    hf3fs_meta::serve(served, listener, async move {
                         let _ = stop_rx.await;
                     })
                     .await;
@@ -250,7 +260,7 @@ impl TestServer {
 
     /// Panics unless the store passes its audit.
     pub fn audit(&self) {
-        if let Err(e) = self.app.store.audit() {
+        if let Err(e) = self.app.registry.vllm().audit() {
             panic!("store audit failed: {e}");
         }
     }
@@ -300,7 +310,10 @@ impl Drop for TestServer {
                 panic!("the server thread panicked");
             }
         }
+        // Serving has stopped: flush and stop durability (a no-op in memory).
+        let closed = self.app.close();
         if !std::thread::panicking() {
+            closed.expect("closing the durable store");
             assert_no_server_panic();
         }
     }

@@ -4,9 +4,7 @@
 //! Each case is one line through [`check`]; a request that must fail is also
 //! checked to change nothing ([`Sg::unchanged`]).
 
-mod common;
-
-use common::{assert_json_body, check, hexkey, TestServer};
+use crate::common::{assert_json_body, check, hexkey, TestServer};
 use serde_json::{json, Value};
 
 /// A 64-hex key, like SGLang's SHA-256 chain digests.
@@ -18,7 +16,7 @@ fn sha(i: u64) -> String {
 struct Sg<'a>(&'a TestServer);
 
 impl Sg<'_> {
-    fn post(&self, rank: u32, op: &str, body: &Value) -> common::Response {
+    fn post(&self, rank: u32, op: &str, body: &Value) -> crate::common::Response {
         self.0.post_json(&format!("/{rank}/{op}"), body)
     }
 
@@ -41,7 +39,7 @@ impl Sg<'_> {
             .collect()
     }
 
-    fn confirm(&self, rank: u32, ns: &str, written: &[(&str, i64)], release: &[i64]) -> common::Response {
+    fn confirm(&self, rank: u32, ns: &str, written: &[(&str, i64)], release: &[i64]) -> crate::common::Response {
         let w: Vec<Value> = written.iter().map(|(k, p)| json!([k, p])).collect();
         let body = json!({"written_keys_to_confirm": w, "pages_to_release": release, "namespace": ns});
         self.post(rank, "confirm_write", &body)
@@ -537,10 +535,10 @@ fn reservations_expire() {
     assert_eq!(sg.space(0, "kv")["reserved"], json!(2));
     // The sweeper's ticks, driven by hand: a reservation outlives four.
     for _ in 0..hf3fs_meta::core::TICKS_PER_TTL {
-        s.app().spaces.tick();
+        s.app().registry.tick();
     }
     assert_eq!(sg.space(0, "kv")["reserved"], json!(2), "not before the TTL");
-    s.app().spaces.tick();
+    s.app().registry.tick();
     let sp = sg.space(0, "kv");
     assert_eq!((&sp["reserved"], &sp["free"], &sp["reservations_expired"]), (&json!(0), &json!(2), &json!(2)));
     // A late confirm gets the typed 500.
@@ -611,7 +609,7 @@ fn both_dialects_on_one_server_never_touch_each_others_pages() {
     let r = s.post_json("/rank/0/initialize", &json!({"num_pages": 2}));
     assert_json_body(&r, r#"{"message":"Rank 0 initialized with 2 pages"}"#, "vLLM initialize");
     s.audit();
-    for (_, space) in s.app().spaces.list() {
+    for (_, space) in s.app().registry.sglang().list() {
         space.audit().unwrap_or_else(|e| panic!("space audit: {e}"));
     }
 }

@@ -1,0 +1,16 @@
+//! The durable layer's integration tests, one binary: `--data-dir` stores
+//! opened, faulted, closed and recovered in this process.
+//!
+//! - [`recovery`]: what a restart brings back, and what it refuses.
+//! - [`faults`]: injected disk faults, degradation and recovery from memory.
+//! - [`reservations`]: reservations and holds across restarts, and data
+//!   directories of the previous release (issue 20).
+//! - [`sglang`]: SGLang's page spaces on their own durable store.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod faults;
+mod recovery;
+mod reservations;
+mod sglang;
