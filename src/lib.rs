@@ -127,6 +127,12 @@ impl App {
             high_watermark: cfg.evict_high_watermark,
             low_watermark: cfg.evict_low_watermark,
             read_lease: core::LeaseLength::from_secs(cfg.read_lease),
+            // Reservations that never expire (0): a re-save is held for
+            // the longest lease.
+            reservation_ttl: match cfg.reservation_ttl {
+                0 => core::LeaseLength(core::MAX_LEASE),
+                secs => core::LeaseLength::from_secs(secs),
+            },
             manual_clock: false,
             index_floor: core::IndexFloor::vllm(cfg.expected_keys as usize),
         }

@@ -2,7 +2,7 @@
 //! serve until SIGTERM or SIGINT, drain, exit 0.
 
 use clap::Parser;
-use hf3fs_meta::config::{Config, Eviction};
+use hf3fs_meta::config::Config;
 use hf3fs_meta::{durable, ha, http, init_tracing, App};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -103,12 +103,6 @@ fn main() -> ExitCode {
             "hf3fs-meta {} listening",
             env!("CARGO_PKG_VERSION")
         );
-        if cfg.eviction == Eviction::Clock && cfg.read_lease == 0 {
-            tracing::warn!(
-                "--eviction clock with --read-lease 0: nothing protects a reader or a re-save from eviction; a page \
-                 located or handed out again may go to another key at once (docs/eviction.md)"
-            );
-        }
         let shutdown = match start_election(&app) {
             Ok(election) => with_step_down(shutdown, election),
             Err(e) => {

@@ -373,7 +373,7 @@ impl Model {
         note(if grant { "alloc granted" } else { "alloc refused" });
         let epoch = self.epoch as u8;
         let t = self.ranks.get_mut(&r).unwrap();
-        let mut fresh = HashSet::new();
+        let mut fresh = HashMap::new();
         for ((&(_, page), h), &(_, k)) in got.iter().zip(&held).zip(&distinct) {
             match *h {
                 Some(p) => prop_assert_eq!(page, i64::from(p), "{} is bound to page {} after the request", KEYS[k], p),
@@ -381,7 +381,7 @@ impl Model {
                 None => {
                     prop_assert!((0..t.st.len() as i64).contains(&page), "page {} out of range", page);
                     prop_assert_eq!(t.st[page as usize], St::Free, "page {} handed out but not free", page);
-                    prop_assert!(fresh.insert(page), "page {} twice in one answer", page);
+                    prop_assert!(fresh.insert(page, k).is_none(), "page {} twice in one answer", page);
                     if let Some(&(owner, until)) = self.promises.get(&(r, page as u32)) {
                         prop_assert!(
                             owner == k || until < self.now,
@@ -441,7 +441,7 @@ impl Model {
             }
             let st = &mut self.ranks.get_mut(&r).unwrap().st[p as usize];
             match *st {
-                St::Reserved => {
+                St::Reserved(_) => {
                     let e = self.keys.entry(k).or_insert_with(|| MKey {
                         world: world_now,
                         pages: BTreeMap::new(),
