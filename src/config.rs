@@ -181,6 +181,12 @@ pub struct Config {
     /// store call, see `src/durable/faults.rs`). Hidden from --help.
     #[arg(long, env = "HF3FS_META_DURABLE_FAULTS", hide = true)]
     pub durable_faults: Option<PathBuf>,
+
+    /// For tests only: time stands still until `POST /_test/advance/{ms}`
+    /// moves it (leases, reservation expiry, quarantine, background
+    /// eviction; see `src/test_clock.rs`). Hidden from --help.
+    #[arg(long, env = "HF3FS_META_TEST_CLOCK", hide = true)]
+    pub test_clock: bool,
 }
 
 impl Config {

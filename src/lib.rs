@@ -10,6 +10,7 @@
 //! - [`metrics`]: counters and histograms, Prometheus text.
 //! - [`routes`]: the table of routes, read by the router, the metrics and the server.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
+//! - [`test_clock`]: the hidden `--test-clock`, time moved by tests.
 //!
 //! Invariants that hold across the crate:
 //! - No request path takes a global lock: operations on different pages never
@@ -28,6 +29,7 @@ pub mod durable;
 pub mod http;
 pub mod metrics;
 pub mod routes;
+pub mod test_clock;
 
 use crate::config::{Config, LogFormat};
 use crate::core::{Spaces, SpacesConfig, Store, StoreConfig};
@@ -52,6 +54,8 @@ pub struct App {
     pub durable: Option<durable::Durability>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
+    /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
+    pub test_clock: Option<test_clock::TestClock>,
 }
 
 impl App {
@@ -60,7 +64,8 @@ impl App {
     pub fn new(cfg: Config) -> Self {
         let store = Arc::new(Store::new(Self::store_config(&cfg)));
         let spaces = Self::spaces(&cfg, &store);
-        Self { cfg, store, spaces, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false) }
+        let test_clock = Self::test_clock(&cfg);
+        Self { cfg, store, spaces, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false), test_clock }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that
@@ -84,13 +89,18 @@ impl App {
             spaces.hold_eviction_for_a_lease();
         }
         Ok(Self {
-            cfg,
             store,
             spaces,
             metrics: Metrics::default(),
             durable: Some(durable::Durability { vllm, sglang }),
             shutting_down: AtomicBool::new(false),
+            test_clock: Self::test_clock(&cfg),
+            cfg,
         })
+    }
+
+    fn test_clock(cfg: &Config) -> Option<test_clock::TestClock> {
+        cfg.test_clock.then(test_clock::TestClock::default)
     }
 
     fn spaces_config(cfg: &Config) -> SpacesConfig {
@@ -111,7 +121,7 @@ impl App {
             high_watermark: cfg.evict_high_watermark,
             low_watermark: cfg.evict_low_watermark,
             read_lease: core::LeaseLength::from_secs(cfg.read_lease),
-            manual_clock: false,
+            manual_clock: cfg.test_clock,
             index_floor: core::IndexFloor::vllm(cfg.expected_keys as usize),
         }
     }

@@ -64,8 +64,15 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
     // accept failing with EMFILE again and again.
     let cap = raise_fd_limit(app.cfg.max_connections.max(1));
     let slots = Arc::new(Semaphore::new(cap));
-    let sweeper = app.cfg.reservation_ttl().map(|ttl| tokio::spawn(sweep(app.clone(), ttl)));
-    let maintainer = tokio::spawn(maintain(app.clone()));
+    // Under the hidden --test-clock, time moves only by the test's advance
+    // route (crate::test_clock), which does the sweeper's and the
+    // maintainer's work itself.
+    let timed = app.test_clock.is_none();
+    if !timed {
+        tracing::warn!("--test-clock: time stands still until POST {}{{ms}} moves it; for tests only", crate::test_clock::ADVANCE);
+    }
+    let sweeper = app.cfg.reservation_ttl().filter(|_| timed).map(|ttl| tokio::spawn(sweep(app.clone(), ttl)));
+    let maintainer = timed.then(|| tokio::spawn(maintain(app.clone())));
     let mut accept_errors = AcceptErrors::default();
     tokio::pin!(shutdown);
 
@@ -107,7 +114,9 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
     if let Some(s) = sweeper {
         s.abort();
     }
-    maintainer.abort();
+    if let Some(m) = maintainer {
+        m.abort();
+    }
     let timeout = Duration::from_secs(app.cfg.shutdown_timeout);
     tracing::info!(
         open = app.metrics.open_connections(),
@@ -244,6 +253,9 @@ async fn maintain(app: Arc<App>) {
 /// Answers one request.
 async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let start = Instant::now();
+    if let Some(reply) = advance_test_clock(&app, &req) {
+        return Ok(into_response(reply));
+    }
     let route = api::route(req.method(), req.uri().path());
     let spec = match &route {
         Route::Route(id, _) => Some(id.spec()),
@@ -278,6 +290,18 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
     }
     app.metrics.request(api::endpoint(&route), reply.status.as_u16(), reply.keys, start.elapsed());
     Ok(into_response(reply))
+}
+
+/// The hidden `--test-clock`'s `POST /_test/advance/{ms}` (see
+/// [`crate::test_clock`]); `None` for every other request, and for every
+/// request of a server started without the flag.
+fn advance_test_clock(app: &App, req: &Request<Incoming>) -> Option<Reply> {
+    let clock = app.test_clock.as_ref()?;
+    let ms = crate::test_clock::parse(req.uri().path()).filter(|_| req.method() == hyper::Method::POST)?;
+    Some(match ms {
+        Some(ms) => Reply::json(StatusCode::OK, clock.advance(app, ms).to_json().into_bytes(), 0),
+        None => Reply::detail(StatusCode::BAD_REQUEST, "Invalid milliseconds: expected a non-negative integer"),
+    })
 }
 
 /// While the durable store cannot write, allocations are refused: a page
