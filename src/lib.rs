@@ -65,7 +65,15 @@ impl App {
         let store = Arc::new(Store::new(Self::store_config(&cfg)));
         let spaces = Self::spaces(&cfg, &store);
         let test_clock = Self::test_clock(&cfg);
-        Self { cfg, store, spaces, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false), test_clock }
+        Self {
+            cfg,
+            store,
+            spaces,
+            metrics: Metrics::default(),
+            durable: None,
+            shutting_down: AtomicBool::new(false),
+            test_clock,
+        }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that

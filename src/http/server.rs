@@ -69,7 +69,10 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
     // maintainer's work itself.
     let timed = app.test_clock.is_none();
     if !timed {
-        tracing::warn!("--test-clock: time stands still until POST {}{{ms}} moves it; for tests only", crate::test_clock::ADVANCE);
+        tracing::warn!(
+            "--test-clock: time stands still until POST {}{{ms}} moves it; for tests only",
+            crate::test_clock::ADVANCE
+        );
     }
     let sweeper = app.cfg.reservation_ttl().filter(|_| timed).map(|ttl| tokio::spawn(sweep(app.clone(), ttl)));
     let maintainer = timed.then(|| tokio::spawn(maintain(app.clone())));

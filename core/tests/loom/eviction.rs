@@ -46,14 +46,13 @@
 //! the reader spawned first alone it finds one execution, across both
 //! orders both outcomes.
 
-
+use crate::harness::{audit, key, model, put, KA, KB};
 use hf3fs_meta_core::lease::Lease;
 use hf3fs_meta_core::pages::{ClaimGuard, Claimed, PageState, PageTable, BOUND, FREE, RESERVED};
 use hf3fs_meta_core::LeaseLength;
 use loom::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
-use crate::harness::{audit, key, model, put, KA, KB};
 
 const NO_PAGE: u32 = u32::MAX;
 /// The tick every model runs at.
