@@ -123,7 +123,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>, load_secs: f64) -> Result<i32, String> {
     let s =
         Summary { ctx: &ctx, load, audit, violations_at_audit, term, total_secs: ctx.start.elapsed().as_secs_f64() };
     let mut json = s.json();
-    json["eviction"] = report_json(&ev, &evicted, thirds);
+    json["eviction"] = report_json(&ctx, &ev, &evicted, thirds);
     finish(&ctx, &text(&s, &ev, &evicted, thirds), &json)
 }
 
@@ -201,9 +201,10 @@ fn text(s: &Summary<'_>, ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f
     let _ = writeln!(o, "per second, by third of the load: new pages stored / keys refused: {}", th.join(", "));
     let _ = writeln!(
         o,
-        "reads: {} lookups ({} with an empty leading run); {} pages read: {} held their key, {} MISMATCHES, {} late (after the lease, unchecked), {} overwritten by a save already in flight when the lease began (not provable), {} never written",
+        "reads: {} lookups ({} with an empty leading run); {} WRONG PAGES located; {} pages read: {} held their key, {} MISMATCHES, {} late (after the lease, unchecked), {} overwritten by a save already in flight when the lease began (not provable), {} never written",
         n(&t.lookups),
         n(&t.empty_lookups),
+        n(&t.wrong_pages),
         n(&t.reads),
         n(&t.reads_same),
         n(&t.mismatches),
@@ -213,13 +214,23 @@ fn text(s: &Summary<'_>, ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f
     );
     let _ = writeln!(
         o,
-        "leading-run keys gone before get_locations: {} released by a write failure, {} after the lease, {} UNDER THE LEASE; leased pages handed to another key: {}; pages out of range: {}",
+        "leading-run keys gone before get_locations: {} released by a write failure, {} after the lease, {} across a restart, {} UNDER THE LEASE; leased pages handed to another key: {}; pages out of range: {}",
         n(&t.gone_released),
         n(&t.gone_late),
+        n(&t.gone_restart),
         n(&t.gone_under_lease),
         n(&t.handouts_within_lease),
         n(&t.out_of_range)
     );
+    if ctx.a.expect_restarts {
+        let _ = writeln!(
+            o,
+            "restarts: requests retried as the engines do {} times, {} failed every retry; {} connection errors",
+            n(&ctx.c.retries),
+            n(&ctx.c.gave_up),
+            n(&ctx.c.conn_errors)
+        );
+    }
     if evicted.present() {
         let by = list(evicted.by_reason.iter().map(|(k, v)| (k.clone(), *v)), " ");
         let pages = evicted.pages.map_or("n/a".into(), |p| p.to_string());
@@ -243,9 +254,13 @@ fn text(s: &Summary<'_>, ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f
 }
 
 /// The eviction figures of the JSON summary.
-fn report_json(ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f64); 3]) -> serde_json::Value {
+fn report_json(ctx: &Ctx, ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f64); 3]) -> serde_json::Value {
     let t = &ev.t;
     json!({
+        "wrong_pages": n(&t.wrong_pages),
+        "gone_restart": n(&t.gone_restart),
+        "retries": n(&ctx.c.retries),
+        "gave_up": n(&ctx.c.gave_up),
         "read_lease": ev.lease.as_secs_f64(),
         "saves": n(&t.saves),
         "keys_allocated": n(&t.keys_allocated),
