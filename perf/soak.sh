@@ -31,7 +31,9 @@
 #                       SIGKILL it every SECS seconds of the load (at most 20 times,
 #                       none in the last 3 s of the load), restarting it at once on
 #                       the same directory and port; the clients retry as the
-#                       engines do (soak --expect-restarts). Every page located must
+#                       engines do (soak --expect-restarts), and each save's write
+#                       takes up to 2 s (--write-delay-ms 2000) so that restarts
+#                       fall between allocates and their confirms. Every page located must
 #                       hold its key's bytes: zero wrong reads. After the load the
 #                       last server is SIGTERMed and must exit 0
 #   --read-lease SECS   with --eviction-check: the server's read lease (default 3)
@@ -229,7 +231,7 @@ log "server pid $SERVER_PID on 127.0.0.1:$PORT (ttl ${TTL}s, world 8$([[ $DURABL
 SOAK_ARGS=(--addr "127.0.0.1:$PORT" --duration "$DURATION" --workers "$WORKERS" --shutdown-timeout "$SHUTDOWN_TIMEOUT")
 # With --kill-every the server changes process: no phase 2 in the client;
 # this script SIGTERMs the last server after the soak instead.
-if [[ $KILL_EVERY == 0 ]]; then SOAK_ARGS+=(--server-pid "$SERVER_PID"); else SOAK_ARGS+=(--expect-restarts); fi
+if [[ $KILL_EVERY == 0 ]]; then SOAK_ARGS+=(--server-pid "$SERVER_PID"); else SOAK_ARGS+=(--expect-restarts --write-delay-ms 2000); fi
 [[ -n "$JSON_OUT" ]] && SOAK_ARGS+=(--json-out "$JSON_OUT")
 [[ $DURABLE == 1 ]] && SOAK_ARGS+=(--model-out "$TMP/model.txt")
 [[ $CRASH == 1 ]] && SOAK_ARGS+=(--signal KILL)

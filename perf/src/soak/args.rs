@@ -112,6 +112,11 @@ pub struct Args {
     /// counted, not violations.
     #[arg(long)]
     pub expect_restarts: bool,
+    /// Eviction mode: a save's write takes a random 0..=N ms between its
+    /// allocate and its confirm, as a 3FS write does, so that restarts fall
+    /// between the two (perf/soak.sh --kill-every passes 2000).
+    #[arg(long, default_value_t = 0)]
+    pub write_delay_ms: u64,
 }
 
 impl Args {
@@ -142,6 +147,9 @@ impl Args {
             }
             if self.model_out.is_some() || self.reaudit.is_some() {
                 return Err("--eviction-check keeps no exact model: no --model-out or --reaudit".into());
+            }
+            if self.write_delay_ms > 2000 {
+                return Err("--write-delay-ms must be at most 2000 (well inside the reservation TTL)".into());
             }
             if self.expect_restarts && self.server_pid.is_some() {
                 return Err("--expect-restarts: the server changes process; no --server-pid (no phase 2)".into());

@@ -156,12 +156,19 @@ pub(crate) async fn call<'c>(
     }
     let mut tries = RETRY_WAITS.iter();
     loop {
+        // The status of a retryable answer; `None` after a connection error.
         let retry = match call_once(ctx, link, kind, get, path, body).await {
-            Ok((status, resp)) => match status {
-                500 => super::wire::typed_error(resp).is_none().then_some(status),
-                502..=504 => Some(status),
-                _ => return Ok((status, link.conn.last_body())),
-            },
+            Ok((status, resp)) => {
+                let retryable = match status {
+                    500 => super::wire::typed_error(resp).is_none(),
+                    502..=504 => true,
+                    _ => false,
+                };
+                if !retryable {
+                    return Ok((status, link.conn.last_body()));
+                }
+                Some(status)
+            }
             Err(Fail::Conn) => None,
             Err(Fail::Budget) => return Err(Fail::Budget),
         };

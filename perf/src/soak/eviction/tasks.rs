@@ -190,6 +190,10 @@ async fn save(ctx: &Ctx, ev: &Evict, link: &mut Link, rng: &mut SmallRng, rank: 
             ));
         }
     }
+    if ctx.a.write_delay_ms > 0 {
+        // The write takes a while: a restart may fall before the confirm.
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(0..=ctx.a.write_delay_ms))).await;
+    }
     if rng.gen_bool(ctx.a.fail_prob) {
         // The write failed: release every page of the batch. The keys whose
         // pages these are may lose their binding at once.
