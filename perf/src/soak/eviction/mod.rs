@@ -22,6 +22,14 @@
 //! after the load checks that no page is the location of two keys and that
 //! no key exists while missing a rank. No fault injector runs, and no exact
 //! model is kept (eviction makes bindings vanish on their own).
+//!
+//! Every location is also checked on its own ([`sim::SimPages::locate`]): a
+//! key located at a page whose last write, landed before the request was
+//! sent, was another key's is a wrong page. With `--expect-restarts` the
+//! server is SIGKILLed and restarted on its data directory during the load
+//! (`perf/soak.sh --kill-every`): requests are retried as the engines do
+//! (`ctx::call`), and saves may take `--write-delay-ms` between allocate and
+//! confirm, so that restarts fall between the two.
 
 mod sim;
 mod tasks;
