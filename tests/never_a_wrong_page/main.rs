@@ -22,12 +22,14 @@
 //!   refusal in SGLang's `confirm_write`.
 //! - `quarantine.rs`: a page held for a reader survives SIGKILL; releases
 //!   and deletes after a restart hold their pages for one lease.
+//! - `test_clock.rs`: the hidden flag itself.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod quarantine;
 mod sglang;
+mod test_clock;
 mod vllm;
 
 use common::process::ServerProcess;
