@@ -217,6 +217,18 @@ impl Node {
     }
 }
 
+/// A key as vLLM's connector sends it: 32 lowercase hex digits of an MD5
+/// block hash, here a deterministic pseudo-random one (splitmix64) for `i`.
+pub fn block_key(i: u64) -> String {
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    format!("{:016x}{:016x}", mix(2 * i), mix(2 * i + 1))
+}
+
 /// Asserts `r` is the typed 500 `reserved_for_other_key` of issue 20 for
 /// `key` at `page` of `rank`.
 pub fn assert_reserved_for_other_key(r: &Response, rank: i64, page: i64, key: &str) {

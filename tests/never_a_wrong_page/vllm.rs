@@ -2,7 +2,7 @@
 //! it, checked against the simulated page store.
 
 use super::common::hexkey;
-use super::{assert_reserved_for_other_key, Disk, Node, Space};
+use super::{assert_reserved_for_other_key, block_key, Disk, Node, Space};
 
 const RANK: i64 = 0;
 const SPACE: Space = Space::Vllm(RANK);
@@ -13,7 +13,19 @@ const SPACE: Space = Space::Vllm(RANK);
 /// binds; K1 never points at the bytes K2's writer wrote.
 #[test]
 fn seq1_a_write_that_outlives_its_reservation() {
-    let (k1, k2) = (hexkey(1), hexkey(2));
+    seq1(&block_key(1), &block_key(2));
+}
+
+/// Sequence 1 with the keys of the test suite's own helper
+/// (`common::hexkey`: structured 32-hex keys, not random ones): a confirm
+/// must tell any two distinct keys apart, not only random ones.
+#[test]
+fn seq1_with_structured_hex_keys() {
+    seq1(&hexkey(1), &hexkey(2));
+}
+
+fn seq1(k1: &str, k2: &str) {
+    let (k1, k2) = (k1.to_owned(), k2.to_owned());
     let mut n = Node::memory(&["--reservation-ttl", "1", "--eviction", "none", "--world-size", "1"]);
     let mut disk = Disk::default();
     n.init(RANK, 1);
@@ -41,7 +53,7 @@ fn seq1_a_write_that_outlives_its_reservation() {
 /// second SIGKILL.
 #[test]
 fn seq2_a_restart_between_allocate_and_confirm() {
-    let (old, k1, k2, k3, k4) = (hexkey(10), hexkey(11), hexkey(12), hexkey(13), hexkey(14));
+    let (old, k1, k2, k3, k4) = (block_key(10), block_key(11), block_key(12), block_key(13), block_key(14));
     let mut n = Node::durable(&["--eviction", "none", "--world-size", "1"]);
     let mut disk = Disk::default();
     n.init(RANK, 4);
@@ -85,7 +97,7 @@ fn seq2_a_restart_between_allocate_and_confirm() {
 /// `confirm_unallocated`.
 #[test]
 fn seq2_a_restored_reservation_still_expires() {
-    let (k1, k2) = (hexkey(20), hexkey(21));
+    let (k1, k2) = (block_key(20), block_key(21));
     let mut n = Node::durable(&["--reservation-ttl", "10", "--eviction", "none", "--world-size", "1"]);
     n.init(RANK, 1);
     assert_eq!(n.allocate(RANK, &[&k1]), [0]);
@@ -117,7 +129,7 @@ fn store(n: &mut Node, disk: &mut Disk, key: &str) -> i64 {
 fn churn(n: &mut Node, disk: &mut Disk, first: u64, count: u64) -> Vec<(String, i64)> {
     (first..first + count)
         .map(|i| {
-            let key = hexkey(i);
+            let key = block_key(i);
             let page = store(n, disk, &key);
             (key, page)
         })
@@ -131,7 +143,7 @@ fn churn(n: &mut Node, disk: &mut Disk, first: u64, count: u64) -> Vec<(String, 
 /// TTL); once that has passed, K is evictable again.
 #[test]
 fn seq3_a_resave_racing_eviction() {
-    let k = hexkey(100);
+    let k = block_key(100);
     let mut n = Node::memory(&["--read-lease", "0", "--eviction", "clock", "--world-size", "1"]);
     let mut disk = Disk::default();
     n.init(RANK, 8);
@@ -159,7 +171,7 @@ fn seq3_a_resave_racing_eviction() {
 /// began, page 0 is still K's.
 #[test]
 fn seq3_a_resave_is_held_for_the_reservation_ttl_beyond_the_read_lease() {
-    let k = hexkey(300);
+    let k = block_key(300);
     let mut n = Node::memory(&["--eviction", "clock", "--world-size", "1"]);
     let mut disk = Disk::default();
     n.init(RANK, 8);
