@@ -122,7 +122,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>, load_secs: f64) -> Result<i32, String> {
             "the cache stopped caching: in the last third of the load {refused_last} keys were refused (-1) and no new page was stored"
         ));
     }
-    let audit = audit(&ctx).await;
+    let audit = audit(&ctx, &ev).await;
     let violations_at_audit = ctx.c.violations.load(Ordering::Relaxed);
     let term = match ctx.a.server_pid {
         Some(pid) => Some(sigterm::sigterm_phase(&ctx, pid, |until| spawn_load(&ctx, &ev, until, 1000)).await),
@@ -137,10 +137,11 @@ pub(crate) async fn run(ctx: Arc<Ctx>, load_secs: f64) -> Result<i32, String> {
 
 /// After the load, once every reservation expired: for every key of the
 /// universe, its location on every rank (in range, no page the location of
-/// two keys), then `batch_exists`. Nothing binds after the load and
-/// eviction only unbinds, so a key that exists must have been located on
-/// every rank just before: else a reader saw a half-evicted key.
-async fn audit(ctx: &Ctx) -> AuditReport {
+/// two keys, and a page whose last write was the key's own: no wrong page),
+/// then `batch_exists`. Nothing binds after the load and eviction only
+/// unbinds, so a key that exists must have been located on every rank just
+/// before: else a reader saw a half-evicted key.
+async fn audit(ctx: &Ctx, ev: &Evict) -> AuditReport {
     let (mut run, stats) = AuditRun::begin(ctx).await;
     let Some(stats) = stats else { return run.rep };
     let (rep, link) = (&mut run.rep, &mut run.link);
@@ -150,10 +151,12 @@ async fn audit(ctx: &Ctx) -> AuditReport {
         let mut located = vec![0usize; chunk.len()];
         let mut all_read = true;
         for (r, seen) in seen.iter_mut().enumerate() {
+            let sent = Instant::now();
             let Some(locs) = locations_answer(ctx, link, Kind::Audit, r, chunk).await else {
                 all_read = false;
                 continue;
             };
+            wrong_pages_at_audit(ctx, ev, r, chunk, &locs, sent);
             rep.locations_checked += check_unique(ctx, r, i64::from(ctx.a.pages), chunk, &locs, seen);
             for (n, l) in located.iter_mut().zip(&locs) {
                 *n += usize::from(l.is_some());
@@ -172,6 +175,23 @@ async fn audit(ctx: &Ctx) -> AuditReport {
         rep.keys_checked += chunk.len() as u64;
     }
     run.end(ctx)
+}
+
+/// The audit's check of every location against the simulated pages
+/// ([`sim::SimPages::locate`]): no writer writes after the load, so every
+/// key located must be at a page whose last write was its own.
+fn wrong_pages_at_audit(ctx: &Ctx, ev: &Evict, rank: usize, keys: &[Key], locs: &[Option<i64>], sent: Instant) {
+    for (k, loc) in keys.iter().zip(locs) {
+        let Some(p) = loc.filter(|&p| ev.sim.in_range(p)) else { continue };
+        if let Some(by) = ev.sim.locate(rank, p as u32, *k, sent) {
+            ev.t.wrong_pages_audit.fetch_add(1, Ordering::Relaxed);
+            ctx.violation(format!(
+                "audit: rank {rank}: {} is located at page {p}, whose bytes a save of {} wrote last: a wrong page",
+                key_str(k),
+                key_str(&by)
+            ));
+        }
+    }
 }
 
 fn n(a: &AtomicU64) -> u64 {
@@ -209,10 +229,11 @@ fn text(s: &Summary<'_>, ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f
     let _ = writeln!(o, "per second, by third of the load: new pages stored / keys refused: {}", th.join(", "));
     let _ = writeln!(
         o,
-        "reads: {} lookups ({} with an empty leading run); {} WRONG PAGES located; {} pages read: {} held their key, {} MISMATCHES, {} late (after the lease, unchecked), {} overwritten by a save already in flight when the lease began (not provable), {} never written",
+        "reads: {} lookups ({} with an empty leading run); {} WRONG PAGES located ({} more at the audit); {} pages read: {} held their key, {} MISMATCHES, {} late (after the lease, unchecked), {} overwritten by a save already in flight when the lease began (not provable), {} never written",
         n(&t.lookups),
         n(&t.empty_lookups),
         n(&t.wrong_pages),
+        n(&t.wrong_pages_audit),
         n(&t.reads),
         n(&t.reads_same),
         n(&t.mismatches),
@@ -266,6 +287,7 @@ fn report_json(ctx: &Ctx, ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, 
     let t = &ev.t;
     json!({
         "wrong_pages": n(&t.wrong_pages),
+        "wrong_pages_at_audit": n(&t.wrong_pages_audit),
         "gone_restart": n(&t.gone_restart),
         "retries": n(&ctx.c.retries),
         "gave_up": n(&ctx.c.gave_up),

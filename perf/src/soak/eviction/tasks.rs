@@ -68,6 +68,8 @@ pub(crate) struct Tallies {
     /// Keys located at a page whose last write, before the location was
     /// asked, was another key's (`SimPages::locate`).
     pub(crate) wrong_pages: AtomicU64,
+    /// The same, found by the audit after the load (every key, every rank).
+    pub(crate) wrong_pages_audit: AtomicU64,
     pub(crate) overlaps: AtomicU64,
     pub(crate) never_written: AtomicU64,
     pub(crate) gone_released: AtomicU64,
