@@ -5,7 +5,7 @@
 //! row) and the server (body, authorization, durability) all read this table;
 //! adding a route is adding a row and, for a new [`Op`], its handler, and
 //! documenting it in `docs/api.md` and `docs/openapi.json` (a test in
-//! `tests/http_ops.rs` fails while the table and the document disagree).
+//! `tests/http/ops.rs` fails while the table and the document disagree).
 //!
 //! Architecture invariant: this file is data and a matcher; it knows nothing
 //! of hyper, of the core or of JSON.

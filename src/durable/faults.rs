@@ -21,7 +21,7 @@
 //! An injected fault fails the call *before* the embedded store sees it,
 //! so it does not poison fjall the way a real failure does; the durable
 //! layer treats both alike (it abandons the keyspace either way), and the
-//! size-limited tmpfs test (`tests/durable_faults.rs`) covers the real thing.
+//! size-limited tmpfs test (`tests/durable/faults.rs`) covers the real thing.
 //!
 //! # Memory ordering
 //!

@@ -1,7 +1,5 @@
 //! The store's journaled changes as owned records that keep their
-//! generation (`tests/core_model.rs`, `tests/core_stress`). Include it with
-//! `#[path = "common/generations.rs"] mod generations;` (from
-//! `tests/core_stress/main.rs`: `"../common/generations.rs"`).
+//! generation (`tests/core/model.rs`, `tests/core/stress`).
 
 use hf3fs_meta::core::Change;
 

@@ -1,4 +1,9 @@
-//! Shared harness of the HTTP integration tests.
+//! The one shared harness of the integration tests: every layer's binary
+//! (`tests/{core,http,durable,process}/main.rs`) includes it as
+//! `#[path = "../common/mod.rs"] mod common;`.
+//!
+//! - [`generations`], [`page_model`], [`recorder`]: the core's model and
+//!   journal-recording helpers.
 //!
 //! - [`TestServer`]: the real `hf3fs_meta::http::serve` on a tokio runtime in a
 //!   background thread, bound to 127.0.0.1:0, shut down on drop.
@@ -16,7 +21,10 @@
 
 #![allow(dead_code)]
 
+pub mod generations;
+pub mod page_model;
 pub mod process;
+pub mod recorder;
 pub mod schema;
 
 use hf3fs_meta::config::Config;
@@ -77,10 +85,12 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    /// Serves `cfg` on 127.0.0.1 (any port) until dropped.
+    /// Serves `cfg` on 127.0.0.1 (any port) until dropped, as the binary
+    /// would: with `--data-dir`, recovered from and kept durable in that
+    /// directory (closed on drop).
     pub fn start(cfg: Config) -> TestServer {
         count_server_panics();
-        let app = Arc::new(App::new(cfg));
+        let app = Arc::new(App::open(cfg).expect("App::open"));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let served = app.clone();
@@ -300,7 +310,10 @@ impl Drop for TestServer {
                 panic!("the server thread panicked");
             }
         }
+        // Serving has stopped: flush and stop durability (a no-op in memory).
+        let closed = self.app.close();
         if !std::thread::panicking() {
+            closed.expect("closing the durable store");
             assert_no_server_panic();
         }
     }

@@ -1,13 +1,12 @@
-//! The sequential page model shared by `tests/core_model.rs` and
-//! `tests/core_model_eviction.rs`: page states and a rank's pages, the
+//! The sequential page model shared by `tests/core/model.rs` and
+//! `tests/core/model_eviction.rs`: page states and a rank's pages, the
 //! reservation expiry, the faults a confirm request may report, the
 //! statistics and journaled bindings the model implies, and the bookkeeping
 //! both runners do around the store's answers.
 //!
 //! Each suite keeps what differs: its key pool (passed in as `keys`), its
 //! operations and generators, its key entries (leases or not) and how a
-//! confirmation is applied. Include it with
-//! `#[path = "common/page_model.rs"] mod page_model;`.
+//! confirmation is applied.
 
 use hf3fs_meta::core::pages::Counts;
 use hf3fs_meta::core::{

@@ -1,6 +1,6 @@
 //! The real binary as a child process, for the tests that need the process
-//! itself (`tests/http_binary.rs`, `tests/durable_crash.rs`,
-//! `tests/durable_disk.rs`): its flags, its stderr log line by line, its
+//! itself (`tests/process/binary.rs`, `tests/process/durable_crash.rs`,
+//! `tests/process/durable_disk.rs`): its flags, its stderr log line by line, its
 //! exit status, signals and SIGKILL.
 //!
 //! Every wait is bounded by [`FAILSAFE`](super::FAILSAFE) and ends on a

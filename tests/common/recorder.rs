@@ -1,6 +1,5 @@
 //! A journal that records every change the store reports, without its
-//! generation (`tests/core_eviction.rs`, `tests/core_model_eviction.rs`).
-//! Include it with `#[path = "common/recorder.rs"] mod recorder;`.
+//! generation (`tests/core/eviction.rs`, `tests/core/model_eviction.rs`).
 
 use hf3fs_meta::core::{Change, Journal};
 use std::sync::Mutex;

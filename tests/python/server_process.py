@@ -82,9 +82,15 @@ class Server:
         assert code == 0, f"server exited with {code} after SIGTERM:\n{self.log_tail()}"
         assert "panicked" not in log, log
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no drain, nothing flushed by the process."""
+        self.proc.kill()
+        self.proc.wait()
+        assert "panicked" not in self.log(), self.log()
 
-def _start_once(binary: Path, log_path: Path, args: list[str]) -> Server | None:
-    port = free_loopback_port()
+
+def _start_once(binary: Path, log_path: Path, args: list[str], port: int | None = None) -> Server | None:
+    port = port or free_loopback_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF3FS_META_")}
     env.setdefault("RUST_BACKTRACE", "1")
     env.pop("RUST_LOG", None)
@@ -118,11 +124,15 @@ def _start_once(binary: Path, log_path: Path, args: list[str]) -> Server | None:
     pytest.fail(f"server did not answer GET /health within {STARTUP_DEADLINE_S} s:\n" + server.log_tail())
 
 
-def start(log_path: Path, args: list[str] | None = None) -> Server:
-    """Starts the server with `args` on a free port (three tries)."""
+def start(log_path: Path, args: list[str] | None = None, port: int | None = None) -> Server:
+    """Starts the server with `args` on `port`, or on a free port (three tries).
+
+    A given port is one a server of this test just left (a restart): the
+    server binds with SO_REUSEADDR, so only another process taking it in
+    between can make the start fail, and then it fails the test."""
     binary = server_binary()
-    for _ in range(3):
-        srv = _start_once(binary, log_path, args or [])
+    for _ in range(1 if port else 3):
+        srv = _start_once(binary, log_path, args or [], port)
         if srv is not None:
             return srv
-    pytest.fail("server exited at startup three times:\n" + log_path.read_text(errors="replace"))
+    pytest.fail("server exited at startup:\n" + log_path.read_text(errors="replace"))

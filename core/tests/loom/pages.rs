@@ -25,7 +25,7 @@ use std::collections::BTreeSet;
 const KC: &str = "d41d8cd98f00b204e9800998ecf8427e";
 
 // ---------------------------------------------------------------------------
-// Harness (the model runner, the keys, `put` and `audit`: tests/common/loom_harness.rs).
+// Harness (the model runner, the keys, `put` and `audit`: core/tests/loom/harness.rs).
 
 /// Allocates `n` pages as `Store::allocate` does: counter first, then search.
 fn allocate(t: &PageTable, n: u64, epoch: u8) -> Option<Vec<u32>> {

@@ -8,13 +8,11 @@
 //! and every label matcher of a selector (`name{label="…"}`) a label of that
 //! metric (or `instance` / `job`, which Prometheus adds).
 
-mod common;
-
-use common::TestServer;
+use crate::common::TestServer;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
-const DASHBOARD: &str = include_str!("../contrib/grafana/hf3fs-meta.json");
+const DASHBOARD: &str = include_str!("../../contrib/grafana/hf3fs-meta.json");
 
 /// Metrics the dashboard already shows but the server does not export yet
 /// (none today: the eviction metrics of issue 10 were the last). A name
@@ -85,10 +83,15 @@ fn exported(text: &str) -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
-/// A server whose scrape has a series of every metric it can export.
+/// A server whose scrape has a series of every metric it can export: with
+/// `--data-dir` (the durable store's series) and one SGLang space (the
+/// spaces' series).
 fn scrape_with_every_series() -> String {
-    let s = TestServer::new();
+    let dir = tempfile::tempdir().expect("a temporary data directory");
+    let s = TestServer::with_args(&["--data-dir", dir.path().to_str().expect("a UTF-8 path")]);
     s.init(0, 8);
+    let r = s.post("/0/initialize", r#"{"num_pages": 4}"#);
+    assert_eq!(r.status, 204, "{r:?}");
     let pages = s.allocate(0, &["a", "b"]);
     s.confirm(0, &[("a", pages[0])], &[pages[1]]);
     assert_eq!(s.confirm_raw(0, &[("c", 7)], &[]).status, 500);
@@ -118,7 +121,7 @@ fn dashboard_names_only_exported_metrics_and_labels() {
             (None, true) => {}
             (None, false) => problems.push(format!("{} is not exported by the server", u.name)),
             (Some(_), true) => problems.push(format!(
-                "{} is exported now: remove it from NOT_YET_EXPORTED in tests/grafana_dashboard.rs",
+                "{} is exported now: remove it from NOT_YET_EXPORTED in tests/http/grafana_dashboard.rs",
                 u.name
             )),
             (Some(labels), false) => {

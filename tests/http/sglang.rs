@@ -4,9 +4,7 @@
 //! Each case is one line through [`check`]; a request that must fail is also
 //! checked to change nothing ([`Sg::unchanged`]).
 
-mod common;
-
-use common::{assert_json_body, check, hexkey, TestServer};
+use crate::common::{assert_json_body, check, hexkey, TestServer};
 use serde_json::{json, Value};
 
 /// A 64-hex key, like SGLang's SHA-256 chain digests.
@@ -18,7 +16,7 @@ fn sha(i: u64) -> String {
 struct Sg<'a>(&'a TestServer);
 
 impl Sg<'_> {
-    fn post(&self, rank: u32, op: &str, body: &Value) -> common::Response {
+    fn post(&self, rank: u32, op: &str, body: &Value) -> crate::common::Response {
         self.0.post_json(&format!("/{rank}/{op}"), body)
     }
 
@@ -41,7 +39,7 @@ impl Sg<'_> {
             .collect()
     }
 
-    fn confirm(&self, rank: u32, ns: &str, written: &[(&str, i64)], release: &[i64]) -> common::Response {
+    fn confirm(&self, rank: u32, ns: &str, written: &[(&str, i64)], release: &[i64]) -> crate::common::Response {
         let w: Vec<Value> = written.iter().map(|(k, p)| json!([k, p])).collect();
         let body = json!({"written_keys_to_confirm": w, "pages_to_release": release, "namespace": ns});
         self.post(rank, "confirm_write", &body)

@@ -7,7 +7,7 @@
 //! The model keeps, per rank, each page's state (Free, Reserved, Bound(key),
 //! Held(deadline): released under a lease, quarantined) and each word's
 //! reservation stamp; per key, its world, its page per rank and its lease
-//! deadline, raised by the rule `src/core/lease.rs` documents (a read at
+//! deadline, raised by the rule `core/src/lease.rs` documents (a read at
 //! `now` needs `now + len + 1`; a raise pushes `len / 8` past it, at least 1).
 //!
 //! Which key the CLOCK hand takes is the store's choice: the model learns
@@ -25,19 +25,15 @@
 //! - no page that a read answered (exists' leading run, locations, an
 //!   allocate's reuse) goes to another key within the lease.
 
-#[path = "common/page_model.rs"]
-mod page_model;
-#[path = "common/recorder.rs"]
-mod recorder;
-
+use crate::common::page_model;
+use crate::common::page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
+use crate::common::recorder::{Rec, Recorder};
 use hf3fs_meta::core::{
     AllocateOutcome, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats, RankNotInitialized, Stats, Store,
     StoreConfig,
 };
-use page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use recorder::{Rec, Recorder};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 

@@ -12,9 +12,7 @@
 //! `--evict-high-watermark 1` (the pass never starts), so that no pass can
 //! take a key between its save and the read that leases it.
 
-mod common;
-
-use common::{config, TestServer};
+use crate::common::{config, TestServer};
 use hf3fs_meta::App;
 use serde_json::{json, Value};
 

@@ -15,17 +15,13 @@
 //! Where the contract leaves a choice open (which error a request with
 //! several faults reports), the model accepts any fault it finds.
 
-#[path = "common/generations.rs"]
-mod generations;
-#[path = "common/page_model.rs"]
-mod page_model;
-
-use generations::Rec;
+use crate::common::generations::Rec;
+use crate::common::page_model;
+use crate::common::page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
 use hf3fs_meta::core::{
     AllocateOutcome, Change, ConfirmOutcome, ErrorCode, InitError, Initialized, Journal, RankNotInitialized, Stats,
     Store, StoreConfig,
 };
-use page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -8,7 +8,7 @@
 //! Recovery attempts are driven by `recover_now` (no timer), the probe by
 //! `check_now`; the one scenario that needs the syncer's own thread waits
 //! for its effect with a failsafe deadline, never a sleep.
-//! `tests/durable_disk.rs` does the same through the real binary, with a
+//! `tests/process/durable_disk.rs` does the same through the real binary, with a
 //! real full disk (tmpfs) and SIGKILL in the middle of a fault.
 
 use hf3fs_meta::core::{Store, StoreConfig, Visit};

@@ -2,9 +2,7 @@
 //! the connection is closed when the HTTP framing itself is garbage), the
 //! server never panics and keeps answering, and nothing changes state.
 
-mod common;
-
-use common::{Outcome, Response, TestServer};
+use crate::common::{Outcome, Response, TestServer};
 use serde_json::json;
 
 const ALLOCATE: &str = "/keys/batch_allocate";
@@ -636,10 +634,10 @@ fn valid_but_unusual_framing_still_works() {
     assert_eq!(r.json(), json!({"exists": [true]}));
     // Pipelined requests on one connection answer in order.
     let mut c = s.client();
-    let mut bytes = common::request_bytes("POST", EXISTS, &[], br#"{"keys": ["stored"]}"#);
-    bytes.extend(common::request_bytes("POST", EXISTS, &[], b"{"));
-    bytes.extend(common::request_bytes("GET", "/health", &[], b""));
-    bytes.extend(common::request_bytes("POST", LOCATIONS, &[], br#"{"rank": 1, "keys": ["half"]}"#));
+    let mut bytes = crate::common::request_bytes("POST", EXISTS, &[], br#"{"keys": ["stored"]}"#);
+    bytes.extend(crate::common::request_bytes("POST", EXISTS, &[], b"{"));
+    bytes.extend(crate::common::request_bytes("GET", "/health", &[], b""));
+    bytes.extend(crate::common::request_bytes("POST", LOCATIONS, &[], br#"{"rank": 1, "keys": ["half"]}"#));
     c.send(&bytes);
     let statuses: Vec<u16> = (0..4).map(|_| c.read_response().expect("pipelined response").status).collect();
     assert_eq!(statuses, [200, 400, 200, 200]);
@@ -683,7 +681,7 @@ fn body_over_the_limit_is_413() {
         c.send(format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 4097\r\n\r\n").as_bytes());
         let r = c.read_response().expect("413");
         assert_eq!(r.status, 413, "{path}: {r:?}");
-        common::assert_json_body(&r, too_large, path);
+        crate::common::assert_json_body(&r, too_large, path);
         assert!(r.closes(), "{r:?}");
         assert!(c.closed_by_server(), "the connection must close after a 413");
         // Chunked, no length: cut off once the limit is passed.
@@ -697,7 +695,7 @@ fn body_over_the_limit_is_413() {
         c.send(&enc);
         let r = c.read_response().expect("413");
         assert_eq!(r.status, 413, "{path}: {r:?}");
-        common::assert_json_body(&r, too_large, path);
+        crate::common::assert_json_body(&r, too_large, path);
         assert!(r.closes(), "{r:?}");
         s.assert_unchanged(&before, &PROBE);
     }

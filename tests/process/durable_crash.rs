@@ -12,10 +12,8 @@
 //!
 //! The seed is printed; `DURABLE_CRASH_SEED=n` replays a run.
 
-mod common;
-
-use common::process::{command, ServerProcess};
-use common::FAILSAFE;
+use crate::common::process::{command, ServerProcess};
+use crate::common::FAILSAFE;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -116,7 +114,7 @@ fn start(dir: &Path) -> ServerProcess {
     s
 }
 
-/// What these tests add to the process of `common::process`.
+/// What these tests add to the process of `crate::common::process`.
 impl ServerProcess {
     /// Polls GET /health until it answers 200, within the failsafe.
     fn wait_healthy(&self) {

@@ -1,9 +1,7 @@
 //! Operations: health, stats, Prometheus metrics, the admin token, slow
 //! clients, the connection cap.
 
-mod common;
-
-use common::{check, Client, Outcome, TestServer};
+use crate::common::{check, Client, Outcome, TestServer};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -551,12 +549,12 @@ fn metrics_count_refused_allocations_and_bad_requests() {
 
 const TOKEN: &str = "s3cret-t0ken";
 
-fn authed(s: &TestServer, method: &str, path: &str, auth: Option<&str>, body: &str) -> common::Response {
+fn authed(s: &TestServer, method: &str, path: &str, auth: Option<&str>, body: &str) -> crate::common::Response {
     let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
     s.client().request(method, path, &headers, body.as_bytes())
 }
 
-fn assert_401(r: &common::Response) {
+fn assert_401(r: &crate::common::Response) {
     assert_eq!(r.status, 401, "{r:?}");
     assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
     assert!(r.detail().starts_with("Not authenticated"), "{r:?}");
@@ -721,7 +719,7 @@ fn max_connections_holds_extra_clients_in_the_backlog() {
     // are open. A short read timeout is the failsafe: a server that answers
     // does so at once.
     let mut c3 = s.client();
-    c3.send(&common::request_bytes("GET", "/stats", &[], b""));
+    c3.send(&crate::common::request_bytes("GET", "/stats", &[], b""));
     c3.set_read_timeout(Duration::from_millis(1500));
     match c3.outcome() {
         Outcome::TimedOut => {}
@@ -731,7 +729,7 @@ fn max_connections_holds_extra_clients_in_the_backlog() {
     assert_eq!(c2.request("GET", "/health", &[], b"").status, 200);
     // One closes: the third is accepted and answered.
     drop(c1);
-    c3.set_read_timeout(common::FAILSAFE);
+    c3.set_read_timeout(crate::common::FAILSAFE);
     let r = c3.read_response().expect("the third connection is served once a slot frees");
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.json()["open_connections"], json!(2));
@@ -757,7 +755,7 @@ fn openapi_json_is_the_committed_document() {
 #[test]
 fn openapi_json_documents_every_route_of_the_table_and_no_other() {
     use hf3fs_meta::routes::ROUTES;
-    let doc: Value = serde_json::from_str(common::schema::OPENAPI).expect("docs/openapi.json is JSON");
+    let doc: Value = serde_json::from_str(crate::common::schema::OPENAPI).expect("docs/openapi.json is JSON");
     assert_eq!(doc["openapi"], "3.1.0");
     assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"), "info.version must follow Cargo.toml");
     let served: Vec<(String, String)> =

@@ -1,11 +1,9 @@
 //! Every row of the wire contract (docs/api.md), over HTTP.
 //!
-//! Every answer these tests read through `common::Client::request` is also
-//! validated against docs/openapi.json (`common::schema`).
+//! Every answer these tests read through `crate::common::Client::request` is also
+//! validated against docs/openapi.json (`crate::common::schema`).
 
-mod common;
-
-use common::{check, hexkey, Client, TestServer};
+use crate::common::{check, hexkey, Client, TestServer};
 use serde_json::{json, Value};
 
 const NOT_FOUND: &str = r#"{"detail":"Not Found"}"#;
@@ -23,7 +21,7 @@ fn contract_server() -> TestServer {
 
 /// Checks a typed confirm_write 500: `{"detail": "Confirmation failed: ...",
 /// "error": {code, rank, page?, key?}}`, nothing else.
-fn assert_typed(r: &common::Response, code: &str, rank: i64, page: Option<i64>, key: Option<&str>) {
+fn assert_typed(r: &crate::common::Response, code: &str, rank: i64, page: Option<i64>, key: Option<&str>) {
     assert_eq!(r.status, 500, "{r:?}");
     assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
     let v = r.json();
@@ -1140,17 +1138,17 @@ fn initialize_a_huge_rank_is_cheap() {
 // ------------------------------------------------------------ docs/openapi.json
 
 /// A response as the test client would have read it.
-fn fake(status: u16, content_type: Option<&str>, body: &str) -> common::Response {
+fn fake(status: u16, content_type: Option<&str>, body: &str) -> crate::common::Response {
     let mut headers = vec![("content-length".to_string(), body.len().to_string())];
     if let Some(ct) = content_type {
         headers.push(("content-type".to_string(), ct.to_string()));
     }
-    common::Response { status, reason: String::new(), headers, body: body.as_bytes().to_vec() }
+    crate::common::Response { status, reason: String::new(), headers, body: body.as_bytes().to_vec() }
 }
 
 #[test]
 fn answers_are_validated_against_the_openapi_document() {
-    use common::schema::{check as conforms, VALIDATED};
+    use crate::common::schema::{check as conforms, VALIDATED};
     use std::sync::atomic::Ordering;
     // The hook runs on every request of this file.
     let s = TestServer::new();
@@ -1160,8 +1158,8 @@ fn answers_are_validated_against_the_openapi_document() {
 
     // And it refuses what the document does not describe.
     let json = Some("application/json");
-    let ok = |m: &str, p: &str, r: common::Response| assert_eq!(conforms(m, p, &r), Ok(()), "{m} {p}");
-    let bad = |m: &str, p: &str, r: common::Response| assert!(conforms(m, p, &r).is_err(), "{m} {p}: {r:?}");
+    let ok = |m: &str, p: &str, r: crate::common::Response| assert_eq!(conforms(m, p, &r), Ok(()), "{m} {p}");
+    let bad = |m: &str, p: &str, r: crate::common::Response| assert!(conforms(m, p, &r).is_err(), "{m} {p}: {r:?}");
     ok("POST", "/keys/batch_exists", fake(200, json, r#"{"exists":[true,false]}"#));
     bad("POST", "/keys/batch_exists", fake(200, json, r#"{"exists":[1]}"#));
     bad("POST", "/keys/batch_exists", fake(200, json, r#"{"exists":[],"extra":1}"#));

@@ -1,6 +1,7 @@
 //! Runs the Python test suites in `tests/python` (a vLLM-style and an
-//! SGLang-style `requests`/urllib3 client against the real binary) as part
-//! of `cargo test`, one test each.
+//! SGLang-style `requests`/urllib3 client against the real binary, and the
+//! engines' own client classes taken from their wheels at test time) as
+//! part of `cargo test`, one test each.
 //!
 //! The interpreter is `$HF3FS_META_PYTHON` (default `python3`); it needs the
 //! packages of `tests/python/requirements.txt`. `.ci/run` makes a venv with
@@ -85,7 +86,10 @@ fn run_pytest(args: &[&str]) {
     // The interpreter and the packages, first, so that a missing one says
     // what to do instead of burying it in a traceback.
     let probe = Command::new(&py)
-        .args(["-c", "import requests, urllib3, pytest, prometheus_client, orjson; print(requests.__version__)"])
+        .args([
+            "-c",
+            "import requests, urllib3, pytest, prometheus_client, orjson, fastapi; print(requests.__version__)",
+        ])
         .current_dir(root)
         .stdin(Stdio::null())
         .output();
@@ -123,9 +127,20 @@ fn run_pytest(args: &[&str]) {
 /// The SGLang suite, on its own.
 const SGLANG_SUITE: &str = "tests/python/test_sglang_client.py";
 
+/// The engines' own clients (vLLM's and SGLang's `Hf3fsGlobalMetadataClient`,
+/// read out of their pinned wheels, which it downloads once into
+/// `${XDG_CACHE_HOME:-~/.cache}/hf3fs-meta/wheels`; see engine_wheels.py).
+const ENGINE_SUITES: [&str; 2] =
+    ["tests/python/test_engine_client_vllm.py", "tests/python/test_engine_client_sglang.py"];
+
 #[test]
 fn vllm_python_client_suite() {
-    run_pytest(&["tests/python", "--ignore", SGLANG_SUITE]);
+    run_pytest(&["tests/python", "--ignore", SGLANG_SUITE, "--ignore", ENGINE_SUITES[0], "--ignore", ENGINE_SUITES[1]]);
+}
+
+#[test]
+fn engine_client_suites() {
+    run_pytest(&ENGINE_SUITES);
 }
 
 #[test]

@@ -11,10 +11,8 @@
 //! the file at every store call. Every wait is for a condition (a log line,
 //! a status) under a failsafe deadline; none is a sleep.
 
-mod common;
-
-use common::process::{ServerProcess, Started};
-use common::{hexkey, request_bytes, Client, Outcome, Response, FAILSAFE};
+use crate::common::process::{ServerProcess, Started};
+use crate::common::{hexkey, request_bytes, Client, Outcome, Response, FAILSAFE};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,7 +21,7 @@ use std::time::Instant;
 
 const PAGES: i64 = 4096;
 
-/// The HTTP calls these tests make, on the process of `common::process`.
+/// The HTTP calls these tests make, on the process of `crate::common::process`.
 impl ServerProcess {
     fn call(&self, method: &str, path: &str, body: &Value) -> Response {
         let body = if body.is_null() { Vec::new() } else { body.to_string().into_bytes() };

@@ -1,9 +1,7 @@
 //! The real binary: its command line, its startup log, signals.
 
-mod common;
-
-use common::process::{clean_env, command, ServerProcess, BIN};
-use common::{Client, FAILSAFE};
+use crate::common::process::{clean_env, command, ServerProcess, BIN};
+use crate::common::{Client, FAILSAFE};
 use serde_json::{json, Value};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream};

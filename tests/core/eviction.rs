@@ -14,13 +14,10 @@
 //! `get_locations`, because those reads lease what they see and would change
 //! the outcome they are meant to check.
 
-#[path = "common/recorder.rs"]
-mod recorder;
-
+use crate::common::recorder::{Rec, Recorder};
 use hf3fs_meta::core::{
     ConfirmError, ErrorCode, EvictStats, Journal, LeaseLength, LeaseStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
 };
-use recorder::{Rec, Recorder};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

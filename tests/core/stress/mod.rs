@@ -13,10 +13,8 @@
 //! leases on a manual clock and simulated pages that readers check.
 
 mod eviction;
-#[path = "../common/generations.rs"]
-mod generations;
 
-use generations::Rec;
+use crate::common::generations::Rec;
 use hf3fs_meta::core::{
     AllocateOutcome, Change, ConfirmOutcome, ErrorCode, Journal, RankNotInitialized, Store, StoreConfig, TICKS_PER_TTL,
 };

@@ -1,0 +1,20 @@
+//! The HTTP layer's integration tests, one binary: the real server
+//! (`hf3fs_meta::http::serve`) on 127.0.0.1:0 in this process, spoken to
+//! over sockets, every answer checked against docs/openapi.json.
+//!
+//! - [`contract`]: vLLM's routes, one case a line.
+//! - [`sglang`]: SGLang HiCache's routes.
+//! - [`malformed`]: bad input, byte for byte: a clear 4xx and no change.
+//! - [`ops`]: `/health`, `/stats`, `/metrics`, the OpenAPI document.
+//! - [`eviction`]: eviction and read leases over HTTP.
+//! - [`grafana_dashboard`]: the dashboard's queries name real series.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod contract;
+mod eviction;
+mod grafana_dashboard;
+mod malformed;
+mod ops;
+mod sglang;

@@ -1,0 +1,16 @@
+//! Tests of the real binary as a child process: flags, signals, exit
+//! statuses, SIGKILL restarts, a full disk, and the engines' Python clients.
+//!
+//! - [`binary`]: start-up, flags, shutdown, the listen backlog.
+//! - [`durable_crash`]: SIGKILL under load, then restarts.
+//! - [`durable_disk`]: a full disk (a small tmpfs when run as root).
+//! - [`python_client`]: the Python suites in tests/python, the engines' own
+//!   clients (read out of their wheels at test time) included.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod binary;
+mod durable_crash;
+mod durable_disk;
+mod python_client;
