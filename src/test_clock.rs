@@ -20,7 +20,7 @@
 //! The route is not in the route table, the API document or the metrics: it
 //! exists only in a process started with the flag, and answers before
 //! authorization. Allocation that evicts inline is unchanged. The flag is
-//! for tests (`tests/never_a_wrong_page/`) and is described in
+//! for tests (`tests/process/never_a_wrong_page/`) and is described in
 //! `docs/verification.md`; never start a production server with it.
 
 use crate::core::{TICKS_PER_SECOND, TICKS_PER_TTL};

@@ -1,8 +1,8 @@
 //! The issue's three sequences in vLLM's dialect, each as the issue writes
 //! it, checked against the simulated page store.
 
-use super::common::hexkey;
 use super::{assert_reserved_for_other_key, block_key, Disk, Node, Space};
+use crate::common::hexkey;
 
 const RANK: i64 = 0;
 const SPACE: Space = Space::Vllm(RANK);

@@ -1,9 +1,9 @@
 //! The hidden `--test-clock` these tests run on: its route exists only with
 //! the flag, refuses a bad number, and accumulates time.
 
-use super::common::process::ServerProcess;
-use super::common::request_bytes;
 use super::Node;
+use crate::common::process::ServerProcess;
+use crate::common::request_bytes;
 
 #[test]
 fn the_advance_route_exists_only_with_the_flag() {

@@ -24,16 +24,13 @@
 //!   and deletes after a restart hold their pages for one lease.
 //! - `test_clock.rs`: the hidden flag itself.
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod quarantine;
 mod sglang;
 mod test_clock;
 mod vllm;
 
-use common::process::ServerProcess;
-use common::{request_bytes, Client, Response};
+use crate::common::process::ServerProcess;
+use crate::common::{request_bytes, Client, Response};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use tempfile::TempDir;
