@@ -196,6 +196,11 @@ pub struct Config {
     /// High availability (`--ha etcd` and its flags; docs/ha.md).
     #[command(flatten)]
     pub ha: crate::ha::HaArgs,
+    /// For tests only: time stands still until `POST /_test/advance/{ms}`
+    /// moves it (leases, reservation expiry, quarantine, background
+    /// eviction; see `src/test_clock.rs`). Hidden from --help.
+    #[arg(long, env = "HF3FS_META_TEST_CLOCK", hide = true)]
+    pub test_clock: bool,
 }
 
 impl Config {

@@ -13,6 +13,7 @@
 //! - [`metrics`]: counters and histograms, Prometheus text.
 //! - [`routes`]: the table of routes, read by the router, the metrics and the server.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
+//! - [`test_clock`]: the hidden `--test-clock`, time moved by tests.
 //!
 //! Invariants that hold across the crate:
 //! - No request path takes a global lock: operations on different pages never
@@ -33,6 +34,7 @@ pub mod http;
 pub mod maintain;
 pub mod metrics;
 pub mod routes;
+pub mod test_clock;
 
 use crate::config::{Config, LogFormat};
 use crate::core::{Dialect, Registry, Spaces, SpacesConfig, Store, StoreConfig};
@@ -58,6 +60,8 @@ pub struct App {
     pub ha: Option<Arc<ha::Node>>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
+    /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
+    pub test_clock: Option<test_clock::TestClock>,
 }
 
 impl App {
@@ -67,12 +71,14 @@ impl App {
         let store = Arc::new(Store::new(Self::store_config(&cfg)));
         let spaces = Spaces::new(Self::spaces_config(&cfg), store.clock());
         let registry = Registry::new(store, spaces);
+        let test_clock = Self::test_clock(&cfg);
         Self {
             cfg,
             registry,
             metrics: Metrics::default(),
             durable: None,
             ha: None,
+            test_clock,
             shutting_down: AtomicBool::new(false),
         }
     }
@@ -97,6 +103,7 @@ impl App {
             Dialect::Vllm => recovered.bindings > 0,
             Dialect::Sglang => space_recovered.bindings > 0,
         });
+        let test_clock = Self::test_clock(&cfg);
         Ok(Self {
             cfg,
             registry,
@@ -104,6 +111,7 @@ impl App {
             durable: Some(durable::Durability { vllm, sglang }),
             ha: None,
             shutting_down: AtomicBool::new(false),
+            test_clock,
         })
     }
 
@@ -112,6 +120,10 @@ impl App {
     pub fn with_ha(mut self, node: Arc<ha::Node>) -> Self {
         self.ha = Some(node);
         self
+    }
+
+    fn test_clock(cfg: &Config) -> Option<test_clock::TestClock> {
+        cfg.test_clock.then(test_clock::TestClock::default)
     }
 
     fn spaces_config(cfg: &Config) -> SpacesConfig {
@@ -133,7 +145,7 @@ impl App {
                 0 => core::LeaseLength(core::MAX_LEASE),
                 secs => core::LeaseLength::from_secs(secs),
             },
-            manual_clock: false,
+            manual_clock: cfg.test_clock,
             index_floor: core::IndexFloor::vllm(cfg.expected_keys as usize),
         }
     }
