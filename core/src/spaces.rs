@@ -50,7 +50,8 @@ use super::store::{
 use super::sync::{AtomicU32, Ordering};
 use scc::HashIndex;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use super::sync::{Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 
 /// The default namespace of SGLang's API.
 pub const DEFAULT_NAMESPACE: &str = "kv";

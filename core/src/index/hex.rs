@@ -53,16 +53,20 @@
 
 use super::{Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
 use crate::key::KeyRef;
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, MutexGuard, OnceLock, Ordering, PoisonError};
 use crate::sync::{AtomicU32 as PageWord, Ordering::Relaxed as PageRelaxed};
 use scc::{AtomicShared, Guard, HashIndex, Shared};
 use sdd::Epoch;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
-/// Shards: the hash's top `SHARD_BITS` bits pick one.
+/// Shards: the hash's top `SHARD_BITS` bits pick one (one shard under
+/// loom, so that a model's few keys meet in one table: probes, tombstones
+/// and rebuilds).
+#[cfg(not(loom))]
 const SHARD_BITS: u32 = 8;
+#[cfg(loom)]
+const SHARD_BITS: u32 = 0;
 const SHARDS: usize = 1 << SHARD_BITS;
 /// A table slot nobody has used since the table was made.
 const EMPTY: u32 = 0;
@@ -72,14 +76,27 @@ const TOMB: u32 = 1;
 const TAG_BITS: u32 = 4;
 const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
 /// Ids are below this (id 0 is never used: `0 << 4 | tag` could be EMPTY
-/// or TOMB).
+/// or TOMB). Under loom, 8: a model that binds and removes a few keys
+/// exhausts the ids and reuses them.
+#[cfg(not(loom))]
 pub const MAX_IDS: u32 = 1 << (32 - TAG_BITS);
-/// The smallest table of a shard, in slots.
+/// Ids are below this (loom's build: see the other build's note).
+#[cfg(loom)]
+pub const MAX_IDS: u32 = 8;
+/// The smallest table of a shard, in slots (2 under loom: a model's second
+/// key rebuilds the table).
+#[cfg(not(loom))]
 const MIN_SLOTS: usize = 16;
+#[cfg(loom)]
+const MIN_SLOTS: usize = 2;
 /// Arena slots a segment: 2^19 × 56 bytes, 29 MiB, so that the allocator
 /// backs it with huge pages (src/alloc.rs): random lookups miss the TLB
-/// less.
+/// less. Under loom 4 slots, each made of loom atomics, so that a model's
+/// arena is cheap and has two segments.
+#[cfg(not(loom))]
 const SEG_BITS: u32 = 19;
+#[cfg(loom)]
+const SEG_BITS: u32 = 2;
 const SEG_SLOTS: usize = 1 << SEG_BITS;
 const SEGMENTS: usize = (MAX_IDS as usize).div_ceil(SEG_SLOTS);
 /// Keys [`HexMap::get_batch`] looks up at once: enough independent misses
@@ -195,6 +212,7 @@ struct Table {
 }
 
 impl Table {
+    #[cfg(not(loom))]
     fn new(slots: usize) -> Self {
         debug_assert!(slots.is_power_of_two());
         // Zeroed by the allocator (EMPTY is 0); an `AtomicU32` has the
@@ -203,6 +221,14 @@ impl Table {
         // SAFETY: `AtomicU32` has the same in-memory representation as `u32`.
         let slots = unsafe { Box::from_raw(Box::into_raw(v) as *mut [AtomicU32]) };
         Table { mask: slots.len() - 1, slots }
+    }
+
+    /// Under loom the slots are loom's atomics, which must be made, not
+    /// reinterpreted from zeroed integers.
+    #[cfg(loom)]
+    fn new(slots: usize) -> Self {
+        debug_assert!(slots.is_power_of_two());
+        Table { mask: slots - 1, slots: (0..slots).map(|_| AtomicU32::new(EMPTY)).collect() }
     }
 
     #[inline]
@@ -226,12 +252,15 @@ struct ShardState {
 
 impl ShardState {
     /// An id for a new key: a free one, a ripe one from the limbo, or a
-    /// fresh one.
-    fn take_id(&mut self, arena: &Arena, guard: &Guard) -> Option<u32> {
+    /// fresh one. `now` is the reclamation epoch ([`HexMap::epoch`]).
+    fn take_id(&mut self, arena: &Arena, now: impl FnOnce() -> Epoch) -> Option<u32> {
         if let Some(id) = self.free.pop() {
             return Some(id);
         }
-        let now = guard.epoch();
+        if self.limbo.is_empty() {
+            return arena.fresh();
+        }
+        let now = now();
         while let Some(&(retired, id)) = self.limbo.front() {
             if retired.in_same_generation(now) {
                 break;
@@ -267,6 +296,10 @@ pub(super) struct HexMap {
     /// Keys `wide` holds (so that removing a key looks there only when it may).
     wide_keys: AtomicU64,
     hasher: Hasher,
+    /// Under loom, the reclamation epoch ([`Self::epoch`]), moved on by the
+    /// models ([`Self::advance_epoch`]).
+    #[cfg(loom)]
+    epochs: crate::sync::AtomicU8,
 }
 
 /// Slots of each shard's table for `keys` keys in all: room for them
@@ -292,6 +325,8 @@ impl HexMap {
             wide: HashIndex::with_hasher(Hasher::default()),
             wide_keys: AtomicU64::new(0),
             hasher: Hasher::default(),
+            #[cfg(loom)]
+            epochs: crate::sync::AtomicU8::new(0),
         };
         if floor > 0 {
             map.shards();
@@ -317,7 +352,35 @@ impl HexMap {
 
     #[inline]
     fn shard_of(h: u64) -> usize {
-        (h >> (64 - SHARD_BITS)) as usize
+        // Two shifts, so that 0 shard bits (loom's one shard) shift by 64
+        // nowhere; with 8 they fold into one shift by 56.
+        ((h >> 1) >> (63 - SHARD_BITS)) as usize
+    }
+
+    /// The reclamation epoch now: sdd's, which says when no reader can
+    /// still hold what was removed three epochs ago.
+    #[cfg(not(loom))]
+    #[inline]
+    fn epoch(&self, guard: &Guard) -> Epoch {
+        guard.epoch()
+    }
+
+    /// Under loom, the model's epoch: sdd's is process-wide and not
+    /// loom-aware, so it would move between a model's executions and make
+    /// them differ. A model moves this one on ([`Self::advance_epoch`]) at
+    /// points where it knows no reader holds a removed key: the models check
+    /// what the index does once an id is ripe, not sdd's grace period.
+    #[cfg(loom)]
+    fn epoch(&self, _guard: &Guard) -> Epoch {
+        // Relaxed: the model advances it between its phases.
+        let n = self.epochs.load(Ordering::Relaxed);
+        (0..n % 64).fold(Epoch::default(), |e, _| e.next())
+    }
+
+    /// Moves the model's reclamation epoch on by one (loom only).
+    #[cfg(loom)]
+    pub(super) fn advance_epoch(&self) {
+        self.epochs.fetch_add(1, Ordering::Relaxed);
     }
 
     #[inline]
@@ -464,7 +527,7 @@ impl HexMap {
         if self.wide_keys.load(Ordering::Relaxed) > 0 && self.wide.remove_sync(&f.id) {
             self.wide_keys.fetch_sub(1, Ordering::Relaxed);
         }
-        st.limbo.push_back((guard.epoch(), f.id));
+        st.limbo.push_back((self.epoch(guard), f.id));
         // Let this thread move the epoch on, so that the id ripens.
         guard.set_has_garbage();
     }
@@ -493,7 +556,7 @@ impl HexMap {
         if let Some(f) = self.find(t, d, h) {
             return self.bind_present(f.id, &f.slot.head, rank, page, delta, &guard);
         }
-        let Some(id) = st.take_id(&self.arena, &guard) else { return Bind::Full };
+        let Some(id) = st.take_id(&self.arena, || self.epoch(&guard)) else { return Bind::Full };
         let world = world();
         let slot = self.arena.slot(id);
         slot.hi.store((d >> 64) as u64, Ordering::Relaxed);

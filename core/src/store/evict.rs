@@ -25,7 +25,7 @@ use super::super::index::Delta;
 use super::super::journal::Change;
 use super::super::key::Key;
 use super::super::pages::{ClaimGuard, Owner, PageTable, FREE};
-use super::super::sync::Ordering;
+use super::super::sync::{OnceLock, Ordering};
 use super::{Generation, Store};
 use std::time::Instant;
 
@@ -91,7 +91,7 @@ impl Store {
         let gen = self.gen.load_full();
         let now = self.clock.now();
         let mut report = MaintainReport::default();
-        for table in gen.ranks.iter().filter_map(std::sync::OnceLock::get) {
+        for table in gen.ranks.iter().filter_map(OnceLock::get) {
             report.quarantine_freed += table.release_quarantined(now);
             if !self.eviction_allowed(now) {
                 continue;
