@@ -48,9 +48,9 @@ use super::store::{
     EvictStats, Initialized, MaintainReport, PageSource, RankStats, ReadPagesError, Store, StoreConfig, Visit,
 };
 use super::sync::{AtomicU32, Ordering};
+use super::sync::{Mutex, PoisonError, RwLock};
 use scc::HashIndex;
 use std::hash::{Hash, Hasher};
-use super::sync::{Mutex, PoisonError, RwLock};
 use std::sync::Arc;
 
 /// The default namespace of SGLang's API.

@@ -34,12 +34,12 @@ mod delete;
 mod evict;
 mod snapshot;
 
+use super::sync::{Mutex, OnceLock, PoisonError};
 pub use allocate::AllocSlot;
 use arc_swap::ArcSwap;
 pub use delete::DeleteOutcome;
 pub use evict::{EvictReason, EvictStats, MaintainReport};
 pub use snapshot::{PageSource, ReadPagesError, Visit};
-use super::sync::{Mutex, OnceLock, PoisonError};
 use std::sync::Arc;
 
 /// Expiry granularity: the server ticks the store's epoch this many times per

@@ -25,16 +25,12 @@
 //! one half-run.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{
-    AtomicI64, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering,
-};
+pub(crate) use loom::sync::atomic::{AtomicI64, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard, RwLock};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{
-    AtomicI64, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering,
-};
+pub(crate) use std::sync::atomic::{AtomicI64, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard, RwLock};
 
@@ -116,7 +112,8 @@ mod tests {
 
     #[test]
     fn the_finder_sees_paths_and_groups() {
-        let names = std_sync_names("use std::sync::atomic::AtomicU8; use std::sync::{Arc, Mutex};\nx: std::sync::RwLock<()>");
+        let names =
+            std_sync_names("use std::sync::atomic::AtomicU8; use std::sync::{Arc, Mutex};\nx: std::sync::RwLock<()>");
         assert_eq!(names, ["atomic", "Arc", "Mutex", "RwLock"]);
         assert!(std_sync_names("use super::sync::{Mutex, OnceLock};").is_empty());
     }

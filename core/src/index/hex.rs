@@ -51,11 +51,12 @@
 //! orderings of [`super::Head`]. The arena's segments are installed with
 //! `Release` and loaded with `Acquire`, and never freed before the map.
 
+use super::published::Published;
 use super::{Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
 use crate::key::KeyRef;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, MutexGuard, OnceLock, Ordering, PoisonError};
 use crate::sync::{AtomicU32 as PageWord, Ordering::Relaxed as PageRelaxed};
-use scc::{AtomicShared, Guard, HashIndex, Shared};
+use scc::{Guard, HashIndex};
 use sdd::Epoch;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
@@ -274,7 +275,7 @@ impl ShardState {
 
 #[repr(align(128))]
 struct Shard {
-    table: AtomicShared<Table>,
+    table: Published<Table>,
     state: Mutex<ShardState>,
 }
 
@@ -338,7 +339,7 @@ impl HexMap {
         self.shards.get_or_init(|| {
             (0..SHARDS)
                 .map(|_| Shard {
-                    table: AtomicShared::new(Table::new(self.first_slots)),
+                    table: Published::new(Table::new(self.first_slots)),
                     state: Mutex::new(ShardState::default()),
                 })
                 .collect()
@@ -415,8 +416,8 @@ impl HexMap {
     pub(super) fn get<'g>(&'g self, d: u128, guard: &'g Guard) -> Option<EntryRef<'g>> {
         let shards = self.shards.get()?;
         let h = self.hash(d);
-        let t = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard);
-        let f = self.find(t.as_ref()?, d, h)?;
+        let t = shards[Self::shard_of(h)].table.load(guard);
+        let f = self.find(t?, d, h)?;
         Some(self.entry(f.id, f.slot, guard))
     }
 
@@ -444,7 +445,7 @@ impl HexMap {
         for (spot, it) in spots.iter_mut().zip(items) {
             let KeyRef::Hex(d) = key(it) else { continue };
             let h = self.hash(d);
-            let t = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard).as_ref();
+            let t = shards[Self::shard_of(h)].table.load(guard);
             if let Some(t) = t {
                 prefetch((&t.slots[h as usize & t.mask] as *const AtomicU32).cast());
             }
@@ -477,8 +478,8 @@ impl HexMap {
     }
 
     /// The table of `shard`, whose mutex the caller holds.
-    fn table<'g>(shard: &Shard, guard: &'g Guard) -> &'g Table {
-        shard.table.load(Ordering::Acquire, guard).as_ref().expect("a shard always has a table")
+    fn table<'g>(shard: &'g Shard, guard: &'g Guard) -> &'g Table {
+        shard.table.load(guard).expect("a shard always has a table")
     }
 
     /// Runs `f` on the live entry of `d` (or `None`) under its shard's
@@ -639,7 +640,7 @@ impl HexMap {
 
     /// Makes `shard` a new table with room for one more key (under its
     /// mutex) and returns it.
-    fn rebuild<'g>(&self, shard: &Shard, st: &mut ShardState, old: &Table, guard: &'g Guard) -> &'g Table {
+    fn rebuild<'g>(&self, shard: &'g Shard, st: &mut ShardState, old: &Table, guard: &'g Guard) -> &'g Table {
         let want = (st.live + 1) * 2;
         let slots = want.checked_next_power_of_two().unwrap_or(usize::MAX).max(MIN_SLOTS).max(self.first_slots);
         let slots = if (st.live + 1) * 5 > slots * 4 { slots * 2 } else { slots };
@@ -657,9 +658,8 @@ impl HexMap {
             t.slots[pos].store(v, Ordering::Relaxed);
         }
         st.tombs = 0;
-        // Release: the new table's slots and everything they name.
-        let (_old, _) = shard.table.swap((Some(Shared::new(t)), scc::Tag::None), Ordering::Release);
-        shard.table.load(Ordering::Acquire, guard).as_ref().expect("just stored")
+        // Release (in `replace`): the new table's slots and everything they name.
+        shard.table.replace(t, guard)
     }
 
     /// The digest of the key named `id`; the caller holds a page of the
@@ -672,7 +672,7 @@ impl HexMap {
     pub(super) fn slots(&self) -> usize {
         let Some(shards) = self.shards.get() else { return 0 };
         let guard = Guard::new();
-        shards.iter().map(|s| s.table.load(Ordering::Acquire, &guard).as_ref().map_or(0, Table::len)).sum()
+        shards.iter().map(|s| s.table.load(&guard).map_or(0, Table::len)).sum()
     }
 
     /// Calls `f` with every key and its entry; not the request path.
@@ -680,7 +680,7 @@ impl HexMap {
         let Some(shards) = self.shards.get() else { return };
         let guard = Guard::new();
         for s in shards.iter() {
-            let Some(t) = s.table.load(Ordering::Acquire, &guard).as_ref() else { continue };
+            let Some(t) = s.table.load(&guard) else { continue };
             for v in t.slots.iter() {
                 let v = v.load(Ordering::Acquire);
                 if v >> TAG_BITS != 0 {

@@ -46,6 +46,7 @@
 //! another key.
 
 mod hex;
+mod published;
 
 use super::key::{Digest, Key, KeyRef};
 use super::lease::{Lease, LeaseLength};

@@ -29,10 +29,10 @@
 //! the table is a `static`, which loom's atomics cannot be, and no loom
 //! model involves it (models use 32-hex keys only).
 
-use std::fmt;
-use std::hash::{Hash, Hasher};
 use crate::sync::statics::{AtomicUsize, Mutex, Ordering};
 use crate::sync::{OnceLock, PoisonError};
+use std::fmt;
+use std::hash::{Hash, Hasher};
 
 /// Pool names the process interns; further names leave their keys as text.
 pub const MAX_POOLS: usize = 250;

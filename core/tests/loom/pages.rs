@@ -15,12 +15,11 @@
 //!
 //! How to run them: [`crate`].
 
-
+use crate::harness::{audit, key, model, owned, put, KA, KB};
 use hf3fs_meta_core::pages::Owned;
 use hf3fs_meta_core::pages::{Claimed, PageState, PageTable, BOUND, FREE, RESERVED};
 use loom::sync::Arc;
 use loom::thread;
-use crate::harness::{audit, key, model, owned, put, KA, KB};
 use std::collections::BTreeSet;
 
 const KC: &str = "d41d8cd98f00b204e9800998ecf8427e";
