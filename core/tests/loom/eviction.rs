@@ -323,6 +323,42 @@ fn e9_bind_on_a_second_rank_vs_evictor() {
     });
 }
 
+/// (e10) SGLang's `delete_keys` of KA (the release path of a confirm,
+/// found by a lock-free look-up and checked under the claim) races a
+/// leasing read. The read answered the page ⇒ the delete quarantined it
+/// (no other key gets it before the lease passes); else the delete freed
+/// it at once. Deleted exactly once either way.
+#[test]
+fn e10_delete_vs_leasing_read() {
+    check_orders("e10_delete_vs_leasing_read", 3, 2, || {
+        let s = Arc::new(store(1, 2, LEASE));
+        let pa = stored(&s, 1, KA)[0];
+        let (sd, sr) = (s.clone(), s.clone());
+        let actors: Vec<Actor> = vec![
+            Box::new(move || {
+                let d = sd.delete(0, &[KA]).expect("the rank exists");
+                Out::Evicted(u64::from(d.deleted * 10 + d.quarantined))
+            }),
+            Box::new(move || Out::Read(locate(&sr, 0, KA))),
+        ];
+        let check: Check = Box::new(move |outs| {
+            match outs[1] {
+                Out::Read(Some(p)) => {
+                    assert_eq!(p, pa);
+                    assert_eq!(outs[0], Out::Evicted(11), "deleted under a reader's lease, not quarantined");
+                }
+                Out::Read(None) => assert_eq!(outs[0], Out::Evicted(10)),
+                other => panic!("{other:?}"),
+            }
+            let stats = audit_store(&s);
+            assert_eq!(stats.keys, 0);
+            let held = u64::from(outs[0] == Out::Evicted(11));
+            assert_eq!((stats.ranks[0].quarantined, stats.ranks[0].counts.free), (held, 2 - held));
+        });
+        (actors, check)
+    });
+}
+
 /// The harness itself: loom must explore a lock-free lease check both
 /// before and after a raise that loads the word before it stores (the DPOR
 /// gap noted at the top). Across the spawn orders, both are seen.
