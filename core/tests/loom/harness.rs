@@ -1,7 +1,9 @@
-//! The harness shared by the loom models ([`crate::pages`],
-//! [`crate::eviction`]; built with `--cfg loom`, see docs/verification.md):
-//! the model runner, the keys, and the set-up and audit helpers on a
-//! [`PageTable`].
+//! The harness shared by the loom models (built with `--cfg loom`, see
+//! docs/verification.md): the model runner and its once-per-spawn-order
+//! variant ([`check_orders`]), the keys, the set-up and audit helpers on a
+//! [`PageTable`] ([`crate::pages`]), and a small real [`Store`] with its
+//! operations named for the store models ([`crate::eviction`],
+//! [`crate::time`]).
 
 use hf3fs_meta_core::index::MAX_IDS;
 use hf3fs_meta_core::key::KeyRef;
