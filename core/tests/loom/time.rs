@@ -14,7 +14,6 @@ use crate::harness::{
     alloc, allocate, audit_store, check_orders, confirm, locate, maintain, release, store, store_with_ttl, stored,
     Actor, Check, Out, KA, KB, KC, NOW,
 };
-use hf3fs_meta_core::ErrorCode;
 use loom::sync::Arc;
 
 /// The read lease of these models, in ticks.
