@@ -12,7 +12,9 @@
 # divided by 500 is one request's cost, start-up, setup and shutdown
 # cancelled. The bare exchange is perf's ceiling server (a bare hyper server
 # that reads the body and answers a fixed reply) sent the batch_exists body.
-# Both servers run with 2 worker threads whatever the machine has.
+# Both servers run with one worker thread (WORKERS=n to change it): with
+# two, whether a worker parks between requests depends on timing, and the
+# counts moved by up to 5% from run to run; with one, by about 1%.
 #
 # Counts depend on the build profile: the baseline is made with the `ci`
 # profile, which is what CI builds (target/ci/hf3fs-meta).
@@ -28,6 +30,7 @@
 #                     instructions per request grew most from 100 to 600
 #                     requests (where a request's instructions go)
 #   --bin/--ceiling   binaries to measure instead of building them
+#   --keep DIR        copy the callgrind outputs (ROUTE-COUNT.cg) into DIR
 # Routes: bare vllm_exists vllm_locations vllm_allocate vllm_confirm
 #   sglang_exists sglang_locations sglang_allocate sglang_confirm
 # Needs valgrind (installed with apt-get when missing and running as root),
@@ -36,7 +39,7 @@ set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm sglang_exists sglang_locations sglang_allocate sglang_confirm"
-PROFILE=ci BIN="" CEILING="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/instructions.baseline
+WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/instructions.baseline
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --check) MODE=check ;;
@@ -48,6 +51,7 @@ while [[ $# -gt 0 ]]; do
     --counts) COUNTS="$2"; shift ;;
     --functions) FUNCTIONS="$2"; shift ;;
     --baseline) BASELINE="$2"; shift ;;
+    --keep) KEEP="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "instructions.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -75,7 +79,7 @@ fi
 
 OUT=$(mktemp -d /tmp/hf3fs-instructions.XXXXXX)
 VPID=""
-trap '[ -n "$VPID" ] && kill "$VPID" 2>/dev/null; wait 2>/dev/null; rm -rf "$OUT"' EXIT
+trap '[ -n "$VPID" ] && kill "$VPID" 2>/dev/null; wait 2>/dev/null; [ -z "$KEEP" ] || cp "$OUT"/*.cg "$KEEP"/; rm -rf "$OUT"' EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # One server run under callgrind serving $2 requests of route $1; prints
@@ -85,9 +89,9 @@ measure() {
   port=$(free_port)
   out="$OUT/$route-$n.cg"
   if [ "$route" = bare ]; then
-    set -- "$CEILING" --addr "127.0.0.1:$port" --threads 2
+    set -- "$CEILING" --addr "127.0.0.1:$port" --threads "$WORKERS"
   else
-    set -- "$BIN" --host 127.0.0.1 --port "$port" --workers 2 --log-level warn
+    set -- "$BIN" --host 127.0.0.1 --port "$port" --workers "$WORKERS" --log-level warn
   fi
   timeout 600 valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >"$OUT/server.log" 2>&1 &
   VPID=$!
