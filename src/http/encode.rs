@@ -188,15 +188,28 @@ pub fn allocate<'k>(out: &mut Vec<u8>, rank: i64, keys: Keys, results: impl Into
 }
 
 /// Appends a batch-exists answer, `{"exists":[true,false,...]}`.
+///
+/// Each answer is one fixed 8-byte store of a precomputed fragment (`true,`
+/// or `false,` and padding the next one overwrites) into room made at once:
+/// about a third of the instructions of appending word and comma apart
+/// (issue 22, perf/RESULTS.md).
 pub fn exists(out: &mut Vec<u8>, exists: &[bool]) {
+    const TRUE: (&[u8; 8], usize) = (b"true,   ", 5);
+    const FALSE: (&[u8; 8], usize) = (b"false,  ", 6);
     out.reserve(16 + exists.len() * 6);
     out.extend_from_slice(br#"{"exists":["#);
-    for (i, &e) in exists.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
+    let mut at = out.len();
+    // Room for every answer at its longest, and for the last store's padding.
+    out.resize(at + exists.len() * 6 + 8, b' ');
+    for &e in exists {
+        let (fragment, len) = if e { TRUE } else { FALSE };
+        if let Some(dst) = out.get_mut(at..at + 8) {
+            dst.copy_from_slice(fragment);
         }
-        out.extend_from_slice(if e { b"true" } else { b"false" });
+        at += len;
     }
+    // The last answer's comma goes.
+    out.truncate(at - usize::from(!exists.is_empty()));
     out.extend_from_slice(b"]}");
 }
 
