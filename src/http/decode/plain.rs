@@ -36,25 +36,27 @@ fn plain(c: u8) -> bool {
 
 /// The length of the run of plain bytes that `b` starts with.
 ///
-/// The common case inline: 32 bytes checked at once and, when all are
+/// The common cases inline: 32 bytes checked at once and, when all are
 /// plain, the next one tested for the closing quote (a vLLM key in one
-/// step). Anything else goes on in [`run_from`].
+/// step, an SGLang digest in two). Anything else goes on in [`run_from`].
 #[inline]
 pub(super) fn run(b: &[u8]) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if let Some(block) = b.first_chunk::<32>() {
-        let (lo, hi) = block.split_at(16);
-        if let (Ok(lo), Ok(hi)) = (<&[u8; 16]>::try_from(lo), <&[u8; 16]>::try_from(hi)) {
-            let flags = sse2::specials(lo) | sse2::specials(hi) << 16;
+    {
+        let mut i = 0;
+        while let Some(block) = b.get(i..).and_then(<[u8]>::first_chunk::<32>) {
+            let flags = sse2::specials32(block);
             if flags != 0 {
-                return flags.trailing_zeros() as usize;
+                return i + flags.trailing_zeros() as usize;
             }
-            if b.get(32) == Some(&b'"') {
-                return 32;
+            i += 32;
+            if b.get(i) == Some(&b'"') {
+                return i;
             }
-            return run_from(b, 32);
         }
+        run_from(b, i)
     }
+    #[cfg(not(target_arch = "x86_64"))]
     run_from(b, 0)
 }
 
@@ -94,6 +96,17 @@ mod sse2 {
     use std::arch::x86_64::{
         _mm_cmpeq_epi8, _mm_cmplt_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_or_si128, _mm_set1_epi8,
     };
+
+    /// [`specials`] of 32 bytes: bit `k` for byte `k`.
+    #[inline]
+    pub(super) fn specials32(block: &[u8; 32]) -> u32 {
+        match (block.first_chunk::<16>(), block.last_chunk::<16>()) {
+            (Some(lo), Some(hi)) => specials(lo) | specials(hi) << 16,
+            // Never (32 bytes have both halves); "byte 0 is special" would
+            // only send the body to simd-json.
+            _ => u32::MAX,
+        }
+    }
 
     /// The special bytes of `block` (see [`super::specials`]), one bit each
     /// in order, exact: bit `k` set when byte `k` is `"`, `\`, below 0x20 or
