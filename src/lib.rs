@@ -10,6 +10,8 @@
 //! - [`metrics`]: counters and histograms, Prometheus text.
 //! - [`routes`]: the table of routes, read by the router, the metrics and the server.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
+//! - [`bench`]: `hf3fs-meta bench`, a load generator of a cluster's shape
+//!   that speaks to any server over the public routes only.
 //!
 //! Invariants that hold across the crate:
 //! - No request path takes a global lock: operations on different pages never
@@ -21,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod bench;
 pub mod config;
 /// The metadata state, a crate of its own (`core/`): see its docs.
 pub use hf3fs_meta_core as core;

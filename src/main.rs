@@ -2,7 +2,7 @@
 //! serve until SIGTERM or SIGINT, drain, exit 0.
 
 use clap::Parser;
-use hf3fs_meta::config::{Config, Eviction};
+use hf3fs_meta::config::{Command, Config, Eviction};
 use hf3fs_meta::{durable, http, init_tracing, App};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -11,7 +11,10 @@ use std::sync::Arc;
 static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;
 
 fn main() -> ExitCode {
-    let cfg = Config::parse();
+    let mut cfg = Config::parse();
+    if let Some(command) = cfg.command.take() {
+        return run_command(command);
+    }
     init_tracing(&cfg);
     if let Err(e) = cfg.validate() {
         tracing::error!("invalid configuration: {e}");
@@ -100,6 +103,13 @@ fn main() -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
+}
+
+/// Runs a tool of the binary (a subcommand) instead of the server.
+fn run_command(command: Command) -> ExitCode {
+    match command {
+        Command::Bench(args) => hf3fs_meta::bench::main(*args),
+    }
 }
 
 /// Registers SIGTERM and SIGINT handlers now; the returned future resolves on
