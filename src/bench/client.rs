@@ -43,7 +43,13 @@ impl Conn {
     }
 
     /// Sends one request (`body` None: no body headers) and reads its answer.
-    pub async fn call(&mut self, method: &str, path: &str, body: Option<&[u8]>, auth: Option<&str>) -> io::Result<Answer> {
+    pub async fn call(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        auth: Option<&str>,
+    ) -> io::Result<Answer> {
         let res = self.exchange(method, path, body, auth).await;
         if !matches!(res, Ok((_, true))) {
             self.stream = None;
@@ -244,7 +250,10 @@ mod tests {
                     fill(&mut s, &mut buf).await.unwrap();
                 };
                 let text = String::from_utf8_lossy(&buf[..head]).to_lowercase();
-                let len = text.split("content-length: ").nth(1).map_or(0, |r| r.split("\r\n").next().unwrap().parse().unwrap());
+                let len = text
+                    .split("content-length: ")
+                    .nth(1)
+                    .map_or(0, |r| r.split("\r\n").next().unwrap().parse().unwrap());
                 while buf.len() < head + len {
                     fill(&mut s, &mut buf).await.unwrap();
                 }

@@ -78,7 +78,15 @@ impl Cluster {
 
     /// POSTs `body` and records the call; the answer's JSON, or None when
     /// the call failed (not 2xx, no answer) or its body is not JSON.
-    async fn call(&self, pool: &Pool, route: Route, path: &str, body: Value, keys: usize, due: Instant) -> Option<Value> {
+    async fn call(
+        &self,
+        pool: &Pool,
+        route: Route,
+        path: &str,
+        body: Value,
+        keys: usize,
+        due: Instant,
+    ) -> Option<Value> {
         let bytes = serde_json::to_vec(&body).expect("a JSON value serializes");
         let res = pool.post(path, &bytes).await;
         self.rec.call(route, due, res.as_ref().ok().map(|a| a.status), keys);
@@ -114,7 +122,8 @@ impl Cluster {
     /// Whether the write of save `(i, rank, batch)` fails: drawn from the
     /// seed, so a run's failures do not depend on timing.
     fn write_fails(&self, i: u64, rank: usize, batch: usize) -> bool {
-        self.fail_rate > 0.0 && Rng::new(mix(self.seed ^ mix(i) ^ mix((rank as u64) << 32 | batch as u64))).unit() < self.fail_rate
+        self.fail_rate > 0.0
+            && Rng::new(mix(self.seed ^ mix(i) ^ mix((rank as u64) << 32 | batch as u64))).unit() < self.fail_rate
     }
 
     fn count_lookup(&self, blocks: usize, hits: usize) {
@@ -127,7 +136,8 @@ impl Cluster {
 
     async fn vllm_prompt(self: &Arc<Self>, i: u64, keys: Keys, due: Instant) {
         let body = json!({ "keys": &keys[..] });
-        let answer = self.call(&self.engine(i).scheduler, Route::Exists, "/keys/batch_exists", body, keys.len(), due).await;
+        let answer =
+            self.call(&self.engine(i).scheduler, Route::Exists, "/keys/batch_exists", body, keys.len(), due).await;
         let Some(answer) = answer else { return };
         let hits = leading_run(&answer["exists"]);
         self.count_lookup(keys.len(), hits);
@@ -317,10 +327,17 @@ pub async fn setup(args: &BenchArgs) -> Result<(), String> {
 }
 
 /// One setup call, which must answer 2xx.
-async fn setup_post(conn: &mut super::client::Conn, args: &BenchArgs, path: &str, body: Value, auth: bool) -> Result<(), String> {
+async fn setup_post(
+    conn: &mut super::client::Conn,
+    args: &BenchArgs,
+    path: &str,
+    body: Value,
+    auth: bool,
+) -> Result<(), String> {
     let bytes = serde_json::to_vec(&body).expect("a JSON value serializes");
     let token = if auth { args.admin_token.as_deref() } else { None };
-    let a = conn.call("POST", path, Some(&bytes), token).await.map_err(|e| format!("cannot reach {}: {e}", args.target))?;
+    let a =
+        conn.call("POST", path, Some(&bytes), token).await.map_err(|e| format!("cannot reach {}: {e}", args.target))?;
     if (200..300).contains(&a.status) {
         Ok(())
     } else {
@@ -346,6 +363,9 @@ mod tests {
         saved(&mut o, true, true, 4);
         saved(&mut o, true, false, 5);
         saved(&mut o, false, false, 6);
-        assert_eq!((o.minus_one_keys, o.saves_abandoned, o.saves_failed, o.pages_released, o.pages_confirmed), (3, 1, 1, 4, 5));
+        assert_eq!(
+            (o.minus_one_keys, o.saves_abandoned, o.saves_failed, o.pages_released, o.pages_confirmed),
+            (3, 1, 1, 4, 5)
+        );
     }
 }

@@ -109,7 +109,8 @@ pub async fn run(args: &BenchArgs) -> Result<serde_json::Value, String> {
     let meta = report::Meta { command, date, target_kind, started, elapsed };
     let report = report::json(args, &meta, &rec.snapshot(), server.as_ref());
     if let Some(path) = &args.svg {
-        std::fs::write(path, svg::render(&report)).map_err(|e| format!("cannot write --svg {}: {e}", path.display()))?;
+        std::fs::write(path, svg::render(&report))
+            .map_err(|e| format!("cannot write --svg {}: {e}", path.display()))?;
     }
     Ok(report)
 }

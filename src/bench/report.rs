@@ -110,8 +110,9 @@ fn outcomes(o: &super::stats::Outcomes) -> Value {
 fn server_json(c: &Counters) -> Value {
     let series: Map<String, Value> = c.0.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     json!({
-        "evictions": c.sum("hf3fs_meta_evictions_total", &[]) as u64,
-        "pages_evicted": c.sum("hf3fs_meta_pages_evicted_total", &[]) as u64,
+        "evictions": c.evictions() as u64,
+        // vLLM's counter; an SGLang key holds one page of its space.
+        "pages_evicted": (c.sum("hf3fs_meta_pages_evicted_total", &[]) + c.sum("hf3fs_meta_space_evicted_keys_total", &[])) as u64,
         "counters": series,
     })
 }
@@ -150,33 +151,86 @@ fn us(v: &Value) -> String {
 pub fn text(r: &Value) -> String {
     let mut s = String::new();
     let c = &r["cluster"];
-    let _ = writeln!(s, "hf3fs-meta bench: {} ({}), {} dialect, {} loop", r["target"].as_str().unwrap_or("?"), r["target_kind"].as_str().unwrap_or("?"), r["dialect"].as_str().unwrap_or("?"), r["mode"].as_str().unwrap_or("?"));
-    let _ = writeln!(s, "  {} engines × tp {}, {} tokens per block, {} per prompt, {} pages per rank, seed {}", c["engines"], c["tp"], c["block_tokens"], c["prompt_tokens"], c["pages_per_rank"], c["seed"]);
-    let _ = writeln!(s, "  started {} UTC, {} s of load, {} s in all", r["date"].as_str().unwrap_or("?"), r["duration_s"], r["elapsed_s"]);
+    let _ = writeln!(
+        s,
+        "hf3fs-meta bench: {} ({}), {} dialect, {} loop",
+        r["target"].as_str().unwrap_or("?"),
+        r["target_kind"].as_str().unwrap_or("?"),
+        r["dialect"].as_str().unwrap_or("?"),
+        r["mode"].as_str().unwrap_or("?")
+    );
+    let _ = writeln!(
+        s,
+        "  {} engines × tp {}, {} tokens per block, {} per prompt, {} pages per rank, seed {}",
+        c["engines"], c["tp"], c["block_tokens"], c["prompt_tokens"], c["pages_per_rank"], c["seed"]
+    );
+    let _ = writeln!(
+        s,
+        "  started {} UTC, {} s of load, {} s in all",
+        r["date"].as_str().unwrap_or("?"),
+        r["duration_s"],
+        r["elapsed_s"]
+    );
     let p = &r["prompts"];
-    let _ = writeln!(s, "\nprompts: {} done of {} started ({}/s); not sent {}, unfinished {}", p["done"], p["started"], p["per_second"], p["not_sent"], p["unfinished"]);
-    let _ = writeln!(s, "\n{:<36} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  statuses", "latency from due time", "requests", "req/s", "p50", "p90", "p99", "p99.9", "max");
+    let _ = writeln!(
+        s,
+        "\nprompts: {} done of {} started ({}/s); not sent {}, unfinished {}",
+        p["done"], p["started"], p["per_second"], p["not_sent"], p["unfinished"]
+    );
+    let _ = writeln!(
+        s,
+        "\n{:<36} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  statuses",
+        "latency from due time", "requests", "req/s", "p50", "p90", "p99", "p99.9", "max"
+    );
     let row = |name: &str, n: &Value, per_s: &Value, l: &Value, extra: String| {
         let (n, per_s) = (n.to_string(), per_s.to_string());
-        format!("{name:<36} {n:>9} {per_s:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {extra}\n", us(&l["p50"]), us(&l["p90"]), us(&l["p99"]), us(&l["p999"]), us(&l["max"]))
+        format!(
+            "{name:<36} {n:>9} {per_s:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {extra}\n",
+            us(&l["p50"]),
+            us(&l["p90"]),
+            us(&l["p99"]),
+            us(&l["p999"]),
+            us(&l["max"])
+        )
     };
     s += &row("prompt (whole sequence)", &p["done"], &p["per_second"], &p["latency_us"], String::new());
     let dialect = if r["dialect"] == "sglang" { Dialect::Sglang } else { Dialect::Vllm };
     for name in ROUTES.map(|route| label(dialect, route)) {
         let rt = &r["routes"][name];
-        let mut st: Vec<String> = rt["statuses"].as_object().into_iter().flatten().map(|(k, v)| format!("{k}×{v}")).collect();
+        let mut st: Vec<String> =
+            rt["statuses"].as_object().into_iter().flatten().map(|(k, v)| format!("{k}×{v}")).collect();
         if rt["transport_errors"].as_u64().unwrap_or(0) > 0 {
             st.push(format!("no answer×{}", rt["transport_errors"]));
         }
         s += &row(name, &rt["requests"], &rt["per_second"], &rt["latency_us"], st.join(" "));
     }
     let o = &r["outcomes"];
-    let _ = writeln!(s, "\nhit rate {:.1}% ({} of {} blocks; {} prompts with a hit); located but missing: {}", r["hit_rate"].as_f64().unwrap_or(0.0) * 100.0, o["hit_blocks"], o["blocks"], o["prompts_hit"], o["load_misses"]);
-    let _ = writeln!(s, "-1 answers: {} keys in {} allocates ({} saves abandoned); SGLang keys already stored: {}", o["minus_one_keys"], o["minus_one_requests"], o["saves_abandoned"], o["reused_keys"]);
-    let _ = writeln!(s, "pages confirmed {}, released after a failed write {} ({} saves); unreadable answers {}", o["pages_confirmed"], o["pages_released"], o["saves_failed"], o["bad_answers"]);
+    let _ = writeln!(
+        s,
+        "\nhit rate {:.1}% ({} of {} blocks; {} prompts with a hit); located but missing: {}",
+        r["hit_rate"].as_f64().unwrap_or(0.0) * 100.0,
+        o["hit_blocks"],
+        o["blocks"],
+        o["prompts_hit"],
+        o["load_misses"]
+    );
+    let _ = writeln!(
+        s,
+        "-1 answers: {} keys in {} allocates ({} saves abandoned); SGLang keys already stored: {}",
+        o["minus_one_keys"], o["minus_one_requests"], o["saves_abandoned"], o["reused_keys"]
+    );
+    let _ = writeln!(
+        s,
+        "pages confirmed {}, released after a failed write {} ({} saves); unreadable answers {}",
+        o["pages_confirmed"], o["pages_released"], o["saves_failed"], o["bad_answers"]
+    );
     match r["server"].as_object() {
         Some(sv) => {
-            let _ = writeln!(s, "server (/metrics over the run): {} keys evicted, {} pages evicted", sv["evictions"], sv["pages_evicted"]);
+            let _ = writeln!(
+                s,
+                "server (/metrics over the run): {} keys evicted, {} pages evicted",
+                sv["evictions"], sv["pages_evicted"]
+            );
         }
         None => s.push_str("server: not hf3fs-meta, /metrics not read (evictions unknown)\n"),
     }
@@ -222,10 +276,19 @@ mod tests {
             o.blocks = 10;
             o.hit_blocks = 4;
         });
-        let meta = Meta { command: "x".into(), date: utc_now(), target_kind: "other", started: 1, elapsed: Duration::from_secs(2) };
+        let meta = Meta {
+            command: "x".into(),
+            date: utc_now(),
+            target_kind: "other",
+            started: 1,
+            elapsed: Duration::from_secs(2),
+        };
         let r = json(&args, &meta, &rec.snapshot(), None);
         let a = &r["routes"]["reserve_and_allocate_page_indices"];
-        assert_eq!((a["requests"].as_u64(), a["keys"].as_u64(), a["per_second"].as_f64()), (Some(1), Some(4), Some(0.5)));
+        assert_eq!(
+            (a["requests"].as_u64(), a["keys"].as_u64(), a["per_second"].as_f64()),
+            (Some(1), Some(4), Some(0.5))
+        );
         assert_eq!(r["hit_rate"].as_f64(), Some(0.4));
         assert!(r["server"].is_null() && r["routes"]["exists"]["latency_us"].is_null());
         let t = text(&r);

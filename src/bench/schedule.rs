@@ -21,10 +21,9 @@ pub async fn run(args: &BenchArgs, cluster: Arc<Cluster>, workload: Arc<Workload
         Mode::Open => open(args, &cluster, &workload, start, end).await,
         Mode::Closed => closed(args, &cluster, &workload, end),
     };
-    let drained = tokio::time::timeout(Duration::from_secs_f64(args.drain), async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
+    let drained =
+        tokio::time::timeout(Duration::from_secs_f64(args.drain), async { while tasks.join_next().await.is_some() {} })
+            .await;
     if drained.is_err() {
         let left = tasks.len() as u64;
         tasks.abort_all();

@@ -10,11 +10,12 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 /// Counter families whose differences the report carries.
-const COUNTERS: [&str; 7] = [
+const COUNTERS: [&str; 8] = [
     "hf3fs_meta_requests_total",
     "hf3fs_meta_request_keys_sum",
     "hf3fs_meta_evictions_total",
     "hf3fs_meta_pages_evicted_total",
+    "hf3fs_meta_space_evicted_keys_total",
     "hf3fs_meta_allocate_keys_total",
     "hf3fs_meta_confirm_pages_total",
     "hf3fs_meta_confirm_errors_total",
@@ -47,6 +48,11 @@ impl Counters {
             .filter(|(_, d)| *d != 0.0)
             .collect();
         Counters(grown)
+    }
+
+    /// Keys evicted: vLLM's (each on every rank) and SGLang's spaces'.
+    pub fn evictions(&self) -> f64 {
+        self.sum("hf3fs_meta_evictions_total", &[]) + self.sum("hf3fs_meta_space_evicted_keys_total", &[])
     }
 
     /// The sum of the series of family `name` whose labels include every one of `labels`.

@@ -7,9 +7,9 @@
 use serde_json::Value;
 use std::fmt::Write;
 
-const W: f64 = 960.0;
+const W: f64 = 1040.0;
 const LEFT: f64 = 80.0;
-const RIGHT: f64 = 200.0;
+const RIGHT: f64 = 280.0;
 const COLORS: [&str; 5] = ["#222222", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"];
 
 /// A panel's frame on the page.
@@ -36,13 +36,23 @@ fn line(out: &mut String, points: &[(f64, f64)], color: &str, dashed: bool) {
     }
     let pts: Vec<String> = points.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
     let dash = if dashed { r#" stroke-dasharray="6 4""# } else { "" };
-    let _ = writeln!(out, r#"<polyline fill="none" stroke="{color}" stroke-width="1.8"{dash} points="{}"/>"#, pts.join(" "));
+    let _ = writeln!(
+        out,
+        r#"<polyline fill="none" stroke="{color}" stroke-width="1.8"{dash} points="{}"/>"#,
+        pts.join(" ")
+    );
 }
 
 /// The frame, the x axis in seconds and the title of a panel.
 fn frame(out: &mut String, p: &Panel, title: &str) {
     let (x0, x1, y1) = (LEFT, W - RIGHT, p.top + p.height);
-    let _ = writeln!(out, r##"<rect x="{x0}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>"##, p.top, x1 - x0, p.height);
+    let _ = writeln!(
+        out,
+        r##"<rect x="{x0}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
+        p.top,
+        x1 - x0,
+        p.height
+    );
     let _ = writeln!(out, r#"<text x="{x0}" y="{}" font-weight="bold">{}</text>"#, p.top - 8.0, esc(title));
     for i in 0..=5 {
         let t = p.x_max * f64::from(i) / 5.0;
@@ -99,8 +109,20 @@ fn plot(out: &mut String, p: &Panel, series: &[Series], log: bool, unit: &str) {
         (0..=4).map(|i| hi * f64::from(i) / 4.0).collect()
     };
     for v in ticks {
-        let _ = writeln!(out, r##"<line x1="{LEFT}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#eee"/>"##, W - RIGHT, y(v), y(v));
-        let _ = writeln!(out, r#"<text x="{}" y="{:.1}" text-anchor="end">{} {unit}</text>"#, LEFT - 6.0, y(v) + 4.0, fmt(v));
+        let _ = writeln!(
+            out,
+            r##"<line x1="{LEFT}" x2="{}" y1="{:.1}" y2="{:.1}" stroke="#eee"/>"##,
+            W - RIGHT,
+            y(v),
+            y(v)
+        );
+        let _ = writeln!(
+            out,
+            r#"<text x="{}" y="{:.1}" text-anchor="end">{} {unit}</text>"#,
+            LEFT - 6.0,
+            y(v) + 4.0,
+            fmt(v)
+        );
     }
     for (i, (name, color, dashed, pts)) in series.iter().enumerate() {
         let pts: Vec<(f64, f64)> = pts.iter().map(|&(t, v)| (p.x(t), y(v))).collect();
@@ -129,7 +151,10 @@ pub fn render(report: &Value) -> String {
     let x_max = (n as f64 * dt).max(dt);
     let mut out = String::new();
     let h = 720.0;
-    let _ = writeln!(out, r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="11">"#);
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="11">"#
+    );
     let _ = writeln!(out, r#"<rect width="{W}" height="{h}" fill="white"/>"#);
     let title = format!(
         "hf3fs-meta bench: {} ({}), {} dialect, {} loop",
@@ -139,14 +164,27 @@ pub fn render(report: &Value) -> String {
         report["mode"].as_str().unwrap_or("?")
     );
     let _ = writeln!(out, r#"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">{}</text>"#, esc(&title));
-    let _ = writeln!(out, r#"<text x="{LEFT}" y="40">{}</text>"#, esc(&format!("hit rate {}, prompts done {}, p99 of a prompt {} µs", report["hit_rate"], report["prompts"]["done"], report["prompts"]["latency_us"]["p99"])));
+    let _ = writeln!(
+        out,
+        r#"<text x="{LEFT}" y="40">{}</text>"#,
+        esc(&format!(
+            "hit rate {:.1}%, {} prompts done, p99 of a prompt {} µs",
+            report["hit_rate"].as_f64().unwrap_or(0.0) * 100.0,
+            report["prompts"]["done"],
+            report["prompts"]["latency_us"]["p99"]
+        ))
+    );
     let top = Panel { top: 80.0, height: 240.0, x_max };
     frame(&mut out, &top, "throughput per window (per second)");
     plot(&mut out, &top, &throughput(report, &routes, dt), false, "/s");
     let bottom = Panel { top: 390.0, height: 240.0, x_max };
     frame(&mut out, &bottom, "latency from due time per window: p50 dashed, p99 solid (log scale)");
     plot(&mut out, &bottom, &latency(report, &routes, dt), true, "ms");
-    let made = format!("made by `{}` on {} UTC (src/bench/svg.rs, from the run's own report)", report["command"].as_str().unwrap_or("?"), report["date"].as_str().unwrap_or("?"));
+    let made = format!(
+        "made by `{}` on {} UTC (src/bench/svg.rs, from the run's own report)",
+        report["command"].as_str().unwrap_or("?"),
+        report["date"].as_str().unwrap_or("?")
+    );
     let _ = writeln!(out, r##"<text x="{LEFT}" y="{}" fill="#555">{}</text>"##, h - 24.0, esc(&made));
     out.push_str("</svg>\n");
     out

@@ -225,7 +225,10 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("bench-trace-{}", std::process::id()));
         std::fs::write(&dir, "# a comment\na b,c\n\nd\n").unwrap();
         let w = workload(&["--trace", dir.to_str().unwrap()]);
-        assert_eq!((w.prompt(0), w.prompt(1), w.prompt(2)), (vec!["a".into(), "b".into(), "c".into()], vec!["d".into()], w.prompt(0)));
+        assert_eq!(
+            (w.prompt(0), w.prompt(1), w.prompt(2)),
+            (vec!["a".into(), "b".into(), "c".into()], vec!["d".into()], w.prompt(0))
+        );
         std::fs::write(&dir, "# nothing\n").unwrap();
         let argv = ["bench", "--trace", dir.to_str().unwrap()];
         assert!(Workload::new(&Cli::parse_from(argv).bench).unwrap_err().contains("holds no prompt"));
