@@ -92,7 +92,7 @@ pub fn json(args: &BenchArgs, meta: &Meta, t: &Tally, server: Option<&Counters>)
         "routes": routes,
         "hit_rate": (hit_rate * 10_000.0).round() / 10_000.0,
         "outcomes": outcomes(o),
-        "server": server.map(|c| server_json(c)),
+        "server": server.map(server_json),
         "windows": windows(args, t),
     })
 }
