@@ -10,7 +10,7 @@
 //! - [`metrics`]: counters and histograms, Prometheus text.
 //! - [`routes`]: the table of routes, read by the router, the metrics and the server.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
-//! - [`bench`]: `hf3fs-meta bench`, a load generator of a cluster's shape
+//! - [`bench`](mod@bench): `hf3fs-meta bench`, a load generator of a cluster's shape
 //!   that speaks to any server over the public routes only.
 //!
 //! Invariants that hold across the crate:
