@@ -4,6 +4,9 @@
 //! route below on a log scale. The chart says how it was made: the command,
 //! the date, the target.
 
+use super::args::Dialect;
+use super::report::label;
+use super::stats::ROUTES;
 use serde_json::Value;
 use std::fmt::Write;
 
@@ -143,11 +146,31 @@ fn fmt(v: f64) -> String {
     }
 }
 
+/// `text` cut at spaces into lines of at most about `width` characters.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split(' ') {
+        let last = lines.last_mut().expect("never empty");
+        if !last.is_empty() && last.len() + word.len() >= width {
+            lines.push(word.to_string());
+        } else {
+            if !last.is_empty() {
+                last.push(' ');
+            }
+            last.push_str(word);
+        }
+    }
+    lines
+}
+
 /// The chart of `report` (the JSON of [`super::report::json`]).
 pub fn render(report: &Value) -> String {
     let dt = report["windows"]["interval_s"].as_f64().unwrap_or(1.0);
     let n = report["windows"]["series"].as_array().map_or(0, Vec::len);
-    let routes: Vec<String> = report["routes"].as_object().map(|r| r.keys().cloned().collect()).unwrap_or_default();
+    // The routes in the order a prompt sends them.
+    let dialect = if report["dialect"] == "sglang" { Dialect::Sglang } else { Dialect::Vllm };
+    let routes: Vec<String> =
+        ROUTES.iter().map(|&r| label(dialect, r).to_string()).filter(|r| report["routes"].get(r).is_some()).collect();
     let x_max = (n as f64 * dt).max(dt);
     let mut out = String::new();
     let h = 720.0;
@@ -168,10 +191,10 @@ pub fn render(report: &Value) -> String {
         out,
         r#"<text x="{LEFT}" y="40">{}</text>"#,
         esc(&format!(
-            "hit rate {:.1}%, {} prompts done, p99 of a prompt {} µs",
+            "hit rate {:.1}%, {} prompts done, p99 of a prompt {:.2} ms",
             report["hit_rate"].as_f64().unwrap_or(0.0) * 100.0,
             report["prompts"]["done"],
-            report["prompts"]["latency_us"]["p99"]
+            report["prompts"]["latency_us"]["p99"].as_f64().unwrap_or(0.0) / 1000.0
         ))
     );
     let top = Panel { top: 80.0, height: 240.0, x_max };
@@ -185,7 +208,10 @@ pub fn render(report: &Value) -> String {
         report["command"].as_str().unwrap_or("?"),
         report["date"].as_str().unwrap_or("?")
     );
-    let _ = writeln!(out, r##"<text x="{LEFT}" y="{}" fill="#555">{}</text>"##, h - 24.0, esc(&made));
+    for (i, part) in wrap(&made, 160).iter().enumerate() {
+        let _ =
+            writeln!(out, r##"<text x="{LEFT}" y="{}" fill="#555">{}</text>"##, h - 40.0 + 14.0 * i as f64, esc(part));
+    }
     out.push_str("</svg>\n");
     out
 }
@@ -194,6 +220,12 @@ pub fn render(report: &Value) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn long_commands_wrap_at_spaces() {
+        assert_eq!(wrap("aaa bbb ccc ddd", 8), ["aaa bbb", "ccc ddd"]);
+        assert_eq!(wrap("x", 8), ["x"]);
+    }
 
     #[test]
     fn the_chart_names_its_command_and_draws_every_route() {
@@ -208,6 +240,7 @@ mod tests {
         let svg = render(&report);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert!(svg.contains("hf3fs-meta bench --rate 5 &lt;x&gt;") && svg.contains("2026-12-01 18:00:00"));
+        assert!(svg.find("get_page_indices req/s") > svg.find("exists req/s"), "the routes in sequence order");
         assert!(svg.contains("exists req/s") && svg.contains("exists p99") && svg.contains("stroke-dasharray"));
         // Throughput: 3 lines, 3 swatches; latency: 2 lines (no p50/p99 of
         // get_page_indices), 4 swatches.
