@@ -6,12 +6,16 @@
 //! - [`core`]: the metadata state and its operations; knows nothing of HTTP.
 //! - [`durable`]: optional on-disk copy of the state (`--data-dir`), recovery.
 //! - [`http`]: accept, parse, route, encode; no business rules.
+//! - [`maintain`]: the background passes over every page space (expiry,
+//!   eviction, quarantine), started with the server by [`serve`].
 //! - [`config`]: the command line, parsed once.
+//! - [`ha`]: high availability on etcd: election, the request gate, the relay.
 //! - [`metrics`]: counters and histograms, Prometheus text.
 //! - [`routes`]: the table of routes, read by the router, the metrics and the server.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
 //! - [`bench`](mod@bench): `hf3fs-meta bench`, a load generator of a cluster's shape
 //!   that speaks to any server over the public routes only.
+//! - [`test_clock`]: the hidden `--test-clock`, time moved by tests.
 //!
 //! Invariants that hold across the crate:
 //! - No request path takes a global lock: operations on different pages never
@@ -28,12 +32,15 @@ pub mod config;
 /// The metadata state, a crate of its own (`core/`): see its docs.
 pub use hf3fs_meta_core as core;
 pub mod durable;
+pub mod ha;
 pub mod http;
+pub mod maintain;
 pub mod metrics;
 pub mod routes;
+pub mod test_clock;
 
 use crate::config::{Config, LogFormat};
-use crate::core::{Spaces, SpacesConfig, Store, StoreConfig};
+use crate::core::{Dialect, Registry, Spaces, SpacesConfig, Store, StoreConfig};
 use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,19 +49,22 @@ use std::sync::Arc;
 pub struct App {
     /// The effective configuration.
     pub cfg: Config,
-    /// The metadata state of vLLM's dialect: one page space whose keys span
-    /// its ranks (shared with the durable writer, which snapshots it to
-    /// recover from a disk fault).
-    pub store: Arc<Store>,
-    /// SGLang's page spaces, one per `(rank, namespace)`, apart from `store`.
-    pub spaces: Spaces,
+    /// The metadata state: every page space, vLLM's one store (shared with
+    /// its durable writer, which snapshots it to recover from a disk fault)
+    /// and SGLang's spaces, one per `(rank, namespace)`.
+    pub registry: Registry,
     /// The server's counters.
     pub metrics: Metrics,
     /// Durability, when `--data-dir` is set (see [`App::open`]): vLLM's
     /// store and SGLang's spaces, each on a durable store of its own.
     pub durable: Option<durable::Durability>,
+    /// This node's HA state with `--ha etcd` (see [`App::with_ha`]); `None`
+    /// for a single server, whose routes all answer.
+    pub ha: Option<Arc<ha::Node>>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
+    /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
+    pub test_clock: Option<test_clock::TestClock>,
 }
 
 impl App {
@@ -62,8 +72,18 @@ impl App {
     /// ignored: use [`App::open`]).
     pub fn new(cfg: Config) -> Self {
         let store = Arc::new(Store::new(Self::store_config(&cfg)));
-        let spaces = Self::spaces(&cfg, &store);
-        Self { cfg, store, spaces, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false) }
+        let spaces = Spaces::new(Self::spaces_config(&cfg), store.clock());
+        let registry = Registry::new(store, spaces);
+        let test_clock = Self::test_clock(&cfg);
+        Self {
+            cfg,
+            registry,
+            metrics: Metrics::default(),
+            durable: None,
+            ha: None,
+            test_clock,
+            shutting_down: AtomicBool::new(false),
+        }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that
@@ -78,31 +98,39 @@ impl App {
             durable::Durable::open_opts(&dir, cfg.fsync, Self::store_config(&cfg), opts.clone())?;
         let (spaces, sglang, space_recovered) =
             durable::spaces::open(&dir, cfg.fsync, Self::spaces_config(&cfg), store.clock(), opts)?;
+        let registry = Registry::new(store, spaces);
         // Readers may hold leases from before the restart, which were not
-        // persisted: evict nothing for one lease period.
-        if recovered.bindings > 0 {
-            store.hold_eviction_for_a_lease();
-        }
-        if space_recovered.bindings > 0 {
-            spaces.hold_eviction_for_a_lease();
-        }
+        // persisted: a dialect whose store brought keys back evicts nothing
+        // for one lease period.
+        registry.hold_eviction_for_a_lease(|d| match d {
+            Dialect::Vllm => recovered.bindings > 0,
+            Dialect::Sglang => space_recovered.bindings > 0,
+        });
+        let test_clock = Self::test_clock(&cfg);
         Ok(Self {
             cfg,
-            store,
-            spaces,
+            registry,
             metrics: Metrics::default(),
             durable: Some(durable::Durability { vllm, sglang }),
+            ha: None,
             shutting_down: AtomicBool::new(false),
+            test_clock,
         })
+    }
+
+    /// This server as a node of an HA cluster: data routes answer only
+    /// while `node` says it is a serving leader (`ha::gate`).
+    pub fn with_ha(mut self, node: Arc<ha::Node>) -> Self {
+        self.ha = Some(node);
+        self
+    }
+
+    fn test_clock(cfg: &Config) -> Option<test_clock::TestClock> {
+        cfg.test_clock.then(test_clock::TestClock::default)
     }
 
     fn spaces_config(cfg: &Config) -> SpacesConfig {
         SpacesConfig { max_spaces: cfg.max_spaces, store: Self::store_config(cfg) }
-    }
-
-    /// SGLang's spaces in memory, timed by `store`'s clock.
-    fn spaces(cfg: &Config, store: &Store) -> Spaces {
-        Spaces::new(Self::spaces_config(cfg), store.clock())
     }
 
     fn store_config(cfg: &Config) -> StoreConfig {
@@ -114,7 +142,13 @@ impl App {
             high_watermark: cfg.evict_high_watermark,
             low_watermark: cfg.evict_low_watermark,
             read_lease: core::LeaseLength::from_secs(cfg.read_lease),
-            manual_clock: false,
+            // Reservations that never expire (0): a re-save is held for
+            // the longest lease.
+            reservation_ttl: match cfg.reservation_ttl {
+                0 => core::LeaseLength(core::MAX_LEASE),
+                secs => core::LeaseLength::from_secs(secs),
+            },
+            manual_clock: cfg.test_clock,
             index_floor: core::IndexFloor::vllm(cfg.expected_keys as usize),
         }
     }
@@ -147,17 +181,32 @@ impl App {
     }
 }
 
+/// Serves `app` on `listener` until `shutdown` resolves, with the
+/// background passes over its page spaces running beside it ([`maintain`]);
+/// returns once every connection has drained ([`http::serve`]).
+pub async fn serve(app: Arc<App>, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()>) {
+    let passes = maintain::start(&app);
+    http::serve(app, listener, shutdown).await;
+    drop(passes);
+}
+
 /// Installs the global tracing subscriber: `RUST_LOG` when set, else
 /// `--log-level`; text or JSON lines on stderr.
 pub fn init_tracing(cfg: &Config) {
+    init_logging(&cfg.log_level, cfg.log_format);
+}
+
+/// Installs the global tracing subscriber: `RUST_LOG` when set, else
+/// `level`; text or JSON lines on stderr (the relay's and the server's).
+pub fn init_logging(level: &str, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::try_new(&cfg.log_level).unwrap_or_else(|_| EnvFilter::new("info")));
+        .unwrap_or_else(|| EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info")));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
-    let _ = match cfg.log_format {
+    let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };

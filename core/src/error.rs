@@ -3,7 +3,8 @@
 //! They carry the rank, page and key a client needs to act, and format their
 //! message only when displayed: nothing here costs anything on success. The
 //! HTTP layer maps each one to a status and body in one place
-//! (`confirm_error_reply` and the handlers of `crate::http::api`).
+//! (`http::reply::confirm_error` and the handlers of `http::vllm` and
+//! `http::sglang`, in the server crate).
 
 use std::fmt;
 
@@ -25,11 +26,16 @@ pub enum ErrorCode {
     DoubleRelease,
     /// One page both confirmed and released in the same request.
     ConfirmAndRelease,
+    /// Confirming a page reserved for another key: its writer's
+    /// reservation expired and the page went to another writer, or the
+    /// client confirms a key on a page it was not given. Caught unless the
+    /// two keys' 32-bit tags collide (2^-32).
+    ReservedForOtherKey,
 }
 
 impl ErrorCode {
     /// Every code, for metrics that export one series per code.
-    pub const ALL: [ErrorCode; 7] = [
+    pub const ALL: [ErrorCode; 8] = [
         ErrorCode::RankNotInitialized,
         ErrorCode::PageOutOfRange,
         ErrorCode::ConfirmUnallocated,
@@ -37,6 +43,7 @@ impl ErrorCode {
         ErrorCode::ReleaseUnallocated,
         ErrorCode::DoubleRelease,
         ErrorCode::ConfirmAndRelease,
+        ErrorCode::ReservedForOtherKey,
     ];
 
     /// The code as it appears on the wire and in metrics.
@@ -49,6 +56,7 @@ impl ErrorCode {
             ErrorCode::ReleaseUnallocated => "release_unallocated",
             ErrorCode::DoubleRelease => "double_release",
             ErrorCode::ConfirmAndRelease => "confirm_and_release",
+            ErrorCode::ReservedForOtherKey => "reserved_for_other_key",
         }
     }
 }
@@ -99,6 +107,9 @@ impl fmt::Display for ConfirmError {
             }
             ErrorCode::ConfirmAndRelease => {
                 write!(f, "page {p} of rank {r} is both confirmed (key {k}) and released in one request")
+            }
+            ErrorCode::ReservedForOtherKey => {
+                write!(f, "cannot confirm key {k} on page {p} of rank {r}: the page is reserved for another key")
             }
         }
     }

@@ -42,11 +42,8 @@
 
 use super::error::InitError;
 use super::journal::{Change, Journal};
-use super::key::Key;
 use super::lease::Clock;
-use super::store::{
-    EvictStats, Initialized, MaintainReport, PageSource, RankStats, ReadPagesError, Store, StoreConfig, Visit,
-};
+use super::store::{Initialized, PageRead, PageSource, ReadPagesError, Store, StoreConfig, Visit};
 use super::sync::{AtomicU32, Ordering};
 use scc::HashIndex;
 use std::hash::{Hash, Hasher};
@@ -163,6 +160,8 @@ impl Journal for SpaceJournal {
                 Change::Bind { generation, rank: space, page, key, world }
             }
             Change::Unbind { generation, page, .. } => Change::Unbind { generation, rank: space, page },
+            Change::Reserve { generation, page, tag, .. } => Change::Reserve { generation, rank: space, page, tag },
+            Change::Hold { generation, page, .. } => Change::Hold { generation, rank: space, page },
             Change::Clear { .. } => {
                 // A space resets in place (`Store::reset`) and never clears.
                 debug_assert!(false, "an SGLang space never changes generation");
@@ -216,7 +215,7 @@ impl PageSource for SpaceSource {
         generation: u64,
         rank: u32,
         pages: std::ops::Range<u32>,
-        visit: &mut dyn FnMut(u32, Key, u32),
+        visit: &mut dyn FnMut(u32, PageRead),
     ) -> Result<(), ReadPagesError> {
         if generation != self.generation {
             return Err(ReadPagesError::Generation);
@@ -241,6 +240,8 @@ impl PageSource for SpaceSource {
                     Visit::Generation(_) => true,
                     Visit::Rank { num_pages, .. } => visit(Visit::Rank { rank, num_pages }),
                     Visit::Binding { page, key, world, .. } => visit(Visit::Binding { rank, page, key, world }),
+                    Visit::Reserved { page, tag, .. } => visit(Visit::Reserved { rank, page, tag }),
+                    Visit::Held { page, .. } => visit(Visit::Held { rank, page }),
                 };
                 go
             })?;
@@ -328,7 +329,8 @@ impl Spaces {
     }
 
     /// Rebuilds durable space `id`, `name` of `num_pages` pages, with its
-    /// `bindings` (page, key) at start-up, before serving. `journaled` says
+    /// `pages` in use (bound, reserved or held; see [`Store::read_pages`])
+    /// at start-up, before serving. `journaled` says
     /// whether the durable store knows its size already; when it does not
     /// (the process died between the catalog and the journal), it is
     /// journaled now. Ids must come in order. Not for the request path.
@@ -338,7 +340,7 @@ impl Spaces {
         name: SpaceName,
         num_pages: u32,
         journaled: bool,
-        bindings: &[(u32, Key)],
+        pages: &[(u32, PageRead)],
     ) -> Result<(), String> {
         let _create = self.create.lock().unwrap_or_else(PoisonError::into_inner);
         if id != self.count.load(Ordering::Relaxed) {
@@ -350,8 +352,13 @@ impl Spaces {
         if !journaled {
             store.journal_ranks();
         }
-        for (page, key) in bindings {
-            store.restore_binding(0, *page, &key.to_string(), 1).map_err(|e| format!("{}: {e}", what()))?;
+        for (page, read) in pages {
+            match read {
+                PageRead::Bound { key, .. } => store.restore_binding(0, *page, &key.to_string(), 1),
+                PageRead::Reserved { tag } => store.restore_reservation(0, *page, *tag),
+                PageRead::Held => store.restore_hold(0, *page),
+            }
+            .map_err(|e| format!("{}: {e}", what()))?;
         }
         let w = what();
         self.publish(id, name, store).map_err(|_| format!("{w} is named twice in the catalog"))
@@ -421,8 +428,8 @@ impl Spaces {
         Ok(Initialized::Created)
     }
 
-    /// Every space, in `(rank, namespace)` order (for `/stats`, `/metrics`
-    /// and the background passes; not the request path).
+    /// Every space, in `(rank, namespace)` order (for the registry's walks:
+    /// `/stats`, `/metrics` and the background passes; not the request path).
     pub fn list(&self) -> Vec<(SpaceName, Arc<Store>)> {
         let mut v = Vec::with_capacity(self.len());
         self.map.iter_sync(|k, s| {
@@ -446,79 +453,6 @@ impl Spaces {
     /// The largest number of spaces.
     pub fn max(&self) -> u32 {
         self.cfg.max_spaces
-    }
-
-    /// Ticks every space's reservation clock ([`Store::tick`]); returns the
-    /// pages returned to their pool.
-    pub fn tick(&self) -> u64 {
-        self.list().iter().map(|(_, s)| s.tick()).sum()
-    }
-
-    /// One background pass over every space ([`Store::maintain`]).
-    pub fn maintain(&self, budget_words: u64) -> MaintainReport {
-        let mut total = MaintainReport::default();
-        for (_, s) in self.list() {
-            let r = s.maintain(budget_words);
-            total.keys += r.keys;
-            total.pages += r.pages;
-            total.quarantine_freed += r.quarantine_freed;
-        }
-        total
-    }
-
-    /// Holds eviction off for one lease period in every space (after a
-    /// recovery from disk).
-    pub fn hold_eviction_for_a_lease(&self) {
-        for (_, s) in self.list() {
-            s.hold_eviction_for_a_lease();
-        }
-    }
-}
-
-/// One space's statistics (for `/stats` and `/metrics`; a scan of its pages
-/// and keys).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpaceStats {
-    /// The space.
-    pub name: SpaceName,
-    /// Its pages by state (its one rank).
-    pub pages: RankStats,
-    /// Keys stored.
-    pub keys: u64,
-    /// Keys under a read lease now.
-    pub leased_keys: u64,
-    /// Pages of leased keys.
-    pub leased_pages: u64,
-    /// Pages of keys the evictor may take now.
-    pub evictable_pages: u64,
-    /// Reservations returned to the pool by expiry, ever.
-    pub expired: u64,
-    /// Its evictions.
-    pub evict: EvictStats,
-}
-
-impl Spaces {
-    /// Every space's statistics, in `(rank, namespace)` order.
-    pub fn stats(&self) -> Vec<SpaceStats> {
-        self.list()
-            .into_iter()
-            .filter_map(|(name, s)| {
-                let st = s.stats();
-                let pages = *st.ranks.first()?;
-                let leases = s.lease_stats();
-                let (_, leased_pages, evictable_pages) = leases.ranks.first().copied().unwrap_or_default();
-                Some(SpaceStats {
-                    name,
-                    pages,
-                    keys: st.keys,
-                    leased_keys: leases.leased_keys,
-                    leased_pages,
-                    evictable_pages,
-                    expired: st.expired,
-                    evict: s.evict_stats(),
-                })
-            })
-            .collect()
     }
 }
 

@@ -24,7 +24,7 @@ use super::error::{InitError, RankNotInitialized};
 use super::index::{Bind, Delta, IndexFloor, KeyIndex, MAX_IDS};
 use super::journal::{Change, Journal};
 use super::key::KeyRef;
-use super::lease::{Clock, LeaseLength};
+use super::lease::{self, Clock, LeaseLength};
 use super::pages::{Counts, Owner, PageState, PageTable, BOUND, FREE};
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
@@ -38,7 +38,7 @@ pub use allocate::AllocSlot;
 use arc_swap::ArcSwap;
 pub use delete::DeleteOutcome;
 pub use evict::{EvictReason, EvictStats, MaintainReport};
-pub use snapshot::{PageSource, ReadPagesError, Visit};
+pub use snapshot::{PageRead, PageSource, ReadPagesError, Visit};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Expiry granularity: the server ticks the store's epoch this many times per
@@ -68,6 +68,15 @@ pub struct StoreConfig {
     pub low_watermark: f64,
     /// How long a read protects a key (`--read-lease`); 0 for no leases.
     pub read_lease: LeaseLength,
+    /// How long an unconfirmed reservation lives (`--reservation-ttl`, in
+    /// lease ticks). A re-save (an allocate that answers a stored page)
+    /// leases its key for at least this long, and a quarter more
+    /// (reservations expire between 1 and 1.25 TTLs), so that the page is
+    /// not evicted or handed out while its writer may still be rewriting
+    /// it, whatever `read_lease` is. 0 adds nothing to `read_lease` (the
+    /// core's default, the Python server's behaviour); the server passes
+    /// [`crate::lease::MAX_LEASE`] for reservations that never expire.
+    pub reservation_ttl: LeaseLength,
     /// Leases and eviction run on a clock set by hand ([`Store::set_clock`])
     /// rather than real time: for tests.
     pub manual_clock: bool,
@@ -87,6 +96,7 @@ impl Default for StoreConfig {
             high_watermark: 0.95,
             low_watermark: 0.90,
             read_lease: LeaseLength(0),
+            reservation_ttl: LeaseLength(0),
             manual_clock: false,
             index_floor: IndexFloor::VLLM,
         }
@@ -163,9 +173,19 @@ pub struct Stats {
 pub struct LeaseStats {
     /// Keys whose lease has not passed.
     pub leased_keys: u64,
-    /// Per initialized rank (in rank order): pages of leased keys, and
-    /// pages of keys the evictor may take.
-    pub ranks: Vec<(u32, u64, u64)>,
+    /// Per initialized rank, in rank order.
+    pub ranks: Vec<RankLeases>,
+}
+
+/// One rank's bound pages by lease, from [`Store::lease_stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RankLeases {
+    /// The rank.
+    pub rank: u32,
+    /// Pages of keys under a read lease.
+    pub leased_pages: u64,
+    /// Pages of keys the evictor may take now.
+    pub evictable_pages: u64,
 }
 
 /// Sizes of the store's structures that its logical [`Stats`] do not show
@@ -302,13 +322,32 @@ impl Store {
         self.clock.clone()
     }
 
-    /// Holds eviction off for one lease period from now: called after a
-    /// recovery, since the leases of readers before the restart were not
-    /// persisted.
+    /// Holds eviction off for one lease period from now, and makes every
+    /// release or delete in that period quarantine its page until it ends
+    /// ([`Store::restart_hold`]): called after a recovery, since the leases
+    /// of readers before the restart were not persisted.
     pub fn hold_eviction_for_a_lease(&self) {
-        let until = self.clock.now().saturating_add(self.cfg.read_lease.0).saturating_add(1);
-        // Relaxed: a threshold read by the evictor; nothing hangs off it.
+        let until = lease::after(self.clock.now(), self.cfg.read_lease.0.saturating_add(1));
+        // Relaxed: a threshold read by the evictor and by releases; nothing
+        // hangs off it.
         self.evict_not_before.store(until, Ordering::Relaxed);
+    }
+
+    /// The tick until which a page unbound now must be held because a
+    /// reader before the restart may hold it ([`hold_eviction_for_a_lease`](
+    /// Self::hold_eviction_for_a_lease)), when that hold is still live.
+    #[inline]
+    fn restart_hold(&self, now: u32) -> Option<u32> {
+        Some(self.evict_not_before.load(Ordering::Relaxed)).filter(|&d| lease::live(d, now))
+    }
+
+    /// The lease an allocate gives a key whose stored page it hands out
+    /// again: at least as long as the write it announces may take (see
+    /// [`StoreConfig::reservation_ttl`]).
+    #[inline]
+    fn reuse_lease(&self) -> LeaseLength {
+        let ttl = self.cfg.reservation_ttl.0;
+        self.cfg.read_lease.max(LeaseLength(ttl.saturating_add(ttl.div_ceil(4))))
     }
 
     #[inline]
@@ -394,10 +433,11 @@ impl Store {
         let gen = self.gen.load();
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
-        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
         let mut entries = Vec::with_capacity(parsed.len());
         index.entries(&parsed, |&k| k, &mut entries);
+        // Read after the lookups: a lease counts from when the answer is built.
+        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let mut leading = true;
         out.extend(parsed.iter().zip(entries).map(|(&k, e)| {
             if leading {
@@ -417,10 +457,11 @@ impl Store {
         gen.rank(rank).ok_or(RankNotInitialized(rank))?;
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
-        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let index = gen.index.reader();
         let mut entries = Vec::with_capacity(parsed.len());
         index.entries(&parsed, |&k| k, &mut entries);
+        // Read after the lookups: a lease counts from when the answer is built.
+        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         out.extend(parsed.iter().zip(entries).map(|(&k, e)| index.lease_location(k, e, rank as u32, now, lease)));
         Ok(())
     }
@@ -502,6 +543,38 @@ impl Store {
         }
     }
 
+    /// Makes `page` of `rank` RESERVED for the key tagged `tag` while
+    /// rebuilding from a journal: a reservation live at the crash. It gets a
+    /// fresh TTL (stamped with the current epoch), so its writer, which may
+    /// still be writing, has a whole TTL to confirm. Not journaled.
+    pub fn restore_reservation(&self, rank: u32, page: u32, tag: u32) -> Result<(), String> {
+        let gen = self.gen.load();
+        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        if page >= table.num_pages() {
+            return Err(format!("reserved page {page} is out of range for rank {rank}"));
+        }
+        if !table.restore_reserved(page, tag, self.epoch.load(Ordering::Relaxed) as u8) {
+            return Err(format!("reserved page {page} of rank {rank} is already in use"));
+        }
+        Ok(())
+    }
+
+    /// Quarantines `page` of `rank` for one read lease from now while
+    /// rebuilding from a journal: a page held at the crash because a reader
+    /// might still read it. Not journaled.
+    pub fn restore_hold(&self, rank: u32, page: u32) -> Result<(), String> {
+        let gen = self.gen.load();
+        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        if page >= table.num_pages() {
+            return Err(format!("held page {page} is out of range for rank {rank}"));
+        }
+        let until = lease::after(self.clock.now(), self.cfg.read_lease.0.saturating_add(1));
+        if !table.restore_held(page, until) {
+            return Err(format!("held page {page} of rank {rank} is already in use"));
+        }
+        Ok(())
+    }
+
     /// The size of `rank`, when it exists.
     pub fn rank_size(&self, rank: u32) -> Option<u32> {
         self.gen.load().rank(rank.into()).map(PageTable::num_pages)
@@ -519,7 +592,15 @@ impl Store {
     pub fn tick(&self) -> u64 {
         let now = self.epoch.fetch_add(1, Ordering::Relaxed).wrapping_add(1) as u8;
         let gen = self.gen.load_full();
-        let freed: u64 = gen.ranks.iter().filter_map(OnceLock::get).map(|t| t.expire(now, EXPIRY_TICKS)).sum();
+        let mut freed = 0;
+        for (r, slot) in gen.ranks.iter().enumerate() {
+            let Some(t) = slot.get() else { continue };
+            // Each expired reservation is journaled as the page's end while
+            // the page is held, like a release.
+            freed += t.expire_each(now, EXPIRY_TICKS, &mut |page| {
+                self.record(Change::Unbind { generation: gen.id, rank: r as u32, page });
+            });
+        }
         self.expired.fetch_add(freed, Ordering::Relaxed);
         freed
     }
@@ -572,7 +653,7 @@ impl Store {
         });
         let ranks = (0..gen.ranks.len())
             .filter(|&r| gen.ranks[r].get().is_some())
-            .map(|r| (r as u32, leased[r], evictable[r]))
+            .map(|r| RankLeases { rank: r as u32, leased_pages: leased[r], evictable_pages: evictable[r] })
             .collect();
         LeaseStats { leased_keys, ranks }
     }

@@ -64,12 +64,12 @@ pub mod store;
 pub mod syncer;
 pub mod writer;
 
-pub use crate::config::FsyncMode;
 pub use dialects::Durability;
 pub use error::OpenError;
 pub use faults::{Fault, Faults, Point};
 pub use queue::{Health, WaitError};
 pub use store::OpenReport;
+pub use writer::FsyncMode;
 
 use crate::core::{Journal, PageSource, Store, StoreConfig};
 use crossbeam_channel::Sender;
@@ -121,6 +121,12 @@ pub struct Recovered {
     pub ranks: usize,
     /// Key-rank bindings restored.
     pub bindings: u64,
+    /// Reservations restored, each for its key with a fresh TTL: the
+    /// writers that held them before the restart may still confirm.
+    pub reservations: u64,
+    /// Pages restored as held for one read lease (released or deleted
+    /// within a reader's lease before the restart).
+    pub held: u64,
     /// Distinct keys restored.
     pub keys: u64,
     /// Log entries (writer batches) replayed over the checkpointed state.
@@ -236,7 +242,7 @@ impl Durable {
             root: dir.to_path_buf(),
             db: arc_swap::ArcSwap::from_pointee(db),
             progress: progress.clone(),
-            faults: opts.faults,
+            faults: opts.faults.clone(),
             watch: Watch::new(start),
             writer: tx.clone(),
             store: source,
@@ -258,49 +264,13 @@ impl Durable {
             progress.fail(&f);
         }
 
-        let backlog = Arc::new(AtomicU64::new(0));
-        let (nudge_tx, nudge_rx) = crossbeam_channel::bounded(1);
-        let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
-        // Before the writer runs: the syncer must sync whatever is
-        // published after this, even if it starts late.
-        let synced = progress.durable();
-        let writer = writer::Writer {
-            shared: shared.clone(),
-            mode,
-            rx,
-            generation,
-            log,
-            next_entry,
-            backlog: backlog.clone(),
-            nudge: nudge_tx,
-            retry: opts.retry_after,
-            recover_asked: false,
-        };
-        let spawn_err = |e: std::io::Error| OpenError::Io(format!("cannot start a thread: {e}"));
-        let writer =
-            std::thread::Builder::new().name("durable-writer".into()).spawn(move || writer.run()).map_err(spawn_err)?;
-        let syncer = if mode == FsyncMode::Batch {
-            let (tx, rx) = crossbeam_channel::bounded(1);
-            let s = shared.clone();
-            let h = std::thread::Builder::new()
-                .name("durable-syncer".into())
-                .spawn(move || syncer::run(s, rx, synced))
-                .map_err(spawn_err)?;
-            Some((h, tx))
-        } else {
-            None
-        };
-        let cp = shared.clone();
-        let every = opts.checkpoint_every;
-        let checkpointer = std::thread::Builder::new()
-            .name("durable-checkpoint".into())
-            .spawn(move || checkpoint::run(cp, every, backlog, nudge_rx, stop_rx))
-            .map_err(spawn_err)?;
-
+        let threads = start_threads(&shared, &progress, mode, rx, generation, log, next_entry, &opts)?;
         let recovered = Recovered {
             generation,
             ranks: restored.ranks,
             bindings: restored.bindings,
+            reservations: restored.reservations,
+            held: restored.held,
             keys,
             log_entries: restored.log_entries,
             log_records: restored.log_records,
@@ -308,22 +278,7 @@ impl Durable {
             report,
             elapsed: start.elapsed(),
         };
-        tracing::info!(
-            dir = %dir.display(),
-            fsync = ?mode,
-            generation,
-            ranks = recovered.ranks,
-            bindings = recovered.bindings,
-            keys = recovered.keys,
-            log_records_replayed = recovered.log_records,
-            ms = recovered.elapsed.as_millis() as u64,
-            "durable store: recovered {} ranks, {} bindings of {} keys in {:.3} s",
-            recovered.ranks,
-            recovered.bindings,
-            recovered.keys,
-            recovered.elapsed.as_secs_f64()
-        );
-        let threads = Threads { writer, checkpointer, stop_checkpointer: stop_tx, syncer };
+        log_recovered(dir, mode, &recovered);
         let durable = Durable { shared, tx, threads: Mutex::new(Some(threads)), _lock: lock };
         Ok((served, durable, recovered))
     }
@@ -385,9 +340,9 @@ impl Durable {
         if p.is_healthy() {
             return Health::Healthy;
         }
-        let before = p.counts().2;
+        let before = p.counts().attempts;
         let _ = self.tx.send(Msg::Recover);
-        p.wait_until(timeout, |p| p.counts().2 > before || matches!(p.health(), Health::Fatal(_)));
+        p.wait_until(timeout, |p| p.counts().attempts > before || matches!(p.health(), Health::Fatal(_)));
         self.health()
     }
 
@@ -395,7 +350,8 @@ impl Durable {
     /// `hf3fs_meta_`), type, help and value ([`Durability::render_metrics`]
     /// renders them).
     pub fn series(&self) -> [(&'static str, &'static str, &'static str, u64); 3] {
-        let (failures, recoveries, _) = self.shared.progress.counts();
+        let c = self.shared.progress.counts();
+        let (failures, recoveries) = (c.failures, c.recoveries);
         [
             (
                 "durable_healthy",
@@ -509,4 +465,83 @@ impl Drop for Durable {
     fn drop(&mut self) {
         let _ = self.close();
     }
+}
+
+/// Starts the writer, the syncer (with `--fsync batch`) and the
+/// checkpointer of a store just opened: the last step of
+/// [`Durable::open_source`].
+#[allow(clippy::too_many_arguments)]
+fn start_threads(
+    shared: &Arc<Shared>,
+    progress: &Arc<Progress>,
+    mode: FsyncMode,
+    rx: crossbeam_channel::Receiver<queue::Msg>,
+    generation: u64,
+    log: fjall::PartitionHandle,
+    next_entry: u64,
+    opts: &Options,
+) -> Result<Threads, OpenError> {
+    let backlog = Arc::new(AtomicU64::new(0));
+    let (nudge_tx, nudge_rx) = crossbeam_channel::bounded(1);
+    let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+    // Before the writer runs: the syncer must sync whatever is
+    // published after this, even if it starts late.
+    let synced = progress.durable();
+    let writer = writer::Writer {
+        shared: shared.clone(),
+        mode,
+        rx,
+        generation,
+        log,
+        next_entry,
+        backlog: backlog.clone(),
+        nudge: nudge_tx,
+        retry: opts.retry_after,
+        recover_asked: false,
+    };
+    let spawn_err = |e: std::io::Error| OpenError::Io(format!("cannot start a thread: {e}"));
+    let writer =
+        std::thread::Builder::new().name("durable-writer".into()).spawn(move || writer.run()).map_err(spawn_err)?;
+    let syncer = if mode == FsyncMode::Batch {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let s = shared.clone();
+        let h = std::thread::Builder::new()
+            .name("durable-syncer".into())
+            .spawn(move || syncer::run(s, rx, synced))
+            .map_err(spawn_err)?;
+        Some((h, tx))
+    } else {
+        None
+    };
+    let cp = shared.clone();
+    let every = opts.checkpoint_every;
+    let checkpointer = std::thread::Builder::new()
+        .name("durable-checkpoint".into())
+        .spawn(move || checkpoint::run(cp, every, backlog, nudge_rx, stop_rx))
+        .map_err(spawn_err)?;
+
+    Ok(Threads { writer, checkpointer, stop_checkpointer: stop_tx, syncer })
+}
+
+/// The one line start-up logs with what it recovered.
+fn log_recovered(dir: &Path, mode: FsyncMode, recovered: &Recovered) {
+    tracing::info!(
+        dir = %dir.display(),
+        fsync = ?mode,
+        generation = recovered.generation,
+        ranks = recovered.ranks,
+        bindings = recovered.bindings,
+        keys = recovered.keys,
+        reservations = recovered.reservations,
+        held = recovered.held,
+        log_records_replayed = recovered.log_records,
+        ms = recovered.elapsed.as_millis() as u64,
+        "durable store: recovered {} ranks, {} bindings of {} keys, {} reservations, {} held pages in {:.3} s",
+        recovered.ranks,
+        recovered.bindings,
+        recovered.keys,
+        recovered.reservations,
+        recovered.held,
+        recovered.elapsed.as_secs_f64()
+    );
 }

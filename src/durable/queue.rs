@@ -62,6 +62,8 @@ pub(crate) enum Op {
     Initialize { generation: u64, rank: u32, num_pages: u32 },
     Bind { generation: u64, rank: u32, page: u32, world: u32, key: Key },
     Unbind { generation: u64, rank: u32, page: u32 },
+    Reserve { generation: u64, rank: u32, page: u32, tag: u32 },
+    Hold { generation: u64, rank: u32, page: u32 },
     Clear { generation: u64 },
 }
 
@@ -78,6 +80,8 @@ impl Op {
             Op::Initialize { generation, .. }
             | Op::Bind { generation, .. }
             | Op::Unbind { generation, .. }
+            | Op::Reserve { generation, .. }
+            | Op::Hold { generation, .. }
             | Op::Clear { generation } => generation,
         }
     }
@@ -91,9 +95,22 @@ impl From<Change<'_>> for Op {
                 Op::Bind { generation, rank, page, world, key: key.to_key() }
             }
             Change::Unbind { generation, rank, page } => Op::Unbind { generation, rank, page },
+            Change::Reserve { generation, rank, page, tag } => Op::Reserve { generation, rank, page, tag },
+            Change::Hold { generation, rank, page } => Op::Hold { generation, rank, page },
             Change::Clear { generation } => Op::Clear { generation },
         }
     }
+}
+
+/// What [`Progress::counts`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProgressCounts {
+    /// Times the store stopped being able to write.
+    pub(crate) failures: u64,
+    /// Times it recovered in process.
+    pub(crate) recoveries: u64,
+    /// Recovery attempts, successful or not.
+    pub(crate) attempts: u64,
 }
 
 /// What the writer thread receives.
@@ -259,10 +276,10 @@ impl Progress {
         self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    /// `(failures, recoveries, attempts)` so far.
-    pub(crate) fn counts(&self) -> (u64, u64, u64) {
+    /// Failures, recoveries and recovery attempts so far.
+    pub(crate) fn counts(&self) -> ProgressCounts {
         let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        (c(&self.failures), c(&self.recoveries), c(&self.attempts))
+        ProgressCounts { failures: c(&self.failures), recoveries: c(&self.recoveries), attempts: c(&self.attempts) }
     }
 
     /// Marks the writer as gone (writer only, on exit).

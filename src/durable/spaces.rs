@@ -160,7 +160,7 @@ pub fn open(
             let size = recovered.rank_size(e.id);
             let mut bindings = Vec::new();
             recovered
-                .read_pages(recovered.generation(), e.id, 0..u32::MAX, |page, key, _| bindings.push((page, key)))
+                .read_pages(recovered.generation(), e.id, 0..u32::MAX, |page, read| bindings.push((page, read)))
                 .map_err(|m| OpenError::Inconsistent(format!("SGLang space {}: {m:?}", e.id)))?;
             let name = SpaceName { rank: e.rank, namespace: e.namespace.as_str().into() };
             spaces

@@ -182,8 +182,10 @@ struct Fixture {
 impl Fixture {
     fn new() -> Self {
         let s = store_with(None, &[16, 16]);
-        let mut q: Vec<i64> = alloc(&s, 0, &["f0", "f1", "f2", "f3", "f4", "f5"]);
-        q.sort_unstable();
+        // Each page reserved for the key that confirms it (a reservation
+        // belongs to its key); a fresh rank hands them out in order.
+        let q: Vec<i64> = alloc(&s, 0, &[C, A, "f2", B, "f4", D]);
+        assert!(q.windows(2).all(|w| w[0] < w[1]), "{q:?}");
         let q: [i64; 6] = q.try_into().unwrap();
         assert_eq!(confirm_ok(&s, 0, &[(A, q[1]), (B, q[3])], &[q[2], q[4]]), outcome(2, 0, 0, 2));
         let a1 = save(&s, 1, &[A])[0];
@@ -503,13 +505,15 @@ fn confirm_empty_request_is_ok() {
 }
 
 #[test]
-fn confirm_any_reserved_page_for_any_key() {
-    // The contract ties a confirmation to a reserved page, not to the key it
-    // was allocated for.
+fn a_confirmation_names_the_key_its_page_was_reserved_for() {
+    // Issue 20: a reservation belongs to its key (the Python server binds
+    // any reserved page to any key).
     let s = store_with(None, &[8]);
     let p = alloc(&s, 0, &[A, B]);
-    assert_eq!(confirm_ok(&s, 0, &[(B, p[0]), (A, p[1])], &[]), outcome(2, 0, 0, 0));
-    assert_eq!(locations(&s, 0, &[A, B]).unwrap(), vec![Some(p[1] as u32), Some(p[0] as u32)]);
+    rejected(&s, 0, &[(B, p[0]), (A, p[1])], &[], ErrorCode::ReservedForOtherKey, Some(p[0]), Some(B));
+    rejected(&s, 0, &[(A, p[0]), (A, p[1])], &[], ErrorCode::ReservedForOtherKey, Some(p[1]), Some(A));
+    assert_eq!(confirm_ok(&s, 0, &[(B, p[1]), (A, p[0])], &[]), outcome(2, 0, 0, 0));
+    assert_eq!(locations(&s, 0, &[A, B]).unwrap(), vec![Some(p[0] as u32), Some(p[1] as u32)]);
 }
 
 #[test]
@@ -572,13 +576,16 @@ fn race_rule_within_one_request() {
 fn race_rule_with_reconfirm_in_same_request() {
     // The connector re-confirms P1 (reused) while a racing save confirms P2.
     let s = store_with(None, &[8]);
-    let p1 = save(&s, 0, &[A])[0];
-    for reconfirm_first in [false, true] {
-        let p2 = alloc1(&s, 0, B); // a fresh reserved page, confirmed for A
+    // Three saves of A allocate before any confirms: three fresh pages.
+    let p = [alloc1(&s, 0, A), alloc1(&s, 0, A), alloc1(&s, 0, A)];
+    let p1 = p[0];
+    confirm_ok(&s, 0, &[(A, p1)], &[]);
+    for (i, reconfirm_first) in [false, true].into_iter().enumerate() {
+        let p2 = p[1 + i]; // a fresh page reserved for A, confirmed for A
         let confs = if reconfirm_first { [(A, p1), (A, p2)] } else { [(A, p2), (A, p1)] };
         assert_eq!(confirm_ok(&s, 0, &confs, &[]), outcome(0, 1, 1, 0));
         assert_eq!(loc1(&s, 0, A), Some(p1 as u32));
-        assert_eq!(free_res_bound(&s, 0), (7, 0, 1));
+        assert_eq!(free_res_bound(&s, 0), (6 + i as u64, 1 - i as u64, 1));
     }
 }
 
@@ -629,23 +636,24 @@ fn release_bound_page_makes_key_incomplete() {
 #[test]
 fn releases_apply_before_confirmations() {
     let s = store_with(None, &[8]);
-    let p1 = save(&s, 0, &[A])[0];
-    let p2 = alloc1(&s, 0, B); // any reserved page will do
-                               // Release A's old page and confirm a new one for A in one request: the
-                               // release goes first, so the confirmation binds (it is not the race rule).
+    // Four saves of A allocate before any confirms (a reservation belongs
+    // to its key: each later confirm of A needs a page reserved for A).
+    let [p1, p2, p3, p5] = [0; 4].map(|_| alloc1(&s, 0, A));
+    confirm_ok(&s, 0, &[(A, p1)], &[]);
+    // Release A's old page and confirm a new one for A in one request: the
+    // release goes first, so the confirmation binds (it is not the race rule).
     assert_eq!(confirm_ok(&s, 0, &[(A, p2)], &[p1]), outcome(1, 0, 0, 1));
     assert_eq!(loc1(&s, 0, A), Some(p2 as u32), "the new page, not the released old one");
-    assert_eq!(free_res_bound(&s, 0), (7, 0, 1));
+    assert_eq!(free_res_bound(&s, 0), (5, 2, 1));
     assert_eq!(alloc1(&s, 0, A), p2);
     // Without the release, the same shape is the race rule: the old page stays.
-    let p3 = alloc1(&s, 0, C);
     assert_eq!(confirm_ok(&s, 0, &[(A, p3)], &[]), outcome(0, 0, 1, 0));
     assert_eq!(loc1(&s, 0, A), Some(p2 as u32));
     // Release a key's page and re-bind another key to a fresh page in one go,
     // then bind the released key elsewhere: all in one request.
-    let p4 = alloc(&s, 0, &[C, D]);
-    assert_eq!(confirm_ok(&s, 0, &[(C, p4[0]), (A, p4[1])], &[p2]), outcome(2, 0, 0, 1));
-    assert_eq!(locations(&s, 0, &[A, C]).unwrap(), vec![Some(p4[1] as u32), Some(p4[0] as u32)]);
+    let c = alloc1(&s, 0, C);
+    assert_eq!(confirm_ok(&s, 0, &[(C, c), (A, p5)], &[p2]), outcome(2, 0, 0, 1));
+    assert_eq!(locations(&s, 0, &[A, C]).unwrap(), vec![Some(p5 as u32), Some(c as u32)]);
     assert_eq!(s.audit().unwrap().keys, 2);
 }
 
@@ -664,7 +672,8 @@ fn error_codes_on_the_wire() {
             "double_confirm",
             "release_unallocated",
             "double_release",
-            "confirm_and_release"
+            "confirm_and_release",
+            "reserved_for_other_key"
         ]
     );
 }

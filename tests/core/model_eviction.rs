@@ -29,8 +29,8 @@ use crate::common::page_model;
 use crate::common::page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
 use crate::common::recorder::{Rec, Recorder};
 use hf3fs_meta::core::{
-    AllocateOutcome, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats, RankNotInitialized, Stats, Store,
-    StoreConfig,
+    AllocateOutcome, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats, RankLeases, RankNotInitialized,
+    Stats, Store, StoreConfig,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -373,7 +373,7 @@ impl Model {
         note(if grant { "alloc granted" } else { "alloc refused" });
         let epoch = self.epoch as u8;
         let t = self.ranks.get_mut(&r).unwrap();
-        let mut fresh = HashSet::new();
+        let mut fresh = HashMap::new();
         for ((&(_, page), h), &(_, k)) in got.iter().zip(&held).zip(&distinct) {
             match *h {
                 Some(p) => prop_assert_eq!(page, i64::from(p), "{} is bound to page {} after the request", KEYS[k], p),
@@ -381,7 +381,7 @@ impl Model {
                 None => {
                     prop_assert!((0..t.st.len() as i64).contains(&page), "page {} out of range", page);
                     prop_assert_eq!(t.st[page as usize], St::Free, "page {} handed out but not free", page);
-                    prop_assert!(fresh.insert(page), "page {} twice in one answer", page);
+                    prop_assert!(fresh.insert(page, k).is_none(), "page {} twice in one answer", page);
                     if let Some(&(owner, until)) = self.promises.get(&(r, page as u32)) {
                         prop_assert!(
                             owner == k || until < self.now,
@@ -441,7 +441,7 @@ impl Model {
             }
             let st = &mut self.ranks.get_mut(&r).unwrap().st[p as usize];
             match *st {
-                St::Reserved => {
+                St::Reserved(_) => {
                     let e = self.keys.entry(k).or_insert_with(|| MKey {
                         world: world_now,
                         pages: BTreeMap::new(),
@@ -539,7 +539,7 @@ impl Model {
                 let on = |want: bool| {
                     self.keys.values().filter(|e| e.pages.contains_key(&r) && leased(e) == want).count() as u64
                 };
-                (r, on(true), on(false))
+                RankLeases { rank: r, leased_pages: on(true), evictable_pages: on(false) }
             })
             .collect();
         LeaseStats { leased_keys: self.keys.values().filter(|e| leased(e)).count() as u64, ranks }

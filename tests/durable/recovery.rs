@@ -1,12 +1,12 @@
 //! Durability at the API level: what survives a restart (ranks, bindings,
-//! world sizes, `/clear`), what does not (reservations), and damaged files
+//! world sizes, `/clear`, reservations), and damaged files
 //! (a clean error or a reported dropped tail, never a panic).
 //!
 //! Each scenario runs twice where it matters: ending with a clean close
 //! (everything folded into the checkpointed state) and ending as a crash
 //! would (the log tail not folded), so both recovery paths are covered.
 
-use hf3fs_meta::core::{ErrorCode, Initialized, Store, StoreConfig};
+use hf3fs_meta::core::{Initialized, Store, StoreConfig};
 use hf3fs_meta::durable::{Durable, FsyncMode, OpenError, Recovered};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -156,24 +156,28 @@ fn clear_is_durable() {
 }
 
 #[test]
-fn reservations_are_not_durable() {
+fn reservations_are_durable() {
+    // More in tests/durable_reservations.rs: holds, checkpoints, old data.
     let dir = tempfile::tempdir().unwrap();
     let (s, d, _) = open(dir.path());
     s.initialize(0, 8).unwrap();
     let b = save(&s, &d, 0, &[B])[0];
     let a = alloc(&s, 0, &[A])[0];
+    sync(&d);
     assert_eq!(s.stats().ranks[0].counts.reserved, 1);
     close(d, false);
     drop(s);
 
-    let (s, d, _) = open(dir.path());
+    let (s, d, r) = open(dir.path());
+    assert_eq!(r.reservations, 1, "{r:?}");
     let st = s.audit().unwrap();
-    assert_eq!((st.ranks[0].counts.reserved, st.ranks[0].counts.bound, st.ranks[0].counts.free), (0, 1, 7));
-    let err = s.confirm(0, &[(A, a)], &[]).unwrap_err();
-    assert_eq!((err.code, err.page), (ErrorCode::ConfirmUnallocated, Some(a)));
-    // The bound page is still bound, and a fresh allocate never hands it out.
-    let fresh = alloc(&s, 0, &[C, D, "x", "y", "z", "w", "v"]);
-    assert!(!fresh.contains(&b) && !fresh.contains(&-1), "{fresh:?}");
+    assert_eq!((st.ranks[0].counts.reserved, st.ranks[0].counts.bound, st.ranks[0].counts.free), (1, 1, 6));
+    // Neither the bound page nor the reserved one goes to a new key.
+    let fresh = alloc(&s, 0, &[C, D, "x", "y", "z", "w"]);
+    assert!(!fresh.contains(&b) && !fresh.contains(&a) && !fresh.contains(&-1), "{fresh:?}");
+    // The late confirm binds where its writer wrote.
+    s.confirm(0, &[(A, a)], &[]).expect("the pre-restart writer confirms");
+    assert_eq!(location_any(&s, 0, A), a);
     drop(d);
 }
 

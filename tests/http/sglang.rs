@@ -320,11 +320,13 @@ fn confirm_write_binds_releases_and_answers_typed_500s() {
     let (a, b) = (sha(1), sha(2));
     let got = sg.reserve(2, "kv", &[&a, &b]);
     let (pa, pb) = (got[0].1, got[1].1);
+    // A second save of a, before the first confirms: another page for a.
+    let other = sg.reserve(2, "kv", &[&a])[0].1;
+    assert!(![pa, pb].contains(&other));
     // Both lists are optional.
     check(&s, "POST", "/2/confirm_write", "{}", 204, "");
     sg.confirm_ok(2, "kv", &[(&a, pa)], &[]);
     // A key already stored keeps its page; the new page is freed (superseded).
-    let other = sg.reserve(2, "kv", &[&sha(9)])[0].1;
     sg.confirm_ok(2, "kv", &[(&a, other)], &[]);
     assert_eq!(sg.indices(2, "kv", &[&a]), [Some(pa)]);
     assert_eq!(sg.space(2, "kv")["reserved"], json!(1), "only b's reservation is left");
@@ -337,6 +339,7 @@ fn confirm_write_binds_releases_and_answers_typed_500s() {
         (json!({"pages_to_release": [-1]}), "page_out_of_range", Some(-1), None),
         (json!({"written_keys_to_confirm": [[b, pa]]}), "double_confirm", Some(pa), Some(&b)),
         (json!({"pages_to_release": [pb, pb]}), "double_release", Some(pb), None),
+        (json!({"written_keys_to_confirm": [[a, pb]]}), "reserved_for_other_key", Some(pb), Some(&a)),
         (
             json!({"written_keys_to_confirm": [[b, pb]], "pages_to_release": [pb]}),
             "confirm_and_release",
@@ -532,10 +535,10 @@ fn reservations_expire() {
     assert_eq!(sg.space(0, "kv")["reserved"], json!(2));
     // The sweeper's ticks, driven by hand: a reservation outlives four.
     for _ in 0..hf3fs_meta::core::TICKS_PER_TTL {
-        s.app().spaces.tick();
+        s.app().registry.tick();
     }
     assert_eq!(sg.space(0, "kv")["reserved"], json!(2), "not before the TTL");
-    s.app().spaces.tick();
+    s.app().registry.tick();
     let sp = sg.space(0, "kv");
     assert_eq!((&sp["reserved"], &sp["free"], &sp["reservations_expired"]), (&json!(0), &json!(2), &json!(2)));
     // A late confirm gets the typed 500.
@@ -606,7 +609,7 @@ fn both_dialects_on_one_server_never_touch_each_others_pages() {
     let r = s.post_json("/rank/0/initialize", &json!({"num_pages": 2}));
     assert_json_body(&r, r#"{"message":"Rank 0 initialized with 2 pages"}"#, "vLLM initialize");
     s.audit();
-    for (_, space) in s.app().spaces.list() {
+    for (_, space) in s.app().registry.sglang().list() {
         space.audit().unwrap_or_else(|e| panic!("space audit: {e}"));
     }
 }

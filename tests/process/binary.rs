@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Every flag of the command line.
-const FLAGS: [&str; 28] = [
+const FLAGS: [&str; 37] = [
     "--host",
     "--port",
     "--world-size",
@@ -36,6 +36,15 @@ const FLAGS: [&str; 28] = [
     "--read-lease",
     "--max-spaces",
     "--expected-keys",
+    "--ha",
+    "--etcd-endpoints",
+    "--ha-cluster",
+    "--ha-lease-ttl",
+    "--etcd-user",
+    "--etcd-password-file",
+    "--node-id",
+    "--advertise-url",
+    "--ha-token-file",
     "--help",
     "--version",
 ];
@@ -160,15 +169,6 @@ fn startup_log_names_the_effective_config() {
     assert_eq!(st["world_size"], json!(3));
     assert_eq!(st["reservation_ttl_seconds"], json!(77));
     drop(c);
-    p.signal("TERM");
-    p.assert_exit_0();
-}
-
-#[test]
-fn eviction_without_read_leases_is_warned_about() {
-    let mut p = ServerProcess::serve(&["--read-lease", "0"]);
-    let line = p.wait_line(|l| l.contains("--read-lease 0")).expect("a warning about --read-lease 0");
-    assert!(line.contains("WARN") && line.contains("nothing protects a reader"), "{line}");
     p.signal("TERM");
     p.assert_exit_0();
 }

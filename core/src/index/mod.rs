@@ -612,6 +612,11 @@ impl KeyIndex {
         self.reader().entry(key).map(|e| e.world())
     }
 
+    /// The lease deadline of `key` (0: never leased), when it is stored.
+    pub fn deadline(&self, key: KeyRef<'_>) -> Option<u32> {
+        self.reader().entry(key).map(|e| e.lease().deadline())
+    }
+
     /// Whether `key` is complete.
     pub fn is_complete(&self, key: KeyRef<'_>) -> bool {
         self.reader().is_complete(key)

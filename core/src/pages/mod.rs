@@ -296,7 +296,31 @@ impl PageTable {
     /// Reserves `n` FREE pages, calling `emit` with each, stamping their words
     /// with `epoch`. `n` must have been taken with [`try_take`](Self::try_take),
     /// which guarantees the pages exist, so this always completes.
-    pub fn reserve(&self, mut n: u64, epoch: u8, mut emit: impl FnMut(u32)) {
+    ///
+    /// The pages' reservation tags are left as they were: for callers that
+    /// check none (the page table's own tests and benchmarks). The store
+    /// reserves with [`reserve_tagged`](Self::reserve_tagged).
+    pub fn reserve(&self, n: u64, epoch: u8, mut emit: impl FnMut(u32)) {
+        self.reserve_with(n, epoch, false, &mut |p| {
+            emit(p);
+            0
+        });
+    }
+
+    /// [`reserve`](Self::reserve), recording for each page the tag `emit`
+    /// returns for it ([`crate::KeyRef::tag`] of the key it is reserved for).
+    ///
+    /// Each page is claimed BUSY first (00 → 11), gets its tag while held,
+    /// and only then becomes RESERVED (11 → 01, `Release`): a confirm that
+    /// meets the page RESERVED therefore always reads the tag of the
+    /// reservation it met, never a stale one. `emit` runs while the page is
+    /// BUSY, so a change it journals is ordered before any later change of
+    /// the page.
+    pub fn reserve_tagged(&self, n: u64, epoch: u8, mut emit: impl FnMut(u32) -> u32) {
+        self.reserve_with(n, epoch, true, &mut emit);
+    }
+
+    fn reserve_with(&self, mut n: u64, epoch: u8, tagged: bool, emit: &mut dyn FnMut(u32) -> u32) {
         let nwords = self.words.len();
         if n == 0 || nwords == 0 {
             return;
@@ -320,7 +344,7 @@ impl PageTable {
                             break;
                         }
                     }
-                    n -= self.reserve_in_word(w, n, epoch, &mut emit);
+                    n -= self.reserve_in_word(w, n, epoch, tagged, emit);
                     if n == 0 {
                         return;
                     }
@@ -354,7 +378,7 @@ impl PageTable {
     }
 
     /// Reserves up to `want` FREE pages of word `w`; returns how many.
-    fn reserve_in_word(&self, w: usize, want: u64, epoch: u8, emit: &mut impl FnMut(u32)) -> u64 {
+    fn reserve_in_word(&self, w: usize, want: u64, epoch: u8, tagged: bool, emit: &mut dyn FnMut(u32) -> u32) -> u64 {
         let word = &self.words[w];
         let valid = self.valid_lanes(w);
         let mut cur = word.load(Ordering::Acquire);
@@ -374,13 +398,25 @@ impl PageTable {
             }
             // Relaxed: published by the Release half of the CAS below.
             self.stamps[w].store(epoch, Ordering::Relaxed);
-            // 00 → 01 for each taken lane: set its low bit.
-            match word.compare_exchange_weak(cur, cur | take, Ordering::AcqRel, Ordering::Acquire) {
+            // 00 → 01 for each taken lane (set its low bit); tagged, 00 → 11
+            // first (both bits), and 11 → 01 once the tags are written.
+            let set = if tagged { take * 3 } else { take };
+            match word.compare_exchange_weak(cur, cur | set, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     let base = w as u32 * LANES;
+                    let lanes = take;
                     while take != 0 {
-                        emit(base + take.trailing_zeros() / 2);
+                        let page = base + take.trailing_zeros() / 2;
+                        let tag = emit(page);
+                        if tagged {
+                            // Relaxed: published by the Release below.
+                            self.owners[page as usize].store(tag, Ordering::Relaxed);
+                        }
                         take &= take - 1;
+                    }
+                    if tagged {
+                        // 11 → 01. Release: publishes the tags.
+                        word.fetch_xor(lanes << 1, Ordering::Release);
                     }
                     if free == 0 {
                         self.mark_full(w);
@@ -545,6 +581,39 @@ impl PageTable {
         }
     }
 
+    /// The reservation tag of `page`, which this thread holds BUSY, claimed
+    /// RESERVED ([`reserve_tagged`](Self::reserve_tagged)). A RESERVED page
+    /// keeps its tag in its back-reference word, unused until it is bound.
+    pub fn reservation_tag(&self, page: u32) -> u32 {
+        self.owner_word(page)
+    }
+
+    /// Makes a FREE `page` RESERVED for the key tagged `tag`, stamped with
+    /// `epoch`, while rebuilding state from a journal. False when the page
+    /// is not FREE.
+    pub fn restore_reserved(&self, page: u32, tag: u32, epoch: u8) -> bool {
+        if !self.claim_free(page) {
+            return false;
+        }
+        let (w, _) = Self::locate(page);
+        // Relaxed: published by settle's Release.
+        self.stamps[w].store(epoch, Ordering::Relaxed);
+        self.owners[page as usize].store(tag, Ordering::Relaxed);
+        self.settle(page, RESERVED);
+        true
+    }
+
+    /// Makes a FREE `page` quarantined until tick `deadline` while
+    /// rebuilding state from a journal (a page held at the crash). False
+    /// when the page is not FREE.
+    pub fn restore_held(&self, page: u32, deadline: u32) -> bool {
+        if !self.claim_free(page) {
+            return false;
+        }
+        self.quarantine(page, deadline);
+        true
+    }
+
     /// Forgets the owner of `page` (held BUSY) as it leaves BOUND. An id
     /// stays behind, unread, until the page is bound again (one store less
     /// on the release path).
@@ -596,6 +665,13 @@ impl PageTable {
     /// Frees every quarantined page whose deadline has come (at or before
     /// `now`); returns how many.
     pub fn release_quarantined(&self, now: u32) -> u64 {
+        self.release_quarantined_each(now, &mut |_| {})
+    }
+
+    /// [`release_quarantined`](Self::release_quarantined), calling `freed`
+    /// with each page while it is held BUSY, just before it becomes FREE
+    /// (the store journals the end of the hold there).
+    pub fn release_quarantined_each(&self, now: u32, freed: &mut dyn FnMut(u32)) -> u64 {
         if self.quarantined() == 0 {
             return 0;
         }
@@ -603,7 +679,7 @@ impl PageTable {
             let mut q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             let mut due = Vec::new();
             q.retain(|&(p, d)| {
-                let keep = d > now;
+                let keep = crate::lease::later(d, now);
                 if !keep {
                     due.push(p);
                 }
@@ -618,6 +694,7 @@ impl PageTable {
             let c = self.claim(page);
             debug_assert_eq!(c, Some(Claimed::Bound), "a quarantined page stays BOUND");
             debug_assert!(!self.has_owner(page), "a quarantined page names no key");
+            freed(page);
             self.settle(page, FREE);
         }
         self.give_back(due.len() as u64);
@@ -666,6 +743,13 @@ impl PageTable {
     /// 32-page word: late, never early. Never waits; pages held BUSY are left
     /// to their holder.
     pub fn expire(&self, now: u8, ttl: u8) -> u64 {
+        self.expire_each(now, ttl, &mut |_| {})
+    }
+
+    /// [`expire`](Self::expire), calling `freed` with each page while it is
+    /// held BUSY, just before it becomes FREE (the store journals the end
+    /// of the reservation there).
+    pub fn expire_each(&self, now: u8, ttl: u8, freed: &mut dyn FnMut(u32)) -> u64 {
         let mut total = 0;
         for w in 0..self.words.len() {
             let word = &self.words[w];
@@ -688,6 +772,12 @@ impl PageTable {
                             // Re-reserved meanwhile: put them back (11 → 01).
                             word.fetch_xor(reserved << 1, Ordering::Release);
                             break;
+                        }
+                        let base = w as u32 * LANES;
+                        let mut each = reserved;
+                        while each != 0 {
+                            freed(base + each.trailing_zeros() / 2);
+                            each &= each - 1;
                         }
                         // 11 → 00. Release: publishes the FREE states before
                         // the hint and the counter announce them.
@@ -743,6 +833,27 @@ impl PageTable {
                     f(page);
                 }
                 held &= held - 1;
+            }
+        }
+    }
+
+    /// Calls `f` with every page of `range` that is not FREE when its word
+    /// is read (RESERVED, BOUND or BUSY), in page order.
+    pub fn for_each_used_in(&self, range: std::ops::Range<u32>, mut f: impl FnMut(u32)) {
+        let end = range.end.min(self.num_pages());
+        if range.start >= end {
+            return;
+        }
+        for w in (range.start / LANES) as usize..=((end - 1) / LANES) as usize {
+            let v = self.words[w].load(Ordering::Acquire);
+            // Either bit of a lane set: not FREE.
+            let mut used = (v | (v >> 1)) & LOW;
+            while used != 0 {
+                let page = w as u32 * LANES + used.trailing_zeros() / 2;
+                if range.start <= page && page < end {
+                    f(page);
+                }
+                used &= used - 1;
             }
         }
     }

@@ -17,6 +17,7 @@ use super::super::error::{ConfirmError, ErrorCode};
 use super::super::index::{Bind, Delta, KeyIndex};
 use super::super::journal::Change;
 use super::super::key::KeyRef;
+use super::super::lease;
 use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND, FREE};
 use super::super::sync::Ordering;
 use super::{ConfirmOutcome, Generation, Store};
@@ -98,6 +99,8 @@ impl Store {
                     Unbound::Quarantined => outcome.quarantined += 1,
                 },
                 None => {
+                    // A reservation ends: journaled while the page is held.
+                    self.record(Change::Unbind { generation: gen.id, rank: r, page });
                     table.settle(page, FREE);
                     freed += 1;
                 }
@@ -125,6 +128,7 @@ impl Store {
                         // Every id taken: as if the key had been evicted
                         // at once (the page goes back to the pool).
                         Bind::Kept(_) | Bind::Full => {
+                            self.record(Change::Unbind { generation: gen.id, rank: r, page });
                             table.settle(page, FREE);
                             freed += 1;
                             outcome.superseded += 1;
@@ -164,14 +168,40 @@ impl Store {
         now: u32,
         delta: &mut Delta,
     ) -> Unbound {
-        // Journaled before the index forgets the binding: a confirm that
-        // rebinds the key elsewhere can only be journaled after.
-        self.record(Change::Unbind { generation: gen.id, rank: r, page });
+        // Whether the page must be held: a reader may have been given it
+        // within the key's lease, or before a restart within the lease
+        // period that follows it (leases are not journaled). Read before
+        // the journal hears of the unbinding, which it then hears of as a
+        // hold or as a free page; either is journaled before the index
+        // forgets the binding, so a confirm that rebinds the key elsewhere
+        // can only be journaled after.
+        let lease = gen.index.deadline(key).filter(|&d| lease::live(d, now));
+        let hold = match (lease, self.restart_hold(now)) {
+            (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        let journaled_hold = hold.is_some();
+        if journaled_hold {
+            self.record(Change::Hold { generation: gen.id, rank: r, page });
+        } else {
+            self.record(Change::Unbind { generation: gen.id, rank: r, page });
+        }
         let deadline = gen.index.unbind(key, r, page, delta);
         debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
-        if let Some(d) = deadline.filter(|&d| d > now) {
-            // A reader may have been given this page within its lease: no
-            // other key gets it before the lease passes.
+        // The key's lock was held only for the unbind: a reader may have
+        // raised the lease since the look above. Hold for the later one.
+        let lease = deadline.filter(|&d| lease::live(d, now));
+        let hold = match (lease, hold) {
+            (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        if let Some(d) = hold {
+            if lease.is_some() && !journaled_hold {
+                // Leased since the look: the journal hears of the hold
+                // after the free page, while the page is still held.
+                self.record(Change::Hold { generation: gen.id, rank: r, page });
+            }
+            // No other key gets the page before the hold passes.
             table.quarantine(page, d);
             return Unbound::Quarantined;
         }
@@ -253,6 +283,9 @@ fn claim<'t>(
                 return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None))
             }
             (None, None) => return Err(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, page, Some(key()))),
+            (Some(Claimed::Reserved), None) if table.reservation_tag(it.page) != KeyRef::parse(key()).tag() => {
+                return Err(ConfirmError::new(ErrorCode::ReservedForOtherKey, rank, page, Some(key())));
+            }
             (Some(Claimed::Bound), None) if !index.owns(table, it.page, KeyRef::parse(key())) => {
                 let mut e = ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(key()));
                 e.already_bound = true;

@@ -91,8 +91,9 @@ impl Store {
         let gen = self.gen.load_full();
         let now = self.clock.now();
         let mut report = MaintainReport::default();
-        for table in gen.ranks.iter().filter_map(std::sync::OnceLock::get) {
-            report.quarantine_freed += table.release_quarantined(now);
+        for (r, slot) in gen.ranks.iter().enumerate() {
+            let Some(table) = slot.get() else { continue };
+            report.quarantine_freed += self.release_held(&gen, r as u32, table, now);
             if !self.eviction_allowed(now) {
                 continue;
             }
@@ -119,16 +120,25 @@ impl Store {
     /// period that follows a recovery from disk has passed.
     #[inline]
     pub(super) fn eviction_allowed(&self, now: u32) -> bool {
-        self.cfg.eviction && now >= self.evict_not_before.load(Ordering::Relaxed)
+        self.cfg.eviction && self.restart_hold(now).is_none()
+    }
+
+    /// Frees the quarantined pages of rank `r` whose hold has passed,
+    /// journaling each one's end (an `Unbind`: the page is free) while it
+    /// is held, so that a restart does not hold it again.
+    pub(super) fn release_held(&self, gen: &Generation, r: u32, table: &PageTable, now: u32) -> u64 {
+        table.release_quarantined_each(now, &mut |page| {
+            self.record(Change::Unbind { generation: gen.id, rank: r, page });
+        })
     }
 
     /// An allocate's eviction: makes room for `need` fresh pages on `table`
     /// with a bounded budget. Says whether the free counter reached `need`
     /// (another allocate may still take the pages first) and how many keys
     /// it evicted to get there.
-    pub(super) fn evict_for_allocate(&self, gen: &Generation, table: &PageTable, need: u64) -> Room {
+    pub(super) fn evict_for_allocate(&self, gen: &Generation, r: u32, table: &PageTable, need: u64) -> Room {
         let now = self.clock.now();
-        let freed = table.release_quarantined(now);
+        let freed = self.release_held(gen, r, table, now);
         // Relaxed: statistics. Counted here too, or the metric would miss
         // every page an allocate frees before the background pass does.
         self.evict.quarantine_freed.fetch_add(freed, Ordering::Relaxed);

@@ -14,7 +14,7 @@
 
 mod eviction;
 
-use crate::common::generations::Rec;
+use crate::common::generations::{self, Rec};
 use hf3fs_meta::core::{
     AllocateOutcome, Change, ConfirmOutcome, ErrorCode, Journal, RankNotInitialized, Store, StoreConfig, TICKS_PER_TTL,
 };
@@ -298,7 +298,8 @@ fn connector_cycle_on_shared_ranks_and_overlapping_keys() {
 
 // ---------------------------------------------------------------------------
 // 2. Racing confirms: one key, different pages (the P1/P2 rule); one page,
-//    different keys (double_confirm).
+//    different keys (double_confirm, or reserved_for_other_key while the
+//    page is still reserved for its key).
 
 /// A racing thread, the outcome of its confirm of the shared key, and that of
 /// its confirm of the contested page.
@@ -330,7 +331,9 @@ fn racing_confirms_of_one_key_keep_exactly_one_page() {
                             pages.push(p[0].1);
                         }
                         *round_pages.lock().unwrap() = pages;
-                        let (q, _) = alloc(s, 0, &["page race"], 64);
+                        // The contested page is reserved for one of the
+                        // racing keys (a reservation belongs to its key).
+                        let (q, _) = alloc(s, 0, &[their_keys[round as usize % THREADS].as_str()], 64);
                         round_page_q.store(q[0].1 as u32, Ordering::Relaxed);
                     }
                     barrier.wait();
@@ -340,7 +343,8 @@ fn racing_confirms_of_one_key_keep_exactly_one_page() {
                     let other = s.confirm(0, &[(their_keys[t].as_str(), q)], &[]);
                     if let Err(e) = &other {
                         assert_eq!((e.page, e.key.as_deref()), (Some(q), Some(their_keys[t].as_str())));
-                        assert!(e.already_bound);
+                        // Refused while reserved for its key, or once bound to it.
+                        assert!(e.code == ErrorCode::ReservedForOtherKey || e.already_bound, "{e:?}");
                     }
                     results.lock().unwrap().push((t, mine, other.map_err(|e| e.code)));
                     barrier.wait();
@@ -359,11 +363,15 @@ fn racing_confirms_of_one_key_keep_exactly_one_page() {
                         let mut l = Vec::new();
                         s.locations(0, &[key.as_str()], &mut l).unwrap();
                         assert_eq!(l, vec![Some(kept as u32)]);
-                        // The page race: one key won q, the others got double_confirm.
+                        // The page race: the key q was reserved for won it,
+                        // the others were refused.
                         let q_winners: Vec<usize> =
                             res.iter().filter(|(_, _, r)| r.is_ok()).map(|(t, _, _)| *t).collect();
-                        assert_eq!(q_winners.len(), 1, "round {round}: {res:?}");
-                        assert!(res.iter().all(|(_, _, r)| matches!(r, Ok(_) | Err(ErrorCode::DoubleConfirm))));
+                        assert_eq!(q_winners, [round as usize % THREADS], "round {round}: {res:?}");
+                        assert!(res.iter().all(|(_, _, r)| matches!(
+                            r,
+                            Ok(_) | Err(ErrorCode::DoubleConfirm | ErrorCode::ReservedForOtherKey)
+                        )));
                         let names: Vec<&str> = their_keys.iter().map(String::as_str).collect();
                         s.locations(0, &names, &mut l).unwrap();
                         for (u, loc) in l.iter().enumerate() {
@@ -498,7 +506,12 @@ fn connector_cycle_with_a_ticking_sweeper() {
                         s.confirm(r, &pairs, &[]).map_err(|e| {
                             // The page expired, and perhaps went to another save.
                             assert!(
-                                matches!(e.code, ErrorCode::ConfirmUnallocated | ErrorCode::DoubleConfirm),
+                                matches!(
+                                    e.code,
+                                    ErrorCode::ConfirmUnallocated
+                                        | ErrorCode::DoubleConfirm
+                                        | ErrorCode::ReservedForOtherKey
+                                ),
                                 "{e:?}"
                             );
                             assert!(pairs.contains(&(e.key.as_deref().unwrap(), e.page.unwrap())), "{e:?}");
@@ -756,13 +769,15 @@ type Action = Box<dyn FnOnce() + Send>;
 
 struct HookJournal {
     recs: Mutex<Vec<Rec>>,
+    filter: Mutex<generations::Bindings>,
     trigger: fn(&Rec) -> bool,
     action: Mutex<Option<Action>>,
 }
 
 impl Journal for HookJournal {
     fn record(&self, change: Change<'_>) {
-        let rec = Rec::from(change);
+        // The filter's lock is let go before the hook runs another request.
+        let Some(rec) = self.filter.lock().unwrap().admit(change) else { return };
         if (self.trigger)(&rec) {
             let action = self.action.lock().unwrap().take();
             if let Some(run_the_other_request) = action {
@@ -774,7 +789,12 @@ impl Journal for HookJournal {
 }
 
 fn hooked(trigger: fn(&Rec) -> bool) -> (Arc<Store>, Arc<HookJournal>) {
-    let j = Arc::new(HookJournal { recs: Mutex::new(Vec::new()), trigger, action: Mutex::new(None) });
+    let j = Arc::new(HookJournal {
+        recs: Mutex::new(Vec::new()),
+        filter: Mutex::new(generations::Bindings::default()),
+        trigger,
+        action: Mutex::new(None),
+    });
     let s = Arc::new(Store::with_journal(cfg(None), Some(j.clone() as Arc<dyn Journal>), 0));
     (s, j)
 }
@@ -898,9 +918,11 @@ fn journal_unbind_is_recorded_before_the_key_can_be_rebound() {
     let mut out = Vec::new();
     s.allocate(0, &[K], &mut out).unwrap();
     let p1 = out[0].1;
-    s.confirm(0, &[(K, p1)], &[]).unwrap();
-    s.allocate(0, &["other"], &mut out).unwrap();
+    // A second save of K allocates before the first confirms: P2, reserved
+    // for K (a reservation belongs to its key).
+    s.allocate(0, &[K], &mut out).unwrap();
     let p2 = out[0].1;
+    s.confirm(0, &[(K, p1)], &[]).unwrap();
     let other = s.clone();
     *j.action.lock().unwrap() = Some(Box::new(move || {
         assert_eq!(other.confirm(0, &[(K, p2)], &[]).unwrap().superseded, 1);
