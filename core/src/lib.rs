@@ -14,6 +14,8 @@
 //!   list with its labels, for whatever must walk them all.
 //! - [`error`]: one error variant per code of the wire contract.
 //! - [`journal`]: the change feed for durability.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
 
 pub mod error;
 pub mod index;

@@ -45,9 +45,10 @@ use super::journal::{Change, Journal};
 use super::lease::Clock;
 use super::store::{Initialized, PageRead, PageSource, ReadPagesError, Store, StoreConfig, Visit};
 use super::sync::{AtomicU32, Ordering};
+use super::sync::{Mutex, PoisonError, RwLock};
 use scc::HashIndex;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 
 /// The default namespace of SGLang's API.
 pub const DEFAULT_NAMESPACE: &str = "kv";

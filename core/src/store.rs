@@ -34,12 +34,13 @@ mod delete;
 mod evict;
 mod snapshot;
 
+use super::sync::{Mutex, OnceLock, PoisonError};
 pub use allocate::AllocSlot;
 use arc_swap::ArcSwap;
 pub use delete::DeleteOutcome;
 pub use evict::{EvictReason, EvictStats, MaintainReport};
 pub use snapshot::{PageRead, PageSource, ReadPagesError, Visit};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 /// Expiry granularity: the server ticks the store's epoch this many times per
 /// reservation TTL.
@@ -317,6 +318,13 @@ impl Store {
         self.clock.set(tick);
     }
 
+    /// Moves the key index's reclamation epoch on by one (loom models only:
+    /// see [`KeyIndex::advance_epoch`]).
+    #[cfg(loom)]
+    pub fn advance_index_epoch(&self) {
+        self.gen.load().index.advance_epoch();
+    }
+
     /// The clock, to share with other stores.
     pub fn clock(&self) -> Arc<Clock> {
         self.clock.clone()
@@ -411,7 +419,7 @@ impl Store {
         // Serialized with other initializes and clears (admin operations,
         // never the data path), and journaled before the rank becomes visible:
         // no confirm on it can reach the journal before its Initialize.
-        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _admin = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
         let gen = self.gen.load();
         let slot = &gen.ranks[rank as usize];
         if let Some(t) = slot.get() {
@@ -468,7 +476,7 @@ impl Store {
 
     /// Forgets every rank and every key.
     pub fn clear(&self) {
-        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _admin = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
         let id = self.gen.load().id + 1;
         // Journaled first: nothing of the new generation can precede it.
         self.record(Change::Clear { generation: id });
@@ -480,7 +488,7 @@ impl Store {
     /// space makes its table, then names itself in the catalog, then
     /// journals it.
     pub fn journal_ranks(&self) {
-        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _admin = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
         let gen = self.gen.load();
         for (r, slot) in gen.ranks.iter().enumerate() {
             if let Some(t) = slot.get() {

@@ -59,7 +59,7 @@
 //!   concurrent allocators over different words.
 
 use super::key::{Key, KeyRef};
-use super::sync::{AtomicU32, AtomicU64, AtomicU8, Backoff, Ordering};
+use super::sync::{AtomicU32, AtomicU64, AtomicU8, Backoff, Mutex, Ordering, PoisonError};
 use super::zeroed::{OutOfMemory, ZeroedSlice};
 
 mod guard;
@@ -206,7 +206,7 @@ pub struct PageTable {
     /// Pages released while a reader's lease may still cover them: BOUND
     /// with no owner until their deadline passes, then freed. Rare (a
     /// failed write of a stored key), so a mutex.
-    quarantine: std::sync::Mutex<Vec<(u32, u32)>>,
+    quarantine: Mutex<Vec<(u32, u32)>>,
     /// How many pages `quarantine` holds, read without its lock.
     quarantined: AtomicU64,
 }
@@ -225,7 +225,7 @@ impl PageTable {
             free: AtomicU64::new(u64::from(num_pages)),
             cursor: AtomicU64::new(0),
             hand: AtomicU64::new(0),
-            quarantine: std::sync::Mutex::new(Vec::new()),
+            quarantine: Mutex::new(Vec::new()),
             quarantined: AtomicU64::new(0),
         })
     }
@@ -643,7 +643,7 @@ impl PageTable {
     /// allocate hands it out while a reader's lease may cover it.
     pub fn quarantine(&self, page: u32, deadline: u32) {
         self.forget_owner(page);
-        let mut q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut q = self.quarantine.lock().unwrap_or_else(PoisonError::into_inner);
         q.push((page, deadline));
         // Relaxed: a count for a lock-free "anything to do?" check.
         self.quarantined.fetch_add(1, Ordering::Relaxed);
@@ -658,7 +658,7 @@ impl PageTable {
 
     /// Whether `page` is in the quarantine (for the audit).
     pub fn is_quarantined(&self, page: u32) -> bool {
-        let q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let q = self.quarantine.lock().unwrap_or_else(PoisonError::into_inner);
         q.iter().any(|&(p, _)| p == page)
     }
 
@@ -676,7 +676,7 @@ impl PageTable {
             return 0;
         }
         let due: Vec<u32> = {
-            let mut q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut q = self.quarantine.lock().unwrap_or_else(PoisonError::into_inner);
             let mut due = Vec::new();
             q.retain(|&(p, d)| {
                 let keep = crate::lease::later(d, now);

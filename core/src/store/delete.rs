@@ -85,7 +85,7 @@ impl Store {
     /// had been written just after it.
     pub fn reset(&self) -> DeleteOutcome {
         // Serialized with initializes and other resets (admin operations).
-        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _admin = self.admin.lock().unwrap_or_else(super::super::sync::PoisonError::into_inner);
         let gen = self.gen.load();
         let now = self.clock.now();
         let mut outcome = DeleteOutcome::default();
