@@ -172,7 +172,12 @@ impl Cluster {
                 .map(|r| r.iter().map(|p| (p[0].clone(), p[1].as_i64().unwrap_or(-1))).collect())
                 .unwrap_or_default();
             let refused = pages.iter().filter(|(_, p)| *p < 0).count();
-            if refused > 0 || pages.is_empty() {
+            if pages.is_empty() {
+                // A batch is never empty: an answer without results is not the documented one.
+                self.rec.outcome(|o| o.bad_answers += 1);
+                return;
+            }
+            if refused > 0 {
                 self.rec.outcome(|o| refuse(o, refused));
                 return;
             }
