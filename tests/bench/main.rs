@@ -116,39 +116,50 @@ fn assert_outcomes_agree(
     assert_eq!(r["server"]["evictions"].as_u64(), Some(evicted), "evictions");
 }
 
+/// A trace of prompts of 8 keys each, one at a time (`--concurrency 1`), so
+/// that what hits and what is evicted does not depend on timing: prompt `A`
+/// twice in a row (the second hits unless a write of the first failed),
+/// then five others, which fill the two ranks of 32 pages and evict. The
+/// run replays the trace many times over in its two seconds.
+fn trace() -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().expect("a temporary file");
+    let prompt = |p: u32| (0..8).map(|j| format!("{:032x}", p * 100 + j)).collect::<Vec<_>>().join(" ");
+    let lines: Vec<String> = [0, 0, 1, 2, 3, 4, 5].into_iter().map(prompt).collect();
+    std::io::Write::write_all(&mut f, format!("# tests/bench\n{}\n", lines.join("\n")).as_bytes()).expect("write");
+    f
+}
+
 /// One scaled-down run of `dialect` and every comparison.
 fn run_and_compare(dialect: &str) {
     let server = ServerProcess::serve(&SERVER);
     let before = metrics(server.addr);
-    let svg = tempfile::NamedTempFile::new().expect("a temporary file");
-    let svg_path = svg.path().to_str().unwrap();
+    let (svg, trace) = (tempfile::NamedTempFile::new().expect("a temporary file"), trace());
     let args = [
         "--dialect",
         dialect,
         "--mode",
         "closed",
         "--concurrency",
-        "4",
+        "1",
         "--duration",
         "2",
         "--engines",
         "2",
         "--tp",
         "2",
-        "--prompt-tokens",
-        "1024",
+        "--trace",
+        trace.path().to_str().unwrap(),
         "--pages-per-rank",
         "32",
-        "--tree-fanout",
-        "3",
         "--fail-rate",
         "0.2",
         "--svg",
-        svg_path,
+        svg.path().to_str().unwrap(),
     ];
     let r = bench_json(server.addr, &args);
     let after = metrics(server.addr);
     assert_eq!(r["target_kind"], "hf3fs-meta");
+    assert!(r["prompts"]["done"].as_u64().unwrap() >= 14, "the trace was not played twice: {}", r["prompts"]);
     assert_routes_agree(&r, &before, &after, dialect);
     assert_outcomes_agree(&r, &before, &after, dialect, 2);
     if dialect == "sglang" {
