@@ -15,7 +15,7 @@
 //! Prints one table; the figures are recorded in perf/RESULTS.md.
 
 use hf3fs_meta::core::{Store, StoreConfig};
-use hf3fs_meta::durable::{Durable, FsyncMode};
+use hf3fs_meta::durable::{Durable, FsyncMode, Options};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,7 +44,7 @@ fn run(mode: Option<FsyncMode>, secs: f64, tasks: usize) -> Run {
     let (store, durable) = match mode {
         None => (std::sync::Arc::new(Store::new(cfg())), None),
         Some(m) => {
-            let (s, d, _) = Durable::open(dir.path(), m, cfg()).unwrap();
+            let (s, d, _) = Durable::open(dir.path(), Options::new(m, cfg())).unwrap();
             (s, Some(d))
         }
     };

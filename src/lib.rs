@@ -94,8 +94,10 @@ impl App {
         // inject at the store boundary (durable::faults).
         let faults = cfg.durable_faults.clone().map(durable::Faults::from_file);
         let opts = durable::Options { faults, ..durable::Options::default() };
-        let (store, vllm, recovered) =
-            durable::Durable::open_opts(&dir, cfg.fsync, Self::store_config(&cfg), opts.clone())?;
+        let (store, vllm, recovered) = durable::Durable::open(
+            &dir,
+            durable::Options { fsync: cfg.fsync, store: Self::store_config(&cfg), ..opts.clone() },
+        )?;
         let (spaces, sglang, space_recovered) =
             durable::spaces::open(&dir, cfg.fsync, Self::spaces_config(&cfg), store.clock(), opts)?;
         let registry = Registry::new(store, spaces);

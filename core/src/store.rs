@@ -250,7 +250,9 @@ impl Drop for JournalOp<'_> {
 /// The metadata store. Share it by reference or `Arc`; every method takes `&self`.
 pub struct Store {
     cfg: StoreConfig,
-    gen: ArcSwap<Generation>,
+    /// The current generation: swapped whole by `/clear`, loaded once per
+    /// operation.
+    current: ArcSwap<Generation>,
     epoch: AtomicU32,
     expired: AtomicU64,
     /// Where durable changes go, when durability is on.
@@ -292,10 +294,10 @@ impl Store {
     ) -> Self {
         // A world of 0 would make every key complete before its first binding.
         cfg.world_size = cfg.world_size.map(|w| w.max(1));
-        let gen = ArcSwap::from_pointee(Generation::new(generation, &cfg));
+        let current = ArcSwap::from_pointee(Generation::new(generation, &cfg));
         Self {
             cfg,
-            gen,
+            current,
             epoch: AtomicU32::new(0),
             expired: AtomicU64::new(0),
             journal,
@@ -322,7 +324,7 @@ impl Store {
     /// see [`KeyIndex::advance_epoch`]).
     #[cfg(loom)]
     pub fn advance_index_epoch(&self) {
-        self.gen.load().index.advance_epoch();
+        self.current.load().index.advance_epoch();
     }
 
     /// The clock, to share with other stores.
@@ -377,7 +379,7 @@ impl Store {
 
     /// The current generation's id (it changes at every `/clear`).
     pub fn generation(&self) -> u64 {
-        self.gen.load().id
+        self.current.load().id
     }
 
     /// The configuration.
@@ -394,8 +396,8 @@ impl Store {
         if rank >= i64::from(self.cfg.max_ranks) {
             return Err(InitError::TooManyRanks { rank, max: self.cfg.max_ranks });
         }
-        let gen = self.gen.load();
-        if let Some(t) = gen.ranks[rank as usize].get() {
+        let current = self.current.load();
+        if let Some(t) = current.ranks[rank as usize].get() {
             return Ok(Initialized::Existing { num_pages: t.num_pages() });
         }
         if num_pages > i64::from(self.cfg.max_pages_per_rank) {
@@ -420,16 +422,16 @@ impl Store {
         // never the data path), and journaled before the rank becomes visible:
         // no confirm on it can reach the journal before its Initialize.
         let _admin = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
-        let gen = self.gen.load();
-        let slot = &gen.ranks[rank as usize];
+        let current = self.current.load();
+        let slot = &current.ranks[rank as usize];
         if let Some(t) = slot.get() {
             return Ok(Initialized::Existing { num_pages: t.num_pages() });
         }
         let table =
             PageTable::new(pages).map_err(|e| InitError::OutOfMemory { rank: rank.into(), pages, bytes: e.bytes })?;
-        self.record(Change::Initialize { generation: gen.id, rank, num_pages: pages });
+        self.record(Change::Initialize { generation: current.id, rank, num_pages: pages });
         if slot.set(table).is_ok() {
-            gen.initialized.fetch_add(1, Ordering::Relaxed);
+            current.initialized.fetch_add(1, Ordering::Relaxed);
         }
         Ok(Initialized::Created)
     }
@@ -438,10 +440,10 @@ impl Store {
     /// `true` answers are leased (the scheduler loads those and only those);
     /// the answers after the first `false` take no lease.
     pub fn exists(&self, keys: &[&str], out: &mut Vec<bool>) {
-        let gen = self.gen.load();
+        let current = self.current.load();
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
-        let index = gen.index.reader();
+        let index = current.index.reader();
         let mut entries = Vec::with_capacity(parsed.len());
         index.entries(&parsed, |&k| k, &mut entries);
         // Read after the lookups: a lease counts from when the answer is built.
@@ -460,12 +462,12 @@ impl Store {
     /// For each key, its page on `rank` when the key is complete. Every key
     /// given a page is leased.
     pub fn locations(&self, rank: i64, keys: &[&str], out: &mut Vec<Option<u32>>) -> Result<(), RankNotInitialized> {
-        let gen = self.gen.load();
+        let current = self.current.load();
         out.clear();
-        gen.rank(rank).ok_or(RankNotInitialized(rank))?;
+        current.rank(rank).ok_or(RankNotInitialized(rank))?;
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
-        let index = gen.index.reader();
+        let index = current.index.reader();
         let mut entries = Vec::with_capacity(parsed.len());
         index.entries(&parsed, |&k| k, &mut entries);
         // Read after the lookups: a lease counts from when the answer is built.
@@ -477,10 +479,10 @@ impl Store {
     /// Forgets every rank and every key.
     pub fn clear(&self) {
         let _admin = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
-        let id = self.gen.load().id + 1;
+        let id = self.current.load().id + 1;
         // Journaled first: nothing of the new generation can precede it.
         self.record(Change::Clear { generation: id });
-        self.gen.store(Arc::new(Generation::new(id, &self.cfg)));
+        self.current.store(Arc::new(Generation::new(id, &self.cfg)));
     }
 
     /// Journals an `Initialize` for every rank, for ranks made by
@@ -489,10 +491,10 @@ impl Store {
     /// journals it.
     pub fn journal_ranks(&self) {
         let _admin = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
-        let gen = self.gen.load();
-        for (r, slot) in gen.ranks.iter().enumerate() {
+        let current = self.current.load();
+        for (r, slot) in current.ranks.iter().enumerate() {
             if let Some(t) = slot.get() {
-                self.record(Change::Initialize { generation: gen.id, rank: r as u32, num_pages: t.num_pages() });
+                self.record(Change::Initialize { generation: current.id, rank: r as u32, num_pages: t.num_pages() });
             }
         }
     }
@@ -500,8 +502,8 @@ impl Store {
     /// Recreates a rank while rebuilding the store from a journal (start-up,
     /// before serving). Not journaled.
     pub fn restore_rank(&self, rank: u32, num_pages: u32) -> Result<(), InitError> {
-        let gen = self.gen.load();
-        let slot = gen
+        let current = self.current.load();
+        let slot = current
             .ranks
             .get(rank as usize)
             .ok_or(InitError::TooManyRanks { rank: rank.into(), max: self.cfg.max_ranks })?;
@@ -511,7 +513,7 @@ impl Store {
             bytes: e.bytes,
         })?;
         if slot.set(table).is_ok() {
-            gen.initialized.fetch_add(1, Ordering::Relaxed);
+            current.initialized.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -521,8 +523,8 @@ impl Store {
     /// that rank; anything else means the journal is inconsistent, and the
     /// binding is refused with a message. Not journaled.
     pub fn restore_binding(&self, rank: u32, page: u32, key: &str, world: u32) -> Result<(), String> {
-        let gen = self.gen.load();
-        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        let current = self.current.load();
+        let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
             return Err(format!("page {page} is out of range for rank {rank}"));
         }
@@ -531,11 +533,11 @@ impl Store {
         }
         let k = KeyRef::parse(key);
         let mut delta = Delta::default();
-        match gen.index.bind(k, rank, page, || world, &mut delta) {
+        match current.index.bind(k, rank, page, || world, &mut delta) {
             Bind::Bound(_, id) => {
                 table.set_owner(page, Owner::of(k, id));
                 table.settle(page, BOUND);
-                gen.apply(delta);
+                current.apply(delta);
                 Ok(())
             }
             Bind::Kept(p) => {
@@ -556,8 +558,8 @@ impl Store {
     /// fresh TTL (stamped with the current epoch), so its writer, which may
     /// still be writing, has a whole TTL to confirm. Not journaled.
     pub fn restore_reservation(&self, rank: u32, page: u32, tag: u32) -> Result<(), String> {
-        let gen = self.gen.load();
-        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        let current = self.current.load();
+        let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
             return Err(format!("reserved page {page} is out of range for rank {rank}"));
         }
@@ -571,8 +573,8 @@ impl Store {
     /// rebuilding from a journal: a page held at the crash because a reader
     /// might still read it. Not journaled.
     pub fn restore_hold(&self, rank: u32, page: u32) -> Result<(), String> {
-        let gen = self.gen.load();
-        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        let current = self.current.load();
+        let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
             return Err(format!("held page {page} is out of range for rank {rank}"));
         }
@@ -585,7 +587,7 @@ impl Store {
 
     /// The size of `rank`, when it exists.
     pub fn rank_size(&self, rank: u32) -> Option<u32> {
-        self.gen.load().rank(rank.into()).map(PageTable::num_pages)
+        self.current.load().rank(rank.into()).map(PageTable::num_pages)
     }
 
     /// The current expiry epoch (low 8 bits are what reservations are stamped with).
@@ -599,14 +601,14 @@ impl Store {
     /// TTL / [`TICKS_PER_TTL`]; tests call it directly as a fake clock.
     pub fn tick(&self) -> u64 {
         let now = self.epoch.fetch_add(1, Ordering::Relaxed).wrapping_add(1) as u8;
-        let gen = self.gen.load_full();
+        let current = self.current.load_full();
         let mut freed = 0;
-        for (r, slot) in gen.ranks.iter().enumerate() {
+        for (r, slot) in current.ranks.iter().enumerate() {
             let Some(t) = slot.get() else { continue };
             // Each expired reservation is journaled as the page's end while
             // the page is held, like a release.
             freed += t.expire_each(now, EXPIRY_TICKS, &mut |page| {
-                self.record(Change::Unbind { generation: gen.id, rank: r as u32, page });
+                self.record(Change::Unbind { generation: current.id, rank: r as u32, page });
             });
         }
         self.expired.fetch_add(freed, Ordering::Relaxed);
@@ -615,8 +617,8 @@ impl Store {
 
     /// Statistics: page counts per rank (a scan, O(pages / 32)), key counts.
     pub fn stats(&self) -> Stats {
-        let gen = self.gen.load_full();
-        let ranks = gen
+        let current = self.current.load_full();
+        let ranks = current
             .ranks
             .iter()
             .enumerate()
@@ -631,26 +633,26 @@ impl Store {
             .collect();
         Stats {
             ranks,
-            keys: gen.keys.load(Ordering::Relaxed).max(0) as u64,
-            complete_keys: gen.complete.load(Ordering::Relaxed).max(0) as u64,
+            keys: current.keys.load(Ordering::Relaxed).max(0) as u64,
+            complete_keys: current.complete.load(Ordering::Relaxed).max(0) as u64,
             expired: self.expired.load(Ordering::Relaxed),
         }
     }
 
     /// The current [`Footprint`].
     pub fn footprint(&self) -> Footprint {
-        Footprint { index_slots: self.gen.load().index.slots() as u64 }
+        Footprint { index_slots: self.current.load().index.slots() as u64 }
     }
 
     /// Keys and pages under a read lease now, per rank: a scan of the key
     /// index (O(keys); for `/stats` and `/metrics`, not the request path).
     pub fn lease_stats(&self) -> LeaseStats {
-        let gen = self.gen.load_full();
+        let current = self.current.load_full();
         let now = self.clock.now();
-        let mut leased = vec![0u64; gen.ranks.len()];
-        let mut evictable = vec![0u64; gen.ranks.len()];
+        let mut leased = vec![0u64; current.ranks.len()];
+        let mut evictable = vec![0u64; current.ranks.len()];
         let mut leased_keys = 0;
-        gen.index.for_each(|_, e| {
+        current.index.for_each(|_, e| {
             let l = e.lease().leased(now);
             leased_keys += u64::from(l);
             for (r, _) in e.bindings() {
@@ -659,8 +661,8 @@ impl Store {
                 }
             }
         });
-        let ranks = (0..gen.ranks.len())
-            .filter(|&r| gen.ranks[r].get().is_some())
+        let ranks = (0..current.ranks.len())
+            .filter(|&r| current.ranks[r].get().is_some())
             .map(|r| RankLeases { rank: r as u32, leased_pages: leased[r], evictable_pages: evictable[r] })
             .collect();
         LeaseStats { leased_keys, ranks }
@@ -669,10 +671,10 @@ impl Store {
     /// Checks every invariant of the design notes. Only meaningful while no
     /// request is in flight (tests call it at the end of a run).
     pub fn audit(&self) -> Result<Stats, String> {
-        let gen = self.gen.load_full();
+        let current = self.current.load_full();
         let mut bound_pages = 0u64;
         let mut quarantined = 0u64;
-        for (r, t) in gen.ranks.iter().enumerate() {
+        for (r, t) in current.ranks.iter().enumerate() {
             let Some(t) = t.get() else { continue };
             let c = t.audit().map_err(|e| format!("rank {r}: {e}"))?;
             bound_pages += c.bound;
@@ -681,11 +683,11 @@ impl Store {
                 if err.is_some() {
                     return;
                 }
-                match t.owner(p).map(|o| gen.index.key_of(&o).ok_or(o)) {
+                match t.owner(p).map(|o| current.index.key_of(&o).ok_or(o)) {
                     None if t.is_quarantined(p) => quarantined += 1,
                     None => err = Some(format!("rank {r}: BOUND page {p} has no owner and is not quarantined")),
                     Some(Err(o)) => err = Some(format!("rank {r}: BOUND page {p} names {o:?}, which names no key")),
-                    Some(Ok(k)) if gen.index.page(k.as_ref(), r as u32) != Some(p) => {
+                    Some(Ok(k)) if current.index.page(k.as_ref(), r as u32) != Some(p) => {
                         err = Some(format!("rank {r}: page {p} names key {k}, whose binding is elsewhere"));
                     }
                     Some(Ok(_)) => {}
@@ -697,16 +699,16 @@ impl Store {
         }
         let (mut keys, mut complete, mut bindings) = (0i64, 0i64, 0u64);
         let mut err = None;
-        gen.index.for_each(|k, e| {
+        current.index.for_each(|k, e| {
             keys += 1;
             complete += i64::from(e.complete());
             let mut n = 0;
             for (r, p) in e.bindings() {
                 n += 1;
                 bindings += 1;
-                let ok = gen
-                    .rank(i64::from(r))
-                    .is_some_and(|t| p < t.num_pages() && t.state(p) == PageState::Bound && gen.index.owns(t, p, k));
+                let ok = current.rank(i64::from(r)).is_some_and(|t| {
+                    p < t.num_pages() && t.state(p) == PageState::Bound && current.index.owns(t, p, k)
+                });
                 if !ok && err.is_none() {
                     err = Some(format!("key {k} is bound to page {p} of rank {r}, which is not BOUND to it"));
                 }
@@ -724,11 +726,11 @@ impl Store {
             ));
         }
         let stats = self.stats();
-        if keys != gen.keys.load(Ordering::Relaxed) || complete != gen.complete.load(Ordering::Relaxed) {
+        if keys != current.keys.load(Ordering::Relaxed) || complete != current.complete.load(Ordering::Relaxed) {
             return Err(format!(
                 "counted {keys} keys / {complete} complete, counters say {} / {}",
-                gen.keys.load(Ordering::Relaxed),
-                gen.complete.load(Ordering::Relaxed)
+                current.keys.load(Ordering::Relaxed),
+                current.complete.load(Ordering::Relaxed)
             ));
         }
         Ok(stats)

@@ -87,9 +87,14 @@ use std::time::{Duration, Instant};
 /// restart it, and the restart recovers from the disk.
 pub const EXIT_FATAL: u8 = 75;
 
-/// How [`Durable::open_opts`] runs the background threads.
+/// What [`Durable::open`] opens: the fsync mode, the configuration of the
+/// store it rebuilds, and how the background threads run.
 #[derive(Clone)]
 pub struct Options {
+    /// When a durable change counts as done (`--fsync`).
+    pub fsync: FsyncMode,
+    /// The configuration of the store rebuilt from the directory.
+    pub store: StoreConfig,
     /// How often the checkpointer folds the log, probes the disk and checks
     /// for stalls (`None`: only on a nudge, an explicit
     /// [`Durable::checkpoint`] or [`Durable::check_now`], or at close).
@@ -102,9 +107,21 @@ pub struct Options {
     pub faults: Option<Arc<Faults>>,
 }
 
+impl Options {
+    /// `fsync` and `store`, with the background threads as a server runs
+    /// them ([`Options::default`]).
+    pub fn new(fsync: FsyncMode, store: StoreConfig) -> Self {
+        Self { fsync, store, ..Self::default() }
+    }
+}
+
 impl Default for Options {
+    /// `--fsync batch`, the default store, and the background threads as a
+    /// server runs them.
     fn default() -> Self {
         Self {
+            fsync: FsyncMode::Batch,
+            store: StoreConfig::default(),
             checkpoint_every: Some(checkpoint::CHECKPOINT_INTERVAL),
             retry_after: Some(Duration::from_secs(1)),
             faults: None,
@@ -171,40 +188,18 @@ impl Durable {
     /// from it (docs/durability.md, "What the durable layer assumes"). A
     /// journal fed by other stores would have their pages checkpointed as
     /// this store's, i.e. empty.
-    pub fn open(dir: &Path, mode: FsyncMode, cfg: StoreConfig) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
-        Self::open_opts(dir, mode, cfg, Options::default())
-    }
-
-    /// [`Durable::open`] with the checkpoint period (`None`: only on a
-    /// nudge, an explicit [`Durable::checkpoint`] or at close). For tests.
-    #[doc(hidden)]
-    pub fn open_with(
-        dir: &Path,
-        mode: FsyncMode,
-        cfg: StoreConfig,
-        checkpoint_every: Option<Duration>,
-    ) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
-        Self::open_opts(dir, mode, cfg, Options { checkpoint_every, ..Options::default() })
-    }
-
-    /// [`Durable::open`] with [`Options`].
     ///
     /// A store that recovers but cannot write (the probe, a small write and
     /// fsync in `dir`, fails) starts degraded: it serves what it recovered,
     /// `/health` answers 503, and it recovers by itself once writes succeed.
-    pub fn open_opts(
-        dir: &Path,
-        mode: FsyncMode,
-        cfg: StoreConfig,
-        opts: Options,
-    ) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
-        Self::open_source(dir, mode, cfg, opts, |store, _| {
+    pub fn open(dir: &Path, opts: Options) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
+        Self::open_source(dir, opts, |store, _| {
             let store = Arc::new(store);
             Ok((store.clone() as Arc<dyn PageSource>, store))
         })
     }
 
-    /// [`Durable::open_opts`] for state served by something else than the
+    /// [`Durable::open`] for state served by something else than the
     /// recovered [`Store`]: `make` receives that store (recovered, and
     /// journaling here) with this store's journal, and returns what the
     /// durable layer reads back from from then on (checkpoints, recovery
@@ -212,10 +207,8 @@ impl Durable {
     /// are rebuilt from the recovered store this way
     /// ([`spaces::open`]). Every change recorded to the journal must come
     /// from the returned source.
-    pub fn open_source<T>(
+    pub(crate) fn open_source<T>(
         dir: &Path,
-        mode: FsyncMode,
-        cfg: StoreConfig,
         opts: Options,
         make: impl FnOnce(Store, Arc<dyn Journal>) -> Result<(Arc<dyn PageSource>, T), OpenError>,
     ) -> Result<(T, Durable, Recovered), OpenError> {
@@ -227,7 +220,7 @@ impl Durable {
         let progress = Arc::new(Progress::default());
         let (tx, rx) = crossbeam_channel::unbounded();
         let journal = Arc::new(QueueJournal { progress: progress.clone(), tx: tx.clone() });
-        let store = Store::with_journal(cfg, Some(journal.clone()), generation);
+        let store = Store::with_journal(opts.store.clone(), Some(journal.clone()), generation);
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 4);
         let restored = guarded(|| recover::restore(&db, &store, workers)).map_err(OpenError::Corrupt)??;
         let (next_entry, log) = {
@@ -264,7 +257,7 @@ impl Durable {
             progress.fail(&f);
         }
 
-        let threads = start_threads(&shared, &progress, mode, rx, generation, log, next_entry, &opts)?;
+        let threads = start_threads(&shared, &progress, opts.fsync, rx, generation, log, next_entry, &opts)?;
         let recovered = Recovered {
             generation,
             ranks: restored.ranks,
@@ -278,7 +271,7 @@ impl Durable {
             report,
             elapsed: start.elapsed(),
         };
-        log_recovered(dir, mode, &recovered);
+        log_recovered(dir, opts.fsync, &recovered);
         let durable = Durable { shared, tx, threads: Mutex::new(Some(threads)), _lock: lock };
         Ok((served, durable, recovered))
     }

@@ -7,7 +7,7 @@
 //! would (the log tail not folded), so both recovery paths are covered.
 
 use hf3fs_meta::core::{Initialized, Store, StoreConfig};
-use hf3fs_meta::durable::{Durable, FsyncMode, OpenError, Recovered};
+use hf3fs_meta::durable::{Durable, FsyncMode, OpenError, Options, Recovered};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ fn cfg() -> StoreConfig {
 
 /// Opens without periodic checkpoints, so a test decides what is folded.
 fn open(dir: &Path) -> (std::sync::Arc<Store>, Durable, Recovered) {
-    Durable::open_with(dir, FsyncMode::Always, cfg(), None).unwrap_or_else(|e| panic!("open: {e}"))
+    Durable::open(dir, quiet(cfg())).unwrap_or_else(|e| panic!("open: {e}"))
 }
 
 fn sync(d: &Durable) {
@@ -110,6 +110,12 @@ fn ranks_bindings_and_world_sizes_survive_a_restart() {
 }
 
 use hf3fs_meta::core::Stats;
+
+/// Options that fsync every change and checkpoint only when asked, so a
+/// test decides what is folded.
+fn quiet(cfg: StoreConfig) -> Options {
+    Options { checkpoint_every: None, ..Options::new(FsyncMode::Always, cfg) }
+}
 
 /// The page `key` is bound to on `rank`, complete or not (via allocate,
 /// which answers a stored key's page without reserving anything).
@@ -240,7 +246,7 @@ fn a_corrupt_journal_is_a_clean_error() {
         }
     }
     assert!(hit, "A's digest not found in the journal");
-    match Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None) {
+    match Durable::open(dir.path(), quiet(cfg())) {
         Err(OpenError::Corrupt(msg)) => assert!(!msg.is_empty()),
         Err(e) => panic!("expected Corrupt, got {e}"),
         Ok((s, _, r)) => panic!("a corrupt journal was accepted: {r:?}, {:?}", s.stats()),
@@ -253,7 +259,7 @@ fn garbage_files_and_values_are_clean_errors() {
     let dir = tempfile::tempdir().unwrap();
     two_batches(dir.path());
     std::fs::write(dir.path().join("keyspace/journals/not-a-journal"), b"junk").unwrap();
-    let e = Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None).err().expect("an error");
+    let e = Durable::open(dir.path(), quiet(cfg())).err().expect("an error");
     assert!(matches!(e, OpenError::Corrupt(_)), "{e}");
 
     // A log entry that does not decode.
@@ -265,12 +271,12 @@ fn garbage_files_and_values_are_clean_errors() {
         log.insert(99u64.to_be_bytes(), [2u8, 0, 0]).unwrap();
         ks.persist(fjall::PersistMode::SyncAll).unwrap();
     }
-    let e = Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None).err().expect("an error");
+    let e = Durable::open(dir.path(), quiet(cfg())).err().expect("an error");
     assert!(matches!(&e, OpenError::Corrupt(m) if m.contains("log entry 99")), "{e}");
 
     // The data directory is a file.
     let file = tempfile::NamedTempFile::new().unwrap();
-    let e = Durable::open_with(file.path(), FsyncMode::Always, cfg(), None).err().expect("an error");
+    let e = Durable::open(file.path(), quiet(cfg())).err().expect("an error");
     assert!(matches!(e, OpenError::Io(_)), "{e}");
 }
 
@@ -283,7 +289,7 @@ fn a_smaller_max_ranks_is_refused() {
     close(d, true);
     drop(s);
     let small = StoreConfig { max_ranks: 8, ..cfg() };
-    let e = Durable::open_with(dir.path(), FsyncMode::Always, small, None).err().expect("an error");
+    let e = Durable::open(dir.path(), quiet(small)).err().expect("an error");
     assert!(matches!(e, OpenError::Restore(_)), "{e}");
 }
 
@@ -291,7 +297,7 @@ fn a_smaller_max_ranks_is_refused() {
 fn every_fsync_mode_recovers_what_it_acknowledged() {
     for mode in [FsyncMode::Batch, FsyncMode::None, FsyncMode::Always] {
         let dir = tempfile::tempdir().unwrap();
-        let (s, d, _) = Durable::open(dir.path(), mode, cfg()).unwrap();
+        let (s, d, _) = Durable::open(dir.path(), Options::new(mode, cfg())).unwrap();
         s.initialize(0, 64).unwrap();
         let pages: Vec<i64> = (0..20).map(|i| save(&s, &d, 0, &[&format!("key-{i}")])[0]).collect();
         // Acknowledged in the mode's sense; the log tail is left unfolded.
@@ -309,13 +315,13 @@ fn every_fsync_mode_recovers_what_it_acknowledged() {
 #[test]
 fn a_data_directory_serves_one_process_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
-    let (_store, first, _) = Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None).unwrap();
-    match Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None) {
+    let (_store, first, _) = Durable::open(dir.path(), quiet(cfg())).unwrap();
+    match Durable::open(dir.path(), quiet(cfg())) {
         Err(OpenError::Io(msg)) => assert!(msg.contains("in use by another hf3fs-meta process"), "{msg}"),
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("a second open of a directory in use must fail"),
     }
     first.close().unwrap();
     drop(first);
-    Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None).expect("free again once the first is gone");
+    Durable::open(dir.path(), quiet(cfg())).expect("free again once the first is gone");
 }

@@ -21,6 +21,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Options that fsync every change and checkpoint only when asked, so a
+/// test decides what is folded.
+fn quiet(cfg: StoreConfig) -> Options {
+    Options { checkpoint_every: None, ..Options::new(FsyncMode::Always, cfg) }
+}
+
 const K1: &str = "0123456789abcdef0123456789abcdef";
 const K2: &str = "fedcba9876543210fedcba9876543210";
 const K3: &str = "d41d8cd98f00b204e9800998ecf8427e";
@@ -42,7 +48,7 @@ fn cfg() -> StoreConfig {
 
 /// Opens without periodic checkpoints, so a test decides what is folded.
 fn open(dir: &Path) -> (Arc<Store>, Durable, Recovered) {
-    Durable::open_with(dir, FsyncMode::Always, cfg(), None).unwrap_or_else(|e| panic!("open: {e}"))
+    Durable::open(dir, quiet(cfg())).unwrap_or_else(|e| panic!("open: {e}"))
 }
 
 fn sync(d: &Durable) {
@@ -253,7 +259,7 @@ fn spaces_cfg() -> SpacesConfig {
 }
 
 fn open_spaces(dir: &Path) -> (Spaces, Durable) {
-    let opts = Options { checkpoint_every: None, retry_after: None, faults: None };
+    let opts = Options { checkpoint_every: None, retry_after: None, faults: None, ..Options::default() };
     let (spaces, d, _) = durable::spaces::open(dir, FsyncMode::Always, spaces_cfg(), Arc::new(Clock::manual()), opts)
         .unwrap_or_else(|e| panic!("open spaces: {e}"));
     (spaces, d)
@@ -275,8 +281,7 @@ fn data_directories_of_the_previous_release_still_open() {
     for name in ["pre-issue20-sigterm", "pre-issue20-sigkill"] {
         let dir = copy_old(name);
         let vcfg = StoreConfig { world_size: None, max_ranks: 16, ..StoreConfig::default() };
-        let (s, d, r) =
-            Durable::open_with(dir.path(), FsyncMode::Always, vcfg.clone(), None).unwrap_or_else(|e| panic!("{e}"));
+        let (s, d, r) = Durable::open(dir.path(), quiet(vcfg.clone())).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((r.ranks, r.bindings, r.reservations, r.held), (2, 4, 0, 0), "{name}: {r:?}");
         assert_eq!(s.rank_size(0), Some(16));
         assert_eq!(s.rank_size(1), Some(8));
@@ -301,7 +306,7 @@ fn data_directories_of_the_previous_release_still_open() {
         sync(&d);
         end(d, End::Crash);
         drop(s);
-        let (s, d, r) = Durable::open_with(dir.path(), FsyncMode::Always, vcfg, None).unwrap();
+        let (s, d, r) = Durable::open(dir.path(), quiet(vcfg)).unwrap();
         assert_eq!((r.bindings, r.reservations), (5, 1), "{name}: {r:?}");
         s.locations(1, &refs[..2], &mut loc).unwrap();
         assert_eq!(loc, [Some(0), Some(p[0] as u32)], "{name}: key 2 complete now");

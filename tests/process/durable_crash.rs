@@ -345,7 +345,7 @@ fn acknowledged_confirms_survive_sigkill() {
             let handles: Vec<_> = (0..CLIENTS)
                 .map(|id| {
                     let (acks, stop, done) = (&acks, &stop, &done);
-                    let seed = rng.gen();
+                    let seed = rng.r#gen();
                     let addr = s.addr;
                     sc.spawn(move || {
                         let m = client(addr, round, id, seed, acks, stop);

@@ -113,9 +113,9 @@ impl Store {
         out: &mut Vec<(usize, i64)>,
         mut stored: Option<&mut Vec<bool>>,
     ) -> Result<AllocateOutcome, RankNotInitialized> {
-        let gen = self.gen.load();
+        let current = self.current.load();
         out.clear();
-        let table = gen.rank(rank).ok_or(RankNotInitialized(rank))?;
+        let table = current.rank(rank).ok_or(RankNotInitialized(rank))?;
         let r = rank as u32;
         // Parse every key before looking any up: the lookups then overlap
         // their cache misses.
@@ -123,7 +123,7 @@ impl Store {
         let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
         let mut evicted = false;
         loop {
-            let need = self.look_up_stored(&gen, r, &distinct, out);
+            let need = self.look_up_stored(&current, r, &distinct, out);
             if let Some(s) = stored.as_deref_mut() {
                 s.clear();
                 s.extend(out.iter().map(|&(_, p)| p >= 0));
@@ -132,12 +132,12 @@ impl Store {
             if need == 0 {
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
             }
-            let got = match self.take_pages(&gen, r, table, grant, need, reused, &mut evicted) {
+            let got = match self.take_pages(&current, r, table, grant, need, reused, &mut evicted) {
                 Taken::Pages(got) => got,
                 Taken::None => return Ok(AllocateOutcome { reserved: 0, reused, refused: need }),
                 Taken::LookAgain => continue,
             };
-            self.reserve_for(&gen, r, table, got, &distinct, out, &mut fresh);
+            self.reserve_for(&current, r, table, got, &distinct, out, &mut fresh);
             let outcome = AllocateOutcome { reserved: got, reused, refused: need - got };
             if reused == 0 || !self.reused_page_was_recycled(out, &mut fresh) {
                 return Ok(outcome);
@@ -146,7 +146,7 @@ impl Store {
             // looked it up and has just been reserved again by us, for another
             // key of this very batch: one answer would name one page twice.
             // Give the fresh pages back and look everything up again.
-            self.give_back_fresh(&gen, r, table, &fresh);
+            self.give_back_fresh(&current, r, table, &fresh);
         }
     }
 
@@ -158,14 +158,14 @@ impl Store {
     /// the lookups, when the answer is built.
     fn look_up_stored(
         &self,
-        gen: &Generation,
+        current: &Generation,
         r: u32,
         distinct: &[(usize, KeyRef<'_>)],
         out: &mut Vec<(usize, i64)>,
     ) -> u64 {
         out.clear();
         let mut need = 0u64;
-        let index = gen.index.reader();
+        let index = current.index.reader();
         let mut entries = Vec::with_capacity(distinct.len());
         index.entries(distinct, |&(_, k)| k, &mut entries);
         let (now, lease) = (self.clock.now(), self.reuse_lease());
@@ -183,7 +183,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     fn take_pages(
         &self,
-        gen: &Generation,
+        current: &Generation,
         r: u32,
         table: &PageTable,
         grant: Grant,
@@ -206,7 +206,7 @@ impl Store {
             // Evict what the batch needs, once.
             table.give_back(got);
             *evicted = true;
-            let room = self.evict_for_allocate(gen, r, table, need);
+            let room = self.evict_for_allocate(current, r, table, need);
             // The eviction may have taken stored keys of this very batch,
             // even when it fell short: then look them up again, since an
             // answer must not name a page as theirs that no longer is (nor
@@ -237,7 +237,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     fn reserve_for(
         &self,
-        gen: &Generation,
+        current: &Generation,
         r: u32,
         table: &PageTable,
         got: u64,
@@ -258,7 +258,7 @@ impl Store {
             let Some((s, &(_, key))) = slot else { return 0 };
             s.1 = i64::from(page);
             let tag = key.tag();
-            self.record(Change::Reserve { generation: gen.id, rank: r, page, tag });
+            self.record(Change::Reserve { generation: current.id, rank: r, page, tag });
             tag
         });
     }
@@ -266,13 +266,13 @@ impl Store {
     /// Returns the `fresh` pages of rank `r` that are still reserved to the
     /// pool, journaling each one's end, after a recycled stored page made
     /// the batch's answer unusable.
-    fn give_back_fresh(&self, gen: &Generation, r: u32, table: &PageTable, fresh: &[u32]) {
+    fn give_back_fresh(&self, current: &Generation, r: u32, table: &PageTable, fresh: &[u32]) {
         let _op = self.journal_op();
         let mut returned = 0;
         for &page in fresh {
             match table.claim(page) {
                 Some(Claimed::Reserved) => {
-                    self.record(Change::Unbind { generation: gen.id, rank: r, page });
+                    self.record(Change::Unbind { generation: current.id, rank: r, page });
                     table.settle(page, FREE);
                     returned += 1;
                 }

@@ -75,11 +75,11 @@ impl Store {
     /// Ranks created after their slot was passed are not visited: their
     /// creation was recorded to the journal first, and the caller keeps it.
     pub fn snapshot(&self, mut visit: impl FnMut(Visit) -> bool) -> Result<(), String> {
-        let gen = self.gen.load_full();
-        if !visit(Visit::Generation(gen.id)) {
+        let current = self.current.load_full();
+        if !visit(Visit::Generation(current.id)) {
             return Ok(());
         }
-        for (r, slot) in gen.ranks.iter().enumerate() {
+        for (r, slot) in current.ranks.iter().enumerate() {
             let Some(table) = slot.get() else { continue };
             let rank = r as u32;
             if !visit(Visit::Rank { rank, num_pages: table.num_pages() }) {
@@ -90,7 +90,7 @@ impl Store {
                 if err.is_some() || stop {
                     return;
                 }
-                let v = match read_page(&gen, table, rank, page) {
+                let v = match read_page(&current, table, rank, page) {
                     Ok(Some(PageRead::Bound { key, world })) => Visit::Binding { rank, page, key, world },
                     Ok(Some(PageRead::Reserved { tag })) => Visit::Reserved { rank, page, tag },
                     Ok(Some(PageRead::Held)) => Visit::Held { rank, page },
@@ -155,17 +155,17 @@ impl Store {
         pages: std::ops::Range<u32>,
         mut visit: impl FnMut(u32, PageRead),
     ) -> Result<(), ReadPagesError> {
-        let gen = self.gen.load();
-        if gen.id != generation {
+        let current = self.current.load();
+        if current.id != generation {
             return Err(ReadPagesError::Generation);
         }
-        let Some(table) = gen.rank(i64::from(rank)) else { return Ok(()) };
+        let Some(table) = current.rank(i64::from(rank)) else { return Ok(()) };
         let mut err = None;
         table.for_each_used_in(pages, |page| {
             if err.is_some() {
                 return;
             }
-            match read_page(&gen, table, rank, page) {
+            match read_page(&current, table, rank, page) {
                 Ok(Some(read)) => visit(page, read),
                 Ok(None) => {}
                 Err(e) => err = Some(e),
@@ -216,7 +216,7 @@ impl PageSource for Store {
 /// What `page` holds, read while it is held BUSY: its key and world if it
 /// is bound, its tag if it is reserved, or that it is held; `None` if it is
 /// free.
-fn read_page(gen: &Generation, table: &PageTable, rank: u32, page: u32) -> Result<Option<PageRead>, String> {
+fn read_page(current: &Generation, table: &PageTable, rank: u32, page: u32) -> Result<Option<PageRead>, String> {
     // Held BUSY until the guard drops, then put back as it was.
     let mut held = ClaimGuard::new(1);
     match held.claim(table, page) {
@@ -227,10 +227,10 @@ fn read_page(gen: &Generation, table: &PageTable, rank: u32, page: u32) -> Resul
     // A BOUND page that names no key is quarantined (released within a
     // reader's lease, journaled as held).
     let Some(owner) = table.owner(page) else { return Ok(Some(PageRead::Held)) };
-    let Some(key) = gen.index.key_of(&owner) else {
+    let Some(key) = current.index.key_of(&owner) else {
         return Err(format!("rank {rank}: page {page} names key id {owner:?}, which the index never gave"));
     };
-    let Some(world) = gen.index.world(key.as_ref()) else {
+    let Some(world) = current.index.world(key.as_ref()) else {
         return Err(format!("rank {rank}: page {page} names key {key}, which the index does not know"));
     };
     Ok(Some(PageRead::Bound { key, world }))
@@ -264,7 +264,7 @@ mod tests {
         let mut seen = Vec::new();
         s.snapshot(|v| {
             seen.push(match v {
-                Visit::Generation(g) => format!("gen {g}"),
+                Visit::Generation(g) => format!("current {g}"),
                 Visit::Rank { rank, num_pages } => format!("rank {rank} {num_pages}"),
                 Visit::Binding { rank, page, key, world } => format!("bind {rank} {page} {key} {world}"),
                 Visit::Reserved { rank, page, tag } => format!("reserved {rank} {page} {tag}"),
@@ -276,7 +276,7 @@ mod tests {
         assert_eq!(
             seen,
             [
-                "gen 0".into(),
+                "current 0".into(),
                 "rank 0 100".into(),
                 format!("bind 0 {pa} {A} 2"),
                 format!("reserved 0 {pb} {}", crate::KeyRef::parse(B).tag()),

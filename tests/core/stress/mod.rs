@@ -551,7 +551,7 @@ fn connector_cycle_with_a_ticking_sweeper() {
 /// page is either bound to a key, and reused, or free, and reserved).
 ///
 /// It does when a key's bound page is released between allocate's index
-/// look-up (store.rs: `gen.index.page(k, r)`, which answers the page without
+/// look-up (store.rs: `current.index.page(k, r)`, which answers the page without
 /// holding it) and its `try_take`/`reserve` of fresh pages for the other keys
 /// of the batch: the freed page is then reserved for another key of the same
 /// batch. Here rank 0 has one page, bound to K; one thread allocates
