@@ -13,6 +13,8 @@
 //! - [`metrics`]: counters and histograms, Prometheus text.
 //! - [`routes`]: the table of routes, read by the router, the metrics and the server.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
+//! - [`bench`](mod@bench): `hf3fs-meta bench`, a load generator of a cluster's shape
+//!   that speaks to any server over the public routes only.
 //! - [`test_clock`]: the hidden `--test-clock`, time moved by tests.
 //!
 //! Invariants that hold across the crate:
@@ -25,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod bench;
 pub mod config;
 /// The metadata state, a crate of its own (`core/`): see its docs.
 pub use hf3fs_meta_core as core;
