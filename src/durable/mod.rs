@@ -97,7 +97,7 @@ pub struct Options {
     pub store: StoreConfig,
     /// How often the checkpointer folds the log, probes the disk and checks
     /// for stalls (`None`: only on a nudge, an explicit
-    /// [`Durable::checkpoint`] or [`Durable::check_now`], or at close).
+    /// [`Durable::checkpoint`] or `Durable::check_now` (tests), or at close).
     pub checkpoint_every: Option<Duration>,
     /// The first wait before a degraded store tries to recover; it doubles
     /// after each failed attempt, up to [`writer::RETRY_MAX`] (`None`:
@@ -289,6 +289,7 @@ impl Durable {
     }
 
     /// Blocking [`Durable::sync`] with a deadline (tests, benchmarks).
+    #[cfg(any(test, feature = "testing"))]
     pub fn sync_blocking(&self, timeout: Duration) -> Result<(), WaitError> {
         self.shared.progress.wait_blocking(self.head(), timeout)
     }
@@ -311,7 +312,7 @@ impl Durable {
 
     /// Probes the disk and the stall watch now (the checkpointer does it
     /// every tick); returns the health after that. For tests.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn check_now(&self) -> Health {
         if let Some(f) = self.shared.watch.judge(Instant::now()) {
             self.shared.fail(f);
@@ -384,7 +385,7 @@ impl Durable {
     /// [`Durable::close`] without the last checkpoint: what is on disk is
     /// then what a crash right after the last write would leave (the log
     /// tail not yet folded). For recovery tests.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn close_without_checkpoint(&self) -> Result<(), WaitError> {
         self.stop(false)
     }
