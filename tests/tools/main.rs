@@ -279,8 +279,10 @@ fn the_directories_of_the_release_before_issue_20_open() {
         let ns: Vec<&Value> =
             r["sglang"]["spaces"].as_array().expect("spaces").iter().map(|s| &s["namespace"]).collect();
         assert_eq!(ns, [&json!("kv"), &json!("mamba")], "{name}: {r}");
-        let o = tool("verify", &src, &[]);
+        let scratch = tempfile::tempdir().unwrap();
+        let o = tool("verify", &src, &["--scratch", scratch.path().to_str().expect("UTF-8")]);
         assert_eq!(o.status.code(), Some(0), "{name}: {}{}", stdout(&o), stderr(&o));
+        assert!(std::fs::read_dir(scratch.path()).unwrap().next().is_none(), "{name}: the copy was not removed");
         assert!(contents(&src) == before, "{name}: the committed directory changed");
     }
 }
