@@ -87,6 +87,10 @@ use std::time::{Duration, Instant};
 /// restart it, and the restart recovers from the disk.
 pub const EXIT_FATAL: u8 = 75;
 
+/// The file of a data directory (and of its `sglang` subdirectory) that a
+/// server holds an exclusive lock on (`flock`) while it runs.
+pub const LOCK_FILE: &str = "LOCK";
+
 /// What [`Durable::open`] opens: the fsync mode, the configuration of the
 /// store it rebuilds, and how the background threads run.
 #[derive(Clone)]
@@ -150,6 +154,11 @@ pub struct Recovered {
     pub log_entries: usize,
     /// Log records replayed over the checkpointed state.
     pub log_records: u64,
+    /// The numbers of the log entries replayed (the log tail the next
+    /// checkpoint folds): everything numbered before them is in the
+    /// checkpointed state; the next batch written is numbered `end`. Empty
+    /// when the log was (a clean close folds it all).
+    pub log_range: std::ops::Range<u64>,
     /// State chunks read.
     pub chunks: u64,
     /// What opening the embedded store found (a dropped tail, stale partitions).
@@ -267,6 +276,11 @@ impl Durable {
             keys,
             log_entries: restored.log_entries,
             log_records: restored.log_records,
+            log_range: if restored.log_entries == 0 {
+                next_entry..next_entry
+            } else {
+                restored.first_entry..next_entry
+            },
             chunks: restored.chunks,
             report,
             elapsed: start.elapsed(),
@@ -444,7 +458,7 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, OpenError> {
     let io = |e: std::io::Error| OpenError::Io(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(io)?;
     let file =
-        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("LOCK")).map_err(io)?;
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(LOCK_FILE)).map_err(io)?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(OpenError::Io(format!(
