@@ -1,19 +1,23 @@
 //! Tests of the real binary as a child process: flags, signals, exit
 //! statuses, SIGKILL restarts, a full disk, and the engines' Python clients.
 //!
+//! - [`bench`]: `hf3fs-meta bench`'s report against the server's `/metrics`.
 //! - [`binary`]: start-up, flags, shutdown, the listen backlog.
 //! - [`durable_crash`]: SIGKILL under load, then restarts.
 //! - [`durable_disk`]: a full disk (a small tmpfs when run as root).
 //! - [`never_a_wrong_page`]: issue 20's sequences on the hidden test clock,
 //!   SIGKILL restarts included, against a simulated page store.
+//! - [`tools`]: `hf3fs-meta inspect` and `verify` on data directories.
 //! - [`python_client`]: the Python suites in tests/python, the engines' own
 //!   clients (read out of their wheels at test time) included.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod bench;
 mod binary;
 mod durable_crash;
 mod durable_disk;
 mod never_a_wrong_page;
 mod python_client;
+mod tools;

@@ -7,11 +7,8 @@
 //! The servers run on the hidden test clock: no lease or reservation
 //! passes while a test runs, whatever the machine's speed.
 
-#[path = "../common/mod.rs"]
-mod common;
-
-use common::process::{command, ServerProcess};
-use common::Client;
+use crate::common::process::{command, ServerProcess};
+use crate::common::Client;
 use hf3fs_meta::core::KeyRef;
 use hf3fs_meta::durable::codec;
 use serde_json::{json, Value};
