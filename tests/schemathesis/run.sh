@@ -23,7 +23,9 @@ ROOT=$PWD
 BIN=${1:-$ROOT/target/ci/hf3fs-meta}
 PY=${SCHEMATHESIS_PY:-$ROOT/.venv-tools/bin/python}
 MAX_EXAMPLES=${ST_MAX_EXAMPLES:-300}
-HARD_LIMIT_S=170
+# A guard against a hung run, not a speed target: a quiet 2-core machine
+# finishes in well under two minutes; a loaded one took over 170 s.
+HARD_LIMIT_S=300
 
 log() { echo "schemathesis/run.sh: $*" >&2; }
 [[ -x "$BIN" ]] || { log "no server binary at $BIN (run cargo test --profile ci first)"; exit 1; }
