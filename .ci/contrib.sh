@@ -11,18 +11,23 @@
 #    rules and their tests use is in its /metrics, with the labels and label
 #    values they match on; its durable store, made to fail and recover,
 #    moves hf3fs_meta_durable_healthy and /health as the alerts expect;
+#    the HA series (hf3fs_meta_ha_*) come from a second server started with
+#    --ha etcd on one etcd member on loopback, once it serves as leader;
+#    the relay, started as its unit starts it, reaches that leader and
+#    exits 0 on SIGTERM;
 # 3. the exit statuses the unit relies on: 0 after SIGTERM within the
 #    unit's TimeoutStopSec, 75 on a fatal durable failure, 2 on a bad
 #    configuration;
-# 4. systemd-analyze verify on the unit (its ExecStart pointed at the
-#    binary; any warning fails), its offline security exposure stays at or
-#    below 2.0, and every flag and HF3FS_META_* variable of contrib/systemd
-#    is one the binary knows.
+# 4. systemd-analyze verify on both units, the server's and the relay's
+#    (ExecStart pointed at the binary; any warning fails), their offline
+#    security exposure stays at or below 2.0, and every flag and
+#    HF3FS_META_* variable of contrib/systemd is one the binary (or its
+#    relay subcommand) knows.
 #
 # Installs what it needs from Debian when missing (prometheus for promtool,
-# systemd for systemd-analyze, curl, python3-yaml) without starting any
-# service. Bounded: the whole script runs under `timeout 600`, the server
-# is stopped on any exit.
+# systemd for systemd-analyze, curl, etcd-server, python3-yaml) without
+# starting any service. Bounded: the whole script runs under `timeout 600`;
+# the servers, the relay and etcd are killed on any exit.
 set -euo pipefail
 
 if [ -z "${HF3FS_CONTRIB_TIMED:-}" ]; then
@@ -39,28 +44,37 @@ RULES=contrib/prometheus/hf3fs-meta.rules.yml
 TESTS=contrib/prometheus/hf3fs-meta.rules.test.yml
 UNIT=contrib/systemd/hf3fs-meta.service
 ENVFILE=contrib/systemd/hf3fs-meta.env
+RELAY_UNIT=contrib/systemd/hf3fs-meta-relay.service
+RELAY_ENVFILE=contrib/systemd/hf3fs-meta-relay.env
 
 say() { printf '\n--> %s\n' "$*"; }
 fail() { echo "contrib.sh: FAILED: $*" >&2; exit 1; }
 
 TMP="$(mktemp -d)"
 SERVER_PID=""
+HA_PID=""
+RELAY_PID=""
+ETCD_PID=""
 cleanup() {
-    if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-        kill -KILL "$SERVER_PID" 2>/dev/null || true
-        wait "$SERVER_PID" 2>/dev/null || true
-    fi
+    local pid
+    for pid in "$SERVER_PID" "$RELAY_PID" "$HA_PID" "$ETCD_PID"; do
+        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+            kill -KILL "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+        fi
+    done
     rm -rf "$TMP"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- Debian packages ----------------------------------------------------------
-say "Debian packages (promtool, systemd-analyze, curl, python3-yaml)"
+say "Debian packages (promtool, systemd-analyze, curl, etcd, python3-yaml)"
 need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v curl >/dev/null || need+=(curl)
+command -v etcd >/dev/null || need+=(etcd-server)
 python3 -c 'import yaml' 2>/dev/null || need+=(python3-yaml)
 if [ ${#need[@]} -gt 0 ]; then
     # The prometheus package would start a Prometheus server on :9090 where
@@ -184,6 +198,84 @@ expect "SGLang exists" 200 "$(post /0/exists '{"keys":["x"],"namespace":"kv"}')"
 expect "/stats" 200 "$(curl -s -m 5 -o /dev/null -w '%{http_code}' "$BASE/stats")"
 curl -sf -m 5 "$BASE/metrics" >/dev/null # so that the ops dialect's /metrics series exist
 curl -sf -m 5 "$BASE/metrics" >"$TMP/metrics.txt"
+
+say "live server with --ha etcd (one etcd member on loopback): leader, then its /metrics"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+etcd_client="$(free_port)"
+etcd_peer="$(free_port)"
+etcd --name contrib --data-dir "$TMP/etcd" \
+    --listen-client-urls "http://127.0.0.1:$etcd_client" --advertise-client-urls "http://127.0.0.1:$etcd_client" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer" \
+    --initial-cluster "contrib=http://127.0.0.1:$etcd_peer" --initial-cluster-state new \
+    --initial-cluster-token hf3fs-meta-contrib --heartbeat-interval 50 --election-timeout 500 \
+    --log-level error >"$TMP/etcd.log" 2>&1 &
+ETCD_PID=$!
+ETCD_URL="http://127.0.0.1:$etcd_client"
+for _ in $(seq 1 300); do
+    curl -s -m 2 "$ETCD_URL/health" 2>/dev/null | grep -q '"health":"true"' && break
+    kill -0 "$ETCD_PID" 2>/dev/null || { cat "$TMP/etcd.log"; fail "etcd exited at start"; }
+    sleep 0.1
+done
+curl -s -m 2 "$ETCD_URL/health" | grep -q '"health":"true"' || { cat "$TMP/etcd.log"; fail "etcd not healthy within 30 s"; }
+echo "contrib-check-secret" >"$TMP/ha-token"
+ha_port="$(free_port)"
+"$BIN" --host 127.0.0.1 --port "$ha_port" --workers 2 --data-dir "$TMP/ha-data" \
+    --ha etcd --etcd-endpoints "$ETCD_URL" --ha-cluster /contrib-check --node-id a \
+    --advertise-url "http://127.0.0.1:$ha_port" --ha-lease-ttl 2 --ha-token-file "$TMP/ha-token" \
+    >"$TMP/ha.log" 2>&1 &
+HA_PID=$!
+HA_BASE="http://127.0.0.1:$ha_port"
+role=""
+# A first leader waits out one lease TTL (2 s) before serving.
+for _ in $(seq 1 300); do
+    role="$(curl -s -m 2 "$HA_BASE/health" 2>/dev/null | python3 -c 'import json,sys
+try: h=json.load(sys.stdin)["ha"]; print(h["role"] if h["serving"] else "not-serving")
+except Exception: print("")' || true)"
+    [ "$role" = leader ] && break
+    kill -0 "$HA_PID" 2>/dev/null || { cat "$TMP/ha.log"; fail "the --ha etcd server exited at start"; }
+    sleep 0.1
+done
+[ "$role" = leader ] || { tail -20 "$TMP/ha.log"; fail "the --ha etcd server did not serve as leader within 30 s (role: ${role:-none})"; }
+echo "node a leads on $HA_BASE (etcd $ETCD_URL)"
+curl -sf -m 5 "$HA_BASE/metrics" >"$TMP/ha-metrics.txt"
+grep -q '^hf3fs_meta_ha_role{role="leader"} 1$' "$TMP/ha-metrics.txt" ||
+    fail "the leader's /metrics has no hf3fs_meta_ha_role{role=\"leader\"} 1"
+cat "$TMP/ha-metrics.txt" >>"$TMP/metrics.txt"
+
+say "the relay (as its unit starts it, on a free port) forwards to the leader; SIGTERM exits 0"
+relay_port="$(free_port)"
+"$BIN" relay --listen "127.0.0.1:$relay_port" --etcd-endpoints "$ETCD_URL" --ha-cluster /contrib-check \
+    --ha-lease-ttl 2 >"$TMP/relay.log" 2>&1 &
+RELAY_PID=$!
+via=""
+for _ in $(seq 1 300); do
+    via="$(curl -s -m 2 "http://127.0.0.1:$relay_port/health" 2>/dev/null || true)"
+    grep -q '"role":"leader"' <<<"$via" && break
+    kill -0 "$RELAY_PID" 2>/dev/null || { cat "$TMP/relay.log"; fail "the relay exited at start"; }
+    sleep 0.1
+done
+grep -q '"node":"a"' <<<"$via" && grep -q '"role":"leader"' <<<"$via" ||
+    { tail -20 "$TMP/relay.log"; fail "/health through the relay did not reach leader a within 30 s: $via"; }
+echo "through the relay: $via"
+relay_stop="$(sed -n 's/^TimeoutStopSec=//p' "$RELAY_UNIT" | sed 's/s$//')"
+[ -n "$relay_stop" ] || fail "$RELAY_UNIT: no TimeoutStopSec"
+kill -TERM "$RELAY_PID"
+st=""
+for _ in $(seq 1 $((relay_stop * 10))); do
+    kill -0 "$RELAY_PID" 2>/dev/null || break
+    sleep 0.1
+done
+kill -0 "$RELAY_PID" 2>/dev/null && fail "the relay did not stop within ${relay_stop} s of SIGTERM"
+st=0
+wait "$RELAY_PID" || st=$?
+RELAY_PID=""
+expect "relay exit status after SIGTERM" 0 "$st"
+kill -TERM "$HA_PID" 2>/dev/null || true
+wait "$HA_PID" 2>/dev/null || true
+HA_PID=""
+kill -TERM "$ETCD_PID" 2>/dev/null || true
+wait "$ETCD_PID" 2>/dev/null || true
+ETCD_PID=""
 
 say "every hf3fs_meta_* name, label and label value of the rules and their tests is exported"
 python3 - "$RULES" "$TESTS" "$TMP/metrics.txt" <<'EOF'
@@ -322,22 +414,48 @@ for var in $(grep -oh 'HF3FS_META_[A-Z][A-Z_]*' "$UNIT" "$ENVFILE" | sort -u); d
     grep -qE "env: ${var}[]=]" <<<"$help" || fail "contrib/systemd: $var is not in hf3fs-meta --help"
 done
 
-say "systemd-analyze verify (ExecStart pointed at $BIN)"
-mkdir -p "$TMP/unit"
-sed "s#^ExecStart=/usr/local/bin/hf3fs-meta #ExecStart=$BIN #" "$UNIT" >"$TMP/unit/hf3fs-meta.service"
-grep -q "^ExecStart=$BIN " "$TMP/unit/hf3fs-meta.service" || fail "could not point ExecStart at $BIN"
-out="$(cd "$TMP/unit" && systemd-analyze verify --man=no ./hf3fs-meta.service 2>&1)" || {
-    echo "$out"
-    fail "systemd-analyze verify"
+# $1: the unit file. Copies it with ExecStart pointed at $BIN, verifies it
+# (any warning fails) and checks its offline exposure stays at most 2.0.
+verify_unit() {
+    local unit="$1" name
+    name="$(basename "$unit")"
+    say "systemd-analyze verify $name (ExecStart pointed at $BIN)"
+    mkdir -p "$TMP/unit"
+    sed "s#^ExecStart=/usr/local/bin/hf3fs-meta\b#ExecStart=$BIN#" "$unit" >"$TMP/unit/$name"
+    grep -q "^ExecStart=$BIN\b" "$TMP/unit/$name" || fail "could not point ExecStart of $name at $BIN"
+    out="$(cd "$TMP/unit" && systemd-analyze verify --man=no "./$name" 2>&1)" || {
+        echo "$out"
+        fail "systemd-analyze verify $name"
+    }
+    [ -z "$out" ] || {
+        echo "$out"
+        fail "systemd-analyze verify $name warned (unknown keys and bad values are only warnings)"
+    }
+    echo "verified: no warning"
+    say "systemd-analyze security --offline $name: exposure at most 2.0"
+    (cd "$TMP/unit" && systemd-analyze security --offline=yes --threshold=20 "./$name" | tail -1) ||
+        fail "the exposure of $name rose above 2.0 (systemd-analyze security --offline=yes $unit)"
 }
-[ -z "$out" ] || {
-    echo "$out"
-    fail "systemd-analyze verify warned (unknown keys and bad values are only warnings)"
-}
-echo "verified: no warning"
+verify_unit "$UNIT"
 
-say "systemd-analyze security --offline: exposure at most 2.0"
-(cd "$TMP/unit" && systemd-analyze security --offline=yes --threshold=20 ./hf3fs-meta.service | tail -1) ||
-    fail "the unit's exposure rose above 2.0 (systemd-analyze security --offline=yes $UNIT)"
+say "the relay unit: flags and HF3FS_META_* variables are the relay's"
+relay_help="$("$BIN" relay --help)"
+relay_exec="$(sed -n 's/^ExecStart=//p' "$RELAY_UNIT" | tail -1)"
+case "$relay_exec" in /usr/local/bin/hf3fs-meta\ relay\ *) ;; *) fail "$RELAY_UNIT: ExecStart should start with /usr/local/bin/hf3fs-meta relay" ;; esac
+for flag in $(grep -o -- '--[a-z][a-z-]*' <<<"$relay_exec"); do
+    grep -q -- "$flag " <<<"$relay_help" || fail "$RELAY_UNIT: ExecStart flag $flag is not in hf3fs-meta relay --help"
+done
+grep -q -- '--listen 127\.0\.0\.1:' <<<"$relay_exec" || fail "$RELAY_UNIT: the relay must listen on loopback"
+for var in $(grep -oh 'HF3FS_META_[A-Z][A-Z_]*' "$RELAY_UNIT" "$RELAY_ENVFILE" | sort -u); do
+    grep -qE "env: ${var}[]=]" <<<"$relay_help" || fail "$RELAY_UNIT or $RELAY_ENVFILE: $var is not in hf3fs-meta relay --help"
+done
+for var in HF3FS_META_ETCD_ENDPOINTS HF3FS_META_HA_CLUSTER; do
+    grep -q "^$var=" "$RELAY_ENVFILE" || fail "$RELAY_ENVFILE: $var (required) is not set"
+done
+grep -q '^EnvironmentFile=/etc/hf3fs-meta/hf3fs-meta-relay.env$' "$RELAY_UNIT" ||
+    fail "$RELAY_UNIT: EnvironmentFile=/etc/hf3fs-meta/hf3fs-meta-relay.env (required) expected"
+grep -q '^Restart=always$' "$RELAY_UNIT" || fail "$RELAY_UNIT: Restart=always expected"
+grep -q '^StateDirectory=' "$RELAY_UNIT" && fail "$RELAY_UNIT: the relay keeps no state"
+verify_unit "$RELAY_UNIT"
 
 say "contrib checks passed"
