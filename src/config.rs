@@ -181,6 +181,10 @@ pub struct Config {
     /// store call, see `src/durable/faults.rs`). Hidden from --help.
     #[arg(long, env = "HF3FS_META_DURABLE_FAULTS", hide = true)]
     pub durable_faults: Option<PathBuf>,
+
+    /// High availability (`--ha etcd` and its flags; docs/ha.md).
+    #[command(flatten)]
+    pub ha: crate::ha::HaArgs,
 }
 
 impl Config {

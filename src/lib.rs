@@ -7,6 +7,7 @@
 //! - [`durable`]: optional on-disk copy of the state (`--data-dir`), recovery.
 //! - [`http`]: accept, parse, route, encode; no business rules.
 //! - [`config`]: the command line, parsed once.
+//! - [`ha`]: high availability on etcd: election, the request gate, the relay.
 //! - [`metrics`]: counters and histograms, Prometheus text.
 //! - [`routes`]: the table of routes, read by the router, the metrics and the server.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
@@ -25,6 +26,7 @@ pub mod config;
 /// The metadata state, a crate of its own (`core/`): see its docs.
 pub use hf3fs_meta_core as core;
 pub mod durable;
+pub mod ha;
 pub mod http;
 pub mod metrics;
 pub mod routes;
@@ -50,6 +52,9 @@ pub struct App {
     /// Durability, when `--data-dir` is set (see [`App::open`]): vLLM's
     /// store and SGLang's spaces, each on a durable store of its own.
     pub durable: Option<durable::Durability>,
+    /// This node's HA state with `--ha etcd` (see [`App::with_ha`]); `None`
+    /// for a single server, whose routes all answer.
+    pub ha: Option<Arc<ha::Node>>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
 }
@@ -60,7 +65,15 @@ impl App {
     pub fn new(cfg: Config) -> Self {
         let store = Arc::new(Store::new(Self::store_config(&cfg)));
         let spaces = Self::spaces(&cfg, &store);
-        Self { cfg, store, spaces, metrics: Metrics::default(), durable: None, shutting_down: AtomicBool::new(false) }
+        Self {
+            cfg,
+            store,
+            spaces,
+            metrics: Metrics::default(),
+            durable: None,
+            ha: None,
+            shutting_down: AtomicBool::new(false),
+        }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that
@@ -89,8 +102,16 @@ impl App {
             spaces,
             metrics: Metrics::default(),
             durable: Some(durable::Durability { vllm, sglang }),
+            ha: None,
             shutting_down: AtomicBool::new(false),
         })
+    }
+
+    /// This server as a node of an HA cluster: data routes answer only
+    /// while `node` says it is a serving leader (`ha::gate`).
+    pub fn with_ha(mut self, node: Arc<ha::Node>) -> Self {
+        self.ha = Some(node);
+        self
     }
 
     fn spaces_config(cfg: &Config) -> SpacesConfig {
@@ -147,14 +168,20 @@ impl App {
 /// Installs the global tracing subscriber: `RUST_LOG` when set, else
 /// `--log-level`; text or JSON lines on stderr.
 pub fn init_tracing(cfg: &Config) {
+    init_logging(&cfg.log_level, cfg.log_format);
+}
+
+/// Installs the global tracing subscriber: `RUST_LOG` when set, else
+/// `level`; text or JSON lines on stderr (the relay's and the server's).
+pub fn init_logging(level: &str, format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::try_new(&cfg.log_level).unwrap_or_else(|_| EnvFilter::new("info")));
+        .unwrap_or_else(|| EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info")));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
-    let _ = match cfg.log_format {
+    let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };

@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use hf3fs_meta::config::{Config, Eviction};
-use hf3fs_meta::{durable, http, init_tracing, App};
+use hf3fs_meta::{durable, ha, http, init_tracing, App};
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -11,12 +11,23 @@ use std::sync::Arc;
 static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "relay") {
+        return relay();
+    }
     let cfg = Config::parse();
     init_tracing(&cfg);
     if let Err(e) = cfg.validate() {
         tracing::error!("invalid configuration: {e}");
         return ExitCode::from(2);
     }
+    // With --ha etcd: the flags it needs and the cluster secret, or no start.
+    let ha_token = match cfg.ha.validate() {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let workers = cfg.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
@@ -32,12 +43,25 @@ fn main() -> ExitCode {
         // Recover (with --data-dir) before binding: no client may see a
         // half-rebuilt state.
         let app = match App::open(cfg) {
-            Ok(app) => Arc::new(app),
+            Ok(app) => app,
             Err(e) => {
                 tracing::error!("cannot open the data directory: {e}");
                 return ExitCode::FAILURE;
             }
         };
+        let listener = match http::bind(std::net::SocketAddr::new(app.cfg.host, app.cfg.port), app.cfg.max_connections)
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("cannot listen on {}:{}: {e}", app.cfg.host, app.cfg.port);
+                return ExitCode::FAILURE;
+            }
+        };
+        let bound = listener.local_addr().ok();
+        let app = Arc::new(match ha_token {
+            Some(token) => app_with_ha(app, token, bound),
+            None => app,
+        });
         if app.durable.is_some() {
             // A durable store that failed beyond in-process recovery: one
             // clear line and a status of its own, for the supervisor to
@@ -54,13 +78,6 @@ fn main() -> ExitCode {
             });
         }
         let cfg = &app.cfg;
-        let listener = match http::bind(std::net::SocketAddr::new(cfg.host, cfg.port), cfg.max_connections) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!("cannot listen on {}:{}: {e}", cfg.host, cfg.port);
-                return ExitCode::FAILURE;
-            }
-        };
         let addr = listener.local_addr().map_or_else(|_| format!("{}:{}", cfg.host, cfg.port), |a| a.to_string());
         tracing::info!(
             %addr,
@@ -92,6 +109,13 @@ fn main() -> ExitCode {
                  located or handed out again may go to another key at once (README, \"Eviction and read leases\")"
             );
         }
+        let shutdown = match start_election(&app) {
+            Ok(election) => with_step_down(shutdown, election),
+            Err(e) => {
+                tracing::error!("cannot start the election: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         http::serve(app.clone(), listener, shutdown).await;
         if let Err(e) = app.close() {
             tracing::error!("durable store did not close cleanly: {e}");
@@ -99,6 +123,66 @@ fn main() -> ExitCode {
         }
         tracing::info!("stopped");
         ExitCode::SUCCESS
+    })
+}
+
+/// `app` as a node of an HA cluster; an `--advertise-url` ending in port 0
+/// takes the bound port (for tests and ephemeral ports).
+fn app_with_ha(app: App, token: Box<[u8]>, bound: Option<std::net::SocketAddr>) -> App {
+    let h = &app.cfg.ha;
+    let mut url = h.advertise_url.clone().unwrap_or_default().trim_end_matches('/').to_string();
+    if let (Some(stem), Some(b)) = (url.strip_suffix(":0"), bound) {
+        url = format!("{stem}:{}", b.port());
+    }
+    let node = ha::Node::new(h.node_id.clone().unwrap_or_default(), url, h.etcd.ttl(), token);
+    app.with_ha(Arc::new(node))
+}
+
+/// Starts the election with `--ha etcd` (after binding: a leader must be
+/// reachable at its advertised address).
+fn start_election(app: &Arc<App>) -> Result<Option<Arc<ha::Election>>, String> {
+    let Some(node) = &app.ha else { return Ok(None) };
+    let h = &app.cfg.ha;
+    let ttl = h.etcd.ttl();
+    let etcd =
+        h.etcd.client((ttl / 4).clamp(std::time::Duration::from_millis(100), std::time::Duration::from_secs(2)))?;
+    let promotion = Arc::new(ha::WithoutReplication { unsafe_accept_all: h.ha_promote_without_state });
+    if h.ha_promote_without_state {
+        tracing::warn!("--ha-promote-without-state: a standby is promoted with whatever state it has (tests only)");
+    }
+    tracing::info!(node = %node.id, url = %node.url, cluster = %h.etcd.ha_cluster, ttl_s = ttl.as_secs(), "HA on etcd: following");
+    Ok(Some(ha::Election::start(app.clone(), etcd, h.etcd.keys(), promotion)))
+}
+
+/// `shutdown`, then (with HA) a planned hand-over before the drain.
+async fn with_step_down(shutdown: impl std::future::Future<Output = ()>, election: Option<Arc<ha::Election>>) {
+    shutdown.await;
+    if let Some(e) = election {
+        if tokio::time::timeout(std::time::Duration::from_secs(3), e.step_down()).await.is_err() {
+            tracing::warn!("step-down did not finish in 3 s; the lease expires by itself");
+        }
+    }
+}
+
+/// `hf3fs-meta relay ...`: the leader-following TCP forward.
+fn relay() -> ExitCode {
+    let args = ha::relay::RelayArgs::parse_from(std::env::args_os().skip(1));
+    hf3fs_meta::init_logging(&args.log_level, args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        match ha::relay::run(args, shutdown_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("relay: {e}");
+                ExitCode::from(2)
+            }
+        }
     })
 }
 

@@ -153,6 +153,9 @@ pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
                 if let Some(d) = &app.durable {
                     d.render_metrics(&mut text);
                 }
+                if let Some(ha) = &app.ha {
+                    ha.render_metrics(&mut text);
+                }
                 Reply {
                     content_type: "text/plain; version=0.0.4; charset=utf-8",
                     ..Reply::json(StatusCode::OK, text.into_bytes(), 0)
@@ -338,7 +341,12 @@ fn health(app: &App) -> Reply {
             body.push(b'}');
             Reply::json(StatusCode::SERVICE_UNAVAILABLE, body, 0)
         }
-        Some(Health::Healthy) | None => Reply::json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec(), 0),
+        Some(Health::Healthy) | None => match &app.ha {
+            Some(ha) => {
+                Reply::json(StatusCode::OK, format!(r#"{{"status":"ok","ha":{}}}"#, ha.status_json()).into(), 0)
+            }
+            None => Reply::json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec(), 0),
+        },
     }
 }
 
@@ -407,7 +415,11 @@ fn stats_json(app: &App, stats: &Stats, spaces: &[SpaceStats]) -> String {
             sp.expired,
         );
     }
-    o.push_str("]}");
+    o.push(']');
+    if let Some(ha) = &app.ha {
+        let _ = write!(o, r#","ha":{}"#, ha.status_json());
+    }
+    o.push('}');
     o
 }
 

@@ -89,7 +89,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
         };
         let _ = stream.set_nodelay(true);
         let app_for_conn = app.clone();
-        let service = service_fn(move |req| respond(app_for_conn.clone(), req));
+        let service = service_fn(move |req| crate::ha::gate::guard(app_for_conn.clone(), req, respond));
         let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
         let app = app.clone();
         tokio::spawn(async move {
