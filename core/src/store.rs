@@ -32,6 +32,7 @@ mod allocate;
 mod confirm;
 mod delete;
 mod evict;
+mod replay;
 mod snapshot;
 
 pub use allocate::AllocSlot;

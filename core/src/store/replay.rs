@@ -1,0 +1,235 @@
+//! `Store::replay_*`: a synchronous standby applying its leader's journal
+//! (`crate`'s callers: the server's `ha::replicate`).
+//!
+//! A standby serves nothing; its store only has to equal the leader's once
+//! the stream has been applied up to a position. The records it applies
+//! each name a page's whole new state (bound to this key, or unbound), so
+//! each replay *forces* that state whatever the page held before: a record
+//! applied twice, or over a snapshot that already has a later state of the
+//! page, changes nothing once the records after it are applied too (the last
+//! change of a page wins). That is what lets a standby catch up from a
+//! snapshot taken beside running requests and then take the stream from a
+//! position a little before the snapshot's end.
+//!
+//! Every replayed change is recorded to this store's own [`Journal`]
+//! (`Initialize`, `Bind`, `Unbind`), so the standby's durable store writes
+//! them like a leader's: the standby acknowledges a position only once its
+//! own disk has it.
+//!
+//! **Unbinds are quarantined for one read lease.** Readers' leases are not
+//! replicated: a reader given a page by the old leader may still be reading
+//! it when the standby is promoted. A replayed unbind therefore keeps its
+//! page out of the pool until one `read_lease` after the standby applied it
+//! (later than the leader's unbind), exactly as a leased page is after a
+//! release. A later replayed bind of that page takes it out of the
+//! quarantine: the leader itself handed it out again.
+//!
+//! [`Journal`]: crate::Journal
+
+use super::super::index::Delta;
+use super::super::journal::Change;
+use super::super::key::KeyRef;
+use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND};
+use super::{Initialized, Store};
+
+impl Store {
+    /// Creates `rank` with `num_pages` pages unless it exists (journaled).
+    /// An existing rank of another size is an error: the standby's state
+    /// is not the leader's.
+    pub fn replay_initialize(&self, rank: u32, num_pages: u32) -> Result<(), String> {
+        if rank >= self.cfg.max_ranks || num_pages > self.cfg.max_pages_per_rank {
+            return Err(format!(
+                "rank {rank} of {num_pages} pages is beyond this server's --max-ranks {} or --max-pages-per-rank {}",
+                self.cfg.max_ranks, self.cfg.max_pages_per_rank
+            ));
+        }
+        match self.create_rank(rank, num_pages).map_err(|e| e.to_string())? {
+            Initialized::Created => Ok(()),
+            Initialized::Existing { num_pages: n } if n == num_pages => Ok(()),
+            Initialized::Existing { num_pages: n } => {
+                Err(format!("rank {rank} has {n} pages here and {num_pages} on the leader"))
+            }
+        }
+    }
+
+    /// Makes `page` of `rank` unbound (journaled), quarantined for one read
+    /// lease (see the module note). A page that is already free, reserved
+    /// or quarantined is left as it is.
+    pub fn replay_unbind(&self, rank: u32, page: u32) -> Result<(), String> {
+        let gen = self.gen.load();
+        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        if page >= table.num_pages() {
+            return Err(format!("page {page} is out of range for rank {rank}"));
+        }
+        let mut held = ClaimGuard::new(1);
+        if held.claim(table, page) != Some(Claimed::Bound) {
+            return Ok(()); // the guard puts a reserved page back
+        }
+        // A BOUND page that names no key is quarantined already.
+        let Some(key) = table.owner(page).and_then(|o| gen.index.key_of(&o)) else { return Ok(()) };
+        let _ = held.commit();
+        let mut delta = Delta::default();
+        // Journaled before the index forgets the binding, as on a leader.
+        self.record(Change::Unbind { generation: gen.id, rank, page });
+        let _ = gen.index.unbind(key.as_ref(), rank, page, &mut delta);
+        let deadline = self.clock.now().saturating_add(self.cfg.read_lease.0).saturating_add(1);
+        table.quarantine(page, deadline);
+        gen.apply(delta);
+        Ok(())
+    }
+
+    /// Makes `key` (of world size `world`) bound to `page` on `rank`
+    /// (journaled): whatever the page holds is unbound first, and so is
+    /// another page the key holds on that rank. A key whose world size here
+    /// differs from `world` is an error (the leader fixes it at the first
+    /// binding; a differing one means the states diverged).
+    pub fn replay_bind(&self, rank: u32, page: u32, key: &str, world: u32) -> Result<(), String> {
+        let gen = self.gen.load();
+        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        if page >= table.num_pages() {
+            return Err(format!("page {page} is out of range for rank {rank}"));
+        }
+        let k = KeyRef::parse(key);
+        match gen.index.page(k, rank) {
+            Some(p) if p == page => return Ok(()),
+            Some(p) => self.replay_unbind(rank, p)?,
+            None => {}
+        }
+        if gen.index.world(k).is_some_and(|w| w != world) {
+            return Err(format!("key {key} has another world size here than the leader's {world}"));
+        }
+        self.replay_unbind(rank, page)?;
+        table.unquarantine(page);
+        if !table.claim_free(page) {
+            return Err(format!("page {page} of rank {rank} is reserved or held here; the leader bound it"));
+        }
+        self.bind_claimed(&gen, table, rank, page, k, world)
+    }
+
+    /// Binds `key` to `page` (claimed from FREE by this thread) and
+    /// journals it; on failure the page goes back to the pool.
+    fn bind_claimed(
+        &self,
+        gen: &super::Generation,
+        table: &PageTable,
+        rank: u32,
+        page: u32,
+        k: KeyRef<'_>,
+        world: u32,
+    ) -> Result<(), String> {
+        let mut delta = Delta::default();
+        match gen.index.bind(k, rank, page, || world, &mut delta) {
+            super::Bind::Bound(_, id) => {
+                table.set_owner(page, Owner::of(k, id));
+                self.record(Change::Bind { generation: gen.id, rank, page, key: k, world });
+                table.settle(page, BOUND);
+                gen.apply(delta);
+                Ok(())
+            }
+            super::Bind::Kept(p) => {
+                table.settle(page, super::FREE);
+                table.give_back(1);
+                Err(format!("key {k:?} is bound to page {p} of rank {rank} as well"))
+            }
+            super::Bind::Full => {
+                table.settle(page, super::FREE);
+                table.give_back(1);
+                Err(format!("key {k:?} cannot be stored: the index is full"))
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use crate::{Change, Journal, KeyRef, LeaseLength, Store, StoreConfig};
+    use std::sync::{Arc, Mutex};
+
+    const A: &str = "0123456789abcdef0123456789abcdef";
+    const B: &str = "fedcba9876543210fedcba9876543210";
+    const C: &str = "00112233445566778899aabbccddeeff";
+
+    /// A journal that keeps every change, as text.
+    #[derive(Default)]
+    struct Log(Mutex<Vec<String>>);
+
+    impl Journal for Log {
+        fn record(&self, c: Change<'_>) {
+            let s = match c {
+                Change::Initialize { rank, num_pages, .. } => format!("init {rank} {num_pages}"),
+                Change::Bind { rank, page, key, .. } => format!("bind {rank} {page} {}", key.to_key()),
+                Change::Unbind { rank, page, .. } => format!("unbind {rank} {page}"),
+                Change::Clear { generation } => format!("clear {generation}"),
+            };
+            self.0.lock().unwrap().push(s);
+        }
+    }
+
+    fn store(lease: u32) -> (Store, Arc<Log>) {
+        let log = Arc::new(Log::default());
+        let cfg = StoreConfig { read_lease: LeaseLength(lease), manual_clock: true, ..StoreConfig::default() };
+        (Store::with_journal(cfg, Some(log.clone()), 0), log)
+    }
+
+    fn page_of(s: &Store, key: &str) -> Option<u32> {
+        let mut out = Vec::new();
+        s.locations(0, &[key], &mut out).unwrap();
+        out[0]
+    }
+
+    #[test]
+    fn replays_force_each_page_state_and_are_journaled() {
+        let (s, log) = store(0);
+        s.replay_initialize(0, 16).unwrap();
+        s.replay_initialize(0, 16).unwrap();
+        assert!(s.replay_initialize(0, 8).unwrap_err().contains("16 pages here"));
+        s.replay_bind(0, 3, A, 1).unwrap();
+        s.replay_bind(0, 3, A, 1).unwrap(); // again: nothing changes
+        assert_eq!(page_of(&s, A), Some(3));
+        // B takes page 3 (A's binding goes), then A moves to page 5.
+        s.replay_bind(0, 3, B, 1).unwrap();
+        s.replay_bind(0, 5, A, 1).unwrap();
+        assert_eq!((page_of(&s, A), page_of(&s, B)), (Some(5), Some(3)));
+        s.replay_unbind(0, 3).unwrap();
+        s.replay_unbind(0, 3).unwrap(); // already unbound
+        assert_eq!(page_of(&s, B), None);
+        assert_eq!(s.stats().keys, 1);
+        let got = log.0.lock().unwrap().clone();
+        let want = [
+            "init 0 16".to_string(),
+            format!("bind 0 3 {}", KeyRef::parse(A).to_key()),
+            "unbind 0 3".into(),
+            format!("bind 0 3 {}", KeyRef::parse(B).to_key()),
+            format!("bind 0 5 {}", KeyRef::parse(A).to_key()),
+            "unbind 0 3".into(),
+        ];
+        assert_eq!(got, want);
+        assert!(s.replay_bind(0, 16, A, 1).unwrap_err().contains("out of range"));
+        assert!(s.replay_bind(1, 0, A, 1).unwrap_err().contains("not initialized"));
+        s.replay_initialize(1, 4).unwrap();
+        assert!(s.replay_bind(1, 0, A, 2).unwrap_err().contains("world size"));
+    }
+
+    #[test]
+    fn a_replayed_unbind_holds_its_page_for_a_lease_unless_rebound() {
+        let (s, _) = store(10);
+        s.replay_initialize(0, 2).unwrap();
+        s.replay_bind(0, 0, A, 1).unwrap();
+        s.replay_bind(0, 1, B, 1).unwrap();
+        s.replay_unbind(0, 0).unwrap();
+        s.replay_unbind(0, 1).unwrap();
+        // Both pages are held: an allocate finds nothing free.
+        let mut out = Vec::new();
+        s.allocate(0, &[C], &mut out).unwrap();
+        assert!(out.iter().all(|&(_, p)| p < 0), "{out:?}");
+        // The leader bound page 0 again: the quarantine lets it go.
+        s.replay_bind(0, 0, B, 1).unwrap();
+        assert_eq!(page_of(&s, B), Some(0));
+        // Page 1 is free once the lease has passed.
+        s.set_clock(12);
+        s.maintain(u64::MAX);
+        s.allocate(0, &[C], &mut out).unwrap();
+        assert_eq!(out, [(0, 1)]);
+        s.audit().unwrap();
+    }
+}
