@@ -140,6 +140,10 @@ pub enum WaitError {
     /// A blocking wait ran out of time.
     #[error("timed out waiting for the durable store")]
     TimedOut,
+    /// The synchronous standby did not acknowledge in time, or there is
+    /// none and `--ha-sync strict` demands one (`--ha`).
+    #[error("not acknowledged by the synchronous standby: {0}")]
+    Standby(String),
 }
 
 /// The durable position, shared by requests and the writer.
