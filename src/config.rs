@@ -185,6 +185,10 @@ pub struct Config {
     /// High availability (`--ha etcd` and its flags; docs/ha.md).
     #[command(flatten)]
     pub ha: crate::ha::HaArgs,
+
+    /// Replication to the synchronous standby (with `--ha etcd`).
+    #[command(flatten)]
+    pub replication: crate::ha::replicate::ReplicationArgs,
 }
 
 impl Config {
