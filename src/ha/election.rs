@@ -136,7 +136,8 @@ impl Promotion for WithoutReplication {
         if !self.unsafe_accept_all || current.is_some_and(|c| members.iter().any(|m| m.node == c)) {
             return None;
         }
-        Some(members.first().map(|m| m.node.clone()))
+        let choice = members.first().map(|m| m.node.clone());
+        (choice.as_deref() != current).then_some(choice)
     }
 }
 
@@ -625,6 +626,7 @@ mod tests {
         assert_eq!(unsafe_p.standby(&m, Some("c")), None, "a live standby stays");
         assert_eq!(unsafe_p.standby(&m, Some("gone")), Some(Some("b".into())));
         assert_eq!(unsafe_p.standby(&[], Some("gone")), Some(None));
+        assert_eq!(unsafe_p.standby(&[], None), None, "nobody to name, nobody named: no write");
     }
 
     #[test]

@@ -158,7 +158,10 @@ impl HaArgs {
             Some(_) => {}
         }
         let url = self.advertise_url.as_deref().ok_or("--ha etcd needs --advertise-url (http://host:port)")?;
-        relay::target_of(url).map_err(|e| format!("--advertise-url: {e}"))?;
+        // Port 0 stands for the port the server binds (tests, ephemeral ports).
+        let checked =
+            url.trim_end_matches('/').strip_suffix(":0").map_or_else(|| url.to_string(), |s| format!("{s}:1"));
+        relay::target_of(&checked).map_err(|_| format!("--advertise-url: '{url}' is not http://host:port"))?;
         let file = self.ha_token_file.as_ref().ok_or(
             "--ha etcd needs --ha-token-file: the cluster secret that node-to-node routes demand (refusing to start \
              without one)",

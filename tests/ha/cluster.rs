@@ -1,0 +1,160 @@
+//! An HA cluster for the tests: real etcd, hf3fs-meta nodes as child
+//! processes with a 2 s lease, and relays. Every wait polls a state with a
+//! bounded failsafe.
+
+use super::etcd::Etcd;
+use super::http::{get, request_within, Answer};
+use crate::common::process::{command, ServerProcess};
+use crate::common::FAILSAFE;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The lease TTL of every test node.
+pub const TTL: Duration = Duration::from_secs(2);
+
+/// A data route's request that changes nothing.
+pub const PROBE: (&str, &str) = ("/keys/batch_exists", r#"{"keys":["0123456789abcdef0123456789abcdef"]}"#);
+
+/// An etcd cluster, a cluster prefix of its own and the cluster secret.
+pub struct Cluster {
+    pub etcd: Etcd,
+    pub prefix: String,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// etcd with `members` members and a fresh prefix.
+    pub fn new(members: usize) -> Cluster {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::write(dir.path().join("token"), "a-cluster-secret-of-32-characters\n").expect("write the token");
+        let prefix = format!("/hf3fs-meta-test/{}/{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        Cluster { etcd: Etcd::start(members), prefix, dir }
+    }
+
+    /// The flags of a node named `id` (test mode: any named standby may be
+    /// promoted, `--ha-promote-without-state`).
+    pub fn node_args(&self, id: &str) -> Vec<String> {
+        [
+            "--ha",
+            "etcd",
+            "--etcd-endpoints",
+            &self.etcd.endpoints(),
+            "--ha-cluster",
+            &self.prefix,
+            "--node-id",
+            id,
+            "--advertise-url",
+            "http://127.0.0.1:0",
+            "--ha-lease-ttl",
+            &TTL.as_secs().to_string(),
+            "--ha-token-file",
+            self.dir.path().join("token").to_str().expect("UTF-8 path"),
+            "--ha-promote-without-state",
+            "--workers",
+            "1",
+        ]
+        .map(str::to_string)
+        .to_vec()
+    }
+
+    /// Starts node `id` and waits until it listens.
+    pub fn node(&self, id: &str) -> ServerProcess {
+        let args = self.node_args(id);
+        ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// Starts a relay of this cluster (or of `prefix`) and waits until it
+    /// listens.
+    pub fn relay(&self, prefix: Option<&str>, extra: &[&str]) -> Relay {
+        let mut cmd = command();
+        cmd.args(["relay", "--listen", "127.0.0.1:0", "--etcd-endpoints", &self.etcd.endpoints()])
+            .args(["--ha-cluster", prefix.unwrap_or(&self.prefix), "--ha-lease-ttl", &TTL.as_secs().to_string()])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn the relay");
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().expect("stderr");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let line = loop {
+            let l = rx.recv_timeout(FAILSAFE).expect("the relay's listening line");
+            if l.contains("relay listening") {
+                break l;
+            }
+        };
+        let addr = line.split("addr=").nth(1).and_then(|r| r.split_whitespace().next()).expect("addr=").to_string();
+        Relay { child, addr, _lines: rx }
+    }
+}
+
+/// A relay process, killed on drop.
+pub struct Relay {
+    child: Child,
+    /// Where it listens.
+    pub addr: String,
+    _lines: mpsc::Receiver<String>,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A node's address as `host:port`.
+pub fn addr(p: &ServerProcess) -> String {
+    p.addr.to_string()
+}
+
+/// The `"ha"` object of a node's `/health`, if it answers.
+pub fn ha(p: &ServerProcess) -> Option<Value> {
+    get(&addr(p), "/health").filter(|a| a.status == 200).map(|a| a.json()["ha"].clone())
+}
+
+/// Whether the node reports itself a serving leader; its epoch if so.
+pub fn serving_epoch(p: &ServerProcess) -> Option<u64> {
+    ha(p).filter(|h| h["role"] == "leader" && h["serving"] == true).and_then(|h| h["epoch"].as_u64())
+}
+
+/// The probe sent to `addr` (2 s timeout).
+pub fn probe(addr: &str) -> Option<Answer> {
+    request_within(addr, "POST", PROBE.0, PROBE.1, Duration::from_secs(2))
+}
+
+/// Polls `f` until it gives a value; panics naming `what` after the failsafe.
+pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + FAILSAFE;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "not within the failsafe: {what}");
+        std::thread::sleep(Duration::from_millis(20)); // a poll interval, not a synchronization
+    }
+}
+
+/// Waits until exactly one of `nodes` is a serving leader and it has named a
+/// standby that is among `nodes`: (leader index, its epoch, standby index).
+pub fn leader_and_standby(nodes: &[(&str, &ServerProcess)]) -> (usize, u64, usize) {
+    wait_for("one serving leader with a live standby", || {
+        let leaders: Vec<(usize, u64)> =
+            nodes.iter().enumerate().filter_map(|(i, (_, p))| serving_epoch(p).map(|e| (i, e))).collect();
+        let [(l, epoch)] = leaders[..] else { return None };
+        let standby = ha(nodes[l].1)?["standby"].as_str()?.to_string();
+        let s = nodes.iter().position(|(id, _)| *id == standby)?;
+        Some((l, epoch, s))
+    })
+}

@@ -1,0 +1,230 @@
+//! The election through the real binary: one leader, followers answer 503,
+//! epochs grow, a killed leader is replaced by its standby, a paused leader
+//! is fenced for good, SIGTERM hands over in under a second, and losing
+//! etcd's quorum stops the leader within one TTL until quorum returns.
+
+use super::cluster::{addr, ha, leader_and_standby, probe, serving_epoch, wait_for, Cluster, TTL};
+use super::etcd::available;
+use super::http::{get, request_within};
+use crate::common::process::{ServerProcess, Started};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The direct client's calls: when each was sent, and its status (`None`:
+/// no answer).
+type Calls = Vec<(Instant, Option<u16>)>;
+
+#[test]
+fn missing_token_is_refused_at_start_up() {
+    let _serial = crate::serial();
+    let args = [
+        "--ha",
+        "etcd",
+        "--etcd-endpoints",
+        "http://127.0.0.1:1",
+        "--node-id",
+        "a",
+        "--advertise-url",
+        "http://127.0.0.1:0",
+    ];
+    match ServerProcess::start(&args) {
+        Started::Exited(st, log) => {
+            assert_eq!(st.code(), Some(2), "{log:?}");
+            assert!(log.iter().any(|l| l.contains("--ha-token-file")), "{log:?}");
+        }
+        Started::Serving(_) => panic!("a node without a cluster secret started"),
+    }
+}
+
+#[test]
+fn one_leader_followers_answer_503_with_retry_after() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let (a, b, d) = (c.node("a"), c.node("b"), c.node("c"));
+    let nodes = [("a", &a), ("b", &b), ("c", &d)];
+    let (l, epoch, s) = leader_and_standby(&nodes);
+    assert!(epoch > 0);
+    for (i, (id, p)) in nodes.iter().enumerate() {
+        let h = ha(p).expect("health");
+        assert_eq!(h["node"], *id);
+        let r = probe(&addr(p)).expect("an answer");
+        if i == l {
+            assert_eq!((h["role"].as_str(), r.status), (Some("leader"), 200), "{h} {r:?}");
+        } else {
+            assert_eq!(h["role"], "follower", "{h}");
+            assert_eq!(h["leader"]["node"], nodes[l].0, "a follower names the leader: {h}");
+            assert_eq!((r.status, r.header("retry-after")), (503, Some("1")), "{r:?}");
+            assert!(r.json()["detail"].as_str().unwrap().contains("Not the leader"), "{r:?}");
+        }
+    }
+    // Operational routes answer everywhere and show the role.
+    let follower = &nodes[(l + 1) % 3].1;
+    let stats = get(&addr(follower), "/stats").expect("stats");
+    assert_eq!((stats.status, stats.json()["ha"]["role"].as_str()), (200, Some("follower")));
+    let metrics = get(&addr(nodes[l].1), "/metrics").expect("metrics").body;
+    assert!(metrics.contains("hf3fs_meta_ha_role{role=\"leader\"} 1"), "{metrics}");
+    assert!(metrics.contains(&format!("hf3fs_meta_ha_epoch {epoch}")), "{metrics}");
+    let fmetrics = get(&addr(follower), "/metrics").expect("metrics").body;
+    assert!(!fmetrics.contains("hf3fs_meta_ha_fenced_rejections_total 0"), "the 503s were counted: {fmetrics}");
+    assert_ne!(l, s, "the leader does not name itself standby");
+}
+
+#[test]
+fn sigkill_of_the_leader_promotes_the_standby_at_a_higher_epoch() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let mut procs = [c.node("a"), c.node("b"), c.node("c")];
+    let ids = ["a", "b", "c"];
+    let (l, epoch, s) = {
+        let nodes: Vec<_> = ids.iter().copied().zip(procs.iter()).collect();
+        leader_and_standby(&nodes)
+    };
+    let killed = Instant::now();
+    procs[l].kill();
+    let new_epoch = wait_for("the standby serves as leader", || serving_epoch(&procs[s]));
+    let took = killed.elapsed();
+    assert!(new_epoch > epoch, "epochs grow: {epoch} then {new_epoch}");
+    // One TTL for the lease to expire, one waited out by the new leader, and
+    // the watch: loosely bounded.
+    assert!(took < TTL * 4, "failover took {took:?}");
+    let third = 3 - l - s;
+    assert_eq!(ha(&procs[third]).expect("health")["role"], "follower", "only the named standby is promoted");
+    assert_eq!(probe(&addr(&procs[s])).map(|r| r.status), Some(200));
+    assert_eq!(probe(&addr(&procs[third])).map(|r| r.status), Some(503));
+}
+
+#[test]
+fn a_paused_leader_answers_no_2xx_after_its_deadline_and_stays_deposed() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let (a, b) = (c.node("a"), c.node("b"));
+    let procs = [&a, &b];
+    let (l, epoch, s) = leader_and_standby(&[("a", &a), ("b", &b)]);
+    let target = addr(procs[l]);
+    // A direct client keeps calling the leader, one connection a request.
+    let stop = Arc::new(AtomicBool::new(false));
+    let log: Arc<Mutex<Calls>> = Arc::default();
+    let caller = {
+        let (stop, log, target) = (stop.clone(), log.clone(), target.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let sent = Instant::now();
+                let r = request_within(&target, "POST", super::cluster::PROBE.0, super::cluster::PROBE.1, TTL * 10);
+                log.lock().unwrap().push((sent, r.map(|r| r.status)));
+            }
+        })
+    };
+    wait_for("the direct client got a 200", || log.lock().unwrap().iter().any(|e| e.1 == Some(200)).then_some(()));
+    let paused = Instant::now();
+    procs[l].signal("STOP");
+    let new_epoch = wait_for("the standby took over", || serving_epoch(procs[s]));
+    assert!(new_epoch > epoch);
+    procs[l].signal("CONT");
+    let h = wait_for("the old leader reports it no longer leads", || ha(procs[l]).filter(|h| h["role"] != "leader"));
+    assert!(h["role"] == "follower" || h["role"] == "fenced", "{h}");
+    // Let the direct client get a few answers after the pause, then stop it.
+    wait_for("answers after the pause", || {
+        (log.lock().unwrap().iter().filter(|e| e.0 > paused && e.1.is_some()).count() >= 3).then_some(())
+    });
+    stop.store(true, Ordering::Relaxed);
+    caller.join().unwrap();
+    let log = log.lock().unwrap();
+    let after: Vec<_> = log.iter().filter(|e| e.0 > paused).collect();
+    assert!(after.iter().all(|e| !matches!(e.1, Some(200..=299))), "a 2xx from the deposed leader: {after:?}");
+    assert!(after.iter().any(|e| e.1 == Some(503)), "{after:?}");
+    // It stays deposed: still a follower, still 503, the new leader serves.
+    assert_eq!(probe(&target).map(|r| r.status), Some(503));
+    assert_eq!(serving_epoch(procs[s]), Some(new_epoch));
+}
+
+#[test]
+fn sigterm_hands_over_in_under_a_second() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let mut procs = [c.node("a"), c.node("b")];
+    let (l, epoch, s) = leader_and_standby(&[("a", &procs[0]), ("b", &procs[1])]);
+    let asked = Instant::now();
+    procs[l].signal("TERM");
+    let new_epoch = wait_for("the standby serves", || serving_epoch(&procs[s]));
+    let took = asked.elapsed();
+    assert!(new_epoch > epoch);
+    assert!(took < Duration::from_secs(1), "planned hand-over took {took:?}");
+    procs[l].assert_exit_0();
+    assert!(procs[l].log.iter().any(|line| line.contains("stepped down")), "{:?}", procs[l].log);
+}
+
+#[test]
+fn losing_etcd_quorum_stops_the_leader_within_a_ttl_until_quorum_returns() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(3);
+    let (a, b) = (c.node("a"), c.node("b"));
+    let procs = [&a, &b];
+    let (l, epoch, s) = leader_and_standby(&[("a", &a), ("b", &b)]);
+    let leader = addr(procs[l]);
+    assert_eq!(probe(&leader).map(|r| r.status), Some(200));
+    let lost = Instant::now();
+    c.etcd.signal(1, "STOP");
+    c.etcd.signal(2, "STOP");
+    wait_for("the leader answers 503", || probe(&leader).filter(|r| r.status == 503));
+    let took = lost.elapsed();
+    // The deadline is one TTL from the last renewal sent before quorum went;
+    // the poll adds its own round trip.
+    assert!(took <= TTL + Duration::from_millis(500), "503 only after {took:?}");
+    assert_eq!(ha(procs[s]).expect("health")["role"], "follower", "nothing is promoted without quorum");
+    c.etcd.signal(1, "CONT");
+    c.etcd.signal(2, "CONT");
+    let resumed = wait_for("the leader serves again", || serving_epoch(procs[l]));
+    assert_eq!(resumed, epoch, "the lease survived: same leader, same epoch");
+    assert_eq!(probe(&leader).map(|r| r.status), Some(200));
+    assert_eq!(serving_epoch(procs[s]), None);
+}
+
+#[test]
+fn without_replication_only_the_first_leader_ever_serves() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let safe = |id: &str| {
+        let args: Vec<String> = c.node_args(id).into_iter().filter(|a| a != "--ha-promote-without-state").collect();
+        ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let mut a = safe("a");
+    let epoch = wait_for("a, the first leader ever, serves", || serving_epoch(&a));
+    let mut b = safe("b");
+    wait_for("b follows a", || ha(&b).filter(|h| h["leader"]["node"] == "a"));
+    assert_eq!(ha(&a).expect("health")["standby"], serde_json::Value::Null, "nothing replicated: nobody named");
+    // As the replication layer would: name b the synchronous standby.
+    let etcd = hf3fs_meta::ha::etcd::Client::new(&[c.etcd.endpoints()], Default::default()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let sync = format!("{}/sync", c.prefix).into_bytes();
+    rt.block_on(etcd.put(&sync, b"b", None)).unwrap();
+    a.kill();
+    // b wins the key, but its (default) promotion refuses: it has no state.
+    let line = b.wait_line(|l| l.contains("not serving as leader")).expect("b refused its promotion");
+    assert!(line.contains("only the first leader"), "{line}");
+    assert_eq!(probe(&addr(&b)).map(|r| r.status), Some(503));
+    assert_ne!(ha(&b).expect("health")["role"], "leader");
+    // A node that was never named cannot even campaign.
+    let mut d = safe("d");
+    assert!(d.saw_line(|l| l.contains("may not become one")), "{:?}", d.log);
+    assert_eq!(serving_epoch(&d), None);
+    assert!(epoch > 0);
+}

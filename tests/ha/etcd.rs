@@ -1,0 +1,155 @@
+//! Real etcd for the HA tests: 1 or 3 members on loopback with free ports and
+//! fast raft timings (`--heartbeat-interval 50 --election-timeout 500`),
+//! started from Debian's `etcd-server` package, waited for by polling their
+//! `/health` (bounded by the failsafe), killed on drop.
+
+use super::http::{get, Answer};
+use crate::common::FAILSAFE;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The etcd binary (`HF3FS_META_ETCD` overrides).
+fn binary() -> String {
+    std::env::var("HF3FS_META_ETCD").unwrap_or_else(|_| "etcd".into())
+}
+
+/// Whether etcd can be run here. Outside CI a missing etcd skips the HA
+/// tests with a note; in CI (`CI` set) it fails them.
+pub fn available() -> bool {
+    let ok = Command::new(binary())
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(std::env::var_os("CI").is_none(), "etcd is not installed: .ci/run installs Debian's etcd-server");
+        eprintln!("skipped: etcd is not installed (apt-get install etcd-server etcd-client)");
+    }
+    ok
+}
+
+/// A free port of 127.0.0.1 (bound, then released: etcd binds it next).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+struct Member {
+    name: String,
+    client: u16,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+/// An etcd cluster on loopback; every member is killed on drop.
+pub struct Etcd {
+    members: Vec<Member>,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    /// Starts `n` members and waits until every one is healthy.
+    pub fn start(n: usize) -> Etcd {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<Member> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(client, peer))| {
+                let data = dir.path().join(format!("m{i}"));
+                let args = [
+                    "--name",
+                    &format!("m{i}"),
+                    "--data-dir",
+                    data.to_str().expect("UTF-8 path"),
+                    "--listen-client-urls",
+                    &format!("http://127.0.0.1:{client}"),
+                    "--advertise-client-urls",
+                    &format!("http://127.0.0.1:{client}"),
+                    "--listen-peer-urls",
+                    &format!("http://127.0.0.1:{peer}"),
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{peer}"),
+                    "--initial-cluster",
+                    &cluster,
+                    "--initial-cluster-state",
+                    "new",
+                    "--initial-cluster-token",
+                    "hf3fs-meta-ha-test",
+                    "--heartbeat-interval",
+                    "50",
+                    "--election-timeout",
+                    "500",
+                    "--log-level",
+                    "error",
+                ]
+                .map(str::to_string)
+                .to_vec();
+                Member { name: format!("m{i}"), client, args, child: None }
+            })
+            .collect();
+        for m in &mut members {
+            m.child = Some(spawn(&m.args));
+        }
+        let etcd = Etcd { members, _dir: dir };
+        etcd.wait_healthy();
+        etcd
+    }
+
+    /// The client URLs, comma-separated (for `--etcd-endpoints`).
+    pub fn endpoints(&self) -> String {
+        self.members.iter().map(|m| format!("http://127.0.0.1:{}", m.client)).collect::<Vec<_>>().join(",")
+    }
+
+    /// Sends `sig` (STOP, CONT, KILL…) to member `i`.
+    pub fn signal(&self, i: usize, sig: &str) {
+        let pid = self.members[i].child.as_ref().expect("member running").id();
+        let st = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().expect("run kill");
+        assert!(st.success(), "kill -{sig} {} failed", self.members[i].name);
+    }
+
+    /// Polls every member's `/health` until all say `"health":"true"`.
+    pub fn wait_healthy(&self) {
+        let deadline = Instant::now() + FAILSAFE;
+        for m in &self.members {
+            loop {
+                let addr = format!("127.0.0.1:{}", m.client);
+                if let Some(Answer { status: 200, body, .. }) = get(&addr, "/health") {
+                    if body.contains("\"health\":\"true\"") {
+                        break;
+                    }
+                }
+                assert!(Instant::now() < deadline, "etcd member {} not healthy within the failsafe", m.name);
+                std::thread::sleep(Duration::from_millis(20)); // a poll interval, not a synchronization
+            }
+        }
+    }
+}
+
+fn spawn(args: &[String]) -> Child {
+    Command::new(binary())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn etcd")
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            if let Some(c) = &mut m.child {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}

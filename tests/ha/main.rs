@@ -1,0 +1,32 @@
+//! High availability with real etcd (Debian's `etcd-server` 3.4): the
+//! election, fencing, failover, quorum loss and the relay, through the real
+//! binary as child processes with a 2 s lease.
+//!
+//! - [`etcd`]: 1 or 3 etcd members on loopback, fast raft timings.
+//! - [`http`]: one-shot requests that survive dead and paused peers.
+//! - [`cluster`]: nodes, relays, polling helpers.
+//! - [`client`]: the etcd JSON-gateway client against real etcd.
+//! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
+//! - [`relay`]: following the leader, closing connections to a deposed one.
+//!
+//! The tests of this binary run one at a time ([`serial`]): each times
+//! leases of a few seconds, which two cores shared with parallel clusters
+//! would stretch.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod client;
+mod cluster;
+mod election;
+mod etcd;
+mod http;
+mod relay;
+
+use std::sync::{Mutex, MutexGuard};
+
+/// Held by every test of this binary for its whole run.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}

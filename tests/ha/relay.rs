@@ -1,0 +1,95 @@
+//! `hf3fs-meta relay`: it forwards to the serving leader, closes a
+//! connection to a deposed (paused) leader as soon as the leader key goes,
+//! holds new connections while there is no leader, and forwards only to a
+//! leader named under its own prefix.
+
+use super::cluster::{addr, leader_and_standby, probe, serving_epoch, wait_for, Cluster, PROBE};
+use super::etcd::available;
+use super::http::{parse, request};
+use crate::common::{request_bytes, FAILSAFE};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Instant;
+
+#[test]
+fn the_relay_follows_the_leader_and_drops_connections_to_the_deposed_one() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let (a, b) = (c.node("a"), c.node("b"));
+    let procs = [&a, &b];
+    let ids = ["a", "b"];
+    let (l, _, s) = leader_and_standby(&[("a", &a), ("b", &b)]);
+    let relay = c.relay(None, &[]);
+    let via = |path: &str| request(&relay.addr, "GET", path, "").expect("an answer through the relay");
+    assert_eq!(wait_for("the relay reaches the leader", || probe(&relay.addr).filter(|r| r.status == 200)).status, 200);
+    assert_eq!(via("/stats").json()["ha"]["node"], ids[l]);
+    // A keep-alive connection through the relay, open before the pause.
+    let mut held = TcpStream::connect(&relay.addr).unwrap();
+    held.set_read_timeout(Some(FAILSAFE)).unwrap();
+    held.write_all(&request_bytes("POST", PROBE.0, &[], PROBE.1.as_bytes())).unwrap();
+    let mut first = [0u8; 12];
+    held.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    procs[l].signal("STOP");
+    let paused = Instant::now();
+    // Read what is left of the first answer, then ask again: the paused
+    // leader never answers; the relay must close the connection once the
+    // leader key is gone (clients have no timeout).
+    let mut rest = vec![0u8; 4096];
+    let _ = held.read(&mut rest);
+    held.write_all(&request_bytes("POST", PROBE.0, &[], PROBE.1.as_bytes())).unwrap();
+    let mut after = Vec::new();
+    let read = held.read_to_end(&mut after);
+    assert!(closed(&read), "the relay did not close the connection to the paused leader: {read:?}");
+    assert!(after.is_empty(), "the paused leader answered: {:?}", String::from_utf8_lossy(&after));
+    assert!(paused.elapsed() < FAILSAFE);
+    // A new connection arriving now is held until the standby serves, then
+    // answered by it (not refused, not a 503).
+    let r = probe_held(&relay.addr);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(serving_epoch(procs[s]).is_some());
+    assert_eq!(via("/stats").json()["ha"]["node"], ids[s]);
+    procs[l].signal("CONT");
+    assert_eq!(probe(&addr(procs[l])).map(|r| r.status), Some(503), "the deposed leader is fenced");
+}
+
+/// The probe through the relay with the failsafe as timeout.
+fn probe_held(relay: &str) -> super::http::Answer {
+    let mut s = TcpStream::connect(relay).unwrap();
+    s.set_read_timeout(Some(FAILSAFE)).unwrap();
+    s.write_all(&request_bytes("POST", PROBE.0, &[("Connection", "close")], PROBE.1.as_bytes())).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    parse(&raw).unwrap_or_else(|| panic!("no answer through the relay: {:?}", String::from_utf8_lossy(&raw)))
+}
+
+#[test]
+fn the_relay_forwards_only_to_a_leader_of_its_own_prefix() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let a = c.node("a");
+    wait_for("a serves", || serving_epoch(&a));
+    let other = format!("{}-other", c.prefix);
+    let relay = c.relay(Some(&other), &["--hold-timeout", "1"]);
+    let mut s = TcpStream::connect(&relay.addr).unwrap();
+    s.set_read_timeout(Some(FAILSAFE)).unwrap();
+    s.write_all(&request_bytes("POST", PROBE.0, &[], PROBE.1.as_bytes())).unwrap();
+    let mut raw = Vec::new();
+    let r = s.read_to_end(&mut raw);
+    assert!(closed(&r) && raw.is_empty(), "no leader under {other}: closed without an answer, got {r:?} {raw:?}");
+}
+
+/// Whether a read to the end saw the peer close (FIN, or a reset when the
+/// relay closed with our request unread), not the failsafe run out.
+fn closed(r: &std::io::Result<usize>) -> bool {
+    match r {
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
