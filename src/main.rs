@@ -152,6 +152,14 @@ async fn start_election(app: &Arc<App>) -> Result<Option<Arc<ha::Election>>, Str
         let promotion = Arc::new(ha::WithoutReplication { unsafe_accept_all: true });
         return Ok(Some(ha::Election::start(app.clone(), etcd, h.etcd.keys(), promotion)));
     }
+    if app.durable.is_none() {
+        tracing::warn!(
+            "--ha etcd without --data-dir: nothing is replicated, so only the first leader of the cluster ever serves \
+             (a later one would have no state); give every node --data-dir to replicate to a synchronous standby"
+        );
+        let promotion = Arc::new(ha::WithoutReplication { unsafe_accept_all: false });
+        return Ok(Some(ha::Election::start(app.clone(), etcd, h.etcd.keys(), promotion)));
+    }
     // Replication: the journal streams to the synchronous standby.
     let replicated = ha::replicate::start(app, &etcd, &h.etcd.keys()).await?;
     let election = ha::Election::start(app.clone(), etcd, h.etcd.keys(), replicated.clone());

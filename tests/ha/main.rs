@@ -8,6 +8,7 @@
 //! - [`client`]: the etcd JSON-gateway client against real etcd.
 //! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
 //! - [`relay`]: following the leader, closing connections to a deposed one.
+//! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
 //! leases of a few seconds, which two cores shared with parallel clusters
@@ -22,6 +23,7 @@ mod election;
 mod etcd;
 mod http;
 mod relay;
+mod replication;
 
 use std::sync::{Mutex, MutexGuard};
 
