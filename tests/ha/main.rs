@@ -8,6 +8,7 @@
 //! - [`client`]: the etcd JSON-gateway client against real etcd.
 //! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
 //! - [`relay`]: following the leader, closing connections to a deposed one.
+//! - [`failover`]: SIGKILL of a replicating leader: nothing acknowledged lost.
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
@@ -21,6 +22,7 @@ mod client;
 mod cluster;
 mod election;
 mod etcd;
+mod failover;
 mod http;
 mod relay;
 mod replication;

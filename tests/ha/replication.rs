@@ -40,14 +40,8 @@ impl Pair {
         let addr = receiver.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let app = leader.app().clone();
         let head = Box::new(move || app.durable.as_ref().unwrap().vllm.head());
-        let replicator = Replicator::start(
-            leader.app().store.clone(),
-            head,
-            TOKEN.into(),
-            "a".into(),
-            mode,
-            Duration::from_secs(5),
-        );
+        let replicator =
+            Replicator::start(leader.app().store.clone(), head, TOKEN.into(), "a".into(), mode, Duration::from_secs(5));
         assert!(leader.app().durable.as_ref().unwrap().vllm.attach(replicator.clone()));
         Pair { leader, standby, receiver, replicator, addr, _dirs: (a, b) }
     }
@@ -148,7 +142,9 @@ fn a_standby_that_joins_late_catches_up_by_snapshot_then_the_stream() {
     p.leader.init_ranks(1, 256);
     let early: Vec<String> = (0..100).map(key).collect();
     save(&p.leader, 0, &early);
-    let early_pages: Vec<i64> = p.leader.locations(0, &early.iter().map(String::as_str).collect::<Vec<_>>())
+    let early_pages: Vec<i64> = p
+        .leader
+        .locations(0, &early.iter().map(String::as_str).collect::<Vec<_>>())
         .into_iter()
         .map(|p| p.unwrap())
         .collect();
