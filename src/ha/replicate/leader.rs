@@ -75,8 +75,14 @@ pub struct Replicator {
     target: Mutex<Option<Target>>,
     /// Bumped whenever the target changes: the running session ends.
     session: AtomicU64,
-    /// The standby acknowledged every change up to this.
+    /// The standby acknowledged every change up to this (in the current
+    /// session).
     acked: AtomicU64,
+    /// Taken to change the session number together with `acked`, and by
+    /// the acknowledgement reader to check its session and raise `acked`:
+    /// an old session's late acknowledgement never counts for a new one.
+    /// A std Mutex: held for a few instructions, never across I/O.
+    ack_lock: Mutex<()>,
     /// The standby is caught up (acknowledged its snapshot) and connected.
     in_sync: AtomicBool,
     /// Nobody may be promoted (etcd says so): `available` answers
@@ -115,6 +121,7 @@ impl Replicator {
             target: Mutex::new(None),
             session: AtomicU64::new(0),
             acked: AtomicU64::new(0),
+            ack_lock: Mutex::new(()),
             in_sync: AtomicBool::new(false),
             released: AtomicBool::new(false),
             broken: AtomicBool::new(false),
@@ -137,8 +144,11 @@ impl Replicator {
         let mut t = self.target.lock().unwrap_or_else(PoisonError::into_inner);
         if *t != target {
             *t = target;
+            let _a = self.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
             self.session.fetch_add(1, Ordering::AcqRel);
-            self.set_in_sync(false);
+            self.in_sync.store(false, Ordering::Release);
+            drop(_a);
+            self.notify.notify_waiters();
         }
     }
 
@@ -166,11 +176,6 @@ impl Replicator {
         self.acked.load(Ordering::Acquire)
     }
 
-    fn set_in_sync(&self, v: bool) {
-        self.in_sync.store(v, Ordering::Release);
-        self.notify.notify_waiters();
-    }
-
     fn current(&self) -> (u64, Option<Target>) {
         let t = self.target.lock().unwrap_or_else(PoisonError::into_inner);
         (self.session.load(Ordering::Acquire), t.clone())
@@ -191,17 +196,41 @@ impl Replicator {
             if let Err(e) = self.run_session(n, &t, &rx) {
                 tracing::warn!(standby = %t.node, epoch = t.epoch, "replication session ended: {e}");
             }
-            self.set_in_sync(false);
+            self.end_session(n);
             if self.session.load(Ordering::Acquire) == n {
                 std::thread::sleep(RETRY);
             }
         }
     }
 
-    /// One session with `t`, until it fails or the target changes.
+    /// Session `n` is over: its standby is no longer in sync (unless a
+    /// newer session is already running, which says for itself).
+    fn end_session(&self, n: u64) {
+        let _a = self.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.session.load(Ordering::Acquire) == n {
+            self.in_sync.store(false, Ordering::Release);
+        }
+        drop(_a);
+        self.notify.notify_waiters();
+    }
+
+    /// One session with `t`, until it fails or the target changes; the
+    /// connection is shut down on the way out (which ends its reader).
     fn run_session(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Frame>) -> Result<(), String> {
         let stream = TcpStream::connect_timeout(&t.addr, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+        let closer = stream.try_clone().map_err(|e| e.to_string())?;
+        let r = self.stream_to(n, t, rx, stream);
+        let _ = closer.shutdown(std::net::Shutdown::Both);
+        r
+    }
+
+    /// Hello, snapshot, then frames, on `stream`.
+    fn stream_to(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Frame>, stream: TcpStream) -> Result<(), String> {
         let _ = stream.set_nodelay(true);
+        // A standby that stops reading (paused) must not hold this thread
+        // forever: the write fails and the session starts over.
+        let _ = stream.set_write_timeout(Some(self.wait.max(Duration::from_secs(1))));
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
         let mut rd = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
         let mut wr = BufWriter::with_capacity(1 << 20, stream.try_clone().map_err(|e| e.to_string())?);
         let hello = Msg::Hello { token: self.token.to_vec(), epoch: t.epoch, leader: self.node.clone() };
@@ -212,10 +241,17 @@ impl Replicator {
             Msg::Reject(why) => return Err(format!("the standby refused: {why}")),
             m => return Err(format!("an unexpected answer {m:?}")),
         }
+        let _ = stream.set_read_timeout(None);
         // Frames queued before the snapshot begins are in it.
         while rx.try_recv().is_ok() {}
         self.broken.store(false, Ordering::Release);
-        self.acked.store(0, Ordering::Release);
+        {
+            let _a = self.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
+            if self.session.load(Ordering::Acquire) != n {
+                return Ok(());
+            }
+            self.acked.store(0, Ordering::Release);
+        }
         let r = (self.head)();
         self.send_snapshot(&mut wr, t.epoch, r)?;
         let dead = Arc::new(AtomicBool::new(false));
@@ -289,18 +325,19 @@ impl Replicator {
         let n = self.session.load(Ordering::Acquire);
         let spawned = std::thread::Builder::new().name("ha-replicator-acks".into()).spawn(move || {
             while let Ok(Msg::Ack { upto }) = Msg::read_from(&mut rd) {
+                let a = me.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
                 if me.session.load(Ordering::Acquire) != n {
                     break;
                 }
                 me.acked.fetch_max(upto, Ordering::AcqRel);
-                if upto >= r && !me.in_sync.load(Ordering::Acquire) {
+                if upto >= r && !me.in_sync.swap(true, Ordering::AcqRel) {
                     me.syncs.fetch_add(1, Ordering::Relaxed);
-                    me.set_in_sync(true);
                 }
+                drop(a);
                 me.notify.notify_waiters();
             }
             dead.store(true, Ordering::Release);
-            me.set_in_sync(false);
+            me.end_session(n);
             let _ = s.shutdown(std::net::Shutdown::Both);
         });
         if spawned.is_err() {

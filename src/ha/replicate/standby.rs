@@ -28,7 +28,7 @@ use crate::App;
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 /// How long the standby waits for its own disk before it gives up on a
@@ -54,7 +54,9 @@ pub struct Counters {
 
 /// The standby's replication state (see the module docs).
 pub struct Standby {
-    app: Arc<App>,
+    /// Weak: the listener's threads must not keep a stopped server's state
+    /// (and its data directory's lock) alive.
+    app: Weak<App>,
     token: Box<[u8]>,
     /// The newest leader epoch seen in an accepted hello (or promoted to).
     epoch: AtomicU64,
@@ -75,7 +77,7 @@ impl Standby {
     /// `--data-dir`), accepting leaders that present `token`.
     pub fn new(app: Arc<App>, token: Box<[u8]>) -> Arc<Self> {
         Arc::new(Standby {
-            app,
+            app: Arc::downgrade(&app),
             token,
             epoch: AtomicU64::new(0),
             position: AtomicU64::new(0),
@@ -128,14 +130,15 @@ impl Standby {
     /// The epoch this node leads at or is becoming leader at, if any.
     fn leading_epoch(&self) -> Option<u64> {
         use crate::ha::Role;
-        match self.app.ha.as_ref()?.role() {
+        match self.app.upgrade()?.ha.as_ref()?.role() {
             Role::Leader { epoch } | Role::Promoting { epoch } => Some(epoch),
             Role::Follower | Role::Fenced { .. } => None,
         }
     }
 
-    fn store(&self) -> &Store {
-        &self.app.store
+    /// The server's state, while it runs.
+    fn app(&self) -> Result<Arc<App>, String> {
+        self.app.upgrade().ok_or_else(|| "the server is stopping".to_string())
     }
 
     /// Checks a hello: `Err` names the refusal (already counted).
@@ -195,7 +198,8 @@ impl Standby {
 
     /// Waits until this node's own vLLM store has everything applied so far.
     fn app_durable_sync(&self) -> std::io::Result<()> {
-        let d = self.app.durable.as_ref().ok_or_else(|| std::io::Error::other("a standby needs --data-dir"))?;
+        let app = self.app().map_err(std::io::Error::other)?;
+        let d = app.durable.as_ref().ok_or_else(|| std::io::Error::other("a standby needs --data-dir"))?;
         d.vllm.sync_blocking(LOCAL_SYNC).map_err(|e| std::io::Error::other(format!("local durable store: {e}")))
     }
 
@@ -203,6 +207,8 @@ impl Standby {
     /// to acknowledge once durable, if any.
     fn on_message(&self, epoch: u64, msg: Msg) -> Result<Option<u64>, String> {
         let _g = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        let app = self.app()?;
+        let store: &Store = &app.store;
         if msg.epoch() != epoch || self.epoch.load(Ordering::Acquire) != epoch {
             self.counters.old_epoch.fetch_add(1, Ordering::Relaxed);
             return Err(format!("a message of epoch {} on a session of epoch {epoch}", msg.epoch()));
@@ -210,15 +216,15 @@ impl Standby {
         match msg {
             Msg::SnapshotBegin { .. } => {
                 self.caught_up.store(false, Ordering::Release);
-                self.store().clear();
+                store.clear();
                 Ok(None)
             }
-            Msg::SnapshotPart { records, .. } => apply(self.store(), &records).map(|()| None),
+            Msg::SnapshotPart { records, .. } => apply(store, &records).map(|()| None),
             Msg::SnapshotEnd { upto, .. } => {
                 self.position.store(upto, Ordering::Release);
                 self.caught_up.store(true, Ordering::Release);
                 self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
-                self.store().hold_eviction_for_a_lease();
+                store.hold_eviction_for_a_lease();
                 Ok(Some(upto))
             }
             Msg::Frame { clear, from, upto, records, .. } => {
@@ -232,9 +238,9 @@ impl Standby {
                     return Ok(Some(at)); // a repeat: applied already
                 }
                 if clear {
-                    self.store().clear();
+                    store.clear();
                 }
-                if let Err(e) = apply(self.store(), &records) {
+                if let Err(e) = apply(store, &records) {
                     self.caught_up.store(false, Ordering::Release);
                     return Err(e);
                 }
@@ -242,7 +248,7 @@ impl Standby {
                 self.counters.frames.fetch_add(1, Ordering::Relaxed);
                 // The standby evicts nothing of its own: the leader's
                 // evictions arrive as unbinds.
-                self.store().hold_eviction_for_a_lease();
+                store.hold_eviction_for_a_lease();
                 Ok(Some(upto))
             }
             Msg::Hello { .. } | Msg::Welcome | Msg::Reject(_) | Msg::Ack { .. } => {
