@@ -236,8 +236,9 @@ impl Election {
     /// Campaigns no more. Bounded by the etcd client's timeouts.
     pub async fn step_down(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        let role = self.node.role();
-        self.node.set_role(Role::Follower);
+        // From here on no role change may reopen the gate, whatever the
+        // election task is in the middle of.
+        let role = self.node.retire();
         let lease = self.lease.load(Ordering::Relaxed) as LeaseId;
         if let Role::Leader { epoch } | Role::Promoting { epoch } | Role::Fenced { epoch } = role {
             let txn = Txn {
@@ -284,6 +285,12 @@ impl Election {
                 tracing::warn!(node = %self.node.id, "HA session ended: {e}");
             }
             self.node.set_role(Role::Follower);
+            // A session may end with its lease alive (deposed by a key
+            // change, or a refused promotion): let it go, keys and all.
+            let lease = self.lease.swap(0, Ordering::Relaxed) as LeaseId;
+            if lease != 0 && !self.stopping.load(Ordering::SeqCst) {
+                let _ = self.etcd.revoke(lease).await;
+            }
             if !self.stopping.load(Ordering::SeqCst) {
                 tokio::time::sleep(self.period().min(Duration::from_millis(500))).await;
             }
@@ -380,7 +387,7 @@ impl Election {
         };
         tokio::select! {
             () = changed => {}
-            _ = lost.changed() => {}
+            () = lost_lease(lost) => {}
         }
     }
 
@@ -433,14 +440,14 @@ impl Election {
         let mut lost = session.lost.subscribe();
         let promoted = tokio::select! {
             r = self.promote(&ctx) => r,
-            _ = lost.changed() => Err(Refusal("lease lost while promoting".into())),
+            () = lost_lease(&mut lost) => Err(Refusal("lease lost while promoting".into())),
         };
         if let Err(Refusal(why)) = promoted {
             tracing::warn!(epoch, "not serving as leader: {why}");
             self.give_back(epoch).await;
             tokio::select! {
                 () = tokio::time::sleep(self.node.ttl) => {}
-                _ = lost.changed() => {}
+                () = lost_lease(&mut lost) => {}
             }
             return;
         }
@@ -455,7 +462,7 @@ impl Election {
         let mut tick = tokio::time::interval(self.period());
         loop {
             tokio::select! {
-                _ = lost.changed() => break,
+                () = lost_lease(&mut lost) => break,
                 _ = tick.tick() => self.maintain_standby(epoch).await,
             }
         }
@@ -571,6 +578,12 @@ impl Election {
         let kv = self.etcd.get(&self.keys.leader()).await?;
         Ok(kv.is_some_and(|kv| kv.create_revision as u64 == epoch && kv.lease == lease))
     }
+}
+
+/// Resolves once the session's lease is lost (at once if it already is).
+async fn lost_lease(lost: &mut watch::Receiver<bool>) {
+    // A dropped sender ends the session too.
+    let _ = lost.wait_for(|&l| l).await;
 }
 
 /// Whether `P/handover` records that `last` stepped down on purpose.

@@ -13,7 +13,7 @@
 //! `Relaxed`: they are statistics, nothing hangs off them.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -118,6 +118,9 @@ pub struct Node {
     /// Data requests refused or withdrawn (503) because this node was not a
     /// serving leader.
     fenced_rejections: AtomicU64,
+    /// Set by [`Node::retire`] (shutdown): the gate never opens again.
+    /// Written and read under the role channel's lock.
+    retired: AtomicBool,
 }
 
 #[derive(Default)]
@@ -140,6 +143,7 @@ impl Node {
             view: Mutex::new(View::default()),
             failovers: AtomicU64::new(0),
             fenced_rejections: AtomicU64::new(0),
+            retired: AtomicBool::new(false),
         }
     }
 
@@ -177,6 +181,10 @@ impl Node {
     /// step (under the role channel's lock, as [`Node::extend`] opens it).
     pub(crate) fn set_role(&self, role: Role) {
         let changed = self.role.send_if_modified(|r| {
+            // Relaxed: written and read under this lock.
+            if self.retired.load(Ordering::Relaxed) && matches!(role, Role::Leader { .. } | Role::Promoting { .. }) {
+                return false;
+            }
             if !matches!(role, Role::Leader { .. }) {
                 self.close();
             }
@@ -193,6 +201,7 @@ impl Node {
     /// deposition never reopens the gate.
     pub(crate) fn extend(&self, epoch: u64, deadline: u64) {
         let revived = self.role.send_if_modified(|r| match *r {
+            _ if self.retired.load(Ordering::Relaxed) => false,
             Role::Leader { epoch: e } if e == epoch => {
                 self.serve_until(deadline);
                 false
@@ -207,6 +216,19 @@ impl Node {
         if revived {
             tracing::warn!(epoch, node = %self.id, "the lease survived: serving again as leader");
         }
+    }
+
+    /// Shutdown: closes the gate for good and makes this node a follower
+    /// that no later role change can promote; the role it had.
+    pub(crate) fn retire(&self) -> Role {
+        let mut was = Role::Follower;
+        self.role.send_if_modified(|r| {
+            self.retired.store(true, Ordering::Relaxed);
+            self.close();
+            was = std::mem::replace(r, Role::Follower);
+            was != Role::Follower
+        });
+        was
     }
 
     /// A leader at `epoch` missed its deadline: `Fenced`, gate closed.
@@ -344,6 +366,15 @@ mod tests {
         n.set_role(Role::Fenced { epoch: 7 });
         assert!(!n.serving(), "leaving the leader role closes the gate");
         assert_eq!(n.role().epoch(), 7);
+        n.extend(7, after(Duration::from_secs(60)));
+        assert_eq!((n.role(), n.serving()), (Role::Leader { epoch: 7 }, true), "a surviving lease revives");
+        n.extend(8, after(Duration::from_secs(60)));
+        assert_eq!(n.role(), Role::Leader { epoch: 7 }, "another epoch's renewal changes nothing");
+        assert_eq!(n.retire(), Role::Leader { epoch: 7 });
+        assert!(!n.serving());
+        n.set_role(Role::Leader { epoch: 7 });
+        n.extend(7, after(Duration::from_secs(60)));
+        assert_eq!((n.role(), n.serving()), (Role::Follower, false), "a retired node never serves again");
     }
 
     #[test]

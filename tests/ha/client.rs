@@ -97,3 +97,41 @@ fn calls_fail_over_to_the_next_endpoint() {
     let e = runtime().block_on(nobody.get(b"/f/k")).unwrap_err();
     assert!(matches!(e, Error::Unavailable(_)), "{e:?}");
 }
+
+#[test]
+fn authenticates_with_etcd_credentials() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let etcd = Etcd::start(1);
+    let eps = etcd.endpoints();
+    // etcd-client's etcdctl turns etcd's authentication on.
+    let etcdctl = |args: &[&str]| {
+        let out = std::process::Command::new("etcdctl").arg(format!("--endpoints={eps}")).args(args).output();
+        let out = out.expect("etcdctl (Debian's etcd-client) runs");
+        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+    };
+    etcdctl(&["user", "add", "root:root-password"]);
+    etcdctl(&["auth", "enable"]);
+    let with = |user: Option<&str>, password: &str| {
+        let opts = Options {
+            timeout: Duration::from_secs(2),
+            user: user.map(str::to_string),
+            password: Some(password.to_string()),
+        };
+        Client::new(std::slice::from_ref(&eps), opts).unwrap()
+    };
+    let rt = runtime();
+    let good = with(Some("root"), "root-password");
+    rt.block_on(good.put(b"/auth/k", b"v", None)).unwrap();
+    assert_eq!(rt.block_on(good.get(b"/auth/k")).unwrap().map(|kv| kv.value), Some(b"v".to_vec()));
+    let lease = rt.block_on(good.grant(Duration::from_secs(5))).unwrap();
+    assert!(rt.block_on(good.keepalive(lease)).unwrap().is_some());
+    let _w = rt.block_on(good.watch(b"/auth/", true, 0)).unwrap();
+    let e = rt.block_on(with(None, "").put(b"/auth/k", b"w", None)).unwrap_err();
+    assert!(matches!(e, Error::Refused { .. }), "{e:?}");
+    let e = rt.block_on(with(Some("root"), "wrong").put(b"/auth/k", b"w", None)).unwrap_err();
+    assert!(matches!(&e, Error::Refused { message, .. } if message.contains("authentication failed")), "{e:?}");
+    assert_eq!(rt.block_on(good.get(b"/auth/k")).unwrap().map(|kv| kv.value), Some(b"v".to_vec()), "nothing changed");
+}

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Every flag of the command line.
-const FLAGS: [&str; 28] = [
+const FLAGS: [&str; 37] = [
     "--host",
     "--port",
     "--world-size",
@@ -36,6 +36,15 @@ const FLAGS: [&str; 28] = [
     "--read-lease",
     "--max-spaces",
     "--expected-keys",
+    "--ha",
+    "--etcd-endpoints",
+    "--ha-cluster",
+    "--ha-lease-ttl",
+    "--etcd-user",
+    "--etcd-password-file",
+    "--node-id",
+    "--advertise-url",
+    "--ha-token-file",
     "--help",
     "--version",
 ];
