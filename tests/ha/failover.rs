@@ -74,6 +74,15 @@ fn sigkill_of_the_leader_loses_no_acknowledged_confirm_and_the_deposed_leader_re
     for b in 0..10 {
         acked.extend(save(leader, &keys(b * 32, 32)));
     }
+    // /health shows the stream from both sides, /metrics the leader's.
+    let rl = ha(leader).expect("health")["replication"].clone();
+    assert_eq!((rl["in_sync"].as_bool(), rl["streaming_to"].as_str()), (Some(true), Some(ids[s])), "{rl}");
+    assert!(rl["acknowledged"].as_u64().unwrap() > 0, "{rl}");
+    let rs = ha(nodes[s].as_ref().unwrap()).expect("health")["replication"]["as_standby"].clone();
+    assert_eq!((rs["caught_up"].as_bool(), rs["epoch"].as_u64()), (Some(true), Some(epoch)), "{rs}");
+    assert!(rs["frames"].as_u64().unwrap() > 0 && rs["snapshots"] == 1, "{rs}");
+    let m = super::http::get(&leader.addr.to_string(), "/metrics").expect("metrics").body;
+    assert!(m.contains("hf3fs_meta_ha_replication_in_sync 1"), "{m}");
     // SIGKILL: the standby takes over with every acknowledged confirm.
     nodes[l].take().unwrap().kill();
     let new = nodes[s].as_ref().unwrap();

@@ -45,6 +45,10 @@ const FLAGS: [&str; 37] = [
     "--node-id",
     "--advertise-url",
     "--ha-token-file",
+    "--ha-sync",
+    "--ha-sync-timeout-ms",
+    "--ha-replication-listen",
+    "--ha-replication-advertise",
     "--help",
     "--version",
 ];

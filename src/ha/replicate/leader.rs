@@ -171,6 +171,11 @@ impl Replicator {
         self.notify.notify_waiters();
     }
 
+    /// The last change number handed out on this node.
+    pub fn head(&self) -> u64 {
+        (self.head)()
+    }
+
     /// The last position the standby acknowledged.
     pub fn acked(&self) -> u64 {
         self.acked.load(Ordering::Acquire)

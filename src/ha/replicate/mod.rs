@@ -7,6 +7,7 @@
 //! - [`standby`]: [`Standby`], the listener that applies a leader's
 //!   snapshot and frames through the store's replay operations and
 //!   acknowledges positions once its own disk has them.
+//! - [`status`]: what `/health`, `/stats` and `/metrics` show of it.
 //! - [`start`]: the server's start-up of all of it.
 //! - [`promote`]: the control plane's [`Promotion`](super::Promotion) hook:
 //!   who is named synchronous standby in etcd, and who may be promoted.
@@ -32,12 +33,14 @@ pub mod leader;
 pub mod promote;
 pub mod standby;
 pub mod start;
+pub mod status;
 pub mod wire;
 
 pub use leader::{Replicator, Target};
 pub use promote::Replicated;
 pub use standby::Standby;
 pub use start::start;
+pub use status::Status;
 
 use clap::{Args, ValueEnum};
 use std::net::SocketAddr;

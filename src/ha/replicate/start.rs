@@ -69,5 +69,10 @@ pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<A
         timeout_ms = args.ha_sync_timeout_ms,
         "replication: listening for a leader's stream"
     );
+    node.set_replication(Arc::new(super::Status {
+        standby: standby.clone(),
+        replicator: replicator.clone(),
+        mode: args.ha_sync,
+    }));
     Ok(Replicated::new(standby, replicator, args.ha_sync))
 }
