@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Every flag of the command line.
-const FLAGS: [&str; 37] = [
+const FLAGS: [&str; 41] = [
     "--host",
     "--port",
     "--world-size",
