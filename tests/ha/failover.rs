@@ -112,3 +112,24 @@ fn sigkill_of_the_leader_loses_no_acknowledged_confirm_and_the_deposed_leader_re
     assert_kept(back, &acked);
     assert_eq!(acked.len(), 15 * 32);
 }
+
+#[test]
+fn a_named_standby_that_never_caught_up_is_not_promoted() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut a = replicated(&c, "a", dirs[0].path());
+    wait_for("a, the first leader ever, serves", || serving_epoch(&a));
+    a.kill();
+    // b never received a snapshot of a; name it anyway, as a stale P/sync would.
+    let mut b = replicated(&c, "b", dirs[1].path());
+    let etcd = hf3fs_meta::ha::etcd::Client::new(&[c.etcd.endpoints()], Default::default()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(etcd.put(format!("{}/sync", c.prefix).as_bytes(), b"b", None)).unwrap();
+    let line = b.wait_line(|l| l.contains("not serving as leader")).expect("b refused its promotion");
+    assert!(line.contains("has not caught up"), "{line}");
+    assert_eq!(serving_epoch(&b), None);
+}
