@@ -9,6 +9,7 @@
 //! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
 //! - [`relay`]: following the leader, closing connections to a deposed one.
 //! - [`failover`]: SIGKILL of a replicating leader: nothing acknowledged lost.
+//! - [`under_load`]: SIGKILL of the leader under load through the relay.
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
@@ -26,6 +27,7 @@ mod failover;
 mod http;
 mod relay;
 mod replication;
+mod under_load;
 
 use std::sync::{Mutex, MutexGuard};
 
