@@ -99,8 +99,9 @@ impl Store {
             return Err(format!("key {key} has another world size here than the leader's {world}"));
         }
         self.replay_unbind(rank, page)?;
-        table.unquarantine(page);
-        if !table.claim_free(page) {
+        // A page this standby quarantined (searched only when the page is
+        // not free: the quarantine is a list).
+        if !table.claim_free(page) && !(table.unquarantine(page) && table.claim_free(page)) {
             return Err(format!("page {page} of rank {rank} is reserved or held here; the leader bound it"));
         }
         self.bind_claimed(&gen, table, rank, page, k, world)
