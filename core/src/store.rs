@@ -312,6 +312,16 @@ impl Store {
         self.evict_not_before.store(until, Ordering::Relaxed);
     }
 
+    /// Holds eviction off until [`Store::hold_eviction_for_a_lease`] is
+    /// called (2^30 ticks at most): a synchronous standby evicts nothing of
+    /// its own, its leader's evictions reach it as unbinds, and its
+    /// promotion holds eviction for one lease, after which it evicts again.
+    pub fn suspend_eviction(&self) {
+        let until = self.clock.now().saturating_add(1 << 30);
+        // Relaxed: a threshold read by the evictor; nothing hangs off it.
+        self.evict_not_before.store(until, Ordering::Relaxed);
+    }
+
     #[inline]
     fn record(&self, change: Change<'_>) {
         if let Some(j) = &self.journal {

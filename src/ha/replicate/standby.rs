@@ -215,6 +215,9 @@ impl Standby {
         }
         match msg {
             Msg::SnapshotBegin { .. } => {
+                // The standby evicts nothing of its own: the leader's
+                // evictions arrive as unbinds (until promoted).
+                store.suspend_eviction();
                 self.caught_up.store(false, Ordering::Release);
                 store.clear();
                 Ok(None)
@@ -224,7 +227,6 @@ impl Standby {
                 self.position.store(upto, Ordering::Release);
                 self.caught_up.store(true, Ordering::Release);
                 self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
-                store.hold_eviction_for_a_lease();
                 Ok(Some(upto))
             }
             Msg::Frame { clear, from, upto, records, .. } => {
@@ -246,9 +248,6 @@ impl Standby {
                 }
                 self.position.store(upto, Ordering::Release);
                 self.counters.frames.fetch_add(1, Ordering::Relaxed);
-                // The standby evicts nothing of its own: the leader's
-                // evictions arrive as unbinds.
-                store.hold_eviction_for_a_lease();
                 Ok(Some(upto))
             }
             Msg::Hello { .. } | Msg::Welcome | Msg::Reject(_) | Msg::Ack { .. } => {
