@@ -133,3 +133,35 @@ fn a_named_standby_that_never_caught_up_is_not_promoted() {
     assert!(line.contains("has not caught up"), "{line}");
     assert_eq!(serving_epoch(&b), None);
 }
+
+#[test]
+fn losing_the_standby_names_another_and_a_later_leader_kill_loses_nothing() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let ids = ["a", "b", "c"];
+    let mut nodes: Vec<Option<ServerProcess>> =
+        ids.iter().zip(&dirs).map(|(id, d)| Some(replicated(&c, id, d.path()))).collect();
+    let all: Vec<(&str, &ServerProcess)> = ids.iter().zip(&nodes).map(|(id, n)| (*id, n.as_ref().unwrap())).collect();
+    let (l, _, s) = leader_and_standby(&all);
+    drop(all);
+    let leader = nodes[l].as_ref().unwrap();
+    let (st, v) = post(leader, "/rank/0/initialize", &json!({"num_pages": 4096, "role": "worker"}));
+    assert_eq!(st, 200, "{v}");
+    let mut acked = save(leader, &keys(0, 64));
+    // The standby dies: the leader names the third node once it caught up.
+    nodes[s].take().unwrap().kill();
+    let third = (0..3).find(|&i| i != l && i != s).unwrap();
+    wait_for("the third node is named standby", || {
+        (ha(nodes[l].as_ref().unwrap())?["standby"].as_str()? == ids[third]).then_some(())
+    });
+    acked.extend(save(nodes[l].as_ref().unwrap(), &keys(64, 64)));
+    // The leader dies: the third node serves with everything.
+    nodes[l].take().unwrap().kill();
+    let new = nodes[third].as_ref().unwrap();
+    wait_for("the third node serves", || serving_epoch(new));
+    assert_kept(new, &acked);
+}
