@@ -9,12 +9,15 @@ use crate::common::process::ServerProcess;
 use serde_json::{json, Value};
 use std::path::Path;
 
-/// The flags of a replicated node `id` on data directory `dir`.
+/// A replicated node `id` on data directory `dir` (`--ha-sync strict`).
 fn replicated(c: &Cluster, id: &str, dir: &Path) -> ServerProcess {
+    replicated_in(c, id, dir, "strict")
+}
+
+/// A replicated node `id` on data directory `dir` with `--ha-sync mode`.
+fn replicated_in(c: &Cluster, id: &str, dir: &Path, mode: &str) -> ServerProcess {
     let mut args: Vec<String> = c.node_args(id).into_iter().filter(|a| a != "--ha-promote-without-state").collect();
-    args.extend(
-        ["--data-dir", dir.to_str().expect("UTF-8"), "--fsync", "always", "--ha-sync", "strict"].map(String::from),
-    );
+    args.extend(["--data-dir", dir.to_str().expect("UTF-8"), "--fsync", "always", "--ha-sync", mode].map(String::from));
     ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
@@ -164,4 +167,49 @@ fn losing_the_standby_names_another_and_a_later_leader_kill_loses_nothing() {
     let new = nodes[third].as_ref().unwrap();
     wait_for("the third node serves", || serving_epoch(new));
     assert_kept(new, &acked);
+}
+
+#[test]
+fn available_mode_serves_without_a_standby_only_once_etcd_lets_nobody_be_promoted() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let ids = ["a", "b"];
+    let mut nodes: Vec<Option<ServerProcess>> =
+        ids.iter().zip(&dirs).map(|(id, d)| Some(replicated_in(&c, id, d.path(), "available"))).collect();
+    let both: Vec<(&str, &ServerProcess)> = ids.iter().zip(&nodes).map(|(id, n)| (*id, n.as_ref().unwrap())).collect();
+    let (l, _, s) = leader_and_standby(&both);
+    drop(both);
+    let mut standby = nodes[s].take().unwrap();
+    let leader = nodes[l].as_ref().unwrap();
+    let (st, v) = post(leader, "/rank/0/initialize", &json!({"num_pages": 4096, "role": "worker"}));
+    assert_eq!(st, 200, "{v}");
+    save(leader, &keys(0, 16));
+    standby.kill();
+    // Changes go on once P/sync is gone (nobody may be promoted), not before.
+    let etcd = hf3fs_meta::ha::etcd::Client::new(&[c.etcd.endpoints()], Default::default()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let sync_key = format!("{}/sync", c.prefix).into_bytes();
+    // A change (a confirm that binds fresh keys): 503 while P/sync may
+    // still name the dead standby, 204 once it is gone.
+    let mut n = 1000;
+    wait_for("a change answered without a standby", || {
+        n += 1;
+        let k = format!("{n:032x}");
+        let (st, v) = post(leader, "/keys/batch_allocate", &json!({"rank": 0, "keys": [[k, ""]]}));
+        let page = (st == 200).then(|| v["results"][0][1].as_i64()).flatten()?;
+        let body = json!({"rank": 0, "confirmations": [[k, page]], "pages_to_release": []});
+        (post(leader, "/keys/confirm_write", &body).0 == 204).then_some(())
+    });
+    assert_eq!(rt.block_on(etcd.get(&sync_key)).unwrap().map(|kv| kv.value), None, "P/sync removed first");
+    assert_eq!(ha(leader).expect("health")["standby"], Value::Null);
+    save(leader, &keys(16, 16));
+    // The standby comes back: caught up by snapshot, named again.
+    let _back = replicated_in(&c, ids[s], dirs[s].path(), "available");
+    wait_for("the standby is named again", || {
+        (rt.block_on(etcd.get(&sync_key)).ok()??.value == ids[s].as_bytes()).then_some(())
+    });
 }

@@ -68,14 +68,17 @@ impl Replicated {
     }
 
     /// Picks whom to stream to: the current target while it lives, else the
-    /// named standby, else the first live node; looks its address up.
+    /// named standby, else the first live node; looks its address up (again,
+    /// while the target is not in sync: it may have restarted elsewhere).
     fn choose_target(&self, e: &Arc<Election>, epoch: u64, members: &[Member], current: Option<&str>) {
         let live = |n: &str| members.iter().any(|m| m.node == n);
-        let target = self.replicator.target();
-        if target.as_ref().is_some_and(|t| t.epoch == epoch && live(&t.node)) {
+        let target = self.replicator.target().filter(|t| t.epoch == epoch && live(&t.node));
+        if target.is_some() && self.replicator.synced().is_some() {
             return;
         }
-        let Some(pick) = current.filter(|c| live(c)).or(members.first().map(|m| m.node.as_str())) else {
+        let keep = target.map(|t| t.node);
+        let Some(pick) = keep.as_deref().or(current.filter(|c| live(c))).or(members.first().map(|m| m.node.as_str()))
+        else {
             self.replicator.set_target(None);
             return;
         };
