@@ -101,7 +101,8 @@ impl Store {
         self.replay_unbind(rank, page)?;
         // A page this standby quarantined (searched only when the page is
         // not free: the quarantine is a list).
-        if !table.claim_free(page) && !(table.unquarantine(page) && table.claim_free(page)) {
+        let claimed = table.claim_free(page) || (table.unquarantine(page) && table.claim_free(page));
+        if !claimed {
             return Err(format!("page {page} of rank {rank} is reserved or held here; the leader bound it"));
         }
         self.bind_claimed(&gen, table, rank, page, k, world)
