@@ -33,6 +33,14 @@ use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND};
 use super::{Initialized, Store};
 
 impl Store {
+    /// Runs `f` (replays of one frame) as one operation of the journal
+    /// ([`crate::Journal::begin`]): its changes reach the journal as one
+    /// message rather than one per record.
+    pub fn replay_batch<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _op = self.journal_op();
+        f()
+    }
+
     /// Creates `rank` with `num_pages` pages unless it exists (journaled).
     /// An existing rank of another size is an error: the standby's state
     /// is not the leader's.

@@ -178,29 +178,35 @@ impl Standby {
         tracing::info!(leader, epoch, "replicating from the leader");
         Msg::Welcome.write_to(&mut wr)?;
         wr.flush()?;
-        loop {
-            let msg = Msg::read_from(&mut rd)?;
-            let acked = self.on_message(epoch, msg).map_err(|why| {
-                tracing::warn!(leader, epoch, "replication message refused: {why}");
-                std::io::Error::other(why)
-            })?;
-            // Acknowledge once nothing more is buffered: one disk wait and
-            // one answer for everything read in one go.
-            if let Some(upto) = acked {
-                if rd.buffer().is_empty() {
-                    self.app_durable_sync()?;
-                    Msg::Ack { upto }.write_to(&mut wr)?;
-                    wr.flush()?;
+        // Applying and acknowledging run apart: while the acknowledger waits
+        // for this node's disk, the next frames are applied (and their
+        // changes join the same disk write).
+        let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+        let me = self.app.clone();
+        let acker =
+            std::thread::Builder::new().name("ha-standby-ack".into()).spawn(move || acknowledge(&me, rx, wr))?;
+        let result = loop {
+            let msg = match Msg::read_from(&mut rd) {
+                Ok(m) => m,
+                Err(e) => break Err(e),
+            };
+            match self.on_message(epoch, msg) {
+                Ok(Some(upto)) => {
+                    if tx.send(upto).is_err() {
+                        break Err(std::io::Error::other("the acknowledgements stopped"));
+                    }
+                }
+                Ok(None) => {}
+                Err(why) => {
+                    tracing::warn!(leader, epoch, "replication message refused: {why}");
+                    break Err(std::io::Error::other(why));
                 }
             }
-        }
-    }
-
-    /// Waits until this node's own vLLM store has everything applied so far.
-    fn app_durable_sync(&self) -> std::io::Result<()> {
-        let app = self.app().map_err(std::io::Error::other)?;
-        let d = app.durable.as_ref().ok_or_else(|| std::io::Error::other("a standby needs --data-dir"))?;
-        d.vllm.sync_blocking(LOCAL_SYNC).map_err(|e| std::io::Error::other(format!("local durable store: {e}")))
+        };
+        drop(tx);
+        let _ = rd.get_ref().shutdown(std::net::Shutdown::Both);
+        let _ = acker.join();
+        result
     }
 
     /// Applies one message of the leader at `epoch`; returns the position
@@ -257,8 +263,33 @@ impl Standby {
     }
 }
 
+/// The acknowledger of one session: takes the newest applied position,
+/// waits until this node's own disk has everything applied so far, and
+/// acknowledges it; ends when the session does (or the socket fails, which
+/// ends the session).
+fn acknowledge(app: &Weak<App>, rx: crossbeam_channel::Receiver<u64>, mut wr: BufWriter<TcpStream>) {
+    while let Ok(first) = rx.recv() {
+        let upto = rx.try_iter().fold(first, u64::max);
+        let synced = app.upgrade().ok_or_else(|| "the server is stopping".to_string()).and_then(|app| {
+            let d = app.durable.as_ref().ok_or_else(|| "a standby needs --data-dir".to_string())?;
+            d.vllm.sync_blocking(LOCAL_SYNC).map_err(|e| format!("local durable store: {e}"))
+        });
+        let sent = synced
+            .and_then(|()| Msg::Ack { upto }.write_to(&mut wr).and_then(|()| wr.flush()).map_err(|e| e.to_string()));
+        if let Err(why) = sent {
+            tracing::warn!("replication acknowledgements stopped: {why}");
+            let _ = wr.get_ref().shutdown(std::net::Shutdown::Both);
+            return;
+        }
+    }
+}
+
 /// Applies codec-encoded records to `store` (each forces a page's state).
 pub fn apply(store: &Store, records: &[u8]) -> Result<(), String> {
+    store.replay_batch(|| apply_records(store, records))
+}
+
+fn apply_records(store: &Store, records: &[u8]) -> Result<(), String> {
     let mut err = None;
     let mut hex = [0u8; codec::KEY_BUF];
     codec::decode_log(records, |r| {
