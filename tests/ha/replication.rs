@@ -223,3 +223,32 @@ fn forged_missing_and_old_epoch_hellos_and_frames_are_refused_and_counted() {
     assert_eq!(bindings(&p.standby.app().store), before);
     assert_eq!(p.standby.app().store.rank_size(3), None);
 }
+
+#[test]
+fn a_promoted_standby_holds_the_pages_its_leader_unbound_within_a_lease() {
+    let _g = crate::serial();
+    let p = Pair::new(SyncMode::Strict);
+    p.connect();
+    // Half full: the leader's evictor stays away.
+    p.leader.init(0, 16);
+    let keys: Vec<String> = (0..8).map(key).collect();
+    let pages = save(&p.leader, 0, &keys);
+    p.leader.confirm(0, &[], &pages[..4]);
+    // The leader may hand the released pages out again; a promoted standby
+    // must not, for one read lease: a reader may still read them.
+    let (caught_up, position) = p.receiver.promote(EPOCH + 1);
+    assert!(caught_up && position > 0);
+    let store = &p.standby.app().store;
+    assert_eq!(bindings(store).len(), 4);
+    let fresh: Vec<String> = (100..109).map(key).collect();
+    let refs: Vec<&str> = fresh.iter().map(String::as_str).collect();
+    let mut out = Vec::new();
+    store.allocate(0, &refs[..8], &mut out).unwrap();
+    let given: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
+    assert!(given.iter().all(|&g| g >= 0 && !pages[..4].contains(&g)), "{given:?} against released {:?}", &pages[..4]);
+    store.allocate(0, &refs[8..], &mut out).unwrap();
+    assert_eq!(out, [(0, -1)], "a page unbound within the lease was handed out");
+    // Frames of the old epoch are refused from now on.
+    let r = p.leader.confirm_raw(0, &[], &pages[4..5]);
+    assert_eq!(r.status, 503, "{r:?}");
+}

@@ -593,25 +593,6 @@ impl PageTable {
         q.iter().any(|&(p, _)| p == page)
     }
 
-    /// Takes `page` out of the quarantine before its deadline and frees it
-    /// (BOUND naming no key → FREE, back to the counter). Returns whether it
-    /// was quarantined. For a standby replaying its leader's journal, whose
-    /// leader bound the page again ([`crate::Store::replay_bind`]).
-    pub fn unquarantine(&self, page: u32) -> bool {
-        {
-            let mut q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let Some(i) = q.iter().position(|&(p, _)| p == page) else { return false };
-            q.swap_remove(i);
-            // Relaxed: a count for a lock-free "anything to do?" check.
-            self.quarantined.fetch_sub(1, Ordering::Relaxed);
-        }
-        let c = self.claim(page);
-        debug_assert_eq!(c, Some(Claimed::Bound), "a quarantined page stays BOUND");
-        self.settle(page, FREE);
-        self.give_back(1);
-        true
-    }
-
     /// Frees every quarantined page whose deadline has come (at or before
     /// `now`); returns how many.
     pub fn release_quarantined(&self, now: u32) -> u64 {

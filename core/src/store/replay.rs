@@ -16,20 +16,18 @@
 //! them like a leader's: the standby acknowledges a position only once its
 //! own disk has it.
 //!
-//! **Unbinds are quarantined for one read lease.** Readers' leases are not
-//! replicated: a reader given a page by the old leader may still be reading
-//! it when the standby is promoted. A replayed unbind therefore keeps its
-//! page out of the pool until one `read_lease` after the standby applied it
-//! (later than the leader's unbind), exactly as a leased page is after a
-//! release. A later replayed bind of that page takes it out of the
-//! quarantine: the leader itself handed it out again.
+//! **Unbinds free their page at once** (a standby serves no reader), and the
+//! standby notes when; on promotion it holds back every page unbound within
+//! the last read lease ([`Store::hold_free_page`]): readers' leases are not
+//! replicated, and a reader given a page by the old leader may still be
+//! reading it.
 //!
 //! [`Journal`]: crate::Journal
 
 use super::super::index::Delta;
 use super::super::journal::Change;
 use super::super::key::KeyRef;
-use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND};
+use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND, FREE};
 use super::{Initialized, Store};
 
 impl Store {
@@ -60,10 +58,10 @@ impl Store {
         }
     }
 
-    /// Makes `page` of `rank` unbound (journaled), quarantined for one read
-    /// lease (see the module note). A page that is already free, reserved
-    /// or quarantined is left as it is.
-    pub fn replay_unbind(&self, rank: u32, page: u32) -> Result<(), String> {
+    /// Makes `page` of `rank` unbound and free (journaled). A page that is
+    /// already free, reserved or quarantined is left as it is. Returns
+    /// whether a binding was removed.
+    pub fn replay_unbind(&self, rank: u32, page: u32) -> Result<bool, String> {
         let gen = self.gen.load();
         let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
@@ -71,19 +69,34 @@ impl Store {
         }
         let mut held = ClaimGuard::new(1);
         if held.claim(table, page) != Some(Claimed::Bound) {
-            return Ok(()); // the guard puts a reserved page back
+            return Ok(false); // the guard puts a reserved page back
         }
-        // A BOUND page that names no key is quarantined already.
-        let Some(key) = table.owner(page).and_then(|o| gen.index.key_of(&o)) else { return Ok(()) };
+        // A BOUND page that names no key is quarantined.
+        let Some(key) = table.owner(page).and_then(|o| gen.index.key_of(&o)) else { return Ok(false) };
         let _ = held.commit();
         let mut delta = Delta::default();
         // Journaled before the index forgets the binding, as on a leader.
         self.record(Change::Unbind { generation: gen.id, rank, page });
         let _ = gen.index.unbind(key.as_ref(), rank, page, &mut delta);
-        let deadline = self.clock.now().saturating_add(self.cfg.read_lease.0).saturating_add(1);
-        table.quarantine(page, deadline);
+        table.clear_owner(page);
+        table.settle(page, FREE);
+        table.give_back(1);
         gen.apply(delta);
-        Ok(())
+        Ok(true)
+    }
+
+    /// Holds `page` of `rank`, if it is free, out of the pool until tick
+    /// `until` (the quarantine of a released leased page); returns whether
+    /// it did. A promoted standby's hold of the pages its old leader
+    /// unbound within the last read lease.
+    pub fn hold_free_page(&self, rank: u32, page: u32, until: u32) -> bool {
+        let gen = self.gen.load();
+        let Some(table) = gen.rank(rank.into()) else { return false };
+        if page >= table.num_pages() || !table.claim_free(page) {
+            return false;
+        }
+        table.quarantine(page, until);
+        true
     }
 
     /// Makes `key` (of world size `world`) bound to `page` on `rank`
@@ -100,17 +113,16 @@ impl Store {
         let k = KeyRef::parse(key);
         match gen.index.page(k, rank) {
             Some(p) if p == page => return Ok(()),
-            Some(p) => self.replay_unbind(rank, p)?,
+            Some(p) => {
+                self.replay_unbind(rank, p)?;
+            }
             None => {}
         }
         if gen.index.world(k).is_some_and(|w| w != world) {
             return Err(format!("key {key} has another world size here than the leader's {world}"));
         }
         self.replay_unbind(rank, page)?;
-        // A page this standby quarantined (searched only when the page is
-        // not free: the quarantine is a list).
-        let claimed = table.claim_free(page) || (table.unquarantine(page) && table.claim_free(page));
-        if !claimed {
+        if !table.claim_free(page) {
             return Err(format!("page {page} of rank {rank} is reserved or held here; the leader bound it"));
         }
         self.bind_claimed(&gen, table, rank, page, k, world)
@@ -137,12 +149,12 @@ impl Store {
                 Ok(())
             }
             super::Bind::Kept(p) => {
-                table.settle(page, super::FREE);
+                table.settle(page, FREE);
                 table.give_back(1);
                 Err(format!("key {k:?} is bound to page {p} of rank {rank} as well"))
             }
             super::Bind::Full => {
-                table.settle(page, super::FREE);
+                table.settle(page, FREE);
                 table.give_back(1);
                 Err(format!("key {k:?} cannot be stored: the index is full"))
             }
@@ -221,24 +233,25 @@ mod tests {
     }
 
     #[test]
-    fn a_replayed_unbind_holds_its_page_for_a_lease_unless_rebound() {
+    fn a_replayed_unbind_frees_its_page_and_a_promotion_can_hold_it() {
         let (s, _) = store(10);
         s.replay_initialize(0, 2).unwrap();
         s.replay_bind(0, 0, A, 1).unwrap();
         s.replay_bind(0, 1, B, 1).unwrap();
-        s.replay_unbind(0, 0).unwrap();
-        s.replay_unbind(0, 1).unwrap();
-        // Both pages are held: an allocate finds nothing free.
+        assert_eq!(s.replay_unbind(0, 0), Ok(true));
+        assert_eq!(s.replay_unbind(0, 0), Ok(false));
+        // Page 0 is free: the leader may bind it again at once.
+        s.replay_bind(0, 0, C, 1).unwrap();
+        assert_eq!(s.replay_unbind(0, 1), Ok(true));
+        // Promoted: page 1 was unbound within the lease, held until tick 11.
+        assert!(s.hold_free_page(0, 1, 11));
+        assert!(!s.hold_free_page(0, 0, 11), "a bound page is not held");
         let mut out = Vec::new();
-        s.allocate(0, &[C], &mut out).unwrap();
-        assert!(out.iter().all(|&(_, p)| p < 0), "{out:?}");
-        // The leader bound page 0 again: the quarantine lets it go.
-        s.replay_bind(0, 0, B, 1).unwrap();
-        assert_eq!(page_of(&s, B), Some(0));
-        // Page 1 is free once the lease has passed.
-        s.set_clock(12);
+        s.allocate(0, &[A], &mut out).unwrap();
+        assert_eq!(out, [(0, -1)]);
+        s.set_clock(11);
         s.maintain(u64::MAX);
-        s.allocate(0, &[C], &mut out).unwrap();
+        s.allocate(0, &[A], &mut out).unwrap();
         assert_eq!(out, [(0, 1)]);
         s.audit().unwrap();
     }

@@ -66,8 +66,9 @@ pub struct Standby {
     /// A snapshot of the leader at `epoch` was applied: the stream since
     /// follows without a gap.
     caught_up: AtomicBool,
-    /// Held while one message is applied (one leader at a time).
-    apply: Mutex<()>,
+    /// Held while one message is applied (one leader at a time), with the
+    /// pages to hold back on promotion.
+    apply: Mutex<Holds>,
     /// What was refused and applied.
     pub counters: Counters,
 }
@@ -82,7 +83,7 @@ impl Standby {
             epoch: AtomicU64::new(0),
             position: AtomicU64::new(0),
             caught_up: AtomicBool::new(false),
-            apply: Mutex::new(()),
+            apply: Mutex::new(Holds::default()),
             counters: Counters::default(),
         })
     }
@@ -120,10 +121,18 @@ impl Standby {
     /// This node becomes leader at `epoch`: frames of any older leader are
     /// refused from now on. Returns whether it was caught up with the
     /// previous leader (the promotion rule), and the position it has.
+    ///
+    /// Every page the old leader unbound within the last read lease is held
+    /// back here until that lease has passed (readers' leases are not
+    /// replicated).
     pub fn promote(&self, epoch: u64) -> (bool, u64) {
-        let _g = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        let holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
         let was = self.caught_up.swap(false, Ordering::AcqRel);
         self.epoch.fetch_max(epoch, Ordering::AcqRel);
+        if let Some(app) = self.app.upgrade() {
+            let held = holds.apply(&app.store);
+            tracing::info!(epoch, pages = held, "promotion: pages unbound within the last read lease held back");
+        }
         (was, self.position.load(Ordering::Acquire))
     }
 
@@ -212,7 +221,7 @@ impl Standby {
     /// Applies one message of the leader at `epoch`; returns the position
     /// to acknowledge once durable, if any.
     fn on_message(&self, epoch: u64, msg: Msg) -> Result<Option<u64>, String> {
-        let _g = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
         let app = self.app()?;
         let store: &Store = &app.store;
         if msg.epoch() != epoch || self.epoch.load(Ordering::Acquire) != epoch {
@@ -228,7 +237,7 @@ impl Standby {
                 store.clear();
                 Ok(None)
             }
-            Msg::SnapshotPart { records, .. } => apply(store, &records).map(|()| None),
+            Msg::SnapshotPart { records, .. } => apply(store, &records, &mut holds).map(|()| None),
             Msg::SnapshotEnd { upto, .. } => {
                 self.position.store(upto, Ordering::Release);
                 self.caught_up.store(true, Ordering::Release);
@@ -248,7 +257,7 @@ impl Standby {
                 if clear {
                     store.clear();
                 }
-                if let Err(e) = apply(store, &records) {
+                if let Err(e) = apply(store, &records, &mut holds) {
                     self.caught_up.store(false, Ordering::Release);
                     return Err(e);
                 }
@@ -284,12 +293,49 @@ fn acknowledge(app: &Weak<App>, rx: crossbeam_channel::Receiver<u64>, mut wr: Bu
     }
 }
 
-/// Applies codec-encoded records to `store` (each forces a page's state).
-pub fn apply(store: &Store, records: &[u8]) -> Result<(), String> {
-    store.replay_batch(|| apply_records(store, records))
+/// When each page was last unbound by a replayed record, as the tick until
+/// which a promoted standby holds it back (0: never). One `u32` per page of
+/// each rank that had an unbind: bounded by the ranks' sizes, O(1) per
+/// unbind.
+#[derive(Default)]
+pub struct Holds {
+    until: std::collections::HashMap<u32, Vec<u32>>,
 }
 
-fn apply_records(store: &Store, records: &[u8]) -> Result<(), String> {
+impl Holds {
+    /// Notes that `page` of `rank` (of `num_pages` pages) was unbound: held
+    /// until tick `until` if promoted meanwhile.
+    fn note(&mut self, rank: u32, page: u32, num_pages: u32, until: u32) {
+        let v = self.until.entry(rank).or_insert_with(|| vec![0; num_pages as usize]);
+        if let Some(slot) = v.get_mut(page as usize) {
+            *slot = until;
+        }
+    }
+
+    /// Holds back, in `store`, every page still within its hold; returns
+    /// how many were held.
+    pub fn apply(&self, store: &Store) -> u64 {
+        let now = store.now();
+        let mut held = 0;
+        for (&rank, pages) in &self.until {
+            for (page, &until) in pages.iter().enumerate() {
+                if until > now && store.hold_free_page(rank, page as u32, until) {
+                    held += 1;
+                }
+            }
+        }
+        held
+    }
+}
+
+/// Applies codec-encoded records to `store` (each forces a page's state),
+/// noting unbinds in `holds`.
+pub fn apply(store: &Store, records: &[u8], holds: &mut Holds) -> Result<(), String> {
+    store.replay_batch(|| apply_records(store, records, holds))
+}
+
+fn apply_records(store: &Store, records: &[u8], holds: &mut Holds) -> Result<(), String> {
+    let until = store.now().saturating_add(store.config().read_lease.0).saturating_add(1);
     let mut err = None;
     let mut hex = [0u8; codec::KEY_BUF];
     codec::decode_log(records, |r| {
@@ -301,7 +347,11 @@ fn apply_records(store: &Store, records: &[u8]) -> Result<(), String> {
             Record::Bind { rank, page, binding } => {
                 store.replay_bind(rank, page, codec::key_str(&binding.key, &mut hex), binding.world)
             }
-            Record::Unbind { rank, page } => store.replay_unbind(rank, page),
+            Record::Unbind { rank, page } => store.replay_unbind(rank, page).map(|unbound| {
+                if unbound {
+                    holds.note(rank, page, store.rank_size(rank).unwrap_or(0), until);
+                }
+            }),
         };
         err = done.err();
     })
