@@ -9,8 +9,9 @@
 //! Run: `cargo bench --bench metrics`. Figures in perf/RESULTS.md.
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use hf3fs_meta::core::Dialect;
 use hf3fs_meta::metrics::{Endpoint, Metrics};
-use hf3fs_meta::routes::{Dialect, Op, RouteId};
+use hf3fs_meta::routes::{Op, RouteId};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 

@@ -4,6 +4,8 @@
 //! existing launch script only changes the program it starts. Every flag has
 //! an environment variable (`HF3FS_META_*`); the flag wins when both are set.
 
+use crate::durable::FsyncMode;
+use clap::builder::PossibleValue;
 use clap::{Parser, ValueEnum};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -18,16 +20,25 @@ pub enum LogFormat {
     Json,
 }
 
-/// When a durable confirm counts as done (only with `--data-dir`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FsyncMode {
-    /// Every acknowledged request is on disk (fsync before the answer).
-    Always,
-    /// Group commit: requests are acknowledged once their batch is written;
-    /// the batch is fsynced every few milliseconds.
-    Batch,
-    /// Written, never fsynced by us: the OS decides when.
-    None,
+/// `--fsync`'s values: the durable layer's [`FsyncMode`], named for the
+/// command line here so that `durable` knows nothing of clap.
+impl ValueEnum for FsyncMode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[FsyncMode::Always, FsyncMode::Batch, FsyncMode::None]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(match self {
+            FsyncMode::Always => {
+                PossibleValue::new("always").help("Every acknowledged request is on disk (fsync before the answer)")
+            }
+            FsyncMode::Batch => PossibleValue::new("batch").help(
+                "Group commit: requests are acknowledged once their batch is written; the batch is fsynced every \
+                 few milliseconds",
+            ),
+            FsyncMode::None => PossibleValue::new("none").help("Written, never fsynced by us: the OS decides when"),
+        })
+    }
 }
 
 /// What a full rank does.

@@ -6,6 +6,8 @@
 //! - [`core`]: the metadata state and its operations; knows nothing of HTTP.
 //! - [`durable`]: optional on-disk copy of the state (`--data-dir`), recovery.
 //! - [`http`]: accept, parse, route, encode; no business rules.
+//! - [`maintain`]: the background passes over every page space (expiry,
+//!   eviction, quarantine), started with the server by [`serve`].
 //! - [`config`]: the command line, parsed once.
 //! - [`ha`]: high availability on etcd: election, the request gate, the relay.
 //! - [`metrics`]: counters and histograms, Prometheus text.
@@ -28,11 +30,12 @@ pub use hf3fs_meta_core as core;
 pub mod durable;
 pub mod ha;
 pub mod http;
+pub mod maintain;
 pub mod metrics;
 pub mod routes;
 
 use crate::config::{Config, LogFormat};
-use crate::core::{Spaces, SpacesConfig, Store, StoreConfig};
+use crate::core::{Dialect, Registry, Spaces, SpacesConfig, Store, StoreConfig};
 use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -41,12 +44,10 @@ use std::sync::Arc;
 pub struct App {
     /// The effective configuration.
     pub cfg: Config,
-    /// The metadata state of vLLM's dialect: one page space whose keys span
-    /// its ranks (shared with the durable writer, which snapshots it to
-    /// recover from a disk fault).
-    pub store: Arc<Store>,
-    /// SGLang's page spaces, one per `(rank, namespace)`, apart from `store`.
-    pub spaces: Spaces,
+    /// The metadata state: every page space, vLLM's one store (shared with
+    /// its durable writer, which snapshots it to recover from a disk fault)
+    /// and SGLang's spaces, one per `(rank, namespace)`.
+    pub registry: Registry,
     /// The server's counters.
     pub metrics: Metrics,
     /// Durability, when `--data-dir` is set (see [`App::open`]): vLLM's
@@ -64,11 +65,11 @@ impl App {
     /// ignored: use [`App::open`]).
     pub fn new(cfg: Config) -> Self {
         let store = Arc::new(Store::new(Self::store_config(&cfg)));
-        let spaces = Self::spaces(&cfg, &store);
+        let spaces = Spaces::new(Self::spaces_config(&cfg), store.clock());
+        let registry = Registry::new(store, spaces);
         Self {
             cfg,
-            store,
-            spaces,
+            registry,
             metrics: Metrics::default(),
             durable: None,
             ha: None,
@@ -88,18 +89,17 @@ impl App {
             durable::Durable::open_opts(&dir, cfg.fsync, Self::store_config(&cfg), opts.clone())?;
         let (spaces, sglang, space_recovered) =
             durable::spaces::open(&dir, cfg.fsync, Self::spaces_config(&cfg), store.clock(), opts)?;
+        let registry = Registry::new(store, spaces);
         // Readers may hold leases from before the restart, which were not
-        // persisted: evict nothing for one lease period.
-        if recovered.bindings > 0 {
-            store.hold_eviction_for_a_lease();
-        }
-        if space_recovered.bindings > 0 {
-            spaces.hold_eviction_for_a_lease();
-        }
+        // persisted: a dialect whose store brought keys back evicts nothing
+        // for one lease period.
+        registry.hold_eviction_for_a_lease(|d| match d {
+            Dialect::Vllm => recovered.bindings > 0,
+            Dialect::Sglang => space_recovered.bindings > 0,
+        });
         Ok(Self {
             cfg,
-            store,
-            spaces,
+            registry,
             metrics: Metrics::default(),
             durable: Some(durable::Durability { vllm, sglang }),
             ha: None,
@@ -116,11 +116,6 @@ impl App {
 
     fn spaces_config(cfg: &Config) -> SpacesConfig {
         SpacesConfig { max_spaces: cfg.max_spaces, store: Self::store_config(cfg) }
-    }
-
-    /// SGLang's spaces in memory, timed by `store`'s clock.
-    fn spaces(cfg: &Config, store: &Store) -> Spaces {
-        Spaces::new(Self::spaces_config(cfg), store.clock())
     }
 
     fn store_config(cfg: &Config) -> StoreConfig {
@@ -163,6 +158,15 @@ impl App {
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
     }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves, with the
+/// background passes over its page spaces running beside it ([`maintain`]);
+/// returns once every connection has drained ([`http::serve`]).
+pub async fn serve(app: Arc<App>, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()>) {
+    let passes = maintain::start(&app);
+    http::serve(app, listener, shutdown).await;
+    drop(passes);
 }
 
 /// Installs the global tracing subscriber: `RUST_LOG` when set, else

@@ -106,7 +106,7 @@ fn main() -> ExitCode {
         if cfg.eviction == Eviction::Clock && cfg.read_lease == 0 {
             tracing::warn!(
                 "--eviction clock with --read-lease 0: nothing protects a reader or a re-save from eviction; a page \
-                 located or handed out again may go to another key at once (README, \"Eviction and read leases\")"
+                 located or handed out again may go to another key at once (docs/eviction.md)"
             );
         }
         let shutdown = match start_election(&app).await {
@@ -116,7 +116,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        http::serve(app.clone(), listener, shutdown).await;
+        hf3fs_meta::serve(app.clone(), listener, shutdown).await;
         if let Err(e) = app.close() {
             tracing::error!("durable store did not close cleanly: {e}");
             return ExitCode::FAILURE;

@@ -14,10 +14,10 @@
 //! scrape that reads one shard slightly before another only sees a slightly
 //! older total, which Prometheus tolerates by design.
 
-use crate::core::{ErrorCode, EvictStats, Footprint, LeaseStats, SpaceStats, Stats};
-use crate::routes::{Dialect, RouteId, Spec, ROUTES};
+use crate::core::{Dialect, ErrorCode, RankPages, SpaceLabel, SpaceReport};
+use crate::routes::{RouteId, Spec, ROUTES};
 use crossbeam_utils::CachePadded;
-use std::fmt::Write as _;
+use std::fmt::{Display, Write as _};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -51,21 +51,16 @@ impl Endpoint {
 
     /// The `dialect` label value (`none` for requests no route took).
     pub fn dialect(self) -> &'static str {
-        self.spec().map_or("none", |s| s.dialect.label())
-    }
-
-    /// `dialect="…",endpoint="…"`: the labels of every request series.
-    fn labels(self) -> String {
-        format!("dialect=\"{}\",endpoint=\"{}\"", self.dialect(), self.label())
+        self.spec().map_or("none", Spec::dialect_label)
     }
 }
 
 /// The client families whose requests change pages, each with its own
 /// series of outcome counters.
-const DATA_DIALECTS: [Dialect; 2] = [Dialect::Vllm, Dialect::Sglang];
+const DATA_DIALECTS: [Dialect; 2] = Dialect::ALL;
 
 fn dialect_slot(d: Dialect) -> usize {
-    usize::from(d == Dialect::Sglang)
+    d.index()
 }
 
 const ENDPOINTS: usize = ROUTES.len() + 1;
@@ -123,36 +118,6 @@ impl Default for Shard {
 fn add(c: &AtomicU64, n: u64) {
     // Relaxed: independent monotonic counters (see the module note).
     c.fetch_add(n, Ordering::Relaxed);
-}
-
-fn sum(shards: &[CachePadded<Shard>], f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
-    shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
-}
-
-/// Writes one endpoint's series of a histogram: cumulative buckets (`bounds`
-/// then `+Inf`; `counts` has one more entry than `bounds`), `_sum`, `_count`.
-/// Nothing for an endpoint that never recorded.
-fn histogram(
-    o: &mut String,
-    name: &str,
-    ep: Endpoint,
-    bounds: impl Iterator<Item = String>,
-    counts: &[u64],
-    total_sum: &str,
-) {
-    let total: u64 = counts.iter().sum();
-    if total == 0 {
-        return;
-    }
-    let labels = ep.labels();
-    let mut cum = 0;
-    for (le, n) in bounds.zip(counts) {
-        cum += n;
-        let _ = writeln!(o, "hf3fs_meta_{name}_bucket{{{labels},le=\"{le}\"}} {cum}");
-    }
-    let _ = writeln!(o, "hf3fs_meta_{name}_bucket{{{labels},le=\"+Inf\"}} {total}");
-    let _ = writeln!(o, "hf3fs_meta_{name}_sum{{{labels}}} {total_sum}");
-    let _ = writeln!(o, "hf3fs_meta_{name}_count{{{labels}}} {total}");
 }
 
 /// Shards: enough that worker threads rarely share one.
@@ -264,189 +229,339 @@ impl Metrics {
         self.started.elapsed()
     }
 
-    /// Renders every metric in the Prometheus text exposition format (0.0.4).
-    /// `stats` to `leases` describe vLLM's store; `spaces` SGLang's spaces.
-    pub fn render(
-        &self,
-        stats: &Stats,
-        footprint: &Footprint,
-        evict: &EvictStats,
-        leases: &LeaseStats,
-        spaces: &[SpaceStats],
-    ) -> String {
-        let sh = &self.shards[..];
+    /// Renders every metric in the Prometheus text exposition format
+    /// (0.0.4): the counters, and `spaces`, the registry's report of every
+    /// page space ([`crate::core::Registry::report`]).
+    pub fn render(&self, spaces: &[SpaceReport]) -> String {
+        let scrape = Scrape { m: self, spaces };
         let mut o = String::with_capacity(16 * 1024);
-        let head = |o: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(o, "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}");
-        };
+        for (family, source) in &FAMILIES {
+            let mut w = Samples::start(&mut o, family);
+            source.write(&scrape, &mut w);
+        }
+        o
+    }
 
-        head(&mut o, "requests_total", "counter", "Requests answered, by dialect, endpoint and status code.");
-        for ep in Endpoint::all() {
-            for (j, st) in STATUSES.iter().enumerate() {
-                let n = sum(sh, |s| &s.requests[ep.0][j]);
-                if n > 0 {
-                    let st = if *st == 0 { "other".to_string() } else { st.to_string() };
-                    let _ = writeln!(o, "hf3fs_meta_requests_total{{{},status=\"{st}\"}} {n}", ep.labels());
+    fn sum(&self, f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
+        self.shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
+    }
+}
+
+/// What a scrape reads: the counters and the registry's report.
+struct Scrape<'a> {
+    m: &'a Metrics,
+    spaces: &'a [SpaceReport],
+}
+
+impl Scrape<'_> {
+    /// vLLM's page space (every registry has one; a report without it reads
+    /// as empty).
+    fn vllm(&self, f: fn(&SpaceReport) -> u64) -> u64 {
+        self.spaces.iter().find(|s| s.label == SpaceLabel::Vllm).map_or(0, f)
+    }
+
+    /// Every entry of `dialect` (a rank of vLLM's space, or an SGLang
+    /// space's one rank) with its space, in the registry's order.
+    fn entries(&self, dialect: Dialect) -> impl Iterator<Item = (&SpaceReport, &RankPages)> {
+        self.spaces
+            .iter()
+            .filter(move |s| s.label.dialect() == dialect)
+            .flat_map(|s| s.ranks.iter().map(move |p| (s, p)))
+    }
+}
+
+/// A metric family: its name (after `hf3fs_meta_`), type and help text.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+}
+
+const fn counter(name: &'static str, help: &'static str) -> Family {
+    Family { name, kind: "counter", help }
+}
+
+const fn gauge(name: &'static str, help: &'static str) -> Family {
+    Family { name, kind: "gauge", help }
+}
+
+const fn histogram(name: &'static str, help: &'static str) -> Family {
+    Family { name, kind: "histogram", help }
+}
+
+/// The one series writer: a family's `# HELP` and `# TYPE` lines, then its
+/// samples, each `hf3fs_meta_<name>[suffix]{labels} value`.
+struct Samples<'o> {
+    o: &'o mut String,
+    name: &'static str,
+}
+
+/// A sample's labels, in order: name and value (escaped when written).
+type SampleLabels<'a> = [(&'static str, &'a dyn Display)];
+
+impl<'o> Samples<'o> {
+    fn start(o: &'o mut String, f: &Family) -> Self {
+        let _ = writeln!(o, "# HELP hf3fs_meta_{0} {1}\n# TYPE hf3fs_meta_{0} {2}", f.name, f.help, f.kind);
+        Samples { o, name: f.name }
+    }
+
+    fn put(&mut self, labels: &SampleLabels<'_>, value: impl Display) {
+        self.put_suffixed("", labels, value);
+    }
+
+    fn put_suffixed(&mut self, suffix: &str, labels: &SampleLabels<'_>, value: impl Display) {
+        let _ = write!(self.o, "hf3fs_meta_{}{suffix}", self.name);
+        for (i, (name, v)) in labels.iter().enumerate() {
+            let _ = write!(self.o, "{}{name}=\"{}\"", if i == 0 { '{' } else { ',' }, label_value(&v.to_string()));
+        }
+        let close = if labels.is_empty() { "" } else { "}" };
+        let _ = writeln!(self.o, "{close} {value}");
+    }
+
+    /// One endpoint's series of a histogram: cumulative buckets (`bounds`
+    /// then `+Inf`; `counts` has one more entry than `bounds`), `_sum`,
+    /// `_count`. Nothing for an endpoint that never recorded.
+    fn histogram(&mut self, ep: Endpoint, bounds: impl Iterator<Item = String>, counts: &[u64], sum: impl Display) {
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return;
+        }
+        let (d, e) = (ep.dialect(), ep.label());
+        let mut cum = 0;
+        for (le, n) in bounds.zip(counts) {
+            cum += n;
+            self.put_suffixed("_bucket", &[("dialect", &d), ("endpoint", &e), ("le", &le)], cum);
+        }
+        self.put_suffixed("_bucket", &[("dialect", &d), ("endpoint", &e), ("le", &"+Inf")], total);
+        self.put_suffixed("_sum", &[("dialect", &d), ("endpoint", &e)], sum);
+        self.put_suffixed("_count", &[("dialect", &d), ("endpoint", &e)], total);
+    }
+}
+
+/// Where a family's samples come from.
+enum Source {
+    /// One unlabelled value of vLLM's page space.
+    Vllm(fn(&SpaceReport) -> u64),
+    /// A time in nanoseconds of vLLM's page space, written in seconds.
+    VllmSeconds(fn(&SpaceReport) -> u64),
+    /// One value per entry of the dialect, labelled as the registry names
+    /// it: `rank`, and `namespace` for SGLang's.
+    Entry(Dialect, fn(&SpaceReport, &RankPages) -> u64),
+    /// Each entry's pages by state ([`RankPages::by_state`], the meanings of
+    /// `/stats`), labelled as [`Source::Entry`] plus `state`.
+    States(Dialect),
+    /// Anything else.
+    Other(fn(&Scrape<'_>, &mut Samples<'_>)),
+}
+
+impl Source {
+    fn write(&self, s: &Scrape<'_>, w: &mut Samples<'_>) {
+        match *self {
+            Source::Vllm(f) => w.put(&[], s.vllm(f)),
+            Source::VllmSeconds(f) => w.put(&[], s.vllm(f) as f64 / 1e9),
+            Source::Entry(d, f) => {
+                for (space, p) in s.entries(d) {
+                    let l = space.label.labels(p.rank);
+                    match l.namespace {
+                        None => w.put(&[("rank", &l.rank)], f(space, p)),
+                        Some(ns) => w.put(&[("rank", &l.rank), ("namespace", &ns)], f(space, p)),
+                    }
                 }
             }
-        }
-
-        head(&mut o, "request_duration_seconds", "histogram", "Time from request headers to response, by endpoint.");
-        for ep in Endpoint::all() {
-            let e = ep.0;
-            let counts: Vec<u64> = (0..=LATENCY_US.len()).map(|b| sum(sh, |s| &s.latency[e][b])).collect();
-            let bounds = LATENCY_US.iter().map(|&us| (us as f64 / 1e6).to_string());
-            let secs = sum(sh, |s| &s.latency_sum_ns[e]) as f64 / 1e9;
-            histogram(&mut o, "request_duration_seconds", ep, bounds, &counts, &secs.to_string());
-        }
-
-        head(&mut o, "request_keys", "histogram", "Keys (or confirmations plus releases) per request, by endpoint.");
-        for ep in Endpoint::all() {
-            let e = ep.0;
-            let counts: Vec<u64> = (0..=KEYS.len()).map(|b| sum(sh, |s| &s.keys[e][b])).collect();
-            let bounds = KEYS.iter().map(u64::to_string);
-            histogram(&mut o, "request_keys", ep, bounds, &counts, &sum(sh, |s| &s.keys_sum[e]).to_string());
-        }
-
-        head(&mut o, "confirm_errors_total", "counter", "Typed confirm_write errors (500s), by dialect and code.");
-        for (d, dialect) in DATA_DIALECTS.iter().enumerate() {
-            for (i, code) in ErrorCode::ALL.iter().enumerate() {
-                let _ = writeln!(
-                    o,
-                    "hf3fs_meta_confirm_errors_total{{dialect=\"{}\",code=\"{}\"}} {}",
-                    dialect.label(),
-                    code.as_str(),
-                    sum(sh, |s| &s.errors[d][i])
-                );
+            Source::States(d) => {
+                for (space, p) in s.entries(d) {
+                    let l = space.label.labels(p.rank);
+                    for (state, n) in p.by_state() {
+                        match l.namespace {
+                            None => w.put(&[("rank", &l.rank), ("state", &state)], n),
+                            Some(ns) => w.put(&[("rank", &l.rank), ("namespace", &ns), ("state", &state)], n),
+                        }
+                    }
+                }
             }
+            Source::Other(f) => f(s, w),
         }
+    }
+}
 
-        head(
-            &mut o,
-            "confirm_pages_total",
-            "counter",
-            "Pages handled by successful confirm_write requests, by outcome.",
-        );
-        for (d, dialect) in DATA_DIALECTS.iter().enumerate() {
-            for (i, name) in CONFIRM_OUTCOMES.iter().enumerate() {
-                let _ = writeln!(
-                    o,
-                    "hf3fs_meta_confirm_pages_total{{dialect=\"{}\",outcome=\"{name}\"}} {}",
-                    dialect.label(),
-                    sum(sh, |s| &s.confirm_pages[d][i])
-                );
+/// Every family `/metrics` exports, in the order of the page.
+static FAMILIES: [(Family, Source); 37] = [
+    (
+        counter("requests_total", "Requests answered, by dialect, endpoint and status code."),
+        Source::Other(|s, w| {
+            for ep in Endpoint::all() {
+                for (j, st) in STATUSES.iter().enumerate() {
+                    let n = s.m.sum(|sh| &sh.requests[ep.0][j]);
+                    if n > 0 {
+                        let st = if *st == 0 { "other".to_string() } else { st.to_string() };
+                        w.put(&[("dialect", &ep.dialect()), ("endpoint", &ep.label()), ("status", &st)], n);
+                    }
+                }
             }
-        }
-
-        head(
-            &mut o,
+        }),
+    ),
+    (
+        histogram("request_duration_seconds", "Time from request headers to response, by endpoint."),
+        Source::Other(|s, w| {
+            for ep in Endpoint::all() {
+                let e = ep.0;
+                let counts: Vec<u64> = (0..=LATENCY_US.len()).map(|b| s.m.sum(|sh| &sh.latency[e][b])).collect();
+                let bounds = LATENCY_US.iter().map(|&us| (us as f64 / 1e6).to_string());
+                w.histogram(ep, bounds, &counts, s.m.sum(|sh| &sh.latency_sum_ns[e]) as f64 / 1e9);
+            }
+        }),
+    ),
+    (
+        histogram("request_keys", "Keys (or confirmations plus releases) per request, by endpoint."),
+        Source::Other(|s, w| {
+            for ep in Endpoint::all() {
+                let e = ep.0;
+                let counts: Vec<u64> = (0..=KEYS.len()).map(|b| s.m.sum(|sh| &sh.keys[e][b])).collect();
+                w.histogram(ep, KEYS.iter().map(u64::to_string), &counts, s.m.sum(|sh| &sh.keys_sum[e]));
+            }
+        }),
+    ),
+    (
+        counter("confirm_errors_total", "Typed confirm_write errors (500s), by dialect and code."),
+        Source::Other(|s, w| {
+            for (d, dialect) in DATA_DIALECTS.iter().enumerate() {
+                for (i, code) in ErrorCode::ALL.iter().enumerate() {
+                    let n = s.m.sum(|sh| &sh.errors[d][i]);
+                    w.put(&[("dialect", &dialect.label()), ("code", &code.as_str())], n);
+                }
+            }
+        }),
+    ),
+    (
+        counter("confirm_pages_total", "Pages handled by successful confirm_write requests, by outcome."),
+        Source::Other(|s, w| outcomes(s, w, &CONFIRM_OUTCOMES, |sh, d, i| &sh.confirm_pages[d][i])),
+    ),
+    (
+        counter(
             "allocate_keys_total",
-            "counter",
             "Keys answered by batch_allocate (vLLM) and reserve_and_allocate_page_indices (SGLang): \
              a fresh page, the page already bound, or -1.",
-        );
-        for (d, dialect) in DATA_DIALECTS.iter().enumerate() {
-            for (i, name) in ALLOCATE_OUTCOMES.iter().enumerate() {
-                let _ = writeln!(
-                    o,
-                    "hf3fs_meta_allocate_keys_total{{dialect=\"{}\",outcome=\"{name}\"}} {}",
-                    dialect.label(),
-                    sum(sh, |s| &s.allocate_keys[d][i])
-                );
-            }
-        }
-        head(
-            &mut o,
+        ),
+        Source::Other(|s, w| outcomes(s, w, &ALLOCATE_OUTCOMES, |sh, d, i| &sh.allocate_keys[d][i])),
+    ),
+    (
+        counter(
             "delete_keys_total",
-            "counter",
             "Keys unbound by SGLang's delete_keys; quarantined: of those, pages held back under a read lease.",
-        );
-        for (i, name) in DELETE_OUTCOMES.iter().enumerate() {
-            let _ = writeln!(
-                o,
-                "hf3fs_meta_delete_keys_total{{dialect=\"sglang\",outcome=\"{name}\"}} {}",
-                sum(sh, |s| &s.delete_keys[i])
-            );
-        }
-
-        head(&mut o, "rank_pages", "gauge", "Pages per rank, by state.");
-        for r in &stats.ranks {
-            let c = r.counts;
-            for (state, n) in [("free", c.free), ("reserved", c.reserved), ("bound", c.bound)] {
-                let _ = writeln!(o, "hf3fs_meta_rank_pages{{rank=\"{}\",state=\"{state}\"}} {n}", r.rank);
+        ),
+        Source::Other(|s, w| {
+            for (i, name) in DELETE_OUTCOMES.iter().enumerate() {
+                w.put(&[("dialect", &"sglang"), ("outcome", name)], s.m.sum(|sh| &sh.delete_keys[i]));
             }
+        }),
+    ),
+    (gauge("rank_pages", "Pages per rank, by state."), Source::States(Dialect::Vllm)),
+    (
+        gauge("rank_size_pages", "num_pages of each initialized rank."),
+        Source::Entry(Dialect::Vllm, |_, p| p.num_pages.into()),
+    ),
+    (gauge("ranks", "Initialized ranks."), Source::Vllm(|s| s.ranks.len() as u64)),
+    (gauge("keys", "Keys stored on at least one rank."), Source::Vllm(|s| s.keys)),
+    (
+        gauge("complete_keys", "Keys stored on every rank of their world (batch_exists answers true)."),
+        Source::Vllm(|s| s.complete_keys),
+    ),
+    (
+        gauge("index_slots", "Slots of the key index's tables, used or not (4 bytes each for vLLM's keys)."),
+        Source::Vllm(|s| s.footprint.index_slots),
+    ),
+    (
+        counter("reservations_expired_total", "Reserved pages returned to the pool by --reservation-ttl."),
+        Source::Vllm(|s| s.expired),
+    ),
+    (
+        counter("evictions_total", "Keys evicted (every rank of each), by what evicted them."),
+        Source::Other(|s, w| {
+            w.put(&[("reason", &"watermark")], s.vllm(|r| r.evict.keys_watermark));
+            w.put(&[("reason", &"allocate")], s.vllm(|r| r.evict.keys_allocate));
+        }),
+    ),
+    (counter("pages_evicted_total", "Pages freed by evictions, over every rank."), Source::Vllm(|s| s.evict.pages)),
+    (
+        counter("quarantine_freed_total", "Pages released under a read lease and freed once it passed."),
+        Source::Vllm(|s| s.evict.quarantine_freed),
+    ),
+    (
+        gauge("rank_quarantined_pages", "Released pages held back until a read lease passes, per rank."),
+        Source::Entry(Dialect::Vllm, |_, p| p.quarantined),
+    ),
+    (gauge("leased_keys", "Keys under a read lease now."), Source::Vllm(|s| s.leased_keys)),
+    (
+        gauge("rank_leased_pages", "Pages of keys under a read lease, per rank."),
+        Source::Entry(Dialect::Vllm, |_, p| p.leased),
+    ),
+    (
+        gauge("rank_evictable_pages", "Bound pages of keys the evictor may take now, per rank."),
+        Source::Entry(Dialect::Vllm, |_, p| p.evictable),
+    ),
+    (counter("evictor_passes_total", "Background eviction passes run."), Source::Vllm(|s| s.evict.passes)),
+    (
+        counter("evictor_pass_seconds_total", "Time spent in background eviction passes."),
+        Source::VllmSeconds(|s| s.evict.pass_nanos),
+    ),
+    (
+        gauge("evictor_pass_max_seconds", "The longest background eviction pass so far."),
+        Source::VllmSeconds(|s| s.evict.pass_max_nanos),
+    ),
+    (
+        gauge("spaces", "SGLang page spaces (one per rank and namespace)."),
+        Source::Other(|s, w| w.put(&[], s.entries(Dialect::Sglang).count())),
+    ),
+    (gauge("space_pages", "Pages per SGLang space, by state."), Source::States(Dialect::Sglang)),
+    (
+        gauge("space_size_pages", "num_pages of each SGLang space."),
+        Source::Entry(Dialect::Sglang, |_, p| p.num_pages.into()),
+    ),
+    (gauge("space_keys", "Keys stored per SGLang space."), Source::Entry(Dialect::Sglang, |s, _| s.keys)),
+    (
+        gauge("space_leased_pages", "Pages of keys under a read lease, per SGLang space."),
+        Source::Entry(Dialect::Sglang, |_, p| p.leased),
+    ),
+    (
+        gauge("space_evictable_pages", "Bound pages the evictor may take now, per SGLang space."),
+        Source::Entry(Dialect::Sglang, |_, p| p.evictable),
+    ),
+    (
+        gauge("space_quarantined_pages", "Released or deleted pages held back under a read lease."),
+        Source::Entry(Dialect::Sglang, |_, p| p.quarantined),
+    ),
+    (
+        counter("space_evicted_keys_total", "Keys evicted per SGLang space."),
+        Source::Entry(Dialect::Sglang, |s, _| s.evicted_keys()),
+    ),
+    (
+        counter("space_reservations_expired_total", "Reserved pages returned by --reservation-ttl."),
+        Source::Entry(Dialect::Sglang, |s, _| s.expired),
+    ),
+    (
+        gauge("open_connections", "Client connections open now."),
+        Source::Other(|s, w| w.put(&[], s.m.open_connections())),
+    ),
+    (
+        counter("connections_total", "Client connections accepted."),
+        Source::Other(|s, w| w.put(&[], s.m.connections_total.load(Ordering::Relaxed))),
+    ),
+    (
+        gauge("uptime_seconds", "Seconds since the server started."),
+        Source::Other(|s, w| w.put(&[], s.m.uptime().as_secs_f64())),
+    ),
+    (
+        gauge("build_info", "Always 1; the version is a label."),
+        Source::Other(|_, w| w.put(&[("version", &env!("CARGO_PKG_VERSION"))], 1)),
+    ),
+];
+
+/// A per-dialect outcome counter: one series per dialect and outcome.
+fn outcomes(s: &Scrape<'_>, w: &mut Samples<'_>, names: &[&str], c: fn(&Shard, usize, usize) -> &AtomicU64) {
+    for (d, dialect) in DATA_DIALECTS.iter().enumerate() {
+        for (i, name) in names.iter().enumerate() {
+            w.put(&[("dialect", &dialect.label()), ("outcome", name)], s.m.sum(|sh| c(sh, d, i)));
         }
-        head(&mut o, "rank_size_pages", "gauge", "num_pages of each initialized rank.");
-        for r in &stats.ranks {
-            let _ = writeln!(o, "hf3fs_meta_rank_size_pages{{rank=\"{}\"}} {}", r.rank, r.num_pages);
-        }
-        head(&mut o, "ranks", "gauge", "Initialized ranks.");
-        let _ = writeln!(o, "hf3fs_meta_ranks {}", stats.ranks.len());
-        head(&mut o, "keys", "gauge", "Keys stored on at least one rank.");
-        let _ = writeln!(o, "hf3fs_meta_keys {}", stats.keys);
-        head(&mut o, "complete_keys", "gauge", "Keys stored on every rank of their world (batch_exists answers true).");
-        let _ = writeln!(o, "hf3fs_meta_complete_keys {}", stats.complete_keys);
-        head(
-            &mut o,
-            "index_slots",
-            "gauge",
-            "Slots of the key index's tables, used or not (4 bytes each for vLLM's keys).",
-        );
-        let _ = writeln!(o, "hf3fs_meta_index_slots {}", footprint.index_slots);
-        head(
-            &mut o,
-            "reservations_expired_total",
-            "counter",
-            "Reserved pages returned to the pool by --reservation-ttl.",
-        );
-        let _ = writeln!(o, "hf3fs_meta_reservations_expired_total {}", stats.expired);
-        head(&mut o, "evictions_total", "counter", "Keys evicted (every rank of each), by what evicted them.");
-        let _ = writeln!(o, "hf3fs_meta_evictions_total{{reason=\"watermark\"}} {}", evict.keys_watermark);
-        let _ = writeln!(o, "hf3fs_meta_evictions_total{{reason=\"allocate\"}} {}", evict.keys_allocate);
-        head(&mut o, "pages_evicted_total", "counter", "Pages freed by evictions, over every rank.");
-        let _ = writeln!(o, "hf3fs_meta_pages_evicted_total {}", evict.pages);
-        head(
-            &mut o,
-            "quarantine_freed_total",
-            "counter",
-            "Pages released under a read lease and freed once it passed.",
-        );
-        let _ = writeln!(o, "hf3fs_meta_quarantine_freed_total {}", evict.quarantine_freed);
-        head(
-            &mut o,
-            "rank_quarantined_pages",
-            "gauge",
-            "Released pages held back until a read lease passes, per rank.",
-        );
-        for r in &stats.ranks {
-            let _ = writeln!(o, "hf3fs_meta_rank_quarantined_pages{{rank=\"{}\"}} {}", r.rank, r.quarantined);
-        }
-        head(&mut o, "leased_keys", "gauge", "Keys under a read lease now.");
-        let _ = writeln!(o, "hf3fs_meta_leased_keys {}", leases.leased_keys);
-        head(&mut o, "rank_leased_pages", "gauge", "Pages of keys under a read lease, per rank.");
-        for &(r, leased, _) in &leases.ranks {
-            let _ = writeln!(o, "hf3fs_meta_rank_leased_pages{{rank=\"{r}\"}} {leased}");
-        }
-        head(&mut o, "rank_evictable_pages", "gauge", "Bound pages of keys the evictor may take now, per rank.");
-        for &(r, _, evictable) in &leases.ranks {
-            let _ = writeln!(o, "hf3fs_meta_rank_evictable_pages{{rank=\"{r}\"}} {evictable}");
-        }
-        head(&mut o, "evictor_passes_total", "counter", "Background eviction passes run.");
-        let _ = writeln!(o, "hf3fs_meta_evictor_passes_total {}", evict.passes);
-        head(&mut o, "evictor_pass_seconds_total", "counter", "Time spent in background eviction passes.");
-        let _ = writeln!(o, "hf3fs_meta_evictor_pass_seconds_total {}", evict.pass_nanos as f64 / 1e9);
-        head(&mut o, "evictor_pass_max_seconds", "gauge", "The longest background eviction pass so far.");
-        let _ = writeln!(o, "hf3fs_meta_evictor_pass_max_seconds {}", evict.pass_max_nanos as f64 / 1e9);
-        render_spaces(&mut o, spaces);
-        head(&mut o, "open_connections", "gauge", "Client connections open now.");
-        let _ = writeln!(o, "hf3fs_meta_open_connections {}", self.open_connections());
-        head(&mut o, "connections_total", "counter", "Client connections accepted.");
-        let _ = writeln!(o, "hf3fs_meta_connections_total {}", self.connections_total.load(Ordering::Relaxed));
-        head(&mut o, "uptime_seconds", "gauge", "Seconds since the server started.");
-        let _ = writeln!(o, "hf3fs_meta_uptime_seconds {}", self.uptime().as_secs_f64());
-        head(&mut o, "build_info", "gauge", "Always 1; the version is a label.");
-        let _ = writeln!(o, "hf3fs_meta_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
-        o
     }
 }
 
@@ -458,53 +573,25 @@ fn label_value(value: &str) -> std::borrow::Cow<'_, str> {
     value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n").into()
 }
 
-/// The gauges and counters of SGLang's page spaces, each labelled by the
-/// space's `rank` and `namespace`.
-fn render_spaces(o: &mut String, spaces: &[SpaceStats]) {
-    let head = |o: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(o, "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}");
-    };
-    let names: Vec<String> = spaces
-        .iter()
-        .map(|s| format!("rank=\"{}\",namespace=\"{}\"", s.name.rank, label_value(&s.name.namespace)))
-        .collect();
-    head(o, "spaces", "gauge", "SGLang page spaces (one per rank and namespace).");
-    let _ = writeln!(o, "hf3fs_meta_spaces {}", spaces.len());
-    head(o, "space_pages", "gauge", "Pages per SGLang space, by state.");
-    for (s, l) in spaces.iter().zip(&names) {
-        let c = s.pages.counts;
-        for (state, n) in [("free", c.free), ("reserved", c.reserved + c.busy), ("bound", c.bound)] {
-            let _ = writeln!(o, "hf3fs_meta_space_pages{{{l},state=\"{state}\"}} {n}");
-        }
-    }
-    type Field = fn(&SpaceStats) -> u64;
-    let series: [(&str, &str, &str, Field); 7] = [
-        ("space_size_pages", "gauge", "num_pages of each SGLang space.", |s| s.pages.num_pages.into()),
-        ("space_keys", "gauge", "Keys stored per SGLang space.", |s| s.keys),
-        ("space_leased_pages", "gauge", "Pages of keys under a read lease, per SGLang space.", |s| s.leased_pages),
-        ("space_evictable_pages", "gauge", "Bound pages the evictor may take now, per SGLang space.", |s| {
-            s.evictable_pages
-        }),
-        ("space_quarantined_pages", "gauge", "Released or deleted pages held back under a read lease.", |s| {
-            s.pages.quarantined
-        }),
-        ("space_evicted_keys_total", "counter", "Keys evicted per SGLang space.", |s| {
-            s.evict.keys_watermark + s.evict.keys_allocate
-        }),
-        ("space_reservations_expired_total", "counter", "Reserved pages returned by --reservation-ttl.", |s| s.expired),
-    ];
-    for (name, kind, help, f) in series {
-        head(o, name, kind, help);
-        for (s, l) in spaces.iter().zip(&names) {
-            let _ = writeln!(o, "hf3fs_meta_{name}{{{l}}} {}", f(s));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routes::{Dialect, Op};
+    use crate::core::{EvictStats, Footprint, SpaceName};
+    use crate::routes::Op;
+
+    /// vLLM's page space with `keys`, `complete_keys` and `expired` as given.
+    fn vllm(keys: u64, complete_keys: u64, expired: u64, index_slots: u64) -> SpaceReport {
+        SpaceReport {
+            label: SpaceLabel::Vllm,
+            ranks: vec![],
+            keys,
+            complete_keys,
+            leased_keys: 0,
+            expired,
+            evict: EvictStats::default(),
+            footprint: Footprint { index_slots },
+        }
+    }
 
     fn exists() -> Endpoint {
         Endpoint::route(RouteId::of(Dialect::Vllm, Op::Exists).unwrap())
@@ -528,8 +615,7 @@ mod tests {
         });
         m.request(Endpoint::route(RouteId::of(Dialect::Vllm, Op::Confirm).unwrap()), 500, 3, Duration::from_millis(2));
         m.confirm_error(Dialect::Vllm, ErrorCode::DoubleConfirm);
-        let stats = Stats { ranks: vec![], keys: 5, complete_keys: 2, expired: 7 };
-        let t = m.render(&stats, &Footprint { index_slots: 8192 }, &EvictStats::default(), &LeaseStats::default(), &[]);
+        let t = m.render(&[vllm(5, 2, 7, 8192)]);
         assert_eq!(
             line(&t, "hf3fs_meta_requests_total{dialect=\"vllm\",endpoint=\"batch_exists\",status=\"200\"}"),
             Some("hf3fs_meta_requests_total{dialect=\"vllm\",endpoint=\"batch_exists\",status=\"200\"} 4000")
@@ -549,13 +635,41 @@ mod tests {
     fn unknown_status_is_other() {
         let m = Metrics::default();
         m.request(Endpoint::OTHER, 418, 0, Duration::ZERO);
-        let t = m.render(
-            &Stats { ranks: vec![], keys: 0, complete_keys: 0, expired: 0 },
-            &Footprint::default(),
-            &EvictStats::default(),
-            &LeaseStats::default(),
-            &[],
-        );
+        let t = m.render(&[vllm(0, 0, 0, 0)]);
         assert!(t.contains("hf3fs_meta_requests_total{dialect=\"none\",endpoint=\"other\",status=\"other\"} 1"));
+    }
+
+    /// Every page-count series says what `/stats` says: `reserved` counts
+    /// the BUSY pages too (a confirm in flight), in both dialects.
+    #[test]
+    fn page_states_are_the_registry_entries_own() {
+        let pages = RankPages {
+            rank: 3,
+            num_pages: 16,
+            free: 4,
+            reserved: 5,
+            bound: 7,
+            quarantined: 1,
+            leased: 2,
+            evictable: 4,
+        };
+        let mut v = vllm(0, 0, 0, 0);
+        v.ranks = vec![pages];
+        let name = SpaceName { rank: 9, namespace: "a\"b".into() };
+        let sg = SpaceReport { label: SpaceLabel::Sglang(name), ..v.clone() };
+        let t = Metrics::default().render(&[v, sg]);
+        for (state, n) in [("free", 4), ("reserved", 5), ("bound", 7)] {
+            assert!(t.contains(&format!("hf3fs_meta_rank_pages{{rank=\"3\",state=\"{state}\"}} {n}\n")), "{t}");
+            let sp = format!("hf3fs_meta_space_pages{{rank=\"9\",namespace=\"a\\\"b\",state=\"{state}\"}} {n}\n");
+            assert!(t.contains(&sp), "{t}");
+        }
+        assert!(t.contains("hf3fs_meta_rank_leased_pages{rank=\"3\"} 2\n"));
+        assert!(t.contains("hf3fs_meta_space_evictable_pages{rank=\"9\",namespace=\"a\\\"b\"} 4\n"));
+        assert!(t.contains("hf3fs_meta_spaces 1\n"));
+        assert!(t.contains("hf3fs_meta_ranks 1\n"));
+        // Every family is written once, HELP then TYPE.
+        for (f, _) in &FAMILIES {
+            assert_eq!(t.matches(&format!("# TYPE hf3fs_meta_{} ", f.name)).count(), 1, "{}", f.name);
+        }
     }
 }

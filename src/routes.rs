@@ -8,7 +8,9 @@
 //! `tests/http/ops.rs` fails while the table and the document disagree).
 //!
 //! Architecture invariant: this file is data and a matcher; it knows nothing
-//! of hyper, of the core or of JSON.
+//! of hyper or JSON, and of the core only its [`Dialect`] names.
+
+use crate::core::Dialect;
 
 /// The HTTP methods the server routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,28 +27,6 @@ impl Method {
         match self {
             Method::Get => "GET",
             Method::Post => "POST",
-        }
-    }
-}
-
-/// Which client family a route serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    /// vLLM's HF3FS connector (`/rank/…`, `/keys/…`, `/clear`).
-    Vllm,
-    /// SGLang HiCache's 3FS backend (`/{rank}/{op}`, an integer first).
-    Sglang,
-    /// The server's own operational routes (`/health`, `/metrics`, …).
-    Ops,
-}
-
-impl Dialect {
-    /// The metrics label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Dialect::Vllm => "vllm",
-            Dialect::Sglang => "sglang",
-            Dialect::Ops => "ops",
         }
     }
 }
@@ -86,8 +66,9 @@ pub struct Spec {
     /// The path; a `{rank}` segment matches one segment other than the
     /// dialect prefixes `keys` and `rank`, and is handed to the handler.
     pub path: &'static str,
-    /// The client family.
-    pub dialect: Dialect,
+    /// The client family whose page spaces the route serves; `None` for the
+    /// server's own operational routes (`/health`, `/metrics`, …).
+    pub dialect: Option<Dialect>,
     /// The handler.
     pub op: Op,
     /// The `endpoint` label of its metric series.
@@ -109,11 +90,19 @@ pub struct Spec {
     pub open: bool,
 }
 
+impl Spec {
+    /// The value of its metric series' `dialect` label: the dialect's, or
+    /// `ops` for an operational route.
+    pub fn dialect_label(&self) -> &'static str {
+        self.dialect.map_or("ops", Dialect::label)
+    }
+}
+
 /// A row with every flag off, to spread from.
 const BASE: Spec = Spec {
     method: Method::Post,
     path: "",
-    dialect: Dialect::Vllm,
+    dialect: Some(Dialect::Vllm),
     op: Op::Health,
     label: "",
     reads_body: false,
@@ -124,7 +113,7 @@ const BASE: Spec = Spec {
 };
 
 /// An SGLang row: `POST /{rank}/{op}` with a JSON body.
-const SGLANG: Spec = Spec { dialect: Dialect::Sglang, reads_body: true, ..BASE };
+const SGLANG: Spec = Spec { dialect: Some(Dialect::Sglang), reads_body: true, ..BASE };
 
 /// Every route. Literal paths come before patterns that could match them.
 pub static ROUTES: [Spec; 17] = [
@@ -187,25 +176,10 @@ pub static ROUTES: [Spec; 17] = [
     Spec { path: "/{rank}/delete_keys", op: Op::Delete, label: "delete_keys", keyed: true, durable: true, ..SGLANG },
     Spec { path: "/{rank}/clear", op: Op::Clear, label: "clear", durable: true, ..SGLANG },
     Spec { path: "/{rank}/get_page_indices", op: Op::Locations, label: "get_page_indices", keyed: true, ..SGLANG },
-    Spec { method: Method::Get, path: "/metrics", dialect: Dialect::Ops, op: Op::Metrics, label: "metrics", ..BASE },
-    Spec {
-        method: Method::Get,
-        path: "/health",
-        dialect: Dialect::Ops,
-        op: Op::Health,
-        label: "health",
-        open: true,
-        ..BASE
-    },
-    Spec { method: Method::Get, path: "/stats", dialect: Dialect::Ops, op: Op::Stats, label: "stats", ..BASE },
-    Spec {
-        method: Method::Get,
-        path: "/openapi.json",
-        dialect: Dialect::Ops,
-        op: Op::OpenApi,
-        label: "openapi",
-        ..BASE
-    },
+    Spec { method: Method::Get, path: "/metrics", dialect: None, op: Op::Metrics, label: "metrics", ..BASE },
+    Spec { method: Method::Get, path: "/health", dialect: None, op: Op::Health, label: "health", open: true, ..BASE },
+    Spec { method: Method::Get, path: "/stats", dialect: None, op: Op::Stats, label: "stats", ..BASE },
+    Spec { method: Method::Get, path: "/openapi.json", dialect: None, op: Op::OpenApi, label: "openapi", ..BASE },
 ];
 
 /// Segments a `{rank}` never matches: they name the vLLM dialect.
@@ -237,7 +211,7 @@ impl RouteId {
 
     /// The route of `op` in `dialect` (for benches and tests).
     pub fn of(dialect: Dialect, op: Op) -> Option<RouteId> {
-        RouteId::all().find(|r| r.spec().dialect == dialect && r.spec().op == op)
+        RouteId::all().find(|r| r.spec().dialect == Some(dialect) && r.spec().op == op)
     }
 }
 
@@ -329,7 +303,7 @@ mod tests {
         assert_eq!(op(find(Post, "/3/exists")), Some((Op::Exists, RankParam::Int(3))));
         assert_eq!(op(find(Post, "/x/confirm_write")), Some((Op::Confirm, RankParam::Invalid("x".into()))));
         let dialect = |f: Found| match f {
-            Found::Route(id, _) => Some(id.spec().dialect),
+            Found::Route(id, _) => id.spec().dialect,
             _ => None,
         };
         assert_eq!(dialect(find(Post, "/keys/confirm_write")), Some(Dialect::Vllm));

@@ -3,7 +3,8 @@
 //! They carry the rank, page and key a client needs to act, and format their
 //! message only when displayed: nothing here costs anything on success. The
 //! HTTP layer maps each one to a status and body in one place
-//! (`confirm_error_reply` and the handlers of `crate::http::api`).
+//! (`http::reply::confirm_error` and the handlers of `http::vllm` and
+//! `http::sglang`, in the server crate).
 
 use std::fmt;
 

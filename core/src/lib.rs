@@ -10,6 +10,8 @@
 //! - [`lease`]: read leases, recency marks and their clock.
 //! - [`store`]: the operations, atomic per request, lock-free across requests.
 //! - [`spaces`]: SGLang's page spaces, one store per `(rank, namespace)`.
+//! - [`registry`]: every page space (vLLM's store, SGLang's spaces) as one
+//!   list with its labels, for whatever must walk them all.
 //! - [`error`]: one error variant per code of the wire contract.
 //! - [`journal`]: the change feed for durability.
 
@@ -19,6 +21,7 @@ pub mod journal;
 pub mod key;
 pub mod lease;
 pub mod pages;
+pub mod registry;
 pub mod spaces;
 pub mod store;
 pub(crate) mod sync;
@@ -29,12 +32,13 @@ pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
 pub use lease::{Clock, LeaseLength, TICKS_PER_SECOND};
+pub use registry::{Dialect, Labels, RankPages, Registry, SpaceLabel, SpaceReport};
 pub use spaces::{
-    SpaceCatalog, SpaceError, SpaceName, SpaceSource, SpaceStats, Spaces, SpacesConfig, SpacesDurability,
-    DEFAULT_NAMESPACE,
+    SpaceCatalog, SpaceError, SpaceName, SpaceSource, Spaces, SpacesConfig, SpacesDurability, DEFAULT_NAMESPACE,
 };
 pub use store::{
     AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Initialized,
-    LeaseStats, MaintainReport, PageSource, RankStats, ReadPagesError, Stats, Store, StoreConfig, Visit, TICKS_PER_TTL,
+    LeaseStats, MaintainReport, PageSource, RankLeases, RankStats, ReadPagesError, Stats, Store, StoreConfig, Visit,
+    TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;

@@ -44,9 +44,7 @@ use super::error::InitError;
 use super::journal::{Change, Journal};
 use super::key::Key;
 use super::lease::Clock;
-use super::store::{
-    EvictStats, Initialized, MaintainReport, PageSource, RankStats, ReadPagesError, Store, StoreConfig, Visit,
-};
+use super::store::{Initialized, PageSource, ReadPagesError, Store, StoreConfig, Visit};
 use super::sync::{AtomicU32, Ordering};
 use scc::HashIndex;
 use std::hash::{Hash, Hasher};
@@ -421,8 +419,8 @@ impl Spaces {
         Ok(Initialized::Created)
     }
 
-    /// Every space, in `(rank, namespace)` order (for `/stats`, `/metrics`
-    /// and the background passes; not the request path).
+    /// Every space, in `(rank, namespace)` order (for the registry's walks:
+    /// `/stats`, `/metrics` and the background passes; not the request path).
     pub fn list(&self) -> Vec<(SpaceName, Arc<Store>)> {
         let mut v = Vec::with_capacity(self.len());
         self.map.iter_sync(|k, s| {
@@ -446,79 +444,6 @@ impl Spaces {
     /// The largest number of spaces.
     pub fn max(&self) -> u32 {
         self.cfg.max_spaces
-    }
-
-    /// Ticks every space's reservation clock ([`Store::tick`]); returns the
-    /// pages returned to their pool.
-    pub fn tick(&self) -> u64 {
-        self.list().iter().map(|(_, s)| s.tick()).sum()
-    }
-
-    /// One background pass over every space ([`Store::maintain`]).
-    pub fn maintain(&self, budget_words: u64) -> MaintainReport {
-        let mut total = MaintainReport::default();
-        for (_, s) in self.list() {
-            let r = s.maintain(budget_words);
-            total.keys += r.keys;
-            total.pages += r.pages;
-            total.quarantine_freed += r.quarantine_freed;
-        }
-        total
-    }
-
-    /// Holds eviction off for one lease period in every space (after a
-    /// recovery from disk).
-    pub fn hold_eviction_for_a_lease(&self) {
-        for (_, s) in self.list() {
-            s.hold_eviction_for_a_lease();
-        }
-    }
-}
-
-/// One space's statistics (for `/stats` and `/metrics`; a scan of its pages
-/// and keys).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpaceStats {
-    /// The space.
-    pub name: SpaceName,
-    /// Its pages by state (its one rank).
-    pub pages: RankStats,
-    /// Keys stored.
-    pub keys: u64,
-    /// Keys under a read lease now.
-    pub leased_keys: u64,
-    /// Pages of leased keys.
-    pub leased_pages: u64,
-    /// Pages of keys the evictor may take now.
-    pub evictable_pages: u64,
-    /// Reservations returned to the pool by expiry, ever.
-    pub expired: u64,
-    /// Its evictions.
-    pub evict: EvictStats,
-}
-
-impl Spaces {
-    /// Every space's statistics, in `(rank, namespace)` order.
-    pub fn stats(&self) -> Vec<SpaceStats> {
-        self.list()
-            .into_iter()
-            .filter_map(|(name, s)| {
-                let st = s.stats();
-                let pages = *st.ranks.first()?;
-                let leases = s.lease_stats();
-                let (_, leased_pages, evictable_pages) = leases.ranks.first().copied().unwrap_or_default();
-                Some(SpaceStats {
-                    name,
-                    pages,
-                    keys: st.keys,
-                    leased_keys: leases.leased_keys,
-                    leased_pages,
-                    evictable_pages,
-                    expired: st.expired,
-                    evict: s.evict_stats(),
-                })
-            })
-            .collect()
     }
 }
 

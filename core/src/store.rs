@@ -164,9 +164,19 @@ pub struct Stats {
 pub struct LeaseStats {
     /// Keys whose lease has not passed.
     pub leased_keys: u64,
-    /// Per initialized rank (in rank order): pages of leased keys, and
-    /// pages of keys the evictor may take.
-    pub ranks: Vec<(u32, u64, u64)>,
+    /// Per initialized rank, in rank order.
+    pub ranks: Vec<RankLeases>,
+}
+
+/// One rank's bound pages by lease, from [`Store::lease_stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RankLeases {
+    /// The rank.
+    pub rank: u32,
+    /// Pages of keys under a read lease.
+    pub leased_pages: u64,
+    /// Pages of keys the evictor may take now.
+    pub evictable_pages: u64,
 }
 
 /// Sizes of the store's structures that its logical [`Stats`] do not show
@@ -583,7 +593,7 @@ impl Store {
         });
         let ranks = (0..gen.ranks.len())
             .filter(|&r| gen.ranks[r].get().is_some())
-            .map(|r| (r as u32, leased[r], evictable[r]))
+            .map(|r| RankLeases { rank: r as u32, leased_pages: leased[r], evictable_pages: evictable[r] })
             .collect();
         LeaseStats { leased_keys, ranks }
     }

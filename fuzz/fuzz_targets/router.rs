@@ -1,4 +1,4 @@
-//! Arbitrary requests through `api::route` and `api::handle` on an `App` with
+//! Arbitrary requests through `dispatch::route` and `dispatch::handle` on an `App` with
 //! two initialized ranks (0 and 1, 64 pages each).
 //!
 //! Input: up to 8 requests separated by a line `---`; each request is
@@ -18,7 +18,8 @@
 #![no_main]
 
 use hf3fs_meta::config::Config;
-use hf3fs_meta::http::api::{handle, route, JSON};
+use hf3fs_meta::http::dispatch::{handle, route};
+use hf3fs_meta::http::reply::JSON;
 use hf3fs_meta::App;
 use hyper::Method;
 use libfuzzer_sys::fuzz_target;
@@ -33,7 +34,7 @@ fn app() -> App {
     cfg.max_ranks = 16;
     let app = App::new(cfg);
     for rank in 0..2 {
-        app.store.initialize(rank, 64).expect("set-up");
+        app.registry.vllm().initialize(rank, 64).expect("set-up");
     }
     app
 }
@@ -75,14 +76,14 @@ fuzz_target!(|data: &[u8]| {
         let Ok(method) = Method::from_bytes(method) else { continue };
         let path = String::from_utf8_lossy(path);
         let route = route(&method, &path);
-        let before = app.store.stats();
+        let before = app.registry.vllm().stats();
         let mut body = body.to_vec();
         let reply = handle(&app, &route, &mut body);
         let status = reply.status.as_u16();
         if status >= 400 {
-            assert_eq!(app.store.stats(), before, "{status} answer to {method} {path} changed the store");
+            assert_eq!(app.registry.vllm().stats(), before, "{status} answer to {method} {path} changed the store");
         }
-        if let Err(e) = app.store.audit() {
+        if let Err(e) = app.registry.vllm().audit() {
             panic!("audit failed after {status} answer to {method} {path}: {e}");
         }
         if status == 204 {

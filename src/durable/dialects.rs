@@ -2,13 +2,13 @@
 //! `--data-dir`) and SGLang's spaces' (in `<data-dir>/sglang`, [`spaces`]).
 //!
 //! Each request waits for the store its dialect journals to; `/health`,
-//! `/metrics` and the fatal exit look at both, so one disk that fails shows
-//! once whichever dialect met it first.
+//! `/metrics`, the fatal exit and closing walk both, by [`Dialect`], so one
+//! disk that fails shows once whichever dialect met it first.
 //!
 //! [`spaces`]: super::spaces
 
 use super::{Durable, Health, WaitError};
-use crate::routes::Dialect;
+use crate::core::Dialect;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
@@ -21,53 +21,68 @@ pub struct Durability {
 }
 
 impl Durability {
-    /// The store that `dialect`'s changes are journaled to (the operations
-    /// routes change vLLM's store).
+    /// The store that `dialect`'s changes are journaled to.
     pub fn of(&self, dialect: Dialect) -> &Durable {
         match dialect {
+            Dialect::Vllm => &self.vllm,
             Dialect::Sglang => &self.sglang,
-            Dialect::Vllm | Dialect::Ops => &self.vllm,
         }
+    }
+
+    /// Both stores, by dialect, in [`Dialect::ALL`]'s order.
+    pub fn stores(&self) -> [(Dialect, &Durable); 2] {
+        Dialect::ALL.map(|d| (d, self.of(d)))
     }
 
     /// The worse of the two healths; SGLang's reason says whose it is.
     pub fn health(&self) -> Health {
-        let sglang = || match self.sglang.health() {
-            Health::Degraded(why) => Health::Degraded(format!("SGLang spaces' store: {why}").into()),
-            Health::Fatal(why) => Health::Fatal(format!("SGLang spaces' store: {why}").into()),
-            Health::Healthy => Health::Healthy,
-        };
-        match (self.vllm.health(), sglang()) {
-            (f @ Health::Fatal(_), _) | (_, f @ Health::Fatal(_)) => f,
-            (d @ Health::Degraded(_), _) | (_, d @ Health::Degraded(_)) => d,
-            (Health::Healthy, Health::Healthy) => Health::Healthy,
+        let mut worst = Health::Healthy;
+        for (d, store) in self.stores() {
+            let h = match store.health() {
+                Health::Degraded(why) => Health::Degraded(whose(d, &why)),
+                Health::Fatal(why) => Health::Fatal(whose(d, &why)),
+                Health::Healthy => Health::Healthy,
+            };
+            worst = match (worst, h) {
+                (f @ Health::Fatal(_), _) | (_, f @ Health::Fatal(_)) => f,
+                (d @ Health::Degraded(_), _) | (_, d @ Health::Degraded(_)) => d,
+                (Health::Healthy, Health::Healthy) => Health::Healthy,
+            };
         }
+        worst
     }
 
     /// Resolves when either store fails beyond in-process recovery.
     pub async fn fatal(&self) -> Arc<str> {
         tokio::select! {
-            why = self.vllm.fatal() => why,
-            why = self.sglang.fatal() => format!("SGLang spaces' store: {why}").into(),
+            why = self.vllm.fatal() => whose(Dialect::Vllm, &why),
+            why = self.sglang.fatal() => whose(Dialect::Sglang, &why),
         }
     }
 
     /// Closes both ([`Durable::close`]); the first failure is reported.
     pub fn close(&self) -> Result<(), WaitError> {
-        let sglang = self.sglang.close();
-        self.vllm.close().and(sglang)
+        self.stores().into_iter().map(|(_, s)| s.close()).fold(Ok(()), Result::and)
     }
 
     /// Appends both stores' series to a Prometheus text page, labelled
     /// `store="vllm"` and `store="sglang"`.
     pub fn render_metrics(&self, out: &mut String) {
-        let (v, s) = (self.vllm.series(), self.sglang.series());
-        for ((name, kind, help, a), (.., b)) in v.into_iter().zip(s) {
-            let _ = writeln!(
-                out,
-                "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}\n\
-                 hf3fs_meta_{name}{{store=\"vllm\"}} {a}\nhf3fs_meta_{name}{{store=\"sglang\"}} {b}"
-            );
+        let series = self.stores().map(|(d, s)| (d, s.series()));
+        for (i, (name, kind, help, _)) in series[0].1.iter().enumerate() {
+            let _ = writeln!(out, "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}");
+            for (d, s) in &series {
+                let _ = writeln!(out, "hf3fs_meta_{name}{{store=\"{}\"}} {}", d.label(), s[i].3);
+            }
         }
+    }
+}
+
+/// A failure's reason, saying whose store it is when it is not vLLM's (the
+/// server's first store, whose reasons have always stood alone).
+fn whose(dialect: Dialect, why: &str) -> Arc<str> {
+    match dialect {
+        Dialect::Vllm => why.into(),
+        Dialect::Sglang => format!("SGLang spaces' store: {why}").into(),
     }
 }

@@ -5,7 +5,7 @@
 //! only keeps a copy on disk and rebuilds the store from it at start-up. The
 //! pieces, in the order a change travels:
 //!
-//! - [`queue`]: the store's [`Journal`](crate::core::Journal). `record`
+//! - [`queue`]: the store's [`Journal`]. `record`
 //!   numbers the change and pushes it onto a channel: no lock, no I/O. It
 //!   also holds the durable position and the health state requests see.
 //! - [`writer`]: one thread drains the channel in batches, appends each
@@ -67,12 +67,12 @@ pub mod syncer;
 pub mod tap;
 pub mod writer;
 
-pub use crate::config::FsyncMode;
 pub use dialects::Durability;
 pub use error::OpenError;
 pub use faults::{Fault, Faults, Point};
 pub use queue::{Health, WaitError};
 pub use store::OpenReport;
+pub use writer::FsyncMode;
 
 use crate::core::{Journal, PageSource, Store, StoreConfig};
 use crossbeam_channel::Sender;
@@ -416,9 +416,9 @@ impl Durable {
         if p.is_healthy() {
             return Health::Healthy;
         }
-        let before = p.counts().2;
+        let before = p.counts().attempts;
         let _ = self.tx.send(Msg::Recover);
-        p.wait_until(timeout, |p| p.counts().2 > before || matches!(p.health(), Health::Fatal(_)));
+        p.wait_until(timeout, |p| p.counts().attempts > before || matches!(p.health(), Health::Fatal(_)));
         self.health()
     }
 
@@ -426,7 +426,8 @@ impl Durable {
     /// `hf3fs_meta_`), type, help and value ([`Durability::render_metrics`]
     /// renders them).
     pub fn series(&self) -> [(&'static str, &'static str, &'static str, u64); 3] {
-        let (failures, recoveries, _) = self.shared.progress.counts();
+        let c = self.shared.progress.counts();
+        let (failures, recoveries) = (c.failures, c.recoveries);
         [
             (
                 "durable_healthy",

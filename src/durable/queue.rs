@@ -96,6 +96,17 @@ impl From<Change<'_>> for Op {
     }
 }
 
+/// What [`Progress::counts`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProgressCounts {
+    /// Times the store stopped being able to write.
+    pub(crate) failures: u64,
+    /// Times it recovered in process.
+    pub(crate) recoveries: u64,
+    /// Recovery attempts, successful or not.
+    pub(crate) attempts: u64,
+}
+
 /// What the writer thread receives.
 #[derive(Debug)]
 pub(crate) enum Msg {
@@ -263,10 +274,10 @@ impl Progress {
         self.reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
-    /// `(failures, recoveries, attempts)` so far.
-    pub(crate) fn counts(&self) -> (u64, u64, u64) {
+    /// Failures, recoveries and recovery attempts so far.
+    pub(crate) fn counts(&self) -> ProgressCounts {
         let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        (c(&self.failures), c(&self.recoveries), c(&self.attempts))
+        ProgressCounts { failures: c(&self.failures), recoveries: c(&self.recoveries), attempts: c(&self.attempts) }
     }
 
     /// Marks the writer as gone (writer only, on exit).

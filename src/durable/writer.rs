@@ -28,7 +28,7 @@
 //!
 //! # Memory ordering
 //!
-//! The writer publishes the durable position through [`Progress`] (see
+//! The writer publishes the durable position through [`Progress`](super::queue::Progress) (see
 //! [`super::queue`]). Its only other atomic is the checkpointer's `backlog`
 //! hint, bumped `Relaxed`: it only decides when to nudge, no data hangs off it.
 
@@ -38,11 +38,22 @@ use super::faults::Point;
 use super::queue::{Msg, Op, Watermark};
 use super::shared::{chunk_id, Dirty, Shared, Who};
 use super::snapshot;
-use crate::config::FsyncMode;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use fjall::PersistMode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// When a durable change counts as done (`--fsync`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsyncMode {
+    /// Every acknowledged request is on disk (fsync before the answer).
+    Always,
+    /// Group commit: requests are acknowledged once their batch is written;
+    /// the batch is fsynced every few milliseconds.
+    Batch,
+    /// Written, never fsynced by us: the OS decides when.
+    None,
+}
 
 /// Most changes written as one log entry.
 const MAX_BATCH: usize = 65_536;
@@ -318,77 +329,29 @@ impl Writer {
     /// try to recover on schedule or on request. Returns `true` if a `Stop`
     /// came first, `false` once recovered.
     fn degraded(&mut self, watermark: &mut Watermark, batch: &mut Batch) -> Result<bool, Failure> {
-        // The failed batch's changes, and those waiting beyond a gap, were
-        // drained before any snapshot can start: the memory has them (they
-        // are counted as covered), and their rank creations and clears are
-        // kept.
-        let mut admin = std::mem::take(&mut batch.admin);
-        for (seq, op) in batch.pending.drain(..) {
-            watermark.advance(&mut [seq]);
-            if op.is_admin() {
-                admin.push(op);
-            }
-        }
-        batch.reset();
-        let mut delay = self.retry;
-        let mut next = delay.map(|d| Instant::now() + d);
+        let mut admin = take_failed_batch(watermark, batch);
+        let mut retry = Retry::new(self.retry);
         loop {
-            let msg = if std::mem::take(&mut self.recover_asked) {
-                Ok(Msg::Recover)
-            } else {
-                match next {
-                    Some(at) => self.rx.recv_deadline(at),
-                    None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                }
-            };
-            match msg {
-                Ok(Msg::Change { seq, op }) => {
-                    // Counted, not published: a recovery covers it.
-                    watermark.advance(&mut [seq]);
-                    if op.is_admin() {
-                        admin.push(op);
-                    }
-                    continue;
-                }
-                Ok(Msg::Changes(ops)) => {
-                    for (seq, op) in ops {
-                        watermark.advance(&mut [seq]);
-                        if op.is_admin() {
-                            admin.push(op);
-                        }
-                    }
-                    continue;
-                }
-                Ok(Msg::Wake) => continue,
-                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return Ok(true),
-                Ok(Msg::Recover) | Err(RecvTimeoutError::Timeout) => {}
+            if self.drain_until_attempt(&retry, watermark, &mut admin) == Drained::Stop {
+                return Ok(true);
             }
             // `attempted` comes after the health state is updated, so that
             // a caller of `recover_now` sees the outcome of its attempt.
             match self.recover(&mut admin) {
-                Ok(w) => {
+                Ok(done) => {
                     // Everything drained so far is in the snapshot or in
                     // the records just written.
-                    let done = watermark.done();
-                    self.shared.progress.publish(done);
+                    let upto = watermark.done();
+                    self.shared.progress.publish(upto);
                     // The frames since the fault were never written: the
                     // standby catches up from a snapshot.
-                    self.shipped_upto = done;
+                    self.shipped_upto = upto;
                     if let Some(r) = self.shared.replication.get() {
                         r.broken();
                     }
                     self.shared.progress.recovered();
                     self.shared.progress.attempted();
-                    tracing::warn!(
-                        keyspace = w.0,
-                        ranks = w.1,
-                        bindings = w.2,
-                        ms = w.3.as_millis() as u64,
-                        "durable store recovered: wrote a fresh checkpoint from memory ({} ranks, {} bindings in                          {:.3} s); acknowledging changes again",
-                        w.1,
-                        w.2,
-                        w.3.as_secs_f64()
-                    );
+                    done.log();
                     return Ok(false);
                 }
                 Err(f @ Failure::Fatal(_)) => {
@@ -399,12 +362,8 @@ impl Writer {
                 Err(Failure::Io(why)) => {
                     self.shared.progress.fail(&Failure::Io(why.clone()));
                     self.shared.progress.attempted();
-                    delay = delay.map(|d| (d * 2).min(RETRY_MAX));
-                    next = delay.map(|d| Instant::now() + d);
-                    tracing::warn!(
-                        "durable store still cannot write: {why}; next attempt in {:?}",
-                        delay.unwrap_or_default()
-                    );
+                    retry.back_off();
+                    tracing::warn!("durable store still cannot write: {why}; next attempt in {:?}", retry.delay());
                 }
             }
         }
@@ -423,9 +382,34 @@ impl Writer {
         });
     }
 
+    /// Drains the queue while degraded until the next recovery attempt is
+    /// due (its time, or a [`Msg::Recover`]) or a `Stop` comes. Page changes
+    /// are counted as covered and dropped (the memory has them; the
+    /// recovery's snapshot writes them); rank creations and clears go to
+    /// `admin`.
+    fn drain_until_attempt(&mut self, retry: &Retry, watermark: &mut Watermark, admin: &mut Vec<Op>) -> Drained {
+        loop {
+            let msg = if std::mem::take(&mut self.recover_asked) {
+                Ok(Msg::Recover)
+            } else {
+                match retry.next {
+                    Some(at) => self.rx.recv_deadline(at),
+                    None => self.rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                }
+            };
+            match msg {
+                Ok(Msg::Change { seq, op }) => keep_admin(watermark, admin, [(seq, op)]),
+                Ok(Msg::Changes(ops)) => keep_admin(watermark, admin, ops),
+                Ok(Msg::Wake) => {}
+                Ok(Msg::Stop) | Err(RecvTimeoutError::Disconnected) => return Drained::Stop,
+                Ok(Msg::Recover) | Err(RecvTimeoutError::Timeout) => return Drained::Attempt,
+            }
+        }
+    }
+
     /// One recovery attempt: probe, fresh keyspace from memory, the kept
-    /// records. Returns what it wrote (keyspace, ranks, bindings, time).
-    fn recover(&mut self, admin: &mut Vec<Op>) -> Result<(String, u64, u64, Duration), Failure> {
+    /// records.
+    fn recover(&mut self, admin: &mut Vec<Op>) -> Result<Rewritten, Failure> {
         self.shared.probe()?;
         let old = self.shared.db.load_full();
         let w = snapshot::write(&self.shared, &old, &*self.shared.store)?;
@@ -445,7 +429,83 @@ impl Writer {
         }
         self.write(&mut batch)?;
         admin.clear();
-        Ok((db.name().to_owned(), w.ranks, w.bindings, w.elapsed))
+        Ok(Rewritten { keyspace: db.name().to_owned(), ranks: w.ranks, bindings: w.bindings, elapsed: w.elapsed })
+    }
+}
+
+/// The changes of the batch that failed, and those waiting beyond a gap:
+/// drained before any snapshot can start, so the memory has them (they are
+/// counted as covered). Returns their rank creations and clears, kept for
+/// the recovery to write.
+fn take_failed_batch(watermark: &mut Watermark, batch: &mut Batch) -> Vec<Op> {
+    let mut admin = std::mem::take(&mut batch.admin);
+    keep_admin(watermark, &mut admin, batch.pending.drain(..));
+    batch.reset();
+    admin
+}
+
+/// Counts `ops` as covered, keeping their rank creations and clears.
+fn keep_admin(watermark: &mut Watermark, admin: &mut Vec<Op>, ops: impl IntoIterator<Item = (u64, Op)>) {
+    for (seq, op) in ops {
+        watermark.advance(&mut [seq]);
+        if op.is_admin() {
+            admin.push(op);
+        }
+    }
+}
+
+/// What the degraded loop's wait ended with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drained {
+    /// The writer is asked to stop.
+    Stop,
+    /// A recovery attempt is due.
+    Attempt,
+}
+
+/// When the next recovery attempt is due: after the first delay (`None`:
+/// only on request), then twice as long each time up to [`RETRY_MAX`].
+struct Retry {
+    delay: Option<Duration>,
+    next: Option<Instant>,
+}
+
+impl Retry {
+    fn new(delay: Option<Duration>) -> Self {
+        Retry { delay, next: delay.map(|d| Instant::now() + d) }
+    }
+
+    fn back_off(&mut self) {
+        self.delay = self.delay.map(|d| (d * 2).min(RETRY_MAX));
+        self.next = self.delay.map(|d| Instant::now() + d);
+    }
+
+    fn delay(&self) -> Duration {
+        self.delay.unwrap_or_default()
+    }
+}
+
+/// What a recovery wrote: a fresh keyspace from memory.
+struct Rewritten {
+    keyspace: String,
+    ranks: u64,
+    bindings: u64,
+    elapsed: Duration,
+}
+
+impl Rewritten {
+    fn log(&self) {
+        tracing::warn!(
+            keyspace = self.keyspace,
+            ranks = self.ranks,
+            bindings = self.bindings,
+            ms = self.elapsed.as_millis() as u64,
+            "durable store recovered: wrote a fresh checkpoint from memory ({} ranks, {} bindings in {:.3} s); \
+             acknowledging changes again",
+            self.ranks,
+            self.bindings,
+            self.elapsed.as_secs_f64()
+        );
     }
 }
 

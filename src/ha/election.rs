@@ -10,15 +10,19 @@
 //!
 //! ```text
 //! compare  P/leader absent (create revision 0)
-//!      and P/initialized absent (the first leader ever)
-//!       or P/sync == this node (the named synchronous standby)
+//!      and one of: P/initialized absent   (the first leader ever)
+//!                  P/sync == this node    (the named synchronous standby)
+//!                  P/last == this node    (the last leader to serve, still
+//!                                          holding that state)
 //! success  put P/leader {node,url,serving:false} on the lease
 //!          put P/initialized (first leader only)
+//!          get P/leader, P/initialized, P/last (the epoch, and the grounds)
 //! ```
 //!
-//! (The choice between the two forms is made by the read just before; each
-//! form is one atomic transaction.) The key's create revision is the
-//! **epoch**: it only grows, so it fences every later write.
+//! (etcd compares are conjunctions: the read just before picks which of the
+//! three to send, [`Claim`]; each form is one atomic transaction.) The key's
+//! create revision is the **epoch**: it only grows, so it fences every later
+//! write. A leader writes `P/last` when it starts serving.
 //!
 //! **The serving deadline.** Each renewal is timed by [`node::now`] (a clock
 //! that keeps counting while the process is paused or the machine is
@@ -60,6 +64,10 @@ pub struct PromotionContext {
     /// No node ever led this cluster before (this node wrote
     /// `P/initialized`): there is no state to be caught up with.
     pub first_leader: bool,
+    /// This node was the last leader to serve (`P/last`) and still holds
+    /// the state it served: in this very process, or recovered from its
+    /// `--data-dir`. Nobody has served since, so that state is the latest.
+    pub own_history: bool,
     /// The previous leader as this node last saw it, if it saw one.
     pub previous: Option<LeaderRecord>,
     /// The previous leader stepped down on purpose (`P/handover` names its
@@ -106,10 +114,12 @@ pub trait Promotion: Send + Sync + 'static {
     }
 }
 
-/// The promotion rule while nothing is replicated: only the first leader of
-/// a cluster may serve (its empty state is the truth); any later leader
-/// would serve an empty state while readers still read pages it would hand
-/// out again, so it refuses. `--ha-promote-without-state` (tests only)
+/// The promotion rule while nothing is replicated: a node may serve only if
+/// its state is the latest there is: as the first leader of a cluster (its
+/// empty state is the truth), or as the last leader to have served, holding
+/// that state still (same process, or recovered from `--data-dir`). Any
+/// other leader would serve a stale or empty state while readers still read
+/// pages it would hand out again, so it refuses. `--ha-promote-without-state` (tests only)
 /// accepts every promotion and names the first other live node standby.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WithoutReplication {
@@ -120,12 +130,13 @@ pub struct WithoutReplication {
 impl Promotion for WithoutReplication {
     fn promote<'a>(&'a self, ctx: &'a PromotionContext) -> BoxFuture<'a, Result<(), Refusal>> {
         Box::pin(async move {
-            if ctx.first_leader || self.unsafe_accept_all {
+            if ctx.first_leader || ctx.own_history || self.unsafe_accept_all {
                 Ok(())
             } else {
                 Err(Refusal(format!(
-                    "epoch {}: this build replicates no state, so only the first leader of a cluster may serve (an \
-                     empty leader would hand out pages that readers are reading)",
+                    "epoch {}: this build replicates no state, so only the first leader of a cluster, or the last \
+                     leader holding the state it served, may serve (any other would hand out pages that readers are \
+                     reading)",
                     ctx.epoch
                 )))
             }
@@ -148,6 +159,18 @@ struct Snapshot {
     sync: Option<Kv>,
     initialized: Option<Kv>,
     handover: Option<Kv>,
+    last: Option<Kv>,
+}
+
+/// On what grounds this node may take the leader key (see [`Election::claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Claim {
+    /// Nobody ever led: `P/initialized` is absent.
+    First,
+    /// `P/sync` names this node.
+    Standby,
+    /// `P/last` names this node and it still holds the state it served.
+    LastLeader,
 }
 
 /// The election of one node: see the module docs.
@@ -159,6 +182,9 @@ pub struct Election {
     promotion: Arc<dyn Promotion>,
     /// Set by [`Election::step_down`]: campaign no more.
     stopping: AtomicBool,
+    /// Set once this process has served as leader (its memory then holds
+    /// the state it served). Relaxed: read and written by the election task.
+    served: AtomicBool,
     /// The current session's lease (0: none). Relaxed: read by step-down,
     /// which tolerates a stale value (a revoked lease is revoked again).
     lease: AtomicU64,
@@ -176,6 +202,7 @@ impl Election {
             keys,
             promotion,
             stopping: AtomicBool::new(false),
+            served: AtomicBool::new(false),
             lease: AtomicU64::new(0),
         });
         tokio::spawn(e.clone().run());
@@ -328,27 +355,36 @@ impl Election {
             self.node.set_standby(snap.sync.as_ref().and_then(|kv| String::from_utf8(kv.value.clone()).ok()));
             let leader = snap.leader.as_ref().and_then(|kv| LeaderRecord::decode(&kv.value, kv.create_revision));
             self.node.set_leader(leader.clone());
+            if let Some(kv) = snap.leader.as_ref().filter(|kv| kv.lease == session.lease) {
+                // The key is on this session's lease: a campaign whose answer
+                // was lost (every attempt timed out after one was applied).
+                let mut ctx = self.context(kv, snap.initialized.as_ref(), snap.last.as_ref());
+                tracing::info!(node = %self.node.id, epoch = ctx.epoch, "found the leader key already ours");
+                ctx.previous = last_leader.clone();
+                self.lead(&session, ctx).await;
+                return Ok(());
+            }
             if let Some(l) = leader {
                 *last_leader = Some(l);
                 self.wait_change(watch.ok(), &mut lost).await;
                 continue;
             }
-            let mine = snap.sync.as_ref().is_some_and(|kv| kv.value == self.node.id.as_bytes());
-            if snap.initialized.is_some() && !mine {
+            let Some(claim) = self.claim(&snap) else {
                 if !warned_ineligible {
                     tracing::warn!(
                         node = %self.node.id,
-                        "no leader, and this node may not become one: the cluster has had a leader and this node \
-                         is not the synchronous standby named in etcd (docs/ha.md, runbook)"
+                        "no leader, and this node may not become one: the cluster has had a leader, this node is not \
+                         the synchronous standby named in etcd, nor the last leader still holding its state \
+                         (docs/ha.md, runbook)"
                     );
                     warned_ineligible = true;
                 }
                 self.wait_change(watch.ok(), &mut lost).await;
                 continue;
-            }
-            if let Some((epoch, first)) = self.campaign(&session, snap.initialized.is_none()).await? {
-                let planned = !first && handed_over(&snap, last_leader.as_ref());
-                let ctx = PromotionContext { epoch, first_leader: first, previous: last_leader.clone(), planned };
+            };
+            if let Some(mut ctx) = self.campaign(&session, claim).await {
+                ctx.planned = !ctx.first_leader && handed_over(&snap, last_leader.as_ref());
+                ctx.previous = last_leader.clone();
                 self.lead(&session, ctx).await;
                 return Ok(());
             }
@@ -365,12 +401,13 @@ impl Election {
                 TxnOp::Get(k.sync()),
                 TxnOp::Get(k.initialized()),
                 TxnOp::Get(k.handover()),
+                TxnOp::Get(k.last()),
             ],
             failure: vec![],
         };
         let mut gets = self.etcd.txn(&txn).await?.gets.into_iter();
         let mut next = || gets.next().flatten();
-        Ok(Snapshot { leader: next(), sync: next(), initialized: next(), handover: next() })
+        Ok(Snapshot { leader: next(), sync: next(), initialized: next(), handover: next(), last: next() })
     }
 
     /// Waits for the leader key to change (or a period, without a watch), or
@@ -391,38 +428,74 @@ impl Election {
         }
     }
 
-    /// The campaign transaction; `Some((epoch, first))` when this node holds
-    /// the leader key.
-    async fn campaign(&self, session: &Session, first: bool) -> Result<Option<(u64, bool)>, String> {
+    /// How this node may take the leader key now, if at all.
+    fn claim(&self, snap: &Snapshot) -> Option<Claim> {
+        let me = self.node.id.as_bytes();
+        if snap.initialized.is_none() {
+            Some(Claim::First)
+        } else if snap.sync.as_ref().is_some_and(|kv| kv.value == me) {
+            Some(Claim::Standby)
+        } else if snap.last.as_ref().is_some_and(|kv| kv.value == me) && self.holds_own_state() {
+            Some(Claim::LastLeader)
+        } else {
+            None
+        }
+    }
+
+    /// Whether this node still holds the state it last served: it served in
+    /// this process, or it recovered its state from `--data-dir`.
+    fn holds_own_state(&self) -> bool {
+        self.app.durable.is_some() || self.served.load(Ordering::Relaxed)
+    }
+
+    /// The campaign transaction; the promotion's context (epoch, first
+    /// leader, own history) when this node holds the leader key.
+    async fn campaign(&self, session: &Session, claim: Claim) -> Option<PromotionContext> {
         let k = &self.keys;
+        let me = self.node.id.clone().into_bytes();
         let record = LeaderRecord { node: self.node.id.clone(), url: self.node.url.clone(), serving: false, epoch: 0 };
         let mut compare = vec![Compare::Created { key: k.leader(), revision: 0 }];
         let mut success = vec![TxnOp::Put { key: k.leader(), value: record.encode(), lease: Some(session.lease) }];
-        if first {
-            compare.push(Compare::Created { key: k.initialized(), revision: 0 });
-            success.push(TxnOp::Put { key: k.initialized(), value: self.node.id.clone().into_bytes(), lease: None });
-        } else {
-            compare.push(Compare::Value { key: k.sync(), value: self.node.id.clone().into_bytes() });
+        match claim {
+            Claim::First => {
+                compare.push(Compare::Created { key: k.initialized(), revision: 0 });
+                success.push(TxnOp::Put { key: k.initialized(), value: me.clone(), lease: None });
+            }
+            Claim::Standby => compare.push(Compare::Value { key: k.sync(), value: me.clone() }),
+            Claim::LastLeader => compare.push(Compare::Value { key: k.last(), value: me.clone() }),
         }
-        success.extend([TxnOp::Get(k.leader()), TxnOp::Get(k.initialized())]);
-        let failure = vec![TxnOp::Get(k.leader()), TxnOp::Get(k.initialized())];
-        let r = match self.etcd.txn(&Txn { compare, success, failure }).await {
+        let reads = [TxnOp::Get(k.leader()), TxnOp::Get(k.initialized()), TxnOp::Get(k.last())];
+        success.extend(reads.clone());
+        let r = match self.etcd.txn(&Txn { compare, success, failure: reads.to_vec() }).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::debug!("campaign: {e}");
-                return Ok(None);
+                return None;
             }
         };
         // Read back in the same transaction: a retried attempt may find the
         // key already ours (the first attempt was applied but its answer lost).
-        match (&r.gets[..], session.lease) {
-            ([Some(leader), initialized], lease) if leader.lease == lease => {
-                let epoch = leader.create_revision as u64;
-                let first = initialized.as_ref().is_some_and(|i| i.create_revision == leader.create_revision);
-                tracing::info!(node = %self.node.id, epoch, first, "won the leader key");
-                Ok(Some((epoch, first)))
-            }
-            _ => Ok(None),
+        let [Some(leader), initialized, last] = &r.gets[..] else { return None };
+        if leader.lease != session.lease {
+            return None;
+        }
+        let ctx = self.context(leader, initialized.as_ref(), last.as_ref());
+        tracing::info!(
+            node = %self.node.id, epoch = ctx.epoch, first = ctx.first_leader, own_history = ctx.own_history, ?claim,
+            "won the leader key"
+        );
+        Some(ctx)
+    }
+
+    /// The promotion's context for the leader key `leader` (this node's),
+    /// read with `P/initialized` and `P/last` at one revision.
+    fn context(&self, leader: &Kv, initialized: Option<&Kv>, last: Option<&Kv>) -> PromotionContext {
+        PromotionContext {
+            epoch: leader.create_revision as u64,
+            first_leader: initialized.is_some_and(|i| i.create_revision == leader.create_revision),
+            own_history: last.is_some_and(|l| l.value == self.node.id.as_bytes()) && self.holds_own_state(),
+            previous: None,
+            planned: false,
         }
     }
 
@@ -474,8 +547,7 @@ impl Election {
     /// Holds eviction, waits out the previous lease and runs the hook.
     async fn promote(&self, ctx: &PromotionContext) -> Result<(), Refusal> {
         // Readers' leases are not replicated: evict nothing for one lease.
-        self.app.store.hold_eviction_for_a_lease();
-        self.app.spaces.hold_eviction_for_a_lease();
+        self.app.registry.hold_eviction_for_a_lease(|_| true);
         let wait = if ctx.first_leader || ctx.planned { Duration::ZERO } else { self.node.ttl };
         let waited = tokio::time::sleep(wait);
         let (r, ()) = tokio::join!(self.promotion.promote(ctx), waited);
@@ -488,11 +560,15 @@ impl Election {
         let lease = self.lease.load(Ordering::Relaxed) as LeaseId;
         let txn = Txn {
             compare: vec![self.is_leader_at(epoch)],
-            success: vec![TxnOp::Put { key: self.keys.leader(), value: record.encode(), lease: Some(lease) }],
+            success: vec![
+                TxnOp::Put { key: self.keys.leader(), value: record.encode(), lease: Some(lease) },
+                TxnOp::Put { key: self.keys.last(), value: self.node.id.clone().into_bytes(), lease: None },
+            ],
             failure: vec![],
         };
         match self.etcd.txn(&txn).await {
             Ok(r) if r.succeeded => {
+                self.served.store(true, Ordering::Relaxed);
                 self.node.set_leader(Some(record));
                 true
             }
@@ -622,7 +698,7 @@ mod tests {
     use super::*;
 
     fn ctx(first: bool) -> PromotionContext {
-        PromotionContext { epoch: 9, first_leader: first, previous: None, planned: false }
+        PromotionContext { epoch: 9, first_leader: first, own_history: false, previous: None, planned: false }
     }
 
     #[tokio::test]
@@ -631,6 +707,8 @@ mod tests {
         assert_eq!(p.promote(&ctx(true)).await, Ok(()));
         let Err(Refusal(why)) = p.promote(&ctx(false)).await else { panic!("a later leader was promoted") };
         assert!(why.contains("only the first leader"), "{why}");
+        let own = PromotionContext { own_history: true, ..ctx(false) };
+        assert_eq!(p.promote(&own).await, Ok(()), "the last leader, holding its state, resumes");
         assert_eq!(p.standby(&[Member { node: "b".into(), url: "u".into() }], None), None);
         let unsafe_p = WithoutReplication { unsafe_accept_all: true };
         assert_eq!(unsafe_p.promote(&ctx(false)).await, Ok(()));

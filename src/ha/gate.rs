@@ -7,31 +7,41 @@
 //! becomes a 503: zero 2xx after the deadline). The operational routes
 //! (`/health`, `/stats`, `/metrics`, `/openapi.json`) always answer.
 //!
+//! A last check sits at the socket ([`GuardedIo`]): a write that starts a
+//! success response (`HTTP/1.1 2..`) on a node that may no longer serve is
+//! refused and the connection closed, so a process paused after the answer
+//! was sealed but before it was sent cannot deliver it late. What is left is
+//! a pause between that check and the `write` system call itself.
+//!
 //! Without `--ha` the gate costs one `Option` check. It wraps the server's
-//! handler (`service_fn(|req| gate::guard(app, req, respond))`), so the
-//! handler itself knows nothing of HA.
+//! handler (`service_fn(|req| gate::guard(app, req, respond))`) and its
+//! sockets (`GuardedIo::new(stream, app.ha.clone())`), so the handler itself
+//! knows nothing of HA.
 
 use super::node::{Node, Role};
 use crate::metrics::Endpoint;
-use crate::routes::{self, Dialect, Found};
+use crate::routes::{self, Found};
 use crate::App;
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING};
 use hyper::{Method, Request, Response, StatusCode};
 use std::convert::Infallible;
 use std::future::Future;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The server's response type.
 type Answer = Result<Response<Full<Bytes>>, Infallible>;
 
 /// Runs `respond` for `req` if this node may answer it, else answers 503.
-pub async fn guard<F, Fut>(app: Arc<App>, req: Request<Incoming>, respond: F) -> Answer
+pub async fn guard<B, F, Fut>(app: Arc<App>, req: Request<B>, respond: F) -> Answer
 where
-    F: FnOnce(Arc<App>, Request<Incoming>) -> Fut,
+    F: FnOnce(Arc<App>, Request<B>) -> Fut,
     Fut: Future<Output = Answer>,
 {
     let Some(node) = app.ha.clone() else { return respond(app, req).await };
@@ -42,14 +52,26 @@ where
         app.metrics.request(endpoint, 503, 0, start.elapsed());
         return Ok(refusal(&node, has_body(&req)));
     }
-    let resp = respond(app, req).await?;
-    if resp.status().is_success() && !node.serving() {
-        // The deadline passed while the request ran: withdraw the answer.
-        node.count_rejection();
-        return Ok(refusal(&node, false));
+    let mut resp = respond(app, req).await?;
+    if resp.status().is_success() {
+        if !node.serving() {
+            // The deadline passed while the request ran: withdraw the answer.
+            node.count_rejection();
+            return Ok(refusal(&node, false));
+        }
+        // Marks a data answer for the socket's last check (GuardedIo), and
+        // tells the client which leader answered.
+        resp.headers_mut().insert(EPOCH, HeaderValue::from(node.leader_epoch()));
     }
     Ok(resp)
 }
+
+/// The header naming the epoch of the leader that answered a data route
+/// with a success.
+pub const EPOCH: hyper::header::HeaderName = hyper::header::HeaderName::from_static("x-hf3fs-meta-epoch");
+
+/// How [`EPOCH`] starts a header line in a response head.
+const EPOCH_LINE: &[u8] = b"\r\nx-hf3fs-meta-epoch:";
 
 /// The metrics series of `path` if it is a data route.
 fn data_route(method: &Method, path: &str) -> Option<Endpoint> {
@@ -59,13 +81,13 @@ fn data_route(method: &Method, path: &str) -> Option<Endpoint> {
         _ => return None,
     };
     match routes::find(m, path) {
-        Found::Route(id, _) if id.spec().dialect != Dialect::Ops => Some(Endpoint::route(id)),
+        Found::Route(id, _) if id.spec().dialect.is_some() => Some(Endpoint::route(id)),
         _ => None,
     }
 }
 
 /// Whether the request announces a body (left unread by a refusal).
-fn has_body(req: &Request<Incoming>) -> bool {
+fn has_body<B>(req: &Request<B>) -> bool {
     let h = req.headers();
     h.contains_key(TRANSFER_ENCODING)
         || h.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0")
@@ -98,9 +120,167 @@ fn refusal(node: &Node, close: bool) -> Response<Full<Bytes>> {
     resp
 }
 
+/// A client connection of the server: with `--ha`, refuses to start
+/// sending a success response once this node may no longer serve (see the
+/// module docs); reads and every other write pass through untouched.
+pub struct GuardedIo<T> {
+    inner: T,
+    node: Option<Arc<Node>>,
+}
+
+impl<T> GuardedIo<T> {
+    /// `inner`, guarded by `node` (`None`: without `--ha`, a plain pass-through).
+    pub fn new(inner: T, node: Option<Arc<Node>>) -> Self {
+        GuardedIo { inner, node }
+    }
+
+    /// The error that replaces a data route's success answer the node may
+    /// no longer send, if `head` (the start of a write) begins one. Cheap on
+    /// a serving leader (a prefix and the deadline); only a node that does
+    /// not serve looks for the [`EPOCH`] header, which marks data answers
+    /// (`/health`, `/stats`, `/metrics` go out from any node).
+    fn refuse(&self, head: &[u8]) -> Option<io::Error> {
+        let node = self.node.as_ref()?;
+        let success = head.starts_with(b"HTTP/1.1 2") || head.starts_with(b"HTTP/1.0 2");
+        if !success || node.serving() {
+            return None;
+        }
+        let end = head.windows(4).position(|w| w == b"\r\n\r\n").map_or(head.len(), |i| i + 2);
+        if !head[..end].windows(EPOCH_LINE.len()).any(|w| w.eq_ignore_ascii_case(EPOCH_LINE)) {
+            return None;
+        }
+        node.count_rejection();
+        Some(io::Error::new(io::ErrorKind::ConnectionAborted, "a success answer past the serving deadline"))
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for GuardedIo<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for GuardedIo<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.refuse(buf) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        // hyper puts a response's status line at the start of one slice.
+        if let Some(e) = bufs.iter().find(|b| !b.is_empty()).and_then(|b| self.refuse(b)) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use crate::ha::node::{after, Node, Role};
+    use std::time::Duration;
+
+    fn app_with_node() -> (Arc<App>, Arc<Node>) {
+        let node = Arc::new(Node::new(
+            "a".into(),
+            "http://127.0.0.1:1".into(),
+            Duration::from_secs(2),
+            b"0123456789abcdef".to_vec().into(),
+        ));
+        (Arc::new(App::new(Config::for_tests()).with_ha(node.clone())), node)
+    }
+
+    fn post(path: &str) -> Request<()> {
+        Request::post(path).header(CONTENT_LENGTH, "2").body(()).unwrap()
+    }
+
+    async fn ok(_: Arc<App>, _: Request<()>) -> Answer {
+        Ok(Response::new(Full::new(Bytes::from_static(b"{}"))))
+    }
+
+    #[tokio::test]
+    async fn a_follower_refuses_without_running_the_handler() {
+        let (app, node) = app_with_node();
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        let r = guard(app.clone(), post("/keys/batch_exists"), |a, q| {
+            ran.store(true, std::sync::atomic::Ordering::Relaxed);
+            ok(a, q)
+        })
+        .await
+        .unwrap();
+        assert!(!ran.load(std::sync::atomic::Ordering::Relaxed), "the handler ran on a follower");
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[RETRY_AFTER], "1");
+        assert_eq!(r.headers()[CONNECTION], "close", "the unread body closes the connection");
+        // Operational routes answer anyway.
+        let r = guard(app, Request::get("/health").body(()).unwrap(), ok).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert!(node.status_json().contains("follower"));
+    }
+
+    #[tokio::test]
+    async fn an_answer_whose_deadline_passed_meanwhile_is_withdrawn() {
+        let (app, node) = app_with_node();
+        node.set_role(Role::Leader { epoch: 4 });
+        node.extend(4, after(Duration::from_secs(60)));
+        let r = guard(app.clone(), post("/keys/batch_exists"), ok).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "a serving leader answers");
+        assert_eq!(r.headers()[EPOCH], "4", "and names its epoch");
+        // The deadline passes while the handler runs (a pause, a slow disk).
+        let n = node.clone();
+        let r = guard(app, post("/keys/batch_exists"), move |a, q| {
+            n.fence(4);
+            ok(a, q)
+        })
+        .await
+        .unwrap();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(node.status_json().contains("fenced"));
+    }
+
+    #[tokio::test]
+    async fn the_socket_refuses_a_success_answer_past_the_deadline() {
+        use tokio::io::AsyncWriteExt;
+        let (_, node) = app_with_node();
+        node.set_role(Role::Leader { epoch: 4 });
+        node.extend(4, after(Duration::from_secs(60)));
+        let mut io = GuardedIo::new(Vec::new(), Some(node.clone()));
+        let data = |status: &str| format!("HTTP/1.1 {status}\r\nx-hf3fs-meta-epoch: 4\r\ncontent-length: 0\r\n\r\n");
+        io.write_all(data("200 OK").as_bytes()).await.unwrap();
+        node.fence(4);
+        let e = io.write_all(data("204 No Content").as_bytes()).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+        // Refusals, operational answers and body bytes still go out.
+        io.write_all(b"HTTP/1.1 503 Service Unavailable\r\n\r\n").await.unwrap();
+        io.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"status\":\"ok\"}").await.unwrap();
+        io.write_all(b"{\"exists\":[true]}").await.unwrap();
+        let sent = String::from_utf8_lossy(&io.inner).into_owned();
+        assert_eq!(sent.matches("HTTP/1.1").count(), 3, "{sent}");
+        assert!(!sent.contains("204"), "{sent}");
+        // Without --ha: a pass-through.
+        let mut plain = GuardedIo::new(Vec::new(), None);
+        plain.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
+    }
 
     #[test]
     fn only_data_routes_are_gated() {

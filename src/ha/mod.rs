@@ -17,8 +17,9 @@
 //! `P/leader` (the leader's name and URL, on its lease; its create revision
 //! is the epoch), `P/initialized` (set by the first leader ever, never
 //! removed), `P/sync` (the synchronous standby's node id, written by the
-//! leader), `P/members/<node-id>` (every live node's URL, on its lease) and
-//! `P/handover` (the epoch of a leader that stepped down on purpose).
+//! leader), `P/last` (the last leader that served), `P/members/<node-id>`
+//! (every live node's URL, on its lease) and `P/handover` (the epoch of a
+//! leader that stepped down on purpose).
 //!
 //! Architecture invariants: without `--ha` nothing here runs and the request
 //! path pays one `Option` check; the hot path reads one atomic and the clock,
@@ -217,6 +218,12 @@ impl Keys {
     /// `P/handover`: the epoch of a leader that stepped down on purpose.
     pub fn handover(&self) -> Vec<u8> {
         format!("{}/handover", self.prefix).into_bytes()
+    }
+
+    /// `P/last`: the node id of the last leader that served (written when
+    /// a leader starts serving).
+    pub fn last(&self) -> Vec<u8> {
+        format!("{}/last", self.prefix).into_bytes()
     }
 
     /// `P/members/`: the prefix of every live node's key.

@@ -109,6 +109,10 @@ pub struct Node {
     token: Box<[u8]>,
     /// [`now`] until which data routes may be answered; 0: closed.
     serve_until: AtomicU64,
+    /// The epoch of the `Leader` role, 0 in any other (for the answers'
+    /// `x-hf3fs-meta-epoch` header: the hot path reads it without the role
+    /// channel's lock). Relaxed: written under that lock, read as a label.
+    leader_epoch: AtomicU64,
     role: watch::Sender<Role>,
     /// The leader as last read from etcd, and the synchronous standby. A std
     /// Mutex: held to copy or replace, never across an await.
@@ -142,6 +146,7 @@ impl Node {
             ttl,
             token,
             serve_until: AtomicU64::new(0),
+            leader_epoch: AtomicU64::new(0),
             role: watch::channel(Role::Follower).0,
             view: Mutex::new(View::default()),
             failovers: AtomicU64::new(0),
@@ -170,6 +175,12 @@ impl Node {
         self.serve_until.store(0, Ordering::Release);
     }
 
+    /// The epoch this node leads at, 0 when it is not `Leader`: a cheap
+    /// read for the request path.
+    pub fn leader_epoch(&self) -> u64 {
+        self.leader_epoch.load(Ordering::Relaxed)
+    }
+
     /// The current role.
     pub fn role(&self) -> Role {
         *self.role.borrow()
@@ -192,6 +203,8 @@ impl Node {
             if !matches!(role, Role::Leader { .. }) {
                 self.close();
             }
+            let leading = if let Role::Leader { epoch } = role { epoch } else { 0 };
+            self.leader_epoch.store(leading, Ordering::Relaxed);
             std::mem::replace(r, role) != role
         });
         if changed {
@@ -212,6 +225,7 @@ impl Node {
             }
             Role::Fenced { epoch: e } if e == epoch => {
                 *r = Role::Leader { epoch };
+                self.leader_epoch.store(epoch, Ordering::Relaxed);
                 self.serve_until(deadline);
                 true
             }
@@ -229,6 +243,7 @@ impl Node {
         self.role.send_if_modified(|r| {
             self.retired.store(true, Ordering::Relaxed);
             self.close();
+            self.leader_epoch.store(0, Ordering::Relaxed);
             was = std::mem::replace(r, Role::Follower);
             was != Role::Follower
         });
@@ -242,6 +257,7 @@ impl Node {
                 return false;
             }
             self.close();
+            self.leader_epoch.store(0, Ordering::Relaxed);
             *r = Role::Fenced { epoch };
             true
         });

@@ -6,9 +6,10 @@
 //! watch went quiet on a partitioned etcd member). It forwards only to the
 //! address a leader advertised under the configured prefix, and only once
 //! that leader marks itself serving; a new connection arriving while there
-//! is no serving leader is held (bounded by `--hold-timeout`, by default two
-//! TTLs), then forwarded to whatever leader is known (which answers 503 with
-//! its reason) or closed. When the leader key changes hands or disappears,
+//! is no reachable serving leader is held (bounded by `--hold-timeout`, by
+//! default three TTLs: a killed leader's key lives on until its lease
+//! expires, then the new leader waits one TTL), then forwarded to whatever
+//! leader is known (which answers 503 with its reason) or closed. When the leader key changes hands or disappears,
 //! every connection to the deposed leader is closed at once: vLLM's and
 //! SGLang's clients set no request timeout, so a connection to a paused
 //! leader would otherwise hang them for good. Bytes are copied with
@@ -37,8 +38,9 @@ pub struct RelayArgs {
     #[command(flatten)]
     pub etcd: EtcdArgs,
 
-    /// Seconds a new connection waits for a serving leader (default: two
-    /// lease TTLs).
+    /// Seconds a new connection waits for a reachable serving leader
+    /// (default: three lease TTLs, an unplanned failover's budget: the old
+    /// lease expires, the new leader waits it out, etcd may elect).
     #[arg(long, env = "HF3FS_META_RELAY_HOLD_TIMEOUT")]
     pub hold_timeout: Option<u64>,
 
@@ -85,7 +87,7 @@ pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()
     let addr = listener.local_addr().map_or_else(|_| args.listen.to_string(), |a| a.to_string());
     let (tx, rx) = watch::channel(None::<Target>);
     let follower = tokio::spawn(follow(etcd, args.etcd.keys().leader(), ttl, tx));
-    let hold = args.hold_timeout.map_or(ttl * 2, Duration::from_secs);
+    let hold = args.hold_timeout.map_or(ttl * 3, Duration::from_secs);
     let connect = Duration::from_secs(args.connect_timeout.max(1));
     tracing::info!(%addr, cluster = %args.etcd.ha_cluster, hold_s = hold.as_secs_f64(), "hf3fs-meta relay listening");
     let closed = Arc::new(AtomicU64::new(0));
@@ -184,14 +186,9 @@ async fn forward(
     connect: Duration,
     closed: Arc<AtomicU64>,
 ) {
-    let Some(target) = leader_within(&mut rx, hold).await else {
-        tracing::debug!(%peer, "relay: no leader within the hold time; closing");
+    let Some((target, mut upstream)) = connect_within(&mut rx, hold, connect).await else {
+        tracing::debug!(%peer, "relay: no reachable leader within the hold time; closing");
         return;
-    };
-    let mut upstream = match tokio::time::timeout(connect, TcpStream::connect(&target.addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return tracing::debug!(%peer, addr = %target.addr, "relay: connecting to the leader: {e}"),
-        Err(_) => return tracing::debug!(%peer, addr = %target.addr, "relay: connecting to the leader timed out"),
     };
     let _ = upstream.set_nodelay(true);
     tokio::select! {
@@ -204,6 +201,37 @@ async fn forward(
             closed.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(%peer, node = %target.node, epoch = target.epoch, "relay: leader deposed, closing");
         }
+    }
+}
+
+/// How soon a leader that refused a connection is tried again (unless the
+/// leader key changes first).
+const RECONNECT: Duration = Duration::from_millis(100);
+
+/// A connection to the serving leader, waiting up to `hold` in all: for a
+/// serving leader, and, while the leader named in etcd cannot be reached (a
+/// killed process whose key has not expired yet), for it to come back or
+/// for the next one. vLLM's client gives up after three quick retries: a
+/// refused connection would spend them all before the key expires.
+async fn connect_within(
+    rx: &mut watch::Receiver<Option<Target>>,
+    hold: Duration,
+    connect: Duration,
+) -> Option<(Target, TcpStream)> {
+    let deadline = tokio::time::Instant::now() + hold;
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let target = leader_within(rx, remaining).await?;
+        let attempt = tokio::time::timeout(connect.min(remaining).max(RECONNECT), TcpStream::connect(&target.addr));
+        match attempt.await {
+            Ok(Ok(s)) => return Some((target, s)),
+            Ok(Err(e)) => tracing::debug!(addr = %target.addr, "relay: connecting to the leader: {e}"),
+            Err(_) => tracing::debug!(addr = %target.addr, "relay: connecting to the leader timed out"),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        let _ = tokio::time::timeout(RECONNECT, deposed(rx, &target)).await;
     }
 }
 

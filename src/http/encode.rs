@@ -16,6 +16,8 @@
 
 #![forbid(unsafe_code)]
 
+use crate::core::{SpaceLabel, SpaceReport};
+
 /// Whether `b` cannot appear raw inside a JSON string literal.
 fn needs_escape(b: u8) -> bool {
     b < 0x20 || b == b'"' || b == b'\\'
@@ -285,6 +287,97 @@ pub fn validation_error(out: &mut Vec<u8>, loc: &[&str], msg: &str, typ: &str, i
     out.extend_from_slice(br#","input":"#);
     json_str(out, input);
     out.extend_from_slice(b"}]}");
+}
+
+/// What `/stats` says of the server itself, beside its page spaces.
+#[derive(Debug, Clone)]
+pub struct ServerStats {
+    /// The server's version.
+    pub version: &'static str,
+    /// Seconds since start.
+    pub uptime_seconds: f64,
+    /// `--world-size`, if set.
+    pub world_size: Option<u32>,
+    /// `--reservation-ttl`.
+    pub reservation_ttl_seconds: u64,
+    /// `--eviction`: `clock` or `none`.
+    pub eviction: &'static str,
+    /// `--read-lease`.
+    pub read_lease_seconds: u64,
+    /// Client connections open now.
+    pub open_connections: i64,
+    /// Whether `--data-dir` is set.
+    pub durable: bool,
+    /// `--max-spaces`.
+    pub max_spaces: u32,
+}
+
+/// Appends the `/stats` document (docs/api.md, "GET /stats"): vLLM's page
+/// space at the top level and in `ranks`, SGLang's spaces in `spaces`, each
+/// page count as [`RankPages`](crate::core::RankPages) has it (the same numbers as `/metrics`).
+pub fn stats(out: &mut Vec<u8>, server: &ServerStats, spaces: &[SpaceReport]) {
+    use std::io::Write as _;
+    let vllm = spaces.iter().find(|s| s.label == SpaceLabel::Vllm);
+    let v = |f: fn(&SpaceReport) -> u64| vllm.map_or(0, f);
+    let ws = server.world_size.map_or("null".to_string(), |w| w.to_string());
+    let _ = write!(
+        out,
+        r#"{{"version":"{}","uptime_seconds":{:.3},"world_size":{ws},"keys":{},"complete_keys":{},"leased_keys":{},"index_slots":{},"reservations_expired":{},"reservation_ttl_seconds":{},"eviction":"{}","read_lease_seconds":{},"evicted_keys":{},"evicted_pages":{},"open_connections":{},"durable":{},"ranks":["#,
+        server.version,
+        server.uptime_seconds,
+        v(|s| s.keys),
+        v(|s| s.complete_keys),
+        v(|s| s.leased_keys),
+        v(|s| s.footprint.index_slots),
+        v(|s| s.expired),
+        server.reservation_ttl_seconds,
+        server.eviction,
+        server.read_lease_seconds,
+        v(SpaceReport::evicted_keys),
+        v(|s| s.evict.pages),
+        server.open_connections,
+        server.durable,
+    );
+    for (i, p) in vllm.map_or(&[][..], |s| &s.ranks).iter().enumerate() {
+        let _ = write!(
+            out,
+            r#"{}{{"rank":{},"num_pages":{},"free":{},"reserved":{},"bound":{},"leased":{},"evictable":{},"quarantined":{}}}"#,
+            if i > 0 { "," } else { "" },
+            p.rank,
+            p.num_pages,
+            p.free,
+            p.reserved,
+            p.bound,
+            p.leased,
+            p.evictable,
+            p.quarantined,
+        );
+    }
+    let _ = write!(out, r#"],"max_spaces":{},"spaces":["#, server.max_spaces);
+    let sglang = spaces.iter().filter_map(|s| match &s.label {
+        SpaceLabel::Sglang(name) => Some((name, s, s.ranks.first()?)),
+        SpaceLabel::Vllm => None,
+    });
+    for (i, (name, s, p)) in sglang.enumerate() {
+        let _ = write!(out, r#"{}{{"rank":{},"namespace":"#, if i > 0 { "," } else { "" }, name.rank);
+        json_str(out, &name.namespace);
+        let _ = write!(
+            out,
+            r#","num_pages":{},"free":{},"reserved":{},"bound":{},"keys":{},"leased_keys":{},"leased":{},"evictable":{},"quarantined":{},"evicted_keys":{},"reservations_expired":{}}}"#,
+            p.num_pages,
+            p.free,
+            p.reserved,
+            p.bound,
+            s.keys,
+            s.leased_keys,
+            p.leased,
+            p.evictable,
+            p.quarantined,
+            s.evicted_keys(),
+            s.expired,
+        );
+    }
+    out.extend_from_slice(b"]}");
 }
 
 #[cfg(test)]

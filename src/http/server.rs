@@ -16,7 +16,8 @@
 //! costs as many instructions at 4,096 connections as at 32
 //! (perf/RESULTS.md, "Many clients").
 
-use super::api::{self, Reply, Route};
+use super::dispatch::{self, Route};
+use super::reply::Reply;
 use crate::durable::Health;
 use crate::routes::{Op, Spec};
 use crate::App;
@@ -64,8 +65,6 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
     // accept failing with EMFILE again and again.
     let cap = raise_fd_limit(app.cfg.max_connections.max(1));
     let slots = Arc::new(Semaphore::new(cap));
-    let sweeper = app.cfg.reservation_ttl().map(|ttl| tokio::spawn(sweep(app.clone(), ttl)));
-    let maintainer = tokio::spawn(maintain(app.clone()));
     let mut accept_errors = AcceptErrors::default();
     tokio::pin!(shutdown);
 
@@ -90,7 +89,8 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
         let _ = stream.set_nodelay(true);
         let app_for_conn = app.clone();
         let service = service_fn(move |req| crate::ha::gate::guard(app_for_conn.clone(), req, respond));
-        let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service));
+        let io = TokioIo::new(crate::ha::gate::GuardedIo::new(stream, app.ha.clone()));
+        let conn = graceful.watch(builder.serve_connection(io, service));
         let app = app.clone();
         tokio::spawn(async move {
             app.metrics.connection_opened();
@@ -104,10 +104,6 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
 
     app.begin_shutdown();
     drop(listener);
-    if let Some(s) = sweeper {
-        s.abort();
-    }
-    maintainer.abort();
     let timeout = Duration::from_secs(app.cfg.shutdown_timeout);
     tracing::info!(
         open = app.metrics.open_connections(),
@@ -189,62 +185,10 @@ impl AcceptErrors {
     }
 }
 
-/// Returns expired reservations to the pool, ticking the epoch of every page
-/// space (vLLM's store and SGLang's spaces) every TTL /
-/// [`crate::core::TICKS_PER_TTL`].
-async fn sweep(app: Arc<App>, ttl: Duration) {
-    let period = ttl / crate::core::TICKS_PER_TTL;
-    let mut interval = tokio::time::interval(period);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    interval.tick().await; // the first tick is immediate
-    loop {
-        interval.tick().await;
-        let app = app.clone();
-        // The sweep scans every page table: keep it off the worker threads.
-        match tokio::task::spawn_blocking(move || app.store.tick() + app.spaces.tick()).await {
-            Ok(0) => {}
-            Ok(n) => tracing::warn!(pages = n, "returned expired reservations to the pool"),
-            Err(e) => tracing::error!("reservation sweep failed: {e}"),
-        }
-    }
-}
-
-/// How often the evictor and the quarantine run.
-const MAINTAIN_PERIOD: Duration = Duration::from_millis(100);
-
-/// Words of each rank the evictor's hand may pass per run (2^17 pages):
-/// a run stays short on a huge rank, and the next one goes on from there.
-const MAINTAIN_BUDGET_WORDS: u64 = 4096;
-
-/// Keeps every rank of every page space (vLLM's store and SGLang's spaces)
-/// under its high watermark and frees quarantined pages whose lease has
-/// passed (`Store::maintain`), every [`MAINTAIN_PERIOD`].
-async fn maintain(app: Arc<App>) {
-    let mut interval = tokio::time::interval(MAINTAIN_PERIOD);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        interval.tick().await;
-        let app = app.clone();
-        // A run walks page tables: keep it off the worker threads.
-        let pass = move || {
-            let mut r = app.store.maintain(MAINTAIN_BUDGET_WORDS);
-            let s = app.spaces.maintain(MAINTAIN_BUDGET_WORDS);
-            r.keys += s.keys;
-            r.pages += s.pages;
-            r
-        };
-        match tokio::task::spawn_blocking(pass).await {
-            Ok(r) if r.keys > 0 => tracing::debug!(keys = r.keys, pages = r.pages, "evicted above the high watermark"),
-            Ok(_) => {}
-            Err(e) => tracing::error!("eviction pass failed: {e}"),
-        }
-    }
-}
-
 /// Answers one request.
 async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let start = Instant::now();
-    let route = api::route(req.method(), req.uri().path());
+    let route = dispatch::route(req.method(), req.uri().path());
     let spec = match &route {
         Route::Route(id, _) => Some(id.spec()),
         _ => None,
@@ -253,11 +197,11 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
         denied
     } else if spec.is_some_and(|s| s.reads_body) {
         match read_body(&app, req).await {
-            Ok(mut body) => refuse_allocation(&app, spec).unwrap_or_else(|| api::handle(&app, &route, &mut body)),
+            Ok(mut body) => refuse_allocation(&app, spec).unwrap_or_else(|| dispatch::handle(&app, &route, &mut body)),
             Err(reply) => reply,
         }
     } else {
-        let mut reply = api::handle(&app, &route, &mut []);
+        let mut reply = dispatch::handle(&app, &route, &mut []);
         // This route does not read a body. If the client sent one, hyper
         // may close the connection rather than drain a large unread body:
         // say so in the answer instead of letting the client find out.
@@ -268,15 +212,15 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
     // recorded so far (its own changes and those it observed) is durable.
     // Each dialect waits for its own durable store.
     if let (Some(d), Some(spec)) = (&app.durable, spec) {
-        if reply.status.is_success() && spec.durable {
-            let d = d.of(spec.dialect);
+        if let (true, Some(dialect)) = (reply.status.is_success() && spec.durable, spec.dialect) {
+            let d = d.of(dialect);
             if let Err(e) = d.sync().await {
                 tracing::error!("durable write failed, answering 503: {e}");
                 reply = Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &format!("Durability failure: {e}"));
             }
         }
     }
-    app.metrics.request(api::endpoint(&route), reply.status.as_u16(), reply.keys, start.elapsed());
+    app.metrics.request(dispatch::endpoint(&route), reply.status.as_u16(), reply.keys, start.elapsed());
     Ok(into_response(reply))
 }
 
@@ -287,7 +231,7 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
 /// go on.
 fn refuse_allocation(app: &App, spec: Option<&Spec>) -> Option<Reply> {
     let spec = spec?;
-    let d = app.durable.as_ref()?.of(spec.dialect);
+    let d = app.durable.as_ref()?.of(spec.dialect?);
     if spec.op != Op::Allocate || d.is_healthy() {
         return None;
     }

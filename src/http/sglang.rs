@@ -1,28 +1,34 @@
 //! SGLang HiCache's routes: `POST /{rank}/{op}`, each on the page space
 //! `(rank, namespace)` (see [`crate::core::spaces`]).
 //!
-//! The same three steps as vLLM's handlers (decode, call the core, encode),
+//! The same three steps as vLLM's handlers (decode, call the core, encode,
+//! each handler answering `Result<Reply, Reply>`),
 //! over the same core: each space is a [`Store`] of one rank, so an op here
 //! is the vLLM op of the same name on that store's rank 0, answered in
-//! SGLang's shapes. What differs from SGLang's own server is listed in the
-//! README ("Serving SGLang HiCache"): malformed bodies get a 400 instead of a
-//! bare 500, allocation evicts by recency under read leases instead of
+//! SGLang's shapes. What differs from SGLang's own server is listed in
+//! docs/differences.md ("Differences from SGLang's server"): malformed bodies
+//! get a 400 instead of a bare 500, allocation evicts by recency under read leases instead of
 //! handing a read page to a new key, and releases are checked.
 
-use super::api::{rank_validation_error, Reply, Scratch};
-use super::decode::{DecodeError, Limits};
+use super::decode::Limits;
 use super::encode;
-use crate::core::{ConfirmError, InitError, Initialized, SpaceError, Store};
-use crate::routes::{Dialect, Op, RankParam};
+use super::reply::{self, Reply};
+use super::scratch::Scratch;
+use crate::core::{ConfirmError, Dialect, InitError, Initialized, SpaceError, Store};
+use crate::routes::{Op, RankParam};
 use crate::App;
 use hyper::StatusCode;
 
 /// Runs SGLang's `op` on a fully read `body`.
-pub(super) fn handle(app: &App, op: Op, rank: &RankParam, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Reply {
-    let rank = match sglang_rank(rank) {
-        Ok(r) => r,
-        Err(reply) => return reply,
-    };
+pub(super) fn handle(
+    app: &App,
+    op: Op,
+    rank: &RankParam,
+    s: &mut Scratch,
+    body: &mut [u8],
+    limits: Limits,
+) -> Result<Reply, Reply> {
+    let rank = sglang_rank(rank)?;
     match op {
         Op::Initialize => initialize(app, rank, s, body),
         Op::Allocate => reserve(app, rank, s, body, limits),
@@ -31,9 +37,7 @@ pub(super) fn handle(app: &App, op: Op, rank: &RankParam, s: &mut Scratch, body:
         Op::Locations => page_indices(app, rank, s, body, limits),
         Op::Delete => delete(app, rank, s, body, limits),
         Op::Clear => clear(app, rank, s, body),
-        Op::Metrics | Op::Health | Op::Stats | Op::OpenApi => {
-            Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, "internal error: not an SGLang operation")
-        }
+        Op::Metrics | Op::Health | Op::Stats | Op::OpenApi => Err(Reply::internal("not an SGLang operation")),
     }
 }
 
@@ -46,160 +50,124 @@ fn sglang_rank(rank: &RankParam) -> Result<u32, Reply> {
             encode::validation_error(&mut body, &["path", "rank"], &msg, "less_than_equal", &r.to_string());
             Reply::json(StatusCode::UNPROCESSABLE_ENTITY, body, 0)
         }),
-        RankParam::Invalid(raw) => Err(rank_validation_error(raw)),
-        RankParam::None => Err(Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, "internal error: route has no rank")),
+        RankParam::Invalid(raw) => Err(reply::rank_validation_error(raw)),
+        RankParam::None => Err(Reply::internal("route has no rank")),
     }
 }
 
 /// Runs `f` on space `(rank, namespace)`, or answers SGLang's 404.
-fn on_space(app: &App, rank: u32, namespace: &str, keys: usize, f: impl FnOnce(&Store) -> Reply) -> Reply {
-    app.spaces.with(rank, namespace, f).unwrap_or_else(|| Reply {
-        keys,
-        ..Reply::detail(
-            StatusCode::NOT_FOUND,
-            &format!("Rank {rank} namespace '{namespace}' not initialized. Please call /{rank}/initialize first."),
-        )
+fn on_space(
+    app: &App,
+    rank: u32,
+    namespace: &str,
+    keys: usize,
+    f: impl FnOnce(&Store) -> Result<Reply, Reply>,
+) -> Result<Reply, Reply> {
+    app.registry.sglang().with(rank, namespace, f).unwrap_or_else(|| {
+        let msg = format!("Rank {rank} namespace '{namespace}' not initialized. Please call /{rank}/initialize first.");
+        Err(Reply::detail(StatusCode::NOT_FOUND, &msg).keys(keys))
     })
 }
 
-fn bad_request(e: DecodeError) -> Reply {
-    Reply::detail(StatusCode::BAD_REQUEST, &e.to_string())
+/// The 500 of a core error SGLang's client cannot act on.
+fn internal(e: impl std::fmt::Display, keys: usize) -> Reply {
+    Reply::internal(&e.to_string()).keys(keys)
 }
 
-fn initialize(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Reply {
-    let req = match s.decoder.space_initialize(body) {
-        Ok(r) => r,
-        Err(e) => return bad_request(e),
-    };
+fn initialize(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Result<Reply, Reply> {
+    let req = s.decoder.space_initialize(body)?;
     let (ns, num_pages) = (req.namespace, req.num_pages);
-    match app.spaces.initialize(rank, ns, num_pages) {
+    match app.registry.sglang().initialize(rank, ns, num_pages) {
         Ok(Initialized::Created) => {
             tracing::info!(rank, namespace = ns, num_pages, "SGLang space initialized");
-            Reply::no_content(0)
         }
-        Ok(Initialized::Existing { num_pages: n }) => {
-            if i64::from(n) != num_pages {
-                tracing::warn!(
-                    rank,
-                    namespace = ns,
-                    existing = n,
-                    requested = num_pages,
-                    "SGLang space already initialized with another size; keeping the existing one"
-                );
-            }
-            Reply::no_content(0)
-        }
+        Ok(Initialized::Existing { num_pages: n }) if i64::from(n) != num_pages => tracing::warn!(
+            rank,
+            namespace = ns,
+            existing = n,
+            requested = num_pages,
+            "SGLang space already initialized with another size; keeping the existing one"
+        ),
+        Ok(Initialized::Existing { .. }) => {}
         Err(e @ SpaceError::Init(InitError::OutOfMemory { .. })) => {
             tracing::error!("{e}");
-            Reply::detail(StatusCode::INSUFFICIENT_STORAGE, &e.to_string())
+            return Err(Reply::detail(StatusCode::INSUFFICIENT_STORAGE, &e.to_string()));
         }
         Err(e @ SpaceError::Durability { .. }) => {
             tracing::error!("{e}");
-            Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+            return Err(Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()));
         }
         Err(e) => {
             tracing::warn!("{e}");
-            Reply::detail(StatusCode::BAD_REQUEST, &e.to_string())
+            return Err(Reply::detail(StatusCode::BAD_REQUEST, &e.to_string()));
         }
     }
+    Ok(Reply::no_content(0))
 }
 
-fn reserve(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Reply {
-    let req = match s.decoder.space_reserve(body, limits) {
-        Ok(r) => r,
-        Err(e) => return bad_request(e),
-    };
+fn reserve(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+    let req = s.decoder.space_reserve(body, limits)?;
     let n = req.keys.len();
     let slots = &mut s.slots;
-    on_space(app, rank, req.namespace, n, |st| match st.allocate_partial(0, &req.keys, slots) {
-        Ok(o) => {
-            app.metrics.allocate_keys(Dialect::Sglang, o.reserved, o.reused, o.refused);
-            let mut out = Vec::with_capacity(16 + n * 14);
-            encode::reserved_indices(&mut out, slots.iter().map(|s| (s.stored, s.page)));
-            Reply::json(StatusCode::OK, out, n)
-        }
-        Err(e) => {
-            Reply { keys: n, ..Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &format!("internal error: {e}")) }
-        }
+    on_space(app, rank, req.namespace, n, |st| {
+        let o = st.allocate_partial(0, &req.keys, slots).map_err(|e| internal(e, n))?;
+        app.metrics.allocate_keys(Dialect::Sglang, o.reserved, o.reused, o.refused);
+        let mut out = Vec::with_capacity(16 + n * 14);
+        encode::reserved_indices(&mut out, slots.iter().map(|s| (s.stored, s.page)));
+        Ok(Reply::json(StatusCode::OK, out, n))
     })
 }
 
-fn confirm(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Reply {
-    let req = match s.decoder.space_confirm(body, limits) {
-        Ok(r) => r,
-        Err(e) => return bad_request(e),
-    };
+fn confirm(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+    let req = s.decoder.space_confirm(body, limits)?;
     let n = req.confirmations.len() + req.releases.len();
-    on_space(app, rank, req.namespace, n, |st| match st.confirm(0, &req.confirmations, &req.releases) {
-        Ok(o) => {
-            app.metrics.confirm_pages(Dialect::Sglang, o.bound, o.reconfirmed, o.superseded, o.released);
-            Reply::no_content(n)
-        }
-        Err(e) => {
+    on_space(app, rank, req.namespace, n, |st| {
+        let o = st.confirm(0, &req.confirmations, &req.releases).map_err(|e| {
             app.metrics.confirm_error(Dialect::Sglang, e.code);
             // The space's rank 0 is SGLang's `rank`.
-            let e = ConfirmError { rank: rank.into(), ..e };
-            Reply { keys: n, ..super::api::confirm_error_reply(&e) }
-        }
+            reply::confirm_error(&ConfirmError { rank: rank.into(), ..e }).keys(n)
+        })?;
+        app.metrics.confirm_pages(Dialect::Sglang, o.bound, o.reconfirmed, o.superseded, o.released);
+        Ok(Reply::no_content(n))
     })
 }
 
-fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Reply {
-    let req = match s.decoder.space_keys(body, limits) {
-        Ok(r) => r,
-        Err(e) => return bad_request(e),
-    };
+fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+    let req = s.decoder.space_keys(body, limits)?;
     let n = req.keys.len();
     let flags = &mut s.flags;
     on_space(app, rank, req.namespace, n, |st| {
         st.exists(&req.keys, flags);
         let mut out = Vec::with_capacity(16 + n * 6);
         encode::exists(&mut out, flags);
-        Reply::json(StatusCode::OK, out, n)
+        Ok(Reply::json(StatusCode::OK, out, n))
     })
 }
 
-fn page_indices(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Reply {
-    let req = match s.decoder.space_keys(body, limits) {
-        Ok(r) => r,
-        Err(e) => return bad_request(e),
-    };
+fn page_indices(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+    let req = s.decoder.space_keys(body, limits)?;
     let n = req.keys.len();
     let locations = &mut s.locations;
-    on_space(app, rank, req.namespace, n, |st| match st.locations(0, &req.keys, locations) {
-        Ok(()) => {
-            let mut out = Vec::with_capacity(16 + n * 11);
-            encode::indices(&mut out, locations);
-            Reply::json(StatusCode::OK, out, n)
-        }
-        Err(e) => {
-            Reply { keys: n, ..Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &format!("internal error: {e}")) }
-        }
+    on_space(app, rank, req.namespace, n, |st| {
+        st.locations(0, &req.keys, locations).map_err(|e| internal(e, n))?;
+        let mut out = Vec::with_capacity(16 + n * 11);
+        encode::indices(&mut out, locations);
+        Ok(Reply::json(StatusCode::OK, out, n))
     })
 }
 
-fn delete(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Reply {
-    let req = match s.decoder.space_keys(body, limits) {
-        Ok(r) => r,
-        Err(e) => return bad_request(e),
-    };
+fn delete(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+    let req = s.decoder.space_keys(body, limits)?;
     let n = req.keys.len();
-    on_space(app, rank, req.namespace, n, |st| match st.delete(0, &req.keys) {
-        Ok(o) => {
-            app.metrics.delete_keys(o.deleted, o.quarantined);
-            Reply::no_content(n)
-        }
-        Err(e) => {
-            Reply { keys: n, ..Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &format!("internal error: {e}")) }
-        }
+    on_space(app, rank, req.namespace, n, |st| {
+        let o = st.delete(0, &req.keys).map_err(|e| internal(e, n))?;
+        app.metrics.delete_keys(o.deleted, o.quarantined);
+        Ok(Reply::no_content(n))
     })
 }
 
-fn clear(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Reply {
-    let ns = match s.decoder.space_namespace(body) {
-        Ok(ns) => ns,
-        Err(e) => return bad_request(e),
-    };
+fn clear(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Result<Reply, Reply> {
+    let ns = s.decoder.space_namespace(body)?;
     on_space(app, rank, ns, 0, |st| {
         let o = st.reset();
         tracing::warn!(
@@ -209,6 +177,6 @@ fn clear(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Reply {
             held_for_readers = o.quarantined,
             "cleared an SGLang space (POST /{rank}/clear)"
         );
-        Reply::no_content(0)
+        Ok(Reply::no_content(0))
     })
 }

@@ -5,7 +5,7 @@
 //! - [`generations`], [`page_model`], [`recorder`]: the core's model and
 //!   journal-recording helpers.
 //!
-//! - [`TestServer`]: the real `hf3fs_meta::http::serve` on a tokio runtime in a
+//! - [`TestServer`]: the real `hf3fs_meta::serve` on a tokio runtime in a
 //!   background thread, bound to 127.0.0.1:0, shut down on drop.
 //! - [`Client`]: a tiny blocking HTTP/1.1 client over `std::net::TcpStream`
 //!   that sends raw bytes and parses what comes back (status, headers,
@@ -106,7 +106,7 @@ impl TestServer {
                 rt.block_on(async move {
                     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
                     addr_tx.send(listener.local_addr().expect("local addr")).expect("send addr");
-                    hf3fs_meta::http::serve(served, listener, async move {
+                    hf3fs_meta::serve(served, listener, async move {
                         let _ = stop_rx.await;
                     })
                     .await;
@@ -260,7 +260,7 @@ impl TestServer {
 
     /// Panics unless the store passes its audit.
     pub fn audit(&self) {
-        if let Err(e) = self.app.store.audit() {
+        if let Err(e) = self.app.registry.vllm().audit() {
             panic!("store audit failed: {e}");
         }
     }

@@ -294,7 +294,9 @@ fn both_dialects_under_load_never_hand_a_read_page_on_and_audit_clean() {
         w.clock.set(phase * 3);
         if phase % 2 == 1 {
             w.vllm.tick();
-            w.spaces.tick();
+            for (_, s) in w.spaces.list() {
+                s.tick();
+            }
         }
         if phase % 7 == 6 {
             let (rank, ns) = SPACES[phase as usize % SPACES.len()];
@@ -308,7 +310,9 @@ fn both_dialects_under_load_never_hand_a_read_page_on_and_audit_clean() {
                 // The background evictor, racing the requests of this phase.
                 while !done.load(Ordering::SeqCst) {
                     w.vllm.maintain(64);
-                    w.spaces.maintain(64);
+                    for (_, s) in w.spaces.list() {
+                        s.maintain(64);
+                    }
                     thread::yield_now();
                 }
             });
@@ -328,7 +332,8 @@ fn both_dialects_under_load_never_hand_a_read_page_on_and_audit_clean() {
     // Keys stay in their own dialect's store.
     let st = w.vllm.stats();
     assert!(st.ranks.iter().all(|r| r.num_pages == PAGES));
-    let evictions: u64 = w.spaces.stats().iter().map(|s| s.evict.keys_allocate + s.evict.keys_watermark).sum();
+    let evictions: u64 =
+        w.spaces.list().iter().map(|(_, s)| s.evict_stats()).map(|e| e.keys_allocate + e.keys_watermark).sum();
     println!(
         "checked {} reads; vLLM evictions {:?}; SGLang evictions {evictions}",
         w.checked.load(Ordering::SeqCst),

@@ -277,7 +277,9 @@ fn exists_leases_the_leading_run_only() {
     assert_eq!(t.exists(&probe), [true, true, true, false, true, true]);
     let leases = t.s.lease_stats();
     assert_eq!(leases.leased_keys, 3, "the three keys before the first false");
-    assert_eq!(leases.ranks, vec![(0, 3, 5), (1, 3, 5)]);
+    let by_rank: Vec<(u32, u64, u64)> =
+        leases.ranks.iter().map(|r| (r.rank, r.leased_pages, r.evictable_pages)).collect();
+    assert_eq!(by_rank, vec![(0, 3, 5), (1, 3, 5)]);
 
     // Five new keys on a full rank: exactly the five unleased keys go, the
     // two after the false (answered true, not leased) among them.

@@ -29,8 +29,8 @@ use crate::common::page_model;
 use crate::common::page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
 use crate::common::recorder::{Rec, Recorder};
 use hf3fs_meta::core::{
-    AllocateOutcome, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats, RankNotInitialized, Stats, Store,
-    StoreConfig,
+    AllocateOutcome, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats, RankLeases, RankNotInitialized,
+    Stats, Store, StoreConfig,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -539,7 +539,7 @@ impl Model {
                 let on = |want: bool| {
                     self.keys.values().filter(|e| e.pages.contains_key(&r) && leased(e) == want).count() as u64
                 };
-                (r, on(true), on(false))
+                RankLeases { rank: r, leased_pages: on(true), evictable_pages: on(false) }
             })
             .collect();
         LeaseStats { leased_keys: self.keys.values().filter(|e| leased(e)).count() as u64, ranks }

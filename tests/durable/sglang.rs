@@ -98,7 +98,7 @@ fn through_the_server_state(crash: bool) {
     let keys: Vec<&str> = owned.iter().map(String::as_str).collect();
     let before = {
         let app = open_app(dir.path());
-        let sp = &app.spaces;
+        let sp = app.registry.sglang();
         sp.initialize(0, "kv", 16).unwrap();
         sp.initialize(0, "mamba", 0).unwrap();
         sp.initialize(3, ODD, 8).unwrap();
@@ -109,8 +109,8 @@ fn through_the_server_state(crash: bool) {
         sp.with(3, ODD, |st| st.reset());
         set(sp, 3, ODD, &keys[4..]);
         // vLLM's clear leaves the spaces alone.
-        app.store.initialize(0, 8).unwrap();
-        app.store.clear();
+        app.registry.vllm().initialize(0, 8).unwrap();
+        app.registry.vllm().clear();
         let d = app.durable.as_ref().expect("durable");
         d.sglang.sync_blocking(FAILSAFE).expect("durable");
         d.vllm.sync_blocking(FAILSAFE).expect("durable");
@@ -129,18 +129,18 @@ fn through_the_server_state(crash: bool) {
     let ns = &before[2].3;
     assert!(ns[..4].iter().all(Option::is_none) && ns[4].is_some() && ns[5].is_some(), "{ns:?}");
     let app = open_app(dir.path());
-    assert_eq!(view(&app.spaces, &keys), before, "the spaces after a restart (crash: {crash})");
+    assert_eq!(view(app.registry.sglang(), &keys), before, "the spaces after a restart (crash: {crash})");
     // The restored spaces go on: new keys, new spaces, and a restart again.
-    set(&app.spaces, 0, "mamba", &keys[..1]);
-    app.spaces.initialize(9, "kv", 4).unwrap();
-    set(&app.spaces, 9, "kv", &keys[..2]);
+    set(app.registry.sglang(), 0, "mamba", &keys[..1]);
+    app.registry.sglang().initialize(9, "kv", 4).unwrap();
+    set(app.registry.sglang(), 9, "kv", &keys[..2]);
     app.durable.as_ref().unwrap().sglang.sync_blocking(FAILSAFE).unwrap();
-    let again = view(&app.spaces, &keys);
+    let again = view(app.registry.sglang(), &keys);
     app.close().unwrap();
     drop(app);
     let app = open_app(dir.path());
-    assert_eq!(view(&app.spaces, &keys), again);
-    assert_eq!(app.spaces.len(), 4);
+    assert_eq!(view(app.registry.sglang(), &keys), again);
+    assert_eq!(app.registry.sglang().len(), 4);
     app.close().unwrap();
 }
 
@@ -242,7 +242,9 @@ fn a_clear_under_a_read_lease_holds_the_page_and_is_durable() {
     assert!(!got.contains(&pages[0]), "the reader's page is not handed out within its lease");
     d.sync_blocking(FAILSAFE).unwrap();
     clock.set(100);
-    sp.maintain(64);
+    for (_, st) in sp.list() {
+        st.maintain(64);
+    }
     let before = view(&sp, &keys);
     assert!(before[0].3.iter().all(Option::is_none), "the clear is durable: {before:?}");
     d.close_without_checkpoint().unwrap();

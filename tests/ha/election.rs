@@ -11,9 +11,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The direct client's calls: when each was sent, and its status (`None`:
-/// no answer).
-type Calls = Vec<(Instant, Option<u16>)>;
+/// One call of the direct client: when it was sent, when its answer came,
+/// and its status (`None`: no answer).
+#[derive(Debug, Clone, Copy)]
+struct Call {
+    sent: Instant,
+    answered: Instant,
+    status: Option<u16>,
+}
 
 #[test]
 fn missing_token_is_refused_at_start_up() {
@@ -113,35 +118,42 @@ fn a_paused_leader_answers_no_2xx_after_its_deadline_and_stays_deposed() {
     let target = addr(procs[l]);
     // A direct client keeps calling the leader, one connection a request.
     let stop = Arc::new(AtomicBool::new(false));
-    let log: Arc<Mutex<Calls>> = Arc::default();
+    let log: Arc<Mutex<Vec<Call>>> = Arc::default();
     let caller = {
         let (stop, log, target) = (stop.clone(), log.clone(), target.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let sent = Instant::now();
                 let r = request_within(&target, "POST", super::cluster::PROBE.0, super::cluster::PROBE.1, TTL * 10);
-                log.lock().unwrap().push((sent, r.map(|r| r.status)));
+                log.lock().unwrap().push(Call { sent, answered: Instant::now(), status: r.map(|r| r.status) });
             }
         })
     };
-    wait_for("the direct client got a 200", || log.lock().unwrap().iter().any(|e| e.1 == Some(200)).then_some(()));
-    let paused = Instant::now();
+    wait_for("the direct client got a 200", || log.lock().unwrap().iter().any(|c| c.status == Some(200)).then_some(()));
     procs[l].signal("STOP");
     let new_epoch = wait_for("the standby took over", || serving_epoch(procs[s]));
+    // The standby serves (seen at this instant, so it started before): the
+    // paused leader's deadline has passed.
+    let took_over = Instant::now();
     assert!(new_epoch > epoch);
     procs[l].signal("CONT");
     let h = wait_for("the old leader reports it no longer leads", || ha(procs[l]).filter(|h| h["role"] != "leader"));
     assert!(h["role"] == "follower" || h["role"] == "fenced", "{h}");
-    // Let the direct client get a few answers after the pause, then stop it.
-    wait_for("answers after the pause", || {
-        (log.lock().unwrap().iter().filter(|e| e.0 > paused && e.1.is_some()).count() >= 3).then_some(())
+    // Let the direct client get a few answers sent after the take-over.
+    wait_for("answers after the take-over", || {
+        (log.lock().unwrap().iter().filter(|c| c.sent > took_over && c.status.is_some()).count() >= 3).then_some(())
     });
     stop.store(true, Ordering::Relaxed);
     caller.join().unwrap();
     let log = log.lock().unwrap();
-    let after: Vec<_> = log.iter().filter(|e| e.0 > paused).collect();
-    assert!(after.iter().all(|e| !matches!(e.1, Some(200..=299))), "a 2xx from the deposed leader: {after:?}");
-    assert!(after.iter().any(|e| e.1 == Some(503)), "{after:?}");
+    // No 2xx reached the client once the deadline had passed: nothing
+    // answered after the take-over is a success...
+    let late: Vec<_> = log.iter().filter(|c| c.answered > took_over).collect();
+    assert!(late.iter().all(|c| !matches!(c.status, Some(200..=299))), "a 2xx from the deposed leader: {late:?}");
+    // ...including the request the pause caught in flight (sent before,
+    // answered after the resume): refused, or withdrawn, with a 503.
+    let caught: Vec<_> = late.iter().filter(|c| c.sent < took_over).collect();
+    assert!(!caught.is_empty() && caught.iter().all(|c| c.status == Some(503)), "{caught:?}");
     // It stays deposed: still a follower, still 503, the new leader serves.
     assert_eq!(probe(&target).map(|r| r.status), Some(503));
     assert_eq!(serving_epoch(procs[s]), Some(new_epoch));
@@ -196,7 +208,7 @@ fn losing_etcd_quorum_stops_the_leader_within_a_ttl_until_quorum_returns() {
 }
 
 #[test]
-fn without_replication_only_the_first_leader_ever_serves() {
+fn without_replication_a_named_standby_without_its_state_refuses() {
     let _serial = crate::serial();
     if !available() {
         return;

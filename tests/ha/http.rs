@@ -31,16 +31,40 @@ impl Answer {
 }
 
 /// Sends one request on a new connection; `None` if the connection was
-/// refused, closed before a whole answer, or silent for `timeout`.
+/// refused, closed before a whole answer, or silent for `timeout`. Returns
+/// as soon as the whole answer is in (by its Content-Length), not when the
+/// peer closes: the moment an answer arrived is what the HA tests time.
 pub fn request_within(addr: &str, method: &str, path: &str, body: &str, timeout: Duration) -> Option<Answer> {
     let sock: SocketAddr = addr.to_socket_addrs().ok()?.next()?;
     let mut s = TcpStream::connect_timeout(&sock, timeout).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
     s.set_write_timeout(Some(timeout)).ok()?;
     s.write_all(&request_bytes(method, path, &[("Connection", "close")], body.as_bytes())).ok()?;
+    read_answer(&mut s)
+}
+
+/// Reads one whole answer from `s`: until its Content-Length is satisfied,
+/// else until EOF.
+pub fn read_answer(s: &mut impl Read) -> Option<Answer> {
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    parse(&raw)
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if let Some(a) = parse_complete(&raw) {
+            return Some(a);
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => return parse(&raw),
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(_) => return None,
+        }
+    }
+}
+
+/// A whole answer already in `raw`: its head, and a body as long as its
+/// Content-Length says (none: not complete before EOF).
+fn parse_complete(raw: &[u8]) -> Option<Answer> {
+    let a = parse(raw)?;
+    a.header("content-length").is_some().then_some(a)
 }
 
 /// [`request_within`] with the failsafe as the timeout.

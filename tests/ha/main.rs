@@ -7,6 +7,7 @@
 //! - [`cluster`]: nodes, relays, polling helpers.
 //! - [`client`]: the etcd JSON-gateway client against real etcd.
 //! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
+//! - [`history`]: without replication, only the last leader may lead again.
 //! - [`relay`]: following the leader, closing connections to a deposed one.
 //! - [`failover`]: SIGKILL of a replicating leader: nothing acknowledged lost.
 //! - [`under_load`]: SIGKILL of the leader under load through the relay.
@@ -24,6 +25,7 @@ mod cluster;
 mod election;
 mod etcd;
 mod failover;
+mod history;
 mod http;
 mod relay;
 mod replication;

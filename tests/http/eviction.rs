@@ -242,7 +242,7 @@ fn a_restart_replays_evictions_and_holds_eviction_for_a_lease() {
     let all: Vec<&str> = old.iter().chain(&new).map(String::as_str).collect();
     let (exists, locs) = {
         let app = App::open(cfg()).unwrap();
-        let s = &app.store;
+        let s = app.registry.vllm();
         s.initialize(0, 4).unwrap();
         for batch in [&old, &new] {
             let refs = refs(batch);
@@ -262,7 +262,7 @@ fn a_restart_replays_evictions_and_holds_eviction_for_a_lease() {
     assert_eq!(exists.iter().filter(|&&e| e).count(), 4);
 
     let app = App::open(cfg()).unwrap();
-    let s = &app.store;
+    let s = app.registry.vllm();
     let (mut e, mut l) = (Vec::new(), Vec::new());
     s.exists(&all, &mut e);
     s.locations(0, &all, &mut l).unwrap();

@@ -1,5 +1,5 @@
 //! The HTTP layer's integration tests, one binary: the real server
-//! (`hf3fs_meta::http::serve`) on 127.0.0.1:0 in this process, spoken to
+//! (`hf3fs_meta::serve`) on 127.0.0.1:0 in this process, spoken to
 //! over sockets, every answer checked against docs/openapi.json.
 //!
 //! - [`contract`]: vLLM's routes, one case a line.
@@ -8,6 +8,7 @@
 //! - [`ops`]: `/health`, `/stats`, `/metrics`, the OpenAPI document.
 //! - [`eviction`]: eviction and read leases over HTTP.
 //! - [`grafana_dashboard`]: the dashboard's queries name real series.
+//! - [`stats_metrics`]: `/stats` and `/metrics` agree on every page count.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -18,3 +19,4 @@ mod grafana_dashboard;
 mod malformed;
 mod ops;
 mod sglang;
+mod stats_metrics;

@@ -532,10 +532,10 @@ fn reservations_expire() {
     assert_eq!(sg.space(0, "kv")["reserved"], json!(2));
     // The sweeper's ticks, driven by hand: a reservation outlives four.
     for _ in 0..hf3fs_meta::core::TICKS_PER_TTL {
-        s.app().spaces.tick();
+        s.app().registry.tick();
     }
     assert_eq!(sg.space(0, "kv")["reserved"], json!(2), "not before the TTL");
-    s.app().spaces.tick();
+    s.app().registry.tick();
     let sp = sg.space(0, "kv");
     assert_eq!((&sp["reserved"], &sp["free"], &sp["reservations_expired"]), (&json!(0), &json!(2), &json!(2)));
     // A late confirm gets the typed 500.
@@ -606,7 +606,7 @@ fn both_dialects_on_one_server_never_touch_each_others_pages() {
     let r = s.post_json("/rank/0/initialize", &json!({"num_pages": 2}));
     assert_json_body(&r, r#"{"message":"Rank 0 initialized with 2 pages"}"#, "vLLM initialize");
     s.audit();
-    for (_, space) in s.app().spaces.list() {
+    for (_, space) in s.app().registry.sglang().list() {
         space.audit().unwrap_or_else(|e| panic!("space audit: {e}"));
     }
 }

@@ -22,7 +22,7 @@
 //!    (`kill -TERM`), and check every response that arrived was complete and
 //!    valid. The script checks the exit status and the "stopped" log line.
 //!
-//! How the expected state is known is written at the top of [`model`].
+//! How the expected state is known is written at the top of `model`.
 //!
 //! # Code map
 //!

@@ -33,7 +33,7 @@
 
 use super::wire::Msg;
 use super::SyncMode;
-use crate::core::{Store, Visit};
+use crate::core::{PageSource, Visit};
 use crate::durable::codec;
 use crate::durable::tap::{BoxFuture, Frame, Replication};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
@@ -63,7 +63,8 @@ pub struct Target {
 
 /// The leader's replication state (see the module docs).
 pub struct Replicator {
-    store: Arc<Store>,
+    /// The leader's state as its durable store reads it back.
+    store: Arc<dyn PageSource>,
     /// The change number the durable store has handed out so far.
     head: Box<dyn Fn() -> u64 + Send + Sync>,
     token: Box<[u8]>,
@@ -102,7 +103,7 @@ impl Replicator {
     /// `head()`, as node `node` with the cluster secret `token`; requests
     /// wait at most `wait` for the standby. Starts the sender thread.
     pub fn start(
-        store: Arc<Store>,
+        store: Arc<dyn PageSource>,
         head: Box<dyn Fn() -> u64 + Send + Sync>,
         token: Box<[u8]>,
         node: String,
@@ -300,7 +301,7 @@ impl Replicator {
         send(wr, &Msg::SnapshotBegin { epoch })?;
         let mut buf = Vec::with_capacity(PART_BYTES + 1024);
         let mut failed = None;
-        self.store.snapshot(|v| {
+        self.store.snapshot(&mut |v| {
             match v {
                 Visit::Generation(_) => {}
                 Visit::Rank { rank, num_pages } => codec::put_initialize(&mut buf, rank, num_pages),

@@ -3,9 +3,10 @@
 //! (`P/sync`), and whether a node that won the leader key may serve.
 //!
 //! The rules (Patroni's synchronous mode):
-//! - **Only a caught-up synchronous standby is promoted.** The election
-//!   lets only the node named in `P/sync` take the leader key once the
-//!   cluster is initialized; this hook also refuses a winner that did not
+//! - **Only a caught-up synchronous standby is promoted** (or the last
+//!   leader to serve, holding the state it served, `own_history`). The
+//!   election lets only the node named in `P/sync` take the leader key once
+//!   the cluster is initialized; this hook also refuses a winner that did not
 //!   apply a snapshot of the previous epoch and the stream after it. Every
 //!   position it acknowledged is already applied and on its disk, so the
 //!   replay to the last acknowledged position is already done when it wins.
@@ -102,13 +103,21 @@ impl Promotion for Replicated {
     fn promote<'a>(&'a self, ctx: &'a PromotionContext) -> BoxFuture<'a, Result<(), Refusal>> {
         Box::pin(async move {
             let (caught_up, position) = self.standby.promote(ctx.epoch);
-            if !ctx.first_leader && !caught_up {
+            // The last leader to serve, holding the state it served (its
+            // disk has everything it acknowledged), may resume too.
+            if !ctx.first_leader && !ctx.own_history && !caught_up {
                 return Err(Refusal(format!(
                     "epoch {}: this node has not caught up with the previous leader (no snapshot of it applied)",
                     ctx.epoch
                 )));
             }
-            tracing::info!(epoch = ctx.epoch, position, first = ctx.first_leader, "promoted with the replicated state");
+            tracing::info!(
+                epoch = ctx.epoch,
+                position,
+                first = ctx.first_leader,
+                own_history = ctx.own_history,
+                "promoted with the replicated state"
+            );
             self.replicator.set_target(None);
             // Only this node is named (or nobody is): see the module docs.
             self.replicator.release(self.mode == SyncMode::Available);

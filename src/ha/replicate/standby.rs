@@ -130,7 +130,7 @@ impl Standby {
         let was = self.caught_up.swap(false, Ordering::AcqRel);
         self.epoch.fetch_max(epoch, Ordering::AcqRel);
         if let Some(app) = self.app.upgrade() {
-            let held = holds.apply(&app.store);
+            let held = holds.apply(app.registry.vllm());
             tracing::info!(epoch, pages = held, "promotion: pages unbound within the last read lease held back");
         }
         (was, self.position.load(Ordering::Acquire))
@@ -223,7 +223,7 @@ impl Standby {
     fn on_message(&self, epoch: u64, msg: Msg) -> Result<Option<u64>, String> {
         let mut holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
         let app = self.app()?;
-        let store: &Store = &app.store;
+        let store: &Store = app.registry.vllm();
         if msg.epoch() != epoch || self.epoch.load(Ordering::Acquire) != epoch {
             self.counters.old_epoch.fetch_add(1, Ordering::Relaxed);
             return Err(format!("a message of epoch {} on a session of epoch {epoch}", msg.epoch()));

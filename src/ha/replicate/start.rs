@@ -59,7 +59,7 @@ pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<A
     let watched = app.clone();
     let head = Box::new(move || watched.durable.as_ref().map_or(0, |d| d.vllm.head()));
     let replicator =
-        Replicator::start(app.store.clone(), head, token, node.id.clone(), args.ha_sync, args.sync_timeout());
+        Replicator::start(d.vllm.source(), head, token, node.id.clone(), args.ha_sync, args.sync_timeout());
     d.vllm.attach(replicator.clone());
     d.sglang.attach(Arc::new(NotReplicated));
     tracing::info!(

@@ -43,8 +43,7 @@
 //! body, [`Scratch::finish`] borrows it for good, checks it as UTF-8 once
 //! (it is ASCII, so this cannot fail) and cuts the keys out of it.
 
-use super::sglang::MAX_NAMESPACE_LEN;
-use super::{DecodeError, Limits};
+use super::{DecodeError, Limits, MAX_NAMESPACE_LEN};
 
 /// Where a string's text lies in the body: byte offsets, quotes excluded.
 type Span = (usize, usize);

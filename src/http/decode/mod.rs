@@ -83,7 +83,7 @@ mod sglang;
 mod tape;
 mod vllm;
 
-pub use sglang::{SpaceConfirmBody, SpaceInitBody, SpaceKeysBody, MAX_NAMESPACE_LEN};
+pub use sglang::{SpaceConfirmBody, SpaceInitBody, SpaceKeysBody};
 pub use vllm::{AllocateBody, ConfirmBody, ExistsBody, InitializeBody, LocationsBody, Role};
 
 /// Bodies up to this many bytes leave their parse scratch in the [`Decoder`]
@@ -92,6 +92,11 @@ pub const RETAIN_LIMIT: usize = 256 * 1024;
 
 /// Initial capacity of the parse scratch, enough for a 128-key allocate.
 const INITIAL_CAPACITY: usize = 8 * 1024;
+
+/// The longest namespace accepted, in bytes (SGLang's are pool names):
+/// here rather than in `sglang.rs` because the fast path checks it too, and
+/// the dialect files and `fast.rs` import only this file, never each other.
+pub const MAX_NAMESPACE_LEN: usize = 256;
 
 /// Per-request bounds on the lists a body may carry, checked while decoding
 /// so that an oversized request is refused before any work is done for it.

@@ -10,12 +10,9 @@
 //! [`MAX_NAMESPACE_LEN`] bytes.
 
 use super::tape::{check_count, check_key, fields, int_field, int_of, key_strings, Items};
-use super::{fast, DecodeError, Decoder, Limits};
+use super::{fast, DecodeError, Decoder, Limits, MAX_NAMESPACE_LEN};
 use crate::core::DEFAULT_NAMESPACE;
 use simd_json::Node;
-
-/// The longest namespace accepted, in bytes (SGLang's are pool names).
-pub const MAX_NAMESPACE_LEN: usize = 256;
 
 /// Body of `POST /{rank}/initialize`.
 #[derive(Clone, Debug, PartialEq, Eq)]

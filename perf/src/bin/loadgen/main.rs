@@ -320,7 +320,7 @@ async fn call<'c>(
     }
 }
 
-/// The confirmations of a confirm_write: keys[i] -> pages[i], pages >= 0 only.
+/// The confirmations of a confirm_write: `keys[i] -> pages[i]`, pages >= 0 only.
 fn granted<'a>(keys: &'a [Key], pages: &'a [i64]) -> impl Iterator<Item = (&'a Key, i64)> {
     keys.iter().zip(pages.iter().copied()).filter(|&(_, p)| p >= 0)
 }
@@ -348,7 +348,7 @@ impl Worker {
         }
     }
 
-    /// Allocates self.keys on `rank` and fills self.pages[slot] with one page
+    /// Allocates self.keys on `rank` and fills `self.pages[slot]` with one page
     /// per key. Against a target that is not a metadata server (no `results`
     /// in the answer, validation off) pages are fabricated as 0..n so the
     /// follow-up requests keep the same shape. Returns false when the
@@ -393,7 +393,7 @@ impl Worker {
         true
     }
 
-    /// Releases every non-negative page of self.pages[slot] on `rank` (untimed).
+    /// Releases every non-negative page of `self.pages[slot]` on `rank` (untimed).
     async fn release(&mut self, sh: &Shared, st: &mut Stats, rank: u32, slot: usize) {
         self.release.clear();
         self.release.extend(self.pages[slot].iter().copied().filter(|&p| p >= 0));

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Failover time of `--ha etcd`, through the relay: one etcd member on
+# loopback (fast raft timings), three hf3fs-meta nodes with a 2 s lease
+# (election only: --ha-promote-without-state, no replicated state), one relay.
+# Each round SIGKILLs the serving leader and times how long until a data
+# request through the relay answers 200 again; the killed node is restarted
+# as a follower. Prints every round, then the median and the maximum.
+#
+#   perf/ha_failover.sh [rounds=20]      BIN=target/release/hf3fs-meta by default
+#
+# Needs etcd and curl. Loopback only; bounded: each round gives up after 30 s.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROUNDS="${1:-20}"
+BIN="${BIN:-target/release/hf3fs-meta}"
+TTL=2
+[ -x "$BIN" ] || { echo "no $BIN: cargo build --release (or set BIN)" >&2; exit 2; }
+command -v etcd >/dev/null || { echo "etcd is not installed" >&2; exit 2; }
+
+WORK="$(mktemp -d)"
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    for f in "$WORK"/*.pid; do [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+CP=$(free_port); PP=$(free_port)
+etcd --name m0 --data-dir "$WORK/etcd" --listen-client-urls "http://127.0.0.1:$CP" \
+    --advertise-client-urls "http://127.0.0.1:$CP" --listen-peer-urls "http://127.0.0.1:$PP" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$PP" --initial-cluster "m0=http://127.0.0.1:$PP" \
+    --heartbeat-interval 50 --election-timeout 500 --log-level error >"$WORK/etcd.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$CP/health" >/dev/null && break; sleep 0.1; done
+echo "a-cluster-secret-of-32-characters" >"$WORK/token"
+EP="http://127.0.0.1:$CP"
+declare -A PORT=([a]=$(free_port) [b]=$(free_port) [c]=$(free_port))
+
+start_node() {
+    local id=$1
+    "$BIN" --host 127.0.0.1 --port "${PORT[$id]}" --workers 1 --ha etcd --etcd-endpoints "$EP" \
+        --ha-cluster /perf --node-id "$id" --advertise-url "http://127.0.0.1:${PORT[$id]}" \
+        --ha-lease-ttl "$TTL" --ha-token-file "$WORK/token" --ha-promote-without-state \
+        >>"$WORK/$id.log" 2>&1 &
+    echo $! >"$WORK/$id.pid"
+    disown # no "Killed" line from bash for the rounds' SIGKILLs
+}
+for id in a b c; do start_node "$id"; done
+RP=$(free_port)
+"$BIN" relay --listen "127.0.0.1:$RP" --etcd-endpoints "$EP" --ha-cluster /perf --ha-lease-ttl "$TTL" \
+    >"$WORK/relay.log" 2>&1 &
+PIDS+=($!)
+
+probe() {
+    curl -s -o /dev/null -w '%{http_code}' --max-time 10 -X POST "http://127.0.0.1:$RP/keys/batch_exists" \
+        -H 'Content-Type: application/json' -d '{"keys":["0123456789abcdef0123456789abcdef"]}' || true
+}
+leader() { curl -s --max-time 5 "http://127.0.0.1:$RP/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ha"]["node"])'; }
+has_standby() { curl -s --max-time 5 "http://127.0.0.1:$RP/health" | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["ha"]["standby"] else 1)'; }
+
+times=()
+for r in $(seq "$ROUNDS"); do
+    # A serving leader with a live standby named, as before every kill.
+    for _ in $(seq 300); do [ "$(probe)" = 200 ] && has_standby 2>/dev/null && break; sleep 0.1; done
+    L=$(leader)
+    t0=$(date +%s.%N)
+    kill -9 "$(cat "$WORK/$L.pid")"
+    code=000
+    for _ in $(seq 3000); do
+        code=$(probe)
+        [ "$code" = 200 ] && break
+        sleep 0.01
+    done
+    t1=$(date +%s.%N)
+    dt=$(python3 -c "print(f'{$t1-$t0:.3f}')")
+    times+=("$dt")
+    echo "round $r: killed $L, 200 through the relay after ${dt} s (now $(leader))"
+    start_node "$L"
+done
+printf '%s\n' "${times[@]}" | python3 -c '
+import statistics, sys
+t = sorted(float(x) for x in sys.stdin)
+print(f"failover over {len(t)} kills (TTL 2 s): median {statistics.median(t):.2f} s, min {t[0]:.2f} s, max {t[-1]:.2f} s")'
