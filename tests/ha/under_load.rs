@@ -19,7 +19,9 @@ use std::time::{Duration, Instant};
 /// A replicated node `id` on data directory `dir`.
 fn node(c: &Cluster, id: &str, dir: &std::path::Path) -> ServerProcess {
     let mut args: Vec<String> = c.node_args(id).into_iter().filter(|a| a != "--ha-promote-without-state").collect();
-    args.extend(["--data-dir", dir.to_str().expect("UTF-8"), "--fsync", "always"].map(String::from));
+    args.extend(
+        ["--data-dir", dir.to_str().expect("UTF-8"), "--fsync", "always", "--ha-sync", "strict"].map(String::from),
+    );
     ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 

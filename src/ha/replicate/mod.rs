@@ -60,10 +60,10 @@ pub enum SyncMode {
 /// The replication flags (with `--ha etcd`).
 #[derive(Debug, Clone, Args)]
 pub struct ReplicationArgs {
-    /// Without a synchronous standby: `strict` answers changes 503,
-    /// `available` keeps serving but lets nobody be promoted until a
-    /// standby has caught up.
-    #[arg(long, env = "HF3FS_META_HA_SYNC", value_enum, default_value_t = SyncMode::Strict)]
+    /// Without a synchronous standby: `available` keeps serving but lets
+    /// nobody be promoted until a standby has caught up (Patroni's
+    /// synchronous mode); `strict` answers changes 503.
+    #[arg(long, env = "HF3FS_META_HA_SYNC", value_enum, default_value_t = SyncMode::Available)]
     pub ha_sync: SyncMode,
 
     /// Milliseconds a change waits for the standby's acknowledgement
