@@ -109,32 +109,32 @@ fn strict_without_a_standby_answers_503_and_acknowledged_confirms_are_on_the_sta
     let pages = save(&p.leader, 0, &keys);
     save(&p.leader, 1, &keys[..10]);
     // Every acknowledged confirm is on the standby, at its page, already.
-    let on_standby = bindings(&p.standby.app().registry.vllm());
+    let on_standby = bindings(p.standby.app().registry.vllm());
     for (k, &page) in keys.iter().zip(&pages) {
         assert_eq!(on_standby.get(&(0, page as u32)), Some(k), "key {k} at page {page}");
     }
-    assert_eq!(on_standby, bindings(&p.leader.app().registry.vllm()));
+    assert_eq!(on_standby, bindings(p.leader.app().registry.vllm()));
     // Releases and a /clear travel too.
     p.leader.confirm(0, &[], &pages[..5]);
-    assert_eq!(bindings(&p.standby.app().registry.vllm()), bindings(&p.leader.app().registry.vllm()));
+    assert_eq!(bindings(p.standby.app().registry.vllm()), bindings(p.leader.app().registry.vllm()));
     let r = p.leader.post("/clear", "");
     assert_eq!(r.status, 204, "{r:?}");
     p.leader.init(0, 32);
     let after = save(&p.leader, 0, &keys[..3]);
-    let on_standby = bindings(&p.standby.app().registry.vllm());
+    let on_standby = bindings(p.standby.app().registry.vllm());
     assert_eq!(on_standby.len(), 3, "{on_standby:?}");
-    assert_eq!(on_standby, bindings(&p.leader.app().registry.vllm()));
+    assert_eq!(on_standby, bindings(p.leader.app().registry.vllm()));
     assert_eq!(p.standby.app().registry.vllm().rank_size(0), Some(32));
     assert_eq!(p.standby.app().registry.vllm().rank_size(1), None, "the clear reached the standby");
     assert!(p.receiver.counters.frames.load(Ordering::Relaxed) > 0);
     p.standby.audit();
     // The standby's own disk has it: reopen its data directory.
     let dir = p.standby.app().cfg.data_dir.clone().unwrap();
-    let leader_state = bindings(&p.leader.app().registry.vllm());
+    let leader_state = bindings(p.leader.app().registry.vllm());
     drop(p.receiver);
     drop(p.standby);
     let reopened = TestServer::start(config(&["--data-dir", dir.to_str().unwrap()]));
-    assert_eq!(bindings(&reopened.app().registry.vllm()), leader_state);
+    assert_eq!(bindings(reopened.app().registry.vllm()), leader_state);
     assert_eq!(reopened.locations(0, &[&keys[0]]), [Some(after[0])]);
 }
 
@@ -155,16 +155,16 @@ fn a_standby_that_joins_late_catches_up_by_snapshot_then_the_stream() {
         .map(|p| p.unwrap())
         .collect();
     p.leader.confirm(0, &[], &early_pages[..10]);
-    assert!(bindings(&p.standby.app().registry.vllm()).is_empty());
+    assert!(bindings(p.standby.app().registry.vllm()).is_empty());
     // The standby joins: a snapshot, then the stream.
     p.replicator.release(false);
     p.connect();
     assert_eq!(p.receiver.counters.snapshots.load(Ordering::Relaxed), 1);
-    assert_eq!(bindings(&p.standby.app().registry.vllm()), bindings(&p.leader.app().registry.vllm()));
+    assert_eq!(bindings(p.standby.app().registry.vllm()), bindings(p.leader.app().registry.vllm()));
     let late: Vec<String> = (100..150).map(key).collect();
     save(&p.leader, 0, &late);
-    assert_eq!(bindings(&p.standby.app().registry.vllm()), bindings(&p.leader.app().registry.vllm()));
-    assert_eq!(bindings(&p.standby.app().registry.vllm()).len(), 140);
+    assert_eq!(bindings(p.standby.app().registry.vllm()), bindings(p.leader.app().registry.vllm()));
+    assert_eq!(bindings(p.standby.app().registry.vllm()).len(), 140);
     let (epoch, position, caught_up) = p.receiver.state();
     assert_eq!((epoch, caught_up), (EPOCH, true));
     assert!(position >= p.replicator.acked().min(position) && position > 0);
@@ -189,7 +189,7 @@ fn forged_missing_and_old_epoch_hellos_and_frames_are_refused_and_counted() {
     p.connect();
     p.leader.init_ranks(1, 64);
     save(&p.leader, 0, &[key(1)]);
-    let before = bindings(&p.standby.app().registry.vllm());
+    let before = bindings(p.standby.app().registry.vllm());
     let c = &p.receiver.counters;
     let refused = |m: Msg| {
         let (mut rd, mut s) = raw(p.addr);
@@ -208,7 +208,7 @@ fn forged_missing_and_old_epoch_hellos_and_frames_are_refused_and_counted() {
     // A deposed leader's hello (an older epoch) with the right secret.
     assert!(refused(hello(TOKEN, EPOCH - 1)).contains("older"));
     assert_eq!(c.old_epoch.load(Ordering::Relaxed), 1);
-    assert_eq!(bindings(&p.standby.app().registry.vllm()), before, "nothing of a refused connection was applied");
+    assert_eq!(bindings(p.standby.app().registry.vllm()), before, "nothing of a refused connection was applied");
     // A newer leader (epoch 6) connects: the epoch-5 leader's next frame is
     // refused, so its next change is not acknowledged.
     let (mut rd, mut s) = raw(p.addr);
@@ -226,7 +226,7 @@ fn forged_missing_and_old_epoch_hellos_and_frames_are_refused_and_counted() {
     s.flush().unwrap();
     assert!(Msg::read_from(&mut rd).is_err(), "the session is closed");
     assert_eq!(c.bad_position.load(Ordering::Relaxed), 1);
-    assert_eq!(bindings(&p.standby.app().registry.vllm()), before);
+    assert_eq!(bindings(p.standby.app().registry.vllm()), before);
     assert_eq!(p.standby.app().registry.vllm().rank_size(3), None);
 }
 
@@ -244,7 +244,7 @@ fn a_promoted_standby_holds_the_pages_its_leader_unbound_within_a_lease() {
     // must not, for one read lease: a reader may still read them.
     let (caught_up, position) = p.receiver.promote(EPOCH + 1);
     assert!(caught_up && position > 0);
-    let store = &p.standby.app().registry.vllm();
+    let store = p.standby.app().registry.vllm();
     assert_eq!(bindings(store).len(), 4);
     let fresh: Vec<String> = (100..109).map(key).collect();
     let refs: Vec<&str> = fresh.iter().map(String::as_str).collect();
