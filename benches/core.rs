@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;
 
 fn hex_keys(rng: &mut impl Rng, n: usize) -> Vec<String> {
-    (0..n).map(|_| format!("{:032x}", rng.gen::<u128>() | 1)).collect()
+    (0..n).map(|_| format!("{:032x}", rng.r#gen::<u128>() | 1)).collect()
 }
 
 fn store(ranks: u32, pages: u32) -> Store {

@@ -9,11 +9,13 @@
 //! (the HTTP layer, which dominates a real request, is left out).
 //!
 //! Run: `cargo bench --bench durable_confirm` (`-- <seconds> <tasks>` to
-//! change the 5 s per mode and the 32 tasks; `ONLY=batch` runs one mode).
+//! change the 5 s per mode and the 32 tasks; `ONLY=batch` runs one mode;
+//! `ALLOCATE_SYNC=1` makes each allocate wait until durable as the server's
+//! route does, which since issue 20 writes the allocate's reservations).
 //! Prints one table; the figures are recorded in perf/RESULTS.md.
 
 use hf3fs_meta::core::{Store, StoreConfig};
-use hf3fs_meta::durable::{Durable, FsyncMode};
+use hf3fs_meta::durable::{Durable, FsyncMode, Options};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,11 +37,14 @@ struct Run {
 }
 
 fn run(mode: Option<FsyncMode>, secs: f64, tasks: usize) -> Run {
+    // `ALLOCATE_SYNC=1`: each allocate also waits until durable, like the
+    // server's allocate route (its reservations are journaled).
+    let allocate_waits = std::env::var_os("ALLOCATE_SYNC").is_some();
     let dir = tempfile::tempdir_in(std::env::var("HF3FS_BENCH_DIR").unwrap_or_else(|_| "/tmp".into())).unwrap();
     let (store, durable) = match mode {
         None => (std::sync::Arc::new(Store::new(cfg())), None),
         Some(m) => {
-            let (s, d, _) = Durable::open(dir.path(), m, cfg()).unwrap();
+            let (s, d, _) = Durable::open(dir.path(), Options::new(m, cfg())).unwrap();
             (s, Some(d))
         }
     };
@@ -70,6 +75,11 @@ fn run(mode: Option<FsyncMode>, secs: f64, tasks: usize) -> Run {
                         .collect();
                     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
                     store.allocate(0, &refs, &mut out).unwrap();
+                    if let (Some(d), true) = (durable, allocate_waits) {
+                        // As the server's allocate route does: answered once
+                        // its reservations are durable (issue 20).
+                        d.sync().await.unwrap();
+                    }
                     let conf: Vec<(&str, i64)> = out.iter().map(|&(i, p)| (refs[i], p)).collect();
                     let start = Instant::now();
                     store.confirm(0, &conf, &[]).unwrap();

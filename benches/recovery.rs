@@ -17,7 +17,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use hf3fs_meta::core::{Store, StoreConfig};
-use hf3fs_meta::durable::{Durable, FsyncMode};
+use hf3fs_meta::durable::{Durable, FsyncMode, Options};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -62,7 +62,7 @@ fn save(s: &Store, d: &Durable, ranks: std::ops::Range<u32>, salt: u128, n: u32)
 /// Builds the clean directory: `n` keys on each of ranks `0..RANKS`.
 fn build(dir: &Path, n: u32) {
     let t = Instant::now();
-    let (s, d, _) = Durable::open(dir, FsyncMode::None, cfg()).unwrap();
+    let (s, d, _) = Durable::open(dir, Options::new(FsyncMode::None, cfg())).unwrap();
     for r in 0..RANKS {
         s.initialize(r.into(), i64::from(n) + i64::from(n) / 4).unwrap();
     }
@@ -73,7 +73,8 @@ fn build(dir: &Path, n: u32) {
 
 /// Adds `tail` bindings on ranks `RANKS..2*RANKS`, left in the log.
 fn add_tail(dir: &Path, tail: u32) {
-    let (s, d, _) = Durable::open_with(dir, FsyncMode::None, cfg(), None).unwrap();
+    let (s, d, _) =
+        Durable::open(dir, Options { checkpoint_every: None, ..Options::new(FsyncMode::None, cfg()) }).unwrap();
     for r in RANKS..2 * RANKS {
         s.initialize(r.into(), i64::from(tail)).unwrap();
     }
@@ -99,7 +100,11 @@ fn bench(c: &mut Criterion) {
                 let mut spent = Duration::ZERO;
                 for _ in 0..iters {
                     let t = Instant::now();
-                    let (s, d, r) = Durable::open_with(dir.path(), FsyncMode::None, cfg(), None).unwrap();
+                    let (s, d, r) = Durable::open(
+                        dir.path(),
+                        Options { checkpoint_every: None, ..Options::new(FsyncMode::None, cfg()) },
+                    )
+                    .unwrap();
                     spent += t.elapsed();
                     assert_eq!(r.bindings, expect, "{r:?}");
                     eprintln!(

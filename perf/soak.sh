@@ -27,6 +27,15 @@
 #                       server run with --read-lease; writers record each page they
 #                       write in a simulated copy, readers check their lease on it.
 #                       No fault injectors; not with --durable
+#   --kill-every SECS   with --eviction-check: run the server with --data-dir and
+#                       SIGKILL it every SECS seconds of the load (at most 20 times,
+#                       none in the last 3 s of the load), restarting it at once on
+#                       the same directory and port; the clients retry as the
+#                       engines do (soak --expect-restarts), and each save's write
+#                       takes up to 2 s (--write-delay-ms 2000) so that restarts
+#                       fall between allocates and their confirms. Every page located must
+#                       hold its key's bytes: zero wrong reads. After the load the
+#                       last server is SIGTERMed and must exit 0
 #   --read-lease SECS   with --eviction-check: the server's read lease (default 3)
 #   --evict-pages N     with --eviction-check: pages per rank (default 4096)
 #   --server-arg ARG    one more argument for the server (repeatable), e.g.
@@ -42,7 +51,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
 
 DURATION=60 SERVER_BIN="" SOAK_BIN="" BUILD=1 PROFILE=release WORKERS=16 JSON_OUT="" KEEP_LOGS="" DURABLE=0 CRASH=0
-EVICTION=0 READ_LEASE=3 EVICT_PAGES=4096
+EVICTION=0 READ_LEASE=3 EVICT_PAGES=4096 KILL_EVERY=0 MAX_KILLS=20
 TTL=4 SHUTDOWN_TIMEOUT=5
 EXTRA=() SERVER_EXTRA=()
 while [[ $# -gt 0 ]]; do
@@ -57,6 +66,7 @@ while [[ $# -gt 0 ]]; do
     --crash) CRASH=1 ;;
     --eviction-check) EVICTION=1 ;;
     --read-lease) READ_LEASE="$2"; shift ;;
+    --kill-every) KILL_EVERY="$2"; shift ;;
     --evict-pages) EVICT_PAGES="$2"; shift ;;
     --server-arg) SERVER_EXTRA+=("$2"); shift ;;
     --json-out) JSON_OUT="$2"; shift ;;
@@ -69,6 +79,9 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $CRASH == 0 || $DURABLE == 1 ]] || { echo "soak.sh: --crash needs --durable" >&2; exit 2; }
 [[ $EVICTION == 0 || $DURABLE == 0 ]] || { echo "soak.sh: --eviction-check keeps no exact model: not with --durable" >&2; exit 2; }
+[[ "$KILL_EVERY" =~ ^[0-9]+$ && ( "$KILL_EVERY" == 0 || "$KILL_EVERY" -ge 3 ) ]] \
+  || { echo "soak.sh: --kill-every takes whole seconds, at least 3" >&2; exit 2; }
+[[ $KILL_EVERY == 0 || $EVICTION == 1 ]] || { echo "soak.sh: --kill-every needs --eviction-check" >&2; exit 2; }
 [[ "$READ_LEASE" =~ ^[0-9]+(\.[0-9]+)?$ && "$EVICT_PAGES" =~ ^[0-9]+$ ]] \
   || { echo "soak.sh: --read-lease takes seconds, --evict-pages a whole number" >&2; exit 2; }
 [[ "$DURATION" =~ ^[0-9]+$ && "$DURATION" -ge 20 && "$DURATION" -le 3600 ]] \
@@ -120,14 +133,15 @@ trap 'exit 130' INT TERM
 # --- start the server ----------------------------------------------------
 # Port 0: the server picks a free loopback port and logs it. Info level, so
 # the shutdown lines are in the log whatever RUST_LOG says outside.
-SERVER_ARGS=(--host 127.0.0.1 --port 0 --world-size 8 --reservation-ttl "$TTL" --shutdown-timeout "$SHUTDOWN_TIMEOUT")
-[[ $DURABLE == 1 ]] && SERVER_ARGS+=(--data-dir "$TMP/data")
+SERVER_ARGS=(--host 127.0.0.1 --world-size 8 --reservation-ttl "$TTL" --shutdown-timeout "$SHUTDOWN_TIMEOUT")
+[[ $DURABLE == 1 || $KILL_EVERY != 0 ]] && SERVER_ARGS+=(--data-dir "$TMP/data")
 [[ $EVICTION == 1 ]] && SERVER_ARGS+=(--read-lease "$READ_LEASE")
 SERVER_ARGS+=(${SERVER_EXTRA[@]+"${SERVER_EXTRA[@]}"})
 LIMIT=$(( DURATION + 180 ))
 SERVER_NAME=$(basename "$SERVER_BIN")
-start_server() { # logfile; sets SERVER_PID, WATCHDOG_PID, PORT
-  env -u RUST_LOG HF3FS_META_LOG_LEVEL=info "$SERVER_BIN" "${SERVER_ARGS[@]}" >"$1" 2>&1 &
+start_server() { # logfile [port, default 0: any]; sets SERVER_PID, WATCHDOG_PID, PORT, SERVER_LOG
+  SERVER_LOG=$1
+  env -u RUST_LOG HF3FS_META_LOG_LEVEL=info "$SERVER_BIN" "${SERVER_ARGS[@]}" --port "${2:-0}" >"$1" 2>&1 &
   SERVER_PID=$!
   # Safety net: the server ends even if this script is SIGKILLed.
   local pid=$SERVER_PID
@@ -179,20 +193,55 @@ check_exit() { # logfile [KILL]
   log "server exited with status $rc"
 }
 
+# SIGKILLs the server and restarts it on the same data directory and port
+# (--kill-every); the restart's log is server-kill-N.log.
+crash_restart() { # N
+  kill -KILL "$SERVER_PID"
+  check_exit "$SERVER_LOG" KILL
+  start_server "$TMP/server-kill-$1.log" "$PORT"
+  log "SIGKILL $1 under load; restarted on the same --data-dir: pid $SERVER_PID on 127.0.0.1:$PORT"
+}
+
+# Every KILL_EVERY seconds of the load (which lasts DURATION - 15 s), while
+# the soak client runs: crash_restart. Bounded by MAX_KILLS, and none in the
+# last 3 s of the load so that the audit meets a settled server.
+soak_running() { # not exited (a zombie not yet waited for has exited)
+  local st
+  st=$(sed -n 's/^[0-9]* (.*) \([A-Z]\).*/\1/p' "/proc/$SOAK_PID/stat" 2>/dev/null || true)
+  [[ -n "$st" && "$st" != Z ]]
+}
+kill_loop() {
+  local load=$(( DURATION - 15 )) t0=$SECONDS next
+  KILLS=0
+  while (( KILLS < MAX_KILLS )) && soak_running; do
+    next=$(( (KILLS + 1) * KILL_EVERY ))
+    (( next <= load - 3 )) || break
+    while (( SECONDS - t0 < next )) && soak_running; do sleep 0.2; done
+    soak_running || break
+    KILLS=$(( KILLS + 1 ))
+    crash_restart "$KILLS"
+    [[ $FAIL == 0 ]] || break
+  done
+}
+
 start_server "$TMP/server.log"
-log "server pid $SERVER_PID on 127.0.0.1:$PORT (ttl ${TTL}s, world 8$([[ $DURABLE == 1 ]] && echo ", --data-dir")$([[ $EVICTION == 1 ]] && echo ", eviction check: read lease ${READ_LEASE}s, $EVICT_PAGES pages")); soak for ${DURATION}s"
+log "server pid $SERVER_PID on 127.0.0.1:$PORT (ttl ${TTL}s, world 8$([[ $DURABLE == 1 ]] && echo ", --data-dir")$([[ $EVICTION == 1 ]] && echo ", eviction check: read lease ${READ_LEASE}s, $EVICT_PAGES pages")$([[ $KILL_EVERY != 0 ]] && echo ", --data-dir, SIGKILL every ${KILL_EVERY}s")); soak for ${DURATION}s"
 
 # --- the soak ------------------------------------------------------------
-SOAK_ARGS=(--addr "127.0.0.1:$PORT" --duration "$DURATION" --workers "$WORKERS"
-  --server-pid "$SERVER_PID" --shutdown-timeout "$SHUTDOWN_TIMEOUT")
+SOAK_ARGS=(--addr "127.0.0.1:$PORT" --duration "$DURATION" --workers "$WORKERS" --shutdown-timeout "$SHUTDOWN_TIMEOUT")
+# With --kill-every the server changes process: no phase 2 in the client;
+# this script SIGTERMs the last server after the soak instead.
+if [[ $KILL_EVERY == 0 ]]; then SOAK_ARGS+=(--server-pid "$SERVER_PID"); else SOAK_ARGS+=(--expect-restarts --write-delay-ms 2000); fi
 [[ -n "$JSON_OUT" ]] && SOAK_ARGS+=(--json-out "$JSON_OUT")
 [[ $DURABLE == 1 ]] && SOAK_ARGS+=(--model-out "$TMP/model.txt")
 [[ $CRASH == 1 ]] && SOAK_ARGS+=(--signal KILL)
 [[ $EVICTION == 1 ]] && SOAK_ARGS+=(--eviction-check --read-lease "$READ_LEASE" --pages "$EVICT_PAGES")
 START=$SECONDS
+FAIL=0 KILLS=0
 set +e
 "$SOAK_BIN" "${SOAK_ARGS[@]}" ${EXTRA[@]+"${EXTRA[@]}"} &
 SOAK_PID=$!
+[[ $KILL_EVERY != 0 ]] && kill_loop
 wait "$SOAK_PID"
 SOAK_RC=$?
 SOAK_PID=""
@@ -200,14 +249,18 @@ set -e
 
 # --- the server's exit -----------------------------------------------------
 # The soak client sent SIGTERM in its last phase; the server must be gone
-# within its shutdown timeout (plus a little) with status 0.
-FAIL=0
-check_exit "$TMP/server.log" "$([[ $CRASH == 1 ]] && echo KILL)"
+# within its shutdown timeout (plus a little) with status 0. With
+# --kill-every the client sent none: the script sends it to the last server.
+if [[ $KILL_EVERY != 0 ]]; then
+  [[ -n "$SERVER_PID" ]] && kill -TERM "$SERVER_PID"
+  if [[ $KILLS == 0 ]]; then log "FAIL: --kill-every $KILL_EVERY: no SIGKILL happened during the load"; FAIL=1; fi
+fi
+[[ -n "$SERVER_PID" ]] && check_exit "$SERVER_LOG" "$([[ $CRASH == 1 ]] && echo KILL)"
 if [[ $SOAK_RC != 0 ]]; then
   log "FAIL: the soak client exited with status $SOAK_RC (see its summary above)"
   FAIL=1
 fi
-LAST_LOG="$TMP/server.log"
+LAST_LOG="$SERVER_LOG"
 
 # --- durable variant: restart on the same data directory, re-audit --------
 if [[ $DURABLE == 1 && $FAIL == 0 ]]; then
@@ -230,7 +283,9 @@ if [[ $FAIL != 0 ]]; then
   log "server log (last 20 lines):"; tail -n 20 "$LAST_LOG" >&2
   exit 1
 fi
-if [[ $CRASH == 1 ]]; then
+if [[ $KILL_EVERY != 0 ]]; then
+  log "PASS in $(( SECONDS - START ))s: eviction soak clean across $KILLS SIGKILL restarts on the same --data-dir (zero wrong reads), last server exited 0 after SIGTERM"
+elif [[ $CRASH == 1 ]]; then
   log "PASS in $(( SECONDS - START ))s: soak clean, server SIGKILLed under load, restart on the same --data-dir re-audited clean"
 else
   log "PASS in $(( SECONDS - START ))s: $([[ $EVICTION == 1 ]] && echo "eviction soak" || echo soak) clean, server exited 0 after SIGTERM and logged 'stopped'$([[ $DURABLE == 1 ]] && echo "; restart on the same --data-dir re-audited clean")"

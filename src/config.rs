@@ -6,7 +6,7 @@
 
 use crate::durable::FsyncMode;
 use clap::builder::PossibleValue;
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -58,10 +58,23 @@ fn fraction(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Tools of the same binary; without one, `hf3fs-meta` serves.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Load a running server (this one, vLLM's or SGLang's) with a cluster's
+    /// request sequences and report latency, throughput, hits and evictions
+    /// (docs/bench.md).
+    Bench(Box<crate::bench::BenchArgs>),
+}
+
 /// hf3fs-meta: lock-free metadata server for vLLM's HF3FS KV-cache connector.
 #[derive(Debug, Clone, Parser)]
 #[command(version, about, long_about = None)]
 pub struct Config {
+    /// A tool to run instead of the server.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Address to listen on.
     #[arg(long, env = "HF3FS_META_HOST", default_value = "0.0.0.0")]
     pub host: IpAddr,
@@ -196,6 +209,11 @@ pub struct Config {
     /// High availability (`--ha etcd` and its flags; docs/ha.md).
     #[command(flatten)]
     pub ha: crate::ha::HaArgs,
+    /// For tests only: time stands still until `POST /_test/advance/{ms}`
+    /// moves it (leases, reservation expiry, quarantine, background
+    /// eviction; see `src/test_clock.rs`). Hidden from --help.
+    #[arg(long, env = "HF3FS_META_TEST_CLOCK", hide = true)]
+    pub test_clock: bool,
 
     /// Replication to the synchronous standby (with `--ha etcd`).
     #[command(flatten)]

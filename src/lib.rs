@@ -13,6 +13,9 @@
 //! - [`metrics`]: counters and histograms, Prometheus text.
 //! - [`routes`]: the table of routes, read by the router, the metrics and the server.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
+//! - [`bench`](mod@bench): `hf3fs-meta bench`, a load generator of a cluster's shape
+//!   that speaks to any server over the public routes only.
+//! - [`test_clock`]: the hidden `--test-clock`, time moved by tests.
 //!
 //! Invariants that hold across the crate:
 //! - No request path takes a global lock: operations on different pages never
@@ -24,6 +27,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod bench;
 pub mod config;
 /// The metadata state, a crate of its own (`core/`): see its docs.
 pub use hf3fs_meta_core as core;
@@ -33,6 +37,7 @@ pub mod http;
 pub mod maintain;
 pub mod metrics;
 pub mod routes;
+pub mod test_clock;
 
 use crate::config::{Config, LogFormat};
 use crate::core::{Dialect, Registry, Spaces, SpacesConfig, Store, StoreConfig};
@@ -58,6 +63,8 @@ pub struct App {
     pub ha: Option<Arc<ha::Node>>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
+    /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
+    pub test_clock: Option<test_clock::TestClock>,
 }
 
 impl App {
@@ -67,12 +74,14 @@ impl App {
         let store = Arc::new(Store::new(Self::store_config(&cfg)));
         let spaces = Spaces::new(Self::spaces_config(&cfg), store.clock());
         let registry = Registry::new(store, spaces);
+        let test_clock = Self::test_clock(&cfg);
         Self {
             cfg,
             registry,
             metrics: Metrics::default(),
             durable: None,
             ha: None,
+            test_clock,
             shutting_down: AtomicBool::new(false),
         }
     }
@@ -85,8 +94,10 @@ impl App {
         // inject at the store boundary (durable::faults).
         let faults = cfg.durable_faults.clone().map(durable::Faults::from_file);
         let opts = durable::Options { faults, ..durable::Options::default() };
-        let (store, vllm, recovered) =
-            durable::Durable::open_opts(&dir, cfg.fsync, Self::store_config(&cfg), opts.clone())?;
+        let (store, vllm, recovered) = durable::Durable::open(
+            &dir,
+            durable::Options { fsync: cfg.fsync, store: Self::store_config(&cfg), ..opts.clone() },
+        )?;
         let (spaces, sglang, space_recovered) =
             durable::spaces::open(&dir, cfg.fsync, Self::spaces_config(&cfg), store.clock(), opts)?;
         let registry = Registry::new(store, spaces);
@@ -97,6 +108,7 @@ impl App {
             Dialect::Vllm => recovered.bindings > 0,
             Dialect::Sglang => space_recovered.bindings > 0,
         });
+        let test_clock = Self::test_clock(&cfg);
         Ok(Self {
             cfg,
             registry,
@@ -104,6 +116,7 @@ impl App {
             durable: Some(durable::Durability { vllm, sglang }),
             ha: None,
             shutting_down: AtomicBool::new(false),
+            test_clock,
         })
     }
 
@@ -112,6 +125,10 @@ impl App {
     pub fn with_ha(mut self, node: Arc<ha::Node>) -> Self {
         self.ha = Some(node);
         self
+    }
+
+    fn test_clock(cfg: &Config) -> Option<test_clock::TestClock> {
+        cfg.test_clock.then(test_clock::TestClock::default)
     }
 
     fn spaces_config(cfg: &Config) -> SpacesConfig {
@@ -127,7 +144,13 @@ impl App {
             high_watermark: cfg.evict_high_watermark,
             low_watermark: cfg.evict_low_watermark,
             read_lease: core::LeaseLength::from_secs(cfg.read_lease),
-            manual_clock: false,
+            // Reservations that never expire (0): a re-save is held for
+            // the longest lease.
+            reservation_ttl: match cfg.reservation_ttl {
+                0 => core::LeaseLength(core::MAX_LEASE),
+                secs => core::LeaseLength::from_secs(secs),
+            },
+            manual_clock: cfg.test_clock,
             index_floor: core::IndexFloor::vllm(cfg.expected_keys as usize),
         }
     }

@@ -2,7 +2,7 @@
 //! serve until SIGTERM or SIGINT, drain, exit 0.
 
 use clap::Parser;
-use hf3fs_meta::config::{Config, Eviction};
+use hf3fs_meta::config::{Command, Config};
 use hf3fs_meta::{durable, ha, http, init_tracing, App};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -14,7 +14,10 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "relay") {
         return relay();
     }
-    let cfg = Config::parse();
+    let mut cfg = Config::parse();
+    if let Some(command) = cfg.command.take() {
+        return run_command(command);
+    }
     init_tracing(&cfg);
     if let Err(e) = cfg.validate() {
         tracing::error!("invalid configuration: {e}");
@@ -103,12 +106,6 @@ fn main() -> ExitCode {
             "hf3fs-meta {} listening",
             env!("CARGO_PKG_VERSION")
         );
-        if cfg.eviction == Eviction::Clock && cfg.read_lease == 0 {
-            tracing::warn!(
-                "--eviction clock with --read-lease 0: nothing protects a reader or a re-save from eviction; a page \
-                 located or handed out again may go to another key at once (docs/eviction.md)"
-            );
-        }
         let shutdown = match start_election(&app).await {
             Ok(election) => with_step_down(shutdown, election),
             Err(e) => {
@@ -124,6 +121,13 @@ fn main() -> ExitCode {
         tracing::info!("stopped");
         ExitCode::SUCCESS
     })
+}
+
+/// Runs a tool of the binary (a subcommand) instead of the server.
+fn run_command(command: Command) -> ExitCode {
+    match command {
+        Command::Bench(args) => hf3fs_meta::bench::main(*args),
+    }
 }
 
 /// `app` as a node of an HA cluster; an `--advertise-url` ending in port 0

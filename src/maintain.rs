@@ -35,8 +35,17 @@ impl Drop for Passes {
 
 /// Starts the passes of `app` on the current tokio runtime: the expiry sweep
 /// when `--reservation-ttl` is set, the evictor and quarantine always. Both
-/// stop by themselves once shutdown has begun.
+/// stop by themselves once shutdown has begun. Under the hidden
+/// `--test-clock` none runs: time moves only by the test's advance route
+/// ([`crate::test_clock`]), which does their work itself.
 pub fn start(app: &Arc<App>) -> Passes {
+    if app.test_clock.is_some() {
+        tracing::warn!(
+            "--test-clock: time stands still until POST {}{{ms}} moves it; for tests only",
+            crate::test_clock::ADVANCE
+        );
+        return Passes { tasks: Vec::new() };
+    }
     let mut tasks = vec![tokio::spawn(maintain(app.clone()))];
     if let Some(ttl) = app.cfg.reservation_ttl() {
         tasks.push(tokio::spawn(sweep(app.clone(), ttl)));

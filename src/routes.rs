@@ -248,7 +248,10 @@ pub enum Found {
 
 /// Whether `path` matches `pattern`; the `{rank}` segment when it has one.
 fn matches<'p>(pattern: &str, path: &'p str) -> Option<Option<&'p str>> {
-    let Some(i) = pattern.find("{rank}") else {
+    // A `char` search (memchr), not `find("{rank}")`: a string pattern
+    // builds a two-way searcher per route per request, 1-3% of a 128-key
+    // lookup's instructions (issue 22). `{` appears in patterns only there.
+    let Some(i) = pattern.find('{').filter(|&i| pattern[i..].starts_with("{rank}")) else {
         return (pattern == path).then_some(None);
     };
     let (head, tail) = (&pattern[..i], &pattern[i + "{rank}".len()..]);

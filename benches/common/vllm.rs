@@ -12,7 +12,7 @@ use hyper::Method;
 use rand::Rng;
 
 pub fn hex_keys(rng: &mut impl Rng, n: usize) -> Vec<String> {
-    (0..n).map(|_| format!("{:032x}", rng.gen::<u128>() | 1)).collect()
+    (0..n).map(|_| format!("{:032x}", rng.r#gen::<u128>() | 1)).collect()
 }
 
 pub fn quoted(keys: &[String]) -> String {

@@ -26,11 +26,16 @@ pub enum ErrorCode {
     DoubleRelease,
     /// One page both confirmed and released in the same request.
     ConfirmAndRelease,
+    /// Confirming a page reserved for another key: its writer's
+    /// reservation expired and the page went to another writer, or the
+    /// client confirms a key on a page it was not given. Caught unless the
+    /// two keys' 32-bit tags collide (2^-32).
+    ReservedForOtherKey,
 }
 
 impl ErrorCode {
     /// Every code, for metrics that export one series per code.
-    pub const ALL: [ErrorCode; 7] = [
+    pub const ALL: [ErrorCode; 8] = [
         ErrorCode::RankNotInitialized,
         ErrorCode::PageOutOfRange,
         ErrorCode::ConfirmUnallocated,
@@ -38,6 +43,7 @@ impl ErrorCode {
         ErrorCode::ReleaseUnallocated,
         ErrorCode::DoubleRelease,
         ErrorCode::ConfirmAndRelease,
+        ErrorCode::ReservedForOtherKey,
     ];
 
     /// The code as it appears on the wire and in metrics.
@@ -50,6 +56,7 @@ impl ErrorCode {
             ErrorCode::ReleaseUnallocated => "release_unallocated",
             ErrorCode::DoubleRelease => "double_release",
             ErrorCode::ConfirmAndRelease => "confirm_and_release",
+            ErrorCode::ReservedForOtherKey => "reserved_for_other_key",
         }
     }
 }
@@ -100,6 +107,9 @@ impl fmt::Display for ConfirmError {
             }
             ErrorCode::ConfirmAndRelease => {
                 write!(f, "page {p} of rank {r} is both confirmed (key {k}) and released in one request")
+            }
+            ErrorCode::ReservedForOtherKey => {
+                write!(f, "cannot confirm key {k} on page {p} of rank {r}: the page is reserved for another key")
             }
         }
     }

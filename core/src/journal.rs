@@ -4,8 +4,18 @@
 //! to an optional [`Journal`] *while the pages involved are still held BUSY*:
 //! two changes to the same page therefore reach the journal in the order they
 //! took effect, so replaying the journal in order rebuilds the same state.
-//! Reservations are deliberately not journaled: after a restart their pages
-//! are free, and a late confirm gets the typed `confirm_unallocated`.
+//! Reservations are journaled too (`Reserve`, with the key's tag, before
+//! the allocate that made them answers), and so are pages held back for a
+//! reader's lease (`Hold`): after a restart a reserved page is still its
+//! writer's, and a held page is still held, so a page never reaches a
+//! second writer, or a new key, while the first may still write or a
+//! reader may still read it. An `Unbind` says the page is free: its
+//! binding, reservation or hold ended (confirm's release, expiry, the end
+//! of a hold, eviction).
+//!
+//! The records name keys by their text or their stable tag, pages by rank
+//! and number, never by a process-local id: another process (a restart, a
+//! standby replaying a shipped log) reads them the same way.
 //!
 //! Every change carries the generation it applies to (a `/clear` starts a new
 //! one), so a change from a request that raced a clear cannot resurrect state
@@ -52,7 +62,28 @@ pub enum Change<'a> {
         /// The key's world size (fixed at its first binding).
         world: u32,
     },
-    /// The binding of a page on a rank was released.
+    /// A page was reserved for a key by an allocate.
+    Reserve {
+        /// The generation it belongs to.
+        generation: u64,
+        /// The rank.
+        rank: u32,
+        /// The page.
+        page: u32,
+        /// The key's tag ([`crate::KeyRef::tag`]).
+        tag: u32,
+    },
+    /// A page was unbound from its key but is held back (quarantined)
+    /// while a reader's lease may cover it.
+    Hold {
+        /// The generation it belongs to.
+        generation: u64,
+        /// The rank.
+        rank: u32,
+        /// The page.
+        page: u32,
+    },
+    /// The page is free: its binding, reservation or hold ended.
     Unbind {
         /// The generation it belongs to.
         generation: u64,

@@ -188,6 +188,44 @@ impl<'a> KeyRef<'a> {
         }
     }
 
+    /// The key's reservation tag: 32 bits that the page table keeps beside
+    /// a page reserved for this key, so that a confirm naming another key
+    /// is refused (`reserved_for_other_key`), and that the journal records
+    /// with the reservation.
+    ///
+    /// Stable across processes and releases (it is journaled, and another
+    /// process checks it after a restart or a failover): a function of the
+    /// string the client sent, never of a process-local id. A 32-hex key
+    /// mixes its 128 bits (two multiplies); any other key hashes
+    /// its text with 64-bit FNV-1a, folded, so that an SGLang digest key
+    /// gets the same tag whether this process stores it compactly or, its
+    /// pool table full, as text. Two different keys share a tag with
+    /// probability 2^-32.
+    #[inline]
+    pub fn tag(self) -> u32 {
+        match self {
+            KeyRef::Hex(v) => {
+                // Each half through a non-linear mixer before they are
+                // combined: a linear combination (a multiply and an XOR)
+                // sends whole families of structured keys to one tag (the
+                // tests' `hi = C * lo` keys all gave 0).
+                let (hi, lo) = ((v >> 64) as u64, v as u64);
+                let h = mix64(hi ^ mix64(lo));
+                ((h >> 32) ^ h) as u32
+            }
+            KeyRef::Digest(d) => {
+                let mut h = Fnv::default();
+                let _ = fmt::Write::write_fmt(&mut h, format_args!("{d}"));
+                h.finish32()
+            }
+            KeyRef::Text(s) => {
+                let mut h = Fnv::default();
+                h.bytes(s.as_bytes());
+                h.finish32()
+            }
+        }
+    }
+
     /// An owned copy (allocates only for text keys).
     pub fn to_key(self) -> Key {
         match self {
@@ -195,6 +233,35 @@ impl<'a> KeyRef<'a> {
             KeyRef::Digest(d) => Key::Digest(d),
             KeyRef::Text(s) => Key::Text(s.into()),
         }
+    }
+}
+
+/// 64-bit FNV-1a, for [`KeyRef::tag`]: fixed forever (tags are journaled),
+/// so no seeded or versioned hasher.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn finish32(&self) -> u32 {
+        (self.0 ^ (self.0 >> 32)) as u32
+    }
+}
+
+impl fmt::Write for Fnv {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        self.bytes(s.as_bytes());
+        Ok(())
     }
 }
 
@@ -269,12 +336,47 @@ impl fmt::Debug for KeyRef<'_> {
     }
 }
 
+/// SplitMix64's finalizer: a bijection of `u64` whose every output bit
+/// depends on every input bit (Steele, Lea and Flood, 2014).
+#[inline]
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::hash::BuildHasher;
 
     const MD5: &str = "0123456789abcdef0123456789abcdef";
+    /// The tags of the keys in `tags_are_stable_and_spread`, as released.
+    const PINNED: [u32; 5] = [0xda3e_b34a, 0xe48d_c334, 0x13ac_3a9c, 0xa90d_36d5, 0x52b8_e601];
+
+    /// Tags are journaled and checked by other processes: they must never
+    /// change between releases, whatever the kind of key, and a digest key
+    /// must get the same tag stored compactly or as text.
+    #[test]
+    fn tags_are_stable_and_spread() {
+        let sha = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let pinned: Vec<u32> = [MD5, "fedcba9876543210fedcba9876543210", "text key", sha, &format!("{sha}-k")]
+            .iter()
+            .map(|s| KeyRef::parse(s).tag())
+            .collect();
+        assert_eq!(pinned, [PINNED[0], PINNED[1], PINNED[2], PINNED[3], PINNED[4]], "{pinned:x?}");
+        let pooled = format!("{sha}_tag_test_pool");
+        assert_eq!(KeyRef::parse(&pooled).tag(), KeyRef::Text(&pooled).tag(), "digest or text: one tag");
+        // Structured keys spread too: 10^4 keys of equal halves, and 10^4
+        // whose high half is a fixed multiple of the low one (the tests'
+        // `hexkey`), with no collision.
+        let mut seen = std::collections::HashSet::new();
+        for i in 1..=10_000u128 {
+            assert!(seen.insert(KeyRef::Hex((i << 64) | i).tag()), "collision at {i}");
+            let hi = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64) as u128;
+            assert!(seen.insert(KeyRef::Hex((hi << 64) | i).tag()), "collision at hexkey {i}");
+        }
+    }
 
     #[test]
     fn lowercase_digest_is_compact_and_round_trips() {

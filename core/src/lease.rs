@@ -47,13 +47,53 @@ pub const TICKS_PER_SECOND: u32 = 10;
 const REF: u32 = 1 << 31;
 /// The deadline's bits.
 const DEADLINE: u32 = REF - 1;
+/// The longest lease, in ticks (77 days): [`LeaseLength::from_secs`] caps
+/// there, so every live deadline is less than [`HORIZON`] ahead of now.
+pub const MAX_LEASE: u32 = 1 << 26;
+/// How far ahead of now a deadline may be and still count as ahead (155
+/// days): twice the longest lease, which covers its slack.
+const HORIZON: u32 = 1 << 27;
+
+/// Whether tick `a` comes after tick `b` on the clock's ring (31 bits, so
+/// the clock wraps after 6.8 years of uptime rather than stopping): `a` is
+/// at most [`HORIZON`] ticks ahead of `b`.
+///
+/// A deadline is only ever compared with a `now` that is less than a
+/// horizon before it while it is live. Once passed, it reads as passed for
+/// the next 6.4 years of uptime; only a deadline left untouched that long
+/// (a key nobody read, released or evicted since) reads as live again, for
+/// at most a horizon: it protects a page longer, never shorter. The CLOCK
+/// hand clears the passed deadlines it visits.
+#[inline]
+pub fn later(a: u32, b: u32) -> bool {
+    let d = a.wrapping_sub(b) & DEADLINE;
+    d != 0 && d <= HORIZON
+}
+
+/// Whether a lease `deadline` (0: never leased) is live at `now`.
+#[inline]
+pub fn live(deadline: u32, now: u32) -> bool {
+    deadline != 0 && later(deadline, now)
+}
+
+/// `now + ticks` on the clock's ring, never 0 (0 means "never leased"):
+/// a deadline that lands on 0 moves one tick later.
+#[inline]
+pub fn after(now: u32, ticks: u32) -> u32 {
+    match now.wrapping_add(ticks) & DEADLINE {
+        0 => 1,
+        t => t,
+    }
+}
 
 /// The time leases are measured on: ticks of [`TICKS_PER_SECOND`] since the
-/// store started. Injectable: tests drive a manual clock.
+/// store started (plus an offset), on a 31-bit ring (see [`later`]).
+/// Injectable: tests drive a manual clock, or start a real one near the end
+/// of the ring.
 #[derive(Debug)]
 pub enum Clock {
-    /// Real time, from a start instant.
-    Monotonic(Instant),
+    /// Real time, from a start instant, plus a tick offset.
+    Monotonic(Instant, u32),
     /// A tick set by hand ([`Clock::set`]).
     Manual(AtomicU32),
 }
@@ -61,7 +101,13 @@ pub enum Clock {
 impl Clock {
     /// Real time from now on.
     pub fn monotonic() -> Self {
-        Clock::Monotonic(Instant::now())
+        Clock::Monotonic(Instant::now(), 0)
+    }
+
+    /// Real time from now on, starting at tick `tick`: tests' way to run a
+    /// real clock across the ring's wrap.
+    pub fn monotonic_from(tick: u32) -> Self {
+        Clock::Monotonic(Instant::now(), tick)
     }
 
     /// A manual clock at tick 0.
@@ -69,25 +115,26 @@ impl Clock {
         Clock::Manual(AtomicU32::new(0))
     }
 
-    /// The current tick. Saturates after 6.8 years (deadlines have 31 bits).
+    /// The current tick, on the 31-bit ring: it wraps after 6.8 years of
+    /// uptime, and every comparison of ticks goes through [`later`].
     #[inline]
     pub fn now(&self) -> u32 {
         match self {
-            Clock::Monotonic(start) => {
+            Clock::Monotonic(start, offset) => {
                 let t = start.elapsed();
-                let ticks = t.as_secs().saturating_mul(u64::from(TICKS_PER_SECOND))
+                let ticks = t.as_secs().wrapping_mul(u64::from(TICKS_PER_SECOND))
                     + u64::from(t.subsec_millis() / (1000 / TICKS_PER_SECOND));
-                ticks.min(u64::from(DEADLINE)) as u32
+                (ticks as u32).wrapping_add(*offset) & DEADLINE
             }
             // Relaxed: a clock reading; nothing is published through it.
             Clock::Manual(t) => t.load(Ordering::Relaxed),
         }
     }
 
-    /// Sets a manual clock (a no-op on real time).
+    /// Sets a manual clock (a no-op on real time), on the ring.
     pub fn set(&self, tick: u32) {
         if let Clock::Manual(t) = self {
-            t.store(tick.min(DEADLINE), Ordering::Relaxed);
+            t.store(tick & DEADLINE, Ordering::Relaxed);
         }
     }
 }
@@ -97,16 +144,21 @@ impl Clock {
 pub struct LeaseLength(pub u32);
 
 impl LeaseLength {
-    /// A lease of `secs` seconds.
+    /// A lease of `secs` seconds, at most [`MAX_LEASE`] ticks.
     pub fn from_secs(secs: u64) -> Self {
-        LeaseLength(secs.saturating_mul(u64::from(TICKS_PER_SECOND)).min(u64::from(DEADLINE / 2)) as u32)
+        LeaseLength(secs.saturating_mul(u64::from(TICKS_PER_SECOND)).min(u64::from(MAX_LEASE)) as u32)
+    }
+
+    /// The longer of two lengths.
+    pub fn max(self, other: LeaseLength) -> LeaseLength {
+        LeaseLength(self.0.max(other.0))
     }
 
     /// The deadline a reader at `now` needs: one tick more than the length,
     /// because `now` may be up to a tick behind real time.
     #[inline]
-    fn need(self, now: u32) -> u32 {
-        now.saturating_add(self.0).saturating_add(1).min(DEADLINE)
+    pub fn need(self, now: u32) -> u32 {
+        after(now, self.0.min(MAX_LEASE).saturating_add(1))
     }
 
     /// How far past [`need`](Self::need) a lease is pushed when it is
@@ -114,7 +166,7 @@ impl LeaseLength {
     /// than on every read.
     #[inline]
     fn slack(self) -> u32 {
-        (self.0 / 8).max(1)
+        (self.0.min(MAX_LEASE) / 8).max(1)
     }
 }
 
@@ -153,7 +205,8 @@ impl Lease {
         if len.0 == 0 {
             v & REF != 0
         } else {
-            v & DEADLINE >= len.need(now)
+            let (d, need) = (v & DEADLINE, len.need(now));
+            d == need || live(d, need)
         }
     }
 
@@ -163,8 +216,9 @@ impl Lease {
     pub fn raise(&self, now: u32, len: LeaseLength) {
         let v = self.0.load(Ordering::Relaxed);
         let mut deadline = v & DEADLINE;
-        if len.0 != 0 && deadline < len.need(now) {
-            deadline = len.need(now).saturating_add(len.slack()).min(DEADLINE);
+        let need = len.need(now);
+        if len.0 != 0 && deadline != need && !live(deadline, need) {
+            deadline = after(need, len.slack());
         }
         // Release: publishes the deadline to lock-free readers (`covers`).
         self.0.store(deadline | REF, Ordering::Release);
@@ -178,7 +232,7 @@ impl Lease {
 
     /// Whether the key is leased at `now`.
     pub fn leased(&self, now: u32) -> bool {
-        self.deadline() > now
+        live(self.deadline(), now)
     }
 
     /// The CLOCK hand's visit at `now`, under the bucket lock: true when the
@@ -186,12 +240,14 @@ impl Lease {
     /// mark (its second chance) and is passed over.
     pub fn visit(&self, now: u32) -> bool {
         let v = self.0.load(Ordering::Relaxed);
-        if v & DEADLINE > now {
+        if live(v & DEADLINE, now) {
             return false;
         }
         if v & REF != 0 {
+            // The mark goes, and the passed deadline with it (so that it
+            // cannot read as live again when the clock's ring wraps).
             // Release: like every store of the word (module note).
-            self.0.store(v & !REF, Ordering::Release);
+            self.0.store(0, Ordering::Release);
             return false;
         }
         true
@@ -249,5 +305,37 @@ mod tests {
         c.set(42);
         assert_eq!(c.now(), 42);
         assert!(Clock::monotonic().now() < 10);
+        c.set(u32::MAX);
+        assert_eq!(c.now(), DEADLINE, "the manual clock lives on the ring");
+    }
+
+    /// A real clock started a few ticks before the end of its ring: leases
+    /// taken before the wrap still cover reads after it, pass when they
+    /// should, and nothing saturates.
+    #[test]
+    fn leases_work_across_the_clock_wrap() {
+        let c = Clock::monotonic_from(DEADLINE - 3);
+        let now = c.now();
+        assert!(!(10..DEADLINE - 3).contains(&now), "started near the end: {now}");
+        let l = Lease(AtomicU32::new(0));
+        l.raise(now, L);
+        let d = l.deadline();
+        assert!(d != 0 && d < 200, "the deadline wrapped past 0: {d}");
+        for t in [now, DEADLINE, 0, 1, 50, 100] {
+            assert!(l.leased(t), "leased at {t}");
+            assert!(l.covers(t, LeaseLength(5)), "covers a short read at {t}");
+            assert!(!l.visit(t), "not evictable at {t}");
+        }
+        assert!(!l.leased(d) && !l.leased(d + 1000), "passed after the deadline");
+        // The passed deadline and the mark go at the hand's visit.
+        assert!(!l.visit(d));
+        assert_eq!(l.deadline(), 0);
+        assert!(l.visit(d));
+        // Quarantine-style comparisons on the ring.
+        assert!(later(2, DEADLINE - 2) && !later(DEADLINE - 2, 2));
+        assert!(!live(0, DEADLINE), "0 is never leased, whatever the hour");
+        assert_eq!(after(DEADLINE, 1), 1, "a deadline never lands on 0");
+        // A deadline 6.8 years stale reads as live for at most a horizon.
+        assert!(!live(100, 100 + HORIZON + 1));
     }
 }

@@ -14,6 +14,8 @@
 //!   list with its labels, for whatever must walk them all.
 //! - [`error`]: one error variant per code of the wire contract.
 //! - [`journal`]: the change feed for durability.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
 
 pub mod error;
 pub mod index;
@@ -31,14 +33,14 @@ pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
 pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
-pub use lease::{Clock, LeaseLength, TICKS_PER_SECOND};
+pub use lease::{Clock, LeaseLength, MAX_LEASE, TICKS_PER_SECOND};
 pub use registry::{Dialect, Labels, RankPages, Registry, SpaceLabel, SpaceReport};
 pub use spaces::{
     SpaceCatalog, SpaceError, SpaceName, SpaceSource, Spaces, SpacesConfig, SpacesDurability, DEFAULT_NAMESPACE,
 };
 pub use store::{
     AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Initialized,
-    LeaseStats, MaintainReport, PageSource, RankLeases, RankStats, ReadPagesError, Stats, Store, StoreConfig, Visit,
-    TICKS_PER_TTL,
+    LeaseStats, MaintainReport, PageRead, PageSource, RankLeases, RankStats, ReadPagesError, Stats, Store, StoreConfig,
+    Visit, TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;

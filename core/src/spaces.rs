@@ -42,13 +42,13 @@
 
 use super::error::InitError;
 use super::journal::{Change, Journal};
-use super::key::Key;
 use super::lease::Clock;
-use super::store::{Initialized, PageSource, ReadPagesError, Store, StoreConfig, Visit};
+use super::store::{Initialized, PageRead, PageSource, ReadPagesError, Store, StoreConfig, Visit};
 use super::sync::{AtomicU32, Ordering};
+use super::sync::{Mutex, PoisonError, RwLock};
 use scc::HashIndex;
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 
 /// The default namespace of SGLang's API.
 pub const DEFAULT_NAMESPACE: &str = "kv";
@@ -161,6 +161,8 @@ impl Journal for SpaceJournal {
                 Change::Bind { generation, rank: space, page, key, world }
             }
             Change::Unbind { generation, page, .. } => Change::Unbind { generation, rank: space, page },
+            Change::Reserve { generation, page, tag, .. } => Change::Reserve { generation, rank: space, page, tag },
+            Change::Hold { generation, page, .. } => Change::Hold { generation, rank: space, page },
             Change::Clear { .. } => {
                 // A space resets in place (`Store::reset`) and never clears.
                 debug_assert!(false, "an SGLang space never changes generation");
@@ -214,7 +216,7 @@ impl PageSource for SpaceSource {
         generation: u64,
         rank: u32,
         pages: std::ops::Range<u32>,
-        visit: &mut dyn FnMut(u32, Key, u32),
+        visit: &mut dyn FnMut(u32, PageRead),
     ) -> Result<(), ReadPagesError> {
         if generation != self.generation {
             return Err(ReadPagesError::Generation);
@@ -239,6 +241,8 @@ impl PageSource for SpaceSource {
                     Visit::Generation(_) => true,
                     Visit::Rank { num_pages, .. } => visit(Visit::Rank { rank, num_pages }),
                     Visit::Binding { page, key, world, .. } => visit(Visit::Binding { rank, page, key, world }),
+                    Visit::Reserved { page, tag, .. } => visit(Visit::Reserved { rank, page, tag }),
+                    Visit::Held { page, .. } => visit(Visit::Held { rank, page }),
                 };
                 go
             })?;
@@ -326,7 +330,8 @@ impl Spaces {
     }
 
     /// Rebuilds durable space `id`, `name` of `num_pages` pages, with its
-    /// `bindings` (page, key) at start-up, before serving. `journaled` says
+    /// `pages` in use (bound, reserved or held; see [`Store::read_pages`])
+    /// at start-up, before serving. `journaled` says
     /// whether the durable store knows its size already; when it does not
     /// (the process died between the catalog and the journal), it is
     /// journaled now. Ids must come in order. Not for the request path.
@@ -336,7 +341,7 @@ impl Spaces {
         name: SpaceName,
         num_pages: u32,
         journaled: bool,
-        bindings: &[(u32, Key)],
+        pages: &[(u32, PageRead)],
     ) -> Result<(), String> {
         let _create = self.create.lock().unwrap_or_else(PoisonError::into_inner);
         if id != self.count.load(Ordering::Relaxed) {
@@ -348,8 +353,13 @@ impl Spaces {
         if !journaled {
             store.journal_ranks();
         }
-        for (page, key) in bindings {
-            store.restore_binding(0, *page, &key.to_string(), 1).map_err(|e| format!("{}: {e}", what()))?;
+        for (page, read) in pages {
+            match read {
+                PageRead::Bound { key, .. } => store.restore_binding(0, *page, &key.to_string(), 1),
+                PageRead::Reserved { tag } => store.restore_reservation(0, *page, *tag),
+                PageRead::Held => store.restore_hold(0, *page),
+            }
+            .map_err(|e| format!("{}: {e}", what()))?;
         }
         let w = what();
         self.publish(id, name, store).map_err(|_| format!("{w} is named twice in the catalog"))

@@ -24,7 +24,7 @@ use super::error::{InitError, RankNotInitialized};
 use super::index::{Bind, Delta, IndexFloor, KeyIndex, MAX_IDS};
 use super::journal::{Change, Journal};
 use super::key::KeyRef;
-use super::lease::{Clock, LeaseLength};
+use super::lease::{self, Clock, LeaseLength};
 use super::pages::{Counts, Owner, PageState, PageTable, BOUND, FREE};
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
@@ -35,12 +35,13 @@ mod evict;
 mod replay;
 mod snapshot;
 
+use super::sync::{Mutex, OnceLock, PoisonError};
 pub use allocate::AllocSlot;
 use arc_swap::ArcSwap;
 pub use delete::DeleteOutcome;
 pub use evict::{EvictReason, EvictStats, MaintainReport};
-pub use snapshot::{PageSource, ReadPagesError, Visit};
-use std::sync::{Arc, Mutex, OnceLock};
+pub use snapshot::{PageRead, PageSource, ReadPagesError, Visit};
+use std::sync::Arc;
 
 /// Expiry granularity: the server ticks the store's epoch this many times per
 /// reservation TTL.
@@ -69,6 +70,15 @@ pub struct StoreConfig {
     pub low_watermark: f64,
     /// How long a read protects a key (`--read-lease`); 0 for no leases.
     pub read_lease: LeaseLength,
+    /// How long an unconfirmed reservation lives (`--reservation-ttl`, in
+    /// lease ticks). A re-save (an allocate that answers a stored page)
+    /// leases its key for at least this long, and a quarter more
+    /// (reservations expire between 1 and 1.25 TTLs), so that the page is
+    /// not evicted or handed out while its writer may still be rewriting
+    /// it, whatever `read_lease` is. 0 adds nothing to `read_lease` (the
+    /// core's default, the Python server's behaviour); the server passes
+    /// [`crate::lease::MAX_LEASE`] for reservations that never expire.
+    pub reservation_ttl: LeaseLength,
     /// Leases and eviction run on a clock set by hand ([`Store::set_clock`])
     /// rather than real time: for tests.
     pub manual_clock: bool,
@@ -88,6 +98,7 @@ impl Default for StoreConfig {
             high_watermark: 0.95,
             low_watermark: 0.90,
             read_lease: LeaseLength(0),
+            reservation_ttl: LeaseLength(0),
             manual_clock: false,
             index_floor: IndexFloor::VLLM,
         }
@@ -240,7 +251,9 @@ impl Drop for JournalOp<'_> {
 /// The metadata store. Share it by reference or `Arc`; every method takes `&self`.
 pub struct Store {
     cfg: StoreConfig,
-    gen: ArcSwap<Generation>,
+    /// The current generation: swapped whole by `/clear`, loaded once per
+    /// operation.
+    current: ArcSwap<Generation>,
     epoch: AtomicU32,
     expired: AtomicU64,
     /// Where durable changes go, when durability is on.
@@ -282,10 +295,10 @@ impl Store {
     ) -> Self {
         // A world of 0 would make every key complete before its first binding.
         cfg.world_size = cfg.world_size.map(|w| w.max(1));
-        let gen = ArcSwap::from_pointee(Generation::new(generation, &cfg));
+        let current = ArcSwap::from_pointee(Generation::new(generation, &cfg));
         Self {
             cfg,
-            gen,
+            current,
             epoch: AtomicU32::new(0),
             expired: AtomicU64::new(0),
             journal,
@@ -308,28 +321,55 @@ impl Store {
         self.clock.set(tick);
     }
 
+    /// Moves the key index's reclamation epoch on by one (loom models only:
+    /// see [`KeyIndex::advance_epoch`]).
+    #[cfg(loom)]
+    pub fn advance_index_epoch(&self) {
+        self.current.load().index.advance_epoch();
+    }
+
     /// The clock, to share with other stores.
     pub fn clock(&self) -> Arc<Clock> {
         self.clock.clone()
     }
 
-    /// Holds eviction off for one lease period from now: called after a
-    /// recovery, since the leases of readers before the restart were not
-    /// persisted.
+    /// Holds eviction off for one lease period from now, and makes every
+    /// release or delete in that period quarantine its page until it ends
+    /// ([`Store::restart_hold`]): called after a recovery, since the leases
+    /// of readers before the restart were not persisted.
     pub fn hold_eviction_for_a_lease(&self) {
-        let until = self.clock.now().saturating_add(self.cfg.read_lease.0).saturating_add(1);
-        // Relaxed: a threshold read by the evictor; nothing hangs off it.
+        let until = lease::after(self.clock.now(), self.cfg.read_lease.0.saturating_add(1));
+        // Relaxed: a threshold read by the evictor and by releases; nothing
+        // hangs off it.
         self.evict_not_before.store(until, Ordering::Relaxed);
     }
 
     /// Holds eviction off until [`Store::hold_eviction_for_a_lease`] is
-    /// called (2^30 ticks at most): a synchronous standby evicts nothing of
+    /// called (2^26 ticks at most): a synchronous standby evicts nothing of
     /// its own, its leader's evictions reach it as unbinds, and its
     /// promotion holds eviction for one lease, after which it evicts again.
     pub fn suspend_eviction(&self) {
-        let until = self.clock.now().saturating_add(1 << 30);
+        // 2^26 ticks: live on the clock's ring (within its horizon, 2^27).
+        let until = lease::after(self.clock.now(), 1 << 26);
         // Relaxed: a threshold read by the evictor; nothing hangs off it.
         self.evict_not_before.store(until, Ordering::Relaxed);
+    }
+
+    /// The tick until which a page unbound now must be held because a
+    /// reader before the restart may hold it ([`hold_eviction_for_a_lease`](
+    /// Self::hold_eviction_for_a_lease)), when that hold is still live.
+    #[inline]
+    fn restart_hold(&self, now: u32) -> Option<u32> {
+        Some(self.evict_not_before.load(Ordering::Relaxed)).filter(|&d| lease::live(d, now))
+    }
+
+    /// The lease an allocate gives a key whose stored page it hands out
+    /// again: at least as long as the write it announces may take (see
+    /// [`StoreConfig::reservation_ttl`]).
+    #[inline]
+    fn reuse_lease(&self) -> LeaseLength {
+        let ttl = self.cfg.reservation_ttl.0;
+        self.cfg.read_lease.max(LeaseLength(ttl.saturating_add(ttl.div_ceil(4))))
     }
 
     #[inline]
@@ -351,7 +391,7 @@ impl Store {
 
     /// The current generation's id (it changes at every `/clear`).
     pub fn generation(&self) -> u64 {
-        self.gen.load().id
+        self.current.load().id
     }
 
     /// The configuration.
@@ -368,8 +408,8 @@ impl Store {
         if rank >= i64::from(self.cfg.max_ranks) {
             return Err(InitError::TooManyRanks { rank, max: self.cfg.max_ranks });
         }
-        let gen = self.gen.load();
-        if let Some(t) = gen.ranks[rank as usize].get() {
+        let current = self.current.load();
+        if let Some(t) = current.ranks[rank as usize].get() {
             return Ok(Initialized::Existing { num_pages: t.num_pages() });
         }
         if num_pages > i64::from(self.cfg.max_pages_per_rank) {
@@ -393,17 +433,17 @@ impl Store {
         // Serialized with other initializes and clears (admin operations,
         // never the data path), and journaled before the rank becomes visible:
         // no confirm on it can reach the journal before its Initialize.
-        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let gen = self.gen.load();
-        let slot = &gen.ranks[rank as usize];
+        let _admin = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.current.load();
+        let slot = &current.ranks[rank as usize];
         if let Some(t) = slot.get() {
             return Ok(Initialized::Existing { num_pages: t.num_pages() });
         }
         let table =
             PageTable::new(pages).map_err(|e| InitError::OutOfMemory { rank: rank.into(), pages, bytes: e.bytes })?;
-        self.record(Change::Initialize { generation: gen.id, rank, num_pages: pages });
+        self.record(Change::Initialize { generation: current.id, rank, num_pages: pages });
         if slot.set(table).is_ok() {
-            gen.initialized.fetch_add(1, Ordering::Relaxed);
+            current.initialized.fetch_add(1, Ordering::Relaxed);
         }
         Ok(Initialized::Created)
     }
@@ -412,13 +452,14 @@ impl Store {
     /// `true` answers are leased (the scheduler loads those and only those);
     /// the answers after the first `false` take no lease.
     pub fn exists(&self, keys: &[&str], out: &mut Vec<bool>) {
-        let gen = self.gen.load();
+        let current = self.current.load();
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
-        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
-        let index = gen.index.reader();
+        let index = current.index.reader();
         let mut entries = Vec::with_capacity(parsed.len());
         index.entries(&parsed, |&k| k, &mut entries);
+        // Read after the lookups: a lease counts from when the answer is built.
+        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let mut leading = true;
         out.extend(parsed.iter().zip(entries).map(|(&k, e)| {
             if leading {
@@ -433,26 +474,27 @@ impl Store {
     /// For each key, its page on `rank` when the key is complete. Every key
     /// given a page is leased.
     pub fn locations(&self, rank: i64, keys: &[&str], out: &mut Vec<Option<u32>>) -> Result<(), RankNotInitialized> {
-        let gen = self.gen.load();
+        let current = self.current.load();
         out.clear();
-        gen.rank(rank).ok_or(RankNotInitialized(rank))?;
+        current.rank(rank).ok_or(RankNotInitialized(rank))?;
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
         out.clear();
-        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
-        let index = gen.index.reader();
+        let index = current.index.reader();
         let mut entries = Vec::with_capacity(parsed.len());
         index.entries(&parsed, |&k| k, &mut entries);
+        // Read after the lookups: a lease counts from when the answer is built.
+        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         out.extend(parsed.iter().zip(entries).map(|(&k, e)| index.lease_location(k, e, rank as u32, now, lease)));
         Ok(())
     }
 
     /// Forgets every rank and every key.
     pub fn clear(&self) {
-        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let id = self.gen.load().id + 1;
+        let _admin = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
+        let id = self.current.load().id + 1;
         // Journaled first: nothing of the new generation can precede it.
         self.record(Change::Clear { generation: id });
-        self.gen.store(Arc::new(Generation::new(id, &self.cfg)));
+        self.current.store(Arc::new(Generation::new(id, &self.cfg)));
     }
 
     /// Journals an `Initialize` for every rank, for ranks made by
@@ -460,11 +502,11 @@ impl Store {
     /// space makes its table, then names itself in the catalog, then
     /// journals it.
     pub fn journal_ranks(&self) {
-        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let gen = self.gen.load();
-        for (r, slot) in gen.ranks.iter().enumerate() {
+        let _admin = self.admin.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.current.load();
+        for (r, slot) in current.ranks.iter().enumerate() {
             if let Some(t) = slot.get() {
-                self.record(Change::Initialize { generation: gen.id, rank: r as u32, num_pages: t.num_pages() });
+                self.record(Change::Initialize { generation: current.id, rank: r as u32, num_pages: t.num_pages() });
             }
         }
     }
@@ -472,8 +514,8 @@ impl Store {
     /// Recreates a rank while rebuilding the store from a journal (start-up,
     /// before serving). Not journaled.
     pub fn restore_rank(&self, rank: u32, num_pages: u32) -> Result<(), InitError> {
-        let gen = self.gen.load();
-        let slot = gen
+        let current = self.current.load();
+        let slot = current
             .ranks
             .get(rank as usize)
             .ok_or(InitError::TooManyRanks { rank: rank.into(), max: self.cfg.max_ranks })?;
@@ -483,7 +525,7 @@ impl Store {
             bytes: e.bytes,
         })?;
         if slot.set(table).is_ok() {
-            gen.initialized.fetch_add(1, Ordering::Relaxed);
+            current.initialized.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -493,8 +535,8 @@ impl Store {
     /// that rank; anything else means the journal is inconsistent, and the
     /// binding is refused with a message. Not journaled.
     pub fn restore_binding(&self, rank: u32, page: u32, key: &str, world: u32) -> Result<(), String> {
-        let gen = self.gen.load();
-        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        let current = self.current.load();
+        let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
             return Err(format!("page {page} is out of range for rank {rank}"));
         }
@@ -503,11 +545,11 @@ impl Store {
         }
         let k = KeyRef::parse(key);
         let mut delta = Delta::default();
-        match gen.index.bind(k, rank, page, || world, &mut delta) {
+        match current.index.bind(k, rank, page, || world, &mut delta) {
             Bind::Bound(_, id) => {
                 table.set_owner(page, Owner::of(k, id));
                 table.settle(page, BOUND);
-                gen.apply(delta);
+                current.apply(delta);
                 Ok(())
             }
             Bind::Kept(p) => {
@@ -523,9 +565,41 @@ impl Store {
         }
     }
 
+    /// Makes `page` of `rank` RESERVED for the key tagged `tag` while
+    /// rebuilding from a journal: a reservation live at the crash. It gets a
+    /// fresh TTL (stamped with the current epoch), so its writer, which may
+    /// still be writing, has a whole TTL to confirm. Not journaled.
+    pub fn restore_reservation(&self, rank: u32, page: u32, tag: u32) -> Result<(), String> {
+        let current = self.current.load();
+        let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        if page >= table.num_pages() {
+            return Err(format!("reserved page {page} is out of range for rank {rank}"));
+        }
+        if !table.restore_reserved(page, tag, self.epoch.load(Ordering::Relaxed) as u8) {
+            return Err(format!("reserved page {page} of rank {rank} is already in use"));
+        }
+        Ok(())
+    }
+
+    /// Quarantines `page` of `rank` for one read lease from now while
+    /// rebuilding from a journal: a page held at the crash because a reader
+    /// might still read it. Not journaled.
+    pub fn restore_hold(&self, rank: u32, page: u32) -> Result<(), String> {
+        let current = self.current.load();
+        let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        if page >= table.num_pages() {
+            return Err(format!("held page {page} is out of range for rank {rank}"));
+        }
+        let until = lease::after(self.clock.now(), self.cfg.read_lease.0.saturating_add(1));
+        if !table.restore_held(page, until) {
+            return Err(format!("held page {page} of rank {rank} is already in use"));
+        }
+        Ok(())
+    }
+
     /// The size of `rank`, when it exists.
     pub fn rank_size(&self, rank: u32) -> Option<u32> {
-        self.gen.load().rank(rank.into()).map(PageTable::num_pages)
+        self.current.load().rank(rank.into()).map(PageTable::num_pages)
     }
 
     /// The current expiry epoch (low 8 bits are what reservations are stamped with).
@@ -539,16 +613,24 @@ impl Store {
     /// TTL / [`TICKS_PER_TTL`]; tests call it directly as a fake clock.
     pub fn tick(&self) -> u64 {
         let now = self.epoch.fetch_add(1, Ordering::Relaxed).wrapping_add(1) as u8;
-        let gen = self.gen.load_full();
-        let freed: u64 = gen.ranks.iter().filter_map(OnceLock::get).map(|t| t.expire(now, EXPIRY_TICKS)).sum();
+        let current = self.current.load_full();
+        let mut freed = 0;
+        for (r, slot) in current.ranks.iter().enumerate() {
+            let Some(t) = slot.get() else { continue };
+            // Each expired reservation is journaled as the page's end while
+            // the page is held, like a release.
+            freed += t.expire_each(now, EXPIRY_TICKS, &mut |page| {
+                self.record(Change::Unbind { generation: current.id, rank: r as u32, page });
+            });
+        }
         self.expired.fetch_add(freed, Ordering::Relaxed);
         freed
     }
 
     /// Statistics: page counts per rank (a scan, O(pages / 32)), key counts.
     pub fn stats(&self) -> Stats {
-        let gen = self.gen.load_full();
-        let ranks = gen
+        let current = self.current.load_full();
+        let ranks = current
             .ranks
             .iter()
             .enumerate()
@@ -563,26 +645,26 @@ impl Store {
             .collect();
         Stats {
             ranks,
-            keys: gen.keys.load(Ordering::Relaxed).max(0) as u64,
-            complete_keys: gen.complete.load(Ordering::Relaxed).max(0) as u64,
+            keys: current.keys.load(Ordering::Relaxed).max(0) as u64,
+            complete_keys: current.complete.load(Ordering::Relaxed).max(0) as u64,
             expired: self.expired.load(Ordering::Relaxed),
         }
     }
 
     /// The current [`Footprint`].
     pub fn footprint(&self) -> Footprint {
-        Footprint { index_slots: self.gen.load().index.slots() as u64 }
+        Footprint { index_slots: self.current.load().index.slots() as u64 }
     }
 
     /// Keys and pages under a read lease now, per rank: a scan of the key
     /// index (O(keys); for `/stats` and `/metrics`, not the request path).
     pub fn lease_stats(&self) -> LeaseStats {
-        let gen = self.gen.load_full();
+        let current = self.current.load_full();
         let now = self.clock.now();
-        let mut leased = vec![0u64; gen.ranks.len()];
-        let mut evictable = vec![0u64; gen.ranks.len()];
+        let mut leased = vec![0u64; current.ranks.len()];
+        let mut evictable = vec![0u64; current.ranks.len()];
         let mut leased_keys = 0;
-        gen.index.for_each(|_, e| {
+        current.index.for_each(|_, e| {
             let l = e.lease().leased(now);
             leased_keys += u64::from(l);
             for (r, _) in e.bindings() {
@@ -591,8 +673,8 @@ impl Store {
                 }
             }
         });
-        let ranks = (0..gen.ranks.len())
-            .filter(|&r| gen.ranks[r].get().is_some())
+        let ranks = (0..current.ranks.len())
+            .filter(|&r| current.ranks[r].get().is_some())
             .map(|r| RankLeases { rank: r as u32, leased_pages: leased[r], evictable_pages: evictable[r] })
             .collect();
         LeaseStats { leased_keys, ranks }
@@ -601,10 +683,10 @@ impl Store {
     /// Checks every invariant of the design notes. Only meaningful while no
     /// request is in flight (tests call it at the end of a run).
     pub fn audit(&self) -> Result<Stats, String> {
-        let gen = self.gen.load_full();
+        let current = self.current.load_full();
         let mut bound_pages = 0u64;
         let mut quarantined = 0u64;
-        for (r, t) in gen.ranks.iter().enumerate() {
+        for (r, t) in current.ranks.iter().enumerate() {
             let Some(t) = t.get() else { continue };
             let c = t.audit().map_err(|e| format!("rank {r}: {e}"))?;
             bound_pages += c.bound;
@@ -613,11 +695,11 @@ impl Store {
                 if err.is_some() {
                     return;
                 }
-                match t.owner(p).map(|o| gen.index.key_of(&o).ok_or(o)) {
+                match t.owner(p).map(|o| current.index.key_of(&o).ok_or(o)) {
                     None if t.is_quarantined(p) => quarantined += 1,
                     None => err = Some(format!("rank {r}: BOUND page {p} has no owner and is not quarantined")),
                     Some(Err(o)) => err = Some(format!("rank {r}: BOUND page {p} names {o:?}, which names no key")),
-                    Some(Ok(k)) if gen.index.page(k.as_ref(), r as u32) != Some(p) => {
+                    Some(Ok(k)) if current.index.page(k.as_ref(), r as u32) != Some(p) => {
                         err = Some(format!("rank {r}: page {p} names key {k}, whose binding is elsewhere"));
                     }
                     Some(Ok(_)) => {}
@@ -629,16 +711,16 @@ impl Store {
         }
         let (mut keys, mut complete, mut bindings) = (0i64, 0i64, 0u64);
         let mut err = None;
-        gen.index.for_each(|k, e| {
+        current.index.for_each(|k, e| {
             keys += 1;
             complete += i64::from(e.complete());
             let mut n = 0;
             for (r, p) in e.bindings() {
                 n += 1;
                 bindings += 1;
-                let ok = gen
-                    .rank(i64::from(r))
-                    .is_some_and(|t| p < t.num_pages() && t.state(p) == PageState::Bound && gen.index.owns(t, p, k));
+                let ok = current.rank(i64::from(r)).is_some_and(|t| {
+                    p < t.num_pages() && t.state(p) == PageState::Bound && current.index.owns(t, p, k)
+                });
                 if !ok && err.is_none() {
                     err = Some(format!("key {k} is bound to page {p} of rank {r}, which is not BOUND to it"));
                 }
@@ -656,11 +738,11 @@ impl Store {
             ));
         }
         let stats = self.stats();
-        if keys != gen.keys.load(Ordering::Relaxed) || complete != gen.complete.load(Ordering::Relaxed) {
+        if keys != current.keys.load(Ordering::Relaxed) || complete != current.complete.load(Ordering::Relaxed) {
             return Err(format!(
                 "counted {keys} keys / {complete} complete, counters say {} / {}",
-                gen.keys.load(Ordering::Relaxed),
-                gen.complete.load(Ordering::Relaxed)
+                current.keys.load(Ordering::Relaxed),
+                current.complete.load(Ordering::Relaxed)
             ));
         }
         Ok(stats)

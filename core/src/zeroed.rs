@@ -130,7 +130,7 @@ impl<T: Zeroable> std::ops::Deref for ZeroedSlice<T> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering;
+    use crate::sync::Ordering;
 
     #[test]
     fn zeroed_and_writable() {

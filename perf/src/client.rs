@@ -299,6 +299,11 @@ impl Conn {
         self.send_raw("POST", path, Some(body)).await
     }
 
+    /// The body of the last answer a raw-client call returned.
+    pub fn last_body(&self) -> &[u8] {
+        &self.body
+    }
+
     /// GET `path` (no body) over the raw client, whatever the mode.
     pub async fn get(&mut self, path: &str) -> Result<(u16, &[u8]), CallError> {
         self.send_raw("GET", path, None).await

@@ -23,7 +23,7 @@ fn hex_into(out: &mut [u8], mut v: u128, digits: usize) {
 /// A fresh random 32-hex-character key.
 pub fn random_key<R: Rng>(rng: &mut R) -> Key {
     let mut k = [0u8; 32];
-    hex_into(&mut k, rng.gen::<u128>(), 32);
+    hex_into(&mut k, rng.r#gen::<u128>(), 32);
     k
 }
 

@@ -23,7 +23,7 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 pub fn random_key<R: Rng>(rng: &mut R) -> SgKey {
     let mut k = [0u8; 64];
     for half in k.chunks_exact_mut(32) {
-        let mut v = rng.gen::<u128>();
+        let mut v = rng.r#gen::<u128>();
         for c in half.iter_mut().rev() {
             *c = HEX[(v & 0xf) as usize];
             v >>= 4;

@@ -26,6 +26,10 @@
 //! Reading a chunk from memory costs a claim per bound page instead of a
 //! decode, a sort and a merge per change (perf/RESULTS.md, "Durability").
 //!
+//! A chunk's pending pages (reserved, held) are written beside its
+//! bindings, as a `P` chunk (state format 2, see [`super::codec`]), read
+//! from memory in the same pass.
+//!
 //! The pass reads the generation its keyspace belongs to; if the store has
 //! moved on (a `/clear` the writer has not written yet), it gives up and
 //! leaves everything to the writer's generation switch.
@@ -42,11 +46,11 @@
 //! `backlog` (records written since the last pass) is a hint that only
 //! decides when to nudge the checkpointer: `Relaxed`.
 
-use super::codec::{self, Binding, CHUNK_SHIFT};
+use super::codec::{self, Binding, Pending, CHUNK_SHIFT};
 use super::error::{panic_message, Failure};
 use super::faults::Point;
 use super::shared::{Dirty, Shared};
-use crate::core::ReadPagesError;
+use crate::core::{PageRead, ReadPagesError};
 use crossbeam_channel::Receiver;
 use fjall::PersistMode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,15 +127,20 @@ fn write_chunks(
     }
     let mut chunks: Vec<u64> = taken.chunks.iter().copied().collect();
     chunks.sort_unstable();
-    let (mut entries, mut buf) = (Vec::<(u16, Binding)>::new(), Vec::new());
+    let (mut entries, mut pending, mut buf) = (Vec::<(u16, Binding)>::new(), Vec::<(u16, Pending)>::new(), Vec::new());
     for id in chunks {
         let (rank, chunk) = ((id >> 32) as u32, id as u32);
         let first = chunk << CHUNK_SHIFT;
         entries.clear();
-        let read =
-            shared.store.read_pages(parts.generation, rank, first..first + codec::CHUNK_PAGES, &mut |p, key, world| {
-                entries.push(((p - first) as u16, Binding { world, key }));
-            });
+        pending.clear();
+        let read = shared.store.read_pages(parts.generation, rank, first..first + codec::CHUNK_PAGES, &mut |p, r| {
+            let off = (p - first) as u16;
+            match r {
+                PageRead::Bound { key, world } => entries.push((off, Binding { world, key })),
+                PageRead::Reserved { tag } => pending.push((off, Pending::Reserved(tag))),
+                PageRead::Held => pending.push((off, Pending::Held)),
+            }
+        });
         match read {
             Ok(()) => {}
             Err(ReadPagesError::Generation) => return Err(Stop::Generation),
@@ -142,6 +151,14 @@ fn write_chunks(
         let key = codec::chunk_key(chunk, rank);
         if !entries.is_empty() {
             codec::encode_chunk(&entries, &mut buf);
+            bytes += buf.len();
+            batch.insert(&parts.state, key.to_vec(), buf.clone());
+        } else if parts.state.contains_key(key).map_err(|e| Failure::store("reading the state", &e))? {
+            batch.remove(&parts.state, key.to_vec());
+        }
+        let key = codec::pending_key(chunk, rank);
+        if !pending.is_empty() {
+            codec::encode_pending(&pending, &mut buf);
             bytes += buf.len();
             batch.insert(&parts.state, key.to_vec(), buf.clone());
         } else if parts.state.contains_key(key).map_err(|e| Failure::store("reading the state", &e))? {

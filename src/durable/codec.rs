@@ -13,11 +13,20 @@
 //! - `log_{g}`: batch number (`u64`) → the records of one writer batch, in the
 //!   order they were recorded: `1 rank num_pages` (initialize), `2 rank page
 //!   world key` (bind), `3 rank page` (unbind).
+//!   Since issue 20 also `4 rank page tag` (reserve: the page is reserved
+//!   for the key with that tag, [`crate::core::KeyRef::tag`]) and `5 rank
+//!   page` (hold: unbound, held back for a reader's lease); `3 rank page`
+//!   (unbind) then means "the page is free", whatever it was. A log written
+//!   before has no 4 or 5 and reads the same.
 //! - `state_{g}`: the checkpointed state. `R rank` → `num_pages`;
 //!   `C chunk rank` → the bindings of pages `chunk * 256 ..` on that rank, as
 //!   sorted `offset world key` entries. Chunk-major order lets recovery
 //!   restore every rank's page `p` together, which keeps each key's index
-//!   entry hot while it gets its bindings.
+//!   entry hot while it gets its bindings. Since issue 20 (state format 2),
+//!   `P chunk rank` → the pending pages of that chunk, reserved or held, as
+//!   sorted `offset kind tag` entries (`kind` 1 reserved, 2 held, whose
+//!   `tag` is 0). A state written before (format 1) has no `P` keys, and
+//!   loads as a state with no pending page.
 //!
 //! A key is `0` + its 16 digest bytes, `2` + its 32 digest bytes + a `u8`
 //! length + its suffix text (an SGLang key), or `1` + a `u32` length + its
@@ -39,10 +48,16 @@ pub const GENERATION_KEY: &[u8] = b"generation";
 pub const RANK_PREFIX: u8 = b'R';
 /// Prefix of chunk keys in a state partition.
 pub const CHUNK_PREFIX: u8 = b'C';
+/// Prefix of pending-page chunk keys in a state partition (format 2).
+pub const PENDING_PREFIX: u8 = b'P';
 
 const TAG_INIT: u8 = 1;
 const TAG_BIND: u8 = 2;
 const TAG_UNBIND: u8 = 3;
+const TAG_RESERVE: u8 = 4;
+const TAG_HOLD: u8 = 5;
+const PENDING_RESERVED: u8 = 1;
+const PENDING_HELD: u8 = 2;
 const KEY_HEX: u8 = 0;
 const KEY_TEXT: u8 = 1;
 const KEY_DIGEST: u8 = 2;
@@ -85,12 +100,64 @@ pub fn chunk_key(chunk: u32, rank: u32) -> [u8; 9] {
     k
 }
 
-/// Splits a chunk key into `(chunk, rank)`.
+/// The key of the pending pages of chunk `chunk` of rank `rank`.
+pub fn pending_key(chunk: u32, rank: u32) -> [u8; 9] {
+    let mut k = chunk_key(chunk, rank);
+    k[0] = PENDING_PREFIX;
+    k
+}
+
+/// Splits a chunk key (either kind) into `(chunk, rank)`.
 pub fn parse_chunk_key(k: &[u8]) -> Result<(u32, u32), Corrupt> {
     match k {
-        [CHUNK_PREFIX, rest @ ..] if rest.len() == 8 => Ok((be32(&rest[..4]), be32(&rest[4..]))),
+        [CHUNK_PREFIX | PENDING_PREFIX, rest @ ..] if rest.len() == 8 => Ok((be32(&rest[..4]), be32(&rest[4..]))),
         _ => Err(Corrupt::new("a state chunk key", k.len())),
     }
+}
+
+/// A page that is neither free nor bound, as the journal and the state
+/// keep it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pending {
+    /// Reserved for the key with this tag.
+    Reserved(u32),
+    /// Held back for a reader's lease.
+    Held,
+}
+
+/// Encodes a pending chunk: `entries` sorted by offset.
+pub fn encode_pending(entries: &[(u16, Pending)], out: &mut Vec<u8>) {
+    out.clear();
+    for &(off, p) in entries {
+        out.extend_from_slice(&off.to_le_bytes());
+        let (kind, tag) = match p {
+            Pending::Reserved(t) => (PENDING_RESERVED, t),
+            Pending::Held => (PENDING_HELD, 0),
+        };
+        out.push(kind);
+        out.extend_from_slice(&tag.to_le_bytes());
+    }
+}
+
+/// Decodes a pending chunk, checking offsets as [`decode_chunk`] does.
+pub fn decode_pending(buf: &[u8], out: &mut Vec<(u16, Pending)>) -> Result<(), Corrupt> {
+    out.clear();
+    let mut r = Reader { buf, pos: 0, what: "pending chunk" };
+    while !r.done() {
+        let at = r.pos;
+        let off = r.u16()?;
+        if u32::from(off) >= CHUNK_PAGES || out.last().is_some_and(|(o, _)| *o >= off) {
+            return Err(Corrupt::new("pending chunk (page offsets out of order)", at));
+        }
+        let at = r.pos;
+        let p = match (r.u8()?, r.u32()?) {
+            (PENDING_RESERVED, tag) => Pending::Reserved(tag),
+            (PENDING_HELD, 0) => Pending::Held,
+            _ => return Err(Corrupt::new("pending chunk (kind)", at)),
+        };
+        out.push((off, p));
+    }
+    Ok(())
 }
 
 /// Parses a rank key and its value into `(rank, num_pages)`.
@@ -162,12 +229,21 @@ pub enum Record {
         /// What it is bound to.
         binding: Binding,
     },
-    /// A page's binding was released.
+    /// A page became free (its binding, reservation or hold ended).
     Unbind {
         /// The rank.
         rank: u32,
         /// The page.
         page: u32,
+    },
+    /// A page was reserved, or held.
+    Pending {
+        /// The rank.
+        rank: u32,
+        /// The page.
+        page: u32,
+        /// How.
+        pending: Pending,
     },
 }
 
@@ -190,6 +266,21 @@ pub fn put_bind(out: &mut Vec<u8>, rank: u32, page: u32, world: u32, key: KeyRef
 /// Appends an unbind record.
 pub fn put_unbind(out: &mut Vec<u8>, rank: u32, page: u32) {
     out.push(TAG_UNBIND);
+    out.extend_from_slice(&rank.to_le_bytes());
+    out.extend_from_slice(&page.to_le_bytes());
+}
+
+/// Appends a reserve record (the page is reserved for the key tagged `tag`).
+pub fn put_reserve(out: &mut Vec<u8>, rank: u32, page: u32, tag: u32) {
+    out.push(TAG_RESERVE);
+    out.extend_from_slice(&rank.to_le_bytes());
+    out.extend_from_slice(&page.to_le_bytes());
+    out.extend_from_slice(&tag.to_le_bytes());
+}
+
+/// Appends a hold record (the page is held back for a reader's lease).
+pub fn put_hold(out: &mut Vec<u8>, rank: u32, page: u32) {
+    out.push(TAG_HOLD);
     out.extend_from_slice(&rank.to_le_bytes());
     out.extend_from_slice(&page.to_le_bytes());
 }
@@ -322,6 +413,11 @@ pub fn decode_log(buf: &[u8], mut each: impl FnMut(Record)) -> Result<(), Corrup
                 Record::Bind { rank, page, binding: Binding { world, key: r.key()? } }
             }
             TAG_UNBIND => Record::Unbind { rank: r.u32()?, page: r.u32()? },
+            TAG_RESERVE => {
+                let (rank, page, tag) = (r.u32()?, r.u32()?, r.u32()?);
+                Record::Pending { rank, page, pending: Pending::Reserved(tag) }
+            }
+            TAG_HOLD => Record::Pending { rank: r.u32()?, page: r.u32()?, pending: Pending::Held },
             _ => return Err(Corrupt::new("log record tag", at)),
         };
         each(rec);
@@ -396,6 +492,41 @@ mod tests {
             r => panic!("{r:?}"),
         }
         assert_eq!(got[3], Record::Unbind { rank: 3, page: 7 });
+    }
+
+    #[test]
+    fn reserve_and_hold_records_and_pending_chunks_round_trip() {
+        let mut buf = Vec::new();
+        put_reserve(&mut buf, 3, 7, 0xDEAD_BEEF);
+        put_hold(&mut buf, 3, 8);
+        put_unbind(&mut buf, 3, 7);
+        let mut got = Vec::new();
+        decode_log(&buf, |r| got.push(r)).unwrap();
+        assert_eq!(
+            got,
+            [
+                Record::Pending { rank: 3, page: 7, pending: Pending::Reserved(0xDEAD_BEEF) },
+                Record::Pending { rank: 3, page: 8, pending: Pending::Held },
+                Record::Unbind { rank: 3, page: 7 },
+            ]
+        );
+        for cut in 1..13 {
+            assert!(decode_log(&buf[..cut], |_| {}).is_err(), "cut at {cut}");
+        }
+        let e = [(1u16, Pending::Reserved(5)), (200, Pending::Held)];
+        let mut chunk = Vec::new();
+        encode_pending(&e, &mut chunk);
+        let mut back = Vec::new();
+        decode_pending(&chunk, &mut back).unwrap();
+        assert_eq!(back, e);
+        // A held entry with a tag, or an unknown kind, is corrupt.
+        let mut bad = chunk.clone();
+        let last = bad.len() - 1;
+        bad[last] = 1;
+        assert!(decode_pending(&bad, &mut back).is_err());
+        bad[2] = 9;
+        assert!(decode_pending(&bad, &mut back).is_err());
+        assert_eq!(parse_chunk_key(&pending_key(5, 9)), Ok((5, 9)));
     }
 
     #[test]

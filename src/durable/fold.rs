@@ -6,7 +6,7 @@
 //! the checkpointed state. A leaf: it knows the codec and the error type,
 //! nothing else of the durable layer.
 
-use super::codec::{self, Binding, Record, CHUNK_PAGES, CHUNK_SHIFT};
+use super::codec::{self, Binding, Pending, Record, CHUNK_PAGES, CHUNK_SHIFT};
 use super::error::Failure;
 use std::collections::BTreeMap;
 
@@ -22,12 +22,23 @@ pub(crate) struct Fold {
     pub(crate) ranks: BTreeMap<u32, u32>,
     /// `(sort key, index into changes)`, in log order until sorted.
     keys: Vec<(u64, u32)>,
-    /// Each page change: bound to this, or unbound.
-    changes: Vec<Option<Binding>>,
+    /// Each page change: what the page became.
+    changes: Vec<PageChange>,
     /// The keys of the log entries folded.
     pub(crate) entries: Vec<fjall::Slice>,
     /// Records folded.
     pub(crate) records: u64,
+}
+
+/// What a page became, by one log record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PageChange {
+    /// Free (unbound; or its reservation or hold ended).
+    Free,
+    /// Bound to this.
+    Bound(Binding),
+    /// Reserved or held.
+    Pending(Pending),
 }
 
 /// Orders page changes by state chunk, rank, then offset in the chunk (24 +
@@ -73,8 +84,9 @@ impl Fold {
                     self.ranks.entry(rank).or_insert(num_pages);
                     return;
                 }
-                Record::Bind { rank, page, binding } => (rank, page, Some(binding)),
-                Record::Unbind { rank, page } => (rank, page, None),
+                Record::Bind { rank, page, binding } => (rank, page, PageChange::Bound(binding)),
+                Record::Unbind { rank, page } => (rank, page, PageChange::Free),
+                Record::Pending { rank, page, pending } => (rank, page, PageChange::Pending(pending)),
             };
             self.keys.push((sort_key(rank, page), self.changes.len() as u32));
             self.changes.push(change);
@@ -83,7 +95,7 @@ impl Fold {
 
     /// The last change of each page, sorted by [`sort_key`] (so grouped by
     /// state chunk). Consumes the changes.
-    pub(crate) fn net(&mut self) -> Vec<(u64, Option<Binding>)> {
+    pub(crate) fn net(&mut self) -> Vec<(u64, PageChange)> {
         // Indices grow in log order, so among equal keys the last is the latest.
         self.keys.sort_unstable();
         let mut out = Vec::with_capacity(self.keys.len());
@@ -91,7 +103,7 @@ impl Fold {
             if self.keys.get(i + 1).is_some_and(|n| n.0 == k) {
                 continue;
             }
-            out.push((k, self.changes[idx as usize].take()));
+            out.push((k, std::mem::replace(&mut self.changes[idx as usize], PageChange::Free)));
         }
         self.keys = Vec::new();
         self.changes = Vec::new();
@@ -115,18 +127,36 @@ mod tests {
         codec::put_bind(&mut e1, 1, 300, 2, KeyRef::Text("a"));
         codec::put_bind(&mut e1, 0, 5, 2, KeyRef::Text("b"));
         codec::put_bind(&mut e1, 1, 7, 2, KeyRef::Text("c"));
+        codec::put_reserve(&mut e1, 1, 9, 77);
+        codec::put_reserve(&mut e1, 1, 10, 78);
         let mut e2 = Vec::new();
         codec::put_unbind(&mut e2, 1, 300);
         codec::put_bind(&mut e2, 1, 7, 2, KeyRef::Text("d"));
+        codec::put_hold(&mut e2, 1, 9);
+        codec::put_unbind(&mut e2, 1, 10);
         let mut f = Fold::default();
         f.add(&e1).unwrap();
         f.add(&e2).unwrap();
-        assert_eq!(f.records, 6);
+        assert_eq!(f.records, 10);
         assert_eq!(f.ranks.get(&1), Some(&1000));
-        let net: Vec<(u32, u32, Option<String>)> =
-            f.net().into_iter().map(|(k, b)| (split_key(k).1, key_page(k), b.map(|b| b.key.to_string()))).collect();
+        let show = |c: PageChange| match c {
+            PageChange::Free => "free".to_string(),
+            PageChange::Bound(b) => b.key.to_string(),
+            PageChange::Pending(p) => format!("{p:?}"),
+        };
+        let net: Vec<(u32, u32, String)> =
+            f.net().into_iter().map(|(k, c)| (split_key(k).1, key_page(k), show(c))).collect();
         // Chunk 0 (rank 0 then rank 1), then chunk 1.
-        assert_eq!(net, [(0, 5, Some("b".into())), (1, 7, Some("d".into())), (1, 300, None)]);
+        assert_eq!(
+            net,
+            [
+                (0, 5, "b".into()),
+                (1, 7, "d".into()),
+                (1, 9, "Held".into()),
+                (1, 10, "free".into()),
+                (1, 300, "free".into())
+            ]
+        );
         assert_eq!(split_key(sort_key(u32::MAX, u32::MAX)), (u32::MAX >> CHUNK_SHIFT, u32::MAX, 255));
     }
 }

@@ -90,9 +90,14 @@ use std::time::{Duration, Instant};
 /// restart it, and the restart recovers from the disk.
 pub const EXIT_FATAL: u8 = 75;
 
-/// How [`Durable::open_opts`] runs the background threads.
+/// What [`Durable::open`] opens: the fsync mode, the configuration of the
+/// store it rebuilds, and how the background threads run.
 #[derive(Clone)]
 pub struct Options {
+    /// When a durable change counts as done (`--fsync`).
+    pub fsync: FsyncMode,
+    /// The configuration of the store rebuilt from the directory.
+    pub store: StoreConfig,
     /// How often the checkpointer folds the log, probes the disk and checks
     /// for stalls (`None`: only on a nudge, an explicit
     /// [`Durable::checkpoint`] or [`Durable::check_now`], or at close).
@@ -105,9 +110,21 @@ pub struct Options {
     pub faults: Option<Arc<Faults>>,
 }
 
+impl Options {
+    /// `fsync` and `store`, with the background threads as a server runs
+    /// them ([`Options::default`]).
+    pub fn new(fsync: FsyncMode, store: StoreConfig) -> Self {
+        Self { fsync, store, ..Self::default() }
+    }
+}
+
 impl Default for Options {
+    /// `--fsync batch`, the default store, and the background threads as a
+    /// server runs them.
     fn default() -> Self {
         Self {
+            fsync: FsyncMode::Batch,
+            store: StoreConfig::default(),
             checkpoint_every: Some(checkpoint::CHECKPOINT_INTERVAL),
             retry_after: Some(Duration::from_secs(1)),
             faults: None,
@@ -124,6 +141,12 @@ pub struct Recovered {
     pub ranks: usize,
     /// Key-rank bindings restored.
     pub bindings: u64,
+    /// Reservations restored, each for its key with a fresh TTL: the
+    /// writers that held them before the restart may still confirm.
+    pub reservations: u64,
+    /// Pages restored as held for one read lease (released or deleted
+    /// within a reader's lease before the restart).
+    pub held: u64,
     /// Distinct keys restored.
     pub keys: u64,
     /// Log entries (writer batches) replayed over the checkpointed state.
@@ -168,40 +191,18 @@ impl Durable {
     /// from it (docs/durability.md, "What the durable layer assumes"). A
     /// journal fed by other stores would have their pages checkpointed as
     /// this store's, i.e. empty.
-    pub fn open(dir: &Path, mode: FsyncMode, cfg: StoreConfig) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
-        Self::open_opts(dir, mode, cfg, Options::default())
-    }
-
-    /// [`Durable::open`] with the checkpoint period (`None`: only on a
-    /// nudge, an explicit [`Durable::checkpoint`] or at close). For tests.
-    #[doc(hidden)]
-    pub fn open_with(
-        dir: &Path,
-        mode: FsyncMode,
-        cfg: StoreConfig,
-        checkpoint_every: Option<Duration>,
-    ) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
-        Self::open_opts(dir, mode, cfg, Options { checkpoint_every, ..Options::default() })
-    }
-
-    /// [`Durable::open`] with [`Options`].
     ///
     /// A store that recovers but cannot write (the probe, a small write and
     /// fsync in `dir`, fails) starts degraded: it serves what it recovered,
     /// `/health` answers 503, and it recovers by itself once writes succeed.
-    pub fn open_opts(
-        dir: &Path,
-        mode: FsyncMode,
-        cfg: StoreConfig,
-        opts: Options,
-    ) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
-        Self::open_source(dir, mode, cfg, opts, |store, _| {
+    pub fn open(dir: &Path, opts: Options) -> Result<(Arc<Store>, Durable, Recovered), OpenError> {
+        Self::open_source(dir, opts, |store, _| {
             let store = Arc::new(store);
             Ok((store.clone() as Arc<dyn PageSource>, store))
         })
     }
 
-    /// [`Durable::open_opts`] for state served by something else than the
+    /// [`Durable::open`] for state served by something else than the
     /// recovered [`Store`]: `make` receives that store (recovered, and
     /// journaling here) with this store's journal, and returns what the
     /// durable layer reads back from from then on (checkpoints, recovery
@@ -209,10 +210,8 @@ impl Durable {
     /// are rebuilt from the recovered store this way
     /// ([`spaces::open`]). Every change recorded to the journal must come
     /// from the returned source.
-    pub fn open_source<T>(
+    pub(crate) fn open_source<T>(
         dir: &Path,
-        mode: FsyncMode,
-        cfg: StoreConfig,
         opts: Options,
         make: impl FnOnce(Store, Arc<dyn Journal>) -> Result<(Arc<dyn PageSource>, T), OpenError>,
     ) -> Result<(T, Durable, Recovered), OpenError> {
@@ -224,7 +223,7 @@ impl Durable {
         let progress = Arc::new(Progress::default());
         let (tx, rx) = crossbeam_channel::unbounded();
         let journal = Arc::new(QueueJournal { progress: progress.clone(), tx: tx.clone() });
-        let store = Store::with_journal(cfg, Some(journal.clone()), generation);
+        let store = Store::with_journal(opts.store.clone(), Some(journal.clone()), generation);
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 4);
         let restored = guarded(|| recover::restore(&db, &store, workers)).map_err(OpenError::Corrupt)??;
         let (next_entry, log) = {
@@ -239,7 +238,7 @@ impl Durable {
             root: dir.to_path_buf(),
             db: arc_swap::ArcSwap::from_pointee(db),
             progress: progress.clone(),
-            faults: opts.faults,
+            faults: opts.faults.clone(),
             watch: Watch::new(start),
             writer: tx.clone(),
             store: source,
@@ -262,50 +261,13 @@ impl Durable {
             progress.fail(&f);
         }
 
-        let backlog = Arc::new(AtomicU64::new(0));
-        let (nudge_tx, nudge_rx) = crossbeam_channel::bounded(1);
-        let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
-        // Before the writer runs: the syncer must sync whatever is
-        // published after this, even if it starts late.
-        let synced = progress.durable();
-        let writer = writer::Writer {
-            shared: shared.clone(),
-            mode,
-            rx,
-            generation,
-            log,
-            next_entry,
-            backlog: backlog.clone(),
-            nudge: nudge_tx,
-            retry: opts.retry_after,
-            recover_asked: false,
-            shipped_upto: synced,
-        };
-        let spawn_err = |e: std::io::Error| OpenError::Io(format!("cannot start a thread: {e}"));
-        let writer =
-            std::thread::Builder::new().name("durable-writer".into()).spawn(move || writer.run()).map_err(spawn_err)?;
-        let syncer = if mode == FsyncMode::Batch {
-            let (tx, rx) = crossbeam_channel::bounded(1);
-            let s = shared.clone();
-            let h = std::thread::Builder::new()
-                .name("durable-syncer".into())
-                .spawn(move || syncer::run(s, rx, synced))
-                .map_err(spawn_err)?;
-            Some((h, tx))
-        } else {
-            None
-        };
-        let cp = shared.clone();
-        let every = opts.checkpoint_every;
-        let checkpointer = std::thread::Builder::new()
-            .name("durable-checkpoint".into())
-            .spawn(move || checkpoint::run(cp, every, backlog, nudge_rx, stop_rx))
-            .map_err(spawn_err)?;
-
+        let threads = start_threads(&shared, &progress, opts.fsync, rx, generation, log, next_entry, &opts)?;
         let recovered = Recovered {
             generation,
             ranks: restored.ranks,
             bindings: restored.bindings,
+            reservations: restored.reservations,
+            held: restored.held,
             keys,
             log_entries: restored.log_entries,
             log_records: restored.log_records,
@@ -313,22 +275,7 @@ impl Durable {
             report,
             elapsed: start.elapsed(),
         };
-        tracing::info!(
-            dir = %dir.display(),
-            fsync = ?mode,
-            generation,
-            ranks = recovered.ranks,
-            bindings = recovered.bindings,
-            keys = recovered.keys,
-            log_records_replayed = recovered.log_records,
-            ms = recovered.elapsed.as_millis() as u64,
-            "durable store: recovered {} ranks, {} bindings of {} keys in {:.3} s",
-            recovered.ranks,
-            recovered.bindings,
-            recovered.keys,
-            recovered.elapsed.as_secs_f64()
-        );
-        let threads = Threads { writer, checkpointer, stop_checkpointer: stop_tx, syncer };
+        log_recovered(dir, opts.fsync, &recovered);
         let durable = Durable { shared, tx, threads: Mutex::new(Some(threads)), _lock: lock };
         Ok((served, durable, recovered))
     }
@@ -541,4 +488,84 @@ impl Drop for Durable {
     fn drop(&mut self) {
         let _ = self.close();
     }
+}
+
+/// Starts the writer, the syncer (with `--fsync batch`) and the
+/// checkpointer of a store just opened: the last step of
+/// [`Durable::open_source`].
+#[allow(clippy::too_many_arguments)]
+fn start_threads(
+    shared: &Arc<Shared>,
+    progress: &Arc<Progress>,
+    mode: FsyncMode,
+    rx: crossbeam_channel::Receiver<queue::Msg>,
+    generation: u64,
+    log: fjall::PartitionHandle,
+    next_entry: u64,
+    opts: &Options,
+) -> Result<Threads, OpenError> {
+    let backlog = Arc::new(AtomicU64::new(0));
+    let (nudge_tx, nudge_rx) = crossbeam_channel::bounded(1);
+    let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+    // Before the writer runs: the syncer must sync whatever is
+    // published after this, even if it starts late.
+    let synced = progress.durable();
+    let writer = writer::Writer {
+        shared: shared.clone(),
+        mode,
+        rx,
+        generation,
+        log,
+        next_entry,
+        backlog: backlog.clone(),
+        nudge: nudge_tx,
+        retry: opts.retry_after,
+        recover_asked: false,
+        shipped_upto: synced,
+    };
+    let spawn_err = |e: std::io::Error| OpenError::Io(format!("cannot start a thread: {e}"));
+    let writer =
+        std::thread::Builder::new().name("durable-writer".into()).spawn(move || writer.run()).map_err(spawn_err)?;
+    let syncer = if mode == FsyncMode::Batch {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let s = shared.clone();
+        let h = std::thread::Builder::new()
+            .name("durable-syncer".into())
+            .spawn(move || syncer::run(s, rx, synced))
+            .map_err(spawn_err)?;
+        Some((h, tx))
+    } else {
+        None
+    };
+    let cp = shared.clone();
+    let every = opts.checkpoint_every;
+    let checkpointer = std::thread::Builder::new()
+        .name("durable-checkpoint".into())
+        .spawn(move || checkpoint::run(cp, every, backlog, nudge_rx, stop_rx))
+        .map_err(spawn_err)?;
+
+    Ok(Threads { writer, checkpointer, stop_checkpointer: stop_tx, syncer })
+}
+
+/// The one line start-up logs with what it recovered.
+fn log_recovered(dir: &Path, mode: FsyncMode, recovered: &Recovered) {
+    tracing::info!(
+        dir = %dir.display(),
+        fsync = ?mode,
+        generation = recovered.generation,
+        ranks = recovered.ranks,
+        bindings = recovered.bindings,
+        keys = recovered.keys,
+        reservations = recovered.reservations,
+        held = recovered.held,
+        log_records_replayed = recovered.log_records,
+        ms = recovered.elapsed.as_millis() as u64,
+        "durable store: recovered {} ranks, {} bindings of {} keys, {} reservations, {} held pages in {:.3} s",
+        recovered.ranks,
+        recovered.bindings,
+        recovered.keys,
+        recovered.reservations,
+        recovered.held,
+        recovered.elapsed.as_secs_f64()
+    );
 }

@@ -62,6 +62,8 @@ pub(crate) enum Op {
     Initialize { generation: u64, rank: u32, num_pages: u32 },
     Bind { generation: u64, rank: u32, page: u32, world: u32, key: Key },
     Unbind { generation: u64, rank: u32, page: u32 },
+    Reserve { generation: u64, rank: u32, page: u32, tag: u32 },
+    Hold { generation: u64, rank: u32, page: u32 },
     Clear { generation: u64 },
 }
 
@@ -78,6 +80,8 @@ impl Op {
             Op::Initialize { generation, .. }
             | Op::Bind { generation, .. }
             | Op::Unbind { generation, .. }
+            | Op::Reserve { generation, .. }
+            | Op::Hold { generation, .. }
             | Op::Clear { generation } => generation,
         }
     }
@@ -91,6 +95,8 @@ impl From<Change<'_>> for Op {
                 Op::Bind { generation, rank, page, world, key: key.to_key() }
             }
             Change::Unbind { generation, rank, page } => Op::Unbind { generation, rank, page },
+            Change::Reserve { generation, rank, page, tag } => Op::Reserve { generation, rank, page, tag },
+            Change::Hold { generation, rank, page } => Op::Hold { generation, rank, page },
             Change::Clear { generation } => Op::Clear { generation },
         }
     }

@@ -6,7 +6,7 @@
 //! later fsync succeeds. The in-memory store is the authority and is
 //! intact, so the writer rebuilds the disk copy from it instead: a new
 //! keyspace directory beside the old one, filled with the state chunks of
-//! every bound page ([`crate::core::Store::snapshot`]), synced file by file,
+//! every bound, reserved and held page ([`crate::core::Store::snapshot`]), synced file by file,
 //! and only then named in `CURRENT` ([`Db::make_current`]). A crash at any
 //! point leaves either the old keyspace (with everything acknowledged before
 //! the fault) or the complete new one.
@@ -28,7 +28,7 @@
 //! keyspace (about 25 bytes per binding), and the time to scan and write it
 //! (seconds for 10^7 bindings).
 
-use super::codec::{self, Binding, CHUNK_PAGES, CHUNK_SHIFT, GENERATION_KEY};
+use super::codec::{self, Binding, Pending, CHUNK_PAGES, CHUNK_SHIFT, GENERATION_KEY};
 use super::error::Failure;
 use super::faults::Point;
 use super::shared::{Shared, Who};
@@ -61,6 +61,8 @@ struct Builder<'a> {
     /// The chunk being gathered: `(rank, chunk)` and its entries.
     at: Option<(u32, u32)>,
     entries: Vec<(u16, Binding)>,
+    /// The chunk's reserved and held pages.
+    pending: Vec<(u16, Pending)>,
     buf: Vec<u8>,
     ranks: u64,
     bindings: u64,
@@ -82,6 +84,7 @@ pub(crate) fn write(shared: &Shared, current: &Db, store: &dyn PageSource) -> Re
         batch_bytes: 0,
         at: None,
         entries: Vec::new(),
+        pending: Vec::new(),
         buf: Vec::new(),
         ranks: 0,
         bindings: 0,
@@ -102,6 +105,8 @@ impl Builder<'_> {
             Visit::Generation(g) => self.begin(g),
             Visit::Rank { rank, num_pages } => self.rank(rank, num_pages),
             Visit::Binding { rank, page, key, world } => self.binding(rank, page, Binding { world, key }),
+            Visit::Reserved { rank, page, tag } => self.pending(rank, page, Pending::Reserved(tag)),
+            Visit::Held { rank, page } => self.pending(rank, page, Pending::Held),
         };
         match r {
             Ok(()) => true,
@@ -149,24 +154,46 @@ impl Builder<'_> {
     }
 
     fn binding(&mut self, rank: u32, page: u32, b: Binding) -> Result<(), Failure> {
-        let at = (rank, page >> CHUNK_SHIFT);
-        if self.at != Some(at) {
-            self.flush_chunk()?;
-            self.at = Some(at);
-        }
+        self.enter_chunk(rank, page)?;
         self.entries.push(((page & (CHUNK_PAGES - 1)) as u16, b));
         self.bindings += 1;
         Ok(())
     }
 
+    fn pending(&mut self, rank: u32, page: u32, p: Pending) -> Result<(), Failure> {
+        self.enter_chunk(rank, page)?;
+        self.pending.push(((page & (CHUNK_PAGES - 1)) as u16, p));
+        Ok(())
+    }
+
+    /// Flushes the chunk gathered so far when `page` of `rank` is in another.
+    fn enter_chunk(&mut self, rank: u32, page: u32) -> Result<(), Failure> {
+        let at = (rank, page >> CHUNK_SHIFT);
+        if self.at != Some(at) {
+            self.flush_chunk()?;
+            self.at = Some(at);
+        }
+        Ok(())
+    }
+
     /// Encodes the chunk gathered so far (pages arrive in order, so its
-    /// entries are sorted) and adds it to the batch.
+    /// entries are sorted) and adds it to the batch, with its pending
+    /// pages when it has any.
     fn flush_chunk(&mut self) -> Result<(), Failure> {
         let Some((rank, chunk)) = self.at.take() else { return Ok(()) };
-        codec::encode_chunk(&self.entries, &mut self.buf);
-        self.entries.clear();
-        let value = self.buf.clone();
-        self.insert(codec::chunk_key(chunk, rank).to_vec(), value)
+        if !self.entries.is_empty() {
+            codec::encode_chunk(&self.entries, &mut self.buf);
+            self.entries.clear();
+            let value = self.buf.clone();
+            self.insert(codec::chunk_key(chunk, rank).to_vec(), value)?;
+        }
+        if !self.pending.is_empty() {
+            codec::encode_pending(&self.pending, &mut self.buf);
+            self.pending.clear();
+            let value = self.buf.clone();
+            self.insert(codec::pending_key(chunk, rank).to_vec(), value)?;
+        }
+        Ok(())
     }
 
     fn finish(mut self, start: Instant) -> Result<Written, Failure> {

@@ -151,28 +151,29 @@ pub fn open(
     let recovered_cfg = StoreConfig { world_size: Some(1), max_ranks: cfg.max_spaces.max(1), ..cfg.store.clone() };
     let path = sub.join(CATALOG);
     let max_spaces = cfg.max_spaces;
-    let opened = Durable::open_source(&sub, mode, recovered_cfg, opts, move |recovered, journal| {
-        let entries = read(&path)?;
-        let catalog = Arc::new(Catalog::open(path, &entries)?);
-        let durability = SpacesDurability { journal, generation: recovered.generation(), catalog };
-        let spaces = Spaces::durable(cfg, clock, durability);
-        for e in &entries {
-            let size = recovered.rank_size(e.id);
-            let mut bindings = Vec::new();
-            recovered
-                .read_pages(recovered.generation(), e.id, 0..u32::MAX, |page, key, _| bindings.push((page, key)))
-                .map_err(|m| OpenError::Inconsistent(format!("SGLang space {}: {m:?}", e.id)))?;
-            let name = SpaceName { rank: e.rank, namespace: e.namespace.as_str().into() };
-            spaces
-                .restore(e.id, name, size.unwrap_or(e.num_pages), size.is_some(), &bindings)
-                .map_err(|m| OpenError::Inconsistent(format!("SGLang {m}")))?;
-        }
-        if !entries.is_empty() {
-            tracing::info!(spaces = entries.len(), "durable store: rebuilt {} SGLang spaces", entries.len());
-        }
-        let source = spaces.source().ok_or_else(|| OpenError::Inconsistent("the spaces are not durable".into()))?;
-        Ok((source as Arc<dyn PageSource>, spaces))
-    });
+    let opened =
+        Durable::open_source(&sub, Options { fsync: mode, store: recovered_cfg, ..opts }, move |recovered, journal| {
+            let entries = read(&path)?;
+            let catalog = Arc::new(Catalog::open(path, &entries)?);
+            let durability = SpacesDurability { journal, generation: recovered.generation(), catalog };
+            let spaces = Spaces::durable(cfg, clock, durability);
+            for e in &entries {
+                let size = recovered.rank_size(e.id);
+                let mut bindings = Vec::new();
+                recovered
+                    .read_pages(recovered.generation(), e.id, 0..u32::MAX, |page, read| bindings.push((page, read)))
+                    .map_err(|m| OpenError::Inconsistent(format!("SGLang space {}: {m:?}", e.id)))?;
+                let name = SpaceName { rank: e.rank, namespace: e.namespace.as_str().into() };
+                spaces
+                    .restore(e.id, name, size.unwrap_or(e.num_pages), size.is_some(), &bindings)
+                    .map_err(|m| OpenError::Inconsistent(format!("SGLang {m}")))?;
+            }
+            if !entries.is_empty() {
+                tracing::info!(spaces = entries.len(), "durable store: rebuilt {} SGLang spaces", entries.len());
+            }
+            let source = spaces.source().ok_or_else(|| OpenError::Inconsistent("the spaces are not durable".into()))?;
+            Ok((source as Arc<dyn PageSource>, spaces))
+        });
     // Its ranks are space ids, bounded by --max-spaces, not --max-ranks.
     opened.map_err(|e| match e {
         OpenError::Restore(m) => {

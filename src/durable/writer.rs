@@ -272,6 +272,14 @@ impl Writer {
                 codec::put_unbind(&mut batch.buf, rank, page);
                 batch.touch(rank, page);
             }
+            Op::Reserve { rank, page, tag, .. } => {
+                codec::put_reserve(&mut batch.buf, rank, page, tag);
+                batch.touch(rank, page);
+            }
+            Op::Hold { rank, page, .. } => {
+                codec::put_hold(&mut batch.buf, rank, page);
+                batch.touch(rank, page);
+            }
             Op::Clear { .. } => return Ok(()),
         }
         batch.records += 1;

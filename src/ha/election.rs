@@ -4,7 +4,7 @@
 //!
 //! A node runs *sessions*. A session grants a lease of `--ha-lease-ttl`,
 //! registers `P/members/<id>` on it, and renews it every third of the TTL
-//! (the renewal task, [`Session::renew`]). Then, as a follower, it reads
+//! (the renewal task, [`Election::renew`]). Then, as a follower, it reads
 //! the cluster's keys and, when `P/leader` is absent, tries to take it in
 //! ONE transaction:
 //!

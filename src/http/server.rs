@@ -188,6 +188,9 @@ impl AcceptErrors {
 /// Answers one request.
 async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let start = Instant::now();
+    if let Some(reply) = advance_test_clock(&app, &req) {
+        return Ok(into_response(reply));
+    }
     let route = dispatch::route(req.method(), req.uri().path());
     let spec = match &route {
         Route::Route(id, _) => Some(id.spec()),
@@ -222,6 +225,18 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
     }
     app.metrics.request(dispatch::endpoint(&route), reply.status.as_u16(), reply.keys, start.elapsed());
     Ok(into_response(reply))
+}
+
+/// The hidden `--test-clock`'s `POST /_test/advance/{ms}` (see
+/// [`crate::test_clock`]); `None` for every other request, and for every
+/// request of a server started without the flag.
+fn advance_test_clock(app: &App, req: &Request<Incoming>) -> Option<Reply> {
+    let clock = app.test_clock.as_ref()?;
+    let ms = crate::test_clock::parse(req.uri().path()).filter(|_| req.method() == hyper::Method::POST)?;
+    Some(match ms {
+        Some(ms) => Reply::json(StatusCode::OK, clock.advance(app, ms).to_json().into_bytes(), 0),
+        None => Reply::detail(StatusCode::BAD_REQUEST, "Invalid milliseconds: expected a non-negative integer"),
+    })
 }
 
 /// While the durable store cannot write, allocations are refused: a page

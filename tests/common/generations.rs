@@ -12,15 +12,32 @@ pub enum Rec {
     Clear { generation: u64 },
 }
 
-impl From<Change<'_>> for Rec {
-    fn from(change: Change<'_>) -> Rec {
-        match change {
+/// Turns the store's changes into [`Rec`]s of bindings: a `Hold` (a bound
+/// page unbound, held for a lease) becomes an `Unbind`; a `Reserve`, and an
+/// `Unbind` of a page that holds no binding (a reservation's or a hold's
+/// end, issue 20), are left out. These tests check bindings;
+/// `tests/durable_*` check the other records. Call it in record order
+/// (under the journal's lock).
+#[derive(Debug, Default)]
+pub struct Bindings(std::collections::HashSet<(u64, u32, u32)>);
+
+impl Bindings {
+    /// The record `change` makes, if it changes a binding.
+    pub fn admit(&mut self, change: Change<'_>) -> Option<Rec> {
+        Some(match change {
             Change::Initialize { generation, rank, num_pages } => Rec::Init { generation, rank, num_pages },
             Change::Bind { generation, rank, page, key, world } => {
+                self.0.insert((generation, rank, page));
                 Rec::Bind { generation, rank, page, key: key.to_string(), world }
             }
-            Change::Unbind { generation, rank, page } => Rec::Unbind { generation, rank, page },
+            Change::Unbind { generation, rank, page } | Change::Hold { generation, rank, page } => {
+                if !self.0.remove(&(generation, rank, page)) {
+                    return None;
+                }
+                Rec::Unbind { generation, rank, page }
+            }
+            Change::Reserve { .. } => return None,
             Change::Clear { generation } => Rec::Clear { generation },
-        }
+        })
     }
 }

@@ -62,7 +62,8 @@ pub fn config() -> ProptestConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum St {
     Free,
-    Reserved,
+    /// Reserved for this key (issue 20: a reservation belongs to its key).
+    Reserved(usize),
     Bound(usize),
     /// Released under a lease: BOUND, naming no key, until this tick.
     #[allow(dead_code)] // `core_model.rs` has no leases: it never holds a page back
@@ -87,10 +88,10 @@ impl MRank {
         self.st.iter().filter(|s| **s == St::Free).count()
     }
 
-    /// Marks `pages` reserved at `epoch`.
-    pub fn reserve<'a>(&mut self, pages: impl IntoIterator<Item = &'a i64>, epoch: u8) {
-        for &p in pages {
-            self.st[p as usize] = St::Reserved;
+    /// Marks `pages` reserved at `epoch`, each for its key.
+    pub fn reserve<'a>(&mut self, pages: impl IntoIterator<Item = (&'a i64, &'a usize)>, epoch: u8) {
+        for (&p, &k) in pages {
+            self.st[p as usize] = St::Reserved(k);
             self.stamp[p as usize / LANES] = epoch;
         }
     }
@@ -100,9 +101,9 @@ impl MRank {
     pub fn expire(&mut self, now: u8) -> u64 {
         let mut freed = 0;
         for (w, lanes) in self.st.chunks_mut(LANES).enumerate() {
-            let reserved = lanes.iter().filter(|s| **s == St::Reserved).count() as u64;
+            let reserved = lanes.iter().filter(|s| matches!(s, St::Reserved(_))).count() as u64;
             if reserved > 0 && now.wrapping_sub(self.stamp[w]) >= EXPIRY_TICKS {
-                lanes.iter_mut().filter(|s| **s == St::Reserved).for_each(|s| *s = St::Free);
+                lanes.iter_mut().filter(|s| matches!(s, St::Reserved(_))).for_each(|s| *s = St::Free);
                 freed += reserved;
             }
         }
@@ -117,7 +118,7 @@ impl MRank {
             num_pages: self.st.len() as u32,
             counts: Counts {
                 free: count(|s| *s == St::Free),
-                reserved: count(|s| *s == St::Reserved),
+                reserved: count(|s| matches!(s, St::Reserved(_))),
                 bound: count(|s| matches!(s, St::Bound(_) | St::Held(_))),
                 busy: 0,
             },
@@ -231,6 +232,7 @@ pub fn confirm_faults(t: &MRank, keys: &[&str], confs: &[(usize, i64)], rels: &[
                 St::Free => faults.push((ErrorCode::ConfirmUnallocated, Some(p), key(k), false)),
                 St::Bound(o) if o != k => faults.push((ErrorCode::DoubleConfirm, Some(p), key(k), true)),
                 St::Held(_) => faults.push((ErrorCode::DoubleConfirm, Some(p), key(k), true)),
+                St::Reserved(o) if o != k => faults.push((ErrorCode::ReservedForOtherKey, Some(p), key(k), false)),
                 _ => {}
             }
         }

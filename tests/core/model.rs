@@ -15,7 +15,7 @@
 //! Where the contract leaves a choice open (which error a request with
 //! several faults reports), the model accepts any fault it finds.
 
-use crate::common::generations::Rec;
+use crate::common::generations::{self, Rec};
 use crate::common::page_model;
 use crate::common::page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
 use hf3fs_meta::core::{
@@ -262,8 +262,8 @@ impl Model {
                 note(what);
             }
         }
-        let mut fresh = HashSet::new();
-        for (&(_, page), h) in got.iter().zip(&held) {
+        let mut fresh = HashMap::new();
+        for ((&(_, page), h), &(_, k)) in got.iter().zip(&held).zip(&distinct) {
             match *h {
                 Some(p) => prop_assert_eq!(page, i64::from(p), "a key bound on this rank gets its page"),
                 None if !grant => prop_assert_eq!(page, -1, "{} keys need pages, {} free: none granted", need, free),
@@ -275,7 +275,7 @@ impl Model {
                         t.st.len()
                     );
                     prop_assert_eq!(t.st[page as usize], St::Free, "page {} handed out but not free", page);
-                    prop_assert!(fresh.insert(page), "page {} handed out twice in one answer", page);
+                    prop_assert!(fresh.insert(page, k).is_none(), "page {} handed out twice in one answer", page);
                 }
             }
         }
@@ -316,7 +316,7 @@ impl Model {
                 continue;
             }
             match t.st[p as usize] {
-                St::Reserved => {
+                St::Reserved(_) => {
                     let e = self.keys.entry(k).or_insert_with(|| MKey { world: world_now, pages: BTreeMap::new() });
                     if let std::collections::btree_map::Entry::Vacant(e) = e.pages.entry(r) {
                         e.insert(p as u32);
@@ -401,11 +401,14 @@ impl Model {
 // store through the restore API.
 
 #[derive(Default)]
-struct Recorder(Mutex<Vec<Rec>>);
+struct Recorder(Mutex<Vec<Rec>>, Mutex<generations::Bindings>);
 
 impl Journal for Recorder {
     fn record(&self, change: Change<'_>) {
-        self.0.lock().unwrap().push(Rec::from(change));
+        let mut filter = self.1.lock().unwrap();
+        if let Some(rec) = filter.admit(change) {
+            self.0.lock().unwrap().push(rec);
+        }
     }
 }
 

@@ -3,6 +3,8 @@
 //!
 //! - [`recovery`]: what a restart brings back, and what it refuses.
 //! - [`faults`]: injected disk faults, degradation and recovery from memory.
+//! - [`reservations`]: reservations and holds across restarts, and data
+//!   directories of the previous release (issue 20).
 //! - [`sglang`]: SGLang's page spaces on their own durable store.
 
 #[path = "../common/mod.rs"]
@@ -10,4 +12,5 @@ mod common;
 
 mod faults;
 mod recovery;
+mod reservations;
 mod sglang;

@@ -1,13 +1,13 @@
 //! Durability at the API level: what survives a restart (ranks, bindings,
-//! world sizes, `/clear`), what does not (reservations), and damaged files
+//! world sizes, `/clear`, reservations), and damaged files
 //! (a clean error or a reported dropped tail, never a panic).
 //!
 //! Each scenario runs twice where it matters: ending with a clean close
 //! (everything folded into the checkpointed state) and ending as a crash
 //! would (the log tail not folded), so both recovery paths are covered.
 
-use hf3fs_meta::core::{ErrorCode, Initialized, Store, StoreConfig};
-use hf3fs_meta::durable::{Durable, FsyncMode, OpenError, Recovered};
+use hf3fs_meta::core::{Initialized, Store, StoreConfig};
+use hf3fs_meta::durable::{Durable, FsyncMode, OpenError, Options, Recovered};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ fn cfg() -> StoreConfig {
 
 /// Opens without periodic checkpoints, so a test decides what is folded.
 fn open(dir: &Path) -> (std::sync::Arc<Store>, Durable, Recovered) {
-    Durable::open_with(dir, FsyncMode::Always, cfg(), None).unwrap_or_else(|e| panic!("open: {e}"))
+    Durable::open(dir, quiet(cfg())).unwrap_or_else(|e| panic!("open: {e}"))
 }
 
 fn sync(d: &Durable) {
@@ -111,6 +111,12 @@ fn ranks_bindings_and_world_sizes_survive_a_restart() {
 
 use hf3fs_meta::core::Stats;
 
+/// Options that fsync every change and checkpoint only when asked, so a
+/// test decides what is folded.
+fn quiet(cfg: StoreConfig) -> Options {
+    Options { checkpoint_every: None, ..Options::new(FsyncMode::Always, cfg) }
+}
+
 /// The page `key` is bound to on `rank`, complete or not (via allocate,
 /// which answers a stored key's page without reserving anything).
 fn location_any(s: &Store, rank: i64, key: &str) -> i64 {
@@ -156,24 +162,28 @@ fn clear_is_durable() {
 }
 
 #[test]
-fn reservations_are_not_durable() {
+fn reservations_are_durable() {
+    // More in tests/durable_reservations.rs: holds, checkpoints, old data.
     let dir = tempfile::tempdir().unwrap();
     let (s, d, _) = open(dir.path());
     s.initialize(0, 8).unwrap();
     let b = save(&s, &d, 0, &[B])[0];
     let a = alloc(&s, 0, &[A])[0];
+    sync(&d);
     assert_eq!(s.stats().ranks[0].counts.reserved, 1);
     close(d, false);
     drop(s);
 
-    let (s, d, _) = open(dir.path());
+    let (s, d, r) = open(dir.path());
+    assert_eq!(r.reservations, 1, "{r:?}");
     let st = s.audit().unwrap();
-    assert_eq!((st.ranks[0].counts.reserved, st.ranks[0].counts.bound, st.ranks[0].counts.free), (0, 1, 7));
-    let err = s.confirm(0, &[(A, a)], &[]).unwrap_err();
-    assert_eq!((err.code, err.page), (ErrorCode::ConfirmUnallocated, Some(a)));
-    // The bound page is still bound, and a fresh allocate never hands it out.
-    let fresh = alloc(&s, 0, &[C, D, "x", "y", "z", "w", "v"]);
-    assert!(!fresh.contains(&b) && !fresh.contains(&-1), "{fresh:?}");
+    assert_eq!((st.ranks[0].counts.reserved, st.ranks[0].counts.bound, st.ranks[0].counts.free), (1, 1, 6));
+    // Neither the bound page nor the reserved one goes to a new key.
+    let fresh = alloc(&s, 0, &[C, D, "x", "y", "z", "w"]);
+    assert!(!fresh.contains(&b) && !fresh.contains(&a) && !fresh.contains(&-1), "{fresh:?}");
+    // The late confirm binds where its writer wrote.
+    s.confirm(0, &[(A, a)], &[]).expect("the pre-restart writer confirms");
+    assert_eq!(location_any(&s, 0, A), a);
     drop(d);
 }
 
@@ -236,7 +246,7 @@ fn a_corrupt_journal_is_a_clean_error() {
         }
     }
     assert!(hit, "A's digest not found in the journal");
-    match Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None) {
+    match Durable::open(dir.path(), quiet(cfg())) {
         Err(OpenError::Corrupt(msg)) => assert!(!msg.is_empty()),
         Err(e) => panic!("expected Corrupt, got {e}"),
         Ok((s, _, r)) => panic!("a corrupt journal was accepted: {r:?}, {:?}", s.stats()),
@@ -249,7 +259,7 @@ fn garbage_files_and_values_are_clean_errors() {
     let dir = tempfile::tempdir().unwrap();
     two_batches(dir.path());
     std::fs::write(dir.path().join("keyspace/journals/not-a-journal"), b"junk").unwrap();
-    let e = Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None).err().expect("an error");
+    let e = Durable::open(dir.path(), quiet(cfg())).err().expect("an error");
     assert!(matches!(e, OpenError::Corrupt(_)), "{e}");
 
     // A log entry that does not decode.
@@ -261,12 +271,12 @@ fn garbage_files_and_values_are_clean_errors() {
         log.insert(99u64.to_be_bytes(), [2u8, 0, 0]).unwrap();
         ks.persist(fjall::PersistMode::SyncAll).unwrap();
     }
-    let e = Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None).err().expect("an error");
+    let e = Durable::open(dir.path(), quiet(cfg())).err().expect("an error");
     assert!(matches!(&e, OpenError::Corrupt(m) if m.contains("log entry 99")), "{e}");
 
     // The data directory is a file.
     let file = tempfile::NamedTempFile::new().unwrap();
-    let e = Durable::open_with(file.path(), FsyncMode::Always, cfg(), None).err().expect("an error");
+    let e = Durable::open(file.path(), quiet(cfg())).err().expect("an error");
     assert!(matches!(e, OpenError::Io(_)), "{e}");
 }
 
@@ -279,7 +289,7 @@ fn a_smaller_max_ranks_is_refused() {
     close(d, true);
     drop(s);
     let small = StoreConfig { max_ranks: 8, ..cfg() };
-    let e = Durable::open_with(dir.path(), FsyncMode::Always, small, None).err().expect("an error");
+    let e = Durable::open(dir.path(), quiet(small)).err().expect("an error");
     assert!(matches!(e, OpenError::Restore(_)), "{e}");
 }
 
@@ -287,7 +297,7 @@ fn a_smaller_max_ranks_is_refused() {
 fn every_fsync_mode_recovers_what_it_acknowledged() {
     for mode in [FsyncMode::Batch, FsyncMode::None, FsyncMode::Always] {
         let dir = tempfile::tempdir().unwrap();
-        let (s, d, _) = Durable::open(dir.path(), mode, cfg()).unwrap();
+        let (s, d, _) = Durable::open(dir.path(), Options::new(mode, cfg())).unwrap();
         s.initialize(0, 64).unwrap();
         let pages: Vec<i64> = (0..20).map(|i| save(&s, &d, 0, &[&format!("key-{i}")])[0]).collect();
         // Acknowledged in the mode's sense; the log tail is left unfolded.
@@ -305,13 +315,13 @@ fn every_fsync_mode_recovers_what_it_acknowledged() {
 #[test]
 fn a_data_directory_serves_one_process_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
-    let (_store, first, _) = Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None).unwrap();
-    match Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None) {
+    let (_store, first, _) = Durable::open(dir.path(), quiet(cfg())).unwrap();
+    match Durable::open(dir.path(), quiet(cfg())) {
         Err(OpenError::Io(msg)) => assert!(msg.contains("in use by another hf3fs-meta process"), "{msg}"),
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("a second open of a directory in use must fail"),
     }
     first.close().unwrap();
     drop(first);
-    Durable::open_with(dir.path(), FsyncMode::Always, cfg(), None).expect("free again once the first is gone");
+    Durable::open(dir.path(), quiet(cfg())).expect("free again once the first is gone");
 }

@@ -45,7 +45,7 @@ fn spaces_cfg() -> SpacesConfig {
 /// recoveries happen when a test asks) and a manual clock.
 fn open_spaces(dir: &Path, faults: Option<Arc<Faults>>) -> (Spaces, Durable, Arc<Clock>) {
     let clock = Arc::new(Clock::manual());
-    let opts = Options { checkpoint_every: None, retry_after: None, faults };
+    let opts = Options { checkpoint_every: None, retry_after: None, faults, ..Options::default() };
     let (spaces, d, _) = durable::spaces::open(dir, FsyncMode::Always, spaces_cfg(), clock.clone(), opts)
         .unwrap_or_else(|e| panic!("open: {e}"));
     (spaces, d, clock)
@@ -274,7 +274,7 @@ fn a_restart_with_fewer_spaces_allowed_than_stored_is_refused() {
     d.close().unwrap();
     drop((sp, d));
     let clock = Arc::new(Clock::manual());
-    let opts = Options { checkpoint_every: None, retry_after: None, faults: None };
+    let opts = Options { checkpoint_every: None, retry_after: None, faults: None, ..Options::default() };
     let cfg = SpacesConfig { max_spaces: 2, ..spaces_cfg() };
     let r = durable::spaces::open(dir.path(), FsyncMode::Always, cfg, clock, opts);
     let e = r.err().expect("three spaces stored, two allowed");

@@ -258,3 +258,23 @@ fn a_promoted_standby_holds_the_pages_its_leader_unbound_within_a_lease() {
     let r = p.leader.confirm_raw(0, &[], &pages[4..5]);
     assert_eq!(r.status, 503, "{r:?}");
 }
+
+#[test]
+fn a_reservation_made_on_the_leader_is_confirmed_on_the_promoted_standby() {
+    let _g = crate::serial();
+    let p = Pair::new(SyncMode::Strict);
+    p.connect();
+    p.leader.init(0, 64);
+    let k = key(7);
+    let pages = p.leader.allocate(0, &[&k]);
+    // The allocate was answered: the standby has the reservation.
+    let (caught_up, _) = p.receiver.promote(EPOCH + 1);
+    assert!(caught_up);
+    // The writer's confirm reaches the promoted standby, as through the relay.
+    let store = p.standby.app().registry.vllm();
+    store.confirm(0, &[(k.as_str(), pages[0])], &[]).expect("the reservation survived the failover");
+    assert_eq!(bindings(store).get(&(0, pages[0] as u32)), Some(&k));
+    // A confirm of that page by another key is refused.
+    let other = key(8);
+    assert!(store.confirm(0, &[(other.as_str(), pages[0])], &[]).is_err());
+}

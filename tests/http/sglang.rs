@@ -320,11 +320,13 @@ fn confirm_write_binds_releases_and_answers_typed_500s() {
     let (a, b) = (sha(1), sha(2));
     let got = sg.reserve(2, "kv", &[&a, &b]);
     let (pa, pb) = (got[0].1, got[1].1);
+    // A second save of a, before the first confirms: another page for a.
+    let other = sg.reserve(2, "kv", &[&a])[0].1;
+    assert!(![pa, pb].contains(&other));
     // Both lists are optional.
     check(&s, "POST", "/2/confirm_write", "{}", 204, "");
     sg.confirm_ok(2, "kv", &[(&a, pa)], &[]);
     // A key already stored keeps its page; the new page is freed (superseded).
-    let other = sg.reserve(2, "kv", &[&sha(9)])[0].1;
     sg.confirm_ok(2, "kv", &[(&a, other)], &[]);
     assert_eq!(sg.indices(2, "kv", &[&a]), [Some(pa)]);
     assert_eq!(sg.space(2, "kv")["reserved"], json!(1), "only b's reservation is left");
@@ -337,6 +339,7 @@ fn confirm_write_binds_releases_and_answers_typed_500s() {
         (json!({"pages_to_release": [-1]}), "page_out_of_range", Some(-1), None),
         (json!({"written_keys_to_confirm": [[b, pa]]}), "double_confirm", Some(pa), Some(&b)),
         (json!({"pages_to_release": [pb, pb]}), "double_release", Some(pb), None),
+        (json!({"written_keys_to_confirm": [[a, pb]]}), "reserved_for_other_key", Some(pb), Some(&a)),
         (
             json!({"written_keys_to_confirm": [[b, pb]], "pages_to_release": [pb]}),
             "confirm_and_release",

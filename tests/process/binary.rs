@@ -178,15 +178,6 @@ fn startup_log_names_the_effective_config() {
 }
 
 #[test]
-fn eviction_without_read_leases_is_warned_about() {
-    let mut p = ServerProcess::serve(&["--read-lease", "0"]);
-    let line = p.wait_line(|l| l.contains("--read-lease 0")).expect("a warning about --read-lease 0");
-    assert!(line.contains("WARN") && line.contains("nothing protects a reader"), "{line}");
-    p.signal("TERM");
-    p.assert_exit_0();
-}
-
-#[test]
 fn port_zero_logs_the_real_address() {
     let mut p = ServerProcess::spawn(0, &[]);
     let line = p.wait_line(|l| l.contains("listening")).expect("startup line");

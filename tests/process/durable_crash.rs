@@ -243,7 +243,7 @@ fn post_inc(n: &mut u64) -> u64 {
 // Checks.
 
 /// Every acknowledged binding is there, every acknowledged release is not,
-/// and `/stats` adds up with no reservation left over. Returns the pages
+/// and `/stats` adds up. Returns the pages
 /// bound per rank according to the server.
 fn verify(s: &ServerProcess, model: &Model) -> Vec<HashSet<i64>> {
     let mut c = s.conn();
@@ -345,7 +345,7 @@ fn acknowledged_confirms_survive_sigkill() {
             let handles: Vec<_> = (0..CLIENTS)
                 .map(|id| {
                     let (acks, stop, done) = (&acks, &stop, &done);
-                    let seed = rng.gen();
+                    let seed = rng.r#gen();
                     let addr = s.addr;
                     sc.spawn(move || {
                         let m = client(addr, round, id, seed, acks, stop);
@@ -407,12 +407,19 @@ fn acknowledged_confirms_survive_sigkill() {
         let stats: Value = serde_json::from_slice(&body).unwrap();
         let r = &stats["ranks"][rank as usize];
         assert_eq!(r["free"], 0, "{r}");
-        assert_eq!(r["reserved"].as_i64().unwrap(), fresh.len() as i64, "{r}");
-        let b = r["bound"].as_i64().unwrap();
+        // Reservations in flight at each SIGKILL survive it (issue 20): at
+        // most one batch of 16 per client and round, none handed out again.
+        let reserved = r["reserved"].as_i64().unwrap();
+        let restored = reserved - fresh.len() as i64;
+        assert!((0..=ROUNDS as i64 * CLIENTS as i64 * 16).contains(&restored), "{r}");
+        // Pages released within a reader's lease before the kill are held
+        // again for a lease: BOUND, naming no key.
+        let held = r["quarantined"].as_i64().unwrap();
+        let b = r["bound"].as_i64().unwrap() - held;
         let maybe = unknown.iter().filter(|(_, rr)| *rr == rank).count() as i64;
         let sure = bound[rank as usize].len() as i64;
         assert!(sure <= b && b <= sure + maybe, "rank {rank}: {b} bound, {sure} acknowledged, {maybe} unknown");
-        assert_eq!(fresh.len() as i64 + b, PAGES);
+        assert_eq!(reserved + held + b, PAGES);
     }
     s.stop();
     assert!(recovered_lines.len() as u64 == ROUNDS + 1, "one vLLM recovery line per start: {recovered_lines:?}");

@@ -163,9 +163,11 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
     }
     assert_eq!(p.healthy_gauge(), "1");
 
-    std::fs::write(faults, "write=eio").unwrap();
+    // Allocated while healthy (an allocate journals its reservations and
+    // answers once they are written), confirmed once the disk fails.
     let lost = keys(1000, 16);
-    let pages = p.allocate(1, &lost).expect("the store does not know yet");
+    let pages = p.allocate(1, &lost).expect("allocate");
+    std::fs::write(faults, "write=eio").unwrap();
     let r = p.confirm(1, &lost, &pages);
     assert_eq!(r.status, 503, "{r:?}");
     assert!(r.detail().starts_with("Durability failure"), "{r:?}");
@@ -188,9 +190,9 @@ fn write_faults_degrade_health_and_recover_through_the_binary() {
     assert_eq!(p.locations(1, &lost[..1]), [None], "the 503 confirm never reached the disk");
 
     // A fault that clears while the server runs.
-    std::fs::write(faults, "write=enospc").unwrap();
     let late = keys(3000, 16);
     let pages = p.allocate(1, &late).expect("allocate");
+    std::fs::write(faults, "write=enospc").unwrap();
     assert_eq!(p.confirm(1, &late, &pages).status, 503);
     let h = p.await_health(503);
     assert!(h.json()["reason"].as_str().is_some_and(|s| s.contains("No space left")), "{h:?}");
@@ -221,9 +223,9 @@ fn a_fatal_failure_exits_75_and_the_restart_recovers() {
     let mut p = ServerProcess::serve_durable(data, &flags);
     p.init(0);
     save_acked(&p, 0, &keys(0, 16), &mut held);
-    std::fs::write(faults, "write=panic").unwrap();
     let more = keys(100, 16);
     let pages = p.allocate(0, &more).expect("allocate");
+    std::fs::write(faults, "write=panic").unwrap();
     // The answer may be a 503 or a cut connection: the process is exiting.
     let conf: Vec<Value> = more.iter().zip(&pages).map(|(k, p)| json!([k, p])).collect();
     let body = json!({"rank": 0, "confirmations": conf, "releases": []}).to_string();

@@ -4,6 +4,8 @@
 //! - [`binary`]: start-up, flags, shutdown, the listen backlog.
 //! - [`durable_crash`]: SIGKILL under load, then restarts.
 //! - [`durable_disk`]: a full disk (a small tmpfs when run as root).
+//! - [`never_a_wrong_page`]: issue 20's sequences on the hidden test clock,
+//!   SIGKILL restarts included, against a simulated page store.
 //! - [`python_client`]: the Python suites in tests/python, the engines' own
 //!   clients (read out of their wheels at test time) included.
 
@@ -13,4 +15,5 @@ mod common;
 mod binary;
 mod durable_crash;
 mod durable_disk;
+mod never_a_wrong_page;
 mod python_client;

@@ -51,18 +51,23 @@
 //! orderings of [`super::Head`]. The arena's segments are installed with
 //! `Release` and loaded with `Acquire`, and never freed before the map.
 
+use super::published::Published;
 use super::{Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
 use crate::key::KeyRef;
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, MutexGuard, OnceLock, Ordering, PoisonError};
 use crate::sync::{AtomicU32 as PageWord, Ordering::Relaxed as PageRelaxed};
-use scc::{AtomicShared, Guard, HashIndex, Shared};
+use scc::{Guard, HashIndex};
 use sdd::Epoch;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
-/// Shards: the hash's top `SHARD_BITS` bits pick one.
+/// Shards: the hash's top `SHARD_BITS` bits pick one (one shard under
+/// loom, so that a model's few keys meet in one table: probes, tombstones
+/// and rebuilds).
+#[cfg(not(loom))]
 const SHARD_BITS: u32 = 8;
+#[cfg(loom)]
+const SHARD_BITS: u32 = 0;
 const SHARDS: usize = 1 << SHARD_BITS;
 /// A table slot nobody has used since the table was made.
 const EMPTY: u32 = 0;
@@ -72,14 +77,27 @@ const TOMB: u32 = 1;
 const TAG_BITS: u32 = 4;
 const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
 /// Ids are below this (id 0 is never used: `0 << 4 | tag` could be EMPTY
-/// or TOMB).
+/// or TOMB). Under loom, 8: a model that binds and removes a few keys
+/// exhausts the ids and reuses them.
+#[cfg(not(loom))]
 pub const MAX_IDS: u32 = 1 << (32 - TAG_BITS);
-/// The smallest table of a shard, in slots.
+/// Ids are below this (loom's build: see the other build's note).
+#[cfg(loom)]
+pub const MAX_IDS: u32 = 8;
+/// The smallest table of a shard, in slots (2 under loom: a model's second
+/// key rebuilds the table).
+#[cfg(not(loom))]
 const MIN_SLOTS: usize = 16;
+#[cfg(loom)]
+const MIN_SLOTS: usize = 2;
 /// Arena slots a segment: 2^19 × 56 bytes, 29 MiB, so that the allocator
 /// backs it with huge pages (src/alloc.rs): random lookups miss the TLB
-/// less.
+/// less. Under loom 4 slots, each made of loom atomics, so that a model's
+/// arena is cheap and has two segments.
+#[cfg(not(loom))]
 const SEG_BITS: u32 = 19;
+#[cfg(loom)]
+const SEG_BITS: u32 = 2;
 const SEG_SLOTS: usize = 1 << SEG_BITS;
 const SEGMENTS: usize = (MAX_IDS as usize).div_ceil(SEG_SLOTS);
 /// Keys [`HexMap::get_batch`] looks up at once: enough independent misses
@@ -195,6 +213,7 @@ struct Table {
 }
 
 impl Table {
+    #[cfg(not(loom))]
     fn new(slots: usize) -> Self {
         debug_assert!(slots.is_power_of_two());
         // Zeroed by the allocator (EMPTY is 0); an `AtomicU32` has the
@@ -203,6 +222,14 @@ impl Table {
         // SAFETY: `AtomicU32` has the same in-memory representation as `u32`.
         let slots = unsafe { Box::from_raw(Box::into_raw(v) as *mut [AtomicU32]) };
         Table { mask: slots.len() - 1, slots }
+    }
+
+    /// Under loom the slots are loom's atomics, which must be made, not
+    /// reinterpreted from zeroed integers.
+    #[cfg(loom)]
+    fn new(slots: usize) -> Self {
+        debug_assert!(slots.is_power_of_two());
+        Table { mask: slots - 1, slots: (0..slots).map(|_| AtomicU32::new(EMPTY)).collect() }
     }
 
     #[inline]
@@ -226,12 +253,15 @@ struct ShardState {
 
 impl ShardState {
     /// An id for a new key: a free one, a ripe one from the limbo, or a
-    /// fresh one.
-    fn take_id(&mut self, arena: &Arena, guard: &Guard) -> Option<u32> {
+    /// fresh one. `now` is the reclamation epoch ([`HexMap::epoch`]).
+    fn take_id(&mut self, arena: &Arena, now: impl FnOnce() -> Epoch) -> Option<u32> {
         if let Some(id) = self.free.pop() {
             return Some(id);
         }
-        let now = guard.epoch();
+        if self.limbo.is_empty() {
+            return arena.fresh();
+        }
+        let now = now();
         while let Some(&(retired, id)) = self.limbo.front() {
             if retired.in_same_generation(now) {
                 break;
@@ -245,7 +275,7 @@ impl ShardState {
 
 #[repr(align(128))]
 struct Shard {
-    table: AtomicShared<Table>,
+    table: Published<Table>,
     state: Mutex<ShardState>,
 }
 
@@ -267,6 +297,10 @@ pub(super) struct HexMap {
     /// Keys `wide` holds (so that removing a key looks there only when it may).
     wide_keys: AtomicU64,
     hasher: Hasher,
+    /// Under loom, the reclamation epoch ([`Self::epoch`]), moved on by the
+    /// models ([`Self::advance_epoch`]).
+    #[cfg(loom)]
+    epochs: crate::sync::AtomicU8,
 }
 
 /// Slots of each shard's table for `keys` keys in all: room for them
@@ -292,6 +326,8 @@ impl HexMap {
             wide: HashIndex::with_hasher(Hasher::default()),
             wide_keys: AtomicU64::new(0),
             hasher: Hasher::default(),
+            #[cfg(loom)]
+            epochs: crate::sync::AtomicU8::new(0),
         };
         if floor > 0 {
             map.shards();
@@ -303,7 +339,7 @@ impl HexMap {
         self.shards.get_or_init(|| {
             (0..SHARDS)
                 .map(|_| Shard {
-                    table: AtomicShared::new(Table::new(self.first_slots)),
+                    table: Published::new(Table::new(self.first_slots)),
                     state: Mutex::new(ShardState::default()),
                 })
                 .collect()
@@ -317,7 +353,35 @@ impl HexMap {
 
     #[inline]
     fn shard_of(h: u64) -> usize {
-        (h >> (64 - SHARD_BITS)) as usize
+        // Two shifts, so that 0 shard bits (loom's one shard) shift by 64
+        // nowhere; with 8 they fold into one shift by 56.
+        ((h >> 1) >> (63 - SHARD_BITS)) as usize
+    }
+
+    /// The reclamation epoch now: sdd's, which says when no reader can
+    /// still hold what was removed three epochs ago.
+    #[cfg(not(loom))]
+    #[inline]
+    fn epoch(&self, guard: &Guard) -> Epoch {
+        guard.epoch()
+    }
+
+    /// Under loom, the model's epoch: sdd's is process-wide and not
+    /// loom-aware, so it would move between a model's executions and make
+    /// them differ. A model moves this one on ([`Self::advance_epoch`]) at
+    /// points where it knows no reader holds a removed key: the models check
+    /// what the index does once an id is ripe, not sdd's grace period.
+    #[cfg(loom)]
+    fn epoch(&self, _guard: &Guard) -> Epoch {
+        // Relaxed: the model advances it between its phases.
+        let n = self.epochs.load(Ordering::Relaxed);
+        (0..n % 64).fold(Epoch::default(), |e, _| e.next())
+    }
+
+    /// Moves the model's reclamation epoch on by one (loom only).
+    #[cfg(loom)]
+    pub(super) fn advance_epoch(&self) {
+        self.epochs.fetch_add(1, Ordering::Relaxed);
     }
 
     #[inline]
@@ -352,8 +416,8 @@ impl HexMap {
     pub(super) fn get<'g>(&'g self, d: u128, guard: &'g Guard) -> Option<EntryRef<'g>> {
         let shards = self.shards.get()?;
         let h = self.hash(d);
-        let t = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard);
-        let f = self.find(t.as_ref()?, d, h)?;
+        let t = shards[Self::shard_of(h)].table.load(guard);
+        let f = self.find(t?, d, h)?;
         Some(self.entry(f.id, f.slot, guard))
     }
 
@@ -381,7 +445,7 @@ impl HexMap {
         for (spot, it) in spots.iter_mut().zip(items) {
             let KeyRef::Hex(d) = key(it) else { continue };
             let h = self.hash(d);
-            let t = shards[Self::shard_of(h)].table.load(Ordering::Acquire, guard).as_ref();
+            let t = shards[Self::shard_of(h)].table.load(guard);
             if let Some(t) = t {
                 prefetch((&t.slots[h as usize & t.mask] as *const AtomicU32).cast());
             }
@@ -414,8 +478,8 @@ impl HexMap {
     }
 
     /// The table of `shard`, whose mutex the caller holds.
-    fn table<'g>(shard: &Shard, guard: &'g Guard) -> &'g Table {
-        shard.table.load(Ordering::Acquire, guard).as_ref().expect("a shard always has a table")
+    fn table<'g>(shard: &'g Shard, guard: &'g Guard) -> &'g Table {
+        shard.table.load(guard).expect("a shard always has a table")
     }
 
     /// Runs `f` on the live entry of `d` (or `None`) under its shard's
@@ -464,7 +528,7 @@ impl HexMap {
         if self.wide_keys.load(Ordering::Relaxed) > 0 && self.wide.remove_sync(&f.id) {
             self.wide_keys.fetch_sub(1, Ordering::Relaxed);
         }
-        st.limbo.push_back((guard.epoch(), f.id));
+        st.limbo.push_back((self.epoch(guard), f.id));
         // Let this thread move the epoch on, so that the id ripens.
         guard.set_has_garbage();
     }
@@ -493,7 +557,7 @@ impl HexMap {
         if let Some(f) = self.find(t, d, h) {
             return self.bind_present(f.id, &f.slot.head, rank, page, delta, &guard);
         }
-        let Some(id) = st.take_id(&self.arena, &guard) else { return Bind::Full };
+        let Some(id) = st.take_id(&self.arena, || self.epoch(&guard)) else { return Bind::Full };
         let world = world();
         let slot = self.arena.slot(id);
         slot.hi.store((d >> 64) as u64, Ordering::Relaxed);
@@ -576,7 +640,7 @@ impl HexMap {
 
     /// Makes `shard` a new table with room for one more key (under its
     /// mutex) and returns it.
-    fn rebuild<'g>(&self, shard: &Shard, st: &mut ShardState, old: &Table, guard: &'g Guard) -> &'g Table {
+    fn rebuild<'g>(&self, shard: &'g Shard, st: &mut ShardState, old: &Table, guard: &'g Guard) -> &'g Table {
         let want = (st.live + 1) * 2;
         let slots = want.checked_next_power_of_two().unwrap_or(usize::MAX).max(MIN_SLOTS).max(self.first_slots);
         let slots = if (st.live + 1) * 5 > slots * 4 { slots * 2 } else { slots };
@@ -594,9 +658,8 @@ impl HexMap {
             t.slots[pos].store(v, Ordering::Relaxed);
         }
         st.tombs = 0;
-        // Release: the new table's slots and everything they name.
-        let (_old, _) = shard.table.swap((Some(Shared::new(t)), scc::Tag::None), Ordering::Release);
-        shard.table.load(Ordering::Acquire, guard).as_ref().expect("just stored")
+        // Release (in `replace`): the new table's slots and everything they name.
+        shard.table.replace(t, guard)
     }
 
     /// The digest of the key named `id`; the caller holds a page of the
@@ -609,7 +672,7 @@ impl HexMap {
     pub(super) fn slots(&self) -> usize {
         let Some(shards) = self.shards.get() else { return 0 };
         let guard = Guard::new();
-        shards.iter().map(|s| s.table.load(Ordering::Acquire, &guard).as_ref().map_or(0, Table::len)).sum()
+        shards.iter().map(|s| s.table.load(&guard).map_or(0, Table::len)).sum()
     }
 
     /// Calls `f` with every key and its entry; not the request path.
@@ -617,7 +680,7 @@ impl HexMap {
         let Some(shards) = self.shards.get() else { return };
         let guard = Guard::new();
         for s in shards.iter() {
-            let Some(t) = s.table.load(Ordering::Acquire, &guard).as_ref() else { continue };
+            let Some(t) = s.table.load(&guard) else { continue };
             for v in t.slots.iter() {
                 let v = v.load(Ordering::Acquire);
                 if v >> TAG_BITS != 0 {

@@ -46,6 +46,7 @@
 //! another key.
 
 mod hex;
+mod published;
 
 use super::key::{Digest, Key, KeyRef};
 use super::lease::{Lease, LeaseLength};
@@ -373,7 +374,12 @@ pub enum Bind {
 }
 
 /// The hasher: foldhash, randomly seeded per process (keys come from clients).
+#[cfg(not(loom))]
 type Hasher = foldhash::quality::RandomState;
+/// Under loom, a fixed seed: a model's executions must place its keys in the
+/// same slots every time, or they would not replay.
+#[cfg(loom)]
+type Hasher = foldhash::quality::FixedState;
 
 /// The scc maps never shrink below this many entries when they have a
 /// floor (scc rounds it up to 8192 slots). Without a floor, a workload
@@ -383,7 +389,11 @@ type Hasher = foldhash::quality::RandomState;
 /// slower than one). Nor should the floor be large: a `HashIndex` reuses a
 /// removed entry's slot only once its bucket is full, so a small population
 /// cycles through every slot of the table (perf/RESULTS.md).
+#[cfg(not(loom))]
 const MIN_CAPACITY: usize = 1 << 12;
+/// Under loom, room for two keys: every slot of a table is a loom atomic.
+#[cfg(loom)]
+const MIN_CAPACITY: usize = 2;
 
 /// The smallest sizes the maps of a [`KeyIndex`] keep, in keys (0: the map
 /// allocates nothing until its first key).
@@ -612,6 +622,11 @@ impl KeyIndex {
         self.reader().entry(key).map(|e| e.world())
     }
 
+    /// The lease deadline of `key` (0: never leased), when it is stored.
+    pub fn deadline(&self, key: KeyRef<'_>) -> Option<u32> {
+        self.reader().entry(key).map(|e| e.lease().deadline())
+    }
+
     /// Whether `key` is complete.
     pub fn is_complete(&self, key: KeyRef<'_>) -> bool {
         self.reader().is_complete(key)
@@ -693,6 +708,14 @@ impl KeyIndex {
             KeyRef::Hex(d) => table.owner_id(page).is_some_and(|id| self.hex.digest(id) == Some(d)),
             k => table.owner_is(page, Owner::Key(k)),
         }
+    }
+
+    /// Moves the hex map's reclamation epoch on by one, under loom, where
+    /// the models drive it (see `hex.rs`, `HexMap::epoch`): an id removed
+    /// three epochs ago is reused by the next new key of its shard.
+    #[cfg(loom)]
+    pub fn advance_epoch(&self) {
+        self.hex.advance_epoch();
     }
 
     /// Slots of the three maps (occupied or not).

@@ -24,14 +24,15 @@
 //! The table is a fixed array of `OnceLock` slots and a length. A writer,
 //! under a mutex, fills slot `n` and then stores `len = n + 1` with
 //! `Release`; a reader loads `len` with `Acquire` and only then reads slots
-//! below it, which are therefore initialized. The atomics here come from std,
-//! not `super::super::sync`: the table is a `static`, which loom's atomics
-//! cannot be, and no loom model involves it (models use 32-hex keys only).
+//! below it, which are therefore initialized. The atomics here are std's,
+//! taken through `crate::sync::statics` (the shim's one named exception):
+//! the table is a `static`, which loom's atomics cannot be, and no loom
+//! model involves it (models use 32-hex keys only).
 
+use crate::sync::statics::{AtomicUsize, Mutex, Ordering};
+use crate::sync::{OnceLock, PoisonError};
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
 
 /// Pool names the process interns; further names leave their keys as text.
 pub const MAX_POOLS: usize = 250;
@@ -164,7 +165,7 @@ fn intern_pool(name: &str) -> Option<usize> {
     if len == MAX_POOLS {
         return None;
     }
-    let _w = WRITER.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _w = WRITER.lock().unwrap_or_else(PoisonError::into_inner);
     // Relaxed: writers are serialized by the mutex.
     let len = LEN.load(Ordering::Relaxed);
     if let Some(i) = find(name, len) {

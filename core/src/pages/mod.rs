@@ -59,10 +59,11 @@
 //!   concurrent allocators over different words.
 
 use super::key::{Key, KeyRef};
-use super::sync::{AtomicU32, AtomicU64, AtomicU8, Backoff, Ordering};
+use super::sync::{AtomicU32, AtomicU64, AtomicU8, Backoff, Mutex, Ordering, PoisonError};
 use super::zeroed::{OutOfMemory, ZeroedSlice};
 
 mod guard;
+mod sweep;
 
 pub use guard::ClaimGuard;
 
@@ -206,7 +207,7 @@ pub struct PageTable {
     /// Pages released while a reader's lease may still cover them: BOUND
     /// with no owner until their deadline passes, then freed. Rare (a
     /// failed write of a stored key), so a mutex.
-    quarantine: std::sync::Mutex<Vec<(u32, u32)>>,
+    quarantine: Mutex<Vec<(u32, u32)>>,
     /// How many pages `quarantine` holds, read without its lock.
     quarantined: AtomicU64,
 }
@@ -225,7 +226,7 @@ impl PageTable {
             free: AtomicU64::new(u64::from(num_pages)),
             cursor: AtomicU64::new(0),
             hand: AtomicU64::new(0),
-            quarantine: std::sync::Mutex::new(Vec::new()),
+            quarantine: Mutex::new(Vec::new()),
             quarantined: AtomicU64::new(0),
         })
     }
@@ -296,7 +297,31 @@ impl PageTable {
     /// Reserves `n` FREE pages, calling `emit` with each, stamping their words
     /// with `epoch`. `n` must have been taken with [`try_take`](Self::try_take),
     /// which guarantees the pages exist, so this always completes.
-    pub fn reserve(&self, mut n: u64, epoch: u8, mut emit: impl FnMut(u32)) {
+    ///
+    /// The pages' reservation tags are left as they were: for callers that
+    /// check none (the page table's own tests and benchmarks). The store
+    /// reserves with [`reserve_tagged`](Self::reserve_tagged).
+    pub fn reserve(&self, n: u64, epoch: u8, mut emit: impl FnMut(u32)) {
+        self.reserve_with(n, epoch, false, &mut |p| {
+            emit(p);
+            0
+        });
+    }
+
+    /// [`reserve`](Self::reserve), recording for each page the tag `emit`
+    /// returns for it ([`crate::KeyRef::tag`] of the key it is reserved for).
+    ///
+    /// Each page is claimed BUSY first (00 → 11), gets its tag while held,
+    /// and only then becomes RESERVED (11 → 01, `Release`): a confirm that
+    /// meets the page RESERVED therefore always reads the tag of the
+    /// reservation it met, never a stale one. `emit` runs while the page is
+    /// BUSY, so a change it journals is ordered before any later change of
+    /// the page.
+    pub fn reserve_tagged(&self, n: u64, epoch: u8, mut emit: impl FnMut(u32) -> u32) {
+        self.reserve_with(n, epoch, true, &mut emit);
+    }
+
+    fn reserve_with(&self, mut n: u64, epoch: u8, tagged: bool, emit: &mut dyn FnMut(u32) -> u32) {
         let nwords = self.words.len();
         if n == 0 || nwords == 0 {
             return;
@@ -320,7 +345,7 @@ impl PageTable {
                             break;
                         }
                     }
-                    n -= self.reserve_in_word(w, n, epoch, &mut emit);
+                    n -= self.reserve_in_word(w, n, epoch, tagged, emit);
                     if n == 0 {
                         return;
                     }
@@ -354,7 +379,7 @@ impl PageTable {
     }
 
     /// Reserves up to `want` FREE pages of word `w`; returns how many.
-    fn reserve_in_word(&self, w: usize, want: u64, epoch: u8, emit: &mut impl FnMut(u32)) -> u64 {
+    fn reserve_in_word(&self, w: usize, want: u64, epoch: u8, tagged: bool, emit: &mut dyn FnMut(u32) -> u32) -> u64 {
         let word = &self.words[w];
         let valid = self.valid_lanes(w);
         let mut cur = word.load(Ordering::Acquire);
@@ -374,13 +399,25 @@ impl PageTable {
             }
             // Relaxed: published by the Release half of the CAS below.
             self.stamps[w].store(epoch, Ordering::Relaxed);
-            // 00 → 01 for each taken lane: set its low bit.
-            match word.compare_exchange_weak(cur, cur | take, Ordering::AcqRel, Ordering::Acquire) {
+            // 00 → 01 for each taken lane (set its low bit); tagged, 00 → 11
+            // first (both bits), and 11 → 01 once the tags are written.
+            let set = if tagged { take * 3 } else { take };
+            match word.compare_exchange_weak(cur, cur | set, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     let base = w as u32 * LANES;
+                    let lanes = take;
                     while take != 0 {
-                        emit(base + take.trailing_zeros() / 2);
+                        let page = base + take.trailing_zeros() / 2;
+                        let tag = emit(page);
+                        if tagged {
+                            // Relaxed: published by the Release below.
+                            self.owners[page as usize].store(tag, Ordering::Relaxed);
+                        }
                         take &= take - 1;
+                    }
+                    if tagged {
+                        // 11 → 01. Release: publishes the tags.
+                        word.fetch_xor(lanes << 1, Ordering::Release);
                     }
                     if free == 0 {
                         self.mark_full(w);
@@ -545,6 +582,39 @@ impl PageTable {
         }
     }
 
+    /// The reservation tag of `page`, which this thread holds BUSY, claimed
+    /// RESERVED ([`reserve_tagged`](Self::reserve_tagged)). A RESERVED page
+    /// keeps its tag in its back-reference word, unused until it is bound.
+    pub fn reservation_tag(&self, page: u32) -> u32 {
+        self.owner_word(page)
+    }
+
+    /// Makes a FREE `page` RESERVED for the key tagged `tag`, stamped with
+    /// `epoch`, while rebuilding state from a journal. False when the page
+    /// is not FREE.
+    pub fn restore_reserved(&self, page: u32, tag: u32, epoch: u8) -> bool {
+        if !self.claim_free(page) {
+            return false;
+        }
+        let (w, _) = Self::locate(page);
+        // Relaxed: published by settle's Release.
+        self.stamps[w].store(epoch, Ordering::Relaxed);
+        self.owners[page as usize].store(tag, Ordering::Relaxed);
+        self.settle(page, RESERVED);
+        true
+    }
+
+    /// Makes a FREE `page` quarantined until tick `deadline` while
+    /// rebuilding state from a journal (a page held at the crash). False
+    /// when the page is not FREE.
+    pub fn restore_held(&self, page: u32, deadline: u32) -> bool {
+        if !self.claim_free(page) {
+            return false;
+        }
+        self.quarantine(page, deadline);
+        true
+    }
+
     /// Forgets the owner of `page` (held BUSY) as it leaves BOUND. An id
     /// stays behind, unread, until the page is bound again (one store less
     /// on the release path).
@@ -567,189 +637,6 @@ impl PageTable {
     /// BOUND page that names none is quarantined.
     pub fn has_owner(&self, page: u32) -> bool {
         self.owner_word(page) != NO_OWNER
-    }
-
-    /// Holds back `page`, held BUSY and just unbound from its key, until
-    /// tick `deadline` has passed: it stays BOUND, naming no key, so that no
-    /// allocate hands it out while a reader's lease may cover it.
-    pub fn quarantine(&self, page: u32, deadline: u32) {
-        self.forget_owner(page);
-        let mut q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        q.push((page, deadline));
-        // Relaxed: a count for a lock-free "anything to do?" check.
-        self.quarantined.fetch_add(1, Ordering::Relaxed);
-        drop(q);
-        self.settle(page, BOUND);
-    }
-
-    /// Pages held back by [`quarantine`](Self::quarantine) now.
-    pub fn quarantined(&self) -> u64 {
-        self.quarantined.load(Ordering::Relaxed)
-    }
-
-    /// Whether `page` is in the quarantine (for the audit).
-    pub fn is_quarantined(&self, page: u32) -> bool {
-        let q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        q.iter().any(|&(p, _)| p == page)
-    }
-
-    /// Frees every quarantined page whose deadline has come (at or before
-    /// `now`); returns how many.
-    pub fn release_quarantined(&self, now: u32) -> u64 {
-        if self.quarantined() == 0 {
-            return 0;
-        }
-        let due: Vec<u32> = {
-            let mut q = self.quarantine.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let mut due = Vec::new();
-            q.retain(|&(p, d)| {
-                let keep = d > now;
-                if !keep {
-                    due.push(p);
-                }
-                keep
-            });
-            self.quarantined.fetch_sub(due.len() as u64, Ordering::Relaxed);
-            due
-        };
-        for &page in &due {
-            // A confirm or release that meets the page holds it for an
-            // instant and finds it names no key; wait for it.
-            let c = self.claim(page);
-            debug_assert_eq!(c, Some(Claimed::Bound), "a quarantined page stays BOUND");
-            debug_assert!(!self.has_owner(page), "a quarantined page names no key");
-            self.settle(page, FREE);
-        }
-        self.give_back(due.len() as u64);
-        due.len() as u64
-    }
-
-    /// Moves the eviction hand on by `n` words; returns the words it passed.
-    pub fn advance_hand(&self, n: u64) -> std::ops::Range<usize> {
-        let len = self.words.len() as u64;
-        if len == 0 {
-            return 0..0;
-        }
-        // Relaxed: a position; concurrent evictors take disjoint steps.
-        let start = self.hand.fetch_add(n, Ordering::Relaxed) % len;
-        start as usize..(start + n).min(len) as usize
-    }
-
-    /// Calls `f` with every BOUND page of words `words`.
-    pub fn for_each_bound_in(&self, words: std::ops::Range<usize>, mut f: impl FnMut(u32)) {
-        for w in words {
-            let v = self.words[w].load(Ordering::Acquire);
-            let mut bound = (v >> 1) & !v & LOW;
-            while bound != 0 {
-                f(w as u32 * LANES + bound.trailing_zeros() / 2);
-                bound &= bound - 1;
-            }
-        }
-    }
-
-    /// Number of state words (the eviction hand's full turn).
-    pub fn words(&self) -> usize {
-        self.words.len()
-    }
-
-    /// The owner of `page` as the evictor reads it, without holding the
-    /// page: a hint to look the key up by, checked again once claimed.
-    pub fn owner_hint(&self, page: u32) -> Option<Owned> {
-        self.owner(page)
-    }
-
-    /// Returns every RESERVED page of every word whose newest reservation is at
-    /// least `ttl` epochs older than `now` to the pool; returns how many.
-    ///
-    /// Stamps are per word, so a page expires between `ttl` epochs after its
-    /// own reservation and `ttl` epochs after the newest reservation in its
-    /// 32-page word: late, never early. Never waits; pages held BUSY are left
-    /// to their holder.
-    pub fn expire(&self, now: u8, ttl: u8) -> u64 {
-        let mut total = 0;
-        for w in 0..self.words.len() {
-            let word = &self.words[w];
-            let mut cur = word.load(Ordering::Acquire);
-            loop {
-                let reserved = reserved_lanes(cur);
-                // Relaxed: read after the Acquire load of the word (see note).
-                if reserved == 0 || now.wrapping_sub(self.stamps[w].load(Ordering::Relaxed)) < ttl {
-                    break;
-                }
-                // Claim the old reservations (01 → 11) rather than freeing
-                // them outright: between our load and this CAS a page may
-                // have been released and reserved again, leaving the word
-                // bit-for-bit the same (ABA). Holding them BUSY, we read the
-                // stamp again: a reservation made since then wrote a fresh
-                // stamp before its CAS, which our CAS came after.
-                match word.compare_exchange_weak(cur, cur | (reserved << 1), Ordering::AcqRel, Ordering::Acquire) {
-                    Ok(_) => {
-                        if now.wrapping_sub(self.stamps[w].load(Ordering::Relaxed)) < ttl {
-                            // Re-reserved meanwhile: put them back (11 → 01).
-                            word.fetch_xor(reserved << 1, Ordering::Release);
-                            break;
-                        }
-                        // 11 → 00. Release: publishes the FREE states before
-                        // the hint and the counter announce them.
-                        word.fetch_xor(reserved * 3, Ordering::Release);
-                        let n = u64::from(reserved.count_ones());
-                        self.clear_full(w);
-                        self.give_back(n);
-                        total += n;
-                        break;
-                    }
-                    Err(now_word) => cur = now_word,
-                }
-            }
-        }
-        total
-    }
-
-    /// Counts pages by state with a scan of the state words (O(pages / 32)).
-    pub fn counts(&self) -> Counts {
-        let mut c = Counts::default();
-        for (w, word) in self.words.iter().enumerate() {
-            let v = word.load(Ordering::Acquire);
-            let valid = self.valid_lanes(w);
-            c.free += u64::from((free_lanes(v) & valid).count_ones());
-            c.reserved += u64::from(reserved_lanes(v).count_ones());
-            c.bound += u64::from(((v >> 1) & !v & LOW).count_ones());
-            c.busy += u64::from((v & (v >> 1) & LOW).count_ones());
-        }
-        c
-    }
-
-    /// Calls `f` with every page that is BOUND or BUSY when its word is
-    /// read (a durable snapshot claims each one, which waits out the BUSY
-    /// ones; a page FREE or RESERVED at that moment can only change under a
-    /// later claim).
-    pub fn for_each_held(&self, f: impl FnMut(u32)) {
-        self.for_each_held_in(0..self.num_pages(), f);
-    }
-
-    /// [`for_each_held`](Self::for_each_held) over the pages of `range` only.
-    pub fn for_each_held_in(&self, range: std::ops::Range<u32>, mut f: impl FnMut(u32)) {
-        let end = range.end.min(self.num_pages());
-        if range.start >= end {
-            return;
-        }
-        for w in (range.start / LANES) as usize..=((end - 1) / LANES) as usize {
-            let v = self.words[w].load(Ordering::Acquire);
-            // The high bit of a lane: BOUND (10) or BUSY (11).
-            let mut held = (v >> 1) & LOW;
-            while held != 0 {
-                let page = w as u32 * LANES + held.trailing_zeros() / 2;
-                if range.start <= page && page < end {
-                    f(page);
-                }
-                held &= held - 1;
-            }
-        }
-    }
-
-    /// Calls `f` with every BOUND page (for the audit).
-    pub fn for_each_bound(&self, f: impl FnMut(u32)) {
-        self.for_each_bound_in(0..self.words.len(), f);
     }
 
     /// Checks this table's own invariants; only meaningful when no request is

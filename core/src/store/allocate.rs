@@ -15,11 +15,12 @@
 //! fail. A key the rank already binds gets its stored page, leased, since its
 //! writer will write it again.
 
+use super::super::journal::Change;
 use super::super::key::KeyRef;
 use super::super::pages::{Claimed, PageTable, BOUND, FREE};
 use super::super::sync::Ordering;
 use super::super::RankNotInitialized;
-use super::{AllocateOutcome, Store};
+use super::{AllocateOutcome, Generation, Store};
 use std::collections::{HashMap, HashSet};
 
 /// How many of the pages a batch needs the rank must grant.
@@ -38,6 +39,16 @@ pub struct AllocSlot {
     pub stored: bool,
     /// The page, or -1 when the rank had none left for this key.
     pub page: i64,
+}
+
+/// What [`Store::take_pages`] got.
+enum Taken {
+    /// This many pages, taken from the free counter.
+    Pages(u64),
+    /// None: the keys that need one get -1.
+    None,
+    /// Nothing yet: an eviction changed what the batch's stored keys hold.
+    LookAgain,
 }
 
 type FixedState = foldhash::fast::FixedState;
@@ -88,7 +99,11 @@ impl Store {
         Ok(outcome)
     }
 
-    /// The machinery of both grants. `stored`, when given, receives for each
+    /// The machinery of both grants, in three steps that may repeat: look
+    /// up the stored keys ([`Store::look_up_stored`]), take the pages the
+    /// others need from the free counter, evicting once if they fall short
+    /// ([`Store::take_pages`]), and reserve them, each for its key
+    /// ([`Store::reserve_for`]). `stored`, when given, receives for each
     /// entry of `out` whether its page was stored rather than fresh.
     fn allocate_with(
         &self,
@@ -98,30 +113,17 @@ impl Store {
         out: &mut Vec<(usize, i64)>,
         mut stored: Option<&mut Vec<bool>>,
     ) -> Result<AllocateOutcome, RankNotInitialized> {
-        let gen = self.gen.load();
+        let current = self.current.load();
         out.clear();
-        let table = gen.rank(rank).ok_or(RankNotInitialized(rank))?;
+        let table = current.rank(rank).ok_or(RankNotInitialized(rank))?;
         let r = rank as u32;
         // Parse every key before looking any up: the lookups then overlap
         // their cache misses.
         let distinct = distinct_keys(keys);
         let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
-        let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let mut evicted = false;
         loop {
-            out.clear();
-            let mut need = 0u64;
-            let index = gen.index.reader();
-            let mut entries = Vec::with_capacity(distinct.len());
-            index.entries(&distinct, |&(_, k)| k, &mut entries);
-            for (&(i, k), &e) in distinct.iter().zip(&entries) {
-                // A stored page handed out again is leased: its writer will
-                // write it again, so it must not go to another key meanwhile.
-                let page = index.lease_page(k, e, r, now, lease).map_or(-1, i64::from);
-                need += u64::from(page < 0);
-                out.push((i, page));
-            }
-            drop(index);
+            let need = self.look_up_stored(&current, r, &distinct, out);
             if let Some(s) = stored.as_deref_mut() {
                 s.clear();
                 s.extend(out.iter().map(|&(_, p)| p >= 0));
@@ -130,52 +132,12 @@ impl Store {
             if need == 0 {
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
             }
-            let take = |table: &PageTable| match grant {
-                Grant::AllOrNothing => {
-                    if table.try_take(need) {
-                        need
-                    } else {
-                        0
-                    }
-                }
-                Grant::Partial => table.take_up_to(need),
+            let got = match self.take_pages(&current, r, table, grant, need, reused, &mut evicted) {
+                Taken::Pages(got) => got,
+                Taken::None => return Ok(AllocateOutcome { reserved: 0, reused, refused: need }),
+                Taken::LookAgain => continue,
             };
-            let mut got = take(table);
-            if got < need && !evicted {
-                // Evict what the batch needs, once.
-                table.give_back(got);
-                evicted = true;
-                let room = self.evict_for_allocate(&gen, table, need);
-                // The eviction may have taken stored keys of this very batch,
-                // even when it fell short: then look them up again, since an
-                // answer must not name a page as theirs that no longer is
-                // (nor may a -1 answer). With no stored key, take the pages
-                // now.
-                if reused > 0 && (room.enough || room.evicted > 0) {
-                    continue;
-                }
-                if !room.enough && room.evicted == 0 && grant == Grant::AllOrNothing {
-                    return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
-                }
-                got = take(table);
-                if got == 0 && grant == Grant::AllOrNothing {
-                    continue;
-                }
-            }
-            if got == 0 {
-                return Ok(AllocateOutcome { reserved: 0, reused, refused: need });
-            }
-            fresh.clear();
-            let epoch = self.epoch.load(Ordering::Relaxed) as u8;
-            let mut slots = out.iter_mut().filter(|(_, p)| *p < 0);
-            table.reserve(got, epoch, |page| {
-                fresh.push(page);
-                let slot = slots.next();
-                debug_assert!(slot.is_some(), "reserve emitted more pages than taken");
-                if let Some(s) = slot {
-                    s.1 = i64::from(page);
-                }
-            });
+            self.reserve_for(&current, r, table, got, &distinct, out, &mut fresh);
             let outcome = AllocateOutcome { reserved: got, reused, refused: need - got };
             if reused == 0 || !self.reused_page_was_recycled(out, &mut fresh) {
                 return Ok(outcome);
@@ -184,20 +146,142 @@ impl Store {
             // looked it up and has just been reserved again by us, for another
             // key of this very batch: one answer would name one page twice.
             // Give the fresh pages back and look everything up again.
-            let mut returned = 0;
-            for &page in &fresh {
-                match table.claim(page) {
-                    Some(Claimed::Reserved) => {
-                        table.settle(page, FREE);
-                        returned += 1;
-                    }
-                    // A misbehaving client confirmed it meanwhile: leave it be.
-                    Some(Claimed::Bound) => table.settle(page, BOUND),
-                    None => {}
+            self.give_back_fresh(&current, r, table, &fresh);
+        }
+    }
+
+    /// Step 1: fills `out` with each distinct key and its stored page on
+    /// rank `r`, or -1; returns how many keys need a fresh page. A stored
+    /// page handed out again is leased for as long as its writer may take
+    /// to write it again ([`StoreConfig::reservation_ttl`](crate::StoreConfig)),
+    /// so it goes to no other key meanwhile. The lease counts from after
+    /// the lookups, when the answer is built.
+    fn look_up_stored(
+        &self,
+        current: &Generation,
+        r: u32,
+        distinct: &[(usize, KeyRef<'_>)],
+        out: &mut Vec<(usize, i64)>,
+    ) -> u64 {
+        out.clear();
+        let mut need = 0u64;
+        let index = current.index.reader();
+        let mut entries = Vec::with_capacity(distinct.len());
+        index.entries(distinct, |&(_, k)| k, &mut entries);
+        let (now, lease) = (self.clock.now(), self.reuse_lease());
+        for (&(i, k), &e) in distinct.iter().zip(&entries) {
+            let page = index.lease_page(k, e, r, now, lease).map_or(-1, i64::from);
+            need += u64::from(page < 0);
+            out.push((i, page));
+        }
+        need
+    }
+
+    /// Step 2: takes the pages `need` keys need from rank `r`'s free
+    /// counter, as `grant` allows, evicting what the batch needs once (then
+    /// `evicted` is set) when the counter falls short.
+    #[allow(clippy::too_many_arguments)]
+    fn take_pages(
+        &self,
+        current: &Generation,
+        r: u32,
+        table: &PageTable,
+        grant: Grant,
+        need: u64,
+        reused: u64,
+        evicted: &mut bool,
+    ) -> Taken {
+        let take = |table: &PageTable| match grant {
+            Grant::AllOrNothing => {
+                if table.try_take(need) {
+                    need
+                } else {
+                    0
                 }
             }
-            table.give_back(returned);
+            Grant::Partial => table.take_up_to(need),
+        };
+        let mut got = take(table);
+        if got < need && !*evicted {
+            // Evict what the batch needs, once.
+            table.give_back(got);
+            *evicted = true;
+            let room = self.evict_for_allocate(current, r, table, need);
+            // The eviction may have taken stored keys of this very batch,
+            // even when it fell short: then look them up again, since an
+            // answer must not name a page as theirs that no longer is (nor
+            // may a -1 answer). With no stored key, take the pages now.
+            if reused > 0 && (room.enough || room.evicted > 0) {
+                return Taken::LookAgain;
+            }
+            if !room.enough && room.evicted == 0 && grant == Grant::AllOrNothing {
+                return Taken::None;
+            }
+            got = take(table);
+            if got == 0 && grant == Grant::AllOrNothing {
+                return Taken::LookAgain;
+            }
         }
+        if got == 0 {
+            Taken::None
+        } else {
+            Taken::Pages(got)
+        }
+    }
+
+    /// Step 3: reserves `got` pages (taken from the counter) of rank `r`
+    /// for the first `got` keys of `out` that have none, in order: each
+    /// page records its key's tag ([`KeyRef::tag`]) and is journaled as
+    /// reserved for it while still held, before anyone can see it. `fresh`
+    /// receives the pages.
+    #[allow(clippy::too_many_arguments)]
+    fn reserve_for(
+        &self,
+        current: &Generation,
+        r: u32,
+        table: &PageTable,
+        got: u64,
+        distinct: &[(usize, KeyRef<'_>)],
+        out: &mut [(usize, i64)],
+        fresh: &mut Vec<u32>,
+    ) {
+        fresh.clear();
+        let epoch = self.epoch.load(Ordering::Relaxed) as u8;
+        // `out` holds the distinct keys in order: slot j is distinct[j].
+        let mut slots = out.iter_mut().zip(distinct).filter(|((_, p), _)| *p < 0);
+        // The journal hears the batch's reservations as one operation.
+        let _op = self.journal_op();
+        table.reserve_tagged(got, epoch, |page| {
+            fresh.push(page);
+            let slot = slots.next();
+            debug_assert!(slot.is_some(), "reserve emitted more pages than taken");
+            let Some((s, &(_, key))) = slot else { return 0 };
+            s.1 = i64::from(page);
+            let tag = key.tag();
+            self.record(Change::Reserve { generation: current.id, rank: r, page, tag });
+            tag
+        });
+    }
+
+    /// Returns the `fresh` pages of rank `r` that are still reserved to the
+    /// pool, journaling each one's end, after a recycled stored page made
+    /// the batch's answer unusable.
+    fn give_back_fresh(&self, current: &Generation, r: u32, table: &PageTable, fresh: &[u32]) {
+        let _op = self.journal_op();
+        let mut returned = 0;
+        for &page in fresh {
+            match table.claim(page) {
+                Some(Claimed::Reserved) => {
+                    self.record(Change::Unbind { generation: current.id, rank: r, page });
+                    table.settle(page, FREE);
+                    returned += 1;
+                }
+                // A misbehaving client confirmed it meanwhile: leave it be.
+                Some(Claimed::Bound) => table.settle(page, BOUND),
+                None => {}
+            }
+        }
+        table.give_back(returned);
     }
 
     /// Whether a reused page in `out` is also one of the `fresh` pages (sorted

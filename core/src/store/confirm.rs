@@ -17,6 +17,7 @@ use super::super::error::{ConfirmError, ErrorCode};
 use super::super::index::{Bind, Delta, KeyIndex};
 use super::super::journal::Change;
 use super::super::key::KeyRef;
+use super::super::lease;
 use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND, FREE};
 use super::super::sync::Ordering;
 use super::{ConfirmOutcome, Generation, Store};
@@ -48,12 +49,13 @@ impl Store {
         confirmations: &[(&str, i64)],
         releases: &[i64],
     ) -> Result<ConfirmOutcome, ConfirmError> {
-        let gen = self.gen.load();
-        let table = gen.rank(rank).ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
+        let current = self.current.load();
+        let table =
+            current.rank(rank).ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
         let items = validate(rank, table.num_pages(), confirmations, releases)?;
-        let claim = claim(&gen.index, table, rank, &items, confirmations)?;
+        let claim = claim(&current.index, table, rank, &items, confirmations)?;
         fail_point_before_commit();
-        Ok(self.commit(&gen, table, rank as u32, confirmations, releases, &items, claim))
+        Ok(self.commit(&current, table, rank as u32, confirmations, releases, &items, claim))
     }
 
     /// Step 3: settles every claimed page. Releases first, so that a request
@@ -62,7 +64,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     fn commit(
         &self,
-        gen: &Generation,
+        current: &Generation,
         table: &PageTable,
         r: u32,
         confirmations: &[(&str, i64)],
@@ -92,39 +94,42 @@ impl Store {
             let owner = if c == Claimed::Bound { table.owner(page) } else { None };
             debug_assert!(c != Claimed::Bound || owner.is_some(), "claim refuses a BOUND page naming no key");
             // The page is held, so its key stays and its id names it.
-            match owner.and_then(|o| gen.index.key_of(&o)) {
-                Some(key) => match self.unbind_held(gen, table, r, page, key.as_ref(), now, &mut delta) {
+            match owner.and_then(|o| current.index.key_of(&o)) {
+                Some(key) => match self.unbind_held(current, table, r, page, key.as_ref(), now, &mut delta) {
                     Unbound::Freed => freed += 1,
                     Unbound::Quarantined => outcome.quarantined += 1,
                 },
                 None => {
+                    // A reservation ends: journaled while the page is held.
+                    self.record(Change::Unbind { generation: current.id, rank: r, page });
                     table.settle(page, FREE);
                     freed += 1;
                 }
             }
         }
-        let world = || self.cfg.world_size.unwrap_or_else(|| gen.initialized.load(Ordering::Relaxed));
+        let world = || self.cfg.world_size.unwrap_or_else(|| current.initialized.load(Ordering::Relaxed));
         for (&(key, page), c) in confirmations.iter().zip(&claims) {
             let page = page as u32;
             match c {
                 None => {}
                 Some(Claimed::Bound) => {
                     table.settle(page, BOUND);
-                    gen.index.reader().touch(KeyRef::parse(key));
+                    current.index.reader().touch(KeyRef::parse(key));
                     outcome.reconfirmed += 1;
                 }
                 Some(Claimed::Reserved) => {
                     let k = KeyRef::parse(key);
-                    match gen.index.bind(k, r, page, world, &mut delta) {
+                    match current.index.bind(k, r, page, world, &mut delta) {
                         Bind::Bound(world, id) => {
                             table.set_owner(page, Owner::of(k, id));
-                            self.record(Change::Bind { generation: gen.id, rank: r, page, key: k, world });
+                            self.record(Change::Bind { generation: current.id, rank: r, page, key: k, world });
                             table.settle(page, BOUND);
                             outcome.bound += 1;
                         }
                         // Every id taken: as if the key had been evicted
                         // at once (the page goes back to the pool).
                         Bind::Kept(_) | Bind::Full => {
+                            self.record(Change::Unbind { generation: current.id, rank: r, page });
                             table.settle(page, FREE);
                             freed += 1;
                             outcome.superseded += 1;
@@ -134,7 +139,7 @@ impl Store {
             }
         }
         table.give_back(freed);
-        gen.apply(delta);
+        current.apply(delta);
         outcome
     }
 }
@@ -156,7 +161,7 @@ impl Store {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn unbind_held(
         &self,
-        gen: &Generation,
+        current: &Generation,
         table: &PageTable,
         r: u32,
         page: u32,
@@ -164,14 +169,40 @@ impl Store {
         now: u32,
         delta: &mut Delta,
     ) -> Unbound {
-        // Journaled before the index forgets the binding: a confirm that
-        // rebinds the key elsewhere can only be journaled after.
-        self.record(Change::Unbind { generation: gen.id, rank: r, page });
-        let deadline = gen.index.unbind(key, r, page, delta);
+        // Whether the page must be held: a reader may have been given it
+        // within the key's lease, or before a restart within the lease
+        // period that follows it (leases are not journaled). Read before
+        // the journal hears of the unbinding, which it then hears of as a
+        // hold or as a free page; either is journaled before the index
+        // forgets the binding, so a confirm that rebinds the key elsewhere
+        // can only be journaled after.
+        let lease = current.index.deadline(key).filter(|&d| lease::live(d, now));
+        let hold = match (lease, self.restart_hold(now)) {
+            (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        let journaled_hold = hold.is_some();
+        if journaled_hold {
+            self.record(Change::Hold { generation: current.id, rank: r, page });
+        } else {
+            self.record(Change::Unbind { generation: current.id, rank: r, page });
+        }
+        let deadline = current.index.unbind(key, r, page, delta);
         debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
-        if let Some(d) = deadline.filter(|&d| d > now) {
-            // A reader may have been given this page within its lease: no
-            // other key gets it before the lease passes.
+        // The key's lock was held only for the unbind: a reader may have
+        // raised the lease since the look above. Hold for the later one.
+        let lease = deadline.filter(|&d| lease::live(d, now));
+        let hold = match (lease, hold) {
+            (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        if let Some(d) = hold {
+            if lease.is_some() && !journaled_hold {
+                // Leased since the look: the journal hears of the hold
+                // after the free page, while the page is still held.
+                self.record(Change::Hold { generation: current.id, rank: r, page });
+            }
+            // No other key gets the page before the hold passes.
             table.quarantine(page, d);
             return Unbound::Quarantined;
         }
@@ -253,6 +284,9 @@ fn claim<'t>(
                 return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None))
             }
             (None, None) => return Err(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, page, Some(key()))),
+            (Some(Claimed::Reserved), None) if table.reservation_tag(it.page) != KeyRef::parse(key()).tag() => {
+                return Err(ConfirmError::new(ErrorCode::ReservedForOtherKey, rank, page, Some(key())));
+            }
             (Some(Claimed::Bound), None) if !index.owns(table, it.page, KeyRef::parse(key())) => {
                 let mut e = ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(key()));
                 e.already_bound = true;

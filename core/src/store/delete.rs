@@ -44,10 +44,10 @@ impl Store {
     /// lookup and the claim (a racing delete, release or eviction) is left
     /// to the request that won, as if this delete had come first.
     pub fn delete(&self, rank: i64, keys: &[&str]) -> Result<DeleteOutcome, RankNotInitialized> {
-        let gen = self.gen.load();
-        let table = gen.rank(rank).ok_or(RankNotInitialized(rank))?;
+        let current = self.current.load();
+        let table = current.rank(rank).ok_or(RankNotInitialized(rank))?;
         let r = rank as u32;
-        let index = gen.index.reader();
+        let index = current.index.reader();
         let mut found: Vec<(u32, KeyRef<'_>)> = keys
             .iter()
             .filter_map(|s| {
@@ -63,18 +63,18 @@ impl Store {
         let (mut delta, mut outcome, mut freed) = (Delta::default(), DeleteOutcome::default(), 0u64);
         for (page, key) in found {
             let mut held = ClaimGuard::new(1);
-            if held.claim(table, page) != Some(Claimed::Bound) || !gen.index.owns(table, page, key) {
+            if held.claim(table, page) != Some(Claimed::Bound) || !current.index.owns(table, page, key) {
                 continue; // the guard puts the page back as it was
             }
             let _ = held.commit();
             outcome.deleted += 1;
-            match self.unbind_held(&gen, table, r, page, key, now, &mut delta) {
+            match self.unbind_held(&current, table, r, page, key, now, &mut delta) {
                 Unbound::Freed => freed += 1,
                 Unbound::Quarantined => outcome.quarantined += 1,
             }
         }
         table.give_back(freed);
-        gen.apply(delta);
+        current.apply(delta);
         Ok(outcome)
     }
 
@@ -85,11 +85,11 @@ impl Store {
     /// had been written just after it.
     pub fn reset(&self) -> DeleteOutcome {
         // Serialized with initializes and other resets (admin operations).
-        let _admin = self.admin.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let gen = self.gen.load();
+        let _admin = self.admin.lock().unwrap_or_else(super::super::sync::PoisonError::into_inner);
+        let current = self.current.load();
         let now = self.clock.now();
         let mut outcome = DeleteOutcome::default();
-        for (r, slot) in gen.ranks.iter().enumerate() {
+        for (r, slot) in current.ranks.iter().enumerate() {
             let Some(table) = slot.get() else { continue };
             let (mut delta, mut freed) = (Delta::default(), 0u64);
             table.for_each_held(|page| {
@@ -98,16 +98,16 @@ impl Store {
                     return; // the guard puts the page back as it was
                 }
                 // A BOUND page without a key is already quarantined.
-                let Some(key) = table.owner(page).and_then(|o| gen.index.key_of(&o)) else { return };
+                let Some(key) = table.owner(page).and_then(|o| current.index.key_of(&o)) else { return };
                 let _ = held.commit();
                 outcome.deleted += 1;
-                match self.unbind_held(&gen, table, r as u32, page, key.as_ref(), now, &mut delta) {
+                match self.unbind_held(&current, table, r as u32, page, key.as_ref(), now, &mut delta) {
                     Unbound::Freed => freed += 1,
                     Unbound::Quarantined => outcome.quarantined += 1,
                 }
             });
             table.give_back(freed);
-            gen.apply(delta);
+            current.apply(delta);
         }
         outcome
     }

@@ -88,11 +88,12 @@ impl Store {
     /// rank; the next pass goes on from where the hand stopped).
     pub fn maintain(&self, budget_words: u64) -> MaintainReport {
         let start = Instant::now();
-        let gen = self.gen.load_full();
+        let current = self.current.load_full();
         let now = self.clock.now();
         let mut report = MaintainReport::default();
-        for table in gen.ranks.iter().filter_map(std::sync::OnceLock::get) {
-            report.quarantine_freed += table.release_quarantined(now);
+        for (r, slot) in current.ranks.iter().enumerate() {
+            let Some(table) = slot.get() else { continue };
+            report.quarantine_freed += self.release_held(&current, r as u32, table, now);
             if !self.eviction_allowed(now) {
                 continue;
             }
@@ -102,7 +103,7 @@ impl Store {
                 continue;
             }
             let target = n - (self.cfg.low_watermark * n as f64) as u64;
-            let (keys, pages) = self.evict_on(&gen, table, target, budget_words, EvictReason::Watermark);
+            let (keys, pages) = self.evict_on(&current, table, target, budget_words, EvictReason::Watermark);
             report.keys += keys;
             report.pages += pages;
         }
@@ -119,16 +120,25 @@ impl Store {
     /// period that follows a recovery from disk has passed.
     #[inline]
     pub(super) fn eviction_allowed(&self, now: u32) -> bool {
-        self.cfg.eviction && now >= self.evict_not_before.load(Ordering::Relaxed)
+        self.cfg.eviction && self.restart_hold(now).is_none()
+    }
+
+    /// Frees the quarantined pages of rank `r` whose hold has passed,
+    /// journaling each one's end (an `Unbind`: the page is free) while it
+    /// is held, so that a restart does not hold it again.
+    pub(super) fn release_held(&self, current: &Generation, r: u32, table: &PageTable, now: u32) -> u64 {
+        table.release_quarantined_each(now, &mut |page| {
+            self.record(Change::Unbind { generation: current.id, rank: r, page });
+        })
     }
 
     /// An allocate's eviction: makes room for `need` fresh pages on `table`
     /// with a bounded budget. Says whether the free counter reached `need`
     /// (another allocate may still take the pages first) and how many keys
     /// it evicted to get there.
-    pub(super) fn evict_for_allocate(&self, gen: &Generation, table: &PageTable, need: u64) -> Room {
+    pub(super) fn evict_for_allocate(&self, current: &Generation, r: u32, table: &PageTable, need: u64) -> Room {
         let now = self.clock.now();
-        let freed = table.release_quarantined(now);
+        let freed = self.release_held(current, r, table, now);
         // Relaxed: statistics. Counted here too, or the metric would miss
         // every page an allocate frees before the background pass does.
         self.evict.quarantine_freed.fetch_add(freed, Ordering::Relaxed);
@@ -141,7 +151,7 @@ impl Store {
         // 16 pages visited per page needed, at least a thousand: the work an
         // allocate may spend before it answers -1 on a rank of leased keys.
         let budget = (need * 16).max(1024).div_ceil(32);
-        let (evicted, _) = self.evict_on(gen, table, need, budget, EvictReason::Allocate);
+        let (evicted, _) = self.evict_on(current, table, need, budget, EvictReason::Allocate);
         Room { enough: table.free_count() >= need, evicted }
     }
 
@@ -150,7 +160,7 @@ impl Store {
     /// pages it meets by CLOCK. Returns (keys evicted, pages freed).
     fn evict_on(
         &self,
-        gen: &Generation,
+        current: &Generation,
         table: &PageTable,
         target: u64,
         budget_words: u64,
@@ -168,14 +178,14 @@ impl Store {
             victims.clear();
             table.for_each_bound_in(words, |page| {
                 // A hint: the key is checked again under its lock.
-                if let Some(k) = table.owner_hint(page).and_then(|o| gen.index.key_of(&o)) {
+                if let Some(k) = table.owner_hint(page).and_then(|o| current.index.key_of(&o)) {
                     victims.push(k);
                 }
             });
             // Look every victim up once, lock-free, before visiting them one
             // by one under their bucket locks: independent lookups overlap
             // their cache misses, and the visits then find the lines warm.
-            let index = gen.index.reader();
+            let index = current.index.reader();
             let warm: u32 = victims.iter().map(|k| index.get(k.as_ref()).map_or(0, |e| e.bound())).sum();
             std::hint::black_box(warm);
             drop(index);
@@ -183,13 +193,13 @@ impl Store {
                 if table.free_count() >= target {
                     break;
                 }
-                let freed = self.evict_key(gen, k, now, &mut scratch);
+                let freed = self.evict_key(current, k, now, &mut scratch);
                 if freed > 0 {
                     keys += 1;
                     pages += freed;
                 }
             }
-            gen.apply(std::mem::take(&mut scratch.delta));
+            current.apply(std::mem::take(&mut scratch.delta));
         }
         let counter = match reason {
             EvictReason::Watermark => &self.evict.keys_watermark,
@@ -205,7 +215,7 @@ impl Store {
     /// is neither leased nor marked used and every one of its pages can be
     /// claimed at once. Returns the pages freed (0: not evicted); the key
     /// counts go to `scratch.delta`, for the caller to apply.
-    fn evict_key<'g>(&self, gen: &'g Generation, key: &Key, now: u32, scratch: &mut Scratch<'g>) -> u64 {
+    fn evict_key<'g>(&self, current: &'g Generation, key: &Key, now: u32, scratch: &mut Scratch<'g>) -> u64 {
         // The journal hears one eviction as one operation.
         let _op = self.journal_op();
         let k = key.as_ref();
@@ -213,13 +223,13 @@ impl Store {
         let ranks = &mut scratch.ranks;
         ranks.clear();
         let delta = &mut scratch.delta;
-        let removed = gen.index.remove_if_locked(k, |e| {
+        let removed = current.index.remove_if_locked(k, |e| {
             let owner = Owner::of(k, e.id());
             if !e.lease().visit(now) {
                 return false;
             }
             for (r, page) in e.bindings() {
-                let Some(table) = gen.rank(i64::from(r)) else { return false };
+                let Some(table) = current.rank(i64::from(r)) else { return false };
                 // The page must still be this key's, and nobody's request
                 // may be in the middle of it: otherwise pass the key over.
                 if !claim.try_claim_bound(table, page) || !table.owner_is(page, owner) {
@@ -230,7 +240,7 @@ impl Store {
             // Journaled under the bucket lock, before the removal: a
             // binding of the key made after it is journaled after it.
             for (&r, &(_, page, _)) in ranks.iter().zip(claim.held()) {
-                self.record(Change::Unbind { generation: gen.id, rank: r, page });
+                self.record(Change::Unbind { generation: current.id, rank: r, page });
             }
             delta.keys -= 1;
             delta.complete -= i64::from(e.complete());

@@ -16,8 +16,11 @@
 //! them like a leader's: the standby acknowledges a position only once its
 //! own disk has it.
 //!
-//! **Unbinds free their page at once** (a standby serves no reader), and the
-//! standby notes when; on promotion it holds back every page unbound within
+//! **Reservations** are replayed as reservations of the same page for the
+//! same key tag (journaled `Reserve`), stamped when the standby applies
+//! them, so they expire no earlier than on the leader. **Unbinds and holds
+//! free their page at once** (a standby serves no reader), and the standby
+//! notes when; on promotion it holds back every page unbound or held within
 //! the last read lease ([`Store::hold_free_page`]): readers' leases are not
 //! replicated, and a reader given a page by the old leader may still be
 //! reading it.
@@ -27,7 +30,9 @@
 use super::super::index::Delta;
 use super::super::journal::Change;
 use super::super::key::KeyRef;
+use super::super::lease;
 use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND, FREE};
+use super::super::sync::Ordering;
 use super::{Initialized, Store};
 
 impl Store {
@@ -58,40 +63,73 @@ impl Store {
         }
     }
 
-    /// Makes `page` of `rank` unbound and free (journaled). A page that is
-    /// already free, reserved or quarantined is left as it is. Returns
-    /// whether a binding was removed.
+    /// Makes `page` of `rank` free (journaled `Unbind`), whatever it holds:
+    /// a binding or a reservation. A free or quarantined page is left as it
+    /// is. Returns whether anything was freed.
     pub fn replay_unbind(&self, rank: u32, page: u32) -> Result<bool, String> {
-        let gen = self.gen.load();
-        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        let current = self.current.load();
+        let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
             return Err(format!("page {page} is out of range for rank {rank}"));
         }
         let mut held = ClaimGuard::new(1);
-        if held.claim(table, page) != Some(Claimed::Bound) {
-            return Ok(false); // the guard puts a reserved page back
+        match held.claim(table, page) {
+            None => return Ok(false),
+            Some(Claimed::Reserved) => {
+                let _ = held.commit();
+                self.record(Change::Unbind { generation: current.id, rank, page });
+                table.forget_owner(page);
+                table.settle(page, FREE);
+                table.give_back(1);
+                return Ok(true);
+            }
+            Some(Claimed::Bound) => {}
         }
-        // A BOUND page that names no key is quarantined.
-        let Some(key) = table.owner(page).and_then(|o| gen.index.key_of(&o)) else { return Ok(false) };
+        // A BOUND page that names no key is quarantined (the guard puts it back).
+        let Some(key) = table.owner(page).and_then(|o| current.index.key_of(&o)) else { return Ok(false) };
         let _ = held.commit();
         let mut delta = Delta::default();
         // Journaled before the index forgets the binding, as on a leader.
-        self.record(Change::Unbind { generation: gen.id, rank, page });
-        let _ = gen.index.unbind(key.as_ref(), rank, page, &mut delta);
+        self.record(Change::Unbind { generation: current.id, rank, page });
+        let _ = current.index.unbind(key.as_ref(), rank, page, &mut delta);
         table.clear_owner(page);
         table.settle(page, FREE);
         table.give_back(1);
-        gen.apply(delta);
+        current.apply(delta);
         Ok(true)
     }
 
-    /// Holds `page` of `rank`, if it is free, out of the pool until tick
-    /// `until` (the quarantine of a released leased page); returns whether
-    /// it did. A promoted standby's hold of the pages its old leader
-    /// unbound within the last read lease.
+    /// Makes `page` of `rank` reserved for the key tagged `tag` (journaled
+    /// `Reserve`), whatever it held, stamped with this store's expiry epoch.
+    pub fn replay_reserve(&self, rank: u32, page: u32, tag: u32) -> Result<(), String> {
+        self.replay_unbind(rank, page)?;
+        let current = self.current.load();
+        let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        // Journaled before it is visible, as a rank creation is.
+        self.record(Change::Reserve { generation: current.id, rank, page, tag });
+        // Relaxed: the expiry epoch is a stamp; nothing else hangs off it.
+        if !table.restore_reserved(page, tag, self.epoch.load(Ordering::Relaxed) as u8) {
+            return Err(format!("page {page} of rank {rank} is quarantined here; the leader reserved it"));
+        }
+        Ok(())
+    }
+
+    /// The tick until which a page unbound now is held back if this store
+    /// is promoted meanwhile (one read lease).
+    pub fn hold_deadline(&self) -> u32 {
+        lease::after(self.clock.now(), self.cfg.read_lease.0.saturating_add(1))
+    }
+
+    /// Holds `page` of `rank`, if it is free and `until` has not passed, out
+    /// of the pool until tick `until` (the quarantine of a released leased
+    /// page); returns whether it did. A promoted standby's hold of the pages
+    /// its old leader unbound or held within the last read lease.
     pub fn hold_free_page(&self, rank: u32, page: u32, until: u32) -> bool {
-        let gen = self.gen.load();
-        let Some(table) = gen.rank(rank.into()) else { return false };
+        if !lease::live(until, self.clock.now()) {
+            return false;
+        }
+        let current = self.current.load();
+        let Some(table) = current.rank(rank.into()) else { return false };
         if page >= table.num_pages() || !table.claim_free(page) {
             return false;
         }
@@ -100,39 +138,53 @@ impl Store {
     }
 
     /// Makes `key` (of world size `world`) bound to `page` on `rank`
-    /// (journaled): whatever the page holds is unbound first, and so is
-    /// another page the key holds on that rank. A key whose world size here
-    /// differs from `world` is an error (the leader fixes it at the first
-    /// binding; a differing one means the states diverged).
+    /// (journaled): a reservation of the page is confirmed; a binding of
+    /// the page is unbound first, and so is another page the key holds on
+    /// that rank. A key whose world size here differs from `world` is an
+    /// error (the leader fixes it at the first binding; a differing one
+    /// means the states diverged).
     pub fn replay_bind(&self, rank: u32, page: u32, key: &str, world: u32) -> Result<(), String> {
-        let gen = self.gen.load();
-        let table = gen.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
+        let current = self.current.load();
+        let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
             return Err(format!("page {page} is out of range for rank {rank}"));
         }
         let k = KeyRef::parse(key);
-        match gen.index.page(k, rank) {
+        match current.index.page(k, rank) {
             Some(p) if p == page => return Ok(()),
             Some(p) => {
                 self.replay_unbind(rank, p)?;
             }
             None => {}
         }
-        if gen.index.world(k).is_some_and(|w| w != world) {
+        if current.index.world(k).is_some_and(|w| w != world) {
             return Err(format!("key {key} has another world size here than the leader's {world}"));
         }
-        self.replay_unbind(rank, page)?;
-        if !table.claim_free(page) {
-            return Err(format!("page {page} of rank {rank} is reserved or held here; the leader bound it"));
+        let mut held = ClaimGuard::new(1);
+        let claimed = match held.claim(table, page) {
+            // Its reservation, confirmed: the page stays BUSY for the bind.
+            Some(Claimed::Reserved) => {
+                let _ = held.commit();
+                true
+            }
+            Some(Claimed::Bound) => {
+                drop(held);
+                self.replay_unbind(rank, page)?;
+                table.claim_free(page)
+            }
+            None => table.claim_free(page),
+        };
+        if !claimed {
+            return Err(format!("page {page} of rank {rank} is quarantined here; the leader bound it"));
         }
-        self.bind_claimed(&gen, table, rank, page, k, world)
+        self.bind_claimed(&current, table, rank, page, k, world)
     }
 
-    /// Binds `key` to `page` (claimed from FREE by this thread) and
-    /// journals it; on failure the page goes back to the pool.
+    /// Binds `key` to `page` (held BUSY by this thread) and journals it; on
+    /// failure the page goes back to the pool.
     fn bind_claimed(
         &self,
-        gen: &super::Generation,
+        current: &super::Generation,
         table: &PageTable,
         rank: u32,
         page: u32,
@@ -140,20 +192,22 @@ impl Store {
         world: u32,
     ) -> Result<(), String> {
         let mut delta = Delta::default();
-        match gen.index.bind(k, rank, page, || world, &mut delta) {
+        match current.index.bind(k, rank, page, || world, &mut delta) {
             super::Bind::Bound(_, id) => {
                 table.set_owner(page, Owner::of(k, id));
-                self.record(Change::Bind { generation: gen.id, rank, page, key: k, world });
+                self.record(Change::Bind { generation: current.id, rank, page, key: k, world });
                 table.settle(page, BOUND);
-                gen.apply(delta);
+                current.apply(delta);
                 Ok(())
             }
             super::Bind::Kept(p) => {
+                table.forget_owner(page);
                 table.settle(page, FREE);
                 table.give_back(1);
                 Err(format!("key {k:?} is bound to page {p} of rank {rank} as well"))
             }
             super::Bind::Full => {
+                table.forget_owner(page);
                 table.settle(page, FREE);
                 table.give_back(1);
                 Err(format!("key {k:?} cannot be stored: the index is full"))
@@ -181,6 +235,8 @@ mod tests {
                 Change::Initialize { rank, num_pages, .. } => format!("init {rank} {num_pages}"),
                 Change::Bind { rank, page, key, .. } => format!("bind {rank} {page} {}", key.to_key()),
                 Change::Unbind { rank, page, .. } => format!("unbind {rank} {page}"),
+                Change::Reserve { rank, page, tag, .. } => format!("reserve {rank} {page} {tag}"),
+                Change::Hold { rank, page, .. } => format!("hold {rank} {page}"),
                 Change::Clear { generation } => format!("clear {generation}"),
             };
             self.0.lock().unwrap().push(s);
@@ -230,6 +286,28 @@ mod tests {
         assert!(s.replay_bind(1, 0, A, 1).unwrap_err().contains("not initialized"));
         s.replay_initialize(1, 4).unwrap();
         assert!(s.replay_bind(1, 0, A, 2).unwrap_err().contains("world size"));
+    }
+
+    #[test]
+    fn a_replayed_reservation_is_confirmed_or_freed_as_on_the_leader() {
+        let (s, log) = store(0);
+        s.replay_initialize(0, 4).unwrap();
+        let tag = KeyRef::parse(A).tag();
+        s.replay_reserve(0, 1, tag).unwrap();
+        // Reserved here: an allocate does not get page 1.
+        let mut out = Vec::new();
+        s.allocate(0, &[B, C, "00000000000000000000000000000001"], &mut out).unwrap();
+        assert!(out.iter().all(|&(_, p)| p != 1), "{out:?}");
+        // The leader's confirm of it.
+        s.replay_bind(0, 1, A, 1).unwrap();
+        assert_eq!(page_of(&s, A), Some(1));
+        // Forced over this store's own reservation of page 0 (the allocate
+        // above); a reservation that ends (expiry, a release) is an unbind.
+        s.replay_reserve(0, 0, tag).unwrap();
+        assert_eq!(s.replay_unbind(0, 0), Ok(true));
+        assert_eq!(s.replay_unbind(0, 0), Ok(false));
+        let got = log.0.lock().unwrap().clone();
+        assert!(got.contains(&format!("reserve 0 1 {tag}")) && got.contains(&"unbind 0 0".to_string()), "{got:?}");
     }
 
     #[test]

@@ -12,8 +12,10 @@
 //! Reading a page while this thread holds it BUSY gives that property. A
 //! change is recorded while its page is held BUSY by the request making it,
 //! and published (settled) before the page is let go; a claim waits for that.
-//! A page FREE or RESERVED when its word is read can only change under a
-//! later claim, so its next change is recorded after the read. Pages are
+//! A page FREE when its word is read can only change under a later claim
+//! (an allocate claims the pages it reserves BUSY while it journals them),
+//! so its next change is recorded after the read. Reserved and held pages
+//! are read too: they are journaled, and must outlive a restart. Pages are
 //! claimed one at a time, never across the caller's callback, so a request
 //! waits at most for the few instructions of one read.
 
@@ -33,6 +35,22 @@ pub enum Visit {
         rank: u32,
         /// Its `num_pages`.
         num_pages: u32,
+    },
+    /// A page reserved for a key, not yet confirmed.
+    Reserved {
+        /// The rank.
+        rank: u32,
+        /// The page.
+        page: u32,
+        /// The key's tag ([`crate::KeyRef::tag`]).
+        tag: u32,
+    },
+    /// A page held back (quarantined) for a reader's lease.
+    Held {
+        /// The rank.
+        rank: u32,
+        /// The page.
+        page: u32,
     },
     /// A bound page.
     Binding {
@@ -57,26 +75,32 @@ impl Store {
     /// Ranks created after their slot was passed are not visited: their
     /// creation was recorded to the journal first, and the caller keeps it.
     pub fn snapshot(&self, mut visit: impl FnMut(Visit) -> bool) -> Result<(), String> {
-        let gen = self.gen.load_full();
-        if !visit(Visit::Generation(gen.id)) {
+        let current = self.current.load_full();
+        if !visit(Visit::Generation(current.id)) {
             return Ok(());
         }
-        for (r, slot) in gen.ranks.iter().enumerate() {
+        for (r, slot) in current.ranks.iter().enumerate() {
             let Some(table) = slot.get() else { continue };
             let rank = r as u32;
             if !visit(Visit::Rank { rank, num_pages: table.num_pages() }) {
                 return Ok(());
             }
             let (mut err, mut stop) = (None, false);
-            table.for_each_held(|page| {
+            table.for_each_used_in(0..table.num_pages(), |page| {
                 if err.is_some() || stop {
                     return;
                 }
-                match read_page(&gen, table, rank, page) {
-                    Ok(Some((key, world))) => stop = !visit(Visit::Binding { rank, page, key, world }),
-                    Ok(None) => {}
-                    Err(e) => err = Some(e),
-                }
+                let v = match read_page(&current, table, rank, page) {
+                    Ok(Some(PageRead::Bound { key, world })) => Visit::Binding { rank, page, key, world },
+                    Ok(Some(PageRead::Reserved { tag })) => Visit::Reserved { rank, page, tag },
+                    Ok(Some(PageRead::Held)) => Visit::Held { rank, page },
+                    Ok(None) => return,
+                    Err(e) => {
+                        err = Some(e);
+                        return;
+                    }
+                };
+                stop = !visit(v);
             });
             if let Some(e) = err {
                 return Err(e);
@@ -89,6 +113,25 @@ impl Store {
     }
 }
 
+/// What [`Store::read_pages`] found on a page in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PageRead {
+    /// Bound to `key`, whose world size is `world`.
+    Bound {
+        /// The key.
+        key: Key,
+        /// The key's world size.
+        world: u32,
+    },
+    /// Reserved for the key tagged `tag`.
+    Reserved {
+        /// The key's tag.
+        tag: u32,
+    },
+    /// Held back (quarantined) for a reader's lease.
+    Held,
+}
+
 /// Why [`Store::read_pages`] read nothing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReadPagesError {
@@ -99,7 +142,8 @@ pub enum ReadPagesError {
 }
 
 impl Store {
-    /// The bound pages of `pages` on `rank` in generation `generation`,
+    /// The pages in use (bound, reserved, held) of `pages` on `rank` in
+    /// generation `generation`,
     /// in page order, each read as [`Store::snapshot`] reads it: for the
     /// durable checkpoint, which rewrites the state chunks the log touched
     /// from memory. A rank that does not exist has none. Fails if the store
@@ -109,20 +153,20 @@ impl Store {
         generation: u64,
         rank: u32,
         pages: std::ops::Range<u32>,
-        mut visit: impl FnMut(u32, Key, u32),
+        mut visit: impl FnMut(u32, PageRead),
     ) -> Result<(), ReadPagesError> {
-        let gen = self.gen.load();
-        if gen.id != generation {
+        let current = self.current.load();
+        if current.id != generation {
             return Err(ReadPagesError::Generation);
         }
-        let Some(table) = gen.rank(i64::from(rank)) else { return Ok(()) };
+        let Some(table) = current.rank(i64::from(rank)) else { return Ok(()) };
         let mut err = None;
-        table.for_each_held_in(pages, |page| {
+        table.for_each_used_in(pages, |page| {
             if err.is_some() {
                 return;
             }
-            match read_page(&gen, table, rank, page) {
-                Ok(Some((key, world))) => visit(page, key, world),
+            match read_page(&current, table, rank, page) {
+                Ok(Some(read)) => visit(page, read),
                 Ok(None) => {}
                 Err(e) => err = Some(e),
             }
@@ -146,7 +190,7 @@ pub trait PageSource: Send + Sync {
         generation: u64,
         rank: u32,
         pages: std::ops::Range<u32>,
-        visit: &mut dyn FnMut(u32, Key, u32),
+        visit: &mut dyn FnMut(u32, PageRead),
     ) -> Result<(), ReadPagesError>;
 
     /// As [`Store::snapshot`].
@@ -159,7 +203,7 @@ impl PageSource for Store {
         generation: u64,
         rank: u32,
         pages: std::ops::Range<u32>,
-        visit: &mut dyn FnMut(u32, Key, u32),
+        visit: &mut dyn FnMut(u32, PageRead),
     ) -> Result<(), ReadPagesError> {
         Store::read_pages(self, generation, rank, pages, visit)
     }
@@ -169,25 +213,27 @@ impl PageSource for Store {
     }
 }
 
-/// The key and world of `page` if it is bound, read while it is held BUSY.
-fn read_page(gen: &Generation, table: &PageTable, rank: u32, page: u32) -> Result<Option<(Key, u32)>, String> {
-    // Held BUSY until the guard drops; a RESERVED page (bound pages can be
-    // released and reserved again since the word was read) is put back as
-    // it was.
+/// What `page` holds, read while it is held BUSY: its key and world if it
+/// is bound, its tag if it is reserved, or that it is held; `None` if it is
+/// free.
+fn read_page(current: &Generation, table: &PageTable, rank: u32, page: u32) -> Result<Option<PageRead>, String> {
+    // Held BUSY until the guard drops, then put back as it was.
     let mut held = ClaimGuard::new(1);
-    if held.claim(table, page) != Some(Claimed::Bound) {
-        return Ok(None);
+    match held.claim(table, page) {
+        None => return Ok(None),
+        Some(Claimed::Reserved) => return Ok(Some(PageRead::Reserved { tag: table.reservation_tag(page) })),
+        Some(Claimed::Bound) => {}
     }
     // A BOUND page that names no key is quarantined (released within a
-    // reader's lease, its unbind journaled): free on disk.
-    let Some(owner) = table.owner(page) else { return Ok(None) };
-    let Some(key) = gen.index.key_of(&owner) else {
+    // reader's lease, journaled as held).
+    let Some(owner) = table.owner(page) else { return Ok(Some(PageRead::Held)) };
+    let Some(key) = current.index.key_of(&owner) else {
         return Err(format!("rank {rank}: page {page} names key id {owner:?}, which the index never gave"));
     };
-    let Some(world) = gen.index.world(key.as_ref()) else {
+    let Some(world) = current.index.world(key.as_ref()) else {
         return Err(format!("rank {rank}: page {page} names key {key}, which the index does not know"));
     };
-    Ok(Some((key, world)))
+    Ok(Some(PageRead::Bound { key, world }))
 }
 
 #[cfg(all(test, not(loom)))]
@@ -218,9 +264,11 @@ mod tests {
         let mut seen = Vec::new();
         s.snapshot(|v| {
             seen.push(match v {
-                Visit::Generation(g) => format!("gen {g}"),
+                Visit::Generation(g) => format!("current {g}"),
                 Visit::Rank { rank, num_pages } => format!("rank {rank} {num_pages}"),
                 Visit::Binding { rank, page, key, world } => format!("bind {rank} {page} {key} {world}"),
+                Visit::Reserved { rank, page, tag } => format!("reserved {rank} {page} {tag}"),
+                Visit::Held { rank, page } => format!("held {rank} {page}"),
             });
             true
         })
@@ -228,20 +276,22 @@ mod tests {
         assert_eq!(
             seen,
             [
-                "gen 0".into(),
+                "current 0".into(),
                 "rank 0 100".into(),
                 format!("bind 0 {pa} {A} 2"),
+                format!("reserved 0 {pb} {}", crate::KeyRef::parse(B).tag()),
                 "rank 2 50".into(),
                 format!("bind 2 {pt} text-key 2")
             ]
         );
         // One range of one rank.
         let mut got = Vec::new();
-        s.read_pages(0, 0, pa as u32..pa as u32 + 1, |p, k, w| got.push((p, k.to_string(), w))).unwrap();
-        assert_eq!(got, [(pa as u32, A.to_string(), 2)]);
-        s.read_pages(0, 0, 0..pa as u32, |_, _, _| panic!("no bound page before {pa}")).unwrap();
-        s.read_pages(0, 3, 0..10, |_, _, _| panic!("no rank 3")).unwrap();
-        assert_eq!(s.read_pages(1, 0, 0..10, |_, _, _| {}), Err(ReadPagesError::Generation));
+        s.read_pages(0, 0, pa as u32..pa as u32 + 1, |p, r| got.push((p, r))).unwrap();
+        assert_eq!(got, [(pa as u32, PageRead::Bound { key: crate::KeyRef::parse(A).to_key(), world: 2 })]);
+        let first = pa.min(pb) as u32;
+        s.read_pages(0, 0, 0..first, |_, _| panic!("no page in use before {first}")).unwrap();
+        s.read_pages(0, 3, 0..10, |_, _| panic!("no rank 3")).unwrap();
+        assert_eq!(s.read_pages(1, 0, 0..10, |_, _| {}), Err(ReadPagesError::Generation));
         // Stopping early stops.
         let mut n = 0;
         s.snapshot(|_| {
@@ -259,7 +309,7 @@ mod tests {
     }
 
     #[test]
-    fn a_quarantined_page_is_free_in_the_snapshot() {
+    fn a_quarantined_page_is_held_in_the_snapshot() {
         let cfg = StoreConfig {
             world_size: Some(1),
             read_lease: crate::LeaseLength::from_secs(60),
@@ -276,12 +326,14 @@ mod tests {
         s.locations(0, &[A], &mut locs).unwrap(); // a read lease on A
         let released = s.confirm(0, &[], &[p]).unwrap();
         assert_eq!(released.quarantined, 1, "released within the lease: quarantined");
-        let mut bindings = 0;
+        let mut seen = Vec::new();
         s.snapshot(|v| {
-            bindings += usize::from(matches!(v, Visit::Binding { .. }));
+            if !matches!(v, Visit::Generation(_) | Visit::Rank { .. }) {
+                seen.push(v);
+            }
             true
         })
         .unwrap();
-        assert_eq!(bindings, 0);
+        assert_eq!(seen, [Visit::Held { rank: 0, page: p as u32 }], "held, not bound");
     }
 }

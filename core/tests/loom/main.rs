@@ -1,6 +1,13 @@
-//! Loom models of the core (docs/verification.md): the page-state machine
-//! ([`pages`]) and eviction racing confirm, release, reads and allocate
-//! ([`eviction`]), on the core's own code with loom's atomics.
+//! Loom models of the core (docs/verification.md), on the core's own code
+//! with loom's atomics and locks (`core/src/sync.rs`):
+//!
+//! - [`pages`]: the page-state machine of one page table;
+//! - [`index`]: the key index (the hex map's shard table, rebuilds,
+//!   tombstones, id reuse, lease raises) under lock-free readers;
+//! - [`eviction`]: eviction racing confirm, release, reads and the allocate
+//!   loop, on a real `Store`;
+//! - [`time`]: leases expiring and quarantines released while requests run,
+//!   and `--read-lease 0`.
 //!
 //! Run from the repository root (no wrapper: the core crate depends on
 //! nothing that loom's cfg would change):
@@ -16,4 +23,6 @@
 
 mod eviction;
 mod harness;
+mod index;
 mod pages;
+mod time;

@@ -104,6 +104,19 @@ pub struct Args {
     /// after a random delay well inside the lease.
     #[arg(long, default_value_t = 8)]
     pub readers: usize,
+    /// The server is SIGKILLed and restarted on its data directory during
+    /// the load (perf/soak.sh --kill-every; eviction mode only). Every
+    /// request is retried as the engines' clients do: three retries, after
+    /// 0, 0.6 and 1.2 s, on a connection error or a 500 (not a typed one,
+    /// which is deterministic), 502, 503 or 504. Connection errors are then
+    /// counted, not violations.
+    #[arg(long)]
+    pub expect_restarts: bool,
+    /// Eviction mode: a save's write takes a random 0..=N ms between its
+    /// allocate and its confirm, as a 3FS write does, so that restarts fall
+    /// between the two (perf/soak.sh --kill-every passes 2000).
+    #[arg(long, default_value_t = 0)]
+    pub write_delay_ms: u64,
 }
 
 impl Args {
@@ -135,6 +148,14 @@ impl Args {
             if self.model_out.is_some() || self.reaudit.is_some() {
                 return Err("--eviction-check keeps no exact model: no --model-out or --reaudit".into());
             }
+            if self.write_delay_ms > 2000 {
+                return Err("--write-delay-ms must be at most 2000 (well inside the reservation TTL)".into());
+            }
+            if self.expect_restarts && self.server_pid.is_some() {
+                return Err("--expect-restarts: the server changes process; no --server-pid (no phase 2)".into());
+            }
+        } else if self.expect_restarts {
+            return Err("--expect-restarts needs --eviction-check (the exact model cannot span a crash)".into());
         }
         Ok(self.load_secs.unwrap_or(self.duration - RESERVE_SECS).clamp(5.0, MAX_DURATION))
     }

@@ -59,6 +59,10 @@ pub(crate) struct Counters {
     pub(crate) sent: [AtomicU64; KINDS.len()],
     pub(crate) answered: AtomicU64,
     pub(crate) conn_errors: AtomicU64,
+    /// With `--expect-restarts`: requests sent again after a connection
+    /// error or a retryable 5xx, and requests that failed every retry.
+    pub(crate) retries: AtomicU64,
+    pub(crate) gave_up: AtomicU64,
     /// Answers per second since the start, for the 10-second windows.
     pub(crate) per_sec: Vec<AtomicU64>,
     pub(crate) faults: Mutex<BTreeMap<&'static str, u64>>,
@@ -87,6 +91,8 @@ impl Counters {
             sent: Default::default(),
             answered: AtomicU64::new(0),
             conn_errors: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            gave_up: AtomicU64::new(0),
             per_sec: (0..secs).map(|_| AtomicU64::new(0)).collect(),
             faults: Mutex::default(),
             races: Mutex::default(),

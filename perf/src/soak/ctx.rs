@@ -135,10 +135,60 @@ pub(crate) enum Fail {
     Budget,
 }
 
+/// The engines' retry schedule (urllib3's `Retry(total=3,
+/// backoff_factor=0.3)` in both clients): the waits before the three retries.
+const RETRY_WAITS: [Duration; 3] = [Duration::ZERO, Duration::from_millis(600), Duration::from_millis(1200)];
+
+/// One request, sent through [`call_once`]; with `--expect-restarts`
+/// retried as the engines do ([`RETRY_WAITS`]) on a connection error or a
+/// retryable 5xx (500, 502, 503, 504, but not a typed 500: it is
+/// deterministic, and the retries would get the same answer).
+pub(crate) async fn call<'c>(
+    ctx: &Ctx,
+    link: &'c mut Link,
+    kind: Kind,
+    get: bool,
+    path: &str,
+    body: &Bytes,
+) -> Result<(u16, &'c [u8]), Fail> {
+    if !ctx.a.expect_restarts {
+        return call_once(ctx, link, kind, get, path, body).await;
+    }
+    let mut tries = RETRY_WAITS.iter();
+    loop {
+        // The status of a retryable answer; `None` after a connection error.
+        let retry = match call_once(ctx, link, kind, get, path, body).await {
+            Ok((status, resp)) => {
+                let retryable = match status {
+                    500 => super::wire::typed_error(resp).is_none(),
+                    502..=504 => true,
+                    _ => false,
+                };
+                if !retryable {
+                    return Ok((status, link.conn.last_body()));
+                }
+                Some(status)
+            }
+            Err(Fail::Conn) => None,
+            Err(Fail::Budget) => return Err(Fail::Budget),
+        };
+        let Some(wait) = tries.next() else {
+            ctx.c.gave_up.fetch_add(1, Ordering::Relaxed);
+            return match retry {
+                Some(status) => Ok((status, link.conn.last_body())),
+                None => Err(Fail::Conn),
+            };
+        };
+        ctx.c.retries.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(*wait).await; // the engines' backoff
+    }
+}
+
 /// One request with a timeout. Connection failures are counted here; a
 /// truncated answer (part of a response, then the connection ended) is a
-/// violation at any time, a missing one only during phase 1.
-pub(crate) async fn call<'c>(
+/// violation at any time, a missing one only during phase 1 (neither with
+/// `--expect-restarts`, where a SIGKILL cuts requests off).
+async fn call_once<'c>(
     ctx: &Ctx,
     link: &'c mut Link,
     kind: Kind,
@@ -179,7 +229,9 @@ pub(crate) async fn call<'c>(
         }
         Ok(Err(e)) => {
             ctx.c.conn_errors.fetch_add(1, Ordering::Relaxed);
-            if e.partial {
+            if ctx.a.expect_restarts {
+                // A SIGKILL cut the request off or the server is restarting.
+            } else if e.partial {
                 ctx.violation(format!("{path}: truncated answer: {e}"));
             } else if after_sigterm() {
                 ctx.after_sigterm_conn_errors.fetch_add(1, Ordering::Relaxed);

@@ -306,6 +306,8 @@ impl Replicator {
                 Visit::Generation(_) => {}
                 Visit::Rank { rank, num_pages } => codec::put_initialize(&mut buf, rank, num_pages),
                 Visit::Binding { rank, page, key, world } => codec::put_bind(&mut buf, rank, page, world, key.as_ref()),
+                Visit::Reserved { rank, page, tag } => codec::put_reserve(&mut buf, rank, page, tag),
+                Visit::Held { rank, page } => codec::put_hold(&mut buf, rank, page),
             }
             if buf.len() >= PART_BYTES {
                 let part = Msg::SnapshotPart { epoch, records: std::mem::take(&mut buf) };

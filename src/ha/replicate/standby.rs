@@ -23,7 +23,7 @@
 use super::ct_eq;
 use super::wire::Msg;
 use crate::core::Store;
-use crate::durable::codec::{self, Record};
+use crate::durable::codec::{self, Pending, Record};
 use crate::App;
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -315,11 +315,10 @@ impl Holds {
     /// Holds back, in `store`, every page still within its hold; returns
     /// how many were held.
     pub fn apply(&self, store: &Store) -> u64 {
-        let now = store.now();
         let mut held = 0;
         for (&rank, pages) in &self.until {
             for (page, &until) in pages.iter().enumerate() {
-                if until > now && store.hold_free_page(rank, page as u32, until) {
+                if until != 0 && store.hold_free_page(rank, page as u32, until) {
                     held += 1;
                 }
             }
@@ -335,7 +334,7 @@ pub fn apply(store: &Store, records: &[u8], holds: &mut Holds) -> Result<(), Str
 }
 
 fn apply_records(store: &Store, records: &[u8], holds: &mut Holds) -> Result<(), String> {
-    let until = store.now().saturating_add(store.config().read_lease.0).saturating_add(1);
+    let until = store.hold_deadline();
     let mut err = None;
     let mut hex = [0u8; codec::KEY_BUF];
     codec::decode_log(records, |r| {
@@ -351,6 +350,12 @@ fn apply_records(store: &Store, records: &[u8], holds: &mut Holds) -> Result<(),
                 if unbound {
                     holds.note(rank, page, store.rank_size(rank).unwrap_or(0), until);
                 }
+            }),
+            Record::Pending { rank, page, pending: Pending::Reserved(tag) } => store.replay_reserve(rank, page, tag),
+            // Held on the leader for a reader's lease: free here, held back
+            // if this node is promoted within that lease.
+            Record::Pending { rank, page, pending: Pending::Held } => store.replay_unbind(rank, page).map(|_| {
+                holds.note(rank, page, store.rank_size(rank).unwrap_or(0), until);
             }),
         };
         err = done.err();

@@ -306,29 +306,6 @@ struct Cursor<'b> {
     at: usize,
 }
 
-/// One in each byte of a word.
-const ONES: u64 = 0x0101_0101_0101_0101;
-/// The high bit of each byte of a word.
-const HIGH: u64 = 0x8080_8080_8080_8080;
-
-/// The bytes of `w` that end or spoil a plain string (`"`, `\`, a control
-/// character, a non-ASCII byte), as the high bit of each. The lowest flag is
-/// exact; flags above it may be spurious (borrows of the subtractions), so
-/// only the lowest is used.
-fn specials(w: u64) -> u64 {
-    let quote = w ^ (ONES * u64::from(b'"'));
-    let backslash = w ^ (ONES * u64::from(b'\\'));
-    let is_quote = quote.wrapping_sub(ONES) & !quote;
-    let is_backslash = backslash.wrapping_sub(ONES) & !backslash;
-    let is_control = w.wrapping_sub(ONES * 0x20) & !w;
-    (is_quote | is_backslash | is_control | w) & HIGH
-}
-
-/// A byte that may appear in a plain string.
-fn plain(c: u8) -> bool {
-    (0x20..0x80).contains(&c) && c != b'"' && c != b'\\'
-}
-
 impl Cursor<'_> {
     /// Skips JSON whitespace.
     fn ws(&mut self) {
@@ -369,30 +346,8 @@ impl Cursor<'_> {
             self.at = start + 1;
             return Some((start, start));
         }
-        let mut i = start;
-        // 32 bytes at a time (a vLLM key in one step), then 8, then 1.
-        while let Some(block) = self.b.get(i..).and_then(<[u8]>::first_chunk::<32>) {
-            let word = |k: usize| block.get(k..k + 8).and_then(|w| w.try_into().ok()).map_or(HIGH, u64::from_le_bytes);
-            if specials(word(0)) | specials(word(8)) | specials(word(16)) | specials(word(24)) != 0 {
-                break;
-            }
-            i += 32;
-            if self.b.get(i) == Some(&b'"') {
-                self.at = i + 1;
-                return Some((start, i));
-            }
-        }
-        while let Some(word) = self.b.get(i..).and_then(<[u8]>::first_chunk::<8>) {
-            let flags = specials(u64::from_le_bytes(*word));
-            if flags != 0 {
-                i += (flags.trailing_zeros() / 8) as usize;
-                break;
-            }
-            i += 8;
-        }
-        while self.b.get(i).is_some_and(|&c| plain(c)) {
-            i += 1;
-        }
+        // 32 bytes at a time on x86-64 (plain.rs): a vLLM key in one step.
+        let i = start + super::plain::run(self.b.get(start..)?);
         if self.b.get(i) != Some(&b'"') {
             return None;
         }

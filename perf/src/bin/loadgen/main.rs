@@ -662,7 +662,7 @@ fn build_pool(a: &Args) -> Vec<Bytes> {
             .map(|_| {
                 let keys: Vec<SgKey> = (0..a.batch)
                     .map(|_| {
-                        if a.stored > 0 && rng.gen::<f64>() < a.hit_ratio {
+                        if a.stored > 0 && rng.r#gen::<f64>() < a.hit_ratio {
                             sglang::stored(rng.gen_range(0..a.stored))
                         } else {
                             sglang::random_key(&mut rng)
@@ -682,7 +682,7 @@ fn build_pool(a: &Args) -> Vec<Bytes> {
         .map(|_| {
             let keys: Vec<Key> = (0..a.batch)
                 .map(|_| {
-                    if a.stored > 0 && rng.gen::<f64>() < a.hit_ratio {
+                    if a.stored > 0 && rng.r#gen::<f64>() < a.hit_ratio {
                         stored_key(rng.gen_range(0..a.stored))
                     } else {
                         random_key(&mut rng)

@@ -22,6 +22,14 @@
 //! after the load checks that no page is the location of two keys and that
 //! no key exists while missing a rank. No fault injector runs, and no exact
 //! model is kept (eviction makes bindings vanish on their own).
+//!
+//! Every location is also checked on its own ([`sim::SimPages::locate`]): a
+//! key located at a page whose last write, landed before the request was
+//! sent, was another key's is a wrong page. With `--expect-restarts` the
+//! server is SIGKILLed and restarted on its data directory during the load
+//! (`perf/soak.sh --kill-every`): requests are retried as the engines do
+//! (`ctx::call`), and saves may take `--write-delay-ms` between allocate and
+//! confirm, so that restarts fall between the two.
 
 mod sim;
 mod tasks;
@@ -114,7 +122,7 @@ pub(crate) async fn run(ctx: Arc<Ctx>, load_secs: f64) -> Result<i32, String> {
             "the cache stopped caching: in the last third of the load {refused_last} keys were refused (-1) and no new page was stored"
         ));
     }
-    let audit = audit(&ctx).await;
+    let audit = audit(&ctx, &ev).await;
     let violations_at_audit = ctx.c.violations.load(Ordering::Relaxed);
     let term = match ctx.a.server_pid {
         Some(pid) => Some(sigterm::sigterm_phase(&ctx, pid, |until| spawn_load(&ctx, &ev, until, 1000)).await),
@@ -123,16 +131,17 @@ pub(crate) async fn run(ctx: Arc<Ctx>, load_secs: f64) -> Result<i32, String> {
     let s =
         Summary { ctx: &ctx, load, audit, violations_at_audit, term, total_secs: ctx.start.elapsed().as_secs_f64() };
     let mut json = s.json();
-    json["eviction"] = report_json(&ev, &evicted, thirds);
+    json["eviction"] = report_json(&ctx, &ev, &evicted, thirds);
     finish(&ctx, &text(&s, &ev, &evicted, thirds), &json)
 }
 
 /// After the load, once every reservation expired: for every key of the
 /// universe, its location on every rank (in range, no page the location of
-/// two keys), then `batch_exists`. Nothing binds after the load and
-/// eviction only unbinds, so a key that exists must have been located on
-/// every rank just before: else a reader saw a half-evicted key.
-async fn audit(ctx: &Ctx) -> AuditReport {
+/// two keys, and a page whose last write was the key's own: no wrong page),
+/// then `batch_exists`. Nothing binds after the load and eviction only
+/// unbinds, so a key that exists must have been located on every rank just
+/// before: else a reader saw a half-evicted key.
+async fn audit(ctx: &Ctx, ev: &Evict) -> AuditReport {
     let (mut run, stats) = AuditRun::begin(ctx).await;
     let Some(stats) = stats else { return run.rep };
     let (rep, link) = (&mut run.rep, &mut run.link);
@@ -142,10 +151,12 @@ async fn audit(ctx: &Ctx) -> AuditReport {
         let mut located = vec![0usize; chunk.len()];
         let mut all_read = true;
         for (r, seen) in seen.iter_mut().enumerate() {
+            let sent = Instant::now();
             let Some(locs) = locations_answer(ctx, link, Kind::Audit, r, chunk).await else {
                 all_read = false;
                 continue;
             };
+            wrong_pages_at_audit(ctx, ev, r, chunk, &locs, sent);
             rep.locations_checked += check_unique(ctx, r, i64::from(ctx.a.pages), chunk, &locs, seen);
             for (n, l) in located.iter_mut().zip(&locs) {
                 *n += usize::from(l.is_some());
@@ -164,6 +175,23 @@ async fn audit(ctx: &Ctx) -> AuditReport {
         rep.keys_checked += chunk.len() as u64;
     }
     run.end(ctx)
+}
+
+/// The audit's check of every location against the simulated pages
+/// ([`sim::SimPages::locate`]): no writer writes after the load, so every
+/// key located must be at a page whose last write was its own.
+fn wrong_pages_at_audit(ctx: &Ctx, ev: &Evict, rank: usize, keys: &[Key], locs: &[Option<i64>], sent: Instant) {
+    for (k, loc) in keys.iter().zip(locs) {
+        let Some(p) = loc.filter(|&p| ev.sim.in_range(p)) else { continue };
+        if let Some(by) = ev.sim.locate(rank, p as u32, *k, sent) {
+            ev.t.wrong_pages_audit.fetch_add(1, Ordering::Relaxed);
+            ctx.violation(format!(
+                "audit: rank {rank}: {} is located at page {p}, whose bytes a save of {} wrote last: a wrong page",
+                key_str(k),
+                key_str(&by)
+            ));
+        }
+    }
 }
 
 fn n(a: &AtomicU64) -> u64 {
@@ -201,9 +229,11 @@ fn text(s: &Summary<'_>, ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f
     let _ = writeln!(o, "per second, by third of the load: new pages stored / keys refused: {}", th.join(", "));
     let _ = writeln!(
         o,
-        "reads: {} lookups ({} with an empty leading run); {} pages read: {} held their key, {} MISMATCHES, {} late (after the lease, unchecked), {} overwritten by a save already in flight when the lease began (not provable), {} never written",
+        "reads: {} lookups ({} with an empty leading run); {} WRONG PAGES located ({} more at the audit); {} pages read: {} held their key, {} MISMATCHES, {} late (after the lease, unchecked), {} overwritten by a save already in flight when the lease began (not provable), {} never written",
         n(&t.lookups),
         n(&t.empty_lookups),
+        n(&t.wrong_pages),
+        n(&t.wrong_pages_audit),
         n(&t.reads),
         n(&t.reads_same),
         n(&t.mismatches),
@@ -213,13 +243,23 @@ fn text(s: &Summary<'_>, ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f
     );
     let _ = writeln!(
         o,
-        "leading-run keys gone before get_locations: {} released by a write failure, {} after the lease, {} UNDER THE LEASE; leased pages handed to another key: {}; pages out of range: {}",
+        "leading-run keys gone before get_locations: {} released by a write failure, {} after the lease, {} across a restart, {} UNDER THE LEASE; leased pages handed to another key: {}; pages out of range: {}",
         n(&t.gone_released),
         n(&t.gone_late),
+        n(&t.gone_restart),
         n(&t.gone_under_lease),
         n(&t.handouts_within_lease),
         n(&t.out_of_range)
     );
+    if ctx.a.expect_restarts {
+        let _ = writeln!(
+            o,
+            "restarts: requests retried as the engines do {} times, {} failed every retry; {} connection errors",
+            n(&ctx.c.retries),
+            n(&ctx.c.gave_up),
+            n(&ctx.c.conn_errors)
+        );
+    }
     if evicted.present() {
         let by = list(evicted.by_reason.iter().map(|(k, v)| (k.clone(), *v)), " ");
         let pages = evicted.pages.map_or("n/a".into(), |p| p.to_string());
@@ -243,9 +283,14 @@ fn text(s: &Summary<'_>, ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f
 }
 
 /// The eviction figures of the JSON summary.
-fn report_json(ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f64); 3]) -> serde_json::Value {
+fn report_json(ctx: &Ctx, ev: &Evict, evicted: &EvictionMetrics, thirds: [(f64, f64); 3]) -> serde_json::Value {
     let t = &ev.t;
     json!({
+        "wrong_pages": n(&t.wrong_pages),
+        "wrong_pages_at_audit": n(&t.wrong_pages_audit),
+        "gone_restart": n(&t.gone_restart),
+        "retries": n(&ctx.c.retries),
+        "gave_up": n(&ctx.c.gave_up),
         "read_lease": ev.lease.as_secs_f64(),
         "saves": n(&t.saves),
         "keys_allocated": n(&t.keys_allocated),

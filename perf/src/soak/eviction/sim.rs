@@ -20,6 +20,16 @@
 //! page written late, or a reservation that outlived its TTL): it is counted
 //! apart. A read later than `sent + lease` checks nothing.
 //!
+//! A location is checked on its own too ([`SimPages::locate`]): a key's
+//! writer writes before it confirms, and a key is located only once
+//! confirmed, so if the last write of the page landed before the
+//! `get_locations` was sent and was another key's, the server bound the key
+//! to bytes another writer wrote (a late confirm of a page handed out again,
+//! or a page handed out while bound): a wrong page, whatever the lease. The
+//! only history that excuses it is a writer that wrote after its own
+//! reservation had expired, which the soak's writers, writing at once, do
+//! not do.
+//!
 //! One std `Mutex` per rank guards its slots: held only to read or write a
 //! slot, never across an await.
 
@@ -33,6 +43,9 @@ use crate::keys::Key;
 struct Write {
     key: Key,
     sent: Instant,
+    /// When it landed: no earlier than its allocate was answered, nor than
+    /// it was recorded.
+    at: Instant,
 }
 
 /// The newest read lease a reader registered on a page.
@@ -120,8 +133,17 @@ impl SimPages {
             }
             _ => Handout::Fine,
         };
-        let before = slot.write.replace(Write { key, sent }).map(|w| w.key);
+        let at = answered.max(Instant::now());
+        let before = slot.write.replace(Write { key, sent, at }).map(|w| w.key);
         (before, check)
+    }
+
+    /// A reader was told `key` is at `page` on `rank` by a get_locations
+    /// sent at `sent`: the key whose bytes the page certainly held then, when
+    /// it is another key (a wrong page, see the module doc).
+    pub(crate) fn locate(&self, rank: usize, page: u32, key: Key, sent: Instant) -> Option<Key> {
+        let slots = self.ranks[rank].lock().unwrap();
+        slots[page as usize].write.filter(|w| w.key != key && w.at < sent).map(|w| w.key)
     }
 
     /// A reader was told `key` is at `page` on `rank` by a get_locations sent
@@ -246,6 +268,24 @@ mod tests {
         let (_, h) = sim.write(0, 1, k2, ms(t0, 4000), ms(t0, 4001));
         assert!(matches!(h, Handout::WithinLease { holder, .. } if holder == k1));
         assert!(sim.in_range(7) && !sim.in_range(8) && !sim.in_range(-1));
+    }
+
+    #[test]
+    fn a_location_of_another_writers_bytes_is_a_wrong_page() {
+        let t0 = Instant::now();
+        let sim = SimPages::new(1, 8, L);
+        let (k1, k2) = (hex_key(0, 1), hex_key(0, 2));
+        sim.write(0, 2, k1, t0, ms(t0, 1000));
+        // k1 located at its own page: fine.
+        assert_eq!(sim.locate(0, 2, k1, ms(t0, 1100)), None);
+        // k2's writer was handed page 2 and wrote it at 1.2 s.
+        sim.write(0, 2, k2, ms(t0, 1150), ms(t0, 1200));
+        // A location of k1 there sent after that write: wrong page.
+        assert_eq!(sim.locate(0, 2, k1, ms(t0, 1300)), Some(k2));
+        // One sent before the write landed proves nothing.
+        assert_eq!(sim.locate(0, 2, k1, ms(t0, 1190)), None);
+        // A page never written is the read's `NeverWritten`, not this check.
+        assert_eq!(sim.locate(0, 3, k1, ms(t0, 1300)), None);
     }
 
     #[test]

@@ -65,11 +65,20 @@ pub(crate) struct Tallies {
     pub(crate) reads_same: AtomicU64,
     pub(crate) reads_late: AtomicU64,
     pub(crate) mismatches: AtomicU64,
+    /// Keys located at a page whose last write, before the location was
+    /// asked, was another key's (`SimPages::locate`).
+    pub(crate) wrong_pages: AtomicU64,
+    /// The same, found by the audit after the load (every key, every rank).
+    pub(crate) wrong_pages_audit: AtomicU64,
     pub(crate) overlaps: AtomicU64,
     pub(crate) never_written: AtomicU64,
     pub(crate) gone_released: AtomicU64,
     pub(crate) gone_late: AtomicU64,
     pub(crate) gone_under_lease: AtomicU64,
+    /// Leading-run keys gone while a request of the soak met a connection
+    /// error (`--expect-restarts`: the server may have restarted, and an
+    /// exists may have seen a confirm that was not yet durable).
+    pub(crate) gone_restart: AtomicU64,
     pub(crate) out_of_range: AtomicU64,
 }
 
@@ -183,6 +192,10 @@ async fn save(ctx: &Ctx, ev: &Evict, link: &mut Link, rng: &mut SmallRng, rank: 
             ));
         }
     }
+    if ctx.a.write_delay_ms > 0 {
+        // The write takes a while: a restart may fall before the confirm.
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(0..=ctx.a.write_delay_ms))).await;
+    }
     if rng.gen_bool(ctx.a.fail_prob) {
         // The write failed: release every page of the batch. The keys whose
         // pages these are may lose their binding at once.
@@ -248,6 +261,7 @@ async fn read_once(
     delay: &impl Fn(&mut SmallRng) -> Duration,
 ) {
     let keys = ctx.u.batch(rng);
+    let conn_errors = ctx.c.conn_errors.load(Ordering::Relaxed);
     let exists_sent = Instant::now();
     let Some(hits) = exists_answer(ctx, link, Kind::Exists, &keys).await else { return };
     add(&ev.t.lookups, 1);
@@ -265,6 +279,14 @@ async fn read_once(
     for (k, loc) in keys.iter().zip(locs) {
         match loc {
             Some(p) if ev.sim.in_range(p) => {
+                if let Some(by) = ev.sim.locate(rank, p as u32, *k, sent) {
+                    add(&ev.t.wrong_pages, 1);
+                    ctx.violation(format!(
+                        "rank {rank}: get_locations put {} at page {p}, whose bytes a save of {} wrote before the request was sent: a wrong page",
+                        key_str(k),
+                        key_str(&by)
+                    ));
+                }
                 ev.sim.lease(rank, p as u32, *k, sent, answered);
                 located.push((*k, p as u32));
             }
@@ -272,6 +294,7 @@ async fn read_once(
                 add(&ev.t.out_of_range, 1);
                 ctx.violation(format!("get_locations rank {rank}: {} at page {p}, out of range", key_str(k)));
             }
+            None if ctx.c.conn_errors.load(Ordering::Relaxed) != conn_errors => add(&ev.t.gone_restart, 1),
             None => match gone(ev.lease, exists_sent, answered, ev.releases.since(k, exists_sent)) {
                 Gone::Late => add(&ev.t.gone_late, 1),
                 Gone::Released => add(&ev.t.gone_released, 1),

@@ -105,7 +105,7 @@ pub(super) async fn injector(ctx: Arc<Ctx>, until: Instant) {
 /// Garbage bytes as a body (never starting with '{' or whitespace, so never an object).
 async fn garbage_bytes(ctx: &Ctx, link: &mut Link, rng: &mut SmallRng) {
     let n = rng.gen_range(1..512);
-    let mut b: Vec<u8> = (0..n).map(|_| rng.gen()).collect();
+    let mut b: Vec<u8> = (0..n).map(|_| rng.r#gen()).collect();
     if matches!(b[0], b'{' | b' ' | b'\t' | b'\r' | b'\n') {
         b[0] = 0xff;
     }
@@ -137,7 +137,7 @@ async fn bad_path_or_method(ctx: &Ctx, link: &mut Link, rng: &mut SmallRng) {
 async fn garbage_http_or_oversized(ctx: &Ctx, rng: &mut SmallRng) {
     if rng.gen_bool(0.5) {
         let mut b: Vec<u8> = b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03".to_vec();
-        b.extend((0..200).map(|_| rng.gen::<u8>()));
+        b.extend((0..200).map(|_| rng.r#gen::<u8>()));
         b.extend_from_slice(b"\r\n\r\n");
         if let Some(out) = send_and_read(ctx, &b, 1 << 16).await {
             if !out.is_empty() && !out.starts_with(b"HTTP/1.1 4") {
