@@ -218,8 +218,9 @@ impl Store {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use crate::sync::Mutex;
     use crate::{Change, Journal, KeyRef, LeaseLength, Store, StoreConfig};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     const A: &str = "0123456789abcdef0123456789abcdef";
     const B: &str = "fedcba9876543210fedcba9876543210";
