@@ -65,6 +65,17 @@ pub enum Command {
     /// request sequences and report latency, throughput, hits and evictions
     /// (docs/bench.md).
     Bench(Box<crate::bench::BenchArgs>),
+    /// Print what a data directory holds: ranks and SGLang spaces, pages by
+    /// state, keys, reservations and held pages, journal and checkpoint
+    /// positions. Read-only: refuses (exit 2) while a server holds the
+    /// directory, and opens a copy of it, never the directory itself
+    /// (docs/operations.md).
+    Inspect(crate::tools::DirArgs),
+    /// Check every invariant of a data directory's recovered state (no page
+    /// bound twice, back-references agree with keys, complete keys
+    /// complete): exit 0 when sound, 1 on a violation, 2 when it cannot
+    /// look (in use by a server, missing). Opens a copy, like inspect.
+    Verify(crate::tools::DirArgs),
 }
 
 /// hf3fs-meta: lock-free metadata server for vLLM's HF3FS KV-cache connector.
@@ -268,6 +279,7 @@ impl Config {
     }
 
     /// A configuration with every default, for tests: `Config::parse_from`.
+    #[cfg(any(test, feature = "testing"))]
     pub fn for_tests() -> Self {
         Config::parse_from(["hf3fs-meta", "--host", "127.0.0.1", "--port", "0"])
     }

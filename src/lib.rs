@@ -15,6 +15,8 @@
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
 //! - [`bench`](mod@bench): `hf3fs-meta bench`, a load generator of a cluster's shape
 //!   that speaks to any server over the public routes only.
+//! - [`tools`]: `hf3fs-meta inspect` and `hf3fs-meta verify`, offline tools
+//!   on a copy of a data directory.
 //! - [`test_clock`]: the hidden `--test-clock`, time moved by tests.
 //!
 //! Invariants that hold across the crate:
@@ -38,6 +40,7 @@ pub mod maintain;
 pub mod metrics;
 pub mod routes;
 pub mod test_clock;
+pub mod tools;
 
 use crate::config::{Config, LogFormat};
 use crate::core::{Dialect, Registry, Spaces, SpacesConfig, Store, StoreConfig};

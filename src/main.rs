@@ -127,6 +127,8 @@ fn main() -> ExitCode {
 fn run_command(command: Command) -> ExitCode {
     match command {
         Command::Bench(args) => hf3fs_meta::bench::main(*args),
+        Command::Inspect(args) => hf3fs_meta::tools::inspect::main(args),
+        Command::Verify(args) => hf3fs_meta::tools::verify::main(args),
     }
 }
 

@@ -728,6 +728,16 @@ impl Store {
             if n == 0 && err.is_none() {
                 err = Some(format!("key {k} has no binding"));
             }
+            // Complete keys complete: `complete()` reads the count of bound
+            // ranks, which must be the bindings the key holds.
+            if n != e.bound() && err.is_none() {
+                err = Some(format!(
+                    "key {k} counts {} bound ranks (complete: {}, world {}) but holds {n} bindings",
+                    e.bound(),
+                    e.complete(),
+                    e.world()
+                ));
+            }
         });
         if let Some(e) = err {
             return Err(e);

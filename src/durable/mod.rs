@@ -90,6 +90,10 @@ use std::time::{Duration, Instant};
 /// restart it, and the restart recovers from the disk.
 pub const EXIT_FATAL: u8 = 75;
 
+/// The file of a data directory (and of its `sglang` subdirectory) that a
+/// server holds an exclusive lock on (`flock`) while it runs.
+pub const LOCK_FILE: &str = "LOCK";
+
 /// What [`Durable::open`] opens: the fsync mode, the configuration of the
 /// store it rebuilds, and how the background threads run.
 #[derive(Clone)]
@@ -100,7 +104,7 @@ pub struct Options {
     pub store: StoreConfig,
     /// How often the checkpointer folds the log, probes the disk and checks
     /// for stalls (`None`: only on a nudge, an explicit
-    /// [`Durable::checkpoint`] or [`Durable::check_now`], or at close).
+    /// [`Durable::checkpoint`] or `Durable::check_now` (tests), or at close).
     pub checkpoint_every: Option<Duration>,
     /// The first wait before a degraded store tries to recover; it doubles
     /// after each failed attempt, up to [`writer::RETRY_MAX`] (`None`:
@@ -153,6 +157,11 @@ pub struct Recovered {
     pub log_entries: usize,
     /// Log records replayed over the checkpointed state.
     pub log_records: u64,
+    /// The numbers of the log entries replayed (the log tail the next
+    /// checkpoint folds): everything numbered before them is in the
+    /// checkpointed state; the next batch written is numbered `end`. Empty
+    /// when the log was (a clean close folds it all).
+    pub log_range: std::ops::Range<u64>,
     /// State chunks read.
     pub chunks: u64,
     /// What opening the embedded store found (a dropped tail, stale partitions).
@@ -271,6 +280,11 @@ impl Durable {
             keys,
             log_entries: restored.log_entries,
             log_records: restored.log_records,
+            log_range: if restored.log_entries == 0 {
+                next_entry..next_entry
+            } else {
+                restored.first_entry..next_entry
+            },
             chunks: restored.chunks,
             report,
             elapsed: start.elapsed(),
@@ -319,6 +333,7 @@ impl Durable {
     }
 
     /// Blocking [`Durable::sync`] with a deadline (tests, benchmarks).
+    #[cfg(any(test, feature = "testing"))]
     pub fn sync_blocking(&self, timeout: Duration) -> Result<(), WaitError> {
         self.shared.progress.wait_blocking(self.head(), timeout)
     }
@@ -341,7 +356,7 @@ impl Durable {
 
     /// Probes the disk and the stall watch now (the checkpointer does it
     /// every tick); returns the health after that. For tests.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn check_now(&self) -> Health {
         if let Some(f) = self.shared.watch.judge(Instant::now()) {
             self.shared.fail(f);
@@ -414,7 +429,7 @@ impl Durable {
     /// [`Durable::close`] without the last checkpoint: what is on disk is
     /// then what a crash right after the last write would leave (the log
     /// tail not yet folded). For recovery tests.
-    #[doc(hidden)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn close_without_checkpoint(&self) -> Result<(), WaitError> {
         self.stop(false)
     }
@@ -473,7 +488,7 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, OpenError> {
     let io = |e: std::io::Error| OpenError::Io(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(io)?;
     let file =
-        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join("LOCK")).map_err(io)?;
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(LOCK_FILE)).map_err(io)?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(OpenError::Io(format!(

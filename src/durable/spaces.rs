@@ -31,13 +31,24 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub const SUBDIR: &str = "sglang";
 const CATALOG: &str = "spaces";
 
-/// One line of the catalog.
+/// One line of the catalog: what names space `id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
-    id: u32,
-    rank: u32,
-    num_pages: u32,
-    namespace: String,
+pub struct Entry {
+    /// The space's number (its rank in the spaces' durable store).
+    pub id: u32,
+    /// SGLang's rank.
+    pub rank: u32,
+    /// The size it was created with.
+    pub num_pages: u32,
+    /// SGLang's namespace.
+    pub namespace: String,
+}
+
+/// The catalog of the data directory `dir` (its `sglang/spaces`), in id
+/// order, without a torn last line; empty when there is none. Read only
+/// (`hf3fs-meta inspect` names the spaces by it).
+pub fn catalog(dir: &Path) -> Result<Vec<Entry>, OpenError> {
+    read(&dir.join(SUBDIR).join(CATALOG))
 }
 
 fn hex(s: &str) -> String {

@@ -149,7 +149,7 @@ async fn uninitialized_rank(ctx: &Ctx, link: &mut Link, rng: &mut SmallRng) {
 }
 
 /// On the spare rank: release and confirm of free pages, or a reserve →
-/// failed request naming it → confirm by another key → release.
+/// failed request naming it → another key's confirm refused (reserved_for_other_key) → its own key's confirm → release.
 async fn spare_rank_probe(ctx: &Ctx, link: &mut Link, rng: &mut SmallRng) {
     let r = SPARE;
     let q = rng.gen_range(0..SPARE_PAGES);
@@ -167,9 +167,11 @@ async fn spare_rank_probe(ctx: &Ctx, link: &mut Link, rng: &mut SmallRng) {
             ctx.c.fault("typed500_confirm_unallocated");
         }
         _ => {
-            // Reserve P; a request that confirms P but releases a free page
-            // fails; P must still be reserved and unbound: another key can
-            // confirm it (204), and then release it (204).
+            // Reserve P for kf; a request that confirms P but releases a free
+            // page fails; P must still be reserved for kf and unbound: another
+            // key's confirm is refused (reserved_for_other_key, issue 20) and
+            // changes nothing, kf's confirm binds it (204), and its release
+            // frees it (204).
             let started = Instant::now();
             let Some(pages) = allocate(ctx, link, Kind::Fault, r, &[kf]).await else { return };
             let Some(&p) = pages.first().filter(|&&p| p >= 0) else {
@@ -181,15 +183,23 @@ async fn spare_rank_probe(ctx: &Ctx, link: &mut Link, rng: &mut SmallRng) {
             let body = confirm_body(r, &[(kf, p)], &[q]);
             expect_typed(ctx, link, r, &body, "release_unallocated", Some(i64::from(q))).await;
             verify(ctx, link, r, &[kf]).await;
-            let confirm_ok = mutate(ctx, link, r, &[(kg, p)], &[]).await;
+            let other = mutate(ctx, link, r, &[(kg, p)], &[]).await;
+            let own = mutate(ctx, link, r, &[(kf, p)], &[]).await;
+            // The reservation may have expired meanwhile: then the page is
+            // free, and both confirms are refused as unallocated.
             let expired = started.elapsed() >= Duration::from_secs(ctx.ttl);
-            match confirm_ok {
-                Mutation::Applied => {
+            match (other, own) {
+                (Mutation::Refused, Mutation::Applied) => {
                     mutate(ctx, link, r, &[], &[p]).await;
                 }
-                _ if expired => {} // the reservation may have expired meanwhile
+                (Mutation::Failed, _) | (_, Mutation::Failed) => {}
+                _ if expired => {}
+                (Mutation::Applied, _) => {
+                    ctx.violation(format!("spare rank: page {p}, reserved for one key, was bound to another"));
+                    mutate(ctx, link, r, &[], &[p]).await;
+                }
                 _ => ctx.violation(format!(
-                    "spare rank: page {p} was not confirmable after a failed request named it (state changed)"
+                    "spare rank: page {p} was not confirmable by its own key after a failed request named it (state changed)"
                 )),
             }
             ctx.c.fault("typed500_atomicity_probe");

@@ -213,6 +213,9 @@ impl Tracker {
                 confirmed_key.is_some() && (uncertain || held || owner.is_some_and(|o| Some(o) != confirmed_key))
             }
             "release_unallocated" => released && (owner.is_none() || uncertain),
+            // A reserved page records its key: a confirm naming another key
+            // is refused while the page is not bound (issue 20).
+            "reserved_for_other_key" => confirmed_key.is_some() && (owner.is_none() || uncertain),
             _ => false,
         };
         if ok && err.rank == Some(rank as i64) {
