@@ -332,8 +332,9 @@ impl Durable {
         self.shared.store.clone()
     }
 
-    /// Blocking [`Durable::sync`] with a deadline (tests, benchmarks).
-    #[cfg(any(test, feature = "testing"))]
+    /// Blocking wait, with a deadline, until everything recorded so far is
+    /// durable here (no replication wait): a standby's acknowledgement of
+    /// what it applied (`crate::ha::replicate::standby`), tests, benchmarks.
     pub fn sync_blocking(&self, timeout: Duration) -> Result<(), WaitError> {
         self.shared.progress.wait_blocking(self.head(), timeout)
     }

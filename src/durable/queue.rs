@@ -368,7 +368,6 @@ impl Progress {
     }
 
     /// Blocking [`Progress::wait`], with a deadline.
-    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn wait_blocking(&self, target: u64, timeout: Duration) -> Result<(), WaitError> {
         let deadline = Instant::now() + timeout;
         let mut guard = self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
