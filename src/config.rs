@@ -225,6 +225,10 @@ pub struct Config {
     /// eviction; see `src/test_clock.rs`). Hidden from --help.
     #[arg(long, env = "HF3FS_META_TEST_CLOCK", hide = true)]
     pub test_clock: bool,
+
+    /// Replication to the synchronous standby (with `--ha etcd`).
+    #[command(flatten)]
+    pub replication: crate::ha::replicate::ReplicationArgs,
 }
 
 impl Config {

@@ -106,7 +106,7 @@ fn main() -> ExitCode {
             "hf3fs-meta {} listening",
             env!("CARGO_PKG_VERSION")
         );
-        let shutdown = match start_election(&app) {
+        let shutdown = match start_election(&app).await {
             Ok(election) => with_step_down(shutdown, election),
             Err(e) => {
                 tracing::error!("cannot start the election: {e}");
@@ -146,18 +146,31 @@ fn app_with_ha(app: App, token: Box<[u8]>, bound: Option<std::net::SocketAddr>) 
 
 /// Starts the election with `--ha etcd` (after binding: a leader must be
 /// reachable at its advertised address).
-fn start_election(app: &Arc<App>) -> Result<Option<Arc<ha::Election>>, String> {
+async fn start_election(app: &Arc<App>) -> Result<Option<Arc<ha::Election>>, String> {
     let Some(node) = &app.ha else { return Ok(None) };
     let h = &app.cfg.ha;
     let ttl = h.etcd.ttl();
     let etcd =
         h.etcd.client((ttl / 4).clamp(std::time::Duration::from_millis(100), std::time::Duration::from_secs(2)))?;
-    let promotion = Arc::new(ha::WithoutReplication { unsafe_accept_all: h.ha_promote_without_state });
+    tracing::info!(node = %node.id, url = %node.url, cluster = %h.etcd.ha_cluster, ttl_s = ttl.as_secs(), "HA on etcd: following");
     if h.ha_promote_without_state {
         tracing::warn!("--ha-promote-without-state: a standby is promoted with whatever state it has (tests only)");
+        let promotion = Arc::new(ha::WithoutReplication { unsafe_accept_all: true });
+        return Ok(Some(ha::Election::start(app.clone(), etcd, h.etcd.keys(), promotion)));
     }
-    tracing::info!(node = %node.id, url = %node.url, cluster = %h.etcd.ha_cluster, ttl_s = ttl.as_secs(), "HA on etcd: following");
-    Ok(Some(ha::Election::start(app.clone(), etcd, h.etcd.keys(), promotion)))
+    if app.durable.is_none() {
+        tracing::warn!(
+            "--ha etcd without --data-dir: nothing is replicated, so only the first leader of the cluster ever serves \
+             (a later one would have no state); give every node --data-dir to replicate to a synchronous standby"
+        );
+        let promotion = Arc::new(ha::WithoutReplication { unsafe_accept_all: false });
+        return Ok(Some(ha::Election::start(app.clone(), etcd, h.etcd.keys(), promotion)));
+    }
+    // Replication: the journal streams to the synchronous standby.
+    let replicated = ha::replicate::start(app, &etcd, &h.etcd.keys()).await?;
+    let election = ha::Election::start(app.clone(), etcd, h.etcd.keys(), replicated.clone());
+    replicated.bind(&election);
+    Ok(Some(election))
 }
 
 /// `shutdown`, then (with HA) a planned hand-over before the drain.

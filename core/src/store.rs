@@ -32,6 +32,7 @@ mod allocate;
 mod confirm;
 mod delete;
 mod evict;
+mod replay;
 mod snapshot;
 
 use super::sync::{Mutex, OnceLock, PoisonError};
@@ -340,6 +341,17 @@ impl Store {
         let until = lease::after(self.clock.now(), self.cfg.read_lease.0.saturating_add(1));
         // Relaxed: a threshold read by the evictor and by releases; nothing
         // hangs off it.
+        self.evict_not_before.store(until, Ordering::Relaxed);
+    }
+
+    /// Holds eviction off until [`Store::hold_eviction_for_a_lease`] is
+    /// called (2^26 ticks at most): a synchronous standby evicts nothing of
+    /// its own, its leader's evictions reach it as unbinds, and its
+    /// promotion holds eviction for one lease, after which it evicts again.
+    pub fn suspend_eviction(&self) {
+        // 2^26 ticks: live on the clock's ring (within its horizon, 2^27).
+        let until = lease::after(self.clock.now(), 1 << 26);
+        // Relaxed: a threshold read by the evictor; nothing hangs off it.
         self.evict_not_before.store(until, Ordering::Relaxed);
     }
 

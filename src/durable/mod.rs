@@ -27,6 +27,8 @@
 //! - [`error`]: [`OpenError`], the failure classes, and the guard that turns
 //!   a panic of the embedded store into an error.
 //! - [`faults`]: fault injection at the store boundary, for tests.
+//! - [`tap`]: what the writer hands to the replication layer (`--ha`), and
+//!   the standby acknowledgement a request's wait includes.
 //!
 //! This file is the facade: it opens and closes the pieces and holds the
 //! handle. The pieces import each other's leaves (`codec`, `fold`,
@@ -62,6 +64,7 @@ pub mod snapshot;
 pub mod spaces;
 pub mod store;
 pub mod syncer;
+pub mod tap;
 pub mod writer;
 
 pub use dialects::Durability;
@@ -249,6 +252,7 @@ impl Durable {
             writer: tx.clone(),
             store: source,
             retiring: Mutex::new(Vec::new()),
+            replication: std::sync::OnceLock::new(),
             // The log tail recovery replayed: the first pass folds it.
             dirty: Mutex::new(shared::Dirty {
                 chunks: restored.tail_chunks.iter().copied().collect(),
@@ -298,12 +302,39 @@ impl Durable {
     /// Waits until everything recorded so far is durable. Call it after the
     /// store call whose effects must be durable has returned. Fails at once
     /// while the store is degraded.
+    ///
+    /// With a [`tap::Replication`] attached ([`Durable::attach`]), it then
+    /// waits for the same position to be acknowledged by the synchronous
+    /// standby (or for the replication mode to allow answering without).
     pub async fn sync(&self) -> Result<(), WaitError> {
-        self.shared.progress.wait(self.head()).await
+        let target = self.head();
+        self.shared.progress.wait(target).await?;
+        match self.shared.replication.get() {
+            Some(r) => r.acknowledged(target).await.map_err(WaitError::Standby),
+            None => Ok(()),
+        }
     }
 
-    /// Blocking [`Durable::sync`] with a deadline (tests, benchmarks).
-    #[cfg(any(test, feature = "testing"))]
+    /// Attaches the replication layer: from now on every log entry written
+    /// is handed to it, and [`Durable::sync`] waits for its acknowledgement.
+    /// Once only; a second call is refused (`false`).
+    pub fn attach(&self, replication: std::sync::Arc<dyn tap::Replication>) -> bool {
+        self.shared.replication.set(replication).is_ok()
+    }
+
+    /// The durable position: every change numbered up to it is on disk.
+    pub fn durable_position(&self) -> u64 {
+        self.shared.progress.durable()
+    }
+
+    /// The in-memory state this store reads back (for a standby's snapshot).
+    pub fn source(&self) -> std::sync::Arc<dyn PageSource> {
+        self.shared.store.clone()
+    }
+
+    /// Blocking wait, with a deadline, until everything recorded so far is
+    /// durable here (no replication wait): a standby's acknowledgement of
+    /// what it applied (`crate::ha::replicate::standby`), tests, benchmarks.
     pub fn sync_blocking(&self, timeout: Duration) -> Result<(), WaitError> {
         self.shared.progress.wait_blocking(self.head(), timeout)
     }
@@ -506,6 +537,7 @@ fn start_threads(
         nudge: nudge_tx,
         retry: opts.retry_after,
         recover_asked: false,
+        shipped_upto: synced,
     };
     let spawn_err = |e: std::io::Error| OpenError::Io(format!("cannot start a thread: {e}"));
     let writer =

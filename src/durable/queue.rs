@@ -157,6 +157,10 @@ pub enum WaitError {
     /// A blocking wait ran out of time.
     #[error("timed out waiting for the durable store")]
     TimedOut,
+    /// The synchronous standby did not acknowledge in time, or there is
+    /// none and `--ha-sync strict` demands one (`--ha`).
+    #[error("not acknowledged by the synchronous standby: {0}")]
+    Standby(String),
 }
 
 /// The durable position, shared by requests and the writer.
@@ -364,7 +368,6 @@ impl Progress {
     }
 
     /// Blocking [`Progress::wait`], with a deadline.
-    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn wait_blocking(&self, target: u64, timeout: Duration) -> Result<(), WaitError> {
         let deadline = Instant::now() + timeout;
         let mut guard = self.lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

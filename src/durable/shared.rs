@@ -210,6 +210,9 @@ pub(crate) struct Shared {
     pub(crate) dirty: Mutex<Dirty>,
     /// Threads removing replaced keyspaces, joined at close.
     pub(crate) retiring: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// The replication layer, once attached (`--ha`): the writer hands it
+    /// every entry it wrote ([`super::tap`]).
+    pub(crate) replication: std::sync::OnceLock<Arc<dyn super::tap::Replication>>,
 }
 
 impl Shared {

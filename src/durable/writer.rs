@@ -80,6 +80,9 @@ pub(crate) struct Writer {
     /// A [`Msg::Recover`] came while the loop was not degraded yet (it may
     /// arrive just before the failure it is about).
     pub(crate) recover_asked: bool,
+    /// The position the last frame handed to the replication layer ended
+    /// at ([`super::tap::Frame::from`] of the next).
+    pub(crate) shipped_upto: u64,
 }
 
 /// State of one pass of the loop.
@@ -100,6 +103,10 @@ struct Batch {
     ranks: Vec<(u32, u32)>,
     /// The rank creations and clears taken, kept in case the write fails.
     admin: Vec<Op>,
+    /// With replication attached: the records written this pass, and
+    /// whether a `/clear` switched the generation ([`super::tap::Frame`]).
+    shipped: Vec<u8>,
+    cleared: bool,
 }
 
 impl Batch {
@@ -110,6 +117,8 @@ impl Batch {
         self.admin.clear();
         self.chunks.clear();
         self.ranks.clear();
+        self.shipped.clear();
+        self.cleared = false;
     }
 
     /// Notes a page change for the checkpointer.
@@ -172,7 +181,9 @@ impl Writer {
                 continue;
             }
             if batch.took {
-                self.shared.progress.publish(watermark.done());
+                let done = watermark.done();
+                self.shared.progress.publish(done);
+                self.ship(&mut batch, done);
             }
             batch.reset();
             if stop {
@@ -244,6 +255,8 @@ impl Writer {
             batch.records = 0;
             batch.chunks.clear();
             batch.ranks.clear();
+            batch.shipped.clear();
+            batch.cleared = true;
             self.switch(g)?;
         }
         match op {
@@ -296,6 +309,9 @@ impl Writer {
         if self.mode == FsyncMode::Always {
             self.shared.check(Point::Sync).map_err(|e| Failure::io("log fsync", &e))?;
         }
+        if self.shared.replication.get().is_some() {
+            batch.shipped.extend_from_slice(&batch.buf);
+        }
         let db = self.shared.db.load();
         let mut b = db.keyspace.batch().durability(Some(self.persist_mode()));
         b.insert(&self.log, codec::log_key(self.next_entry).to_vec(), std::mem::take(&mut batch.buf));
@@ -333,7 +349,14 @@ impl Writer {
                 Ok(done) => {
                     // Everything drained so far is in the snapshot or in
                     // the records just written.
-                    self.shared.progress.publish(watermark.done());
+                    let upto = watermark.done();
+                    self.shared.progress.publish(upto);
+                    // The frames since the fault were never written: the
+                    // standby catches up from a snapshot.
+                    self.shipped_upto = upto;
+                    if let Some(r) = self.shared.replication.get() {
+                        r.broken();
+                    }
                     self.shared.progress.recovered();
                     self.shared.progress.attempted();
                     done.log();
@@ -352,6 +375,19 @@ impl Writer {
                 }
             }
         }
+    }
+
+    /// Hands what this pass wrote (up to change `done`) to the replication
+    /// layer, if one is attached.
+    fn ship(&mut self, batch: &mut Batch, done: u64) {
+        let Some(r) = self.shared.replication.get() else { return };
+        r.written(super::tap::Frame {
+            generation: self.generation,
+            clear: std::mem::take(&mut batch.cleared),
+            from: std::mem::replace(&mut self.shipped_upto, done),
+            upto: done,
+            records: std::mem::take(&mut batch.shipped),
+        });
     }
 
     /// Drains the queue while degraded until the next recovery attempt is

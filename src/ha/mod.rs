@@ -8,6 +8,8 @@
 //!   only by a serving leader, checked on arrival and again on the answer.
 //! - [`node`]: this node's HA state shared by the three: the serving
 //!   deadline (one atomic), the [`Role`] channel, leader and standby, counters.
+//! - [`replicate`]: the journal stream to the synchronous standby, the
+//!   standby's side, and the promotion rule built on them.
 //! - [`relay`]: `hf3fs-meta relay`, the TCP forward every client node runs
 //!   in place of socat, which follows the leader key.
 //!
@@ -29,6 +31,7 @@ pub mod etcd;
 pub mod gate;
 pub mod node;
 pub mod relay;
+pub mod replicate;
 
 pub use election::{Election, Promotion, PromotionContext, Refusal, WithoutReplication};
 pub use node::{LeaderRecord, Node, Role};

@@ -125,6 +125,9 @@ pub struct Node {
     /// Set by [`Node::retire`] (shutdown): the gate never opens again.
     /// Written and read under the role channel's lock.
     retired: AtomicBool,
+    /// The replication layer's status, once it runs (`/health`, `/stats`,
+    /// `/metrics`).
+    replication: std::sync::OnceLock<std::sync::Arc<super::replicate::Status>>,
 }
 
 #[derive(Default)]
@@ -148,6 +151,7 @@ impl Node {
             view: Mutex::new(View::default()),
             failovers: AtomicU64::new(0),
             fenced_rejections: AtomicU64::new(0),
+            replication: std::sync::OnceLock::new(),
             retired: AtomicBool::new(false),
         }
     }
@@ -304,12 +308,21 @@ impl Node {
             "node": self.id,
             "leader": leader.map(|l| serde_json::json!({ "node": l.node, "url": l.url, "epoch": l.epoch, "serving": l.serving })),
             "standby": standby,
+            "replication": self.replication.get().map(|r| r.json()),
         })
         .to_string()
     }
 
+    /// Shows the replication layer's state with this node's (once).
+    pub fn set_replication(&self, status: std::sync::Arc<super::replicate::Status>) {
+        let _ = self.replication.set(status);
+    }
+
     /// Appends the HA series to a Prometheus text.
     pub fn render_metrics(&self, out: &mut String) {
+        if let Some(r) = self.replication.get() {
+            r.render_metrics(out);
+        }
         let role = self.role();
         let _ = writeln!(out, "# HELP hf3fs_meta_ha_role This node's HA role (1 for the current one).");
         let _ = writeln!(out, "# TYPE hf3fs_meta_ha_role gauge");

@@ -9,6 +9,9 @@
 //! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
 //! - [`history`]: without replication, only the last leader may lead again.
 //! - [`relay`]: following the leader, closing connections to a deposed one.
+//! - [`failover`]: SIGKILL of a replicating leader: nothing acknowledged lost.
+//! - [`under_load`]: SIGKILL of the leader under load through the relay.
+//! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
 //! leases of a few seconds, which two cores shared with parallel clusters
@@ -21,9 +24,12 @@ mod client;
 mod cluster;
 mod election;
 mod etcd;
+mod failover;
 mod history;
 mod http;
 mod relay;
+mod replication;
+mod under_load;
 
 use std::sync::{Mutex, MutexGuard};
 

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Every flag of the command line.
-const FLAGS: [&str; 37] = [
+const FLAGS: [&str; 41] = [
     "--host",
     "--port",
     "--world-size",
@@ -45,6 +45,10 @@ const FLAGS: [&str; 37] = [
     "--node-id",
     "--advertise-url",
     "--ha-token-file",
+    "--ha-sync",
+    "--ha-sync-timeout-ms",
+    "--ha-replication-listen",
+    "--ha-replication-advertise",
     "--help",
     "--version",
 ];

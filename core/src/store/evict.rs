@@ -440,4 +440,22 @@ mod tests {
         s.allocate(0, &["000000000000000000000000000000ff"], &mut out).unwrap();
         assert!(out[0].1 >= 0);
     }
+
+    #[test]
+    fn a_suspended_evictor_waits_for_the_lease_after_promotion() {
+        let s = store(4, 50);
+        store_keys(&s, &(0..4).map(key).collect::<Vec<_>>());
+        s.suspend_eviction();
+        let mut out = Vec::new();
+        s.set_clock(100_000);
+        s.allocate(0, &["000000000000000000000000000000ff"], &mut out).unwrap();
+        assert_eq!(out, vec![(0, -1)], "a standby evicts nothing of its own");
+        // Promoted: one lease more, then eviction as usual.
+        s.hold_eviction_for_a_lease();
+        s.allocate(0, &["000000000000000000000000000000ff"], &mut out).unwrap();
+        assert_eq!(out, vec![(0, -1)]);
+        s.set_clock(100_060);
+        s.allocate(0, &["000000000000000000000000000000ff"], &mut out).unwrap();
+        assert!(out[0].1 >= 0);
+    }
 }

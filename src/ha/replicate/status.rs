@@ -1,0 +1,121 @@
+//! What `/health`, `/stats` and `/metrics` show of replication: the
+//! leader's side (target, in sync, acknowledged position, lag in records,
+//! refused waits) and the standby's (epoch, position, caught up, frames and
+//! snapshots applied, refusals by reason).
+
+use super::leader::Replicator;
+use super::standby::Standby;
+use super::SyncMode;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The replication state of one node, for the HA status (see
+/// [`crate::ha::Node::set_replication`]).
+pub struct Status {
+    pub(crate) standby: Arc<Standby>,
+    pub(crate) replicator: Arc<Replicator>,
+    pub(crate) mode: SyncMode,
+}
+
+impl Status {
+    /// Changes numbered on this node and not yet acknowledged by its standby
+    /// (0 without a standby in sync: then nothing waits for one).
+    fn lag(&self) -> u64 {
+        if self.replicator.synced().is_none() {
+            return 0;
+        }
+        self.replicator.head().saturating_sub(self.replicator.acked())
+    }
+
+    /// The `"replication"` object.
+    pub fn json(&self) -> serde_json::Value {
+        let r = &self.replicator;
+        let s = &self.standby;
+        let (epoch, position, caught_up) = s.state();
+        let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "sync": match self.mode { SyncMode::Strict => "strict", SyncMode::Available => "available" },
+            "streaming_to": r.target().map(|t| t.node),
+            "in_sync": r.synced().is_some(),
+            "acknowledged": r.acked(),
+            "lag_records": self.lag(),
+            "sync_failures": c(&r.sync_failures),
+            "as_standby": {
+                "epoch": epoch,
+                "position": position,
+                "caught_up": caught_up,
+                "frames": c(&s.counters.frames),
+                "snapshots": c(&s.counters.snapshots),
+                "refused": {
+                    "bad_token": c(&s.counters.bad_token),
+                    "old_epoch": c(&s.counters.old_epoch),
+                    "bad_position": c(&s.counters.bad_position),
+                },
+            },
+        })
+    }
+
+    /// Appends the replication series to a Prometheus text.
+    pub fn render_metrics(&self, out: &mut String) {
+        let r = &self.replicator;
+        let s = &self.standby;
+        let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let series: [(&str, &str, &str, u64); 6] = [
+            (
+                "ha_replication_in_sync",
+                "gauge",
+                "1 while this leader's synchronous standby is caught up and acknowledging.",
+                u64::from(r.synced().is_some()),
+            ),
+            (
+                "ha_replication_lag_records",
+                "gauge",
+                "Changes made here and not yet acknowledged by the synchronous standby.",
+                self.lag(),
+            ),
+            (
+                "ha_sync_wait_failures_total",
+                "counter",
+                "Changes answered 503 because the synchronous standby did not acknowledge them (or there was none).",
+                c(&r.sync_failures),
+            ),
+            (
+                "ha_standby_syncs_total",
+                "counter",
+                "Times a standby caught up by snapshot (this node leading).",
+                c(&r.syncs),
+            ),
+            (
+                "ha_replication_frames_applied_total",
+                "counter",
+                "Frames of a leader's journal applied here as standby.",
+                c(&s.counters.frames),
+            ),
+            (
+                "ha_replication_snapshots_applied_total",
+                "counter",
+                "Snapshots of a leader applied here as standby.",
+                c(&s.counters.snapshots),
+            ),
+        ];
+        for (name, kind, help, v) in series {
+            let _ = writeln!(
+                out,
+                "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}\nhf3fs_meta_{name} {v}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP hf3fs_meta_ha_replication_refused_total Replication hellos and frames refused here, by reason.\n\
+             # TYPE hf3fs_meta_ha_replication_refused_total counter"
+        );
+        for (reason, a) in [
+            ("bad_token", &s.counters.bad_token),
+            ("old_epoch", &s.counters.old_epoch),
+            ("bad_position", &s.counters.bad_position),
+        ] {
+            let _ = writeln!(out, "hf3fs_meta_ha_replication_refused_total{{reason=\"{reason}\"}} {}", c(a));
+        }
+    }
+}

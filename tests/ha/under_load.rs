@@ -1,0 +1,171 @@
+//! Issue 21 item 7, first bullet: SIGKILL of the leader under load through
+//! the relay. Three replicated nodes (`--ha-sync strict`, a 2 s lease),
+//! one relay, a saver and a reader going through the relay the whole time.
+//! Every 204 of a confirm is logged; afterwards every acknowledged confirm
+//! must be on the new leader at its page, no page holds two keys, and no
+//! read through the relay ever answered an acknowledged key with another
+//! page.
+
+use super::cluster::{leader_and_standby, serving_epoch, wait_for, Cluster};
+use super::etcd::available;
+use super::http::request_within;
+use crate::common::process::ServerProcess;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A replicated node `id` on data directory `dir`.
+fn node(c: &Cluster, id: &str, dir: &std::path::Path) -> ServerProcess {
+    let mut args: Vec<String> = c.node_args(id).into_iter().filter(|a| a != "--ha-promote-without-state").collect();
+    args.extend(
+        ["--data-dir", dir.to_str().expect("UTF-8"), "--fsync", "always", "--ha-sync", "strict"].map(String::from),
+    );
+    ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// One request through the relay: the status and JSON body, or `None` when
+/// the connection failed (a client would retry both).
+fn call(relay: &str, path: &str, body: &Value) -> Option<(u16, Value)> {
+    let a = request_within(relay, "POST", path, &body.to_string(), Duration::from_secs(5))?;
+    let v = if a.body.is_empty() { Value::Null } else { serde_json::from_str(&a.body).ok()? };
+    Some((a.status, v))
+}
+
+/// What the load saw.
+#[derive(Default)]
+struct Log {
+    /// Acknowledged confirms: key → page, and when.
+    acked: HashMap<String, (i64, Instant)>,
+    /// Reads that answered an acknowledged key with another page (or none).
+    wrong_reads: Vec<String>,
+    /// Successful reads.
+    reads: u64,
+}
+
+/// Saves batches of 16 fresh keys through the relay until `stop`: allocate,
+/// confirm; a batch whose confirm is not a 204 is abandoned, as vLLM's save
+/// task is (nothing released).
+fn saver(relay: String, log: Arc<Mutex<Log>>, stop: Arc<AtomicBool>) {
+    let mut n = 0usize;
+    while !stop.load(Ordering::Acquire) {
+        let keys: Vec<String> = (n..n + 16).map(|i| format!("{i:032x}")).collect();
+        n += 16;
+        let items: Vec<Value> = keys.iter().map(|k| json!([k, ""])).collect();
+        let Some((200, v)) = call(&relay, "/keys/batch_allocate", &json!({"rank": 0, "keys": items})) else {
+            continue;
+        };
+        let pages: Vec<i64> = v["results"].as_array().unwrap().iter().map(|r| r[1].as_i64().unwrap()).collect();
+        if pages.iter().any(|&p| p < 0) {
+            continue;
+        }
+        let c: Vec<Value> = keys.iter().zip(&pages).map(|(k, p)| json!([k, p])).collect();
+        let body = json!({"rank": 0, "confirmations": c, "pages_to_release": []});
+        if let Some((204, _)) = call(&relay, "/keys/confirm_write", &body) {
+            let now = Instant::now();
+            let mut l = log.lock().unwrap();
+            for (k, p) in keys.into_iter().zip(pages) {
+                l.acked.insert(k, (p, now));
+            }
+        }
+    }
+}
+
+/// Reads acknowledged keys through the relay until `stop`; any answer that
+/// gives one another page, or none, is a wrong read.
+fn reader(relay: String, log: Arc<Mutex<Log>>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Acquire) {
+        let sample: Vec<(String, i64)> = {
+            let l = log.lock().unwrap();
+            l.acked.iter().take(64).map(|(k, (p, _))| (k.clone(), *p)).collect()
+        };
+        if sample.is_empty() {
+            std::thread::yield_now();
+            continue;
+        }
+        let keys: Vec<&str> = sample.iter().map(|(k, _)| k.as_str()).collect();
+        let Some((200, v)) = call(&relay, "/keys/get_locations", &json!({"rank": 0, "keys": keys})) else { continue };
+        let got: Vec<Option<i64>> = serde_json::from_value(v["locations"].clone()).unwrap();
+        let mut l = log.lock().unwrap();
+        l.reads += 1;
+        for ((k, p), g) in sample.iter().zip(got) {
+            if g != Some(*p) {
+                l.wrong_reads.push(format!("{k}: acknowledged at {p}, read {g:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn sigkill_of_the_leader_under_load_through_the_relay_loses_nothing() {
+    let _serial = crate::serial();
+    if !available() {
+        return;
+    }
+    let c = Cluster::new(1);
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let ids = ["a", "b", "c"];
+    let mut nodes: Vec<Option<ServerProcess>> =
+        ids.iter().zip(&dirs).map(|(id, d)| Some(node(&c, id, d.path()))).collect();
+    let view: Vec<(&str, &ServerProcess)> = ids.iter().zip(&nodes).map(|(id, n)| (*id, n.as_ref().unwrap())).collect();
+    let (l, epoch, s) = leader_and_standby(&view);
+    drop(view);
+    let relay = c.relay(None, &[]);
+    let init = json!({"num_pages": 1 << 16, "role": "worker"});
+    assert_eq!(call(&relay.addr, "/rank/0/initialize", &init).map(|r| r.0), Some(200));
+    let log = Arc::new(Mutex::new(Log::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = [saver as fn(_, _, _), reader]
+        .into_iter()
+        .map(|f| {
+            let (r, lg, st) = (relay.addr.clone(), log.clone(), stop.clone());
+            std::thread::spawn(move || f(r, lg, st))
+        })
+        .collect();
+    wait_for("load before the kill", || (log.lock().unwrap().acked.len() >= 640).then_some(()));
+    let killed_at = Instant::now();
+    let before = log.lock().unwrap().acked.len();
+    nodes[l].take().unwrap().kill();
+    let new = nodes[s].as_ref().unwrap();
+    let epoch2 = wait_for("the standby serves", || serving_epoch(new));
+    assert!(epoch2 > epoch);
+    // Writes resume: a confirm acknowledged after the kill.
+    let resumed = wait_for("a confirm acknowledged after the kill", || {
+        log.lock().unwrap().acked.values().map(|(_, t)| *t).filter(|t| *t > killed_at).min()
+    });
+    wait_for("more load after the failover", || (log.lock().unwrap().acked.len() >= before + 640).then_some(()));
+    stop.store(true, Ordering::Release);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let l = log.lock().unwrap();
+    let gap = resumed - killed_at;
+    eprintln!(
+        "writes resumed {:.2} s after the SIGKILL; {} confirms acknowledged, {} reads",
+        gap.as_secs_f64(),
+        l.acked.len(),
+        l.reads
+    );
+    assert!(l.wrong_reads.is_empty(), "wrong reads: {:?}", &l.wrong_reads[..l.wrong_reads.len().min(5)]);
+    assert!(gap < Duration::from_secs(10), "writes resumed only after {gap:?}");
+    // Every acknowledged confirm is on the new leader at its page, and no
+    // page holds two of them.
+    let keys: Vec<&String> = l.acked.keys().collect();
+    let mut pages = HashMap::new();
+    for chunk in keys.chunks(512) {
+        let (st, v) = call(
+            &nodes[s].as_ref().unwrap().addr.to_string(),
+            "/keys/get_locations",
+            &json!({"rank": 0, "keys": chunk}),
+        )
+        .unwrap();
+        assert_eq!(st, 200, "{v}");
+        let got: Vec<Option<i64>> = serde_json::from_value(v["locations"].clone()).unwrap();
+        for (k, g) in chunk.iter().zip(got) {
+            let want = l.acked[*k].0;
+            assert_eq!(g, Some(want), "acknowledged key {k} lost or moved");
+            assert!(pages.insert(want, (*k).clone()).is_none(), "page {want} holds two keys");
+        }
+    }
+}
