@@ -205,11 +205,18 @@ pub struct PageTable {
     /// The CLOCK hand of eviction, in words (see `Store`'s evictor).
     hand: AtomicU64,
     /// Pages released while a reader's lease may still cover them: BOUND
-    /// with no owner until their deadline passes, then freed. Rare (a
-    /// failed write of a stored key), so a mutex.
+    /// with no owner until their deadline passes, then freed. Rare in steady
+    /// state (a failed write of a stored key), so a mutex; after a restart
+    /// or a promotion every release lands here for one lease.
     quarantine: Mutex<Vec<(u32, u32)>>,
     /// How many pages `quarantine` holds, read without its lock.
     quarantined: AtomicU64,
+    /// The earliest deadline in `quarantine` (meaningless while it is
+    /// empty), written under its lock and read without it, so that an
+    /// allocate finds "nothing due yet" in one load instead of walking the
+    /// list: after a restart the list holds every page released within a
+    /// lease, and a walk per allocate cost 88% of a leader's time.
+    next_due: AtomicU32,
 }
 
 impl PageTable {
@@ -228,6 +235,7 @@ impl PageTable {
             hand: AtomicU64::new(0),
             quarantine: Mutex::new(Vec::new()),
             quarantined: AtomicU64::new(0),
+            next_due: AtomicU32::new(0),
         })
     }
 

@@ -13,6 +13,14 @@ impl PageTable {
     pub fn quarantine(&self, page: u32, deadline: u32) {
         self.forget_owner(page);
         let mut q = self.quarantine.lock().unwrap_or_else(PoisonError::into_inner);
+        // Relaxed, here and below: written under the lock; a reader without
+        // it may see an older value and then only frees a due page at its
+        // next call (the background pass calls every 100 ms), never early:
+        // the walk checks every deadline under the lock.
+        let due = self.next_due.load(Ordering::Relaxed);
+        if q.is_empty() || crate::lease::later(due, deadline) {
+            self.next_due.store(deadline, Ordering::Relaxed);
+        }
         q.push((page, deadline));
         // Relaxed: a count for a lock-free "anything to do?" check.
         self.quarantined.fetch_add(1, Ordering::Relaxed);
@@ -41,19 +49,25 @@ impl PageTable {
     /// with each page while it is held BUSY, just before it becomes FREE
     /// (the store journals the end of the hold there).
     pub fn release_quarantined_each(&self, now: u32, freed: &mut dyn FnMut(u32)) -> u64 {
-        if self.quarantined() == 0 {
+        if self.quarantined() == 0 || crate::lease::later(self.next_due.load(Ordering::Relaxed), now) {
             return 0;
         }
         let due: Vec<u32> = {
             let mut q = self.quarantine.lock().unwrap_or_else(PoisonError::into_inner);
             let mut due = Vec::new();
+            let mut next: Option<u32> = None;
             q.retain(|&(p, d)| {
                 let keep = crate::lease::later(d, now);
                 if !keep {
                     due.push(p);
+                } else if next.is_none_or(|n| crate::lease::later(n, d)) {
+                    next = Some(d);
                 }
                 keep
             });
+            if let Some(n) = next {
+                self.next_due.store(n, Ordering::Relaxed);
+            }
             self.quarantined.fetch_sub(due.len() as u64, Ordering::Relaxed);
             due
         };

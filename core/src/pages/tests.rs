@@ -232,3 +232,35 @@ fn concurrent_reserve_hands_out_each_page_once() {
     assert_eq!(flat.len(), 32 * 64);
     t.audit().unwrap();
 }
+
+/// A quarantined page: reserved, claimed BUSY and held until `deadline`.
+fn held(t: &PageTable, deadline: u32) -> u32 {
+    let p = reserve(t, 1)[0];
+    assert_eq!(t.claim(p), Some(Claimed::Reserved));
+    t.quarantine(p, deadline);
+    p
+}
+
+#[test]
+fn quarantine_frees_each_page_at_its_deadline_in_any_order_of_holds() {
+    let t = PageTable::new(64).unwrap();
+    let late = held(&t, 30);
+    let early = held(&t, 10); // held after a later deadline: the earliest still wins
+    let mid = held(&t, 20);
+    assert_eq!(t.quarantined(), 3);
+    assert_eq!(t.release_quarantined(9), 0, "nothing due before the earliest deadline");
+    let mut freed = Vec::new();
+    assert_eq!(t.release_quarantined_each(10, &mut |p| freed.push(p)), 1);
+    assert_eq!(freed, [early]);
+    assert_eq!(t.release_quarantined(19), 0, "the next deadline is 20");
+    assert_eq!(t.release_quarantined_each(25, &mut |p| freed.push(p)), 1);
+    assert_eq!(freed, [early, mid]);
+    assert_eq!(t.release_quarantined_each(30, &mut |p| freed.push(p)), 1);
+    assert_eq!(freed, [early, mid, late]);
+    assert_eq!((t.quarantined(), t.counts().free), (0, 64));
+    // Empty, then held again: the earliest deadline starts afresh.
+    let again = held(&t, 50);
+    assert_eq!(t.release_quarantined(49), 0);
+    assert_eq!(t.release_quarantined_each(50, &mut |p| assert_eq!(p, again)), 1);
+    t.audit().unwrap();
+}
