@@ -215,7 +215,7 @@ impl<'a> KeyRef<'a> {
             }
             KeyRef::Digest(d) => {
                 let mut h = Fnv::default();
-                let _ = fmt::Write::write_fmt(&mut h, format_args!("{d}"));
+                let _ = d.write_text(&mut h);
                 h.finish32()
             }
             KeyRef::Text(s) => {
