@@ -146,6 +146,14 @@ impl Digest {
     }
 }
 
+impl Digest {
+    /// Writes the text after the 64 digits (`-k`, `-v`, `_<pool>`, or
+    /// nothing) into `w`.
+    pub(super) fn suffix_text(&self, w: &mut impl fmt::Write) -> fmt::Result {
+        self.suffix.write_to(w)
+    }
+}
+
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.write_text(f)
