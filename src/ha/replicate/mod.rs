@@ -8,7 +8,7 @@
 //!   snapshot and frames through the store's replay operations and
 //!   acknowledges positions once its own disk has them.
 //! - [`status`]: what `/health`, `/stats` and `/metrics` show of it.
-//! - [`start`]: the server's start-up of all of it.
+//! - [`mod@start`]: the server's start-up of all of it.
 //! - [`promote`]: the control plane's [`Promotion`](super::Promotion) hook:
 //!   who is named synchronous standby in etcd, and who may be promoted.
 //!
