@@ -212,6 +212,28 @@ fn z1_lease_0_read_vs_evictor() {
     assert_eq!(*SEEN.lock().unwrap(), [true, true], "answered then evicted, and evicted first: no lease at 0");
 }
 
+/// The set-up of z2 and z3: one full rank of two pages at `--read-lease 0`
+/// with reservations of `ttl` ticks (0: none), KA stored on one page and
+/// KC reserving the other; the store, KA's page, and two actors: KA's
+/// re-save and KB's allocate, which must evict to get a page.
+fn resave_race(ttl: u32) -> (Arc<hf3fs_meta_core::Store>, u32, Vec<Actor>) {
+    let s = Arc::new(store_with_ttl(1, 2, 0, ttl));
+    let pa = stored(&s, 1, KA)[0];
+    assert!(alloc(&s, 0, KC) >= 0, "set-up: the rank is full");
+    let (sa, sb) = (s.clone(), s.clone());
+    let actors: Vec<Actor> = vec![
+        Box::new(move || {
+            let (p, o) = allocate(&sa, 0, KA);
+            Out::Alloc(p, o)
+        }),
+        Box::new(move || {
+            let (p, o) = allocate(&sb, 0, KB);
+            Out::Alloc(p, o)
+        }),
+    ];
+    (s, pa, actors)
+}
+
 /// (z2) `--read-lease 0` with no reservation TTL, issue 20's third
 /// sequence at its worst: a re-save of KA (its allocate answers KA's stored
 /// page, which its writer will rewrite) races another key's allocate on the
@@ -225,20 +247,7 @@ fn z1_lease_0_read_vs_evictor() {
 fn z2_lease_0_resave_vs_allocate_of_another_key() {
     static SEEN: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     check_orders("z2_lease_0_resave_vs_allocate_of_another_key", 3, 2, || {
-        let s = Arc::new(store(1, 2, 0));
-        let pa = stored(&s, 1, KA)[0];
-        assert!(alloc(&s, 0, KC) >= 0, "set-up: the rank is full");
-        let (sa, sb) = (s.clone(), s.clone());
-        let actors: Vec<Actor> = vec![
-            Box::new(move || {
-                let (p, o) = allocate(&sa, 0, KA);
-                Out::Alloc(p, o)
-            }),
-            Box::new(move || {
-                let (p, o) = allocate(&sb, 0, KB);
-                Out::Alloc(p, o)
-            }),
-        ];
+        let (s, pa, actors) = resave_race(0);
         let check: Check = Box::new(move |outs| {
             let (Out::Alloc(ka, ka_o), Out::Alloc(kb, _)) = (outs[0], outs[1]) else { unreachable!() };
             assert!(ka == i64::from(pa) || ka == -1, "KA: {ka}");
@@ -266,20 +275,7 @@ fn z2_lease_0_resave_vs_allocate_of_another_key() {
 #[test]
 fn z3_lease_0_resave_is_held_for_the_reservation_ttl() {
     check_orders("z3_lease_0_resave_is_held_for_the_reservation_ttl", 3, 2, || {
-        let s = Arc::new(store_with_ttl(1, 2, 0, 4));
-        let pa = stored(&s, 1, KA)[0];
-        assert!(alloc(&s, 0, KC) >= 0, "set-up: the rank is full");
-        let (sa, sb) = (s.clone(), s.clone());
-        let actors: Vec<Actor> = vec![
-            Box::new(move || {
-                let (p, o) = allocate(&sa, 0, KA);
-                Out::Alloc(p, o)
-            }),
-            Box::new(move || {
-                let (p, o) = allocate(&sb, 0, KB);
-                Out::Alloc(p, o)
-            }),
-        ];
+        let (s, pa, actors) = resave_race(4);
         let check: Check = Box::new(move |outs| {
             let (Out::Alloc(ka, ka_o), Out::Alloc(kb, _)) = (outs[0], outs[1]) else { unreachable!() };
             if ka_o.reused == 1 {
