@@ -524,12 +524,19 @@ impl Election {
             }
             return;
         }
+        // Serve first, then tell the relays: a relay forwards new connections
+        // as soon as it sees the leader key marked serving, so the gate must
+        // already be open then (the other order answered a relayed request
+        // 503 "becoming leader" in the instant between the two). Serving
+        // before the mark is safe: this node holds the leader key on its
+        // lease, and the deadline fence applies from here on.
+        self.node.set_role(Role::Leader { epoch });
+        self.node.extend(epoch, session.proof.load(Ordering::Acquire));
         if !self.mark_serving(epoch).await {
+            self.node.set_role(Role::Follower);
             self.give_back(epoch).await;
             return;
         }
-        self.node.set_role(Role::Leader { epoch });
-        self.node.extend(epoch, session.proof.load(Ordering::Acquire));
         self.node.count_failover();
         tracing::info!(node = %self.node.id, epoch, planned = ctx.planned, "serving as leader");
         let mut tick = tokio::time::interval(self.period());
