@@ -12,8 +12,11 @@ Output: two panels, one above the other.
   each target.
 
 perf/run.sh calls this with the Python of a scratch venv it makes
-(perf/plot-requirements.txt); by hand:
-    python perf/plot.py --results results.jsonl --out perf/last-run.svg --title "..."
+(perf/plot-requirements.txt); perf/chart.sh calls it with two runs' results
+(vLLM's scenarios against vLLM's own server, SGLang's against SGLang's), the
+baseline named for what it is, and a note on how the chart was made; by hand:
+    python perf/plot.py --results results.jsonl [--results more.jsonl]
+        --out perf/last-run.svg --title "..." [--baseline-name NAME] [--note TEXT]
 """
 
 from __future__ import annotations
@@ -36,20 +39,21 @@ PERCENTILES = [("p50_us", "p50"), ("p90_us", "p90"), ("p99_us", "p99"), ("p999_u
 HATCHES = ["", "//", "xx", ".."]
 
 
-def medians(path: str) -> tuple[list[str], dict[tuple[str, str], dict[str, float]]]:
+def medians(paths: list[str]) -> tuple[list[str], dict[tuple[str, str], dict[str, float]]]:
     runs: dict[tuple[str, str], list[dict]] = defaultdict(list)
     scenarios: list[str] = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            r = json.loads(line)
-            if r["scenario"].startswith("_"):  # not a loadgen run (e.g. "_memory")
-                continue
-            if r["scenario"] not in scenarios:
-                scenarios.append(r["scenario"])
-            runs[(r["scenario"], r["label"])].append(r)
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                r = json.loads(line)
+                if r["scenario"].startswith("_"):  # not a loadgen run (e.g. "_memory")
+                    continue
+                if r["scenario"] not in scenarios:
+                    scenarios.append(r["scenario"])
+                runs[(r["scenario"], r["label"])].append(r)
     out = {}
     for key, rs in runs.items():
         fields = ["rps"] + [p for p, _ in PERCENTILES]
@@ -59,10 +63,13 @@ def medians(path: str) -> tuple[list[str], dict[tuple[str, str], dict[str, float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", required=True, help="loadgen JSON lines")
+    ap.add_argument("--results", required=True, action="append", help="loadgen JSON lines (repeatable)")
     ap.add_argument("--out", required=True, help="SVG file to write")
     ap.add_argument("--title", default="hf3fs-meta perf run")
+    ap.add_argument("--baseline-name", default=NAMES["baseline"], help="the legend's name of the baseline")
+    ap.add_argument("--note", default="", help="how the chart was made, printed under the title")
     args = ap.parse_args()
+    NAMES["baseline"] = args.baseline_name
 
     scenarios, med = medians(args.results)
     labels = [l for l in LABELS if any((s, l) in med for s in scenarios)]
@@ -70,8 +77,8 @@ def main() -> None:
         raise SystemExit(f"plot.py: no server results in {args.results}")
 
     plt.rcParams.update({"svg.fonttype": "none", "svg.hashsalt": "hf3fs-meta", "font.size": 9})
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 9), constrained_layout=True)
-    fig.suptitle(args.title, fontsize=10)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 9.6 if args.note else 9), constrained_layout=True)
+    fig.suptitle(args.title + (f"\n{args.note}" if args.note else ""), fontsize=10)
     x = range(len(scenarios))
 
     # Throughput.
@@ -84,9 +91,11 @@ def main() -> None:
     for j, s in enumerate(scenarios):
         srv = med.get((s, "server"), {}).get("rps")
         ceil = med.get((s, "ceiling"), {}).get("rps")
+        base = med.get((s, "baseline"), {}).get("rps")
         if srv and ceil:
             top_y = max(med.get((s, l), {}).get("rps", 0) for l in labels)
-            top.annotate(f"{srv / ceil:.2f}× ceiling", (j, top_y), xytext=(0, 12), textcoords="offset points",
+            text = f"{srv / ceil:.2f}× ceiling" + (f"\n{srv / base:.1f}× baseline" if base else "")
+            top.annotate(text, (j, top_y), xytext=(0, 12), textcoords="offset points",
                          ha="center", fontsize=8, fontweight="bold")
     top.set_xticks(list(x), scenarios)
     top.set_ylabel("requests/s (median over rounds)")

@@ -12,14 +12,19 @@
 #   perf/run.sh --baseline http://127.0.0.1:PORT --scenarios "<the sglang-* ones>" "$@"
 #
 # Usage: perf/sglang_baseline.sh [run.sh options, e.g. --quick --no-build]
-# Environment: SGLANG_VERSION (default 0.5.23, a cp311 wheel: needs python3.11).
+# Environment: SGLANG_VERSION (default 0.5.23, a cp311 wheel: needs python3.11);
+# SGLANG_WHEEL (path of an already downloaded sglang wheel: no download).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VERSION=${SGLANG_VERSION:-0.5.23}
 # shellcheck source=perf/python_baseline.sh
 source perf/python_baseline.sh
 pybase_init sglang_baseline.sh
-"$PY" -m pip download -q --disable-pip-version-check --no-deps -d "$TMP/wheel" "sglang==$VERSION"
+if [[ -n "${SGLANG_WHEEL:-}" ]]; then
+  mkdir -p "$TMP/wheel" && cp "$SGLANG_WHEEL" "$TMP/wheel/"
+else
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps -d "$TMP/wheel" "sglang==$VERSION"
+fi
 SRC="$TMP/src"
 mkdir -p "$SRC/sglang/srt/mem_cache/storage/hf3fs"
 "$PY" - "$TMP/wheel" "$SRC" <<'PY'

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# perf/chart.sh — the chart perf/RESULTS.md shows (perf/last-run.svg) and
+# its table (perf/last-run.md), made one way: a full run of every scenario
+# of both dialects, hf3fs-meta beside the bare-hyper ceiling AND the engine's
+# own metadata server, all in one chart that says on its face how it was made.
+#
+# It runs perf/vllm_baseline.sh (vLLM's scenarios; vLLM's server as the
+# baseline) and perf/sglang_baseline.sh (SGLang's scenarios; SGLang's), each
+# a perf/run.sh with the given options (default: 3 rounds of 5 s, 1 s warmup,
+# 32 connections, 128 keys; side by side, round by round, medians), then
+# draws both into one chart with perf/plot.py. The note under the title
+# records the commit, the machine (CPU model, cores) and its load average
+# before and after, so a chart made on a busy machine says so.
+#
+# Usage: perf/chart.sh [--no-build] [run.sh options, e.g. --rounds 5]
+# Environment: VLLM_WHEEL / SGLANG_WHEEL (already downloaded wheels; by
+# default those the Python tests cached in ~/.cache/hf3fs-meta/wheels, when
+# present), as the two baseline scripts take them.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+BUILD=1 ARGS=()
+for a in "$@"; do
+  if [[ $a == --no-build ]]; then BUILD=0; else ARGS+=("$a"); fi
+done
+if [[ $BUILD == 1 ]]; then
+  cargo build --release --bin hf3fs-meta
+  cargo build --release -p hf3fs-perf --bins
+fi
+CACHE="$HOME/.cache/hf3fs-meta/wheels"
+: "${VLLM_WHEEL:=$(ls "$CACHE"/vllm-*.whl 2>/dev/null | head -n 1 || true)}"
+: "${SGLANG_WHEEL:=$(ls "$CACHE"/sglang-*.whl 2>/dev/null | head -n 1 || true)}"
+export VLLM_WHEEL SGLANG_WHEEL
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+load() { cut -d' ' -f1-3 /proc/loadavg; }
+LOAD_BEFORE=$(load)
+STARTED=$(date -u '+%Y-%m-%d %H:%M')
+# A run.sh that reports failed runs (an engine's server that errs or stalls
+# under the load) still leaves its table; the chart says so instead of
+# hiding it.
+FAILED=""
+# vLLM's server stalls on allocate and confirm under 32 clients (history
+# 10), so its writes are also measured as `save` (allocate then confirm).
+perf/vllm_baseline.sh --no-build --no-plot --results "$WORK/vllm.jsonl" \
+  --scenarios "exists locations allocate confirm save" "${ARGS[@]}" || FAILED+=" vLLM"
+cp perf/last-run.md "$WORK/vllm.md"
+perf/sglang_baseline.sh --no-build --no-plot --results "$WORK/sglang.jsonl" "${ARGS[@]}" || FAILED+=" SGLang"
+cp perf/last-run.md "$WORK/sglang.md"
+LOAD_AFTER=$(load)
+COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src core perf || echo "+dirty")
+CPU=$(sed -nE 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+NOTE="$STARTED UTC, $CPU, $(nproc) cores, load average $LOAD_BEFORE before / $LOAD_AFTER after; loadgen on the same cores; medians; baseline = the engine's own server (vLLM 0.33.0 for vLLM's routes, SGLang 0.5.23 for sglang-*)${FAILED:+; runs that failed or erred (see perf/last-run.md):$FAILED}"
+{
+  echo "# perf/chart.sh"
+  echo
+  echo "$NOTE"
+  echo
+  echo "## vLLM's routes (perf/vllm_baseline.sh)"
+  echo
+  sed '1d' "$WORK/vllm.md"
+  echo
+  echo "## SGLang's routes (perf/sglang_baseline.sh)"
+  echo
+  sed '1d' "$WORK/sglang.md"
+} >perf/last-run.md
+VENV="${HF3FS_PERF_PLOT_VENV:-$ROOT/target/perf-plot-venv}"
+if ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
+  python3 -m venv "$VENV" && "$VENV/bin/python" -m pip install -q -r perf/plot-requirements.txt
+fi
+"$VENV/bin/python" perf/plot.py --results "$WORK/vllm.jsonl" --results "$WORK/sglang.jsonl" \
+  --out perf/last-run.svg --baseline-name "the engine's own server" \
+  --title "hf3fs-meta $COMMIT: perf/chart.sh ${ARGS[*]}" --note "$NOTE"
+echo "chart.sh: wrote perf/last-run.svg and perf/last-run.md" >&2
