@@ -76,7 +76,9 @@ impl Cluster {
     pub fn replicated(&self, id: &str, dir: &Path, mode: &str, extra: &[&str]) -> ServerProcess {
         let mut args: Vec<String> =
             self.node_args(id).into_iter().filter(|a| a != "--ha-promote-without-state").collect();
-        args.extend(["--data-dir", dir.to_str().expect("UTF-8"), "--fsync", "always", "--ha-sync", mode].map(String::from));
+        args.extend(
+            ["--data-dir", dir.to_str().expect("UTF-8"), "--fsync", "always", "--ha-sync", mode].map(String::from),
+        );
         args.extend(extra.iter().map(|s| s.to_string()));
         ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
     }
@@ -89,7 +91,9 @@ impl Cluster {
         let procs = ids
             .iter()
             .zip(&dirs)
-            .map(|(id, d)| Some(self.replicated(id, d.path(), mode, &extra.iter().map(String::as_str).collect::<Vec<_>>())))
+            .map(|(id, d)| {
+                Some(self.replicated(id, d.path(), mode, &extra.iter().map(String::as_str).collect::<Vec<_>>()))
+            })
             .collect();
         Nodes { cluster: self, ids: ids.to_vec(), mode, extra, dirs, procs }
     }
@@ -141,12 +145,6 @@ impl Nodes<'_> {
     /// Node `i`, which must be running.
     pub fn get(&self, i: usize) -> &ServerProcess {
         self.procs[i].as_ref().unwrap_or_else(|| panic!("node {} is not running", self.ids[i]))
-    }
-
-    /// Node `i`, mutably (its log).
-    pub fn get_mut(&mut self, i: usize) -> &mut ServerProcess {
-        let id = self.ids[i];
-        self.procs[i].as_mut().unwrap_or_else(|| panic!("node {id} is not running"))
     }
 
     /// SIGKILLs node `i` and waits for it to exit.

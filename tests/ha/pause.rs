@@ -138,13 +138,19 @@ fn a_paused_replicating_leader_is_fenced_its_frames_refused_by_epoch_and_it_rejo
     let late: Vec<&Call> = log.calls.iter().filter(|c| c.answered > took_over).collect();
     assert!(late.iter().all(|c| !matches!(c.status, Some(200..=299))), "a 2xx from the deposed leader: {late:?}");
     // ...including the calls the pause caught (sent before, answered
-    // after): 503.
+    // after): 503, or closed without an answer by the socket's last check
+    // (an answer sealed before the pause, gate.rs's GuardedIo).
     let caught: Vec<&&Call> = late.iter().filter(|c| c.sent < took_over).collect();
-    assert!(!caught.is_empty() && caught.iter().all(|c| c.status == Some(503)), "{caught:?}");
+    assert!(!caught.is_empty() && caught.iter().all(|c| matches!(c.status, Some(503) | None)), "{caught:?}");
     // Every confirm a acknowledged is on b at its page; b takes saves again
     // (its standby is back).
     let mut acked = log.acked.clone();
     acked.extend(save(&at(&b), &keys(0, 32)));
     assert_kept(&at(&b), &acked);
-    eprintln!("{} confirms acknowledged by a, {} calls; b took over {:.2} s into the pause", acked.len() - 32, log.calls.len(), (took_over - stopped).as_secs_f64());
+    eprintln!(
+        "{} confirms acknowledged by a, {} calls; b took over {:.2} s into the pause",
+        acked.len() - 32,
+        log.calls.len(),
+        (took_over - stopped).as_secs_f64()
+    );
 }

@@ -51,7 +51,8 @@ pub fn allocate(addr: &str, keys: &[String]) -> Vec<i64> {
 /// Confirms `pairs` and releases `release` on rank 0 (204 expected).
 pub fn confirm(addr: &str, pairs: &[(String, i64)], release: &[i64]) {
     let c: Vec<Value> = pairs.iter().map(|(k, p)| json!([k, p])).collect();
-    let (st, v) = post(addr, "/keys/confirm_write", &json!({"rank": 0, "confirmations": c, "pages_to_release": release}));
+    let (st, v) =
+        post(addr, "/keys/confirm_write", &json!({"rank": 0, "confirmations": c, "pages_to_release": release}));
     assert_eq!(st, 204, "confirm: {v}");
 }
 
