@@ -12,8 +12,8 @@
 # - --replicated: every node has --data-dir (--fsync always, --ha-sync
 #   strict) and the leader streams to its synchronous standby; a light write
 #   load (perf/ha_writer.py: a save of 16 keys, ~20/s) runs through the relay
-#   the whole time; timed from the SIGKILL to the first write (a confirm)
-#   answered 204 through the relay. Before each kill, the leader has a
+#   the whole time; timed from the SIGKILL to the answer of the first write
+#   (a confirm) sent after it and answered 204 through the relay. Before each kill, the leader has a
 #   standby in sync and the load is being acknowledged.
 #
 #   perf/ha_failover.sh [--replicated] [rounds=20]   BIN=target/release/hf3fs-meta by default
@@ -73,11 +73,12 @@ probe() {
 }
 leader() { curl -s --max-time 5 "http://127.0.0.1:$RP/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ha"]["node"])'; }
 has_standby() { curl -s --max-time 5 "http://127.0.0.1:$RP/health" | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["ha"]["standby"] else 1)'; }
-# The write load's acknowledged confirms (--replicated): wall-clock times.
+# The write load's acknowledged confirms (--replicated): when each was sent
+# and answered, wall-clock.
 WLOG="$WORK/writes.log"
 acked() { wc -l <"$WLOG"; }
-# The first acknowledged write after $1 (epoch seconds), if any.
-acked_after() { awk -v t="$1" '$1 > t { print; exit }' "$WLOG"; }
+# When the first write sent after $1 (epoch seconds) was acknowledged, if any.
+acked_after() { awk -v t="$1" '$1 > t { print $2; exit }' "$WLOG"; }
 if [ "$REPLICATED" = 1 ]; then
     : >"$WLOG"
     python3 perf/ha_writer.py "127.0.0.1:$RP" "$WLOG" &

@@ -3,9 +3,10 @@
 --replicated`: vLLM's save (allocate 16 fresh keys on rank 0, then confirm
 them) about 20 times a second, one connection a request, no retry policy
 of its own beyond trying again 10 ms after a failure. Every confirm
-answered 204 appends the wall-clock time of its answer to LOG, one line
-each, so the script can time a failover as "the first acknowledged write
-after the SIGKILL".
+answered 204 appends a line to LOG: the wall-clock times at which it was
+sent and answered, so the script can time a failover as "the first write
+sent after the SIGKILL and acknowledged" (a confirm sent before the kill
+may still be answered by the old leader an instant after it).
 
     perf/ha_writer.py RELAY_ADDR LOG
 
@@ -60,9 +61,10 @@ def main() -> None:
                 if min(pages) < 0:
                     continue
                 c = {"rank": 0, "confirmations": [[k, p] for k, p in zip(keys, pages)], "pages_to_release": []}
+                sent = time.time()
                 st, _ = post(addr, "/keys/confirm_write", c)
                 if st == 204:
-                    out.write(f"{time.time():.6f}\n")
+                    out.write(f"{sent:.6f} {time.time():.6f}\n")
                     time.sleep(PAUSE_S)
                 else:
                     time.sleep(RETRY_S)
