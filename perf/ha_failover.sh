@@ -12,8 +12,8 @@
 # - --replicated: every node has --data-dir (--fsync always, --ha-sync
 #   strict) and the leader streams to its synchronous standby; a light write
 #   load (perf/ha_writer.py: a save of 16 keys, ~20/s) runs through the relay
-#   the whole time; timed from the SIGKILL to the answer of the first write
-#   (a confirm) sent after it and answered 204 through the relay. Before each kill, the leader has a
+#   the whole time; timed from the SIGKILL to the first write (a confirm)
+#   answered 204 through the relay by the new leader (by its epoch header). Before each kill, the leader has a
 #   standby in sync and the load is being acknowledged.
 #
 #   perf/ha_failover.sh [--replicated] [rounds=20]   BIN=target/release/hf3fs-meta by default
@@ -73,12 +73,13 @@ probe() {
 }
 leader() { curl -s --max-time 5 "http://127.0.0.1:$RP/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ha"]["node"])'; }
 has_standby() { curl -s --max-time 5 "http://127.0.0.1:$RP/health" | python3 -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["ha"]["standby"] else 1)'; }
-# The write load's acknowledged confirms (--replicated): when each was sent
-# and answered, wall-clock.
+# The write load's acknowledged confirms (--replicated): when each was
+# answered (wall-clock) and the epoch of the leader that answered.
 WLOG="$WORK/writes.log"
 acked() { wc -l <"$WLOG"; }
-# When the first write sent after $1 (epoch seconds) was acknowledged, if any.
-acked_after() { awk -v t="$1" '$1 > t { print $2; exit }' "$WLOG"; }
+# When the first write answered by a leader of an epoch above $1 was, if any.
+acked_after() { awk -v e="$1" '$2 + 0 > e + 0 { print $1; exit }' "$WLOG"; }
+epoch() { curl -s --max-time 5 "http://127.0.0.1:$RP/health" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ha"]["epoch"])'; }
 if [ "$REPLICATED" = 1 ]; then
     : >"$WLOG"
     python3 perf/ha_writer.py "127.0.0.1:$RP" "$WLOG" &
@@ -95,12 +96,19 @@ for r in $(seq "$ROUNDS"); do
         for _ in $(seq 300); do [ "$(acked)" -ge $((n + 5)) ] && break; sleep 0.1; done
     fi
     L=$(leader)
+    E=0
+    if [ "$REPLICATED" = 1 ]; then
+        E=
+        for _ in $(seq 100); do E=$(epoch 2>/dev/null) && [ -n "$E" ] && break; sleep 0.1; done
+        [ -n "$E" ] || { echo "round $r: the leader's epoch could not be read" >&2; exit 1; }
+    fi
+    P=$(cat "$WORK/$L.pid")
     t0=$(date +%s.%N)
-    kill -9 "$(cat "$WORK/$L.pid")"
+    kill -9 "$P"
     if [ "$REPLICATED" = 1 ]; then
         t1=
         for _ in $(seq 3000); do
-            t1=$(acked_after "$t0")
+            t1=$(acked_after "$E")
             [ -n "$t1" ] && break
             sleep 0.01
         done
