@@ -1,5 +1,6 @@
 //! An HA cluster for the tests: real etcd, hf3fs-meta nodes as child
-//! processes with a 2 s lease, and relays. Every wait polls a state with a
+//! processes with a 2 s lease, replicated nodes on data directories of
+//! their own ([`Nodes`]), and relays. Every wait polls a state with a
 //! bounded failsafe.
 
 use super::etcd::Etcd;
@@ -8,6 +9,7 @@ use crate::common::process::{command, ServerProcess};
 use crate::common::FAILSAFE;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -68,6 +70,34 @@ impl Cluster {
         ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
+    /// Starts a replicated node `id` on data directory `dir`: the default
+    /// promotion rule (no `--ha-promote-without-state`), `--fsync always`,
+    /// `--ha-sync mode` and `extra`.
+    pub fn replicated(&self, id: &str, dir: &Path, mode: &str, extra: &[&str]) -> ServerProcess {
+        let mut args: Vec<String> =
+            self.node_args(id).into_iter().filter(|a| a != "--ha-promote-without-state").collect();
+        args.extend(
+            ["--data-dir", dir.to_str().expect("UTF-8"), "--fsync", "always", "--ha-sync", mode].map(String::from),
+        );
+        args.extend(extra.iter().map(|s| s.to_string()));
+        ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// Starts one replicated node per id in `ids` (see
+    /// [`Cluster::replicated`]), each on a fresh data directory.
+    pub fn replicated_nodes<'c>(&'c self, ids: &[&'static str], mode: &'static str, extra: &[&str]) -> Nodes<'c> {
+        let dirs: Vec<tempfile::TempDir> = ids.iter().map(|_| tempfile::tempdir().expect("a data directory")).collect();
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let procs = ids
+            .iter()
+            .zip(&dirs)
+            .map(|(id, d)| {
+                Some(self.replicated(id, d.path(), mode, &extra.iter().map(String::as_str).collect::<Vec<_>>()))
+            })
+            .collect();
+        Nodes { cluster: self, ids: ids.to_vec(), mode, extra, dirs, procs }
+    }
+
     /// Starts a relay of this cluster (or of `prefix`) and waits until it
     /// listens.
     pub fn relay(&self, prefix: Option<&str>, extra: &[&str]) -> Relay {
@@ -96,6 +126,57 @@ impl Cluster {
         };
         let addr = line.split("addr=").nth(1).and_then(|r| r.split_whitespace().next()).expect("addr=").to_string();
         Relay { child, addr, _lines: rx }
+    }
+}
+
+/// Replicated nodes of one [`Cluster`], by index; a killed node's slot is
+/// empty until [`Nodes::restart`] starts it again on its data directory.
+pub struct Nodes<'c> {
+    cluster: &'c Cluster,
+    /// The node ids.
+    pub ids: Vec<&'static str>,
+    mode: &'static str,
+    extra: Vec<String>,
+    dirs: Vec<tempfile::TempDir>,
+    procs: Vec<Option<ServerProcess>>,
+}
+
+impl Nodes<'_> {
+    /// Node `i`, which must be running.
+    pub fn get(&self, i: usize) -> &ServerProcess {
+        self.procs[i].as_ref().unwrap_or_else(|| panic!("node {} is not running", self.ids[i]))
+    }
+
+    /// SIGKILLs node `i` and waits for it to exit.
+    pub fn kill(&mut self, i: usize) {
+        self.procs[i].take().unwrap_or_else(|| panic!("node {} is not running", self.ids[i])).kill();
+    }
+
+    /// Starts node `i` again on its data directory.
+    pub fn restart(&mut self, i: usize) {
+        assert!(self.procs[i].is_none(), "node {} still runs", self.ids[i]);
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        self.procs[i] = Some(self.cluster.replicated(self.ids[i], self.dirs[i].path(), self.mode, &extra));
+    }
+
+    /// [`leader_and_standby`] among the running nodes: (leader index, its
+    /// epoch, standby index).
+    pub fn leader_and_standby(&self) -> (usize, u64, usize) {
+        let running: Vec<usize> = (0..self.procs.len()).filter(|&i| self.procs[i].is_some()).collect();
+        let view: Vec<(&str, &ServerProcess)> = running.iter().map(|&i| (self.ids[i], self.get(i))).collect();
+        let (l, epoch, s) = leader_and_standby(&view);
+        (running[l], epoch, running[s])
+    }
+
+    /// Waits until node `i` serves as leader; its epoch.
+    pub fn serving(&self, i: usize) -> u64 {
+        wait_for(&format!("{} serves as leader", self.ids[i]), || serving_epoch(self.get(i)))
+    }
+
+    /// Waits until the leader `l` names node `s` its synchronous standby.
+    pub fn wait_standby(&self, l: usize, s: usize) {
+        let what = format!("{} names {} standby", self.ids[l], self.ids[s]);
+        wait_for(&what, || (ha(self.get(l))?["standby"].as_str()? == self.ids[s]).then_some(()));
     }
 }
 

@@ -151,9 +151,12 @@ fn a_paused_leader_answers_no_2xx_after_its_deadline_and_stays_deposed() {
     let late: Vec<_> = log.iter().filter(|c| c.answered > took_over).collect();
     assert!(late.iter().all(|c| !matches!(c.status, Some(200..=299))), "a 2xx from the deposed leader: {late:?}");
     // ...including the request the pause caught in flight (sent before,
-    // answered after the resume): refused, or withdrawn, with a 503.
+    // answered after the resume): refused, or withdrawn, with a 503, or,
+    // when the pause came after its answer was sealed, its connection
+    // closed without an answer by the socket's last check (gate.rs,
+    // GuardedIo).
     let caught: Vec<_> = late.iter().filter(|c| c.sent < took_over).collect();
-    assert!(!caught.is_empty() && caught.iter().all(|c| c.status == Some(503)), "{caught:?}");
+    assert!(!caught.is_empty() && caught.iter().all(|c| matches!(c.status, Some(503) | None)), "{caught:?}");
     // It stays deposed: still a follower, still 503, the new leader serves.
     assert_eq!(probe(&target).map(|r| r.status), Some(503));
     assert_eq!(serving_epoch(procs[s]), Some(new_epoch));

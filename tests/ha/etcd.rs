@@ -3,10 +3,11 @@
 //! started from Debian's `etcd-server` package, waited for by polling their
 //! `/health` (bounded by the failsafe), killed on drop.
 
-use super::http::{get, Answer};
+use super::http::{get, request_within, Answer};
 use crate::common::FAILSAFE;
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The etcd binary (`HF3FS_META_ETCD` overrides).
@@ -40,6 +41,8 @@ struct Member {
     client: u16,
     args: Vec<String>,
     child: Option<Child>,
+    /// SIGKILLed by [`Etcd::kill`].
+    killed: AtomicBool,
 }
 
 /// An etcd cluster on loopback; every member is killed on drop.
@@ -92,7 +95,7 @@ impl Etcd {
                 ]
                 .map(str::to_string)
                 .to_vec();
-                Member { name: format!("m{i}"), client, args, child: None }
+                Member { name: format!("m{i}"), client, args, child: None, killed: AtomicBool::new(false) }
             })
             .collect();
         for m in &mut members {
@@ -115,10 +118,50 @@ impl Etcd {
         assert!(st.success(), "kill -{sig} {} failed", self.members[i].name);
     }
 
+    /// SIGKILLs member `i` (reaped on drop); it counts as gone from here on.
+    pub fn kill(&self, i: usize) {
+        self.signal(i, "KILL");
+        self.members[i].killed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether member `i` runs (was not killed).
+    fn running(&self, i: usize) -> bool {
+        !self.members[i].killed.load(Ordering::Relaxed)
+    }
+
+    /// The index of the member that is raft leader, as every running
+    /// member's `/v3/maintenance/status` agrees (polled until they do).
+    pub fn raft_leader(&self) -> usize {
+        let deadline = Instant::now() + FAILSAFE;
+        loop {
+            // (member id, the leader it sees) of every running member.
+            let running: Vec<usize> = (0..self.members.len()).filter(|&i| self.running(i)).collect();
+            let seen: Vec<Option<(String, String)>> = running
+                .iter()
+                .map(|&i| {
+                    let m = &self.members[i];
+                    let addr = format!("127.0.0.1:{}", m.client);
+                    let a = request_within(&addr, "POST", "/v3/maintenance/status", "{}", Duration::from_secs(2))?;
+                    let v: serde_json::Value = serde_json::from_str(&a.body).ok()?;
+                    Some((v["header"]["member_id"].as_str()?.to_string(), v["leader"].as_str()?.to_string()))
+                })
+                .collect();
+            if let Some(Some((_, leader))) = seen.first() {
+                if seen.iter().all(|s| s.as_ref().is_some_and(|(_, l)| l == leader)) {
+                    if let Some(j) = seen.iter().position(|s| s.as_ref().is_some_and(|(id, _)| id == leader)) {
+                        return running[j];
+                    }
+                }
+            }
+            assert!(Instant::now() < deadline, "no agreed etcd raft leader within the failsafe: {seen:?}");
+            std::thread::sleep(Duration::from_millis(20)); // a poll interval, not a synchronization
+        }
+    }
+
     /// Polls every member's `/health` until all say `"health":"true"`.
     pub fn wait_healthy(&self) {
         let deadline = Instant::now() + FAILSAFE;
-        for m in &self.members {
+        for m in self.members.iter().filter(|m| !m.killed.load(Ordering::Relaxed)) {
             loop {
                 let addr = format!("127.0.0.1:{}", m.client);
                 if let Some(Answer { status: 200, body, .. }) = get(&addr, "/health") {

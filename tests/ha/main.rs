@@ -4,13 +4,18 @@
 //!
 //! - [`etcd`]: 1 or 3 etcd members on loopback, fast raft timings.
 //! - [`http`]: one-shot requests that survive dead and paused peers.
-//! - [`cluster`]: nodes, relays, polling helpers.
+//! - [`cluster`]: nodes, replicated nodes ([`cluster::Nodes`]), relays,
+//!   polling helpers.
+//! - [`writes`]: vLLM's saves and loads against a node or a relay.
 //! - [`client`]: the etcd JSON-gateway client against real etcd.
 //! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
 //! - [`history`]: without replication, only the last leader may lead again.
 //! - [`relay`]: following the leader, closing connections to a deposed one.
 //! - [`failover`]: SIGKILL of a replicating leader: nothing acknowledged lost.
-//! - [`under_load`]: SIGKILL of the leader under load through the relay.
+//! - [`under_load`]: SIGKILL of the leader (and of etcd's raft leader)
+//!   under load through the relay.
+//! - [`pause`]: SIGSTOP of a replicating leader for three TTLs.
+//! - [`hold`]: the promotion hold, on the injectable clock.
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
@@ -26,10 +31,14 @@ mod election;
 mod etcd;
 mod failover;
 mod history;
+mod hold;
 mod http;
+mod pause;
+mod proxy;
 mod relay;
 mod replication;
 mod under_load;
+mod writes;
 
 use std::sync::{Mutex, MutexGuard};
 

@@ -128,14 +128,22 @@ fn run_pytest(args: &[&str]) {
 const SGLANG_SUITE: &str = "tests/python/test_sglang_client.py";
 
 /// The engines' own clients (vLLM's and SGLang's `Hf3fsGlobalMetadataClient`,
+/// and vLLM's through the relay across a failover with real etcd),
 /// read out of their pinned wheels, which it downloads once into
 /// `${XDG_CACHE_HOME:-~/.cache}/hf3fs-meta/wheels`; see engine_wheels.py).
-const ENGINE_SUITES: [&str; 2] =
-    ["tests/python/test_engine_client_vllm.py", "tests/python/test_engine_client_sglang.py"];
+const ENGINE_SUITES: [&str; 3] = [
+    "tests/python/test_engine_client_vllm.py",
+    "tests/python/test_engine_client_sglang.py",
+    "tests/python/test_engine_client_ha.py",
+];
 
 #[test]
 fn vllm_python_client_suite() {
-    run_pytest(&["tests/python", "--ignore", SGLANG_SUITE, "--ignore", ENGINE_SUITES[0], "--ignore", ENGINE_SUITES[1]]);
+    let mut args = vec!["tests/python", "--ignore", SGLANG_SUITE];
+    for s in ENGINE_SUITES {
+        args.extend(["--ignore", s]);
+    }
+    run_pytest(&args);
 }
 
 #[test]

@@ -84,13 +84,15 @@ class Cluster:
         except (requests.RequestException, ValueError):
             return {}
 
-    def node(self, node_id: str) -> None:
+    def node(self, node_id: str, mode: list[str] | None = None) -> None:
+        """Starts (or restarts, on the same port) node `node_id`; `mode`
+        replaces the default `--ha-promote-without-state` (election only)."""
         port = self.ports.setdefault(node_id, free_loopback_port())
         self.procs[node_id] = spawn(
             [str(self.binary), "--host", "127.0.0.1", "--port", str(port), "--workers", "1", "--ha", "etcd",
              "--etcd-endpoints", self.etcd_url, "--ha-cluster", "/py", "--node-id", node_id,
              "--advertise-url", f"http://127.0.0.1:{port}", "--ha-lease-ttl", str(TTL_S),
-             "--ha-token-file", str(self.tmp / "token"), "--ha-promote-without-state"],
+             "--ha-token-file", str(self.tmp / "token"), *(mode or ["--ha-promote-without-state"])],
             self.tmp / f"{node_id}.log",
         )
         wait_until(f"{node_id} answers /health", lambda: self.ha(node_id))
