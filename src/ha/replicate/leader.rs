@@ -348,13 +348,15 @@ impl Replicator {
                 if me.session.load(Ordering::Acquire) != n {
                     break;
                 }
+                // Before `acked` rises: a change answered on this
+                // acknowledgement no longer counts in the lag.
+                me.lag.acked(upto);
                 me.acked.fetch_max(upto, Ordering::AcqRel);
                 if upto >= r && !me.in_sync.swap(true, Ordering::AcqRel) {
                     me.syncs.fetch_add(1, Ordering::Relaxed);
                 }
                 drop(a);
                 me.notify.notify_waiters();
-                me.lag.acked(upto);
             }
             dead.store(true, Ordering::Release);
             me.end_session(n);
