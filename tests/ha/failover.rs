@@ -15,13 +15,13 @@ fn replicated(c: &Cluster, id: &str, dir: &Path) -> ServerProcess {
 }
 
 /// A replicated node `id` on data directory `dir` with `--ha-sync mode`.
-fn replicated_in(c: &Cluster, id: &str, dir: &Path, mode: &str) -> ServerProcess {
+pub fn replicated_in(c: &Cluster, id: &str, dir: &Path, mode: &str) -> ServerProcess {
     let mut args: Vec<String> = c.node_args(id).into_iter().filter(|a| a != "--ha-promote-without-state").collect();
     args.extend(["--data-dir", dir.to_str().expect("UTF-8"), "--fsync", "always", "--ha-sync", mode].map(String::from));
     ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
-fn post(p: &ServerProcess, path: &str, body: &Value) -> (u16, Value) {
+pub fn post(p: &ServerProcess, path: &str, body: &Value) -> (u16, Value) {
     let a = request(&p.addr.to_string(), "POST", path, &body.to_string()).expect("an answer");
     let v = if a.body.is_empty() { Value::Null } else { a.json() };
     (a.status, v)
@@ -29,7 +29,7 @@ fn post(p: &ServerProcess, path: &str, body: &Value) -> (u16, Value) {
 
 /// Saves `keys` on rank 0 of `p` (allocate, then confirm); returns the
 /// acknowledged (key, page) pairs: those whose confirm answered 204.
-fn save(p: &ServerProcess, keys: &[String]) -> Vec<(String, i64)> {
+pub fn save(p: &ServerProcess, keys: &[String]) -> Vec<(String, i64)> {
     let items: Vec<Value> = keys.iter().map(|k| json!([k, ""])).collect();
     let (st, v) = post(p, "/keys/batch_allocate", &json!({"rank": 0, "keys": items}));
     assert_eq!(st, 200, "allocate: {v}");
@@ -52,7 +52,7 @@ fn assert_kept(p: &ServerProcess, acked: &[(String, i64)]) {
     }
 }
 
-fn keys(from: usize, n: usize) -> Vec<String> {
+pub fn keys(from: usize, n: usize) -> Vec<String> {
     (from..from + n).map(|i| format!("{i:032x}")).collect()
 }
 

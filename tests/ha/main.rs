@@ -11,6 +11,7 @@
 //! - [`relay`]: following the leader, closing connections to a deposed one.
 //! - [`failover`]: SIGKILL of a replicating leader: nothing acknowledged lost.
 //! - [`under_load`]: SIGKILL of the leader under load through the relay.
+//! - [`observability`]: the lag in seconds while a standby is paused.
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
@@ -27,6 +28,7 @@ mod etcd;
 mod failover;
 mod history;
 mod http;
+mod observability;
 mod relay;
 mod replication;
 mod under_load;
