@@ -7,6 +7,8 @@
 //! - [`cluster`]: nodes, relays, polling helpers.
 //! - [`client`]: the etcd JSON-gateway client against real etcd.
 //! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
+//! - [`grafana_dashboard`]: the dashboard's names against live scrapes,
+//!   an HA leader's and its standby's included.
 //! - [`history`]: without replication, only the last leader may lead again.
 //! - [`relay`]: following the leader, closing connections to a deposed one.
 //! - [`failover`]: SIGKILL of a replicating leader: nothing acknowledged lost.
@@ -26,6 +28,7 @@ mod cluster;
 mod election;
 mod etcd;
 mod failover;
+mod grafana_dashboard;
 mod history;
 mod http;
 mod observability;
