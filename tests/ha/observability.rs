@@ -70,4 +70,6 @@ fn the_lag_in_seconds_is_zero_when_caught_up_grows_while_the_standby_is_paused_a
     assert_eq!(l2, l, "pausing the standby changed no leader");
     save(leader, &keys(100, 4));
     assert_eq!(metric(leader, LAG), Some(0.0));
+    let stats = get(&leader.addr.to_string(), "/stats").expect("/stats").json();
+    assert_eq!(stats["ha"]["replication"]["lag_seconds"].as_f64(), Some(0.0), "/stats shows it too: {stats}");
 }
