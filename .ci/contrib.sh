@@ -5,7 +5,7 @@
 #
 # 1. promtool check rules, promtool test rules, and every alert of the rules
 #    file has a test where it fires and one where it does not; the Grafana
-#    dashboard's queries parse (tests/grafana_dashboard.rs checks its names);
+#    dashboard's queries parse (tests/ha/grafana_dashboard.rs checks its names);
 # 2. a live server (the binary, --data-dir in a temporary directory, a free
 #    port): after requests on both dialects, every hf3fs_meta_* name the
 #    rules and their tests use is in its /metrics, with the labels and label

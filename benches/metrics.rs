@@ -6,10 +6,17 @@
 //! request (`cargo bench --bench request`): tens of nanoseconds against
 //! microseconds.
 //!
+//! Also the replication lag in seconds' cost per frame on an HA leader
+//! (`ha::replicate::lag`): the writer's stamp (a clock read and a push) and
+//! the acknowledgement reader's pop, against a frame's group commit (an
+//! fsync: tens of microseconds at least); and a scrape's read.
+//!
 //! Run: `cargo bench --bench metrics`. Figures in perf/RESULTS.md.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use hf3fs_meta::core::Dialect;
+use hf3fs_meta::ha::node::now;
+use hf3fs_meta::ha::replicate::lag::LagClock;
 use hf3fs_meta::metrics::{Endpoint, Metrics};
 use hf3fs_meta::routes::{Op, RouteId};
 use std::hint::black_box;
@@ -47,9 +54,29 @@ fn metrics(c: &mut Criterion) {
     g.finish();
 }
 
+fn lag(c: &mut Criterion) {
+    let mut g = c.benchmark_group("replication lag");
+    let l = LagClock::default();
+    let mut upto = 0u64;
+    g.bench_function("stamp one frame and drop it on its ack", |b| {
+        b.iter(|| {
+            upto += 1;
+            l.written(black_box(7), upto, now());
+            l.acked(black_box(upto));
+        })
+    });
+    // A standby a few frames behind: the stamp joins a short queue.
+    for _ in 0..8 {
+        upto += 1;
+        l.written(7, upto, now());
+    }
+    g.bench_function("read the lag (a scrape)", |b| b.iter(|| black_box(l.seconds(black_box(7), now()))));
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
-    targets = metrics
+    targets = metrics, lag
 }
 criterion_main!(benches);

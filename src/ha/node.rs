@@ -308,7 +308,7 @@ impl Node {
             "node": self.id,
             "leader": leader.map(|l| serde_json::json!({ "node": l.node, "url": l.url, "epoch": l.epoch, "serving": l.serving })),
             "standby": standby,
-            "replication": self.replication.get().map(|r| r.json()),
+            "replication": self.replication.get().map(|r| r.json(self.leader_epoch())),
         })
         .to_string()
     }
@@ -321,7 +321,7 @@ impl Node {
     /// Appends the HA series to a Prometheus text.
     pub fn render_metrics(&self, out: &mut String) {
         if let Some(r) = self.replication.get() {
-            r.render_metrics(out);
+            r.render_metrics(out, self.leader_epoch());
         }
         let role = self.role();
         let _ = writeln!(out, "# HELP hf3fs_meta_ha_role This node's HA role (1 for the current one).");

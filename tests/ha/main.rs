@@ -9,6 +9,8 @@
 //! - [`writes`]: vLLM's saves and loads against a node or a relay.
 //! - [`client`]: the etcd JSON-gateway client against real etcd.
 //! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
+//! - [`grafana_dashboard`]: the dashboard's names against live scrapes,
+//!   an HA leader's and its standby's included.
 //! - [`history`]: without replication, only the last leader may lead again.
 //! - [`relay`]: following the leader, closing connections to a deposed one.
 //! - [`failover`]: SIGKILL of a replicating leader: nothing acknowledged lost.
@@ -16,6 +18,7 @@
 //!   under load through the relay.
 //! - [`pause`]: SIGSTOP of a replicating leader for three TTLs.
 //! - [`hold`]: the promotion hold, on the injectable clock.
+//! - [`observability`]: the lag in seconds while a standby is paused.
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
@@ -30,11 +33,13 @@ mod cluster;
 mod election;
 mod etcd;
 mod failover;
+mod grafana_dashboard;
 mod history;
 mod hold;
 mod http;
 mod pause;
 mod proxy;
+mod observability;
 mod relay;
 mod replication;
 mod under_load;

@@ -278,3 +278,42 @@ fn a_reservation_made_on_the_leader_is_confirmed_on_the_promoted_standby() {
     let other = key(8);
     assert!(store.confirm(0, &[(other.as_str(), pages[0])], &[]).is_err());
 }
+
+/// The leader's lag in seconds at epoch [`EPOCH`], now.
+fn lag_seconds(p: &Pair) -> f64 {
+    p.replicator.lag.seconds(EPOCH, hf3fs_meta::ha::node::now())
+}
+
+#[test]
+fn the_lag_in_seconds_is_zero_when_caught_up_and_grows_without_a_standby() {
+    let _g = crate::serial();
+    let p = Pair::new(SyncMode::Strict);
+    p.replicator.lead(EPOCH);
+    p.connect();
+    p.leader.init(0, 64);
+    save(&p.leader, 0, &[key(1), key(2)]);
+    assert_eq!(lag_seconds(&p), 0.0, "every answered change is acknowledged");
+    assert_eq!(p.replicator.lag.seconds(0, hf3fs_meta::ha::node::now()), 0.0, "not leading: no lag");
+    // The standby goes: a change is made here (answered 503) and waits.
+    p.replicator.set_target(None);
+    let head = p.replicator.head();
+    let r = p.leader.confirm_raw(0, &[], &[0]);
+    assert_eq!(r.status, 503, "{r:?}");
+    assert!(p.replicator.head() > head, "the release was recorded here");
+    until("the unacknowledged change's wait shows", || lag_seconds(&p) > 0.0);
+    let first = lag_seconds(&p);
+    until("it keeps growing", || lag_seconds(&p) > first);
+    assert_eq!(p.replicator.lag.seconds(EPOCH + 1, hf3fs_meta::ha::node::now()), 0.0, "another epoch's stamps");
+    // A standby catches up by snapshot: its acknowledgement covers it.
+    p.connect();
+    until("caught up again", || lag_seconds(&p) == 0.0);
+    save(&p.leader, 0, &[key(3)]);
+    assert_eq!(lag_seconds(&p), 0.0);
+    // Not leading any more: frames are not stamped.
+    p.replicator.lead(0);
+    p.replicator.set_target(None);
+    let head = p.replicator.head();
+    assert_eq!(p.leader.confirm_raw(0, &[], &[1]).status, 503);
+    assert!(p.replicator.head() > head, "the release was recorded here");
+    assert_eq!(lag_seconds(&p), 0.0, "a change made while not leading is not counted");
+}

@@ -7,7 +7,6 @@
 //! - [`malformed`]: bad input, byte for byte: a clear 4xx and no change.
 //! - [`ops`]: `/health`, `/stats`, `/metrics`, the OpenAPI document.
 //! - [`eviction`]: eviction and read leases over HTTP.
-//! - [`grafana_dashboard`]: the dashboard's queries name real series.
 //! - [`stats_metrics`]: `/stats` and `/metrics` agree on every page count.
 
 #[path = "../common/mod.rs"]
@@ -15,7 +14,6 @@ mod common;
 
 mod contract;
 mod eviction;
-mod grafana_dashboard;
 mod malformed;
 mod ops;
 mod sglang;

@@ -31,6 +31,7 @@
 //! change. `released`, `broken` and the session number are flags between
 //! threads with no data hanging off them beyond what they say (`AcqRel`).
 
+use super::lag::LagClock;
 use super::wire::Msg;
 use super::SyncMode;
 use crate::core::{PageSource, Visit};
@@ -96,6 +97,9 @@ pub struct Replicator {
     pub sync_failures: AtomicU64,
     /// Sessions that reached sync.
     pub syncs: AtomicU64,
+    /// The lag in seconds: frames stamped as written, dropped as
+    /// acknowledged.
+    pub lag: LagClock,
 }
 
 impl Replicator {
@@ -129,6 +133,7 @@ impl Replicator {
             notify: tokio::sync::Notify::new(),
             sync_failures: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            lag: LagClock::default(),
         });
         let me = r.clone();
         std::thread::Builder::new()
@@ -151,6 +156,12 @@ impl Replicator {
             drop(_a);
             self.notify.notify_waiters();
         }
+    }
+
+    /// This node leads at `epoch` from now on (0: it does not lead): its
+    /// frames are stamped for the lag in seconds.
+    pub fn lead(&self, epoch: u64) {
+        self.lag.lead(epoch);
     }
 
     /// The standby streamed to, if any.
@@ -337,6 +348,9 @@ impl Replicator {
                 if me.session.load(Ordering::Acquire) != n {
                     break;
                 }
+                // Before `acked` rises: a change answered on this
+                // acknowledgement no longer counts in the lag.
+                me.lag.acked(upto);
                 me.acked.fetch_max(upto, Ordering::AcqRel);
                 if upto >= r && !me.in_sync.swap(true, Ordering::AcqRel) {
                     me.syncs.fetch_add(1, Ordering::Relaxed);
@@ -382,6 +396,11 @@ impl Replicator {
 
 impl Replication for Replicator {
     fn written(&self, frame: Frame) {
+        // One clock read per frame (a group commit), only while leading.
+        let epoch = self.lag.leading();
+        if epoch != 0 {
+            self.lag.written(epoch, frame.upto, crate::ha::node::now());
+        }
         let _ = self.frames.send(frame);
     }
 

@@ -7,6 +7,7 @@
 //! - [`standby`]: [`Standby`], the listener that applies a leader's
 //!   snapshot and frames through the store's replay operations and
 //!   acknowledges positions once its own disk has them.
+//! - [`lag`]: the lag in seconds, from frames stamped as written.
 //! - [`status`]: what `/health`, `/stats` and `/metrics` show of it.
 //! - [`mod@start`]: the server's start-up of all of it.
 //! - [`promote`]: the control plane's [`Promotion`](super::Promotion) hook:
@@ -29,6 +30,7 @@
 //! [`crate::durable::Durable::sync`]; a standby's store changes only
 //! through `Store::replay_*`, which journal to its own durable store.
 
+pub mod lag;
 pub mod leader;
 pub mod promote;
 pub mod standby;

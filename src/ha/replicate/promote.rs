@@ -119,6 +119,7 @@ impl Promotion for Replicated {
                 "promoted with the replicated state"
             );
             self.replicator.set_target(None);
+            self.replicator.lead(ctx.epoch);
             // Only this node is named (or nobody is): see the module docs.
             self.replicator.release(self.mode == SyncMode::Available);
             Ok(())
@@ -126,6 +127,7 @@ impl Promotion for Replicated {
     }
 
     fn deposed(&self, _epoch: u64) {
+        self.replicator.lead(0);
         self.replicator.set_target(None);
         self.replicator.release(false);
     }

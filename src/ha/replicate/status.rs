@@ -1,6 +1,6 @@
 //! What `/health`, `/stats` and `/metrics` show of replication: the
-//! leader's side (target, in sync, acknowledged position, lag in records,
-//! refused waits) and the standby's (epoch, position, caught up, frames and
+//! leader's side (target, in sync, acknowledged position, lag in records
+//! and in seconds, refused waits) and the standby's (epoch, position, caught up, frames and
 //! snapshots applied, refusals by reason).
 
 use super::leader::Replicator;
@@ -28,8 +28,16 @@ impl Status {
         self.replicator.head().saturating_sub(self.replicator.acked())
     }
 
-    /// The `"replication"` object.
-    pub fn json(&self) -> serde_json::Value {
+    /// How long the oldest change made here and not yet acknowledged by a
+    /// standby has waited, in seconds, on a node leading at `leading` (0:
+    /// not leading; see [`super::lag`]).
+    pub fn lag_seconds(&self, leading: u64) -> f64 {
+        self.replicator.lag.seconds(leading, crate::ha::node::now())
+    }
+
+    /// The `"replication"` object of a node leading at `leading` (0: not
+    /// leading).
+    pub fn json(&self, leading: u64) -> serde_json::Value {
         let r = &self.replicator;
         let s = &self.standby;
         let (epoch, position, caught_up) = s.state();
@@ -40,6 +48,7 @@ impl Status {
             "in_sync": r.synced().is_some(),
             "acknowledged": r.acked(),
             "lag_records": self.lag(),
+            "lag_seconds": self.lag_seconds(leading),
             "sync_failures": c(&r.sync_failures),
             "as_standby": {
                 "epoch": epoch,
@@ -56,8 +65,9 @@ impl Status {
         })
     }
 
-    /// Appends the replication series to a Prometheus text.
-    pub fn render_metrics(&self, out: &mut String) {
+    /// Appends the replication series of a node leading at `leading` (0:
+    /// not leading) to a Prometheus text.
+    pub fn render_metrics(&self, out: &mut String, leading: u64) {
         let r = &self.replicator;
         let s = &self.standby;
         let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -105,6 +115,13 @@ impl Status {
                 "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}\nhf3fs_meta_{name} {v}"
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP hf3fs_meta_ha_replication_lag_seconds How long the oldest change made on this leader and not yet \
+             acknowledged by a standby has waited (0: all acknowledged, or not leading).\n\
+             # TYPE hf3fs_meta_ha_replication_lag_seconds gauge\nhf3fs_meta_ha_replication_lag_seconds {}",
+            self.lag_seconds(leading)
+        );
         let _ = writeln!(
             out,
             "# HELP hf3fs_meta_ha_replication_refused_total Replication hellos and frames refused here, by reason.\n\
