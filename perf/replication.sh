@@ -10,10 +10,12 @@
 #
 # Usage: perf/replication.sh [--rounds N] [--duration S] [--fsync MODE]
 #        [--scenarios "confirm allocate"] [--connections N] [--no-build]
+#        [--bin PATH]   (another hf3fs-meta binary, e.g. an older build's copy)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
 REL="$ROOT/target/release"
+BIN="$REL/hf3fs-meta"
 ROUNDS=3 DURATION=5 WARMUP=1 FSYNC=batch SCENARIOS="confirm allocate" CONNS=32 BUILD=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -23,6 +25,7 @@ while [[ $# -gt 0 ]]; do
     --scenarios) SCENARIOS="$2"; shift ;;
     --connections) CONNS="$2"; shift ;;
     --no-build) BUILD=0 ;;
+    --bin) BIN="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "replication.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -54,7 +57,7 @@ echo "a-cluster-secret-of-32-characters" >"$WORK/token"
 export HF3FS_META_LOG_LEVEL=${HF3FS_META_LOG_LEVEL:-warn} RUST_LOG=${RUST_LOG:-warn}
 start() { # name port extra...
   local name=$1 port=$2; shift 2
-  "$REL/hf3fs-meta" --host 127.0.0.1 --port "$port" --data-dir "$WORK/$name" --fsync "$FSYNC" "$@" \
+  "$BIN" --host 127.0.0.1 --port "$port" --data-dir "$WORK/$name" --fsync "$FSYNC" "$@" \
     >"$WORK/$name.log" 2>&1 &
   PIDS+=($!)
   wait_http "127.0.0.1:$port" || { echo "$name did not start:"; cat "$WORK/$name.log"; exit 1; }

@@ -43,6 +43,23 @@ pub trait Replication: Send + Sync {
     /// The writer wrote `frame` (writer thread; must not block).
     fn written(&self, frame: Frame);
 
+    /// Whether frames are wanted now (asked once per writer pass, before
+    /// its records are copied for a frame). `false` spares the writer the
+    /// copy and the hand-over while nobody is streamed to (a follower, a
+    /// leader without a standby): that pass's frame is not built at all,
+    /// except one that starts with a `/clear`, which is always handed on.
+    /// A consumer that starts streaming later begins with a snapshot; the
+    /// `from`/`upto` of the frames after it show any frame it missed.
+    fn wants_frames(&self) -> bool {
+        true
+    }
+
+    /// The writer wrote changes up to `upto` without building a frame
+    /// (frames were not wanted; writer thread, must not block): what is
+    /// counted of changes no standby has, the lag in seconds, still sees
+    /// them.
+    fn skipped(&self, _upto: u64) {}
+
     /// The stream is broken: the writer rebuilt its keyspace from memory
     /// after a disk fault and the frames since the last one were never
     /// written. Standbys must catch up by snapshot.

@@ -107,6 +107,9 @@ struct Batch {
     /// whether a `/clear` switched the generation ([`super::tap::Frame`]).
     shipped: Vec<u8>,
     cleared: bool,
+    /// This pass's frame is handed on ([`super::tap::Replication::wants_frames`],
+    /// asked once per pass, before the copy into `shipped`).
+    ship: bool,
 }
 
 impl Batch {
@@ -119,6 +122,7 @@ impl Batch {
         self.ranks.clear();
         self.shipped.clear();
         self.cleared = false;
+        self.ship = false;
     }
 
     /// Notes a page change for the checkpointer.
@@ -301,6 +305,9 @@ impl Writer {
 
     /// Appends the batch's records as one log entry.
     fn write(&mut self, batch: &mut Batch) -> Result<(), Failure> {
+        if let Some(r) = self.shared.replication.get() {
+            batch.ship = batch.cleared || r.wants_frames();
+        }
         if batch.records == 0 {
             return Ok(());
         }
@@ -309,7 +316,7 @@ impl Writer {
         if self.mode == FsyncMode::Always {
             self.shared.check(Point::Sync).map_err(|e| Failure::io("log fsync", &e))?;
         }
-        if self.shared.replication.get().is_some() {
+        if batch.ship {
             batch.shipped.extend_from_slice(&batch.buf);
         }
         let db = self.shared.db.load();
@@ -378,9 +385,16 @@ impl Writer {
     }
 
     /// Hands what this pass wrote (up to change `done`) to the replication
-    /// layer, if one is attached.
+    /// layer, if one is attached and wanted this pass's frame.
     fn ship(&mut self, batch: &mut Batch, done: u64) {
         let Some(r) = self.shared.replication.get() else { return };
+        if !std::mem::take(&mut batch.ship) {
+            // Not wanted: the next frame's `from` shows the gap.
+            batch.shipped.clear();
+            self.shipped_upto = done;
+            r.skipped(done);
+            return;
+        }
         r.written(super::tap::Frame {
             generation: self.generation,
             clear: std::mem::take(&mut batch.cleared),

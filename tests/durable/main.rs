@@ -6,6 +6,7 @@
 //! - [`reservations`]: reservations and holds across restarts, and data
 //!   directories of the previous release (issue 20).
 //! - [`sglang`]: SGLang's page spaces on their own durable store.
+//! - [`tap`]: the replication tap: which frames the writer builds.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -14,3 +15,4 @@ mod faults;
 mod recovery;
 mod reservations;
 mod sglang;
+mod tap;

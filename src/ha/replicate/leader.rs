@@ -27,11 +27,13 @@
 //!
 //! `acked` and `in_sync` are written by the session threads and read by
 //! requests: `Release`/`Acquire`, and every change is followed by a
-//! `Notify` wake-up; a waiter registers before it checks, so it misses no
-//! change. `released`, `broken` and the session number are flags between
+//! wake-up ([`Waiters`]: an acknowledgement wakes the requests it covers,
+//! any other change all of them); a waiter registers before it checks, so
+//! it misses no change. `released`, `broken`, `streaming` and the session number are flags between
 //! threads with no data hanging off them beyond what they say (`AcqRel`).
 
 use super::lag::LagClock;
+use super::waiters::Waiters;
 use super::wire::Msg;
 use super::SyncMode;
 use crate::core::{PageSource, Visit};
@@ -77,6 +79,9 @@ pub struct Replicator {
     target: Mutex<Option<Target>>,
     /// Bumped whenever the target changes: the running session ends.
     session: AtomicU64,
+    /// There is a target: the writer builds frames
+    /// ([`Replication::wants_frames`]); without one it spares the copy.
+    streaming: AtomicBool,
     /// The standby acknowledged every change up to this (in the current
     /// session).
     acked: AtomicU64,
@@ -92,7 +97,8 @@ pub struct Replicator {
     released: AtomicBool,
     /// The writer rebuilt its keyspace: the session must start over.
     broken: AtomicBool,
-    notify: tokio::sync::Notify,
+    /// The requests waiting for an acknowledgement ([`Waiters`]).
+    waiters: Waiters,
     /// Requests answered 503 for want of an acknowledgement.
     pub sync_failures: AtomicU64,
     /// Sessions that reached sync.
@@ -125,12 +131,13 @@ impl Replicator {
             frames: tx,
             target: Mutex::new(None),
             session: AtomicU64::new(0),
+            streaming: AtomicBool::new(false),
             acked: AtomicU64::new(0),
             ack_lock: Mutex::new(()),
             in_sync: AtomicBool::new(false),
             released: AtomicBool::new(false),
             broken: AtomicBool::new(false),
-            notify: tokio::sync::Notify::new(),
+            waiters: Waiters::default(),
             sync_failures: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             lag: LagClock::default(),
@@ -149,12 +156,15 @@ impl Replicator {
     pub fn set_target(&self, target: Option<Target>) {
         let mut t = self.target.lock().unwrap_or_else(PoisonError::into_inner);
         if *t != target {
+            // Before the session can start: its snapshot then covers every
+            // frame not built meanwhile (a later one shows as a gap).
+            self.streaming.store(target.is_some(), Ordering::Release);
             *t = target;
             let _a = self.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
             self.session.fetch_add(1, Ordering::AcqRel);
             self.in_sync.store(false, Ordering::Release);
             drop(_a);
-            self.notify.notify_waiters();
+            self.waiters.wake_all();
         }
     }
 
@@ -162,6 +172,15 @@ impl Replicator {
     /// frames are stamped for the lag in seconds.
     pub fn lead(&self, epoch: u64) {
         self.lag.lead(epoch);
+    }
+
+    /// Stamps changes up to `upto` for the lag in seconds: one clock read
+    /// per writer pass (a group commit), only while leading.
+    fn stamp(&self, upto: u64) {
+        let epoch = self.lag.leading();
+        if epoch != 0 {
+            self.lag.written(epoch, upto, crate::ha::node::now());
+        }
     }
 
     /// The standby streamed to, if any.
@@ -180,7 +199,7 @@ impl Replicator {
     /// standby is named again).
     pub fn release(&self, released: bool) {
         self.released.store(released, Ordering::Release);
-        self.notify.notify_waiters();
+        self.waiters.wake_all();
     }
 
     /// The last change number handed out on this node.
@@ -228,7 +247,7 @@ impl Replicator {
             self.in_sync.store(false, Ordering::Release);
         }
         drop(_a);
-        self.notify.notify_waiters();
+        self.waiters.wake_all();
     }
 
     /// One session with `t`, until it fails or the target changes; the
@@ -352,11 +371,15 @@ impl Replicator {
                 // acknowledgement no longer counts in the lag.
                 me.lag.acked(upto);
                 me.acked.fetch_max(upto, Ordering::AcqRel);
-                if upto >= r && !me.in_sync.swap(true, Ordering::AcqRel) {
-                    me.syncs.fetch_add(1, Ordering::Relaxed);
-                }
+                let synced = upto >= r && !me.in_sync.swap(true, Ordering::AcqRel);
                 drop(a);
-                me.notify.notify_waiters();
+                if synced {
+                    me.syncs.fetch_add(1, Ordering::Relaxed);
+                    me.waiters.wake_all();
+                } else {
+                    // Only the requests this acknowledgement covers.
+                    me.waiters.wake_upto(upto);
+                }
             }
             dead.store(true, Ordering::Release);
             me.end_session(n);
@@ -369,11 +392,14 @@ impl Replicator {
 
     /// `Ok` once `upto` may be answered (see the module docs).
     async fn wait_ack(&self, upto: u64) -> Result<(), String> {
-        let deadline = tokio::time::Instant::now() + self.wait;
+        let acked = || self.in_sync.load(Ordering::Acquire) && self.acked() >= upto;
+        // The timer is armed at its first poll: not at all when the
+        // standby has acknowledged already.
+        let timeout = tokio::time::sleep(self.wait);
+        tokio::pin!(timeout);
         loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
+            // Registered before the checks: a change after them wakes it.
+            let woken = self.waiters.wait(upto, acked);
             let in_sync = self.in_sync.load(Ordering::Acquire);
             if in_sync && self.acked() >= upto {
                 return Ok(());
@@ -384,11 +410,15 @@ impl Replicator {
             if !in_sync && self.mode == SyncMode::Strict && self.current().1.is_none() {
                 return Err("there is no synchronous standby (--ha-sync strict)".into());
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return Err(format!(
-                    "the synchronous standby did not acknowledge position {upto} within {:?}",
-                    self.wait
-                ));
+            tokio::select! {
+                biased;
+                () = woken => {}
+                () = &mut timeout => {
+                    return Err(format!(
+                        "the synchronous standby did not acknowledge position {upto} within {:?}",
+                        self.wait
+                    ));
+                }
             }
         }
     }
@@ -396,16 +426,21 @@ impl Replicator {
 
 impl Replication for Replicator {
     fn written(&self, frame: Frame) {
-        // One clock read per frame (a group commit), only while leading.
-        let epoch = self.lag.leading();
-        if epoch != 0 {
-            self.lag.written(epoch, frame.upto, crate::ha::node::now());
-        }
+        self.stamp(frame.upto);
         let _ = self.frames.send(frame);
+    }
+
+    fn skipped(&self, upto: u64) {
+        // No standby streamed to: these changes are on none, and count.
+        self.stamp(upto);
     }
 
     fn broken(&self) {
         self.broken.store(true, Ordering::Release);
+    }
+
+    fn wants_frames(&self) -> bool {
+        self.streaming.load(Ordering::Acquire)
     }
 
     fn acknowledged(&self, upto: u64) -> BoxFuture<'_, Result<(), String>> {

@@ -9,6 +9,8 @@
 //!   acknowledges positions once its own disk has them.
 //! - [`lag`]: the lag in seconds, from frames stamped as written.
 //! - [`status`]: what `/health`, `/stats` and `/metrics` show of it.
+//! - [`waiters`]: the requests waiting for an acknowledgement, woken by
+//!   position.
 //! - [`mod@start`]: the server's start-up of all of it.
 //! - [`promote`]: the control plane's [`Promotion`](super::Promotion) hook:
 //!   who is named synchronous standby in etcd, and who may be promoted.
@@ -36,6 +38,7 @@ pub mod promote;
 pub mod standby;
 pub mod start;
 pub mod status;
+pub mod waiters;
 pub mod wire;
 
 pub use leader::{Replicator, Target};

@@ -295,18 +295,27 @@ fn acknowledge(app: &Weak<App>, rx: crossbeam_channel::Receiver<u64>, mut wr: Bu
 
 /// When each page was last unbound by a replayed record, as the tick until
 /// which a promoted standby holds it back (0: never). One `u32` per page of
-/// each rank that had an unbind: bounded by the ranks' sizes, O(1) per
-/// unbind.
+/// each rank that had an unbind, indexed by rank (ranks are numbered from 0
+/// up to `--max-ranks`): bounded by the ranks' sizes, O(1) per unbind, with
+/// no hashing and no look-up of the rank's size but at its first unbind.
 #[derive(Default)]
 pub struct Holds {
-    until: std::collections::HashMap<u32, Vec<u32>>,
+    until: Vec<Vec<u32>>,
 }
 
 impl Holds {
-    /// Notes that `page` of `rank` (of `num_pages` pages) was unbound: held
-    /// until tick `until` if promoted meanwhile.
-    fn note(&mut self, rank: u32, page: u32, num_pages: u32, until: u32) {
-        let v = self.until.entry(rank).or_insert_with(|| vec![0; num_pages as usize]);
+    /// Notes that `page` of `rank` (of `num_pages()` pages, asked at the
+    /// rank's first note) was unbound: held until tick `until` if promoted
+    /// meanwhile.
+    fn note(&mut self, rank: u32, page: u32, num_pages: impl FnOnce() -> u32, until: u32) {
+        let r = rank as usize;
+        if self.until.len() <= r {
+            self.until.resize_with(r + 1, Vec::new);
+        }
+        let v = &mut self.until[r];
+        if v.is_empty() {
+            v.resize(num_pages() as usize, 0);
+        }
         if let Some(slot) = v.get_mut(page as usize) {
             *slot = until;
         }
@@ -316,9 +325,9 @@ impl Holds {
     /// how many were held.
     pub fn apply(&self, store: &Store) -> u64 {
         let mut held = 0;
-        for (&rank, pages) in &self.until {
+        for (rank, pages) in self.until.iter().enumerate() {
             for (page, &until) in pages.iter().enumerate() {
-                if until != 0 && store.hold_free_page(rank, page as u32, until) {
+                if until != 0 && store.hold_free_page(rank as u32, page as u32, until) {
                     held += 1;
                 }
             }
@@ -348,14 +357,14 @@ fn apply_records(store: &Store, records: &[u8], holds: &mut Holds) -> Result<(),
             }
             Record::Unbind { rank, page } => store.replay_unbind(rank, page).map(|unbound| {
                 if unbound {
-                    holds.note(rank, page, store.rank_size(rank).unwrap_or(0), until);
+                    holds.note(rank, page, || store.rank_size(rank).unwrap_or(0), until);
                 }
             }),
             Record::Pending { rank, page, pending: Pending::Reserved(tag) } => store.replay_reserve(rank, page, tag),
             // Held on the leader for a reader's lease: free here, held back
             // if this node is promoted within that lease.
             Record::Pending { rank, page, pending: Pending::Held } => store.replay_unbind(rank, page).map(|_| {
-                holds.note(rank, page, store.rank_size(rank).unwrap_or(0), until);
+                holds.note(rank, page, || store.rank_size(rank).unwrap_or(0), until);
             }),
         };
         err = done.err();

@@ -19,6 +19,10 @@ struct NotReplicated;
 impl Replication for NotReplicated {
     fn written(&self, _frame: Frame) {}
 
+    fn wants_frames(&self) -> bool {
+        false
+    }
+
     fn broken(&self) {}
 
     fn acknowledged(&self, _upto: u64) -> BoxFuture<'_, Result<(), String>> {

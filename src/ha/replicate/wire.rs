@@ -81,6 +81,11 @@ const SNAP_END: u8 = 6;
 const FRAME: u8 = 7;
 const ACK: u8 = 8;
 
+/// Bytes before a frame's records: kind, four `u64`s, the clear flag.
+const FRAME_HEAD: usize = 1 + 4 * 8 + 1;
+/// Bytes before a snapshot part's records: kind, epoch.
+const PART_HEAD: usize = 1 + 8;
+
 impl Msg {
     /// The leader's epoch this message names (0 for the standby's messages).
     pub fn epoch(&self) -> u64 {
@@ -149,7 +154,9 @@ impl Msg {
         w.write_all(&buf)
     }
 
-    /// Reads one message; `InvalidData` for a malformed one.
+    /// Reads one message; `InvalidData` for a malformed one. The body is
+    /// read into one buffer, not zeroed first, which a frame's or snapshot
+    /// part's records then keep ([`Msg::decode_owned`]).
     pub fn read_from(r: &mut impl Read) -> io::Result<Msg> {
         let mut len = [0; 4];
         r.read_exact(&mut len)?;
@@ -157,13 +164,41 @@ impl Msg {
         if len == 0 || len > MAX_MESSAGE {
             return Err(bad(format!("a message of {len} bytes")));
         }
-        let mut body = vec![0; len];
-        r.read_exact(&mut body)?;
-        Self::decode(&body)
+        let mut body = Vec::with_capacity(len);
+        r.take(len as u64).read_to_end(&mut body)?;
+        if body.len() < len {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection ended inside a message"));
+        }
+        Self::decode_owned(body)
+    }
+
+    /// Decodes one message body, as [`Msg::decode`] does, reusing `body`'s
+    /// buffer for the records of a frame or a snapshot part (no copy of
+    /// them beyond moving them to the buffer's start).
+    pub fn decode_owned(mut body: Vec<u8>) -> io::Result<Msg> {
+        let m = Self::decode_with(&body, false)?;
+        Ok(match m {
+            Msg::Frame { epoch, generation, clear, from, upto, .. } => {
+                body.drain(..FRAME_HEAD);
+                Msg::Frame { epoch, generation, clear, from, upto, records: body }
+            }
+            Msg::SnapshotPart { epoch, .. } => {
+                body.drain(..PART_HEAD);
+                Msg::SnapshotPart { epoch, records: body }
+            }
+            m => m,
+        })
     }
 
     /// Decodes one message body (kind and payload).
     pub fn decode(body: &[u8]) -> io::Result<Msg> {
+        Self::decode_with(body, true)
+    }
+
+    /// Decodes `body`; the records of a frame or snapshot part are copied
+    /// only if `copy` (else left empty for [`Msg::decode_owned`]).
+    fn decode_with(body: &[u8], copy: bool) -> io::Result<Msg> {
+        let records = |p: &[u8]| if copy { p.to_vec() } else { Vec::new() };
         let (&kind, mut p) = body.split_first().ok_or_else(|| bad("an empty message".into()))?;
         let m = match kind {
             HELLO => {
@@ -176,7 +211,7 @@ impl Msg {
             WELCOME if p.is_empty() => Msg::Welcome,
             REJECT => Msg::Reject(String::from_utf8_lossy(p).into_owned()),
             SNAP_BEGIN => Msg::SnapshotBegin { epoch: take_u64(&mut p)? },
-            SNAP_PART => Msg::SnapshotPart { epoch: take_u64(&mut p)?, records: p.to_vec() },
+            SNAP_PART => Msg::SnapshotPart { epoch: take_u64(&mut p)?, records: records(p) },
             SNAP_END => Msg::SnapshotEnd { epoch: take_u64(&mut p)?, upto: take_u64(&mut p)? },
             FRAME => {
                 let (epoch, generation) = (take_u64(&mut p)?, take_u64(&mut p)?);
@@ -189,7 +224,7 @@ impl Msg {
                 if from > upto {
                     return Err(bad(format!("a frame from {from} to {upto}")));
                 }
-                Msg::Frame { epoch, generation, clear, from, upto, records: p.to_vec() }
+                Msg::Frame { epoch, generation, clear, from, upto, records: records(p) }
             }
             ACK => Msg::Ack { upto: take_u64(&mut p)? },
             k => return Err(bad(format!("a message of kind {k}"))),
