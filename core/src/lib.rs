@@ -39,7 +39,7 @@ pub use spaces::{
     SpaceCatalog, SpaceError, SpaceName, SpaceSource, Spaces, SpacesConfig, SpacesDurability, DEFAULT_NAMESPACE,
 };
 pub use store::{
-    AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Initialized,
+    AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Freed, Initialized,
     LeaseStats, MaintainReport, PageRead, PageSource, RankLeases, RankStats, ReadPagesError, Stats, Store, StoreConfig,
     Visit, TICKS_PER_TTL,
 };

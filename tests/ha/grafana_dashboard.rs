@@ -14,8 +14,8 @@
 
 use super::cluster::{leader_and_standby, Cluster};
 use super::etcd::available;
-use super::writes::{at, keys, post, save};
 use super::http::get;
+use super::writes::{at, keys, post, save};
 use crate::common::TestServer;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};

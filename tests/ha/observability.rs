@@ -5,8 +5,8 @@
 
 use super::cluster::{ha, leader_and_standby, wait_for, Cluster};
 use super::etcd::available;
-use super::writes::{at, keys, post, save};
 use super::http::{get, request_within};
+use super::writes::{at, keys, post, save};
 use crate::common::process::ServerProcess;
 use serde_json::json;
 use std::time::Duration;

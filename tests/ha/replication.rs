@@ -260,6 +260,29 @@ fn a_promoted_standby_holds_the_pages_its_leader_unbound_within_a_lease() {
 }
 
 #[test]
+fn a_promoted_standby_does_not_hold_reservations_its_leader_released() {
+    let _g = crate::serial();
+    let p = Pair::new(SyncMode::Strict);
+    p.connect();
+    p.leader.init(0, 8);
+    let keys: Vec<String> = (0..8).map(key).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let pages = p.leader.allocate(0, &refs);
+    assert!(pages.iter().all(|&g| g >= 0), "{pages:?}");
+    // Every write failed: the reservations are released, never bound, so
+    // no lookup ever named their pages and no reader can hold one.
+    p.leader.confirm(0, &[], &pages);
+    let (caught_up, _) = p.receiver.promote(EPOCH + 1);
+    assert!(caught_up);
+    let store = p.standby.app().registry.vllm();
+    let fresh: Vec<String> = (100..108).map(key).collect();
+    let refs: Vec<&str> = fresh.iter().map(String::as_str).collect();
+    let mut out = Vec::new();
+    store.allocate(0, &refs, &mut out).unwrap();
+    assert!(out.iter().all(|&(_, g)| g >= 0), "a released reservation was held back: {out:?}");
+}
+
+#[test]
 fn a_reservation_made_on_the_leader_is_confirmed_on_the_promoted_standby() {
     let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);

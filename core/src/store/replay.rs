@@ -20,10 +20,12 @@
 //! same key tag (journaled `Reserve`), stamped when the standby applies
 //! them, so they expire no earlier than on the leader. **Unbinds and holds
 //! free their page at once** (a standby serves no reader), and the standby
-//! notes when; on promotion it holds back every page unbound or held within
-//! the last read lease ([`Store::hold_free_page`]): readers' leases are not
-//! replicated, and a reader given a page by the old leader may still be
-//! reading it.
+//! notes when a binding was freed ([`Freed::Binding`]); on promotion it
+//! holds back every such page unbound or held within the last read lease
+//! ([`Store::hold_free_page`]): readers' leases are not replicated, and a
+//! reader given a page by the old leader may still be reading it. A freed
+//! reservation ([`Freed::Reservation`]: a release, an expiry) is not held:
+//! no lookup ever names a reserved page, so no reader can hold it.
 //!
 //! [`Journal`]: crate::Journal
 
@@ -34,6 +36,17 @@ use super::super::lease;
 use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND, FREE};
 use super::super::sync::Ordering;
 use super::{Initialized, Store};
+
+/// What [`Store::replay_unbind`] freed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freed {
+    /// Nothing: the page was free or quarantined already.
+    Nothing,
+    /// A reservation (a released or expired write): no reader can hold it.
+    Reservation,
+    /// A binding: a reader may hold a lease on the page.
+    Binding,
+}
 
 impl Store {
     /// Runs `f` (replays of one frame) as one operation of the journal
@@ -65,8 +78,8 @@ impl Store {
 
     /// Makes `page` of `rank` free (journaled `Unbind`), whatever it holds:
     /// a binding or a reservation. A free or quarantined page is left as it
-    /// is. Returns whether anything was freed.
-    pub fn replay_unbind(&self, rank: u32, page: u32) -> Result<bool, String> {
+    /// is. Returns what was freed.
+    pub fn replay_unbind(&self, rank: u32, page: u32) -> Result<Freed, String> {
         let current = self.current.load();
         let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
@@ -74,19 +87,19 @@ impl Store {
         }
         let mut held = ClaimGuard::new(1);
         match held.claim(table, page) {
-            None => return Ok(false),
+            None => return Ok(Freed::Nothing),
             Some(Claimed::Reserved) => {
                 let _ = held.commit();
                 self.record(Change::Unbind { generation: current.id, rank, page });
                 table.forget_owner(page);
                 table.settle(page, FREE);
                 table.give_back(1);
-                return Ok(true);
+                return Ok(Freed::Reservation);
             }
             Some(Claimed::Bound) => {}
         }
         // A BOUND page that names no key is quarantined (the guard puts it back).
-        let Some(key) = table.owner(page).and_then(|o| current.index.key_of(&o)) else { return Ok(false) };
+        let Some(key) = table.owner(page).and_then(|o| current.index.key_of(&o)) else { return Ok(Freed::Nothing) };
         let _ = held.commit();
         let mut delta = Delta::default();
         // Journaled before the index forgets the binding, as on a leader.
@@ -96,7 +109,7 @@ impl Store {
         table.settle(page, FREE);
         table.give_back(1);
         current.apply(delta);
-        Ok(true)
+        Ok(Freed::Binding)
     }
 
     /// Makes `page` of `rank` reserved for the key tagged `tag` (journaled
@@ -218,6 +231,7 @@ impl Store {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use super::Freed;
     use crate::sync::Mutex;
     use crate::{Change, Journal, KeyRef, LeaseLength, Store, StoreConfig};
     use std::sync::Arc;
@@ -305,8 +319,8 @@ mod tests {
         // Forced over this store's own reservation of page 0 (the allocate
         // above); a reservation that ends (expiry, a release) is an unbind.
         s.replay_reserve(0, 0, tag).unwrap();
-        assert_eq!(s.replay_unbind(0, 0), Ok(true));
-        assert_eq!(s.replay_unbind(0, 0), Ok(false));
+        assert_eq!(s.replay_unbind(0, 0), Ok(Freed::Reservation));
+        assert_eq!(s.replay_unbind(0, 0), Ok(Freed::Nothing));
         let got = log.0.lock().unwrap().clone();
         assert!(got.contains(&format!("reserve 0 1 {tag}")) && got.contains(&"unbind 0 0".to_string()), "{got:?}");
     }
@@ -317,11 +331,11 @@ mod tests {
         s.replay_initialize(0, 2).unwrap();
         s.replay_bind(0, 0, A, 1).unwrap();
         s.replay_bind(0, 1, B, 1).unwrap();
-        assert_eq!(s.replay_unbind(0, 0), Ok(true));
-        assert_eq!(s.replay_unbind(0, 0), Ok(false));
+        assert_eq!(s.replay_unbind(0, 0), Ok(Freed::Binding));
+        assert_eq!(s.replay_unbind(0, 0), Ok(Freed::Nothing));
         // Page 0 is free: the leader may bind it again at once.
         s.replay_bind(0, 0, C, 1).unwrap();
-        assert_eq!(s.replay_unbind(0, 1), Ok(true));
+        assert_eq!(s.replay_unbind(0, 1), Ok(Freed::Binding));
         // Promoted: page 1 was unbound within the lease, held until tick 11.
         assert!(s.hold_free_page(0, 1, 11));
         assert!(!s.hold_free_page(0, 0, 11), "a bound page is not held");

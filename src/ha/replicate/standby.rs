@@ -22,7 +22,7 @@
 
 use super::ct_eq;
 use super::wire::Msg;
-use crate::core::Store;
+use crate::core::{Freed, Store};
 use crate::durable::codec::{self, Pending, Record};
 use crate::App;
 use std::io::{BufReader, BufWriter, Write as _};
@@ -355,8 +355,10 @@ fn apply_records(store: &Store, records: &[u8], holds: &mut Holds) -> Result<(),
             Record::Bind { rank, page, binding } => {
                 store.replay_bind(rank, page, codec::key_str(&binding.key, &mut hex), binding.world)
             }
-            Record::Unbind { rank, page } => store.replay_unbind(rank, page).map(|unbound| {
-                if unbound {
+            // Only a binding freed is held back on promotion: no lookup names
+            // a reserved page, so no reader holds a released reservation.
+            Record::Unbind { rank, page } => store.replay_unbind(rank, page).map(|freed| {
+                if freed == Freed::Binding {
                     holds.note(rank, page, || store.rank_size(rank).unwrap_or(0), until);
                 }
             }),
