@@ -567,7 +567,9 @@ impl HexMap {
         if ranks > INLINE_RANKS {
             self.add_wide(id, no_pages(ranks - INLINE_RANKS));
         }
-        slot.head.set_unpublished(rank, page, self.wide.peek(&id, &guard).map(|b| &**b));
+        // An inline rank's page needs no look at the wide pages (a map probe).
+        let wide = if rank as usize >= INLINE_RANKS { self.wide.peek(&id, &guard).map(|b| &**b) } else { None };
+        slot.head.set_unpublished(rank, page, wide);
         delta.keys += 1;
         delta.complete += i64::from(1 >= world);
         // Room first: the insert below must find an empty slot or a tombstone.
@@ -589,7 +591,8 @@ impl HexMap {
 
     /// A binding of a key already in the map, under its shard's mutex.
     fn bind_present(&self, id: u32, e: &Head, rank: u32, page: u32, delta: &mut Delta, guard: &Guard) -> Bind {
-        let wide = || self.wide.peek(&id, guard).map(|b| &**b);
+        // Only a rank beyond the inline ones looks at the wide pages.
+        let wide = || if rank as usize >= INLINE_RANKS { self.wide.peek(&id, guard).map(|b| &**b) } else { None };
         if let Some(held) = e.page(rank, wide()) {
             return Bind::Kept(held);
         }

@@ -53,9 +53,11 @@ impl Store {
         let table =
             current.rank(rank).ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
         let items = validate(rank, table.num_pages(), confirmations, releases)?;
-        let claim = claim(&current.index, table, rank, &items, confirmations)?;
+        // Each key parsed once, for the claim's checks and the commit.
+        let keys: Vec<KeyRef<'_>> = confirmations.iter().map(|&(k, _)| KeyRef::parse(k)).collect();
+        let claim = claim(&current.index, table, rank, &items, confirmations, &keys)?;
         fail_point_before_commit();
-        Ok(self.commit(&current, table, rank as u32, confirmations, releases, &items, claim))
+        Ok(self.commit(&current, table, rank as u32, &keys, confirmations, releases, &items, claim))
     }
 
     /// Step 3: settles every claimed page. Releases first, so that a request
@@ -67,6 +69,7 @@ impl Store {
         current: &Generation,
         table: &PageTable,
         r: u32,
+        keys: &[KeyRef<'_>],
         confirmations: &[(&str, i64)],
         releases: &[i64],
         items: &[Item],
@@ -108,17 +111,16 @@ impl Store {
             }
         }
         let world = || self.cfg.world_size.unwrap_or_else(|| current.initialized.load(Ordering::Relaxed));
-        for (&(key, page), c) in confirmations.iter().zip(&claims) {
+        for ((&(_, page), &k), c) in confirmations.iter().zip(keys).zip(&claims) {
             let page = page as u32;
             match c {
                 None => {}
                 Some(Claimed::Bound) => {
                     table.settle(page, BOUND);
-                    current.index.reader().touch(KeyRef::parse(key));
+                    current.index.reader().touch(k);
                     outcome.reconfirmed += 1;
                 }
                 Some(Claimed::Reserved) => {
-                    let k = KeyRef::parse(key);
                     match current.index.bind(k, r, page, world, &mut delta) {
                         Bind::Bound(world, id) => {
                             table.set_owner(page, Owner::of(k, id));
@@ -272,6 +274,7 @@ fn claim<'t>(
     rank: i64,
     items: &[Item],
     confirmations: &[(&str, i64)],
+    keys: &[KeyRef<'_>],
 ) -> Result<ClaimGuard<'t>, ConfirmError> {
     let mut guard = ClaimGuard::new(items.len());
     for it in items {
@@ -284,10 +287,10 @@ fn claim<'t>(
                 return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None))
             }
             (None, None) => return Err(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, page, Some(key()))),
-            (Some(Claimed::Reserved), None) if table.reservation_tag(it.page) != KeyRef::parse(key()).tag() => {
+            (Some(Claimed::Reserved), None) if table.reservation_tag(it.page) != keys[it.tag as usize].tag() => {
                 return Err(ConfirmError::new(ErrorCode::ReservedForOtherKey, rank, page, Some(key())));
             }
-            (Some(Claimed::Bound), None) if !index.owns(table, it.page, KeyRef::parse(key())) => {
+            (Some(Claimed::Bound), None) if !index.owns(table, it.page, keys[it.tag as usize]) => {
                 let mut e = ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(key()));
                 e.already_bound = true;
                 return Err(e);
