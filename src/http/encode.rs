@@ -153,101 +153,40 @@ pub enum Keys {
 /// with one pair per item of `results`, in the order given.
 pub fn allocate<'k>(out: &mut Vec<u8>, rank: i64, keys: Keys, results: impl IntoIterator<Item = (&'k str, i64)>) {
     let results = results.into_iter();
-    // 32-hex-digit key, quotes, brackets, comma and a page of up to 10 digits.
-    out.reserve(32 + results.size_hint().0 * ALLOC_ITEM);
+    // 32-hex-digit key, quotes, brackets, comma and a page of up to 9 digits.
+    out.reserve(32 + results.size_hint().0 * 48);
     out.extend_from_slice(br#"{"rank":"#);
     int(out, rank);
-    out.extend_from_slice(br#","results":"#);
-    // Every item is written with a leading comma; the first one's becomes
-    // the list's opening bracket.
-    let open = out.len();
-    for (key, page) in results {
-        match (keys, <&[u8; 32]>::try_from(key.as_bytes())) {
-            (Keys::Plain, Ok(k)) => {
-                debug_assert!(!any_needs_escape(k), "a plain key needs an escape: {key:?}");
-                allocate_item(out, k, page);
-            }
-            _ => {
-                out.extend_from_slice(b",[");
-                match keys {
-                    Keys::Plain => {
-                        debug_assert!(!any_needs_escape(key.as_bytes()), "a plain key needs an escape: {key:?}");
+    out.extend_from_slice(br#","results":["#);
+    for (i, (key, page)) in results.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+        match keys {
+            Keys::Plain => {
+                debug_assert!(!any_needs_escape(key.as_bytes()), "a plain key needs an escape: {key:?}");
+                match <&[u8; 32]>::try_from(key.as_bytes()) {
+                    // A 32-hex key, quoted, in one fixed-size copy.
+                    Ok(k) => {
+                        let mut quoted = [b'"'; 34];
+                        quoted[1..33].copy_from_slice(k);
+                        out.extend_from_slice(&quoted);
+                    }
+                    Err(_) => {
                         out.push(b'"');
                         out.extend_from_slice(key.as_bytes());
                         out.push(b'"');
                     }
-                    Keys::Any => json_str(out, key),
                 }
-                out.push(b',');
-                int(out, page);
-                out.push(b']');
             }
+            Keys::Any => json_str(out, key),
         }
+        out.push(b',');
+        int(out, page);
+        out.push(b']');
     }
-    open_list(out, open);
-    out.push(b']');
-    out.push(b'}');
-}
-
-/// The longest item of an allocate answer with a 32-hex key:
-/// `,["<32 digits>",<10 digits>]`.
-const ALLOC_ITEM: usize = 48;
-
-/// Appends `,["<key>",<page>]`: one fixed-size store of the item at its
-/// longest (the key in place, the page's room left), the page written two
-/// digits at a time ([`put_page`]), and the length cut to what was used.
-/// About a third of the instructions of pushing its parts one by one
-/// (issue 22, perf/history/2026-12-01-issue-22-writes.md).
-#[inline]
-fn allocate_item(out: &mut Vec<u8>, key: &[u8; 32], page: i64) {
-    let at = out.len();
-    let mut item = [b']'; ALLOC_ITEM];
-    item[..3].copy_from_slice(b",[\"");
-    item[3..35].copy_from_slice(key);
-    item[35..37].copy_from_slice(b"\",");
-    out.extend_from_slice(&item);
-    match put_int(out, at + 37, page) {
-        // The `]` after the page is already there (the fragment's filler).
-        Some(end) => out.truncate(end + 1),
-        None => {
-            out.truncate(at);
-            let mut head = [b'"'; 35];
-            head[1..33].copy_from_slice(key);
-            head[34] = b',';
-            item_with_int(out, &head, page);
-        }
-    }
-}
-
-/// Writes `n`, a page or -1, in decimal into `out` at `at` (inside its
-/// length, room for ten digits), returning the position after it; `None`
-/// (nothing written) for any other number.
-#[inline]
-fn put_int(out: &mut [u8], at: usize, n: i64) -> Option<usize> {
-    match u32::try_from(n) {
-        Ok(page) => Some(put_page(out, at, page)),
-        Err(_) if n == -1 => Some(put(out, at, b"-1")),
-        Err(_) => None,
-    }
-}
-
-/// Appends `,[<head><n>]`, `head` being an item's text before its number,
-/// the slow way: for a number [`put_int`] does not write.
-fn item_with_int(out: &mut Vec<u8>, head: &[u8], n: i64) {
-    out.extend_from_slice(b",[");
-    out.extend_from_slice(head);
-    int(out, n);
-    out.push(b']');
-}
-
-/// Turns the leading comma of a list's first item, at `open`, into the
-/// list's `[`; an empty list gets its `[`.
-#[inline]
-fn open_list(out: &mut Vec<u8>, open: usize) {
-    match out.get_mut(open) {
-        Some(comma) => *comma = b'[',
-        None => out.push(b'['),
-    }
+    out.extend_from_slice(b"]}");
 }
 
 /// Appends a batch-exists answer, `{"exists":[true,false,...]}`.
@@ -291,32 +230,18 @@ pub fn indices(out: &mut Vec<u8>, locs: &[Option<u32>]) {
 /// `{"indices":[[true,5],[false,-1],...]}`: per key, whether it was already
 /// written and its page.
 pub fn reserved_indices(out: &mut Vec<u8>, slots: impl ExactSizeIterator<Item = (bool, i64)>) {
-    out.reserve(16 + slots.len() * RESERVED_ITEM);
-    out.extend_from_slice(br#"{"indices":"#);
-    // Leading commas, the first one made the list's `[` (as in `allocate`).
-    let open = out.len();
-    for (written, page) in slots {
-        // One fixed-size store of the item at its longest, then the page.
-        let at = out.len();
-        let (item, len): (&[u8; RESERVED_ITEM], usize) =
-            if written { (b",[true,]]]]]]]]]]]]", 7) } else { (b",[false,]]]]]]]]]]]", 8) };
-        out.extend_from_slice(item);
-        match put_int(out, at + len, page) {
-            // The `]` after the page is the fragment's filler.
-            Some(end) => out.truncate(end + 1),
-            None => {
-                out.truncate(at);
-                item_with_int(out, &item[2..len], page);
-            }
+    out.reserve(16 + slots.len() * 14);
+    out.extend_from_slice(br#"{"indices":["#);
+    for (i, (written, page)) in slots.enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
+        out.extend_from_slice(if written { b"[true," } else { b"[false," });
+        int(out, page);
+        out.push(b']');
     }
-    open_list(out, open);
-    out.push(b']');
-    out.push(b'}');
+    out.extend_from_slice(b"]}");
 }
-
-/// The longest item of a reserve answer: `,[false,<10 digits>]`.
-const RESERVED_ITEM: usize = 19;
 
 /// Appends `head`, the pages of `locs` (`null` for `None`) and `]}`.
 ///
@@ -629,29 +554,6 @@ mod tests {
         check(|o| allocate(o, 1, Keys::Plain, keys.iter().map(|k| (k.as_str(), 7))), r#"{"rank":1,"results":[["a",7],["b",7]]}"#, json!({"rank": 1, "results": [["a", 7], ["b", 7]]}));
         let md5 = "0123456789abcdef0123456789abcdef";
         check(|o| allocate(o, 2, Keys::Plain, [(md5, 3), ("k", 4)]), r#"{"rank":2,"results":[["0123456789abcdef0123456789abcdef",3],["k",4]]}"#, json!({"rank": 2, "results": [[md5, 3], ["k", 4]]}));
-    }
-
-    /// The in-place items of `allocate` and `reserved_indices` against
-    /// the plain formatting, at every digit count, -1 and the numbers they
-    /// hand to the slow path (below -1, above `u32::MAX`).
-    #[test]
-    fn allocate_and_reserve_items_at_every_digit_count() {
-        let md5 = "0123456789abcdef0123456789abcdef";
-        let mut pages =
-            vec![-1, 0, 1, 9, 10, 99, 100, i64::from(u32::MAX), i64::from(u32::MAX) + 1, -2, i64::MIN, i64::MAX];
-        pages.extend((1..10).flat_map(|d| {
-            let p = 10i64.pow(d);
-            [p - 1, p, p + 1]
-        }));
-        let items: Vec<String> = pages.iter().map(|p| format!("[\"{md5}\",{p}]")).collect();
-        let mut out = Vec::new();
-        allocate(&mut out, 7, Keys::Plain, pages.iter().map(|&p| (md5, p)));
-        assert_eq!(String::from_utf8(out).unwrap(), format!("{{\"rank\":7,\"results\":[{}]}}", items.join(",")));
-        let slots: Vec<(bool, i64)> = pages.iter().enumerate().map(|(i, &p)| (i % 3 == 0, p)).collect();
-        let items: Vec<String> = slots.iter().map(|(w, p)| format!("[{w},{p}]")).collect();
-        let mut out = Vec::new();
-        reserved_indices(&mut out, slots.iter().copied());
-        assert_eq!(String::from_utf8(out).unwrap(), format!("{{\"indices\":[{}]}}", items.join(",")));
     }
 
     #[test]

@@ -411,6 +411,34 @@ impl HexMap {
         }
     }
 
+    /// Finds `d` (hash `h`) in `t`, as [`Self::find`], for a writer under
+    /// the shard's mutex: when `d` is absent, the position of the first
+    /// empty slot or tombstone of its probe, where an insert puts it (one
+    /// probe for the look-up and the insert).
+    #[inline]
+    fn find_or_vacancy<'g>(&'g self, t: &Table, d: u128, h: u64) -> Result<Found<'g>, usize> {
+        let tag = Self::tag_of(h);
+        let mut pos = h as usize & t.mask;
+        let mut vacancy = None;
+        loop {
+            // Acquire: as `find`'s (the writer's own mutex orders the rest).
+            let v = t.slots[pos].load(Ordering::Acquire);
+            if v == EMPTY {
+                return Err(vacancy.unwrap_or(pos));
+            }
+            if v == TOMB {
+                vacancy.get_or_insert(pos);
+            } else if v & TAG_MASK == tag && v >> TAG_BITS != 0 {
+                let id = v >> TAG_BITS;
+                let slot = self.arena.slot(id);
+                if slot.digest() == d {
+                    return Ok(Found { pos, id, slot });
+                }
+            }
+            pos = (pos + 1) & t.mask;
+        }
+    }
+
     /// The entry of `d`, lock-free.
     #[inline]
     pub(super) fn get<'g>(&'g self, d: u128, guard: &'g Guard) -> Option<EntryRef<'g>> {
@@ -554,9 +582,10 @@ impl HexMap {
         let (h, shard, mut st) = self.lock(d);
         let guard = Guard::new();
         let t = Self::table(shard, &guard);
-        if let Some(f) = self.find(t, d, h) {
-            return self.bind_present(f.id, &f.slot.head, rank, page, delta, &guard);
-        }
+        let vacancy = match self.find_or_vacancy(t, d, h) {
+            Ok(f) => return self.bind_present(f.id, &f.slot.head, rank, page, delta, &guard),
+            Err(pos) => pos,
+        };
         let Some(id) = st.take_id(&self.arena, || self.epoch(&guard)) else { return Bind::Full };
         let world = world();
         let slot = self.arena.slot(id);
@@ -572,9 +601,15 @@ impl HexMap {
         slot.head.set_unpublished(rank, page, wide);
         delta.keys += 1;
         delta.complete += i64::from(1 >= world);
-        // Room first: the insert below must find an empty slot or a tombstone.
-        let t = if (st.live + st.tombs + 1) * 5 > t.len() * 4 { self.rebuild(shard, &mut st, t, &guard) } else { t };
-        let mut pos = h as usize & t.mask;
+        // Room first: the insert below must find an empty slot or a
+        // tombstone. Without a rebuild, the look-up above found the first
+        // (writers are serialized by the shard's mutex, so it still is).
+        let (t, mut pos) = if (st.live + st.tombs + 1) * 5 > t.len() * 4 {
+            let t = self.rebuild(shard, &mut st, t, &guard);
+            (t, h as usize & t.mask)
+        } else {
+            (t, vacancy)
+        };
         loop {
             let v = t.slots[pos].load(Ordering::Relaxed);
             if v == EMPTY || v == TOMB {

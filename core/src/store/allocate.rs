@@ -314,12 +314,22 @@ struct SeenHex {
     slots: Vec<u128>,
     /// Positions of the slots in use.
     used: Vec<u32>,
-    hasher: foldhash::fast::RandomState,
+    /// This thread's random seeds for [`SeenHex::hash`].
+    seeds: (u64, u64),
 }
 
 impl SeenHex {
     fn new() -> Self {
-        SeenHex { slots: Vec::new(), used: Vec::new(), hasher: foldhash::fast::RandomState::default() }
+        let random = foldhash::fast::RandomState::default();
+        SeenHex { slots: Vec::new(), used: Vec::new(), seeds: (random.hash_one(1u64), random.hash_one(2u64)) }
+    }
+
+    /// A folded multiply of the digest's halves, each mixed with a seed:
+    /// a few instructions, and no fixed family of digests that collide.
+    #[inline]
+    fn hash(&self, d: u128) -> usize {
+        let x = u128::from((d >> 64) as u64 ^ self.seeds.0) * u128::from(d as u64 ^ self.seeds.1);
+        (x as u64 ^ (x >> 64) as u64) as usize
     }
 
     /// Empties the set and makes room for `n` digests.
@@ -344,7 +354,7 @@ impl SeenHex {
     fn insert(&mut self, d: u128) -> bool {
         debug_assert!(d != 0, "the all-zero digest is a text key");
         let mask = self.slots.len() - 1;
-        let mut pos = self.hasher.hash_one(d) as usize & mask;
+        let mut pos = self.hash(d) & mask;
         loop {
             let s = self.slots[pos];
             if s == d {

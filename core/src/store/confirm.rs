@@ -18,7 +18,7 @@ use super::super::index::{Bind, Delta, KeyIndex};
 use super::super::journal::Change;
 use super::super::key::KeyRef;
 use super::super::lease;
-use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND, FREE};
+use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, FREE};
 use super::super::sync::Ordering;
 use super::{ConfirmOutcome, Generation, Store};
 
@@ -77,6 +77,10 @@ impl Store {
     ) -> ConfirmOutcome {
         // The journal hears the whole commit as one operation.
         let _op = self.journal_op();
+        // One reclamation guard for the batch: the index's guard per bind
+        // or unbind is then a counter's increment, not an epoch
+        // announcement (a `SeqCst` RMW) a key.
+        let _pin = scc::Guard::new();
         // What each page was, by its place in the request; `None` for a
         // repeat of an earlier identical confirmation (not claimed).
         let mut claims: Vec<Option<Claimed>> = vec![None; confirmations.len()];
@@ -111,12 +115,16 @@ impl Store {
             }
         }
         let world = || self.cfg.world_size.unwrap_or_else(|| current.initialized.load(Ordering::Relaxed));
+        // Pages that end BOUND settle a state word at a time, once their
+        // key is bound and journaled (consecutive pages of one word in one
+        // RMW), after the loop at the latest.
+        let mut bound = BoundRun::default();
         for ((&(_, page), &k), c) in confirmations.iter().zip(keys).zip(&claims) {
             let page = page as u32;
             match c {
                 None => {}
                 Some(Claimed::Bound) => {
-                    table.settle(page, BOUND);
+                    bound.add(table, page);
                     current.index.reader().touch(k);
                     outcome.reconfirmed += 1;
                 }
@@ -125,7 +133,7 @@ impl Store {
                         Bind::Bound(world, id) => {
                             table.set_owner(page, Owner::of(k, id));
                             self.record(Change::Bind { generation: current.id, rank: r, page, key: k, world });
-                            table.settle(page, BOUND);
+                            bound.add(table, page);
                             outcome.bound += 1;
                         }
                         // Every id taken: as if the key had been evicted
@@ -140,9 +148,41 @@ impl Store {
                 }
             }
         }
+        bound.flush(table);
         table.give_back(freed);
         current.apply(delta);
         outcome
+    }
+}
+
+/// Held pages to settle BOUND, gathered while they share a state word
+/// ([`PageTable::settle_bound_in_word`]): a confirm's pages mostly come a
+/// few to a word, and each word is then one RMW rather than one per page.
+#[derive(Default)]
+struct BoundRun {
+    /// The word and its lanes gathered, when any.
+    run: Option<(usize, u64)>,
+}
+
+impl BoundRun {
+    /// Adds `page` (held BUSY), settling the run before when `page` is in
+    /// another word.
+    fn add(&mut self, table: &PageTable, page: u32) {
+        let (w, lane) = PageTable::lane_of(page);
+        match &mut self.run {
+            Some((rw, lanes)) if *rw == w => *lanes |= lane,
+            _ => {
+                self.flush(table);
+                self.run = Some((w, lane));
+            }
+        }
+    }
+
+    /// Settles the pages gathered.
+    fn flush(&mut self, table: &PageTable) {
+        if let Some((w, lanes)) = self.run.take() {
+            table.settle_bound_in_word(w, lanes);
+        }
     }
 }
 
@@ -266,8 +306,14 @@ fn validate(
     Ok(items)
 }
 
+/// Pages a state word holds: the most [`ClaimGuard::claim_together`] claims at once.
+const LANES_CLAIMED: usize = 32;
+
 /// Step 2: claims every page in page order and checks what it found. On the
 /// first conflict the guard is dropped, which puts back every page claimed.
+/// The pages of one state word are claimed with one CAS when each is
+/// RESERVED or BOUND, one by one otherwise (a FREE page ends the request
+/// where the claims in page order would, a BUSY one is waited for).
 fn claim<'t>(
     index: &KeyIndex,
     table: &'t PageTable,
@@ -277,10 +323,26 @@ fn claim<'t>(
     keys: &[KeyRef<'_>],
 ) -> Result<ClaimGuard<'t>, ConfirmError> {
     let mut guard = ClaimGuard::new(items.len());
-    for it in items {
+    let mut pages = [0u32; LANES_CLAIMED];
+    let (mut word_end, mut together) = (0, false);
+    for (n, it) in items.iter().enumerate() {
+        if n >= word_end {
+            // The pages of the next items that share this one's state word,
+            // claimed with one CAS when each can be (the claims the loop
+            // below would make one by one, page order kept).
+            let w = PageTable::lane_of(it.page).0;
+            let run = items[n..].iter().take_while(|o| PageTable::lane_of(o.page).0 == w).count();
+            for (p, o) in pages.iter_mut().zip(&items[n..n + run]) {
+                *p = o.page;
+            }
+            word_end = n + run;
+            together = run > 1 && guard.claim_together(table, &pages[..run.min(LANES_CLAIMED)]);
+        }
         let page = Some(i64::from(it.page));
         let key = || confirmations[it.tag as usize].0;
-        match (guard.claim(table, it.page), it.release()) {
+        // Every item before this one holds its page: held[n] is this one's.
+        let claimed = if together { guard.held().get(n).map(|h| h.2) } else { guard.claim(table, it.page) };
+        match (claimed, it.release()) {
             (None, Some(_)) => return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None)),
             // Released already and held back for a lease: as good as free.
             (Some(Claimed::Bound), Some(_)) if !table.has_owner(it.page) => {
