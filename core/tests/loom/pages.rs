@@ -7,9 +7,10 @@
 //! each outcome implies.
 //!
 //! Confirms and releases are modelled with the page table's own methods,
-//! following the protocol of `Store::confirm` (claim every page in page order;
-//! on the first invalid item put back what this request claimed; commit by
-//! writing back-references and then settling). The key index (scc) is left
+//! following the protocol of `Store::confirm` (claim every page in page order,
+//! the pages of one state word with one CAS when each can be claimed; on the
+//! first invalid item put back what this request claimed; commit by writing
+//! back-references and then settling, BOUND pages a word at a time). The key index (scc) is left
 //! out: it has no part in the page states. Keys are 32-hex digests, so the
 //! table's text-owner map (scc) is never touched inside a model.
 //!
