@@ -336,7 +336,8 @@ fn claim<'t>(
                 *p = o.page;
             }
             word_end = n + run;
-            together = run > 1 && guard.claim_together(table, &pages[..run.min(LANES_CLAIMED)]);
+            // Distinct pages (validate's check): at most a word's lanes.
+            together = (2..=LANES_CLAIMED).contains(&run) && guard.claim_together(table, &pages[..run]);
         }
         let page = Some(i64::from(it.page));
         let key = || confirmations[it.tag as usize].0;
