@@ -411,6 +411,34 @@ impl HexMap {
         }
     }
 
+    /// Finds `d` (hash `h`) in `t`, as [`Self::find`], for a writer under
+    /// the shard's mutex: when `d` is absent, the position of the first
+    /// empty slot or tombstone of its probe, where an insert puts it (one
+    /// probe for the look-up and the insert).
+    #[inline]
+    fn find_or_vacancy<'g>(&'g self, t: &Table, d: u128, h: u64) -> Result<Found<'g>, usize> {
+        let tag = Self::tag_of(h);
+        let mut pos = h as usize & t.mask;
+        let mut vacancy = None;
+        loop {
+            // Acquire: as `find`'s (the writer's own mutex orders the rest).
+            let v = t.slots[pos].load(Ordering::Acquire);
+            if v == EMPTY {
+                return Err(vacancy.unwrap_or(pos));
+            }
+            if v == TOMB {
+                vacancy.get_or_insert(pos);
+            } else if v & TAG_MASK == tag && v >> TAG_BITS != 0 {
+                let id = v >> TAG_BITS;
+                let slot = self.arena.slot(id);
+                if slot.digest() == d {
+                    return Ok(Found { pos, id, slot });
+                }
+            }
+            pos = (pos + 1) & t.mask;
+        }
+    }
+
     /// The entry of `d`, lock-free.
     #[inline]
     pub(super) fn get<'g>(&'g self, d: u128, guard: &'g Guard) -> Option<EntryRef<'g>> {
@@ -554,9 +582,10 @@ impl HexMap {
         let (h, shard, mut st) = self.lock(d);
         let guard = Guard::new();
         let t = Self::table(shard, &guard);
-        if let Some(f) = self.find(t, d, h) {
-            return self.bind_present(f.id, &f.slot.head, rank, page, delta, &guard);
-        }
+        let vacancy = match self.find_or_vacancy(t, d, h) {
+            Ok(f) => return self.bind_present(f.id, &f.slot.head, rank, page, delta, &guard),
+            Err(pos) => pos,
+        };
         let Some(id) = st.take_id(&self.arena, || self.epoch(&guard)) else { return Bind::Full };
         let world = world();
         let slot = self.arena.slot(id);
@@ -567,12 +596,20 @@ impl HexMap {
         if ranks > INLINE_RANKS {
             self.add_wide(id, no_pages(ranks - INLINE_RANKS));
         }
-        slot.head.set_unpublished(rank, page, self.wide.peek(&id, &guard).map(|b| &**b));
+        // An inline rank's page needs no look at the wide pages (a map probe).
+        let wide = if rank as usize >= INLINE_RANKS { self.wide.peek(&id, &guard).map(|b| &**b) } else { None };
+        slot.head.set_unpublished(rank, page, wide);
         delta.keys += 1;
         delta.complete += i64::from(1 >= world);
-        // Room first: the insert below must find an empty slot or a tombstone.
-        let t = if (st.live + st.tombs + 1) * 5 > t.len() * 4 { self.rebuild(shard, &mut st, t, &guard) } else { t };
-        let mut pos = h as usize & t.mask;
+        // Room first: the insert below must find an empty slot or a
+        // tombstone. Without a rebuild, the look-up above found the first
+        // (writers are serialized by the shard's mutex, so it still is).
+        let (t, mut pos) = if (st.live + st.tombs + 1) * 5 > t.len() * 4 {
+            let t = self.rebuild(shard, &mut st, t, &guard);
+            (t, h as usize & t.mask)
+        } else {
+            (t, vacancy)
+        };
         loop {
             let v = t.slots[pos].load(Ordering::Relaxed);
             if v == EMPTY || v == TOMB {
@@ -589,7 +626,8 @@ impl HexMap {
 
     /// A binding of a key already in the map, under its shard's mutex.
     fn bind_present(&self, id: u32, e: &Head, rank: u32, page: u32, delta: &mut Delta, guard: &Guard) -> Bind {
-        let wide = || self.wide.peek(&id, guard).map(|b| &**b);
+        // Only a rank beyond the inline ones looks at the wide pages.
+        let wide = || if rank as usize >= INLINE_RANKS { self.wide.peek(&id, guard).map(|b| &**b) } else { None };
         if let Some(held) = e.page(rank, wide()) {
             return Bind::Kept(held);
         }

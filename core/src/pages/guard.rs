@@ -33,6 +33,20 @@ impl<'t> ClaimGuard<'t> {
         Some(c)
     }
 
+    /// Claims `pages` of `table` (distinct, ascending, in one state word)
+    /// at once when each is RESERVED or BOUND ([`PageTable::claim_together`])
+    /// and holds them, in order; false when it claimed none (claim them
+    /// one by one then).
+    pub fn claim_together(&mut self, table: &'t PageTable, pages: &[u32]) -> bool {
+        let Some(old) = table.claim_together(pages) else { return false };
+        for &page in pages {
+            let (_, low) = PageTable::lane_of(page);
+            let c = if old & low != 0 { Claimed::Reserved } else { Claimed::Bound };
+            self.held.push((table, page, c));
+        }
+        true
+    }
+
     /// Claims `page` of `table` only if it is BOUND now, without waiting
     /// ([`PageTable::try_claim_bound`]); holds it when claimed.
     pub fn try_claim_bound(&mut self, table: &'t PageTable, page: u32) -> bool {

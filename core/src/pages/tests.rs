@@ -264,3 +264,35 @@ fn quarantine_frees_each_page_at_its_deadline_in_any_order_of_holds() {
     assert_eq!(t.release_quarantined_each(50, &mut |p| assert_eq!(p, again)), 1);
     t.audit().unwrap();
 }
+
+#[test]
+fn claim_together_claims_a_word_at_once_or_nothing() {
+    let t = PageTable::new(64).unwrap();
+    let got = reserve(&t, 4);
+    assert_eq!(got, vec![0, 1, 2, 3]);
+    // Page 1 BOUND, the others RESERVED.
+    assert_eq!(t.claim(1), Some(Claimed::Reserved));
+    t.settle(1, BOUND);
+    let old = t.claim_together(&[0, 1, 3]).expect("RESERVED and BOUND pages claim together");
+    for (page, was) in [(0, RESERVED), (1, BOUND), (3, RESERVED)] {
+        assert_eq!((old >> (2 * page)) & 0b11, was, "page {page}'s old state");
+        assert_eq!(t.state(page), PageState::Busy);
+    }
+    assert_eq!(t.state(2), PageState::Reserved, "a page not named stays as it was");
+    // A BUSY page (held above) or a FREE one: nothing is claimed.
+    assert_eq!(t.claim_together(&[2, 3]), None);
+    assert_eq!(t.claim_together(&[2, 4]), None);
+    assert_eq!(t.state(2), PageState::Reserved);
+    assert_eq!(t.state(4), PageState::Free);
+    assert_eq!(t.claim_together(&[]), None);
+    // Settling BOUND a word at a time: pages 0 and 3 of word 0.
+    let (w, lane0) = PageTable::lane_of(0);
+    let (w3, lane3) = PageTable::lane_of(3);
+    assert_eq!((w, w3), (0, 0));
+    t.settle_bound_in_word(w, lane0 | lane3);
+    t.settle(1, BOUND);
+    for page in [0, 1, 3] {
+        assert_eq!(t.state(page), PageState::Bound);
+    }
+    assert_eq!(t.audit().unwrap(), Counts { free: 60, reserved: 1, bound: 3, ..Counts::default() });
+}

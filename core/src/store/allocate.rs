@@ -22,6 +22,7 @@ use super::super::sync::Ordering;
 use super::super::RankNotInitialized;
 use super::{AllocateOutcome, Generation, Store};
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher;
 
 /// How many of the pages a batch needs the rank must grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -301,13 +302,80 @@ impl Store {
     }
 }
 
-thread_local! {
-    /// The digests already met in this thread's current batch, kept
-    /// between requests so that a batch allocates nothing for them.
-    static SEEN_HEX: std::cell::RefCell<HashSet<u128, FixedState>> = std::cell::RefCell::default();
+/// The digests met in one batch: open addressing with linear probing over
+/// a table at most half full, hashed with a seed of this thread's, kept per
+/// thread between batches so that a batch allocates nothing for it. A slot
+/// holds a digest or 0 (empty; the all-zero digest is never a
+/// [`KeyRef::Hex`]). Emptied at the start of the next batch by clearing
+/// only the slots the last one used, so that a batch of 128 keys neither
+/// clears nor hashes the whole table (hashbrown's set cost 71 instructions
+/// a key here, this about 20: issue 22).
+struct SeenHex {
+    slots: Vec<u128>,
+    /// Positions of the slots in use.
+    used: Vec<u32>,
+    /// This thread's random seeds for [`SeenHex::hash`].
+    seeds: (u64, u64),
 }
 
-/// The most digests whose room [`SEEN_HEX`] keeps between batches (256 KiB).
+impl SeenHex {
+    fn new() -> Self {
+        let random = foldhash::fast::RandomState::default();
+        SeenHex { slots: Vec::new(), used: Vec::new(), seeds: (random.hash_one(1u64), random.hash_one(2u64)) }
+    }
+
+    /// A folded multiply of the digest's halves, each mixed with a seed:
+    /// a few instructions, and no fixed family of digests that collide.
+    #[inline]
+    fn hash(&self, d: u128) -> usize {
+        let x = u128::from((d >> 64) as u64 ^ self.seeds.0) * u128::from(d as u64 ^ self.seeds.1);
+        (x as u64 ^ (x >> 64) as u64) as usize
+    }
+
+    /// Empties the set and makes room for `n` digests.
+    fn start(&mut self, n: usize) {
+        let want = n.saturating_mul(2).next_power_of_two().max(16);
+        if self.slots.len() < want || (self.slots.len() > KEPT_SEEN && want <= KEPT_SEEN) {
+            // Too small, or grown by a huge batch once: not kept for the
+            // thread's life.
+            self.slots = vec![0; want];
+            self.used = Vec::with_capacity(n);
+            return;
+        }
+        for &p in &self.used {
+            self.slots[p as usize] = 0;
+        }
+        self.used.clear();
+        self.used.reserve(n);
+    }
+
+    /// Adds `d` (not 0); false when it was there already.
+    #[inline]
+    fn insert(&mut self, d: u128) -> bool {
+        debug_assert!(d != 0, "the all-zero digest is a text key");
+        let mask = self.slots.len() - 1;
+        let mut pos = self.hash(d) & mask;
+        loop {
+            let s = self.slots[pos];
+            if s == d {
+                return false;
+            }
+            if s == 0 {
+                self.slots[pos] = d;
+                self.used.push(pos as u32);
+                return true;
+            }
+            pos = (pos + 1) & mask;
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's [`SeenHex`].
+    static SEEN_HEX: std::cell::RefCell<SeenHex> = std::cell::RefCell::new(SeenHex::new());
+}
+
+/// The most slots of its table [`SEEN_HEX`] keeps between batches (256 KiB).
 const KEPT_SEEN: usize = 1 << 14;
 
 /// Each distinct key of `keys`, parsed, with the index of its first
@@ -316,12 +384,7 @@ fn distinct_keys<'k>(keys: &[&'k str]) -> Vec<(usize, KeyRef<'k>)> {
     let mut distinct = Vec::with_capacity(keys.len());
     let all_hex = SEEN_HEX.with(|seen| {
         let Ok(mut seen) = seen.try_borrow_mut() else { return false };
-        if seen.capacity() > KEPT_SEEN {
-            // A huge batch once: do not keep its set for the thread's life.
-            *seen = HashSet::default();
-        }
-        seen.clear();
-        seen.reserve(keys.len());
+        seen.start(keys.len());
         for (i, s) in keys.iter().enumerate() {
             let k = KeyRef::parse(s);
             let KeyRef::Hex(d) = k else { return false };

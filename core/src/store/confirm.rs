@@ -18,7 +18,7 @@ use super::super::index::{Bind, Delta, KeyIndex};
 use super::super::journal::Change;
 use super::super::key::KeyRef;
 use super::super::lease;
-use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND, FREE};
+use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, FREE};
 use super::super::sync::Ordering;
 use super::{ConfirmOutcome, Generation, Store};
 
@@ -53,9 +53,11 @@ impl Store {
         let table =
             current.rank(rank).ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
         let items = validate(rank, table.num_pages(), confirmations, releases)?;
-        let claim = claim(&current.index, table, rank, &items, confirmations)?;
+        // Each key parsed once, for the claim's checks and the commit.
+        let keys: Vec<KeyRef<'_>> = confirmations.iter().map(|&(k, _)| KeyRef::parse(k)).collect();
+        let claim = claim(&current.index, table, rank, &items, confirmations, &keys)?;
         fail_point_before_commit();
-        Ok(self.commit(&current, table, rank as u32, confirmations, releases, &items, claim))
+        Ok(self.commit(&current, table, rank as u32, &keys, confirmations, releases, &items, claim))
     }
 
     /// Step 3: settles every claimed page. Releases first, so that a request
@@ -67,6 +69,7 @@ impl Store {
         current: &Generation,
         table: &PageTable,
         r: u32,
+        keys: &[KeyRef<'_>],
         confirmations: &[(&str, i64)],
         releases: &[i64],
         items: &[Item],
@@ -74,6 +77,10 @@ impl Store {
     ) -> ConfirmOutcome {
         // The journal hears the whole commit as one operation.
         let _op = self.journal_op();
+        // One reclamation guard for the batch: the index's guard per bind
+        // or unbind is then a counter's increment, not an epoch
+        // announcement (a `SeqCst` RMW) a key.
+        let _pin = scc::Guard::new();
         // What each page was, by its place in the request; `None` for a
         // repeat of an earlier identical confirmation (not claimed).
         let mut claims: Vec<Option<Claimed>> = vec![None; confirmations.len()];
@@ -108,22 +115,25 @@ impl Store {
             }
         }
         let world = || self.cfg.world_size.unwrap_or_else(|| current.initialized.load(Ordering::Relaxed));
-        for (&(key, page), c) in confirmations.iter().zip(&claims) {
+        // Pages that end BOUND settle a state word at a time, once their
+        // key is bound and journaled (consecutive pages of one word in one
+        // RMW), after the loop at the latest.
+        let mut bound = BoundRun::default();
+        for ((&(_, page), &k), c) in confirmations.iter().zip(keys).zip(&claims) {
             let page = page as u32;
             match c {
                 None => {}
                 Some(Claimed::Bound) => {
-                    table.settle(page, BOUND);
-                    current.index.reader().touch(KeyRef::parse(key));
+                    bound.add(table, page);
+                    current.index.reader().touch(k);
                     outcome.reconfirmed += 1;
                 }
                 Some(Claimed::Reserved) => {
-                    let k = KeyRef::parse(key);
                     match current.index.bind(k, r, page, world, &mut delta) {
                         Bind::Bound(world, id) => {
                             table.set_owner(page, Owner::of(k, id));
                             self.record(Change::Bind { generation: current.id, rank: r, page, key: k, world });
-                            table.settle(page, BOUND);
+                            bound.add(table, page);
                             outcome.bound += 1;
                         }
                         // Every id taken: as if the key had been evicted
@@ -138,9 +148,41 @@ impl Store {
                 }
             }
         }
+        bound.flush(table);
         table.give_back(freed);
         current.apply(delta);
         outcome
+    }
+}
+
+/// Held pages to settle BOUND, gathered while they share a state word
+/// ([`PageTable::settle_bound_in_word`]): a confirm's pages mostly come a
+/// few to a word, and each word is then one RMW rather than one per page.
+#[derive(Default)]
+struct BoundRun {
+    /// The word and its lanes gathered, when any.
+    run: Option<(usize, u64)>,
+}
+
+impl BoundRun {
+    /// Adds `page` (held BUSY), settling the run before when `page` is in
+    /// another word.
+    fn add(&mut self, table: &PageTable, page: u32) {
+        let (w, lane) = PageTable::lane_of(page);
+        match &mut self.run {
+            Some((rw, lanes)) if *rw == w => *lanes |= lane,
+            _ => {
+                self.flush(table);
+                self.run = Some((w, lane));
+            }
+        }
+    }
+
+    /// Settles the pages gathered.
+    fn flush(&mut self, table: &PageTable) {
+        if let Some((w, lanes)) = self.run.take() {
+            table.settle_bound_in_word(w, lanes);
+        }
     }
 }
 
@@ -264,30 +306,54 @@ fn validate(
     Ok(items)
 }
 
+/// Pages a state word holds: the most [`ClaimGuard::claim_together`] claims at once.
+const LANES_CLAIMED: usize = 32;
+
 /// Step 2: claims every page in page order and checks what it found. On the
 /// first conflict the guard is dropped, which puts back every page claimed.
+/// The pages of one state word are claimed with one CAS when each is
+/// RESERVED or BOUND, one by one otherwise (a FREE page ends the request
+/// where the claims in page order would, a BUSY one is waited for).
 fn claim<'t>(
     index: &KeyIndex,
     table: &'t PageTable,
     rank: i64,
     items: &[Item],
     confirmations: &[(&str, i64)],
+    keys: &[KeyRef<'_>],
 ) -> Result<ClaimGuard<'t>, ConfirmError> {
     let mut guard = ClaimGuard::new(items.len());
-    for it in items {
+    let mut pages = [0u32; LANES_CLAIMED];
+    let (mut word_end, mut together) = (0, false);
+    for (n, it) in items.iter().enumerate() {
+        if n >= word_end {
+            // The pages of the next items that share this one's state word,
+            // claimed with one CAS when each can be (the claims the loop
+            // below would make one by one, page order kept).
+            let w = PageTable::lane_of(it.page).0;
+            let run = items[n..].iter().take_while(|o| PageTable::lane_of(o.page).0 == w).count();
+            for (p, o) in pages.iter_mut().zip(&items[n..n + run]) {
+                *p = o.page;
+            }
+            word_end = n + run;
+            // Distinct pages (validate's check): at most a word's lanes.
+            together = (2..=LANES_CLAIMED).contains(&run) && guard.claim_together(table, &pages[..run]);
+        }
         let page = Some(i64::from(it.page));
         let key = || confirmations[it.tag as usize].0;
-        match (guard.claim(table, it.page), it.release()) {
+        // Every item before this one holds its page: held[n] is this one's.
+        let claimed = if together { guard.held().get(n).map(|h| h.2) } else { guard.claim(table, it.page) };
+        match (claimed, it.release()) {
             (None, Some(_)) => return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None)),
             // Released already and held back for a lease: as good as free.
             (Some(Claimed::Bound), Some(_)) if !table.has_owner(it.page) => {
                 return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None))
             }
             (None, None) => return Err(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, page, Some(key()))),
-            (Some(Claimed::Reserved), None) if table.reservation_tag(it.page) != KeyRef::parse(key()).tag() => {
+            (Some(Claimed::Reserved), None) if table.reservation_tag(it.page) != keys[it.tag as usize].tag() => {
                 return Err(ConfirmError::new(ErrorCode::ReservedForOtherKey, rank, page, Some(key())));
             }
-            (Some(Claimed::Bound), None) if !index.owns(table, it.page, KeyRef::parse(key())) => {
+            (Some(Claimed::Bound), None) if !index.owns(table, it.page, keys[it.tag as usize]) => {
                 let mut e = ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(key()));
                 e.already_bound = true;
                 return Err(e);

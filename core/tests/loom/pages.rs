@@ -7,9 +7,10 @@
 //! each outcome implies.
 //!
 //! Confirms and releases are modelled with the page table's own methods,
-//! following the protocol of `Store::confirm` (claim every page in page order;
-//! on the first invalid item put back what this request claimed; commit by
-//! writing back-references and then settling). The key index (scc) is left
+//! following the protocol of `Store::confirm` (claim every page in page order,
+//! the pages of one state word with one CAS when each can be claimed; on the
+//! first invalid item put back what this request claimed; commit by writing
+//! back-references and then settling, BOUND pages a word at a time). The key index (scc) is left
 //! out: it has no part in the page states. Keys are 32-hex digests, so the
 //! table's text-owner map (scc) is never touched inside a model.
 //!
@@ -67,8 +68,34 @@ fn request(t: &PageTable, confirms: &[(&str, u32)], releases: &[u32]) -> Result<
     assert!(items.windows(2).all(|w| w[0].0 != w[1].0), "distinct pages per request");
 
     let mut held: Vec<(u32, Option<&str>, Claimed)> = Vec::new();
-    for &(page, k) in &items {
-        let failure = match (t.claim(page), k) {
+    // The pages of one state word are claimed with one CAS when each is
+    // RESERVED or BOUND (`claim_together`), one by one otherwise.
+    let (mut word_end, mut together) = (0, false);
+    for (n, &(page, k)) in items.iter().enumerate() {
+        if n >= word_end {
+            let w = PageTable::lane_of(page).0;
+            let run = items[n..].iter().take_while(|o| PageTable::lane_of(o.0).0 == w).count();
+            let pages: Vec<u32> = items[n..n + run].iter().map(|o| o.0).collect();
+            word_end = n + run;
+            together = false;
+            if run > 1 {
+                if let Some(old) = t.claim_together(&pages) {
+                    together = true;
+                    for (&p, &(_, kk)) in pages.iter().zip(&items[n..n + run]) {
+                        let c = if old & PageTable::lane_of(p).1 != 0 { Claimed::Reserved } else { Claimed::Bound };
+                        held.push((p, kk, c));
+                    }
+                }
+            }
+        }
+        let claimed = if together { Some(held[n].2) } else { t.claim(page) };
+        let failure = match (claimed, k) {
+            (Some(Claimed::Bound), Some(k)) if together && !t.owner_is(page, key(k)) => {
+                // Claimed with the rest of its word, all of which the held
+                // list puts back.
+                Some(Fail::DoubleConfirm(page))
+            }
+            (Some(_), _) if together => None,
             (Some(Claimed::Bound), Some(k)) if !t.owner_is(page, key(k)) => {
                 // Put this page back first, then the ones before it.
                 t.settle(page, BOUND);
@@ -104,12 +131,26 @@ fn request(t: &PageTable, confirms: &[(&str, u32)], releases: &[u32]) -> Result<
         freed += 1;
         done.released.push((page, c, owner));
     }
+    // BOUND settles a word at a time, as the store's commit does.
+    let mut run: Option<(usize, u64)> = None;
     for &(page, k, c) in held.iter().filter(|h| h.1.is_some()) {
         if c == Claimed::Reserved {
             t.set_owner(page, key(k.unwrap()));
         }
-        t.settle(page, BOUND);
+        let (w, lane) = PageTable::lane_of(page);
+        match &mut run {
+            Some((rw, lanes)) if *rw == w => *lanes |= lane,
+            _ => {
+                if let Some((rw, lanes)) = run.take() {
+                    t.settle_bound_in_word(rw, lanes);
+                }
+                run = Some((w, lane));
+            }
+        }
         done.confirmed.push((page, c));
+    }
+    if let Some((rw, lanes)) = run {
+        t.settle_bound_in_word(rw, lanes);
     }
     t.give_back(freed);
     Ok(done)
@@ -380,6 +421,39 @@ fn c3_two_page_confirm_vs_release_of_second_page() {
         }
         assert_eq!(t.state(35), PageState::Free);
         assert_eq!(audit(&t).free, 39);
+    });
+}
+
+/// Two requests over pages 3 and 5 of one state word, so that each may
+/// claim both with one CAS (`claim_together`) or, meeting the other's BUSY
+/// page, one by one: A confirms 3 and 5; B releases 3 and confirms 5 for
+/// another key. Whichever comes second fails, having put back what it
+/// claimed; the BOUND pages settle with one RMW for the word.
+#[test]
+fn c4_one_word_requests_claimed_together() {
+    model("c4_one_word_requests_claimed_together", 4, || {
+        let t = Arc::new(PageTable::new(40).unwrap());
+        put(&t, 3, RESERVED, None);
+        put(&t, 5, RESERVED, None);
+        let ha = spawn(&t, |t| request(t, &[(KA, 3), (KB, 5)], &[]));
+        let hb = spawn(&t, |t| request(t, &[(KC, 5)], &[3]));
+        let (a, b) = (ha.join().unwrap(), hb.join().unwrap());
+        match (&a, &b) {
+            (Ok(d), Err(Fail::DoubleConfirm(5))) => {
+                assert_eq!(d.confirmed, vec![(3, Claimed::Reserved), (5, Claimed::Reserved)]);
+                assert_bound_to(&t, 3, KA);
+                assert_bound_to(&t, 5, KB);
+                assert_eq!(t.free_count(), 38);
+            }
+            (Err(Fail::ConfirmUnallocated(3)), Ok(d)) => {
+                assert_eq!(d.released, vec![(3, Claimed::Reserved, None)]);
+                assert_eq!(t.state(3), PageState::Free);
+                assert_bound_to(&t, 5, KC);
+                assert_eq!(t.free_count(), 39);
+            }
+            other => panic!("impossible outcome {other:?}"),
+        }
+        audit(&t);
     });
 }
 
