@@ -12,6 +12,8 @@
 //! - [`failover`]: SIGKILL of a replicating leader: nothing acknowledged lost.
 //! - [`under_load`]: SIGKILL of the leader under load through the relay.
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
+//! - [`replication_sglang`]: SGLang's spaces on that stream, in process.
+//! - [`failover_sglang`]: SIGKILL of a replicating leader serving SGLang.
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
 //! leases of a few seconds, which two cores shared with parallel clusters
@@ -29,6 +31,7 @@ mod history;
 mod http;
 mod relay;
 mod replication;
+mod replication_sglang;
 mod under_load;
 
 use std::sync::{Mutex, MutexGuard};
