@@ -27,6 +27,7 @@ mod cluster;
 mod election;
 mod etcd;
 mod failover;
+mod failover_sglang;
 mod history;
 mod http;
 mod relay;
