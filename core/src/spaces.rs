@@ -553,6 +553,79 @@ fn existing_size(s: &Store) -> Initialized {
 mod tests {
     use super::*;
 
+    /// A journal keeping each change as text, and a catalog keeping its lines.
+    #[derive(Default)]
+    struct Log(std::sync::Mutex<Vec<String>>);
+
+    impl Journal for Log {
+        fn record(&self, c: Change<'_>) {
+            let s = match c {
+                Change::Initialize { generation, rank, num_pages } => format!("g{generation} init {rank} {num_pages}"),
+                Change::Bind { generation, rank, page, .. } => format!("g{generation} bind {rank} {page}"),
+                Change::Clear { generation } => format!("clear to g{generation}"),
+                other => format!("{other:?}"),
+            };
+            self.0.lock().unwrap().push(s);
+        }
+    }
+
+    impl SpaceCatalog for Log {
+        fn created(&self, id: u32, rank: u32, namespace: &str, num_pages: u32) -> Result<(), String> {
+            self.0.lock().unwrap().push(format!("{id} {rank} {namespace} {num_pages}"));
+            Ok(())
+        }
+
+        fn reset(&self) -> Result<(), String> {
+            self.0.lock().unwrap().clear();
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_standby_makes_the_leaders_spaces_by_id_and_forgets_its_own() {
+        let (journal, catalog) = (Arc::new(Log::default()), Arc::new(Log::default()));
+        let cfg =
+            SpacesConfig { max_spaces: 3, store: StoreConfig { max_pages_per_rank: 100, ..StoreConfig::default() } };
+        let d = SpacesDurability { journal: journal.clone(), generation: 4, catalog: catalog.clone() };
+        let s = Spaces::durable(cfg, Arc::new(Clock::manual()), d);
+        let name = |rank: u32, ns: &str| SpaceName { rank, namespace: ns.into() };
+        assert!(Spaces::new(SpacesConfig { max_spaces: 1, store: StoreConfig::default() }, Arc::new(Clock::manual()))
+            .replica_create(0, name(0, "kv"), 1)
+            .unwrap_err()
+            .contains("--data-dir"));
+        // Its own space (as a deposed leader's), then the leader's snapshot.
+        assert_eq!(s.initialize(5, "own", 8), Ok(Initialized::Created));
+        s.replica_reset().unwrap();
+        assert!(catalog.0.lock().unwrap().is_empty(), "the catalog is emptied");
+        assert!(s.is_empty() && s.with(5, "own", |_| ()).is_none() && s.by_id(0).is_none());
+        s.replica_create(0, name(0, "kv"), 16).unwrap();
+        s.replica_create(0, name(0, "kv"), 16).unwrap(); // again: kept
+        assert!(s.replica_create(0, name(0, "kv"), 8).unwrap_err().contains("16 pages here"));
+        assert!(s.replica_create(0, name(1, "kv"), 16).unwrap_err().contains("rank 0 namespace 'kv'"));
+        assert!(s.replica_create(2, name(2, "x"), 4).unwrap_err().contains("next is 1"));
+        assert!(s.replica_create(1, name(1, "kv"), 101).unwrap_err().contains("--max-pages-per-rank"));
+        s.replica_create(1, name(1, "kv"), 4).unwrap();
+        assert_eq!(s.with(1, "kv", |st| st.rank_size(0)), Some(Some(4)));
+        assert_eq!(s.by_id(1).and_then(|st| st.rank_size(0)), Some(4));
+        assert_eq!(*catalog.0.lock().unwrap(), ["0 0 kv 16", "1 1 kv 4"]);
+        // The reset's Clear comes before the new spaces, which journal in
+        // the new generation; the source reads that generation.
+        let log = journal.0.lock().unwrap().clone();
+        assert_eq!(log, ["g4 init 0 8", "clear to g5", "g5 init 0 16", "g5 init 1 4"]);
+        let source = s.source().unwrap();
+        let mut seen = Vec::new();
+        source
+            .snapshot(&mut |v| {
+                seen.push(format!("{v:?}"));
+                true
+            })
+            .unwrap();
+        assert!(seen[0].contains("Generation(5)"), "{seen:?}");
+        assert!(source.read_pages(4, 0, 0..1, &mut |_, _| ()).is_err(), "the old generation is gone");
+        s.replica_create(2, name(2, "x"), 4).unwrap();
+        assert!(s.replica_create(3, name(3, "y"), 4).unwrap_err().contains("--max-spaces"));
+    }
+
     fn spaces(max: u32) -> Spaces {
         let cfg = SpacesConfig { max_spaces: max, store: StoreConfig::default() };
         Spaces::new(cfg, Arc::new(Clock::manual()))

@@ -275,4 +275,28 @@ mod tests {
         std::fs::write(&p, format!("1 0 8 {}\n", hex("kv"))).unwrap();
         assert!(read(&p).is_err(), "ids start at 0 and follow each other");
     }
+
+    #[test]
+    fn the_catalog_keeps_its_entries_taps_each_new_one_and_resets_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("spaces");
+        let c = Catalog::open(p.clone(), &[]).unwrap();
+        c.created(0, 0, "kv", 8).unwrap();
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let h = heard.clone();
+        assert!(c.attach(Box::new(move |e: &Entry| h.lock().unwrap().push(e.id))));
+        assert!(!c.attach(Box::new(|_: &Entry| ())), "one tap");
+        c.created(1, 3, "mamba", 4).unwrap();
+        assert_eq!(*heard.lock().unwrap(), [1], "only what is recorded after the tap");
+        assert_eq!(c.entries(), read(&p).unwrap());
+        assert_eq!(c.entries().len(), 2);
+        // A standby's reset: the file is empty, and the next line is id 0.
+        c.reset().unwrap();
+        assert!(c.entries().is_empty());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "");
+        c.created(0, 7, "x", 2).unwrap();
+        let got = read(&p).unwrap();
+        assert_eq!(got, c.entries());
+        assert_eq!((got.len(), got[0].rank, got[0].namespace.as_str()), (1, 7, "x"));
+    }
 }
