@@ -60,8 +60,11 @@ fn keys(from: u64, n: u64) -> Vec<String> {
     (from..from + n).map(sha).collect()
 }
 
-/// A space's size, bindings (page → key) and reserved pages.
-type SpaceState = (Option<u32>, BTreeMap<(u32, u32), String>, Vec<u32>);
+/// A space's bindings: (rank, page) → key.
+type Bindings = BTreeMap<(u32, u32), String>;
+
+/// A space's size, bindings and reserved pages.
+type SpaceState = (Option<u32>, Bindings, Vec<u32>);
 
 fn space_state(s: &Store) -> SpaceState {
     let mut reserved = Vec::new();
@@ -82,7 +85,7 @@ fn spaces(s: &TestServer) -> BTreeMap<(u32, String), SpaceState> {
 }
 
 /// As [`spaces`], bindings and sizes only (what a restart keeps as is).
-fn durable_spaces(s: &TestServer) -> BTreeMap<(u32, String), (Option<u32>, BTreeMap<(u32, u32), String>)> {
+fn durable_spaces(s: &TestServer) -> BTreeMap<(u32, String), (Option<u32>, Bindings)> {
     spaces(s).into_iter().map(|(k, (size, b, _))| (k, (size, b))).collect()
 }
 
@@ -256,7 +259,7 @@ fn a_hello_of_another_version_and_forged_sglang_messages_are_refused() {
     Msg::SnapshotPart { epoch: EPOCH + 2, records }.write_to(&mut s).unwrap();
     s.flush().unwrap();
     assert!(Msg::read_from(&mut rd).is_err(), "the session is closed");
-    assert_eq!(p.receiver.store_state(Dialect::Sglang).1, false, "not caught up: no promotion on it");
+    assert!(!p.receiver.store_state(Dialect::Sglang).1, "not caught up: no promotion on it");
     // A newer epoch came: the old leader's next SGLang change is refused.
     let r = sg(&p.leader, 0, "reserve_and_allocate_page_indices", &json!({"keys": [[sha(77), ""]], "namespace": "kv"}));
     assert_eq!(r.status, 503, "{r:?}");

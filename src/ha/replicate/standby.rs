@@ -153,7 +153,8 @@ impl Standby {
     /// replicated).
     pub fn promote(&self, epoch: u64) -> (bool, u64) {
         let holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
-        let was = self.stores.iter().map(|s| s.caught_up.swap(false, Ordering::AcqRel)).fold(true, |a, b| a && b);
+        // Both swapped (no short circuit): neither store stays caught up.
+        let was = self.stores.each_ref().map(|s| s.caught_up.swap(false, Ordering::AcqRel)).iter().all(|&b| b);
         self.epoch.fetch_max(epoch, Ordering::AcqRel);
         if let Some(app) = self.app.upgrade() {
             let vllm = holds[Dialect::Vllm.index()].apply(Side::Vllm(app.registry.vllm()));
