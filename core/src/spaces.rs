@@ -555,7 +555,7 @@ mod tests {
 
     /// A journal keeping each change as text, and a catalog keeping its lines.
     #[derive(Default)]
-    struct Log(std::sync::Mutex<Vec<String>>);
+    struct Log(Mutex<Vec<String>>);
 
     impl Journal for Log {
         fn record(&self, c: Change<'_>) {
