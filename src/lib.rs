@@ -101,8 +101,8 @@ impl App {
             &dir,
             durable::Options { fsync: cfg.fsync, store: Self::store_config(&cfg), ..opts.clone() },
         )?;
-        let (spaces, sglang, space_recovered) =
-            durable::spaces::open(&dir, cfg.fsync, Self::spaces_config(&cfg), store.clock(), opts)?;
+        let (spaces, catalog, sglang, space_recovered) =
+            durable::spaces::open_with_catalog(&dir, cfg.fsync, Self::spaces_config(&cfg), store.clock(), opts)?;
         let registry = Registry::new(store, spaces);
         // Readers may hold leases from before the restart, which were not
         // persisted: a dialect whose store brought keys back evicts nothing
@@ -116,7 +116,7 @@ impl App {
             cfg,
             registry,
             metrics: Metrics::default(),
-            durable: Some(durable::Durability { vllm, sglang }),
+            durable: Some(durable::Durability { vllm, sglang, catalog }),
             ha: None,
             shutting_down: AtomicBool::new(false),
             test_clock,

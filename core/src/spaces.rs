@@ -44,7 +44,7 @@ use super::error::InitError;
 use super::journal::{Change, Journal};
 use super::lease::Clock;
 use super::store::{Initialized, PageRead, PageSource, ReadPagesError, Store, StoreConfig, Visit};
-use super::sync::{AtomicU32, Ordering};
+use super::sync::{AtomicU32, AtomicU64, Ordering};
 use super::sync::{Mutex, PoisonError, RwLock};
 use scc::HashIndex;
 use std::hash::{Hash, Hasher};
@@ -129,6 +129,10 @@ pub trait SpaceCatalog: Send + Sync {
     /// Records space `id` durably; called before the space becomes visible
     /// and before anything of it is journaled.
     fn created(&self, id: u32, rank: u32, namespace: &str, num_pages: u32) -> Result<(), String>;
+
+    /// Forgets every space durably: a synchronous standby about to take its
+    /// leader's catalog ([`Spaces::replica_reset`]).
+    fn reset(&self) -> Result<(), String>;
 }
 
 /// What makes the spaces durable: the journal of their durable store, that
@@ -184,29 +188,39 @@ impl Journal for SpaceJournal {
 /// The spaces as the durable layer sees them: space `id` is rank `id`
 /// ([`PageSource`]).
 pub struct SpaceSource {
-    generation: u64,
-    /// By id.
-    stores: RwLock<Vec<Arc<Store>>>,
+    /// The durable store's generation (changes only on a standby's
+    /// [`Spaces::replica_reset`]; `Relaxed`: written under the stores' lock
+    /// and the spaces' creation mutex, before any store of it exists).
+    generation: AtomicU64,
+    /// By id, with their names.
+    stores: RwLock<Vec<(SpaceName, Arc<Store>)>>,
 }
 
 impl SpaceSource {
     fn new(generation: u64) -> Self {
-        Self { generation, stores: RwLock::new(Vec::new()) }
+        Self { generation: AtomicU64::new(generation), stores: RwLock::new(Vec::new()) }
     }
 
     /// Adds space `id`, the next one.
-    fn register(&self, id: u32, store: Arc<Store>) {
+    fn register(&self, id: u32, name: SpaceName, store: Arc<Store>) {
         let mut v = self.stores.write().unwrap_or_else(PoisonError::into_inner);
         debug_assert_eq!(v.len(), id as usize, "space ids are dense and made in order");
-        v.push(store);
+        v.push((name, store));
     }
 
-    fn get(&self, id: u32) -> Option<Arc<Store>> {
+    /// Forgets every space; the next ones are of `generation`.
+    fn reset(&self, generation: u64) {
+        let mut v = self.stores.write().unwrap_or_else(PoisonError::into_inner);
+        v.clear();
+        self.generation.store(generation, Ordering::Relaxed);
+    }
+
+    fn get(&self, id: u32) -> Option<(SpaceName, Arc<Store>)> {
         self.stores.read().unwrap_or_else(PoisonError::into_inner).get(id as usize).cloned()
     }
 
     fn all(&self) -> Vec<Arc<Store>> {
-        self.stores.read().unwrap_or_else(PoisonError::into_inner).clone()
+        self.stores.read().unwrap_or_else(PoisonError::into_inner).iter().map(|(_, s)| s.clone()).collect()
     }
 }
 
@@ -218,17 +232,17 @@ impl PageSource for SpaceSource {
         pages: std::ops::Range<u32>,
         visit: &mut dyn FnMut(u32, PageRead),
     ) -> Result<(), ReadPagesError> {
-        if generation != self.generation {
+        if generation != self.generation.load(Ordering::Relaxed) {
             return Err(ReadPagesError::Generation);
         }
         match self.get(rank) {
-            Some(s) => s.read_pages(generation, 0, pages, visit),
+            Some((_, s)) => s.read_pages(generation, 0, pages, visit),
             None => Ok(()),
         }
     }
 
     fn snapshot(&self, visit: &mut dyn FnMut(Visit) -> bool) -> Result<(), String> {
-        if !visit(Visit::Generation(self.generation)) {
+        if !visit(Visit::Generation(self.generation.load(Ordering::Relaxed))) {
             return Ok(());
         }
         // Spaces made after this read are not visited: their creation was
@@ -275,6 +289,10 @@ pub struct Spaces {
     create: Mutex<()>,
     /// With `--data-dir`: the journal and catalog, and the spaces by id.
     durability: Option<(SpacesDurability, Arc<SpaceSource>)>,
+    /// The generation new stores journal in: the durability's, until a
+    /// standby's [`Spaces::replica_reset`] starts another (`Relaxed`: read
+    /// and written under `create`).
+    generation: AtomicU64,
 }
 
 impl Spaces {
@@ -291,6 +309,7 @@ impl Spaces {
             clock,
             create: Mutex::new(()),
             durability: None,
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -298,7 +317,8 @@ impl Spaces {
     /// (see the module note).
     pub fn durable(cfg: SpacesConfig, clock: Arc<Clock>, durability: SpacesDurability) -> Self {
         let source = Arc::new(SpaceSource::new(durability.generation));
-        Self { durability: Some((durability, source)), ..Self::new(cfg, clock) }
+        let generation = AtomicU64::new(durability.generation);
+        Self { durability: Some((durability, source)), generation, ..Self::new(cfg, clock) }
     }
 
     /// What the durable layer reads the spaces back from (`None` in memory).
@@ -311,7 +331,8 @@ impl Spaces {
         match &self.durability {
             Some((d, _)) => {
                 let journal = Arc::new(SpaceJournal { inner: d.journal.clone(), space: id });
-                Store::with_clock(self.cfg.store.clone(), Some(journal), d.generation, self.clock.clone())
+                let generation = self.generation.load(Ordering::Relaxed);
+                Store::with_clock(self.cfg.store.clone(), Some(journal), generation, self.clock.clone())
             }
             None => Store::with_clock(self.cfg.store.clone(), None, 0, self.clock.clone()),
         }
@@ -321,7 +342,7 @@ impl Spaces {
     fn publish(&self, id: u32, name: SpaceName, store: Store) -> Result<(), SpaceName> {
         let store = Arc::new(store);
         if let Some((_, source)) = &self.durability {
-            source.register(id, store.clone());
+            source.register(id, name.clone(), store.clone());
         }
         self.map.insert_sync(name, store).map_err(|(name, _)| name)?;
         // Relaxed: under the mutex; ids are dense, so the next is the count.
@@ -455,6 +476,72 @@ impl Spaces {
     pub fn max(&self) -> u32 {
         self.cfg.max_spaces
     }
+
+    /// Durable space `id` (a synchronous standby applies its leader's
+    /// records to it; `None` in memory or for an unknown id).
+    pub fn by_id(&self, id: u32) -> Option<Arc<Store>> {
+        self.durability.as_ref().and_then(|(_, source)| source.get(id)).map(|(_, s)| s)
+    }
+
+    /// A synchronous standby's catch-up from its leader's snapshot: forgets
+    /// every space (the catalog emptied, then a new generation journaled, so
+    /// whatever this node's spaces journal from now on in the old one is
+    /// dropped); [`Spaces::replica_create`] then makes the leader's spaces
+    /// again. Only on a node that serves none of them (a follower).
+    pub fn replica_reset(&self) -> Result<(), String> {
+        let _create = self.create.lock().unwrap_or_else(PoisonError::into_inner);
+        let (d, source) = self.durability.as_ref().ok_or("replicated spaces need --data-dir")?;
+        d.catalog.reset()?;
+        let generation = self.generation.load(Ordering::Relaxed) + 1;
+        // Journaled first: nothing of the new generation can precede it.
+        d.journal.record(Change::Clear { generation });
+        self.generation.store(generation, Ordering::Relaxed);
+        source.reset(generation);
+        self.map.clear_sync();
+        self.count.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Makes durable space `id`, `name` of `num_pages` pages, as the
+    /// leader's catalog names it (a synchronous standby): the catalog, then
+    /// the journal, as [`Spaces::initialize`] does; evicting nothing of its
+    /// own (the leader's evictions arrive as unbinds). An `id` that exists
+    /// with that name and size is kept; one that exists otherwise, or an id
+    /// beyond the next, is an error (the states diverged: the leader sends a
+    /// snapshot). Not for the request path.
+    pub fn replica_create(&self, id: u32, name: SpaceName, num_pages: u32) -> Result<(), String> {
+        let _create = self.create.lock().unwrap_or_else(PoisonError::into_inner);
+        let (d, source) = self.durability.as_ref().ok_or("replicated spaces need --data-dir")?;
+        let count = self.count.load(Ordering::Relaxed);
+        let what = format!("space {id} (rank {} namespace '{}', {num_pages} pages)", name.rank, name.namespace);
+        if id < count {
+            return match source.get(id) {
+                Some((n, s)) if n == name && s.rank_size(0) == Some(num_pages) => Ok(()),
+                Some((n, s)) => Err(format!(
+                    "{what} on the leader is rank {} namespace '{}' of {} pages here",
+                    n.rank,
+                    n.namespace,
+                    s.rank_size(0).unwrap_or(0)
+                )),
+                None => Err(format!("{what}: not found here")),
+            };
+        }
+        if id > count {
+            return Err(format!("{what}: this node has {count} spaces, so the next is {count}"));
+        }
+        if id >= self.cfg.max_spaces || num_pages > self.cfg.store.max_pages_per_rank {
+            return Err(format!(
+                "{what} is beyond this node's --max-spaces {} or --max-pages-per-rank {}",
+                self.cfg.max_spaces, self.cfg.store.max_pages_per_rank
+            ));
+        }
+        let store = self.store(id);
+        store.restore_rank(0, num_pages).map_err(|e| format!("{what}: {e}"))?;
+        d.catalog.created(id, name.rank, &name.namespace, num_pages)?;
+        store.journal_ranks();
+        store.suspend_eviction();
+        self.publish(id, name, store).map_err(|_| format!("{what} exists here under another id"))
+    }
 }
 
 /// A space's size, as an `initialize` of an existing space reports it.
@@ -465,6 +552,79 @@ fn existing_size(s: &Store) -> Initialized {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    /// A journal keeping each change as text, and a catalog keeping its lines.
+    #[derive(Default)]
+    struct Log(Mutex<Vec<String>>);
+
+    impl Journal for Log {
+        fn record(&self, c: Change<'_>) {
+            let s = match c {
+                Change::Initialize { generation, rank, num_pages } => format!("g{generation} init {rank} {num_pages}"),
+                Change::Bind { generation, rank, page, .. } => format!("g{generation} bind {rank} {page}"),
+                Change::Clear { generation } => format!("clear to g{generation}"),
+                other => format!("{other:?}"),
+            };
+            self.0.lock().unwrap().push(s);
+        }
+    }
+
+    impl SpaceCatalog for Log {
+        fn created(&self, id: u32, rank: u32, namespace: &str, num_pages: u32) -> Result<(), String> {
+            self.0.lock().unwrap().push(format!("{id} {rank} {namespace} {num_pages}"));
+            Ok(())
+        }
+
+        fn reset(&self) -> Result<(), String> {
+            self.0.lock().unwrap().clear();
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_standby_makes_the_leaders_spaces_by_id_and_forgets_its_own() {
+        let (journal, catalog) = (Arc::new(Log::default()), Arc::new(Log::default()));
+        let cfg =
+            SpacesConfig { max_spaces: 3, store: StoreConfig { max_pages_per_rank: 100, ..StoreConfig::default() } };
+        let d = SpacesDurability { journal: journal.clone(), generation: 4, catalog: catalog.clone() };
+        let s = Spaces::durable(cfg, Arc::new(Clock::manual()), d);
+        let name = |rank: u32, ns: &str| SpaceName { rank, namespace: ns.into() };
+        assert!(Spaces::new(SpacesConfig { max_spaces: 1, store: StoreConfig::default() }, Arc::new(Clock::manual()))
+            .replica_create(0, name(0, "kv"), 1)
+            .unwrap_err()
+            .contains("--data-dir"));
+        // Its own space (as a deposed leader's), then the leader's snapshot.
+        assert_eq!(s.initialize(5, "own", 8), Ok(Initialized::Created));
+        s.replica_reset().unwrap();
+        assert!(catalog.0.lock().unwrap().is_empty(), "the catalog is emptied");
+        assert!(s.is_empty() && s.with(5, "own", |_| ()).is_none() && s.by_id(0).is_none());
+        s.replica_create(0, name(0, "kv"), 16).unwrap();
+        s.replica_create(0, name(0, "kv"), 16).unwrap(); // again: kept
+        assert!(s.replica_create(0, name(0, "kv"), 8).unwrap_err().contains("16 pages here"));
+        assert!(s.replica_create(0, name(1, "kv"), 16).unwrap_err().contains("rank 0 namespace 'kv'"));
+        assert!(s.replica_create(2, name(2, "x"), 4).unwrap_err().contains("next is 1"));
+        assert!(s.replica_create(1, name(1, "kv"), 101).unwrap_err().contains("--max-pages-per-rank"));
+        s.replica_create(1, name(1, "kv"), 4).unwrap();
+        assert_eq!(s.with(1, "kv", |st| st.rank_size(0)), Some(Some(4)));
+        assert_eq!(s.by_id(1).and_then(|st| st.rank_size(0)), Some(4));
+        assert_eq!(*catalog.0.lock().unwrap(), ["0 0 kv 16", "1 1 kv 4"]);
+        // The reset's Clear comes before the new spaces, which journal in
+        // the new generation; the source reads that generation.
+        let log = journal.0.lock().unwrap().clone();
+        assert_eq!(log, ["g4 init 0 8", "clear to g5", "g5 init 0 16", "g5 init 1 4"]);
+        let source = s.source().unwrap();
+        let mut seen = Vec::new();
+        source
+            .snapshot(&mut |v| {
+                seen.push(format!("{v:?}"));
+                true
+            })
+            .unwrap();
+        assert!(seen[0].contains("Generation(5)"), "{seen:?}");
+        assert!(source.read_pages(4, 0, 0..1, &mut |_, _| ()).is_err(), "the old generation is gone");
+        s.replica_create(2, name(2, "x"), 4).unwrap();
+        assert!(s.replica_create(3, name(3, "y"), 4).unwrap_err().contains("--max-spaces"));
+    }
 
     fn spaces(max: u32) -> Spaces {
         let cfg = SpacesConfig { max_spaces: max, store: StoreConfig::default() };

@@ -18,6 +18,8 @@ pub struct Durability {
     pub vllm: Durable,
     /// SGLang's spaces.
     pub sglang: Durable,
+    /// The catalog naming SGLang's spaces (replication sends it).
+    pub catalog: std::sync::Arc<super::spaces::Catalog>,
 }
 
 impl Durability {

@@ -103,10 +103,18 @@ fn read(path: &Path) -> Result<Vec<Entry>, OpenError> {
     Ok(out)
 }
 
-/// The catalog file, appended under a mutex.
-struct Catalog {
+/// Who hears of each space the catalog records, in the order recorded: a
+/// leader's replication of the spaces (`crate::ha::replicate`), which must
+/// send a space's name before the records that use it. Called under the
+/// catalog's mutex, after the line is durable: must only queue.
+pub type Tap = Box<dyn Fn(&Entry) + Send + Sync>;
+
+/// The catalog file, appended under a mutex, with its entries.
+pub struct Catalog {
     path: PathBuf,
-    file: Mutex<File>,
+    /// The file and the entries it holds, in id order.
+    file: Mutex<(File, Vec<Entry>)>,
+    tap: std::sync::OnceLock<Tap>,
 }
 
 impl Catalog {
@@ -124,7 +132,18 @@ impl Catalog {
         }
         let mut file = file;
         std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).map_err(io)?;
-        Ok(Self { path, file: Mutex::new(file) })
+        Ok(Self { path, file: Mutex::new((file, entries.to_vec())), tap: std::sync::OnceLock::new() })
+    }
+
+    /// Every space recorded so far, in id order.
+    pub fn entries(&self) -> Vec<Entry> {
+        self.file.lock().unwrap_or_else(PoisonError::into_inner).1.clone()
+    }
+
+    /// From now on, `tap` hears of every space recorded (once only; a second
+    /// call is refused, `false`).
+    pub fn attach(&self, tap: Tap) -> bool {
+        self.tap.set(tap).is_ok()
     }
 }
 
@@ -134,15 +153,34 @@ fn line(e: &Entry) -> String {
 
 impl SpaceCatalog for Catalog {
     fn created(&self, id: u32, rank: u32, namespace: &str, num_pages: u32) -> Result<(), String> {
-        let mut f = self.file.lock().unwrap_or_else(PoisonError::into_inner);
-        let text = line(&Entry { id, rank, num_pages, namespace: namespace.into() });
-        let at = std::io::Seek::stream_position(&mut *f).map_err(|e| format!("{}: {e}", self.path.display()))?;
+        let mut guard = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        let (f, entries) = &mut *guard;
+        let entry = Entry { id, rank, num_pages, namespace: namespace.into() };
+        let text = line(&entry);
+        let at = std::io::Seek::stream_position(f).map_err(|e| format!("{}: {e}", self.path.display()))?;
         let written = f.write_all(text.as_bytes()).and_then(|()| f.sync_data());
         written.map_err(|e| {
             // Cut a partial line back off, so the next one starts clean.
-            let _ = f.set_len(at).and_then(|()| std::io::Seek::seek(&mut *f, std::io::SeekFrom::Start(at)));
+            let _ = f.set_len(at).and_then(|()| std::io::Seek::seek(f, std::io::SeekFrom::Start(at)).map(drop));
             format!("{}: {e}", self.path.display())
-        })
+        })?;
+        if let Some(tap) = self.tap.get() {
+            tap(&entry);
+        }
+        entries.push(entry);
+        Ok(())
+    }
+
+    fn reset(&self) -> Result<(), String> {
+        let mut guard = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        let (f, entries) = &mut *guard;
+        let emptied = f.set_len(0).and_then(|()| f.sync_data()).and_then(|()| {
+            std::io::Seek::seek(f, std::io::SeekFrom::Start(0))?;
+            Ok(())
+        });
+        emptied.map_err(|e| format!("{}: {e}", self.path.display()))?;
+        entries.clear();
+        Ok(())
     }
 }
 
@@ -156,6 +194,21 @@ pub fn open(
     clock: Arc<Clock>,
     opts: Options,
 ) -> Result<(Spaces, Durable, Recovered), OpenError> {
+    open_with_catalog(dir, mode, cfg, clock, opts).map(|(spaces, _, durable, recovered)| (spaces, durable, recovered))
+}
+
+/// The spaces, their catalog, the durable store and what it recovered, as
+/// [`open_with_catalog`] returns them.
+pub type Opened = (Spaces, Arc<Catalog>, Durable, Recovered);
+
+/// [`open`], with the catalog (the server's: replication sends it).
+pub fn open_with_catalog(
+    dir: &Path,
+    mode: FsyncMode,
+    cfg: SpacesConfig,
+    clock: Arc<Clock>,
+    opts: Options,
+) -> Result<Opened, OpenError> {
     let sub = dir.join(SUBDIR);
     std::fs::create_dir_all(&sub).map_err(|e| OpenError::Io(format!("{}: {e}", sub.display())))?;
     // The recovered state: space `id` is rank `id`, each key of world 1.
@@ -166,7 +219,7 @@ pub fn open(
         Durable::open_source(&sub, Options { fsync: mode, store: recovered_cfg, ..opts }, move |recovered, journal| {
             let entries = read(&path)?;
             let catalog = Arc::new(Catalog::open(path, &entries)?);
-            let durability = SpacesDurability { journal, generation: recovered.generation(), catalog };
+            let durability = SpacesDurability { journal, generation: recovered.generation(), catalog: catalog.clone() };
             let spaces = Spaces::durable(cfg, clock, durability);
             for e in &entries {
                 let size = recovered.rank_size(e.id);
@@ -183,10 +236,10 @@ pub fn open(
                 tracing::info!(spaces = entries.len(), "durable store: rebuilt {} SGLang spaces", entries.len());
             }
             let source = spaces.source().ok_or_else(|| OpenError::Inconsistent("the spaces are not durable".into()))?;
-            Ok((source as Arc<dyn PageSource>, spaces))
+            Ok((source as Arc<dyn PageSource>, (spaces, catalog)))
         });
     // Its ranks are space ids, bounded by --max-spaces, not --max-ranks.
-    opened.map_err(|e| match e {
+    opened.map(|((spaces, catalog), durable, recovered)| (spaces, catalog, durable, recovered)).map_err(|e| match e {
         OpenError::Restore(m) => {
             OpenError::Restore(format!("SGLang spaces (space id = rank, at most --max-spaces {max_spaces}): {m}"))
         }
@@ -221,5 +274,29 @@ mod tests {
         assert!(read(&p).is_err(), "a bad line in the middle is corruption");
         std::fs::write(&p, format!("1 0 8 {}\n", hex("kv"))).unwrap();
         assert!(read(&p).is_err(), "ids start at 0 and follow each other");
+    }
+
+    #[test]
+    fn the_catalog_keeps_its_entries_taps_each_new_one_and_resets_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("spaces");
+        let c = Catalog::open(p.clone(), &[]).unwrap();
+        c.created(0, 0, "kv", 8).unwrap();
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let h = heard.clone();
+        assert!(c.attach(Box::new(move |e: &Entry| h.lock().unwrap().push(e.id))));
+        assert!(!c.attach(Box::new(|_: &Entry| ())), "one tap");
+        c.created(1, 3, "mamba", 4).unwrap();
+        assert_eq!(*heard.lock().unwrap(), [1], "only what is recorded after the tap");
+        assert_eq!(c.entries(), read(&p).unwrap());
+        assert_eq!(c.entries().len(), 2);
+        // A standby's reset: the file is empty, and the next line is id 0.
+        c.reset().unwrap();
+        assert!(c.entries().is_empty());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "");
+        c.created(0, 7, "x", 2).unwrap();
+        let got = read(&p).unwrap();
+        assert_eq!(got, c.entries());
+        assert_eq!((got.len(), got[0].rank, got[0].namespace.as_str()), (1, 7, "x"));
     }
 }

@@ -20,6 +20,8 @@
 //! - [`hold`]: the promotion hold, on the injectable clock.
 //! - [`observability`]: the lag in seconds while a standby is paused.
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
+//! - [`replication_sglang`]: SGLang's spaces on that stream, in process.
+//! - [`failover_sglang`]: SIGKILL of a replicating leader serving SGLang.
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
 //! leases of a few seconds, which two cores shared with parallel clusters
@@ -33,6 +35,7 @@ mod cluster;
 mod election;
 mod etcd;
 mod failover;
+mod failover_sglang;
 mod grafana_dashboard;
 mod history;
 mod hold;
@@ -42,6 +45,7 @@ mod pause;
 mod proxy;
 mod relay;
 mod replication;
+mod replication_sglang;
 mod under_load;
 mod writes;
 

@@ -6,9 +6,9 @@
 //! test through the same calls the promotion hook makes.
 
 use crate::common::{config, TestServer, FAILSAFE};
-use hf3fs_meta::core::{Store, Visit};
-use hf3fs_meta::ha::replicate::wire::Msg;
-use hf3fs_meta::ha::replicate::{Replicator, Standby, SyncMode, Target};
+use hf3fs_meta::core::{Dialect, Store, Visit};
+use hf3fs_meta::ha::replicate::wire::{Msg, VERSION};
+use hf3fs_meta::ha::replicate::{Replicator, Replicators, Standby, SyncMode, Target};
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -16,51 +16,61 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const TOKEN: &[u8] = b"a-cluster-secret-of-32-characters";
-const EPOCH: u64 = 5;
+pub(crate) const TOKEN: &[u8] = b"a-cluster-secret-of-32-characters";
+pub(crate) const EPOCH: u64 = 5;
 
 /// A leader and a standby server, the standby's listener and the leader's
-/// replicator (not streaming yet).
-struct Pair {
-    leader: TestServer,
-    standby: TestServer,
-    receiver: Arc<Standby>,
-    replicator: Arc<Replicator>,
-    addr: SocketAddr,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
+/// replicators of both durable stores (not streaming yet).
+pub(crate) struct Pair {
+    pub leader: TestServer,
+    pub standby: TestServer,
+    pub receiver: Arc<Standby>,
+    pub replicator: Arc<Replicators>,
+    pub addr: SocketAddr,
+    /// The leader's and the standby's data directories.
+    pub dirs: (tempfile::TempDir, tempfile::TempDir),
 }
 
 impl Pair {
-    fn new(mode: SyncMode) -> Pair {
+    pub fn new(mode: SyncMode) -> Pair {
+        Self::with_standby_setup(mode, |_| {})
+    }
+
+    /// As [`Pair::new`], with `setup` run on the standby server (as its own
+    /// leader, before it becomes one's standby).
+    pub fn with_standby_setup(mode: SyncMode, setup: impl FnOnce(&TestServer)) -> Pair {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let args = |d: &tempfile::TempDir| config(&["--data-dir", d.path().to_str().unwrap(), "--fsync", "always"]);
         let leader = TestServer::start(args(&a));
         let standby = TestServer::start(args(&b));
+        setup(&standby);
         let receiver = Standby::new(standby.app().clone(), TOKEN.into());
         let addr = receiver.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let d = leader.app().durable.as_ref().unwrap();
         let app = leader.app().clone();
         let head = Box::new(move || app.durable.as_ref().unwrap().vllm.head());
-        let replicator = Replicator::start(
-            leader.app().durable.as_ref().unwrap().vllm.source(),
-            head,
-            TOKEN.into(),
-            "a".into(),
-            mode,
-            Duration::from_secs(5),
-        );
-        assert!(leader.app().durable.as_ref().unwrap().vllm.attach(replicator.clone()));
-        Pair { leader, standby, receiver, replicator, addr, _dirs: (a, b) }
+        let wait = Duration::from_secs(5);
+        let vllm = Replicator::start(d.vllm.source(), head, TOKEN.into(), "a".into(), mode, wait);
+        let app = leader.app().clone();
+        let head = Box::new(move || app.durable.as_ref().unwrap().sglang.head());
+        let sglang =
+            Replicator::start_spaces(d.catalog.clone(), d.sglang.source(), head, TOKEN.into(), "a".into(), mode, wait);
+        assert_eq!((vllm.dialect(), sglang.dialect()), (Dialect::Vllm, Dialect::Sglang));
+        assert!(d.vllm.attach(vllm.clone()));
+        assert!(d.sglang.attach(sglang.clone()));
+        let replicator = Replicators::new(vllm, sglang);
+        Pair { leader, standby, receiver, replicator, addr, dirs: (a, b) }
     }
 
-    /// Streams to the standby and waits until it is in sync.
-    fn connect(&self) {
+    /// Streams to the standby and waits until it is in sync (both stores).
+    pub fn connect(&self) {
         self.replicator.set_target(Some(Target { node: "b".into(), addr: self.addr, epoch: EPOCH }));
         until("the standby is in sync", || self.replicator.synced().as_deref() == Some("b"));
     }
 }
 
 /// Polls `f` (a state, not a timing) until true; panics after the failsafe.
-fn until(what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) fn until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + FAILSAFE;
     while !f() {
         assert!(Instant::now() < deadline, "not within the failsafe: {what}");
@@ -69,7 +79,7 @@ fn until(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 /// Every binding of `store`: (rank, page) → key.
-fn bindings(store: &Store) -> BTreeMap<(u32, u32), String> {
+pub(crate) fn bindings(store: &Store) -> BTreeMap<(u32, u32), String> {
     let mut out = BTreeMap::new();
     store
         .snapshot(|v| {
@@ -159,7 +169,8 @@ fn a_standby_that_joins_late_catches_up_by_snapshot_then_the_stream() {
     // The standby joins: a snapshot, then the stream.
     p.replicator.release(false);
     p.connect();
-    assert_eq!(p.receiver.counters.snapshots.load(Ordering::Relaxed), 1);
+    // One snapshot per durable store (vLLM's, SGLang's spaces').
+    assert_eq!(p.receiver.counters.snapshots.load(Ordering::Relaxed), 2);
     assert_eq!(bindings(p.standby.app().registry.vllm()), bindings(p.leader.app().registry.vllm()));
     let late: Vec<String> = (100..150).map(key).collect();
     save(&p.leader, 0, &late);
@@ -167,19 +178,19 @@ fn a_standby_that_joins_late_catches_up_by_snapshot_then_the_stream() {
     assert_eq!(bindings(p.standby.app().registry.vllm()).len(), 140);
     let (epoch, position, caught_up) = p.receiver.state();
     assert_eq!((epoch, caught_up), (EPOCH, true));
-    assert!(position >= p.replicator.acked().min(position) && position > 0);
+    assert!(position >= p.replicator.of(Dialect::Vllm).acked().min(position) && position > 0);
     p.standby.audit();
 }
 
 /// A raw connection to the standby's listener.
-fn raw(addr: SocketAddr) -> (BufReader<TcpStream>, TcpStream) {
+pub(crate) fn raw(addr: SocketAddr) -> (BufReader<TcpStream>, TcpStream) {
     let s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(FAILSAFE)).unwrap();
     (BufReader::new(s.try_clone().unwrap()), s)
 }
 
-fn hello(token: &[u8], epoch: u64) -> Msg {
-    Msg::Hello { token: token.to_vec(), epoch, leader: "mallory".into() }
+pub(crate) fn hello(token: &[u8], epoch: u64) -> Msg {
+    Msg::Hello { version: VERSION, store: Dialect::Vllm, token: token.to_vec(), epoch, leader: "mallory".into() }
 }
 
 #[test]
@@ -304,7 +315,7 @@ fn a_reservation_made_on_the_leader_is_confirmed_on_the_promoted_standby() {
 
 /// The leader's lag in seconds at epoch [`EPOCH`], now.
 fn lag_seconds(p: &Pair) -> f64 {
-    p.replicator.lag.seconds(EPOCH, hf3fs_meta::ha::node::now())
+    p.replicator.of(Dialect::Vllm).lag.seconds(EPOCH, hf3fs_meta::ha::node::now())
 }
 
 #[test]
@@ -316,17 +327,21 @@ fn the_lag_in_seconds_is_zero_when_caught_up_and_grows_without_a_standby() {
     p.leader.init(0, 64);
     save(&p.leader, 0, &[key(1), key(2)]);
     assert_eq!(lag_seconds(&p), 0.0, "every answered change is acknowledged");
-    assert_eq!(p.replicator.lag.seconds(0, hf3fs_meta::ha::node::now()), 0.0, "not leading: no lag");
+    assert_eq!(p.replicator.of(Dialect::Vllm).lag.seconds(0, hf3fs_meta::ha::node::now()), 0.0, "not leading: no lag");
     // The standby goes: a change is made here (answered 503) and waits.
     p.replicator.set_target(None);
-    let head = p.replicator.head();
+    let head = p.replicator.of(Dialect::Vllm).head();
     let r = p.leader.confirm_raw(0, &[], &[0]);
     assert_eq!(r.status, 503, "{r:?}");
-    assert!(p.replicator.head() > head, "the release was recorded here");
+    assert!(p.replicator.of(Dialect::Vllm).head() > head, "the release was recorded here");
     until("the unacknowledged change's wait shows", || lag_seconds(&p) > 0.0);
     let first = lag_seconds(&p);
     until("it keeps growing", || lag_seconds(&p) > first);
-    assert_eq!(p.replicator.lag.seconds(EPOCH + 1, hf3fs_meta::ha::node::now()), 0.0, "another epoch's stamps");
+    assert_eq!(
+        p.replicator.of(Dialect::Vllm).lag.seconds(EPOCH + 1, hf3fs_meta::ha::node::now()),
+        0.0,
+        "another epoch's stamps"
+    );
     // A standby catches up by snapshot: its acknowledgement covers it.
     p.connect();
     until("caught up again", || lag_seconds(&p) == 0.0);
@@ -335,8 +350,8 @@ fn the_lag_in_seconds_is_zero_when_caught_up_and_grows_without_a_standby() {
     // Not leading any more: frames are not stamped.
     p.replicator.lead(0);
     p.replicator.set_target(None);
-    let head = p.replicator.head();
+    let head = p.replicator.of(Dialect::Vllm).head();
     assert_eq!(p.leader.confirm_raw(0, &[], &[1]).status, 503);
-    assert!(p.replicator.head() > head, "the release was recorded here");
+    assert!(p.replicator.of(Dialect::Vllm).head() > head, "the release was recorded here");
     assert_eq!(lag_seconds(&p), 0.0, "a change made while not leading is not counted");
 }

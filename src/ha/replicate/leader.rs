@@ -15,6 +15,15 @@
 //! be missing; the standby then fails to apply a bind on it, closes, and
 //! the next session's snapshot has it.
 //!
+//! One replicator streams one durable store, on a connection of its own
+//! (its hello names the store): vLLM's, or SGLang's spaces'. The spaces'
+//! replicator also sends the catalog naming each space: the whole of it,
+//! read after `R`, at the start of the snapshot (every space with a record
+//! numbered up to `R` was in the catalog before that record was journaled,
+//! and the snapshot leaves out the spaces made since, whose records all come
+//! after `R`), and then each space the catalog records, queued from the
+//! catalog's append, so before any record of that space.
+//!
 //! A separate thread reads the standby's acknowledgements. The standby is
 //! **in sync** once it acknowledged `R`; from then on a request is answered
 //! only when the standby acknowledged its position
@@ -36,8 +45,9 @@ use super::lag::LagClock;
 use super::waiters::Waiters;
 use super::wire::Msg;
 use super::SyncMode;
-use crate::core::{PageSource, Visit};
+use crate::core::{Dialect, PageSource, Visit};
 use crate::durable::codec;
+use crate::durable::spaces::{Catalog, Entry};
 use crate::durable::tap::{BoxFuture, Frame, Replication};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::io::{BufReader, BufWriter, Write as _};
@@ -64,8 +74,20 @@ pub struct Target {
     pub epoch: u64,
 }
 
-/// The leader's replication state (see the module docs).
+/// What the sender thread takes, in order: frames, and (SGLang's store)
+/// the catalog's new spaces.
+enum Item {
+    Frame(Frame),
+    Space(Entry),
+}
+
+/// The leader's replication state of one durable store (see the module
+/// docs).
 pub struct Replicator {
+    /// The store streamed.
+    dialect: Dialect,
+    /// SGLang's store: the catalog naming its spaces.
+    catalog: Option<Arc<Catalog>>,
     /// The leader's state as its durable store reads it back.
     store: Arc<dyn PageSource>,
     /// The change number the durable store has handed out so far.
@@ -74,7 +96,7 @@ pub struct Replicator {
     node: String,
     mode: SyncMode,
     wait: Duration,
-    frames: Sender<Frame>,
+    frames: Sender<Item>,
     /// The standby to stream to (`None`: none).
     target: Mutex<Option<Target>>,
     /// Bumped whenever the target changes: the running session ends.
@@ -109,9 +131,10 @@ pub struct Replicator {
 }
 
 impl Replicator {
-    /// A replicator of `store`, whose durable store numbers changes up to
-    /// `head()`, as node `node` with the cluster secret `token`; requests
-    /// wait at most `wait` for the standby. Starts the sender thread.
+    /// A replicator of vLLM's `store`, whose durable store numbers changes
+    /// up to `head()`, as node `node` with the cluster secret `token`;
+    /// requests wait at most `wait` for the standby. Starts the sender
+    /// thread.
     pub fn start(
         store: Arc<dyn PageSource>,
         head: Box<dyn Fn() -> u64 + Send + Sync>,
@@ -120,8 +143,46 @@ impl Replicator {
         mode: SyncMode,
         wait: Duration,
     ) -> Arc<Self> {
+        Self::start_store(Dialect::Vllm, None, store, head, token, node, mode, wait)
+    }
+
+    /// As [`Replicator::start`], for SGLang's spaces (`store`, their durable
+    /// store's source) named by `catalog`, whose new spaces it hears of from
+    /// now on.
+    pub fn start_spaces(
+        catalog: Arc<Catalog>,
+        store: Arc<dyn PageSource>,
+        head: Box<dyn Fn() -> u64 + Send + Sync>,
+        token: Box<[u8]>,
+        node: String,
+        mode: SyncMode,
+        wait: Duration,
+    ) -> Arc<Self> {
+        Self::start_store(Dialect::Sglang, Some(catalog), store, head, token, node, mode, wait)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_store(
+        dialect: Dialect,
+        catalog: Option<Arc<Catalog>>,
+        store: Arc<dyn PageSource>,
+        head: Box<dyn Fn() -> u64 + Send + Sync>,
+        token: Box<[u8]>,
+        node: String,
+        mode: SyncMode,
+        wait: Duration,
+    ) -> Arc<Self> {
         let (tx, rx) = crossbeam_channel::unbounded();
+        if let Some(c) = &catalog {
+            let tx = tx.clone();
+            let tapped = c.attach(Box::new(move |e: &Entry| {
+                let _ = tx.send(Item::Space(e.clone()));
+            }));
+            assert!(tapped, "the spaces' catalog is replicated once");
+        }
         let r = Arc::new(Replicator {
+            dialect,
+            catalog,
             store,
             head,
             token,
@@ -202,6 +263,11 @@ impl Replicator {
         self.waiters.wake_all();
     }
 
+    /// The durable store this replicator streams.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
     /// The last change number handed out on this node.
     pub fn head(&self) -> u64 {
         (self.head)()
@@ -219,7 +285,7 @@ impl Replicator {
 
     /// The sender thread: one session after another, for as long as the
     /// process runs.
-    fn run(self: Arc<Self>, rx: Receiver<Frame>) {
+    fn run(self: Arc<Self>, rx: Receiver<Item>) {
         loop {
             let (n, target) = self.current();
             let Some(t) = target else {
@@ -230,7 +296,7 @@ impl Replicator {
                 continue;
             };
             if let Err(e) = self.run_session(n, &t, &rx) {
-                tracing::warn!(standby = %t.node, epoch = t.epoch, "replication session ended: {e}");
+                tracing::warn!(standby = %t.node, epoch = t.epoch, store = self.dialect.label(), "replication session ended: {e}");
             }
             self.end_session(n);
             if self.session.load(Ordering::Acquire) == n {
@@ -252,7 +318,7 @@ impl Replicator {
 
     /// One session with `t`, until it fails or the target changes; the
     /// connection is shut down on the way out (which ends its reader).
-    fn run_session(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Frame>) -> Result<(), String> {
+    fn run_session(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>) -> Result<(), String> {
         let stream = TcpStream::connect_timeout(&t.addr, Duration::from_secs(1)).map_err(|e| e.to_string())?;
         let closer = stream.try_clone().map_err(|e| e.to_string())?;
         let r = self.stream_to(n, t, rx, stream);
@@ -261,7 +327,7 @@ impl Replicator {
     }
 
     /// Hello, snapshot, then frames, on `stream`.
-    fn stream_to(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Frame>, stream: TcpStream) -> Result<(), String> {
+    fn stream_to(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>, stream: TcpStream) -> Result<(), String> {
         let _ = stream.set_nodelay(true);
         // A standby that stops reading (paused) must not hold this thread
         // forever: the write fails and the session starts over.
@@ -269,7 +335,13 @@ impl Replicator {
         let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
         let mut rd = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
         let mut wr = BufWriter::with_capacity(1 << 20, stream.try_clone().map_err(|e| e.to_string())?);
-        let hello = Msg::Hello { token: self.token.to_vec(), epoch: t.epoch, leader: self.node.clone() };
+        let hello = Msg::Hello {
+            version: super::wire::VERSION,
+            store: self.dialect,
+            token: self.token.to_vec(),
+            epoch: t.epoch,
+            leader: self.node.clone(),
+        };
         send(&mut wr, &hello)?;
         wr.flush().map_err(|e| e.to_string())?;
         match Msg::read_from(&mut rd).map_err(|e| e.to_string())? {
@@ -292,7 +364,7 @@ impl Replicator {
         self.send_snapshot(&mut wr, t.epoch, r)?;
         let dead = Arc::new(AtomicBool::new(false));
         self.spawn_acks(rd, r, dead.clone(), stream);
-        tracing::info!(standby = %t.node, epoch = t.epoch, position = r, "sent a snapshot; streaming");
+        tracing::info!(standby = %t.node, epoch = t.epoch, position = r, store = self.dialect.label(), "sent a snapshot; streaming");
         loop {
             if dead.load(Ordering::Acquire) {
                 return Err("the standby's connection closed".into());
@@ -306,6 +378,13 @@ impl Replicator {
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             };
             for f in std::iter::once(f).chain(rx.try_iter()) {
+                let f = match f {
+                    Item::Frame(f) => f,
+                    Item::Space(e) => {
+                        send(&mut wr, &space(t.epoch, e))?;
+                        continue;
+                    }
+                };
                 if f.upto <= r {
                     if f.clear {
                         return Err("a /clear raced the snapshot; starting over".into());
@@ -326,12 +405,33 @@ impl Replicator {
         }
     }
 
-    /// Sends the store's state as of (at least) position `r`.
+    /// Sends the store's state as of (at least) position `r` (with SGLang's
+    /// catalog, read now: after `r`).
     fn send_snapshot(&self, wr: &mut BufWriter<TcpStream>, epoch: u64, r: u64) -> Result<(), String> {
         send(wr, &Msg::SnapshotBegin { epoch })?;
+        // Spaces beyond the catalog read here were made after it, after `r`:
+        // their records, and their names, come in the stream.
+        let mut spaces = u32::MAX;
+        if let Some(c) = &self.catalog {
+            let entries = c.entries();
+            spaces = entries.len() as u32;
+            for e in entries {
+                send(wr, &space(epoch, e))?;
+            }
+        }
         let mut buf = Vec::with_capacity(PART_BYTES + 1024);
         let mut failed = None;
         self.store.snapshot(&mut |v| {
+            let rank = match v {
+                Visit::Generation(_) => 0,
+                Visit::Rank { rank, .. }
+                | Visit::Binding { rank, .. }
+                | Visit::Reserved { rank, .. }
+                | Visit::Held { rank, .. } => rank,
+            };
+            if rank >= spaces {
+                return true;
+            }
             match v {
                 Visit::Generation(_) => {}
                 Visit::Rank { rank, num_pages } => codec::put_initialize(&mut buf, rank, num_pages),
@@ -427,7 +527,7 @@ impl Replicator {
 impl Replication for Replicator {
     fn written(&self, frame: Frame) {
         self.stamp(frame.upto);
-        let _ = self.frames.send(frame);
+        let _ = self.frames.send(Item::Frame(frame));
     }
 
     fn skipped(&self, upto: u64) {
@@ -452,6 +552,11 @@ impl Replication for Replicator {
             r
         })
     }
+}
+
+/// The catalog's line `e` as a message of `epoch`.
+fn space(epoch: u64, e: Entry) -> Msg {
+    Msg::Space { epoch, id: e.id, rank: e.rank, num_pages: e.num_pages, namespace: e.namespace }
 }
 
 fn send(wr: &mut BufWriter<TcpStream>, m: &Msg) -> Result<(), String> {

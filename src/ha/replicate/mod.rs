@@ -3,10 +3,13 @@
 //!
 //! - [`wire`]: the messages on the replication connection.
 //! - [`leader`]: [`Replicator`], the durable layer's tap on the leader, and
-//!   the thread that keeps the standby caught up (snapshot, then frames).
+//!   the thread that keeps the standby caught up (snapshot, then frames);
+//!   one per durable store, the two driven as one by [`stores`]
+//!   ([`Replicators`]).
 //! - [`standby`]: [`Standby`], the listener that applies a leader's
 //!   snapshot and frames through the store's replay operations and
-//!   acknowledges positions once its own disk has them.
+//!   acknowledges positions once its own disk has them; [`apply`] lands
+//!   each store's records.
 //! - [`lag`]: the lag in seconds, from frames stamped as written.
 //! - [`status`]: what `/health`, `/stats` and `/metrics` show of it.
 //! - [`waiters`]: the requests waiting for an acknowledgement, woken by
@@ -22,22 +25,27 @@
 //! secret (`--ha-token-file`), compared in constant time ([`ct_eq`]);
 //! without it nothing else on the connection is read.
 //!
-//! What is replicated: vLLM's store (ranks, binds, unbinds and evictions,
-//! `/clear`), as the durable codec's encoded records, so a new record kind
-//! flows without a change here. SGLang's page spaces are not replicated
-//! yet (docs/ha-replication.md).
+//! What is replicated: both durable stores, each on a connection of its
+//! own: vLLM's (ranks, binds, unbinds and evictions, reservations and
+//! holds, `/clear`) and SGLang's spaces' (the same records, a space's id as
+//! its rank, and the catalog naming each space), as the durable codec's
+//! encoded records, so a new record kind flows without a change here. A
+//! request waits for its own store's acknowledgement only.
 //!
 //! Architecture invariants: nothing here runs without `--ha`; the request
 //! path meets replication in one place, the wait of
-//! [`crate::durable::Durable::sync`]; a standby's store changes only
-//! through `Store::replay_*`, which journal to its own durable store.
+//! [`crate::durable::Durable::sync`]; a standby's stores change only
+//! through `Store::replay_*` and the spaces' `replica_*`, which journal to
+//! its own durable stores.
 
+pub mod apply;
 pub mod lag;
 pub mod leader;
 pub mod promote;
 pub mod standby;
 pub mod start;
 pub mod status;
+pub mod stores;
 pub mod waiters;
 pub mod wire;
 
@@ -46,6 +54,7 @@ pub use promote::Replicated;
 pub use standby::Standby;
 pub use start::start;
 pub use status::Status;
+pub use stores::Replicators;
 
 use clap::{Args, ValueEnum};
 use std::net::SocketAddr;

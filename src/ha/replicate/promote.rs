@@ -13,7 +13,7 @@
 //! - **A standby is named only once it is in sync** (it acknowledged its
 //!   snapshot): before `P/sync` names it, requests already wait for its
 //!   acknowledgements, and answering without a standby is switched off
-//!   ([`Replicator::release`]) *before* the name is written.
+//!   ([`Replicators::release`]) *before* the name is written.
 //! - **Without a standby in sync**, `strict` leaves `P/sync` as it is (its
 //!   holder has everything acknowledged, since nothing is acknowledged
 //!   without it) and answers changes 503; `available` removes `P/sync`
@@ -25,8 +25,9 @@
 //!   leader picks it as standby, its first session starts with a snapshot
 //!   that replaces its whole state, so it never serves its own stale state.
 
-use super::leader::{Replicator, Target};
+use super::leader::Target;
 use super::standby::Standby;
+use super::stores::Replicators;
 use super::{address_key, SyncMode};
 use crate::ha::election::{BoxFuture, Election, Member, Promotion, PromotionContext, Refusal};
 use std::net::ToSocketAddrs;
@@ -36,7 +37,7 @@ use std::sync::{Arc, OnceLock, Weak};
 /// The replicated promotion hook (see the module docs).
 pub struct Replicated {
     standby: Arc<Standby>,
-    replicator: Arc<Replicator>,
+    replicator: Arc<Replicators>,
     mode: SyncMode,
     /// The election, once started ([`Replicated::bind`]).
     election: OnceLock<Weak<Election>>,
@@ -46,8 +47,8 @@ pub struct Replicated {
 }
 
 impl Replicated {
-    /// The hook over this node's standby and replicator.
-    pub fn new(standby: Arc<Standby>, replicator: Arc<Replicator>, mode: SyncMode) -> Arc<Self> {
+    /// The hook over this node's standby and replicators.
+    pub fn new(standby: Arc<Standby>, replicator: Arc<Replicators>, mode: SyncMode) -> Arc<Self> {
         Arc::new(Replicated { standby, replicator, mode, election: OnceLock::new(), busy: Default::default() })
     }
 

@@ -10,20 +10,29 @@
 //! a hello while this node itself leads, and a frame that does not follow
 //! the position this node has (a gap: the leader must send a snapshot).
 //! A refused hello is answered [`Msg::Reject`] and the connection closed;
-//! nothing of it is applied.
+//! nothing of it is applied. So is a hello of another protocol version.
+//!
+//! Each durable store comes on a connection of its own (the hello names
+//! it), with a position and a caught-up flag of its own: vLLM's store, and
+//! SGLang's spaces', whose snapshot starts by forgetting every space here
+//! ([`crate::core::Spaces::replica_reset`]) and whose catalog lines
+//! ([`Msg::Space`]) make each space as the leader names it, before its
+//! records arrive ([`super::apply`]). A node is caught up, and may be
+//! promoted, only once both stores are.
 //!
 //! # Memory ordering
 //!
-//! `epoch`, `position` and `caught_up` are written under `apply` (the
+//! `epoch` and each store's `position` and `caught_up` are written under
+//! `apply` (the
 //! mutex every message is applied under) and read without it by the
 //! promotion check and `/stats`: `Acquire`/`Release` so that a reader who
 //! sees `caught_up` also sees the position it goes with. The counters are
 //! statistics (`Relaxed`).
 
+use super::apply::{apply, Holds, Side};
 use super::ct_eq;
-use super::wire::Msg;
-use crate::core::{Freed, Store};
-use crate::durable::codec::{self, Pending, Record};
+use super::wire::{Msg, VERSION};
+use crate::core::{Dialect, SpaceName};
 use crate::App;
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -43,6 +52,8 @@ pub struct Counters {
     /// Hellos and messages of an epoch older than the newest seen, or
     /// hellos while this node leads.
     pub old_epoch: AtomicU64,
+    /// Hellos of another protocol version ([`VERSION`]).
+    pub bad_version: AtomicU64,
     /// Frames that did not follow this node's position, or came before a
     /// snapshot.
     pub bad_position: AtomicU64,
@@ -50,6 +61,17 @@ pub struct Counters {
     pub frames: AtomicU64,
     /// Snapshots applied.
     pub snapshots: AtomicU64,
+}
+
+/// Where one store's stream stands here.
+#[derive(Default)]
+struct Stream {
+    /// Every leader change up to this position is applied and durable here
+    /// (meaningful while `caught_up`).
+    position: AtomicU64,
+    /// A snapshot of the leader at the standby's `epoch` was applied: the
+    /// stream since follows without a gap.
+    caught_up: AtomicBool,
 }
 
 /// The standby's replication state (see the module docs).
@@ -60,15 +82,11 @@ pub struct Standby {
     token: Box<[u8]>,
     /// The newest leader epoch seen in an accepted hello (or promoted to).
     epoch: AtomicU64,
-    /// Every leader change up to this position is applied and durable here
-    /// (meaningful while `caught_up`).
-    position: AtomicU64,
-    /// A snapshot of the leader at `epoch` was applied: the stream since
-    /// follows without a gap.
-    caught_up: AtomicBool,
+    /// Each store's stream, by [`Dialect::index`].
+    stores: [Stream; 2],
     /// Held while one message is applied (one leader at a time), with the
-    /// pages to hold back on promotion.
-    apply: Mutex<Holds>,
+    /// pages to hold back on promotion, by [`Dialect::index`].
+    apply: Mutex<[Holds; 2]>,
     /// What was refused and applied.
     pub counters: Counters,
 }
@@ -81,9 +99,8 @@ impl Standby {
             app: Arc::downgrade(&app),
             token,
             epoch: AtomicU64::new(0),
-            position: AtomicU64::new(0),
-            caught_up: AtomicBool::new(false),
-            apply: Mutex::new(Holds::default()),
+            stores: Default::default(),
+            apply: Mutex::new(Default::default()),
             counters: Counters::default(),
         })
     }
@@ -108,14 +125,23 @@ impl Standby {
         Ok(bound)
     }
 
-    /// The newest epoch seen, the position applied, and whether this node
-    /// is caught up with that epoch's leader.
+    /// The newest epoch seen, the position of vLLM's store applied, and
+    /// whether this node is caught up with that epoch's leader (both
+    /// stores).
     pub fn state(&self) -> (u64, u64, bool) {
-        (
-            self.epoch.load(Ordering::Acquire),
-            self.position.load(Ordering::Acquire),
-            self.caught_up.load(Ordering::Acquire),
-        )
+        let (position, _) = self.store_state(Dialect::Vllm);
+        (self.epoch.load(Ordering::Acquire), position, self.caught_up())
+    }
+
+    /// The position of `store` applied here, and whether it is caught up.
+    pub fn store_state(&self, store: Dialect) -> (u64, bool) {
+        let s = &self.stores[store.index()];
+        (s.position.load(Ordering::Acquire), s.caught_up.load(Ordering::Acquire))
+    }
+
+    /// Both stores are caught up with the leader of the newest epoch.
+    fn caught_up(&self) -> bool {
+        self.stores.iter().all(|s| s.caught_up.load(Ordering::Acquire))
     }
 
     /// This node becomes leader at `epoch`: frames of any older leader are
@@ -127,13 +153,20 @@ impl Standby {
     /// replicated).
     pub fn promote(&self, epoch: u64) -> (bool, u64) {
         let holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
-        let was = self.caught_up.swap(false, Ordering::AcqRel);
+        // Both swapped (no short circuit): neither store stays caught up.
+        let was = self.stores.each_ref().map(|s| s.caught_up.swap(false, Ordering::AcqRel)).iter().all(|&b| b);
         self.epoch.fetch_max(epoch, Ordering::AcqRel);
         if let Some(app) = self.app.upgrade() {
-            let held = holds.apply(app.registry.vllm());
-            tracing::info!(epoch, pages = held, "promotion: pages unbound within the last read lease held back");
+            let vllm = holds[Dialect::Vllm.index()].apply(Side::Vllm(app.registry.vllm()));
+            let sglang = holds[Dialect::Sglang.index()].apply(Side::Spaces(app.registry.sglang()));
+            tracing::info!(
+                epoch,
+                pages = vllm,
+                sglang_pages = sglang,
+                "promotion: pages unbound within the last read lease held back"
+            );
         }
-        (was, self.position.load(Ordering::Acquire))
+        (was, self.stores[Dialect::Vllm.index()].position.load(Ordering::Acquire))
     }
 
     /// The epoch this node leads at or is becoming leader at, if any.
@@ -163,7 +196,9 @@ impl Standby {
             return Err(format!("epoch {epoch} is older than epoch {newest} seen here"));
         }
         if epoch > newest {
-            self.caught_up.store(false, Ordering::Release);
+            for s in &self.stores {
+                s.caught_up.store(false, Ordering::Release);
+            }
         }
         self.epoch.store(epoch, Ordering::Release);
         Ok(())
@@ -174,17 +209,35 @@ impl Standby {
         let _ = stream.set_nodelay(true);
         let mut rd = BufReader::with_capacity(1 << 20, stream.try_clone()?);
         let mut wr = BufWriter::new(stream);
-        let Msg::Hello { token, epoch, leader } = Msg::read_from(&mut rd)? else {
+        let first = match Msg::read_from(&mut rd) {
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                self.counters.bad_token.fetch_add(1, Ordering::Relaxed);
+                Msg::Reject(format!("the first message must be a hello with the cluster secret: {e}"))
+                    .write_to(&mut wr)?;
+                return wr.flush();
+            }
+            m => m?,
+        };
+        let Msg::Hello { version, store, token, epoch, leader } = first else {
             self.counters.bad_token.fetch_add(1, Ordering::Relaxed);
             Msg::Reject("the first message must be a hello with the cluster secret".into()).write_to(&mut wr)?;
             return wr.flush();
         };
-        if let Err(why) = self.admit(&token, epoch) {
-            tracing::warn!(leader, epoch, "refused a replication hello: {why}");
+        let admitted = if version == VERSION {
+            self.admit(&token, epoch)
+        } else {
+            self.counters.bad_version.fetch_add(1, Ordering::Relaxed);
+            Err(format!(
+                "replication protocol version {version} is not this node's version {VERSION}: run one release on \
+                 every node"
+            ))
+        };
+        if let Err(why) = admitted {
+            tracing::warn!(leader, epoch, version, "refused a replication hello: {why}");
             Msg::Reject(why).write_to(&mut wr)?;
             return wr.flush();
         }
-        tracing::info!(leader, epoch, "replicating from the leader");
+        tracing::info!(leader, epoch, store = store.label(), "replicating from the leader");
         Msg::Welcome.write_to(&mut wr)?;
         wr.flush()?;
         // Applying and acknowledging run apart: while the acknowledger waits
@@ -193,13 +246,13 @@ impl Standby {
         let (tx, rx) = crossbeam_channel::unbounded::<u64>();
         let me = self.app.clone();
         let acker =
-            std::thread::Builder::new().name("ha-standby-ack".into()).spawn(move || acknowledge(&me, rx, wr))?;
+            std::thread::Builder::new().name("ha-standby-ack".into()).spawn(move || acknowledge(&me, store, rx, wr))?;
         let result = loop {
             let msg = match Msg::read_from(&mut rd) {
                 Ok(m) => m,
                 Err(e) => break Err(e),
             };
-            match self.on_message(epoch, msg) {
+            match self.on_message(store, epoch, msg) {
                 Ok(Some(upto)) => {
                     if tx.send(upto).is_err() {
                         break Err(std::io::Error::other("the acknowledgements stopped"));
@@ -218,50 +271,83 @@ impl Standby {
         result
     }
 
-    /// Applies one message of the leader at `epoch`; returns the position
-    /// to acknowledge once durable, if any.
-    fn on_message(&self, epoch: u64, msg: Msg) -> Result<Option<u64>, String> {
+    /// Applies one message of the leader at `epoch` on its connection of
+    /// `store`; returns the position to acknowledge once durable, if any.
+    fn on_message(&self, store: Dialect, epoch: u64, msg: Msg) -> Result<Option<u64>, String> {
         let mut holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        let holds = &mut holds[store.index()];
         let app = self.app()?;
-        let store: &Store = app.registry.vllm();
+        let side = match store {
+            Dialect::Vllm => Side::Vllm(app.registry.vllm()),
+            Dialect::Sglang => Side::Spaces(app.registry.sglang()),
+        };
+        let stream = &self.stores[store.index()];
         if msg.epoch() != epoch || self.epoch.load(Ordering::Acquire) != epoch {
             self.counters.old_epoch.fetch_add(1, Ordering::Relaxed);
             return Err(format!("a message of epoch {} on a session of epoch {epoch}", msg.epoch()));
         }
         match msg {
             Msg::SnapshotBegin { .. } => {
-                // The standby evicts nothing of its own: the leader's
-                // evictions arrive as unbinds (until promoted).
-                store.suspend_eviction();
-                self.caught_up.store(false, Ordering::Release);
-                store.clear();
+                stream.caught_up.store(false, Ordering::Release);
+                match side {
+                    Side::Vllm(store) => {
+                        // The standby evicts nothing of its own: the
+                        // leader's evictions arrive as unbinds (until
+                        // promoted).
+                        store.suspend_eviction();
+                        store.clear();
+                    }
+                    // Each space it makes again evicts nothing either.
+                    Side::Spaces(spaces) => {
+                        spaces.replica_reset().map_err(|e| format!("forgetting SGLang's spaces: {e}"))?;
+                        holds.clear();
+                    }
+                }
                 Ok(None)
             }
-            Msg::SnapshotPart { records, .. } => apply(store, &records, &mut holds).map(|()| None),
+            Msg::SnapshotPart { records, .. } => apply(side, &records, holds).map(|()| None),
             Msg::SnapshotEnd { upto, .. } => {
-                self.position.store(upto, Ordering::Release);
-                self.caught_up.store(true, Ordering::Release);
+                stream.position.store(upto, Ordering::Release);
+                stream.caught_up.store(true, Ordering::Release);
                 self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
                 Ok(Some(upto))
             }
+            Msg::Space { id, rank, num_pages, namespace, .. } => {
+                let Side::Spaces(spaces) = side else {
+                    return Err("a catalog line on vLLM's stream".into());
+                };
+                let name = SpaceName { rank, namespace: namespace.into() };
+                spaces.replica_create(id, name, num_pages).map_err(|e| {
+                    stream.caught_up.store(false, Ordering::Release);
+                    format!("cannot make the leader's SGLang {e}")
+                })?;
+                Ok(None)
+            }
             Msg::Frame { clear, from, upto, records, .. } => {
-                let at = self.position.load(Ordering::Acquire);
-                if !self.caught_up.load(Ordering::Acquire) || from > at {
+                let at = stream.position.load(Ordering::Acquire);
+                if !stream.caught_up.load(Ordering::Acquire) || from > at {
                     self.counters.bad_position.fetch_add(1, Ordering::Relaxed);
-                    self.caught_up.store(false, Ordering::Release);
+                    stream.caught_up.store(false, Ordering::Release);
                     return Err(format!("a frame from position {from} where this node is at {at}"));
                 }
                 if upto <= at {
                     return Ok(Some(at)); // a repeat: applied already
                 }
                 if clear {
-                    store.clear();
+                    match side {
+                        Side::Vllm(store) => store.clear(),
+                        // A space resets in place and never clears.
+                        Side::Spaces(_) => {
+                            stream.caught_up.store(false, Ordering::Release);
+                            return Err("a clear on SGLang's store".into());
+                        }
+                    }
                 }
-                if let Err(e) = apply(store, &records, &mut holds) {
-                    self.caught_up.store(false, Ordering::Release);
+                if let Err(e) = apply(side, &records, holds) {
+                    stream.caught_up.store(false, Ordering::Release);
                     return Err(e);
                 }
-                self.position.store(upto, Ordering::Release);
+                stream.position.store(upto, Ordering::Release);
                 self.counters.frames.fetch_add(1, Ordering::Relaxed);
                 Ok(Some(upto))
             }
@@ -276,12 +362,12 @@ impl Standby {
 /// waits until this node's own disk has everything applied so far, and
 /// acknowledges it; ends when the session does (or the socket fails, which
 /// ends the session).
-fn acknowledge(app: &Weak<App>, rx: crossbeam_channel::Receiver<u64>, mut wr: BufWriter<TcpStream>) {
+fn acknowledge(app: &Weak<App>, store: Dialect, rx: crossbeam_channel::Receiver<u64>, mut wr: BufWriter<TcpStream>) {
     while let Ok(first) = rx.recv() {
         let upto = rx.try_iter().fold(first, u64::max);
         let synced = app.upgrade().ok_or_else(|| "the server is stopping".to_string()).and_then(|app| {
             let d = app.durable.as_ref().ok_or_else(|| "a standby needs --data-dir".to_string())?;
-            d.vllm.sync_blocking(LOCAL_SYNC).map_err(|e| format!("local durable store: {e}"))
+            d.of(store).sync_blocking(LOCAL_SYNC).map_err(|e| format!("local durable store: {e}"))
         });
         let sent = synced
             .and_then(|()| Msg::Ack { upto }.write_to(&mut wr).and_then(|()| wr.flush()).map_err(|e| e.to_string()));
@@ -291,86 +377,4 @@ fn acknowledge(app: &Weak<App>, rx: crossbeam_channel::Receiver<u64>, mut wr: Bu
             return;
         }
     }
-}
-
-/// When each page was last unbound by a replayed record, as the tick until
-/// which a promoted standby holds it back (0: never). One `u32` per page of
-/// each rank that had an unbind, indexed by rank (ranks are numbered from 0
-/// up to `--max-ranks`): bounded by the ranks' sizes, O(1) per unbind, with
-/// no hashing and no look-up of the rank's size but at its first unbind.
-#[derive(Default)]
-pub struct Holds {
-    until: Vec<Vec<u32>>,
-}
-
-impl Holds {
-    /// Notes that `page` of `rank` (of `num_pages()` pages, asked at the
-    /// rank's first note) was unbound: held until tick `until` if promoted
-    /// meanwhile.
-    fn note(&mut self, rank: u32, page: u32, num_pages: impl FnOnce() -> u32, until: u32) {
-        let r = rank as usize;
-        if self.until.len() <= r {
-            self.until.resize_with(r + 1, Vec::new);
-        }
-        let v = &mut self.until[r];
-        if v.is_empty() {
-            v.resize(num_pages() as usize, 0);
-        }
-        if let Some(slot) = v.get_mut(page as usize) {
-            *slot = until;
-        }
-    }
-
-    /// Holds back, in `store`, every page still within its hold; returns
-    /// how many were held.
-    pub fn apply(&self, store: &Store) -> u64 {
-        let mut held = 0;
-        for (rank, pages) in self.until.iter().enumerate() {
-            for (page, &until) in pages.iter().enumerate() {
-                if until != 0 && store.hold_free_page(rank as u32, page as u32, until) {
-                    held += 1;
-                }
-            }
-        }
-        held
-    }
-}
-
-/// Applies codec-encoded records to `store` (each forces a page's state),
-/// noting unbinds in `holds`.
-pub fn apply(store: &Store, records: &[u8], holds: &mut Holds) -> Result<(), String> {
-    store.replay_batch(|| apply_records(store, records, holds))
-}
-
-fn apply_records(store: &Store, records: &[u8], holds: &mut Holds) -> Result<(), String> {
-    let until = store.hold_deadline();
-    let mut err = None;
-    let mut hex = [0u8; codec::KEY_BUF];
-    codec::decode_log(records, |r| {
-        if err.is_some() {
-            return;
-        }
-        let done = match r {
-            Record::Initialize { rank, num_pages } => store.replay_initialize(rank, num_pages),
-            Record::Bind { rank, page, binding } => {
-                store.replay_bind(rank, page, codec::key_str(&binding.key, &mut hex), binding.world)
-            }
-            // Only a binding freed is held back on promotion: no lookup names
-            // a reserved page, so no reader holds a released reservation.
-            Record::Unbind { rank, page } => store.replay_unbind(rank, page).map(|freed| {
-                if freed == Freed::Binding {
-                    holds.note(rank, page, || store.rank_size(rank).unwrap_or(0), until);
-                }
-            }),
-            Record::Pending { rank, page, pending: Pending::Reserved(tag) } => store.replay_reserve(rank, page, tag),
-            // Held on the leader for a reader's lease: free here, held back
-            // if this node is promoted within that lease.
-            Record::Pending { rank, page, pending: Pending::Held } => store.replay_unbind(rank, page).map(|_| {
-                holds.note(rank, page, || store.rank_size(rank).unwrap_or(0), until);
-            }),
-        };
-        err = done.err();
-    })
-    .map_err(|e| format!("undecodable records: {e}"))?;
-    err.map_or(Ok(()), |e| Err(format!("cannot apply the leader's records: {e}")))
 }

@@ -1,38 +1,16 @@
 //! Starting replication in the server (`--ha etcd`): the standby's
-//! listener, its address in etcd, the leader's replicator attached to the
-//! durable store, and the promotion hook for the election.
+//! listener, its address in etcd, the leader's replicators attached to the
+//! durable stores (vLLM's, SGLang's spaces'), and the promotion hook for the
+//! election.
 
 use super::address_key;
 use super::leader::Replicator;
 use super::promote::Replicated;
 use super::standby::Standby;
-use crate::durable::tap::{BoxFuture, Frame, Replication};
+use super::stores::Replicators;
 use crate::ha::{etcd, Keys};
 use crate::App;
 use std::sync::Arc;
-
-/// SGLang's spaces under `--ha`: not replicated yet, so a change to them is
-/// never acknowledged (answered 503 with this reason) rather than
-/// acknowledged and lost at the next failover.
-struct NotReplicated;
-
-impl Replication for NotReplicated {
-    fn written(&self, _frame: Frame) {}
-
-    fn wants_frames(&self) -> bool {
-        false
-    }
-
-    fn broken(&self) {}
-
-    fn acknowledged(&self, _upto: u64) -> BoxFuture<'_, Result<(), String>> {
-        Box::pin(async {
-            Err("SGLang's page spaces are not replicated to the standby yet: with --ha their changes are refused \
-                 (docs/ha-replication.md)"
-                .to_string())
-        })
-    }
-}
 
 /// Starts replication for `app` (a node of an HA cluster, with `--data-dir`)
 /// and returns the promotion hook to start the election with; the caller
@@ -62,10 +40,15 @@ pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<A
         .map_err(|e| format!("publishing the replication address in etcd: {e}"))?;
     let watched = app.clone();
     let head = Box::new(move || watched.durable.as_ref().map_or(0, |d| d.vllm.head()));
-    let replicator =
-        Replicator::start(d.vllm.source(), head, token, node.id.clone(), args.ha_sync, args.sync_timeout());
-    d.vllm.attach(replicator.clone());
-    d.sglang.attach(Arc::new(NotReplicated));
+    let (mode, wait) = (args.ha_sync, args.sync_timeout());
+    let vllm = Replicator::start(d.vllm.source(), head, token.clone(), node.id.clone(), mode, wait);
+    let watched = app.clone();
+    let head = Box::new(move || watched.durable.as_ref().map_or(0, |d| d.sglang.head()));
+    let sglang =
+        Replicator::start_spaces(d.catalog.clone(), d.sglang.source(), head, token, node.id.clone(), mode, wait);
+    d.vllm.attach(vllm.clone());
+    d.sglang.attach(sglang.clone());
+    let replicators = Replicators::new(vllm, sglang);
     tracing::info!(
         listen = %bound,
         advertise,
@@ -75,8 +58,8 @@ pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<A
     );
     node.set_replication(Arc::new(super::Status {
         standby: standby.clone(),
-        replicator: replicator.clone(),
+        replicators: replicators.clone(),
         mode: args.ha_sync,
     }));
-    Ok(Replicated::new(standby, replicator, args.ha_sync))
+    Ok(Replicated::new(standby, replicators, args.ha_sync))
 }

@@ -1,11 +1,15 @@
 //! What `/health`, `/stats` and `/metrics` show of replication: the
 //! leader's side (target, in sync, acknowledged position, lag in records
-//! and in seconds, refused waits) and the standby's (epoch, position, caught up, frames and
-//! snapshots applied, refusals by reason).
+//! and in seconds, refused waits) and the standby's (epoch, position, caught
+//! up, frames and snapshots applied, refusals by reason). Each durable store
+//! (vLLM's, SGLang's spaces') streams on its own: the totals stand for both,
+//! and `stores` (JSON) and the `store` label (metrics) tell them apart.
 
 use super::leader::Replicator;
 use super::standby::Standby;
+use super::stores::Replicators;
 use super::SyncMode;
+use crate::core::Dialect;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,42 +18,66 @@ use std::sync::Arc;
 /// [`crate::ha::Node::set_replication`]).
 pub struct Status {
     pub(crate) standby: Arc<Standby>,
-    pub(crate) replicator: Arc<Replicator>,
+    pub(crate) replicators: Arc<Replicators>,
     pub(crate) mode: SyncMode,
 }
 
+/// Changes numbered on this node for `r`'s store and not yet acknowledged
+/// by its standby (0 without a standby in sync: then nothing waits for one).
+fn lag(r: &Replicator) -> u64 {
+    if r.synced().is_none() {
+        return 0;
+    }
+    r.head().saturating_sub(r.acked())
+}
+
 impl Status {
-    /// Changes numbered on this node and not yet acknowledged by its standby
-    /// (0 without a standby in sync: then nothing waits for one).
+    /// Both stores' changes not yet acknowledged.
     fn lag(&self) -> u64 {
-        if self.replicator.synced().is_none() {
-            return 0;
-        }
-        self.replicator.head().saturating_sub(self.replicator.acked())
+        self.replicators.all().iter().map(|r| lag(r)).sum()
     }
 
     /// How long the oldest change made here and not yet acknowledged by a
     /// standby has waited, in seconds, on a node leading at `leading` (0:
-    /// not leading; see [`super::lag`]).
+    /// not leading; see [`super::lag`]): the older of the two stores'.
     pub fn lag_seconds(&self, leading: u64) -> f64 {
-        self.replicator.lag.seconds(leading, crate::ha::node::now())
+        let now = crate::ha::node::now();
+        self.replicators.all().iter().map(|r| r.lag.seconds(leading, now)).fold(0.0, f64::max)
     }
 
     /// The `"replication"` object of a node leading at `leading` (0: not
-    /// leading).
+    /// leading): `acknowledged` is vLLM's store's position, `lag_records`
+    /// and `sync_failures` both stores' totals.
     pub fn json(&self, leading: u64) -> serde_json::Value {
-        let r = &self.replicator;
+        let r = &self.replicators;
         let s = &self.standby;
-        let (epoch, position, caught_up) = s.state();
+        let (epoch, _, caught_up) = s.state();
         let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let mut stores = serde_json::Map::new();
+        for d in Dialect::ALL {
+            let one = r.of(d);
+            let (position, store_caught_up) = s.store_state(d);
+            stores.insert(
+                d.label().into(),
+                serde_json::json!({
+                    "in_sync": one.synced().is_some(),
+                    "acknowledged": one.acked(),
+                    "lag_records": lag(one),
+                    "sync_failures": c(&one.sync_failures),
+                    "as_standby": { "position": position, "caught_up": store_caught_up },
+                }),
+            );
+        }
+        let (position, _) = s.store_state(Dialect::Vllm);
         serde_json::json!({
             "sync": match self.mode { SyncMode::Strict => "strict", SyncMode::Available => "available" },
             "streaming_to": r.target().map(|t| t.node),
             "in_sync": r.synced().is_some(),
-            "acknowledged": r.acked(),
+            "acknowledged": r.of(Dialect::Vllm).acked(),
             "lag_records": self.lag(),
             "lag_seconds": self.lag_seconds(leading),
-            "sync_failures": c(&r.sync_failures),
+            "sync_failures": r.all().iter().map(|r| c(&r.sync_failures)).sum::<u64>(),
+            "stores": stores,
             "as_standby": {
                 "epoch": epoch,
                 "position": position,
@@ -58,6 +86,7 @@ impl Status {
                 "snapshots": c(&s.counters.snapshots),
                 "refused": {
                     "bad_token": c(&s.counters.bad_token),
+                    "bad_version": c(&s.counters.bad_version),
                     "old_epoch": c(&s.counters.old_epoch),
                     "bad_position": c(&s.counters.bad_position),
                 },
@@ -68,7 +97,7 @@ impl Status {
     /// Appends the replication series of a node leading at `leading` (0:
     /// not leading) to a Prometheus text.
     pub fn render_metrics(&self, out: &mut String, leading: u64) {
-        let r = &self.replicator;
+        let r = &self.replicators;
         let s = &self.standby;
         let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let series: [(&str, &str, &str, u64); 6] = [
@@ -88,13 +117,13 @@ impl Status {
                 "ha_sync_wait_failures_total",
                 "counter",
                 "Changes answered 503 because the synchronous standby did not acknowledge them (or there was none).",
-                c(&r.sync_failures),
+                r.all().iter().map(|r| c(&r.sync_failures)).sum(),
             ),
             (
                 "ha_standby_syncs_total",
                 "counter",
                 "Times a standby caught up by snapshot (this node leading).",
-                c(&r.syncs),
+                r.all().iter().map(|r| c(&r.syncs)).sum(),
             ),
             (
                 "ha_replication_frames_applied_total",
@@ -129,10 +158,33 @@ impl Status {
         );
         for (reason, a) in [
             ("bad_token", &s.counters.bad_token),
+            ("bad_version", &s.counters.bad_version),
             ("old_epoch", &s.counters.old_epoch),
             ("bad_position", &s.counters.bad_position),
         ] {
             let _ = writeln!(out, "hf3fs_meta_ha_replication_refused_total{{reason=\"{reason}\"}} {}", c(a));
+        }
+        let _ = writeln!(
+            out,
+            "# HELP hf3fs_meta_ha_replication_store_lag_records Changes of one durable store made here and not yet \
+             acknowledged by the synchronous standby.\n# TYPE hf3fs_meta_ha_replication_store_lag_records gauge"
+        );
+        for d in Dialect::ALL {
+            let _ = writeln!(
+                out,
+                "hf3fs_meta_ha_replication_store_lag_records{{store=\"{}\"}} {}",
+                d.label(),
+                lag(r.of(d))
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP hf3fs_meta_ha_replication_store_in_sync 1 while the synchronous standby is caught up with this \
+             durable store and acknowledging it.\n# TYPE hf3fs_meta_ha_replication_store_in_sync gauge"
+        );
+        for d in Dialect::ALL {
+            let v = u64::from(r.of(d).synced().is_some());
+            let _ = writeln!(out, "hf3fs_meta_ha_replication_store_in_sync{{store=\"{}\"}} {v}", d.label());
         }
     }
 }
