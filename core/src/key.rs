@@ -176,15 +176,21 @@ impl<'a> KeyRef<'a> {
     /// ([`Digest::parse`]); text otherwise.
     #[inline]
     pub fn parse(s: &'a str) -> Self {
-        if s.len() == 32 {
-            match decode_hex32(s.as_bytes()) {
-                Some(v) if v != 0 => KeyRef::Hex(v),
-                _ => KeyRef::Text(s),
-            }
-        } else if s.len() >= 64 {
-            Digest::parse(s).map_or(KeyRef::Text(s), KeyRef::Digest)
+        KeyRef::compact(s.as_bytes()).unwrap_or(KeyRef::Text(s))
+    }
+
+    /// The compact form of the key whose text is `b` ([`KeyRef::Hex`] or
+    /// [`KeyRef::Digest`], as [`KeyRef::parse`] classifies it), or `None`
+    /// when the key is kept as text. For a decoder that has the key's bytes
+    /// but not yet a `&str` of them: a compact key needs none.
+    #[inline]
+    pub fn compact(b: &[u8]) -> Option<KeyRef<'static>> {
+        if b.len() == 32 {
+            decode_hex32(b).filter(|&v| v != 0).map(KeyRef::Hex)
+        } else if b.len() >= 64 {
+            Digest::parse_bytes(b).map(KeyRef::Digest)
         } else {
-            KeyRef::Text(s)
+            None
         }
     }
 

@@ -133,11 +133,11 @@ fn confirm(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limit
 }
 
 fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
-    let req = s.decoder.space_keys(body, limits)?;
+    let req = s.decoder.space_lookup(body, limits)?;
     let n = req.keys.len();
     let flags = &mut s.flags;
     on_space(app, rank, req.namespace, n, |st| {
-        st.exists(&req.keys, flags);
+        st.exists_keys(&req.keys, flags);
         let mut out = Vec::with_capacity(16 + n * 6);
         encode::exists(&mut out, flags);
         Ok(Reply::json(StatusCode::OK, out, n))
@@ -145,11 +145,11 @@ fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits
 }
 
 fn page_indices(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
-    let req = s.decoder.space_keys(body, limits)?;
+    let req = s.decoder.space_lookup(body, limits)?;
     let n = req.keys.len();
     let locations = &mut s.locations;
     on_space(app, rank, req.namespace, n, |st| {
-        st.locations(0, &req.keys, locations).map_err(|e| internal(e, n))?;
+        st.locations_keys(0, &req.keys, locations).map_err(|e| internal(e, n))?;
         let mut out = Vec::with_capacity(16 + n * 11);
         encode::indices(&mut out, locations);
         Ok(Reply::json(StatusCode::OK, out, n))

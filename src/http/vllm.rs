@@ -101,7 +101,7 @@ fn confirm(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Resul
 
 fn exists(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.exists(body, limits)?;
-    app.registry.vllm().exists(&req.keys, &mut s.flags);
+    app.registry.vllm().exists_keys(&req.keys, &mut s.flags);
     let mut out = Vec::with_capacity(16 + s.flags.len() * 6);
     encode::exists(&mut out, &s.flags);
     Ok(Reply::json(StatusCode::OK, out, req.keys.len()))
@@ -110,7 +110,7 @@ fn exists(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result
 fn locations(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.locations(body, limits)?;
     let n = req.keys.len();
-    app.registry.vllm().locations(req.rank, &req.keys, &mut s.locations).map_err(|e| {
+    app.registry.vllm().locations_keys(req.rank, &req.keys, &mut s.locations).map_err(|e| {
         let msg = format!("Failed to get key locations: {e}");
         tracing::error!("{msg}");
         Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg).keys(n)

@@ -85,7 +85,7 @@ mod sglang;
 mod tape;
 mod vllm;
 
-pub use sglang::{SpaceConfirmBody, SpaceInitBody, SpaceKeysBody};
+pub use sglang::{SpaceConfirmBody, SpaceInitBody, SpaceKeysBody, SpaceLookupBody};
 pub use vllm::{AllocateBody, ConfirmBody, ExistsBody, InitializeBody, LocationsBody, Role};
 
 /// Bodies up to this many bytes leave their parse scratch in the [`Decoder`]
