@@ -57,7 +57,7 @@ pub(super) enum Value {
     /// A list of keys (SGLang's delete).
     Keys,
     /// A list of keys to look up (exists, locations), classified while
-    /// scanned ([`Scanned`]).
+    /// scanned.
     Lookup,
     /// A list of keys or `[key, prefix_key]` pairs (allocate, reserve).
     KeyPairs,
@@ -121,25 +121,20 @@ pub(super) struct Scan {
     namespace: Option<Span>,
 }
 
-/// A key of a lookup list as the scan left it.
-#[derive(Clone, Copy, Debug)]
-enum Scanned {
-    /// A key the scan classified and decoded as compact: a 32-hex key, or
-    /// a 64-hex digest bare or with `-k`/`-v` (never one that would intern
-    /// a pool name: that waits until the whole body is accepted).
-    Compact(KeyRef<'static>),
-    /// Any other key: its span, classified by [`KeyRef::parse`] in
-    /// [`Built::lookups`].
-    Span(Span),
-}
-
 /// The lists of the last scan, reused across requests.
 #[derive(Debug, Default)]
 pub(super) struct Scratch {
     /// Every key, in request order.
     keys: Vec<Span>,
-    /// Every key of a lookup list, in request order.
-    lookups: Vec<Scanned>,
+    /// Every key of a lookup list, in request order: the compact ones
+    /// decoded by the scan (a 32-hex key, or a 64-hex digest bare or with
+    /// `-k`/`-v`: never one that would intern a pool name, which waits
+    /// until the whole body is accepted), the others an empty text for now.
+    /// [`Built::lookups`] hands the vector itself to the request.
+    lookups: Vec<KeyRef<'static>>,
+    /// The place in `lookups` and the span of each key left as text, for
+    /// [`Built::lookups`] to classify ([`KeyRef::parse`]).
+    texts: Vec<(usize, Span)>,
     /// For confirmations: the page of each key, at the same index.
     pages: Vec<i64>,
     /// The pages to release, in request order.
@@ -159,6 +154,7 @@ impl Scratch {
         }
         self.keys.clear();
         self.lookups.clear();
+        self.texts.clear();
         self.pages.clear();
         self.releases.clear();
         let mut c = Cursor { b: body, at: 0 };
@@ -206,7 +202,14 @@ impl Scratch {
                 scan.namespace = Some((start, end));
             }
             Value::Keys => c.list(|c| self.key(c, limits))?,
-            Value::Lookup => c.list(|c| self.lookup(c, limits))?,
+            Value::Lookup => {
+                // Room for as many keys as the rest of the body could hold
+                // as 32-hex keys: the list is the request's, handed over
+                // whole (`Built::lookups`), so it is not kept warm.
+                let likely = (c.b.len() - c.at) / 34 + 1;
+                self.lookups.reserve(likely.min(limits.max_keys));
+                c.list(|c| self.lookup(c, limits))?;
+            }
             Value::KeyPairs => c.list(|c| {
                 if c.peek()? != b'[' {
                     return self.key(c, limits);
@@ -286,7 +289,7 @@ impl Scratch {
         };
         if let Some(end) = end.filter(|&e| e - start <= limits.max_key_len) {
             if let Some(k) = b.get(start..end).and_then(KeyRef::compact) {
-                self.lookups.push(Scanned::Compact(k));
+                self.lookups.push(k);
                 c.at = end + 1;
                 return Some(());
             }
@@ -295,7 +298,8 @@ impl Scratch {
         if start == end || end - start > limits.max_key_len {
             return None;
         }
-        self.lookups.push(Scanned::Span((start, end)));
+        self.texts.push((self.lookups.len(), (start, end)));
+        self.lookups.push(KeyRef::Text(""));
         Some(())
     }
 
@@ -307,11 +311,11 @@ impl Scratch {
     /// and every span falls on character boundaries. Were it otherwise the
     /// answer would be the tape walk's for a body that is not UTF-8.
     pub(super) fn finish<'a, T>(
-        &self,
+        &mut self,
         body: &'a [u8],
-        build: impl FnOnce(&Built<'_, 'a>) -> Option<T>,
+        build: impl FnOnce(&mut Built<'_, 'a>) -> Option<T>,
     ) -> Result<T, DecodeError> {
-        build(&Built { scratch: self, body }).ok_or(DecodeError::InvalidJson { reason: "invalid UTF-8" })
+        build(&mut Built { scratch: self, body }).ok_or(DecodeError::InvalidJson { reason: "invalid UTF-8" })
     }
 }
 
@@ -320,7 +324,7 @@ impl Scratch {
 /// lists of `&str`, a span for a lookup key kept as text or a namespace.
 pub(super) struct Built<'s, 'a> {
     /// The lists the scan filled.
-    scratch: &'s Scratch,
+    scratch: &'s mut Scratch,
     /// The whole body.
     body: &'a [u8],
 }
@@ -346,14 +350,12 @@ impl<'a> Built<'_, 'a> {
         Some(out)
     }
 
-    /// The keys of a lookup list, classified, in request order.
-    pub(super) fn lookups(&self) -> Option<Vec<KeyRef<'a>>> {
-        let mut out = Vec::with_capacity(self.scratch.lookups.len());
-        for &k in &self.scratch.lookups {
-            out.push(match k {
-                Scanned::Compact(k) => k,
-                Scanned::Span(span) => KeyRef::parse(self.span(span)?),
-            });
+    /// The keys of a lookup list, classified, in request order: the
+    /// scratch's vector itself, its text keys filled in.
+    pub(super) fn lookups(&mut self) -> Option<Vec<KeyRef<'a>>> {
+        let mut out: Vec<KeyRef<'a>> = std::mem::take(&mut self.scratch.lookups);
+        for &(i, span) in &self.scratch.texts {
+            *out.get_mut(i)? = KeyRef::parse(self.span(span)?);
         }
         Some(out)
     }
