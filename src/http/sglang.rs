@@ -10,7 +10,7 @@
 //! get a 400 instead of a bare 500, allocation evicts by recency under read leases instead of
 //! handing a read page to a new key, and releases are checked.
 
-use super::decode::Limits;
+use super::decode::{Body, Input, Limits};
 use super::encode;
 use super::reply::{self, Reply};
 use super::scratch::Scratch;
@@ -25,18 +25,19 @@ pub(super) fn handle(
     op: Op,
     rank: &RankParam,
     s: &mut Scratch,
-    body: &mut [u8],
+    body: &mut Body<'_>,
     limits: Limits,
 ) -> Result<Reply, Reply> {
     let rank = sglang_rank(rank)?;
+    // The lookups decode from the body as read; the others write it.
     match op {
-        Op::Initialize => initialize(app, rank, s, body),
-        Op::Allocate => reserve(app, rank, s, body, limits),
-        Op::Confirm => confirm(app, rank, s, body, limits),
+        Op::Initialize => initialize(app, rank, s, body.bytes_mut()),
+        Op::Allocate => reserve(app, rank, s, body.bytes_mut(), limits),
+        Op::Confirm => confirm(app, rank, s, body.bytes_mut(), limits),
         Op::Exists => exists(app, rank, s, body, limits),
         Op::Locations => page_indices(app, rank, s, body, limits),
-        Op::Delete => delete(app, rank, s, body, limits),
-        Op::Clear => clear(app, rank, s, body),
+        Op::Delete => delete(app, rank, s, body.bytes_mut(), limits),
+        Op::Clear => clear(app, rank, s, body.bytes_mut()),
         Op::Metrics | Op::Health | Op::Stats | Op::OpenApi => Err(Reply::internal("not an SGLang operation")),
     }
 }
@@ -132,7 +133,7 @@ fn confirm(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limit
     })
 }
 
-fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.space_lookup(body, limits)?;
     let n = req.keys.len();
     let flags = &mut s.flags;
@@ -144,7 +145,7 @@ fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits
     })
 }
 
-fn page_indices(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+fn page_indices(app: &App, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.space_lookup(body, limits)?;
     let n = req.keys.len();
     let locations = &mut s.locations;

@@ -80,11 +80,13 @@ use std::fmt;
 use simd_json::{Buffers, ErrorType, Node, Tape};
 
 mod fast;
+mod input;
 mod plain;
 mod sglang;
 mod tape;
 mod vllm;
 
+pub use input::{Body, Input};
 pub use sglang::{SpaceConfirmBody, SpaceInitBody, SpaceKeysBody, SpaceLookupBody};
 pub use vllm::{AllocateBody, ConfirmBody, ExistsBody, InitializeBody, LocationsBody, Role};
 

@@ -10,7 +10,7 @@
 //! [`MAX_NAMESPACE_LEN`] bytes.
 
 use super::tape::{check_count, check_key, fields, int_field, int_of, key_strings, lookups, Items};
-use super::{fast, DecodeError, Decoder, Limits, MAX_NAMESPACE_LEN};
+use super::{fast, DecodeError, Decoder, Input, Limits, MAX_NAMESPACE_LEN};
 use crate::core::{KeyRef, DEFAULT_NAMESPACE};
 use simd_json::Node;
 
@@ -117,13 +117,18 @@ impl Decoder {
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn space_lookup<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<SpaceLookupBody<'a>, DecodeError> {
-        if let Some(scan) = self.scan(body, &fast::SPACE_LOOKUP, limits) {
-            return self.scratch.finish(body, |b| {
+    pub fn space_lookup<'a, B: Input + ?Sized>(
+        &mut self,
+        body: &'a mut B,
+        limits: Limits,
+    ) -> Result<SpaceLookupBody<'a>, DecodeError> {
+        if let Some(scan) = self.scan(body.bytes(), &fast::SPACE_LOOKUP, limits) {
+            let body: &'a B = body;
+            return self.scratch.finish(body.bytes(), |b| {
                 Some(SpaceLookupBody { keys: b.lookups()?, namespace: b.namespace(&scan, DEFAULT_NAMESPACE)? })
             });
         }
-        self.parse(body, |tape| {
+        self.parse(B::bytes_mut(body), |tape| {
             let [keys, ns] = fields(tape, ["keys", "namespace"])?;
             let namespace = namespace(ns)?;
             Ok(SpaceLookupBody { keys: lookups(required_list(keys, "keys")?, limits)?, namespace })

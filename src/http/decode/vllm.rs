@@ -1,7 +1,7 @@
 //! The bodies of vLLM's routes (`/rank/{rank}/initialize`, `/keys/…`).
 
 use super::tape::{check_count, check_key, fields, int_field, int_of, lookups, rank_and_list, Items};
-use super::{fast, DecodeError, Decoder, Limits};
+use super::{fast, DecodeError, Decoder, Input, Limits};
 use crate::core::KeyRef;
 use simd_json::{Node, StaticNode};
 
@@ -188,11 +188,16 @@ impl Decoder {
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn exists<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<ExistsBody<'a>, DecodeError> {
-        if self.scan(body, &fast::EXISTS, limits).is_some() {
-            return self.scratch.finish(body, |b| Some(ExistsBody { keys: b.lookups()? }));
+    pub fn exists<'a, B: Input + ?Sized>(
+        &mut self,
+        body: &'a mut B,
+        limits: Limits,
+    ) -> Result<ExistsBody<'a>, DecodeError> {
+        if self.scan(body.bytes(), &fast::EXISTS, limits).is_some() {
+            let body: &'a B = body;
+            return self.scratch.finish(body.bytes(), |b| Some(ExistsBody { keys: b.lookups()? }));
         }
-        self.parse(body, |tape| {
+        self.parse(B::bytes_mut(body), |tape| {
             let [keys] = fields(tape, ["keys"])?;
             let items = match keys {
                 None => Items::EMPTY,
@@ -207,11 +212,16 @@ impl Decoder {
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn locations<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<LocationsBody<'a>, DecodeError> {
-        if let Some(scan) = self.scan(body, &fast::LOCATIONS, limits) {
-            return self.scratch.finish(body, |b| Some(LocationsBody { rank: scan.rank?, keys: b.lookups()? }));
+    pub fn locations<'a, B: Input + ?Sized>(
+        &mut self,
+        body: &'a mut B,
+        limits: Limits,
+    ) -> Result<LocationsBody<'a>, DecodeError> {
+        if let Some(scan) = self.scan(body.bytes(), &fast::LOCATIONS, limits) {
+            let body: &'a B = body;
+            return self.scratch.finish(body.bytes(), |b| Some(LocationsBody { rank: scan.rank?, keys: b.lookups()? }));
         }
-        self.parse(body, |tape| {
+        self.parse(B::bytes_mut(body), |tape| {
             let [rank, keys] = fields(tape, ["rank", "keys"])?;
             let (rank, items) = rank_and_list(rank, keys, "keys")?;
             Ok(LocationsBody { rank, keys: lookups(items, limits)? })
