@@ -40,8 +40,21 @@
 //! (in a [`Scratch`] reused across requests), because a result borrowed
 //! from the body for the request's lifetime would keep the body from going
 //! to simd-json when the scan gives up. Once the scan has accepted the whole
-//! body, [`Scratch::finish`] borrows it for good, checks it as UTF-8 once
-//! (it is ASCII, so this cannot fail) and cuts the keys out of it.
+//! body, [`Scratch::finish`] borrows it for good and cuts the keys out of it,
+//! checking as UTF-8 what it hands out as text (it is ASCII, so this cannot
+//! fail): the whole body once for the lists of `&str`, only the text keys
+//! and the namespace for a lookup list.
+//!
+//! # Lookup keys
+//!
+//! The lists of keys to look up (exists, locations) come out as classified
+//! keys ([`KeyRef`]), not `&str`: a key that is 32 hex digits and its
+//! closing quote (or 64, bare or with `-k`/`-v`) is checked and decoded by
+//! [`KeyRef::compact`] straight from the bytes, which also proves it plain;
+//! any other key is scanned as a plain string and classified by
+//! [`KeyRef::parse`] once the whole body is accepted (a `_<pool>` suffix
+//! interns its pool name, which a body refused later must not do). The
+//! tape walk classifies its keys with the same `KeyRef::parse`.
 
 use super::{DecodeError, Limits, MAX_NAMESPACE_LEN};
 use crate::core::KeyRef;
