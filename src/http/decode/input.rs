@@ -81,7 +81,27 @@ impl Input for Body<'_> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{Decoder, Limits};
     use super::*;
+
+    const LIMITS: Limits = Limits { max_keys: 8, max_key_len: 64 };
+
+    #[test]
+    fn lookups_read_a_shared_body_in_place_and_copy_it_only_to_fall_back() {
+        let mut d = Decoder::default();
+        let mut body = Body::Shared(Bytes::from_static(br#"{"keys":["0123456789abcdef0123456789abcdef","k"]}"#));
+        let keys: Vec<String> = d.exists(&mut body, LIMITS).unwrap().keys.iter().map(ToString::to_string).collect();
+        assert_eq!(keys, ["0123456789abcdef0123456789abcdef", "k"]);
+        assert!(matches!(body, Body::Shared(_)), "the fast path does not copy");
+        // An escape: simd-json unescapes in place, on a copy.
+        let mut body = Body::Shared(Bytes::from_static(br#"{"rank":0,"keys":["a\u0062"]}"#));
+        let keys: Vec<String> = d.locations(&mut body, LIMITS).unwrap().keys.iter().map(ToString::to_string).collect();
+        assert_eq!(keys, ["ab"]);
+        assert!(matches!(body, Body::Owned(_)));
+        let mut body = Body::Shared(Bytes::from_static(br#"{"keys":["x"],"namespace":"n"}"#));
+        let got = d.space_lookup(&mut body, LIMITS).map(|b| (b.keys.len(), b.namespace.to_owned()));
+        assert_eq!(got, Ok((1, "n".to_owned())));
+    }
 
     #[test]
     fn a_shared_body_is_copied_once_written() {
