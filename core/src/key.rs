@@ -194,7 +194,10 @@ impl<'a> KeyRef<'a> {
     /// [`KeyRef::Digest`], as [`KeyRef::parse`] classifies it), or `None`
     /// when the key is kept as text. For a decoder that has the key's bytes
     /// but not yet a `&str` of them: a compact key needs none.
-    #[inline]
+    ///
+    /// Out of line: inlined into the decoder's scan it made the scan spill
+    /// (perf/history/2026-12-01-issue-22-reads.md).
+    #[inline(never)]
     pub fn compact(b: &[u8]) -> Option<KeyRef<'static>> {
         if b.len() == 32 {
             decode_hex32(b).filter(|&v| v != 0).map(KeyRef::Hex)

@@ -85,8 +85,9 @@ impl Digest {
     }
 
     /// [`Digest::parse`] of a key's bytes (a pool name that is not UTF-8
-    /// leaves the key as text).
-    #[inline]
+    /// leaves the key as text). Always inlined: out of line, a 64-hex key
+    /// cost its lookup 25 instructions more (`KeyRef::compact`).
+    #[inline(always)]
     pub fn parse_bytes(b: &[u8]) -> Option<Digest> {
         let (hex, rest) = b.split_at_checked(64)?;
         // The digest first, so that only digest keys ever intern a pool.
