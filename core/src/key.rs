@@ -176,6 +176,8 @@ impl<'a> KeyRef<'a> {
     /// ([`Digest::parse`]); text otherwise.
     #[inline]
     pub fn parse(s: &'a str) -> Self {
+        // `compact`'s cases written out again: through its `Option` the
+        // write routes' parse cost about 30 instructions a key more.
         if s.len() == 32 {
             match decode_hex32(s.as_bytes()) {
                 Some(v) if v != 0 => KeyRef::Hex(v),
@@ -185,6 +187,24 @@ impl<'a> KeyRef<'a> {
             Digest::parse(s).map_or(KeyRef::Text(s), KeyRef::Digest)
         } else {
             KeyRef::Text(s)
+        }
+    }
+
+    /// The compact form of the key whose text is `b` ([`KeyRef::Hex`] or
+    /// [`KeyRef::Digest`], as [`KeyRef::parse`] classifies it), or `None`
+    /// when the key is kept as text. For a decoder that has the key's bytes
+    /// but not yet a `&str` of them: a compact key needs none.
+    ///
+    /// Out of line: inlined into the decoder's scan it made the scan spill
+    /// (perf/history/2026-12-01-issue-22-reads.md).
+    #[inline(never)]
+    pub fn compact(b: &[u8]) -> Option<KeyRef<'static>> {
+        if b.len() == 32 {
+            decode_hex32(b).filter(|&v| v != 0).map(KeyRef::Hex)
+        } else if b.len() >= 64 {
+            Digest::parse_bytes(b).map(KeyRef::Digest)
+        } else {
+            None
         }
     }
 

@@ -453,16 +453,22 @@ impl Store {
     /// `true` answers are leased (the scheduler loads those and only those);
     /// the answers after the first `false` take no lease.
     pub fn exists(&self, keys: &[&str], out: &mut Vec<bool>) {
-        let current = self.current.load();
         let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
+        self.exists_keys(&parsed, out);
+    }
+
+    /// [`Self::exists`] of keys already classified ([`KeyRef::parse`], or a
+    /// decoder's [`KeyRef::compact`]).
+    pub fn exists_keys(&self, keys: &[KeyRef<'_>], out: &mut Vec<bool>) {
+        let current = self.current.load();
         out.clear();
         let index = current.index.reader();
-        let mut entries = Vec::with_capacity(parsed.len());
-        index.entries(&parsed, |&k| k, &mut entries);
+        let mut entries = Vec::with_capacity(keys.len());
+        index.entries(keys, |&k| k, &mut entries);
         // Read after the lookups: a lease counts from when the answer is built.
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
         let mut leading = true;
-        out.extend(parsed.iter().zip(entries).map(|(&k, e)| {
+        out.extend(keys.iter().zip(entries).map(|(&k, e)| {
             if leading {
                 leading = index.lease_complete(k, e, now, lease);
                 leading
@@ -475,17 +481,26 @@ impl Store {
     /// For each key, its page on `rank` when the key is complete. Every key
     /// given a page is leased.
     pub fn locations(&self, rank: i64, keys: &[&str], out: &mut Vec<Option<u32>>) -> Result<(), RankNotInitialized> {
+        let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
+        self.locations_keys(rank, &parsed, out)
+    }
+
+    /// [`Self::locations`] of keys already classified ([`KeyRef::parse`]).
+    pub fn locations_keys(
+        &self,
+        rank: i64,
+        keys: &[KeyRef<'_>],
+        out: &mut Vec<Option<u32>>,
+    ) -> Result<(), RankNotInitialized> {
         let current = self.current.load();
         out.clear();
         current.rank(rank).ok_or(RankNotInitialized(rank))?;
-        let parsed: Vec<KeyRef<'_>> = keys.iter().map(|s| KeyRef::parse(s)).collect();
-        out.clear();
         let index = current.index.reader();
-        let mut entries = Vec::with_capacity(parsed.len());
-        index.entries(&parsed, |&k| k, &mut entries);
+        let mut entries = Vec::with_capacity(keys.len());
+        index.entries(keys, |&k| k, &mut entries);
         // Read after the lookups: a lease counts from when the answer is built.
         let (now, lease) = (self.clock.now(), self.cfg.read_lease);
-        out.extend(parsed.iter().zip(entries).map(|(&k, e)| index.lease_location(k, e, rank as u32, now, lease)));
+        out.extend(keys.iter().zip(entries).map(|(&k, e)| index.lease_location(k, e, rank as u32, now, lease)));
         Ok(())
     }
 

@@ -17,9 +17,10 @@ thread_local! {
     static REUSED: RefCell<Decoder> = RefCell::new(Decoder::default());
 }
 
-fn check_keys(keys: &[&str], limits: Limits) {
+fn check_keys<S: AsRef<str>>(keys: &[S], limits: Limits) {
     assert!(keys.len() <= limits.max_keys, "{} keys > {}", keys.len(), limits.max_keys);
     for k in keys {
+        let k = k.as_ref();
         assert!(!k.is_empty(), "an empty key was accepted");
         assert!(k.len() <= limits.max_key_len, "key of {} bytes > {}", k.len(), limits.max_key_len);
     }
@@ -56,14 +57,14 @@ fn run_all(d: &mut Decoder, data: &[u8], limits: Limits) -> [String; 5] {
     };
     let exists = match d.exists(&mut data.to_vec(), limits) {
         Ok(b) => {
-            check_keys(&b.keys, limits);
+            check_keys(&b.keys.iter().map(ToString::to_string).collect::<Vec<_>>(), limits);
             format!("{b:?}")
         }
         Err(e) => detail(e),
     };
     let locations = match d.locations(&mut data.to_vec(), limits) {
         Ok(b) => {
-            check_keys(&b.keys, limits);
+            check_keys(&b.keys.iter().map(ToString::to_string).collect::<Vec<_>>(), limits);
             format!("{b:?}")
         }
         Err(e) => detail(e),

@@ -10,6 +10,7 @@
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
+use hf3fs_meta::core::KeyRef;
 use hf3fs_meta::http::decode::{DecodeError, Decoder, Limits};
 use libfuzzer_sys::fuzz_target;
 use std::cell::RefCell;
@@ -29,11 +30,24 @@ fn text<T: Debug>(r: Result<T, DecodeError>) -> String {
     }
 }
 
-/// Every route with a fast path, its answer rendered as text.
-fn answers(d: &mut Decoder, body: &[u8], l: Limits) -> [String; 7] {
+/// Each key's class, which a `KeyRef`'s `Debug` (its text) does not show.
+fn classes(keys: &[KeyRef<'_>]) -> String {
+    keys.iter()
+        .map(|k| match k {
+            KeyRef::Hex(_) => 'h',
+            KeyRef::Digest(_) => 'd',
+            KeyRef::Text(_) => 't',
+        })
+        .collect()
+}
+
+/// Every route with a fast path, its answer rendered as text (a lookup's
+/// with its keys' classes).
+fn answers(d: &mut Decoder, body: &[u8], l: Limits) -> [String; 8] {
     [
-        text(d.exists(&mut body.to_vec(), l)),
-        text(d.locations(&mut body.to_vec(), l)),
+        text(d.exists(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
+        text(d.locations(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
+        text(d.space_lookup(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
         text(d.allocate(&mut body.to_vec(), l)),
         text(d.confirm(&mut body.to_vec(), l)),
         text(d.space_keys(&mut body.to_vec(), l)),

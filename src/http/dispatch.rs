@@ -5,7 +5,7 @@
 //! memory and nothing awaits, so the scratch buffers live in a thread-local
 //! and no core call ever spans an `.await`.
 
-use super::decode::Limits;
+use super::decode::{Body, Limits};
 use super::reply::Reply;
 use super::scratch::Scratch;
 use super::{ops, sglang, vllm};
@@ -49,6 +49,12 @@ thread_local! {
 
 /// Runs the handler of `route` on a fully read `body`.
 pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
+    handle_body(app, route, &mut Body::Borrowed(body))
+}
+
+/// [`handle`] of a body as the server read it: the lookup routes decode
+/// it where it lies, the others copy it when it is still hyper's.
+pub fn handle_body(app: &App, route: &Route, body: &mut Body<'_>) -> Reply {
     let (id, rank) = match route {
         Route::Route(id, rank) => (*id, rank),
         Route::MethodNotAllowed(allow) => {

@@ -16,6 +16,7 @@
 //! costs as many instructions at 4,096 connections as at 32
 //! (perf/RESULTS.md, "Many clients").
 
+use super::decode::Body;
 use super::dispatch::{self, Route};
 use super::reply::Reply;
 use crate::durable::Health;
@@ -200,7 +201,9 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
         denied
     } else if spec.is_some_and(|s| s.reads_body) {
         match read_body(&app, req).await {
-            Ok(mut body) => refuse_allocation(&app, spec).unwrap_or_else(|| dispatch::handle(&app, &route, &mut body)),
+            Ok(mut body) => {
+                refuse_allocation(&app, spec).unwrap_or_else(|| dispatch::handle_body(&app, &route, &mut body))
+            }
             Err(reply) => reply,
         }
     } else {
@@ -293,8 +296,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Reads the whole body, under the size limit and the body timeout.
-async fn read_body(app: &App, req: Request<Incoming>) -> Result<Vec<u8>, Reply> {
+/// Reads the whole body, under the size limit and the body timeout: a body
+/// of one frame (the usual case) stays hyper's buffer, uncopied.
+async fn read_body(app: &App, req: Request<Incoming>) -> Result<Body<'static>, Reply> {
     let limit = app.cfg.max_body_bytes;
     let too_large = || Reply {
         close: true,
@@ -306,25 +310,36 @@ async fn read_body(app: &App, req: Request<Incoming>) -> Result<Vec<u8>, Reply> 
         return Err(too_large());
     }
     let mut body = req.into_body();
-    let mut buf = Vec::with_capacity(declared.unwrap_or(0));
     let read = async {
+        // The first frame as it came; from a second one on, a copy of all.
+        let mut first: Option<Bytes> = None;
+        let mut buf = Vec::new();
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| Reply {
                 close: true,
                 ..Reply::detail(StatusCode::BAD_REQUEST, &format!("Error reading the request body: {e}"))
             })?;
             if let Ok(data) = frame.into_data() {
-                if buf.len() + data.len() > limit {
+                let have = first.as_ref().map_or(buf.len(), Bytes::len);
+                if have + data.len() > limit {
                     return Err(too_large());
                 }
-                buf.extend_from_slice(&data);
+                if let Some(f) = first.take() {
+                    buf.reserve(declared.unwrap_or(0).max(f.len() + data.len()));
+                    buf.extend_from_slice(&f);
+                    buf.extend_from_slice(&data);
+                } else if buf.is_empty() {
+                    first = Some(data);
+                } else {
+                    buf.extend_from_slice(&data);
+                }
             }
         }
-        Ok(())
+        Ok(first.map_or(Body::Owned(buf), Body::Shared))
     };
     let timeout = app.cfg.body_timeout();
     match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(())) => Ok(buf),
+        Ok(Ok(body)) => Ok(body),
         Ok(Err(reply)) => Err(reply),
         Err(_) => Err(Reply {
             close: true,

@@ -10,7 +10,7 @@
 //! get a 400 instead of a bare 500, allocation evicts by recency under read leases instead of
 //! handing a read page to a new key, and releases are checked.
 
-use super::decode::Limits;
+use super::decode::{Body, Input, Limits};
 use super::encode;
 use super::reply::{self, Reply};
 use super::scratch::Scratch;
@@ -25,18 +25,19 @@ pub(super) fn handle(
     op: Op,
     rank: &RankParam,
     s: &mut Scratch,
-    body: &mut [u8],
+    body: &mut Body<'_>,
     limits: Limits,
 ) -> Result<Reply, Reply> {
     let rank = sglang_rank(rank)?;
+    // The lookups decode from the body as read; the others write it.
     match op {
-        Op::Initialize => initialize(app, rank, s, body),
-        Op::Allocate => reserve(app, rank, s, body, limits),
-        Op::Confirm => confirm(app, rank, s, body, limits),
+        Op::Initialize => initialize(app, rank, s, body.bytes_mut()),
+        Op::Allocate => reserve(app, rank, s, body.bytes_mut(), limits),
+        Op::Confirm => confirm(app, rank, s, body.bytes_mut(), limits),
         Op::Exists => exists(app, rank, s, body, limits),
         Op::Locations => page_indices(app, rank, s, body, limits),
-        Op::Delete => delete(app, rank, s, body, limits),
-        Op::Clear => clear(app, rank, s, body),
+        Op::Delete => delete(app, rank, s, body.bytes_mut(), limits),
+        Op::Clear => clear(app, rank, s, body.bytes_mut()),
         Op::Metrics | Op::Health | Op::Stats | Op::OpenApi => Err(Reply::internal("not an SGLang operation")),
     }
 }
@@ -132,24 +133,24 @@ fn confirm(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limit
     })
 }
 
-fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
-    let req = s.decoder.space_keys(body, limits)?;
+fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
+    let req = s.decoder.space_lookup(body, limits)?;
     let n = req.keys.len();
     let flags = &mut s.flags;
     on_space(app, rank, req.namespace, n, |st| {
-        st.exists(&req.keys, flags);
+        st.exists_keys(&req.keys, flags);
         let mut out = Vec::with_capacity(16 + n * 6);
         encode::exists(&mut out, flags);
         Ok(Reply::json(StatusCode::OK, out, n))
     })
 }
 
-fn page_indices(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
-    let req = s.decoder.space_keys(body, limits)?;
+fn page_indices(app: &App, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
+    let req = s.decoder.space_lookup(body, limits)?;
     let n = req.keys.len();
     let locations = &mut s.locations;
     on_space(app, rank, req.namespace, n, |st| {
-        st.locations(0, &req.keys, locations).map_err(|e| internal(e, n))?;
+        st.locations_keys(0, &req.keys, locations).map_err(|e| internal(e, n))?;
         let mut out = Vec::with_capacity(16 + n * 11);
         encode::indices(&mut out, locations);
         Ok(Reply::json(StatusCode::OK, out, n))

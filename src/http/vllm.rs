@@ -4,7 +4,7 @@
 //! Every handler has the same three steps (decode, call the core, encode)
 //! and answers `Result<Reply, Reply>`: a body that does not decode is a `?`.
 
-use super::decode::{Limits, Role};
+use super::decode::{Body, Input, Limits, Role};
 use super::encode;
 use super::reply::{self, Reply};
 use super::scratch::Scratch;
@@ -19,13 +19,14 @@ pub(super) fn handle(
     op: Op,
     rank: &RankParam,
     s: &mut Scratch,
-    body: &mut [u8],
+    body: &mut Body<'_>,
     limits: Limits,
 ) -> Result<Reply, Reply> {
+    // The lookups decode from the body as read; the others write it.
     match op {
-        Op::Initialize => initialize(app, rank, s, body),
-        Op::Allocate => allocate(app, s, body, limits),
-        Op::Confirm => confirm(app, s, body, limits),
+        Op::Initialize => initialize(app, rank, s, body.bytes_mut()),
+        Op::Allocate => allocate(app, s, body.bytes_mut(), limits),
+        Op::Confirm => confirm(app, s, body.bytes_mut(), limits),
         Op::Exists => exists(app, s, body, limits),
         Op::Locations => locations(app, s, body, limits),
         Op::Clear => {
@@ -99,18 +100,18 @@ fn confirm(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Resul
     Ok(Reply::no_content(n))
 }
 
-fn exists(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+fn exists(app: &App, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.exists(body, limits)?;
-    app.registry.vllm().exists(&req.keys, &mut s.flags);
+    app.registry.vllm().exists_keys(&req.keys, &mut s.flags);
     let mut out = Vec::with_capacity(16 + s.flags.len() * 6);
     encode::exists(&mut out, &s.flags);
     Ok(Reply::json(StatusCode::OK, out, req.keys.len()))
 }
 
-fn locations(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+fn locations(app: &App, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.locations(body, limits)?;
     let n = req.keys.len();
-    app.registry.vllm().locations(req.rank, &req.keys, &mut s.locations).map_err(|e| {
+    app.registry.vllm().locations_keys(req.rank, &req.keys, &mut s.locations).map_err(|e| {
         let msg = format!("Failed to get key locations: {e}");
         tracing::error!("{msg}");
         Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg).keys(n)

@@ -81,7 +81,14 @@ impl Digest {
     /// `-k`, `-v`, or `_` and a pool name the table holds or can take.
     #[inline]
     pub fn parse(s: &str) -> Option<Digest> {
-        let b = s.as_bytes();
+        Self::parse_bytes(s.as_bytes())
+    }
+
+    /// [`Digest::parse`] of a key's bytes (a pool name that is not UTF-8
+    /// leaves the key as text). Always inlined: out of line, a 64-hex key
+    /// cost its lookup 25 instructions more (`KeyRef::compact`).
+    #[inline(always)]
+    pub fn parse_bytes(b: &[u8]) -> Option<Digest> {
         let (hex, rest) = b.split_at_checked(64)?;
         // The digest first, so that only digest keys ever intern a pool.
         let hi = super::decode_hex32(&hex[..32])?;
@@ -90,7 +97,6 @@ impl Digest {
             [] => Suffix::NONE,
             b"-k" => Suffix::K,
             b"-v" => Suffix::V,
-            // After 64 ASCII digits, `rest` starts on a character boundary.
             [b'_', name @ ..] => Suffix(Suffix::FIRST_POOL + intern_pool(std::str::from_utf8(name).ok()?)? as u16),
             _ => return None,
         };

@@ -40,10 +40,24 @@
 //! (in a [`Scratch`] reused across requests), because a result borrowed
 //! from the body for the request's lifetime would keep the body from going
 //! to simd-json when the scan gives up. Once the scan has accepted the whole
-//! body, [`Scratch::finish`] borrows it for good, checks it as UTF-8 once
-//! (it is ASCII, so this cannot fail) and cuts the keys out of it.
+//! body, [`Scratch::finish`] borrows it for good and cuts the keys out of it,
+//! checking as UTF-8 what it hands out as text (it is ASCII, so this cannot
+//! fail): the whole body once for the lists of `&str`, only the text keys
+//! and the namespace for a lookup list.
+//!
+//! # Lookup keys
+//!
+//! The lists of keys to look up (exists, locations) come out as classified
+//! keys ([`KeyRef`]), not `&str`: a key that is 32 hex digits and its
+//! closing quote (or 64, bare or with `-k`/`-v`) is checked and decoded by
+//! [`KeyRef::compact`] straight from the bytes, which also proves it plain;
+//! any other key is scanned as a plain string and classified by
+//! [`KeyRef::parse`] once the whole body is accepted (a `_<pool>` suffix
+//! interns its pool name, which a body refused later must not do). The
+//! tape walk classifies its keys with the same `KeyRef::parse`.
 
 use super::{DecodeError, Limits, MAX_NAMESPACE_LEN};
+use crate::core::KeyRef;
 
 /// Where a string's text lies in the body: byte offsets, quotes excluded.
 type Span = (usize, usize);
@@ -53,8 +67,11 @@ type Span = (usize, usize);
 pub(super) enum Value {
     /// An integer (`rank`).
     Int,
-    /// A list of keys (exists, locations, SGLang's keys).
+    /// A list of keys (SGLang's delete).
     Keys,
+    /// A list of keys to look up (exists, locations), classified while
+    /// scanned.
+    Lookup,
     /// A list of keys or `[key, prefix_key]` pairs (allocate, reserve).
     KeyPairs,
     /// A list of `[key, page]` pairs (confirm).
@@ -76,9 +93,9 @@ pub(super) struct Spec {
 }
 
 /// `batch_exists`: `{"keys": [...]}`.
-pub(super) const EXISTS: Spec = Spec { fields: &[(b"keys", Value::Keys)], required: 0 };
+pub(super) const EXISTS: Spec = Spec { fields: &[(b"keys", Value::Lookup)], required: 0 };
 /// `get_locations`: `{"rank": R, "keys": [...]}`.
-pub(super) const LOCATIONS: Spec = Spec { fields: &[(b"rank", Value::Int), (b"keys", Value::Keys)], required: 0b11 };
+pub(super) const LOCATIONS: Spec = Spec { fields: &[(b"rank", Value::Int), (b"keys", Value::Lookup)], required: 0b11 };
 /// `batch_allocate`: `{"rank": R, "keys": [[key, prefix], ...]}`.
 pub(super) const ALLOCATE: Spec = Spec { fields: &[(b"rank", Value::Int), (b"keys", Value::KeyPairs)], required: 0b11 };
 /// `confirm_write`: `{"rank": R, "confirmations": [...], "pages_to_release": [...]}`.
@@ -86,9 +103,12 @@ pub(super) const CONFIRM: Spec = Spec {
     fields: &[(b"rank", Value::Int), (b"confirmations", Value::Confirmations), (b"pages_to_release", Value::Releases)],
     required: 0b1,
 };
-/// SGLang's `exists`, `get_page_indices`, `delete_keys`.
+/// SGLang's `delete_keys`.
 pub(super) const SPACE_KEYS: Spec =
     Spec { fields: &[(b"keys", Value::Keys), (b"namespace", Value::Namespace)], required: 0b1 };
+/// SGLang's `exists`, `get_page_indices`.
+pub(super) const SPACE_LOOKUP: Spec =
+    Spec { fields: &[(b"keys", Value::Lookup), (b"namespace", Value::Namespace)], required: 0b1 };
 /// SGLang's `reserve_and_allocate_page_indices`.
 pub(super) const SPACE_RESERVE: Spec =
     Spec { fields: &[(b"keys", Value::KeyPairs), (b"namespace", Value::Namespace)], required: 0b1 };
@@ -119,6 +139,15 @@ pub(super) struct Scan {
 pub(super) struct Scratch {
     /// Every key, in request order.
     keys: Vec<Span>,
+    /// Every key of a lookup list, in request order: the compact ones
+    /// decoded by the scan (a 32-hex key, or a 64-hex digest bare or with
+    /// `-k`/`-v`: never one that would intern a pool name, which waits
+    /// until the whole body is accepted), the others an empty text for now.
+    /// [`Built::lookups`] hands the vector itself to the request.
+    lookups: Vec<KeyRef<'static>>,
+    /// The place in `lookups` and the span of each key left as text, for
+    /// [`Built::lookups`] to classify ([`KeyRef::parse`]).
+    texts: Vec<(usize, Span)>,
     /// For confirmations: the page of each key, at the same index.
     pages: Vec<i64>,
     /// The pages to release, in request order.
@@ -130,10 +159,15 @@ impl Scratch {
     /// recognised with certainty", never "invalid": the caller then decodes
     /// the body with simd-json.
     pub(super) fn scan(&mut self, body: &[u8], spec: &Spec, limits: Limits) -> Option<Scan> {
-        if self.keys.capacity() > RETAIN_KEYS || self.releases.capacity() > RETAIN_KEYS {
+        if self.keys.capacity() > RETAIN_KEYS
+            || self.releases.capacity() > RETAIN_KEYS
+            || self.lookups.capacity() > RETAIN_KEYS
+        {
             *self = Self::default();
         }
         self.keys.clear();
+        self.lookups.clear();
+        self.texts.clear();
         self.pages.clear();
         self.releases.clear();
         let mut c = Cursor { b: body, at: 0 };
@@ -181,6 +215,14 @@ impl Scratch {
                 scan.namespace = Some((start, end));
             }
             Value::Keys => c.list(|c| self.key(c, limits))?,
+            Value::Lookup => {
+                // Room for as many keys as the rest of the body could hold
+                // as 32-hex keys: the list is the request's, handed over
+                // whole (`Built::lookups`), so it is not kept warm.
+                let likely = (c.b.len() - c.at) / 34 + 1;
+                self.lookups.reserve(likely.min(limits.max_keys));
+                c.list(|c| self.lookup(c, limits))?;
+            }
             Value::KeyPairs => c.list(|c| {
                 if c.peek()? != b'[' {
                     return self.key(c, limits);
@@ -222,7 +264,8 @@ impl Scratch {
     /// `Some` while one more item fits in `max_keys` (keys and releases
     /// count together, as confirm's limit does; no body has both others).
     fn room(&self, limits: Limits) -> Option<()> {
-        (self.keys.len().saturating_add(self.releases.len()) < limits.max_keys).then_some(())
+        let items = self.keys.len() + self.lookups.len() + self.releases.len();
+        (items < limits.max_keys).then_some(())
     }
 
     /// Scans one key: a plain string within the limits.
@@ -237,6 +280,42 @@ impl Scratch {
         Some(())
     }
 
+    /// Scans one key of a lookup list, as [`Self::key`] does, classifying
+    /// it as it goes: a 32-hex key is its 32 digits and the closing quote,
+    /// checked and decoded in one step (hex digits are plain bytes, so the
+    /// string scan has nothing to add), an SGLang digest likewise in two;
+    /// any other key is scanned as a plain string and left as its span.
+    #[inline]
+    fn lookup(&mut self, c: &mut Cursor<'_>, limits: Limits) -> Option<()> {
+        self.room(limits)?;
+        if c.next()? != b'"' {
+            return None;
+        }
+        let (b, start) = (c.b, c.at);
+        // The quote's offset for each compact shape: 32 or 64 digits, or 64
+        // and `-k`/`-v` (a `_<pool>` suffix is left to `Built::lookups`).
+        let end = match (b.get(start + 32), b.get(start + 64), b.get(start + 66)) {
+            (Some(b'"'), _, _) => Some(start + 32),
+            (_, Some(b'"'), _) => Some(start + 64),
+            (_, _, Some(b'"')) if b.get(start + 64) == Some(&b'-') => Some(start + 66),
+            _ => None,
+        };
+        if let Some(end) = end.filter(|&e| e - start <= limits.max_key_len) {
+            if let Some(k) = b.get(start..end).and_then(KeyRef::compact) {
+                self.lookups.push(k);
+                c.at = end + 1;
+                return Some(());
+            }
+        }
+        let (start, end) = c.rest_of_string()?;
+        if start == end || end - start > limits.max_key_len {
+            return None;
+        }
+        self.texts.push((self.lookups.len(), (start, end)));
+        self.lookups.push(KeyRef::Text(""));
+        Some(())
+    }
+
     /// Borrows the scanned body for good and builds the typed arguments.
     ///
     /// # Errors
@@ -245,41 +324,61 @@ impl Scratch {
     /// and every span falls on character boundaries. Were it otherwise the
     /// answer would be the tape walk's for a body that is not UTF-8.
     pub(super) fn finish<'a, T>(
-        &self,
+        &mut self,
         body: &'a [u8],
-        build: impl FnOnce(&Built<'_, 'a>) -> Option<T>,
+        build: impl FnOnce(&mut Built<'_, 'a>) -> Option<T>,
     ) -> Result<T, DecodeError> {
-        const NOT_UTF8: DecodeError = DecodeError::InvalidJson { reason: "invalid UTF-8" };
-        let Ok(text) = std::str::from_utf8(body) else {
-            return Err(NOT_UTF8);
-        };
-        build(&Built { scratch: self, text }).ok_or(NOT_UTF8)
+        build(&mut Built { scratch: self, body }).ok_or(DecodeError::InvalidJson { reason: "invalid UTF-8" })
     }
 }
 
-/// A scan's results over the body's text, for [`Scratch::finish`].
+/// A scan's results over the body, for [`Scratch::finish`]. Text is
+/// checked as UTF-8 where it is cut out: the whole body once for the key
+/// lists of `&str`, a span for a lookup key kept as text or a namespace.
 pub(super) struct Built<'s, 'a> {
     /// The lists the scan filled.
-    scratch: &'s Scratch,
-    /// The whole body, checked as UTF-8.
-    text: &'a str,
+    scratch: &'s mut Scratch,
+    /// The whole body.
+    body: &'a [u8],
 }
 
 impl<'a> Built<'_, 'a> {
+    /// The whole body as text.
+    fn text(&self) -> Option<&'a str> {
+        std::str::from_utf8(self.body).ok()
+    }
+
+    /// The text of one span.
+    fn span(&self, (start, end): Span) -> Option<&'a str> {
+        std::str::from_utf8(self.body.get(start..end)?).ok()
+    }
+
     /// The keys, in request order.
     pub(super) fn keys(&self) -> Option<Vec<&'a str>> {
+        let text = self.text()?;
         let mut out = Vec::with_capacity(self.scratch.keys.len());
         for &(start, end) in &self.scratch.keys {
-            out.push(self.text.get(start..end)?);
+            out.push(text.get(start..end)?);
+        }
+        Some(out)
+    }
+
+    /// The keys of a lookup list, classified, in request order: the
+    /// scratch's vector itself, its text keys filled in.
+    pub(super) fn lookups(&mut self) -> Option<Vec<KeyRef<'a>>> {
+        let mut out: Vec<KeyRef<'a>> = std::mem::take(&mut self.scratch.lookups);
+        for &(i, span) in &self.scratch.texts {
+            *out.get_mut(i)? = KeyRef::parse(self.span(span)?);
         }
         Some(out)
     }
 
     /// The `(key, page)` confirmations, in request order.
     pub(super) fn confirmations(&self) -> Option<Vec<(&'a str, i64)>> {
+        let text = self.text()?;
         let mut out = Vec::with_capacity(self.scratch.keys.len());
         for (&(start, end), &page) in self.scratch.keys.iter().zip(&self.scratch.pages) {
-            out.push((self.text.get(start..end)?, page));
+            out.push((text.get(start..end)?, page));
         }
         Some(out)
     }
@@ -293,7 +392,7 @@ impl<'a> Built<'_, 'a> {
     pub(super) fn namespace(&self, scan: &Scan, default: &'a str) -> Option<&'a str> {
         match scan.namespace {
             None => Some(default),
-            Some((start, end)) => self.text.get(start..end),
+            Some(span) => self.span(span),
         }
     }
 }
@@ -340,6 +439,12 @@ impl Cursor<'_> {
         if self.next()? != b'"' {
             return None;
         }
+        self.rest_of_string()
+    }
+
+    /// The rest of a plain string whose opening quote was just read.
+    #[inline]
+    fn rest_of_string(&mut self) -> Option<Span> {
         let start = self.at;
         if self.b.get(start) == Some(&b'"') {
             // The empty prefix key of vLLM's allocate pairs.

@@ -4,6 +4,7 @@
 
 use super::fast::{self, Spec};
 use super::*;
+use crate::core::KeyRef;
 use proptest::prelude::*;
 
 /// Limits of the server's defaults' order of magnitude.
@@ -23,12 +24,25 @@ fn render<T: std::fmt::Debug>(r: Result<T, DecodeError>) -> String {
     }
 }
 
-const ROUTES: [Route; 7] = [
-    ("exists", &fast::EXISTS, |d, b, l| render(d.exists(b, l))),
-    ("locations", &fast::LOCATIONS, |d, b, l| render(d.locations(b, l))),
+/// Each key's class, which a `KeyRef`'s `Debug` (its text) does not show:
+/// `h` 32-hex, `d` digest, `t` text.
+fn classes(keys: &[KeyRef<'_>]) -> String {
+    keys.iter()
+        .map(|k| match k {
+            KeyRef::Hex(_) => 'h',
+            KeyRef::Digest(_) => 'd',
+            KeyRef::Text(_) => 't',
+        })
+        .collect()
+}
+
+const ROUTES: [Route; 8] = [
+    ("exists", &fast::EXISTS, |d, b, l| render(d.exists(b, l).map(|x| (classes(&x.keys), x)))),
+    ("locations", &fast::LOCATIONS, |d, b, l| render(d.locations(b, l).map(|x| (classes(&x.keys), x)))),
     ("allocate", &fast::ALLOCATE, |d, b, l| render(d.allocate(b, l))),
     ("confirm", &fast::CONFIRM, |d, b, l| render(d.confirm(b, l))),
     ("space_keys", &fast::SPACE_KEYS, |d, b, l| render(d.space_keys(b, l))),
+    ("space_lookup", &fast::SPACE_LOOKUP, |d, b, l| render(d.space_lookup(b, l).map(|x| (classes(&x.keys), x)))),
     ("space_reserve", &fast::SPACE_RESERVE, |d, b, l| render(d.space_reserve(b, l))),
     ("space_confirm", &fast::SPACE_CONFIRM, |d, b, l| render(d.space_confirm(b, l))),
 ];
@@ -80,6 +94,8 @@ fn client_bodies(n: usize) -> Vec<(&'static str, String)> {
         ("confirm", format!("{{\"rank\": 0, \"confirmations\": [], \"pages_to_release\": [{}]}}", pages.join(", "))),
         ("space_keys", format!("{{\"keys\":[{}]}}", s.join(","))),
         ("space_keys", format!("{{\"keys\":[{}],\"namespace\":\"pool_1\"}}", s.join(","))),
+        ("space_lookup", format!("{{\"keys\":[{}]}}", s.join(","))),
+        ("space_lookup", format!("{{\"keys\":[{}],\"namespace\":\"pool_1\"}}", s.join(","))),
         (
             "space_reserve",
             format!("{{\"keys\":[{}]}}", s.iter().map(|k| format!("[{k},null]")).collect::<Vec<_>>().join(",")),
@@ -211,6 +227,34 @@ fn string_scan_at_every_offset() {
     }
 }
 
+/// The lookup keys the scan decodes in one step (32 hex digits, 64, 64 and
+/// `-k`), with every byte value at every position of the key and of the
+/// two bytes after it: both paths answer alike, key classes included.
+#[test]
+fn compact_keys_with_every_byte_everywhere() {
+    let mut d = Decoder::default();
+    let digits = "0123456789abcdef".repeat(4);
+    for key in [digits.get(..32).unwrap_or_default().to_owned(), digits.clone(), format!("{digits}-k")] {
+        for at in 0..key.len() + 2 {
+            for c in 0..=255u8 {
+                let mut body = b"{\"keys\":[\"".to_vec();
+                body.extend(key.as_bytes());
+                body.extend(b"\",\"a\"]}");
+                if let Some(b) = body.get_mut(10 + at) {
+                    *b = c;
+                }
+                same_answers(&mut d, &body, BIG);
+            }
+        }
+        // At the length limit and one byte under it.
+        for limits in
+            [Limits { max_keys: 4, max_key_len: key.len() }, Limits { max_keys: 4, max_key_len: key.len() - 1 }]
+        {
+            same_answers(&mut d, format!("{{\"keys\":[\"{key}\"]}}").as_bytes(), limits);
+        }
+    }
+}
+
 /// Pieces of JSON text near the fast path's shapes.
 fn token(pieces: &'static [&'static str]) -> impl Strategy<Value = String> {
     prop::sample::select(pieces).prop_map(str::to_owned)
@@ -224,6 +268,10 @@ fn key() -> impl Strategy<Value = String> {
     prop_oneof![
         6 => any::<u128>().prop_map(|x| format!("\"{x:032x}\"")),
         2 => any::<u128>().prop_map(|x| format!("\"{x:032x}{x:032x}-v\"")),
+        1 => any::<u128>().prop_map(|x| format!("\"{x:032x}{x:032x}\"")),
+        1 => (any::<u128>(), token(&["-k", "-x", "_p1", "_", "-", "-kk"])).prop_map(|(x, s)| format!("\"{x:032x}{x:032x}{s}\"")),
+        1 => any::<u128>().prop_map(|x| format!("\"{x:032X}\"")),
+        1 => token(&["\"00000000000000000000000000000000\"", "\"0000000000000000000000000000000\"", "\"000000000000000000000000000000001\""]),
         2 => "\"[ -~]{0,12}\"",
         1 => token(&["\"\"", "\"a\\\"b\"", "\"\\u0041\"", "\"\u{e9}\"", "\"\\/\"", "null", "1", "[\"a\"]", "\"a\u{1}\""]),
     ]

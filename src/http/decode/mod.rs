@@ -51,8 +51,10 @@
 //! # Layout
 //!
 //! This file holds what every dialect shares: the [`Decoder`] and its
-//! scratch, the [`Limits`] and the [`DecodeError`] texts. `fast.rs` is the
-//! fast path's scanner; `tape.rs` walks simd-json's tape (fields, integers,
+//! scratch, the [`Limits`] and the [`DecodeError`] texts. `input.rs` is the
+//! body a decoder reads ([`Body`]: hyper's buffer until it must be
+//! written); `fast.rs` is the fast path's scanner, which on the lookup
+//! routes also classifies each key (`KeyRef`) while it scans; `tape.rs` walks simd-json's tape (fields, integers,
 //! lists of keys); `vllm.rs` decodes the bodies of vLLM's routes,
 //! `sglang.rs` those of SGLang HiCache's; the tests live in `tests.rs` and
 //! `fast_tests.rs`.
@@ -80,12 +82,14 @@ use std::fmt;
 use simd_json::{Buffers, ErrorType, Node, Tape};
 
 mod fast;
+mod input;
 mod plain;
 mod sglang;
 mod tape;
 mod vllm;
 
-pub use sglang::{SpaceConfirmBody, SpaceInitBody, SpaceKeysBody};
+pub use input::{Body, Input};
+pub use sglang::{SpaceConfirmBody, SpaceInitBody, SpaceKeysBody, SpaceLookupBody};
 pub use vllm::{AllocateBody, ConfirmBody, ExistsBody, InitializeBody, LocationsBody, Role};
 
 /// Bodies up to this many bytes leave their parse scratch in the [`Decoder`]

@@ -9,9 +9,9 @@
 //! lists are bounded by `--max-keys`; the namespace by
 //! [`MAX_NAMESPACE_LEN`] bytes.
 
-use super::tape::{check_count, check_key, fields, int_field, int_of, key_strings, Items};
-use super::{fast, DecodeError, Decoder, Limits, MAX_NAMESPACE_LEN};
-use crate::core::DEFAULT_NAMESPACE;
+use super::tape::{check_count, check_key, fields, int_field, int_of, key_strings, lookups, Items};
+use super::{fast, DecodeError, Decoder, Input, Limits, MAX_NAMESPACE_LEN};
+use crate::core::{KeyRef, DEFAULT_NAMESPACE};
 use simd_json::Node;
 
 /// Body of `POST /{rank}/initialize`.
@@ -23,11 +23,21 @@ pub struct SpaceInitBody<'a> {
     pub namespace: &'a str,
 }
 
-/// Body of `exists`, `delete_keys` and `get_page_indices`.
+/// Body of `delete_keys` and `reserve_and_allocate_page_indices`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpaceKeysBody<'a> {
     /// The keys, in request order.
     pub keys: Vec<&'a str>,
+    /// The namespace.
+    pub namespace: &'a str,
+}
+
+/// Body of `exists` and `get_page_indices`: [`SpaceKeysBody`] with its
+/// keys classified ([`KeyRef::parse`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpaceLookupBody<'a> {
+    /// The keys, in request order.
+    pub keys: Vec<KeyRef<'a>>,
     /// The namespace.
     pub namespace: &'a str,
 }
@@ -83,8 +93,7 @@ impl Decoder {
         })
     }
 
-    /// Decodes `{"keys": [str, ...], "namespace"?: str}` (`exists`,
-    /// `delete_keys`, `get_page_indices`).
+    /// Decodes `{"keys": [str, ...], "namespace"?: str}` (`delete_keys`).
     ///
     /// # Errors
     ///
@@ -99,6 +108,30 @@ impl Decoder {
             let [keys, ns] = fields(tape, ["keys", "namespace"])?;
             let namespace = namespace(ns)?;
             Ok(SpaceKeysBody { keys: key_strings(required_list(keys, "keys")?, limits)?, namespace })
+        })
+    }
+
+    /// Decodes `{"keys": [str, ...], "namespace"?: str}` (`exists`,
+    /// `get_page_indices`), each key classified.
+    ///
+    /// # Errors
+    ///
+    /// The [`DecodeError`] whose text is the 400 answer's `detail`.
+    pub fn space_lookup<'a, B: Input + ?Sized>(
+        &mut self,
+        body: &'a mut B,
+        limits: Limits,
+    ) -> Result<SpaceLookupBody<'a>, DecodeError> {
+        if let Some(scan) = self.scan(body.bytes(), &fast::SPACE_LOOKUP, limits) {
+            let body: &'a B = body;
+            return self.scratch.finish(body.bytes(), |b| {
+                Some(SpaceLookupBody { keys: b.lookups()?, namespace: b.namespace(&scan, DEFAULT_NAMESPACE)? })
+            });
+        }
+        self.parse(B::bytes_mut(body), |tape| {
+            let [keys, ns] = fields(tape, ["keys", "namespace"])?;
+            let namespace = namespace(ns)?;
+            Ok(SpaceLookupBody { keys: lookups(required_list(keys, "keys")?, limits)?, namespace })
         })
     }
 

@@ -5,6 +5,7 @@
 //! index jump.
 
 use super::{DecodeError, Limits};
+use crate::core::KeyRef;
 use simd_json::{Node, StaticNode};
 
 /// Number of tape nodes a value occupies, its own node included.
@@ -127,6 +128,12 @@ pub(super) fn key_strings<'a>(items: Items<'_, 'a>, limits: Limits) -> Result<Ve
         keys.push(*key);
     }
     Ok(keys)
+}
+
+/// [`key_strings`], each key classified ([`KeyRef::parse`]): the lists of
+/// keys to look up (exists, locations, SGLang's exists and page indices).
+pub(super) fn lookups<'a>(items: Items<'_, 'a>, limits: Limits) -> Result<Vec<KeyRef<'a>>, DecodeError> {
+    Ok(key_strings(items, limits)?.into_iter().map(KeyRef::parse).collect())
 }
 
 /// The items of a JSON array on the tape, each yielded as the tape slice of

@@ -1,6 +1,7 @@
 //! The decoder's tests: every detail text, the limits, and round trips.
 
 use super::*;
+use crate::core::KeyRef;
 use proptest::prelude::*;
 use DecodeError as E;
 
@@ -37,13 +38,14 @@ fn check_confirm(body: &[u8], want: Result<(i64, &[(&str, i64)], &[i64]), &str>)
 fn check_exists(body: &[u8], want: Result<&[&str], &str>) {
     let mut buf = body.to_vec();
     let got = Decoder::default().exists(&mut buf, L).map(|b| b.keys).map_err(|e| e.to_string());
-    assert_eq!(got, want.map(<[&str]>::to_vec).map_err(str::to_owned), "body {}", String::from_utf8_lossy(body));
+    let want = want.map(|k| k.iter().map(|s| KeyRef::parse(s)).collect::<Vec<_>>()).map_err(str::to_owned);
+    assert_eq!(got, want, "body {}", String::from_utf8_lossy(body));
 }
 
 fn check_loc(body: &[u8], want: Result<(i64, &[&str]), &str>) {
     let mut buf = body.to_vec();
     let got = Decoder::default().locations(&mut buf, L).map(|b| (b.rank, b.keys)).map_err(|e| e.to_string());
-    let want = want.map(|(r, k)| (r, k.to_vec())).map_err(str::to_owned);
+    let want = want.map(|(r, k)| (r, k.iter().map(|s| KeyRef::parse(s)).collect::<Vec<_>>())).map_err(str::to_owned);
     assert_eq!(got, want, "body {}", String::from_utf8_lossy(body));
 }
 
@@ -356,7 +358,7 @@ fn hot_path_bodies() {
         format!("{{\"keys\":[{}]}}", keys.iter().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(","))
             .into_bytes();
     let got = d.exists(&mut exists_body, BIG).unwrap();
-    assert_eq!(got.keys, keys.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(got.keys, keys.iter().map(|k| KeyRef::parse(k)).collect::<Vec<_>>());
 }
 
 #[test]
@@ -466,7 +468,7 @@ proptest! {
         }
         body.extend_from_slice(b"]}");
         let limits = Limits { max_keys: 4, max_key_len: 64 };
-        let got = Decoder::default().exists(&mut body, limits).map(|b| b.keys.iter().map(|s| String::from(*s)).collect::<Vec<_>>());
+        let got = Decoder::default().exists(&mut body, limits).map(|b| b.keys.iter().map(ToString::to_string).collect::<Vec<_>>());
         prop_assert_eq!(got, Ok(keys));
     }
 }

@@ -1,7 +1,8 @@
 //! The bodies of vLLM's routes (`/rank/{rank}/initialize`, `/keys/…`).
 
-use super::tape::{check_count, check_key, fields, int_field, int_of, key_strings, rank_and_list, Items};
-use super::{fast, DecodeError, Decoder, Limits};
+use super::tape::{check_count, check_key, fields, int_field, int_of, lookups, rank_and_list, Items};
+use super::{fast, DecodeError, Decoder, Input, Limits};
+use crate::core::KeyRef;
 use simd_json::{Node, StaticNode};
 
 /// The role named in an initialize request.
@@ -47,8 +48,9 @@ pub struct ConfirmBody<'a> {
 /// Body of `POST /keys/batch_exists`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExistsBody<'a> {
-    /// The keys to look up, in request order.
-    pub keys: Vec<&'a str>,
+    /// The keys to look up, in request order, classified
+    /// ([`KeyRef::parse`]).
+    pub keys: Vec<KeyRef<'a>>,
 }
 
 /// Body of `POST /keys/get_locations`.
@@ -56,8 +58,8 @@ pub struct ExistsBody<'a> {
 pub struct LocationsBody<'a> {
     /// The rank whose pages are asked for.
     pub rank: i64,
-    /// The keys to locate, in request order.
-    pub keys: Vec<&'a str>,
+    /// The keys to locate, in request order, classified.
+    pub keys: Vec<KeyRef<'a>>,
 }
 
 impl Decoder {
@@ -186,17 +188,22 @@ impl Decoder {
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn exists<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<ExistsBody<'a>, DecodeError> {
-        if self.scan(body, &fast::EXISTS, limits).is_some() {
-            return self.scratch.finish(body, |b| Some(ExistsBody { keys: b.keys()? }));
+    pub fn exists<'a, B: Input + ?Sized>(
+        &mut self,
+        body: &'a mut B,
+        limits: Limits,
+    ) -> Result<ExistsBody<'a>, DecodeError> {
+        if self.scan(body.bytes(), &fast::EXISTS, limits).is_some() {
+            let body: &'a B = body;
+            return self.scratch.finish(body.bytes(), |b| Some(ExistsBody { keys: b.lookups()? }));
         }
-        self.parse(body, |tape| {
+        self.parse(B::bytes_mut(body), |tape| {
             let [keys] = fields(tape, ["keys"])?;
             let items = match keys {
                 None => Items::EMPTY,
                 Some(value) => Items::of(value).ok_or(DecodeError::InvalidKeysFormat)?,
             };
-            Ok(ExistsBody { keys: key_strings(items, limits)? })
+            Ok(ExistsBody { keys: lookups(items, limits)? })
         })
     }
 
@@ -205,14 +212,19 @@ impl Decoder {
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn locations<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<LocationsBody<'a>, DecodeError> {
-        if let Some(scan) = self.scan(body, &fast::LOCATIONS, limits) {
-            return self.scratch.finish(body, |b| Some(LocationsBody { rank: scan.rank?, keys: b.keys()? }));
+    pub fn locations<'a, B: Input + ?Sized>(
+        &mut self,
+        body: &'a mut B,
+        limits: Limits,
+    ) -> Result<LocationsBody<'a>, DecodeError> {
+        if let Some(scan) = self.scan(body.bytes(), &fast::LOCATIONS, limits) {
+            let body: &'a B = body;
+            return self.scratch.finish(body.bytes(), |b| Some(LocationsBody { rank: scan.rank?, keys: b.lookups()? }));
         }
-        self.parse(body, |tape| {
+        self.parse(B::bytes_mut(body), |tape| {
             let [rank, keys] = fields(tape, ["rank", "keys"])?;
             let (rank, items) = rank_and_list(rank, keys, "keys")?;
-            Ok(LocationsBody { rank, keys: key_strings(items, limits)? })
+            Ok(LocationsBody { rank, keys: lookups(items, limits)? })
         })
     }
 }
