@@ -140,8 +140,9 @@ def run(cluster: Cluster, engine_at: Callable[[str], Engine]) -> None:
 
 
 def failover(cluster: Cluster, engine: Engine, leader: str, standby: str) -> None:
-    # Acknowledged saves: (space index, key, page, when); failures by kind.
-    acked: list[tuple[int, str, int, float]] = []
+    # Acknowledged saves: (space index, key, page, when the task started,
+    # when it was acknowledged); failures by kind.
+    acked: list[tuple[int, str, int, float, float]] = []
     failed_saves: list[Exception] = []
     loads = {"ok": 0, "failed": 0}
     wrong: list[str] = []
@@ -155,6 +156,7 @@ def failover(cluster: Cluster, engine: Engine, leader: str, standby: str) -> Non
             keys = engine.keys(i)
             i += 1
             for s, space in spaces:
+                started = time.monotonic()
                 try:
                     saved = engine.save(space, keys)
                 except CLIENT_ERRORS as e:
@@ -166,7 +168,7 @@ def failover(cluster: Cluster, engine: Engine, leader: str, standby: str) -> Non
                 if saved is not None:
                     now = time.monotonic()
                     with lock:
-                        acked.extend((s, k, p, now) for k, p in saved.items())
+                        acked.extend((s, k, p, started, now) for k, p in saved.items())
 
     def loader() -> None:
         while not stop.is_set():
@@ -176,7 +178,7 @@ def failover(cluster: Cluster, engine: Engine, leader: str, standby: str) -> Non
                 time.sleep(0.01)  # a poll interval, not a synchronization
                 continue
             for s, space in spaces:
-                keys = [k for i, k, _, _ in sample if i == s]
+                keys = [k for i, k, *_ in sample if i == s]
                 if not keys:
                     continue
                 try:
@@ -184,7 +186,7 @@ def failover(cluster: Cluster, engine: Engine, leader: str, standby: str) -> Non
                     loads["ok"] += 1
                 except CLIENT_ERRORS:
                     loads["failed"] += 1
-                except AssertionError as e:  # a page holding another key
+                except AssertionError as e:  # a page holding another key; answers that disagree
                     wrong.append(str(e))
 
     threads = [threading.Thread(target=f, daemon=True) for f in (saver, loader)]
@@ -192,15 +194,17 @@ def failover(cluster: Cluster, engine: Engine, leader: str, standby: str) -> Non
         t.start()
     try:
         wait_until("saves before the kill", lambda: len(acked) >= 200)
-        killed = time.monotonic()
         cluster.procs[leader].kill()
         cluster.procs[leader].wait()
+        # A save task started from here on cannot be answered by the old
+        # leader: only those count as acknowledged after the failover.
+        killed = time.monotonic()
         wait_until("the standby serves", lambda: cluster.ha(standby).get("serving"))
         wait_until(
             "saves acknowledged after the failover", lambda: wrong or sum(1 for a in acked if a[3] > killed) >= 200
         )
         assert not wrong, f"wrong answers: {wrong[:3]}"
-        resumed = min(a[3] for a in acked if a[3] > killed) - killed
+        resumed = min(a[4] for a in acked if a[3] > killed) - killed
         ok_before = loads["ok"]
         wait_until("loads after the failover", lambda: loads["ok"] >= ok_before + 10)
     finally:
@@ -211,7 +215,7 @@ def failover(cluster: Cluster, engine: Engine, leader: str, standby: str) -> Non
     # Every acknowledged save is found, at its page, through the relay, on
     # the new leader; no page of a space holds two keys.
     for s, space in spaces:
-        mine = {k: p for i, k, p, _ in acked if i == s}
+        mine = {k: p for i, k, p, *_ in acked if i == s}
         assert mine, f"space {s}: nothing acknowledged"
         assert len(set(mine.values())) == len(mine), f"space {s}: two acknowledged keys share a page"
         keys = list(mine)
