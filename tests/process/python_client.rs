@@ -128,7 +128,7 @@ fn run_pytest(args: &[&str]) {
 const SGLANG_SUITE: &str = "tests/python/test_sglang_client.py";
 
 /// The engines' own clients (vLLM's and SGLang's `Hf3fsGlobalMetadataClient`,
-/// and vLLM's through the relay across a failover with real etcd),
+/// and both through the relay across a failover with real etcd),
 /// read out of their pinned wheels, which it downloads once into
 /// `${XDG_CACHE_HOME:-~/.cache}/hf3fs-meta/wheels`; see engine_wheels.py).
 const ENGINE_SUITES: [&str; 3] = [
