@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # perf/chart.sh — the chart perf/RESULTS.md shows (perf/last-run.svg) and
-# its table (perf/last-run.md), made one way: a full run of every scenario
+# its table (perf/last-run.md) and raw results (perf/last-run.jsonl), made
+# one way: a full run of every scenario
 # of both dialects, hf3fs-meta beside the bare-hyper ceiling AND the engine's
 # own metadata server, all in one chart that says on its face how it was made.
 #
@@ -48,7 +49,8 @@ cp perf/last-run.md "$WORK/vllm.md"
 perf/sglang_baseline.sh --no-build --no-plot --results "$WORK/sglang.jsonl" "${ARGS[@]}" || FAILED+=" SGLang"
 cp perf/last-run.md "$WORK/sglang.md"
 LOAD_AFTER=$(load)
-COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src core perf || echo "+dirty")
+# The run's own outputs (perf/last-run.*) do not make the tree dirty.
+COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src core perf ':!perf/last-run.*' || echo "+dirty")
 CPU=$(sed -nE 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 NOTE="$STARTED UTC, $CPU, $(nproc) cores, load average $LOAD_BEFORE before / $LOAD_AFTER after; loadgen on the same cores; medians; baseline = the engine's own server (vLLM 0.33.0 for vLLM's routes, SGLang 0.5.23 for sglang-*)${FAILED:+; runs that failed or erred (see perf/last-run.md):$FAILED}"
 {
@@ -64,11 +66,14 @@ NOTE="$STARTED UTC, $CPU, $(nproc) cores, load average $LOAD_BEFORE before / $LO
   echo
   sed '1d' "$WORK/sglang.md"
 } >perf/last-run.md
+# The raw loadgen results (one JSON line per run) beside the table, so the
+# chart can be redrawn and checked without a new run.
+cat "$WORK/vllm.jsonl" "$WORK/sglang.jsonl" >perf/last-run.jsonl
 VENV="${HF3FS_PERF_PLOT_VENV:-$ROOT/target/perf-plot-venv}"
 if ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
   python3 -m venv "$VENV" && "$VENV/bin/python" -m pip install -q -r perf/plot-requirements.txt
 fi
-"$VENV/bin/python" perf/plot.py --results "$WORK/vllm.jsonl" --results "$WORK/sglang.jsonl" \
+"$VENV/bin/python" perf/plot.py --results perf/last-run.jsonl \
   --out perf/last-run.svg --baseline-name "the engine's own server" \
   --title "hf3fs-meta $COMMIT: perf/chart.sh ${ARGS[*]}" --note "$NOTE"
-echo "chart.sh: wrote perf/last-run.svg and perf/last-run.md" >&2
+echo "chart.sh: wrote perf/last-run.svg, perf/last-run.md and perf/last-run.jsonl" >&2

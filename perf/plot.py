@@ -94,7 +94,12 @@ def main() -> None:
         base = med.get((s, "baseline"), {}).get("rps")
         if srv and ceil:
             top_y = max(med.get((s, l), {}).get("rps", 0) for l in labels)
-            text = f"{srv / ceil:.2f}× ceiling" + (f"\n{srv / base:.1f}× baseline" if base else "")
+            text = f"{srv / ceil:.2f}× ceiling"
+            if base is not None and base >= 100:
+                text += f"\n{srv / base:.1f}× baseline"
+            elif base is not None:
+                # A ratio to a server that stalled says nothing useful.
+                text += f"\nbaseline stalled ({base:.1f}/s)"
             top.annotate(text, (j, top_y), xytext=(0, 12), textcoords="offset points",
                          ha="center", fontsize=8, fontweight="bold")
     top.set_xticks(list(x), scenarios)
