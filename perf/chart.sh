@@ -3,13 +3,15 @@
 # its table (perf/last-run.md) and raw results (perf/last-run.jsonl), made
 # one way: a full run of every scenario
 # of both dialects, hf3fs-meta beside the bare-hyper ceiling AND the engine's
-# own metadata server, all in one chart that says on its face how it was made.
+# own metadata server (on the routes it can serve under load), all in one
+# chart that says on its face how it was made.
 #
-# It runs perf/vllm_baseline.sh (vLLM's scenarios; vLLM's server as the
-# baseline) and perf/sglang_baseline.sh (SGLang's scenarios; SGLang's), each
-# a perf/run.sh with the given options (default: 3 rounds of 5 s, 1 s warmup,
+# It runs perf/vllm_baseline.sh (vLLM's read scenarios; vLLM's server as the
+# baseline), perf/sglang_baseline.sh (SGLang's; SGLang's) and perf/run.sh
+# (the write scenarios of both, against the ceiling), each with the given
+# options (default: 3 rounds of 5 s, 1 s warmup,
 # 32 connections, 128 keys; side by side, round by round, medians), then
-# draws both into one chart with perf/plot.py. The note under the title
+# draws all three into one chart with perf/plot.py. The note under the title
 # records the commit, the machine (CPU model, cores) and its load average
 # before and after, so a chart made on a busy machine says so.
 #
@@ -37,22 +39,27 @@ trap 'rm -rf "$WORK"' EXIT
 load() { cut -d' ' -f1-3 /proc/loadavg; }
 LOAD_BEFORE=$(load)
 STARTED=$(date -u '+%Y-%m-%d %H:%M')
-# A run.sh that reports failed runs (an engine's server that errs or stalls
-# under the load) still leaves its table; the chart says so instead of
-# hiding it.
+# The engines' servers stall on writes under 32 clients (allocate, confirm,
+# SGLang's reserve: 0-1 req/s, history 10 and 22) and keep working through
+# their backlog after loadgen gives up, taking the cores from the rounds
+# after theirs. So they are measured on the read routes only, and the write
+# routes run hf3fs-meta against the ceiling alone. A run.sh that reports
+# failed runs still leaves its table; the chart says so.
 FAILED=""
-# vLLM's server stalls on allocate and confirm under 32 clients (history
-# 10), so its writes are also measured as `save` (allocate then confirm).
 perf/vllm_baseline.sh --no-build --no-plot --results "$WORK/vllm.jsonl" \
-  --scenarios "exists locations allocate confirm save" "${ARGS[@]}" || FAILED+=" vLLM"
+  --scenarios "exists locations" "${ARGS[@]}" || FAILED+=" vLLM"
 cp perf/last-run.md "$WORK/vllm.md"
-perf/sglang_baseline.sh --no-build --no-plot --results "$WORK/sglang.jsonl" "${ARGS[@]}" || FAILED+=" SGLang"
+perf/sglang_baseline.sh --no-build --no-plot --results "$WORK/sglang.jsonl" \
+  --scenarios "sglang-exists sglang-indices" "${ARGS[@]}" || FAILED+=" SGLang"
 cp perf/last-run.md "$WORK/sglang.md"
+perf/run.sh --no-build --no-plot --results "$WORK/writes.jsonl" \
+  --scenarios "allocate confirm sglang-reserve sglang-confirm" "${ARGS[@]}" || FAILED+=" writes"
+cp perf/last-run.md "$WORK/writes.md"
 LOAD_AFTER=$(load)
 # The run's own outputs (perf/last-run.*) do not make the tree dirty.
 COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src core perf ':!perf/last-run.*' || echo "+dirty")
 CPU=$(sed -nE 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-NOTE="$STARTED UTC, $CPU, $(nproc) cores, load average $LOAD_BEFORE before / $LOAD_AFTER after; loadgen on the same cores; medians; baseline = the engine's own server (vLLM 0.33.0 for vLLM's routes, SGLang 0.5.23 for sglang-*)${FAILED:+; runs that failed or erred (see perf/last-run.md):$FAILED}"
+NOTE="$STARTED UTC, $CPU, $(nproc) cores, load average $LOAD_BEFORE before / $LOAD_AFTER after; loadgen on the same cores; medians; baseline = the engine's own server on the read routes (vLLM 0.33.0; SGLang 0.5.23 for sglang-*), which stalls on writes under 32 clients${FAILED:+; runs that failed or erred (see perf/last-run.md):$FAILED}"
 {
   echo "# perf/chart.sh"
   echo
@@ -65,10 +72,14 @@ NOTE="$STARTED UTC, $CPU, $(nproc) cores, load average $LOAD_BEFORE before / $LO
   echo "## SGLang's routes (perf/sglang_baseline.sh)"
   echo
   sed '1d' "$WORK/sglang.md"
+  echo
+  echo "## The write routes, against the ceiling (perf/run.sh)"
+  echo
+  sed '1d' "$WORK/writes.md"
 } >perf/last-run.md
 # The raw loadgen results (one JSON line per run) beside the table, so the
 # chart can be redrawn and checked without a new run.
-cat "$WORK/vllm.jsonl" "$WORK/sglang.jsonl" >perf/last-run.jsonl
+cat "$WORK/vllm.jsonl" "$WORK/sglang.jsonl" "$WORK/writes.jsonl" >perf/last-run.jsonl
 VENV="${HF3FS_PERF_PLOT_VENV:-$ROOT/target/perf-plot-venv}"
 if ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
   python3 -m venv "$VENV" && "$VENV/bin/python" -m pip install -q -r perf/plot-requirements.txt
