@@ -12,7 +12,7 @@
 //! Prometheus adds). It lives with the HA tests for their etcd: without
 //! etcd (outside CI) the `hf3fs_meta_ha_*` names go unchecked, with a note.
 
-use super::cluster::{leader_and_standby, Cluster};
+use super::cluster::Cluster;
 use super::etcd::available;
 use super::http::get;
 use super::writes::{at, keys, post, save};
@@ -116,16 +116,13 @@ fn scrape_with_every_series() -> String {
 /// nodes with `--data-dir`, a few saves acknowledged by the standby).
 fn scrape_ha_leader_and_standby() -> String {
     let c = Cluster::new(1);
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let ids = ["a", "b"];
-    let nodes: Vec<_> = ids.iter().zip(&dirs).map(|(id, d)| c.replicated(id, d.path(), "strict", &[])).collect();
-    let both: Vec<(&str, _)> = ids.iter().copied().zip(&nodes).collect();
-    let (l, _, _) = leader_and_standby(&both);
-    let (st, v) = post(&at(&nodes[l]), "/rank/0/initialize", &json!({"num_pages": 64, "role": "worker"}));
+    let nodes = c.replicated_nodes(&["a", "b"], "strict", &[]);
+    let (l, _, s) = nodes.leader_and_standby();
+    let (st, v) = post(&at(nodes.get(l)), "/rank/0/initialize", &json!({"num_pages": 64, "role": "worker"}));
     assert_eq!(st, 200, "{v}");
-    save(&at(&nodes[l]), &keys(0, 4));
+    save(&at(nodes.get(l)), &keys(0, 4));
     let mut text = String::new();
-    for n in &nodes {
+    for n in [nodes.get(l), nodes.get(s)] {
         let a = get(&n.addr.to_string(), "/metrics").expect("an HA node's /metrics");
         assert_eq!(a.status, 200, "{}", a.body);
         text.push_str(&a.body);

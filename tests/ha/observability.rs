@@ -3,7 +3,7 @@
 //! is caught up, growing while it is paused (SIGSTOP), back to 0 once it
 //! resumes (SIGCONT) and catches up.
 
-use super::cluster::{ha, leader_and_standby, wait_for, Cluster};
+use super::cluster::{ha, wait_for, Cluster};
 use super::etcd::available;
 use super::http::{get, request_within};
 use super::writes::{at, keys, post, save};
@@ -31,13 +31,9 @@ fn the_lag_in_seconds_is_zero_when_caught_up_grows_while_the_standby_is_paused_a
         return;
     }
     let c = Cluster::new(1);
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let ids = ["a", "b"];
-    let nodes: Vec<ServerProcess> =
-        ids.iter().zip(&dirs).map(|(id, d)| c.replicated(id, d.path(), "strict", &[])).collect();
-    let both: Vec<(&str, &ServerProcess)> = ids.iter().copied().zip(&nodes).collect();
-    let (l, _, s) = leader_and_standby(&both);
-    let (leader, standby) = (&nodes[l], &nodes[s]);
+    let nodes = c.replicated_nodes(&["a", "b"], "strict", &[]);
+    let (l, _, s) = nodes.leader_and_standby();
+    let (leader, standby) = (nodes.get(l), nodes.get(s));
     let (st, v) = post(&at(leader), "/rank/0/initialize", &json!({"num_pages": 1024, "role": "worker"}));
     assert_eq!(st, 200, "{v}");
     save(&at(leader), &keys(0, 16));
@@ -66,7 +62,7 @@ fn the_lag_in_seconds_is_zero_when_caught_up_grows_while_the_standby_is_paused_a
     standby.signal("CONT");
     wait_for("the lag returns to 0", || (metric(leader, LAG) == Some(0.0)).then_some(()));
     assert_eq!(health_lag(leader), Some(0.0));
-    let (l2, _, _) = leader_and_standby(&both);
+    let (l2, _, _) = nodes.leader_and_standby();
     assert_eq!(l2, l, "pausing the standby changed no leader");
     save(&at(leader), &keys(100, 4));
     assert_eq!(metric(leader, LAG), Some(0.0));
