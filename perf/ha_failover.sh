@@ -39,16 +39,10 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-CP=$(free_port); PP=$(free_port)
-etcd --name m0 --data-dir "$WORK/etcd" --listen-client-urls "http://127.0.0.1:$CP" \
-    --advertise-client-urls "http://127.0.0.1:$CP" --listen-peer-urls "http://127.0.0.1:$PP" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$PP" --initial-cluster "m0=http://127.0.0.1:$PP" \
-    --heartbeat-interval 50 --election-timeout 500 --log-level error >"$WORK/etcd.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 100); do curl -sf "http://127.0.0.1:$CP/health" >/dev/null && break; sleep 0.1; done
-echo "a-cluster-secret-of-32-characters" >"$WORK/token"
-EP="http://127.0.0.1:$CP"
+# shellcheck source=perf/ha_etcd.sh
+source perf/ha_etcd.sh
+etcd_one
+EP=$ETCD_URL
 declare -A PORT=([a]=$(free_port) [b]=$(free_port) [c]=$(free_port))
 
 start_node() {

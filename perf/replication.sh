@@ -41,18 +41,12 @@ WORK=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_http() { for _ in $(seq 200); do curl -fs "http://$1/health" >/dev/null 2>&1 && return 0; sleep 0.05; done; return 1; }
 
 # etcd: one member on loopback.
-EC=$(free_port) EP=$(free_port)
-etcd --name m0 --data-dir "$WORK/etcd" --listen-client-urls "http://127.0.0.1:$EC" \
-  --advertise-client-urls "http://127.0.0.1:$EC" --listen-peer-urls "http://127.0.0.1:$EP" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$EP" --initial-cluster "m0=http://127.0.0.1:$EP" \
-  >"$WORK/etcd.log" 2>&1 &
-PIDS+=($!)
-for _ in $(seq 200); do curl -fs "http://127.0.0.1:$EC/health" >/dev/null 2>&1 && break; sleep 0.05; done
-echo "a-cluster-secret-of-32-characters" >"$WORK/token"
+# shellcheck source=perf/ha_etcd.sh
+source perf/ha_etcd.sh
+etcd_one
 
 export HF3FS_META_LOG_LEVEL=${HF3FS_META_LOG_LEVEL:-warn} RUST_LOG=${RUST_LOG:-warn}
 start() { # name port extra...
@@ -63,7 +57,7 @@ start() { # name port extra...
   wait_http "127.0.0.1:$port" || { echo "$name did not start:"; cat "$WORK/$name.log"; exit 1; }
 }
 SINGLE=$(free_port); start single "$SINGLE"
-HA=(--ha etcd --etcd-endpoints "http://127.0.0.1:$EC" --ha-cluster /perf --ha-token-file "$WORK/token" --ha-sync strict)
+HA=(--ha etcd --etcd-endpoints "$ETCD_URL" --ha-cluster /perf --ha-token-file "$WORK/token" --ha-sync strict)
 PA=$(free_port) PB=$(free_port)
 start a "$PA" "${HA[@]}" --node-id a --advertise-url "http://127.0.0.1:$PA"
 start b "$PB" "${HA[@]}" --node-id b --advertise-url "http://127.0.0.1:$PB"
