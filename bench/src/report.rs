@@ -257,7 +257,7 @@ pub fn utc_now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::stats::Recorder;
+    use crate::stats::Recorder;
     use clap::Parser;
     use std::time::Instant;
 

@@ -74,6 +74,9 @@ pub use queue::{Health, WaitError};
 pub use store::OpenReport;
 pub use writer::FsyncMode;
 
+/// The core, under the name this crate's files use for it.
+use hf3fs_meta_core as core;
+
 use crate::core::{Journal, PageSource, Store, StoreConfig};
 use crossbeam_channel::Sender;
 use error::guarded;
@@ -334,7 +337,7 @@ impl Durable {
 
     /// Blocking wait, with a deadline, until everything recorded so far is
     /// durable here (no replication wait): a standby's acknowledgement of
-    /// what it applied (`crate::ha::replicate::standby`), tests, benchmarks.
+    /// what it applied (the HA crate's `replicate::standby`), tests, benchmarks.
     pub fn sync_blocking(&self, timeout: Duration) -> Result<(), WaitError> {
         self.shared.progress.wait_blocking(self.head(), timeout)
     }

@@ -104,7 +104,7 @@ fn read(path: &Path) -> Result<Vec<Entry>, OpenError> {
 }
 
 /// Who hears of each space the catalog records, in the order recorded: a
-/// leader's replication of the spaces (`crate::ha::replicate`), which must
+/// leader's replication of the spaces (the HA crate's `replicate`), which must
 /// send a space's name before the records that use it. Called under the
 /// catalog's mutex, after the line is durable: must only queue.
 pub type Tap = Box<dyn Fn(&Entry) + Send + Sync>;

@@ -1,5 +1,5 @@
 //! The replication tap: where the high-availability layer
-//! (`crate::ha::replicate`) receives what the writer wrote, and where a
+//! (the HA crate's `replicate`) receives what the writer wrote, and where a
 //! request's wait for durability also waits for the synchronous standby.
 //!
 //! The writer hands every log entry it wrote to the attached
@@ -11,7 +11,7 @@
 //! position, in position order, from the writer thread: `written` must only
 //! queue.
 //!
-//! [`crate::durable::Durable::sync`] then waits, after the local durable
+//! [`crate::Durable::sync`] then waits, after the local durable
 //! position, for [`Replication::acknowledged`] of the same position.
 
 use std::future::Future;

@@ -48,7 +48,7 @@
 use super::etcd::{self, Compare, Kv, LeaseId, Txn, TxnOp};
 use super::node::{self, LeaderRecord, Node, Role};
 use super::Keys;
-use crate::App;
+use crate::Host;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -175,7 +175,7 @@ enum Claim {
 
 /// The election of one node: see the module docs.
 pub struct Election {
-    app: Arc<App>,
+    app: Arc<dyn Host>,
     node: Arc<Node>,
     etcd: Arc<etcd::Client>,
     keys: Keys,
@@ -193,8 +193,8 @@ pub struct Election {
 impl Election {
     /// Starts the election of `app`'s node (`app.ha` must be set) on `etcd`
     /// under `keys`, with the replication layer's `promotion`.
-    pub fn start(app: Arc<App>, etcd: etcd::Client, keys: Keys, promotion: Arc<dyn Promotion>) -> Arc<Self> {
-        let node = app.ha.clone().expect("Election::start needs App::ha");
+    pub fn start(app: Arc<dyn Host>, etcd: etcd::Client, keys: Keys, promotion: Arc<dyn Promotion>) -> Arc<Self> {
+        let node = app.node().cloned().expect("Election::start needs Host::node");
         let e = Arc::new(Election {
             app,
             node,
@@ -445,7 +445,7 @@ impl Election {
     /// Whether this node still holds the state it last served: it served in
     /// this process, or it recovered its state from `--data-dir`.
     fn holds_own_state(&self) -> bool {
-        self.app.durable.is_some() || self.served.load(Ordering::Relaxed)
+        self.app.durable().is_some() || self.served.load(Ordering::Relaxed)
     }
 
     /// The campaign transaction; the promotion's context (epoch, first
@@ -560,7 +560,7 @@ impl Election {
         // leader too held every release of its first lease, which filled
         // the ranks of a fresh cluster (replicated confirm at 0.09x).
         if !ctx.first_leader {
-            self.app.registry.hold_eviction_for_a_lease(|_| true);
+            self.app.registry().hold_eviction_for_a_lease(|_| true);
         }
         let wait = if ctx.first_leader || ctx.planned { Duration::ZERO } else { self.node.ttl };
         let waited = tokio::time::sleep(wait);

@@ -4,8 +4,9 @@
 //! - [`etcd`]: a small etcd v3 client over its JSON gateway.
 //! - [`election`]: the campaign, the lease renewal that keeps the serving
 //!   deadline, promotion ([`Promotion`]), deposition, planned hand-over.
-//! - [`gate`]: the one hook in the request path: data routes are answered
-//!   only by a serving leader, checked on arrival and again on the answer.
+//! - the gate (the HTTP crate's `gate`): the one hook in the request path:
+//!   data routes are answered only by a serving leader, checked on arrival
+//!   and again on the answer; [`Node`] implements its `Serving` trait.
 //! - [`node`]: this node's HA state shared by the three: the serving
 //!   deadline (one atomic), the [`Role`] channel, leader and standby, counters.
 //! - [`replicate`]: the journal stream to the synchronous standby, the
@@ -28,7 +29,8 @@
 
 pub mod election;
 pub mod etcd;
-pub mod gate;
+#[cfg(test)]
+mod gate_tests;
 pub mod node;
 pub mod relay;
 pub mod replicate;
@@ -36,9 +38,31 @@ pub mod replicate;
 pub use election::{Election, Promotion, PromotionContext, Refusal, WithoutReplication};
 pub use node::{LeaderRecord, Node, Role};
 
+/// The core and the durable layer, under the names this crate's files use
+/// for them.
+use hf3fs_meta_core as core;
+use hf3fs_meta_durable as durable;
+
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// What HA needs of the server it runs in: the page spaces, the durable
+/// stores, this node's HA state and the flags. The binary's `App`
+/// implements it; the election and the standby hold it as `dyn Host`.
+pub trait Host: Send + Sync + 'static {
+    /// The page spaces.
+    fn registry(&self) -> &core::Registry;
+    /// The durable stores, with `--data-dir`.
+    fn durable(&self) -> Option<&durable::Durability>;
+    /// This node's HA state, with `--ha etcd`.
+    fn node(&self) -> Option<&Arc<Node>>;
+    /// The server's HA flags.
+    fn ha_args(&self) -> &HaArgs;
+    /// The server's replication flags.
+    fn replication_args(&self) -> &replicate::ReplicationArgs;
+}
 
 /// Whether and how the server takes part in high availability.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -351,6 +351,44 @@ impl Node {
     }
 }
 
+/// The gate's view of this node (the HTTP crate's `gate`).
+impl hf3fs_meta_http::Serving for Node {
+    fn serving(&self) -> bool {
+        Node::serving(self)
+    }
+
+    fn count_rejection(&self) {
+        Node::count_rejection(self);
+    }
+
+    fn leader_epoch(&self) -> u64 {
+        Node::leader_epoch(self)
+    }
+
+    fn refusal(&self) -> String {
+        let why = match self.role() {
+            Role::Follower => "this node is a follower".to_string(),
+            Role::Promoting { epoch } => format!("this node is becoming leader (epoch {epoch}) and does not serve yet"),
+            Role::Leader { epoch } | Role::Fenced { epoch } => {
+                format!("this node could not renew its leadership (epoch {epoch}) in time and stopped serving")
+            }
+        };
+        let leader = match self.leader() {
+            Some(l) if l.node != self.id => format!("; the leader is {} at {}", l.node, l.url),
+            _ => String::new(),
+        };
+        format!("{why}{leader}")
+    }
+
+    fn status_json(&self) -> String {
+        Node::status_json(self)
+    }
+
+    fn render_metrics(&self, out: &mut String) {
+        Node::render_metrics(self, out);
+    }
+}
+
 /// Nanoseconds on a clock that never goes back and keeps counting while the
 /// machine is suspended (`CLOCK_BOOTTIME` on Linux): a suspended or paused
 /// leader must find its deadline passed when it wakes. Never 0.

@@ -18,7 +18,7 @@
 use super::etcd::{self, Event};
 use super::node::LeaderRecord;
 use super::EtcdArgs;
-use clap::Parser;
+use clap::Args;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,9 +26,9 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// `hf3fs-meta relay`: forward 127.0.0.1:18000 to the cluster's leader.
-#[derive(Debug, Clone, Parser)]
-#[command(name = "hf3fs-meta relay", version, about, long_about = None)]
+/// `hf3fs-meta relay`'s flags (the binary adds the log flags): forward
+/// 127.0.0.1:18000 to the cluster's leader.
+#[derive(Debug, Clone, Args)]
 pub struct RelayArgs {
     /// Address to listen on (port 0 picks a free one and logs it).
     #[arg(long, env = "HF3FS_META_RELAY_LISTEN", default_value = "127.0.0.1:18000")]
@@ -47,14 +47,6 @@ pub struct RelayArgs {
     /// Seconds to wait for the leader to accept a connection.
     #[arg(long, env = "HF3FS_META_RELAY_CONNECT_TIMEOUT", default_value_t = 2)]
     pub connect_timeout: u64,
-
-    /// Log filter (RUST_LOG, when set, wins).
-    #[arg(long, env = "HF3FS_META_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
-
-    /// Log line format.
-    #[arg(long, env = "HF3FS_META_LOG_FORMAT", value_enum, default_value_t = crate::config::LogFormat::Text)]
-    pub log_format: crate::config::LogFormat,
 }
 
 /// Where the relay forwards: the serving leader's address and epoch.

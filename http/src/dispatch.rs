@@ -12,7 +12,7 @@ use super::{ops, sglang, vllm};
 use crate::core::Dialect;
 use crate::metrics::Endpoint;
 use crate::routes;
-use crate::App;
+use crate::Service;
 use hyper::{Method, StatusCode};
 use std::cell::RefCell;
 
@@ -48,13 +48,13 @@ thread_local! {
 }
 
 /// Runs the handler of `route` on a fully read `body`.
-pub fn handle(app: &App, route: &Route, body: &mut [u8]) -> Reply {
+pub fn handle(app: &Service, route: &Route, body: &mut [u8]) -> Reply {
     handle_body(app, route, &mut Body::Borrowed(body))
 }
 
 /// [`handle`] of a body as the server read it: the lookup routes decode
 /// it where it lies, the others copy it when it is still hyper's.
-pub fn handle_body(app: &App, route: &Route, body: &mut Body<'_>) -> Reply {
+pub fn handle_body(app: &Service, route: &Route, body: &mut Body<'_>) -> Reply {
     let (id, rank) = match route {
         Route::Route(id, rank) => (*id, rank),
         Route::MethodNotAllowed(allow) => {

@@ -1,6 +1,6 @@
 //! The HA gate: the one hook in the request path. With `--ha etcd`, a data
 //! route (vLLM's and SGLang's, `/clear` included) is answered only by a
-//! serving leader ([`Node::serving`]): checked when the request arrives (a
+//! serving leader ([`Serving::serving`], which the HA crate's node implements): checked when the request arrives (a
 //! follower changes nothing and answers 503 with `Retry-After`) and again
 //! when its answer is ready (a success whose deadline passed meanwhile, say
 //! while the process was paused or waited on a disk, is withdrawn and
@@ -15,13 +15,13 @@
 //!
 //! Without `--ha` the gate costs one `Option` check. It wraps the server's
 //! handler (`service_fn(|req| gate::guard(app, req, respond))`) and its
-//! sockets (`GuardedIo::new(stream, app.ha.clone())`), so the handler itself
+//! sockets (`GuardedIo::new(stream, app.gate.clone())`), so the handler itself
 //! knows nothing of HA.
 
-use super::node::{Node, Role};
+use crate::hooks::Serving;
 use crate::metrics::Endpoint;
 use crate::routes::{self, Found};
-use crate::App;
+use crate::Service;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING};
@@ -36,28 +36,28 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The server's response type.
-type Answer = Result<Response<Full<Bytes>>, Infallible>;
+pub type Answer = Result<Response<Full<Bytes>>, Infallible>;
 
 /// Runs `respond` for `req` if this node may answer it, else answers 503.
-pub async fn guard<B, F, Fut>(app: Arc<App>, req: Request<B>, respond: F) -> Answer
+pub async fn guard<B, F, Fut>(app: Arc<Service>, req: Request<B>, respond: F) -> Answer
 where
-    F: FnOnce(Arc<App>, Request<B>) -> Fut,
+    F: FnOnce(Arc<Service>, Request<B>) -> Fut,
     Fut: Future<Output = Answer>,
 {
-    let Some(node) = app.ha.clone() else { return respond(app, req).await };
+    let Some(node) = app.gate.clone() else { return respond(app, req).await };
     let Some(endpoint) = data_route(req.method(), req.uri().path()) else { return respond(app, req).await };
     if !node.serving() {
         let start = Instant::now();
         node.count_rejection();
         app.metrics.request(endpoint, 503, 0, start.elapsed());
-        return Ok(refusal(&node, has_body(&req)));
+        return Ok(refusal(&*node, has_body(&req)));
     }
     let mut resp = respond(app, req).await?;
     if resp.status().is_success() {
         if !node.serving() {
             // The deadline passed while the request ran: withdraw the answer.
             node.count_rejection();
-            return Ok(refusal(&node, false));
+            return Ok(refusal(&*node, false));
         }
         // Marks a data answer for the socket's last check (GuardedIo), and
         // tells the client which leader answered.
@@ -74,7 +74,7 @@ pub const EPOCH: hyper::header::HeaderName = hyper::header::HeaderName::from_sta
 const EPOCH_LINE: &[u8] = b"\r\nx-hf3fs-meta-epoch:";
 
 /// The metrics series of `path` if it is a data route.
-fn data_route(method: &Method, path: &str) -> Option<Endpoint> {
+pub fn data_route(method: &Method, path: &str) -> Option<Endpoint> {
     let m = match *method {
         Method::POST => routes::Method::Post,
         Method::GET => routes::Method::Get,
@@ -96,19 +96,9 @@ fn has_body<B>(req: &Request<B>) -> bool {
 /// The 503 of a node that is not a serving leader, naming the leader when
 /// known. `Retry-After: 1`: a failover takes a few seconds and the clients
 /// (urllib3's Retry) honour it.
-fn refusal(node: &Node, close: bool) -> Response<Full<Bytes>> {
-    let why = match node.role() {
-        Role::Follower => "this node is a follower".to_string(),
-        Role::Promoting { epoch } => format!("this node is becoming leader (epoch {epoch}) and does not serve yet"),
-        Role::Leader { epoch } | Role::Fenced { epoch } => {
-            format!("this node could not renew its leadership (epoch {epoch}) in time and stopped serving")
-        }
-    };
-    let leader = match node.leader() {
-        Some(l) if l.node != node.id => format!("; the leader is {} at {}", l.node, l.url),
-        _ => String::new(),
-    };
-    let detail = serde_json::json!({ "detail": format!("Not the leader: {why}{leader}; retry (through the relay)") });
+fn refusal(node: &dyn Serving, close: bool) -> Response<Full<Bytes>> {
+    let why = node.refusal();
+    let detail = serde_json::json!({ "detail": format!("Not the leader: {why}; retry (through the relay)") });
     let mut resp = Response::new(Full::new(Bytes::from(detail.to_string())));
     *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     let h = resp.headers_mut();
@@ -125,13 +115,18 @@ fn refusal(node: &Node, close: bool) -> Response<Full<Bytes>> {
 /// module docs); reads and every other write pass through untouched.
 pub struct GuardedIo<T> {
     inner: T,
-    node: Option<Arc<Node>>,
+    node: Option<Arc<dyn Serving>>,
 }
 
 impl<T> GuardedIo<T> {
     /// `inner`, guarded by `node` (`None`: without `--ha`, a plain pass-through).
-    pub fn new(inner: T, node: Option<Arc<Node>>) -> Self {
+    pub fn new(inner: T, node: Option<Arc<dyn Serving>>) -> Self {
         GuardedIo { inner, node }
+    }
+
+    /// The guarded connection.
+    pub fn get_ref(&self) -> &T {
+        &self.inner
     }
 
     /// The error that replaces a data route's success answer the node may
@@ -196,91 +191,6 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for GuardedIo<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::ha::node::{after, Node, Role};
-    use std::time::Duration;
-
-    fn app_with_node() -> (Arc<App>, Arc<Node>) {
-        let node = Arc::new(Node::new(
-            "a".into(),
-            "http://127.0.0.1:1".into(),
-            Duration::from_secs(2),
-            b"0123456789abcdef".to_vec().into(),
-        ));
-        (Arc::new(App::new(Config::for_tests()).with_ha(node.clone())), node)
-    }
-
-    fn post(path: &str) -> Request<()> {
-        Request::post(path).header(CONTENT_LENGTH, "2").body(()).unwrap()
-    }
-
-    async fn ok(_: Arc<App>, _: Request<()>) -> Answer {
-        Ok(Response::new(Full::new(Bytes::from_static(b"{}"))))
-    }
-
-    #[tokio::test]
-    async fn a_follower_refuses_without_running_the_handler() {
-        let (app, node) = app_with_node();
-        let ran = std::sync::atomic::AtomicBool::new(false);
-        let r = guard(app.clone(), post("/keys/batch_exists"), |a, q| {
-            ran.store(true, std::sync::atomic::Ordering::Relaxed);
-            ok(a, q)
-        })
-        .await
-        .unwrap();
-        assert!(!ran.load(std::sync::atomic::Ordering::Relaxed), "the handler ran on a follower");
-        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert_eq!(r.headers()[RETRY_AFTER], "1");
-        assert_eq!(r.headers()[CONNECTION], "close", "the unread body closes the connection");
-        // Operational routes answer anyway.
-        let r = guard(app, Request::get("/health").body(()).unwrap(), ok).await.unwrap();
-        assert_eq!(r.status(), StatusCode::OK);
-        assert!(node.status_json().contains("follower"));
-    }
-
-    #[tokio::test]
-    async fn an_answer_whose_deadline_passed_meanwhile_is_withdrawn() {
-        let (app, node) = app_with_node();
-        node.set_role(Role::Leader { epoch: 4 });
-        node.extend(4, after(Duration::from_secs(60)));
-        let r = guard(app.clone(), post("/keys/batch_exists"), ok).await.unwrap();
-        assert_eq!(r.status(), StatusCode::OK, "a serving leader answers");
-        assert_eq!(r.headers()[EPOCH], "4", "and names its epoch");
-        // The deadline passes while the handler runs (a pause, a slow disk).
-        let n = node.clone();
-        let r = guard(app, post("/keys/batch_exists"), move |a, q| {
-            n.fence(4);
-            ok(a, q)
-        })
-        .await
-        .unwrap();
-        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert!(node.status_json().contains("fenced"));
-    }
-
-    #[tokio::test]
-    async fn the_socket_refuses_a_success_answer_past_the_deadline() {
-        use tokio::io::AsyncWriteExt;
-        let (_, node) = app_with_node();
-        node.set_role(Role::Leader { epoch: 4 });
-        node.extend(4, after(Duration::from_secs(60)));
-        let mut io = GuardedIo::new(Vec::new(), Some(node.clone()));
-        let data = |status: &str| format!("HTTP/1.1 {status}\r\nx-hf3fs-meta-epoch: 4\r\ncontent-length: 0\r\n\r\n");
-        io.write_all(data("200 OK").as_bytes()).await.unwrap();
-        node.fence(4);
-        let e = io.write_all(data("204 No Content").as_bytes()).await.unwrap_err();
-        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
-        // Refusals, operational answers and body bytes still go out.
-        io.write_all(b"HTTP/1.1 503 Service Unavailable\r\n\r\n").await.unwrap();
-        io.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"status\":\"ok\"}").await.unwrap();
-        io.write_all(b"{\"exists\":[true]}").await.unwrap();
-        let sent = String::from_utf8_lossy(&io.inner).into_owned();
-        assert_eq!(sent.matches("HTTP/1.1").count(), 3, "{sent}");
-        assert!(!sent.contains("204"), "{sent}");
-        // Without --ha: a pass-through.
-        let mut plain = GuardedIo::new(Vec::new(), None);
-        plain.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await.unwrap();
-    }
 
     #[test]
     fn only_data_routes_are_gated() {

@@ -4,9 +4,8 @@
 
 use super::encode::{self, ServerStats};
 use super::reply::Reply;
-use crate::durable::Health;
 use crate::routes::Op;
-use crate::App;
+use crate::Service;
 use hyper::StatusCode;
 
 /// The API's OpenAPI 3.1 document, served by `GET /openapi.json` byte for
@@ -17,7 +16,7 @@ pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
 const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Runs the operational route `op`.
-pub(super) fn handle(app: &App, op: Op) -> Result<Reply, Reply> {
+pub(super) fn handle(app: &Service, op: Op) -> Result<Reply, Reply> {
     match op {
         Op::Metrics => Ok(metrics(app)),
         Op::Health => health(app),
@@ -29,29 +28,29 @@ pub(super) fn handle(app: &App, op: Op) -> Result<Reply, Reply> {
     }
 }
 
-fn metrics(app: &App) -> Reply {
+fn metrics(app: &Service) -> Reply {
     let mut text = app.metrics.render(&app.registry.report());
     if let Some(d) = &app.durable {
         d.render_metrics(&mut text);
     }
-    if let Some(ha) = &app.ha {
+    if let Some(ha) = &app.gate {
         ha.render_metrics(&mut text);
     }
     Reply { content_type: PROMETHEUS, ..Reply::json(StatusCode::OK, text.into_bytes(), 0) }
 }
 
-fn health(app: &App) -> Result<Reply, Reply> {
+fn health(app: &Service) -> Result<Reply, Reply> {
     if app.is_shutting_down() {
         return Err(Reply::json(StatusCode::SERVICE_UNAVAILABLE, br#"{"status":"shutting_down"}"#.to_vec(), 0));
     }
-    match app.durable.as_ref().map(|d| d.health()) {
-        Some(Health::Degraded(why) | Health::Fatal(why)) => {
+    match app.durable.as_ref().and_then(|d| d.health()) {
+        Some(why) => {
             let mut body = br#"{"status":"degraded","reason":"#.to_vec();
             encode::json_str(&mut body, &why);
             body.push(b'}');
             Err(Reply::json(StatusCode::SERVICE_UNAVAILABLE, body, 0))
         }
-        Some(Health::Healthy) | None => match &app.ha {
+        None => match &app.gate {
             Some(ha) => {
                 Ok(Reply::json(StatusCode::OK, format!(r#"{{"status":"ok","ha":{}}}"#, ha.status_json()).into(), 0))
             }
@@ -60,7 +59,7 @@ fn health(app: &App) -> Result<Reply, Reply> {
     }
 }
 
-fn stats(app: &App) -> Reply {
+fn stats(app: &Service) -> Reply {
     let cfg = &app.cfg;
     let server = ServerStats {
         version: env!("CARGO_PKG_VERSION"),
@@ -70,13 +69,13 @@ fn stats(app: &App) -> Reply {
         eviction: if app.registry.vllm().config().eviction { "clock" } else { "none" },
         read_lease_seconds: cfg.read_lease,
         open_connections: app.metrics.open_connections(),
-        durable: cfg.data_dir.is_some(),
+        durable: app.durable.is_some(),
         max_spaces: app.registry.sglang().max(),
     };
     let spaces = app.registry.report();
     let mut body = Vec::with_capacity(512 + 192 * spaces.iter().map(|s| s.ranks.len()).sum::<usize>());
     encode::stats(&mut body, &server, &spaces);
-    if let Some(ha) = &app.ha {
+    if let Some(ha) = &app.gate {
         // The document is one object: its last byte is the closing brace.
         body.pop();
         body.extend_from_slice(format!(r#","ha":{}}}"#, ha.status_json()).as_bytes());

@@ -19,9 +19,8 @@
 use super::decode::Body;
 use super::dispatch::{self, Route};
 use super::reply::Reply;
-use crate::durable::Health;
 use crate::routes::{Op, Spec};
-use crate::App;
+use crate::Service;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -57,7 +56,7 @@ pub fn bind(addr: SocketAddr, max_connections: usize) -> std::io::Result<TcpList
 /// Serves `app` on `listener` until `shutdown` resolves, then drains.
 ///
 /// Returns once every connection has finished (or the shutdown timeout ran out).
-pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+pub async fn serve(app: Arc<Service>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(app.cfg.header_timeout()).keep_alive(true);
     let graceful = GracefulShutdown::new();
@@ -89,8 +88,8 @@ pub async fn serve(app: Arc<App>, listener: TcpListener, shutdown: impl Future<O
         };
         let _ = stream.set_nodelay(true);
         let app_for_conn = app.clone();
-        let service = service_fn(move |req| crate::ha::gate::guard(app_for_conn.clone(), req, respond));
-        let io = TokioIo::new(crate::ha::gate::GuardedIo::new(stream, app.ha.clone()));
+        let service = service_fn(move |req| crate::gate::guard(app_for_conn.clone(), req, respond));
+        let io = TokioIo::new(crate::gate::GuardedIo::new(stream, app.gate.clone()));
         let conn = graceful.watch(builder.serve_connection(io, service));
         let app = app.clone();
         tokio::spawn(async move {
@@ -187,7 +186,7 @@ impl AcceptErrors {
 }
 
 /// Answers one request.
-async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn respond(app: Arc<Service>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let start = Instant::now();
     if let Some(reply) = advance_test_clock(&app, &req) {
         return Ok(into_response(reply));
@@ -219,8 +218,7 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
     // Each dialect waits for its own durable store.
     if let (Some(d), Some(spec)) = (&app.durable, spec) {
         if let (true, Some(dialect)) = (reply.status.is_success() && spec.durable, spec.dialect) {
-            let d = d.of(dialect);
-            if let Err(e) = d.sync().await {
+            if let Err(e) = d.sync(dialect).await {
                 tracing::error!("durable write failed, answering 503: {e}");
                 reply = Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &format!("Durability failure: {e}"));
             }
@@ -231,13 +229,13 @@ async fn respond(app: Arc<App>, req: Request<Incoming>) -> Result<Response<Full<
 }
 
 /// The hidden `--test-clock`'s `POST /_test/advance/{ms}` (see
-/// [`crate::test_clock`]); `None` for every other request, and for every
+/// [`crate::hooks::TestClock`]); `None` for every other request, and for every
 /// request of a server started without the flag.
-fn advance_test_clock(app: &App, req: &Request<Incoming>) -> Option<Reply> {
+fn advance_test_clock(app: &Service, req: &Request<Incoming>) -> Option<Reply> {
     let clock = app.test_clock.as_ref()?;
-    let ms = crate::test_clock::parse(req.uri().path()).filter(|_| req.method() == hyper::Method::POST)?;
+    let ms = crate::hooks::parse_advance(req.uri().path()).filter(|_| req.method() == hyper::Method::POST)?;
     Some(match ms {
-        Some(ms) => Reply::json(StatusCode::OK, clock.advance(app, ms).to_json().into_bytes(), 0),
+        Some(ms) => Reply::json(StatusCode::OK, clock.advance(&app.registry, ms).into_bytes(), 0),
         None => Reply::detail(StatusCode::BAD_REQUEST, "Invalid milliseconds: expected a non-negative integer"),
     })
 }
@@ -247,16 +245,13 @@ fn advance_test_clock(app: &App, req: &Request<Incoming>) -> Option<Reply> {
 /// before the store recovers would bind the old key to the new key's data
 /// (docs/durability.md, "When the disk fails"). Reads and the other changes
 /// go on.
-fn refuse_allocation(app: &App, spec: Option<&Spec>) -> Option<Reply> {
+fn refuse_allocation(app: &Service, spec: Option<&Spec>) -> Option<Reply> {
     let spec = spec?;
-    let d = app.durable.as_ref()?.of(spec.dialect?);
-    if spec.op != Op::Allocate || d.is_healthy() {
+    let (d, dialect) = (app.durable.as_ref()?, spec.dialect?);
+    if spec.op != Op::Allocate || d.is_healthy(dialect) {
         return None;
     }
-    let why = match d.health() {
-        Health::Degraded(why) | Health::Fatal(why) => why,
-        Health::Healthy => return None,
-    };
+    let why = d.failure(dialect)?;
     Some(Reply::detail(
         StatusCode::SERVICE_UNAVAILABLE,
         &format!("Durability failure: the durable store cannot write ({why}); allocations are refused until it can"),
@@ -271,7 +266,7 @@ fn has_body(req: &Request<Incoming>) -> bool {
 }
 
 /// Checks the bearer token where one is required.
-fn authorize(app: &App, spec: Option<&Spec>, req: &Request<Incoming>) -> Option<Reply> {
+fn authorize(app: &Service, spec: Option<&Spec>, req: &Request<Incoming>) -> Option<Reply> {
     let token = app.cfg.admin_token.as_deref()?;
     let required = spec.map_or(app.cfg.auth_all, |s| s.admin || (app.cfg.auth_all && !s.open));
     if !required {
@@ -298,7 +293,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Reads the whole body, under the size limit and the body timeout: a body
 /// of one frame (the usual case) stays hyper's buffer, uncopied.
-async fn read_body(app: &App, req: Request<Incoming>) -> Result<Body<'static>, Reply> {
+async fn read_body(app: &Service, req: Request<Incoming>) -> Result<Body<'static>, Reply> {
     let limit = app.cfg.max_body_bytes;
     let too_large = || Reply {
         close: true,

@@ -16,12 +16,12 @@ use super::reply::{self, Reply};
 use super::scratch::Scratch;
 use crate::core::{ConfirmError, Dialect, InitError, Initialized, SpaceError, Store};
 use crate::routes::{Op, RankParam};
-use crate::App;
+use crate::Service;
 use hyper::StatusCode;
 
 /// Runs SGLang's `op` on a fully read `body`.
 pub(super) fn handle(
-    app: &App,
+    app: &Service,
     op: Op,
     rank: &RankParam,
     s: &mut Scratch,
@@ -58,7 +58,7 @@ fn sglang_rank(rank: &RankParam) -> Result<u32, Reply> {
 
 /// Runs `f` on space `(rank, namespace)`, or answers SGLang's 404.
 fn on_space(
-    app: &App,
+    app: &Service,
     rank: u32,
     namespace: &str,
     keys: usize,
@@ -75,7 +75,7 @@ fn internal(e: impl std::fmt::Display, keys: usize) -> Reply {
     Reply::internal(&e.to_string()).keys(keys)
 }
 
-fn initialize(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Result<Reply, Reply> {
+fn initialize(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Result<Reply, Reply> {
     let req = s.decoder.space_initialize(body)?;
     let (ns, num_pages) = (req.namespace, req.num_pages);
     match app.registry.sglang().initialize(rank, ns, num_pages) {
@@ -106,7 +106,7 @@ fn initialize(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Result<
     Ok(Reply::no_content(0))
 }
 
-fn reserve(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+fn reserve(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.space_reserve(body, limits)?;
     let n = req.keys.len();
     let slots = &mut s.slots;
@@ -119,7 +119,7 @@ fn reserve(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limit
     })
 }
 
-fn confirm(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+fn confirm(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.space_confirm(body, limits)?;
     let n = req.confirmations.len() + req.releases.len();
     on_space(app, rank, req.namespace, n, |st| {
@@ -133,7 +133,7 @@ fn confirm(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limit
     })
 }
 
-fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
+fn exists(app: &Service, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.space_lookup(body, limits)?;
     let n = req.keys.len();
     let flags = &mut s.flags;
@@ -145,7 +145,13 @@ fn exists(app: &App, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limits: Li
     })
 }
 
-fn page_indices(app: &App, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
+fn page_indices(
+    app: &Service,
+    rank: u32,
+    s: &mut Scratch,
+    body: &mut Body<'_>,
+    limits: Limits,
+) -> Result<Reply, Reply> {
     let req = s.decoder.space_lookup(body, limits)?;
     let n = req.keys.len();
     let locations = &mut s.locations;
@@ -157,7 +163,7 @@ fn page_indices(app: &App, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limi
     })
 }
 
-fn delete(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+fn delete(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.space_keys(body, limits)?;
     let n = req.keys.len();
     on_space(app, rank, req.namespace, n, |st| {
@@ -167,7 +173,7 @@ fn delete(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits
     })
 }
 
-fn clear(app: &App, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Result<Reply, Reply> {
+fn clear(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Result<Reply, Reply> {
     let ns = s.decoder.space_namespace(body)?;
     on_space(app, rank, ns, 0, |st| {
         let o = st.reset();

@@ -10,12 +10,12 @@ use super::reply::{self, Reply};
 use super::scratch::Scratch;
 use crate::core::{Dialect, InitError, Initialized};
 use crate::routes::{Op, RankParam};
-use crate::App;
+use crate::Service;
 use hyper::StatusCode;
 
 /// Runs vLLM's `op` on a fully read `body`.
 pub(super) fn handle(
-    app: &App,
+    app: &Service,
     op: Op,
     rank: &RankParam,
     s: &mut Scratch,
@@ -49,7 +49,7 @@ fn rank_of(rank: &RankParam) -> Result<i64, Reply> {
     }
 }
 
-fn initialize(app: &App, rank: &RankParam, s: &mut Scratch, body: &mut [u8]) -> Result<Reply, Reply> {
+fn initialize(app: &Service, rank: &RankParam, s: &mut Scratch, body: &mut [u8]) -> Result<Reply, Reply> {
     let rank = rank_of(rank)?;
     let req = s.decoder.initialize(body)?;
     if req.role == Role::Scheduler {
@@ -73,7 +73,7 @@ fn initialize(app: &App, rank: &RankParam, s: &mut Scratch, body: &mut [u8]) -> 
     Ok(Reply::message(StatusCode::OK, &format!("Rank {rank} initialized with {} pages", req.num_pages)))
 }
 
-fn allocate(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+fn allocate(app: &Service, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
     // Read before decoding, which rewrites the body in place.
     let keys = if encode::escape_free(body) { encode::Keys::Plain } else { encode::Keys::Any };
     let req = s.decoder.allocate(body, limits)?;
@@ -89,7 +89,7 @@ fn allocate(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Resu
     Ok(Reply::json(StatusCode::OK, out, n))
 }
 
-fn confirm(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
+fn confirm(app: &Service, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.confirm(body, limits)?;
     let n = req.confirmations.len() + req.releases.len();
     let o = app.registry.vllm().confirm(req.rank, &req.confirmations, &req.releases).map_err(|e| {
@@ -100,7 +100,7 @@ fn confirm(app: &App, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Resul
     Ok(Reply::no_content(n))
 }
 
-fn exists(app: &App, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
+fn exists(app: &Service, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.exists(body, limits)?;
     app.registry.vllm().exists_keys(&req.keys, &mut s.flags);
     let mut out = Vec::with_capacity(16 + s.flags.len() * 6);
@@ -108,7 +108,7 @@ fn exists(app: &App, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Re
     Ok(Reply::json(StatusCode::OK, out, req.keys.len()))
 }
 
-fn locations(app: &App, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
+fn locations(app: &Service, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.locations(body, limits)?;
     let n = req.keys.len();
     app.registry.vllm().locations_keys(req.rank, &req.keys, &mut s.locations).map_err(|e| {

@@ -1,9 +1,7 @@
-//! The one shared harness of the integration tests: every layer's binary
-//! (`tests/{core,http,durable,process}/main.rs`) includes it as
-//! `#[path = "../common/mod.rs"] mod common;`.
-//!
-//! - [`generations`], [`page_model`], [`recorder`]: the core's model and
-//!   journal-recording helpers.
+//! The one shared harness of the server's integration tests: every binary
+//! (`tests/{http,durable,process}/main.rs`) includes it as
+//! `#[path = "../common/mod.rs"] mod common;` (the core's own helpers live
+//! with its tests, in `core/tests/common`).
 //!
 //! - [`TestServer`]: the real `hf3fs_meta::serve` on a tokio runtime in a
 //!   background thread, bound to 127.0.0.1:0, shut down on drop.
@@ -21,10 +19,7 @@
 
 #![allow(dead_code)]
 
-pub mod generations;
-pub mod page_model;
 pub mod process;
-pub mod recorder;
 pub mod schema;
 
 use hf3fs_meta::config::Config;

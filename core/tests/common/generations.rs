@@ -1,7 +1,7 @@
 //! The store's journaled changes as owned records that keep their
 //! generation (`tests/core/model.rs`, `tests/core/stress`).
 
-use hf3fs_meta::core::Change;
+use hf3fs_meta_core::Change;
 
 /// One journaled change, with the generation it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,8 +8,8 @@
 //! operations and generators, its key entries (leases or not) and how a
 //! confirmation is applied.
 
-use hf3fs_meta::core::pages::Counts;
-use hf3fs_meta::core::{
+use hf3fs_meta_core::pages::Counts;
+use hf3fs_meta_core::{
     AllocateOutcome, ConfirmError, ConfirmOutcome, ErrorCode, RankStats, Stats, Store, TICKS_PER_TTL,
 };
 use proptest::prelude::*;

@@ -1,7 +1,7 @@
 //! A journal that records every change the store reports, without its
 //! generation (`tests/core/eviction.rs`, `tests/core/model_eviction.rs`).
 
-use hf3fs_meta::core::{Change, Journal};
+use hf3fs_meta_core::{Change, Journal};
 use std::sync::Mutex;
 
 /// One journaled change.

@@ -17,7 +17,7 @@
 //! between phases the manual clock moves on and the reservation sweeper
 //! ticks, so leases pass, quarantined pages return and reservations expire.
 
-use hf3fs_meta::core::{Clock, LeaseLength, Spaces, SpacesConfig, Store, StoreConfig};
+use hf3fs_meta_core::{Clock, LeaseLength, Spaces, SpacesConfig, Store, StoreConfig};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;

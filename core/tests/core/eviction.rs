@@ -15,7 +15,7 @@
 //! the outcome they are meant to check.
 
 use crate::common::recorder::{Rec, Recorder};
-use hf3fs_meta::core::{
+use hf3fs_meta_core::{
     ConfirmError, ErrorCode, EvictStats, Journal, LeaseLength, LeaseStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
 };
 use std::collections::BTreeMap;
@@ -170,7 +170,7 @@ impl T {
         }
     }
 
-    fn rank_stats(&self, rank: u32) -> hf3fs_meta::core::RankStats {
+    fn rank_stats(&self, rank: u32) -> hf3fs_meta_core::RankStats {
         *self.s.stats().ranks.iter().find(|r| r.rank == rank).unwrap()
     }
 
@@ -602,7 +602,7 @@ fn without_eviction_a_full_rank_answers_minus_one_and_nothing_is_evicted() {
     t.save_all(&refs(&stored));
     let before = t.snapshot();
     assert_eq!(t.alloc(0, &[&key(100)]), [-1]);
-    assert_eq!(t.s.maintain(u64::MAX), hf3fs_meta::core::MaintainReport::default());
+    assert_eq!(t.s.maintain(u64::MAX), hf3fs_meta_core::MaintainReport::default());
     assert_eq!(t.snapshot(), before);
     // Python semantics: a released stored page is free at once.
     let page = i64::from(before.bound.page(0, &stored[5]).unwrap());

@@ -18,7 +18,7 @@
 use crate::common::generations::{self, Rec};
 use crate::common::page_model;
 use crate::common::page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
-use hf3fs_meta::core::{
+use hf3fs_meta_core::{
     AllocateOutcome, Change, ConfirmOutcome, ErrorCode, InitError, Initialized, Journal, RankNotInitialized, Stats,
     Store, StoreConfig,
 };

@@ -14,7 +14,7 @@
 //!
 //! Time is the store's manual clock and its expiry epoch; nothing sleeps.
 
-use hf3fs_meta::core::{ErrorCode, LeaseLength, Store, StoreConfig, TICKS_PER_TTL};
+use hf3fs_meta_core::{ErrorCode, LeaseLength, Store, StoreConfig, TICKS_PER_TTL};
 
 const K1: &str = "0123456789abcdef0123456789abcdef";
 const K2: &str = "fedcba9876543210fedcba9876543210";

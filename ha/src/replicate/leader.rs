@@ -240,7 +240,7 @@ impl Replicator {
     fn stamp(&self, upto: u64) {
         let epoch = self.lag.leading();
         if epoch != 0 {
-            self.lag.written(epoch, upto, crate::ha::node::now());
+            self.lag.written(epoch, upto, crate::node::now());
         }
     }
 

@@ -29,7 +29,7 @@ use super::leader::Target;
 use super::standby::Standby;
 use super::stores::Replicators;
 use super::{address_key, SyncMode};
-use crate::ha::election::{BoxFuture, Election, Member, Promotion, PromotionContext, Refusal};
+use crate::election::{BoxFuture, Election, Member, Promotion, PromotionContext, Refusal};
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};

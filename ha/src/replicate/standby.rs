@@ -33,7 +33,7 @@ use super::apply::{apply, Holds, Side};
 use super::ct_eq;
 use super::wire::{Msg, VERSION};
 use crate::core::{Dialect, SpaceName};
-use crate::App;
+use crate::Host;
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -78,7 +78,7 @@ struct Stream {
 pub struct Standby {
     /// Weak: the listener's threads must not keep a stopped server's state
     /// (and its data directory's lock) alive.
-    app: Weak<App>,
+    app: Weak<dyn Host>,
     token: Box<[u8]>,
     /// The newest leader epoch seen in an accepted hello (or promoted to).
     epoch: AtomicU64,
@@ -94,7 +94,7 @@ pub struct Standby {
 impl Standby {
     /// A standby applying to `app`'s vLLM store (which must be durable:
     /// `--data-dir`), accepting leaders that present `token`.
-    pub fn new(app: Arc<App>, token: Box<[u8]>) -> Arc<Self> {
+    pub fn new(app: Arc<dyn Host>, token: Box<[u8]>) -> Arc<Self> {
         Arc::new(Standby {
             app: Arc::downgrade(&app),
             token,
@@ -157,8 +157,8 @@ impl Standby {
         let was = self.stores.each_ref().map(|s| s.caught_up.swap(false, Ordering::AcqRel)).iter().all(|&b| b);
         self.epoch.fetch_max(epoch, Ordering::AcqRel);
         if let Some(app) = self.app.upgrade() {
-            let vllm = holds[Dialect::Vllm.index()].apply(Side::Vllm(app.registry.vllm()));
-            let sglang = holds[Dialect::Sglang.index()].apply(Side::Spaces(app.registry.sglang()));
+            let vllm = holds[Dialect::Vllm.index()].apply(Side::Vllm(app.registry().vllm()));
+            let sglang = holds[Dialect::Sglang.index()].apply(Side::Spaces(app.registry().sglang()));
             tracing::info!(
                 epoch,
                 pages = vllm,
@@ -171,15 +171,15 @@ impl Standby {
 
     /// The epoch this node leads at or is becoming leader at, if any.
     fn leading_epoch(&self) -> Option<u64> {
-        use crate::ha::Role;
-        match self.app.upgrade()?.ha.as_ref()?.role() {
+        use crate::Role;
+        match self.app.upgrade()?.node()?.role() {
             Role::Leader { epoch } | Role::Promoting { epoch } => Some(epoch),
             Role::Follower | Role::Fenced { .. } => None,
         }
     }
 
     /// The server's state, while it runs.
-    fn app(&self) -> Result<Arc<App>, String> {
+    fn app(&self) -> Result<Arc<dyn Host>, String> {
         self.app.upgrade().ok_or_else(|| "the server is stopping".to_string())
     }
 
@@ -278,8 +278,8 @@ impl Standby {
         let holds = &mut holds[store.index()];
         let app = self.app()?;
         let side = match store {
-            Dialect::Vllm => Side::Vllm(app.registry.vllm()),
-            Dialect::Sglang => Side::Spaces(app.registry.sglang()),
+            Dialect::Vllm => Side::Vllm(app.registry().vllm()),
+            Dialect::Sglang => Side::Spaces(app.registry().sglang()),
         };
         let stream = &self.stores[store.index()];
         if msg.epoch() != epoch || self.epoch.load(Ordering::Acquire) != epoch {
@@ -362,11 +362,16 @@ impl Standby {
 /// waits until this node's own disk has everything applied so far, and
 /// acknowledges it; ends when the session does (or the socket fails, which
 /// ends the session).
-fn acknowledge(app: &Weak<App>, store: Dialect, rx: crossbeam_channel::Receiver<u64>, mut wr: BufWriter<TcpStream>) {
+fn acknowledge(
+    app: &Weak<dyn Host>,
+    store: Dialect,
+    rx: crossbeam_channel::Receiver<u64>,
+    mut wr: BufWriter<TcpStream>,
+) {
     while let Ok(first) = rx.recv() {
         let upto = rx.try_iter().fold(first, u64::max);
         let synced = app.upgrade().ok_or_else(|| "the server is stopping".to_string()).and_then(|app| {
-            let d = app.durable.as_ref().ok_or_else(|| "a standby needs --data-dir".to_string())?;
+            let d = app.durable().ok_or_else(|| "a standby needs --data-dir".to_string())?;
             d.of(store).sync_blocking(LOCAL_SYNC).map_err(|e| format!("local durable store: {e}"))
         });
         let sent = synced

@@ -8,20 +8,19 @@ use super::leader::Replicator;
 use super::promote::Replicated;
 use super::standby::Standby;
 use super::stores::Replicators;
-use crate::ha::{etcd, Keys};
-use crate::App;
+use crate::{etcd, Host, Keys};
 use std::sync::Arc;
 
 /// Starts replication for `app` (a node of an HA cluster, with `--data-dir`)
 /// and returns the promotion hook to start the election with; the caller
 /// then calls [`Replicated::bind`] with the election.
-pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<Arc<Replicated>, String> {
-    let node = app.ha.as_ref().ok_or("replication needs --ha etcd")?;
-    let d = app.durable.as_ref().ok_or(
+pub async fn start(app: &Arc<dyn Host>, etcd: &etcd::Client, keys: &Keys) -> Result<Arc<Replicated>, String> {
+    let node = app.node().ok_or("replication needs --ha etcd")?;
+    let d = app.durable().ok_or(
         "--ha etcd needs --data-dir: the synchronous standby writes the leader's journal through its own durable store",
     )?;
-    let token = app.cfg.ha.validate()?.ok_or("replication needs --ha etcd")?;
-    let args = &app.cfg.replication;
+    let token = app.ha_args().validate()?.ok_or("replication needs --ha etcd")?;
+    let args = app.replication_args();
     let standby = Standby::new(app.clone(), token.clone());
     let bound = standby
         .listen(args.ha_replication_listen)
@@ -29,7 +28,7 @@ pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<A
     let advertise = match &args.ha_replication_advertise {
         Some(a) => a.clone(),
         None if bound.ip().is_unspecified() => {
-            let host = crate::ha::relay::target_of(&node.url)?;
+            let host = crate::relay::target_of(&node.url)?;
             let host = host.rsplit_once(':').map_or(host.as_str(), |(h, _)| h).to_string();
             format!("{host}:{}", bound.port())
         }
@@ -39,11 +38,11 @@ pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<A
         .await
         .map_err(|e| format!("publishing the replication address in etcd: {e}"))?;
     let watched = app.clone();
-    let head = Box::new(move || watched.durable.as_ref().map_or(0, |d| d.vllm.head()));
+    let head = Box::new(move || watched.durable().map_or(0, |d| d.vllm.head()));
     let (mode, wait) = (args.ha_sync, args.sync_timeout());
     let vllm = Replicator::start(d.vllm.source(), head, token.clone(), node.id.clone(), mode, wait);
     let watched = app.clone();
-    let head = Box::new(move || watched.durable.as_ref().map_or(0, |d| d.sglang.head()));
+    let head = Box::new(move || watched.durable().map_or(0, |d| d.sglang.head()));
     let sglang =
         Replicator::start_spaces(d.catalog.clone(), d.sglang.source(), head, token, node.id.clone(), mode, wait);
     d.vllm.attach(vllm.clone());

@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The replication state of one node, for the HA status (see
-/// [`crate::ha::Node::set_replication`]).
+/// [`crate::Node::set_replication`]).
 pub struct Status {
     pub(crate) standby: Arc<Standby>,
     pub(crate) replicators: Arc<Replicators>,
@@ -41,7 +41,7 @@ impl Status {
     /// standby has waited, in seconds, on a node leading at `leading` (0:
     /// not leading; see [`super::lag`]): the older of the two stores'.
     pub fn lag_seconds(&self, leading: u64) -> f64 {
-        let now = crate::ha::node::now();
+        let now = crate::node::now();
         self.replicators.all().iter().map(|r| r.lag.seconds(leading, now)).fold(0.0, f64::max)
     }
 

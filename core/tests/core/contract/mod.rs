@@ -6,8 +6,8 @@
 //! rank/page/key and left the store exactly as it found it (stats, a probe of
 //! exists/locations on every rank, and the audit).
 
-use hf3fs_meta::core::pages::Counts;
-use hf3fs_meta::core::{
+use hf3fs_meta_core::pages::Counts;
+use hf3fs_meta_core::{
     AllocateOutcome, ConfirmError, ConfirmOutcome, ErrorCode, InitError, Initialized, RankNotInitialized, Stats, Store,
     StoreConfig, TICKS_PER_TTL,
 };

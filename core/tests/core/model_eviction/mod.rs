@@ -28,7 +28,7 @@
 use crate::common::page_model;
 use crate::common::page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
 use crate::common::recorder::{Rec, Recorder};
-use hf3fs_meta::core::{
+use hf3fs_meta_core::{
     AllocateOutcome, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats, RankLeases, RankNotInitialized,
     Stats, Store, StoreConfig,
 };

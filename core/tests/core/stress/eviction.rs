@@ -25,7 +25,7 @@
 //! pages no other key is located at.
 
 use super::{alloc, hex_key, Rng};
-use hf3fs_meta::core::{ErrorCode, LeaseLength, Store, StoreConfig};
+use hf3fs_meta_core::{ErrorCode, LeaseLength, Store, StoreConfig};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -15,7 +15,7 @@
 mod eviction;
 
 use crate::common::generations::{self, Rec};
-use hf3fs_meta::core::{
+use hf3fs_meta_core::{
     AllocateOutcome, Change, ConfirmOutcome, ErrorCode, Journal, RankNotInitialized, Store, StoreConfig, TICKS_PER_TTL,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
