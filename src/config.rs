@@ -230,7 +230,7 @@ pub struct Config {
 
     /// For tests only: a file naming faults to inject where the durable
     /// store writes and syncs (`write=enospc`, `sync=eio`, …; read at every
-    /// store call, see `src/durable/faults.rs`). Hidden from --help.
+    /// store call, see `durable/src/faults.rs`). Hidden from --help.
     #[arg(long, env = "HF3FS_META_DURABLE_FAULTS", hide = true)]
     pub durable_faults: Option<PathBuf>,
 

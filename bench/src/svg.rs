@@ -204,7 +204,7 @@ pub fn render(report: &Value) -> String {
     frame(&mut out, &bottom, "latency from due time per window: p50 dashed, p99 solid (log scale)");
     plot(&mut out, &bottom, &latency(report, &routes, dt), true, "ms");
     let made = format!(
-        "made by `{}` on {} UTC (src/bench/svg.rs, from the run's own report)",
+        "made by `{}` on {} UTC (bench/src/svg.rs, from the run's own report)",
         report["command"].as_str().unwrap_or("?"),
         report["date"].as_str().unwrap_or("?")
     );

@@ -13,7 +13,7 @@
 //! - `log_{g}`: batch number (`u64`) → the records of one writer batch, in the
 //!   order they were recorded: `1 rank num_pages` (initialize), `2 rank page
 //!   world key` (bind), `3 rank page` (unbind).
-//!   Since issue 20 also `4 rank page tag` (reserve: the page is reserved
+//!   Since reservations are durable, also `4 rank page tag` (reserve: the page is reserved
 //!   for the key with that tag, [`crate::core::KeyRef::tag`]) and `5 rank
 //!   page` (hold: unbound, held back for a reader's lease); `3 rank page`
 //!   (unbind) then means "the page is free", whatever it was. A log written
@@ -22,7 +22,7 @@
 //!   `C chunk rank` → the bindings of pages `chunk * 256 ..` on that rank, as
 //!   sorted `offset world key` entries. Chunk-major order lets recovery
 //!   restore every rank's page `p` together, which keeps each key's index
-//!   entry hot while it gets its bindings. Since issue 20 (state format 2),
+//!   entry hot while it gets its bindings. Since state format 2,
 //!   `P chunk rank` → the pending pages of that chunk, reserved or held, as
 //!   sorted `offset kind tag` entries (`kind` 1 reserved, 2 held, whose
 //!   `tag` is 0). A state written before (format 1) has no `P` keys, and
@@ -38,18 +38,18 @@ use crate::core::{Key, KeyRef};
 use std::fmt;
 
 /// Pages per state chunk: `page >> CHUNK_SHIFT` is the chunk.
-pub const CHUNK_SHIFT: u32 = 8;
+pub(crate) const CHUNK_SHIFT: u32 = 8;
 /// Offsets within a chunk are below this.
-pub const CHUNK_PAGES: u32 = 1 << CHUNK_SHIFT;
+pub(crate) const CHUNK_PAGES: u32 = 1 << CHUNK_SHIFT;
 
 /// The `meta` key holding the current generation.
-pub const GENERATION_KEY: &[u8] = b"generation";
+pub(crate) const GENERATION_KEY: &[u8] = b"generation";
 /// Prefix of rank keys in a state partition.
-pub const RANK_PREFIX: u8 = b'R';
+pub(crate) const RANK_PREFIX: u8 = b'R';
 /// Prefix of chunk keys in a state partition.
-pub const CHUNK_PREFIX: u8 = b'C';
+pub(crate) const CHUNK_PREFIX: u8 = b'C';
 /// Prefix of pending-page chunk keys in a state partition (format 2).
-pub const PENDING_PREFIX: u8 = b'P';
+pub(crate) const PENDING_PREFIX: u8 = b'P';
 
 const TAG_INIT: u8 = 1;
 const TAG_BIND: u8 = 2;
@@ -71,12 +71,12 @@ pub fn log_partition(g: u64) -> String {
 }
 
 /// The state partition of generation `g`.
-pub fn state_partition(g: u64) -> String {
+pub(crate) fn state_partition(g: u64) -> String {
     format!("state_{g}")
 }
 
 /// The generation a `log_{g}` or `state_{g}` partition belongs to.
-pub fn partition_generation(name: &str) -> Option<u64> {
+pub(crate) fn partition_generation(name: &str) -> Option<u64> {
     name.strip_prefix("log_").or_else(|| name.strip_prefix("state_")).and_then(|g| g.parse().ok())
 }
 
@@ -86,14 +86,14 @@ pub fn log_key(n: u64) -> [u8; 8] {
 }
 
 /// The key of rank `rank`'s size in a state partition.
-pub fn rank_key(rank: u32) -> [u8; 5] {
+pub(crate) fn rank_key(rank: u32) -> [u8; 5] {
     let mut k = [RANK_PREFIX; 5];
     k[1..].copy_from_slice(&rank.to_be_bytes());
     k
 }
 
 /// The key of chunk `chunk` of rank `rank` in a state partition.
-pub fn chunk_key(chunk: u32, rank: u32) -> [u8; 9] {
+pub(crate) fn chunk_key(chunk: u32, rank: u32) -> [u8; 9] {
     let mut k = [CHUNK_PREFIX; 9];
     k[1..5].copy_from_slice(&chunk.to_be_bytes());
     k[5..].copy_from_slice(&rank.to_be_bytes());
@@ -101,14 +101,14 @@ pub fn chunk_key(chunk: u32, rank: u32) -> [u8; 9] {
 }
 
 /// The key of the pending pages of chunk `chunk` of rank `rank`.
-pub fn pending_key(chunk: u32, rank: u32) -> [u8; 9] {
+pub(crate) fn pending_key(chunk: u32, rank: u32) -> [u8; 9] {
     let mut k = chunk_key(chunk, rank);
     k[0] = PENDING_PREFIX;
     k
 }
 
 /// Splits a chunk key (either kind) into `(chunk, rank)`.
-pub fn parse_chunk_key(k: &[u8]) -> Result<(u32, u32), Corrupt> {
+pub(crate) fn parse_chunk_key(k: &[u8]) -> Result<(u32, u32), Corrupt> {
     match k {
         [CHUNK_PREFIX | PENDING_PREFIX, rest @ ..] if rest.len() == 8 => Ok((be32(&rest[..4]), be32(&rest[4..]))),
         _ => Err(Corrupt::new("a state chunk key", k.len())),
@@ -126,7 +126,7 @@ pub enum Pending {
 }
 
 /// Encodes a pending chunk: `entries` sorted by offset.
-pub fn encode_pending(entries: &[(u16, Pending)], out: &mut Vec<u8>) {
+pub(crate) fn encode_pending(entries: &[(u16, Pending)], out: &mut Vec<u8>) {
     out.clear();
     for &(off, p) in entries {
         out.extend_from_slice(&off.to_le_bytes());
@@ -140,7 +140,7 @@ pub fn encode_pending(entries: &[(u16, Pending)], out: &mut Vec<u8>) {
 }
 
 /// Decodes a pending chunk, checking offsets as [`decode_chunk`] does.
-pub fn decode_pending(buf: &[u8], out: &mut Vec<(u16, Pending)>) -> Result<(), Corrupt> {
+pub(crate) fn decode_pending(buf: &[u8], out: &mut Vec<(u16, Pending)>) -> Result<(), Corrupt> {
     out.clear();
     let mut r = Reader { buf, pos: 0, what: "pending chunk" };
     while !r.done() {
@@ -161,7 +161,7 @@ pub fn decode_pending(buf: &[u8], out: &mut Vec<(u16, Pending)>) -> Result<(), C
 }
 
 /// Parses a rank key and its value into `(rank, num_pages)`.
-pub fn parse_rank(k: &[u8], v: &[u8]) -> Result<(u32, u32), Corrupt> {
+pub(crate) fn parse_rank(k: &[u8], v: &[u8]) -> Result<(u32, u32), Corrupt> {
     match (k, v) {
         ([RANK_PREFIX, rest @ ..], _) if rest.len() == 4 && v.len() == 4 => Ok((be32(rest), le32(v))),
         _ => Err(Corrupt::new("a state rank entry", k.len())),
@@ -426,7 +426,7 @@ pub fn decode_log(buf: &[u8], mut each: impl FnMut(Record)) -> Result<(), Corrup
 }
 
 /// Encodes a chunk: `entries` sorted by offset, each offset below [`CHUNK_PAGES`].
-pub fn encode_chunk(entries: &[(u16, Binding)], out: &mut Vec<u8>) {
+pub(crate) fn encode_chunk(entries: &[(u16, Binding)], out: &mut Vec<u8>) {
     out.clear();
     for (off, b) in entries {
         out.extend_from_slice(&off.to_le_bytes());
@@ -437,7 +437,7 @@ pub fn encode_chunk(entries: &[(u16, Binding)], out: &mut Vec<u8>) {
 
 /// Decodes a chunk into `(offset, binding)` entries, checking that offsets
 /// are in range and strictly increasing.
-pub fn decode_chunk(buf: &[u8], out: &mut Vec<(u16, Binding)>) -> Result<(), Corrupt> {
+pub(crate) fn decode_chunk(buf: &[u8], out: &mut Vec<(u16, Binding)>) -> Result<(), Corrupt> {
     out.clear();
     let mut r = Reader { buf, pos: 0, what: "state chunk" };
     while !r.done() {

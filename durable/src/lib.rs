@@ -32,7 +32,11 @@
 //!
 //! This file is the facade: it opens and closes the pieces and holds the
 //! handle. The pieces import each other's leaves (`codec`, `fold`,
-//! `error`, `faults`, `shared`), never this file.
+//! `error`, `faults`, `shared`), never this file. Outside the crate only
+//! this file's types, [`spaces`] (SGLang's store and its catalog), [`tap`]
+//! (what replication receives) and [`codec`]'s record format (the records a
+//! standby applies and the offline tools write) are visible; every other
+//! module is private.
 //!
 //! The HTTP layer, after a mutating handler succeeded, waits for
 //! [`Durable::sync`] (everything recorded up to now) before it answers: a
@@ -41,9 +45,11 @@
 //! memory and is answered 503 (docs/durability.md, "When the disk fails").
 //!
 //! What is durable: rank sizes, bindings (key, rank, page) with each key's
-//! world size, and `/clear`. What is not: reservations (after a restart
-//! their pages are free, and a late confirm gets `confirm_unallocated`),
-//! expiry stamps and statistics counters.
+//! world size, reservations (each page with its key's tag, so a confirm
+//! after a restart still finds its page reserved for its key), pages held
+//! back for a reader's lease, and `/clear`. What is not: expiry stamps (a
+//! recovered reservation's TTL starts again at start-up), read leases and
+//! statistics counters (docs/durability.md).
 //!
 //! # Memory ordering
 //!
@@ -51,21 +57,21 @@
 //! health), [`checkpoint`] (backlog hint), [`shared`] (stall watch) and
 //! [`faults`] (test switches); each file explains its orderings.
 
-pub mod checkpoint;
+mod checkpoint;
 pub mod codec;
-pub mod dialects;
-pub mod error;
-pub mod faults;
-pub mod fold;
-pub mod queue;
-pub mod recover;
-pub mod shared;
-pub mod snapshot;
+mod dialects;
+mod error;
+mod faults;
+mod fold;
+mod queue;
+mod recover;
+mod shared;
+mod snapshot;
 pub mod spaces;
-pub mod store;
-pub mod syncer;
+mod store;
+mod syncer;
 pub mod tap;
-pub mod writer;
+mod writer;
 
 pub use dialects::Durability;
 pub use error::OpenError;

@@ -250,7 +250,7 @@ pub enum Found {
 fn matches<'p>(pattern: &str, path: &'p str) -> Option<Option<&'p str>> {
     // A `char` search (memchr), not `find("{rank}")`: a string pattern
     // builds a two-way searcher per route per request, 1-3% of a 128-key
-    // lookup's instructions (issue 22). `{` appears in patterns only there.
+    // lookup's instructions (perf/RESULTS.md). `{` appears in patterns only there.
     let Some(i) = pattern.find('{').filter(|&i| pattern[i..].starts_with("{rank}")) else {
         return (pattern == path).then_some(None);
     };

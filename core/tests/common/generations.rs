@@ -1,5 +1,5 @@
 //! The store's journaled changes as owned records that keep their
-//! generation (`tests/core/model.rs`, `tests/core/stress`).
+//! generation (`core/tests/core/model.rs`, `core/tests/core/stress`).
 
 use hf3fs_meta_core::Change;
 
@@ -15,7 +15,7 @@ pub enum Rec {
 /// Turns the store's changes into [`Rec`]s of bindings: a `Hold` (a bound
 /// page unbound, held for a lease) becomes an `Unbind`; a `Reserve`, and an
 /// `Unbind` of a page that holds no binding (a reservation's or a hold's
-/// end, issue 20), are left out. These tests check bindings;
+/// end), are left out. These tests check bindings;
 /// `tests/durable_*` check the other records. Call it in record order
 /// (under the journal's lock).
 #[derive(Debug, Default)]

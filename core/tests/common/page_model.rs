@@ -1,5 +1,5 @@
-//! The sequential page model shared by `tests/core/model.rs` and
-//! `tests/core/model_eviction.rs`: page states and a rank's pages, the
+//! The sequential page model shared by `core/tests/core/model.rs` and
+//! `core/tests/core/model_eviction.rs`: page states and a rank's pages, the
 //! reservation expiry, the faults a confirm request may report, the
 //! statistics and journaled bindings the model implies, and the bookkeeping
 //! both runners do around the store's answers.
@@ -62,7 +62,7 @@ pub fn config() -> ProptestConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum St {
     Free,
-    /// Reserved for this key (issue 20: a reservation belongs to its key).
+    /// Reserved for this key (a reservation belongs to its key).
     Reserved(usize),
     Bound(usize),
     /// Released under a lease: BOUND, naming no key, until this tick.

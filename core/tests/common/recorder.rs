@@ -1,5 +1,5 @@
 //! A journal that records every change the store reports, without its
-//! generation (`tests/core/eviction.rs`, `tests/core/model_eviction.rs`).
+//! generation (`core/tests/core/eviction.rs`, `core/tests/core/model_eviction.rs`).
 
 use hf3fs_meta_core::{Change, Journal};
 use std::sync::Mutex;
@@ -15,7 +15,7 @@ pub enum Rec {
 
 /// Every change to a binding, in the order the store reported them.
 ///
-/// The store also journals reservations and holds (issue 20); these tests
+/// The store also journals reservations and holds; these tests
 /// check bindings, so the recorder keeps what changes one: a `Hold` (a
 /// bound page unbound, held for a lease) is recorded as an `Unbind`; a
 /// `Reserve`, and an `Unbind` of a page that holds no binding (a

@@ -1,4 +1,4 @@
-//! Eviction and read leases in the core, scenario by scenario (issue 10):
+//! Eviction and read leases in the core, scenario by scenario:
 //! whole keys leave every rank; `batch_exists` leases its leading run only;
 //! `get_locations` and an allocate that reuses a stored page lease what they
 //! return; leased keys and reserved pages are never evicted, and a rank of
@@ -37,7 +37,7 @@ fn refs(v: &[String]) -> Vec<&str> {
 }
 
 // ---------------------------------------------------------------------------
-// A journal that records (tests/common/recorder.rs), and folds what it
+// A journal that records (core/tests/common/recorder.rs), and folds what it
 // recorded into bindings.
 
 /// What a journal folds to: ranks and (rank, page) → (key, world).

@@ -7,7 +7,7 @@
 //! - [`model`], [`model_eviction`]: random operation sequences against a
 //!   plain sequential model, every answer compared (proptest).
 //! - [`stress`]: many threads on shared ranks, ending with a full audit.
-//! - [`wrong_page`]: issue 20 at the core: a reservation belongs to its key,
+//! - [`wrong_page`]: never a wrong page, at the core: a reservation belongs to its key,
 //!   a re-save keeps its page through eviction, leases across the clock wrap.
 
 #[path = "../common/mod.rs"]

@@ -157,7 +157,7 @@ fn op_s() -> impl Strategy<Value = Op> {
 }
 
 // ---------------------------------------------------------------------------
-// The model (page states and ranks: tests/common/page_model.rs)
+// The model (page states and ranks: core/tests/common/page_model.rs)
 
 #[derive(Debug)]
 struct MKey {

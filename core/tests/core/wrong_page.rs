@@ -1,4 +1,4 @@
-//! Issue 20 in the core: a key never comes to name bytes another writer
+//! Never a wrong page, in the core: a key never comes to name bytes another writer
 //! wrote, through the store's own calls (the HTTP sequences are tested
 //! through the binary elsewhere; these pin each mechanism at its layer).
 //!
@@ -51,8 +51,9 @@ fn expire_all(s: &Store) {
     }
 }
 
-/// The issue's sequence 1: K1's write outlives its reservation, the page
-/// goes to K2, K1's late confirm comes first.
+/// Wrong-page sequence 1 (`seq1` of tests/process/never_a_wrong_page): K1's
+/// write outlives its reservation, the page goes to K2, K1's late confirm
+/// comes first.
 #[test]
 fn a_late_confirm_of_a_page_reserved_for_another_key_is_refused() {
     let s = store(1, false, 0, 0);
@@ -124,8 +125,8 @@ fn a_release_cannot_tell_whose_reservation_it_frees() {
     assert_eq!(locations(&s, &[K1, K2]), [None, None]);
 }
 
-/// The issue's sequence 3: a re-save with `--read-lease 0` and eviction
-/// on; 40 new keys churn through the 8-page rank while the rewrite may run.
+/// Wrong-page sequence 3 (`seq3` of tests/process/never_a_wrong_page): a
+/// re-save with `--read-lease 0` and eviction on; 40 new keys churn through the 8-page rank while the rewrite may run.
 #[test]
 fn a_resave_keeps_its_page_through_eviction_for_the_reservation_ttl() {
     const TTL: u32 = 40;

@@ -508,7 +508,7 @@ fn confirm_empty_request_is_ok() {
 
 #[test]
 fn a_confirmation_names_the_key_its_page_was_reserved_for() {
-    // Issue 20: a reservation belongs to its key (the Python server binds
+    // A reservation belongs to its key (the Python server binds
     // any reserved page to any key).
     let s = store_with(None, &[8]);
     let p = alloc(&s, 0, &[A, B]);

@@ -173,7 +173,7 @@ fn size_s() -> impl Strategy<Value = i64> {
 }
 
 // ---------------------------------------------------------------------------
-// The model (page states and ranks: tests/common/page_model.rs)
+// The model (page states and ranks: core/tests/common/page_model.rs)
 
 #[derive(Debug)]
 struct MKey {

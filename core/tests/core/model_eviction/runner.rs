@@ -3,7 +3,7 @@
 use super::*;
 
 // ---------------------------------------------------------------------------
-// The journal (`Rec`, `Recorder`: tests/common/recorder.rs)
+// The journal (`Rec`, `Recorder`: core/tests/common/recorder.rs)
 
 /// The journal folded into ranks and bindings, strictly.
 #[derive(Debug, Default)]
