@@ -9,7 +9,7 @@
 
 use super::{Durable, Health, WaitError};
 use crate::core::Dialect;
-use std::fmt::Write as _;
+use hf3fs_meta_metrics::Samples;
 use std::sync::Arc;
 
 /// vLLM's durable store and SGLang's spaces'.
@@ -71,10 +71,10 @@ impl Durability {
     /// `store="vllm"` and `store="sglang"`.
     pub fn render_metrics(&self, out: &mut String) {
         let series = self.stores().map(|(d, s)| (d, s.series()));
-        for (i, (name, kind, help, _)) in series[0].1.iter().enumerate() {
-            let _ = writeln!(out, "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}");
+        for (i, (family, _)) in series[0].1.iter().enumerate() {
+            let mut w = Samples::start(out, family);
             for (d, s) in &series {
-                let _ = writeln!(out, "hf3fs_meta_{name}{{store=\"{}\"}} {}", d.label(), s[i].3);
+                w.put(&[("store", &d.label())], s[i].1);
             }
         }
     }

@@ -86,6 +86,7 @@ use hf3fs_meta_core as core;
 use crate::core::{Journal, PageSource, Store, StoreConfig};
 use crossbeam_channel::Sender;
 use error::guarded;
+use hf3fs_meta_metrics::{counter, gauge, Family};
 use queue::{Msg, Progress, QueueJournal};
 use shared::{Shared, Watch};
 use std::path::Path;
@@ -394,24 +395,25 @@ impl Durable {
         self.health()
     }
 
-    /// The durable store's series for `/metrics`: name (after
-    /// `hf3fs_meta_`), type, help and value ([`Durability::render_metrics`]
-    /// renders them).
-    pub fn series(&self) -> [(&'static str, &'static str, &'static str, u64); 3] {
+    /// The durable store's series for `/metrics`: each family and its value
+    /// ([`Durability::render_metrics`] hands them to the metrics writer).
+    pub fn series(&self) -> [(Family, u64); 3] {
         let c = self.shared.progress.counts();
         let (failures, recoveries) = (c.failures, c.recoveries);
         [
             (
-                "durable_healthy",
-                "gauge",
-                "1 while the durable store (--data-dir) can write, 0 while it cannot (degraded or failing).",
+                gauge(
+                    "durable_healthy",
+                    "1 while the durable store (--data-dir) can write, 0 while it cannot (degraded or failing).",
+                ),
                 u64::from(self.is_healthy()),
             ),
-            ("durable_failures_total", "counter", "Times the durable store stopped being able to write.", failures),
+            (counter("durable_failures_total", "Times the durable store stopped being able to write."), failures),
             (
-                "durable_recoveries_total",
-                "counter",
-                "Times it recovered in process (a fresh checkpoint written from memory).",
+                counter(
+                    "durable_recoveries_total",
+                    "Times it recovered in process (a fresh checkpoint written from memory).",
+                ),
                 recoveries,
             ),
         ]

@@ -12,7 +12,7 @@
 //! that still sees the old deadline is bounded by it. The counters are
 //! `Relaxed`: they are statistics, nothing hangs off them.
 
-use std::fmt::Write as _;
+use hf3fs_meta_metrics::{counter, gauge, single, Samples};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -324,30 +324,18 @@ impl Node {
             r.render_metrics(out, self.leader_epoch());
         }
         let role = self.role();
-        let _ = writeln!(out, "# HELP hf3fs_meta_ha_role This node's HA role (1 for the current one).");
-        let _ = writeln!(out, "# TYPE hf3fs_meta_ha_role gauge");
+        let mut w = Samples::start(out, &gauge("ha_role", "This node's HA role (1 for the current one)."));
         for name in Role::ALL {
-            let _ = writeln!(out, "hf3fs_meta_ha_role{{role=\"{name}\"}} {}", u8::from(role.name() == name));
+            w.put(&[("role", &name)], u8::from(role.name() == name));
         }
-        let _ = writeln!(
-            out,
-            "# HELP hf3fs_meta_ha_epoch The epoch this node leads or led at (0: follower).\n\
-             # TYPE hf3fs_meta_ha_epoch gauge\nhf3fs_meta_ha_epoch {}",
-            role.epoch()
+        single(out, &gauge("ha_epoch", "The epoch this node leads or led at (0: follower)."), role.epoch());
+        let failovers = counter("ha_failovers_total", "Times this node started serving as leader at a new epoch.");
+        single(out, &failovers, self.failovers.load(Ordering::Relaxed));
+        let rejections = counter(
+            "ha_fenced_rejections_total",
+            "Data requests answered 503 because this node was not a serving leader.",
         );
-        let _ = writeln!(
-            out,
-            "# HELP hf3fs_meta_ha_failovers_total Times this node started serving as leader at a new epoch.\n\
-             # TYPE hf3fs_meta_ha_failovers_total counter\nhf3fs_meta_ha_failovers_total {}",
-            self.failovers.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP hf3fs_meta_ha_fenced_rejections_total Data requests answered 503 because this node was not a \
-             serving leader.\n# TYPE hf3fs_meta_ha_fenced_rejections_total counter\n\
-             hf3fs_meta_ha_fenced_rejections_total {}",
-            self.fenced_rejections.load(Ordering::Relaxed)
-        );
+        single(out, &rejections, self.fenced_rejections.load(Ordering::Relaxed));
     }
 }
 

@@ -16,9 +16,9 @@
 
 use crate::core::{Dialect, ErrorCode, RankPages, SpaceLabel, SpaceReport};
 use crate::routes::{RouteId, Spec, ROUTES};
-use crossbeam_utils::CachePadded;
-use std::fmt::{Display, Write as _};
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use hf3fs_meta_metrics::{add, counter, gauge, histogram, Family, Samples, Sharded};
+use std::fmt::Display;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A request's metric series: one per row of [`ROUTES`], plus one for
@@ -114,18 +114,9 @@ impl Default for Shard {
     }
 }
 
-#[inline]
-fn add(c: &AtomicU64, n: u64) {
-    // Relaxed: independent monotonic counters (see the module note).
-    c.fetch_add(n, Ordering::Relaxed);
-}
-
-/// Shards: enough that worker threads rarely share one.
-const SHARDS: usize = 32;
-
 /// Every metric of the server.
 pub struct Metrics {
-    shards: Box<[CachePadded<Shard>]>,
+    shards: Sharded<Shard>,
     open_connections: AtomicI64,
     connections_total: AtomicU64,
     started: Instant,
@@ -134,7 +125,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| CachePadded::new(Shard::default())).collect(),
+            shards: Sharded::default(),
             open_connections: AtomicI64::new(0),
             connections_total: AtomicU64::new(0),
             started: Instant::now(),
@@ -142,18 +133,10 @@ impl Default for Metrics {
     }
 }
 
-thread_local! {
-    /// This thread's shard number, handed out round-robin on first use.
-    static SHARD: usize = {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS
-    };
-}
-
 impl Metrics {
     #[inline]
     fn shard(&self) -> &Shard {
-        &self.shards[SHARD.with(|s| *s)]
+        self.shards.local()
     }
 
     /// Records one answered request.
@@ -243,7 +226,7 @@ impl Metrics {
     }
 
     fn sum(&self, f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
-        self.shards.iter().map(|s| f(s).load(Ordering::Relaxed)).sum()
+        self.shards.sum(f)
     }
 }
 
@@ -270,57 +253,15 @@ impl Scrape<'_> {
     }
 }
 
-/// A metric family: its name (after `hf3fs_meta_`), type and help text.
-struct Family {
-    name: &'static str,
-    kind: &'static str,
-    help: &'static str,
-}
-
-const fn counter(name: &'static str, help: &'static str) -> Family {
-    Family { name, kind: "counter", help }
-}
-
-const fn gauge(name: &'static str, help: &'static str) -> Family {
-    Family { name, kind: "gauge", help }
-}
-
-const fn histogram(name: &'static str, help: &'static str) -> Family {
-    Family { name, kind: "histogram", help }
-}
-
-/// The one series writer: a family's `# HELP` and `# TYPE` lines, then its
-/// samples, each `hf3fs_meta_<name>[suffix]{labels} value`.
-struct Samples<'o> {
-    o: &'o mut String,
-    name: &'static str,
-}
-
-/// A sample's labels, in order: name and value (escaped when written).
-type SampleLabels<'a> = [(&'static str, &'a dyn Display)];
-
-impl<'o> Samples<'o> {
-    fn start(o: &'o mut String, f: &Family) -> Self {
-        let _ = writeln!(o, "# HELP hf3fs_meta_{0} {1}\n# TYPE hf3fs_meta_{0} {2}", f.name, f.help, f.kind);
-        Samples { o, name: f.name }
-    }
-
-    fn put(&mut self, labels: &SampleLabels<'_>, value: impl Display) {
-        self.put_suffixed("", labels, value);
-    }
-
-    fn put_suffixed(&mut self, suffix: &str, labels: &SampleLabels<'_>, value: impl Display) {
-        let _ = write!(self.o, "hf3fs_meta_{}{suffix}", self.name);
-        for (i, (name, v)) in labels.iter().enumerate() {
-            let _ = write!(self.o, "{}{name}=\"{}\"", if i == 0 { '{' } else { ',' }, label_value(&v.to_string()));
-        }
-        let close = if labels.is_empty() { "" } else { "}" };
-        let _ = writeln!(self.o, "{close} {value}");
-    }
-
+/// A histogram's series of one endpoint, written through `w`.
+trait EndpointHistogram {
     /// One endpoint's series of a histogram: cumulative buckets (`bounds`
     /// then `+Inf`; `counts` has one more entry than `bounds`), `_sum`,
     /// `_count`. Nothing for an endpoint that never recorded.
+    fn histogram(&mut self, ep: Endpoint, bounds: impl Iterator<Item = String>, counts: &[u64], sum: impl Display);
+}
+
+impl EndpointHistogram for Samples<'_> {
     fn histogram(&mut self, ep: Endpoint, bounds: impl Iterator<Item = String>, counts: &[u64], sum: impl Display) {
         let total: u64 = counts.iter().sum();
         if total == 0 {
@@ -563,14 +504,6 @@ fn outcomes(s: &Scrape<'_>, w: &mut Samples<'_>, names: &[&str], c: fn(&Shard, u
             w.put(&[("dialect", &dialect.label()), ("outcome", name)], s.m.sum(|sh| c(sh, d, i)));
         }
     }
-}
-
-/// `value` escaped for a Prometheus label value.
-fn label_value(value: &str) -> std::borrow::Cow<'_, str> {
-    if !value.contains(['\\', '"', '\n']) {
-        return value.into();
-    }
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n").into()
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use super::standby::Standby;
 use super::stores::Replicators;
 use super::SyncMode;
 use crate::core::Dialect;
-use std::fmt::Write as _;
+use hf3fs_meta_metrics::{counter, gauge, single, Family, Samples};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -100,91 +100,72 @@ impl Status {
         let r = &self.replicators;
         let s = &self.standby;
         let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let series: [(&str, &str, &str, u64); 6] = [
+        let series: [(Family, u64); 6] = [
             (
-                "ha_replication_in_sync",
-                "gauge",
-                "1 while this leader's synchronous standby is caught up and acknowledging.",
+                gauge("ha_replication_in_sync", "1 while this leader's synchronous standby is caught up and acknowledging."),
                 u64::from(r.synced().is_some()),
             ),
             (
-                "ha_replication_lag_records",
-                "gauge",
-                "Changes made here and not yet acknowledged by the synchronous standby.",
+                gauge(
+                    "ha_replication_lag_records",
+                    "Changes made here and not yet acknowledged by the synchronous standby.",
+                ),
                 self.lag(),
             ),
             (
-                "ha_sync_wait_failures_total",
-                "counter",
-                "Changes answered 503 because the synchronous standby did not acknowledge them (or there was none).",
+                counter(
+                    "ha_sync_wait_failures_total",
+                    "Changes answered 503 because the synchronous standby did not acknowledge them (or there was none).",
+                ),
                 r.all().iter().map(|r| c(&r.sync_failures)).sum(),
             ),
             (
-                "ha_standby_syncs_total",
-                "counter",
-                "Times a standby caught up by snapshot (this node leading).",
+                counter("ha_standby_syncs_total", "Times a standby caught up by snapshot (this node leading)."),
                 r.all().iter().map(|r| c(&r.syncs)).sum(),
             ),
             (
-                "ha_replication_frames_applied_total",
-                "counter",
-                "Frames of a leader's journal applied here as standby.",
+                counter("ha_replication_frames_applied_total", "Frames of a leader's journal applied here as standby."),
                 c(&s.counters.frames),
             ),
             (
-                "ha_replication_snapshots_applied_total",
-                "counter",
-                "Snapshots of a leader applied here as standby.",
+                counter("ha_replication_snapshots_applied_total", "Snapshots of a leader applied here as standby."),
                 c(&s.counters.snapshots),
             ),
         ];
-        for (name, kind, help, v) in series {
-            let _ = writeln!(
-                out,
-                "# HELP hf3fs_meta_{name} {help}\n# TYPE hf3fs_meta_{name} {kind}\nhf3fs_meta_{name} {v}"
-            );
+        for (family, v) in series {
+            single(out, &family, v);
         }
-        let _ = writeln!(
-            out,
-            "# HELP hf3fs_meta_ha_replication_lag_seconds How long the oldest change made on this leader and not yet \
-             acknowledged by a standby has waited (0: all acknowledged, or not leading).\n\
-             # TYPE hf3fs_meta_ha_replication_lag_seconds gauge\nhf3fs_meta_ha_replication_lag_seconds {}",
-            self.lag_seconds(leading)
+        let lag_seconds = gauge(
+            "ha_replication_lag_seconds",
+            "How long the oldest change made on this leader and not yet acknowledged by a standby has waited \
+             (0: all acknowledged, or not leading).",
         );
-        let _ = writeln!(
-            out,
-            "# HELP hf3fs_meta_ha_replication_refused_total Replication hellos and frames refused here, by reason.\n\
-             # TYPE hf3fs_meta_ha_replication_refused_total counter"
-        );
+        single(out, &lag_seconds, self.lag_seconds(leading));
+        let refused = counter("ha_replication_refused_total", "Replication hellos and frames refused here, by reason.");
+        let mut w = Samples::start(out, &refused);
         for (reason, a) in [
             ("bad_token", &s.counters.bad_token),
             ("bad_version", &s.counters.bad_version),
             ("old_epoch", &s.counters.old_epoch),
             ("bad_position", &s.counters.bad_position),
         ] {
-            let _ = writeln!(out, "hf3fs_meta_ha_replication_refused_total{{reason=\"{reason}\"}} {}", c(a));
+            w.put(&[("reason", &reason)], c(a));
         }
-        let _ = writeln!(
-            out,
-            "# HELP hf3fs_meta_ha_replication_store_lag_records Changes of one durable store made here and not yet \
-             acknowledged by the synchronous standby.\n# TYPE hf3fs_meta_ha_replication_store_lag_records gauge"
+        let store_lag = gauge(
+            "ha_replication_store_lag_records",
+            "Changes of one durable store made here and not yet acknowledged by the synchronous standby.",
         );
+        let mut w = Samples::start(out, &store_lag);
         for d in Dialect::ALL {
-            let _ = writeln!(
-                out,
-                "hf3fs_meta_ha_replication_store_lag_records{{store=\"{}\"}} {}",
-                d.label(),
-                lag(r.of(d))
-            );
+            w.put(&[("store", &d.label())], lag(r.of(d)));
         }
-        let _ = writeln!(
-            out,
-            "# HELP hf3fs_meta_ha_replication_store_in_sync 1 while the synchronous standby is caught up with this \
-             durable store and acknowledging it.\n# TYPE hf3fs_meta_ha_replication_store_in_sync gauge"
+        let store_in_sync = gauge(
+            "ha_replication_store_in_sync",
+            "1 while the synchronous standby is caught up with this durable store and acknowledging it.",
         );
+        let mut w = Samples::start(out, &store_in_sync);
         for d in Dialect::ALL {
-            let v = u64::from(r.of(d).synced().is_some());
-            let _ = writeln!(out, "hf3fs_meta_ha_replication_store_in_sync{{store=\"{}\"}} {v}", d.label());
+            w.put(&[("store", &d.label())], u64::from(r.of(d).synced().is_some()));
         }
     }
 }
