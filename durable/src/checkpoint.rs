@@ -58,9 +58,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How often the checkpointer folds the log.
-pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(1);
 /// The writer nudges the checkpointer after this many records.
-pub const NUDGE_RECORDS: u64 = 1 << 20;
+pub(crate) const NUDGE_RECORDS: u64 = 1 << 20;
 /// A checkpoint batch is committed once it holds about this many bytes.
 const BATCH_BYTES: usize = 4 << 20;
 

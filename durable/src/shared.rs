@@ -33,11 +33,11 @@ use std::time::{Duration, Instant};
 /// A store call that has not returned after this long makes the store
 /// degraded (it may still finish; the writer then recovers as after any
 /// failure).
-pub const STALL_DEGRADED: Duration = Duration::from_secs(5);
+pub(crate) const STALL_DEGRADED: Duration = Duration::from_secs(5);
 /// A store call that has not returned after this long is stuck inside the
 /// embedded store (e.g. a write halted behind flushes that keep failing). A
 /// thread cannot be cancelled, so the process exits.
-pub const STALL_FATAL: Duration = Duration::from_secs(60);
+pub(crate) const STALL_FATAL: Duration = Duration::from_secs(60);
 
 /// How a failure of the probe starts.
 const PROBE: &str = "probe of";

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 /// With `--fsync batch`, written data is synced at most about this long
 /// after it was written.
-pub const BATCH_SYNC_INTERVAL: Duration = Duration::from_millis(5);
+pub(crate) const BATCH_SYNC_INTERVAL: Duration = Duration::from_millis(5);
 
 /// The syncer thread; returns when `stop` receives or disconnects.
 /// `synced` is the durable position when the store was opened: the thread

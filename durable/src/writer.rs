@@ -58,7 +58,7 @@ pub enum FsyncMode {
 /// Most changes written as one log entry.
 const MAX_BATCH: usize = 65_536;
 /// The longest wait between two recovery attempts.
-pub const RETRY_MAX: Duration = Duration::from_secs(10);
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(10);
 
 pub(crate) struct Writer {
     pub(crate) shared: Arc<Shared>,

@@ -7,7 +7,7 @@ use crate::core::AllocSlot;
 
 /// The buffers one handler call may use; each handler clears what it fills.
 #[derive(Default)]
-pub struct Scratch {
+pub(crate) struct Scratch {
     /// The JSON decoder and its reusable tape.
     pub decoder: Decoder,
     /// vLLM's allocate answer: (key index, page).

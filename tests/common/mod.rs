@@ -32,6 +32,28 @@ use std::sync::{Arc, Once};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// The environment variable that turns a skipped suite into a failure:
+/// `.ci/run` sets it, so CI runs every suite or fails.
+pub const REQUIRE_ALL: &str = "HF3FS_META_REQUIRE_ALL";
+
+/// Says, once per `what` and test binary, that `what` was skipped and how
+/// to run it: on the terminal itself, past the test harness's capture, so a
+/// plain `cargo test` shows it. Panics instead when [`REQUIRE_ALL`] is set.
+pub fn skip(what: &str, how: &str) {
+    use std::collections::HashSet;
+    use std::io::Write as _;
+    use std::sync::Mutex;
+    static SAID: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    assert!(
+        std::env::var_os(REQUIRE_ALL).is_none(),
+        "{what} cannot run here, and {REQUIRE_ALL} is set (CI requires every suite): {how}"
+    );
+    let mut said = SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if said.get_or_insert_with(HashSet::new).insert(what.to_string()) {
+        let _ = writeln!(io::stderr(), "\nSKIPPED: {what}\n  to run it: {how}");
+    }
+}
+
 /// How long any client read may block before the test gives up: a failsafe
 /// against a hung server, never a synchronization device.
 pub const FAILSAFE: Duration = Duration::from_secs(20);

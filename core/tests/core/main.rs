@@ -10,6 +10,9 @@
 //! - [`wrong_page`]: never a wrong page, at the core: a reservation belongs to its key,
 //!   a re-save keeps its page through eviction, leases across the clock wrap.
 
+// A test or bench binary has no API: its `pub` items are crate-local.
+#![allow(unreachable_pub)]
+
 #[path = "../common/mod.rs"]
 mod common;
 
