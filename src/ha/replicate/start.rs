@@ -22,6 +22,7 @@ pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<A
     )?;
     let token = app.cfg.ha.validate()?.ok_or("replication needs --ha etcd")?;
     let args = &app.cfg.replication;
+    args.validate()?;
     let standby = Standby::new(app.clone(), token.clone());
     let bound = standby
         .listen(args.ha_replication_listen)
@@ -49,11 +50,13 @@ pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<A
     d.vllm.attach(vllm.clone());
     d.sglang.attach(sglang.clone());
     let replicators = Replicators::new(vllm, sglang);
+    replicators.set_heartbeat(args.heartbeat());
     tracing::info!(
         listen = %bound,
         advertise,
         sync = ?args.ha_sync,
         timeout_ms = args.ha_sync_timeout_ms,
+        heartbeat_ms = args.ha_heartbeat_ms,
         "replication: listening for a leader's stream"
     );
     node.set_replication(Arc::new(super::Status {
