@@ -285,7 +285,7 @@ impl Replicator {
     /// Recomputes [`Replicator::vouched`] from the target and the names
     /// `P/sync` may hold (both locks held by the caller, target first).
     fn vouch(&self, target: &Option<Target>, named: &[Option<String>]) {
-        let ok = named.iter().flatten().all(|n| *n == self.node || target.as_ref().is_some_and(|t| t.node == *n));
+        let ok = liveness::vouched(&self.node, target.as_ref().map(|t| t.node.as_str()), named);
         self.vouched.store(ok, Ordering::Release);
     }
 

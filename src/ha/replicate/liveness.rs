@@ -112,6 +112,14 @@ impl Backoff {
     }
 }
 
+/// Whether the acknowledgements of `target` may answer requests on leader
+/// `me`, while `P/sync` may name any of `named` (`None`: nobody): only if
+/// each of them is the target, this leader, or nobody. Otherwise a node
+/// that could be promoted would lack what was answered.
+pub fn vouched(me: &str, target: Option<&str>, named: &[Option<String>]) -> bool {
+    named.iter().flatten().all(|n| n == me || Some(n.as_str()) == target)
+}
+
 /// The standby a leader streams to, as [`choose`] sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Current<'a> {
@@ -209,6 +217,20 @@ mod tests {
         assert_eq!(waits, [200, 400, 800, 1000, 1000]);
         b.reset();
         assert_eq!(b.next(), RETRY);
+    }
+
+    #[test]
+    fn acknowledgements_count_only_while_every_possible_name_is_the_target_the_leader_or_nobody() {
+        let n = |v: &[Option<&str>]| v.iter().map(|x| x.map(str::to_string)).collect::<Vec<_>>();
+        assert!(vouched("a", Some("b"), &n(&[Some("b")])), "the named standby");
+        assert!(vouched("a", Some("c"), &n(&[None])), "nobody named (available, or a fresh cluster)");
+        assert!(vouched("a", Some("c"), &n(&[Some("a")])), "the leader itself named (just promoted)");
+        assert!(!vouched("a", Some("c"), &n(&[Some("b")])), "b is named: c's acknowledgements leave b behind");
+        // While P/sync is being moved from b to c, it may name either.
+        assert!(!vouched("a", Some("c"), &n(&[Some("b"), Some("c")])));
+        assert!(!vouched("a", Some("b"), &n(&[Some("b"), Some("c")])));
+        assert!(vouched("a", Some("c"), &n(&[None, Some("c")])), "from nobody to c");
+        assert!(!vouched("a", None, &n(&[Some("b")])));
     }
 
     fn failed(of: &[(&str, u64)]) -> HashMap<String, u64> {
