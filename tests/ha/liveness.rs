@@ -294,7 +294,9 @@ fn cut_and_heal_two_nodes(mode: &'static str) -> (Duration, Option<Duration>, Du
         // Strict, no other node: nothing is acknowledged without the
         // standby, and the leader keeps trying it.
         let failed = load.log.lock().unwrap().failed;
-        wait_for("saves refused while the link is cut", || (load.log.lock().unwrap().failed >= failed + 2).then_some(()));
+        wait_for("saves refused while the link is cut", || {
+            (load.log.lock().unwrap().failed >= failed + 2).then_some(())
+        });
         assert_eq!(load.log.lock().unwrap().first_sent_after(dropped), None, "strict: acknowledged without a standby");
         None
     };
@@ -360,7 +362,12 @@ fn measure_the_write_gap_and_the_time_back_in_sync() {
     let mut rows = Vec::new();
     for _ in 0..runs {
         let (d, w, b) = cut_with_a_third_node();
-        rows.push(format!("strict, 3 nodes | {} | {} | {} (after the third node's SIGKILL)", secs(d), secs(w), secs(b)));
+        rows.push(format!(
+            "strict, 3 nodes | {} | {} | {} (after the third node's SIGKILL)",
+            secs(d),
+            secs(w),
+            secs(b)
+        ));
         let (d, w, b) = cut_and_heal_two_nodes("available");
         rows.push(format!("available, 2 nodes | {} | {} | {}", secs(d), w.map_or("-".into(), secs), secs(b)));
         let (d, _, b) = cut_and_heal_two_nodes("strict");
