@@ -25,6 +25,8 @@
 //! - [`observability`]: the lag in seconds while a standby is paused.
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //! - [`replication_sglang`]: SGLang's spaces on that stream, in process.
+//! - [`replication_liveness`]: heartbeats and both sides' deadlines, in
+//!   process, each side against a scripted peer.
 //! - [`failover_sglang`]: SIGKILL of a replicating leader serving SGLang.
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
@@ -51,6 +53,7 @@ mod pause;
 mod proxy;
 mod relay;
 mod replication;
+mod replication_liveness;
 mod replication_sglang;
 mod under_load;
 mod writes;

@@ -415,7 +415,7 @@ impl Replicator {
             }
             // The back-off, cut short by a new target; frames queued
             // meanwhile are in the next session's snapshot.
-            let until = Instant::now() + backoff.next();
+            let until = Instant::now() + backoff.wait();
             while self.session.load(Ordering::Acquire) == n && Instant::now() < until {
                 let _ = rx.recv_timeout(POLL);
                 while rx.try_recv().is_ok() {}

@@ -100,7 +100,7 @@ impl Default for Backoff {
 
 impl Backoff {
     /// The wait after a failed session; the next one is longer.
-    pub fn next(&mut self) -> Duration {
+    pub fn wait(&mut self) -> Duration {
         let d = self.0;
         self.0 = (self.0 * 2).min(MAX_RETRY);
         d
@@ -213,10 +213,10 @@ mod tests {
     #[test]
     fn the_back_off_doubles_to_its_bound_and_starts_over_after_a_sync() {
         let mut b = Backoff::default();
-        let waits: Vec<u128> = (0..5).map(|_| b.next().as_millis()).collect();
+        let waits: Vec<u128> = (0..5).map(|_| b.wait().as_millis()).collect();
         assert_eq!(waits, [200, 400, 800, 1000, 1000]);
         b.reset();
-        assert_eq!(b.next(), RETRY);
+        assert_eq!(b.wait(), RETRY);
     }
 
     #[test]
