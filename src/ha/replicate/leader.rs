@@ -493,7 +493,7 @@ impl Replicator {
         let mut sent = Instant::now();
         let dead = Arc::new(AtomicBool::new(false));
         let acks = AckReader { buf: rd.buffer().to_vec(), stream: rd.into_inner() };
-        self.spawn_acks(acks, r, dead.clone(), stream);
+        self.spawn_acks(acks, &t.node, r, dead.clone(), stream);
         tracing::info!(standby = %t.node, epoch = t.epoch, position = r, store = self.dialect.label(), "sent a snapshot; streaming");
         loop {
             if dead.load(Ordering::Acquire) {
@@ -599,8 +599,8 @@ impl Replicator {
     /// Reads acknowledgements until the connection ends or the standby
     /// misses its deadline (then the session is dropped and counted); the
     /// standby is in sync from its acknowledgement of `r` on.
-    fn spawn_acks(self: &Arc<Self>, mut rd: AckReader, r: u64, dead: Arc<AtomicBool>, s: TcpStream) {
-        let me = self.clone();
+    fn spawn_acks(self: &Arc<Self>, mut rd: AckReader, node: &str, r: u64, dead: Arc<AtomicBool>, s: TcpStream) {
+        let (me, node) = (self.clone(), node.to_string());
         let n = self.session.load(Ordering::Acquire);
         let spawned = std::thread::Builder::new().name("ha-replicator-acks".into()).spawn(move || {
             let mut silence = Silence::new(crate::ha::node::now());
@@ -613,8 +613,12 @@ impl Replicator {
                             break;
                         }
                         if silence.expired(now, me.wait) {
+                            // Noted before the session ends: whoever sees
+                            // the standby out of sync sees the failure too.
+                            me.note_failure(&node);
                             me.dropped.fetch_add(1, Ordering::Relaxed);
                             tracing::warn!(
+                                standby = %node,
                                 store = me.dialect.label(),
                                 silent_ms = silence.silent_for(now) / 1_000_000,
                                 "the standby acknowledged nothing within its deadline: dropping it"
