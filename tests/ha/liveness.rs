@@ -105,6 +105,14 @@ impl Log {
         self.acked.iter().filter(|a| a.sent > t).map(|a| a.answered).min()
     }
 
+    /// The longest time between two acknowledged saves (by their answers)
+    /// around the fault at `t`: the write gap.
+    fn gap_around(&self, t: Instant) -> Duration {
+        let mut at: Vec<Instant> = self.acked.iter().map(|a| a.answered).collect();
+        at.sort();
+        at.windows(2).filter(|w| w[1] > t).map(|w| w[1] - w[0]).max().unwrap_or_default()
+    }
+
     fn pairs(&self) -> Vec<(String, i64)> {
         self.acked.iter().flat_map(|a| a.pairs.iter().cloned()).collect()
     }
@@ -197,9 +205,9 @@ fn a_blackholed_link_to_the_standby_under_load_moves_writes_to_the_third_node_an
 /// Three strict nodes; the standby's link is cut under load; writes resume
 /// through the third node; after the heal the third node is SIGKILLed and
 /// the healed standby is in sync again. Returns (drop, first write after
-/// the drop, back in sync after the third node's kill), each from its
-/// fault.
-fn cut_with_a_third_node() -> (Duration, Duration, Duration) {
+/// the drop, the longest time without an acknowledged write, back in sync
+/// after the third node's kill), each from its fault.
+fn cut_with_a_third_node() -> (Duration, Duration, Duration, Duration) {
     let c = Cluster::new(1);
     let mut nodes = Fronted::start(&c, &["a", "b", "c"], "strict");
     let (l, _, s) = nodes.leader_and_standby();
@@ -242,16 +250,18 @@ fn cut_with_a_third_node() -> (Duration, Duration, Duration) {
     let back = killed.elapsed();
     load.more(160);
     load.stop();
-    let (acked, failed) = {
+    let (acked, failed, gap) = {
         let log = load.log.lock().unwrap();
-        (log.pairs(), log.failed)
+        (log.pairs(), log.failed, log.gap_around(cut))
     };
     eprintln!(
         "strict, 3 nodes: the leader dropped the cut standby {:.2} s after the cut; the first save sent after that \
-         was acknowledged through the third node {:.2} s after the cut; after the heal and the third node's SIGKILL, \
-         the healed standby was in sync and named {:.2} s later; {} keys acknowledged, {} saves failed",
+         was acknowledged through the third node {:.2} s after the cut (no save acknowledged for {:.2} s); after the \
+         heal and the third node's SIGKILL, the healed standby was in sync and named {:.2} s later; {} keys \
+         acknowledged, {} saves failed",
         (dropped - cut).as_secs_f64(),
         (resumed - cut).as_secs_f64(),
+        gap.as_secs_f64(),
         back.as_secs_f64(),
         acked.len(),
         failed
@@ -262,13 +272,14 @@ fn cut_with_a_third_node() -> (Duration, Duration, Duration) {
     nodes.procs[l].take().expect("the leader").kill();
     wait_for("the healed standby serves", || serving_epoch(nodes.get(s)));
     assert_kept(&at(nodes.get(s)), &acked);
-    (dropped - cut, resumed - cut, back)
+    (dropped - cut, resumed - cut, gap, back)
 }
 
 /// Two nodes in `mode`; the standby's link is cut under load and healed.
-/// Returns (drop, first write after the drop if any during the cut, back in
-/// sync after the heal), each from its fault.
-fn cut_and_heal_two_nodes(mode: &'static str) -> (Duration, Option<Duration>, Duration) {
+/// Returns (drop, first write after the drop if any during the cut, the
+/// longest time without an acknowledged write, back in sync after the
+/// heal), each from its fault.
+fn cut_and_heal_two_nodes(mode: &'static str) -> (Duration, Option<Duration>, Duration, Duration) {
     let c = Cluster::new(1);
     let mut nodes = Fronted::start(&c, &["a", "b"], mode);
     let (l, _, s) = nodes.leader_and_standby();
@@ -310,16 +321,20 @@ fn cut_and_heal_two_nodes(mode: &'static str) -> (Duration, Option<Duration>, Du
     let back = healed.elapsed();
     load.more(160);
     load.stop();
-    let acked = load.log.lock().unwrap().pairs();
+    let (acked, gap) = {
+        let log = load.log.lock().unwrap();
+        (log.pairs(), log.gap_around(cut))
+    };
     eprintln!(
-        "{mode}, 2 nodes: dropped {:.2} s after the cut; {}; in sync and named again {:.2} s after the heal; {} keys \
-         acknowledged",
+        "{mode}, 2 nodes: dropped {:.2} s after the cut; {}; in sync and named again {:.2} s after the heal; no save \
+         acknowledged for {:.2} s; {} keys acknowledged",
         (dropped - cut).as_secs_f64(),
         during.map_or("no write acknowledged during the cut".into(), |d| format!(
             "writes acknowledged without a standby {:.2} s after the cut",
             d.as_secs_f64()
         )),
         back.as_secs_f64(),
+        gap.as_secs_f64(),
         acked.len()
     );
     // The standby caught up by snapshot after the heal: it takes over with
@@ -327,7 +342,7 @@ fn cut_and_heal_two_nodes(mode: &'static str) -> (Duration, Option<Duration>, Du
     nodes.procs[l].take().expect("the leader").kill();
     wait_for("the healed standby serves", || serving_epoch(nodes.get(s)));
     assert_kept(&at(nodes.get(s)), &acked);
-    (dropped - cut, during, back)
+    (dropped - cut, during, gap, back)
 }
 
 #[test]
@@ -361,18 +376,24 @@ fn measure_the_write_gap_and_the_time_back_in_sync() {
     let secs = |d: Duration| format!("{:.2}", d.as_secs_f64());
     let mut rows = Vec::new();
     for _ in 0..runs {
-        let (d, w, b) = cut_with_a_third_node();
-        rows.push(format!(
-            "strict, 3 nodes | {} | {} | {} (after the third node's SIGKILL)",
+        let (d, w, g, b) = cut_with_a_third_node();
+        let row = format!(
+            "strict, 3 nodes | {} | {} | {} | {} (after the third node's SIGKILL)",
             secs(d),
             secs(w),
+            secs(g),
             secs(b)
-        ));
-        let (d, w, b) = cut_and_heal_two_nodes("available");
-        rows.push(format!("available, 2 nodes | {} | {} | {}", secs(d), w.map_or("-".into(), secs), secs(b)));
-        let (d, _, b) = cut_and_heal_two_nodes("strict");
-        rows.push(format!("strict, 2 nodes | {} | - | {}", secs(d), secs(b)));
+        );
+        rows.push(row);
+        let (d, w, g, b) = cut_and_heal_two_nodes("available");
+        let w = w.map_or("-".into(), secs);
+        rows.push(format!("available, 2 nodes | {} | {w} | {} | {}", secs(d), secs(g), secs(b)));
+        let (d, _, g, b) = cut_and_heal_two_nodes("strict");
+        rows.push(format!("strict, 2 nodes | {} | - | {} (the cut and the heal) | {}", secs(d), secs(g), secs(b)));
     }
-    eprintln!("scenario | dropped after the cut (s) | first write after the drop, from the cut (s) | back in sync (s)");
+    eprintln!(
+        "scenario | dropped after the cut (s) | first save sent after the drop acknowledged, from the cut (s) | \
+         longest time without an acknowledged save (s) | back in sync after the heal (s)"
+    );
     rows.iter().for_each(|r| eprintln!("{r}"));
 }
