@@ -54,8 +54,11 @@
 //! requests: `Release`/`Acquire`, and every change is followed by a
 //! wake-up ([`Waiters`]: an acknowledgement wakes the requests it covers,
 //! any other change all of them); a waiter registers before it checks, so
-//! it misses no change. `released`, `broken`, `streaming` and the session number are flags between
-//! threads with no data hanging off them beyond what they say (`AcqRel`).
+//! it misses no change. `vouched` is written under the target's lock (with
+//! `named`) and read by requests, `Release`/`Acquire`, each change followed
+//! by a wake-up of all of them. `released`, `broken`, `streaming` and the
+//! session number are flags between threads with no data hanging off them
+//! beyond what they say (`AcqRel`).
 
 use super::lag::LagClock;
 use super::liveness::{self, Backoff, Silence};
