@@ -18,7 +18,7 @@ use super::etcd::available;
 use super::observability::metric;
 use super::proxy::Proxy;
 use super::writes::{assert_kept, at, call, init};
-use crate::common::process::ServerProcess;
+use crate::common::process::{ServerProcess, Started};
 use serde_json::{json, Value};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -361,6 +361,32 @@ fn strict_mode_refuses_without_a_blackholed_standby_and_resumes_after_the_heal()
         return;
     }
     cut_and_heal_two_nodes("strict");
+}
+
+#[test]
+fn a_heartbeat_not_below_the_sync_timeout_is_refused_at_start_up() {
+    let _serial = crate::serial();
+    let args = [
+        "--ha",
+        "etcd",
+        "--etcd-endpoints",
+        "http://127.0.0.1:1",
+        "--node-id",
+        "a",
+        "--advertise-url",
+        "http://127.0.0.1:0",
+        "--ha-sync-timeout-ms",
+        "500",
+        "--ha-heartbeat-ms",
+        "500",
+    ];
+    match ServerProcess::start(&args) {
+        Started::Exited(st, log) => {
+            assert_eq!(st.code(), Some(2), "{log:?}");
+            assert!(log.iter().any(|l| l.contains("--ha-heartbeat-ms 500 must be below")), "{log:?}");
+        }
+        Started::Serving(_) => panic!("a node whose standby would close every idle session started"),
+    }
 }
 
 /// The figures of docs/ha.md and perf/RESULTS.md: `HF3FS_LIVENESS_RUNS`
