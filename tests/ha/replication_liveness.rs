@@ -2,8 +2,9 @@
 //! against a scripted peer speaking the wire: a standby acknowledges a
 //! heartbeat at its position (as any version 2 standby does: an empty
 //! frame is a repeat), closes a session whose leader falls silent after a
-//! heartbeat, and serves the next one; a leader heartbeats after its
-//! snapshot, drops a standby that stops acknowledging, counts it, notes
+//! heartbeat, and serves the next one, and a newer session of a store ends
+//! the older one, whose late backlog applies nothing; a leader heartbeats
+//! after its snapshot, drops a standby that stops acknowledging, counts it, notes
 //! the failure against the node, and connects again.
 
 use super::replication::{hello, raw, until, Pair, EPOCH, TOKEN};
@@ -126,4 +127,52 @@ fn a_leader_heartbeats_drops_a_standby_that_stops_acknowledging_and_connects_aga
     };
     assert_eq!(again, Msg::SnapshotBegin { epoch: EPOCH }, "connected again, from a snapshot");
     vllm.set_target(None);
+}
+
+#[test]
+fn a_newer_session_of_a_store_ends_the_older_one_whose_backlog_applies_nothing() {
+    let _g = crate::serial();
+    let p = Pair::new(SyncMode::Strict);
+    let open = || {
+        let (mut rd, mut s) = raw(p.addr);
+        hello(TOKEN, EPOCH).write_to(&mut s).unwrap();
+        s.flush().unwrap();
+        assert_eq!(Msg::read_from(&mut rd).unwrap(), Msg::Welcome);
+        (rd, s)
+    };
+    // The first session catches up at 10.
+    let (mut rd1, mut s1) = open();
+    for m in [
+        Msg::SnapshotBegin { epoch: EPOCH },
+        Msg::SnapshotPart { epoch: EPOCH, records: vec![] },
+        Msg::SnapshotEnd { epoch: EPOCH, upto: 10 },
+    ] {
+        m.write_to(&mut s1).unwrap();
+    }
+    s1.flush().unwrap();
+    assert_eq!(Msg::read_from(&mut rd1).unwrap(), Msg::Ack { upto: 10 });
+    // The leader reconnects (the first connection stalled, say) and
+    // catches the standby up again at 20.
+    let (mut rd2, mut s2) = open();
+    for m in [
+        Msg::SnapshotBegin { epoch: EPOCH },
+        Msg::SnapshotPart { epoch: EPOCH, records: vec![] },
+        Msg::SnapshotEnd { epoch: EPOCH, upto: 20 },
+    ] {
+        m.write_to(&mut s2).unwrap();
+    }
+    s2.flush().unwrap();
+    assert_eq!(Msg::read_from(&mut rd2).unwrap(), Msg::Ack { upto: 20 });
+    // The old connection delivers its backlog late (a snapshot begun before
+    // the stall): refused, the session closed, nothing of it applied.
+    Msg::SnapshotBegin { epoch: EPOCH }.write_to(&mut s1).unwrap();
+    s1.flush().unwrap();
+    let e = Msg::read_from(&mut rd1).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::UnexpectedEof, "{e}");
+    assert_eq!(p.receiver.store_state(hf3fs_meta::core::Dialect::Vllm), (20, true), "still caught up at 20");
+    assert_eq!(p.receiver.counters.snapshots.load(Ordering::Relaxed), 2);
+    // The newer session goes on.
+    heartbeat(EPOCH, 0, 20).write_to(&mut s2).unwrap();
+    s2.flush().unwrap();
+    assert_eq!(Msg::read_from(&mut rd2).unwrap(), Msg::Ack { upto: 20 });
 }
