@@ -24,7 +24,7 @@
 //! - **A standby that stops answering is replaced** ([`super::liveness`]):
 //!   once dropped for silence (or its session fails), the next period
 //!   streams to the live node whose last failure is the oldest; that node
-//!   is named once in sync, and what it acknowledges answers requests only
+//!   is named as soon as it is in sync, and what it acknowledges answers requests only
 //!   once `P/sync` names it ([`Replicators::naming`]). Until then `strict`
 //!   answers 503 and `available` removes `P/sync` and serves.
 //! - A deposed leader streams to nobody. It is a follower; when the new
@@ -32,7 +32,7 @@
 //!   that replaces its whole state, so it never serves its own stale state.
 
 use super::leader::Target;
-use super::liveness::{choose, Current};
+use super::liveness::{choose, Current, CATCH_UP};
 use super::standby::Standby;
 use super::stores::Replicators;
 use super::{address_key, SyncMode};
@@ -112,7 +112,7 @@ impl Replicated {
         if in_sync && target.as_ref().is_some_and(|t| t.node == pick) {
             return;
         }
-        let (e, r, node) = (e.clone(), self.replicator.clone(), pick.to_string());
+        let (e, r, node, busy) = (e.clone(), self.replicator.clone(), pick.to_string(), self.busy.clone());
         Self::spawn_on(&self.looking, async move {
             let key = address_key(e.keys(), &node);
             let addr = match e.etcd().get(&key).await {
@@ -124,13 +124,46 @@ impl Replicated {
                 Err(err) => return tracing::warn!(standby = %node, "reading its replication address: {err}"),
             };
             match addr.to_socket_addrs().ok().and_then(|mut a| a.next()) {
-                Some(addr) => r.set_target(Some(Target { node, addr, epoch })),
+                Some(addr) => r.set_target(Some(Target { node: node.clone(), addr, epoch })),
                 None => {
                     r.note_failure(&node);
-                    tracing::warn!(standby = %node, "unusable replication address {addr:?}");
+                    return tracing::warn!(standby = %node, "unusable replication address {addr:?}");
                 }
             }
+            // Named as soon as it is in sync, not a period later: writes
+            // held for the name resume one period sooner.
+            let since = r.target_since();
+            let until = tokio::time::Instant::now() + CATCH_UP;
+            while tokio::time::Instant::now() < until {
+                let current = r.target().is_some_and(|t| t.node == node && t.epoch == epoch);
+                if !current || r.failures().get(&node).is_some_and(|&f| f >= since) {
+                    return;
+                }
+                if r.synced().as_deref() == Some(node.as_str()) {
+                    if e.node().standby().as_deref() != Some(node.as_str()) {
+                        Self::spawn_on(&busy, name(e, r, epoch, node));
+                    }
+                    return;
+                }
+                tokio::time::sleep(NAME_POLL).await;
+            }
         });
+    }
+}
+
+/// How often a lookup that set a new target looks whether it is in sync.
+const NAME_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Names `x`, in sync, the synchronous standby at `epoch`: no answer
+/// without a standby from here on, then its name; its acknowledgements
+/// count once the name landed.
+async fn name(e: Arc<Election>, r: Arc<Replicators>, epoch: u64, x: String) {
+    r.release(false);
+    r.naming(Some(&x));
+    match e.name_standby(epoch, Some(&x)).await {
+        Ok(true) => r.named(Some(&x)),
+        Ok(false) => {}
+        Err(err) => tracing::warn!(epoch, "could not name {x} the synchronous standby: {err}"),
     }
 }
 
@@ -178,20 +211,7 @@ impl Promotion for Replicated {
         self.choose_target(&e, epoch, members, current);
         let me = e.node().id.clone();
         match self.replicator.synced() {
-            Some(x) if current != Some(x.as_str()) => {
-                let r = self.replicator.clone();
-                self.spawn(async move {
-                    // No answer without the standby from here on, then its
-                    // name; its acknowledgements count once the name landed.
-                    r.release(false);
-                    r.naming(Some(&x));
-                    match e.name_standby(epoch, Some(&x)).await {
-                        Ok(true) => r.named(Some(&x)),
-                        Ok(false) => {}
-                        Err(err) => tracing::warn!(epoch, "could not name {x} the synchronous standby: {err}"),
-                    }
-                });
-            }
+            Some(x) if current != Some(x.as_str()) => self.spawn(name(e, self.replicator.clone(), epoch, x)),
             Some(_) => {}
             None if self.mode == SyncMode::Available => match current {
                 Some(c) if c != me => {
