@@ -269,6 +269,8 @@ fn cut_with_a_third_node() -> (Duration, Duration, Duration, Duration) {
     // Nothing acknowledged is lost: on the leader, and on the healed
     // standby once it takes over.
     assert_kept(&at(nodes.get(l)), &acked);
+    let rs = replication(nodes.get(s)).expect("health")["as_standby"].clone();
+    assert_eq!(rs["caught_up"], true, "the healed standby is caught up before the leader goes: {rs}");
     nodes.procs[l].take().expect("the leader").kill();
     wait_for("the healed standby serves", || serving_epoch(nodes.get(s)));
     assert_kept(&at(nodes.get(s)), &acked);

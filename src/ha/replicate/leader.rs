@@ -71,7 +71,7 @@ use crate::durable::spaces::{Catalog, Entry};
 use crate::durable::tap::{BoxFuture, Frame, Replication};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::HashMap;
-use std::io::{BufReader, BufWriter, Read as _, Write as _};
+use std::io::{BufWriter, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -454,10 +454,10 @@ impl Replicator {
         // A standby that stops reading (paused) must not hold this thread
         // forever: the write fails and the session starts over.
         let _ = stream.set_write_timeout(Some(self.wait.max(Duration::from_secs(1))));
-        // The hello's answer is due within the sync timeout too: a
-        // listener reached through a black hole never answers.
-        let _ = stream.set_read_timeout(Some(self.wait.max(Duration::from_millis(100))));
-        let mut rd = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
+        // Every read has a short timeout (see `AckReader`): the standby's
+        // silence is timed, and a wait ends early when the target changes.
+        let _ = stream.set_read_timeout(Some(TICK));
+        let mut acks = AckReader { stream: stream.try_clone().map_err(|e| e.to_string())?, buf: Vec::new() };
         let mut wr = BufWriter::with_capacity(1 << 20, stream.try_clone().map_err(|e| e.to_string())?);
         let hello = Msg::Hello {
             version: super::wire::VERSION,
@@ -468,14 +468,25 @@ impl Replicator {
         };
         send(&mut wr, &hello)?;
         wr.flush().map_err(|e| e.to_string())?;
-        match Msg::read_from(&mut rd).map_err(|e| e.to_string())? {
+        // The answer is due within the sync timeout: a listener reached
+        // through a black hole never answers.
+        let due = Instant::now() + self.wait.max(Duration::from_millis(100));
+        let answer = loop {
+            if let Some(m) = acks.next().map_err(|e| format!("reading the hello's answer: {e}"))? {
+                break m;
+            }
+            if self.session.load(Ordering::Acquire) != n {
+                return Ok(());
+            }
+            if Instant::now() >= due {
+                return Err(format!("the standby did not answer the hello within {:?}", self.wait));
+            }
+        };
+        match answer {
             Msg::Welcome => {}
             Msg::Reject(why) => return Err(format!("the standby refused: {why}")),
             m => return Err(format!("an unexpected answer {m:?}")),
         }
-        // The acknowledgement reader reads with a short timeout, to time the
-        // standby's silence (see `AckReader`).
-        let _ = stream.set_read_timeout(Some(TICK));
         // Frames queued before the snapshot begins are in it.
         while rx.try_recv().is_ok() {}
         self.broken.store(false, Ordering::Release);
@@ -495,7 +506,6 @@ impl Replicator {
         wr.flush().map_err(|e| e.to_string())?;
         let mut sent = Instant::now();
         let dead = Arc::new(AtomicBool::new(false));
-        let acks = AckReader { buf: rd.buffer().to_vec(), stream: rd.into_inner() };
         self.spawn_acks(acks, &t.node, r, dead.clone(), stream);
         tracing::info!(standby = %t.node, epoch = t.epoch, position = r, store = self.dialect.label(), "sent a snapshot; streaming");
         loop {
