@@ -23,7 +23,8 @@
 //! - **Reconnection** ([`Backoff`]): after a failed session the leader
 //!   waits [`RETRY`], doubling up to [`MAX_RETRY`], and connects with a
 //!   timeout of [`CONNECT`] at most: a stalled connection is closed at its
-//!   deadline and never waited on.
+//!   deadline and never waited on. A new target ends the back-off and the
+//!   wait for the hello's answer at once.
 
 use super::wire::Msg;
 use std::collections::HashMap;
