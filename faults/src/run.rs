@@ -318,7 +318,7 @@ fn strip(v: &mut serde_json::Value) {
                 "segments",
                 "path",
                 "generation",
-                "reservations",
+                "log_",
             ]
             .iter()
             .any(|w| k.contains(w))
