@@ -115,7 +115,7 @@ pub fn classify(status: u16, body: &str, closes: bool, may_change: bool) -> (Out
         200..=299 => Outcome::Ok,
         503 if body.contains("Not the leader") && closes => Outcome::Fail,
         503 if body.contains("allocations are refused until it can") => Outcome::Fail,
-        400..=499 | 500 => Outcome::Fail,
+        400..=500 => Outcome::Fail,
         _ if !may_change => Outcome::Fail,
         _ => Outcome::Info,
     };

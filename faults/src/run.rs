@@ -92,11 +92,20 @@ pub fn run(o: &Opts) -> Result<Outcome, String> {
 
 fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, String> {
     let mut rng = ChaCha8Rng::seed_from_u64(o.seed);
-    let (fault_len, allowance) = nemesis::timing(&o.nemesis, o.fault);
+    // A pair (`a+b`) holds both faults at once, as long as the longer one
+    // needs, and allows the sum of their outages.
+    let parts: Vec<&str> = o.nemesis.split('+').collect();
+    if let Some(bad) = parts.iter().find(|n| !nemesis::ALL.contains(n)) {
+        return Err(format!("unknown nemesis {bad} (known: {})", nemesis::ALL.join(", ")));
+    }
+    let (fault_len, allowance) = parts
+        .iter()
+        .map(|n| nemesis::timing(n, o.fault))
+        .fold((Duration::ZERO, Duration::ZERO), |(a, b), (c, d)| (a.max(c), b + d));
     let net = Net::create(tag, &ROLES)?;
     let mut cluster = Cluster::new(&o.bin, &net, scratch, &o.sync)?;
     let clock_files: Vec<PathBuf> = NODES.iter().map(|n| scratch.join(format!("clock-{n}"))).collect();
-    if o.nemesis.starts_with("clock-") {
+    if o.nemesis.contains("clock-") {
         for (i, p) in cluster.nodes.iter_mut().enumerate() {
             std::fs::write(&clock_files[i], "+0\n").map_err(|e| e.to_string())?;
             p.env = vec![
@@ -182,9 +191,14 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
         NODES[leader],
         NODES[standby]
     );
-    let applied = nemesis::inject(&o.nemesis, &mut ctx)?;
+    let mut applied = Vec::new();
+    for n in &parts {
+        applied.push(nemesis::inject(n, &mut ctx)?);
+    }
     sleep(fault_len);
-    nemesis::heal(applied, &mut ctx)?;
+    for a in applied.into_iter().rev() {
+        nemesis::heal(a, &mut ctx)?;
+    }
     let heal_us = us(t0);
     sleep(o.after);
     shared.stop.store(true, std::sync::atomic::Ordering::Relaxed);
