@@ -58,11 +58,11 @@ enum Cmd {
         #[command(flatten)]
         common: Common,
     },
-    /// The campaign's markdown from the results under `--out`.
+    /// The campaign's markdown from the results under `--out` (repeatable).
     Report {
         /// Where the runs' directories are.
         #[arg(long, default_value = "target/faults")]
-        out: PathBuf,
+        out: Vec<PathBuf>,
     },
     /// Names every nemesis.
     List,
@@ -172,7 +172,8 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if let Cmd::Report { out } = &cli.command {
-        print!("{}", report::markdown(&report::load(out)));
+        let runs: Vec<report::Saved> = out.iter().flat_map(|o| report::load(o)).collect();
+        print!("{}", report::markdown(&runs));
         return ExitCode::SUCCESS;
     }
     // SAFETY: geteuid(2) has no preconditions.

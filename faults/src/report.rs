@@ -275,6 +275,20 @@ pub fn markdown(runs: &[Saved]) -> String {
             ia.2
         );
     }
+    let lagging: Vec<String> = by
+        .iter()
+        .filter_map(|(n, rs)| {
+            let k = rs.iter().filter(|r| r.figures.in_sync_while_lagging).count();
+            (k > 0).then(|| format!("{n} ({k} of {})", rs.len()))
+        })
+        .collect();
+    if !lagging.is_empty() {
+        let _ = writeln!(
+            m,
+            "\nA leader's `/health` said `in_sync: true` while its `lag_seconds` exceeded 3 s in: {}.",
+            lagging.join(", ")
+        );
+    }
     let _ = writeln!(m, "\n### Non-2xx answers by reason (all runs of a fault type)\n");
     for (n, rs) in &by {
         let mut all: BTreeMap<String, u64> = BTreeMap::new();

@@ -65,6 +65,9 @@ pub struct Outcome {
     pub dir: String,
     /// `verify` of each data directory: (node, sound, its output).
     pub verify: Vec<(String, bool, String)>,
+    /// What the run showed that is no violation (a node refusing a
+    /// corrupted directory).
+    pub notes: Vec<String>,
 }
 
 /// Microseconds since `t0`.
@@ -85,6 +88,12 @@ pub fn run(o: &Opts) -> Result<Outcome, String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     crate::signals::set_current(&tag);
     let r = run_in(o, &tag, &scratch, &dir);
+    // The processes' logs, whatever the run's end.
+    for e in std::fs::read_dir(&scratch).into_iter().flatten().flatten() {
+        if e.path().extension().is_some_and(|x| x == "log") {
+            let _ = std::fs::copy(e.path(), dir.join(e.file_name()));
+        }
+    }
     let _ = std::fs::remove_dir_all(&scratch);
     crate::signals::set_current("");
     r
@@ -239,9 +248,6 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
         let si = NODES.iter().position(|n| n == s)?;
         Some((NODES[li], NODES[si], inspect(&o.bin, &cluster.data[li]), inspect(&o.bin, &cluster.data[si])))
     });
-    for p in cluster.nodes.iter().chain(&cluster.etcd).chain(std::iter::once(&cluster.relay)) {
-        let _ = std::fs::copy(scratch.join(format!("{}.log", p.name)), dir.join(format!("{}.log", p.name)));
-    }
     drop(cluster);
     drop(net);
 
@@ -261,8 +267,21 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
         after_heal_us: FAILOVER_BUDGET.as_micros() as u64,
     };
     findings.extend(check::liveness(&history, bounds, monitor::first_serving_after(&samples, heal_us)));
+    // A node that refused to start on the directory a nemesis corrupted
+    // did what it must: its directory failing verify is the fault itself.
+    let mut notes = Vec::new();
+    let refused: Vec<String> = NODES
+        .iter()
+        .filter(|n| {
+            o.nemesis.contains("corrupt-")
+                && std::fs::read_to_string(scratch.join(format!("{n}.log"))).is_ok_and(|l| l.contains("cannot open the data directory: the data is corrupt"))
+        })
+        .map(|n| n.to_string())
+        .collect();
     for (node, ok, text) in &verify {
-        if !ok {
+        if !ok && refused.contains(node) {
+            notes.push(format!("{node} refused to start on its corrupted data directory (verify: {text})"));
+        } else if !ok {
             findings.push(Finding { check: "verify", what: format!("{node}'s data directory: {text}"), ops: vec![] });
         }
     }
@@ -302,6 +321,7 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
         replay,
         dir: dir.display().to_string(),
         verify,
+        notes,
     };
     std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&outcome).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
@@ -333,6 +353,7 @@ fn strip(v: &mut serde_json::Value) {
                 "path",
                 "generation",
                 "log_",
+                "keyspace",
             ]
             .iter()
             .any(|w| k.contains(w))
