@@ -41,7 +41,9 @@ enum Cmd {
     },
     /// Runs of every named fault type, one at a time, within a time bound.
     Campaign {
-        /// Fault types, comma-separated (`all`: every one but `none`).
+        /// Fault types, comma-separated, `a+b` for a pair (`all`: every one
+        /// but `none` and the clock faults, which do not run yet: the server
+        /// hangs under libfaketime's preload once HA starts).
         #[arg(long, default_value = "all")]
         nemeses: String,
         /// Runs of each fault type.
@@ -203,7 +205,7 @@ fn main() -> ExitCode {
         }
         Cmd::Campaign { nemeses, runs, max_minutes, common } => {
             let list: Vec<String> = if nemeses == "all" {
-                nemesis::ALL.iter().filter(|n| **n != "none").map(|n| n.to_string()).collect()
+                nemesis::ALL.iter().filter(|n| **n != "none" && !n.starts_with("clock-")).map(|n| n.to_string()).collect()
             } else {
                 nemeses.split(',').map(str::to_string).collect()
             };
