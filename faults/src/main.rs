@@ -205,7 +205,11 @@ fn main() -> ExitCode {
         }
         Cmd::Campaign { nemeses, runs, max_minutes, common } => {
             let list: Vec<String> = if nemeses == "all" {
-                nemesis::ALL.iter().filter(|n| **n != "none" && !n.starts_with("clock-")).map(|n| n.to_string()).collect()
+                nemesis::ALL
+                    .iter()
+                    .filter(|n| **n != "none" && !n.starts_with("clock-"))
+                    .map(|n| n.to_string())
+                    .collect()
             } else {
                 nemeses.split(',').map(str::to_string).collect()
             };

@@ -277,7 +277,8 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
         .iter()
         .filter(|n| {
             o.nemesis.contains("corrupt-")
-                && std::fs::read_to_string(scratch.join(format!("{n}.log"))).is_ok_and(|l| l.contains("cannot open the data directory: the data is corrupt"))
+                && std::fs::read_to_string(scratch.join(format!("{n}.log")))
+                    .is_ok_and(|l| l.contains("cannot open the data directory: the data is corrupt"))
         })
         .map(|n| n.to_string())
         .collect();
