@@ -313,7 +313,12 @@ pub fn markdown(runs: &[Saved]) -> String {
             .collect();
         for f in r.findings.iter().take(5) {
             let _ = writeln!(m, "- {}: {}", f.check, f.what);
-            for op in run::excerpt(&history, &f.ops).into_iter().take(4) {
+            let mut ops = run::excerpt(&history, &f.ops);
+            if let (true, Some((a, b))) = (ops.is_empty(), window(&f.what)) {
+                // A window without an acknowledged write: the writes sent in it.
+                ops = history.iter().filter(|o| o.call.is_write() && o.invoke_us >= a && o.invoke_us <= b).collect();
+            }
+            for op in ops.into_iter().take(4) {
                 let _ = writeln!(
                     m,
                     "  - op {} worker {} {} {:?} {:.3}–{:.3} s status {} epoch {:?} node {:?} {}",
@@ -336,4 +341,12 @@ pub fn markdown(runs: &[Saved]) -> String {
         let _ = writeln!(m);
     }
     m
+}
+
+/// The window `(a–b s into the run` a liveness finding names, in µs.
+fn window(what: &str) -> Option<(u64, u64)> {
+    let rest = &what[what.find('(')? + 1..];
+    let (a, rest) = rest.split_once('–')?;
+    let b = rest.split_once(" s into")?.0;
+    Some(((a.parse::<f64>().ok()? * 1e6) as u64, (b.parse::<f64>().ok()? * 1e6) as u64))
 }
