@@ -42,8 +42,9 @@ enum Cmd {
     /// Runs of every named fault type, one at a time, within a time bound.
     Campaign {
         /// Fault types, comma-separated, `a+b` for a pair (`all`: every one
-        /// but `none` and the clock faults, which do not run yet: the server
-        /// hangs under libfaketime's preload once HA starts).
+        /// but `none` and the clock faults, which do not get to their fault
+        /// yet: under libfaketime's preload the leader never starts a
+        /// replication session, see docs/reliability.md).
         #[arg(long, default_value = "all")]
         nemeses: String,
         /// Runs of each fault type.
