@@ -141,3 +141,25 @@ pub fn reason_of(status: u16, body: &str) -> String {
     };
     format!("{status} {class}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{classify, Outcome};
+
+    #[test]
+    fn only_what_provably_changed_nothing_is_a_fail() {
+        let refused = r#"{"detail":"Not the leader: this node is a follower; retry (through the relay)"}"#;
+        // The gate's refusal on arrival closes the connection (the body unread).
+        assert_eq!(classify(503, refused, true, true).0, Outcome::Fail);
+        // The same text without the close: an answer withdrawn after the request ran.
+        assert_eq!(classify(503, refused, false, true).0, Outcome::Info);
+        let unsynced = r#"{"detail":"Durability failure: not acknowledged by the synchronous standby: …"}"#;
+        assert_eq!(classify(503, unsynced, false, true), (Outcome::Info, "503 standby did not acknowledge".into()));
+        assert_eq!(classify(500, r#"{"detail":"Confirmation failed: …"}"#, false, true).0, Outcome::Fail);
+        assert_eq!(classify(400, "{}", false, true).0, Outcome::Fail);
+        assert_eq!(classify(204, "", false, true).0, Outcome::Ok);
+        // A read changes nothing whatever its answer.
+        assert_eq!(classify(502, "", false, false).0, Outcome::Fail);
+        assert_eq!(classify(502, "", false, true).0, Outcome::Info);
+    }
+}

@@ -278,3 +278,20 @@ fn flip_a_byte(dir: &std::path::Path, rng: &mut ChaCha8Rng) -> Result<String, St
     std::fs::write(f, bytes).map_err(|e| e.to_string())?;
     Ok(format!("byte {at} of {}", f.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{timing, ALL, TTL};
+    use std::time::Duration;
+
+    #[test]
+    fn every_nemesis_has_a_timing_and_pauses_last_their_ttls() {
+        let f = Duration::from_secs(10);
+        for n in ALL {
+            let (hold, outage) = timing(n, f);
+            assert!(hold > Duration::ZERO && outage <= hold, "{n}: {hold:?} {outage:?}");
+        }
+        assert_eq!(timing("pause-leader-3ttl", f), (TTL * 3, TTL * 3));
+        assert_eq!(timing("partition-leader-standby", f).1, Duration::ZERO, "the standby cut promises availability");
+    }
+}
