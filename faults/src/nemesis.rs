@@ -39,7 +39,6 @@ pub const ALL: &[&str] = &[
     "fsync-eio-standby",
     "fsync-slow-standby",
     "disk-full-standby",
-    "readonly-standby",
     "corrupt-standby",
 ];
 
@@ -108,8 +107,6 @@ pub enum Applied {
     Wrapped(usize),
     /// A filler file to remove.
     Filled(PathBuf),
-    /// A data directory remounted read-only, to make writable again.
-    ReadOnly(PathBuf),
 }
 
 fn ip_of(net: &Net, role: &str) -> String {
@@ -218,12 +215,6 @@ pub fn inject(name: &str, c: &mut Ctx) -> Result<Applied, String> {
             let _ = std::fs::write(&filler, vec![0u8; 300 << 20]);
             Applied::Filled(filler)
         }
-        "readonly-standby" => {
-            // The standby's tmpfs remounted read-only under the running node.
-            let d = c.cluster.data[c.standby].clone();
-            crate::ns::run("mount", &["-o", "remount,ro", d.to_str().unwrap_or_default()], None)?;
-            Applied::ReadOnly(d)
-        }
         "corrupt-standby" => {
             let p = c.cluster.get(s);
             p.kill();
@@ -257,7 +248,6 @@ pub fn heal(a: Applied, c: &mut Ctx) -> Result<(), String> {
             p.start()?;
         }
         Applied::Filled(f) => std::fs::remove_file(&f).map_err(|e| e.to_string())?,
-        Applied::ReadOnly(d) => crate::ns::run("mount", &["-o", "remount,rw", d.to_str().unwrap_or_default()], None)?,
     }
     Ok(())
 }
