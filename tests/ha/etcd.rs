@@ -70,34 +70,13 @@ impl Etcd {
             .enumerate()
             .map(|(i, &(client, peer))| {
                 let data = dir.path().join(format!("m{i}"));
-                let args = [
-                    "--name",
+                let args = super::etcd_flags::member_args(
                     &format!("m{i}"),
-                    "--data-dir",
                     data.to_str().expect("UTF-8 path"),
-                    "--listen-client-urls",
                     &format!("http://127.0.0.1:{client}"),
-                    "--advertise-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
-                    "--listen-peer-urls",
                     &format!("http://127.0.0.1:{peer}"),
-                    "--initial-advertise-peer-urls",
-                    &format!("http://127.0.0.1:{peer}"),
-                    "--initial-cluster",
                     &cluster,
-                    "--initial-cluster-state",
-                    "new",
-                    "--initial-cluster-token",
-                    "hf3fs-meta-ha-test",
-                    "--heartbeat-interval",
-                    "50",
-                    "--election-timeout",
-                    "500",
-                    "--log-level",
-                    "error",
-                ]
-                .map(str::to_string)
-                .to_vec();
+                );
                 Member { name: format!("m{i}"), client, args, child: None, killed: AtomicBool::new(false) }
             })
             .collect();

@@ -2,7 +2,8 @@
 //! election, fencing, failover, quorum loss and the relay, through the real
 //! binary as child processes with a 2 s lease.
 //!
-//! - [`etcd`]: 1 or 3 etcd members on loopback, fast raft timings.
+//! - [`etcd`]: 1 or 3 etcd members on loopback, fast raft timings
+//!   ([`etcd_flags`], shared with the fault harness in `faults/`).
 //! - [`http`]: one-shot requests that survive dead and paused peers.
 //! - [`cluster`]: nodes, replicated nodes ([`cluster::Nodes`]), relays,
 //!   polling helpers.
@@ -43,6 +44,7 @@ mod client;
 mod cluster;
 mod election;
 mod etcd;
+mod etcd_flags;
 mod failover;
 mod failover_ranks;
 mod failover_sglang;
