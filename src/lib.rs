@@ -18,6 +18,8 @@
 //! - [`tools`]: `hf3fs-meta inspect` and `hf3fs-meta verify`, offline tools
 //!   on a copy of a data directory.
 //! - [`test_clock`]: the hidden `--test-clock`, time moved by tests.
+//! - [`tls`]: TLS on every hop (rustls): certificates from PEM files, reloaded
+//!   when they change; the accept side, the replication stream's stream.
 //!
 //! Invariants that hold across the crate:
 //! - No request path takes a global lock: operations on different pages never
@@ -40,6 +42,7 @@ pub mod maintain;
 pub mod metrics;
 pub mod routes;
 pub mod test_clock;
+pub mod tls;
 pub mod tools;
 
 use crate::config::{Config, LogFormat};
