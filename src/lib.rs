@@ -193,8 +193,20 @@ impl App {
 /// background passes over its page spaces running beside it ([`maintain`]);
 /// returns once every connection has drained ([`http::serve`]).
 pub async fn serve(app: Arc<App>, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()>) {
+    serve_with(app, listener, None, None, shutdown).await;
+}
+
+/// [`serve`], the port speaking TLS with `tls` (`--tls-cert`), and a
+/// plain listener `plain` beside it (`--plain-listen`).
+pub async fn serve_with(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    tls: Option<tls::Server>,
+    plain: Option<tokio::net::TcpListener>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     let passes = maintain::start(&app);
-    http::serve(app, listener, shutdown).await;
+    http::serve_tls(app, listener, tls, plain, shutdown).await;
     drop(passes);
 }
 

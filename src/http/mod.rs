@@ -25,4 +25,4 @@ mod sglang;
 mod vllm;
 
 pub use ops::OPENAPI;
-pub use server::{bind, serve};
+pub use server::{bind, serve, serve_tls};

@@ -37,6 +37,7 @@ fn metrics(app: &App) -> Reply {
     if let Some(ha) = &app.ha {
         ha.render_metrics(&mut text);
     }
+    crate::tls::reload::render_metrics(&mut text);
     Reply { content_type: PROMETHEUS, ..Reply::json(StatusCode::OK, text.into_bytes(), 0) }
 }
 
@@ -51,12 +52,20 @@ fn health(app: &App) -> Result<Reply, Reply> {
             body.push(b'}');
             Err(Reply::json(StatusCode::SERVICE_UNAVAILABLE, body, 0))
         }
-        Some(Health::Healthy) | None => match &app.ha {
-            Some(ha) => {
-                Ok(Reply::json(StatusCode::OK, format!(r#"{{"status":"ok","ha":{}}}"#, ha.status_json()).into(), 0))
+        Some(Health::Healthy) | None => {
+            let mut body = match &app.ha {
+                Some(ha) => format!(r#"{{"status":"ok","ha":{}"#, ha.status_json()),
+                None => r#"{"status":"ok""#.to_string(),
+            };
+            // With TLS: each certificate's expiry, and why new files failed
+            // to load (the previous certificates stay in use).
+            if let Some(tls) = crate::tls::reload::health_json() {
+                body.push_str(",\"tls\":");
+                body.push_str(&tls);
             }
-            None => Ok(Reply::json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec(), 0)),
-        },
+            body.push('}');
+            Ok(Reply::json(StatusCode::OK, body.into_bytes(), 0))
+        }
     }
 }
 

@@ -16,7 +16,7 @@ const HANDSHAKE: u8 = 0x16;
 
 /// What a plain HTTP client on a TLS port is told.
 const PLAIN_ON_TLS: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n\
-content-length: 75\r\n\r\n{\"detail\":\"This port speaks TLS only: connect with https:// and a certificate\"}";
+content-length: 79\r\n\r\n{\"detail\":\"This port speaks TLS only: connect with https:// and a certificate\"}";
 
 /// A fatal TLS alert record (handshake_failure), for a TLS client on a
 /// plain port: its library then reports a refused handshake.

@@ -45,6 +45,12 @@ pub struct Reloadable<C> {
     meta: Mutex<Meta>,
 }
 
+impl<C> std::fmt::Debug for Reloadable<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloadable").field("role", &self.role).field("files", &self.files).finish_non_exhaustive()
+    }
+}
+
 fn stamp(p: &PathBuf) -> Option<(SystemTime, u64)> {
     let m = std::fs::metadata(p).ok()?;
     Some((m.modified().ok()?, m.len()))

@@ -23,6 +23,7 @@
 
 pub mod generations;
 pub mod page_model;
+pub mod pki;
 pub mod process;
 pub mod recorder;
 pub mod schema;
