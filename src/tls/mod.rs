@@ -96,16 +96,21 @@ impl TlsArgs {
 
     /// The server's configuration (role `server`), with `--tls-cert`.
     pub fn server(&self) -> Result<Option<Server>, String> {
+        self.server_as("server")
+    }
+
+    /// [`TlsArgs::server`] registered as `role` (the replication listener's).
+    pub fn server_as(&self, role: &'static str) -> Result<Option<Server>, String> {
         let Some(id) = self.identity() else { return Ok(None) };
         let ca = self.tls_client_ca.as_deref().map(|p| PemFile::new("--tls-client-ca", p));
         let mut files = id.files();
         files.extend(ca.iter().map(|c| c.path.clone()));
         let expiring = id.cert.clone();
-        Reloadable::new("server", files, expiring, move || load::server_config(&id, ca.as_ref())).map(Some)
+        Reloadable::new(role, files, expiring, move || load::server_config(&id, ca.as_ref())).map(Some)
     }
 
     /// The configuration this node streams to its standby with (role
-    /// `replication`): its own certificate as the client's, the standby
+    /// `replication_client`): its own certificate as the client's, the standby
     /// verified against `--tls-ca` (or `--tls-client-ca`).
     pub fn replication_client(&self) -> Result<Option<Client>, String> {
         let Some(id) = self.identity() else { return Ok(None) };
@@ -118,7 +123,7 @@ impl TlsArgs {
                     .into())
             }
         };
-        client("replication", &ca, Some(id)).map(Some)
+        client("replication_client", &ca, Some(id)).map(Some)
     }
 }
 

@@ -7,7 +7,8 @@
 //! and shown in `/health` until a load succeeds.
 //!
 //! Every reloadable configuration of the process is registered here under
-//! its role (`server`, `replication`, `etcd`, `relay`): the signal handler,
+//! its role (`server`, `replication_listener`, `replication_client`,
+//! `etcd`, `relay`): the signal handler,
 //! `/metrics` (each certificate's expiry) and `/health` read the registry.
 
 use super::load::PemFile;
@@ -145,6 +146,20 @@ fn live() -> Vec<Arc<dyn Watched>> {
     r.iter().filter_map(Weak::upgrade).collect()
 }
 
+/// The first live entry of each role (two clients of one etcd, made from
+/// the same flags, show as one).
+fn roles() -> Vec<Arc<dyn Watched>> {
+    let mut seen = Vec::new();
+    live()
+        .into_iter()
+        .filter(|w| {
+            let new = !seen.contains(&w.role());
+            seen.push(w.role());
+            new
+        })
+        .collect()
+}
+
 /// Loads every registered configuration again if `force`, else those whose
 /// files changed.
 pub fn check_all(force: bool) {
@@ -196,7 +211,7 @@ pub fn any() -> bool {
 /// `"tls":{...}` for `/health`: each role's expiry and, when its last
 /// load failed, why; `None` without TLS.
 pub fn health_json() -> Option<String> {
-    let all = live();
+    let all = roles();
     if all.is_empty() {
         return None;
     }
@@ -220,7 +235,7 @@ pub fn health_json() -> Option<String> {
 /// Appends the TLS series (expiry, reloads, load failures, handshake
 /// failures) to a Prometheus text; nothing without TLS.
 pub fn render_metrics(out: &mut String) {
-    let all = live();
+    let all = roles();
     if all.is_empty() {
         return;
     }

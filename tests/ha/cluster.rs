@@ -26,6 +26,8 @@ pub struct Cluster {
     pub etcd: Etcd,
     pub prefix: String,
     dir: tempfile::TempDir,
+    /// Nodes advertise `https://` (their ports speak TLS).
+    https: bool,
 }
 
 impl Cluster {
@@ -40,7 +42,13 @@ impl Cluster {
         let dir = tempfile::tempdir().expect("a temporary directory");
         std::fs::write(dir.path().join("token"), "a-cluster-secret-of-32-characters\n").expect("write the token");
         let prefix = format!("/hf3fs-meta-test/{}/{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        Cluster { etcd, prefix, dir }
+        Cluster { etcd, prefix, dir, https: false }
+    }
+
+    /// Nodes advertise `https://` URLs (give them `--tls-cert`).
+    pub fn with_https(mut self) -> Cluster {
+        self.https = true;
+        self
     }
 
     /// The cluster secret's file.
@@ -61,7 +69,7 @@ impl Cluster {
             "--node-id",
             id,
             "--advertise-url",
-            "http://127.0.0.1:0",
+            if self.https { "https://127.0.0.1:0" } else { "http://127.0.0.1:0" },
             "--ha-lease-ttl",
             &TTL.as_secs().to_string(),
             "--ha-token-file",

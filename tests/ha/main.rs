@@ -22,6 +22,8 @@
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //! - [`replication_sglang`]: SGLang's spaces on that stream, in process.
 //! - [`failover_sglang`]: SIGKILL of a replicating leader serving SGLang.
+//! - [`tls`]: etcd serving TLS only with client certificates, a cluster on
+//!   mutual TLS behind relays, refused clients and a forged hello.
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
 //! leases of a few seconds, which two cores shared with parallel clusters
@@ -46,6 +48,7 @@ mod proxy;
 mod relay;
 mod replication;
 mod replication_sglang;
+mod tls;
 mod under_load;
 mod writes;
 

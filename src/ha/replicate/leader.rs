@@ -53,7 +53,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use crate::tls::duplex::Stream as Conn;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 /// Bytes of records per snapshot part.
@@ -70,6 +71,9 @@ pub struct Target {
     pub node: String,
     /// Its replication listener.
     pub addr: SocketAddr,
+    /// The host that address was advertised as: over TLS, the name the
+    /// standby's certificate must carry.
+    pub host: String,
     /// The leader's epoch.
     pub epoch: u64,
 }
@@ -128,6 +132,8 @@ pub struct Replicator {
     /// The lag in seconds: frames stamped as written, dropped as
     /// acknowledged.
     pub lag: LagClock,
+    /// With `--tls-cert`: the stream's TLS configuration.
+    tls: OnceLock<crate::tls::Client>,
 }
 
 impl Replicator {
@@ -202,6 +208,7 @@ impl Replicator {
             sync_failures: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             lag: LagClock::default(),
+            tls: OnceLock::new(),
         });
         let me = r.clone();
         std::thread::Builder::new()
@@ -320,14 +327,35 @@ impl Replicator {
     /// connection is shut down on the way out (which ends its reader).
     fn run_session(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>) -> Result<(), String> {
         let stream = TcpStream::connect_timeout(&t.addr, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+        let stream = self.secure(stream, t)?;
         let closer = stream.try_clone().map_err(|e| e.to_string())?;
         let r = self.stream_to(n, t, rx, stream);
         let _ = closer.shutdown(std::net::Shutdown::Both);
         r
     }
 
+    /// `sock` as this node streams: over TLS with `--tls-cert` (the
+    /// standby's certificate verified as `t.host`, this node's presented),
+    /// else plain.
+    fn secure(&self, sock: TcpStream, t: &Target) -> Result<Conn, String> {
+        let Some(tls) = self.tls.get() else { return Ok(Conn::Plain(sock)) };
+        let name = crate::tls::server_name(&t.host)?;
+        let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = sock.set_write_timeout(Some(Duration::from_secs(10)));
+        Conn::client(sock, tls.get(), name).map_err(|e| {
+            let reason = crate::tls::Reason::of_io(&e);
+            crate::tls::failures::count(reason);
+            format!("TLS handshake with the standby ({}) failed ({}): {e}", t.host, reason.label())
+        })
+    }
+
+    /// Streams over TLS from now on (with `--tls-cert`).
+    pub fn set_tls(&self, tls: crate::tls::Client) {
+        let _ = self.tls.set(tls);
+    }
+
     /// Hello, snapshot, then frames, on `stream`.
-    fn stream_to(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>, stream: TcpStream) -> Result<(), String> {
+    fn stream_to(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>, stream: Conn) -> Result<(), String> {
         let _ = stream.set_nodelay(true);
         // A standby that stops reading (paused) must not hold this thread
         // forever: the write fails and the session starts over.
@@ -407,7 +435,7 @@ impl Replicator {
 
     /// Sends the store's state as of (at least) position `r` (with SGLang's
     /// catalog, read now: after `r`).
-    fn send_snapshot(&self, wr: &mut BufWriter<TcpStream>, epoch: u64, r: u64) -> Result<(), String> {
+    fn send_snapshot(&self, wr: &mut BufWriter<Conn>, epoch: u64, r: u64) -> Result<(), String> {
         send(wr, &Msg::SnapshotBegin { epoch })?;
         // Spaces beyond the catalog read here were made after it, after `r`:
         // their records, and their names, come in the stream.
@@ -458,7 +486,7 @@ impl Replicator {
 
     /// Reads acknowledgements until the connection ends; the standby is in
     /// sync from its acknowledgement of `r` on.
-    fn spawn_acks(self: &Arc<Self>, mut rd: BufReader<TcpStream>, r: u64, dead: Arc<AtomicBool>, s: TcpStream) {
+    fn spawn_acks(self: &Arc<Self>, mut rd: BufReader<Conn>, r: u64, dead: Arc<AtomicBool>, s: Conn) {
         let me = self.clone();
         let n = self.session.load(Ordering::Acquire);
         let spawned = std::thread::Builder::new().name("ha-replicator-acks".into()).spawn(move || {
@@ -559,6 +587,6 @@ fn space(epoch: u64, e: Entry) -> Msg {
     Msg::Space { epoch, id: e.id, rank: e.rank, num_pages: e.num_pages, namespace: e.namespace }
 }
 
-fn send(wr: &mut BufWriter<TcpStream>, m: &Msg) -> Result<(), String> {
+fn send(wr: &mut BufWriter<Conn>, m: &Msg) -> Result<(), String> {
     m.write_to(wr).map_err(|e| format!("writing to the standby: {e}"))
 }

@@ -92,8 +92,9 @@ impl Replicated {
                 Ok(None) => return tracing::warn!(standby = %node, "no replication address in etcd yet"),
                 Err(err) => return tracing::warn!(standby = %node, "reading its replication address: {err}"),
             };
+            let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h).to_string();
             match addr.to_socket_addrs().ok().and_then(|mut a| a.next()) {
-                Some(addr) => r.set_target(Some(Target { node, addr, epoch })),
+                Some(addr) => r.set_target(Some(Target { node, addr, host, epoch })),
                 None => tracing::warn!(standby = %node, "unusable replication address {addr:?}"),
             }
         });

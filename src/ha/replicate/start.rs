@@ -1,14 +1,15 @@
 //! Starting replication in the server (`--ha etcd`): the standby's
 //! listener, its address in etcd, the leader's replicators attached to the
 //! durable stores (vLLM's, SGLang's spaces'), and the promotion hook for the
-//! election.
+//! election. With `--tls-cert`, the listener and the streams speak mutual
+//! TLS; the standby admits only the leader etcd names.
 
 use super::address_key;
 use super::leader::Replicator;
 use super::promote::Replicated;
 use super::standby::Standby;
 use super::stores::Replicators;
-use crate::ha::{etcd, Keys};
+use crate::ha::{etcd, Keys, LeaderRecord};
 use crate::App;
 use std::sync::Arc;
 
@@ -23,6 +24,25 @@ pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<A
     let token = app.cfg.ha.validate()?.ok_or("replication needs --ha etcd")?;
     let args = &app.cfg.replication;
     let standby = Standby::new(app.clone(), token.clone());
+    // Only the epoch and node etcd names as leader may stream here.
+    let checker = Arc::new(app.cfg.ha.etcd.client(etcd.timeout())?);
+    let (handle, key) = (tokio::runtime::Handle::current(), keys.leader());
+    standby.check_leaders_with(Box::new(move || {
+        // On a session's own thread, never a runtime's: blocking is fine.
+        let kv = handle.block_on(checker.get(&key)).map_err(|e| e.to_string())?;
+        Ok(kv.and_then(|kv| LeaderRecord::decode(&kv.value, kv.create_revision)).map(|r| (r.epoch, r.node)))
+    }));
+    let tls = &app.cfg.tls;
+    let client_tls = tls.replication_client()?;
+    if let Some(server) = tls.server_as("replication_listener")? {
+        if tls.tls_client_ca.is_none() {
+            tracing::warn!(
+                "--tls-cert without --tls-client-ca: the replication stream is encrypted but leaders are not \
+                 authenticated by certificate (only by the cluster secret and etcd's leader key)"
+            );
+        }
+        standby.set_tls(server);
+    }
     let bound = standby
         .listen(args.ha_replication_listen)
         .map_err(|e| format!("--ha-replication-listen {}: {e}", args.ha_replication_listen))?;
@@ -46,6 +66,10 @@ pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<A
     let head = Box::new(move || watched.durable.as_ref().map_or(0, |d| d.sglang.head()));
     let sglang =
         Replicator::start_spaces(d.catalog.clone(), d.sglang.source(), head, token, node.id.clone(), mode, wait);
+    if let Some(c) = client_tls {
+        vllm.set_tls(c.clone());
+        sglang.set_tls(c);
+    }
     d.vllm.attach(vllm.clone());
     d.sglang.attach(sglang.clone());
     let replicators = Replicators::new(vllm, sglang);

@@ -88,6 +88,7 @@ impl Status {
                     "bad_token": c(&s.counters.bad_token),
                     "bad_version": c(&s.counters.bad_version),
                     "old_epoch": c(&s.counters.old_epoch),
+                    "not_leader": c(&s.counters.not_leader),
                     "bad_position": c(&s.counters.bad_position),
                 },
             },
@@ -160,6 +161,7 @@ impl Status {
             ("bad_token", &s.counters.bad_token),
             ("bad_version", &s.counters.bad_version),
             ("old_epoch", &s.counters.old_epoch),
+            ("not_leader", &s.counters.not_leader),
             ("bad_position", &s.counters.bad_position),
         ] {
             let _ = writeln!(out, "hf3fs_meta_ha_replication_refused_total{{reason=\"{reason}\"}} {}", c(a));
