@@ -175,9 +175,11 @@ pub fn watch() {
     if STARTED.set(()).is_err() {
         return;
     }
-    tokio::spawn(async {
-        #[cfg(unix)]
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    // Registered now, not in the task: a SIGHUP right after this returns
+    // must reload, not end the process.
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    tokio::spawn(async move {
         let mut tick = tokio::time::interval(CHECK_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

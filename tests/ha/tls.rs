@@ -277,3 +277,64 @@ fn a_tls_cluster_serves_through_relays_and_refuses_what_it_cannot_trust() {
     super::writes::assert_kept(&relay.addr, &more);
     super::writes::assert_kept(&relay.addr, &saved);
 }
+
+#[test]
+fn certificates_rotate_under_load_without_a_restart_or_a_failed_request() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let certs = Certs::new();
+    let first = certs.pki.leaf_valid("rotating", &["127.0.0.1"], -1, 100);
+    let mut args = first.flags("tls");
+    args.extend(["--tls-client-ca".to_string(), certs.pki.ca().display().to_string()]);
+    let mut p = ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let tls = |p: &ServerProcess| certs.get(p, "/health").map(|a| a.json()["tls"]["server"].clone());
+    let e1 = tls(&p).expect("health")["expires"].as_i64().expect("an expiry");
+
+    // A light load: one client, a new TLS connection per request.
+    let (stop, ok, failed) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let load = {
+        let (stop, ok, failed, failures) = (stop.clone(), ok.clone(), failed.clone(), failures.clone());
+        let (addr, ca, leaf) = (p.addr.to_string(), certs.pki.ca(), certs.operator.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match tls_request(&addr, &ca, Some(&leaf), "127.0.0.1", "POST", PROBE.0, PROBE.1) {
+                    Ok(a) if a.status == 200 => drop(ok.fetch_add(1, Ordering::Relaxed)),
+                    other => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        failures.lock().unwrap().push(format!("{other:?}"));
+                    }
+                }
+            }
+        })
+    };
+    let more = |n: u64| {
+        let at = ok.load(Ordering::Relaxed);
+        wait_for("requests answered", || (ok.load(Ordering::Relaxed) >= at + n).then_some(()));
+    };
+    more(5);
+
+    // New files (renamed into place), SIGHUP: new connections get them.
+    certs.pki.leaf_valid("rotating", &["127.0.0.1"], -1, 200);
+    p.signal("HUP");
+    let e2 = wait_for("the new certificate in use", || tls(&p)?["expires"].as_i64().filter(|&e| e > e1));
+    assert!(e2 - e1 >= 99 * 86_400, "{e1} -> {e2}");
+    more(5);
+
+    // A certificate that cannot be used: the previous one stays, and
+    // /health and the log say why.
+    std::fs::write(&first.cert, "not a certificate\n").unwrap();
+    p.signal("HUP");
+    let why = wait_for("the load error in /health", || tls(&p)?["error"].as_str().map(str::to_string));
+    assert!(why.contains("--tls-cert") && why.contains("no PEM certificate"), "{why}");
+    assert_eq!(tls(&p).unwrap()["expires"].as_i64(), Some(e2));
+    more(5);
+    stop.store(true, Ordering::Relaxed);
+    load.join().unwrap();
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "failed requests: {:?}", failures.lock().unwrap());
+    let m = certs.get(&p, "/metrics").unwrap().body;
+    // At least: the periodic check may have seen the files change first.
+    assert!(metric(&m, "hf3fs_meta_tls_reloads_total{role=\"server\",result=\"ok\"}") >= 1, "{m}");
+    assert!(metric(&m, "hf3fs_meta_tls_reloads_total{role=\"server\",result=\"failed\"}") >= 1, "{m}");
+    assert_eq!(metric(&m, "hf3fs_meta_tls_certificate_load_error{role=\"server\"}"), 1, "{m}");
+    assert!(p.saw_line(|l| l.contains("keeping the previous ones")));
+}
