@@ -624,12 +624,22 @@ where
     let mut conn_done = false;
     loop {
         tokio::select! {
-            r = &mut exchange => return r,
+            biased; // the connection's own error (a TLS alert) says more than "canceled"
             c = &mut conn, if !conn_done => {
                 conn_done = true;
-                c.map_err(|e| e.to_string())?;
+                c.map_err(|e| connection_error(&e))?;
             }
+            r = &mut exchange => return r,
         }
+    }
+}
+
+/// A connection error with its cause (hyper's own text alone says
+/// "connection error" where the cause is, say, a TLS alert).
+fn connection_error(e: &hyper::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
     }
 }
 
@@ -745,7 +755,10 @@ mod tests {
         assert_eq!(parse_endpoint("http://127.0.0.1:2379").unwrap(), plain("127.0.0.1:2379"));
         assert_eq!(parse_endpoint("http://etcd-0:2379/").unwrap(), plain("etcd-0:2379"));
         assert_eq!(parse_endpoint(" 10.0.0.1:2379 ").unwrap(), plain("10.0.0.1:2379"));
-        assert_eq!(parse_endpoint("https://etcd-0:2379").unwrap(), Endpoint { authority: "etcd-0:2379".into(), tls: true });
+        assert_eq!(
+            parse_endpoint("https://etcd-0:2379").unwrap(),
+            Endpoint { authority: "etcd-0:2379".into(), tls: true }
+        );
         for bad in ["ftp://a:2379", "http://a", "a:port", "http://a:1/v3", "", ":2379", "https://a"] {
             assert!(parse_endpoint(bad).is_err(), "{bad}");
         }

@@ -57,7 +57,9 @@ impl Reason {
         use rustls::{AlertDescription as A, CertificateError as C, Error as E};
         match e {
             E::NoCertificatesPresented | E::AlertReceived(A::CertificateRequired) => Reason::NoClientCert,
-            E::InvalidCertificate(C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. })
+            E::InvalidCertificate(
+                C::Expired | C::ExpiredContext { .. } | C::NotValidYet | C::NotValidYetContext { .. },
+            )
             | E::AlertReceived(A::CertificateExpired) => Reason::Expired,
             E::InvalidCertificate(C::UnknownIssuer) | E::AlertReceived(A::UnknownCA) => Reason::UnknownCa,
             E::InvalidCertificate(C::NotValidForName | C::NotValidForNameContext { .. }) => Reason::WrongName,

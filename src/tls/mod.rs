@@ -187,9 +187,8 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--tls-cert", "c.pem"]).is_err());
         assert!(Cli::try_parse_from(["x", "--tls-client-ca", "ca.pem"]).is_err());
         assert!(Cli::try_parse_from(["x", "--plain-listen", "127.0.0.1:1"]).is_err());
-        let ok = |a: &str| {
-            Cli::parse_from(["x", "--tls-cert", "c", "--tls-key", "k", "--plain-listen", a]).tls.validate()
-        };
+        let ok =
+            |a: &str| Cli::parse_from(["x", "--tls-cert", "c", "--tls-key", "k", "--plain-listen", a]).tls.validate();
         assert!(ok("127.0.0.1:18000").is_ok());
         assert!(ok("[::1]:18000").is_ok());
         let e = ok("0.0.0.0:18000").unwrap_err();

@@ -119,7 +119,10 @@ impl<C: Send + Sync + 'static> Watched for Reloadable<C> {
                 tracing::info!(role = self.role, expires = ?meta.expiry, "TLS: certificates loaded again; new connections use them");
             }
             Err(e) => {
-                tracing::error!(role = self.role, "TLS: the new certificates cannot be used, keeping the previous ones: {e}");
+                tracing::error!(
+                    role = self.role,
+                    "TLS: the new certificates cannot be used, keeping the previous ones: {e}"
+                );
                 meta.error = Some(e);
                 meta.failures += 1;
             }

@@ -227,7 +227,8 @@ fn a_tls_cluster_serves_through_relays_and_refuses_what_it_cannot_trust() {
     let e = refused(Some(&certs.operator), &ca, "meta-0.example");
     assert!(e.contains("NotValidForName") || e.contains("not valid for name"), "{e}");
     // A plain client on the TLS port: a plain 400 saying so.
-    let plain = super::http::request_within(&addr, "POST", PROBE.0, PROBE.1, Duration::from_secs(5)).expect("an answer");
+    let plain =
+        super::http::request_within(&addr, "POST", PROBE.0, PROBE.1, Duration::from_secs(5)).expect("an answer");
     assert_eq!(plain.status, 400, "{plain:?}");
     assert!(plain.body.contains("TLS"), "{plain:?}");
     super::writes::assert_kept(&relay.addr, &saved);
@@ -290,7 +291,8 @@ fn certificates_rotate_under_load_without_a_restart_or_a_failed_request() {
     let e1 = tls(&p).expect("health")["expires"].as_i64().expect("an expiry");
 
     // A light load: one client, a new TLS connection per request.
-    let (stop, ok, failed) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (stop, ok, failed) =
+        (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
     let load = {
         let (stop, ok, failed, failures) = (stop.clone(), ok.clone(), failed.clone(), failures.clone());

@@ -49,11 +49,11 @@ use crate::core::{Dialect, PageSource, Visit};
 use crate::durable::codec;
 use crate::durable::spaces::{Catalog, Entry};
 use crate::durable::tap::{BoxFuture, Frame, Replication};
+use crate::tls::duplex::Stream as Conn;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use crate::tls::duplex::Stream as Conn;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 

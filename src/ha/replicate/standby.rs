@@ -43,11 +43,11 @@ use super::apply::{apply, Holds, Side};
 use super::ct_eq;
 use super::wire::{Msg, VERSION};
 use crate::core::{Dialect, SpaceName};
+use crate::tls::duplex::Stream as Conn;
 use crate::App;
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use crate::tls::duplex::Stream as Conn;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
