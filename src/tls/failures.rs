@@ -66,9 +66,6 @@ impl Reason {
             E::InvalidCertificate(_) | E::AlertReceived(A::BadCertificate | A::UnsupportedCertificate) => {
                 Reason::BadCertificate
             }
-            E::InvalidMessage(_) | E::InappropriateMessage { .. } | E::InappropriateHandshakeMessage { .. } => {
-                Reason::Other
-            }
             _ => Reason::Other,
         }
     }
