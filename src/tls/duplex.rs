@@ -9,7 +9,10 @@
 //! the lock and sends outside it. Lock order: `conn`, then `send` (taken
 //! before `conn` is released, so that records go out in the order they were
 //! made); never the other way. The reader takes `send` only when rustls has
-//! something to say on its own (an alert, a key update).
+//! something to say on its own (an alert, a key update): then it may wait
+//! for a writer blocked on a full socket, which the peer drains by reading,
+//! so the two sides stall only if both readers must answer at once while
+//! both writers are blocked (key updates come after some 2^24 records).
 
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ClientConnection, Connection, ServerConfig, ServerConnection};
@@ -142,6 +145,9 @@ impl Read for Stream {
             if !pending.is_empty() {
                 let mut rest = &pending[..];
                 let fed = conn.read_tls(&mut rest)?;
+                if fed == 0 {
+                    return Err(io::Error::other("TLS: rustls took none of the bytes received"));
+                }
                 let left = rest.len();
                 let processed = conn.process_new_packets();
                 pending.drain(..fed);
