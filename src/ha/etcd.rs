@@ -612,7 +612,7 @@ where
     let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(|e| e.to_string())?;
     let req = request(authority, path, body, token)?;
     let exchange = async {
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let resp = sender.send_request(req).await.map_err(|e| connection_error(&e))?;
         let status = resp.status().as_u16();
         let bytes = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
         Ok::<_, String>((status, bytes))
@@ -629,18 +629,33 @@ where
                 conn_done = true;
                 c.map_err(|e| connection_error(&e))?;
             }
-            r = &mut exchange => return r,
+            r = &mut exchange => {
+                // A request cancelled because the connection failed: the
+                // connection's error (a TLS alert: no client certificate,
+                // an unknown CA) is the one to report.
+                if r.is_err() && !conn_done {
+                    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_millis(200), &mut conn).await {
+                        return Err(connection_error(&e));
+                    }
+                }
+                return r;
+            }
         }
     }
 }
 
-/// A connection error with its cause (hyper's own text alone says
-/// "connection error" where the cause is, say, a TLS alert).
+/// A connection error with its causes (hyper's own text alone says
+/// "operation was canceled: connection error" where the cause is, say, a
+/// TLS alert).
 fn connection_error(e: &hyper::Error) -> String {
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
     }
+    text
 }
 
 /// Opens a streamed POST (a watch): its response body, read as it comes.

@@ -285,8 +285,16 @@ fn certificates_rotate_under_load_without_a_restart_or_a_failed_request() {
     let certs = Certs::new();
     let first = certs.pki.leaf_valid("rotating", &["127.0.0.1"], -1, 100);
     let mut args = first.flags("tls");
+    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     args.extend(["--tls-client-ca".to_string(), certs.pki.ca().display().to_string()]);
+    args.extend(["--plain-listen".to_string(), plain.clone()]);
     let mut p = ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    // The loopback plain listener answers plain HTTP, and refuses a TLS
+    // client (counted) before reading anything.
+    let a = super::http::request_within(&plain, "POST", PROBE.0, PROBE.1, Duration::from_secs(5)).expect("plain");
+    assert_eq!(a.status, 200, "{a:?}");
+    let e = tls_request(&plain, &certs.pki.ca(), Some(&certs.operator), "127.0.0.1", "POST", PROBE.0, PROBE.1);
+    assert!(e.is_err(), "TLS on the plain listener was answered: {e:?}");
     let tls = |p: &ServerProcess| certs.get(p, "/health").map(|a| a.json()["tls"]["server"].clone());
     let e1 = tls(&p).expect("health")["expires"].as_i64().expect("an expiry");
 
@@ -339,4 +347,5 @@ fn certificates_rotate_under_load_without_a_restart_or_a_failed_request() {
     assert!(metric(&m, "hf3fs_meta_tls_reloads_total{role=\"server\",result=\"failed\"}") >= 1, "{m}");
     assert_eq!(metric(&m, "hf3fs_meta_tls_certificate_load_error{role=\"server\"}"), 1, "{m}");
     assert!(p.saw_line(|l| l.contains("keeping the previous ones")));
+    assert!(metric(&m, "hf3fs_meta_tls_handshake_failures_total{reason=\"tls_on_plain_port\"}") >= 1, "{m}");
 }
