@@ -9,7 +9,7 @@
 //! gateway's JSON; 64-bit integers come back as strings, and fields equal to
 //! their default (0, false, empty) are left out.
 //!
-//! An `https://` endpoint is reached over TLS (rustls, [`crate::tls`]): etcd's
+//! An `https://` endpoint is reached over TLS (rustls, [`hf3fs_meta_tls`]): etcd's
 //! certificate is verified against the CA (`--etcd-ca`) and the endpoint's
 //! host name, and a client certificate (`--etcd-cert`/`--etcd-key`) answers
 //! etcd's `--client-cert-auth`. User and password work on top of it.
