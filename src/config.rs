@@ -290,6 +290,9 @@ impl Config {
                 self.evict_low_watermark, self.evict_high_watermark
             ));
         }
+        if self.ha.enabled() {
+            self.replication.validate()?;
+        }
         Ok(())
     }
 

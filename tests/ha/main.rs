@@ -17,10 +17,16 @@
 //! - [`under_load`]: SIGKILL of the leader (and of etcd's raft leader)
 //!   under load through the relay.
 //! - [`pause`]: SIGSTOP of a replicating leader for three TTLs.
+//! - [`liveness`]: the standby's replication link blackholed under load,
+//!   both processes alive: dropped, replaced, back after the heal.
+//! - [`failover_ranks`]: keys of two ranks at a failover, some confirmed on
+//!   one rank only.
 //! - [`hold`]: the promotion hold, on the injectable clock.
 //! - [`observability`]: the lag in seconds while a standby is paused.
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //! - [`replication_sglang`]: SGLang's spaces on that stream, in process.
+//! - [`replication_liveness`]: heartbeats and both sides' deadlines, in
+//!   process, each side against a scripted peer.
 //! - [`failover_sglang`]: SIGKILL of a replicating leader serving SGLang.
 //! - [`tls`]: etcd serving TLS only with client certificates, a cluster on
 //!   mutual TLS behind relays, refused clients and a forged hello.
@@ -40,16 +46,19 @@ mod cluster;
 mod election;
 mod etcd;
 mod failover;
+mod failover_ranks;
 mod failover_sglang;
 mod grafana_dashboard;
 mod history;
 mod hold;
 mod http;
+mod liveness;
 mod observability;
 mod pause;
 mod proxy;
 mod relay;
 mod replication;
+mod replication_liveness;
 mod replication_sglang;
 mod tls;
 mod under_load;

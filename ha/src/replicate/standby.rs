@@ -22,6 +22,16 @@
 //! with `--tls-client-ca` a leader must present a certificate that CA
 //! signed before its hello is read.
 //!
+//! Liveness ([`super::liveness`]): a heartbeat (an empty frame at the
+//! leader's position) is acknowledged like any repeated frame, with this
+//! node's position. From the first heartbeat of a session on, the session
+//! has a read deadline of this node's `--ha-sync-timeout-ms`: a leader that
+//! sends nothing for that long is taken as gone, the session is closed
+//! (counted, [`Counters::leader_silent`]) and the listener waits for the
+//! next one; this node stays caught up at its position. A newer session of
+//! the same store ends the older one at its next message, so a stalled
+//! connection that comes back after a heal applies nothing.
+//!
 //! Each durable store comes on a connection of its own (the hello names
 //! it), with a position and a caught-up flag of its own: vLLM's store, and
 //! SGLang's spaces', whose snapshot starts by forgetting every space here
@@ -78,6 +88,9 @@ pub struct Counters {
     pub frames: AtomicU64,
     /// Snapshots applied.
     pub snapshots: AtomicU64,
+    /// Sessions closed because the leader sent nothing, not even a
+    /// heartbeat, within this node's sync timeout.
+    pub leader_silent: AtomicU64,
 }
 
 /// Where one store's stream stands here.
@@ -89,6 +102,9 @@ struct Stream {
     /// A snapshot of the leader at the standby's `epoch` was applied: the
     /// stream since follows without a gap.
     caught_up: AtomicBool,
+    /// The number of the newest session of this store: an older one's
+    /// messages are refused.
+    session: AtomicU64,
 }
 
 /// Who etcd names as leader now: the leader key's create revision (the
@@ -323,6 +339,8 @@ impl Standby {
             return wr.flush();
         }
         tracing::info!(leader, epoch, store = store.label(), "replicating from the leader");
+        let mine = self.stores[store.index()].session.fetch_add(1, Ordering::AcqRel) + 1;
+        let deadline = self.app().map_err(std::io::Error::other)?.replication_args().sync_timeout();
         Msg::Welcome.write_to(&mut wr)?;
         wr.flush()?;
         // Applying and acknowledging run apart: while the acknowledger waits
@@ -332,12 +350,30 @@ impl Standby {
         let me = self.app.clone();
         let acker =
             std::thread::Builder::new().name("ha-standby-ack".into()).spawn(move || acknowledge(&me, store, rx, wr))?;
+        let mut timed = false;
         let result = loop {
             let msg = match Msg::read_from(&mut rd) {
                 Ok(m) => m,
+                Err(e)
+                    if timed && matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                {
+                    self.counters.leader_silent.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        leader,
+                        epoch,
+                        store = store.label(),
+                        "the leader sent nothing for {deadline:?}: closing its session"
+                    );
+                    break Ok(());
+                }
                 Err(e) => break Err(e),
             };
-            match self.on_message(store, epoch, msg) {
+            if !timed && super::liveness::is_heartbeat(&msg) {
+                // This leader sends heartbeats: time its silence from now on.
+                timed = true;
+                rd.get_ref().set_read_timeout(Some(deadline))?;
+            }
+            match self.on_message(store, epoch, mine, msg) {
                 Ok(Some(upto)) => {
                     if tx.send(upto).is_err() {
                         break Err(std::io::Error::other("the acknowledgements stopped"));
@@ -356,9 +392,9 @@ impl Standby {
         result
     }
 
-    /// Applies one message of the leader at `epoch` on its connection of
-    /// `store`; returns the position to acknowledge once durable, if any.
-    fn on_message(&self, store: Dialect, epoch: u64, msg: Msg) -> Result<Option<u64>, String> {
+    /// Applies one message of the leader at `epoch` on its session `mine`
+    /// of `store`; returns the position to acknowledge once durable, if any.
+    fn on_message(&self, store: Dialect, epoch: u64, mine: u64, msg: Msg) -> Result<Option<u64>, String> {
         let mut holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
         let holds = &mut holds[store.index()];
         let app = self.app()?;
@@ -370,6 +406,9 @@ impl Standby {
         if msg.epoch() != epoch || self.epoch.load(Ordering::Acquire) != epoch {
             self.counters.old_epoch.fetch_add(1, Ordering::Relaxed);
             return Err(format!("a message of epoch {} on a session of epoch {epoch}", msg.epoch()));
+        }
+        if stream.session.load(Ordering::Acquire) != mine {
+            return Err("a newer session of this store took over".into());
         }
         match msg {
             Msg::SnapshotBegin { .. } => {

@@ -22,6 +22,7 @@ pub async fn start(app: &Arc<dyn Host>, etcd: &etcd::Client, keys: &Keys) -> Res
     )?;
     let token = app.ha_args().validate()?.ok_or("replication needs --ha etcd")?;
     let args = app.replication_args();
+    args.validate()?;
     let standby = Standby::new(app.clone(), token.clone());
     // Only the epoch and node etcd names as leader may stream here.
     let checker = Arc::new(app.ha_args().etcd.client(etcd.timeout())?);
@@ -72,11 +73,13 @@ pub async fn start(app: &Arc<dyn Host>, etcd: &etcd::Client, keys: &Keys) -> Res
     d.vllm.attach(vllm.clone());
     d.sglang.attach(sglang.clone());
     let replicators = Replicators::new(vllm, sglang);
+    replicators.set_heartbeat(args.heartbeat());
     tracing::info!(
         listen = %bound,
         advertise,
         sync = ?args.ha_sync,
         timeout_ms = args.ha_sync_timeout_ms,
+        heartbeat_ms = args.ha_heartbeat_ms,
         "replication: listening for a leader's stream"
     );
     node.set_replication(Arc::new(super::Status {

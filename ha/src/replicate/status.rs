@@ -64,6 +64,7 @@ impl Status {
                     "acknowledged": one.acked(),
                     "lag_records": lag(one),
                     "sync_failures": c(&one.sync_failures),
+                    "dropped": c(&one.dropped),
                     "as_standby": { "position": position, "caught_up": store_caught_up },
                 }),
             );
@@ -77,6 +78,7 @@ impl Status {
             "lag_records": self.lag(),
             "lag_seconds": self.lag_seconds(leading),
             "sync_failures": r.all().iter().map(|r| c(&r.sync_failures)).sum::<u64>(),
+            "dropped": r.dropped(),
             "stores": stores,
             "as_standby": {
                 "epoch": epoch,
@@ -84,6 +86,7 @@ impl Status {
                 "caught_up": caught_up,
                 "frames": c(&s.counters.frames),
                 "snapshots": c(&s.counters.snapshots),
+                "leader_silent": c(&s.counters.leader_silent),
                 "refused": {
                     "bad_token": c(&s.counters.bad_token),
                     "bad_version": c(&s.counters.bad_version),
@@ -101,7 +104,7 @@ impl Status {
         let r = &self.replicators;
         let s = &self.standby;
         let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let series: [(Family, u64); 6] = [
+        let series: [(Family, u64); 8] = [
             (
                 gauge("ha_replication_in_sync", "1 while this leader's synchronous standby is caught up and acknowledging."),
                 u64::from(r.synced().is_some()),
@@ -123,6 +126,22 @@ impl Status {
             (
                 counter("ha_standby_syncs_total", "Times a standby caught up by snapshot (this node leading)."),
                 r.all().iter().map(|r| c(&r.syncs)).sum(),
+            ),
+            (
+                counter(
+                    "ha_standby_dropped_total",
+                    "Replication sessions this leader dropped because the standby acknowledged nothing within \
+                     --ha-sync-timeout-ms.",
+                ),
+                r.dropped(),
+            ),
+            (
+                counter(
+                    "ha_replication_leader_silent_total",
+                    "Replication sessions this node closed as standby because the leader sent nothing, not even a \
+                     heartbeat, within --ha-sync-timeout-ms.",
+                ),
+                c(&s.counters.leader_silent),
             ),
             (
                 counter("ha_replication_frames_applied_total", "Frames of a leader's journal applied here as standby."),
