@@ -36,6 +36,7 @@ fn metrics(app: &Service) -> Reply {
     if let Some(ha) = &app.gate {
         ha.render_metrics(&mut text);
     }
+    hf3fs_meta_tls::reload::render_metrics(&mut text);
     Reply { content_type: PROMETHEUS, ..Reply::json(StatusCode::OK, text.into_bytes(), 0) }
 }
 
@@ -50,12 +51,20 @@ fn health(app: &Service) -> Result<Reply, Reply> {
             body.push(b'}');
             Err(Reply::json(StatusCode::SERVICE_UNAVAILABLE, body, 0))
         }
-        None => match &app.gate {
-            Some(ha) => {
-                Ok(Reply::json(StatusCode::OK, format!(r#"{{"status":"ok","ha":{}}}"#, ha.status_json()).into(), 0))
+        None => {
+            let mut body = match &app.gate {
+                Some(ha) => format!(r#"{{"status":"ok","ha":{}"#, ha.status_json()),
+                None => r#"{"status":"ok""#.to_string(),
+            };
+            // With TLS: each certificate's expiry, and why new files failed
+            // to load (the previous certificates stay in use).
+            if let Some(tls) = hf3fs_meta_tls::reload::health_json() {
+                body.push_str(",\"tls\":");
+                body.push_str(&tls);
             }
-            None => Ok(Reply::json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec(), 0)),
-        },
+            body.push('}');
+            Ok(Reply::json(StatusCode::OK, body.into_bytes(), 0))
+        }
     }
 }
 

@@ -29,6 +29,8 @@
 //! - [`replication_liveness`]: heartbeats and both sides' deadlines, in
 //!   process, each side against a scripted peer.
 //! - [`failover_sglang`]: SIGKILL of a replicating leader serving SGLang.
+//! - [`tls`]: etcd serving TLS only with client certificates, a cluster on
+//!   mutual TLS behind relays, refused clients and a forged hello.
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
 //! leases of a few seconds, which two cores shared with parallel clusters
@@ -60,6 +62,7 @@ mod relay;
 mod replication;
 mod replication_liveness;
 mod replication_sglang;
+mod tls;
 mod under_load;
 mod writes;
 

@@ -64,7 +64,12 @@ impl Pair {
 
     /// Streams to the standby and waits until it is in sync (both stores).
     pub fn connect(&self) {
-        self.replicator.set_target(Some(Target { node: "b".into(), addr: self.addr, epoch: EPOCH }));
+        self.replicator.set_target(Some(Target {
+            node: "b".into(),
+            addr: self.addr,
+            host: "127.0.0.1".into(),
+            epoch: EPOCH,
+        }));
         until("the standby is in sync", || self.replicator.synced().as_deref() == Some("b"));
     }
 }

@@ -94,7 +94,7 @@ fn a_leader_heartbeats_drops_a_standby_that_stops_acknowledging_and_connects_aga
         }
     });
     let vllm = p.replicator.of(hf3fs_meta::core::Dialect::Vllm).clone();
-    vllm.set_target(Some(Target { node: "b".into(), addr, epoch: EPOCH }));
+    vllm.set_target(Some(Target { node: "b".into(), addr, host: "127.0.0.1".into(), epoch: EPOCH }));
     until("vLLM's store is in sync", || vllm.synced().as_deref() == Some("b"));
     // The first message after the snapshot is a heartbeat at its position.
     let end = loop {

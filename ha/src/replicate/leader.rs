@@ -70,11 +70,12 @@ use crate::durable::codec;
 use crate::durable::spaces::{Catalog, Entry};
 use crate::durable::tap::{BoxFuture, Frame, Replication};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use hf3fs_meta_tls::duplex::Stream as Conn;
 use std::collections::HashMap;
 use std::io::{BufWriter, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Bytes of records per snapshot part.
@@ -93,6 +94,9 @@ pub struct Target {
     pub node: String,
     /// Its replication listener.
     pub addr: SocketAddr,
+    /// The host that address was advertised as: over TLS, the name the
+    /// standby's certificate must carry.
+    pub host: String,
     /// The leader's epoch.
     pub epoch: u64,
 }
@@ -166,6 +170,8 @@ pub struct Replicator {
     /// Sessions dropped because the standby acknowledged nothing within
     /// its deadline.
     pub dropped: AtomicU64,
+    /// With `--tls-cert`: the stream's TLS configuration.
+    tls: OnceLock<hf3fs_meta_tls::Client>,
 }
 
 impl Replicator {
@@ -246,6 +252,7 @@ impl Replicator {
             vouched: AtomicBool::new(true),
             failed: Mutex::default(),
             dropped: AtomicU64::new(0),
+            tls: OnceLock::new(),
         });
         let me = r.clone();
         std::thread::Builder::new()
@@ -442,14 +449,35 @@ impl Replicator {
     fn run_session(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>) -> Result<(), String> {
         let connect = liveness::CONNECT.min(self.wait);
         let stream = TcpStream::connect_timeout(&t.addr, connect).map_err(|e| format!("connecting: {e}"))?;
+        let stream = self.secure(stream, t)?;
         let closer = stream.try_clone().map_err(|e| e.to_string())?;
         let r = self.stream_to(n, t, rx, stream);
         let _ = closer.shutdown(std::net::Shutdown::Both);
         r
     }
 
+    /// `sock` as this node streams: over TLS with `--tls-cert` (the
+    /// standby's certificate verified as `t.host`, this node's presented),
+    /// else plain.
+    fn secure(&self, sock: TcpStream, t: &Target) -> Result<Conn, String> {
+        let Some(tls) = self.tls.get() else { return Ok(Conn::Plain(sock)) };
+        let name = hf3fs_meta_tls::server_name(&t.host)?;
+        let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = sock.set_write_timeout(Some(Duration::from_secs(10)));
+        Conn::client(sock, tls.get(), name).map_err(|e| {
+            let reason = hf3fs_meta_tls::Reason::of_io(&e);
+            hf3fs_meta_tls::failures::count(reason);
+            format!("TLS handshake with the standby ({}) failed ({}): {e}", t.host, reason.label())
+        })
+    }
+
+    /// Streams over TLS from now on (with `--tls-cert`).
+    pub fn set_tls(&self, tls: hf3fs_meta_tls::Client) {
+        let _ = self.tls.set(tls);
+    }
+
     /// Hello, snapshot, then frames, on `stream`.
-    fn stream_to(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>, stream: TcpStream) -> Result<(), String> {
+    fn stream_to(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>, stream: Conn) -> Result<(), String> {
         let _ = stream.set_nodelay(true);
         // A standby that stops reading (paused) must not hold this thread
         // forever: the write fails and the session starts over.
@@ -560,7 +588,7 @@ impl Replicator {
 
     /// Sends the store's state as of (at least) position `r` (with SGLang's
     /// catalog, read now: after `r`).
-    fn send_snapshot(&self, wr: &mut BufWriter<TcpStream>, epoch: u64, r: u64) -> Result<(), String> {
+    fn send_snapshot(&self, wr: &mut BufWriter<Conn>, epoch: u64, r: u64) -> Result<(), String> {
         send(wr, &Msg::SnapshotBegin { epoch })?;
         // Spaces beyond the catalog read here were made after it, after `r`:
         // their records, and their names, come in the stream.
@@ -612,7 +640,7 @@ impl Replicator {
     /// Reads acknowledgements until the connection ends or the standby
     /// misses its deadline (then the session is dropped and counted); the
     /// standby is in sync from its acknowledgement of `r` on.
-    fn spawn_acks(self: &Arc<Self>, mut rd: AckReader, node: &str, r: u64, dead: Arc<AtomicBool>, s: TcpStream) {
+    fn spawn_acks(self: &Arc<Self>, mut rd: AckReader, node: &str, r: u64, dead: Arc<AtomicBool>, s: Conn) {
         let (me, node) = (self.clone(), node.to_string());
         let n = self.session.load(Ordering::Acquire);
         let spawned = std::thread::Builder::new().name("ha-replicator-acks".into()).spawn(move || {
@@ -743,7 +771,7 @@ fn space(epoch: u64, e: Entry) -> Msg {
     Msg::Space { epoch, id: e.id, rank: e.rank, num_pages: e.num_pages, namespace: e.namespace }
 }
 
-fn send(wr: &mut BufWriter<TcpStream>, m: &Msg) -> Result<(), String> {
+fn send(wr: &mut BufWriter<Conn>, m: &Msg) -> Result<(), String> {
     m.write_to(wr).map_err(|e| format!("writing to the standby: {e}"))
 }
 
@@ -752,7 +780,7 @@ fn send(wr: &mut BufWriter<TcpStream>, m: &Msg) -> Result<(), String> {
 /// timeouts and a message is decoded once whole, so a timeout never cuts
 /// one.
 struct AckReader {
-    stream: TcpStream,
+    stream: Conn,
     buf: Vec<u8>,
 }
 

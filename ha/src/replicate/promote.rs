@@ -123,8 +123,9 @@ impl Replicated {
                 }
                 Err(err) => return tracing::warn!(standby = %node, "reading its replication address: {err}"),
             };
+            let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h).to_string();
             match addr.to_socket_addrs().ok().and_then(|mut a| a.next()) {
-                Some(addr) => r.set_target(Some(Target { node: node.clone(), addr, epoch })),
+                Some(addr) => r.set_target(Some(Target { node: node.clone(), addr, host, epoch })),
                 None => {
                     r.note_failure(&node);
                     return tracing::warn!(standby = %node, "unusable replication address {addr:?}");

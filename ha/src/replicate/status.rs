@@ -91,6 +91,7 @@ impl Status {
                     "bad_token": c(&s.counters.bad_token),
                     "bad_version": c(&s.counters.bad_version),
                     "old_epoch": c(&s.counters.old_epoch),
+                    "not_leader": c(&s.counters.not_leader),
                     "bad_position": c(&s.counters.bad_position),
                 },
             },
@@ -166,6 +167,7 @@ impl Status {
             ("bad_token", &s.counters.bad_token),
             ("bad_version", &s.counters.bad_version),
             ("old_epoch", &s.counters.old_epoch),
+            ("not_leader", &s.counters.not_leader),
             ("bad_position", &s.counters.bad_position),
         ] {
             w.put(&[("reason", &reason)], c(a));
