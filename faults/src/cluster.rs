@@ -13,33 +13,33 @@ use std::time::{Duration, Instant};
 mod etcd_flags;
 
 /// The lease TTL of every node and of the relay.
-pub const TTL: Duration = Duration::from_secs(2);
+pub(crate) const TTL: Duration = Duration::from_secs(2);
 
 /// How long a change waits for the standby (`--ha-sync-timeout-ms`).
-pub const SYNC_TIMEOUT: Duration = Duration::from_millis(2000);
+pub(crate) const SYNC_TIMEOUT: Duration = Duration::from_millis(2000);
 
 /// The nodes' HTTP port, and where their replication listener and the
 /// harness's proxy in front of it listen.
-pub const NODE_PORT: u16 = 18000;
+pub(crate) const NODE_PORT: u16 = 18000;
 const REPL_PORT: u16 = 7000;
 /// The replication address every node advertises: the harness's proxy
 /// ([`crate::proxy`]), which forwards to [`REPL_PORT`] unless a nemesis
 /// delays or blackholes it.
-pub const REPL_PROXY_PORT: u16 = 7001;
+pub(crate) const REPL_PROXY_PORT: u16 = 7001;
 
 /// The roles and the last byte of their addresses.
-pub const ROLES: [(&str, u8); 8] =
+pub(crate) const ROLES: [(&str, u8); 8] =
     [("e0", 11), ("e1", 12), ("e2", 13), ("n0", 21), ("n1", 22), ("n2", 23), ("relay", 31), ("ctl", 41)];
 
 /// The node ids (also their roles).
-pub const NODES: [&str; 3] = ["n0", "n1", "n2"];
+pub(crate) const NODES: [&str; 3] = ["n0", "n1", "n2"];
 
 /// The vLLM world size (`--world-size`): every key is confirmed on this many
 /// ranks.
-pub const WORLD: u32 = 2;
+pub(crate) const WORLD: u32 = 2;
 
 /// One process of the run: how to start it, and the running child.
-pub struct Proc {
+pub(crate) struct Proc {
     /// Its name (`e1`, `n0`, `relay`).
     pub name: String,
     /// Its namespace.
@@ -69,7 +69,7 @@ impl Proc {
 
     /// Starts it (in its namespace and a process group of its own), its
     /// output appended to `<run dir>/<name>.log`.
-    pub fn start(&mut self) -> Result<(), String> {
+    pub(crate) fn start(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "{} runs already", self.name);
         let all: Vec<&String> = self.wrap.iter().chain(&self.argv).collect();
         let mut cmd = Command::new(all[0]);
@@ -89,7 +89,7 @@ impl Proc {
     }
 
     /// Sends `sig` to its process group (the wrapper and the server).
-    pub fn signal(&self, sig: i32) {
+    pub(crate) fn signal(&self, sig: i32) {
         if let Some(c) = &self.child {
             // SAFETY: kill(2) on the process group this harness started.
             unsafe {
@@ -99,7 +99,7 @@ impl Proc {
     }
 
     /// SIGKILLs it and reaps it.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             // SAFETY: as in `signal`.
             unsafe {
@@ -111,7 +111,7 @@ impl Proc {
     }
 
     /// The last `n` lines of its log.
-    pub fn tail(&self, n: usize) -> Vec<String> {
+    pub(crate) fn tail(&self, n: usize) -> Vec<String> {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<String> = text.lines().map(str::to_string).collect();
         lines[lines.len().saturating_sub(n)..].to_vec()
@@ -125,7 +125,7 @@ impl Drop for Proc {
 }
 
 /// Every process of a run.
-pub struct Cluster {
+pub(crate) struct Cluster {
     /// etcd members `e0..e2`.
     pub etcd: Vec<Proc>,
     /// Nodes `n0..n2`.
@@ -137,7 +137,7 @@ pub struct Cluster {
 }
 
 /// The command line of node `id` (`--ha-sync sync`).
-pub fn node_args(
+pub(crate) fn node_args(
     bin: &str,
     net: &Net,
     id: &str,
@@ -195,7 +195,7 @@ pub fn node_args(
 impl Cluster {
     /// Makes the processes' command lines and the nodes' data directories
     /// (a 256 MiB tmpfs each, so a nemesis can fill one) under `dir`.
-    pub fn new(bin: &str, net: &Net, dir: &Path, sync: &str) -> Result<Cluster, String> {
+    pub(crate) fn new(bin: &str, net: &Net, dir: &Path, sync: &str) -> Result<Cluster, String> {
         let token = dir.join("token");
         std::fs::write(&token, "a-cluster-secret-of-32-characters\n").map_err(|e| e.to_string())?;
         let cluster = (0..3).map(|i| format!("e{i}=http://{}:2380", net.host(&format!("e{i}")).ip)).collect::<Vec<_>>();
@@ -246,7 +246,7 @@ impl Cluster {
     }
 
     /// The process called `name`.
-    pub fn get(&mut self, name: &str) -> &mut Proc {
+    pub(crate) fn get(&mut self, name: &str) -> &mut Proc {
         if name == "relay" {
             return &mut self.relay;
         }
@@ -254,7 +254,7 @@ impl Cluster {
     }
 
     /// Kills every process and unmounts the data directories.
-    pub fn stop_all(&mut self) {
+    pub(crate) fn stop_all(&mut self) {
         self.relay.kill();
         for p in self.nodes.iter_mut().chain(self.etcd.iter_mut()) {
             p.kill();
@@ -262,7 +262,7 @@ impl Cluster {
     }
 
     /// Unmounts the nodes' tmpfs (after [`Cluster::stop_all`]).
-    pub fn unmount(&self) {
+    pub(crate) fn unmount(&self) {
         for d in &self.data {
             let _ = ns::run("umount", &["-l", d.to_str().unwrap_or_default()], None);
         }
@@ -277,7 +277,7 @@ impl Drop for Cluster {
 }
 
 /// Runs `f` on a thread inside namespace `ns` and returns its result.
-pub fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+pub(crate) fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
     let ns = ns.to_string();
     std::thread::spawn(move || -> Result<T, String> {
         ns::enter(&ns)?;
@@ -288,7 +288,7 @@ pub fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static
 }
 
 /// Polls `f` (every 50 ms) until it gives a value or `within` passes.
-pub fn poll<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+pub(crate) fn poll<T>(within: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + within;
     loop {
         if let Some(v) = f() {

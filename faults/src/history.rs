@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 /// How a request ended.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Acknowledged: a 2xx.
     Ok,
     /// Refused with nothing changed.
@@ -24,7 +24,7 @@ pub enum Outcome {
 /// Which API a key lives in: vLLM's ranks or SGLang's page space `(0, "kv")`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
-pub enum Dialect {
+pub(crate) enum Dialect {
     /// vLLM: a key's world spans `world` ranks.
     Vllm,
     /// SGLang: one page space, a world of one.
@@ -34,7 +34,7 @@ pub enum Dialect {
 /// One request and, when answered with a 2xx, what it said.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum Call {
+pub(crate) enum Call {
     /// vLLM `batch_allocate` / SGLang `reserve_and_allocate_page_indices`:
     /// the pages given (`-1`: none), when ok.
     Allocate { dialect: Dialect, rank: u32, keys: Vec<String>, pages: Vec<i64> },
@@ -49,12 +49,12 @@ pub enum Call {
 
 impl Call {
     /// Whether the call may change the server's state.
-    pub fn is_write(&self) -> bool {
+    pub(crate) fn is_write(&self) -> bool {
         matches!(self, Call::Allocate { .. } | Call::Confirm { .. })
     }
 
     /// The route's short name, for the figures.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Call::Allocate { .. } => "allocate",
             Call::Confirm { .. } => "confirm",
@@ -66,7 +66,7 @@ impl Call {
 
 /// One recorded request.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Op {
+pub(crate) struct Op {
     /// Its index in the history.
     pub id: u64,
     /// The worker that sent it.
@@ -95,7 +95,7 @@ pub struct Op {
 
 impl Op {
     /// Whether this op was acknowledged.
-    pub fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.outcome == Outcome::Ok
     }
 }
@@ -109,7 +109,7 @@ impl Op {
 /// (its deadline passed meanwhile): `info`. A durability or replication 503
 /// comes after the change was applied in memory: `info`. A 4xx or a typed
 /// 500 is checked before anything is applied: `fail`.
-pub fn classify(status: u16, body: &str, closes: bool, may_change: bool) -> (Outcome, String) {
+pub(crate) fn classify(status: u16, body: &str, closes: bool, may_change: bool) -> (Outcome, String) {
     let reason = reason_of(status, body);
     let outcome = match status {
         200..=299 => Outcome::Ok,
@@ -123,7 +123,7 @@ pub fn classify(status: u16, body: &str, closes: bool, may_change: bool) -> (Out
 }
 
 /// A short, stable name for why a request was not acknowledged.
-pub fn reason_of(status: u16, body: &str) -> String {
+pub(crate) fn reason_of(status: u16, body: &str) -> String {
     let class = if body.contains("this node is a follower") {
         "follower"
     } else if body.contains("is becoming leader") {

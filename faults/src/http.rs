@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 /// An answer.
 #[derive(Debug, Clone)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// The status code.
     pub status: u16,
     /// The body, as text.
@@ -20,14 +20,14 @@ pub struct Answer {
 
 impl Answer {
     /// The body as JSON (`null` when empty or not JSON).
-    pub fn json(&self) -> serde_json::Value {
+    pub(crate) fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
     }
 }
 
 /// Why no answer came.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Error {
+pub(crate) enum Error {
     /// The connection was refused or timed out before it was made: nothing
     /// was sent.
     Connect(String),
@@ -41,7 +41,13 @@ pub enum Error {
 /// that a `Connection: close` in the answer is the server's own choice (the
 /// gate's refusal on arrival sets it); the connection is dropped after one
 /// answer.
-pub fn request(addr: SocketAddr, method: &str, path: &str, body: &str, timeout: Duration) -> Result<Answer, Error> {
+pub(crate) fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    timeout: Duration,
+) -> Result<Answer, Error> {
     let deadline = Instant::now() + timeout;
     let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| Error::Connect(e.kind().to_string()))?;
     let _ = s.set_nodelay(true);

@@ -100,7 +100,8 @@ struct Common {
 }
 
 /// The fault types of the smoke campaign: those that pass on a sound build.
-const SMOKE: &[&str] = &["kill-leader", "pause-leader-1ttl", "partition-leader-etcd", "partition-leader-standby", "kill-etcd-leader"];
+const SMOKE: &[&str] =
+    &["kill-leader", "pause-leader-1ttl", "partition-leader-etcd", "partition-leader-standby", "kill-etcd-leader"];
 
 fn commit() -> String {
     std::process::Command::new("git")

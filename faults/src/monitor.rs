@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// One node's `/health` at one moment.
 #[derive(Serialize, Clone, Debug)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// µs from the run's start.
     pub t_us: u64,
     /// The node id.
@@ -36,7 +36,7 @@ pub struct Sample {
 }
 
 /// Reads one node's `/health` (from a thread in a namespace of the run).
-pub fn sample(t_us: u64, node: &str, addr: SocketAddr) -> Sample {
+pub(crate) fn sample(t_us: u64, node: &str, addr: SocketAddr) -> Sample {
     let a = http::request(addr, "GET", "/health", "", Duration::from_millis(400));
     let v = a.as_ref().map(|a| a.json()).unwrap_or_default();
     let ha = &v["ha"];
@@ -57,7 +57,7 @@ pub fn sample(t_us: u64, node: &str, addr: SocketAddr) -> Sample {
 
 /// The monitor thread's samples, shared.
 #[derive(Clone, Default)]
-pub struct Monitor {
+pub(crate) struct Monitor {
     /// Every sample so far.
     pub samples: Arc<Mutex<Vec<Sample>>>,
     stop: Arc<AtomicBool>,
@@ -65,7 +65,7 @@ pub struct Monitor {
 
 impl Monitor {
     /// Starts polling `nodes` from namespace `ns` until [`Monitor::stop`].
-    pub fn start(ns: &str, nodes: Vec<(String, SocketAddr)>, t0: Instant) -> Monitor {
+    pub(crate) fn start(ns: &str, nodes: Vec<(String, SocketAddr)>, t0: Instant) -> Monitor {
         let m = Monitor::default();
         let (samples, stop, ns) = (m.samples.clone(), m.stop.clone(), ns.to_string());
         std::thread::spawn(move || {
@@ -84,17 +84,17 @@ impl Monitor {
     }
 
     /// Stops polling.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
     }
 
     /// A copy of the samples.
-    pub fn snapshot(&self) -> Vec<Sample> {
+    pub(crate) fn snapshot(&self) -> Vec<Sample> {
         self.samples.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The serving leader in the latest round of samples: (node, epoch, standby).
-    pub fn leader(&self) -> Option<(String, u64, Option<String>)> {
+    pub(crate) fn leader(&self) -> Option<(String, u64, Option<String>)> {
         let s = self.snapshot();
         let last: Vec<&Sample> = s.iter().rev().take(3).collect();
         let serving: Vec<&&Sample> = last.iter().filter(|x| x.serving).collect();
@@ -106,7 +106,7 @@ impl Monitor {
 }
 
 /// The node that led at `epoch`, as the samples show.
-pub fn node_of(samples: &[Sample], epoch: u64) -> Option<String> {
+pub(crate) fn node_of(samples: &[Sample], epoch: u64) -> Option<String> {
     samples
         .iter()
         .find(|s| s.epoch == epoch && (s.role == "leader" || s.role == "promoting" || s.role == "fenced"))
@@ -114,13 +114,13 @@ pub fn node_of(samples: &[Sample], epoch: u64) -> Option<String> {
 }
 
 /// The first time at or after `from` that some node served as leader.
-pub fn first_serving_after(samples: &[Sample], from: u64) -> Option<u64> {
+pub(crate) fn first_serving_after(samples: &[Sample], from: u64) -> Option<u64> {
     samples.iter().filter(|s| s.t_us >= from && s.serving).map(|s| s.t_us).min()
 }
 
 /// The etcd member that is raft leader (index into the members' addresses),
 /// as the members' `/v3/maintenance/status` say.
-pub fn etcd_leader(members: &[SocketAddr]) -> Option<usize> {
+pub(crate) fn etcd_leader(members: &[SocketAddr]) -> Option<usize> {
     let mut ids = Vec::new();
     let mut leader = None;
     for &m in members {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Every nemesis, by name (`--nemesis NAME`).
-pub const ALL: &[&str] = &[
+pub(crate) const ALL: &[&str] = &[
     "none",
     "kill-leader",
     "kill-standby",
@@ -45,11 +45,11 @@ pub const ALL: &[&str] = &[
 /// The failover budget: a killed leader's lease expires (one TTL), its
 /// successor waits one more, catches up and serves; plus one sync timeout
 /// and 2 s of slack for a loaded machine.
-pub const FAILOVER_BUDGET: Duration =
+pub(crate) const FAILOVER_BUDGET: Duration =
     Duration::from_millis(3 * TTL.as_millis() as u64 + SYNC_TIMEOUT.as_millis() as u64 + 2000);
 
 /// What a nemesis needs to know of the run.
-pub struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     /// The processes.
     pub cluster: &'a mut Cluster,
     /// The namespaces.
@@ -70,7 +70,7 @@ pub struct Ctx<'a> {
 
 /// How long a nemesis holds its fault, and how long it may leave the service
 /// without an acknowledged write beyond [`FAILOVER_BUDGET`].
-pub fn timing(name: &str, fault: Duration) -> (Duration, Duration) {
+pub(crate) fn timing(name: &str, fault: Duration) -> (Duration, Duration) {
     let ttl = TTL;
     match name {
         "pause-leader-0.5ttl" => (ttl / 2, ttl / 2),
@@ -90,7 +90,7 @@ pub fn timing(name: &str, fault: Duration) -> (Duration, Duration) {
 }
 
 /// A fault in place, to be healed.
-pub enum Applied {
+pub(crate) enum Applied {
     /// Nothing to heal.
     Nothing,
     /// A stopped process group to continue.
@@ -114,7 +114,7 @@ fn ip_of(net: &Net, role: &str) -> String {
 }
 
 /// Injects `name`; what to heal.
-pub fn inject(name: &str, c: &mut Ctx) -> Result<Applied, String> {
+pub(crate) fn inject(name: &str, c: &mut Ctx) -> Result<Applied, String> {
     let (l, s) = (NODES[c.leader], NODES[c.standby]);
     let etcd = |i: usize| format!("e{i}");
     let all_etcd: Vec<String> = (0..3).map(|i| ip_of(c.net, &etcd(i))).collect();
@@ -229,7 +229,7 @@ pub fn inject(name: &str, c: &mut Ctx) -> Result<Applied, String> {
 }
 
 /// Heals what [`inject`] did.
-pub fn heal(a: Applied, c: &mut Ctx) -> Result<(), String> {
+pub(crate) fn heal(a: Applied, c: &mut Ctx) -> Result<(), String> {
     match a {
         Applied::Nothing => {}
         Applied::Paused(who) => c.cluster.get(&who).signal(libc::SIGCONT),

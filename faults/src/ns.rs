@@ -13,15 +13,15 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 /// What every namespace of this harness is called by.
-pub const PREFIX: &str = "hff-";
+pub(crate) const PREFIX: &str = "hff-";
 
 /// The private /24 (RFC 2544's benchmarking range, routed by no network):
 /// `SUBNET.x`.
-pub const SUBNET: &str = "198.18.77";
+pub(crate) const SUBNET: &str = "198.18.77";
 
 /// One namespace of a run: its name and its address.
 #[derive(Debug, Clone)]
-pub struct Host {
+pub(crate) struct Host {
     /// The short role name (`e0`, `n1`, `relay`, `ctl`).
     pub role: String,
     /// The namespace's name (`hff-<tag>-<role>`).
@@ -32,7 +32,7 @@ pub struct Host {
 
 /// The namespaces of one run; removed on drop (with every rule and every
 /// process still in them).
-pub struct Net {
+pub(crate) struct Net {
     hub: String,
     /// Every host, in creation order.
     pub hosts: Vec<Host>,
@@ -40,12 +40,12 @@ pub struct Net {
 }
 
 /// Runs `ip ARGS`, failing with its stderr.
-pub fn ip(args: &[&str]) -> Result<(), String> {
+pub(crate) fn ip(args: &[&str]) -> Result<(), String> {
     run("ip", args, None)
 }
 
 /// Runs `prog ARGS` (with `stdin` fed when given); its stderr on failure.
-pub fn run(prog: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String> {
+pub(crate) fn run(prog: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String> {
     use std::io::Write;
     let mut cmd = Command::new(prog);
     cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
@@ -63,7 +63,7 @@ pub fn run(prog: &str, args: &[&str], stdin: Option<&str>) -> Result<(), String>
 }
 
 /// The output of `prog ARGS` (empty on failure).
-pub fn output(prog: &str, args: &[&str]) -> String {
+pub(crate) fn output(prog: &str, args: &[&str]) -> String {
     Command::new(prog)
         .args(args)
         .stderr(Stdio::null())
@@ -75,7 +75,7 @@ pub fn output(prog: &str, args: &[&str]) -> String {
 /// Fails unless the root namespace has neither an address nor a route of
 /// its own in [`SUBNET`] (the default route aside): the harness's addresses
 /// must be reachable only from inside its namespaces.
-pub fn assert_root_has_no_route() -> Result<(), String> {
+pub(crate) fn assert_root_has_no_route() -> Result<(), String> {
     let addrs = output("ip", &["-o", "addr", "show"]);
     if let Some(l) = addrs.lines().find(|l| l.contains(&format!(" {SUBNET}."))) {
         return Err(format!("the root namespace has an address in {SUBNET}.0/24: {l}"));
@@ -90,7 +90,7 @@ pub fn assert_root_has_no_route() -> Result<(), String> {
 impl Net {
     /// Makes the hub and one namespace per role in `roles`, with addresses
     /// `SUBNET.(first + i)` in order.
-    pub fn create(tag: &str, roles: &[(&str, u8)]) -> Result<Net, String> {
+    pub(crate) fn create(tag: &str, roles: &[(&str, u8)]) -> Result<Net, String> {
         assert_root_has_no_route()?;
         let hub = format!("{PREFIX}{tag}-hub");
         let mut net = Net { hub: hub.clone(), hosts: Vec::new(), removed: false };
@@ -113,13 +113,13 @@ impl Net {
     }
 
     /// The host of `role`.
-    pub fn host(&self, role: &str) -> &Host {
+    pub(crate) fn host(&self, role: &str) -> &Host {
         self.hosts.iter().find(|h| h.role == role).unwrap_or_else(|| panic!("no host {role}"))
     }
 
     /// Kills every process still in a namespace of this run and removes the
     /// namespaces (rules and links go with them).
-    pub fn remove(&mut self) {
+    pub(crate) fn remove(&mut self) {
         if self.removed {
             return;
         }
@@ -141,7 +141,7 @@ impl Drop for Net {
 
 /// SIGKILLs every process in namespace `ns` (`ip netns pids`: only processes
 /// of a namespace this harness made).
-pub fn kill_all_in(ns: &str) {
+pub(crate) fn kill_all_in(ns: &str) {
     for pid in output("ip", &["netns", "pids", ns]).split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
         // SAFETY: kill(2) with a pid and a signal number; no memory is shared.
         unsafe {
@@ -155,13 +155,13 @@ pub fn kill_all_in(ns: &str) {
 /// them) and unmounts the scratch mounts under `/tmp/hff-*`: the leftovers
 /// of runs that could not clean up (a SIGKILLed harness). Returns what it
 /// removed.
-pub fn cleanup_leftovers() -> Vec<String> {
+pub(crate) fn cleanup_leftovers() -> Vec<String> {
     cleanup(PREFIX, "/tmp/hff-")
 }
 
 /// Removes the namespaces named `prefix…` (killing what runs in them) and
 /// unmounts what is mounted under a path starting with `mounts`.
-pub fn cleanup(prefix: &str, mounts: &str) -> Vec<String> {
+pub(crate) fn cleanup(prefix: &str, mounts: &str) -> Vec<String> {
     let mut removed = Vec::new();
     for line in output("ip", &["netns", "list"]).lines() {
         let Some(name) = line.split_whitespace().next() else { continue };
@@ -183,7 +183,7 @@ pub fn cleanup(prefix: &str, mounts: &str) -> Vec<String> {
 
 /// Moves the calling thread into namespace `ns` (threads it starts later
 /// inherit it). Every connection the harness makes runs after this.
-pub fn enter(ns: &str) -> Result<(), String> {
+pub(crate) fn enter(ns: &str) -> Result<(), String> {
     let f = File::open(format!("/var/run/netns/{ns}")).map_err(|e| format!("open namespace {ns}: {e}"))?;
     // SAFETY: setns(2) on a namespace file descriptor we own; it changes only
     // this thread's network namespace.
@@ -197,7 +197,7 @@ pub fn enter(ns: &str) -> Result<(), String> {
 /// Makes `cmd` start in namespace `ns`, in a process group of its own (so
 /// that a wrapper such as faketime or strace and the server stop and die
 /// together).
-pub fn spawn_in(cmd: &mut Command, ns: &str) -> Result<(), String> {
+pub(crate) fn spawn_in(cmd: &mut Command, ns: &str) -> Result<(), String> {
     let f = File::open(format!("/var/run/netns/{ns}")).map_err(|e| format!("open namespace {ns}: {e}"))?;
     let fd = f.as_raw_fd();
     // SAFETY: the closure runs in the forked child before exec and calls only
@@ -222,7 +222,7 @@ pub fn spawn_in(cmd: &mut Command, ns: &str) -> Result<(), String> {
 
 /// nft rules inside one namespace: a table of the harness's own, removed
 /// whole on heal (and with the namespace).
-pub mod nft {
+pub(crate) mod nft {
     use super::run;
 
     const TABLE: &str = "hff";
@@ -230,7 +230,7 @@ pub mod nft {
     /// Replaces the harness's rules in namespace `ns` by `rules` (nft
     /// statements of its input and output chains, `{in}`/`{out}` placeholders
     /// are not used: each rule names its direction).
-    pub fn set(ns: &str, input: &[String], output: &[String]) -> Result<(), String> {
+    pub(crate) fn set(ns: &str, input: &[String], output: &[String]) -> Result<(), String> {
         let _ = clear(ns);
         let mut script =
             format!("table inet {TABLE} {{\n chain input {{ type filter hook input priority -10; policy accept;\n");
@@ -246,19 +246,19 @@ pub mod nft {
     }
 
     /// Removes the harness's rules from `ns`.
-    pub fn clear(ns: &str) -> Result<(), String> {
+    pub(crate) fn clear(ns: &str) -> Result<(), String> {
         run("ip", &["netns", "exec", ns, "nft", "delete", "table", "inet", TABLE], None)
     }
 
     /// Rules that drop everything to and from `peers` (both chains).
-    pub fn cut(peers: &[String]) -> (Vec<String>, Vec<String>) {
+    pub(crate) fn cut(peers: &[String]) -> (Vec<String>, Vec<String>) {
         let set = peers.join(", ");
         (vec![format!("ip saddr {{ {set} }} drop")], vec![format!("ip daddr {{ {set} }} drop")])
     }
 
     /// Rules that drop `percent`% of the packets to and from `peers`, and
     /// answer `reset_percent`% of their TCP segments with a reset.
-    pub fn flaky(peers: &[String], percent: u32, reset_percent: u32) -> (Vec<String>, Vec<String>) {
+    pub(crate) fn flaky(peers: &[String], percent: u32, reset_percent: u32) -> (Vec<String>, Vec<String>) {
         let set = peers.join(", ");
         let mut input = vec![format!("ip saddr {{ {set} }} numgen random mod 100 < {percent} drop")];
         if reset_percent > 0 {

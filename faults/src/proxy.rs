@@ -19,7 +19,7 @@ use std::time::Duration;
 
 /// What the proxy does to the link.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Forward as it comes.
     Pass,
     /// Hold each chunk this many ms.
@@ -51,14 +51,14 @@ impl Mode {
 
 /// One proxy; its threads end with the namespace (the run removes it).
 #[derive(Clone)]
-pub struct Proxy {
+pub(crate) struct Proxy {
     mode: Arc<AtomicU64>,
     conns: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Proxy {
     /// Listens at `listen` inside namespace `ns` and forwards to `to`.
-    pub fn start(ns: &str, listen: SocketAddr, to: SocketAddr) -> Result<Proxy, String> {
+    pub(crate) fn start(ns: &str, listen: SocketAddr, to: SocketAddr) -> Result<Proxy, String> {
         let p = Proxy { mode: Arc::default(), conns: Arc::default() };
         let (tx, rx) = std::sync::mpsc::channel();
         let (q, ns) = (p.clone(), ns.to_string());
@@ -101,12 +101,12 @@ impl Proxy {
     }
 
     /// The current mode.
-    pub fn mode(&self) -> Mode {
+    pub(crate) fn mode(&self) -> Mode {
         Mode::decode(self.mode.load(Ordering::Relaxed))
     }
 
     /// Sets the mode; `Reset` closes every connection now.
-    pub fn set(&self, m: Mode) {
+    pub(crate) fn set(&self, m: Mode) {
         self.mode.store(m.encode(), Ordering::Relaxed);
         if m == Mode::Reset {
             for c in self.conns.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {

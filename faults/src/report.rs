@@ -13,7 +13,7 @@ use std::path::Path;
 
 /// One phase's figures.
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
-pub struct Phase {
+pub(crate) struct Phase {
     /// Requests sent.
     pub invoked: u64,
     /// Acknowledged.
@@ -36,7 +36,7 @@ pub struct Phase {
 
 /// A run's figures.
 #[derive(Serialize, Deserialize, Clone, Debug, Default)]
-pub struct Figures {
+pub(crate) struct Figures {
     /// Before the fault, during it, after the heal.
     pub before: Phase,
     /// …
@@ -88,7 +88,7 @@ fn phase(ops: &[&Op], secs: f64) -> Phase {
 
 /// The figures of a run whose workload ran from `start` to `end`, with the
 /// fault from `fault` to `heal` (µs), the leader at `epoch_before` before it.
-pub fn figures(
+pub(crate) fn figures(
     history: &[Op],
     samples: &[Sample],
     start: u64,
@@ -167,7 +167,7 @@ pub fn figures(
 
 /// One run's result as read back from its `result.json`.
 #[derive(Deserialize, Clone, Debug)]
-pub struct Saved {
+pub(crate) struct Saved {
     nemesis: String,
     seed: u64,
     commit: String,
@@ -185,7 +185,7 @@ struct SavedFinding {
 }
 
 /// Reads every `result.json` under `out`.
-pub fn load(out: &Path) -> Vec<Saved> {
+pub(crate) fn load(out: &Path) -> Vec<Saved> {
     let mut v: Vec<Saved> = std::fs::read_dir(out)
         .into_iter()
         .flatten()
@@ -203,7 +203,7 @@ fn opt(x: Option<f64>) -> String {
 
 /// The campaign's markdown: the matrix, the figures per fault type, and
 /// every violation with its history excerpt and replay command.
-pub fn markdown(runs: &[Saved]) -> String {
+pub(crate) fn markdown(runs: &[Saved]) -> String {
     let mut by: BTreeMap<&str, Vec<&Saved>> = BTreeMap::new();
     for r in runs {
         by.entry(&r.nemesis).or_default().push(r);

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 /// A run's settings.
 #[derive(Clone, Debug)]
-pub struct Opts {
+pub(crate) struct Opts {
     /// The nemesis ([`nemesis::ALL`]).
     pub nemesis: String,
     /// Seeds every choice of the run.
@@ -46,7 +46,7 @@ pub struct Opts {
 
 /// What a run found.
 #[derive(Serialize, Clone, Debug)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The nemesis.
     pub nemesis: String,
     /// The seed.
@@ -80,7 +80,7 @@ fn sleep(d: Duration) {
 }
 
 /// Runs one run; its directory is `out/<nemesis>-<seed>`.
-pub fn run(o: &Opts) -> Result<Outcome, String> {
+pub(crate) fn run(o: &Opts) -> Result<Outcome, String> {
     let tag = format!("{:05x}", (o.seed ^ u64::from(std::process::id())) & 0xfffff);
     let scratch = PathBuf::from(format!("/tmp/hff-{tag}"));
     let dir = o.out.join(format!("{}-{}", o.nemesis, o.seed));
@@ -425,6 +425,6 @@ fn readback(s: &Shared, within: Duration) {
 }
 
 /// The ops of `history` that a finding names, for the report.
-pub fn excerpt<'h>(history: &'h [Op], ids: &[u64]) -> Vec<&'h Op> {
+pub(crate) fn excerpt<'h>(history: &'h [Op], ids: &[u64]) -> Vec<&'h Op> {
     ids.iter().filter_map(|&id| history.iter().find(|o| o.id == id)).collect()
 }

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 static CURRENT: Mutex<String> = Mutex::new(String::new());
 
 /// Names the run in progress (its tag; empty: none).
-pub fn set_current(tag: &str) {
+pub(crate) fn set_current(tag: &str) {
     *CURRENT.lock().unwrap_or_else(|p| p.into_inner()) = tag.to_string();
 }
 
@@ -26,7 +26,7 @@ fn set() -> libc::sigset_t {
 /// Blocks the signals in the calling thread (call first in `main`, before
 /// any thread starts, so that every thread inherits the mask) and starts the
 /// thread that handles them.
-pub fn install() {
+pub(crate) fn install() {
     let s = set();
     // SAFETY: pthread_sigmask on a valid set; only this thread's mask changes.
     unsafe {

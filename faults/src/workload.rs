@@ -27,15 +27,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Pages of every rank and of the SGLang space.
-pub const PAGES: u64 = 1 << 20;
+pub(crate) const PAGES: u64 = 1 << 20;
 
 /// The request deadline: above the sync timeout, so that a 503 of a standby
 /// that did not acknowledge arrives as an answer.
-pub const TIMEOUT: Duration = Duration::from_secs(4);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(4);
 
 /// The shared state of the workers.
 #[derive(Clone)]
-pub struct Shared {
+pub(crate) struct Shared {
     /// The history.
     pub history: Arc<Mutex<Vec<Op>>>,
     next: Arc<AtomicU64>,
@@ -51,7 +51,7 @@ pub struct Shared {
 
 impl Shared {
     /// A fresh history; times count from `t0`.
-    pub fn new(addr: SocketAddr, t0: Instant) -> Shared {
+    pub(crate) fn new(addr: SocketAddr, t0: Instant) -> Shared {
         Shared {
             history: Arc::default(),
             next: Arc::default(),
@@ -67,13 +67,13 @@ impl Shared {
     }
 
     /// A copy of the history so far.
-    pub fn ops(&self) -> Vec<Op> {
+    pub(crate) fn ops(&self) -> Vec<Op> {
         self.history.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Sends one request, records it, and gives its JSON on a 2xx.
     /// `fill` writes the answer into the call.
-    pub fn send(
+    pub(crate) fn send(
         &self,
         worker: u32,
         path: &str,
@@ -110,7 +110,14 @@ impl Shared {
     }
 
     /// allocate / reserve: the pages, on a 2xx.
-    pub fn allocate(&self, w: u32, d: Dialect, rank: u32, keys: &[String], final_read: bool) -> Option<Vec<i64>> {
+    pub(crate) fn allocate(
+        &self,
+        w: u32,
+        d: Dialect,
+        rank: u32,
+        keys: &[String],
+        final_read: bool,
+    ) -> Option<Vec<i64>> {
         let (path, body) = match d {
             Dialect::Vllm => (
                 "/keys/batch_allocate".to_string(),
@@ -153,7 +160,14 @@ impl Shared {
     }
 
     /// confirm_write: whether it was acknowledged.
-    pub fn confirm(&self, w: u32, d: Dialect, rank: u32, pairs: &[(String, i64)], release: &[(String, i64)]) -> bool {
+    pub(crate) fn confirm(
+        &self,
+        w: u32,
+        d: Dialect,
+        rank: u32,
+        pairs: &[(String, i64)],
+        release: &[(String, i64)],
+    ) -> bool {
         let rel: Vec<i64> = release.iter().map(|r| r.1).collect();
         let conf: Vec<Value> = pairs.iter().map(|(k, p)| json!([k, p])).collect();
         let (path, body) = match d {
@@ -170,7 +184,7 @@ impl Shared {
     }
 
     /// exists: the flags, on a 2xx.
-    pub fn exists(&self, w: u32, d: Dialect, keys: &[String]) -> Option<Vec<bool>> {
+    pub(crate) fn exists(&self, w: u32, d: Dialect, keys: &[String]) -> Option<Vec<bool>> {
         let path = match d {
             Dialect::Vllm => "/keys/batch_exists".to_string(),
             Dialect::Sglang => "/0/exists".to_string(),
@@ -195,7 +209,7 @@ impl Shared {
     }
 
     /// get_locations / get_page_indices: the pages, on a 2xx.
-    pub fn locations(
+    pub(crate) fn locations(
         &self,
         w: u32,
         d: Dialect,
@@ -250,7 +264,7 @@ impl Shared {
 
 /// Initializes the vLLM ranks and the SGLang space through the relay,
 /// retrying until they are acknowledged or `within` passes.
-pub fn initialize(addr: SocketAddr, within: Duration) -> Result<(), String> {
+pub(crate) fn initialize(addr: SocketAddr, within: Duration) -> Result<(), String> {
     let deadline = Instant::now() + within;
     let mut todo: Vec<(String, Value)> =
         (0..WORLD).map(|r| (format!("/rank/{r}/initialize"), json!({"num_pages": PAGES, "role": "worker"}))).collect();
@@ -311,11 +325,11 @@ fn sglang_set(s: &Shared, w: u32, rng: &mut ChaCha8Rng, keys: Vec<String>) {
 }
 
 /// The workers' roles: two vLLM writers, a vLLM reader, an SGLang worker.
-pub const WORKERS: u32 = 4;
+pub(crate) const WORKERS: u32 = 4;
 
 /// Runs worker `w` until `s.stop` (in the calling thread, which must be in
 /// the relay's namespace). Its choices come from `seed`.
-pub fn worker(s: Shared, w: u32, seed: u64) {
+pub(crate) fn worker(s: Shared, w: u32, seed: u64) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (u64::from(w) << 32) ^ 0x9e37_79b9);
     let mut n = 0u64;
     while !s.stop.load(Ordering::Relaxed) {

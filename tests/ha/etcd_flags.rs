@@ -5,7 +5,7 @@
 
 /// The arguments of member `name`: its data directory, the URL it serves
 /// clients and peers at, and the initial cluster (`m0=http://…,m1=…`).
-pub fn member_args(name: &str, data: &str, client_url: &str, peer_url: &str, cluster: &str) -> Vec<String> {
+pub(super) fn member_args(name: &str, data: &str, client_url: &str, peer_url: &str, cluster: &str) -> Vec<String> {
     [
         "--name",
         name,

@@ -18,7 +18,7 @@ use std::collections::HashSet;
 
 /// What one operation did to, or saw of, one key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// A confirm of page `.1` on rank `.0`.
     Bind(u32, i64),
     /// A release of page `.1` on rank `.0`.
@@ -34,7 +34,7 @@ pub enum Event {
 /// One operation on a key: its interval (`complete: None` for `info`) and
 /// its event.
 #[derive(Clone, Copy, Debug)]
-pub struct KeyOp {
+pub(crate) struct KeyOp {
     /// Index into the history (for the report).
     pub id: u64,
     /// When it was sent.
@@ -47,7 +47,7 @@ pub struct KeyOp {
 }
 
 /// The most operations of one key the search takes (a bit mask of them).
-pub const MAX_OPS: usize = 64;
+pub(crate) const MAX_OPS: usize = 64;
 
 type State = Vec<Option<i64>>;
 
@@ -86,7 +86,7 @@ fn step(s: &State, e: Event) -> Option<State> {
 
 /// Whether `ops` (of one key whose world has `world` ranks, starting
 /// unbound) are linearizable; `Err` when there are too many to search.
-pub fn linearizable(world: u32, ops: &[KeyOp]) -> Result<bool, String> {
+pub(crate) fn linearizable(world: u32, ops: &[KeyOp]) -> Result<bool, String> {
     if ops.len() > MAX_OPS {
         return Err(format!("{} operations on one key (the search takes at most {MAX_OPS})", ops.len()));
     }

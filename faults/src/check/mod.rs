@@ -18,7 +18,7 @@
 //! whose write it abandoned before any confirm, and eviction cannot fire on
 //! its ranks), so a binding observed once holds for the rest of the run.
 
-pub mod linear;
+pub(crate) mod linear;
 
 use crate::history::{Call, Dialect, Op, Outcome};
 use linear::{Event, KeyOp};
@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashMap};
 
 /// One violation: the check, what it saw, and the history ops that show it.
 #[derive(Serialize, Clone, Debug, PartialEq)]
-pub struct Finding {
+pub(crate) struct Finding {
     /// The checker's name.
     pub check: &'static str,
     /// What it found.
@@ -49,7 +49,7 @@ fn world_of(dialect: Dialect, world: u32) -> u32 {
 }
 
 /// Runs every safety checker (all but liveness) over `history`.
-pub fn safety(history: &[Op], world: u32) -> Vec<Finding> {
+pub(crate) fn safety(history: &[Op], world: u32) -> Vec<Finding> {
     let mut f = lost(history, world);
     f.extend(pages(history));
     f.extend(split_brain(history));
@@ -74,7 +74,7 @@ fn acknowledged(history: &[Op]) -> BTreeMap<(Dialect, String), BTreeMap<u32, (i6
 /// read back after the heal, through `get_locations` when the key was
 /// acknowledged on every rank of its world, else through a re-save
 /// (allocate) of the key on that rank, whose answer is the stored page.
-pub fn lost(history: &[Op], world: u32) -> Vec<Finding> {
+pub(crate) fn lost(history: &[Op], world: u32) -> Vec<Finding> {
     // What the final read-back saw: (dialect, key, rank) → (answer, op).
     let mut located: HashMap<(Dialect, &str, u32), (Option<i64>, u64)> = HashMap::new();
     let mut stored: HashMap<(Dialect, &str, u32), (i64, u64)> = HashMap::new();
@@ -123,7 +123,7 @@ pub fn lost(history: &[Op], world: u32) -> Vec<Finding> {
 /// No page bound to two keys, no read answered with a page another key was
 /// bound to, no allocate handing out a page bound to another key once that
 /// binding was known.
-pub fn pages(history: &[Op]) -> Vec<Finding> {
+pub(crate) fn pages(history: &[Op]) -> Vec<Finding> {
     // (dialect, rank, page) → (key, op, completion) of its first binding seen.
     let mut bound: HashMap<(Dialect, u32, i64), (String, u64, u64)> = HashMap::new();
     let mut out = Vec::new();
@@ -173,7 +173,7 @@ pub fn pages(history: &[Op]) -> Vec<Finding> {
 /// an ok op of epoch `e` sent after an ok op of a later epoch completed.
 /// The finding gives the overlap: how long after the newer epoch's answer
 /// the older one still answered (at least).
-pub fn split_brain(history: &[Op]) -> Vec<Finding> {
+pub(crate) fn split_brain(history: &[Op]) -> Vec<Finding> {
     let mut answered: Vec<(u64, u64, u64)> =
         history.iter().filter(|o| o.ok()).filter_map(|o| o.epoch.map(|e| (o.complete_us, e, o.id))).collect();
     answered.sort();
@@ -221,7 +221,7 @@ pub fn split_brain(history: &[Op]) -> Vec<Finding> {
 }
 
 /// Per-key linearizability of bind, release and read ([`linear`]).
-pub fn linearizable(history: &[Op], world: u32) -> Vec<Finding> {
+pub(crate) fn linearizable(history: &[Op], world: u32) -> Vec<Finding> {
     let mut per_key: BTreeMap<(Dialect, String), Vec<KeyOp>> = BTreeMap::new();
     for op in history.iter().filter(|o| o.outcome != Outcome::Fail) {
         let complete = (op.outcome == Outcome::Ok).then_some(op.complete_us);
@@ -266,7 +266,7 @@ pub fn linearizable(history: &[Op], world: u32) -> Vec<Finding> {
 
 /// The longest window (start, end) in `[from, to]` with no acknowledged
 /// write (confirm) completing, in µs.
-pub fn longest_gap(history: &[Op], from: u64, to: u64) -> (u64, u64) {
+pub(crate) fn longest_gap(history: &[Op], from: u64, to: u64) -> (u64, u64) {
     let mut t: Vec<u64> = history
         .iter()
         .filter(|o| o.ok() && !o.final_read && matches!(o.call, Call::Confirm { .. }))
@@ -287,7 +287,7 @@ pub fn longest_gap(history: &[Op], from: u64, to: u64) -> (u64, u64) {
 
 /// What liveness requires of a run.
 #[derive(Clone, Copy, Debug)]
-pub struct Bounds {
+pub(crate) struct Bounds {
     /// When the fault began and when it was healed (µs from the start).
     pub fault: (u64, u64),
     /// When the workload stopped.
@@ -302,7 +302,7 @@ pub struct Bounds {
 /// Liveness: an acknowledged write within `after_heal_us` of the heal (which
 /// also needs a serving leader: `leader_after_heal` is when one was first
 /// seen), and no window longer than `max_gap_us` without one.
-pub fn liveness(history: &[Op], b: Bounds, leader_after_heal: Option<u64>) -> Vec<Finding> {
+pub(crate) fn liveness(history: &[Op], b: Bounds, leader_after_heal: Option<u64>) -> Vec<Finding> {
     let mut out = Vec::new();
     let heal = b.fault.1;
     let first = history
