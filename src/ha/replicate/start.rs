@@ -8,14 +8,14 @@ use super::leader::Replicator;
 use super::promote::Replicated;
 use super::standby::Standby;
 use super::stores::Replicators;
-use crate::ha::{etcd, Keys};
+use crate::ha::{Coordinator, Keys};
 use crate::App;
 use std::sync::Arc;
 
 /// Starts replication for `app` (a node of an HA cluster, with `--data-dir`)
 /// and returns the promotion hook to start the election with; the caller
 /// then calls [`Replicated::bind`] with the election.
-pub async fn start(app: &Arc<App>, etcd: &etcd::Client, keys: &Keys) -> Result<Arc<Replicated>, String> {
+pub async fn start(app: &Arc<App>, etcd: &dyn Coordinator, keys: &Keys) -> Result<Arc<Replicated>, String> {
     let node = app.ha.as_ref().ok_or("replication needs --ha etcd")?;
     let d = app.durable.as_ref().ok_or(
         "--ha etcd needs --data-dir: the synchronous standby writes the leader's journal through its own durable store",
