@@ -186,6 +186,8 @@ pub struct Election {
     /// The current session's lease (0: none). Relaxed: read by step-down,
     /// which tolerates a stale value (a revoked lease is revoked again).
     lease: AtomicU64,
+    /// The election's task ([`Election::halt`]).
+    task: std::sync::OnceLock<tokio::task::AbortHandle>,
 }
 
 impl Election {
@@ -203,9 +205,22 @@ impl Election {
             stopping: AtomicBool::new(false),
             served: AtomicBool::new(false),
             lease: AtomicU64::new(0),
+            task: std::sync::OnceLock::new(),
         });
-        tokio::spawn(e.clone().run());
+        let task = tokio::spawn(e.clone().run());
+        let _ = e.task.set(task.abort_handle());
         e
+    }
+
+    /// Stops the election at once without a word to the coordinator, as a
+    /// crash would: the gate closes, the lease is left to expire. For tests
+    /// that crash a node in process.
+    pub fn halt(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        if let Some(t) = self.task.get() {
+            t.abort();
+        }
+        self.node.retire();
     }
 
     /// This node's HA state.
@@ -387,6 +402,11 @@ impl Election {
                 self.lead(&session, ctx).await;
                 return Ok(());
             }
+            // Lost the race, or etcd refused (the lease expired under us:
+            // the renewer will say so): wait for the key to change rather
+            // than campaign again at once, which spun on the transaction
+            // until the renewer's next period.
+            self.wait_change(watch.ok(), &mut lost).await;
         }
     }
 
@@ -654,8 +674,16 @@ impl Election {
                     }
                 }
             }
-            let pause = if ok { self.period() } else { self.period() / 3 };
-            self.node.clock().sleep(pause).await;
+            // After a success, the next renewal is sent a period after this
+            // one was (not a period after its answer): on a slow etcd, two
+            // round trips a renewal, the next proof must still come before
+            // this one's deadline. After a failure, a third of that later.
+            let clock = self.node.clock();
+            if ok {
+                clock.sleep_until(sent.saturating_add(self.period().as_nanos() as u64)).await;
+            } else {
+                clock.sleep(self.period() / 3).await;
+            }
         }
     }
 

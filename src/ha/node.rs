@@ -182,6 +182,12 @@ impl Node {
         until != 0 && self.clock.now() < until
     }
 
+    /// The serving deadline in [`Node::clock`] nanoseconds (0: closed): for
+    /// tests that check it against the lease.
+    pub fn serving_until(&self) -> u64 {
+        self.serve_until.load(Ordering::Acquire)
+    }
+
     /// Opens the gate until `deadline` (nanoseconds of [`Node::clock`]).
     pub(crate) fn serve_until(&self, deadline: u64) {
         self.serve_until.store(deadline, Ordering::Release);

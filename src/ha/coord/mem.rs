@@ -125,6 +125,11 @@ impl MemEtcd {
         self.lock().kvs.values().cloned().collect()
     }
 
+    /// When `lease` expires (clock nanoseconds), if it lives.
+    pub fn lease_expires(&self, lease: LeaseId) -> Option<u64> {
+        self.lock().leases.get(&lease).map(|l| l.expires)
+    }
+
     /// Expires the leases whose time has come (every call does it first).
     pub fn expire(&self) {
         let mut s = self.lock();
