@@ -88,11 +88,18 @@ impl Cluster {
 
     /// Starts node `id` with `promotion`; its index.
     pub fn start_with(&mut self, id: &str, promotion: Arc<dyn Promotion>) -> usize {
+        self.start_hooked(id, |_| promotion)
+    }
+
+    /// Starts node `id` with the promotion `hook` makes for its node; its
+    /// index.
+    pub fn start_hooked(&mut self, id: &str, hook: impl FnOnce(&Arc<Node>) -> Arc<dyn Promotion>) -> usize {
         let clock = self.clock.fork();
         let node = Arc::new(
             Node::new(id.into(), format!("http://127.0.0.1:{}", 18001 + self.nodes.len()), TTL, token())
                 .with_clock(HaClock::Manual(clock.clone())),
         );
+        let promotion = hook(&node);
         let app = Arc::new(App::new(Config::for_tests()).with_ha(node.clone()));
         // The server's per-attempt bound: a quarter of the TTL, at least 100 ms.
         let client = self.etcd.client((TTL / 4).max(Duration::from_millis(100)));
@@ -198,10 +205,25 @@ impl Cluster {
     /// A data request to node `i` through the real gate; `during` runs in
     /// the handler (between the gate's two checks: a pause, a slow disk).
     pub async fn request(&self, i: usize, during: impl FnOnce()) -> Answer {
+        self.request_with(i, || {
+            during();
+            200
+        })
+        .await
+    }
+
+    /// A data request to node `i` through the real gate whose handler is
+    /// `handler` (its status: a write that could not be replicated is 503).
+    pub async fn request_with(&self, i: usize, handler: impl FnOnce() -> u16) -> Answer {
         let req = Request::post("/keys/batch_exists").header(CONTENT_LENGTH, "2").body(()).unwrap();
         let resp = gate::guard(self.nodes[i].app.clone(), req, |_, _| async move {
-            during();
-            Ok(Response::new(Full::new(Bytes::from_static(b"{\"exists\":[]}"))))
+            let status = handler();
+            let mut r = Response::new(Full::new(Bytes::from_static(b"{\"exists\":[]}")));
+            *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+            if status == 503 {
+                r.headers_mut().insert(RETRY_AFTER, hyper::header::HeaderValue::from_static("1"));
+            }
+            Ok(r)
         })
         .await
         .unwrap();

@@ -18,3 +18,4 @@ mod cluster;
 mod election;
 mod history;
 mod relay;
+mod sim;
