@@ -12,7 +12,8 @@ use hf3fs_meta::config::Config;
 use hf3fs_meta::ha::clock::{HaClock, ManualClock};
 use hf3fs_meta::ha::coord::mem::{MemClient, MemEtcd};
 use hf3fs_meta::ha::coord::Coordinator;
-use hf3fs_meta::ha::{gate, Election, Keys, Node, Promotion, Role, WithoutReplication};
+use hf3fs_meta::ha::{Election, Keys, Node, Promotion, Role, WithoutReplication};
+use hf3fs_meta::http::gate;
 use hf3fs_meta::App;
 use http_body_util::Full;
 use hyper::header::{CONTENT_LENGTH, RETRY_AFTER};
@@ -21,49 +22,49 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The lease of every node (the real-etcd tests use the same).
-pub const TTL: Duration = Duration::from_secs(2);
+pub(crate) const TTL: Duration = Duration::from_secs(2);
 
 /// The clock's step in [`Cluster::advance`]: fine enough to see every
 /// renewal (a third of the TTL) and deadline.
-pub const STEP: Duration = Duration::from_millis(50);
+pub(crate) const STEP: Duration = Duration::from_millis(50);
 
 /// One node of the cluster.
-pub struct SimNode {
+pub(crate) struct SimNode {
     /// `--node-id`.
-    pub id: String,
+    pub(crate) id: String,
     /// Its HA state (the gate reads it).
-    pub node: Arc<Node>,
+    pub(crate) node: Arc<Node>,
     /// Its server state.
-    pub app: Arc<App>,
+    pub(crate) app: Arc<App>,
     /// Its election.
-    pub election: Arc<Election>,
+    pub(crate) election: Arc<Election>,
     /// Its link to etcd, with the fault knobs.
-    pub client: MemClient,
+    pub(crate) client: MemClient,
     /// Its own clock (a fork of the cluster's: steps move it alone).
-    pub clock: ManualClock,
+    pub(crate) clock: ManualClock,
     /// Crashed ([`Cluster::crash`]): never asked anything again.
-    pub crashed: bool,
+    pub(crate) crashed: bool,
 }
 
 /// What one data request got from the gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// The status.
-    pub status: u16,
+    pub(crate) status: u16,
     /// The epoch a success named (`x-hf3fs-meta-epoch`).
-    pub epoch: Option<u64>,
+    pub(crate) epoch: Option<u64>,
 }
 
 /// Nodes on one in-memory etcd and one clock.
-pub struct Cluster {
+pub(crate) struct Cluster {
     /// The cluster's time (etcd's and, unless stepped, every node's).
-    pub clock: ManualClock,
+    pub(crate) clock: ManualClock,
     /// The in-memory etcd.
-    pub etcd: MemEtcd,
+    pub(crate) etcd: MemEtcd,
     /// The key names.
-    pub keys: Keys,
+    pub(crate) keys: Keys,
     /// Every node started, crashed ones included.
-    pub nodes: Vec<SimNode>,
+    pub(crate) nodes: Vec<SimNode>,
 }
 
 impl Default for Cluster {
@@ -74,7 +75,7 @@ impl Default for Cluster {
 
 impl Cluster {
     /// An empty cluster.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let clock = ManualClock::new();
         let etcd = MemEtcd::new(HaClock::Manual(clock.clone()));
         Cluster { clock, etcd, keys: Keys::new("/sim"), nodes: Vec::new() }
@@ -82,18 +83,18 @@ impl Cluster {
 
     /// Starts node `id` with the election-only promotion that accepts every
     /// winner (`--ha-promote-without-state`); its index.
-    pub fn start(&mut self, id: &str) -> usize {
+    pub(crate) fn start(&mut self, id: &str) -> usize {
         self.start_with(id, Arc::new(WithoutReplication { unsafe_accept_all: true }))
     }
 
     /// Starts node `id` with `promotion`; its index.
-    pub fn start_with(&mut self, id: &str, promotion: Arc<dyn Promotion>) -> usize {
+    pub(crate) fn start_with(&mut self, id: &str, promotion: Arc<dyn Promotion>) -> usize {
         self.start_hooked(id, |_| promotion)
     }
 
     /// Starts node `id` with the promotion `hook` makes for its node; its
     /// index.
-    pub fn start_hooked(&mut self, id: &str, hook: impl FnOnce(&Arc<Node>) -> Arc<dyn Promotion>) -> usize {
+    pub(crate) fn start_hooked(&mut self, id: &str, hook: impl FnOnce(&Arc<Node>) -> Arc<dyn Promotion>) -> usize {
         let clock = self.clock.fork();
         let node = Arc::new(
             Node::new(id.into(), format!("http://127.0.0.1:{}", 18001 + self.nodes.len()), TTL, token())
@@ -110,7 +111,7 @@ impl Cluster {
     }
 
     /// Crashes node `i`: its tasks stop, its lease is left to expire.
-    pub fn crash(&mut self, i: usize) {
+    pub(crate) fn crash(&mut self, i: usize) {
         self.nodes[i].election.halt();
         self.nodes[i].client.knobs().unreachable(true);
         self.nodes[i].crashed = true;
@@ -119,7 +120,7 @@ impl Cluster {
     /// Lets every task run until the store, the clock's sleepers and every
     /// node's role stay the same for a while (all parked on the clock, a
     /// watch or a channel). Panics if that never happens.
-    pub async fn settle(&self) {
+    pub(crate) async fn settle(&self) {
         let mut last = None;
         let mut quiet = 0;
         for _ in 0..20_000 {
@@ -149,7 +150,7 @@ impl Cluster {
 
     /// Moves the clock by `d` in [`STEP`]s, settling after each, and
     /// checks after each that at most one node serves.
-    pub async fn advance(&self, d: Duration) {
+    pub(crate) async fn advance(&self, d: Duration) {
         let mut left = d;
         while !left.is_zero() {
             let step = left.min(STEP);
@@ -162,7 +163,7 @@ impl Cluster {
 
     /// Advances until `what` holds (checked after every step), at most
     /// `within`; how long it took.
-    pub async fn until(&self, within: Duration, why: &str, what: impl Fn(&Self) -> bool) -> Duration {
+    pub(crate) async fn until(&self, within: Duration, why: &str, what: impl Fn(&Self) -> bool) -> Duration {
         self.settle().await;
         let mut waited = Duration::ZERO;
         while !what(self) {
@@ -174,12 +175,12 @@ impl Cluster {
     }
 
     /// The indices of the nodes that serve now.
-    pub fn serving(&self) -> Vec<usize> {
+    pub(crate) fn serving(&self) -> Vec<usize> {
         (0..self.nodes.len()).filter(|&i| self.nodes[i].node.serving()).collect()
     }
 
     /// The node that serves now, with its epoch, if exactly one does.
-    pub fn leader(&self) -> Option<(usize, u64)> {
+    pub(crate) fn leader(&self) -> Option<(usize, u64)> {
         match self.serving()[..] {
             [i] => Some((i, self.nodes[i].node.leader_epoch())),
             _ => None,
@@ -187,7 +188,7 @@ impl Cluster {
     }
 
     /// The guarantee: at most one node serves at this instant.
-    pub fn assert_one_serving(&self) {
+    pub(crate) fn assert_one_serving(&self) {
         let s = self.serving();
         assert!(
             s.len() <= 1,
@@ -197,14 +198,14 @@ impl Cluster {
     }
 
     /// Waits (on the clock) for a serving leader; its index and epoch.
-    pub async fn wait_leader(&self, within: Duration) -> (usize, u64) {
+    pub(crate) async fn wait_leader(&self, within: Duration) -> (usize, u64) {
         self.until(within, "a serving leader", |c| c.leader().is_some()).await;
         self.leader().unwrap()
     }
 
     /// A data request to node `i` through the real gate; `during` runs in
     /// the handler (between the gate's two checks: a pause, a slow disk).
-    pub async fn request(&self, i: usize, during: impl FnOnce()) -> Answer {
+    pub(crate) async fn request(&self, i: usize, during: impl FnOnce()) -> Answer {
         self.request_with(i, || {
             during();
             200
@@ -214,9 +215,9 @@ impl Cluster {
 
     /// A data request to node `i` through the real gate whose handler is
     /// `handler` (its status: a write that could not be replicated is 503).
-    pub async fn request_with(&self, i: usize, handler: impl FnOnce() -> u16) -> Answer {
+    pub(crate) async fn request_with(&self, i: usize, handler: impl FnOnce() -> u16) -> Answer {
         let req = Request::post("/keys/batch_exists").header(CONTENT_LENGTH, "2").body(()).unwrap();
-        let resp = gate::guard(self.nodes[i].app.clone(), req, |_, _| async move {
+        let resp = gate::guard(self.nodes[i].app.service().clone(), req, |_, _| async move {
             let status = handler();
             let mut r = Response::new(Full::new(Bytes::from_static(b"{\"exists\":[]}")));
             *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
@@ -237,6 +238,6 @@ impl Cluster {
 }
 
 /// The cluster secret of every node.
-pub fn token() -> Box<[u8]> {
+pub(crate) fn token() -> Box<[u8]> {
     b"0123456789abcdef0123".to_vec().into_boxed_slice()
 }
