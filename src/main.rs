@@ -177,8 +177,9 @@ async fn start_election(app: &Arc<App>) -> Result<Option<Arc<ha::Election>>, Str
     let Some(node) = &app.ha else { return Ok(None) };
     let h = &app.cfg.ha;
     let ttl = h.etcd.ttl();
-    let etcd =
-        h.etcd.client((ttl / 4).clamp(std::time::Duration::from_millis(100), std::time::Duration::from_secs(2)))?;
+    let etcd: Arc<dyn ha::Coordinator> = Arc::new(
+        h.etcd.client((ttl / 4).clamp(std::time::Duration::from_millis(100), std::time::Duration::from_secs(2)))?,
+    );
     tracing::info!(node = %node.id, url = %node.url, cluster = %h.etcd.ha_cluster, ttl_s = ttl.as_secs(), "HA on etcd: following");
     if h.ha_promote_without_state {
         tracing::warn!("--ha-promote-without-state: a standby is promoted with whatever state it has (tests only)");
@@ -195,7 +196,7 @@ async fn start_election(app: &Arc<App>) -> Result<Option<Arc<ha::Election>>, Str
     }
     // Replication: the journal streams to the synchronous standby.
     let host: Arc<dyn ha::Host> = app.clone();
-    let replicated = ha::replicate::start(&host, &etcd, &h.etcd.keys()).await?;
+    let replicated = ha::replicate::start(&host, &*etcd, &h.etcd.keys()).await?;
     let election = ha::Election::start(app.clone(), etcd, h.etcd.keys(), replicated.clone());
     replicated.bind(&election);
     Ok(Some(election))

@@ -24,9 +24,9 @@
 //! create revision is the **epoch**: it only grows, so it fences every later
 //! write. A leader writes `P/last` when it starts serving.
 //!
-//! **The serving deadline.** Each renewal is timed by [`node::now`] (a clock
-//! that keeps counting while the process is paused or the machine is
-//! suspended) *before* it is sent; when etcd answers that the lease lives
+//! **The serving deadline.** Each renewal is timed by the node's clock
+//! ([`Node::clock`]: in the server one that keeps counting while the process
+//! is paused or the machine is suspended) *before* it is sent; when etcd answers that the lease lives
 //! with a TTL of `t`, the lease cannot end before `send + t` on etcd's side,
 //! so the node may serve until `send + t - margin`. The gate compares the
 //! clock with that deadline on every request and every answer; nothing on
@@ -45,12 +45,11 @@
 //! `serving:true` and open the gate. If the hook refuses, the node deletes
 //! the key and stays a follower.
 
+use super::coord::{self, Coordinator};
 use super::etcd::{self, Compare, Kv, LeaseId, Txn, TxnOp};
-use super::node::{self, LeaderRecord, Node, Role};
+use super::node::{LeaderRecord, Node, Role};
 use super::Keys;
 use crate::Host;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,8 +87,7 @@ pub struct Member {
     pub url: String,
 }
 
-/// A boxed future, for the object-safe hooks.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use super::clock::BoxFuture;
 
 /// The hooks the replication layer implements.
 pub trait Promotion: Send + Sync + 'static {
@@ -177,7 +175,7 @@ enum Claim {
 pub struct Election {
     app: Arc<dyn Host>,
     node: Arc<Node>,
-    etcd: Arc<etcd::Client>,
+    etcd: Arc<dyn Coordinator>,
     keys: Keys,
     promotion: Arc<dyn Promotion>,
     /// Set by [`Election::step_down`]: campaign no more.
@@ -188,25 +186,46 @@ pub struct Election {
     /// The current session's lease (0: none). Relaxed: read by step-down,
     /// which tolerates a stale value (a revoked lease is revoked again).
     lease: AtomicU64,
+    /// The election's task ([`Election::halt`]).
+    task: std::sync::OnceLock<tokio::task::AbortHandle>,
 }
 
 impl Election {
-    /// Starts the election of `app`'s node (`app.ha` must be set) on `etcd`
-    /// under `keys`, with the replication layer's `promotion`.
-    pub fn start(app: Arc<dyn Host>, etcd: etcd::Client, keys: Keys, promotion: Arc<dyn Promotion>) -> Arc<Self> {
+    /// Starts the election of `app`'s node (`app.node()` must be set) on
+    /// the coordinator `etcd` under `keys`, with the replication layer's
+    /// `promotion`. Every wait runs on the node's clock ([`Node::clock`]).
+    pub fn start(
+        app: Arc<dyn Host>,
+        etcd: Arc<dyn Coordinator>,
+        keys: Keys,
+        promotion: Arc<dyn Promotion>,
+    ) -> Arc<Self> {
         let node = app.node().cloned().expect("Election::start needs Host::node");
         let e = Arc::new(Election {
             app,
             node,
-            etcd: Arc::new(etcd),
+            etcd,
             keys,
             promotion,
             stopping: AtomicBool::new(false),
             served: AtomicBool::new(false),
             lease: AtomicU64::new(0),
+            task: std::sync::OnceLock::new(),
         });
-        tokio::spawn(e.clone().run());
+        let task = tokio::spawn(e.clone().run());
+        let _ = e.task.set(task.abort_handle());
         e
+    }
+
+    /// Stops the election at once without a word to the coordinator, as a
+    /// crash would: the gate closes, the lease is left to expire. For tests
+    /// that crash a node in process.
+    pub fn halt(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        if let Some(t) = self.task.get() {
+            t.abort();
+        }
+        self.node.retire();
     }
 
     /// This node's HA state.
@@ -214,8 +233,8 @@ impl Election {
         &self.node
     }
 
-    /// The etcd client (for the replication layer's own keys).
-    pub fn etcd(&self) -> &Arc<etcd::Client> {
+    /// The coordinator (for the replication layer's own keys).
+    pub fn etcd(&self) -> &Arc<dyn Coordinator> {
         &self.etcd
     }
 
@@ -319,7 +338,7 @@ impl Election {
                 let _ = self.etcd.revoke(lease).await;
             }
             if !self.stopping.load(Ordering::SeqCst) {
-                tokio::time::sleep(self.period().min(Duration::from_millis(500))).await;
+                self.node.clock().sleep(self.period().min(Duration::from_millis(500))).await;
             }
         }
     }
@@ -388,6 +407,11 @@ impl Election {
                 self.lead(&session, ctx).await;
                 return Ok(());
             }
+            // Lost the race, or etcd refused (the lease expired under us:
+            // the renewer will say so): wait for the key to change rather
+            // than campaign again at once, which spun on the transaction
+            // until the renewer's next period.
+            self.wait_change(watch.ok(), &mut lost).await;
         }
     }
 
@@ -412,14 +436,14 @@ impl Election {
 
     /// Waits for the leader key to change (or a period, without a watch), or
     /// for the lease to be lost.
-    async fn wait_change(&self, watch: Option<etcd::Watch>, lost: &mut watch::Receiver<bool>) {
-        let ttl = self.node.ttl;
+    async fn wait_change(&self, watch: Option<coord::Watch>, lost: &mut watch::Receiver<bool>) {
+        let (ttl, clock) = (self.node.ttl, self.node.clock());
         let changed = async {
             match watch {
                 // A bound even with a watch: a watch on a partitioned member
                 // would stay silent.
-                Some(mut w) => drop(tokio::time::timeout(ttl, w.next()).await),
-                None => tokio::time::sleep(self.period()).await,
+                Some(mut w) => drop(clock.timeout(ttl, w.next()).await),
+                None => clock.sleep(self.period()).await,
             }
         };
         tokio::select! {
@@ -519,7 +543,7 @@ impl Election {
             tracing::warn!(epoch, "not serving as leader: {why}");
             self.give_back(epoch).await;
             tokio::select! {
-                () = tokio::time::sleep(self.node.ttl) => {}
+                () = self.node.clock().sleep(self.node.ttl) => {}
                 () = lost_lease(&mut lost) => {}
             }
             return;
@@ -539,12 +563,14 @@ impl Election {
         }
         self.node.count_failover();
         tracing::info!(node = %self.node.id, epoch, planned = ctx.planned, "serving as leader");
-        let mut tick = tokio::time::interval(self.period());
+        // Every period, the first at once.
+        let mut next = Duration::ZERO;
         loop {
             tokio::select! {
                 () = lost_lease(&mut lost) => break,
-                _ = tick.tick() => self.maintain_standby(epoch).await,
+                () = self.node.clock().sleep(next) => self.maintain_standby(epoch).await,
             }
+            next = self.period();
         }
         self.node.set_role(Role::Follower);
         self.promotion.deposed(epoch);
@@ -563,7 +589,7 @@ impl Election {
             self.app.registry().hold_eviction_for_a_lease(|_| true);
         }
         let wait = if ctx.first_leader || ctx.planned { Duration::ZERO } else { self.node.ttl };
-        let waited = tokio::time::sleep(wait);
+        let waited = self.node.clock().sleep(wait);
         let (r, ()) = tokio::join!(self.promotion.promote(ctx), waited);
         r
     }
@@ -624,7 +650,7 @@ impl Election {
     async fn renew(self: Arc<Self>, session: Arc<Session>) {
         let margin = self.margin().as_nanos() as u64;
         loop {
-            let sent = node::now();
+            let sent = self.node.clock().now();
             let ok = match self.etcd.keepalive(session.lease).await {
                 Ok(Some(ttl)) => match self.still_leader(session.lease).await {
                     Ok(true) => {
@@ -653,8 +679,16 @@ impl Election {
                     }
                 }
             }
-            let pause = if ok { self.period() } else { self.period() / 3 };
-            tokio::time::sleep(pause).await;
+            // After a success, the next renewal is sent a period after this
+            // one was (not a period after its answer): on a slow etcd, two
+            // round trips a renewal, the next proof must still come before
+            // this one's deadline. After a failure, a third of that later.
+            let clock = self.node.clock();
+            if ok {
+                clock.sleep_until(sent.saturating_add(self.period().as_nanos() as u64)).await;
+            } else {
+                clock.sleep(self.period() / 3).await;
+            }
         }
     }
 
@@ -685,7 +719,8 @@ fn handed_over(snap: &Snapshot, last: Option<&LeaderRecord>) -> bool {
 /// One lease's shared state.
 struct Session {
     lease: LeaseId,
-    /// [`node::now`] until which the lease is proven (0: not yet).
+    /// [`Node::clock`] nanoseconds until which the lease is proven (0: not
+    /// yet).
     proof: AtomicU64,
     /// Set once the lease (or the leader key) is lost.
     lost: watch::Sender<bool>,

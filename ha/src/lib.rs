@@ -1,7 +1,12 @@
 //! High availability on etcd (`--ha etcd`): who leads, with which fencing
 //! epoch, and whether this node may answer data routes right now.
 //!
-//! - [`etcd`]: a small etcd v3 client over its JSON gateway.
+//! - [`coord`]: the coordinator seam, what HA needs of etcd as a trait
+//!   ([`Coordinator`]), and an in-memory etcd for tests ([`coord::mem`]).
+//! - [`clock`]: the clock every HA deadline runs on ([`HaClock`]: the
+//!   server's `CLOCK_BOOTTIME`, or a test's [`clock::ManualClock`]).
+//! - [`etcd`]: a small etcd v3 client over its JSON gateway (the server's
+//!   [`Coordinator`]).
 //! - [`election`]: the campaign, the lease renewal that keeps the serving
 //!   deadline, promotion ([`Promotion`]), deposition, planned hand-over.
 //! - the gate (the HTTP crate's `gate`): the one hook in the request path:
@@ -27,6 +32,8 @@
 //! never etcd; a node answers a data route only while its serving deadline,
 //! proven by a lease renewal sent before it, lies ahead (docs/ha.md).
 
+pub mod clock;
+pub mod coord;
 pub mod election;
 pub mod etcd;
 #[cfg(test)]
@@ -35,6 +42,8 @@ pub mod node;
 pub mod relay;
 pub mod replicate;
 
+pub use clock::{Clock, HaClock};
+pub use coord::Coordinator;
 pub use election::{Election, Promotion, PromotionContext, Refusal, WithoutReplication};
 pub use node::{LeaderRecord, Node, Role};
 

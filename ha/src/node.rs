@@ -12,6 +12,7 @@
 //! that still sees the old deadline is bounded by it. The counters are
 //! `Relaxed`: they are statistics, nothing hangs off them.
 
+use super::clock::HaClock;
 use hf3fs_meta_metrics::{counter, gauge, single, Samples};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -107,7 +108,8 @@ pub struct Node {
     pub ttl: Duration,
     /// The cluster secret (`--ha-token-file`).
     token: Box<[u8]>,
-    /// [`now`] until which data routes may be answered; 0: closed.
+    /// [`Node::clock`] nanoseconds until which data routes may be answered;
+    /// 0: closed.
     serve_until: AtomicU64,
     /// The epoch of the `Leader` role, 0 in any other (for the answers'
     /// `x-hf3fs-meta-epoch` header: the hot path reads it without the role
@@ -128,6 +130,8 @@ pub struct Node {
     /// The replication layer's status, once it runs (`/health`, `/stats`,
     /// `/metrics`).
     replication: std::sync::OnceLock<std::sync::Arc<super::replicate::Status>>,
+    /// The clock of the serving deadline and of every HA wait.
+    clock: HaClock,
 }
 
 #[derive(Default)]
@@ -153,7 +157,20 @@ impl Node {
             fenced_rejections: AtomicU64::new(0),
             replication: std::sync::OnceLock::new(),
             retired: AtomicBool::new(false),
+            clock: HaClock::Boot,
         }
+    }
+
+    /// This node on `clock` instead of `CLOCK_BOOTTIME` (tests: a
+    /// [`super::clock::ManualClock`]).
+    pub fn with_clock(mut self, clock: HaClock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The clock of the serving deadline and of every HA wait.
+    pub fn clock(&self) -> &HaClock {
+        &self.clock
     }
 
     /// Whether data routes may be answered now: the hot path's check (one
@@ -162,10 +179,16 @@ impl Node {
     pub fn serving(&self) -> bool {
         // Acquire: pairs with the Release in `serve_until`, see the module docs.
         let until = self.serve_until.load(Ordering::Acquire);
-        until != 0 && now() < until
+        until != 0 && self.clock.now() < until
     }
 
-    /// Opens the gate until `deadline` ([`now`] nanoseconds).
+    /// The serving deadline in [`Node::clock`] nanoseconds (0: closed): for
+    /// tests that check it against the lease.
+    pub fn serving_until(&self) -> u64 {
+        self.serve_until.load(Ordering::Acquire)
+    }
+
+    /// Opens the gate until `deadline` (nanoseconds of [`Node::clock`]).
     pub(crate) fn serve_until(&self, deadline: u64) {
         self.serve_until.store(deadline, Ordering::Release);
     }
@@ -379,20 +402,10 @@ impl hf3fs_meta_http::Serving for Node {
 
 /// Nanoseconds on a clock that never goes back and keeps counting while the
 /// machine is suspended (`CLOCK_BOOTTIME` on Linux): a suspended or paused
-/// leader must find its deadline passed when it wakes. Never 0.
+/// leader must find its deadline passed when it wakes. Never 0. The clock of
+/// a node on [`HaClock::Boot`] (see [`Node::clock`]).
 pub fn now() -> u64 {
-    #[cfg(target_os = "linux")]
-    {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: clock_gettime writes one `timespec` into `ts`, a valid and
-        // exclusively borrowed value of that type.
-        if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } == 0 {
-            return (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64).max(1);
-        }
-    }
-    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let base = *BASE.get_or_init(std::time::Instant::now);
-    (base.elapsed().as_nanos() as u64).saturating_add(1)
+    super::clock::boot_now()
 }
 
 /// [`now`] plus `d`.

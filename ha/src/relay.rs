@@ -21,7 +21,9 @@
 //! client certificate a leader with `--tls-client-ca` demands). The engine
 //! beside it keeps speaking plain HTTP to the loopback listener.
 
-use super::etcd::{self, Event};
+use super::clock::HaClock;
+use super::coord::Coordinator;
+use super::etcd::Event;
 use super::node::LeaderRecord;
 use super::EtcdArgs;
 use clap::Args;
@@ -68,15 +70,19 @@ pub struct RelayArgs {
     pub tls_key: Option<std::path::PathBuf>,
 }
 
-/// Where the relay forwards: the serving leader's address and epoch.
+/// Where the relay forwards: the leader's address and epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Target {
-    node: String,
-    addr: String,
-    epoch: u64,
-    serving: bool,
+pub struct Target {
+    /// The leader's node id.
+    pub node: String,
+    /// Its `host:port`, from its advertised URL.
+    pub addr: String,
+    /// Its epoch (the leader key's create revision).
+    pub epoch: u64,
+    /// Whether it marked itself serving.
+    pub serving: bool,
     /// The leader advertises `https://`.
-    tls: bool,
+    pub tls: bool,
 }
 
 /// `host:port` of an `http://host:port[/]` or `https://host:port[/]` URL.
@@ -104,7 +110,8 @@ pub fn parse_url(url: &str) -> Result<(String, bool), String> {
 /// Runs the relay until `shutdown` resolves.
 pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
     let ttl = args.etcd.ttl();
-    let etcd = Arc::new(args.etcd.client((ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(2)))?);
+    let etcd: Arc<dyn Coordinator> =
+        Arc::new(args.etcd.client((ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(2)))?);
     let tls = hf3fs_meta_tls::client_from_flags(
         "relay",
         args.tls_ca.as_deref().map(|p| ("--tls-ca", p)),
@@ -118,7 +125,7 @@ pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()
         TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_or_else(|_| args.listen.to_string(), |a| a.to_string());
     let (tx, rx) = watch::channel(None::<Target>);
-    let follower = tokio::spawn(follow(etcd, args.etcd.keys().leader(), ttl, tx));
+    let follower = tokio::spawn(follow(etcd, args.etcd.keys().leader(), ttl, HaClock::Boot, tx));
     let hold = args.hold_timeout.map_or(ttl * 3, Duration::from_secs);
     let connect = Duration::from_secs(args.connect_timeout.max(1));
     tracing::info!(
@@ -150,8 +157,16 @@ pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()
     Ok(())
 }
 
-/// Keeps `tx` equal to the leader named in `key`.
-async fn follow(etcd: Arc<etcd::Client>, key: Vec<u8>, ttl: Duration, tx: watch::Sender<Option<Target>>) {
+/// Keeps `tx` equal to the leader named in `key` (the relay's view of the
+/// cluster), reading the key again after `ttl` of quiet on `clock`; runs
+/// until dropped.
+pub async fn follow(
+    etcd: Arc<dyn Coordinator>,
+    key: Vec<u8>,
+    ttl: Duration,
+    clock: HaClock,
+    tx: watch::Sender<Option<Target>>,
+) {
     loop {
         let watch = etcd.watch(&key, false, 0).await;
         match etcd.get(&key).await {
@@ -159,12 +174,12 @@ async fn follow(etcd: Arc<etcd::Client>, key: Vec<u8>, ttl: Duration, tx: watch:
             Err(e) => tracing::debug!("relay: reading the leader key: {e}"),
         }
         let Ok(mut watch) = watch else {
-            tokio::time::sleep(ttl / 4).await;
+            clock.sleep(ttl / 4).await;
             continue;
         };
         loop {
-            match tokio::time::timeout(ttl, watch.next()).await {
-                Ok(Ok(Some((_, events)))) => {
+            match clock.timeout(ttl, watch.next()).await {
+                Some(Ok(Some((_, events)))) => {
                     for e in events {
                         publish(
                             &tx,
@@ -177,11 +192,11 @@ async fn follow(etcd: Arc<etcd::Client>, key: Vec<u8>, ttl: Duration, tx: watch:
                 }
                 // Quiet for a TTL: read the key again (a linearizable read
                 // fails over to a member that has quorum).
-                Err(_) => match etcd.get(&key).await {
+                None => match etcd.get(&key).await {
                     Ok(kv) => publish(&tx, kv.and_then(|kv| decode(&kv.value, kv.create_revision))),
                     Err(e) => tracing::debug!("relay: reading the leader key: {e}"),
                 },
-                Ok(Ok(None) | Err(_)) => break,
+                Some(Ok(None) | Err(_)) => break,
             }
         }
     }

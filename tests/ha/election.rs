@@ -79,33 +79,6 @@ fn one_leader_followers_answer_503_with_retry_after() {
 }
 
 #[test]
-fn sigkill_of_the_leader_promotes_the_standby_at_a_higher_epoch() {
-    let _serial = crate::serial();
-    if !available() {
-        return;
-    }
-    let c = Cluster::new(1);
-    let mut procs = [c.node("a"), c.node("b"), c.node("c")];
-    let ids = ["a", "b", "c"];
-    let (l, epoch, s) = {
-        let nodes: Vec<_> = ids.iter().copied().zip(procs.iter()).collect();
-        leader_and_standby(&nodes)
-    };
-    let killed = Instant::now();
-    procs[l].kill();
-    let new_epoch = wait_for("the standby serves as leader", || serving_epoch(&procs[s]));
-    let took = killed.elapsed();
-    assert!(new_epoch > epoch, "epochs grow: {epoch} then {new_epoch}");
-    // One TTL for the lease to expire, one waited out by the new leader, and
-    // the watch: loosely bounded.
-    assert!(took < TTL * 4, "failover took {took:?}");
-    let third = 3 - l - s;
-    assert_eq!(ha(&procs[third]).expect("health")["role"], "follower", "only the named standby is promoted");
-    assert_eq!(probe(&addr(&procs[s])).map(|r| r.status), Some(200));
-    assert_eq!(probe(&addr(&procs[third])).map(|r| r.status), Some(503));
-}
-
-#[test]
 fn a_paused_leader_answers_no_2xx_after_its_deadline_and_stays_deposed() {
     let _serial = crate::serial();
     if !available() {
@@ -208,38 +181,4 @@ fn losing_etcd_quorum_stops_the_leader_within_a_ttl_until_quorum_returns() {
     assert_eq!(resumed, epoch, "the lease survived: same leader, same epoch");
     assert_eq!(probe(&leader).map(|r| r.status), Some(200));
     assert_eq!(serving_epoch(procs[s]), None);
-}
-
-#[test]
-fn without_replication_a_named_standby_without_its_state_refuses() {
-    let _serial = crate::serial();
-    if !available() {
-        return;
-    }
-    let c = Cluster::new(1);
-    let safe = |id: &str| {
-        let args: Vec<String> = c.node_args(id).into_iter().filter(|a| a != "--ha-promote-without-state").collect();
-        ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>())
-    };
-    let mut a = safe("a");
-    let epoch = wait_for("a, the first leader ever, serves", || serving_epoch(&a));
-    let mut b = safe("b");
-    wait_for("b follows a", || ha(&b).filter(|h| h["leader"]["node"] == "a"));
-    assert_eq!(ha(&a).expect("health")["standby"], serde_json::Value::Null, "nothing replicated: nobody named");
-    // As the replication layer would: name b the synchronous standby.
-    let etcd = hf3fs_meta::ha::etcd::Client::new(&[c.etcd.endpoints()], Default::default()).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let sync = format!("{}/sync", c.prefix).into_bytes();
-    rt.block_on(etcd.put(&sync, b"b", None)).unwrap();
-    a.kill();
-    // b wins the key, but its (default) promotion refuses: it has no state.
-    let line = b.wait_line(|l| l.contains("not serving as leader")).expect("b refused its promotion");
-    assert!(line.contains("only the first leader"), "{line}");
-    assert_eq!(probe(&addr(&b)).map(|r| r.status), Some(503));
-    assert_ne!(ha(&b).expect("health")["role"], "leader");
-    // A node that was never named cannot even campaign.
-    let mut d = safe("d");
-    assert!(d.saw_line(|l| l.contains("may not become one")), "{:?}", d.log);
-    assert_eq!(serving_epoch(&d), None);
-    assert!(epoch > 0);
 }

@@ -17,27 +17,6 @@ fn safe_node(c: &Cluster, id: &str, extra: &[&str]) -> ServerProcess {
 }
 
 #[test]
-fn a_paused_last_leader_resumes_with_its_own_state_and_nobody_else_leads() {
-    let _serial = crate::serial();
-    if !available() {
-        return;
-    }
-    let c = Cluster::new(1);
-    let a = safe_node(&c, "a", &[]);
-    let epoch = wait_for("a serves", || serving_epoch(&a));
-    let b = safe_node(&c, "b", &[]);
-    wait_for("b follows a", || ha(&b).filter(|h| h["leader"]["node"] == "a"));
-    a.signal("STOP");
-    // a's lease expires: b sees no leader, and may not become one.
-    wait_for("the leader key is gone", || ha(&b).filter(|h| h["leader"].is_null()));
-    a.signal("CONT");
-    let resumed = wait_for("a leads again", || serving_epoch(&a));
-    assert!(resumed > epoch, "a new epoch: {epoch} then {resumed}");
-    assert_eq!(ha(&b).expect("health")["role"], "follower");
-    assert_eq!(serving_epoch(&b), None);
-}
-
-#[test]
 fn the_last_leader_restarted_from_its_data_dir_leads_again_with_its_keys() {
     let _serial = crate::serial();
     if !available() {

@@ -9,13 +9,14 @@ use super::leader::Replicator;
 use super::promote::Replicated;
 use super::standby::Standby;
 use super::stores::Replicators;
-use crate::{etcd, Host, Keys, LeaderRecord};
+use crate::{Coordinator, Host, Keys, LeaderRecord};
+use std::time::Duration;
 use std::sync::Arc;
 
 /// Starts replication for `app` (a node of an HA cluster, with `--data-dir`)
 /// and returns the promotion hook to start the election with; the caller
 /// then calls [`Replicated::bind`] with the election.
-pub async fn start(app: &Arc<dyn Host>, etcd: &etcd::Client, keys: &Keys) -> Result<Arc<Replicated>, String> {
+pub async fn start(app: &Arc<dyn Host>, etcd: &dyn Coordinator, keys: &Keys) -> Result<Arc<Replicated>, String> {
     let node = app.node().ok_or("replication needs --ha etcd")?;
     let d = app.durable().ok_or(
         "--ha etcd needs --data-dir: the synchronous standby writes the leader's journal through its own durable store",
@@ -25,7 +26,10 @@ pub async fn start(app: &Arc<dyn Host>, etcd: &etcd::Client, keys: &Keys) -> Res
     args.validate()?;
     let standby = Standby::new(app.clone(), token.clone());
     // Only the epoch and node etcd names as leader may stream here.
-    let checker = Arc::new(app.ha_args().etcd.client(etcd.timeout())?);
+    // A gateway client of its own (the coordinator is shared with the
+    // election's runtime), with the election's timeout rule.
+    let ttl = app.ha_args().etcd.ttl();
+    let checker = Arc::new(app.ha_args().etcd.client((ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(2)))?);
     let (handle, key) = (tokio::runtime::Handle::current(), keys.leader());
     standby.check_leaders_with(Box::new(move || {
         // On a session's own thread, never a runtime's: blocking is fine.

@@ -1,0 +1,21 @@
+//! High availability in process: the real election, request gate, promotion
+//! rules and relay follower on the in-memory etcd (`ha::coord::mem`) and a
+//! manual clock (`ha::clock::ManualClock`). Deterministic, no etcd, no
+//! child processes, no real time: the tests run in parallel in well under a
+//! second each. `tests/ha` keeps the real-etcd smoke tests and everything
+//! that needs processes and sockets (replication across processes, SIGKILL
+//! under load, the relay's TCP forwarding).
+//!
+//! - [`cluster`]: nodes on one in-memory etcd and one clock, the gate.
+//! - [`election`]: one leader, epochs, crash, pause, lost renewals, quorum
+//!   loss, planned hand-over, lost answers.
+//! - [`history`]: the promotion rules without replication.
+//! - [`relay`]: the relay's leader tracking.
+//! - [`sim`]: the seeded simulation (random schedules, the guarantees of
+//!   docs/ha.md checked after every step).
+
+mod cluster;
+mod election;
+mod history;
+mod relay;
+mod sim;
