@@ -30,6 +30,7 @@ pub mod election;
 pub mod etcd;
 pub mod gate;
 pub mod node;
+pub mod pump;
 pub mod relay;
 pub mod replicate;
 

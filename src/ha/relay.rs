@@ -12,8 +12,10 @@
 //! leader is known (which answers 503 with its reason) or closed. When the leader key changes hands or disappears,
 //! every connection to the deposed leader is closed at once: vLLM's and
 //! SGLang's clients set no request timeout, so a connection to a paused
-//! leader would otherwise hang them for good. Bytes are copied with
-//! `tokio::io::copy_bidirectional`; the relay never parses HTTP.
+//! leader would otherwise hang them for good. Bytes are copied by
+//! [`super::pump::plain`] (both ways in one task, two system calls a
+//! message), on a runtime of one thread by default (`--workers`); the
+//! relay never parses HTTP.
 
 use super::etcd::{self, Event};
 use super::node::LeaderRecord;
@@ -47,6 +49,13 @@ pub struct RelayArgs {
     /// Seconds to wait for the leader to accept a connection.
     #[arg(long, env = "HF3FS_META_RELAY_CONNECT_TIMEOUT", default_value_t = 2)]
     pub connect_timeout: u64,
+
+    /// Threads of the relay's runtime. One (the default) runs every
+    /// connection's copy on one thread with no hand-off between threads:
+    /// the least CPU a request, and the relay shares the client node's
+    /// cores with the engine; more spread a heavy load over cores.
+    #[arg(long, env = "HF3FS_META_RELAY_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: u16,
 
     /// Log filter (RUST_LOG, when set, wins).
     #[arg(long, env = "HF3FS_META_LOG_LEVEL", default_value = "info")]
@@ -179,20 +188,20 @@ fn publish(tx: &watch::Sender<Option<Target>>, target: Option<Target>) {
 /// Forwards one client connection to the leader, until either side closes
 /// or that leader is deposed.
 async fn forward(
-    mut client: TcpStream,
+    client: TcpStream,
     peer: SocketAddr,
     mut rx: watch::Receiver<Option<Target>>,
     hold: Duration,
     connect: Duration,
     closed: Arc<AtomicU64>,
 ) {
-    let Some((target, mut upstream)) = connect_within(&mut rx, hold, connect).await else {
+    let Some((target, upstream)) = connect_within(&mut rx, hold, connect).await else {
         tracing::debug!(%peer, "relay: no reachable leader within the hold time; closing");
         return;
     };
     let _ = upstream.set_nodelay(true);
     tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+        r = super::pump::plain(client, upstream) => {
             if let Err(e) = r {
                 tracing::debug!(%peer, "relay: connection ended: {e}");
             }
