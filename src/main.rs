@@ -217,7 +217,11 @@ fn relay() -> ExitCode {
     let args = hf3fs_meta::config::RelayCommand::parse_from(std::env::args_os().skip(1));
     hf3fs_meta::init_logging(&args.log_level, args.log_format);
     let args = args.relay;
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match args.workers {
+        1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(usize::from(n)).enable_all().build(),
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!("cannot start the runtime: {e}");

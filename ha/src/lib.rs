@@ -39,6 +39,7 @@ pub mod etcd;
 #[cfg(test)]
 mod gate_tests;
 pub mod node;
+pub mod pump;
 pub mod relay;
 pub mod replicate;
 

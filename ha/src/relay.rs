@@ -12,8 +12,11 @@
 //! leader is known (which answers 503 with its reason) or closed. When the leader key changes hands or disappears,
 //! every connection to the deposed leader is closed at once: vLLM's and
 //! SGLang's clients set no request timeout, so a connection to a paused
-//! leader would otherwise hang them for good. Bytes are copied with
-//! `tokio::io::copy_bidirectional`; the relay never parses HTTP.
+//! leader would otherwise hang them for good. Bytes to a plain leader are
+//! copied by [`super::pump::plain`] (both ways in one task, two system
+//! calls a message), to a TLS leader by `tokio::io::copy_bidirectional`,
+//! on a runtime of one thread by default (`--workers`); the relay never
+//! parses HTTP.
 //!
 //! As the TLS sidecar of its node: a leader that advertises `https://` is
 //! reached over TLS, its certificate verified against `--tls-ca` and the
@@ -68,6 +71,13 @@ pub struct RelayArgs {
     /// PEM private key of `--tls-cert`.
     #[arg(long, env = "HF3FS_META_RELAY_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+
+    /// Threads of the relay's runtime. One (the default) runs every
+    /// connection's copy on one thread with no hand-off between threads:
+    /// the least CPU a request, and the relay shares the client node's
+    /// cores with the engine; more spread a heavy load over cores.
+    #[arg(long, env = "HF3FS_META_RELAY_WORKERS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: u16,
 }
 
 /// Where the relay forwards: the leader's address and epoch.
@@ -244,9 +254,9 @@ async fn forward(
         tracing::debug!(%peer, "relay: no reachable leader within the hold time; closing");
         return;
     };
-    let copy = async {
+    let copy = async move {
         match upstream {
-            Upstream::Plain(mut s) => tokio::io::copy_bidirectional(&mut client, &mut s).await,
+            Upstream::Plain(s) => super::pump::plain(client, s).await,
             Upstream::Tls(mut s) => tokio::io::copy_bidirectional(&mut client, &mut *s).await,
         }
     };

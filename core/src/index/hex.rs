@@ -51,8 +51,12 @@
 //! orderings of [`super::Head`]. The arena's segments are installed with
 //! `Release` and loaded with `Acquire`, and never freed before the map.
 
+use super::arena_key::ArenaKey;
+pub use super::arena_key::DIGEST_ID;
 use super::published::Published;
 use super::{Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
+#[cfg(not(loom))]
+use crate::key::Digest;
 use crate::key::KeyRef;
 use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, MutexGuard, OnceLock, Ordering, PoisonError};
 use crate::sync::{AtomicU32 as PageWord, Ordering::Relaxed as PageRelaxed};
@@ -90,52 +94,43 @@ pub const MAX_IDS: u32 = 8;
 const MIN_SLOTS: usize = 16;
 #[cfg(loom)]
 const MIN_SLOTS: usize = 2;
-/// Arena slots a segment: 2^19 × 56 bytes, 29 MiB, so that the allocator
-/// backs it with huge pages (src/alloc.rs): random lookups miss the TLB
-/// less. Under loom 4 slots, each made of loom atomics, so that a model's
-/// arena is cheap and has two segments.
-#[cfg(not(loom))]
-const SEG_BITS: u32 = 19;
-#[cfg(loom)]
-const SEG_BITS: u32 = 2;
-const SEG_SLOTS: usize = 1 << SEG_BITS;
-const SEGMENTS: usize = (MAX_IDS as usize).div_ceil(SEG_SLOTS);
 /// Keys [`HexMap::get_batch`] looks up at once: enough independent misses
 /// to fill the core's line-fill buffers, few enough for the stack.
 pub(super) const BATCH: usize = 32;
 
 /// One key in the arena: its digest and its [`Head`].
 #[repr(C)]
-pub(super) struct Slot {
-    hi: AtomicU64,
-    lo: AtomicU64,
+pub(super) struct Slot<K: ArenaKey> {
+    key: K::Words,
     head: Head,
 }
 
 #[cfg(not(loom))]
-const _: () = assert!(std::mem::size_of::<Slot>() == 56);
+const _: () = assert!(std::mem::size_of::<Slot<u128>>() == 56);
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<Slot<Digest>>() == 80);
 
-impl Slot {
-    fn digest(&self) -> u128 {
-        // Relaxed: the id was acquired from the table (module note).
-        (u128::from(self.hi.load(Ordering::Relaxed)) << 64) | u128::from(self.lo.load(Ordering::Relaxed))
+impl<K: ArenaKey> Slot<K> {
+    #[inline]
+    fn digest(&self) -> K {
+        K::load(&self.key)
     }
 }
 
 /// The arena: slots by id, in segments made on first use and kept until
 /// the map is dropped.
-struct Arena {
-    segments: Box<[AtomicPtr<Slot>]>,
+struct Arena<K: ArenaKey> {
+    segments: Box<[AtomicPtr<Slot<K>>]>,
     /// The next id never handed out.
     next: AtomicU32,
     /// Serializes the making of segments.
     grow: Mutex<()>,
 }
 
-impl Arena {
+impl<K: ArenaKey> Arena<K> {
     fn new() -> Self {
         Arena {
-            segments: (0..SEGMENTS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+            segments: (0..K::SEGMENTS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
             next: AtomicU32::new(1),
             grow: Mutex::new(()),
         }
@@ -145,11 +140,12 @@ impl Arena {
     fn fresh(&self) -> Option<u32> {
         let id =
             self.next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < MAX_IDS).then_some(n + 1)).ok()?;
-        let seg = &self.segments[id as usize >> SEG_BITS];
+        let s = K::locate(id).0;
+        let seg = &self.segments[s];
         if seg.load(Ordering::Acquire).is_null() {
             let _g = self.grow.lock().unwrap_or_else(PoisonError::into_inner);
             if seg.load(Ordering::Acquire).is_null() {
-                seg.store(Box::into_raw(new_segment()).cast::<Slot>(), Ordering::Release);
+                seg.store(Box::into_raw(new_segment::<K>(K::seg_len(s))).cast::<Slot<K>>(), Ordering::Release);
             }
         }
         Some(id)
@@ -157,27 +153,28 @@ impl Arena {
 
     /// The slot of `id`, which was handed out.
     #[inline]
-    fn slot(&self, id: u32) -> &Slot {
+    fn slot(&self, id: u32) -> &Slot<K> {
         self.try_slot(id).expect("an id handed out has its segment")
     }
 
     /// The slot of `id`, when its segment exists.
     #[inline]
-    fn try_slot(&self, id: u32) -> Option<&Slot> {
-        let seg = self.segments.get(id as usize >> SEG_BITS)?.load(Ordering::Acquire);
-        // SAFETY: a non-null segment is a live allocation of SEG_SLOTS
-        // slots (freed only in `drop`), and the index is masked below it.
-        (!seg.is_null()).then(|| unsafe { &*seg.add(id as usize & (SEG_SLOTS - 1)) })
+    fn try_slot(&self, id: u32) -> Option<&Slot<K>> {
+        let (s, at) = K::locate(id);
+        let seg = self.segments.get(s)?.load(Ordering::Acquire);
+        // SAFETY: a non-null segment is a live allocation of `seg_len(s)`
+        // slots (freed only in `drop`), and `locate` places ids below it.
+        (!seg.is_null()).then(|| unsafe { &*seg.add(at) })
     }
 }
 
-impl Drop for Arena {
+impl<K: ArenaKey> Drop for Arena<K> {
     fn drop(&mut self) {
-        for s in self.segments.iter() {
+        for (i, s) in self.segments.iter().enumerate() {
             let p = s.load(Ordering::Relaxed);
             if !p.is_null() {
                 // SAFETY: made by `new_segment` as a boxed slice of this length.
-                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, SEG_SLOTS)) });
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, K::seg_len(i))) });
             }
         }
     }
@@ -187,23 +184,24 @@ impl Drop for Arena {
 /// touched. A zeroed slot is a valid empty one (all atomics at 0, its lease
 /// fresh).
 #[cfg(not(loom))]
-fn new_segment() -> Box<[Slot]> {
-    let layout = std::alloc::Layout::array::<Slot>(SEG_SLOTS).expect("a segment's size fits");
+fn new_segment<K: ArenaKey>(len: usize) -> Box<[Slot<K>]> {
+    let layout = std::alloc::Layout::array::<Slot<K>>(len).expect("a segment's size fits");
     // SAFETY: the layout is non-zero; every field of `Slot` is an atomic
-    // integer, for which all-zero bytes are a valid value.
+    // integer (`ArenaKey::Words` included), for which all-zero bytes are a
+    // valid value.
     unsafe {
-        let p = std::alloc::alloc_zeroed(layout).cast::<Slot>();
+        let p = std::alloc::alloc_zeroed(layout).cast::<Slot<K>>();
         if p.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, SEG_SLOTS))
+        Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, len))
     }
 }
 
 /// Under loom the atomics are loom's, which must be made, not zeroed.
 #[cfg(loom)]
-fn new_segment() -> Box<[Slot]> {
-    (0..SEG_SLOTS).map(|_| Slot { hi: AtomicU64::new(0), lo: AtomicU64::new(0), head: Head::empty() }).collect()
+fn new_segment<K: ArenaKey>(len: usize) -> Box<[Slot<K>]> {
+    (0..len).map(|_| Slot { key: K::empty(), head: Head::empty() }).collect()
 }
 
 /// One shard's table of ids.
@@ -254,7 +252,7 @@ struct ShardState {
 impl ShardState {
     /// An id for a new key: a free one, a ripe one from the limbo, or a
     /// fresh one. `now` is the reclamation epoch ([`HexMap::epoch`]).
-    fn take_id(&mut self, arena: &Arena, now: impl FnOnce() -> Epoch) -> Option<u32> {
+    fn take_id<K: ArenaKey>(&mut self, arena: &Arena<K>, now: impl FnOnce() -> Epoch) -> Option<u32> {
         if let Some(id) = self.free.pop() {
             return Some(id);
         }
@@ -280,18 +278,19 @@ struct Shard {
 }
 
 /// Where a key is in its shard's table.
-struct Found<'g> {
+struct Found<'g, K: ArenaKey> {
     pos: usize,
     id: u32,
-    slot: &'g Slot,
+    slot: &'g Slot<K>,
 }
 
-/// The map of 32-hex keys.
-pub(super) struct HexMap {
+/// The map of fixed-size hex keys: vLLM's 32-hex keys (`HexMap<u128>`),
+/// SGLang's 64-hex digests (`HexMap<Digest>`).
+pub(super) struct HexMap<K: ArenaKey> {
     shards: OnceLock<Box<[Shard]>>,
     /// Slots of each shard's first table.
     first_slots: usize,
-    arena: Arena,
+    arena: Arena<K>,
     /// Pages of ranks `INLINE_RANKS..`, by id, for the keys bound there.
     wide: HashIndex<u32, Box<[PageWord]>, Hasher>,
     /// Keys `wide` holds (so that removing a key looks there only when it may).
@@ -315,7 +314,7 @@ pub(super) fn table_slots(keys: usize) -> usize {
     shard_slots(keys).saturating_mul(SHARDS)
 }
 
-impl HexMap {
+impl<K: ArenaKey> HexMap<K> {
     /// An empty map whose tables start with room for `floor` keys (0: its
     /// shards are made at its first key).
     pub(super) fn new(floor: usize) -> Self {
@@ -347,7 +346,7 @@ impl HexMap {
     }
 
     #[inline]
-    fn hash(&self, d: u128) -> u64 {
+    fn hash(&self, d: K) -> u64 {
         self.hasher.hash_one(d)
     }
 
@@ -389,9 +388,10 @@ impl HexMap {
         (h >> (64 - SHARD_BITS - TAG_BITS)) as u32 & TAG_MASK
     }
 
-    /// Finds `d` (hash `h`) in `t`.
-    #[inline]
-    fn find<'g>(&'g self, t: &Table, d: u128, h: u64) -> Option<Found<'g>> {
+    /// Finds `d` (hash `h`) in `t`. Always inlined: out of line (as the
+    /// digests' map had it), a batch's probes cost 89 instructions a key.
+    #[inline(always)]
+    fn find<'g>(&'g self, t: &Table, d: K, h: u64) -> Option<Found<'g, K>> {
         let tag = Self::tag_of(h);
         let mut pos = h as usize & t.mask;
         loop {
@@ -403,7 +403,7 @@ impl HexMap {
             if v & TAG_MASK == tag && v >> TAG_BITS != 0 {
                 let id = v >> TAG_BITS;
                 let slot = self.arena.slot(id);
-                if slot.digest() == d {
+                if d.matches(&slot.key) {
                     return Some(Found { pos, id, slot });
                 }
             }
@@ -416,7 +416,7 @@ impl HexMap {
     /// empty slot or tombstone of its probe, where an insert puts it (one
     /// probe for the look-up and the insert).
     #[inline]
-    fn find_or_vacancy<'g>(&'g self, t: &Table, d: u128, h: u64) -> Result<Found<'g>, usize> {
+    fn find_or_vacancy<'g>(&'g self, t: &Table, d: K, h: u64) -> Result<Found<'g, K>, usize> {
         let tag = Self::tag_of(h);
         let mut pos = h as usize & t.mask;
         let mut vacancy = None;
@@ -431,7 +431,7 @@ impl HexMap {
             } else if v & TAG_MASK == tag && v >> TAG_BITS != 0 {
                 let id = v >> TAG_BITS;
                 let slot = self.arena.slot(id);
-                if slot.digest() == d {
+                if d.matches(&slot.key) {
                     return Ok(Found { pos, id, slot });
                 }
             }
@@ -441,7 +441,7 @@ impl HexMap {
 
     /// The entry of `d`, lock-free.
     #[inline]
-    pub(super) fn get<'g>(&'g self, d: u128, guard: &'g Guard) -> Option<EntryRef<'g>> {
+    pub(super) fn get<'g>(&'g self, d: K, guard: &'g Guard) -> Option<EntryRef<'g>> {
         let shards = self.shards.get()?;
         let h = self.hash(d);
         let t = shards[Self::shard_of(h)].table.load(guard);
@@ -449,8 +449,9 @@ impl HexMap {
         Some(self.entry(f.id, f.slot, guard))
     }
 
-    fn entry<'g>(&'g self, id: u32, slot: &'g Slot, guard: &'g Guard) -> EntryRef<'g> {
-        EntryRef::hex(&slot.head, &self.wide, id, guard)
+    #[inline]
+    fn entry<'g>(&'g self, id: u32, slot: &'g Slot<K>, guard: &'g Guard) -> EntryRef<'g> {
+        EntryRef::hex(&slot.head, &self.wide, id | K::ID_FLAG, guard)
     }
 
     /// Looks up the hex keys of `keys` (at most [`BATCH`]), writing each
@@ -471,7 +472,7 @@ impl HexMap {
         // Per key: its hash, and its table while it still needs a probe.
         let mut spots: [(u64, Option<&'g Table>); BATCH] = [(0, None); BATCH];
         for (spot, it) in spots.iter_mut().zip(items) {
-            let KeyRef::Hex(d) = key(it) else { continue };
+            let Some(d) = K::of(key(it)) else { continue };
             let h = self.hash(d);
             let t = shards[Self::shard_of(h)].table.load(guard);
             if let Some(t) = t {
@@ -488,18 +489,18 @@ impl HexMap {
                 *t = None;
             } else if v >> TAG_BITS != 0 && v & TAG_MASK == Self::tag_of(*h) {
                 if let Some(s) = self.arena.try_slot(v >> TAG_BITS) {
-                    prefetch((s as *const Slot).cast());
+                    prefetch((s as *const Slot<K>).cast());
                 }
             }
         }
         for ((&(h, t), it), o) in spots.iter().zip(items).zip(out.iter_mut()) {
-            let (KeyRef::Hex(d), Some(t)) = (key(it), t) else { continue };
+            let (Some(d), Some(t)) = (K::of(key(it)), t) else { continue };
             *o = self.find(t, d, h).map(|f| self.entry(f.id, f.slot, guard));
         }
     }
 
     /// The hash of `d`, its shard, and the shard's state, locked.
-    fn lock(&self, d: u128) -> (u64, &Shard, MutexGuard<'_, ShardState>) {
+    fn lock(&self, d: K) -> (u64, &Shard, MutexGuard<'_, ShardState>) {
         let h = self.hash(d);
         let shard = &self.shards()[Self::shard_of(h)];
         (h, shard, shard.state.lock().unwrap_or_else(PoisonError::into_inner))
@@ -513,7 +514,7 @@ impl HexMap {
     /// Runs `f` on the live entry of `d` (or `None`) under its shard's
     /// mutex; `f` may ask for the key's removal by returning true in its
     /// second value.
-    fn with_locked<R>(&self, d: u128, f: impl FnOnce(Option<EntryRef<'_>>) -> (R, bool)) -> R {
+    fn with_locked<R>(&self, d: K, f: impl FnOnce(Option<EntryRef<'_>>) -> (R, bool)) -> R {
         let (h, shard, mut st) = self.lock(d);
         let guard = Guard::new();
         let t = Self::table(shard, &guard);
@@ -527,7 +528,7 @@ impl HexMap {
     }
 
     /// Removes the key found at `f` (under its shard's mutex).
-    fn remove(&self, st: &mut ShardState, t: &Table, f: &Found<'_>, guard: &Guard) {
+    fn remove(&self, st: &mut ShardState, t: &Table, f: &Found<'_, K>, guard: &Guard) {
         st.live -= 1;
         // A slot followed by an empty one ends every probe that reaches it,
         // so it may be emptied rather than marked, and so may the
@@ -562,12 +563,12 @@ impl HexMap {
     }
 
     /// Runs `f` on the live entry of `d` under its shard's mutex.
-    pub(super) fn locked<R>(&self, d: u128, f: impl FnOnce(EntryRef<'_>) -> R) -> Option<R> {
+    pub(super) fn locked<R>(&self, d: K, f: impl FnOnce(EntryRef<'_>) -> R) -> Option<R> {
         self.with_locked(d, |e| (e.map(f), false))
     }
 
     /// The evictor's step (see [`super::KeyIndex::remove_if_locked`]).
-    pub(super) fn remove_if_locked(&self, d: u128, decide: impl FnOnce(EntryRef<'_>) -> bool) -> Option<bool> {
+    pub(super) fn remove_if_locked(&self, d: K, decide: impl FnOnce(EntryRef<'_>) -> bool) -> Option<bool> {
         self.with_locked(d, |e| match e {
             None => (None, false),
             Some(e) => {
@@ -578,7 +579,7 @@ impl HexMap {
     }
 
     /// Binds `d` to `page` on `rank` (see [`super::KeyIndex::bind`]).
-    pub(super) fn bind(&self, d: u128, rank: u32, page: u32, world: impl FnOnce() -> u32, delta: &mut Delta) -> Bind {
+    pub(super) fn bind(&self, d: K, rank: u32, page: u32, world: impl FnOnce() -> u32, delta: &mut Delta) -> Bind {
         let (h, shard, mut st) = self.lock(d);
         let guard = Guard::new();
         let t = Self::table(shard, &guard);
@@ -589,8 +590,7 @@ impl HexMap {
         let Some(id) = st.take_id(&self.arena, || self.epoch(&guard)) else { return Bind::Full };
         let world = world();
         let slot = self.arena.slot(id);
-        slot.hi.store((d >> 64) as u64, Ordering::Relaxed);
-        slot.lo.store(d as u64, Ordering::Relaxed);
+        d.store(&slot.key);
         slot.head.reset(world);
         let ranks = (rank as usize + 1).max(world as usize);
         if ranks > INLINE_RANKS {
@@ -621,7 +621,7 @@ impl HexMap {
         st.live += 1;
         // Release: publishes the slot written above (module note).
         t.slots[pos].store(id << TAG_BITS | Self::tag_of(h), Ordering::Release);
-        Bind::Bound(world, Some(id))
+        Bind::Bound(world, Some(id | K::ID_FLAG))
     }
 
     /// A binding of a key already in the map, under its shard's mutex.
@@ -655,7 +655,7 @@ impl HexMap {
             }
             e.set_bound(bound + 1);
         }
-        Bind::Bound(world, Some(id))
+        Bind::Bound(world, Some(id | K::ID_FLAG))
     }
 
     /// Gives the new key `id` its wide pages.
@@ -666,7 +666,7 @@ impl HexMap {
     }
 
     /// Removes `d`'s binding to `page` on `rank` (see [`super::KeyIndex::unbind`]).
-    pub(super) fn unbind(&self, d: u128, rank: u32, page: u32, delta: &mut Delta) -> Option<u32> {
+    pub(super) fn unbind(&self, d: K, rank: u32, page: u32, delta: &mut Delta) -> Option<u32> {
         self.with_locked(d, |e| match e {
             None => (None, false),
             Some(e) => match e.unbind(rank, page, delta) {
@@ -702,8 +702,12 @@ impl HexMap {
 
     /// The digest of the key named `id`; the caller holds a page of the
     /// key (so that the key stays), or takes the answer as a hint.
-    pub(super) fn digest(&self, id: u32) -> Option<u128> {
-        self.arena.try_slot(id).map(Slot::digest)
+    pub(super) fn digest(&self, id: u32) -> Option<K> {
+        // An id of the other map names no key of this one.
+        if id & DIGEST_ID != K::ID_FLAG {
+            return None;
+        }
+        self.arena.try_slot(id & !DIGEST_ID).map(Slot::digest)
     }
 
     /// Slots of the tables (used or not).
@@ -714,7 +718,7 @@ impl HexMap {
     }
 
     /// Calls `f` with every key and its entry; not the request path.
-    pub(super) fn for_each(&self, f: &mut dyn FnMut(u128, EntryRef<'_>)) {
+    pub(super) fn for_each(&self, f: &mut dyn FnMut(K, EntryRef<'_>)) {
         let Some(shards) = self.shards.get() else { return };
         let guard = Guard::new();
         for s in shards.iter() {

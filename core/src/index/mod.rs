@@ -3,11 +3,14 @@
 //! Three maps. vLLM's keys are 32-hex digests, stored as a `u128` in
 //! [`hex`]'s map of our own: an arena of 56-byte entries named by 4-byte
 //! ids, found through 256 shards of open-addressing tables of ids, which a
-//! batch looks up with its cache misses overlapped ([`Reader::entries`]); the page tables name these keys
-//! by their id. SGLang's 64-hex digests with their suffix ([`Digest`], 34
-//! bytes inline) and any other string stay in scc's [`HashIndex`], where
-//! the page tables keep the whole key on the side. One lookup per key
-//! answers `batch_exists` whatever the number of ranks.
+//! batch looks up with its cache misses overlapped ([`Reader::entries`]);
+//! the page tables name these keys by their id. SGLang's 64-hex digests
+//! with their suffix ([`Digest`], 34 bytes) live in a second map of the
+//! same kind (80-byte arena entries, segments that double from 1,024
+//! entries), whose ids carry [`DIGEST_ID`] so that a page's owner word
+//! tells the two apart. Any other string stays in scc's [`HashIndex`],
+//! where the page tables keep the whole key on the side. One lookup per
+//! key answers `batch_exists` whatever the number of ranks.
 //!
 //! Why a map of our own for the hex keys (issue 14; perf/RESULTS.md has
 //! the side-by-side figures): scc's `HashIndex<u128, Entry>` took a
@@ -16,7 +19,12 @@
 //! lookups could not overlap its cache misses. scc serves the other maps,
 //! where neither matters.
 //!
-//! `HashIndex` rather than scc's `HashMap` for those because the request
+//! The digests' map was scc's `HashIndex` too until its resizing (about
+//! 400 instructions a key of a confirm of new keys) and the page tables'
+//! side map of owners (about 230) made SGLang's confirm cost 1.8× vLLM's
+//! (perf/history).
+//!
+//! `HashIndex` rather than scc's `HashMap` for the text keys because the request
 //! path is mostly reads: a `HashIndex` read is lock-free and writes nothing
 //! shared, and one epoch guard serves a whole batch ([`Reader`]). Writers
 //! take the bucket's lock (`entry_sync`, `get_sync`); the hex map's
@@ -45,6 +53,7 @@
 //! "no page": the answer the key had an instant later, never a page of
 //! another key.
 
+mod arena_key;
 mod hex;
 mod published;
 
@@ -56,6 +65,8 @@ use super::sync::{
     Ordering::{Acquire, Relaxed, Release},
 };
 use hex::HexMap;
+
+pub use hex::DIGEST_ID;
 use scc::hash_index::Entry as MapSlot;
 use scc::{Guard, HashIndex};
 
@@ -171,7 +182,7 @@ impl Head {
     }
 }
 
-/// An entry of the scc maps (SGLang's digests, other text keys): the head
+/// An entry of the scc map of text keys: the head
 /// and the pages of any further ranks in a side vector (boxed twice: a
 /// thin pointer keeps the entry at 48 bytes).
 ///
@@ -269,11 +280,12 @@ impl<'a> EntryRef<'a> {
     fn more(&self) -> Option<&'a [AtomicU32]> {
         match self.more {
             More::Boxed(m) => m,
-            More::Hex { wide, id, guard } => wide.peek(&id, guard).map(|b| &**b),
+            More::Hex { wide, id, guard } => wide.peek(&(id & !DIGEST_ID), guard).map(|b| &**b),
         }
     }
 
-    /// The hex key's id (the name its pages give it); `None` for the other keys.
+    /// The hex or digest key's id (the name its pages give it); `None` for
+    /// the text keys.
     pub fn id(&self) -> Option<u32> {
         match self.more {
             More::Boxed(_) => None,
@@ -438,9 +450,9 @@ impl Default for IndexFloor {
 /// The concurrent key index.
 pub struct KeyIndex {
     /// 32-hex keys, as the big-endian number they spell.
-    hex: HexMap,
+    hex: HexMap<u128>,
     /// 64-hex keys with their suffix.
-    digest: HashIndex<Digest, Entry, Hasher>,
+    digest: HexMap<Digest>,
     /// Every other key, verbatim.
     text: HashIndex<Box<str>, Entry, Hasher>,
 }
@@ -456,7 +468,7 @@ impl KeyIndex {
     pub fn new(floor: IndexFloor) -> Self {
         Self {
             hex: HexMap::new(floor.hex),
-            digest: HashIndex::with_capacity_and_hasher(floor.digest, Hasher::default()),
+            digest: HexMap::new(floor.digest),
             text: HashIndex::with_hasher(Hasher::default()),
         }
     }
@@ -475,14 +487,17 @@ impl Reader<'_> {
     fn entry(&self, key: KeyRef<'_>) -> Option<EntryRef<'_>> {
         match key {
             KeyRef::Hex(d) => self.index.hex.get(d, &self.guard),
-            KeyRef::Digest(d) => self.index.digest.peek(&d, &self.guard).map(Entry::as_ref),
+            KeyRef::Digest(d) => self.index.digest.get(d, &self.guard),
             KeyRef::Text(s) => self.index.text.peek(s, &self.guard).map(Entry::as_ref),
         }
     }
 
     /// The entry of the key of each of `items` (`key` tells it), in order,
-    /// into `out`: the hex keys looked up a batch at a time with their cache
-    /// misses overlapped ([`HexMap::get_batch`]), the others one by one.
+    /// into `out`: the hex keys looked up a batch at a time with their
+    /// cache misses overlapped ([`HexMap::get_batch`]), the others one by
+    /// one: batched, a digest's lookup cost SGLang's exists about 200
+    /// instructions a key (its 34-byte key copied at each pass), where
+    /// scc's lookup one by one had cost 125.
     pub fn entries<'r, T>(&'r self, items: &[T], key: impl Fn(&T) -> KeyRef<'_>, out: &mut Vec<Option<EntryRef<'r>>>) {
         out.clear();
         for chunk in items.chunks(hex::BATCH) {
@@ -643,7 +658,7 @@ impl KeyIndex {
     pub fn bind(&self, key: KeyRef<'_>, rank: u32, page: u32, world: impl FnOnce() -> u32, delta: &mut Delta) -> Bind {
         match key {
             KeyRef::Hex(d) => self.hex.bind(d, rank, page, world, delta),
-            KeyRef::Digest(d) => bind_in(&self.digest, d, rank, page, world, delta),
+            KeyRef::Digest(d) => self.digest.bind(d, rank, page, world, delta),
             KeyRef::Text(s) => bind_in(&self.text, Box::from(s), rank, page, world, delta),
         }
     }
@@ -655,7 +670,7 @@ impl KeyIndex {
     pub fn unbind(&self, key: KeyRef<'_>, rank: u32, page: u32, delta: &mut Delta) -> Option<u32> {
         match key {
             KeyRef::Hex(d) => self.hex.unbind(d, rank, page, delta),
-            KeyRef::Digest(d) => unbind_in(&self.digest, &d, rank, page, delta),
+            KeyRef::Digest(d) => self.digest.unbind(d, rank, page, delta),
             KeyRef::Text(s) => unbind_in(&self.text, s, rank, page, delta),
         }
     }
@@ -664,7 +679,7 @@ impl KeyIndex {
     fn locked<R>(&self, key: KeyRef<'_>, f: impl FnOnce(EntryRef<'_>) -> R) -> Option<R> {
         match key {
             KeyRef::Hex(d) => self.hex.locked(d, f),
-            KeyRef::Digest(d) => self.digest.get_sync(&d).map(|o| f(o.get().as_ref())),
+            KeyRef::Digest(d) => self.digest.locked(d, f),
             KeyRef::Text(s) => self.text.get_sync(s).map(|o| f(o.get().as_ref())),
         }
     }
@@ -688,7 +703,7 @@ impl KeyIndex {
         }
         match key {
             KeyRef::Hex(d) => self.hex.remove_if_locked(d, decide),
-            KeyRef::Digest(d) => go(self.digest.get_sync(&d), decide),
+            KeyRef::Digest(d) => self.digest.remove_if_locked(d, decide),
             KeyRef::Text(s) => go(self.text.get_sync(s), decide),
         }
     }
@@ -697,6 +712,7 @@ impl KeyIndex {
     /// it was read from claimed, a hint otherwise.
     pub fn key_of(&self, owned: &Owned) -> Option<Key> {
         match owned {
+            Owned::Id(id) if id & DIGEST_ID != 0 => self.digest.digest(*id).map(Key::Digest),
             Owned::Id(id) => self.hex.digest(*id).map(|d| Key::Hex(d.to_be_bytes())),
             Owned::Key(k) => Some(k.clone()),
         }
@@ -706,6 +722,7 @@ impl KeyIndex {
     pub fn owns(&self, table: &PageTable, page: u32, key: KeyRef<'_>) -> bool {
         match key {
             KeyRef::Hex(d) => table.owner_id(page).is_some_and(|id| self.hex.digest(id) == Some(d)),
+            KeyRef::Digest(d) => table.owner_id(page).is_some_and(|id| self.digest.digest(id) == Some(d)),
             k => table.owner_is(page, Owner::Key(k)),
         }
     }
@@ -720,16 +737,13 @@ impl KeyIndex {
 
     /// Slots of the three maps (occupied or not).
     pub fn slots(&self) -> usize {
-        self.hex.slots() + self.digest.capacity() + self.text.capacity()
+        self.hex.slots() + self.digest.slots() + self.text.capacity()
     }
 
     /// Calls `f` with every entry; for audits and snapshots, not the request path.
     pub fn for_each(&self, mut f: impl FnMut(KeyRef<'_>, EntryRef<'_>)) {
         self.hex.for_each(&mut |d, e| f(KeyRef::Hex(d), e));
-        self.digest.iter_sync(|&d, e| {
-            f(KeyRef::Digest(d), e.as_ref());
-            true
-        });
+        self.digest.for_each(&mut |d, e| f(KeyRef::Digest(d), e));
         self.text.iter_sync(|s, e| {
             f(KeyRef::Text(s), e.as_ref());
             true

@@ -35,7 +35,7 @@ fn a_floor_sizes_the_hex_map_as_table_bytes_says() {
         let ix = KeyIndex::new(IndexFloor::vllm(keys));
         let want = IndexFloor::table_bytes(keys.max(MIN_CAPACITY));
         assert_eq!(ix.hex.slots() * 4, want, "{keys} keys");
-        assert_eq!((ix.digest.capacity(), ix.text.capacity()), (0, 0));
+        assert_eq!((ix.digest.slots(), ix.text.capacity()), (0, 0));
     }
     // 10^6 keys: 3,907 a shard, room for 4,884 at 4/5, 8,192 slots of 4 bytes.
     assert_eq!(IndexFloor::table_bytes(1_000_000), 256 * 8192 * 4);
@@ -131,4 +131,60 @@ fn concurrent_readers_never_see_foreign_pages() {
     let mut n = 0;
     ix.for_each(|_, _| n += 1);
     assert_eq!(n, 0, "every key was unbound on every rank");
+}
+
+/// An SGLang digest key (64 hex digits and a suffix) numbered `i`.
+fn digest(i: u64, suffix: &str) -> String {
+    format!("{:016x}{:016x}{:032x}{suffix}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15), i, i)
+}
+
+#[test]
+fn digests_have_ids_of_their_own_that_name_them_back() {
+    let ix = KeyIndex::new(IndexFloor::SGLANG);
+    let mut d = Delta::default();
+    let table = PageTable::new(4096).unwrap();
+    let hex = "0123456789abcdef0123456789abcdef";
+    let Bind::Bound(1, Some(hex_id)) = ix.bind(k(hex), 0, 0, || 1, &mut d) else { panic!("hex keys have an id") };
+    assert_eq!(hex_id & DIGEST_ID, 0);
+    table.set_owner(0, Owner::of(k(hex), Some(hex_id)));
+    // Enough keys for several of the digest arena's doubling segments.
+    const N: u64 = 3000;
+    let keys: Vec<String> = (0..N).map(|i| digest(i, ["", "-k", "-v"][i as usize % 3])).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let key = k(key);
+        assert!(matches!(key, KeyRef::Digest(_)));
+        let page = i as u32 + 1;
+        let Bind::Bound(1, Some(id)) = ix.bind(key, 0, page, || 1, &mut d) else { panic!("digests have an id") };
+        assert_ne!(id & DIGEST_ID, 0, "a digest's id is flagged");
+        assert_ne!(id, hex_id, "the maps' ids never meet in an owner word");
+        table.set_owner(page, Owner::of(key, Some(id)));
+    }
+    assert_eq!((d.keys, d.complete), (N as i64 + 1, N as i64 + 1));
+    let reader = ix.reader();
+    for (i, key) in keys.iter().enumerate() {
+        let page = i as u32 + 1;
+        assert_eq!(ix.location(k(key), 0), Some(page));
+        let owned = table.owner(page).expect("bound");
+        assert_eq!(ix.key_of(&owned), Some(k(key).to_key()), "key {i}");
+        assert!(ix.owns(&table, page, k(key)));
+        assert!(!ix.owns(&table, page, k(hex)), "another map's key");
+        assert!(!ix.owns(&table, 0, k(key)), "the hex key's page");
+    }
+    assert_eq!(ix.key_of(&table.owner(0).unwrap()), Some(k(hex).to_key()));
+    // A batch of both kinds, and a digest that is not stored.
+    let absent = digest(N, "");
+    let batch: Vec<KeyRef<'_>> = [hex, &keys[5], &absent, &keys[2999], "text"].iter().map(|s| k(s)).collect();
+    let mut out = Vec::new();
+    reader.entries(&batch, |&k| k, &mut out);
+    let pages: Vec<Option<u32>> = out.iter().map(|e| e.and_then(|e| e.page(0))).collect();
+    assert_eq!(pages, [Some(0), Some(6), None, Some(3000), None]);
+    drop(reader);
+    let mut seen = 0;
+    ix.for_each(|key, _| seen += u64::from(matches!(key, KeyRef::Digest(_))));
+    assert_eq!(seen, N);
+    for (i, key) in keys.iter().enumerate() {
+        assert!(ix.unbind(k(key), 0, i as u32 + 1, &mut d).is_some());
+    }
+    assert_eq!(d.keys, 1);
+    assert_eq!(ix.location(k(&keys[7]), 0), None);
 }

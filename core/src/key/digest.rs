@@ -53,6 +53,16 @@ impl Suffix {
     pub const V: Suffix = Suffix(2);
     const FIRST_POOL: u16 = 3;
 
+    /// The suffix's number, for a store of the key in atomic words.
+    pub(crate) fn raw(self) -> u16 {
+        self.0
+    }
+
+    /// The suffix [`Self::raw`] gave.
+    pub(crate) fn from_raw(n: u16) -> Self {
+        Suffix(n)
+    }
+
     /// The suffix's text as the client wrote it, without the `_` of a pool.
     fn write_to(self, f: &mut impl fmt::Write) -> fmt::Result {
         match self.0 {

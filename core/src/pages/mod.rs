@@ -19,9 +19,9 @@
 //!   so a search at 99% fill skips 64 words (2048 pages) per load.
 //! - `stamps`, one byte per word: the reservation epoch of the newest
 //!   reservation in that word, for reservation expiry (see [`PageTable::expire`]).
-//! - `owners`, the page → key back-reference: the 4-byte id of a hex key in
-//!   the key index (lazily zeroed), or a mark with the key on the side in
-//!   `key_owners` (an SGLang digest inline, other text boxed).
+//! - `owners`, the page → key back-reference: the 4-byte id of a vLLM hex
+//!   key or an SGLang digest in the key index (lazily zeroed), or a mark
+//!   with the key on the side in `key_owners` (any other text, boxed).
 //!
 //! Memory: 2 bits of state + 1/32 byte of stamp + 1/32 bit of hint per page
 //! (0.28 byte), plus 4 bytes of back-reference per page that has ever been
@@ -72,12 +72,14 @@ const NO_OWNER: u32 = 0;
 /// An owner word whose key is in the side map.
 const SIDE: u32 = u32::MAX;
 
-/// What names the key of a page: a vLLM hex key by its id in the key index
-/// (4 bytes a page), any other key by itself, on the side.
+/// What names the key of a page: a vLLM hex key or an SGLang digest by its
+/// id in the key index (4 bytes a page), any other key by itself, on the
+/// side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner<'a> {
-    /// A hex key's id (what [`crate::index::Bind::Bound`] and
-    /// [`crate::index::EntryRef::id`] give).
+    /// A hex or digest key's id (what [`crate::index::Bind::Bound`] and
+    /// [`crate::index::EntryRef::id`] give; a digest's carries
+    /// [`crate::index::DIGEST_ID`]).
     Id(u32),
     /// Any other key.
     Key(KeyRef<'a>),
@@ -94,7 +96,7 @@ impl<'a> Owner<'a> {
 /// An [`Owner`], owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Owned {
-    /// A hex key's id.
+    /// A hex or digest key's id.
     Id(u32),
     /// Any other key.
     Key(Key),
@@ -192,11 +194,10 @@ pub struct PageTable {
     full: ZeroedSlice<AtomicU64>,
     /// Per state word, the epoch of its newest reservation.
     stamps: ZeroedSlice<AtomicU8>,
-    /// One word per page: the id of the hex key bound to it, `SIDE` for
-    /// a key kept in `key_owners`, `NO_OWNER` for none.
+    /// One word per page: the id of the hex or digest key bound to it,
+    /// `SIDE` for a key kept in `key_owners`, `NO_OWNER` for none.
     owners: ZeroedSlice<AtomicU32>,
-    /// Owners of pages bound to keys without an id (SGLang's digests
-    /// inline, text boxed).
+    /// Owners of pages bound to keys without an id (text keys, boxed).
     key_owners: scc::HashMap<u32, Key>,
     /// FREE pages not yet promised to an allocator.
     free: AtomicU64,
@@ -597,7 +598,7 @@ impl PageTable {
     pub fn set_owner(&self, page: u32, owner: Owner<'_>) {
         let word = match owner {
             Owner::Id(id) => {
-                debug_assert!(id != NO_OWNER && id != SIDE, "ids are below MAX_IDS");
+                debug_assert!(id != NO_OWNER && id != SIDE, "ids are below MAX_IDS, flagged or not");
                 // A key replacing a side owner must not leave it behind.
                 if self.owner_word(page) == SIDE {
                     self.key_owners.remove_sync(&page);

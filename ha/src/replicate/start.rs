@@ -10,8 +10,8 @@ use super::promote::Replicated;
 use super::standby::Standby;
 use super::stores::Replicators;
 use crate::{Coordinator, Host, Keys, LeaderRecord};
-use std::time::Duration;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Starts replication for `app` (a node of an HA cluster, with `--data-dir`)
 /// and returns the promotion hook to start the election with; the caller
@@ -29,7 +29,8 @@ pub async fn start(app: &Arc<dyn Host>, etcd: &dyn Coordinator, keys: &Keys) -> 
     // A gateway client of its own (the coordinator is shared with the
     // election's runtime), with the election's timeout rule.
     let ttl = app.ha_args().etcd.ttl();
-    let checker = Arc::new(app.ha_args().etcd.client((ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(2)))?);
+    let checker =
+        Arc::new(app.ha_args().etcd.client((ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(2)))?);
     let (handle, key) = (tokio::runtime::Handle::current(), keys.leader());
     standby.check_leaders_with(Box::new(move || {
         // On a session's own thread, never a runtime's: blocking is fine.
