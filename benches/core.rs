@@ -5,8 +5,8 @@
 //! Run: `cargo bench --bench core` (add `-- <filter>` for one group).
 //! Figures and their targets are recorded in perf/RESULTS.md.
 //!
-//! `HF3FS_BENCH_BIG=1` adds the lookups among 10^7 stored keys (issue 14,
-//! item 2: "128 random keys among 10^7 stored"). It is opt-in because the
+//! `HF3FS_BENCH_BIG=1` adds the lookups among 10^7 stored keys (the scale
+//! target "128 random keys among 10^7 stored"). It is opt-in because the
 //! bench then peaks at 1.9 GB with the scc index and filling the store takes
 //! about 10 s; without it the run stays quick. For that case alone:
 //! `HF3FS_BENCH_BIG=1 cargo bench --profile ci --bench core -- 'lookup/.*10\^7'`.

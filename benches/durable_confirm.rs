@@ -11,7 +11,7 @@
 //! Run: `cargo bench --bench durable_confirm` (`-- <seconds> <tasks>` to
 //! change the 5 s per mode and the 32 tasks; `ONLY=batch` runs one mode;
 //! `ALLOCATE_SYNC=1` makes each allocate wait until durable as the server's
-//! route does, which since issue 20 writes the allocate's reservations).
+//! route does, which writes the allocate's reservations to the journal).
 //! Prints one table; the figures are recorded in perf/RESULTS.md.
 
 use hf3fs_meta::core::{Store, StoreConfig};
@@ -77,7 +77,7 @@ fn run(mode: Option<FsyncMode>, secs: f64, tasks: usize) -> Run {
                     store.allocate(0, &refs, &mut out).unwrap();
                     if let (Some(d), true) = (durable, allocate_waits) {
                         // As the server's allocate route does: answered once
-                        // its reservations are durable (issue 20).
+                        // its reservations are durable (a reservation belongs to its key).
                         d.sync().await.unwrap();
                     }
                     let conf: Vec<(&str, i64)> = out.iter().map(|&(i, p)| (refs[i], p)).collect();

@@ -1,4 +1,5 @@
-//! Eviction and read leases in the core, no HTTP (issue 10's benchmarks):
+//! Eviction and read leases in the core, no HTTP (the benchmarks of eviction
+//! with read leases):
 //!
 //! - allocate of 128 new keys on a full rank, where every page the batch
 //!   gets was freed by evicting a key first, against the same allocate on a

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # perf/conn_callgrind.sh — the server's instructions and cache misses per
 # confirm iteration (allocate, confirm, release) at several connection
-# counts, under callgrind (issue 14, item 4): counts instructions and
+# counts, under callgrind (the many-connections target): counts instructions and
 # simulated misses, so it repeats on a noisy machine where req/s does not.
 # The last-level cache is simulated at --ll (default 4 MiB, 16-way: this
 # machine's L2; its 260 MB L3 would hold everything). One server; after

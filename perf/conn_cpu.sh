@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # perf/conn_cpu.sh — where the CPU goes as the number of keep-alive
-# connections grows (issue 14): for each count, a fixed number of requests
+# connections grows (the many-connections target): for each count, a fixed number of requests
 # against the server and against the bare-hyper ceiling, alternated, and the
 # CPU time (utime + stime) that the target AND the load generator each burned,
 # per request. On a 2-core machine the load generator shares the cores with

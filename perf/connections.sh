@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/connections.sh — how the server holds up with many clients (issue 14):
+# perf/connections.sh — how the server holds up with many clients:
 # perf/run.sh at 32, 256, 1,024 and 4,096 keep-alive connections (the
 # server's default cap is 4,096), exists and confirm, server and bare-hyper
 # ceiling alternated, the counts alternated round by round, one table per

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # perf/eviction_cpu.sh — what eviction costs at a steady allocation rate
-# (issue 10): the connector's save (allocate fresh keys, confirm them, never
+# (eviction with read leases): the connector's save (allocate fresh keys, confirm them, never
 # release) at --rate requests/s of 128 keys against two servers, one after
 # the other, each with eviction on:
 #   full:  one rank of --pages pages, which the load fills within the warmup;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Resident memory per open keep-alive connection, and what a client over
-the connection cap sees (issue 14).
+the connection cap sees (the many-connections target).
 
 Opens N connections to a target on loopback, sends one batch_exists of 128
 keys on each (so every connection has served a request and holds whatever

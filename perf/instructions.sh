@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # perf/instructions.sh — the server's instructions per request on every data
-# route of both dialects, and the bare exchange's (issue 22), counted by
+# route of both dialects, and the bare exchange's (the cost of a key on the read path), counted by
 # callgrind: deterministic, so it repeats on a loaded machine where req/s
 # does not.
 #

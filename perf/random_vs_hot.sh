@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # perf/random_vs_hot.sh — lookups of random stored keys against the same hot
-# keys over HTTP (issue 14, item 2: "exists of 128 random stored keys keeps
+# keys over HTTP (the scale target "exists of 128 random stored keys keeps
 # >= 0.7x the throughput of 128 hot keys"). Starts ONE server, stores
 # --stored keys on rank 0 (loadgen's setup, then half a second of random
 # exists whose answers it checks: all true), then for each scenario

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/replication.sh — issue 21 item 8: replicated confirm and allocate
+# perf/replication.sh — the cost of replication: replicated confirm and allocate
 # throughput against a single node, side by side. Both sides run the same
 # release binary with --data-dir (and the same --fsync); the replicated side
 # is a leader and its synchronous standby (--ha etcd, --ha-sync strict) on one

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/replication_instructions.sh — issue 21 item 8: what one replicated
+# perf/replication_instructions.sh — the cost of replication: what one replicated
 # request costs, in instructions, on the leader AND on its synchronous
 # standby, against a single node's, counted by callgrind (deterministic:
 # it repeats on a loaded machine where req/s and CPU seconds do not).

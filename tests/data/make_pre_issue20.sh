@@ -1,6 +1,6 @@
 #!/bin/sh
 # Builds the data directories in this folder with the release that
-# preceded issue 20 (main at 49da9ce / daf4cc0): run from the repository
+# preceded journaled reservations (main at 49da9ce / daf4cc0): run from the repository
 # root with that commit's debug binary built (`cargo build`).
 #   tests/data/make_pre_issue20.sh TERM   -> tests/data/pre-issue20-sigterm
 #   tests/data/make_pre_issue20.sh KILL   -> tests/data/pre-issue20-sigkill

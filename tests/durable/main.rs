@@ -4,7 +4,7 @@
 //! - [`recovery`]: what a restart brings back, and what it refuses.
 //! - [`faults`]: injected disk faults, degradation and recovery from memory.
 //! - [`reservations`]: reservations and holds across restarts, and data
-//!   directories of the previous release (issue 20).
+//!   directories of the previous release (the one before reservations were journaled).
 //! - [`sglang`]: SGLang's page spaces on their own durable store.
 //! - [`tap`]: the replication tap: which frames the writer builds.
 

@@ -1,4 +1,4 @@
-//! Issue 20 at the durable layer: reservations and holds outlive a restart,
+//! Reservations belong to their key, at the durable layer: reservations and holds outlive a restart,
 //! and a data directory of the previous release still opens.
 //!
 //! - A reservation is journaled with its key's tag before its allocate

@@ -24,7 +24,7 @@ const DASHBOARD: &str = include_str!("../../contrib/grafana/hf3fs-meta.json");
 const RULES: &str = include_str!("../../contrib/prometheus/hf3fs-meta.rules.yml");
 
 /// Metrics the dashboard already shows but the server does not export yet
-/// (none today: the eviction metrics of issue 10 were the last). A name
+/// (none today: the eviction metrics were the last). A name
 /// listed here must be in the dashboard and absent from the scrape; the test
 /// says when to remove it.
 const NOT_YET_EXPORTED: [&str; 0] = [];

@@ -1,4 +1,4 @@
-//! Issue 21 item 7, "pause longer than the lease", with replication: a
+//! Failover, "pause longer than the lease", with replication: a
 //! replicating leader is SIGSTOPped for three TTLs while a direct client
 //! keeps saving through it. Its standby is promoted; a frame the old
 //! leader sent before the pause, held in flight by a [`Proxy`] until the

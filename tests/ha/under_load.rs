@@ -1,4 +1,4 @@
-//! Issue 21 item 7, first two bullets: SIGKILL of the leader under load
+//! Failover under load, the first two cases: SIGKILL of the leader under load
 //! through the relay, alone and together with etcd's raft leader. Three
 //! replicated nodes (`--ha-sync strict`, a 2 s lease), one relay, a saver
 //! and a reader going through the relay the whole time. Every 204 of a

@@ -1,4 +1,4 @@
-//! Eviction and read leases through the real server (issue 10): a full
+//! Eviction and read leases through the real server: a full
 //! small rank keeps accepting keys and the eviction metrics move; what
 //! `batch_exists` (leading run) and `get_locations` answered stays where it
 //! was; a released leased page is held back and shows in `/stats` and

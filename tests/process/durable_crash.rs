@@ -407,7 +407,7 @@ fn acknowledged_confirms_survive_sigkill() {
         let stats: Value = serde_json::from_slice(&body).unwrap();
         let r = &stats["ranks"][rank as usize];
         assert_eq!(r["free"], 0, "{r}");
-        // Reservations in flight at each SIGKILL survive it (issue 20): at
+        // Reservations in flight at each SIGKILL survive it (reservations are journaled): at
         // most one batch of 16 per client and round, none handed out again.
         let reserved = r["reserved"].as_i64().unwrap();
         let restored = reserved - fresh.len() as i64;

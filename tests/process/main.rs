@@ -5,7 +5,7 @@
 //! - [`binary`]: start-up, flags, shutdown, the listen backlog.
 //! - [`durable_crash`]: SIGKILL under load, then restarts.
 //! - [`durable_disk`]: a full disk (a small tmpfs when run as root).
-//! - [`never_a_wrong_page`]: issue 20's sequences on the hidden test clock,
+//! - [`never_a_wrong_page`]: the "never a wrong page" sequences on the hidden test clock,
 //!   SIGKILL restarts included, against a simulated page store.
 //! - [`tools`]: `hf3fs-meta inspect` and `verify` on data directories.
 //! - [`python_client`]: the Python suites in tests/python, the engines' own

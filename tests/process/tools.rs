@@ -2,7 +2,7 @@
 //! the real binary (requests over HTTP, then SIGKILL, as the crash tests
 //! leave them), on a directory made inconsistent through the durable codec,
 //! on a directory a server holds, and on the committed directories of the
-//! release before issue 20.
+//! release before reservations were journaled.
 //!
 //! The servers run on the hidden test clock: no lease or reservation
 //! passes while a test runs, whatever the machine's speed.

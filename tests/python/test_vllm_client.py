@@ -424,7 +424,7 @@ def test_second_save_of_the_same_prefix_reuses_pages(client, server):
     # A stored page handed out again leases its key for as long as a write
     # may take (max of --read-lease and the reservation TTL), with or without
     # eviction: the writer is about to write it, so neither an eviction nor a
-    # release may hand it to another key meanwhile (issue 20, item 4).
+    # release may hand it to another key meanwhile (the re-save hold).
     assert c.stats()["leased_keys"] == BATCH
     assert leading_true(c.batch_exists(keys)) == BATCH
     for rank in range(WORLD):

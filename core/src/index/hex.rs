@@ -1,5 +1,5 @@
 //! The index of vLLM's 32-hex keys: an arena of entries named by 4-byte
-//! ids, and a table of ids sharded 256 ways (issue 14).
+//! ids, and a table of ids sharded 256 ways (the 98-byte key index).
 //!
 //! A key costs its arena slot (56 bytes: the 16-byte digest and a
 //! [`Head`]), its ids in the table (4 bytes a slot at a load between 0.4

@@ -12,7 +12,7 @@
 //! where the page tables keep the whole key on the side. One lookup per
 //! key answers `batch_exists` whatever the number of ranks.
 //!
-//! Why a map of our own for the hex keys (issue 14; perf/RESULTS.md has
+//! Why a map of our own for the hex keys (the 98-byte key index; perf/RESULTS.md has
 //! the side-by-side figures): scc's `HashIndex<u128, Entry>` took a
 //! 64-byte slot per key at about half load, and the pages named their key
 //! by its 16-byte digest, 255 bytes a key on 8 ranks; and a batch of

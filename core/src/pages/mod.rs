@@ -340,7 +340,7 @@ impl PageTable {
         // densely, so that a rank's back-references and states stay in as
         // few memory pages as its keys need (moving one word further left a
         // 32-page hole every 4 words, and a rank 90 % full touched every
-        // page of its back-references: perf/RESULTS.md, issue 14).
+        // page of its back-references: perf/RESULTS.md, the 10^7-key scale runs).
         let start = (self.cursor.fetch_add(n.div_ceil(u64::from(LANES)), Ordering::Relaxed) % nwords as u64) as usize;
         let mut use_hints = true;
         let mut backoff = Backoff::default();
@@ -493,7 +493,7 @@ impl PageTable {
     /// caller to claim them one by one ([`claim`](Self::claim)), which
     /// decides for a FREE page and waits for a BUSY one. A confirm's pages
     /// sit mostly a few to a word: one RMW for each word rather than each
-    /// page (issue 22).
+    /// page (instructions per request, perf/README.md).
     pub fn claim_together(&self, pages: &[u32]) -> Option<u64> {
         let (w, _) = Self::locate(*pages.first()?);
         let mut lanes = 0u64;

@@ -309,7 +309,8 @@ impl Store {
 /// [`KeyRef::Hex`]). Emptied at the start of the next batch by clearing
 /// only the slots the last one used, so that a batch of 128 keys neither
 /// clears nor hashes the whole table (hashbrown's set cost 71 instructions
-/// a key here, this about 20: issue 22).
+/// a key here, this about 20: instructions per request,
+/// perf/README.md).
 struct SeenHex {
     slots: Vec<u128>,
     /// Positions of the slots in use.

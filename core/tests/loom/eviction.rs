@@ -1,5 +1,5 @@
 //! Loom models of eviction racing confirm, release, reads and allocate
-//! (issues 10 and 20) on the real [`Store`]: its page tables, its key index
+//! (eviction with read leases; a reservation belongs to its key) on the real [`Store`]: its page tables, its key index
 //! (the hex map: shard mutex, table, arena, lease words), its allocate loop,
 //! confirm and evictor, all on loom's atomics and locks (`core/src/sync.rs`).
 //! A store here has one or two ranks of two pages and a manual clock at

@@ -92,7 +92,7 @@ pub fn store(ranks: u32, pages: u32, lease: u32) -> Store {
 }
 
 /// [`store`] whose reservations last `ttl` ticks, so that a re-save holds
-/// its page for `max(lease, 1.25 ttl)` (issue 20, item 4); 0 adds nothing.
+/// its page for `max(lease, 1.25 ttl)` (the re-save hold); 0 adds nothing.
 pub fn store_with_ttl(ranks: u32, pages: u32, lease: u32, ttl: u32) -> Store {
     let s = Store::new(StoreConfig {
         world_size: Some(1),

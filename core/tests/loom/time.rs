@@ -234,14 +234,14 @@ fn resave_race(ttl: u32) -> (Arc<hf3fs_meta_core::Store>, u32, Vec<Actor>) {
     (s, pa, actors)
 }
 
-/// (z2) `--read-lease 0` with no reservation TTL, issue 20's third
-/// sequence at its worst: a re-save of KA (its allocate answers KA's stored
+/// (z2) `--read-lease 0` with no reservation TTL, the third "never a
+/// wrong page" sequence at its worst: a re-save of KA (its allocate answers KA's stored
 /// page, which its writer will rewrite) races another key's allocate on the
 /// full rank, which evicts what it needs. Nothing holds the re-saved page,
 /// so KB can be given it (reachable, pinned). Then both writers confirm:
 /// the page is reserved for KB, so KA's late confirm is refused with
-/// `reserved_for_other_key` and changes nothing, and KB's binds (issue 20,
-/// item 1). Whatever the interleaving the page ends bound to one key and
+/// `reserved_for_other_key` and changes nothing, and KB's binds (a reservation
+/// belongs to its key). Whatever the interleaving the page ends bound to one key and
 /// the store's audit holds.
 #[test]
 fn z2_lease_0_resave_vs_allocate_of_another_key() {
@@ -268,7 +268,7 @@ fn z2_lease_0_resave_vs_allocate_of_another_key() {
 }
 
 /// (z3) z2 with reservations of 4 ticks, still at `--read-lease 0`: the
-/// re-save holds its page for 1.25 TTL (issue 20, item 4), so in no
+/// re-save holds its page for 1.25 TTL (the re-save hold), so in no
 /// interleaving is KB given the page KA's writer is rewriting; KB either
 /// gets nothing (-1: the only other page is KC's, read by nobody, and the
 /// evictor may take it) or another page, and KA's confirm finds its page still its own.

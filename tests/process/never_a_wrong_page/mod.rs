@@ -1,5 +1,5 @@
-//! Issue 20, "Never a wrong page", through the real binary: each sequence of
-//! the issue, exactly as it writes them, plus the restart case for SGLang's
+//! "Never a wrong page" (a reservation belongs to its key) through the real
+//! binary: each sequence of docs/verification.md's race table, plus the restart case for SGLang's
 //! spaces and quarantine across SIGKILL.
 //!
 //! Every test runs against a simulated page store ([`Disk`]): when a writer
@@ -226,7 +226,7 @@ pub fn block_key(i: u64) -> String {
     format!("{:016x}{:016x}", mix(2 * i), mix(2 * i + 1))
 }
 
-/// Asserts `r` is the typed 500 `reserved_for_other_key` of issue 20 for
+/// Asserts `r` is the typed 500 `reserved_for_other_key` (a reservation belongs to its key) for
 /// `key` at `page` of `rank`.
 pub fn assert_reserved_for_other_key(r: &Response, rank: i64, page: i64, key: &str) {
     assert_eq!(r.status, 500, "a confirm of a page reserved for another key must be refused: {r:?}");

@@ -169,7 +169,7 @@ async fn spare_rank_probe(ctx: &Ctx, link: &mut Link, rng: &mut SmallRng) {
         _ => {
             // Reserve P for kf; a request that confirms P but releases a free
             // page fails; P must still be reserved for kf and unbound: another
-            // key's confirm is refused (reserved_for_other_key, issue 20) and
+            // key's confirm is refused (reserved_for_other_key) and
             // changes nothing, kf's confirm binds it (204), and its release
             // frees it (204).
             let started = Instant::now();

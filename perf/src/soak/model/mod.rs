@@ -214,7 +214,7 @@ impl Tracker {
             }
             "release_unallocated" => released && (owner.is_none() || uncertain),
             // A reserved page records its key: a confirm naming another key
-            // is refused while the page is not bound (issue 20).
+            // is refused while the page is not bound (a reservation belongs to its key).
             "reserved_for_other_key" => confirmed_key.is_some() && (owner.is_none() || uncertain),
             _ => false,
         };
