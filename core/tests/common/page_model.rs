@@ -1,5 +1,5 @@
 //! The sequential page model shared by `core/tests/core/model.rs` and
-//! `core/tests/core/model_eviction.rs`: page states and a rank's pages, the
+//! `core/tests/core/model_eviction/`: page states and a rank's pages, the
 //! reservation expiry, the faults a confirm request may report, the
 //! statistics and journaled bindings the model implies, and the bookkeeping
 //! both runners do around the store's answers.

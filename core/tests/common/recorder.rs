@@ -1,5 +1,5 @@
 //! A journal that records every change the store reports, without its
-//! generation (`core/tests/core/eviction.rs`, `core/tests/core/model_eviction.rs`).
+//! generation (`core/tests/core/eviction.rs`, `core/tests/core/model_eviction/`).
 
 use hf3fs_meta_core::{Change, Journal};
 use std::sync::Mutex;
