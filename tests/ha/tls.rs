@@ -103,7 +103,7 @@ impl Certs {
     /// the other its standby (named only once it is in sync).
     fn leader_and_standby(&self, nodes: &Nodes<'_>) -> (usize, u64, usize) {
         wait_for("a TLS leader with an in-sync standby", || {
-            (0..2).find_map(|i| {
+            (0..nodes.ids.len()).find_map(|i| {
                 let h = self.ha(nodes.get(i))?;
                 let serving = h["role"] == "leader" && h["serving"] == true;
                 let s = nodes.ids.iter().position(|id| Some(*id) == h["standby"].as_str())?;
@@ -195,7 +195,8 @@ fn a_tls_cluster_serves_through_relays_and_refuses_what_it_cannot_trust() {
     let certs = Certs::new();
     let cluster = Cluster::on(Etcd::start_tls(3, &certs.etcd())).with_https();
     let flags = certs.node_flags();
-    let nodes = cluster.replicated_nodes(&["a", "b"], "strict", &flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let nodes =
+        cluster.replicated_nodes(&["a", "b", "c"], "strict", &flags.iter().map(String::as_str).collect::<Vec<_>>());
     let (l, epoch, s) = certs.leader_and_standby(&nodes);
     let (leader, standby) = (nodes.get(l), nodes.get(s));
     let mut relay_flags = vec!["--tls-ca".to_string(), certs.pki.ca().display().to_string()];
