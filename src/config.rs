@@ -80,7 +80,7 @@ pub enum Command {
 
 /// hf3fs-meta: lock-free metadata server for vLLM's HF3FS KV-cache connector.
 #[derive(Debug, Clone, Parser)]
-#[command(version, about, long_about = None)]
+#[command(version = crate::release::LONG_VERSION.as_str(), about, long_about = None)]
 pub struct Config {
     /// A tool to run instead of the server.
     #[command(subcommand)]

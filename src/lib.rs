@@ -11,6 +11,7 @@
 //! - [`config`]: the command line, parsed once.
 //! - [`ha`]: high availability on etcd: election, the request gate, the relay.
 //! - [`metrics`]: counters and histograms, Prometheus text.
+//! - [`release`]: which release this is (version, commit, protocol range).
 //! - [`routes`]: the table of routes, read by the router, the metrics and the server.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
 //! - [`bench`](mod@bench): `hf3fs-meta bench`, a load generator of a cluster's shape
@@ -38,6 +39,7 @@ pub mod ha;
 pub mod http;
 pub mod maintain;
 pub mod metrics;
+pub mod release;
 pub mod routes;
 pub mod test_clock;
 pub mod tools;
@@ -104,6 +106,9 @@ impl App {
         let (spaces, catalog, sglang, space_recovered) =
             durable::spaces::open_with_catalog(&dir, cfg.fsync, Self::spaces_config(&cfg), store.clock(), opts)?;
         let registry = Registry::new(store, spaces);
+        // Both stores opened: this release now writes the directory.
+        durable::format::record(&dir)
+            .map_err(|e| durable::OpenError::Io(format!("{}: {e}", dir.join(durable::format::FILE).display())))?;
         // Readers may hold leases from before the restart, which were not
         // persisted: a dialect whose store brought keys back evicts nothing
         // for one lease period.

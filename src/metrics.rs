@@ -551,8 +551,8 @@ static FAMILIES: [(Family, Source); 37] = [
         Source::Other(|s, w| w.put(&[], s.m.uptime().as_secs_f64())),
     ),
     (
-        gauge("build_info", "Always 1; the version is a label."),
-        Source::Other(|_, w| w.put(&[("version", &env!("CARGO_PKG_VERSION"))], 1)),
+        gauge("build_info", "Always 1; the release and the git commit it was built from are labels."),
+        Source::Other(|_, w| w.put(&[("version", &crate::release::VERSION), ("commit", &crate::release::COMMIT)], 1)),
     ),
 ];
 

@@ -57,6 +57,7 @@ pub mod dialects;
 pub mod error;
 pub mod faults;
 pub mod fold;
+pub mod format;
 pub mod queue;
 pub mod recover;
 pub mod shared;
@@ -225,6 +226,9 @@ impl Durable {
         make: impl FnOnce(Store, Arc<dyn Journal>) -> Result<(Arc<dyn PageSource>, T), OpenError>,
     ) -> Result<(T, Durable, Recovered), OpenError> {
         let start = Instant::now();
+        // Before anything is made or opened: a directory of a newer format
+        // is refused untouched.
+        format::check(dir)?;
         let lock = lock_dir(dir)?;
         let (db, report) = store::Db::open(dir)?;
         log_open_report(dir, &report);

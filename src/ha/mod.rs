@@ -12,6 +12,10 @@
 //!   standby's side, and the promotion rule built on them.
 //! - [`relay`]: `hf3fs-meta relay`, the TCP forward every client node runs
 //!   in place of socat, which follows the leader key.
+//! - [`version`]: each node's release and protocol range, and the
+//!   cluster's version, in etcd; who may not join.
+//! - [`switchover`]: the planned switchover a leader performs when asked
+//!   (`hf3fs-meta ctl switchover`).
 //!
 //! The keys under the cluster prefix `P` (`--ha-cluster`), see [`Keys`]:
 //! `P/leader` (the leader's name and URL, on its lease; its create revision
@@ -19,7 +23,10 @@
 //! removed), `P/sync` (the synchronous standby's node id, written by the
 //! leader), `P/last` (the last leader that served), `P/members/<node-id>`
 //! (every live node's URL, on its lease) and `P/handover` (the epoch of a
-//! leader that stepped down on purpose).
+//! leader that stepped down on purpose), `P/nodes/<node-id>` (every live
+//! node's release and protocol range, on its lease), `P/version` (the
+//! cluster's version, written by the leader) and `P/switchover` (a planned
+//! switchover asked of the leader, and its outcome).
 //!
 //! Architecture invariants: without `--ha` nothing here runs and the request
 //! path pays one `Option` check; the hot path reads one atomic and the clock,
@@ -32,6 +39,8 @@ pub mod gate;
 pub mod node;
 pub mod relay;
 pub mod replicate;
+pub mod switchover;
+pub mod version;
 
 pub use election::{Election, Promotion, PromotionContext, Refusal, WithoutReplication};
 pub use node::{LeaderRecord, Node, Role};
@@ -229,6 +238,28 @@ impl Keys {
     /// `P/members/`: the prefix of every live node's key.
     pub fn members(&self) -> Vec<u8> {
         format!("{}/members/", self.prefix).into_bytes()
+    }
+
+    /// `P/nodes/`: the prefix of every live node's release and protocol
+    /// range ([`version::NodeInfo`]).
+    pub fn nodes(&self) -> Vec<u8> {
+        format!("{}/nodes/", self.prefix).into_bytes()
+    }
+
+    /// `P/nodes/<node>`: that node's [`version::NodeInfo`], on its lease.
+    pub fn node(&self, node: &str) -> Vec<u8> {
+        format!("{}/nodes/{node}", self.prefix).into_bytes()
+    }
+
+    /// `P/version`: the cluster's [`version::ClusterVersion`].
+    pub fn version(&self) -> Vec<u8> {
+        format!("{}/version", self.prefix).into_bytes()
+    }
+
+    /// `P/switchover`: a planned switchover asked of the leader
+    /// ([`switchover::Request`]), and its outcome.
+    pub fn switchover(&self) -> Vec<u8> {
+        format!("{}/switchover", self.prefix).into_bytes()
     }
 
     /// `P/members/<node>`: that node's advertised URL, on its lease.

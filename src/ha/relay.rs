@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 /// `hf3fs-meta relay`: forward 127.0.0.1:18000 to the cluster's leader.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "hf3fs-meta relay", version, about, long_about = None)]
+#[command(name = "hf3fs-meta relay", version = crate::release::LONG_VERSION.as_str(), about, long_about = None)]
 pub struct RelayArgs {
     /// Address to listen on (port 0 picks a free one and logs it).
     #[arg(long, env = "HF3FS_META_RELAY_LISTEN", default_value = "127.0.0.1:18000")]

@@ -1,10 +1,11 @@
-//! The server's own routes: `/metrics`, `/health`, `/stats` and
+//! The server's own routes: `/metrics`, `/health`, `/ready`, `/stats` and
 //! `/openapi.json`. They read the registry and the counters; none changes
 //! anything.
 
 use super::encode::{self, ServerStats};
 use super::reply::Reply;
 use crate::durable::Health;
+use crate::release;
 use crate::routes::Op;
 use crate::App;
 use hyper::StatusCode;
@@ -21,6 +22,7 @@ pub(super) fn handle(app: &App, op: Op) -> Result<Reply, Reply> {
     match op {
         Op::Metrics => Ok(metrics(app)),
         Op::Health => health(app),
+        Op::Ready => ready(app),
         Op::Stats => Ok(stats(app)),
         Op::OpenApi => Ok(Reply::json(StatusCode::OK, OPENAPI.as_bytes().to_vec(), 0)),
         Op::Initialize | Op::Allocate | Op::Confirm | Op::Exists | Op::Locations | Op::Clear | Op::Delete => {
@@ -51,19 +53,57 @@ fn health(app: &App) -> Result<Reply, Reply> {
             body.push(b'}');
             Err(Reply::json(StatusCode::SERVICE_UNAVAILABLE, body, 0))
         }
-        Some(Health::Healthy) | None => match &app.ha {
-            Some(ha) => {
-                Ok(Reply::json(StatusCode::OK, format!(r#"{{"status":"ok","ha":{}}}"#, ha.status_json()).into(), 0))
+        Some(Health::Healthy) | None => {
+            let mut body =
+                format!(r#"{{"status":"ok","version":"{}","commit":"{}""#, release::VERSION, release::COMMIT);
+            if let Some(ha) = &app.ha {
+                body.push_str(&format!(r#","ha":{}"#, ha.status_json()));
             }
-            None => Ok(Reply::json(StatusCode::OK, br#"{"status":"ok"}"#.to_vec(), 0)),
-        },
+            body.push('}');
+            Ok(Reply::json(StatusCode::OK, body.into(), 0))
+        }
+    }
+}
+
+/// `GET /ready`: 200 while this node should get traffic and may not be
+/// the only caught-up copy; 503 with the reason otherwise. A single server
+/// is ready once it answers (it binds only after recovery); an HA leader
+/// while it serves; a follower once caught up with the leader, or while
+/// another node is the synchronous standby ([`crate::ha::Node::readiness`]).
+fn ready(app: &App) -> Result<Reply, Reply> {
+    let (ready, role, why) = if app.is_shutting_down() {
+        (false, app.ha.as_ref().map_or("single", |h| h.role().name()), "shutting down".to_string())
+    } else if let Some(why) = app.durable.as_ref().and_then(|d| match d.health() {
+        Health::Degraded(why) | Health::Fatal(why) => Some(why),
+        Health::Healthy => None,
+    }) {
+        (false, app.ha.as_ref().map_or("single", |h| h.role().name()), format!("the durable store cannot write: {why}"))
+    } else {
+        match &app.ha {
+            Some(ha) => {
+                let (ready, why) = ha.readiness();
+                (ready, ha.role().name(), why)
+            }
+            None => (true, "single", "recovered and serving".to_string()),
+        }
+    };
+    let mut body = format!(r#"{{"ready":{ready},"role":"{role}","reason":"#).into_bytes();
+    encode::json_str(&mut body, &why);
+    body.push(b'}');
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let r = Reply::json(status, body, 0);
+    if ready {
+        Ok(r)
+    } else {
+        Err(r)
     }
 }
 
 fn stats(app: &App) -> Reply {
     let cfg = &app.cfg;
     let server = ServerStats {
-        version: env!("CARGO_PKG_VERSION"),
+        version: release::VERSION,
+        commit: release::COMMIT,
         uptime_seconds: app.metrics.uptime().as_secs_f64(),
         world_size: cfg.world_size,
         reservation_ttl_seconds: cfg.reservation_ttl,

@@ -28,11 +28,14 @@
 use super::leader::Target;
 use super::standby::Standby;
 use super::stores::Replicators;
+use super::wire::Range;
 use super::{address_key, SyncMode};
 use crate::ha::election::{BoxFuture, Election, Member, Promotion, PromotionContext, Refusal};
+use crate::ha::version::NodeInfo;
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::Duration;
 
 /// The replicated promotion hook (see the module docs).
 pub struct Replicated {
@@ -44,12 +47,22 @@ pub struct Replicated {
     /// An etcd write or address lookup of this hook is in flight: the next
     /// period does not start another.
     busy: Arc<AtomicBool>,
+    /// The node a switchover asked for (`--to`): streamed to from the next
+    /// period on, while it lives.
+    preferred: Mutex<Option<String>>,
 }
 
 impl Replicated {
     /// The hook over this node's standby and replicators.
     pub fn new(standby: Arc<Standby>, replicator: Arc<Replicators>, mode: SyncMode) -> Arc<Self> {
-        Arc::new(Replicated { standby, replicator, mode, election: OnceLock::new(), busy: Default::default() })
+        Arc::new(Replicated {
+            standby,
+            replicator,
+            mode,
+            election: OnceLock::new(),
+            busy: Default::default(),
+            preferred: Mutex::new(None),
+        })
     }
 
     /// Gives the hook the election it serves (after `Election::start`).
@@ -74,11 +87,13 @@ impl Replicated {
     /// while the target is not in sync: it may have restarted elsewhere).
     fn choose_target(&self, e: &Arc<Election>, epoch: u64, members: &[Member], current: Option<&str>) {
         let live = |n: &str| members.iter().any(|m| m.node == n);
+        let preferred = self.preferred.lock().unwrap_or_else(PoisonError::into_inner).clone().filter(|p| live(p));
         let target = self.replicator.target().filter(|t| t.epoch == epoch && live(&t.node));
-        if target.is_some() && self.replicator.synced().is_some() {
+        let on_preferred = preferred.as_ref().is_none_or(|p| target.as_ref().is_some_and(|t| t.node == *p));
+        if target.is_some() && self.replicator.synced().is_some() && on_preferred {
             return;
         }
-        let keep = target.map(|t| t.node);
+        let keep = preferred.or(target.map(|t| t.node));
         let Some(pick) = keep.as_deref().or(current.filter(|c| live(c))).or(members.first().map(|m| m.node.as_str()))
         else {
             self.replicator.set_target(None);
@@ -92,8 +107,13 @@ impl Replicated {
                 Ok(None) => return tracing::warn!(standby = %node, "no replication address in etcd yet"),
                 Err(err) => return tracing::warn!(standby = %node, "reading its replication address: {err}"),
             };
+            // Its protocol range: none published, a node of release 0.1.0.
+            let range = match e.etcd().get(&e.keys().node(&node)).await {
+                Ok(kv) => kv.and_then(|kv| NodeInfo::decode(&kv.value)).map_or(Range::LEGACY, |i| i.range),
+                Err(err) => return tracing::warn!(standby = %node, "reading its release and versions: {err}"),
+            };
             match addr.to_socket_addrs().ok().and_then(|mut a| a.next()) {
-                Some(addr) => r.set_target(Some(Target { node, addr, epoch })),
+                Some(addr) => r.set_target(Some(Target { node, addr, epoch, range })),
                 None => tracing::warn!(standby = %node, "unusable replication address {addr:?}"),
             }
         });
@@ -127,7 +147,59 @@ impl Promotion for Replicated {
         })
     }
 
+    fn switchover_target<'a>(&'a self, to: Option<&'a str>, within: Duration) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let Some(to) = to else {
+                return self.replicator.synced().ok_or_else(|| {
+                    "no standby is caught up: the leader streams to nobody in sync (see ha.replication in /health)"
+                        .to_string()
+                });
+            };
+            if self.replicator.synced().as_deref() == Some(to) {
+                return Ok(to.to_string());
+            }
+            let e = self.election.get().and_then(Weak::upgrade).ok_or("the election is not running")?;
+            let members = e.members().await.map_err(|err| format!("reading the members: {err}"))?;
+            if !members.iter().any(|m| m.node == to) {
+                return Err(format!("{to} is not a live member of the cluster (P/members in etcd)"));
+            }
+            // Stream to it from now on, and wait for its snapshot.
+            *self.preferred.lock().unwrap_or_else(PoisonError::into_inner) = Some(to.to_string());
+            let epoch = e.node().role().epoch();
+            self.choose_target(&e, epoch, &members, e.node().standby().as_deref());
+            let deadline = tokio::time::Instant::now() + within;
+            while self.replicator.synced().as_deref() != Some(to) {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!("{to} did not catch up within {within:?}"));
+                }
+                // A poll of an in-memory flag, bounded by the deadline.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if self.replicator.target().is_none_or(|t| t.node != to) {
+                    self.choose_target(&e, epoch, &members, e.node().standby().as_deref());
+                }
+            }
+            Ok(to.to_string())
+        })
+    }
+
+    fn drain(&self, within: Duration) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + within;
+            loop {
+                if self.replicator.all().iter().all(|r| r.synced().is_some() && r.acked() >= r.head()) {
+                    return true;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return false;
+                }
+                // Acknowledgements come within a round trip and a disk sync.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    }
+
     fn deposed(&self, _epoch: u64) {
+        *self.preferred.lock().unwrap_or_else(PoisonError::into_inner) = None;
         self.replicator.lead(0);
         self.replicator.set_target(None);
         self.replicator.release(false);
