@@ -76,6 +76,12 @@ pub enum Command {
     /// complete): exit 0 when sound, 1 on a violation, 2 when it cannot
     /// look (in use by a server, missing). Opens a copy, like inspect.
     Verify(crate::tools::DirArgs),
+    /// The HA cluster from the command line, with the nodes' etcd flags:
+    /// `status` (every node: role, epoch, release, protocol range, caught
+    /// up, lag, the synchronous standby) and `switchover [--to NODE]` (hand
+    /// the leadership to a caught-up standby without stopping anything).
+    #[command(subcommand)]
+    Ctl(crate::ha::ctl::Ctl),
 }
 
 /// hf3fs-meta: lock-free metadata server for vLLM's HF3FS KV-cache connector.

@@ -142,6 +142,7 @@ fn run_command(command: Command) -> ExitCode {
         Command::Bench(args) => hf3fs_meta::bench::main(*args),
         Command::Inspect(args) => hf3fs_meta::tools::inspect::main(args),
         Command::Verify(args) => hf3fs_meta::tools::verify::main(args),
+        Command::Ctl(ctl) => hf3fs_meta::ha::ctl::main(ctl),
     }
 }
 

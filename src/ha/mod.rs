@@ -12,6 +12,7 @@
 //!   standby's side, and the promotion rule built on them.
 //! - [`relay`]: `hf3fs-meta relay`, the TCP forward every client node runs
 //!   in place of socat, which follows the leader key.
+//! - [`ctl`]: `hf3fs-meta ctl status` and `ctl switchover`.
 //! - [`version`]: each node's release and protocol range, and the
 //!   cluster's version, in etcd; who may not join.
 //! - [`switchover`]: the planned switchover a leader performs when asked
@@ -33,6 +34,7 @@
 //! never etcd; a node answers a data route only while its serving deadline,
 //! proven by a lease renewal sent before it, lies ahead (docs/ha.md).
 
+pub mod ctl;
 pub mod election;
 pub mod etcd;
 pub mod gate;
