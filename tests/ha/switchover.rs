@@ -117,12 +117,14 @@ fn ctl_shows_the_cluster_and_switches_over_under_load_losing_nothing() {
             p.as_secs_f64() * 1e3
         );
         pauses.push(p);
-        let (l2, _, s2) = nodes.leader_and_standby();
-        assert_eq!(l2, to);
-        (leader, standby) = (l2, s2);
-        wait_for("the new standby caught up", || {
-            (ha(nodes.get(standby))?["replication"]["as_standby"]["caught_up"] == true).then_some(())
+        // The new leader names a standby of its own once one is in sync
+        // (until then P/sync still names the new leader itself).
+        standby = wait_for("the new leader names a caught-up standby", || {
+            let named = ha(nodes.get(to))?["standby"].as_str()?.to_string();
+            let s = ids.iter().position(|id| *id == named).filter(|&s| s != to)?;
+            (ha(nodes.get(s))?["replication"]["as_standby"]["caught_up"] == true).then_some(s)
         });
+        leader = to;
     }
     stop.store(true, Ordering::Release);
     for t in threads {
