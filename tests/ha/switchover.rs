@@ -73,6 +73,13 @@ fn ctl_shows_the_cluster_and_switches_over_under_load_losing_nothing() {
             assert_eq!(n["standby"], json!(me == ids[s]), "{n}");
         }
     }
+    // Readiness: the leader serving, the standby caught up, the spare
+    // while another node is the standby.
+    for (i, why) in [(l, "serving"), (s, "caught up"), (3 - l - s, "spare")] {
+        let r = get(&at(nodes.get(i)), "/ready").expect("an answer");
+        assert_eq!(r.status, 200, "{}: {r:?}", ids[i]);
+        assert!(r.json()["reason"].as_str().unwrap().contains(why), "{}: {r:?}", ids[i]);
+    }
     let text = command()
         .args(["ctl", "status", "--etcd-endpoints", &c.etcd.endpoints(), "--ha-cluster", &c.prefix])
         .output()

@@ -22,7 +22,7 @@ read back at that page by every later load (else a wrong page).
 
     tests/upgrade/load.py RELAY_ADDR WRITES SUMMARY
 
-Initializes rank 0 and the space first; runs until SIGTERM, then writes a
+Initializes rank 0 and the space first (PAGES pages each, default 65536); runs until SIGTERM, then writes a
 JSON summary to SUMMARY: acknowledged confirms, loads checked, wrong
 pages, retried 503s, retried connection errors, client errors (with the
 first few), and the acknowledged confirms as [dialect, key, page] for the
@@ -31,6 +31,7 @@ final check against the new leader.
 
 import http.client
 import json
+import os
 import random
 import signal
 import sys
@@ -38,6 +39,8 @@ import threading
 import time
 
 RETRIES = 200
+# Pages of rank 0 and of SGLang's space (rolling.sh's PAGES).
+PAGES = int(os.environ.get("PAGES", "65536"))
 RETRY_S = 0.02
 
 stop = threading.Event()
@@ -211,8 +214,8 @@ def main():
     writes = open(writes_path, "w")
     c = Conn(addr)
     for path, body, ok in [
-        ("/rank/0/initialize", {"num_pages": 1 << 18, "role": "worker"}, 200),
-        ("/0/initialize", {"num_pages": 1 << 18}, 204),
+        ("/rank/0/initialize", {"num_pages": PAGES, "role": "worker"}, 200),
+        ("/0/initialize", {"num_pages": PAGES}, 204),
     ]:
         r = c.post(path, body)
         if r is None or r[0] != ok:

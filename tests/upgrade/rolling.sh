@@ -29,7 +29,13 @@
 # Prints each step, the write pause around each node change (the longest
 # time without an acknowledged confirm) and a verdict; exit 0 when it holds.
 #
-#   tests/upgrade/rolling.sh            PREV=a53b9bc (the previous release)
+#   tests/upgrade/rolling.sh      PREV=a53b9bc (the previous release), SYNC=strict
+#                                 (--ha-sync), PAGES=65536 (rank 0's and the
+#                                 SGLang space's size)
+#
+# With --ha-sync strict the pause of a switchover includes the new leader's
+# snapshot to its new standby (it acknowledges nothing before one is in
+# sync), which grows with the state; with available it does not.
 #
 # The previous release is built once per commit: `git worktree add` of
 # PREV under target/upgrade/<commit>/src, `cargo build` (dev profile) into
@@ -43,6 +49,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 PREV="${PREV:-a53b9bc}"
+SYNC="${SYNC:-strict}"
+export PAGES="${PAGES:-65536}"
 COMMIT=$(git rev-parse --verify "$PREV^{commit}")
 CACHE="target/upgrade/${COMMIT:0:12}"
 OLD="$CACHE/hf3fs-meta"
@@ -88,7 +96,7 @@ start_node() { # id binary
     "$bin" --host 127.0.0.1 --port "${PORT[$id]}" --workers 2 --ha etcd --etcd-endpoints "$EP" \
         --ha-cluster /upgrade --node-id "$id" --advertise-url "http://127.0.0.1:${PORT[$id]}" \
         --ha-lease-ttl "$TTL" --ha-token-file "$WORK/token" --data-dir "$WORK/data-$id" --fsync always \
-        --ha-sync strict >>"$WORK/$id.log" 2>&1 &
+        --ha-sync "$SYNC" >>"$WORK/$id.log" 2>&1 &
     echo $! >"$WORK/$id.pid"
 }
 stop_node() { # id: SIGTERM, wait for the exit (at most 30 s)
