@@ -93,7 +93,7 @@ fn a_directory_of_a_newer_format_is_refused_and_left_as_it_was() {
 /// See tests/data/README.md for what the directories hold.
 #[test]
 fn the_previous_releases_directories_open_and_are_marked_as_written_by_this_one() {
-    for name in ["pre-issue20-sigterm", "pre-issue20-sigkill"] {
+    for name in ["pre-issue20-sigterm", "pre-issue20-sigkill", "release-0.1.0-sigterm"] {
         let dir = tempfile::tempdir().unwrap();
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
         copy_tree(&src, dir.path());
@@ -108,6 +108,11 @@ fn the_previous_releases_directories_open_and_are_marked_as_written_by_this_one(
         let key = format!("{:032x}", 1);
         let r = s.client().request("POST", "/keys/batch_exists", &[], json!({"keys": [key]}).to_string().as_bytes());
         assert_eq!((r.status, r.json()["exists"].clone()), (200, json!([true])), "{name}: key 1 is complete: {r:?}");
+        if name.starts_with("release-0.1.0") {
+            // Format 2: key 5's reservation was journaled, and comes back.
+            let r = s.client().request("GET", "/stats", &[], b"").json();
+            assert_eq!(r["ranks"][0]["reserved"], json!(1), "{name}: {r}");
+        }
         s.signal("TERM");
         s.assert_exit_0();
         let (code, v, err) = inspect(dir.path());
