@@ -4,6 +4,9 @@
 //!
 //! Run: `cargo bench --bench request`. Figures in perf/RESULTS.md.
 
+// A test or bench binary has no API: its `pub` items are crate-local.
+#![allow(unreachable_pub)]
+
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use hf3fs_meta::http::decode::{Decoder, Limits};
 use hf3fs_meta::http::encode;

@@ -14,6 +14,9 @@
 //!
 //! The bodies are benches/request.rs's; figures in perf/RESULTS.md.
 
+// A test or bench binary has no API: its `pub` items are crate-local.
+#![allow(unreachable_pub)]
+
 use hf3fs_meta::App;
 use rand::SeedableRng;
 use std::time::Instant;

@@ -5,7 +5,6 @@
 //! an environment variable (`HF3FS_META_*`); the flag wins when both are set.
 
 use crate::durable::FsyncMode;
-use clap::builder::PossibleValue;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -22,22 +21,23 @@ pub enum LogFormat {
 
 /// `--fsync`'s values: the durable layer's [`FsyncMode`], named for the
 /// command line here so that `durable` knows nothing of clap.
-impl ValueEnum for FsyncMode {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[FsyncMode::Always, FsyncMode::Batch, FsyncMode::None]
-    }
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Fsync {
+    /// Every acknowledged request is on disk (fsync before the answer)
+    Always,
+    /// Group commit: requests are acknowledged once their batch is written; the batch is fsynced every few milliseconds
+    Batch,
+    /// Written, never fsynced by us: the OS decides when
+    None,
+}
 
-    fn to_possible_value(&self) -> Option<PossibleValue> {
-        Some(match self {
-            FsyncMode::Always => {
-                PossibleValue::new("always").help("Every acknowledged request is on disk (fsync before the answer)")
-            }
-            FsyncMode::Batch => PossibleValue::new("batch").help(
-                "Group commit: requests are acknowledged once their batch is written; the batch is fsynced every \
-                 few milliseconds",
-            ),
-            FsyncMode::None => PossibleValue::new("none").help("Written, never fsynced by us: the OS decides when"),
-        })
+impl From<Fsync> for FsyncMode {
+    fn from(f: Fsync) -> Self {
+        match f {
+            Fsync::Always => FsyncMode::Always,
+            Fsync::Batch => FsyncMode::Batch,
+            Fsync::None => FsyncMode::None,
+        }
     }
 }
 
@@ -82,6 +82,23 @@ pub enum Command {
     /// the leadership to a caught-up standby without stopping anything).
     #[command(subcommand)]
     Ctl(crate::ha::ctl::Ctl),
+}
+
+/// `hf3fs-meta relay`: forward 127.0.0.1:18000 to the cluster's leader.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "hf3fs-meta relay", version = crate::release::LONG_VERSION.as_str(), about, long_about = None)]
+pub struct RelayCommand {
+    /// The relay's own flags.
+    #[command(flatten)]
+    pub relay: crate::ha::relay::RelayArgs,
+
+    /// Log filter (RUST_LOG, when set, wins).
+    #[arg(long, env = "HF3FS_META_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Log line format.
+    #[arg(long, env = "HF3FS_META_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// hf3fs-meta: lock-free metadata server for vLLM's HF3FS KV-cache connector.
@@ -194,8 +211,8 @@ pub struct Config {
     pub data_dir: Option<PathBuf>,
 
     /// Durability of acknowledged requests (with --data-dir).
-    #[arg(long, env = "HF3FS_META_FSYNC", value_enum, default_value_t = FsyncMode::Batch)]
-    pub fsync: FsyncMode,
+    #[arg(long, env = "HF3FS_META_FSYNC", value_enum, default_value_t = Fsync::Batch)]
+    pub fsync: Fsync,
 
     /// What a full rank does: `clock` evicts whole keys (on every rank) by
     /// recency, never one under a read lease; `none` answers -1.
@@ -219,7 +236,7 @@ pub struct Config {
 
     /// For tests only: a file naming faults to inject where the durable
     /// store writes and syncs (`write=enospc`, `sync=eio`, …; read at every
-    /// store call, see `src/durable/faults.rs`). Hidden from --help.
+    /// store call, see `durable/src/faults.rs`). Hidden from --help.
     #[arg(long, env = "HF3FS_META_DURABLE_FAULTS", hide = true)]
     pub durable_faults: Option<PathBuf>,
 

@@ -1,26 +1,36 @@
 //! hf3fs-meta: a lock-free metadata server for vLLM's HF3FS KV-cache
 //! connector and SGLang HiCache's 3FS backend, on one port.
 //!
-//! See `ARCHITECTURE.md` for the bird's-eye view. The module map:
+//! See `ARCHITECTURE.md` for the bird's-eye view. This package is the
+//! binary and the one crate that names every layer; each layer is a crate of
+//! its own, re-exported here under its short name:
 //!
-//! - [`core`]: the metadata state and its operations; knows nothing of HTTP.
-//! - [`durable`]: optional on-disk copy of the state (`--data-dir`), recovery.
-//! - [`http`]: accept, parse, route, encode; no business rules.
+//! - [`core`] (`core/`): the metadata state and its operations; knows
+//!   nothing of HTTP.
+//! - [`durable`] (`durable/`): optional on-disk copy of the state
+//!   (`--data-dir`), recovery.
+//! - [`http`] (`http/`): accept, parse, route, encode, the counters
+//!   ([`metrics`]), the table of routes ([`routes`]) and the HA gate; no
+//!   business rules.
+//! - [`ha`] (`ha/`): high availability on etcd: election, replication, the relay.
+//! - [`bench`](mod@bench) (`bench/`): `hf3fs-meta bench`, a load generator of a
+//!   cluster's shape that speaks to any server over the public routes only.
+//!
+//! This crate's own modules:
+//!
 //! - [`maintain`]: the background passes over every page space (expiry,
 //!   eviction, quarantine), started with the server by [`serve`].
 //! - [`config`]: the command line, parsed once.
-//! - [`ha`]: high availability on etcd: election, the request gate, the relay.
-//! - [`metrics`]: counters and histograms, Prometheus text.
-//! - [`release`]: which release this is (version, commit, protocol range).
-//! - [`routes`]: the table of routes, read by the router, the metrics and the server.
+//! - [`layers`]: what the binary hands the HTTP and HA layers (the
+//!   implementations of their traits).
+//! - [`release`]: which release this is (version, commit, protocol range),
+//!   passed down to the layers.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
-//! - [`bench`](mod@bench): `hf3fs-meta bench`, a load generator of a cluster's shape
-//!   that speaks to any server over the public routes only.
 //! - [`tools`]: `hf3fs-meta inspect` and `hf3fs-meta verify`, offline tools
 //!   on a copy of a data directory.
 //! - [`test_clock`]: the hidden `--test-clock`, time moved by tests.
 //!
-//! Invariants that hold across the crate:
+//! Invariants that hold across the crates:
 //! - No request path takes a global lock: operations on different pages never
 //!   wait for each other.
 //! - A request that fails changes nothing (the vLLM client retries 5xx answers).
@@ -30,46 +40,58 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
-pub mod bench;
+/// `hf3fs-meta bench`, a crate of its own (`bench/`): see its docs.
+pub use hf3fs_meta_bench as bench;
 pub mod config;
 /// The metadata state, a crate of its own (`core/`): see its docs.
 pub use hf3fs_meta_core as core;
-pub mod durable;
-pub mod ha;
-pub mod http;
+/// Durability, a crate of its own (`durable/`): see its docs.
+pub use hf3fs_meta_durable as durable;
+/// High availability, a crate of its own (`ha/`): see its docs.
+pub use hf3fs_meta_ha as ha;
+/// The HTTP layer, a crate of its own (`http/`): see its docs.
+pub use hf3fs_meta_http as http;
+/// The counters and their Prometheus text (the HTTP layer's `metrics`).
+pub use hf3fs_meta_http::metrics;
+/// The table of routes (the HTTP layer's `routes`).
+pub use hf3fs_meta_http::routes;
+pub mod layers;
 pub mod maintain;
-pub mod metrics;
 pub mod release;
-pub mod routes;
 pub mod test_clock;
 pub mod tools;
 
 use crate::config::{Config, LogFormat};
 use crate::core::{Dialect, Registry, Spaces, SpacesConfig, Store, StoreConfig};
-use crate::metrics::Metrics;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// Everything a request handler needs, shared by every connection.
+/// The server: its configuration, the HTTP layer's [`http::Service`] (the
+/// page spaces, the counters, the hooks) and the layers the binary wires
+/// into it. Derefs to the service, so `app.registry` and `app.metrics`
+/// read it.
 pub struct App {
     /// The effective configuration.
     pub cfg: Config,
-    /// The metadata state: every page space, vLLM's one store (shared with
-    /// its durable writer, which snapshots it to recover from a disk fault)
-    /// and SGLang's spaces, one per `(rank, namespace)`.
-    pub registry: Registry,
-    /// The server's counters.
-    pub metrics: Metrics,
     /// Durability, when `--data-dir` is set (see [`App::open`]): vLLM's
-    /// store and SGLang's spaces, each on a durable store of its own.
-    pub durable: Option<durable::Durability>,
+    /// store and SGLang's spaces, each on a durable store of its own (also
+    /// the HTTP layer's durable hook).
+    pub durable: Option<Arc<durable::Durability>>,
     /// This node's HA state with `--ha etcd` (see [`App::with_ha`]); `None`
-    /// for a single server, whose routes all answer.
+    /// for a single server, whose routes all answer (also the HTTP layer's
+    /// gate).
     pub ha: Option<Arc<ha::Node>>,
-    /// Set once shutdown starts; `/health` then answers 503.
-    shutting_down: AtomicBool,
     /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
-    pub test_clock: Option<test_clock::TestClock>,
+    pub test_clock: Option<Arc<test_clock::TestClock>>,
+    /// What the HTTP layer serves.
+    http: Arc<http::Service>,
+}
+
+impl std::ops::Deref for App {
+    type Target = http::Service;
+
+    fn deref(&self) -> &http::Service {
+        &self.http
+    }
 }
 
 impl App {
@@ -79,16 +101,16 @@ impl App {
         let store = Arc::new(Store::new(Self::store_config(&cfg)));
         let spaces = Spaces::new(Self::spaces_config(&cfg), store.clock());
         let registry = Registry::new(store, spaces);
+        Self::assemble(cfg, registry, None)
+    }
+
+    /// The app of `registry`, with its durable stores when there are.
+    fn assemble(cfg: Config, registry: Registry, durable: Option<Arc<durable::Durability>>) -> Self {
         let test_clock = Self::test_clock(&cfg);
-        Self {
-            cfg,
-            registry,
-            metrics: Metrics::default(),
-            durable: None,
-            ha: None,
-            test_clock,
-            shutting_down: AtomicBool::new(false),
-        }
+        let mut service = http::Service::new(layers::http_settings(&cfg), registry);
+        service.durable = durable.clone().map(|d| Arc::new(layers::Stores(d)) as Arc<dyn http::Durability>);
+        service.test_clock = test_clock.clone().map(|c| c as Arc<dyn http::TestClock>);
+        Self { cfg, durable, ha: None, test_clock, http: Arc::new(service) }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that
@@ -101,13 +123,13 @@ impl App {
         let opts = durable::Options { faults, ..durable::Options::default() };
         let (store, vllm, recovered) = durable::Durable::open(
             &dir,
-            durable::Options { fsync: cfg.fsync, store: Self::store_config(&cfg), ..opts.clone() },
+            durable::Options { fsync: cfg.fsync.into(), store: Self::store_config(&cfg), ..opts.clone() },
         )?;
         let (spaces, catalog, sglang, space_recovered) =
-            durable::spaces::open_with_catalog(&dir, cfg.fsync, Self::spaces_config(&cfg), store.clock(), opts)?;
+            durable::spaces::open_with_catalog(&dir, cfg.fsync.into(), Self::spaces_config(&cfg), store.clock(), opts)?;
         let registry = Registry::new(store, spaces);
         // Both stores opened: this release now writes the directory.
-        durable::format::record(&dir)
+        durable::format::record(&dir, crate::release::VERSION, crate::release::COMMIT)
             .map_err(|e| durable::OpenError::Io(format!("{}: {e}", dir.join(durable::format::FILE).display())))?;
         // Readers may hold leases from before the restart, which were not
         // persisted: a dialect whose store brought keys back evicts nothing
@@ -116,27 +138,26 @@ impl App {
             Dialect::Vllm => recovered.bindings > 0,
             Dialect::Sglang => space_recovered.bindings > 0,
         });
-        let test_clock = Self::test_clock(&cfg);
-        Ok(Self {
-            cfg,
-            registry,
-            metrics: Metrics::default(),
-            durable: Some(durable::Durability { vllm, sglang, catalog }),
-            ha: None,
-            shutting_down: AtomicBool::new(false),
-            test_clock,
-        })
+        Ok(Self::assemble(cfg, registry, Some(Arc::new(durable::Durability { vllm, sglang, catalog }))))
     }
 
     /// This server as a node of an HA cluster: data routes answer only
-    /// while `node` says it is a serving leader (`ha::gate`).
+    /// while `node` says it is a serving leader (`http::gate`). Call it
+    /// before the app is served.
     pub fn with_ha(mut self, node: Arc<ha::Node>) -> Self {
+        let service = Arc::get_mut(&mut self.http).expect("App::with_ha before the app is served");
+        service.gate = Some(node.clone() as Arc<dyn http::Serving>);
         self.ha = Some(node);
         self
     }
 
-    fn test_clock(cfg: &Config) -> Option<test_clock::TestClock> {
-        cfg.test_clock.then(test_clock::TestClock::default)
+    /// What the HTTP layer serves (the app derefs to it).
+    pub fn service(&self) -> &Arc<http::Service> {
+        &self.http
+    }
+
+    fn test_clock(cfg: &Config) -> Option<Arc<test_clock::TestClock>> {
+        cfg.test_clock.then(|| Arc::new(test_clock::TestClock::new(cfg.reservation_ttl)))
     }
 
     fn spaces_config(cfg: &Config) -> SpacesConfig {
@@ -166,7 +187,7 @@ impl App {
     /// Flushes and stops durability (a no-op in memory). Call once serving
     /// has stopped.
     pub fn close(&self) -> Result<(), durable::WaitError> {
-        self.durable.as_ref().map_or(Ok(()), durable::Durability::close)
+        self.durable.as_ref().map_or(Ok(()), |d| d.close())
     }
 
     /// Resolves if the durable store fails beyond in-process recovery, with
@@ -178,17 +199,6 @@ impl App {
             None => std::future::pending().await,
         }
     }
-
-    /// Whether shutdown has begun.
-    pub fn is_shutting_down(&self) -> bool {
-        // Relaxed: a flag read by /health; no data hangs off it.
-        self.shutting_down.load(Ordering::Relaxed)
-    }
-
-    /// Marks the start of shutdown.
-    pub fn begin_shutdown(&self) {
-        self.shutting_down.store(true, Ordering::Relaxed);
-    }
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves, with the
@@ -196,7 +206,7 @@ impl App {
 /// returns once every connection has drained ([`http::serve`]).
 pub async fn serve(app: Arc<App>, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()>) {
     let passes = maintain::start(&app);
-    http::serve(app, listener, shutdown).await;
+    http::serve(app.http.clone(), listener, shutdown).await;
     drop(passes);
 }
 

@@ -181,7 +181,8 @@ async fn start_election(app: &Arc<App>) -> Result<Option<Arc<ha::Election>>, Str
         return Ok(Some(ha::Election::start(app.clone(), etcd, h.etcd.keys(), promotion)));
     }
     // Replication: the journal streams to the synchronous standby.
-    let replicated = ha::replicate::start(app, &etcd, &h.etcd.keys()).await?;
+    let host: Arc<dyn ha::Host> = app.clone();
+    let replicated = ha::replicate::start(&host, &etcd, &h.etcd.keys()).await?;
     let election = ha::Election::start(app.clone(), etcd, h.etcd.keys(), replicated.clone());
     replicated.bind(&election);
     Ok(Some(election))
@@ -199,8 +200,9 @@ async fn with_step_down(shutdown: impl std::future::Future<Output = ()>, electio
 
 /// `hf3fs-meta relay ...`: the leader-following TCP forward.
 fn relay() -> ExitCode {
-    let args = ha::relay::RelayArgs::parse_from(std::env::args_os().skip(1));
+    let args = hf3fs_meta::config::RelayCommand::parse_from(std::env::args_os().skip(1));
     hf3fs_meta::init_logging(&args.log_level, args.log_format);
+    let args = args.relay;
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -10,6 +10,7 @@
 
 use crate::durable::format;
 use crate::ha::replicate::wire;
+use crate::http::Release;
 
 /// The release (semver, the crate's version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -17,6 +18,10 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The git commit the binary was built from (12 hex digits), or `unknown`
 /// when built outside a checkout without `HF3FS_META_COMMIT` (`build.rs`).
 pub const COMMIT: &str = env!("HF3FS_META_COMMIT");
+
+/// Both, as the binary passes them down to the layers (the HTTP layer's
+/// settings, HA's host): only this crate embeds the commit.
+pub const RELEASE: Release = Release { version: VERSION, commit: COMMIT };
 
 /// `--version`'s text: release, commit, and what it speaks and reads.
 pub static LONG_VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {

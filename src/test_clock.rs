@@ -23,23 +23,25 @@
 //! for tests (`tests/process/never_a_wrong_page/`) and is described in
 //! `docs/verification.md`; never start a production server with it.
 
-use crate::core::{TICKS_PER_SECOND, TICKS_PER_TTL};
-use crate::App;
+use crate::core::{Registry, TICKS_PER_SECOND, TICKS_PER_TTL};
 use std::sync::Mutex;
 
-/// The path prefix of the route; the milliseconds follow it.
-pub const ADVANCE: &str = "/_test/advance/";
+/// The path prefix of the route; the milliseconds follow it (the HTTP
+/// layer routes it: `http::hooks::parse_advance`).
+pub use crate::http::hooks::ADVANCE;
 
 /// Maintenance budget of one advance, in page-table words: every page of
 /// any rank a test creates.
 const BUDGET_WORDS: u64 = u64::MAX;
 
-/// The simulated time of one server ([`App::test_clock`]).
+/// The simulated time of one server ([`App::test_clock`](crate::App::test_clock)).
 #[derive(Debug, Default)]
 pub struct TestClock {
     /// A std Mutex, not tokio's: nothing awaits while it is held, and two
     /// advances must not interleave their ticks.
     state: Mutex<State>,
+    /// `--reservation-ttl` in seconds (0: reservations never expire).
+    reservation_ttl: u64,
 }
 
 #[derive(Debug, Default)]
@@ -74,41 +76,35 @@ impl Advanced {
 }
 
 impl TestClock {
-    /// Moves `app`'s time forward by `ms` milliseconds (see the module note).
-    pub fn advance(&self, app: &App, ms: u64) -> Advanced {
+    /// The clock of a server started with `--reservation-ttl` of
+    /// `reservation_ttl` seconds.
+    pub fn new(reservation_ttl: u64) -> Self {
+        Self { state: Mutex::default(), reservation_ttl }
+    }
+
+    /// Moves `registry`'s time forward by `ms` milliseconds (see the module note).
+    pub fn advance(&self, registry: &Registry, ms: u64) -> Advanced {
         let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         st.ms = st.ms.saturating_add(ms);
         let tick = st.ms.saturating_mul(u64::from(TICKS_PER_SECOND)) / 1000;
-        app.registry.vllm().set_clock(u32::try_from(tick).unwrap_or(u32::MAX));
+        registry.vllm().set_clock(u32::try_from(tick).unwrap_or(u32::MAX));
         let mut expired = 0;
-        if app.cfg.reservation_ttl > 0 {
-            let period_ms = app.cfg.reservation_ttl.saturating_mul(1000) / u64::from(TICKS_PER_TTL);
+        if self.reservation_ttl > 0 {
+            let period_ms = self.reservation_ttl.saturating_mul(1000) / u64::from(TICKS_PER_TTL);
             let due = st.ms / period_ms.max(1);
             while st.epoch_ticks < due {
-                expired += app.registry.tick();
+                expired += registry.tick();
                 st.epoch_ticks += 1;
             }
         }
-        let r = app.registry.maintain(BUDGET_WORDS);
+        let r = registry.maintain(BUDGET_WORDS);
         Advanced { now_ms: st.ms, expired, quarantine_freed: r.quarantine_freed, evicted_keys: r.keys }
     }
 }
 
-/// The milliseconds of `path` when it is the advance route, `Some(None)`
-/// when it is that route with a bad number, `None` when it is another path.
-pub fn parse(path: &str) -> Option<Option<u64>> {
-    path.strip_prefix(ADVANCE).map(|ms| ms.parse().ok())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_the_route() {
-        assert_eq!(parse("/_test/advance/2600"), Some(Some(2600)));
-        assert_eq!(parse("/_test/advance/-1"), Some(None));
-        assert_eq!(parse("/_test/advance/"), Some(None));
-        assert_eq!(parse("/keys/get_locations"), None);
+/// The route of the HTTP layer's hook.
+impl crate::http::TestClock for TestClock {
+    fn advance(&self, registry: &Registry, ms: u64) -> String {
+        TestClock::advance(self, registry, ms).to_json()
     }
 }

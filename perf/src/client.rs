@@ -18,12 +18,16 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// Which client a connection speaks through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
+    /// The hand-rolled client over a tokio `TcpStream`.
     Raw,
+    /// hyper's `client::conn::http1`.
     Hyper,
 }
 
+/// One keep-alive connection of the load generator.
 pub struct Conn {
     addr: SocketAddr,
     host: String,
@@ -257,6 +261,7 @@ async fn write_all_vectored(stream: &mut TcpStream, head: &[u8], body: &[u8]) ->
 }
 
 impl Conn {
+    /// A connection to `addr` through `mode`'s client, dialled on first use.
     pub fn new(addr: SocketAddr, mode: Mode) -> Self {
         Conn {
             addr,

@@ -11,6 +11,7 @@ use rand::Rng;
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// A vLLM key: 32 hex digits.
 pub type Key = [u8; 32];
 
 fn hex_into(out: &mut [u8], mut v: u128, digits: usize) {

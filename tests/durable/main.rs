@@ -8,6 +8,9 @@
 //! - [`sglang`]: SGLang's page spaces on their own durable store.
 //! - [`tap`]: the replication tap: which frames the writer builds.
 
+// A test or bench binary has no API: its `pub` items are crate-local.
+#![allow(unreachable_pub)]
+
 #[path = "../common/mod.rs"]
 mod common;
 

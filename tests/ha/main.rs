@@ -32,6 +32,9 @@
 //! leases of a few seconds, which two cores shared with parallel clusters
 //! would stretch.
 
+// A test or bench binary has no API: its `pub` items are crate-local.
+#![allow(unreachable_pub)]
+
 #[path = "../common/mod.rs"]
 mod common;
 

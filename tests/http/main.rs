@@ -9,6 +9,9 @@
 //! - [`eviction`]: eviction and read leases over HTTP.
 //! - [`stats_metrics`]: `/stats` and `/metrics` agree on every page count.
 
+// A test or bench binary has no API: its `pub` items are crate-local.
+#![allow(unreachable_pub)]
+
 #[path = "../common/mod.rs"]
 mod common;
 

@@ -783,9 +783,9 @@ fn openapi_json_documents_every_route_of_the_table_and_no_other() {
         }
     }
     for route in &served {
-        assert!(documented.contains(route), "route {route:?} of src/routes.rs is not in docs/openapi.json");
+        assert!(documented.contains(route), "route {route:?} of http/src/routes.rs is not in docs/openapi.json");
     }
     for op in &documented {
-        assert!(served.contains(op), "docs/openapi.json documents {op:?}, which src/routes.rs does not serve");
+        assert!(served.contains(op), "docs/openapi.json documents {op:?}, which http/src/routes.rs does not serve");
     }
 }

@@ -7,7 +7,7 @@
 //! once space is freed, and never starts healthy while full.
 //!
 //! Faults other than the full disk come from the hidden test-only
-//! `--durable-faults FILE` flag (`src/durable/faults.rs`): the server reads
+//! `--durable-faults FILE` flag (`durable/src/faults.rs`): the server reads
 //! the file at every store call. Every wait is for a condition (a log line,
 //! a status) under a failsafe deadline; none is a sleep.
 

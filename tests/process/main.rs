@@ -13,6 +13,9 @@
 //! - [`python_client`]: the Python suites in tests/python, the engines' own
 //!   clients (read out of their wheels at test time) included.
 
+// A test or bench binary has no API: its `pub` items are crate-local.
+#![allow(unreachable_pub)]
+
 #[path = "../common/mod.rs"]
 mod common;
 

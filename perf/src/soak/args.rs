@@ -42,8 +42,10 @@ pub struct Args {
     pub branches: u32,
     /// Hot roots: a share of the batches (--hot-prob) comes from these few
     /// roots, so workers often save the same keys at the same time.
+    /// How many key roots are hot: a batch picks among them with probability `--hot-prob`.
     #[arg(long, default_value_t = 4)]
     pub hot_roots: u32,
+    /// Probability that a prompt starts from a hot root.
     #[arg(long, default_value_t = 0.2)]
     pub hot_prob: f64,
     /// Probability that a rank's write "fails" and its pages are released.
@@ -74,6 +76,7 @@ pub struct Args {
     /// The server's --shutdown-timeout, in seconds (the exit deadline).
     #[arg(long, default_value_t = 10)]
     pub shutdown_timeout: u64,
+    /// Seed of every random choice (a run repeats with the same seed).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Also write the summary as JSON to this file.

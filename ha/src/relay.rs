@@ -1,0 +1,292 @@
+//! `hf3fs-meta relay`: the local endpoint every client node runs (in place of
+//! socat) at `127.0.0.1:18000`, forwarding each TCP connection to the
+//! current leader of the cluster.
+//!
+//! The relay watches `P/leader` (and reads it again every TTL, in case its
+//! watch went quiet on a partitioned etcd member). It forwards only to the
+//! address a leader advertised under the configured prefix, and only once
+//! that leader marks itself serving; a new connection arriving while there
+//! is no reachable serving leader is held (bounded by `--hold-timeout`, by
+//! default three TTLs: a killed leader's key lives on until its lease
+//! expires, then the new leader waits one TTL), then forwarded to whatever
+//! leader is known (which answers 503 with its reason) or closed. When the leader key changes hands or disappears,
+//! every connection to the deposed leader is closed at once: vLLM's and
+//! SGLang's clients set no request timeout, so a connection to a paused
+//! leader would otherwise hang them for good. Bytes are copied with
+//! `tokio::io::copy_bidirectional`; the relay never parses HTTP.
+
+use super::etcd::{self, Event};
+use super::node::LeaderRecord;
+use super::EtcdArgs;
+use clap::Args;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// `hf3fs-meta relay`'s flags (the binary adds the log flags): forward
+/// 127.0.0.1:18000 to the cluster's leader.
+#[derive(Debug, Clone, Args)]
+pub struct RelayArgs {
+    /// Address to listen on (port 0 picks a free one and logs it).
+    #[arg(long, env = "HF3FS_META_RELAY_LISTEN", default_value = "127.0.0.1:18000")]
+    pub listen: SocketAddr,
+
+    /// The etcd connection and the cluster.
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+
+    /// Seconds a new connection waits for a reachable serving leader
+    /// (default: three lease TTLs, an unplanned failover's budget: the old
+    /// lease expires, the new leader waits it out, etcd may elect).
+    #[arg(long, env = "HF3FS_META_RELAY_HOLD_TIMEOUT")]
+    pub hold_timeout: Option<u64>,
+
+    /// Seconds to wait for the leader to accept a connection.
+    #[arg(long, env = "HF3FS_META_RELAY_CONNECT_TIMEOUT", default_value_t = 2)]
+    pub connect_timeout: u64,
+}
+
+/// Where the relay forwards: the serving leader's address and epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    node: String,
+    addr: String,
+    epoch: u64,
+    serving: bool,
+}
+
+/// `host:port` of an `http://host:port[/]` URL.
+pub fn target_of(url: &str) -> Result<String, String> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| format!("'{url}' is not http://host:port"))?;
+    let rest = rest.trim_end_matches('/');
+    match rest.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && !rest.contains('/') && p.parse::<u16>().is_ok_and(|p| p > 0) => {
+            Ok(rest.to_string())
+        }
+        _ => Err(format!("'{url}' is not http://host:port")),
+    }
+}
+
+/// Runs the relay until `shutdown` resolves.
+pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
+    let ttl = args.etcd.ttl();
+    let etcd = Arc::new(args.etcd.client((ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(2)))?);
+    let listener =
+        TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let addr = listener.local_addr().map_or_else(|_| args.listen.to_string(), |a| a.to_string());
+    let (tx, rx) = watch::channel(None::<Target>);
+    let follower = tokio::spawn(follow(etcd, args.etcd.keys().leader(), ttl, tx));
+    let hold = args.hold_timeout.map_or(ttl * 3, Duration::from_secs);
+    let connect = Duration::from_secs(args.connect_timeout.max(1));
+    tracing::info!(%addr, cluster = %args.etcd.ha_cluster, hold_s = hold.as_secs_f64(), "hf3fs-meta relay listening");
+    let closed = Arc::new(AtomicU64::new(0));
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("relay accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(forward(stream, peer, rx.clone(), hold, connect, closed.clone()));
+    }
+    follower.abort();
+    tracing::info!(closed_on_failover = closed.load(Ordering::Relaxed), "relay stopped");
+    Ok(())
+}
+
+/// Keeps `tx` equal to the leader named in `key`.
+async fn follow(etcd: Arc<etcd::Client>, key: Vec<u8>, ttl: Duration, tx: watch::Sender<Option<Target>>) {
+    loop {
+        let watch = etcd.watch(&key, false, 0).await;
+        match etcd.get(&key).await {
+            Ok(kv) => publish(&tx, kv.and_then(|kv| decode(&kv.value, kv.create_revision))),
+            Err(e) => tracing::debug!("relay: reading the leader key: {e}"),
+        }
+        let Ok(mut watch) = watch else {
+            tokio::time::sleep(ttl / 4).await;
+            continue;
+        };
+        loop {
+            match tokio::time::timeout(ttl, watch.next()).await {
+                Ok(Ok(Some((_, events)))) => {
+                    for e in events {
+                        publish(
+                            &tx,
+                            match e {
+                                Event::Put(kv) => decode(&kv.value, kv.create_revision),
+                                Event::Delete { .. } => None,
+                            },
+                        );
+                    }
+                }
+                // Quiet for a TTL: read the key again (a linearizable read
+                // fails over to a member that has quorum).
+                Err(_) => match etcd.get(&key).await {
+                    Ok(kv) => publish(&tx, kv.and_then(|kv| decode(&kv.value, kv.create_revision))),
+                    Err(e) => tracing::debug!("relay: reading the leader key: {e}"),
+                },
+                Ok(Ok(None) | Err(_)) => break,
+            }
+        }
+    }
+}
+
+fn decode(value: &[u8], create_revision: i64) -> Option<Target> {
+    let r = LeaderRecord::decode(value, create_revision)?;
+    match target_of(&r.url) {
+        Ok(addr) => Some(Target { node: r.node, addr, epoch: r.epoch, serving: r.serving }),
+        Err(e) => {
+            tracing::warn!(node = %r.node, "relay: the leader advertises an unusable URL: {e}");
+            None
+        }
+    }
+}
+
+fn publish(tx: &watch::Sender<Option<Target>>, target: Option<Target>) {
+    tx.send_if_modified(|cur| {
+        if *cur == target {
+            return false;
+        }
+        match &target {
+            Some(t) => {
+                tracing::info!(node = %t.node, addr = %t.addr, epoch = t.epoch, serving = t.serving, "relay: leader")
+            }
+            None => tracing::info!("relay: no leader"),
+        }
+        *cur = target;
+        true
+    });
+}
+
+/// Forwards one client connection to the leader, until either side closes
+/// or that leader is deposed.
+async fn forward(
+    mut client: TcpStream,
+    peer: SocketAddr,
+    mut rx: watch::Receiver<Option<Target>>,
+    hold: Duration,
+    connect: Duration,
+    closed: Arc<AtomicU64>,
+) {
+    let Some((target, mut upstream)) = connect_within(&mut rx, hold, connect).await else {
+        tracing::debug!(%peer, "relay: no reachable leader within the hold time; closing");
+        return;
+    };
+    let _ = upstream.set_nodelay(true);
+    tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+            if let Err(e) = r {
+                tracing::debug!(%peer, "relay: connection ended: {e}");
+            }
+        }
+        () = deposed(&mut rx, &target) => {
+            closed.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, node = %target.node, epoch = target.epoch, "relay: leader deposed, closing");
+        }
+    }
+}
+
+/// How soon a leader that refused a connection is tried again (unless the
+/// leader key changes first).
+const RECONNECT: Duration = Duration::from_millis(100);
+
+/// A connection to the serving leader, waiting up to `hold` in all: for a
+/// serving leader, and, while the leader named in etcd cannot be reached (a
+/// killed process whose key has not expired yet), for it to come back or
+/// for the next one. vLLM's client gives up after three quick retries: a
+/// refused connection would spend them all before the key expires.
+async fn connect_within(
+    rx: &mut watch::Receiver<Option<Target>>,
+    hold: Duration,
+    connect: Duration,
+) -> Option<(Target, TcpStream)> {
+    let deadline = tokio::time::Instant::now() + hold;
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let target = leader_within(rx, remaining).await?;
+        let attempt = tokio::time::timeout(connect.min(remaining).max(RECONNECT), TcpStream::connect(&target.addr));
+        match attempt.await {
+            Ok(Ok(s)) => return Some((target, s)),
+            Ok(Err(e)) => tracing::debug!(addr = %target.addr, "relay: connecting to the leader: {e}"),
+            Err(_) => tracing::debug!(addr = %target.addr, "relay: connecting to the leader timed out"),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        let _ = tokio::time::timeout(RECONNECT, deposed(rx, &target)).await;
+    }
+}
+
+/// The serving leader, waiting up to `hold` for one; after that, any known
+/// leader (it answers 503 with its reason), else `None`.
+async fn leader_within(rx: &mut watch::Receiver<Option<Target>>, hold: Duration) -> Option<Target> {
+    let deadline = tokio::time::Instant::now() + hold;
+    loop {
+        if let Some(t) = rx.borrow_and_update().as_ref().filter(|t| t.serving) {
+            return Some(t.clone());
+        }
+        match tokio::time::timeout_at(deadline, rx.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => return rx.borrow().clone(),
+        }
+    }
+}
+
+/// Resolves once the leader is no longer `target`'s node at its epoch.
+async fn deposed(rx: &mut watch::Receiver<Option<Target>>, target: &Target) {
+    loop {
+        let same = rx.borrow_and_update().as_ref().is_some_and(|t| t.epoch == target.epoch && t.node == target.node);
+        if !same || rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_become_targets() {
+        assert_eq!(target_of("http://10.0.0.5:18000").unwrap(), "10.0.0.5:18000");
+        assert_eq!(target_of("http://meta-0.svc:18000/").unwrap(), "meta-0.svc:18000");
+        for bad in ["10.0.0.5:18000", "https://h:1", "http://h", "http://h:0", "http://h:1/x", "http://:1"] {
+            assert!(target_of(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn held_connections_take_the_first_serving_leader_and_notice_deposition() {
+        let (tx, mut rx) = watch::channel(None::<Target>);
+        let t = |epoch, serving| Target { node: "a".into(), addr: "127.0.0.1:1".into(), epoch, serving };
+        // Nothing within the hold: none.
+        assert_eq!(leader_within(&mut rx, Duration::from_millis(1)).await, None);
+        tx.send_replace(Some(t(5, false)));
+        // A leader that does not serve yet is used only after the hold.
+        assert_eq!(leader_within(&mut rx, Duration::from_millis(1)).await, Some(t(5, false)));
+        let waiter = tokio::spawn({
+            let mut rx = rx.clone();
+            async move { leader_within(&mut rx, Duration::from_secs(60)).await }
+        });
+        tx.send_replace(Some(t(5, true)));
+        assert_eq!(waiter.await.unwrap(), Some(t(5, true)));
+        // Same epoch, flag change: not a deposition; a new epoch is.
+        let mut rx2 = rx.clone();
+        let watcher = tokio::spawn(async move { deposed(&mut rx2, &t(5, true)).await });
+        tx.send_replace(Some(t(5, false)));
+        tokio::task::yield_now().await;
+        assert!(!watcher.is_finished());
+        tx.send_replace(Some(t(6, true)));
+        watcher.await.unwrap();
+    }
+}

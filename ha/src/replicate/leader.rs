@@ -1,0 +1,613 @@
+//! The leader's side of the stream: [`Replicator`], the durable layer's
+//! [`Replication`] tap, and the sender thread that keeps one synchronous
+//! standby caught up.
+//!
+//! A session with the standby (the target the control plane names with
+//! [`Replicator::set_target`]): connect, hello with the cluster secret and
+//! the epoch, then a **snapshot** of the store read beside running requests
+//! (`Store::snapshot` claims each page while it reads it, so it reflects
+//! every change numbered before it began, `R`), then every frame whose
+//! range ends after `R`, in order. Frames that straddle `R` are applied in
+//! full: each record forces a page's state, so re-applying is harmless. A
+//! `/clear` numbered before `R` may not be visible to the scan yet (it is
+//! recorded before it takes effect): a session that meets one among the
+//! skipped frames starts over. A rank created just before `R` may likewise
+//! be missing; the standby then fails to apply a bind on it, closes, and
+//! the next session's snapshot has it.
+//!
+//! One replicator streams one durable store, on a connection of its own
+//! (its hello names the store): vLLM's, or SGLang's spaces'. The spaces'
+//! replicator also sends the catalog naming each space: the whole of it,
+//! read after `R`, at the start of the snapshot (every space with a record
+//! numbered up to `R` was in the catalog before that record was journaled,
+//! and the snapshot leaves out the spaces made since, whose records all come
+//! after `R`), and then each space the catalog records, queued from the
+//! catalog's append, so before any record of that space.
+//!
+//! A separate thread reads the standby's acknowledgements. The standby is
+//! **in sync** once it acknowledged `R`; from then on a request is answered
+//! only when the standby acknowledged its position
+//! ([`Replication::acknowledged`]), within `--ha-sync-timeout`. Without a
+//! standby in sync, `strict` answers 503, and `available` answers only once
+//! the control plane has recorded in etcd that nobody may be promoted
+//! ([`Replicator::release`]); until then it waits (bounded) like `strict`.
+//!
+//! # Memory ordering
+//!
+//! `acked` and `in_sync` are written by the session threads and read by
+//! requests: `Release`/`Acquire`, and every change is followed by a
+//! wake-up ([`Waiters`]: an acknowledgement wakes the requests it covers,
+//! any other change all of them); a waiter registers before it checks, so
+//! it misses no change. `released`, `broken`, `streaming` and the session number are flags between
+//! threads with no data hanging off them beyond what they say (`AcqRel`).
+
+use super::lag::LagClock;
+use super::waiters::Waiters;
+use super::wire::{Feature, Msg, Range, Session};
+use super::SyncMode;
+use crate::core::{Dialect, PageSource, Visit};
+use crate::durable::codec;
+use crate::durable::spaces::{Catalog, Entry};
+use crate::durable::tap::{BoxFuture, Frame, Replication};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use std::io::{BufReader, BufWriter, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// Bytes of records per snapshot part.
+const PART_BYTES: usize = 4 << 20;
+/// How often an idle sender looks at its target.
+const POLL: Duration = Duration::from_millis(50);
+/// The wait before reconnecting after a failed session.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// The standby a leader streams to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Its node id.
+    pub node: String,
+    /// Its replication listener.
+    pub addr: SocketAddr,
+    /// The leader's epoch.
+    pub epoch: u64,
+    /// The protocol versions it speaks, as it published them in etcd
+    /// ([`Range::LEGACY`] when it published none: release 0.1.0).
+    pub range: Range,
+}
+
+/// What the sender thread takes, in order: frames, and (SGLang's store)
+/// the catalog's new spaces.
+enum Item {
+    Frame(Frame),
+    Space(Entry),
+}
+
+/// The leader's replication state of one durable store (see the module
+/// docs).
+pub struct Replicator {
+    /// The store streamed.
+    dialect: Dialect,
+    /// SGLang's store: the catalog naming its spaces.
+    catalog: Option<Arc<Catalog>>,
+    /// The leader's state as its durable store reads it back.
+    store: Arc<dyn PageSource>,
+    /// The change number the durable store has handed out so far.
+    head: Box<dyn Fn() -> u64 + Send + Sync>,
+    token: Box<[u8]>,
+    node: String,
+    mode: SyncMode,
+    wait: Duration,
+    frames: Sender<Item>,
+    /// The standby to stream to (`None`: none).
+    target: Mutex<Option<Target>>,
+    /// Bumped whenever the target changes: the running session ends.
+    session: AtomicU64,
+    /// There is a target: the writer builds frames
+    /// ([`Replication::wants_frames`]); without one it spares the copy.
+    streaming: AtomicBool,
+    /// The standby acknowledged every change up to this (in the current
+    /// session).
+    acked: AtomicU64,
+    /// Taken to change the session number together with `acked`, and by
+    /// the acknowledgement reader to check its session and raise `acked`:
+    /// an old session's late acknowledgement never counts for a new one.
+    /// A std Mutex: held for a few instructions, never across I/O.
+    ack_lock: Mutex<()>,
+    /// The standby is caught up (acknowledged its snapshot) and connected.
+    in_sync: AtomicBool,
+    /// Nobody may be promoted (etcd says so): `available` answers
+    /// without a standby.
+    released: AtomicBool,
+    /// The writer rebuilt its keyspace: the session must start over.
+    broken: AtomicBool,
+    /// The requests waiting for an acknowledgement ([`Waiters`]).
+    waiters: Waiters,
+    /// The current session's version and the standby's release (`None`:
+    /// no session); `/health` shows them.
+    session_info: Mutex<Option<(u16, String)>>,
+    /// Sessions not started or refused because the standby speaks no
+    /// version this node does.
+    pub incompatible: AtomicU64,
+    /// Requests answered 503 for want of an acknowledgement.
+    pub sync_failures: AtomicU64,
+    /// Sessions that reached sync.
+    pub syncs: AtomicU64,
+    /// The lag in seconds: frames stamped as written, dropped as
+    /// acknowledged.
+    pub lag: LagClock,
+}
+
+impl Replicator {
+    /// A replicator of vLLM's `store`, whose durable store numbers changes
+    /// up to `head()`, as node `node` with the cluster secret `token`;
+    /// requests wait at most `wait` for the standby. Starts the sender
+    /// thread.
+    pub fn start(
+        store: Arc<dyn PageSource>,
+        head: Box<dyn Fn() -> u64 + Send + Sync>,
+        token: Box<[u8]>,
+        node: String,
+        mode: SyncMode,
+        wait: Duration,
+    ) -> Arc<Self> {
+        Self::start_store(Dialect::Vllm, None, store, head, token, node, mode, wait)
+    }
+
+    /// As [`Replicator::start`], for SGLang's spaces (`store`, their durable
+    /// store's source) named by `catalog`, whose new spaces it hears of from
+    /// now on.
+    pub fn start_spaces(
+        catalog: Arc<Catalog>,
+        store: Arc<dyn PageSource>,
+        head: Box<dyn Fn() -> u64 + Send + Sync>,
+        token: Box<[u8]>,
+        node: String,
+        mode: SyncMode,
+        wait: Duration,
+    ) -> Arc<Self> {
+        Self::start_store(Dialect::Sglang, Some(catalog), store, head, token, node, mode, wait)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_store(
+        dialect: Dialect,
+        catalog: Option<Arc<Catalog>>,
+        store: Arc<dyn PageSource>,
+        head: Box<dyn Fn() -> u64 + Send + Sync>,
+        token: Box<[u8]>,
+        node: String,
+        mode: SyncMode,
+        wait: Duration,
+    ) -> Arc<Self> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        if let Some(c) = &catalog {
+            let tx = tx.clone();
+            let tapped = c.attach(Box::new(move |e: &Entry| {
+                let _ = tx.send(Item::Space(e.clone()));
+            }));
+            assert!(tapped, "the spaces' catalog is replicated once");
+        }
+        let r = Arc::new(Replicator {
+            dialect,
+            catalog,
+            store,
+            head,
+            token,
+            node,
+            mode,
+            wait,
+            frames: tx,
+            target: Mutex::new(None),
+            session: AtomicU64::new(0),
+            streaming: AtomicBool::new(false),
+            acked: AtomicU64::new(0),
+            ack_lock: Mutex::new(()),
+            in_sync: AtomicBool::new(false),
+            released: AtomicBool::new(false),
+            broken: AtomicBool::new(false),
+            waiters: Waiters::default(),
+            session_info: Mutex::new(None),
+            incompatible: AtomicU64::new(0),
+            sync_failures: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            lag: LagClock::default(),
+        });
+        let me = r.clone();
+        std::thread::Builder::new()
+            .name("ha-replicator".into())
+            .spawn(move || me.run(rx))
+            .expect("cannot start the replication thread");
+        r
+    }
+
+    /// Streams to `target` from now on (`None`: to nobody). A change ends
+    /// the running session; the standby is not in sync until the new one
+    /// acknowledged its snapshot.
+    pub fn set_target(&self, target: Option<Target>) {
+        let mut t = self.target.lock().unwrap_or_else(PoisonError::into_inner);
+        if *t != target {
+            // Before the session can start: its snapshot then covers every
+            // frame not built meanwhile (a later one shows as a gap).
+            self.streaming.store(target.is_some(), Ordering::Release);
+            *t = target;
+            let _a = self.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
+            self.session.fetch_add(1, Ordering::AcqRel);
+            self.in_sync.store(false, Ordering::Release);
+            drop(_a);
+            self.waiters.wake_all();
+        }
+    }
+
+    /// This node leads at `epoch` from now on (0: it does not lead): its
+    /// frames are stamped for the lag in seconds.
+    pub fn lead(&self, epoch: u64) {
+        self.lag.lead(epoch);
+    }
+
+    /// Stamps changes up to `upto` for the lag in seconds: one clock read
+    /// per writer pass (a group commit), only while leading.
+    fn stamp(&self, upto: u64) {
+        let epoch = self.lag.leading();
+        if epoch != 0 {
+            self.lag.written(epoch, upto, crate::node::now());
+        }
+    }
+
+    /// The standby streamed to, if any.
+    pub fn target(&self) -> Option<Target> {
+        self.target.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The running session's protocol version and the standby's release.
+    pub fn session(&self) -> Option<(u16, String)> {
+        self.session_info.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The standby in sync, if one is.
+    pub fn synced(&self) -> Option<String> {
+        let t = self.target.lock().unwrap_or_else(PoisonError::into_inner);
+        t.as_ref().filter(|_| self.in_sync.load(Ordering::Acquire)).map(|t| t.node.clone())
+    }
+
+    /// `available` mode: etcd now says nobody may be promoted, so requests
+    /// may be answered without a standby (`false` takes that back, once a
+    /// standby is named again).
+    pub fn release(&self, released: bool) {
+        self.released.store(released, Ordering::Release);
+        self.waiters.wake_all();
+    }
+
+    /// The durable store this replicator streams.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// The last change number handed out on this node.
+    pub fn head(&self) -> u64 {
+        (self.head)()
+    }
+
+    /// The last position the standby acknowledged.
+    pub fn acked(&self) -> u64 {
+        self.acked.load(Ordering::Acquire)
+    }
+
+    fn current(&self) -> (u64, Option<Target>) {
+        let t = self.target.lock().unwrap_or_else(PoisonError::into_inner);
+        (self.session.load(Ordering::Acquire), t.clone())
+    }
+
+    /// The sender thread: one session after another, for as long as the
+    /// process runs.
+    fn run(self: Arc<Self>, rx: Receiver<Item>) {
+        loop {
+            let (n, target) = self.current();
+            let Some(t) = target else {
+                // Nobody to stream to: frames are dropped (a standby that
+                // comes gets a snapshot).
+                let _ = rx.recv_timeout(POLL);
+                while rx.try_recv().is_ok() {}
+                continue;
+            };
+            if let Err(e) = self.run_session(n, &t, &rx) {
+                tracing::warn!(standby = %t.node, epoch = t.epoch, store = self.dialect.label(), "replication session ended: {e}");
+            }
+            self.end_session(n);
+            if self.session.load(Ordering::Acquire) == n {
+                std::thread::sleep(RETRY);
+            }
+        }
+    }
+
+    /// Session `n` is over: its standby is no longer in sync (unless a
+    /// newer session is already running, which says for itself).
+    fn end_session(&self, n: u64) {
+        let _a = self.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.session.load(Ordering::Acquire) == n {
+            self.in_sync.store(false, Ordering::Release);
+        }
+        drop(_a);
+        self.waiters.wake_all();
+    }
+
+    /// One session with `t`, until it fails or the target changes; the
+    /// connection is shut down on the way out (which ends its reader).
+    fn run_session(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>) -> Result<(), String> {
+        if Session::agree(Range::THIS, t.range).is_none() {
+            self.incompatible.fetch_add(1, Ordering::Relaxed);
+            return Err(format!(
+                "standby {} speaks replication protocol {}, this node {}: no version in common, not streaming to it",
+                t.node,
+                t.range,
+                Range::THIS
+            ));
+        }
+        let stream = TcpStream::connect_timeout(&t.addr, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+        let closer = stream.try_clone().map_err(|e| e.to_string())?;
+        let r = self.stream_to(n, t, rx, stream);
+        let _ = closer.shutdown(std::net::Shutdown::Both);
+        *self.session_info.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        r
+    }
+
+    /// Hello, snapshot, then frames, on `stream`.
+    fn stream_to(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>, stream: TcpStream) -> Result<(), String> {
+        let _ = stream.set_nodelay(true);
+        // A standby that stops reading (paused) must not hold this thread
+        // forever: the write fails and the session starts over.
+        let _ = stream.set_write_timeout(Some(self.wait.max(Duration::from_secs(1))));
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+        let mut rd = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
+        let mut wr = BufWriter::with_capacity(1 << 20, stream.try_clone().map_err(|e| e.to_string())?);
+        // The session's version as the standby published its range: to a
+        // version-2 standby, version 2's hello, byte for byte.
+        let expected = Session::agree(Range::THIS, t.range).expect("checked by run_session");
+        let hello = if expected.has(Feature::Agreed) {
+            Msg::HelloRange {
+                range: Range::THIS,
+                store: self.dialect,
+                token: self.token.to_vec(),
+                epoch: t.epoch,
+                release: crate::RELEASE.into(),
+                leader: self.node.clone(),
+            }
+        } else {
+            Msg::Hello {
+                version: expected.version(),
+                store: self.dialect,
+                token: self.token.to_vec(),
+                epoch: t.epoch,
+                leader: self.node.clone(),
+            }
+        };
+        send(&mut wr, &hello)?;
+        wr.flush().map_err(|e| e.to_string())?;
+        let (session, release) = match Msg::read_from(&mut rd).map_err(|e| e.to_string())? {
+            Msg::Welcome if !expected.has(Feature::Agreed) => (expected, "a release of protocol 2".to_string()),
+            Msg::Agreed { version, release } if expected.has(Feature::Agreed) && Range::THIS.contains(version) => {
+                (Session::at(version), release)
+            }
+            Msg::Reject(why) => {
+                if why.contains("no version in common") {
+                    self.incompatible.fetch_add(1, Ordering::Relaxed);
+                }
+                return Err(format!("the standby refused: {why}"));
+            }
+            m => return Err(format!("an unexpected answer {m:?} to a hello of protocol {}", expected.version())),
+        };
+        *self.session_info.lock().unwrap_or_else(PoisonError::into_inner) = Some((session.version(), release));
+        let _ = stream.set_read_timeout(None);
+        // Frames queued before the snapshot begins are in it.
+        while rx.try_recv().is_ok() {}
+        self.broken.store(false, Ordering::Release);
+        {
+            let _a = self.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
+            if self.session.load(Ordering::Acquire) != n {
+                return Ok(());
+            }
+            self.acked.store(0, Ordering::Release);
+        }
+        let r = (self.head)();
+        self.send_snapshot(&mut wr, t.epoch, r)?;
+        let dead = Arc::new(AtomicBool::new(false));
+        self.spawn_acks(rd, r, dead.clone(), stream);
+        tracing::info!(standby = %t.node, epoch = t.epoch, position = r, store = self.dialect.label(), "sent a snapshot; streaming");
+        loop {
+            if dead.load(Ordering::Acquire) {
+                return Err("the standby's connection closed".into());
+            }
+            if self.session.load(Ordering::Acquire) != n || self.broken.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let f = match rx.recv_timeout(POLL) {
+                Ok(f) => f,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+            };
+            for f in std::iter::once(f).chain(rx.try_iter()) {
+                let f = match f {
+                    Item::Frame(f) => f,
+                    Item::Space(e) => {
+                        send(&mut wr, &space(t.epoch, e))?;
+                        continue;
+                    }
+                };
+                if f.upto <= r {
+                    if f.clear {
+                        return Err("a /clear raced the snapshot; starting over".into());
+                    }
+                    continue;
+                }
+                let m = Msg::Frame {
+                    epoch: t.epoch,
+                    generation: f.generation,
+                    clear: f.clear,
+                    from: f.from,
+                    upto: f.upto,
+                    records: f.records,
+                };
+                send(&mut wr, &m)?;
+            }
+            wr.flush().map_err(|e| e.to_string())?;
+        }
+    }
+
+    /// Sends the store's state as of (at least) position `r` (with SGLang's
+    /// catalog, read now: after `r`).
+    fn send_snapshot(&self, wr: &mut BufWriter<TcpStream>, epoch: u64, r: u64) -> Result<(), String> {
+        send(wr, &Msg::SnapshotBegin { epoch })?;
+        // Spaces beyond the catalog read here were made after it, after `r`:
+        // their records, and their names, come in the stream.
+        let mut spaces = u32::MAX;
+        if let Some(c) = &self.catalog {
+            let entries = c.entries();
+            spaces = entries.len() as u32;
+            for e in entries {
+                send(wr, &space(epoch, e))?;
+            }
+        }
+        let mut buf = Vec::with_capacity(PART_BYTES + 1024);
+        let mut failed = None;
+        self.store.snapshot(&mut |v| {
+            let rank = match v {
+                Visit::Generation(_) => 0,
+                Visit::Rank { rank, .. }
+                | Visit::Binding { rank, .. }
+                | Visit::Reserved { rank, .. }
+                | Visit::Held { rank, .. } => rank,
+            };
+            if rank >= spaces {
+                return true;
+            }
+            match v {
+                Visit::Generation(_) => {}
+                Visit::Rank { rank, num_pages } => codec::put_initialize(&mut buf, rank, num_pages),
+                Visit::Binding { rank, page, key, world } => codec::put_bind(&mut buf, rank, page, world, key.as_ref()),
+                Visit::Reserved { rank, page, tag } => codec::put_reserve(&mut buf, rank, page, tag),
+                Visit::Held { rank, page } => codec::put_hold(&mut buf, rank, page),
+            }
+            if buf.len() >= PART_BYTES {
+                let part = Msg::SnapshotPart { epoch, records: std::mem::take(&mut buf) };
+                if let Err(e) = send(wr, &part) {
+                    failed = Some(e);
+                    return false;
+                }
+            }
+            true
+        })?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        send(wr, &Msg::SnapshotPart { epoch, records: buf })?;
+        send(wr, &Msg::SnapshotEnd { epoch, upto: r })?;
+        wr.flush().map_err(|e| e.to_string())
+    }
+
+    /// Reads acknowledgements until the connection ends; the standby is in
+    /// sync from its acknowledgement of `r` on.
+    fn spawn_acks(self: &Arc<Self>, mut rd: BufReader<TcpStream>, r: u64, dead: Arc<AtomicBool>, s: TcpStream) {
+        let me = self.clone();
+        let n = self.session.load(Ordering::Acquire);
+        let spawned = std::thread::Builder::new().name("ha-replicator-acks".into()).spawn(move || {
+            while let Ok(Msg::Ack { upto }) = Msg::read_from(&mut rd) {
+                let a = me.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
+                if me.session.load(Ordering::Acquire) != n {
+                    break;
+                }
+                // Before `acked` rises: a change answered on this
+                // acknowledgement no longer counts in the lag.
+                me.lag.acked(upto);
+                me.acked.fetch_max(upto, Ordering::AcqRel);
+                let synced = upto >= r && !me.in_sync.swap(true, Ordering::AcqRel);
+                drop(a);
+                if synced {
+                    me.syncs.fetch_add(1, Ordering::Relaxed);
+                    me.waiters.wake_all();
+                } else {
+                    // Only the requests this acknowledgement covers.
+                    me.waiters.wake_upto(upto);
+                }
+            }
+            dead.store(true, Ordering::Release);
+            me.end_session(n);
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        });
+        if spawned.is_err() {
+            tracing::error!("cannot start the replication acknowledgement thread");
+        }
+    }
+
+    /// `Ok` once `upto` may be answered (see the module docs).
+    async fn wait_ack(&self, upto: u64) -> Result<(), String> {
+        let acked = || self.in_sync.load(Ordering::Acquire) && self.acked() >= upto;
+        // The timer is armed at its first poll: not at all when the
+        // standby has acknowledged already.
+        let timeout = tokio::time::sleep(self.wait);
+        tokio::pin!(timeout);
+        loop {
+            // Registered before the checks: a change after them wakes it.
+            let woken = self.waiters.wait(upto, acked);
+            let in_sync = self.in_sync.load(Ordering::Acquire);
+            if in_sync && self.acked() >= upto {
+                return Ok(());
+            }
+            if !in_sync && self.mode == SyncMode::Available && self.released.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            if !in_sync && self.mode == SyncMode::Strict && self.current().1.is_none() {
+                return Err("there is no synchronous standby (--ha-sync strict)".into());
+            }
+            tokio::select! {
+                biased;
+                () = woken => {}
+                () = &mut timeout => {
+                    return Err(format!(
+                        "the synchronous standby did not acknowledge position {upto} within {:?}",
+                        self.wait
+                    ));
+                }
+            }
+        }
+    }
+}
+
+impl Replication for Replicator {
+    fn written(&self, frame: Frame) {
+        self.stamp(frame.upto);
+        let _ = self.frames.send(Item::Frame(frame));
+    }
+
+    fn skipped(&self, upto: u64) {
+        // No standby streamed to: these changes are on none, and count.
+        self.stamp(upto);
+    }
+
+    fn broken(&self) {
+        self.broken.store(true, Ordering::Release);
+    }
+
+    fn wants_frames(&self) -> bool {
+        self.streaming.load(Ordering::Acquire)
+    }
+
+    fn acknowledged(&self, upto: u64) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let r = self.wait_ack(upto).await;
+            if r.is_err() {
+                self.sync_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            r
+        })
+    }
+}
+
+/// The catalog's line `e` as a message of `epoch`.
+fn space(epoch: u64, e: Entry) -> Msg {
+    Msg::Space { epoch, id: e.id, rank: e.rank, num_pages: e.num_pages, namespace: e.namespace }
+}
+
+fn send(wr: &mut BufWriter<TcpStream>, m: &Msg) -> Result<(), String> {
+    m.write_to(wr).map_err(|e| format!("writing to the standby: {e}"))
+}

@@ -1,0 +1,466 @@
+//! The standby's side of the stream: a TCP listener (`--ha-replication-listen`)
+//! that accepts one leader at a time, authenticated by the cluster secret,
+//! applies its snapshot and frames to the in-memory store through the
+//! store's replay operations (which journal them to this node's own durable
+//! store), and acknowledges a position once this node's disk has it.
+//!
+//! What is refused, and counted ([`Counters`]): a hello without the secret
+//! or with another one (compared in constant time), a hello or message of
+//! an epoch older than the newest this node has seen (a deposed leader),
+//! a hello while this node itself leads, and a frame that does not follow
+//! the position this node has (a gap: the leader must send a snapshot).
+//! A refused hello is answered [`Msg::Reject`] and the connection closed;
+//! nothing of it is applied. So is a hello whose versions this node does
+//! not speak (counted `bad_version`, the reason naming both ranges, and
+//! kept for `/health`): a session runs at the highest version both speak
+//! ([`super::wire::Session`]).
+//!
+//! Each durable store comes on a connection of its own (the hello names
+//! it), with a position and a caught-up flag of its own: vLLM's store, and
+//! SGLang's spaces', whose snapshot starts by forgetting every space here
+//! ([`crate::core::Spaces::replica_reset`]) and whose catalog lines
+//! ([`Msg::Space`]) make each space as the leader names it, before its
+//! records arrive ([`super::apply`]). A node is caught up, and may be
+//! promoted, only once both stores are.
+//!
+//! # Memory ordering
+//!
+//! `epoch` and each store's `position` and `caught_up` are written under
+//! `apply` (the
+//! mutex every message is applied under) and read without it by the
+//! promotion check and `/stats`: `Acquire`/`Release` so that a reader who
+//! sees `caught_up` also sees the position it goes with. The counters are
+//! statistics (`Relaxed`).
+
+use super::apply::{apply, Holds, Side};
+use super::ct_eq;
+use super::wire::{Feature, Msg, Range, Session};
+use crate::core::{Dialect, SpaceName};
+use crate::Host;
+use std::io::{BufReader, BufWriter, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+/// How long the standby waits for its own disk before it gives up on a
+/// message (the leader then sees no acknowledgement and reconnects).
+const LOCAL_SYNC: Duration = Duration::from_secs(10);
+
+/// Refusals, by reason, and what was applied.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Hellos with a missing or wrong cluster secret.
+    pub bad_token: AtomicU64,
+    /// Hellos and messages of an epoch older than the newest seen, or
+    /// hellos while this node leads.
+    pub old_epoch: AtomicU64,
+    /// Hellos of versions this node does not speak ([`Range`]).
+    pub bad_version: AtomicU64,
+    /// Frames that did not follow this node's position, or came before a
+    /// snapshot.
+    pub bad_position: AtomicU64,
+    /// Frames applied.
+    pub frames: AtomicU64,
+    /// Snapshots applied.
+    pub snapshots: AtomicU64,
+}
+
+/// Where one store's stream stands here.
+#[derive(Default)]
+struct Stream {
+    /// Every leader change up to this position is applied and durable here
+    /// (meaningful while `caught_up`).
+    position: AtomicU64,
+    /// A snapshot of the leader at the standby's `epoch` was applied: the
+    /// stream since follows without a gap.
+    caught_up: AtomicBool,
+}
+
+/// The standby's replication state (see the module docs).
+pub struct Standby {
+    /// Weak: the listener's threads must not keep a stopped server's state
+    /// (and its data directory's lock) alive.
+    app: Weak<dyn Host>,
+    token: Box<[u8]>,
+    /// The protocol versions this node speaks ([`Range::THIS`]; another in
+    /// tests standing for another release).
+    range: Range,
+    /// The last hello refused for its versions, and why (`/health`).
+    refusal: Mutex<Option<String>>,
+    /// The version of the newest session accepted (0: none yet).
+    session_version: AtomicU64,
+    /// The newest leader epoch seen in an accepted hello (or promoted to).
+    epoch: AtomicU64,
+    /// Each store's stream, by [`Dialect::index`].
+    stores: [Stream; 2],
+    /// Held while one message is applied (one leader at a time), with the
+    /// pages to hold back on promotion, by [`Dialect::index`].
+    apply: Mutex<[Holds; 2]>,
+    /// What was refused and applied.
+    pub counters: Counters,
+}
+
+impl Standby {
+    /// A standby applying to `app`'s vLLM store (which must be durable:
+    /// `--data-dir`), accepting leaders that present `token`.
+    pub fn new(app: Arc<dyn Host>, token: Box<[u8]>) -> Arc<Self> {
+        Self::speaking(app, token, Range::THIS)
+    }
+
+    /// As [`Standby::new`], speaking the versions `range` (tests: a node of
+    /// another release).
+    pub fn speaking(app: Arc<dyn Host>, token: Box<[u8]>, range: Range) -> Arc<Self> {
+        Arc::new(Standby {
+            app: Arc::downgrade(&app),
+            token,
+            range,
+            refusal: Mutex::new(None),
+            session_version: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            stores: Default::default(),
+            apply: Mutex::new(Default::default()),
+            counters: Counters::default(),
+        })
+    }
+
+    /// Listens on `addr` (a thread accepts, one thread per connection);
+    /// returns the bound address.
+    pub fn listen(self: &Arc<Self>, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr)?;
+        let bound = listener.local_addr()?;
+        let me = self.clone();
+        std::thread::Builder::new().name("ha-standby-accept".into()).spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(stream) = conn else { continue };
+                let me = me.clone();
+                let _ = std::thread::Builder::new().name("ha-standby".into()).spawn(move || {
+                    if let Err(e) = me.session(stream) {
+                        tracing::warn!("replication session ended: {e}");
+                    }
+                });
+            }
+        })?;
+        Ok(bound)
+    }
+
+    /// The newest epoch seen, the position of vLLM's store applied, and
+    /// whether this node is caught up with that epoch's leader (both
+    /// stores).
+    pub fn state(&self) -> (u64, u64, bool) {
+        let (position, _) = self.store_state(Dialect::Vllm);
+        (self.epoch.load(Ordering::Acquire), position, self.caught_up())
+    }
+
+    /// The last hello refused for its protocol versions, with the reason.
+    pub fn version_refusal(&self) -> Option<String> {
+        self.refusal.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The version of the newest session accepted here (0: none yet).
+    pub fn session_version(&self) -> u16 {
+        self.session_version.load(Ordering::Relaxed) as u16
+    }
+
+    /// The version a hello of `offered` versions runs at, or the refusal
+    /// (counted, kept for `/health`), naming both ranges.
+    fn agree(&self, offered: Range, legacy: bool, release: &str) -> Result<Session, String> {
+        let s = if legacy {
+            Some(Session::at(offered.max)).filter(|s| self.range.contains(s.version()))
+        } else {
+            Session::agree(offered, self.range)
+        };
+        s.ok_or_else(|| {
+            self.counters.bad_version.fetch_add(1, Ordering::Relaxed);
+            let why = format!(
+                "the leader speaks replication protocol {offered} ({release}), this node {} (hf3fs-meta {}): no \
+                 version in common; upgrade one release at a time (CHANGELOG.md)",
+                self.range,
+                crate::RELEASE
+            );
+            *self.refusal.lock().unwrap_or_else(PoisonError::into_inner) = Some(why.clone());
+            why
+        })
+    }
+
+    /// The position of `store` applied here, and whether it is caught up.
+    pub fn store_state(&self, store: Dialect) -> (u64, bool) {
+        let s = &self.stores[store.index()];
+        (s.position.load(Ordering::Acquire), s.caught_up.load(Ordering::Acquire))
+    }
+
+    /// Both stores are caught up with the leader of the newest epoch.
+    fn caught_up(&self) -> bool {
+        self.stores.iter().all(|s| s.caught_up.load(Ordering::Acquire))
+    }
+
+    /// This node becomes leader at `epoch`: frames of any older leader are
+    /// refused from now on. Returns whether it was caught up with the
+    /// previous leader (the promotion rule), and the position it has.
+    ///
+    /// Every page the old leader unbound within the last read lease is held
+    /// back here until that lease has passed (readers' leases are not
+    /// replicated).
+    pub fn promote(&self, epoch: u64) -> (bool, u64) {
+        let holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        // Both swapped (no short circuit): neither store stays caught up.
+        let was = self.stores.each_ref().map(|s| s.caught_up.swap(false, Ordering::AcqRel)).iter().all(|&b| b);
+        self.epoch.fetch_max(epoch, Ordering::AcqRel);
+        if let Some(app) = self.app.upgrade() {
+            let vllm = holds[Dialect::Vllm.index()].apply(Side::Vllm(app.registry().vllm()));
+            let sglang = holds[Dialect::Sglang.index()].apply(Side::Spaces(app.registry().sglang()));
+            tracing::info!(
+                epoch,
+                pages = vllm,
+                sglang_pages = sglang,
+                "promotion: pages unbound within the last read lease held back"
+            );
+        }
+        (was, self.stores[Dialect::Vllm.index()].position.load(Ordering::Acquire))
+    }
+
+    /// The epoch this node leads at or is becoming leader at, if any.
+    fn leading_epoch(&self) -> Option<u64> {
+        use crate::Role;
+        match self.app.upgrade()?.node()?.role() {
+            Role::Leader { epoch } | Role::Promoting { epoch } => Some(epoch),
+            Role::Follower | Role::Fenced { .. } => None,
+        }
+    }
+
+    /// The server's state, while it runs.
+    fn app(&self) -> Result<Arc<dyn Host>, String> {
+        self.app.upgrade().ok_or_else(|| "the server is stopping".to_string())
+    }
+
+    /// Checks a hello: `Err` names the refusal (already counted).
+    fn admit(&self, token: &[u8], epoch: u64) -> Result<(), String> {
+        if !ct_eq(token, &self.token) {
+            self.counters.bad_token.fetch_add(1, Ordering::Relaxed);
+            return Err("bad or missing cluster secret".into());
+        }
+        let _g = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        let newest = self.epoch.load(Ordering::Acquire);
+        if epoch < newest || self.leading_epoch().is_some_and(|e| e >= epoch) {
+            self.counters.old_epoch.fetch_add(1, Ordering::Relaxed);
+            return Err(format!("epoch {epoch} is older than epoch {newest} seen here"));
+        }
+        if epoch > newest {
+            for s in &self.stores {
+                s.caught_up.store(false, Ordering::Release);
+            }
+        }
+        self.epoch.store(epoch, Ordering::Release);
+        Ok(())
+    }
+
+    /// Serves one leader's connection until it closes or is refused.
+    fn session(&self, stream: TcpStream) -> std::io::Result<()> {
+        let _ = stream.set_nodelay(true);
+        let mut rd = BufReader::with_capacity(1 << 20, stream.try_clone()?);
+        let mut wr = BufWriter::new(stream);
+        let first = match Msg::read_from(&mut rd) {
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                self.counters.bad_token.fetch_add(1, Ordering::Relaxed);
+                Msg::Reject(format!("the first message must be a hello with the cluster secret: {e}"))
+                    .write_to(&mut wr)?;
+                return wr.flush();
+            }
+            m => m?,
+        };
+        // Version 2's hello names one version (release 0.1.0's leaders, and
+        // this release's to a version-2 standby); version 3's a range.
+        let (offered, legacy, release, store, token, epoch, leader) = match first {
+            Msg::Hello { version, store, token, epoch, leader } => (
+                Range { min: version, max: version },
+                true,
+                "a release of one version".to_string(),
+                store,
+                token,
+                epoch,
+                leader,
+            ),
+            Msg::HelloRange { range, store, token, epoch, release, leader } => {
+                (range, false, format!("hf3fs-meta {release}"), store, token, epoch, leader)
+            }
+            _ => {
+                self.counters.bad_token.fetch_add(1, Ordering::Relaxed);
+                Msg::Reject("the first message must be a hello with the cluster secret".into()).write_to(&mut wr)?;
+                return wr.flush();
+            }
+        };
+        // The secret first: a hello without it learns nothing, versions
+        // included (admit checks it, and counts it).
+        let admitted = if ct_eq(&token, &self.token) {
+            self.agree(offered, legacy, &release).and_then(|s| self.admit(&token, epoch).map(|()| s))
+        } else {
+            self.admit(&token, epoch).map(|()| Session::at(0))
+        };
+        let session = match admitted {
+            Ok(s) => s,
+            Err(why) => {
+                tracing::warn!(leader, epoch, versions = %offered, "refused a replication hello: {why}");
+                Msg::Reject(why).write_to(&mut wr)?;
+                return wr.flush();
+            }
+        };
+        self.session_version.store(u64::from(session.version()), Ordering::Relaxed);
+        tracing::info!(
+            leader,
+            epoch,
+            store = store.label(),
+            version = session.version(),
+            "replicating from the leader"
+        );
+        if session.has(Feature::Agreed) {
+            Msg::Agreed { version: session.version(), release: crate::RELEASE.into() }.write_to(&mut wr)?;
+        } else {
+            Msg::Welcome.write_to(&mut wr)?;
+        }
+        wr.flush()?;
+        // Applying and acknowledging run apart: while the acknowledger waits
+        // for this node's disk, the next frames are applied (and their
+        // changes join the same disk write).
+        let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+        let me = self.app.clone();
+        let acker =
+            std::thread::Builder::new().name("ha-standby-ack".into()).spawn(move || acknowledge(&me, store, rx, wr))?;
+        let result = loop {
+            let msg = match Msg::read_from(&mut rd) {
+                Ok(m) => m,
+                Err(e) => break Err(e),
+            };
+            match self.on_message(store, epoch, msg) {
+                Ok(Some(upto)) => {
+                    if tx.send(upto).is_err() {
+                        break Err(std::io::Error::other("the acknowledgements stopped"));
+                    }
+                }
+                Ok(None) => {}
+                Err(why) => {
+                    tracing::warn!(leader, epoch, "replication message refused: {why}");
+                    break Err(std::io::Error::other(why));
+                }
+            }
+        };
+        drop(tx);
+        let _ = rd.get_ref().shutdown(std::net::Shutdown::Both);
+        let _ = acker.join();
+        result
+    }
+
+    /// Applies one message of the leader at `epoch` on its connection of
+    /// `store`; returns the position to acknowledge once durable, if any.
+    fn on_message(&self, store: Dialect, epoch: u64, msg: Msg) -> Result<Option<u64>, String> {
+        let mut holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        let holds = &mut holds[store.index()];
+        let app = self.app()?;
+        let side = match store {
+            Dialect::Vllm => Side::Vllm(app.registry().vllm()),
+            Dialect::Sglang => Side::Spaces(app.registry().sglang()),
+        };
+        let stream = &self.stores[store.index()];
+        if msg.epoch() != epoch || self.epoch.load(Ordering::Acquire) != epoch {
+            self.counters.old_epoch.fetch_add(1, Ordering::Relaxed);
+            return Err(format!("a message of epoch {} on a session of epoch {epoch}", msg.epoch()));
+        }
+        match msg {
+            Msg::SnapshotBegin { .. } => {
+                stream.caught_up.store(false, Ordering::Release);
+                match side {
+                    Side::Vllm(store) => {
+                        // The standby evicts nothing of its own: the
+                        // leader's evictions arrive as unbinds (until
+                        // promoted).
+                        store.suspend_eviction();
+                        store.clear();
+                    }
+                    // Each space it makes again evicts nothing either.
+                    Side::Spaces(spaces) => {
+                        spaces.replica_reset().map_err(|e| format!("forgetting SGLang's spaces: {e}"))?;
+                        holds.clear();
+                    }
+                }
+                Ok(None)
+            }
+            Msg::SnapshotPart { records, .. } => apply(side, &records, holds).map(|()| None),
+            Msg::SnapshotEnd { upto, .. } => {
+                stream.position.store(upto, Ordering::Release);
+                stream.caught_up.store(true, Ordering::Release);
+                self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(upto))
+            }
+            Msg::Space { id, rank, num_pages, namespace, .. } => {
+                let Side::Spaces(spaces) = side else {
+                    return Err("a catalog line on vLLM's stream".into());
+                };
+                let name = SpaceName { rank, namespace: namespace.into() };
+                spaces.replica_create(id, name, num_pages).map_err(|e| {
+                    stream.caught_up.store(false, Ordering::Release);
+                    format!("cannot make the leader's SGLang {e}")
+                })?;
+                Ok(None)
+            }
+            Msg::Frame { clear, from, upto, records, .. } => {
+                let at = stream.position.load(Ordering::Acquire);
+                if !stream.caught_up.load(Ordering::Acquire) || from > at {
+                    self.counters.bad_position.fetch_add(1, Ordering::Relaxed);
+                    stream.caught_up.store(false, Ordering::Release);
+                    return Err(format!("a frame from position {from} where this node is at {at}"));
+                }
+                if upto <= at {
+                    return Ok(Some(at)); // a repeat: applied already
+                }
+                if clear {
+                    match side {
+                        Side::Vllm(store) => store.clear(),
+                        // A space resets in place and never clears.
+                        Side::Spaces(_) => {
+                            stream.caught_up.store(false, Ordering::Release);
+                            return Err("a clear on SGLang's store".into());
+                        }
+                    }
+                }
+                if let Err(e) = apply(side, &records, holds) {
+                    stream.caught_up.store(false, Ordering::Release);
+                    return Err(e);
+                }
+                stream.position.store(upto, Ordering::Release);
+                self.counters.frames.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(upto))
+            }
+            Msg::Hello { .. }
+            | Msg::HelloRange { .. }
+            | Msg::Welcome
+            | Msg::Agreed { .. }
+            | Msg::Reject(_)
+            | Msg::Ack { .. } => Err("an unexpected message in a session".into()),
+        }
+    }
+}
+
+/// The acknowledger of one session: takes the newest applied position,
+/// waits until this node's own disk has everything applied so far, and
+/// acknowledges it; ends when the session does (or the socket fails, which
+/// ends the session).
+fn acknowledge(
+    app: &Weak<dyn Host>,
+    store: Dialect,
+    rx: crossbeam_channel::Receiver<u64>,
+    mut wr: BufWriter<TcpStream>,
+) {
+    while let Ok(first) = rx.recv() {
+        let upto = rx.try_iter().fold(first, u64::max);
+        let synced = app.upgrade().ok_or_else(|| "the server is stopping".to_string()).and_then(|app| {
+            let d = app.durable().ok_or_else(|| "a standby needs --data-dir".to_string())?;
+            d.of(store).sync_blocking(LOCAL_SYNC).map_err(|e| format!("local durable store: {e}"))
+        });
+        let sent = synced
+            .and_then(|()| Msg::Ack { upto }.write_to(&mut wr).and_then(|()| wr.flush()).map_err(|e| e.to_string()));
+        if let Err(why) = sent {
+            tracing::warn!("replication acknowledgements stopped: {why}");
+            let _ = wr.get_ref().shutdown(std::net::Shutdown::Both);
+            return;
+        }
+    }
+}

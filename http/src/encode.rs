@@ -1,0 +1,697 @@
+//! Response encoding: every JSON body the server sends, written straight into
+//! a caller-owned `Vec<u8>`.
+//!
+//! The answers of this API have a handful of fixed shapes, so building a
+//! value tree or going through a generic serializer would only add
+//! allocations and indirection on the hot path. Each function here appends
+//! one complete document to `out` (it never clears it). A handler sizes a
+//! fresh buffer for its answer and hands it to hyper as the response body,
+//! which takes ownership of it: nothing is copied after encoding.
+//!
+//! The output is compact JSON with no spaces. The Python reference server
+//! (`FastAPI`'s `JSONResponse`) puts a space after `:` and `,`; JSON clients,
+//! including vLLM's `requests`-based one, do not see the difference, so this
+//! is not a parity concern. Non-ASCII text is written as raw UTF-8 rather than
+//! `\uXXXX` escapes, which is equally valid JSON. Integers go through `itoa`.
+
+#![forbid(unsafe_code)]
+
+use crate::core::{SpaceLabel, SpaceReport};
+
+/// Whether `b` cannot appear raw inside a JSON string literal.
+fn needs_escape(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\'
+}
+
+/// Whether any byte of `s` needs escaping, 8 bytes per step (SWAR): a byte
+/// below 0x20, `"` or `\\`. The common case, a 32-hex key, is 4 steps.
+fn any_needs_escape(s: &[u8]) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // High bit of each byte of the result: that byte of `v` is zero.
+    let zero_bytes = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let mut chunks = s.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        let v = u64::from_le_bytes(w);
+        // Bytes below 0x20: v - 0x20 per byte borrows into the high bit
+        // (only meaningful for bytes below 0x80, hence `& !v`).
+        let control = v.wrapping_sub(0x20 * ONES) & !v & HIGH;
+        if control | zero_bytes(v ^ (u64::from(b'"') * ONES)) | zero_bytes(v ^ (u64::from(b'\\') * ONES)) != 0 {
+            return true;
+        }
+    }
+    chunks.remainder().iter().any(|&b| needs_escape(b))
+}
+
+/// The letter of the two-character escape for `b` (`n` for `\n`, ...), or
+/// `None` when `b` has no short form and needs `\u00XX`.
+fn short_escape(b: u8) -> Option<u8> {
+    match b {
+        b'"' => Some(b'"'),
+        b'\\' => Some(b'\\'),
+        0x08 => Some(b'b'),
+        0x09 => Some(b't'),
+        0x0a => Some(b'n'),
+        0x0c => Some(b'f'),
+        0x0d => Some(b'r'),
+        _ => None,
+    }
+}
+
+/// The lowercase hexadecimal digit for a value below 16.
+fn hex_digit(n: u8) -> u8 {
+    if n < 10 {
+        b'0' + n
+    } else {
+        b'a' + (n - 10)
+    }
+}
+
+/// Appends `s` as a JSON string literal, quotes included.
+///
+/// `"` and `\` are backslash-escaped; control characters use the short forms
+/// `\b \t \n \f \r` where JSON has one and `\u00XX` otherwise. Everything
+/// else, multi-byte UTF-8 included, is copied unchanged, so a string that
+/// needs no escaping (every real key: 32 hex digits) is a single copy.
+pub fn json_str(out: &mut Vec<u8>, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    if !any_needs_escape(s.as_bytes()) {
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+        return;
+    }
+    let mut rest = s.as_bytes();
+    loop {
+        let Some(pos) = rest.iter().position(|&b| needs_escape(b)) else {
+            out.extend_from_slice(rest);
+            break;
+        };
+        let Some((run, tail)) = rest.split_at_checked(pos) else {
+            // Unreachable: `pos` comes from `position` over `rest`.
+            out.extend_from_slice(rest);
+            break;
+        };
+        out.extend_from_slice(run);
+        let Some((&b, after)) = tail.split_first() else {
+            break;
+        };
+        match short_escape(b) {
+            Some(letter) => out.extend_from_slice(&[b'\\', letter]),
+            None => out.extend_from_slice(&[b'\\', b'u', b'0', b'0', hex_digit(b >> 4), hex_digit(b & 0x0f)]),
+        }
+        rest = after;
+    }
+    out.push(b'"');
+}
+
+/// Appends the decimal form of `n`.
+fn int(out: &mut Vec<u8>, n: i64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// Appends `{"detail":"<msg>"}`, the body of every plain FastAPI-style error.
+pub fn detail(out: &mut Vec<u8>, msg: &str) {
+    out.extend_from_slice(br#"{"detail":"#);
+    json_str(out, msg);
+    out.push(b'}');
+}
+
+/// Appends `{"message":"<msg>"}`, the body of a successful initialize.
+pub fn message(out: &mut Vec<u8>, msg: &str) {
+    out.extend_from_slice(br#"{"message":"#);
+    json_str(out, msg);
+    out.push(b'}');
+}
+
+/// Whether no JSON string literal in `json` can need an escape once
+/// decoded: it has no backslash and no byte below 0x20. A string literal
+/// without a backslash decodes to its own bytes, which then hold no `"`
+/// (it would have ended the literal), no `\\` and no control character,
+/// so the decoded strings can be written back as they are.
+pub fn escape_free(json: &[u8]) -> bool {
+    // 64 bytes per step without early exits inside, so that the compiler
+    // vectorizes the step: a request body of 128 keys is about 90 steps.
+    let flag = |acc: u8, &b: &u8| acc | u8::from(b < 0x20) | u8::from(b == b'\\');
+    let mut chunks = json.chunks_exact(64);
+    chunks.all(|c| c.iter().fold(0, flag) == 0) && chunks.remainder().iter().fold(0, flag) == 0
+}
+
+/// What [`allocate`]'s caller knows of its keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keys {
+    /// Any strings: each is checked and escaped where needed.
+    Any,
+    /// Strings that need no escape (decoded from a body that
+    /// [`escape_free`] passed): copied as they are.
+    Plain,
+}
+
+/// Appends a batch-allocate answer, `{"rank":R,"results":[["key",page],...]}`,
+/// with one pair per item of `results`, in the order given.
+pub fn allocate<'k>(out: &mut Vec<u8>, rank: i64, keys: Keys, results: impl IntoIterator<Item = (&'k str, i64)>) {
+    let results = results.into_iter();
+    // 32-hex-digit key, quotes, brackets, comma and a page of up to 9 digits.
+    out.reserve(32 + results.size_hint().0 * 48);
+    out.extend_from_slice(br#"{"rank":"#);
+    int(out, rank);
+    out.extend_from_slice(br#","results":["#);
+    for (i, (key, page)) in results.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+        match keys {
+            Keys::Plain => {
+                debug_assert!(!any_needs_escape(key.as_bytes()), "a plain key needs an escape: {key:?}");
+                match <&[u8; 32]>::try_from(key.as_bytes()) {
+                    // A 32-hex key, quoted, in one fixed-size copy.
+                    Ok(k) => {
+                        let mut quoted = [b'"'; 34];
+                        quoted[1..33].copy_from_slice(k);
+                        out.extend_from_slice(&quoted);
+                    }
+                    Err(_) => {
+                        out.push(b'"');
+                        out.extend_from_slice(key.as_bytes());
+                        out.push(b'"');
+                    }
+                }
+            }
+            Keys::Any => json_str(out, key),
+        }
+        out.push(b',');
+        int(out, page);
+        out.push(b']');
+    }
+    out.extend_from_slice(b"]}");
+}
+
+/// Appends a batch-exists answer, `{"exists":[true,false,...]}`.
+///
+/// Each answer is one fixed 8-byte store of a precomputed fragment (`true,`
+/// or `false,` and padding the next one overwrites) into room made at once:
+/// about a third of the instructions of appending word and comma apart
+/// (perf/RESULTS.md, history 22).
+pub fn exists(out: &mut Vec<u8>, exists: &[bool]) {
+    const TRUE: (&[u8; 8], usize) = (b"true,   ", 5);
+    const FALSE: (&[u8; 8], usize) = (b"false,  ", 6);
+    out.reserve(16 + exists.len() * 6);
+    out.extend_from_slice(br#"{"exists":["#);
+    let mut at = out.len();
+    // Room for every answer at its longest, and for the last store's padding.
+    out.resize(at + exists.len() * 6 + 8, b' ');
+    for &e in exists {
+        let (fragment, len) = if e { TRUE } else { FALSE };
+        if let Some(dst) = out.get_mut(at..at + 8) {
+            dst.copy_from_slice(fragment);
+        }
+        at += len;
+    }
+    // The last answer's comma goes.
+    out.truncate(at - usize::from(!exists.is_empty()));
+    out.extend_from_slice(b"]}");
+}
+
+/// Appends a get-locations answer, `{"locations":[5,null,...]}`, where `None`
+/// (the key is not complete) is written as `null`.
+pub fn locations(out: &mut Vec<u8>, locs: &[Option<u32>]) {
+    page_list(out, br#"{"locations":["#, locs);
+}
+
+/// Appends SGLang's get_page_indices answer, `{"indices":[5,null,...]}`.
+pub fn indices(out: &mut Vec<u8>, locs: &[Option<u32>]) {
+    page_list(out, br#"{"indices":["#, locs);
+}
+
+/// Appends SGLang's reserve_and_allocate_page_indices answer,
+/// `{"indices":[[true,5],[false,-1],...]}`: per key, whether it was already
+/// written and its page.
+pub fn reserved_indices(out: &mut Vec<u8>, slots: impl ExactSizeIterator<Item = (bool, i64)>) {
+    out.reserve(16 + slots.len() * 14);
+    out.extend_from_slice(br#"{"indices":["#);
+    for (i, (written, page)) in slots.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(if written { b"[true," } else { b"[false," });
+        int(out, page);
+        out.push(b']');
+    }
+    out.extend_from_slice(b"]}");
+}
+
+/// Appends `head`, the pages of `locs` (`null` for `None`) and `]}`.
+///
+/// Written in place into room made at once (ten digits and a comma a page
+/// at most), each page two digits at a time ([`put_page`]): fewer
+/// instructions than a formatted string copied in and a comma pushed per
+/// page (perf/RESULTS.md, history 22).
+fn page_list(out: &mut Vec<u8>, head: &[u8], locs: &[Option<u32>]) {
+    out.extend_from_slice(head);
+    let mut at = out.len();
+    out.resize(at + locs.len() * 11, 0);
+    for loc in locs {
+        at = match loc {
+            Some(page) => put_page(out, at, *page),
+            None => put(out, at, b"null"),
+        };
+        at = put(out, at, b",");
+    }
+    // The last page's comma goes.
+    out.truncate(at - usize::from(!locs.is_empty()));
+    out.extend_from_slice(b"]}");
+}
+
+/// Copies `bytes` into `out` at `at` (inside its length), returning the
+/// position after them.
+#[inline]
+fn put(out: &mut [u8], at: usize, bytes: &[u8]) -> usize {
+    let end = at + bytes.len();
+    if let Some(dst) = out.get_mut(at..end) {
+        dst.copy_from_slice(bytes);
+    }
+    end
+}
+
+/// The two digits of each number below 100, in order.
+const DIGIT_PAIRS: [u8; 200] = {
+    let mut t = [0u8; 200];
+    let mut i = 0;
+    while i < 100 {
+        t[2 * i] = b'0' + (i / 10) as u8;
+        t[2 * i + 1] = b'0' + (i % 10) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// Writes `page` in decimal into `out` at `at` (inside its length, room for
+/// ten digits), returning the position after it.
+#[inline]
+fn put_page(out: &mut [u8], at: usize, page: u32) -> usize {
+    let end = at + page.checked_ilog10().unwrap_or(0) as usize + 1;
+    let (mut v, mut i) = (page, end);
+    while v >= 100 {
+        let pair = (v % 100) as usize * 2;
+        v /= 100;
+        i -= 2;
+        put(out, i, &DIGIT_PAIRS[pair..pair + 2]);
+    }
+    if v >= 10 {
+        put(out, i - 2, &DIGIT_PAIRS[v as usize * 2..v as usize * 2 + 2]);
+    } else {
+        put(out, i - 1, &[b'0' + v as u8]);
+    }
+    end
+}
+
+/// Appends a typed error: the `FastAPI` `detail` text plus a machine-readable
+/// object, `{"detail":"...","error":{"code":"...","rank":R,"page":P,"key":"..."}}`.
+/// `page` and `key` are left out when `None`.
+pub fn typed_error(out: &mut Vec<u8>, detail: &str, code: &str, rank: i64, page: Option<i64>, key: Option<&str>) {
+    out.extend_from_slice(br#"{"detail":"#);
+    json_str(out, detail);
+    out.extend_from_slice(br#","error":{"code":"#);
+    json_str(out, code);
+    out.extend_from_slice(br#","rank":"#);
+    int(out, rank);
+    if let Some(page) = page {
+        out.extend_from_slice(br#","page":"#);
+        int(out, page);
+    }
+    if let Some(key) = key {
+        out.extend_from_slice(br#","key":"#);
+        json_str(out, key);
+    }
+    out.extend_from_slice(b"}}");
+}
+
+/// Appends a `FastAPI` request-validation error (the body of its 422 answers)
+/// holding one error:
+/// `{"detail":[{"type":typ,"loc":["path","rank"],"msg":msg,"input":input}]}`.
+/// `loc` is written as a list of strings, in order.
+pub fn validation_error(out: &mut Vec<u8>, loc: &[&str], msg: &str, typ: &str, input: &str) {
+    out.extend_from_slice(br#"{"detail":[{"type":"#);
+    json_str(out, typ);
+    out.extend_from_slice(br#","loc":["#);
+    for (i, part) in loc.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        json_str(out, part);
+    }
+    out.extend_from_slice(br#"],"msg":"#);
+    json_str(out, msg);
+    out.extend_from_slice(br#","input":"#);
+    json_str(out, input);
+    out.extend_from_slice(b"}]}");
+}
+
+/// What `/stats` says of the server itself, beside its page spaces.
+#[derive(Debug, Clone)]
+pub struct ServerStats {
+    /// The server's release.
+    pub version: &'static str,
+    /// The git commit it was built from.
+    pub commit: &'static str,
+    /// Seconds since start.
+    pub uptime_seconds: f64,
+    /// `--world-size`, if set.
+    pub world_size: Option<u32>,
+    /// `--reservation-ttl`.
+    pub reservation_ttl_seconds: u64,
+    /// `--eviction`: `clock` or `none`.
+    pub eviction: &'static str,
+    /// `--read-lease`.
+    pub read_lease_seconds: u64,
+    /// Client connections open now.
+    pub open_connections: i64,
+    /// Whether `--data-dir` is set.
+    pub durable: bool,
+    /// `--max-spaces`.
+    pub max_spaces: u32,
+}
+
+/// Appends the `/stats` document (docs/api.md, "GET /stats"): vLLM's page
+/// space at the top level and in `ranks`, SGLang's spaces in `spaces`, each
+/// page count as [`RankPages`](crate::core::RankPages) has it (the same numbers as `/metrics`).
+pub fn stats(out: &mut Vec<u8>, server: &ServerStats, spaces: &[SpaceReport]) {
+    use std::io::Write as _;
+    let vllm = spaces.iter().find(|s| s.label == SpaceLabel::Vllm);
+    let v = |f: fn(&SpaceReport) -> u64| vllm.map_or(0, f);
+    let ws = server.world_size.map_or("null".to_string(), |w| w.to_string());
+    let _ = write!(
+        out,
+        r#"{{"version":"{}","commit":"{}","uptime_seconds":{:.3},"world_size":{ws},"keys":{},"complete_keys":{},"leased_keys":{},"index_slots":{},"reservations_expired":{},"reservation_ttl_seconds":{},"eviction":"{}","read_lease_seconds":{},"evicted_keys":{},"evicted_pages":{},"open_connections":{},"durable":{},"ranks":["#,
+        server.version,
+        server.commit,
+        server.uptime_seconds,
+        v(|s| s.keys),
+        v(|s| s.complete_keys),
+        v(|s| s.leased_keys),
+        v(|s| s.footprint.index_slots),
+        v(|s| s.expired),
+        server.reservation_ttl_seconds,
+        server.eviction,
+        server.read_lease_seconds,
+        v(SpaceReport::evicted_keys),
+        v(|s| s.evict.pages),
+        server.open_connections,
+        server.durable,
+    );
+    for (i, p) in vllm.map_or(&[][..], |s| &s.ranks).iter().enumerate() {
+        let _ = write!(
+            out,
+            r#"{}{{"rank":{},"num_pages":{},"free":{},"reserved":{},"bound":{},"leased":{},"evictable":{},"quarantined":{}}}"#,
+            if i > 0 { "," } else { "" },
+            p.rank,
+            p.num_pages,
+            p.free,
+            p.reserved,
+            p.bound,
+            p.leased,
+            p.evictable,
+            p.quarantined,
+        );
+    }
+    let _ = write!(out, r#"],"max_spaces":{},"spaces":["#, server.max_spaces);
+    let sglang = spaces.iter().filter_map(|s| match &s.label {
+        SpaceLabel::Sglang(name) => Some((name, s, s.ranks.first()?)),
+        SpaceLabel::Vllm => None,
+    });
+    for (i, (name, s, p)) in sglang.enumerate() {
+        let _ = write!(out, r#"{}{{"rank":{},"namespace":"#, if i > 0 { "," } else { "" }, name.rank);
+        json_str(out, &name.namespace);
+        let _ = write!(
+            out,
+            r#","num_pages":{},"free":{},"reserved":{},"bound":{},"keys":{},"leased_keys":{},"leased":{},"evictable":{},"quarantined":{},"evicted_keys":{},"reservations_expired":{}}}"#,
+            p.num_pages,
+            p.free,
+            p.reserved,
+            p.bound,
+            s.keys,
+            s.leased_keys,
+            p.leased,
+            p.evictable,
+            p.quarantined,
+            s.evicted_keys(),
+            s.expired,
+        );
+    }
+    out.extend_from_slice(b"]}");
+}
+
+#[cfg(test)]
+mod swar_tests {
+    use super::*;
+
+    #[test]
+    fn swar_escape_check_matches_the_bytewise_one() {
+        for len in 0..20 {
+            for pos in 0..len {
+                for b in 0..=255u8 {
+                    let mut s = vec![b'a'; len];
+                    s[pos] = b;
+                    assert_eq!(any_needs_escape(&s), s.iter().any(|&c| needs_escape(c)), "{b:#x} at {pos}/{len}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use simd_json::{json, OwnedValue};
+
+    /// Runs `write` on a fresh buffer and returns what it wrote as a string.
+    fn text(write: impl FnOnce(&mut Vec<u8>)) -> String {
+        let mut out = Vec::new();
+        write(&mut out);
+        String::from_utf8(out).expect("encoders write UTF-8")
+    }
+
+    /// Checks that `write` produces exactly `expected_text`, that the text
+    /// parses as JSON, and that the parsed value equals `expected`.
+    fn check(write: impl FnOnce(&mut Vec<u8>), expected_text: &str, expected: OwnedValue) {
+        let got = text(write);
+        assert_eq!(got, expected_text);
+        let mut bytes = got.into_bytes();
+        let parsed = simd_json::to_owned_value(&mut bytes).expect("encoder output is valid JSON");
+        assert_eq!(parsed, expected);
+    }
+
+    /// Encodes `s` with [`json_str`] and parses it back with simd-json.
+    fn round_trip(s: &str) -> String {
+        let mut bytes = text(|o| json_str(o, s)).into_bytes();
+        match simd_json::to_owned_value(&mut bytes) {
+            Ok(OwnedValue::String(back)) => back,
+            other => panic!("{s:?} encoded to something that is not a string: {other:?}"),
+        }
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn json_str_plain_is_copied() {
+        assert_eq!(
+            text(|o| json_str(o, "0123456789abcdef0123456789abcdef")),
+            r#""0123456789abcdef0123456789abcdef""#
+        );
+        assert_eq!(text(|o| json_str(o, "")), r#""""#);
+        assert_eq!(text(|o| json_str(o, "héllo ✓ 🦀")), "\"héllo ✓ 🦀\"");
+        assert_eq!(text(|o| json_str(o, "\u{7f}/'")), "\"\u{7f}/'\"");
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn json_str_escapes() {
+        assert_eq!(text(|o| json_str(o, "a\"b")), r#""a\"b""#);
+        assert_eq!(text(|o| json_str(o, "a\\b")), r#""a\\b""#);
+        assert_eq!(text(|o| json_str(o, "\n\r\t\u{8}\u{c}")), r#""\n\r\t\b\f""#);
+        assert_eq!(
+            text(|o| json_str(o, "\u{0}\u{1}\u{1f}")),
+            r#""\u0000\u0001\u001f""#
+        );
+        assert_eq!(text(|o| json_str(o, "\u{b}x\u{1a}")), r#""\u000bx\u001a""#);
+        assert_eq!(text(|o| json_str(o, "\"")), r#""\"""#);
+        assert_eq!(text(|o| json_str(o, "ab\"")), r#""ab\"""#);
+        assert_eq!(text(|o| json_str(o, "\"ab")), r#""\"ab""#);
+        assert_eq!(text(|o| json_str(o, "é\n✓")), "\"é\\n✓\"");
+    }
+
+    #[test]
+    fn json_str_appends() {
+        let mut out = b"x".to_vec();
+        json_str(&mut out, "y");
+        assert_eq!(out, b"x\"y\"");
+    }
+
+    #[test]
+    fn json_str_round_trips_every_control_and_ascii_char() {
+        for c in (0u8..0x80).map(char::from) {
+            let s = format!("a{c}b{c}");
+            assert_eq!(round_trip(&s), s, "char {:#x}", u32::from(c));
+        }
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn detail_and_message() {
+        check(|o| detail(o, "Invalid keys format"), r#"{"detail":"Invalid keys format"}"#, json!({"detail": "Invalid keys format"}));
+        check(|o| detail(o, "Invalid request format: need 'rank' and 'keys'"), r#"{"detail":"Invalid request format: need 'rank' and 'keys'"}"#, json!({"detail": "Invalid request format: need 'rank' and 'keys'"}));
+        check(|o| detail(o, "a \"q\"\n"), r#"{"detail":"a \"q\"\n"}"#, json!({"detail": "a \"q\"\n"}));
+        check(|o| message(o, "Rank 3 initialized with 1024 pages"), r#"{"message":"Rank 3 initialized with 1024 pages"}"#, json!({"message": "Rank 3 initialized with 1024 pages"}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn allocate_answers() {
+        check(|o| allocate(o, 0, Keys::Any, []), r#"{"rank":0,"results":[]}"#, json!({"rank": 0, "results": []}));
+        check(|o| allocate(o, 3, Keys::Any, [("k1", 5), ("k\"2", -1)]), r#"{"rank":3,"results":[["k1",5],["k\"2",-1]]}"#, json!({"rank": 3, "results": [["k1", 5], ["k\"2", -1]]}));
+        check(|o| allocate(o, i64::MIN, Keys::Plain, [("", i64::MAX)]), r#"{"rank":-9223372036854775808,"results":[["",9223372036854775807]]}"#, json!({"rank": i64::MIN, "results": [["", i64::MAX]]}));
+        let keys = ["a".to_string(), "b".to_string()];
+        check(|o| allocate(o, 1, Keys::Plain, keys.iter().map(|k| (k.as_str(), 7))), r#"{"rank":1,"results":[["a",7],["b",7]]}"#, json!({"rank": 1, "results": [["a", 7], ["b", 7]]}));
+        let md5 = "0123456789abcdef0123456789abcdef";
+        check(|o| allocate(o, 2, Keys::Plain, [(md5, 3), ("k", 4)]), r#"{"rank":2,"results":[["0123456789abcdef0123456789abcdef",3],["k",4]]}"#, json!({"rank": 2, "results": [[md5, 3], ["k", 4]]}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn exists_answers() {
+        check(|o| exists(o, &[]), r#"{"exists":[]}"#, json!({"exists": []}));
+        check(|o| exists(o, &[true]), r#"{"exists":[true]}"#, json!({"exists": [true]}));
+        check(|o| exists(o, &[true, false, true]), r#"{"exists":[true,false,true]}"#, json!({"exists": [true, false, true]}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn locations_answers() {
+        check(|o| locations(o, &[]), r#"{"locations":[]}"#, json!({"locations": []}));
+        check(|o| locations(o, &[None]), r#"{"locations":[null]}"#, json!({"locations": [null]}));
+        check(|o| locations(o, &[Some(5), None, Some(0), Some(u32::MAX)]), r#"{"locations":[5,null,0,4294967295]}"#, json!({"locations": [5, null, 0, u32::MAX]}));
+    }
+
+    #[test]
+    fn pages_at_every_digit_count() {
+        let mut pages = vec![0, 1, 9, 10, 11, 99, 100, 101, u32::MAX];
+        for d in 1..10 {
+            let p = 10u32.pow(d);
+            pages.extend([p - 1, p, p + 1]);
+        }
+        let locs: Vec<Option<u32>> = pages.iter().map(|&p| Some(p)).collect();
+        let mut out = Vec::new();
+        locations(&mut out, &locs);
+        let text: Vec<String> = pages.iter().map(u32::to_string).collect();
+        assert_eq!(String::from_utf8(out).unwrap(), format!("{{\"locations\":[{}]}}", text.join(",")));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn sglang_answers() {
+        check(|o| indices(o, &[]), r#"{"indices":[]}"#, json!({"indices": []}));
+        check(|o| indices(o, &[Some(3), None]), r#"{"indices":[3,null]}"#, json!({"indices": [3, null]}));
+        check(|o| reserved_indices(o, [].into_iter()), r#"{"indices":[]}"#, json!({"indices": []}));
+        check(|o| reserved_indices(o, [(true, 5), (false, -1)].into_iter()), r#"{"indices":[[true,5],[false,-1]]}"#, json!({"indices": [[true, 5], [false, -1]]}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn typed_errors() {
+        check(|o| { typed_error( o, "Confirmation failed: page 9 is free", "confirm_unallocated", 1, Some(9), Some("k"), ) }, r#"{"detail":"Confirmation failed: page 9 is free","error":{"code":"confirm_unallocated","rank":1,"page":9,"key":"k"}}"#, json!({"detail": "Confirmation failed: page 9 is free", "error": {"code": "confirm_unallocated", "rank": 1, "page": 9, "key": "k"}}));
+        check(|o| { typed_error( o, "Confirmation failed: rank 2 not initialized", "rank_not_initialized", 2, None, None, ) }, r#"{"detail":"Confirmation failed: rank 2 not initialized","error":{"code":"rank_not_initialized","rank":2}}"#, json!({"detail": "Confirmation failed: rank 2 not initialized", "error": {"code": "rank_not_initialized", "rank": 2}}));
+        check(|o| typed_error(o, "d", "page_out_of_range", 0, Some(-4), None), r#"{"detail":"d","error":{"code":"page_out_of_range","rank":0,"page":-4}}"#, json!({"detail": "d", "error": {"code": "page_out_of_range", "rank": 0, "page": -4}}));
+        check(|o| typed_error(o, "d", "double_confirm", 0, None, Some("a\\b")), r#"{"detail":"d","error":{"code":"double_confirm","rank":0,"key":"a\\b"}}"#, json!({"detail": "d", "error": {"code": "double_confirm", "rank": 0, "key": "a\\b"}}));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn validation_errors() {
+        check(|o| { validation_error( o, &["path", "rank"], "Input should be a valid integer, unable to parse string as an integer", "int_parsing", "abc", ) }, r#"{"detail":[{"type":"int_parsing","loc":["path","rank"],"msg":"Input should be a valid integer, unable to parse string as an integer","input":"abc"}]}"#, json!({"detail": [{"type": "int_parsing", "loc": ["path", "rank"], "msg": "Input should be a valid integer, unable to parse string as an integer", "input": "abc"}]}));
+        check(|o| validation_error(o, &[], "m", "t", "\"\n"), r#"{"detail":[{"type":"t","loc":[],"msg":"m","input":"\"\n"}]}"#, json!({"detail": [{"type": "t", "loc": [], "msg": "m", "input": "\"\n"}]}));
+    }
+
+    #[test]
+    fn encoders_append_without_clearing() {
+        let mut out = b"prefix".to_vec();
+        exists(&mut out, &[false]);
+        assert_eq!(out, b"prefix{\"exists\":[false]}");
+    }
+
+    proptest! {
+        #[test]
+        fn json_str_round_trips_any_string(s in any::<String>()) {
+            prop_assert_eq!(round_trip(&s), s);
+        }
+
+        #[test]
+        fn json_str_round_trips_escape_heavy_strings(s in "[\\x00-\\x1f\"\\\\a\u{e9}\u{1f980}]{0,40}") {
+            prop_assert_eq!(round_trip(&s), s);
+        }
+
+        #[test]
+        fn allocate_round_trips(rank in any::<i64>(), items in proptest::collection::vec((any::<String>(), any::<i64>()), 0..20)) {
+            let mut bytes = text(|o| allocate(o, rank, Keys::Any, items.iter().map(|(k, p)| (k.as_str(), *p)))).into_bytes();
+            let parsed = simd_json::to_owned_value(&mut bytes).expect("valid JSON");
+            let results: Vec<OwnedValue> = items.iter().map(|(k, p)| json!([k.as_str(), *p])).collect();
+            prop_assert_eq!(parsed, json!({"rank": rank, "results": results}));
+        }
+
+        /// The claim behind `Keys::Plain`: every string decoded from a JSON
+        /// text that `escape_free` passes is written back unescaped, and
+        /// the answer is the same JSON as with every key escaped.
+        #[test]
+        fn escape_free_bodies_decode_to_plain_keys(keys in proptest::collection::vec(any::<String>(), 0..8), pad in 0usize..70) {
+            let mut body = Vec::new();
+            body.extend(std::iter::repeat_n(b' ', pad));
+            body.push(b'[');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    body.push(b',');
+                }
+                json_str(&mut body, k);
+            }
+            body.push(b']');
+            let free = escape_free(&body);
+            let any_escape = keys.iter().any(|k| any_needs_escape(k.as_bytes()));
+            prop_assert!(!(free && any_escape), "escape_free passed a body whose keys need escapes");
+            prop_assert_eq!(free, !body.iter().any(|&b| b < 0x20 || b == b'\\'));
+            if free {
+                let decoded: Vec<String> = serde_json::from_slice(&body).expect("valid JSON");
+                let plain = text(|o| allocate(o, 1, Keys::Plain, decoded.iter().map(|k| (k.as_str(), 2))));
+                let any = text(|o| allocate(o, 1, Keys::Any, decoded.iter().map(|k| (k.as_str(), 2))));
+                prop_assert_eq!(plain, any);
+            }
+        }
+
+        #[test]
+        fn typed_error_round_trips(d in any::<String>(), c in "[a-z_]{1,20}", rank in any::<i64>(), page in any::<Option<i64>>(), key in any::<Option<String>>()) {
+            let mut bytes = text(|o| typed_error(o, &d, &c, rank, page, key.as_deref())).into_bytes();
+            let parsed = simd_json::to_owned_value(&mut bytes).expect("valid JSON");
+            let mut error = json!({"code": c.as_str(), "rank": rank});
+            if let (Some(p), OwnedValue::Object(e)) = (page, &mut error) {
+                e.insert("page".into(), json!(p));
+            }
+            if let (Some(k), OwnedValue::Object(e)) = (&key, &mut error) {
+                e.insert("key".into(), json!(k.as_str()));
+            }
+            prop_assert_eq!(parsed, json!({"detail": d.as_str(), "error": error}));
+        }
+
+        #[test]
+        fn locations_and_exists_round_trip(locs in proptest::collection::vec(any::<Option<u32>>(), 0..50)) {
+            let mut bytes = text(|o| locations(o, &locs)).into_bytes();
+            let parsed = simd_json::to_owned_value(&mut bytes).expect("valid JSON");
+            let want: Vec<OwnedValue> = locs.iter().map(|l| match l { Some(p) => json!(*p), None => json!(null) }).collect();
+            prop_assert_eq!(parsed, json!({"locations": want}));
+
+            let flags: Vec<bool> = locs.iter().map(Option::is_some).collect();
+            let mut bytes = text(|o| exists(o, &flags)).into_bytes();
+            let parsed = simd_json::to_owned_value(&mut bytes).expect("valid JSON");
+            prop_assert_eq!(parsed, json!({"exists": flags}));
+        }
+    }
+}

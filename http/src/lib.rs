@@ -1,0 +1,158 @@
+//! The HTTP layer: accept, parse, route, encode. No business rules live here,
+//! and nothing here touches an atomic of the metadata state: every decision
+//! is the core's.
+//!
+//! - [`server`]: the accept loop, connection limits, body limits, shutdown.
+//! - [`dispatch`]: method mapping, 404 and 405, and the dialect's handler.
+//! - `vllm`, `sglang`, `ops`: the handlers of vLLM's routes, SGLang's, and
+//!   the server's own (`/metrics`, `/health`, `/stats`, `/openapi.json`);
+//!   peers that never import each other.
+//! - [`reply`]: the answer type and the answers every handler shares.
+//! - [`decode`]: zero-copy JSON request parsing with simd-json.
+//! - [`encode`]: response bodies written straight into a buffer.
+//!
+//! - [`gate`]: with HA, data routes answered only while this node may serve.
+//! - [`routes`]: the table of routes, read by the router, the metrics and
+//!   the server.
+//! - [`metrics`]: the sharded counters and the Prometheus text.
+//! - [`hooks`]: what this layer needs of the layers above it (the durable
+//!   wait, whether this node may serve, the test clock), as traits they
+//!   implement; this crate names none of them.
+//!
+//! Imports go one way: `server` → `dispatch` → the handlers → `reply`,
+//! `decode`, `encode`.
+//!
+//! The crate's `Cargo.toml` names the core and no durable store, etcd
+//! client or HA crate, so the compiler keeps "the HTTP layer knows only the
+//! core" (`cargo tree -p hf3fs-meta-http`).
+
+pub mod decode;
+pub mod dispatch;
+pub mod encode;
+pub mod gate;
+pub mod hooks;
+pub mod metrics;
+mod ops;
+pub mod reply;
+pub mod routes;
+mod scratch;
+pub mod server;
+mod sglang;
+mod vllm;
+
+pub use hooks::{BoxFuture, Durability, Serving, TestClock};
+pub use ops::OPENAPI;
+pub use server::{bind, serve};
+
+/// The core, under the name this crate's files use for it.
+use hf3fs_meta_core as core;
+
+use crate::core::Registry;
+use crate::metrics::Metrics;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the HTTP layer serves, shared by every connection: the page
+/// spaces, the counters, the settings it reads, and the hooks of the layers
+/// above it.
+pub struct Service {
+    /// The settings of the HTTP layer (from the command line).
+    pub cfg: Settings,
+    /// The metadata state: every page space, vLLM's one store and SGLang's
+    /// spaces, one per `(rank, namespace)`.
+    pub registry: Registry,
+    /// The server's counters.
+    pub metrics: Metrics,
+    /// The durable stores, with `--data-dir`: a change is answered once
+    /// durable there.
+    pub durable: Option<Arc<dyn Durability>>,
+    /// The HA gate, with `--ha etcd`: data routes answer only while this
+    /// node may serve ([`gate`]); `None` for a single server.
+    pub gate: Option<Arc<dyn Serving>>,
+    /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
+    pub test_clock: Option<Arc<dyn TestClock>>,
+    /// Set once shutdown starts; `/health` then answers 503.
+    shutting_down: AtomicBool,
+}
+
+impl Service {
+    /// Serves `registry` with `cfg`, with no hook: in memory, without HA.
+    pub fn new(cfg: Settings, registry: Registry) -> Self {
+        Self {
+            cfg,
+            registry,
+            metrics: Metrics::default(),
+            durable: None,
+            gate: None,
+            test_clock: None,
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        // Relaxed: a flag read by /health; no data hangs off it.
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+
+    /// Marks the start of shutdown.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Which release the server is, as the binary names it (`/health`,
+/// `/stats`, the build-info metric): the binary passes it down, so only the
+/// binary embeds the commit and a new commit rebuilds nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    /// The release (semver).
+    pub version: &'static str,
+    /// The git commit it was built from (12 hex digits), or `unknown`.
+    pub commit: &'static str,
+}
+
+/// The command line's settings that the HTTP layer reads (the server's
+/// flags of the same names).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Which release this is.
+    pub release: Release,
+    /// `--world-size`, shown by `/stats`.
+    pub world_size: Option<u32>,
+    /// `--reservation-ttl` in seconds, shown by `/stats`.
+    pub reservation_ttl: u64,
+    /// `--read-lease` in seconds, shown by `/stats`.
+    pub read_lease: u64,
+    /// `--max-body-bytes`.
+    pub max_body_bytes: usize,
+    /// `--max-keys-per-request`.
+    pub max_keys_per_request: usize,
+    /// `--max-key-len`.
+    pub max_key_len: usize,
+    /// `--max-connections`.
+    pub max_connections: usize,
+    /// `--header-timeout` in seconds.
+    pub header_timeout: u64,
+    /// `--body-timeout` in seconds.
+    pub body_timeout: u64,
+    /// `--shutdown-timeout` in seconds.
+    pub shutdown_timeout: u64,
+    /// `--admin-token`.
+    pub admin_token: Option<String>,
+    /// `--auth-all`.
+    pub auth_all: bool,
+}
+
+impl Settings {
+    /// `--header-timeout`.
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_secs(self.header_timeout.max(1))
+    }
+
+    /// `--body-timeout`.
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_secs(self.body_timeout.max(1))
+    }
+}

@@ -1,0 +1,21 @@
+//! Per-thread scratch reused across requests: the JSON decoder's buffers and
+//! the core's output vectors, one set per worker thread
+//! ([`super::dispatch`] lends it to each handler).
+
+use super::decode::Decoder;
+use crate::core::AllocSlot;
+
+/// The buffers one handler call may use; each handler clears what it fills.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// The JSON decoder and its reusable tape.
+    pub decoder: Decoder,
+    /// vLLM's allocate answer: (key index, page).
+    pub pages: Vec<(usize, i64)>,
+    /// An exists answer.
+    pub flags: Vec<bool>,
+    /// A locations answer.
+    pub locations: Vec<Option<u32>>,
+    /// SGLang's reserve answer.
+    pub slots: Vec<AllocSlot>,
+}

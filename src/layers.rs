@@ -1,0 +1,88 @@
+//! What the binary hands each layer: the HTTP layer's settings and its
+//! durable hook ([`Stores`]), and HA's view of the server ([`App`] as
+//! [`ha::Host`]). The layers name none of each other's types; this file is
+//! where they meet.
+
+use crate::config::Config;
+use crate::core::{Dialect, Registry};
+use crate::durable::{self, Health};
+use crate::{ha, http, App};
+use std::sync::Arc;
+
+/// The HTTP layer's settings, from the command line.
+pub fn http_settings(cfg: &Config) -> http::Settings {
+    http::Settings {
+        release: crate::release::RELEASE,
+        world_size: cfg.world_size,
+        reservation_ttl: cfg.reservation_ttl,
+        read_lease: cfg.read_lease,
+        max_body_bytes: cfg.max_body_bytes,
+        max_keys_per_request: cfg.max_keys_per_request,
+        max_key_len: cfg.max_key_len,
+        max_connections: cfg.max_connections,
+        header_timeout: cfg.header_timeout,
+        body_timeout: cfg.body_timeout,
+        shutdown_timeout: cfg.shutdown_timeout,
+        admin_token: cfg.admin_token.clone(),
+        auth_all: cfg.auth_all,
+    }
+}
+
+/// The server's two durable stores as the HTTP layer waits on them.
+pub struct Stores(pub Arc<durable::Durability>);
+
+/// A failure's reason, `None` while healthy.
+fn failure(h: Health) -> Option<Arc<str>> {
+    match h {
+        Health::Healthy => None,
+        Health::Degraded(why) | Health::Fatal(why) => Some(why),
+    }
+}
+
+impl http::Durability for Stores {
+    fn sync(&self, dialect: Dialect) -> http::BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move { self.0.of(dialect).sync().await.map_err(|e| e.to_string()) })
+    }
+
+    fn is_healthy(&self, dialect: Dialect) -> bool {
+        self.0.of(dialect).is_healthy()
+    }
+
+    fn failure(&self, dialect: Dialect) -> Option<Arc<str>> {
+        failure(self.0.of(dialect).health())
+    }
+
+    fn health(&self) -> Option<Arc<str>> {
+        failure(self.0.health())
+    }
+
+    fn render_metrics(&self, out: &mut String) {
+        self.0.render_metrics(out);
+    }
+}
+
+impl ha::Host for App {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    fn durable(&self) -> Option<&durable::Durability> {
+        self.durable.as_deref()
+    }
+
+    fn node(&self) -> Option<&Arc<ha::Node>> {
+        self.ha.as_ref()
+    }
+
+    fn ha_args(&self) -> &ha::HaArgs {
+        &self.cfg.ha
+    }
+
+    fn release(&self) -> http::Release {
+        crate::release::RELEASE
+    }
+
+    fn replication_args(&self) -> &ha::replicate::ReplicationArgs {
+        &self.cfg.replication
+    }
+}
