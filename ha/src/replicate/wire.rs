@@ -40,7 +40,7 @@
 //! feature that 0.2.0 adds belongs to it. A feature that outlives a session
 //! (a new record kind in the journal, which a later standby reads in its
 //! snapshot) is gated by the cluster's version instead, the highest that
-//! every member speaks, recorded in etcd ([`crate::ha::version`]).
+//! every member speaks, recorded in etcd ([`crate::version`]).
 
 use crate::core::Dialect;
 use std::io::{self, Read, Write};
