@@ -55,9 +55,10 @@ SERVER_PID=""
 HA_PID=""
 RELAY_PID=""
 ETCD_PID=""
+TLS_PID=""
 cleanup() {
     local pid
-    for pid in "$SERVER_PID" "$RELAY_PID" "$HA_PID" "$ETCD_PID"; do
+    for pid in "$SERVER_PID" "$RELAY_PID" "$HA_PID" "$ETCD_PID" "$TLS_PID"; do
         if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
             kill -KILL "$pid" 2>/dev/null || true
             wait "$pid" 2>/dev/null || true
@@ -74,6 +75,7 @@ need=()
 command -v promtool >/dev/null || need+=(prometheus)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v curl >/dev/null || need+=(curl)
+command -v openssl >/dev/null || need+=(openssl)
 command -v etcd >/dev/null || need+=(etcd-server)
 python3 -c 'import yaml' 2>/dev/null || need+=(python3-yaml)
 if [ ${#need[@]} -gt 0 ]; then
@@ -241,6 +243,24 @@ curl -sf -m 5 "$HA_BASE/metrics" >"$TMP/ha-metrics.txt"
 grep -q '^hf3fs_meta_ha_role{role="leader"} 1$' "$TMP/ha-metrics.txt" ||
     fail "the leader's /metrics has no hf3fs_meta_ha_role{role=\"leader\"} 1"
 cat "$TMP/ha-metrics.txt" >>"$TMP/metrics.txt"
+
+say "live server with TLS (a certificate made now): its /metrics through --plain-listen"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 -subj /CN=127.0.0.1 \
+    -addext subjectAltName=IP:127.0.0.1 -keyout "$TMP/tls.key" -out "$TMP/tls.pem" 2>/dev/null ||
+    fail "openssl could not make a test certificate"
+tls_port="$(free_port)"
+tls_plain="$(free_port)"
+"$BIN" --host 127.0.0.1 --port "$tls_port" --workers 1 --tls-cert "$TMP/tls.pem" --tls-key "$TMP/tls.key" \
+    --plain-listen "127.0.0.1:$tls_plain" >"$TMP/tls.log" 2>&1 &
+TLS_PID=$!
+for _ in $(seq 1 300); do
+    curl -sf -m 2 "http://127.0.0.1:$tls_plain/metrics" >"$TMP/tls-metrics.txt" 2>/dev/null && break
+    kill -0 "$TLS_PID" 2>/dev/null || { cat "$TMP/tls.log"; fail "the TLS server exited at start"; }
+    sleep 0.1
+done
+grep -q '^hf3fs_meta_tls_certificate_expiry_seconds{role="server"} ' "$TMP/tls-metrics.txt" ||
+    { tail -20 "$TMP/tls.log"; fail "the TLS server's /metrics has no certificate expiry"; }
+cat "$TMP/tls-metrics.txt" >>"$TMP/metrics.txt"
 
 say "the relay (as its unit starts it, on a free port) forwards to the leader; SIGTERM exits 0"
 relay_port="$(free_port)"

@@ -252,6 +252,11 @@ pub struct Config {
     /// Replication to the synchronous standby (with `--ha etcd`).
     #[command(flatten)]
     pub replication: crate::ha::replicate::ReplicationArgs,
+
+    /// TLS on the server's port and the replication stream
+    /// (docs/security.md).
+    #[command(flatten)]
+    pub tls: hf3fs_meta_tls::TlsArgs,
 }
 
 impl Config {
@@ -273,11 +278,26 @@ impl Config {
     /// Checks what clap cannot check flag by flag.
     pub fn validate(&self) -> Result<(), String> {
         self.validate_expected_keys(mem_total())?;
+        self.tls.validate()?;
+        if let (true, Some(url)) = (self.ha.enabled(), self.ha.advertise_url.as_deref()) {
+            match (url.starts_with("https://"), self.tls.enabled()) {
+                (true, false) => return Err(format!("--advertise-url {url}: https:// needs --tls-cert and --tls-key")),
+                (false, true) => {
+                    return Err(format!(
+                        "--advertise-url {url}: the port speaks TLS (--tls-cert), so the URL must be https://"
+                    ))
+                }
+                _ => {}
+            }
+        }
         if self.evict_low_watermark > self.evict_high_watermark {
             return Err(format!(
                 "--evict-low-watermark ({}) must not be above --evict-high-watermark ({})",
                 self.evict_low_watermark, self.evict_high_watermark
             ));
+        }
+        if self.ha.enabled() {
+            self.replication.validate()?;
         }
         Ok(())
     }

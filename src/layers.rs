@@ -85,4 +85,8 @@ impl ha::Host for App {
     fn replication_args(&self) -> &ha::replicate::ReplicationArgs {
         &self.cfg.replication
     }
+
+    fn tls_args(&self) -> &crate::tls::TlsArgs {
+        &self.cfg.tls
+    }
 }

@@ -29,6 +29,8 @@
 //! - [`tools`]: `hf3fs-meta inspect` and `hf3fs-meta verify`, offline tools
 //!   on a copy of a data directory.
 //! - [`test_clock`]: the hidden `--test-clock`, time moved by tests.
+//! - [`tls`]: TLS on every hop (rustls): certificates from PEM files, reloaded
+//!   when they change; the accept side, the replication stream's stream.
 //!
 //! Invariants that hold across the crates:
 //! - No request path takes a global lock: operations on different pages never
@@ -59,6 +61,8 @@ pub mod layers;
 pub mod maintain;
 pub mod release;
 pub mod test_clock;
+/// TLS on every hop, a crate of its own (`tls/`): see its docs.
+pub use hf3fs_meta_tls as tls;
 pub mod tools;
 
 use crate::config::{Config, LogFormat};
@@ -205,8 +209,20 @@ impl App {
 /// background passes over its page spaces running beside it ([`maintain`]);
 /// returns once every connection has drained ([`http::serve`]).
 pub async fn serve(app: Arc<App>, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()>) {
+    serve_with(app, listener, None, None, shutdown).await;
+}
+
+/// [`serve`], the port speaking TLS with `tls` (`--tls-cert`), and a
+/// plain listener `plain` beside it (`--plain-listen`).
+pub async fn serve_with(
+    app: Arc<App>,
+    listener: tokio::net::TcpListener,
+    tls: Option<tls::Server>,
+    plain: Option<tokio::net::TcpListener>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
     let passes = maintain::start(&app);
-    http::serve(app.http.clone(), listener, shutdown).await;
+    http::serve_tls(app.http.clone(), listener, tls, plain, shutdown).await;
     drop(passes);
 }
 

@@ -38,6 +38,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // With --tls-cert: the port's certificates, loaded now (a file that
+    // cannot be used refuses the start).
+    let tls = match cfg.tls.server() {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!("invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let workers = cfg.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
         Ok(rt) => rt,
@@ -72,6 +81,16 @@ fn main() -> ExitCode {
                 tracing::error!("cannot listen on {}:{}: {e}", app.cfg.host, app.cfg.port);
                 return ExitCode::FAILURE;
             }
+        };
+        let plain = match app.cfg.tls.plain_listen {
+            Some(a) => match http::bind(a, app.cfg.max_connections) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::error!("cannot listen on --plain-listen {a}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            None => None,
         };
         let bound = listener.local_addr().ok();
         let app = Arc::new(match ha_token {
@@ -116,6 +135,9 @@ fn main() -> ExitCode {
             evict_low_watermark = cfg.evict_low_watermark,
             read_lease_s = cfg.read_lease,
             expected_keys = cfg.expected_keys,
+            tls = tls.is_some(),
+            client_certificates = cfg.tls.tls_client_ca.is_some(),
+            plain = ?plain.as_ref().and_then(|l| l.local_addr().ok()),
             "hf3fs-meta {} listening",
             env!("CARGO_PKG_VERSION")
         );
@@ -126,7 +148,12 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        hf3fs_meta::serve(app.clone(), listener, shutdown).await;
+        // Every TLS configuration is made by now (the port's, etcd's, the
+        // replication stream's): reload them on SIGHUP and when files change.
+        if hf3fs_meta::tls::reload::any() {
+            hf3fs_meta::tls::reload::watch();
+        }
+        hf3fs_meta::serve_with(app.clone(), listener, tls, plain, shutdown).await;
         if let Err(e) = app.close() {
             tracing::error!("durable store did not close cleanly: {e}");
             return ExitCode::FAILURE;

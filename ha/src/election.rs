@@ -130,6 +130,14 @@ pub trait Promotion: Send + Sync + 'static {
     fn drain(&self, _within: Duration) -> BoxFuture<'_, bool> {
         Box::pin(async { false })
     }
+
+    /// `P/sync` is about to be written to name `standby` by a write other
+    /// than [`Promotion::standby`]'s (a switchover's hand-over): until
+    /// [`Promotion::named`], either name may be the one that counts.
+    fn naming(&self, _standby: Option<&str>) {}
+
+    /// That write of `P/sync` landed: `standby` is the one named.
+    fn named(&self, _standby: Option<&str>) {}
 }
 
 /// The promotion rule while nothing is replicated: a node may serve only if

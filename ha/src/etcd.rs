@@ -9,6 +9,11 @@
 //! gateway's JSON; 64-bit integers come back as strings, and fields equal to
 //! their default (0, false, empty) are left out.
 //!
+//! An `https://` endpoint is reached over TLS (rustls, [`hf3fs_meta_tls`]): etcd's
+//! certificate is verified against the CA (`--etcd-ca`) and the endpoint's
+//! host name, and a client certificate (`--etcd-cert`/`--etcd-key`) answers
+//! etcd's `--client-cert-auth`. User and password work on top of it.
+//!
 //! Every call opens its own connection to one endpoint and is bounded by the
 //! client's per-attempt timeout. A transport failure, a timeout or a 5xx
 //! answer (etcd's "no leader", "request timed out") moves on to the next
@@ -54,8 +59,9 @@ pub enum Error {
     /// etcd's answer was not what the gateway documents.
     #[error("unexpected answer from etcd: {0}")]
     Decode(String),
-    /// An endpoint that is not `http://host:port` (or `host:port`).
-    #[error("bad etcd endpoint '{0}': expected http://host:port (TLS is not supported)")]
+    /// An endpoint that is not `http://host:port` (or `host:port`), or
+    /// `https://host:port` with a TLS configuration.
+    #[error("bad etcd endpoint '{0}': expected http://host:port, or https://host:port with a CA (--etcd-ca)")]
     BadEndpoint(String),
 }
 
@@ -152,7 +158,7 @@ pub enum Event {
 }
 
 /// Client settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Options {
     /// Longest wait for one attempt at one endpoint (connect, send, answer).
     pub timeout: Duration,
@@ -160,19 +166,47 @@ pub struct Options {
     pub user: Option<String>,
     /// That user's password.
     pub password: Option<String>,
+    /// The TLS configuration for `https://` endpoints (the CA, and the
+    /// client certificate if any), following its files.
+    pub tls: Option<hf3fs_meta_tls::Client>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("timeout", &self.timeout)
+            .field("user", &self.user)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { timeout: Duration::from_secs(1), user: None, password: None }
+        Options { timeout: Duration::from_secs(1), user: None, password: None, tls: None }
+    }
+}
+
+/// One endpoint: where, and whether over TLS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Endpoint {
+    /// `host:port`.
+    authority: String,
+    /// `https://`.
+    tls: bool,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.authority)
     }
 }
 
 /// An etcd client over the JSON gateway; cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct Client {
-    /// `host:port` of every endpoint.
-    endpoints: Vec<String>,
+    /// Every endpoint.
+    endpoints: Vec<Endpoint>,
     /// The endpoint to try first: the last one that answered. Relaxed: a
     /// hint, any value is a valid start.
     preferred: AtomicUsize,
@@ -191,9 +225,18 @@ enum Attempt {
 }
 
 impl Client {
-    /// A client of `endpoints` (`http://host:port` or `host:port` each).
+    /// A client of `endpoints` (`http://host:port` or `host:port` each, or
+    /// `https://host:port` with [`Options::tls`]).
     pub fn new(endpoints: &[String], opts: Options) -> Result<Self, Error> {
-        let endpoints = endpoints.iter().map(|e| parse_endpoint(e)).collect::<Result<Vec<_>, _>>()?;
+        let mut parsed = Vec::with_capacity(endpoints.len());
+        for e in endpoints {
+            let ep = parse_endpoint(e)?;
+            if ep.tls && opts.tls.is_none() {
+                return Err(Error::BadEndpoint(e.trim().to_string()));
+            }
+            parsed.push(ep);
+        }
+        let endpoints = parsed;
         if endpoints.is_empty() {
             return Err(Error::BadEndpoint(String::new()));
         }
@@ -296,7 +339,10 @@ impl Client {
         let mut last = String::new();
         for ep in self.order() {
             let token = self.auth_token().await?;
-            let open = tokio::time::timeout(self.opts.timeout, open_stream(&self.endpoints[ep], token, body.clone()));
+            let open = tokio::time::timeout(
+                self.opts.timeout,
+                open_stream(&self.endpoints[ep], self.opts.tls.as_ref(), token, body.clone()),
+            );
             match open.await {
                 Ok(Ok(mut w)) => {
                     // The first object confirms the watch ("created").
@@ -355,7 +401,8 @@ impl Client {
 
     async fn attempt(&self, ep: usize, path: &str, body: Bytes, token: Option<Arc<str>>) -> Attempt {
         let authority = &self.endpoints[ep];
-        match tokio::time::timeout(self.opts.timeout, exchange(authority, path, body, token)).await {
+        let tls = self.opts.tls.as_ref();
+        match tokio::time::timeout(self.opts.timeout, exchange(authority, tls, path, body, token)).await {
             Err(_) => Attempt::Transport(format!("{authority}: timed out after {:?}", self.opts.timeout)),
             Ok(Err(e)) => Attempt::Transport(format!("{authority}: {e}")),
             Ok(Ok((status, bytes))) => {
@@ -472,20 +519,22 @@ impl Watch {
     }
 }
 
-/// `host:port` of an endpoint written `http://host:port[/]` or `host:port`.
-fn parse_endpoint(e: &str) -> Result<String, Error> {
+/// An endpoint written `http://host:port[/]`, `https://host:port[/]` or
+/// `host:port` (plain).
+fn parse_endpoint(e: &str) -> Result<Endpoint, Error> {
     let e = e.trim();
-    let rest = match e.split_once("://") {
-        Some(("http", rest)) => rest,
+    let (rest, tls) = match e.split_once("://") {
+        Some(("http", rest)) => (rest, false),
+        Some(("https", rest)) => (rest, true),
         Some(_) => return Err(Error::BadEndpoint(e.to_string())),
-        None => e,
+        None => (e, false),
     };
     let rest = rest.trim_end_matches('/');
     let ok = !rest.is_empty()
         && !rest.contains('/')
         && rest.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
     if ok {
-        Ok(rest.to_string())
+        Ok(Endpoint { authority: rest.to_string(), tls })
     } else {
         Err(Error::BadEndpoint(e.to_string()))
     }
@@ -511,15 +560,59 @@ fn request(authority: &str, path: &str, body: Bytes, token: Option<Arc<str>>) ->
     b.body(Full::new(body)).map_err(|e| e.to_string())
 }
 
-/// One POST on a fresh connection: the status and the whole body.
-async fn exchange(authority: &str, path: &str, body: Bytes, token: Option<Arc<str>>) -> Result<(u16, Bytes), String> {
-    let stream = TcpStream::connect(authority).await.map_err(|e| e.to_string())?;
+/// The stream of a fresh connection to `ep`: plain, or TLS over it
+/// (etcd's certificate verified against the CA and the endpoint's host).
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+async fn connect(ep: &Endpoint, tls: Option<&hf3fs_meta_tls::Client>) -> Result<Io, String> {
+    let stream = TcpStream::connect(&ep.authority).await.map_err(|e| e.to_string())?;
     let _ = stream.set_nodelay(true);
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+    if !ep.tls {
+        return Ok(Io::Plain(stream));
+    }
+    let cfg = tls.ok_or("an https:// endpoint without a TLS configuration")?.get();
+    let name = hf3fs_meta_tls::server_name(&ep.authority)?;
+    match tokio_rustls::TlsConnector::from(cfg).connect(name, stream).await {
+        Ok(s) => Ok(Io::Tls(Box::new(s))),
+        Err(e) => {
+            hf3fs_meta_tls::failures::count(hf3fs_meta_tls::Reason::of_io(&e));
+            Err(format!("TLS handshake with etcd failed: {e}"))
+        }
+    }
+}
+
+/// One POST on a fresh connection: the status and the whole body.
+async fn exchange(
+    ep: &Endpoint,
+    tls: Option<&hf3fs_meta_tls::Client>,
+    path: &str,
+    body: Bytes,
+    token: Option<Arc<str>>,
+) -> Result<(u16, Bytes), String> {
+    match connect(ep, tls).await? {
+        Io::Plain(s) => exchange_on(TokioIo::new(s), &ep.authority, path, body, token).await,
+        Io::Tls(s) => exchange_on(TokioIo::new(s), &ep.authority, path, body, token).await,
+    }
+}
+
+/// One POST on `io`.
+async fn exchange_on<I>(
+    io: I,
+    authority: &str,
+    path: &str,
+    body: Bytes,
+    token: Option<Arc<str>>,
+) -> Result<(u16, Bytes), String>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.map_err(|e| e.to_string())?;
     let req = request(authority, path, body, token)?;
     let exchange = async {
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let resp = sender.send_request(req).await.map_err(|e| connection_error(&e))?;
         let status = resp.status().as_u16();
         let bytes = resp.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
         Ok::<_, String>((status, bytes))
@@ -531,24 +624,61 @@ async fn exchange(authority: &str, path: &str, body: Bytes, token: Option<Arc<st
     let mut conn_done = false;
     loop {
         tokio::select! {
-            r = &mut exchange => return r,
+            biased; // the connection's own error (a TLS alert) says more than "canceled"
             c = &mut conn, if !conn_done => {
                 conn_done = true;
-                c.map_err(|e| e.to_string())?;
+                c.map_err(|e| connection_error(&e))?;
+            }
+            r = &mut exchange => {
+                // A request cancelled because the connection failed: the
+                // connection's error (a TLS alert: no client certificate,
+                // an unknown CA) is the one to report.
+                if r.is_err() && !conn_done {
+                    if let Ok(Err(e)) = tokio::time::timeout(Duration::from_millis(200), &mut conn).await {
+                        return Err(connection_error(&e));
+                    }
+                }
+                return r;
             }
         }
     }
 }
 
+/// A connection error with its causes (hyper's own text alone says
+/// "operation was canceled: connection error" where the cause is, say, a
+/// TLS alert).
+fn connection_error(e: &hyper::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Opens a streamed POST (a watch): its response body, read as it comes.
-async fn open_stream(authority: &str, token: Option<Arc<str>>, body: Vec<u8>) -> Result<Watch, String> {
-    let stream = TcpStream::connect(authority).await.map_err(|e| format!("{authority}: {e}"))?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
-    let conn = tokio::spawn(async move {
-        let _ = conn.await;
-    });
+async fn open_stream(
+    ep: &Endpoint,
+    tls: Option<&hf3fs_meta_tls::Client>,
+    token: Option<Arc<str>>,
+    body: Vec<u8>,
+) -> Result<Watch, String> {
+    let authority = &ep.authority;
+    let io = connect(ep, tls).await.map_err(|e| format!("{authority}: {e}"))?;
+    let (mut sender, conn) = match io {
+        Io::Plain(s) => {
+            let (sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(s)).await.map_err(|e| e.to_string())?;
+            (sender, tokio::spawn(async move { drop(conn.await) }))
+        }
+        Io::Tls(s) => {
+            let (sender, conn) =
+                hyper::client::conn::http1::handshake(TokioIo::new(s)).await.map_err(|e| e.to_string())?;
+            (sender, tokio::spawn(async move { drop(conn.await) }))
+        }
+    };
     let req = request(authority, "/v3/watch", Bytes::from(body), token)?;
     let resp = match sender.send_request(req).await {
         Ok(r) => r,
@@ -636,13 +766,21 @@ mod tests {
 
     #[test]
     fn endpoints_are_parsed() {
-        assert_eq!(parse_endpoint("http://127.0.0.1:2379").unwrap(), "127.0.0.1:2379");
-        assert_eq!(parse_endpoint("http://etcd-0:2379/").unwrap(), "etcd-0:2379");
-        assert_eq!(parse_endpoint(" 10.0.0.1:2379 ").unwrap(), "10.0.0.1:2379");
-        for bad in ["https://a:2379", "http://a", "a:port", "http://a:1/v3", "", ":2379"] {
+        let plain = |a: &str| Endpoint { authority: a.into(), tls: false };
+        assert_eq!(parse_endpoint("http://127.0.0.1:2379").unwrap(), plain("127.0.0.1:2379"));
+        assert_eq!(parse_endpoint("http://etcd-0:2379/").unwrap(), plain("etcd-0:2379"));
+        assert_eq!(parse_endpoint(" 10.0.0.1:2379 ").unwrap(), plain("10.0.0.1:2379"));
+        assert_eq!(
+            parse_endpoint("https://etcd-0:2379").unwrap(),
+            Endpoint { authority: "etcd-0:2379".into(), tls: true }
+        );
+        for bad in ["ftp://a:2379", "http://a", "a:port", "http://a:1/v3", "", ":2379", "https://a"] {
             assert!(parse_endpoint(bad).is_err(), "{bad}");
         }
         assert!(Client::new(&[], Options::default()).is_err());
+        // https:// needs a TLS configuration (a CA).
+        let e = Client::new(&["https://a:2379".into()], Options::default()).unwrap_err();
+        assert!(e.to_string().contains("--etcd-ca"), "{e}");
     }
 
     #[test]

@@ -75,6 +75,8 @@ pub trait Host: Send + Sync + 'static {
     fn replication_args(&self) -> &replicate::ReplicationArgs;
     /// Which release the server is (the binary embeds the commit).
     fn release(&self) -> hf3fs_meta_http::Release;
+    /// Its TLS flags (`--tls-cert` …): the replication stream's.
+    fn tls_args(&self) -> &hf3fs_meta_tls::TlsArgs;
 }
 
 /// This crate's release: the workspace's one version, which the binary's
@@ -93,8 +95,9 @@ pub enum HaMode {
 /// The etcd flags shared by the server and the relay.
 #[derive(Debug, Clone, Args)]
 pub struct EtcdArgs {
-    /// etcd client URLs, comma-separated (`http://host:2379,...`); calls
-    /// fail over between them.
+    /// etcd client URLs, comma-separated (`http://host:2379,...`, or
+    /// `https://host:2379,...` with `--etcd-ca`); calls fail over between
+    /// them.
     #[arg(long, env = "HF3FS_META_ETCD_ENDPOINTS", value_delimiter = ',')]
     pub etcd_endpoints: Vec<String>,
 
@@ -116,6 +119,19 @@ pub struct EtcdArgs {
     /// A file holding that user's password (its first line).
     #[arg(long, env = "HF3FS_META_ETCD_PASSWORD_FILE", requires = "etcd_user")]
     pub etcd_password_file: Option<PathBuf>,
+
+    /// PEM CA bundle that etcd's certificate is verified against (with
+    /// `https://` endpoints; the endpoint's host name is verified too).
+    #[arg(long, env = "HF3FS_META_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// PEM client certificate for etcd's `--client-cert-auth`.
+    #[arg(long, env = "HF3FS_META_ETCD_CERT", requires_all = ["etcd_key", "etcd_ca"])]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// PEM private key of `--etcd-cert`.
+    #[arg(long, env = "HF3FS_META_ETCD_KEY", requires = "etcd_cert")]
+    pub etcd_key: Option<PathBuf>,
 }
 
 impl EtcdArgs {
@@ -139,7 +155,18 @@ impl EtcdArgs {
             Some(p) => Some(read_secret(p, "--etcd-password-file")?),
             None => None,
         };
-        let opts = etcd::Options { timeout, user: self.etcd_user.clone(), password };
+        let tls = hf3fs_meta_tls::client_from_flags(
+            "etcd",
+            self.etcd_ca.as_deref().map(|p| ("--etcd-ca", p)),
+            self.etcd_cert.as_deref().map(|p| ("--etcd-cert", p)),
+            self.etcd_key.as_deref().map(|p| ("--etcd-key", p)),
+        )?;
+        if tls.is_none() {
+            if let Some(e) = self.etcd_endpoints.iter().find(|e| e.trim().starts_with("https://")) {
+                return Err(format!("--etcd-endpoints {e}: an https:// endpoint needs --etcd-ca"));
+            }
+        }
+        let opts = etcd::Options { timeout, user: self.etcd_user.clone(), password, tls };
         etcd::Client::new(&self.etcd_endpoints, opts).map_err(|e| e.to_string())
     }
 }
@@ -161,7 +188,8 @@ pub struct HaArgs {
     pub node_id: Option<String>,
 
     /// The URL other nodes and the relays reach this server at
-    /// (`http://host:port`).
+    /// (`http://host:port`, or `https://host:port` with `--tls-cert`: the
+    /// relays verify this node's certificate against that host).
     #[arg(long, env = "HF3FS_META_ADVERTISE_URL")]
     pub advertise_url: Option<String>,
 
@@ -199,11 +227,15 @@ impl HaArgs {
             }
             Some(_) => {}
         }
-        let url = self.advertise_url.as_deref().ok_or("--ha etcd needs --advertise-url (http://host:port)")?;
+        let url = self
+            .advertise_url
+            .as_deref()
+            .ok_or("--ha etcd needs --advertise-url (http://host:port, or https://host:port with --tls-cert)")?;
         // Port 0 stands for the port the server binds (tests, ephemeral ports).
         let checked =
             url.trim_end_matches('/').strip_suffix(":0").map_or_else(|| url.to_string(), |s| format!("{s}:1"));
-        relay::target_of(&checked).map_err(|_| format!("--advertise-url: '{url}' is not http://host:port"))?;
+        relay::target_of(&checked)
+            .map_err(|_| format!("--advertise-url: '{url}' is not http://host:port or https://host:port"))?;
         let file = self.ha_token_file.as_ref().ok_or(
             "--ha etcd needs --ha-token-file: the cluster secret that node-to-node routes demand (refusing to start \
              without one)",

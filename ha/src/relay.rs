@@ -14,6 +14,12 @@
 //! SGLang's clients set no request timeout, so a connection to a paused
 //! leader would otherwise hang them for good. Bytes are copied with
 //! `tokio::io::copy_bidirectional`; the relay never parses HTTP.
+//!
+//! As the TLS sidecar of its node: a leader that advertises `https://` is
+//! reached over TLS, its certificate verified against `--tls-ca` and the
+//! host of that URL, the relay presenting `--tls-cert`/`--tls-key` (the
+//! client certificate a leader with `--tls-client-ca` demands). The engine
+//! beside it keeps speaking plain HTTP to the loopback listener.
 
 use super::etcd::{self, Event};
 use super::node::LeaderRecord;
@@ -47,6 +53,19 @@ pub struct RelayArgs {
     /// Seconds to wait for the leader to accept a connection.
     #[arg(long, env = "HF3FS_META_RELAY_CONNECT_TIMEOUT", default_value_t = 2)]
     pub connect_timeout: u64,
+
+    /// PEM CA bundle that a leader advertising `https://` is verified
+    /// against (its certificate must name the host of its URL).
+    #[arg(long, env = "HF3FS_META_RELAY_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
+
+    /// PEM client certificate the relay presents to the leader.
+    #[arg(long, env = "HF3FS_META_RELAY_TLS_CERT", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of `--tls-cert`.
+    #[arg(long, env = "HF3FS_META_RELAY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 /// Where the relay forwards: the serving leader's address and epoch.
@@ -56,17 +75,29 @@ struct Target {
     addr: String,
     epoch: u64,
     serving: bool,
+    /// The leader advertises `https://`.
+    tls: bool,
 }
 
-/// `host:port` of an `http://host:port[/]` URL.
+/// `host:port` of an `http://host:port[/]` or `https://host:port[/]` URL.
 pub fn target_of(url: &str) -> Result<String, String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| format!("'{url}' is not http://host:port"))?;
+    parse_url(url).map(|(addr, _)| addr)
+}
+
+/// `host:port` of an `http://host:port[/]` or `https://host:port[/]` URL,
+/// and whether it is `https`.
+pub fn parse_url(url: &str) -> Result<(String, bool), String> {
+    let bad = || format!("'{url}' is not http://host:port or https://host:port");
+    let (rest, tls) = match url.strip_prefix("https://") {
+        Some(rest) => (rest, true),
+        None => (url.strip_prefix("http://").ok_or_else(bad)?, false),
+    };
     let rest = rest.trim_end_matches('/');
     match rest.rsplit_once(':') {
         Some((h, p)) if !h.is_empty() && !rest.contains('/') && p.parse::<u16>().is_ok_and(|p| p > 0) => {
-            Ok(rest.to_string())
+            Ok((rest.to_string(), tls))
         }
-        _ => Err(format!("'{url}' is not http://host:port")),
+        _ => Err(bad()),
     }
 }
 
@@ -74,6 +105,15 @@ pub fn target_of(url: &str) -> Result<String, String> {
 pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
     let ttl = args.etcd.ttl();
     let etcd = Arc::new(args.etcd.client((ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(2)))?);
+    let tls = hf3fs_meta_tls::client_from_flags(
+        "relay",
+        args.tls_ca.as_deref().map(|p| ("--tls-ca", p)),
+        args.tls_cert.as_deref().map(|p| ("--tls-cert", p)),
+        args.tls_key.as_deref().map(|p| ("--tls-key", p)),
+    )?;
+    if hf3fs_meta_tls::reload::any() {
+        hf3fs_meta_tls::reload::watch();
+    }
     let listener =
         TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_or_else(|_| args.listen.to_string(), |a| a.to_string());
@@ -81,7 +121,13 @@ pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()
     let follower = tokio::spawn(follow(etcd, args.etcd.keys().leader(), ttl, tx));
     let hold = args.hold_timeout.map_or(ttl * 3, Duration::from_secs);
     let connect = Duration::from_secs(args.connect_timeout.max(1));
-    tracing::info!(%addr, cluster = %args.etcd.ha_cluster, hold_s = hold.as_secs_f64(), "hf3fs-meta relay listening");
+    tracing::info!(
+        %addr,
+        cluster = %args.etcd.ha_cluster,
+        hold_s = hold.as_secs_f64(),
+        tls = tls.is_some(),
+        "hf3fs-meta relay listening"
+    );
     let closed = Arc::new(AtomicU64::new(0));
     tokio::pin!(shutdown);
     loop {
@@ -97,7 +143,7 @@ pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()
             },
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(forward(stream, peer, rx.clone(), hold, connect, closed.clone()));
+        tokio::spawn(forward(stream, peer, rx.clone(), hold, connect, tls.clone(), closed.clone()));
     }
     follower.abort();
     tracing::info!(closed_on_failover = closed.load(Ordering::Relaxed), "relay stopped");
@@ -143,8 +189,8 @@ async fn follow(etcd: Arc<etcd::Client>, key: Vec<u8>, ttl: Duration, tx: watch:
 
 fn decode(value: &[u8], create_revision: i64) -> Option<Target> {
     let r = LeaderRecord::decode(value, create_revision)?;
-    match target_of(&r.url) {
-        Ok(addr) => Some(Target { node: r.node, addr, epoch: r.epoch, serving: r.serving }),
+    match parse_url(&r.url) {
+        Ok((addr, tls)) => Some(Target { node: r.node, addr, epoch: r.epoch, serving: r.serving, tls }),
         Err(e) => {
             tracing::warn!(node = %r.node, "relay: the leader advertises an unusable URL: {e}");
             None
@@ -176,15 +222,21 @@ async fn forward(
     mut rx: watch::Receiver<Option<Target>>,
     hold: Duration,
     connect: Duration,
+    tls: Option<hf3fs_meta_tls::Client>,
     closed: Arc<AtomicU64>,
 ) {
-    let Some((target, mut upstream)) = connect_within(&mut rx, hold, connect).await else {
+    let Some((target, upstream)) = connect_within(&mut rx, hold, connect, tls.as_ref()).await else {
         tracing::debug!(%peer, "relay: no reachable leader within the hold time; closing");
         return;
     };
-    let _ = upstream.set_nodelay(true);
+    let copy = async {
+        match upstream {
+            Upstream::Plain(mut s) => tokio::io::copy_bidirectional(&mut client, &mut s).await,
+            Upstream::Tls(mut s) => tokio::io::copy_bidirectional(&mut client, &mut *s).await,
+        }
+    };
     tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+        r = copy => {
             if let Err(e) = r {
                 tracing::debug!(%peer, "relay: connection ended: {e}");
             }
@@ -209,12 +261,13 @@ async fn connect_within(
     rx: &mut watch::Receiver<Option<Target>>,
     hold: Duration,
     connect: Duration,
-) -> Option<(Target, TcpStream)> {
+    tls: Option<&hf3fs_meta_tls::Client>,
+) -> Option<(Target, Upstream)> {
     let deadline = tokio::time::Instant::now() + hold;
     loop {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         let target = leader_within(rx, remaining).await?;
-        let attempt = tokio::time::timeout(connect.min(remaining).max(RECONNECT), TcpStream::connect(&target.addr));
+        let attempt = tokio::time::timeout(connect.min(remaining).max(RECONNECT), upstream(&target, tls));
         match attempt.await {
             Ok(Ok(s)) => return Some((target, s)),
             Ok(Err(e)) => tracing::debug!(addr = %target.addr, "relay: connecting to the leader: {e}"),
@@ -224,6 +277,32 @@ async fn connect_within(
             return None;
         }
         let _ = tokio::time::timeout(RECONNECT, deposed(rx, &target)).await;
+    }
+}
+
+/// A connection to the leader: plain, or TLS when it advertises `https://`.
+enum Upstream {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+/// Connects to `target` (and handshakes, over TLS).
+async fn upstream(target: &Target, tls: Option<&hf3fs_meta_tls::Client>) -> Result<Upstream, String> {
+    let s = TcpStream::connect(&target.addr).await.map_err(|e| e.to_string())?;
+    let _ = s.set_nodelay(true);
+    if !target.tls {
+        return Ok(Upstream::Plain(s));
+    }
+    let cfg = tls.ok_or("the leader advertises https:// but this relay has no --tls-ca")?.get();
+    let name = hf3fs_meta_tls::server_name(&target.addr)?;
+    match tokio_rustls::TlsConnector::from(cfg).connect(name, s).await {
+        Ok(s) => Ok(Upstream::Tls(Box::new(s))),
+        Err(e) => {
+            let reason = hf3fs_meta_tls::Reason::of_io(&e);
+            hf3fs_meta_tls::failures::count(reason);
+            tracing::warn!(addr = %target.addr, reason = reason.label(), "relay: TLS handshake with the leader failed: {e}");
+            Err(format!("TLS handshake: {e}"))
+        }
     }
 }
 
@@ -260,7 +339,9 @@ mod tests {
     fn urls_become_targets() {
         assert_eq!(target_of("http://10.0.0.5:18000").unwrap(), "10.0.0.5:18000");
         assert_eq!(target_of("http://meta-0.svc:18000/").unwrap(), "meta-0.svc:18000");
-        for bad in ["10.0.0.5:18000", "https://h:1", "http://h", "http://h:0", "http://h:1/x", "http://:1"] {
+        assert_eq!(parse_url("https://meta-0.svc:18000").unwrap(), ("meta-0.svc:18000".to_string(), true));
+        assert_eq!(parse_url("http://meta-0.svc:18000").unwrap(), ("meta-0.svc:18000".to_string(), false));
+        for bad in ["10.0.0.5:18000", "ftp://h:1", "http://h", "http://h:0", "http://h:1/x", "http://:1", "https://h"] {
             assert!(target_of(bad).is_err(), "{bad}");
         }
     }
@@ -268,7 +349,7 @@ mod tests {
     #[tokio::test]
     async fn held_connections_take_the_first_serving_leader_and_notice_deposition() {
         let (tx, mut rx) = watch::channel(None::<Target>);
-        let t = |epoch, serving| Target { node: "a".into(), addr: "127.0.0.1:1".into(), epoch, serving };
+        let t = |epoch, serving| Target { node: "a".into(), addr: "127.0.0.1:1".into(), epoch, serving, tls: false };
         // Nothing within the hold: none.
         assert_eq!(leader_within(&mut rx, Duration::from_millis(1)).await, None);
         tx.send_replace(Some(t(5, false)));

@@ -21,7 +21,8 @@
 //! 3. in one transaction guarded by its epoch: names the target in
 //!    `P/sync`, records the hand-over in `P/handover` (the target need not
 //!    wait out a lease), deletes `P/leader`, and marks the request
-//!    `handed_over`;
+//!    `handed_over` (the replicators told of the new name before the
+//!    write and after it lands, as for every write of `P/sync`);
 //! 4. ends its session and follows; it does not claim the key back as the
 //!    last leader for two lease TTLs, so the target wins it (it does
 //!    afterwards, with the latest state, if the target never does).
@@ -153,8 +154,12 @@ pub(crate) async fn serve_request(e: &Election, epoch: u64, proof: u64) -> bool 
         ],
         failure: vec![],
     };
+    // `P/sync` changes with the hand-over: the replicators hear of the
+    // name before the write and of its landing after it.
+    promotion.naming(Some(&target));
     match e.etcd().txn(&txn).await {
         Ok(r) if r.succeeded => {
+            promotion.named(Some(&target));
             tracing::info!(epoch, to = %target, "switchover: handed the leadership over");
             e.yield_leadership();
             true

@@ -42,7 +42,7 @@ mod vllm;
 
 pub use hooks::{BoxFuture, Durability, Serving, TestClock};
 pub use ops::OPENAPI;
-pub use server::{bind, serve};
+pub use server::{bind, serve, serve_tls};
 
 /// The core, under the name this crate's files use for it.
 use hf3fs_meta_core as core;

@@ -37,6 +37,7 @@ fn metrics(app: &Service) -> Reply {
     if let Some(ha) = &app.gate {
         ha.render_metrics(&mut text);
     }
+    hf3fs_meta_tls::reload::render_metrics(&mut text);
     Reply { content_type: PROMETHEUS, ..Reply::json(StatusCode::OK, text.into_bytes(), 0) }
 }
 
@@ -56,6 +57,12 @@ fn health(app: &Service) -> Result<Reply, Reply> {
             let mut body = format!(r#"{{"status":"ok","version":"{}","commit":"{}""#, release.version, release.commit);
             if let Some(ha) = &app.gate {
                 body.push_str(&format!(r#","ha":{}"#, ha.status_json()));
+            }
+            // With TLS: each certificate's expiry, and why new files failed
+            // to load (the previous certificates stay in use).
+            if let Some(tls) = hf3fs_meta_tls::reload::health_json() {
+                body.push_str(",\"tls\":");
+                body.push_str(&tls);
             }
             body.push('}');
             Ok(Reply::json(StatusCode::OK, body.into(), 0))

@@ -15,6 +15,13 @@
 //! than a bare hyper server's): the accept loop is one task, and a request
 //! costs as many instructions at 4,096 connections as at 32
 //! (perf/RESULTS.md, "Many clients").
+//!
+//! With `--tls-cert` ([`serve_tls`]), each connection of the port first
+//! completes a TLS handshake (a client certificate signed by
+//! `--tls-client-ca` required when that is set), in its own task, before
+//! hyper reads anything; a refused one is counted and closed
+//! ([`hf3fs_meta_tls::accept`]). `--plain-listen` adds a plain listener on
+//! loopback, served by the same loop. Without TLS the loop is as it was.
 
 use super::decode::Body;
 use super::dispatch::{self, Route};
@@ -35,8 +42,9 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::Semaphore;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Binds the listening socket with a backlog as long as the connection cap
 /// (at least tokio's 1,024; the kernel trims it to `net.core.somaxconn`),
@@ -57,6 +65,35 @@ pub fn bind(addr: SocketAddr, max_connections: usize) -> std::io::Result<TcpList
 ///
 /// Returns once every connection has finished (or the shutdown timeout ran out).
 pub async fn serve(app: Arc<Service>, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    serve_tls(app, listener, None, None, shutdown).await;
+}
+
+/// Which listener a connection came from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Port {
+    /// The server's port: TLS when `tls` is given.
+    Main,
+    /// `--plain-listen`: plain HTTP on loopback beside a TLS port.
+    Plain,
+}
+
+/// An accepted connection of `plain`, or never without one.
+async fn accept_plain(plain: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match plain {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// [`serve`], with the port speaking TLS when `tls` is given, and a plain
+/// listener `plain` beside it.
+pub async fn serve_tls(
+    app: Arc<Service>,
+    listener: TcpListener,
+    tls: Option<hf3fs_meta_tls::Server>,
+    plain: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) {
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(app.cfg.header_timeout()).keep_alive(true);
     let graceful = GracefulShutdown::new();
@@ -74,19 +111,43 @@ pub async fn serve(app: Arc<Service>, listener: TcpListener, shutdown: impl Futu
             () = &mut shutdown => break,
             p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
         };
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    // EMFILE and friends: log, breathe, keep serving.
-                    accept_errors.warn(&e);
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
+        let (accepted, port) = tokio::select! {
+            r = listener.accept() => (r, Port::Main),
+            r = accept_plain(plain.as_ref()) => (r, Port::Plain),
             () = &mut shutdown => break,
         };
+        let (mut stream, peer) = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: log, breathe, keep serving.
+                accept_errors.warn(&e);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
         let _ = stream.set_nodelay(true);
+        if let Some(tls) = tls.as_ref().filter(|_| port == Port::Main) {
+            // The handshake in the connection's own task: a slow or
+            // refused client never holds the accept loop.
+            let (cfg, watcher, builder, app) = (tls.get(), graceful.watcher(), builder.clone(), app.clone());
+            let timeout = app.cfg.header_timeout();
+            tokio::spawn(async move {
+                if let Ok(tls) = hf3fs_meta_tls::accept::accept(stream, cfg, timeout).await {
+                    run_connection(app, builder, tls, peer, watcher, permit).await;
+                }
+            });
+            continue;
+        }
+        if port == Port::Plain {
+            let (watcher, builder, app) = (graceful.watcher(), builder.clone(), app.clone());
+            let timeout = app.cfg.header_timeout();
+            tokio::spawn(async move {
+                if !hf3fs_meta_tls::accept::refuse_tls(&mut stream, timeout).await {
+                    run_connection(app, builder, stream, peer, watcher, permit).await;
+                }
+            });
+            continue;
+        }
         let app_for_conn = app.clone();
         let service = service_fn(move |req| crate::gate::guard(app_for_conn.clone(), req, respond));
         let io = TokioIo::new(crate::gate::GuardedIo::new(stream, app.gate.clone()));
@@ -104,6 +165,7 @@ pub async fn serve(app: Arc<Service>, listener: TcpListener, shutdown: impl Futu
 
     app.begin_shutdown();
     drop(listener);
+    drop(plain);
     let timeout = Duration::from_secs(app.cfg.shutdown_timeout);
     tracing::info!(
         open = app.metrics.open_connections(),
@@ -113,6 +175,29 @@ pub async fn serve(app: Arc<Service>, listener: TcpListener, shutdown: impl Futu
         () = graceful.shutdown() => tracing::info!("all connections closed"),
         () = tokio::time::sleep(timeout) => tracing::warn!("shutdown timeout ({timeout:?}) reached with connections still open"),
     }
+}
+
+/// Serves one connection (after its TLS handshake, if any) until it ends.
+async fn run_connection<I>(
+    app: Arc<Service>,
+    builder: http1::Builder,
+    io: I,
+    peer: SocketAddr,
+    watcher: hyper_util::server::graceful::Watcher,
+    permit: OwnedSemaphorePermit,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let app_for_conn = app.clone();
+    let service = service_fn(move |req| crate::gate::guard(app_for_conn.clone(), req, respond));
+    let io = TokioIo::new(crate::gate::GuardedIo::new(io, app.gate.clone()));
+    let conn = watcher.watch(builder.serve_connection(io, service));
+    app.metrics.connection_opened();
+    if let Err(e) = conn.await {
+        tracing::debug!(%peer, "connection ended: {e}");
+    }
+    app.metrics.connection_closed();
+    drop(permit);
 }
 
 /// File descriptors kept for everything but client sockets: the listener,

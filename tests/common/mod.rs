@@ -19,6 +19,7 @@
 
 #![allow(dead_code)]
 
+pub mod pki;
 pub mod process;
 pub mod schema;
 

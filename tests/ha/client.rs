@@ -119,6 +119,7 @@ fn authenticates_with_etcd_credentials() {
             timeout: Duration::from_secs(2),
             user: user.map(str::to_string),
             password: Some(password.to_string()),
+            tls: None,
         };
         Client::new(std::slice::from_ref(&eps), opts).unwrap()
     };

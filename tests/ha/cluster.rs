@@ -26,16 +26,34 @@ pub struct Cluster {
     pub etcd: Etcd,
     pub prefix: String,
     dir: tempfile::TempDir,
+    /// Nodes advertise `https://` (their ports speak TLS).
+    https: bool,
 }
 
 impl Cluster {
     /// etcd with `members` members and a fresh prefix.
     pub fn new(members: usize) -> Cluster {
+        Cluster::on(Etcd::start(members))
+    }
+
+    /// A fresh prefix and secret on `etcd` (one started with TLS, say).
+    pub fn on(etcd: Etcd) -> Cluster {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = tempfile::tempdir().expect("a temporary directory");
         std::fs::write(dir.path().join("token"), "a-cluster-secret-of-32-characters\n").expect("write the token");
         let prefix = format!("/hf3fs-meta-test/{}/{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
-        Cluster { etcd: Etcd::start(members), prefix, dir }
+        Cluster { etcd, prefix, dir, https: false }
+    }
+
+    /// Nodes advertise `https://` URLs (give them `--tls-cert`).
+    pub fn with_https(mut self) -> Cluster {
+        self.https = true;
+        self
+    }
+
+    /// The cluster secret's file.
+    pub fn token_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("token")
     }
 
     /// The flags of a node named `id` (test mode: any named standby may be
@@ -51,7 +69,7 @@ impl Cluster {
             "--node-id",
             id,
             "--advertise-url",
-            "http://127.0.0.1:0",
+            if self.https { "https://127.0.0.1:0" } else { "http://127.0.0.1:0" },
             "--ha-lease-ttl",
             &TTL.as_secs().to_string(),
             "--ha-token-file",
@@ -61,7 +79,9 @@ impl Cluster {
             "1",
         ]
         .map(str::to_string)
-        .to_vec()
+        .into_iter()
+        .chain(self.etcd.client_flags())
+        .collect()
     }
 
     /// Starts node `id` and waits until it listens.
@@ -104,6 +124,7 @@ impl Cluster {
         let mut cmd = command();
         cmd.args(["relay", "--listen", "127.0.0.1:0", "--etcd-endpoints", &self.etcd.endpoints()])
             .args(["--ha-cluster", prefix.unwrap_or(&self.prefix), "--ha-lease-ttl", &TTL.as_secs().to_string()])
+            .args(self.etcd.client_flags())
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

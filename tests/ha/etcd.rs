@@ -51,12 +51,36 @@ struct Member {
 /// An etcd cluster on loopback; every member is killed on drop.
 pub struct Etcd {
     members: Vec<Member>,
+    /// With TLS: the flags a client needs (`--etcd-ca`, `--etcd-cert`,
+    /// `--etcd-key`).
+    tls: Option<Vec<String>>,
     _dir: tempfile::TempDir,
+}
+
+/// The certificates of an etcd that serves clients over TLS only and asks
+/// each for a certificate (`--client-cert-auth`).
+pub struct EtcdTls<'p> {
+    pub pki: &'p crate::common::pki::Pki,
+    /// etcd's own certificate (for 127.0.0.1).
+    pub server: crate::common::pki::Leaf,
+    /// The certificate its clients present.
+    pub client: crate::common::pki::Leaf,
 }
 
 impl Etcd {
     /// Starts `n` members and waits until every one is healthy.
     pub fn start(n: usize) -> Etcd {
+        Etcd::start_with(n, None)
+    }
+
+    /// Starts `n` members serving clients over TLS only, with client
+    /// certificates required, and waits until every one is healthy.
+    pub fn start_tls(n: usize, tls: &EtcdTls<'_>) -> Etcd {
+        Etcd::start_with(n, Some(tls))
+    }
+
+    fn start_with(n: usize, tls: Option<&EtcdTls<'_>>) -> Etcd {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let dir = tempfile::tempdir().expect("a temporary directory");
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let cluster = ports
@@ -70,48 +94,72 @@ impl Etcd {
             .enumerate()
             .map(|(i, &(client, peer))| {
                 let data = dir.path().join(format!("m{i}"));
-                let args = [
-                    "--name",
+                let mut args = super::etcd_flags::member_args(
                     &format!("m{i}"),
-                    "--data-dir",
                     data.to_str().expect("UTF-8 path"),
-                    "--listen-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
-                    "--advertise-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
-                    "--listen-peer-urls",
+                    &format!("{scheme}://127.0.0.1:{client}"),
                     &format!("http://127.0.0.1:{peer}"),
-                    "--initial-advertise-peer-urls",
-                    &format!("http://127.0.0.1:{peer}"),
-                    "--initial-cluster",
                     &cluster,
-                    "--initial-cluster-state",
-                    "new",
-                    "--initial-cluster-token",
-                    "hf3fs-meta-ha-test",
-                    "--heartbeat-interval",
-                    "50",
-                    "--election-timeout",
-                    "500",
-                    "--log-level",
-                    "error",
-                ]
-                .map(str::to_string)
-                .to_vec();
+                );
+                if let Some(t) = tls {
+                    for (flag, path) in [
+                        ("--cert-file", &t.server.cert),
+                        ("--key-file", &t.server.key),
+                        ("--trusted-ca-file", &t.pki.ca()),
+                    ] {
+                        args.extend([flag.to_string(), path.display().to_string()]);
+                    }
+                    args.push("--client-cert-auth".into());
+                }
                 Member { name: format!("m{i}"), client, args, child: None, killed: AtomicBool::new(false) }
             })
             .collect();
         for m in &mut members {
             m.child = Some(spawn(&m.args));
         }
-        let etcd = Etcd { members, _dir: dir };
-        etcd.wait_healthy();
+        let tls = tls.map(|t| {
+            let mut flags = vec!["--etcd-ca".to_string(), t.pki.ca().display().to_string()];
+            flags.extend(t.client.flags("etcd"));
+            flags
+        });
+        let etcd = Etcd { members, tls, _dir: dir };
+        if etcd.tls.is_some() {
+            etcd.wait_healthy_tls();
+        } else {
+            etcd.wait_healthy();
+        }
         etcd
     }
 
     /// The client URLs, comma-separated (for `--etcd-endpoints`).
     pub fn endpoints(&self) -> String {
-        self.members.iter().map(|m| format!("http://127.0.0.1:{}", m.client)).collect::<Vec<_>>().join(",")
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        self.members.iter().map(|m| format!("{scheme}://127.0.0.1:{}", m.client)).collect::<Vec<_>>().join(",")
+    }
+
+    /// The flags of a client of this etcd beside `--etcd-endpoints`: with
+    /// TLS, `--etcd-ca`, `--etcd-cert`, `--etcd-key`; none without.
+    pub fn client_flags(&self) -> Vec<String> {
+        self.tls.clone().unwrap_or_default()
+    }
+
+    /// A client of this etcd (the server's own, with its TLS flags).
+    pub fn client(&self) -> hf3fs_meta::ha::etcd::Client {
+        client_of(&self.endpoints(), &self.client_flags()).expect("an etcd client")
+    }
+
+    /// Polls every member with a TLS client until each answers a read.
+    fn wait_healthy_tls(&self) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        let deadline = Instant::now() + FAILSAFE;
+        for m in &self.members {
+            // The client fails over between members: ask each by itself.
+            let one = client_of(&format!("https://127.0.0.1:{}", m.client), &self.client_flags()).expect("a client");
+            while rt.block_on(one.get(b"/health-probe")).is_err() {
+                assert!(Instant::now() < deadline, "etcd member {} not healthy (TLS) within the failsafe", m.name);
+                std::thread::sleep(Duration::from_millis(20)); // a poll interval, not a synchronization
+            }
+        }
     }
 
     /// Sends `sig` (STOP, CONT, KILL…) to member `i`.
@@ -177,6 +225,20 @@ impl Etcd {
             }
         }
     }
+}
+
+/// The server's own etcd client of `endpoints`, made from its flags
+/// (`--etcd-endpoints` and `flags`): `Err` is what the server would say.
+pub fn client_of(endpoints: &str, flags: &[String]) -> Result<hf3fs_meta::ha::etcd::Client, String> {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        etcd: hf3fs_meta::ha::EtcdArgs,
+    }
+    let mut argv = vec!["x".to_string(), "--etcd-endpoints".into(), endpoints.to_string()];
+    argv.extend(flags.iter().cloned());
+    Cli::try_parse_from(argv).map_err(|e| e.to_string())?.etcd.client(Duration::from_secs(2))
 }
 
 fn spawn(args: &[String]) -> Child {

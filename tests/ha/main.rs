@@ -2,7 +2,8 @@
 //! election, fencing, failover, quorum loss and the relay, through the real
 //! binary as child processes with a 2 s lease.
 //!
-//! - [`etcd`]: 1 or 3 etcd members on loopback, fast raft timings.
+//! - [`etcd`]: 1 or 3 etcd members on loopback, fast raft timings
+//!   ([`etcd_flags`], shared with the fault harness in `faults/`).
 //! - [`http`]: one-shot requests that survive dead and paused peers.
 //! - [`cluster`]: nodes, replicated nodes ([`cluster::Nodes`]), relays,
 //!   polling helpers.
@@ -22,11 +23,19 @@
 //! - [`under_load`]: SIGKILL of the leader (and of etcd's raft leader)
 //!   under load through the relay.
 //! - [`pause`]: SIGSTOP of a replicating leader for three TTLs.
+//! - [`liveness`]: the standby's replication link blackholed under load,
+//!   both processes alive: dropped, replaced, back after the heal.
+//! - [`failover_ranks`]: keys of two ranks at a failover, some confirmed on
+//!   one rank only.
 //! - [`hold`]: the promotion hold, on the injectable clock.
 //! - [`observability`]: the lag in seconds while a standby is paused.
 //! - [`replication`]: the journal stream to a standby, in process (no etcd).
 //! - [`replication_sglang`]: SGLang's spaces on that stream, in process.
+//! - [`replication_liveness`]: heartbeats and both sides' deadlines, in
+//!   process, each side against a scripted peer.
 //! - [`failover_sglang`]: SIGKILL of a replicating leader serving SGLang.
+//! - [`tls`]: etcd serving TLS only with client certificates, a cluster on
+//!   mutual TLS behind relays, refused clients and a forged hello.
 //!
 //! The tests of this binary run one at a time ([`serial`]): each times
 //! leases of a few seconds, which two cores shared with parallel clusters
@@ -42,19 +51,24 @@ mod client;
 mod cluster;
 mod election;
 mod etcd;
+mod etcd_flags;
 mod failover;
+mod failover_ranks;
 mod failover_sglang;
 mod grafana_dashboard;
 mod history;
 mod hold;
 mod http;
+mod liveness;
 mod observability;
 mod pause;
 mod proxy;
 mod relay;
 mod replication;
+mod replication_liveness;
 mod replication_sglang;
 mod switchover;
+mod tls;
 mod under_load;
 mod versions;
 mod writes;

@@ -87,7 +87,12 @@ fn a_paused_replicating_leader_is_fenced_its_frames_refused_by_epoch_and_it_rejo
     let listen = free_addr();
     let proxy = Proxy::start(listen);
     let (listen_s, via) = (listen.to_string(), proxy.addr.to_string());
-    let b_flags = ["--ha-replication-listen", &listen_s, "--ha-replication-advertise", &via];
+    // b's read deadline (its sync timeout) outlasts the scenario: the held
+    // frame must still find b's session open when it is delivered (with the
+    // default, b closes a session silent for 2 s and the frame is never
+    // read: tests/ha/liveness.rs).
+    let b_flags =
+        ["--ha-replication-listen", &listen_s, "--ha-replication-advertise", &via, "--ha-sync-timeout-ms", "60000"];
     let b = c.replicated("b", dirs[1].path(), "strict", &b_flags);
     wait_for("a names b standby", || (ha(&a)?["standby"].as_str()? == "b").then_some(()));
     init(&at(&a), 1 << 14);

@@ -1,22 +1,46 @@
-//! A TCP forwarder on loopback whose client-to-server direction can be
-//! held: what the client sends meanwhile is kept, and delivered in order
-//! on [`Proxy::release`]. Put in front of a standby's replication listener
-//! (`--ha-replication-advertise`), it keeps a leader's frames in flight for
-//! as long as a test needs.
+//! A TCP forwarder on loopback that can hold what crosses it: what is sent
+//! meanwhile is kept, and delivered in order later. Put in front of a
+//! standby's replication listener (`--ha-replication-advertise`), it keeps
+//! a leader's frames in flight for as long as a test needs
+//! ([`Proxy::hold`]: the leader-to-standby direction), or blackholes the
+//! link both ways ([`Proxy::cut`]: nothing crosses, new connections
+//! included, and both processes stay alive; [`Proxy::heal`] delivers what
+//! was held, closes included, as TCP's retransmissions would).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 
-/// One forwarded connection: the server side and the bytes held for it.
-struct Conn {
-    server: TcpStream,
+/// One direction of a forwarded connection: where it writes, the bytes
+/// held for it, and whether its sender closed meanwhile.
+struct Side {
+    to: TcpStream,
     pending: Vec<u8>,
+    closed: bool,
+}
+
+impl Side {
+    /// Delivers what was held (and the close, if one came).
+    fn flush(&mut self) {
+        let bytes = std::mem::take(&mut self.pending);
+        if self.to.write_all(&bytes).is_err() || self.closed {
+            let _ = self.to.shutdown(Shutdown::Write);
+        }
+    }
+}
+
+/// One forwarded connection: client to server, server to client.
+struct Conn {
+    up: Side,
+    down: Side,
 }
 
 #[derive(Default)]
 struct State {
+    /// Client-to-server bytes are held.
     hold: bool,
+    /// Both directions are held (a black hole).
+    cut: bool,
     conns: Vec<Conn>,
 }
 
@@ -44,12 +68,13 @@ impl Proxy {
                 let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else { continue };
                 let k = {
                     let mut s = st.lock().unwrap();
-                    s.conns.push(Conn { server: s2, pending: Vec::new() });
+                    let side = |to| Side { to, pending: Vec::new(), closed: false };
+                    s.conns.push(Conn { up: side(s2), down: side(c2) });
                     s.conns.len() - 1
                 };
-                let st = st.clone();
-                std::thread::spawn(move || up(client, k, &st));
-                std::thread::spawn(move || down(server, c2));
+                let (st1, st2) = (st.clone(), st.clone());
+                std::thread::spawn(move || pump(client, k, true, &st1));
+                std::thread::spawn(move || pump(server, k, false, &st2));
             }
         });
         Proxy { addr, state }
@@ -60,50 +85,63 @@ impl Proxy {
         self.state.lock().unwrap().hold = true;
     }
 
-    /// Bytes held so far.
+    /// Bytes held so far, both directions.
     pub fn held(&self) -> usize {
-        self.state.lock().unwrap().conns.iter().map(|c| c.pending.len()).sum()
+        let s = self.state.lock().unwrap();
+        s.conns.iter().map(|c| c.up.pending.len() + c.down.pending.len()).sum()
     }
 
-    /// Delivers what was held, and forwards again.
+    /// Delivers what clients sent while held, and forwards again (unless
+    /// the link is cut).
     pub fn release(&self) {
         let mut s = self.state.lock().unwrap();
         s.hold = false;
+        if !s.cut {
+            s.conns.iter_mut().for_each(|c| c.up.flush());
+        }
+    }
+
+    /// Blackholes the link: nothing crosses either way from now on.
+    pub fn cut(&self) {
+        self.state.lock().unwrap().cut = true;
+    }
+
+    /// Ends [`Proxy::cut`]: what was held is delivered, and forwarded again.
+    pub fn heal(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.cut = false;
+        let hold = s.hold;
         for c in &mut s.conns {
-            let bytes = std::mem::take(&mut c.pending);
-            if c.server.write_all(&bytes).is_err() {
-                let _ = c.server.shutdown(Shutdown::Both);
+            c.down.flush();
+            if !hold {
+                c.up.flush();
             }
         }
     }
 }
 
-/// Client to server, through the hold.
-fn up(mut client: TcpStream, k: usize, state: &Mutex<State>) {
+/// One direction of connection `k` (`up`: client to server), through the
+/// hold and the cut.
+fn pump(mut from: TcpStream, k: usize, up: bool, state: &Mutex<State>) {
     let mut buf = [0u8; 64 * 1024];
     loop {
-        let n = client.read(&mut buf).unwrap_or(0);
+        let n = from.read(&mut buf).unwrap_or(0);
         let mut s = state.lock().unwrap();
-        let hold = s.hold;
+        let held = s.cut || (up && s.hold);
         let c = &mut s.conns[k];
+        let side = if up { &mut c.up } else { &mut c.down };
         if n == 0 {
-            if !hold {
-                let _ = c.server.shutdown(Shutdown::Write);
+            side.closed = true;
+            if !held {
+                let _ = side.to.shutdown(Shutdown::Write);
             }
             return;
         }
-        if hold {
-            c.pending.extend_from_slice(&buf[..n]);
-        } else if c.server.write_all(&buf[..n]).is_err() {
-            let _ = client.shutdown(Shutdown::Both);
+        if held {
+            side.pending.extend_from_slice(&buf[..n]);
+        } else if side.to.write_all(&buf[..n]).is_err() {
+            let _ = from.shutdown(Shutdown::Both);
             return;
         }
     }
-}
-
-/// Server to client, as it comes.
-fn down(mut server: TcpStream, mut client: TcpStream) {
-    let _ = std::io::copy(&mut server, &mut client);
-    let _ = client.shutdown(Shutdown::Both);
-    let _ = server.shutdown(Shutdown::Both);
 }

@@ -80,7 +80,13 @@ impl Pair {
     /// Streams to the standby, which published the versions `range`, and
     /// waits until it is in sync.
     pub fn connect_as(&self, range: Range) {
-        self.replicator.set_target(Some(Target { node: "b".into(), addr: self.addr, epoch: EPOCH, range }));
+        self.replicator.set_target(Some(Target {
+            node: "b".into(),
+            addr: self.addr,
+            host: "127.0.0.1".into(),
+            epoch: EPOCH,
+            range,
+        }));
         until("the standby is in sync", || self.replicator.synced().as_deref() == Some("b"));
     }
 }

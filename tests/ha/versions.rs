@@ -43,7 +43,13 @@ fn the_hello_to_a_version_2_standby_is_the_previous_releases_and_to_a_new_one_th
     let fake = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = fake.local_addr().unwrap();
     let first = |range: Range| {
-        p.replicator.set_target(Some(Target { node: "old".into(), addr, epoch: EPOCH, range }));
+        p.replicator.set_target(Some(Target {
+            node: "old".into(),
+            addr,
+            host: "127.0.0.1".into(),
+            epoch: EPOCH,
+            range,
+        }));
         let (mut s, _) = fake.accept().unwrap();
         s.set_read_timeout(Some(FAILSAFE)).unwrap();
         let mut len = [0; 4];
@@ -72,12 +78,24 @@ fn a_standby_of_a_future_release_is_refused_and_nothing_streams() {
     let p = Pair::with_standby_speaking(SyncMode::Strict, FUTURE);
     let r = p.replicator.of(Dialect::Vllm);
     // It published its range: the leader does not even connect.
-    p.replicator.set_target(Some(Target { node: "b".into(), addr: p.addr, epoch: EPOCH, range: FUTURE }));
+    p.replicator.set_target(Some(Target {
+        node: "b".into(),
+        addr: p.addr,
+        host: "127.0.0.1".into(),
+        epoch: EPOCH,
+        range: FUTURE,
+    }));
     until("the leader counts it incompatible", || r.incompatible.load(Ordering::Relaxed) >= 1);
     assert_eq!(p.receiver.counters.bad_version.load(Ordering::Relaxed), 0, "never connected");
     // Published as this release's (stale): the standby refuses the hello,
     // naming both ranges; counted on both sides.
-    p.replicator.set_target(Some(Target { node: "b".into(), addr: p.addr, epoch: EPOCH, range: Range::THIS }));
+    p.replicator.set_target(Some(Target {
+        node: "b".into(),
+        addr: p.addr,
+        host: "127.0.0.1".into(),
+        epoch: EPOCH,
+        range: Range::THIS,
+    }));
     until("the standby refuses", || p.receiver.counters.bad_version.load(Ordering::Relaxed) >= 1);
     let why = p.receiver.version_refusal().expect("the refusal is kept for /health");
     assert!(why.contains("protocol 2-3") && why.contains("this node 4-5"), "{why}");

@@ -32,16 +32,36 @@
 //! the control plane has recorded in etcd that nobody may be promoted
 //! ([`Replicator::release`]); until then it waits (bounded) like `strict`.
 //!
+//! Liveness ([`super::liveness`]): the sender sends a heartbeat (an empty
+//! frame at its position) after the snapshot and whenever it has sent
+//! nothing for the heartbeat interval; the acknowledgement reader reads with
+//! a short timeout and drops the session when the standby acknowledged
+//! nothing within its deadline (the sync timeout once in sync), closing the
+//! connection (which ends a sender blocked on it). A failed session is
+//! noted against its node ([`Replicator::failures`]) for the choice of the
+//! next target, and retried after a bounded back-off.
+//!
+//! **Vouched acknowledgements.** A standby's acknowledgements answer
+//! requests only while every node `P/sync` may name is that standby, this
+//! node, or nobody ([`Replicator::naming`], [`Replicator::named`]): when
+//! the leader moves from a dropped standby to another, what the new one
+//! acknowledges waits until etcd names it, so the node `P/sync` names always
+//! has every change answered (it is the one that may be promoted).
+//!
 //! # Memory ordering
 //!
 //! `acked` and `in_sync` are written by the session threads and read by
 //! requests: `Release`/`Acquire`, and every change is followed by a
 //! wake-up ([`Waiters`]: an acknowledgement wakes the requests it covers,
 //! any other change all of them); a waiter registers before it checks, so
-//! it misses no change. `released`, `broken`, `streaming` and the session number are flags between
-//! threads with no data hanging off them beyond what they say (`AcqRel`).
+//! it misses no change. `vouched` is written under the target's lock (with
+//! `named`) and read by requests, `Release`/`Acquire`, each change followed
+//! by a wake-up of all of them. `released`, `broken`, `streaming` and the
+//! session number are flags between threads with no data hanging off them
+//! beyond what they say (`AcqRel`).
 
 use super::lag::LagClock;
+use super::liveness::{self, Backoff, Silence};
 use super::waiters::Waiters;
 use super::wire::{Feature, Msg, Range, Session};
 use super::SyncMode;
@@ -50,18 +70,22 @@ use crate::durable::codec;
 use crate::durable::spaces::{Catalog, Entry};
 use crate::durable::tap::{BoxFuture, Frame, Replication};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use std::io::{BufReader, BufWriter, Write as _};
+use hf3fs_meta_tls::duplex::Stream as Conn;
+use std::collections::HashMap;
+use std::io::{BufWriter, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 /// Bytes of records per snapshot part.
 const PART_BYTES: usize = 4 << 20;
 /// How often an idle sender looks at its target.
 const POLL: Duration = Duration::from_millis(50);
-/// The wait before reconnecting after a failed session.
-const RETRY: Duration = Duration::from_millis(200);
+/// How often the acknowledgement reader looks at the standby's deadline.
+const TICK: Duration = Duration::from_millis(50);
+/// The heartbeat interval until [`Replicator::set_heartbeat`] sets one.
+const HEARTBEAT: Duration = Duration::from_millis(500);
 
 /// The standby a leader streams to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +94,9 @@ pub struct Target {
     pub node: String,
     /// Its replication listener.
     pub addr: SocketAddr,
+    /// The host that address was advertised as: over TLS, the name the
+    /// standby's certificate must carry.
+    pub host: String,
     /// The leader's epoch.
     pub epoch: u64,
     /// The protocol versions it speaks, as it published them in etcd
@@ -137,6 +164,23 @@ pub struct Replicator {
     /// The lag in seconds: frames stamped as written, dropped as
     /// acknowledged.
     pub lag: LagClock,
+    /// The heartbeat interval, in nanoseconds.
+    heartbeat: AtomicU64,
+    /// When the target last changed ([`crate::node::now`]).
+    since: AtomicU64,
+    /// Every node `P/sync` may name now (see the module docs); `None`:
+    /// nobody.
+    named: Mutex<Vec<Option<String>>>,
+    /// The standby's acknowledgements answer requests: every node in
+    /// `named` is the target, this node, or nobody.
+    vouched: AtomicBool,
+    /// When each node's last session failed ([`crate::node::now`]).
+    failed: Mutex<HashMap<String, u64>>,
+    /// Sessions dropped because the standby acknowledged nothing within
+    /// its deadline.
+    pub dropped: AtomicU64,
+    /// With `--tls-cert`: the stream's TLS configuration.
+    tls: OnceLock<hf3fs_meta_tls::Client>,
 }
 
 impl Replicator {
@@ -213,6 +257,13 @@ impl Replicator {
             sync_failures: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             lag: LagClock::default(),
+            heartbeat: AtomicU64::new(HEARTBEAT.min(wait / 4).as_nanos() as u64),
+            since: AtomicU64::new(0),
+            named: Mutex::new(vec![None]),
+            vouched: AtomicBool::new(true),
+            failed: Mutex::default(),
+            dropped: AtomicU64::new(0),
+            tls: OnceLock::new(),
         });
         let me = r.clone();
         std::thread::Builder::new()
@@ -232,12 +283,79 @@ impl Replicator {
             // frame not built meanwhile (a later one shows as a gap).
             self.streaming.store(target.is_some(), Ordering::Release);
             *t = target;
+            self.since.store(crate::node::now(), Ordering::Release);
+            self.vouch(&t, &self.named.lock().unwrap_or_else(PoisonError::into_inner));
             let _a = self.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
             self.session.fetch_add(1, Ordering::AcqRel);
             self.in_sync.store(false, Ordering::Release);
             drop(_a);
             self.waiters.wake_all();
         }
+    }
+
+    /// Sends a heartbeat whenever nothing was sent for `every` (the
+    /// standby's deadline, its sync timeout, must be longer).
+    pub fn set_heartbeat(&self, every: Duration) {
+        self.heartbeat.store(every.as_nanos().max(1) as u64, Ordering::Relaxed);
+    }
+
+    fn heartbeat_every(&self) -> Duration {
+        Duration::from_nanos(self.heartbeat.load(Ordering::Relaxed))
+    }
+
+    /// Recomputes [`Replicator::vouched`] from the target and the names
+    /// `P/sync` may hold (both locks held by the caller, target first).
+    fn vouch(&self, target: &Option<Target>, named: &[Option<String>]) {
+        let ok = liveness::vouched(&self.node, target.as_ref().map(|t| t.node.as_str()), named);
+        self.vouched.store(ok, Ordering::Release);
+    }
+
+    fn set_named(&self, f: impl FnOnce(&mut Vec<Option<String>>)) {
+        let t = self.target.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut named = self.named.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut named);
+        self.vouch(&t, &named);
+        drop((named, t));
+        self.waiters.wake_all();
+    }
+
+    /// `P/sync` names `standby` (`None`: nobody), as read from etcd or
+    /// written: forgets every other name it might have held.
+    pub fn named(&self, standby: Option<&str>) {
+        self.set_named(|n| *n = vec![standby.map(str::to_string)]);
+    }
+
+    /// `P/sync` is about to be written to name `standby`: until
+    /// [`Replicator::named`] says the write landed, it may name that node
+    /// or the one it named before.
+    pub fn naming(&self, standby: Option<&str>) {
+        let s = standby.map(str::to_string);
+        self.set_named(|n| {
+            if !n.contains(&s) {
+                n.push(s);
+            }
+        });
+    }
+
+    /// Whether the standby's acknowledgements answer requests now (see the
+    /// module docs).
+    pub fn vouched(&self) -> bool {
+        self.vouched.load(Ordering::Acquire)
+    }
+
+    /// When the target last changed ([`crate::node::now`]).
+    pub fn target_since(&self) -> u64 {
+        self.since.load(Ordering::Acquire)
+    }
+
+    /// When each node's last session failed ([`crate::node::now`]).
+    pub fn failures(&self) -> HashMap<String, u64> {
+        self.failed.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Notes that a session with `node` (or finding its address) failed.
+    pub fn note_failure(&self, node: &str) {
+        self.failed.lock().unwrap_or_else(PoisonError::into_inner).insert(node.to_string(), crate::node::now());
     }
 
     /// This node leads at `epoch` from now on (0: it does not lead): its
@@ -302,6 +420,7 @@ impl Replicator {
     /// The sender thread: one session after another, for as long as the
     /// process runs.
     fn run(self: Arc<Self>, rx: Receiver<Item>) {
+        let mut backoff = Backoff::default();
         loop {
             let (n, target) = self.current();
             let Some(t) = target else {
@@ -311,12 +430,21 @@ impl Replicator {
                 while rx.try_recv().is_ok() {}
                 continue;
             };
+            let syncs = self.syncs.load(Ordering::Relaxed);
             if let Err(e) = self.run_session(n, &t, &rx) {
+                self.note_failure(&t.node);
                 tracing::warn!(standby = %t.node, epoch = t.epoch, store = self.dialect.label(), "replication session ended: {e}");
             }
             self.end_session(n);
-            if self.session.load(Ordering::Acquire) == n {
-                std::thread::sleep(RETRY);
+            if self.syncs.load(Ordering::Relaxed) != syncs {
+                backoff.reset();
+            }
+            // The back-off, cut short by a new target; frames queued
+            // meanwhile are in the next session's snapshot.
+            let until = Instant::now() + backoff.wait();
+            while self.session.load(Ordering::Acquire) == n && Instant::now() < until {
+                let _ = rx.recv_timeout(POLL);
+                while rx.try_recv().is_ok() {}
             }
         }
     }
@@ -344,7 +472,9 @@ impl Replicator {
                 Range::THIS
             ));
         }
-        let stream = TcpStream::connect_timeout(&t.addr, Duration::from_secs(1)).map_err(|e| e.to_string())?;
+        let connect = liveness::CONNECT.min(self.wait);
+        let stream = TcpStream::connect_timeout(&t.addr, connect).map_err(|e| format!("connecting: {e}"))?;
+        let stream = self.secure(stream, t)?;
         let closer = stream.try_clone().map_err(|e| e.to_string())?;
         let r = self.stream_to(n, t, rx, stream);
         let _ = closer.shutdown(std::net::Shutdown::Both);
@@ -352,14 +482,36 @@ impl Replicator {
         r
     }
 
+    /// `sock` as this node streams: over TLS with `--tls-cert` (the
+    /// standby's certificate verified as `t.host`, this node's presented),
+    /// else plain.
+    fn secure(&self, sock: TcpStream, t: &Target) -> Result<Conn, String> {
+        let Some(tls) = self.tls.get() else { return Ok(Conn::Plain(sock)) };
+        let name = hf3fs_meta_tls::server_name(&t.host)?;
+        let _ = sock.set_read_timeout(Some(Duration::from_secs(10)));
+        let _ = sock.set_write_timeout(Some(Duration::from_secs(10)));
+        Conn::client(sock, tls.get(), name).map_err(|e| {
+            let reason = hf3fs_meta_tls::Reason::of_io(&e);
+            hf3fs_meta_tls::failures::count(reason);
+            format!("TLS handshake with the standby ({}) failed ({}): {e}", t.host, reason.label())
+        })
+    }
+
+    /// Streams over TLS from now on (with `--tls-cert`).
+    pub fn set_tls(&self, tls: hf3fs_meta_tls::Client) {
+        let _ = self.tls.set(tls);
+    }
+
     /// Hello, snapshot, then frames, on `stream`.
-    fn stream_to(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>, stream: TcpStream) -> Result<(), String> {
+    fn stream_to(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>, stream: Conn) -> Result<(), String> {
         let _ = stream.set_nodelay(true);
         // A standby that stops reading (paused) must not hold this thread
         // forever: the write fails and the session starts over.
         let _ = stream.set_write_timeout(Some(self.wait.max(Duration::from_secs(1))));
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-        let mut rd = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
+        // Every read has a short timeout (see `AckReader`): the standby's
+        // silence is timed, and a wait ends early when the target changes.
+        let _ = stream.set_read_timeout(Some(TICK));
+        let mut acks = AckReader { stream: stream.try_clone().map_err(|e| e.to_string())?, buf: Vec::new() };
         let mut wr = BufWriter::with_capacity(1 << 20, stream.try_clone().map_err(|e| e.to_string())?);
         // The session's version as the standby published its range: to a
         // version-2 standby, version 2's hello, byte for byte.
@@ -384,7 +536,21 @@ impl Replicator {
         };
         send(&mut wr, &hello)?;
         wr.flush().map_err(|e| e.to_string())?;
-        let (session, release) = match Msg::read_from(&mut rd).map_err(|e| e.to_string())? {
+        // The answer is due within the sync timeout: a listener reached
+        // through a black hole never answers.
+        let due = Instant::now() + self.wait.max(Duration::from_millis(100));
+        let answer = loop {
+            if let Some(m) = acks.next().map_err(|e| format!("reading the hello's answer: {e}"))? {
+                break m;
+            }
+            if self.session.load(Ordering::Acquire) != n {
+                return Ok(());
+            }
+            if Instant::now() >= due {
+                return Err(format!("the standby did not answer the hello within {:?}", self.wait));
+            }
+        };
+        let (session, release) = match answer {
             Msg::Welcome if !expected.has(Feature::Agreed) => (expected, "a release of protocol 2".to_string()),
             Msg::Agreed { version, release } if expected.has(Feature::Agreed) && Range::THIS.contains(version) => {
                 (Session::at(version), release)
@@ -398,7 +564,6 @@ impl Replicator {
             m => return Err(format!("an unexpected answer {m:?} to a hello of protocol {}", expected.version())),
         };
         *self.session_info.lock().unwrap_or_else(PoisonError::into_inner) = Some((session.version(), release));
-        let _ = stream.set_read_timeout(None);
         // Frames queued before the snapshot begins are in it.
         while rx.try_recv().is_ok() {}
         self.broken.store(false, Ordering::Release);
@@ -411,8 +576,14 @@ impl Replicator {
         }
         let r = (self.head)();
         self.send_snapshot(&mut wr, t.epoch, r)?;
+        // The first heartbeat, at once: it tells the standby that this
+        // leader sends them (it times the session from then on).
+        let (mut at, mut generation) = (r, 0);
+        send(&mut wr, &liveness::heartbeat(t.epoch, generation, at))?;
+        wr.flush().map_err(|e| e.to_string())?;
+        let mut sent = Instant::now();
         let dead = Arc::new(AtomicBool::new(false));
-        self.spawn_acks(rd, r, dead.clone(), stream);
+        self.spawn_acks(acks, &t.node, r, dead.clone(), stream);
         tracing::info!(standby = %t.node, epoch = t.epoch, position = r, store = self.dialect.label(), "sent a snapshot; streaming");
         loop {
             if dead.load(Ordering::Acquire) {
@@ -421,9 +592,17 @@ impl Replicator {
             if self.session.load(Ordering::Acquire) != n || self.broken.load(Ordering::Acquire) {
                 return Ok(());
             }
-            let f = match rx.recv_timeout(POLL) {
+            let every = self.heartbeat_every();
+            let f = match rx.recv_timeout(POLL.min(every)) {
                 Ok(f) => f,
-                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Timeout) => {
+                    if sent.elapsed() >= every {
+                        send(&mut wr, &liveness::heartbeat(t.epoch, generation, at))?;
+                        wr.flush().map_err(|e| e.to_string())?;
+                        sent = Instant::now();
+                    }
+                    continue;
+                }
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             };
             for f in std::iter::once(f).chain(rx.try_iter()) {
@@ -440,6 +619,7 @@ impl Replicator {
                     }
                     continue;
                 }
+                (at, generation) = (f.upto, f.generation);
                 let m = Msg::Frame {
                     epoch: t.epoch,
                     generation: f.generation,
@@ -451,12 +631,13 @@ impl Replicator {
                 send(&mut wr, &m)?;
             }
             wr.flush().map_err(|e| e.to_string())?;
+            sent = Instant::now();
         }
     }
 
     /// Sends the store's state as of (at least) position `r` (with SGLang's
     /// catalog, read now: after `r`).
-    fn send_snapshot(&self, wr: &mut BufWriter<TcpStream>, epoch: u64, r: u64) -> Result<(), String> {
+    fn send_snapshot(&self, wr: &mut BufWriter<Conn>, epoch: u64, r: u64) -> Result<(), String> {
         send(wr, &Msg::SnapshotBegin { epoch })?;
         // Spaces beyond the catalog read here were made after it, after `r`:
         // their records, and their names, come in the stream.
@@ -505,13 +686,44 @@ impl Replicator {
         wr.flush().map_err(|e| e.to_string())
     }
 
-    /// Reads acknowledgements until the connection ends; the standby is in
-    /// sync from its acknowledgement of `r` on.
-    fn spawn_acks(self: &Arc<Self>, mut rd: BufReader<TcpStream>, r: u64, dead: Arc<AtomicBool>, s: TcpStream) {
-        let me = self.clone();
+    /// Reads acknowledgements until the connection ends or the standby
+    /// misses its deadline (then the session is dropped and counted); the
+    /// standby is in sync from its acknowledgement of `r` on.
+    fn spawn_acks(self: &Arc<Self>, mut rd: AckReader, node: &str, r: u64, dead: Arc<AtomicBool>, s: Conn) {
+        let (me, node) = (self.clone(), node.to_string());
         let n = self.session.load(Ordering::Acquire);
         let spawned = std::thread::Builder::new().name("ha-replicator-acks".into()).spawn(move || {
-            while let Ok(Msg::Ack { upto }) = Msg::read_from(&mut rd) {
+            let mut silence = Silence::new(crate::node::now());
+            loop {
+                let upto = match rd.next() {
+                    Ok(Some(Msg::Ack { upto })) => upto,
+                    Ok(None) => {
+                        let now = crate::node::now();
+                        if me.session.load(Ordering::Acquire) != n {
+                            break;
+                        }
+                        if silence.expired(now, me.wait) {
+                            // Noted before the session ends: whoever sees
+                            // the standby out of sync sees the failure too.
+                            me.note_failure(&node);
+                            me.dropped.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(
+                                standby = %node,
+                                store = me.dialect.label(),
+                                silent_ms = silence.silent_for(now) / 1_000_000,
+                                "the standby acknowledged nothing within its deadline: dropping it"
+                            );
+                            break;
+                        }
+                        continue;
+                    }
+                    Ok(Some(m)) => {
+                        tracing::warn!(store = me.dialect.label(), "an unexpected message from the standby: {m:?}");
+                        break;
+                    }
+                    Err(_) => break,
+                };
+                silence.heard(crate::node::now(), upto >= r);
                 let a = me.ack_lock.lock().unwrap_or_else(PoisonError::into_inner);
                 if me.session.load(Ordering::Acquire) != n {
                     break;
@@ -541,7 +753,7 @@ impl Replicator {
 
     /// `Ok` once `upto` may be answered (see the module docs).
     async fn wait_ack(&self, upto: u64) -> Result<(), String> {
-        let acked = || self.in_sync.load(Ordering::Acquire) && self.acked() >= upto;
+        let acked = || self.in_sync.load(Ordering::Acquire) && self.vouched() && self.acked() >= upto;
         // The timer is armed at its first poll: not at all when the
         // standby has acknowledged already.
         let timeout = tokio::time::sleep(self.wait);
@@ -550,7 +762,7 @@ impl Replicator {
             // Registered before the checks: a change after them wakes it.
             let woken = self.waiters.wait(upto, acked);
             let in_sync = self.in_sync.load(Ordering::Acquire);
-            if in_sync && self.acked() >= upto {
+            if in_sync && self.vouched() && self.acked() >= upto {
                 return Ok(());
             }
             if !in_sync && self.mode == SyncMode::Available && self.released.load(Ordering::Acquire) {
@@ -608,6 +820,43 @@ fn space(epoch: u64, e: Entry) -> Msg {
     Msg::Space { epoch, id: e.id, rank: e.rank, num_pages: e.num_pages, namespace: e.namespace }
 }
 
-fn send(wr: &mut BufWriter<TcpStream>, m: &Msg) -> Result<(), String> {
+fn send(wr: &mut BufWriter<Conn>, m: &Msg) -> Result<(), String> {
     m.write_to(wr).map_err(|e| format!("writing to the standby: {e}"))
+}
+
+/// The standby's messages, read from a socket with a short read timeout
+/// ([`TICK`]) so that its silence can be timed: bytes are kept across
+/// timeouts and a message is decoded once whole, so a timeout never cuts
+/// one.
+struct AckReader {
+    stream: Conn,
+    buf: Vec<u8>,
+}
+
+impl AckReader {
+    /// The next message; `Ok(None)` when the read timed out first.
+    fn next(&mut self) -> std::io::Result<Option<Msg>> {
+        use std::io::ErrorKind;
+        loop {
+            if self.buf.len() >= 4 {
+                let len = u32::from_le_bytes(self.buf[..4].try_into().expect("4 bytes")) as usize;
+                if len == 0 || len > super::wire::MAX_MESSAGE {
+                    return Err(std::io::Error::new(ErrorKind::InvalidData, format!("a message of {len} bytes")));
+                }
+                if self.buf.len() >= 4 + len {
+                    let m = Msg::decode(&self.buf[4..4 + len]);
+                    self.buf.drain(..4 + len);
+                    return m.map(Some);
+                }
+            }
+            let mut chunk = [0u8; 512];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+                Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }

@@ -11,6 +11,8 @@
 //!   acknowledges positions once its own disk has them; [`apply`] lands
 //!   each store's records.
 //! - [`lag`]: the lag in seconds, from frames stamped as written.
+//! - [`liveness`]: heartbeats, both sides' deadlines, the reconnection
+//!   back-off and the choice of the next standby when one stops answering.
 //! - [`status`]: what `/health`, `/stats` and `/metrics` show of it.
 //! - [`waiters`]: the requests waiting for an acknowledgement, woken by
 //!   position.
@@ -41,6 +43,7 @@
 pub mod apply;
 pub mod lag;
 pub mod leader;
+pub mod liveness;
 pub mod promote;
 pub mod standby;
 pub mod start;
@@ -81,10 +84,19 @@ pub struct ReplicationArgs {
     pub ha_sync: SyncMode,
 
     /// Milliseconds a change waits for the standby's acknowledgement
-    /// before it is answered 503.
+    /// before it is answered 503; also how long either side of the
+    /// replication stream stays silent before the other closes the session
+    /// (a standby that acknowledges nothing for it is dropped).
     #[arg(long, env = "HF3FS_META_HA_SYNC_TIMEOUT_MS", default_value_t = 2000,
           value_parser = clap::value_parser!(u64).range(1..=600_000))]
     pub ha_sync_timeout_ms: u64,
+
+    /// Milliseconds between the leader's heartbeats on an idle replication
+    /// stream (an empty frame the standby acknowledges); must be below
+    /// `--ha-sync-timeout-ms`.
+    #[arg(long, env = "HF3FS_META_HA_HEARTBEAT_MS", default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub ha_heartbeat_ms: u64,
 
     /// Where this node listens for its leader's replication stream.
     #[arg(long, env = "HF3FS_META_HA_REPLICATION_LISTEN", default_value = "127.0.0.1:0")]
@@ -101,6 +113,24 @@ impl ReplicationArgs {
     /// The acknowledgement wait.
     pub fn sync_timeout(&self) -> Duration {
         Duration::from_millis(self.ha_sync_timeout_ms)
+    }
+
+    /// The heartbeat interval.
+    pub fn heartbeat(&self) -> Duration {
+        Duration::from_millis(self.ha_heartbeat_ms)
+    }
+
+    /// Refuses a heartbeat interval the sync timeout does not exceed: the
+    /// standby would close every idle session.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.ha_heartbeat_ms >= self.ha_sync_timeout_ms {
+            return Err(format!(
+                "--ha-heartbeat-ms {} must be below --ha-sync-timeout-ms {}: a standby closes a session silent for \
+                 the sync timeout",
+                self.ha_heartbeat_ms, self.ha_sync_timeout_ms
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -21,11 +21,18 @@
 //! - A node that leads (or was just promoted) and is named in `P/sync`
 //!   itself may answer without a standby in `available` mode: only it could
 //!   win the next election, and it has everything it acknowledged.
+//! - **A standby that stops answering is replaced** ([`super::liveness`]):
+//!   once dropped for silence (or its session fails), the next period
+//!   streams to the live node whose last failure is the oldest; that node
+//!   is named as soon as it is in sync, and what it acknowledges answers requests only
+//!   once `P/sync` names it ([`Replicators::naming`]). Until then `strict`
+//!   answers 503 and `available` removes `P/sync` and serves.
 //! - A deposed leader streams to nobody. It is a follower; when the new
 //!   leader picks it as standby, its first session starts with a snapshot
 //!   that replaces its whole state, so it never serves its own stale state.
 
 use super::leader::Target;
+use super::liveness::{choose, Current, CATCH_UP};
 use super::standby::Standby;
 use super::stores::Replicators;
 use super::wire::Range;
@@ -33,7 +40,7 @@ use super::{address_key, SyncMode};
 use crate::election::{BoxFuture, Election, Member, Promotion, PromotionContext, Refusal};
 use crate::version::NodeInfo;
 use std::net::ToSocketAddrs;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
@@ -44,12 +51,17 @@ pub struct Replicated {
     mode: SyncMode,
     /// The election, once started ([`Replicated::bind`]).
     election: OnceLock<Weak<Election>>,
-    /// An etcd write or address lookup of this hook is in flight: the next
-    /// period does not start another.
+    /// An etcd write of this hook is in flight: the next period does not
+    /// start another.
     busy: Arc<AtomicBool>,
     /// The node a switchover asked for (`--to`): streamed to from the next
     /// period on, while it lives.
     preferred: Mutex<Option<String>>,
+    /// An address lookup is in flight (apart from the writes: a lookup of
+    /// a standby that does not answer must never hold back `P/sync`).
+    looking: Arc<AtomicBool>,
+    /// The epoch whose `P/sync` the replicators were told of.
+    told: AtomicU64,
 }
 
 impl Replicated {
@@ -62,6 +74,8 @@ impl Replicated {
             election: OnceLock::new(),
             busy: Default::default(),
             preferred: Mutex::new(None),
+            looking: Default::default(),
+            told: AtomicU64::new(0),
         })
     }
 
@@ -70,41 +84,58 @@ impl Replicated {
         let _ = self.election.set(Arc::downgrade(election));
     }
 
-    /// Runs `job` on the runtime unless a job is running.
-    fn spawn(&self, job: impl std::future::Future<Output = ()> + Send + 'static) {
-        if self.busy.swap(true, Ordering::AcqRel) {
+    /// Runs `job` on the runtime unless a job holding `flag` is running.
+    fn spawn_on(flag: &Arc<AtomicBool>, job: impl std::future::Future<Output = ()> + Send + 'static) {
+        if flag.swap(true, Ordering::AcqRel) {
             return;
         }
-        let busy = self.busy.clone();
+        let flag = flag.clone();
         tokio::spawn(async move {
             job.await;
-            busy.store(false, Ordering::Release);
+            flag.store(false, Ordering::Release);
         });
     }
 
-    /// Picks whom to stream to: the current target while it lives, else the
-    /// named standby, else the first live node; looks its address up (again,
-    /// while the target is not in sync: it may have restarted elsewhere).
+    /// Runs an etcd write unless one is running.
+    fn spawn(&self, job: impl std::future::Future<Output = ()> + Send + 'static) {
+        Self::spawn_on(&self.busy, job);
+    }
+
+    /// Picks whom to stream to ([`super::liveness::choose`]: the current
+    /// target while it is live and in sync or being caught up, else the live
+    /// node that failed longest ago, the named standby first); looks its
+    /// address up (again, while the target is not in sync: it may have
+    /// restarted elsewhere).
     fn choose_target(&self, e: &Arc<Election>, epoch: u64, members: &[Member], current: Option<&str>) {
-        let live = |n: &str| members.iter().any(|m| m.node == n);
-        let preferred = self.preferred.lock().unwrap_or_else(PoisonError::into_inner).clone().filter(|p| live(p));
-        let target = self.replicator.target().filter(|t| t.epoch == epoch && live(&t.node));
-        let on_preferred = preferred.as_ref().is_none_or(|p| target.as_ref().is_some_and(|t| t.node == *p));
-        if target.is_some() && self.replicator.synced().is_some() && on_preferred {
-            return;
-        }
-        let keep = preferred.or(target.map(|t| t.node));
-        let Some(pick) = keep.as_deref().or(current.filter(|c| live(c))).or(members.first().map(|m| m.node.as_str()))
-        else {
+        let target = self.replicator.target().filter(|t| t.epoch == epoch);
+        let in_sync = target.is_some() && self.replicator.synced().is_some();
+        let live: Vec<&str> = members.iter().map(|m| m.node.as_str()).collect();
+        // The node a switchover asked for, while it lives, before the choice.
+        let preferred = self
+            .preferred
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|p| live.contains(&p.as_str()));
+        let now =
+            target.as_ref().map(|t| Current { node: t.node.as_str(), in_sync, since: self.replicator.target_since() });
+        let chosen = choose(&live, current, now, &self.replicator.failures());
+        let Some(pick) = preferred.as_deref().or(chosen) else {
             self.replicator.set_target(None);
             return;
         };
-        let (e, r, node) = (e.clone(), self.replicator.clone(), pick.to_string());
-        self.spawn(async move {
+        if in_sync && target.as_ref().is_some_and(|t| t.node == pick) {
+            return;
+        }
+        let (e, r, node, busy) = (e.clone(), self.replicator.clone(), pick.to_string(), self.busy.clone());
+        Self::spawn_on(&self.looking, async move {
             let key = address_key(e.keys(), &node);
             let addr = match e.etcd().get(&key).await {
                 Ok(Some(kv)) => String::from_utf8_lossy(&kv.value).into_owned(),
-                Ok(None) => return tracing::warn!(standby = %node, "no replication address in etcd yet"),
+                Ok(None) => {
+                    r.note_failure(&node);
+                    return tracing::warn!(standby = %node, "no replication address in etcd yet");
+                }
                 Err(err) => return tracing::warn!(standby = %node, "reading its replication address: {err}"),
             };
             // Its protocol range: none published, a node of release 0.1.0.
@@ -112,11 +143,48 @@ impl Replicated {
                 Ok(kv) => kv.and_then(|kv| NodeInfo::decode(&kv.value)).map_or(Range::LEGACY, |i| i.range),
                 Err(err) => return tracing::warn!(standby = %node, "reading its release and versions: {err}"),
             };
+            let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h).to_string();
             match addr.to_socket_addrs().ok().and_then(|mut a| a.next()) {
-                Some(addr) => r.set_target(Some(Target { node, addr, epoch, range })),
-                None => tracing::warn!(standby = %node, "unusable replication address {addr:?}"),
+                Some(addr) => r.set_target(Some(Target { node: node.clone(), addr, host, epoch, range })),
+                None => {
+                    r.note_failure(&node);
+                    return tracing::warn!(standby = %node, "unusable replication address {addr:?}");
+                }
+            }
+            // Named as soon as it is in sync, not a period later: writes
+            // held for the name resume one period sooner.
+            let since = r.target_since();
+            let until = tokio::time::Instant::now() + CATCH_UP;
+            while tokio::time::Instant::now() < until {
+                let current = r.target().is_some_and(|t| t.node == node && t.epoch == epoch);
+                if !current || r.failures().get(&node).is_some_and(|&f| f >= since) {
+                    return;
+                }
+                if r.synced().as_deref() == Some(node.as_str()) {
+                    if e.node().standby().as_deref() != Some(node.as_str()) {
+                        Self::spawn_on(&busy, name(e, r, epoch, node));
+                    }
+                    return;
+                }
+                tokio::time::sleep(NAME_POLL).await;
             }
         });
+    }
+}
+
+/// How often a lookup that set a new target looks whether it is in sync.
+const NAME_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Names `x`, in sync, the synchronous standby at `epoch`: no answer
+/// without a standby from here on, then its name; its acknowledgements
+/// count once the name landed.
+async fn name(e: Arc<Election>, r: Arc<Replicators>, epoch: u64, x: String) {
+    r.release(false);
+    r.naming(Some(&x));
+    match e.name_standby(epoch, Some(&x)).await {
+        Ok(true) => r.named(Some(&x)),
+        Ok(false) => {}
+        Err(err) => tracing::warn!(epoch, "could not name {x} the synchronous standby: {err}"),
     }
 }
 
@@ -198,6 +266,14 @@ impl Promotion for Replicated {
         })
     }
 
+    fn naming(&self, standby: Option<&str>) {
+        self.replicator.naming(standby);
+    }
+
+    fn named(&self, standby: Option<&str>) {
+        self.replicator.named(standby);
+    }
+
     fn deposed(&self, _epoch: u64) {
         *self.preferred.lock().unwrap_or_else(PoisonError::into_inner) = None;
         self.replicator.lead(0);
@@ -208,25 +284,23 @@ impl Promotion for Replicated {
     fn standby(&self, members: &[Member], current: Option<&str>) -> Option<Option<String>> {
         let e = self.election.get()?.upgrade()?;
         let epoch = e.node().role().epoch();
+        // What P/sync names as this leader found it; from then on, only
+        // this hook's writes change it, and tell the replicators.
+        if self.told.swap(epoch, Ordering::AcqRel) != epoch {
+            self.replicator.named(current);
+        }
         self.choose_target(&e, epoch, members, current);
         let me = e.node().id.clone();
         match self.replicator.synced() {
-            Some(x) if current != Some(x.as_str()) => {
-                let r = self.replicator.clone();
-                self.spawn(async move {
-                    // No answer without the standby from here on, then its name.
-                    r.release(false);
-                    if let Err(err) = e.name_standby(epoch, Some(&x)).await {
-                        tracing::warn!(epoch, "could not name {x} the synchronous standby: {err}");
-                    }
-                });
-            }
+            Some(x) if current != Some(x.as_str()) => self.spawn(name(e, self.replicator.clone(), epoch, x)),
             Some(_) => {}
             None if self.mode == SyncMode::Available => match current {
                 Some(c) if c != me => {
                     let r = self.replicator.clone();
                     self.spawn(async move {
+                        r.naming(None);
                         if let Ok(true) = e.name_standby(epoch, None).await {
+                            r.named(None);
                             r.release(true);
                         }
                     });

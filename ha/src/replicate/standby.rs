@@ -15,6 +15,26 @@
 //! kept for `/health`): a session runs at the highest version both speak
 //! ([`super::wire::Session`]).
 //!
+//! In a cluster ([`Standby::check_leaders_with`]), the secret is only a
+//! second factor: a hello is admitted only for the epoch and node that etcd
+//! names as leader (the leader key's create revision and value), read again
+//! from etcd whenever a hello names an epoch other than the one last read.
+//! Any other hello is refused and counted (`not_leader`), whatever secret
+//! it carries: a sniffed secret and a made-up epoch replace nothing. With
+//! `--tls-cert` the listener speaks only TLS ([`Standby::set_tls`]), and
+//! with `--tls-client-ca` a leader must present a certificate that CA
+//! signed before its hello is read.
+//!
+//! Liveness ([`super::liveness`]): a heartbeat (an empty frame at the
+//! leader's position) is acknowledged like any repeated frame, with this
+//! node's position. From the first heartbeat of a session on, the session
+//! has a read deadline of this node's `--ha-sync-timeout-ms`: a leader that
+//! sends nothing for that long is taken as gone, the session is closed
+//! (counted, [`Counters::leader_silent`]) and the listener waits for the
+//! next one; this node stays caught up at its position. A newer session of
+//! the same store ends the older one at its next message, so a stalled
+//! connection that comes back after a heal applies nothing.
+//!
 //! Each durable store comes on a connection of its own (the hello names
 //! it), with a position and a caught-up flag of its own: vLLM's store, and
 //! SGLang's spaces', whose snapshot starts by forgetting every space here
@@ -37,15 +57,19 @@ use super::ct_eq;
 use super::wire::{Feature, Msg, Range, Session};
 use crate::core::{Dialect, SpaceName};
 use crate::Host;
+use hf3fs_meta_tls::duplex::Stream as Conn;
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 /// How long the standby waits for its own disk before it gives up on a
 /// message (the leader then sees no acknowledgement and reconnects).
 const LOCAL_SYNC: Duration = Duration::from_secs(10);
+
+/// The longest a TLS handshake on the listener may take.
+const HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// Refusals, by reason, and what was applied.
 #[derive(Debug, Default)]
@@ -60,10 +84,16 @@ pub struct Counters {
     /// Frames that did not follow this node's position, or came before a
     /// snapshot.
     pub bad_position: AtomicU64,
+    /// Hellos for an epoch or node that etcd does not name as leader (or
+    /// when etcd could not be asked).
+    pub not_leader: AtomicU64,
     /// Frames applied.
     pub frames: AtomicU64,
     /// Snapshots applied.
     pub snapshots: AtomicU64,
+    /// Sessions closed because the leader sent nothing, not even a
+    /// heartbeat, within this node's sync timeout.
+    pub leader_silent: AtomicU64,
 }
 
 /// Where one store's stream stands here.
@@ -75,7 +105,14 @@ struct Stream {
     /// A snapshot of the leader at the standby's `epoch` was applied: the
     /// stream since follows without a gap.
     caught_up: AtomicBool,
+    /// The number of the newest session of this store: an older one's
+    /// messages are refused.
+    session: AtomicU64,
 }
+
+/// Who etcd names as leader now: the leader key's create revision (the
+/// epoch) and node id, `None` without a leader; `Err` when etcd cannot say.
+pub type LeaderCheck = Box<dyn Fn() -> Result<Option<(u64, String)>, String> + Send + Sync>;
 
 /// The standby's replication state (see the module docs).
 pub struct Standby {
@@ -99,6 +136,12 @@ pub struct Standby {
     apply: Mutex<[Holds; 2]>,
     /// What was refused and applied.
     pub counters: Counters,
+    /// With `--tls-cert`: the listener's TLS configuration.
+    tls: OnceLock<hf3fs_meta_tls::Server>,
+    /// In a cluster: who etcd names as leader, and the answer last read (a
+    /// std Mutex: held for the read, never across an await).
+    leaders: OnceLock<LeaderCheck>,
+    named: Mutex<Option<(u64, String)>>,
 }
 
 impl Standby {
@@ -121,7 +164,37 @@ impl Standby {
             stores: Default::default(),
             apply: Mutex::new(Default::default()),
             counters: Counters::default(),
+            tls: OnceLock::new(),
+            leaders: OnceLock::new(),
+            named: Mutex::new(None),
         })
+    }
+
+    /// Speaks only TLS on the listener from now on (before
+    /// [`Standby::listen`]): with client authentication in `tls`, a leader
+    /// without a certificate of that CA is refused before its hello is read.
+    pub fn set_tls(&self, tls: hf3fs_meta_tls::Server) {
+        let _ = self.tls.set(tls);
+    }
+
+    /// Admits a hello only for the epoch and node `check` names as leader
+    /// (asked again for an epoch other than the one last named).
+    pub fn check_leaders_with(&self, check: LeaderCheck) {
+        let _ = self.leaders.set(check);
+    }
+
+    /// Whether the leader check lets node `leader` at `epoch` in.
+    fn named_leader(&self, epoch: u64, leader: &str) -> Result<(), String> {
+        let Some(check) = self.leaders.get() else { return Ok(()) };
+        let mut named = self.named.lock().unwrap_or_else(PoisonError::into_inner);
+        if named.as_ref().is_none_or(|(e, _)| *e != epoch) {
+            *named = check().map_err(|e| format!("cannot ask etcd who leads: {e}"))?;
+        }
+        match &*named {
+            Some((e, n)) if *e == epoch && n == leader => Ok(()),
+            Some((e, n)) => Err(format!("etcd names {n} at epoch {e} as leader, not {leader} at epoch {epoch}")),
+            None => Err(format!("etcd names no leader, not {leader} at epoch {epoch}")),
+        }
     }
 
     /// Listens on `addr` (a thread accepts, one thread per connection);
@@ -135,6 +208,7 @@ impl Standby {
                 let Ok(stream) = conn else { continue };
                 let me = me.clone();
                 let _ = std::thread::Builder::new().name("ha-standby".into()).spawn(move || {
+                    let Some(stream) = me.handshake(stream) else { return };
                     if let Err(e) = me.session(stream) {
                         tracing::warn!("replication session ended: {e}");
                     }
@@ -234,10 +308,14 @@ impl Standby {
     }
 
     /// Checks a hello: `Err` names the refusal (already counted).
-    fn admit(&self, token: &[u8], epoch: u64) -> Result<(), String> {
+    fn admit(&self, token: &[u8], epoch: u64, leader: &str) -> Result<(), String> {
         if !ct_eq(token, &self.token) {
             self.counters.bad_token.fetch_add(1, Ordering::Relaxed);
             return Err("bad or missing cluster secret".into());
+        }
+        if let Err(why) = self.named_leader(epoch, leader) {
+            self.counters.not_leader.fetch_add(1, Ordering::Relaxed);
+            return Err(why);
         }
         let _g = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
         let newest = self.epoch.load(Ordering::Acquire);
@@ -254,8 +332,31 @@ impl Standby {
         Ok(())
     }
 
+    /// The connection as the listener speaks it: TLS with `--tls-cert`
+    /// (the handshake done, bounded by [`HANDSHAKE`]), else plain; `None`
+    /// (counted, logged) for a refused handshake.
+    fn handshake(&self, sock: TcpStream) -> Option<Conn> {
+        let Some(tls) = self.tls.get() else { return Some(Conn::Plain(sock)) };
+        let peer = sock.peer_addr().ok();
+        let _ = sock.set_read_timeout(Some(HANDSHAKE));
+        let _ = sock.set_write_timeout(Some(HANDSHAKE));
+        match Conn::server(sock, tls.get()) {
+            Ok(s) => {
+                let _ = s.set_read_timeout(None);
+                let _ = s.set_write_timeout(None);
+                Some(s)
+            }
+            Err(e) => {
+                let reason = hf3fs_meta_tls::Reason::of_io(&e);
+                hf3fs_meta_tls::failures::count(reason);
+                tracing::warn!(?peer, reason = reason.label(), "refused a replication connection's TLS handshake: {e}");
+                None
+            }
+        }
+    }
+
     /// Serves one leader's connection until it closes or is refused.
-    fn session(&self, stream: TcpStream) -> std::io::Result<()> {
+    fn session(&self, stream: Conn) -> std::io::Result<()> {
         let _ = stream.set_nodelay(true);
         let mut rd = BufReader::with_capacity(1 << 20, stream.try_clone()?);
         let mut wr = BufWriter::new(stream);
@@ -290,11 +391,12 @@ impl Standby {
             }
         };
         // The secret first: a hello without it learns nothing, versions
-        // included (admit checks it, and counts it).
+        // included (admit checks it, and counts it). Either form of the
+        // hello is admitted only from the leader etcd names at its epoch.
         let admitted = if ct_eq(&token, &self.token) {
-            self.agree(offered, legacy, &release).and_then(|s| self.admit(&token, epoch).map(|()| s))
+            self.agree(offered, legacy, &release).and_then(|s| self.admit(&token, epoch, &leader).map(|()| s))
         } else {
-            self.admit(&token, epoch).map(|()| Session::at(0))
+            self.admit(&token, epoch, &leader).map(|()| Session::at(0))
         };
         let session = match admitted {
             Ok(s) => s,
@@ -317,6 +419,8 @@ impl Standby {
         } else {
             Msg::Welcome.write_to(&mut wr)?;
         }
+        let mine = self.stores[store.index()].session.fetch_add(1, Ordering::AcqRel) + 1;
+        let deadline = self.app().map_err(std::io::Error::other)?.replication_args().sync_timeout();
         wr.flush()?;
         // Applying and acknowledging run apart: while the acknowledger waits
         // for this node's disk, the next frames are applied (and their
@@ -325,12 +429,30 @@ impl Standby {
         let me = self.app.clone();
         let acker =
             std::thread::Builder::new().name("ha-standby-ack".into()).spawn(move || acknowledge(&me, store, rx, wr))?;
+        let mut timed = false;
         let result = loop {
             let msg = match Msg::read_from(&mut rd) {
                 Ok(m) => m,
+                Err(e)
+                    if timed && matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
+                {
+                    self.counters.leader_silent.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        leader,
+                        epoch,
+                        store = store.label(),
+                        "the leader sent nothing for {deadline:?}: closing its session"
+                    );
+                    break Ok(());
+                }
                 Err(e) => break Err(e),
             };
-            match self.on_message(store, epoch, msg) {
+            if !timed && super::liveness::is_heartbeat(&msg) {
+                // This leader sends heartbeats: time its silence from now on.
+                timed = true;
+                rd.get_ref().set_read_timeout(Some(deadline))?;
+            }
+            match self.on_message(store, epoch, mine, msg) {
                 Ok(Some(upto)) => {
                     if tx.send(upto).is_err() {
                         break Err(std::io::Error::other("the acknowledgements stopped"));
@@ -349,9 +471,9 @@ impl Standby {
         result
     }
 
-    /// Applies one message of the leader at `epoch` on its connection of
-    /// `store`; returns the position to acknowledge once durable, if any.
-    fn on_message(&self, store: Dialect, epoch: u64, msg: Msg) -> Result<Option<u64>, String> {
+    /// Applies one message of the leader at `epoch` on its session `mine`
+    /// of `store`; returns the position to acknowledge once durable, if any.
+    fn on_message(&self, store: Dialect, epoch: u64, mine: u64, msg: Msg) -> Result<Option<u64>, String> {
         let mut holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
         let holds = &mut holds[store.index()];
         let app = self.app()?;
@@ -363,6 +485,9 @@ impl Standby {
         if msg.epoch() != epoch || self.epoch.load(Ordering::Acquire) != epoch {
             self.counters.old_epoch.fetch_add(1, Ordering::Relaxed);
             return Err(format!("a message of epoch {} on a session of epoch {epoch}", msg.epoch()));
+        }
+        if stream.session.load(Ordering::Acquire) != mine {
+            return Err("a newer session of this store took over".into());
         }
         match msg {
             Msg::SnapshotBegin { .. } => {
@@ -443,12 +568,7 @@ impl Standby {
 /// waits until this node's own disk has everything applied so far, and
 /// acknowledges it; ends when the session does (or the socket fails, which
 /// ends the session).
-fn acknowledge(
-    app: &Weak<dyn Host>,
-    store: Dialect,
-    rx: crossbeam_channel::Receiver<u64>,
-    mut wr: BufWriter<TcpStream>,
-) {
+fn acknowledge(app: &Weak<dyn Host>, store: Dialect, rx: crossbeam_channel::Receiver<u64>, mut wr: BufWriter<Conn>) {
     while let Ok(first) = rx.recv() {
         let upto = rx.try_iter().fold(first, u64::max);
         let synced = app.upgrade().ok_or_else(|| "the server is stopping".to_string()).and_then(|app| {

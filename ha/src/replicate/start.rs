@@ -1,14 +1,15 @@
 //! Starting replication in the server (`--ha etcd`): the standby's
 //! listener, its address in etcd, the leader's replicators attached to the
 //! durable stores (vLLM's, SGLang's spaces'), and the promotion hook for the
-//! election.
+//! election. With `--tls-cert`, the listener and the streams speak mutual
+//! TLS; the standby admits only the leader etcd names.
 
 use super::address_key;
 use super::leader::Replicator;
 use super::promote::Replicated;
 use super::standby::Standby;
 use super::stores::Replicators;
-use crate::{etcd, Host, Keys};
+use crate::{etcd, Host, Keys, LeaderRecord};
 use std::sync::Arc;
 
 /// Starts replication for `app` (a node of an HA cluster, with `--data-dir`)
@@ -21,7 +22,27 @@ pub async fn start(app: &Arc<dyn Host>, etcd: &etcd::Client, keys: &Keys) -> Res
     )?;
     let token = app.ha_args().validate()?.ok_or("replication needs --ha etcd")?;
     let args = app.replication_args();
+    args.validate()?;
     let standby = Standby::new(app.clone(), token.clone());
+    // Only the epoch and node etcd names as leader may stream here.
+    let checker = Arc::new(app.ha_args().etcd.client(etcd.timeout())?);
+    let (handle, key) = (tokio::runtime::Handle::current(), keys.leader());
+    standby.check_leaders_with(Box::new(move || {
+        // On a session's own thread, never a runtime's: blocking is fine.
+        let kv = handle.block_on(checker.get(&key)).map_err(|e| e.to_string())?;
+        Ok(kv.and_then(|kv| LeaderRecord::decode(&kv.value, kv.create_revision)).map(|r| (r.epoch, r.node)))
+    }));
+    let tls = app.tls_args();
+    let client_tls = tls.replication_client()?;
+    if let Some(server) = tls.server_as("replication_listener")? {
+        if tls.tls_client_ca.is_none() {
+            tracing::warn!(
+                "--tls-cert without --tls-client-ca: the replication stream is encrypted but leaders are not \
+                 authenticated by certificate (only by the cluster secret and etcd's leader key)"
+            );
+        }
+        standby.set_tls(server);
+    }
     let bound = standby
         .listen(args.ha_replication_listen)
         .map_err(|e| format!("--ha-replication-listen {}: {e}", args.ha_replication_listen))?;
@@ -45,14 +66,20 @@ pub async fn start(app: &Arc<dyn Host>, etcd: &etcd::Client, keys: &Keys) -> Res
     let head = Box::new(move || watched.durable().map_or(0, |d| d.sglang.head()));
     let sglang =
         Replicator::start_spaces(d.catalog.clone(), d.sglang.source(), head, token, node.id.clone(), mode, wait);
+    if let Some(c) = client_tls {
+        vllm.set_tls(c.clone());
+        sglang.set_tls(c);
+    }
     d.vllm.attach(vllm.clone());
     d.sglang.attach(sglang.clone());
     let replicators = Replicators::new(vllm, sglang);
+    replicators.set_heartbeat(args.heartbeat());
     tracing::info!(
         listen = %bound,
         advertise,
         sync = ?args.ha_sync,
         timeout_ms = args.ha_sync_timeout_ms,
+        heartbeat_ms = args.ha_heartbeat_ms,
         "replication: listening for a leader's stream"
     );
     node.set_replication(Arc::new(super::Status {

@@ -72,6 +72,7 @@ impl Status {
                     "acknowledged": one.acked(),
                     "lag_records": lag(one),
                     "sync_failures": c(&one.sync_failures),
+                    "dropped": c(&one.dropped),
                     "as_standby": { "position": position, "caught_up": store_caught_up },
                 }),
             );
@@ -88,6 +89,7 @@ impl Status {
             "lag_records": self.lag(),
             "lag_seconds": self.lag_seconds(leading),
             "sync_failures": r.all().iter().map(|r| c(&r.sync_failures)).sum::<u64>(),
+            "dropped": r.dropped(),
             "stores": stores,
             "as_standby": {
                 "epoch": epoch,
@@ -97,10 +99,12 @@ impl Status {
                 "version_refusal": s.version_refusal(),
                 "frames": c(&s.counters.frames),
                 "snapshots": c(&s.counters.snapshots),
+                "leader_silent": c(&s.counters.leader_silent),
                 "refused": {
                     "bad_token": c(&s.counters.bad_token),
                     "bad_version": c(&s.counters.bad_version),
                     "old_epoch": c(&s.counters.old_epoch),
+                    "not_leader": c(&s.counters.not_leader),
                     "bad_position": c(&s.counters.bad_position),
                 },
             },
@@ -113,7 +117,7 @@ impl Status {
         let r = &self.replicators;
         let s = &self.standby;
         let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let series: [(Family, u64); 7] = [
+        let series: [(Family, u64); 9] = [
             (
                 counter(
                     "ha_replication_incompatible_total",
@@ -145,6 +149,22 @@ impl Status {
                 r.all().iter().map(|r| c(&r.syncs)).sum(),
             ),
             (
+                counter(
+                    "ha_standby_dropped_total",
+                    "Replication sessions this leader dropped because the standby acknowledged nothing within \
+                     --ha-sync-timeout-ms.",
+                ),
+                r.dropped(),
+            ),
+            (
+                counter(
+                    "ha_replication_leader_silent_total",
+                    "Replication sessions this node closed as standby because the leader sent nothing, not even a \
+                     heartbeat, within --ha-sync-timeout-ms.",
+                ),
+                c(&s.counters.leader_silent),
+            ),
+            (
                 counter("ha_replication_frames_applied_total", "Frames of a leader's journal applied here as standby."),
                 c(&s.counters.frames),
             ),
@@ -168,6 +188,7 @@ impl Status {
             ("bad_token", &s.counters.bad_token),
             ("bad_version", &s.counters.bad_version),
             ("old_epoch", &s.counters.old_epoch),
+            ("not_leader", &s.counters.not_leader),
             ("bad_position", &s.counters.bad_position),
         ] {
             w.put(&[("reason", &reason)], c(a));

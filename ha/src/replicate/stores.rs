@@ -8,6 +8,7 @@
 
 use super::leader::{Replicator, Target};
 use crate::core::Dialect;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The replicators of both durable stores.
@@ -58,6 +59,55 @@ impl Replicators {
         for r in &self.all {
             r.lead(epoch);
         }
+    }
+
+    /// Both send a heartbeat whenever nothing was sent for `every`.
+    pub fn set_heartbeat(&self, every: std::time::Duration) {
+        for r in &self.all {
+            r.set_heartbeat(every);
+        }
+    }
+
+    /// `P/sync` names `standby` ([`Replicator::named`]), for both.
+    pub fn named(&self, standby: Option<&str>) {
+        for r in &self.all {
+            r.named(standby);
+        }
+    }
+
+    /// `P/sync` is about to name `standby` ([`Replicator::naming`]), for
+    /// both.
+    pub fn naming(&self, standby: Option<&str>) {
+        for r in &self.all {
+            r.naming(standby);
+        }
+    }
+
+    /// When the target last changed (the later of the two).
+    pub fn target_since(&self) -> u64 {
+        self.all.iter().map(|r| r.target_since()).max().unwrap_or(0)
+    }
+
+    /// When each node's last session failed, on either store's stream.
+    pub fn failures(&self) -> HashMap<String, u64> {
+        let mut all = self.of(Dialect::Vllm).failures();
+        for (node, t) in self.of(Dialect::Sglang).failures() {
+            let e = all.entry(node).or_insert(t);
+            *e = (*e).max(t);
+        }
+        all
+    }
+
+    /// Notes a failure of `node` (its address could not be read) for both.
+    pub fn note_failure(&self, node: &str) {
+        for r in &self.all {
+            r.note_failure(node);
+        }
+    }
+
+    /// Sessions dropped for silence, both stores.
+    pub fn dropped(&self) -> u64 {
+        self.all.iter().map(|r| r.dropped.load(std::sync::atomic::Ordering::Relaxed)).sum()
     }
 
     /// `available` mode's release ([`Replicator::release`]), for both.

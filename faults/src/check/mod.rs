@@ -1,0 +1,347 @@
+//! The checkers, over a run's whole history. Each returns its findings; a
+//! run passes when none of them found anything.
+//!
+//! - [`lost`]: no acknowledged confirm lost, read back after the heal with
+//!   each key's completeness rule (`get_locations` on every rank of a
+//!   complete key, a re-save's answer on each acknowledged rank of an
+//!   incomplete one);
+//! - [`pages`]: no page bound to two keys, no read answered with (and no
+//!   allocate handing out) a page another key was bound to;
+//! - [`split_brain`]: no 2xx from an epoch older than one that had already
+//!   answered a 2xx;
+//! - [`linearizable`]: per key, bind, release and read ([`linear`]);
+//! - [`liveness`]: a serving leader and an acknowledged write within a
+//!   bound after the heal, and no window longer than the nemesis allows
+//!   without an acknowledged write.
+//!
+//! The workload never unbinds a key it confirmed (it releases only pages
+//! whose write it abandoned before any confirm, and eviction cannot fire on
+//! its ranks), so a binding observed once holds for the rest of the run.
+
+pub mod linear;
+
+use crate::history::{Call, Dialect, Op, Outcome};
+use linear::{Event, KeyOp};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// One violation: the check, what it saw, and the history ops that show it.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct Finding {
+    /// The checker's name.
+    pub check: &'static str,
+    /// What it found.
+    pub what: String,
+    /// The ops (history ids) that show it.
+    pub ops: Vec<u64>,
+}
+
+fn finding(check: &'static str, what: String, ops: Vec<u64>) -> Finding {
+    Finding { check, what, ops }
+}
+
+/// The world of a key of `dialect` (SGLang's space is one rank).
+fn world_of(dialect: Dialect, world: u32) -> u32 {
+    match dialect {
+        Dialect::Vllm => world,
+        Dialect::Sglang => 1,
+    }
+}
+
+/// Runs every safety checker (all but liveness) over `history`.
+pub fn safety(history: &[Op], world: u32) -> Vec<Finding> {
+    let mut f = lost(history, world);
+    f.extend(pages(history));
+    f.extend(split_brain(history));
+    f.extend(linearizable(history, world));
+    f
+}
+
+/// Acknowledged confirms: (dialect, key) → rank → (page, op id).
+fn acknowledged(history: &[Op]) -> BTreeMap<(Dialect, String), BTreeMap<u32, (i64, u64)>> {
+    let mut acked: BTreeMap<(Dialect, String), BTreeMap<u32, (i64, u64)>> = BTreeMap::new();
+    for op in history.iter().filter(|o| o.ok() && !o.final_read) {
+        if let Call::Confirm { dialect, rank, pairs, .. } = &op.call {
+            for (k, p) in pairs {
+                acked.entry((*dialect, k.clone())).or_default().entry(*rank).or_insert((*p, op.id));
+            }
+        }
+    }
+    acked
+}
+
+/// No acknowledged confirm lost: every acknowledged (key, rank, page) is
+/// read back after the heal, through `get_locations` when the key was
+/// acknowledged on every rank of its world, else through a re-save
+/// (allocate) of the key on that rank, whose answer is the stored page.
+pub fn lost(history: &[Op], world: u32) -> Vec<Finding> {
+    // What the final read-back saw: (dialect, key, rank) → (answer, op).
+    let mut located: HashMap<(Dialect, &str, u32), (Option<i64>, u64)> = HashMap::new();
+    let mut stored: HashMap<(Dialect, &str, u32), (i64, u64)> = HashMap::new();
+    for op in history.iter().filter(|o| o.final_read && o.ok()) {
+        match &op.call {
+            Call::Locations { dialect, rank, keys, pages } => {
+                for (k, p) in keys.iter().zip(pages) {
+                    located.insert((*dialect, k, *rank), (*p, op.id));
+                }
+            }
+            Call::Allocate { dialect, rank, keys, pages } => {
+                for (k, p) in keys.iter().zip(pages) {
+                    stored.insert((*dialect, k, *rank), (*p, op.id));
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for ((dialect, key), ranks) in acknowledged(history) {
+        let complete = ranks.len() as u32 == world_of(dialect, world);
+        for (rank, (page, by)) in ranks {
+            let seen = if complete {
+                located.get(&(dialect, &key, rank)).map(|&(p, id)| (p, id))
+            } else {
+                stored.get(&(dialect, &key, rank)).map(|&(p, id)| (Some(p), id))
+            };
+            match seen {
+                Some((Some(p), _)) if p == page => {}
+                Some((got, id)) => out.push(finding(
+                    "lost",
+                    format!("{dialect:?} key {key} rank {rank}: acknowledged on page {page}, read back as {got:?}"),
+                    vec![by, id],
+                )),
+                None => out.push(finding(
+                    "lost",
+                    format!("{dialect:?} key {key} rank {rank}: acknowledged on page {page}, never read back (no final answer)"),
+                    vec![by],
+                )),
+            }
+        }
+    }
+    out
+}
+
+/// No page bound to two keys, no read answered with a page another key was
+/// bound to, no allocate handing out a page bound to another key once that
+/// binding was known.
+pub fn pages(history: &[Op]) -> Vec<Finding> {
+    // (dialect, rank, page) → (key, op, completion) of its first binding seen.
+    let mut bound: HashMap<(Dialect, u32, i64), (String, u64, u64)> = HashMap::new();
+    let mut out = Vec::new();
+    let mut ok: Vec<&Op> = history.iter().filter(|o| o.ok()).collect();
+    ok.sort_by_key(|o| o.complete_us);
+    for op in &ok {
+        let claims: Vec<(Dialect, u32, &String, i64)> = match &op.call {
+            Call::Confirm { dialect, rank, pairs, .. } => pairs.iter().map(|(k, p)| (*dialect, *rank, k, *p)).collect(),
+            Call::Locations { dialect, rank, keys, pages } => {
+                keys.iter().zip(pages).filter_map(|(k, p)| p.map(|p| (*dialect, *rank, k, p))).collect()
+            }
+            _ => continue,
+        };
+        for (d, r, k, p) in claims {
+            match bound.get(&(d, r, p)) {
+                Some((other, by, _)) if other != k => out.push(finding(
+                    "pages",
+                    format!("{d:?} rank {r} page {p}: bound to {other}, then answered for {k} ({})", op.call.name()),
+                    vec![*by, op.id],
+                )),
+                Some(_) => {}
+                None => {
+                    bound.insert((d, r, p), (k.clone(), op.id, op.complete_us));
+                }
+            }
+        }
+    }
+    for op in &ok {
+        if let Call::Allocate { dialect, rank, keys, pages } = &op.call {
+            for (k, &p) in keys.iter().zip(pages) {
+                if let Some((other, by, when)) = bound.get(&(*dialect, *rank, p)) {
+                    if other != k && *when < op.invoke_us {
+                        out.push(finding(
+                            "pages",
+                            format!("{dialect:?} rank {rank} page {p}: bound to {other}, then handed out to {k}"),
+                            vec![*by, op.id],
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// No 2xx from an epoch older than one that had already answered a 2xx:
+/// an ok op of epoch `e` sent after an ok op of a later epoch completed.
+/// The finding gives the overlap: how long after the newer epoch's answer
+/// the older one still answered (at least).
+pub fn split_brain(history: &[Op]) -> Vec<Finding> {
+    let mut answered: Vec<(u64, u64, u64)> =
+        history.iter().filter(|o| o.ok()).filter_map(|o| o.epoch.map(|e| (o.complete_us, e, o.id))).collect();
+    answered.sort();
+    // Prefix maxima: by each completion time, the newest epoch that had answered.
+    let mut newest: Vec<(u64, u64, u64)> = Vec::with_capacity(answered.len());
+    let mut cur: Option<(u64, u64)> = None;
+    for &(t, e, id) in &answered {
+        if cur.is_none_or(|(me, _)| e > me) {
+            cur = Some((e, id));
+        }
+        let (me, by) = cur.unwrap_or((e, id));
+        newest.push((t, me, by));
+    }
+    let mut worst: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
+    for o in history.iter().filter(|o| o.ok()) {
+        let Some(e) = o.epoch else { continue };
+        let i = newest.partition_point(|&(t, _, _)| t < o.invoke_us);
+        if i == 0 {
+            continue;
+        }
+        let (_, me, by) = newest[i - 1];
+        if me > e {
+            // The first completion of an epoch above e: the overlap starts there.
+            let since = answered.iter().find(|&&(_, ae, _)| ae > e).map_or(0, |a| a.0);
+            let overlap = o.complete_us.saturating_sub(since);
+            let w = worst.entry(e).or_insert((0, by, o.id));
+            if overlap >= w.0 {
+                *w = (overlap, by, o.id);
+            }
+        }
+    }
+    worst
+        .into_iter()
+        .map(|(e, (overlap, by, id))| {
+            finding(
+                "split_brain",
+                format!(
+                    "epoch {e} answered a 2xx {:.1} ms after a newer epoch had answered one",
+                    overlap as f64 / 1000.0
+                ),
+                vec![by, id],
+            )
+        })
+        .collect()
+}
+
+/// Per-key linearizability of bind, release and read ([`linear`]).
+pub fn linearizable(history: &[Op], world: u32) -> Vec<Finding> {
+    let mut per_key: BTreeMap<(Dialect, String), Vec<KeyOp>> = BTreeMap::new();
+    for op in history.iter().filter(|o| o.outcome != Outcome::Fail) {
+        let complete = (op.outcome == Outcome::Ok).then_some(op.complete_us);
+        let mut add = |d: Dialect, k: &String, event: Event| {
+            per_key.entry((d, k.clone())).or_default().push(KeyOp { id: op.id, invoke: op.invoke_us, complete, event });
+        };
+        match &op.call {
+            Call::Confirm { dialect, rank, pairs, release } => {
+                pairs.iter().for_each(|(k, p)| add(*dialect, k, Event::Bind(*rank, *p)));
+                release.iter().for_each(|(k, p)| add(*dialect, k, Event::Unbind(*rank, *p)));
+            }
+            // Reads and allocates carry an answer only when acknowledged.
+            _ if complete.is_none() => {}
+            Call::Exists { dialect, keys, found } => {
+                keys.iter().zip(found).for_each(|(k, b)| add(*dialect, k, Event::Exists(*b)));
+            }
+            Call::Locations { dialect, rank, keys, pages } => {
+                keys.iter().zip(pages).for_each(|(k, p)| add(*dialect, k, Event::Locate(*rank, *p)));
+            }
+            Call::Allocate { dialect, rank, keys, pages } => {
+                keys.iter()
+                    .zip(pages)
+                    .filter(|(_, p)| **p >= 0)
+                    .for_each(|(k, p)| add(*dialect, k, Event::Stored(*rank, *p)));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for ((d, k), ops) in per_key {
+        match linear::linearizable(world_of(d, world), &ops) {
+            Ok(true) => {}
+            Ok(false) => out.push(finding(
+                "linearizable",
+                format!("{d:?} key {k}: no order of its {} operations explains their answers", ops.len()),
+                ops.iter().map(|o| o.id).collect(),
+            )),
+            Err(e) => out.push(finding("linearizable", format!("{d:?} key {k}: {e}"), vec![])),
+        }
+    }
+    out
+}
+
+/// The longest window (start, end) in `[from, to]` with no acknowledged
+/// write (confirm) completing, in µs.
+pub fn longest_gap(history: &[Op], from: u64, to: u64) -> (u64, u64) {
+    let mut t: Vec<u64> = history
+        .iter()
+        .filter(|o| o.ok() && !o.final_read && matches!(o.call, Call::Confirm { .. }))
+        .map(|o| o.complete_us)
+        .filter(|&t| t >= from && t <= to)
+        .collect();
+    t.sort_unstable();
+    let mut prev = from;
+    let mut best = (from, from);
+    for x in t.into_iter().chain(std::iter::once(to)) {
+        if x - prev > best.1 - best.0 {
+            best = (prev, x);
+        }
+        prev = x;
+    }
+    best
+}
+
+/// What liveness requires of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// When the fault began and when it was healed (µs from the start).
+    pub fault: (u64, u64),
+    /// When the workload stopped.
+    pub end: u64,
+    /// The longest window with no acknowledged write the nemesis allows
+    /// between the fault's start and the end (its own outage plus a failover).
+    pub max_gap_us: u64,
+    /// How soon after the heal a write must be acknowledged.
+    pub after_heal_us: u64,
+}
+
+/// Liveness: an acknowledged write within `after_heal_us` of the heal (which
+/// also needs a serving leader: `leader_after_heal` is when one was first
+/// seen), and no window longer than `max_gap_us` without one.
+pub fn liveness(history: &[Op], b: Bounds, leader_after_heal: Option<u64>) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let heal = b.fault.1;
+    let first = history
+        .iter()
+        .filter(|o| o.ok() && o.call.is_write() && matches!(o.call, Call::Confirm { .. }) && o.invoke_us >= heal)
+        .min_by_key(|o| o.complete_us);
+    match first {
+        Some(o) if o.complete_us - heal <= b.after_heal_us => {}
+        Some(o) => out.push(finding(
+            "liveness",
+            format!(
+                "first acknowledged write {:.2} s after the heal (bound {:.1} s)",
+                (o.complete_us - heal) as f64 / 1e6,
+                b.after_heal_us as f64 / 1e6
+            ),
+            vec![o.id],
+        )),
+        None => out.push(finding("liveness", "no acknowledged write after the heal".into(), vec![])),
+    }
+    match leader_after_heal {
+        Some(t) if t.saturating_sub(heal) <= b.after_heal_us => {}
+        _ => out.push(finding("liveness", "no serving leader within the bound after the heal".into(), vec![])),
+    }
+    let (s, e) = longest_gap(history, b.fault.0, b.end);
+    if e - s > b.max_gap_us {
+        out.push(finding(
+            "liveness",
+            format!(
+                "no acknowledged write for {:.2} s ({:.2}–{:.2} s into the run; bound {:.1} s)",
+                (e - s) as f64 / 1e6,
+                s as f64 / 1e6,
+                e as f64 / 1e6,
+                b.max_gap_us as f64 / 1e6
+            ),
+            vec![],
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

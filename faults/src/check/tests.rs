@@ -1,0 +1,156 @@
+//! The checkers on small hand-made histories: each must pass what is right
+//! and catch what is wrong.
+
+use super::*;
+use crate::history::{Call, Dialect, Op, Outcome};
+
+fn op(id: u64, t: (u64, u64), outcome: Outcome, epoch: Option<u64>, call: Call) -> Op {
+    Op {
+        id,
+        worker: 0,
+        invoke_us: t.0,
+        complete_us: t.1,
+        outcome,
+        status: if outcome == Outcome::Ok { 200 } else { 503 },
+        epoch,
+        node: None,
+        reason: None,
+        final_read: false,
+        call,
+    }
+}
+
+fn confirm(rank: u32, key: &str, page: i64) -> Call {
+    Call::Confirm { dialect: Dialect::Vllm, rank, pairs: vec![(key.into(), page)], release: vec![] }
+}
+
+fn locate(rank: u32, key: &str, page: Option<i64>) -> Call {
+    Call::Locations { dialect: Dialect::Vllm, rank, keys: vec![key.into()], pages: vec![page] }
+}
+
+fn resave(rank: u32, key: &str, page: i64) -> Call {
+    Call::Allocate { dialect: Dialect::Vllm, rank, keys: vec![key.into()], pages: vec![page] }
+}
+
+fn final_(mut o: Op) -> Op {
+    o.final_read = true;
+    o
+}
+
+/// A key confirmed on both ranks of a world of two, read back at the end.
+fn saved(key: &str, pages: (i64, i64), at: u64) -> Vec<Op> {
+    vec![
+        op(at, (at, at + 5), Outcome::Ok, Some(3), confirm(0, key, pages.0)),
+        op(at + 1, (at + 6, at + 9), Outcome::Ok, Some(3), confirm(1, key, pages.1)),
+    ]
+}
+
+#[test]
+fn a_clean_history_passes_every_check() {
+    let mut h = saved("a", (1, 1), 0);
+    h.extend(saved("b", (2, 2), 10));
+    h.push(final_(op(20, (100, 101), Outcome::Ok, Some(3), locate(0, "a", Some(1)))));
+    h.push(final_(op(21, (100, 101), Outcome::Ok, Some(3), locate(1, "a", Some(1)))));
+    h.push(final_(op(22, (100, 101), Outcome::Ok, Some(3), locate(0, "b", Some(2)))));
+    h.push(final_(op(23, (100, 101), Outcome::Ok, Some(3), locate(1, "b", Some(2)))));
+    assert_eq!(safety(&h, 2), vec![]);
+}
+
+#[test]
+fn an_acknowledged_confirm_missing_at_the_end_is_lost() {
+    let mut h = saved("a", (1, 1), 0);
+    h.push(final_(op(20, (100, 101), Outcome::Ok, Some(4), locate(0, "a", None))));
+    h.push(final_(op(21, (100, 101), Outcome::Ok, Some(4), locate(1, "a", Some(1)))));
+    let f = lost(&h, 2);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].what.contains("rank 0"), "{f:?}");
+}
+
+#[test]
+fn an_incomplete_key_is_read_back_by_a_resave() {
+    // Rank 0 acknowledged, rank 1's confirm timed out: the re-save of rank 0
+    // must give the stored page.
+    let mut h = vec![
+        op(0, (0, 5), Outcome::Ok, Some(3), confirm(0, "a", 4)),
+        op(1, (6, 9), Outcome::Info, None, confirm(1, "a", 4)),
+    ];
+    h.push(final_(op(2, (100, 101), Outcome::Ok, Some(5), resave(0, "a", 4))));
+    assert_eq!(lost(&h, 2), vec![]);
+    h[2].call = resave(0, "a", 9);
+    assert_eq!(lost(&h, 2).len(), 1);
+    h.pop();
+    assert_eq!(lost(&h, 2).len(), 1, "never read back is a finding too");
+}
+
+#[test]
+fn one_page_for_two_keys_is_caught() {
+    let mut h = saved("a", (1, 1), 0);
+    h.extend(saved("b", (1, 2), 10));
+    let f = pages(&h);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].what.contains("rank 0 page 1"), "{f:?}");
+}
+
+#[test]
+fn a_read_answered_with_another_keys_page_is_caught() {
+    let mut h = saved("a", (1, 1), 0);
+    h.push(op(20, (30, 31), Outcome::Ok, Some(3), locate(1, "z", Some(1))));
+    assert_eq!(pages(&h).len(), 1);
+    // A bound page handed out to another key by an allocate.
+    let mut h = saved("a", (1, 1), 0);
+    h.push(op(20, (30, 31), Outcome::Ok, Some(3), resave(0, "z", 1)));
+    assert_eq!(pages(&h).len(), 1);
+}
+
+#[test]
+fn an_older_epoch_answering_after_a_newer_one_is_split_brain() {
+    let good = vec![
+        op(0, (0, 10), Outcome::Ok, Some(3), confirm(0, "a", 1)),
+        op(1, (20, 30), Outcome::Ok, Some(7), confirm(0, "b", 2)),
+        // Concurrent with the first answer of epoch 7: not provably later.
+        op(2, (25, 40), Outcome::Ok, Some(3), confirm(0, "c", 3)),
+    ];
+    assert_eq!(split_brain(&good), vec![]);
+    let mut bad = good.clone();
+    bad.push(op(3, (2_000, 2_500), Outcome::Ok, Some(3), confirm(0, "d", 4)));
+    let f = split_brain(&bad);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].what.contains("epoch 3") && f[0].what.contains("2.5 ms"), "{f:?}");
+}
+
+#[test]
+fn a_read_that_no_order_explains_is_not_linearizable() {
+    let mut h = saved("a", (1, 1), 0);
+    h.push(op(20, (30, 31), Outcome::Ok, Some(3), locate(0, "a", Some(1))));
+    assert_eq!(linearizable(&h, 2), vec![]);
+    // Read as absent after both confirms were acknowledged.
+    h.push(op(21, (40, 41), Outcome::Ok, Some(3), locate(0, "a", None)));
+    assert_eq!(linearizable(&h, 2).len(), 1);
+}
+
+#[test]
+fn failed_ops_are_ignored_and_info_ops_may_apply_late() {
+    let h = vec![
+        op(0, (0, 5), Outcome::Fail, None, confirm(0, "a", 1)),
+        op(1, (6, 9), Outcome::Ok, Some(3), locate(0, "a", None)),
+        op(2, (10, 11), Outcome::Info, None, confirm(0, "a", 1)),
+        op(3, (10, 11), Outcome::Info, None, confirm(1, "a", 1)),
+        op(4, (50, 51), Outcome::Ok, Some(3), locate(0, "a", Some(1))),
+    ];
+    assert_eq!(linearizable(&h, 2), vec![]);
+}
+
+#[test]
+fn liveness_needs_a_write_soon_after_the_heal_and_no_long_gap() {
+    let s = 1_000_000;
+    let mut h: Vec<Op> =
+        (0..10).map(|i| op(i, (i * s, i * s + 10), Outcome::Ok, Some(3), confirm(0, "k", i as i64))).collect();
+    let b = Bounds { fault: (2 * s, 4 * s), end: 10 * s, max_gap_us: 3 * s, after_heal_us: 2 * s };
+    assert_eq!(liveness(&h, b, Some(4 * s + 5)), vec![]);
+    // Nothing acknowledged from 2 s to 8 s: a 6 s gap, and none within 2 s of the heal.
+    h.retain(|o| !(2..8).contains(&o.id));
+    let f = liveness(&h, b, Some(4 * s + 5));
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert!(f.iter().any(|x| x.what.contains("no acknowledged write for")), "{f:?}");
+    assert_eq!(liveness(&h, b, None).len(), 3);
+}
