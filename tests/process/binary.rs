@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Every flag of the command line.
-const FLAGS: [&str; 41] = [
+const FLAGS: [&str; 50] = [
     "--host",
     "--port",
     "--world-size",
@@ -49,6 +49,15 @@ const FLAGS: [&str; 41] = [
     "--ha-sync-timeout-ms",
     "--ha-replication-listen",
     "--ha-replication-advertise",
+    "--ha-heartbeat-ms",
+    "--etcd-ca",
+    "--etcd-cert",
+    "--etcd-key",
+    "--tls-cert",
+    "--tls-key",
+    "--tls-client-ca",
+    "--tls-ca",
+    "--plain-listen",
     "--help",
     "--version",
 ];
