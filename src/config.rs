@@ -76,11 +76,17 @@ pub enum Command {
     /// complete): exit 0 when sound, 1 on a violation, 2 when it cannot
     /// look (in use by a server, missing). Opens a copy, like inspect.
     Verify(crate::tools::DirArgs),
+    /// The HA cluster from the command line, with the nodes' etcd flags:
+    /// `status` (every node: role, epoch, release, protocol range, caught
+    /// up, lag, the synchronous standby) and `switchover [--to NODE]` (hand
+    /// the leadership to a caught-up standby without stopping anything).
+    #[command(subcommand)]
+    Ctl(crate::ha::ctl::Ctl),
 }
 
 /// `hf3fs-meta relay`: forward 127.0.0.1:18000 to the cluster's leader.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "hf3fs-meta relay", version, about, long_about = None)]
+#[command(name = "hf3fs-meta relay", version = crate::release::LONG_VERSION.as_str(), about, long_about = None)]
 pub struct RelayCommand {
     /// The relay's own flags.
     #[command(flatten)]
@@ -97,7 +103,7 @@ pub struct RelayCommand {
 
 /// hf3fs-meta: lock-free metadata server for vLLM's HF3FS KV-cache connector.
 #[derive(Debug, Clone, Parser)]
-#[command(version, about, long_about = None)]
+#[command(version = crate::release::LONG_VERSION.as_str(), about, long_about = None)]
 pub struct Config {
     /// A tool to run instead of the server.
     #[command(subcommand)]

@@ -12,6 +12,7 @@ use std::sync::Arc;
 /// The HTTP layer's settings, from the command line.
 pub fn http_settings(cfg: &Config) -> http::Settings {
     http::Settings {
+        release: crate::release::RELEASE,
         world_size: cfg.world_size,
         reservation_ttl: cfg.reservation_ttl,
         read_lease: cfg.read_lease,
@@ -75,6 +76,10 @@ impl ha::Host for App {
 
     fn ha_args(&self) -> &ha::HaArgs {
         &self.cfg.ha
+    }
+
+    fn release(&self) -> http::Release {
+        crate::release::RELEASE
     }
 
     fn replication_args(&self) -> &ha::replicate::ReplicationArgs {

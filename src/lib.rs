@@ -23,6 +23,8 @@
 //! - [`config`]: the command line, parsed once.
 //! - [`layers`]: what the binary hands the HTTP and HA layers (the
 //!   implementations of their traits).
+//! - [`release`]: which release this is (version, commit, protocol range),
+//!   passed down to the layers.
 //! - [`alloc`]: the global allocator (mimalloc, huge pages for huge blocks).
 //! - [`tools`]: `hf3fs-meta inspect` and `hf3fs-meta verify`, offline tools
 //!   on a copy of a data directory.
@@ -57,6 +59,7 @@ pub use hf3fs_meta_http::metrics;
 pub use hf3fs_meta_http::routes;
 pub mod layers;
 pub mod maintain;
+pub mod release;
 pub mod test_clock;
 /// TLS on every hop, a crate of its own (`tls/`): see its docs.
 pub use hf3fs_meta_tls as tls;
@@ -129,6 +132,9 @@ impl App {
         let (spaces, catalog, sglang, space_recovered) =
             durable::spaces::open_with_catalog(&dir, cfg.fsync.into(), Self::spaces_config(&cfg), store.clock(), opts)?;
         let registry = Registry::new(store, spaces);
+        // Both stores opened: this release now writes the directory.
+        durable::format::record(&dir, crate::release::VERSION, crate::release::COMMIT)
+            .map_err(|e| durable::OpenError::Io(format!("{}: {e}", dir.join(durable::format::FILE).display())))?;
         // Readers may hold leases from before the restart, which were not
         // persisted: a dialect whose store brought keys back evicts nothing
         // for one lease period.

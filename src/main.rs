@@ -19,6 +19,13 @@ fn main() -> ExitCode {
         return run_command(command);
     }
     init_tracing(&cfg);
+    // The log's first line says which release this is.
+    tracing::info!(
+        version = hf3fs_meta::release::VERSION,
+        commit = hf3fs_meta::release::COMMIT,
+        "hf3fs-meta {} starting",
+        hf3fs_meta::release::LONG_VERSION.as_str()
+    );
     if let Err(e) = cfg.validate() {
         tracing::error!("invalid configuration: {e}");
         return ExitCode::from(2);
@@ -56,6 +63,12 @@ fn main() -> ExitCode {
         // half-rebuilt state.
         let app = match App::open(cfg) {
             Ok(app) => app,
+            // A directory of a newer release: exit 2, as for a wrong flag
+            // (the systemd unit does not restart it; nothing was changed).
+            Err(e @ durable::OpenError::Newer(_)) => {
+                tracing::error!("cannot open the data directory: {e}");
+                return ExitCode::from(2);
+            }
             Err(e) => {
                 tracing::error!("cannot open the data directory: {e}");
                 return ExitCode::FAILURE;
@@ -156,6 +169,7 @@ fn run_command(command: Command) -> ExitCode {
         Command::Bench(args) => hf3fs_meta::bench::main(*args),
         Command::Inspect(args) => hf3fs_meta::tools::inspect::main(args),
         Command::Verify(args) => hf3fs_meta::tools::verify::main(args),
+        Command::Ctl(ctl) => hf3fs_meta::ha::ctl::main(ctl),
     }
 }
 

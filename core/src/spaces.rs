@@ -293,6 +293,15 @@ pub struct Spaces {
     /// standby's [`Spaces::replica_reset`] starts another (`Relaxed`: read
     /// and written under `create`).
     generation: AtomicU64,
+    /// The stores of spaces a [`Spaces::replica_reset`] forgot, held here
+    /// until nothing else holds them. The map's own copies are freed by its
+    /// epoch-based reclamation, inside sdd's collector; a store dropped
+    /// there drops its key index, whose collector then waits for the lock
+    /// the outer collector holds: a deadlock (seen on a standby taking a
+    /// second snapshot of SGLang's spaces). Held here, a store is never
+    /// dropped by the reclamation: it is dropped by a later reset, once its
+    /// count shows the map's copy gone.
+    retired: Mutex<Vec<Arc<Store>>>,
 }
 
 impl Spaces {
@@ -310,6 +319,7 @@ impl Spaces {
             create: Mutex::new(()),
             durability: None,
             generation: AtomicU64::new(0),
+            retired: Mutex::new(Vec::new()),
         }
     }
 
@@ -497,6 +507,14 @@ impl Spaces {
         d.journal.record(Change::Clear { generation });
         self.generation.store(generation, Ordering::Relaxed);
         source.reset(generation);
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        // Only this list holds these: the map's copies are gone, so the
+        // drop here, outside any reclamation, is the last.
+        retired.retain(|s| Arc::strong_count(s) > 1);
+        self.map.iter_sync(|_, s| {
+            retired.push(s.clone());
+            true
+        });
         self.map.clear_sync();
         self.count.store(0, Ordering::Relaxed);
         Ok(())

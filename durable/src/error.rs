@@ -27,6 +27,10 @@ pub enum OpenError {
     /// The state does not fit this configuration (e.g. a smaller `--max-ranks`).
     #[error("cannot restore: {0}")]
     Restore(String),
+    /// The directory is in a data-directory format newer than this release
+    /// reads ([`super::format`]); nothing in it was changed.
+    #[error("a data directory of a newer release: {0}")]
+    Newer(String),
 }
 
 /// A failure of the durable store while serving, sorted by what can be done

@@ -63,6 +63,7 @@ mod dialects;
 mod error;
 mod faults;
 mod fold;
+pub mod format;
 mod queue;
 mod recover;
 mod shared;
@@ -235,6 +236,9 @@ impl Durable {
         make: impl FnOnce(Store, Arc<dyn Journal>) -> Result<(Arc<dyn PageSource>, T), OpenError>,
     ) -> Result<(T, Durable, Recovered), OpenError> {
         let start = Instant::now();
+        // Before anything is made or opened: a directory of a newer format
+        // is refused untouched.
+        format::check(dir)?;
         let lock = lock_dir(dir)?;
         let (db, report) = store::Db::open(dir)?;
         log_open_report(dir, &report);

@@ -110,6 +110,32 @@ pub trait Promotion: Send + Sync + 'static {
     fn standby(&self, _members: &[Member], _current: Option<&str>) -> Option<Option<String>> {
         None
     }
+
+    /// A planned switchover ([`super::switchover`]): the caught-up standby
+    /// to hand over to, `to` when named (waiting at most `within` for the
+    /// stream to it to be in sync), or `Err` with the reason to refuse.
+    fn switchover_target<'a>(
+        &'a self,
+        _to: Option<&'a str>,
+        _within: Duration,
+    ) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async { Err("this node replicates to no standby (no --data-dir): nobody is caught up".to_string()) })
+    }
+
+    /// The gate is closed for a switchover: resolves `true` once the
+    /// standby acknowledged every change journaled here, `false` if not
+    /// within `within`.
+    fn drain(&self, _within: Duration) -> BoxFuture<'_, bool> {
+        Box::pin(async { false })
+    }
+
+    /// `P/sync` is about to be written to name `standby` by a write other
+    /// than [`Promotion::standby`]'s (a switchover's hand-over): until
+    /// [`Promotion::named`], either name may be the one that counts.
+    fn naming(&self, _standby: Option<&str>) {}
+
+    /// That write of `P/sync` landed: `standby` is the one named.
+    fn named(&self, _standby: Option<&str>) {}
 }
 
 /// The promotion rule while nothing is replicated: a node may serve only if
@@ -158,6 +184,7 @@ struct Snapshot {
     initialized: Option<Kv>,
     handover: Option<Kv>,
     last: Option<Kv>,
+    version: Option<Kv>,
 }
 
 /// On what grounds this node may take the leader key (see [`Election::claim`]).
@@ -188,6 +215,10 @@ pub struct Election {
     lease: AtomicU64,
     /// The election's task ([`Election::halt`]).
     task: std::sync::OnceLock<tokio::task::AbortHandle>,
+    /// After a switchover: the node clock's time until which this node does not
+    /// claim the key back as the last leader (0: none). Relaxed: read and
+    /// written by the election task.
+    yielding_until: AtomicU64,
 }
 
 impl Election {
@@ -211,6 +242,7 @@ impl Election {
             served: AtomicBool::new(false),
             lease: AtomicU64::new(0),
             task: std::sync::OnceLock::new(),
+            yielding_until: AtomicU64::new(0),
         });
         let task = tokio::spawn(e.clone().run());
         let _ = e.task.set(task.abort_handle());
@@ -241,6 +273,17 @@ impl Election {
     /// The cluster's key names.
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// The replication layer's hook.
+    pub(crate) fn promotion(&self) -> &Arc<dyn Promotion> {
+        &self.promotion
+    }
+
+    /// Handed over on purpose: do not claim the key back as the last
+    /// leader for two TTLs (the target takes it meanwhile).
+    pub(crate) fn yield_leadership(&self) {
+        self.yielding_until.store(self.node.clock().after(self.node.ttl * 2), Ordering::Relaxed);
     }
 
     /// Names `standby` the synchronous standby in `P/sync` (`None` removes
@@ -309,7 +352,8 @@ impl Election {
         }
     }
 
-    fn is_leader_at(&self, epoch: u64) -> Compare {
+    /// The compare that holds while this node leads at `epoch`.
+    pub(crate) fn is_leader_at(&self, epoch: u64) -> Compare {
         Compare::Created { key: self.keys.leader(), revision: epoch as i64 }
     }
 
@@ -355,6 +399,12 @@ impl Election {
             .put(&self.keys.member(&self.node.id), self.node.url.as_bytes(), Some(lease))
             .await
             .map_err(|e| format!("registering as a member: {e}"))?;
+        // Its release and protocol range, on the same lease (super::version).
+        let info = super::version::NodeInfo::this(self.app.release()).encode();
+        self.etcd
+            .put(&self.keys.node(&self.node.id), &info, Some(lease))
+            .await
+            .map_err(|e| format!("publishing this node's release: {e}"))?;
         let mut lost = session.lost.subscribe();
         let mut warned_ineligible = false;
         loop {
@@ -383,8 +433,15 @@ impl Election {
                 self.lead(&session, ctx).await;
                 return Ok(());
             }
+            let cluster = snap.version.as_ref().and_then(|kv| super::version::ClusterVersion::decode(&kv.value));
+            let refused = self.node.see_cluster_version(cluster).is_some();
             if let Some(l) = leader {
                 *last_leader = Some(l);
+                self.wait_change(watch.ok(), &mut lost).await;
+                continue;
+            }
+            if refused {
+                // Logged by the node: no version in common with the cluster.
                 self.wait_change(watch.ok(), &mut lost).await;
                 continue;
             }
@@ -426,12 +483,20 @@ impl Election {
                 TxnOp::Get(k.initialized()),
                 TxnOp::Get(k.handover()),
                 TxnOp::Get(k.last()),
+                TxnOp::Get(k.version()),
             ],
             failure: vec![],
         };
         let mut gets = self.etcd.txn(&txn).await?.gets.into_iter();
         let mut next = || gets.next().flatten();
-        Ok(Snapshot { leader: next(), sync: next(), initialized: next(), handover: next(), last: next() })
+        Ok(Snapshot {
+            leader: next(),
+            sync: next(),
+            initialized: next(),
+            handover: next(),
+            last: next(),
+            version: next(),
+        })
     }
 
     /// Waits for the leader key to change (or a period, without a watch), or
@@ -459,7 +524,10 @@ impl Election {
             Some(Claim::First)
         } else if snap.sync.as_ref().is_some_and(|kv| kv.value == me) {
             Some(Claim::Standby)
-        } else if snap.last.as_ref().is_some_and(|kv| kv.value == me) && self.holds_own_state() {
+        } else if snap.last.as_ref().is_some_and(|kv| kv.value == me)
+            && self.holds_own_state()
+            && self.node.clock().now() >= self.yielding_until.load(Ordering::Relaxed)
+        {
             Some(Claim::LastLeader)
         } else {
             None
@@ -563,18 +631,40 @@ impl Election {
         }
         self.node.count_failover();
         tracing::info!(node = %self.node.id, epoch, planned = ctx.planned, "serving as leader");
-        // Every period, the first at once.
+        // Every period, the first at once; a switchover is seen at once
+        // through a watch, and every period without one (a watch can end).
         let mut next = Duration::ZERO;
-        loop {
+        let mut asked = self.etcd.watch(&self.keys.switchover(), false, 0).await.ok();
+        let handed_over = loop {
+            let request = async {
+                match asked.as_mut() {
+                    Some(w) => w.next().await.ok().flatten().is_some(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                () = lost_lease(&mut lost) => break,
-                () = self.node.clock().sleep(next) => self.maintain_standby(epoch).await,
+                () = lost_lease(&mut lost) => break false,
+                () = self.node.clock().sleep(next) => {
+                    self.maintain_standby(epoch).await;
+                    next = self.period();
+                }
+                event = request => {
+                    if !event {
+                        asked = None;
+                    }
+                }
             }
-            next = self.period();
-        }
+            if super::switchover::serve_request(self, epoch, session.proof.load(Ordering::Acquire)).await {
+                break true;
+            }
+        };
         self.node.set_role(Role::Follower);
         self.promotion.deposed(epoch);
-        tracing::warn!(node = %self.node.id, epoch, "deposed: the lease or the leader key was lost");
+        if handed_over {
+            tracing::info!(node = %self.node.id, epoch, "switchover done: following");
+        } else {
+            tracing::warn!(node = %self.node.id, epoch, "deposed: the lease or the leader key was lost");
+        }
     }
 
     /// Holds eviction, waits out the previous lease and runs the hook.
@@ -633,15 +723,50 @@ impl Election {
         }
     }
 
-    /// Asks the hook whom to name standby and writes it.
+    /// Asks the hook whom to name standby and writes it; only members that
+    /// speak a version the cluster speaks are candidates (and the cluster's
+    /// version is recorded, [`super::version`]).
     async fn maintain_standby(&self, epoch: u64) {
         let Ok(members) = self.members().await else { return };
+        let members = self.maintain_version(epoch, members).await;
         let current = self.node.standby();
         if let Some(choice) = self.promotion.standby(&members, current.as_deref()) {
             if let Err(e) = self.name_standby(epoch, choice.as_deref()).await {
                 tracing::warn!(epoch, "could not name the synchronous standby: {e}");
             }
         }
+    }
+
+    /// Computes the cluster's versions from the live members' ranges,
+    /// records them in `P/version` when they changed (guarded by the
+    /// epoch), and returns the members that speak them.
+    async fn maintain_version(&self, epoch: u64, members: Vec<Member>) -> Vec<Member> {
+        use super::version::{self, ClusterVersion};
+        let prefix = self.keys.nodes();
+        let Ok(kvs) = self.etcd.get_prefix(&prefix).await else { return members };
+        let names: Vec<String> = members.iter().map(|m| m.node.clone()).collect();
+        let ranges = version::ranges(&prefix, &kvs, &names);
+        let (cluster, refused) = version::cluster(super::replicate::wire::Range::THIS, &ranges);
+        self.node.set_cluster(cluster, refused.clone());
+        let recorded = self.etcd.get(&self.keys.version()).await.ok().flatten();
+        if recorded.and_then(|kv| ClusterVersion::decode(&kv.value)) != Some(cluster) {
+            let txn = Txn {
+                compare: vec![self.is_leader_at(epoch)],
+                success: vec![TxnOp::Put { key: self.keys.version(), value: cluster.encode(), lease: None }],
+                failure: vec![],
+            };
+            match self.etcd.txn(&txn).await {
+                Ok(r) if r.succeeded => tracing::info!(
+                    epoch,
+                    version = cluster.version(),
+                    protocol = %cluster.range,
+                    "recorded the cluster's version"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(epoch, "could not record the cluster's version: {e}"),
+            }
+        }
+        members.into_iter().filter(|m| !refused.iter().any(|(n, _)| *n == m.node)).collect()
     }
 
     /// Renews the session's lease every period; keeps the serving deadline

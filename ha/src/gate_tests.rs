@@ -20,6 +20,7 @@ fn service(node: Arc<Node>) -> Service {
     let store = Arc::new(Store::new(StoreConfig::default()));
     let spaces = Spaces::new(SpacesConfig { max_spaces: 16, store: StoreConfig::default() }, store.clock());
     let settings = Settings {
+        release: hf3fs_meta_http::Release { version: "0.0.0", commit: "unknown" },
         world_size: None,
         reservation_ttl: 0,
         read_lease: 0,

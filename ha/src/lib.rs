@@ -18,6 +18,11 @@
 //!   standby's side, and the promotion rule built on them.
 //! - [`relay`]: `hf3fs-meta relay`, the TCP forward every client node runs
 //!   in place of socat, which follows the leader key.
+//! - [`ctl`]: `hf3fs-meta ctl status` and `ctl switchover`.
+//! - [`version`]: each node's release and protocol range, and the
+//!   cluster's version, in etcd; who may not join.
+//! - [`switchover`]: the planned switchover a leader performs when asked
+//!   (`hf3fs-meta ctl switchover`).
 //!
 //! The keys under the cluster prefix `P` (`--ha-cluster`), see [`Keys`]:
 //! `P/leader` (the leader's name and URL, on its lease; its create revision
@@ -25,7 +30,10 @@
 //! removed), `P/sync` (the synchronous standby's node id, written by the
 //! leader), `P/last` (the last leader that served), `P/members/<node-id>`
 //! (every live node's URL, on its lease) and `P/handover` (the epoch of a
-//! leader that stepped down on purpose).
+//! leader that stepped down on purpose), `P/nodes/<node-id>` (every live
+//! node's release and protocol range, on its lease), `P/version` (the
+//! cluster's version, written by the leader) and `P/switchover` (a planned
+//! switchover asked of the leader, and its outcome).
 //!
 //! Architecture invariants: without `--ha` nothing here runs and the request
 //! path pays one `Option` check; the hot path reads one atomic and the clock,
@@ -34,6 +42,7 @@
 
 pub mod clock;
 pub mod coord;
+pub mod ctl;
 pub mod election;
 pub mod etcd;
 #[cfg(test)]
@@ -42,6 +51,8 @@ pub mod node;
 pub mod pump;
 pub mod relay;
 pub mod replicate;
+pub mod switchover;
+pub mod version;
 
 pub use clock::{Clock, HaClock};
 pub use coord::Coordinator;
@@ -72,9 +83,15 @@ pub trait Host: Send + Sync + 'static {
     fn ha_args(&self) -> &HaArgs;
     /// The server's replication flags.
     fn replication_args(&self) -> &replicate::ReplicationArgs;
+    /// Which release the server is (the binary embeds the commit).
+    fn release(&self) -> hf3fs_meta_http::Release;
     /// Its TLS flags (`--tls-cert` …): the replication stream's.
     fn tls_args(&self) -> &hf3fs_meta_tls::TlsArgs;
 }
+
+/// This crate's release: the workspace's one version, which the binary's
+/// is too (the commit comes from [`Host::release`]).
+pub(crate) const RELEASE: &str = env!("CARGO_PKG_VERSION");
 
 /// Whether and how the server takes part in high availability.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -295,6 +312,28 @@ impl Keys {
     /// `P/members/`: the prefix of every live node's key.
     pub fn members(&self) -> Vec<u8> {
         format!("{}/members/", self.prefix).into_bytes()
+    }
+
+    /// `P/nodes/`: the prefix of every live node's release and protocol
+    /// range ([`version::NodeInfo`]).
+    pub fn nodes(&self) -> Vec<u8> {
+        format!("{}/nodes/", self.prefix).into_bytes()
+    }
+
+    /// `P/nodes/<node>`: that node's [`version::NodeInfo`], on its lease.
+    pub fn node(&self, node: &str) -> Vec<u8> {
+        format!("{}/nodes/{node}", self.prefix).into_bytes()
+    }
+
+    /// `P/version`: the cluster's [`version::ClusterVersion`].
+    pub fn version(&self) -> Vec<u8> {
+        format!("{}/version", self.prefix).into_bytes()
+    }
+
+    /// `P/switchover`: a planned switchover asked of the leader
+    /// ([`switchover::Request`]), and its outcome.
+    pub fn switchover(&self) -> Vec<u8> {
+        format!("{}/switchover", self.prefix).into_bytes()
     }
 
     /// `P/members/<node>`: that node's advertised URL, on its lease.

@@ -13,6 +13,8 @@
 //! `Relaxed`: they are statistics, nothing hangs off them.
 
 use super::clock::HaClock;
+use super::replicate::wire::Range;
+use super::version::{self, ClusterVersion};
 use hf3fs_meta_metrics::{counter, gauge, single, Samples};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -132,6 +134,22 @@ pub struct Node {
     replication: std::sync::OnceLock<std::sync::Arc<super::replicate::Status>>,
     /// The clock of the serving deadline and of every HA wait.
     clock: HaClock,
+    /// The cluster's versions as last read or computed here.
+    versions: Mutex<Versions>,
+    /// Times this node refused to join, or (leading) left a member out,
+    /// for want of a protocol version in common.
+    version_refusals: AtomicU64,
+}
+
+/// The cluster's versions as this node last saw them ([`super::version`]).
+#[derive(Debug, Clone, Default)]
+pub struct Versions {
+    /// `P/version`, if recorded.
+    pub cluster: Option<ClusterVersion>,
+    /// Why this node does not join the cluster, if it does not.
+    pub refusal: Option<String>,
+    /// Leading: the live members left out, with their ranges.
+    pub incompatible: Vec<(String, Range)>,
 }
 
 #[derive(Default)]
@@ -158,7 +176,65 @@ impl Node {
             replication: std::sync::OnceLock::new(),
             retired: AtomicBool::new(false),
             clock: HaClock::Boot,
+            versions: Mutex::new(Versions::default()),
+            version_refusals: AtomicU64::new(0),
         }
+    }
+
+    /// The cluster's versions as last seen here.
+    pub fn versions(&self) -> Versions {
+        self.versions.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// `P/version` as read from etcd: returns why this node may not join
+    /// (logged and counted when it first says so), `None` when it may.
+    pub(crate) fn see_cluster_version(&self, cluster: Option<ClusterVersion>) -> Option<String> {
+        let refusal = cluster.and_then(|c| version::refusal(Range::THIS, c));
+        let mut v = self.versions.lock().unwrap_or_else(|p| p.into_inner());
+        v.cluster = cluster;
+        if refusal.is_some() && v.refusal.is_none() {
+            self.version_refusals.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(node = %self.id, "not joining the cluster: {}", refusal.as_deref().unwrap_or_default());
+        }
+        v.refusal = refusal.clone();
+        refusal
+    }
+
+    /// Leading: the cluster's versions computed from the live members, and
+    /// the members left out (counted and logged when newly left out).
+    pub(crate) fn set_cluster(&self, cluster: ClusterVersion, incompatible: Vec<(String, Range)>) {
+        let mut v = self.versions.lock().unwrap_or_else(|p| p.into_inner());
+        for (node, r) in &incompatible {
+            if !v.incompatible.iter().any(|(n, _)| n == node) {
+                self.version_refusals.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    member = %node,
+                    "left out of the cluster: it speaks replication protocol {r}, the cluster {} (this leader {}); \
+                     it is neither streamed to nor named standby",
+                    cluster.range,
+                    Range::THIS
+                );
+            }
+        }
+        v.cluster = Some(cluster);
+        v.refusal = None;
+        v.incompatible = incompatible;
+    }
+
+    /// The `"versions"` object of `/health` and `/stats`.
+    fn versions_json(&self) -> serde_json::Value {
+        let v = self.versions();
+        serde_json::json!({
+            "release": crate::RELEASE,
+            "protocol": Range::THIS.to_string(),
+            "cluster": v.cluster.map(|c| serde_json::json!({ "version": c.version(), "protocol": c.range.to_string() })),
+            "compatible": v.refusal.is_none(),
+            "refusal": v.refusal,
+            "incompatible_members": v.incompatible.iter()
+                .map(|(n, r)| serde_json::json!({ "node": n, "protocol": r.to_string() }))
+                .collect::<Vec<_>>(),
+            "refusals": self.version_refusals.load(Ordering::Relaxed),
+        })
     }
 
     /// This node on `clock` instead of `CLOCK_BOOTTIME` (tests: a
@@ -320,6 +396,45 @@ impl Node {
         given.len() == self.token.len() && given.iter().zip(&*self.token).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
 
+    /// Whether this node is ready (`GET /ready`), and why: a leader while it
+    /// serves; a follower once caught up with the leader (both stores), or,
+    /// not being the synchronous standby, while another node is (a spare:
+    /// taking it down loses no copy); never while promoting or fenced.
+    pub fn readiness(&self) -> (bool, String) {
+        match self.role() {
+            Role::Leader { epoch } if self.serving() => (true, format!("leader at epoch {epoch}, serving")),
+            Role::Leader { epoch } => (false, format!("leader at epoch {epoch}, not serving (deadline passed)")),
+            Role::Promoting { epoch } => (false, format!("becoming leader at epoch {epoch}")),
+            Role::Fenced { epoch } => (false, format!("fenced at epoch {epoch}: could not prove its lease")),
+            Role::Follower if self.versions().refusal.is_some() => (false, self.versions().refusal.unwrap_or_default()),
+            Role::Follower => {
+                let leader = self.leader().filter(|l| l.serving);
+                let Some(leader) = leader else { return (false, "no serving leader".into()) };
+                let caught_up = self.replication.get().map(|r| r.caught_up(leader.epoch));
+                let standby = self.standby();
+                match (caught_up, standby) {
+                    (Some(true), _) => {
+                        (true, format!("caught up with leader {} at epoch {}", leader.node, leader.epoch))
+                    }
+                    (_, Some(s)) if s != self.id && s != leader.node => {
+                        (true, format!("spare: {s} is the synchronous standby of leader {}", leader.node))
+                    }
+                    (None, _) => (true, format!("following leader {} (no replication)", leader.node)),
+                    (Some(false), Some(s)) if s == self.id => {
+                        (false, format!("named synchronous standby but not caught up with leader {} yet", leader.node))
+                    }
+                    (Some(false), _) => (
+                        false,
+                        format!(
+                            "not caught up with leader {}, and no other node is its synchronous standby",
+                            leader.node
+                        ),
+                    ),
+                }
+            }
+        }
+    }
+
     /// The `"ha"` object of `/health` and `/stats`.
     pub fn status_json(&self) -> String {
         let role = self.role();
@@ -332,6 +447,7 @@ impl Node {
             "leader": leader.map(|l| serde_json::json!({ "node": l.node, "url": l.url, "epoch": l.epoch, "serving": l.serving })),
             "standby": standby,
             "replication": self.replication.get().map(|r| r.json(self.leader_epoch())),
+            "versions": self.versions_json(),
         })
         .to_string()
     }
@@ -352,6 +468,29 @@ impl Node {
             w.put(&[("role", &name)], u8::from(role.name() == name));
         }
         single(out, &gauge("ha_epoch", "The epoch this node leads or led at (0: follower)."), role.epoch());
+        let v = self.versions();
+        let cluster = gauge(
+            "ha_cluster_version",
+            "The cluster's replication protocol version as last seen here (the highest every member speaks; 0: none \
+             recorded).",
+        );
+        single(out, &cluster, v.cluster.map_or(0, |c| c.version()));
+        let compatible = gauge(
+            "ha_version_compatible",
+            "1 while this node speaks a protocol version the cluster speaks (0: it does not join).",
+        );
+        single(out, &compatible, u8::from(v.refusal.is_none()));
+        let incompatible = gauge(
+            "ha_incompatible_members",
+            "Live members this leader leaves out: no protocol version in common with the cluster.",
+        );
+        single(out, &incompatible, v.incompatible.len());
+        let refusals = counter(
+            "ha_version_refusals_total",
+            "Times this node refused to join, or left a member out, for want of a protocol version in common.",
+        );
+        single(out, &refusals, self.version_refusals.load(Ordering::Relaxed));
+        single(out, &gauge("ha_epoch", "The epoch this node leads or led at (0: follower)."), role.epoch());
         let failovers = counter("ha_failovers_total", "Times this node started serving as leader at a new epoch.");
         single(out, &failovers, self.failovers.load(Ordering::Relaxed));
         let rejections = counter(
@@ -364,6 +503,14 @@ impl Node {
 
 /// The gate's view of this node (the HTTP crate's `gate`).
 impl hf3fs_meta_http::Serving for Node {
+    fn role(&self) -> &'static str {
+        Node::role(self).name()
+    }
+
+    fn readiness(&self) -> (bool, String) {
+        Node::readiness(self)
+    }
+
     fn serving(&self) -> bool {
         Node::serving(self)
     }

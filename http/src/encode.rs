@@ -353,8 +353,10 @@ pub fn validation_error(out: &mut Vec<u8>, loc: &[&str], msg: &str, typ: &str, i
 /// What `/stats` says of the server itself, beside its page spaces.
 #[derive(Debug, Clone)]
 pub struct ServerStats {
-    /// The server's version.
+    /// The server's release.
     pub version: &'static str,
+    /// The git commit it was built from.
+    pub commit: &'static str,
     /// Seconds since start.
     pub uptime_seconds: f64,
     /// `--world-size`, if set.
@@ -383,8 +385,9 @@ pub fn stats(out: &mut Vec<u8>, server: &ServerStats, spaces: &[SpaceReport]) {
     let ws = server.world_size.map_or("null".to_string(), |w| w.to_string());
     let _ = write!(
         out,
-        r#"{{"version":"{}","uptime_seconds":{:.3},"world_size":{ws},"keys":{},"complete_keys":{},"leased_keys":{},"index_slots":{},"reservations_expired":{},"reservation_ttl_seconds":{},"eviction":"{}","read_lease_seconds":{},"evicted_keys":{},"evicted_pages":{},"open_connections":{},"durable":{},"ranks":["#,
+        r#"{{"version":"{}","commit":"{}","uptime_seconds":{:.3},"world_size":{ws},"keys":{},"complete_keys":{},"leased_keys":{},"index_slots":{},"reservations_expired":{},"reservation_ttl_seconds":{},"eviction":"{}","read_lease_seconds":{},"evicted_keys":{},"evicted_pages":{},"open_connections":{},"durable":{},"ranks":["#,
         server.version,
+        server.commit,
         server.uptime_seconds,
         v(|s| s.keys),
         v(|s| s.complete_keys),

@@ -58,6 +58,14 @@ pub trait Serving: Send + Sync {
 
     /// Appends the HA series to a Prometheus text page.
     fn render_metrics(&self, out: &mut String);
+
+    /// This node's role as `/ready` names it (`"leader"`, `"follower"`, ...).
+    fn role(&self) -> &'static str;
+
+    /// Whether this node is ready for traffic (`GET /ready`), and why: a
+    /// leader while it serves; a follower once caught up with the leader,
+    /// or while another node is the synchronous standby.
+    fn readiness(&self) -> (bool, String);
 }
 
 /// The hidden `--test-clock`: `POST /_test/advance/{ms}` moves time.

@@ -102,10 +102,23 @@ impl Service {
     }
 }
 
+/// Which release the server is, as the binary names it (`/health`,
+/// `/stats`, the build-info metric): the binary passes it down, so only the
+/// binary embeds the commit and a new commit rebuilds nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    /// The release (semver).
+    pub version: &'static str,
+    /// The git commit it was built from (12 hex digits), or `unknown`.
+    pub commit: &'static str,
+}
+
 /// The command line's settings that the HTTP layer reads (the server's
 /// flags of the same names).
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// Which release this is.
+    pub release: Release,
     /// `--world-size`, shown by `/stats`.
     pub world_size: Option<u32>,
     /// `--reservation-ttl` in seconds, shown by `/stats`.

@@ -16,6 +16,7 @@
 
 use crate::core::{Dialect, ErrorCode, RankPages, SpaceLabel, SpaceReport};
 use crate::routes::{RouteId, Spec, ROUTES};
+use crate::Release;
 use hf3fs_meta_metrics::{add, counter, gauge, histogram, Family, Samples, Sharded};
 use std::fmt::Display;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -214,9 +215,10 @@ impl Metrics {
 
     /// Renders every metric in the Prometheus text exposition format
     /// (0.0.4): the counters, and `spaces`, the registry's report of every
-    /// page space ([`crate::core::Registry::report`]).
-    pub fn render(&self, spaces: &[SpaceReport]) -> String {
-        let scrape = Scrape { m: self, spaces };
+    /// page space ([`crate::core::Registry::report`]); `release` labels the
+    /// build-info gauge.
+    pub fn render(&self, spaces: &[SpaceReport], release: &Release) -> String {
+        let scrape = Scrape { m: self, spaces, release };
         let mut o = String::with_capacity(16 * 1024);
         for (family, source) in &FAMILIES {
             let mut w = Samples::start(&mut o, family);
@@ -234,6 +236,7 @@ impl Metrics {
 struct Scrape<'a> {
     m: &'a Metrics,
     spaces: &'a [SpaceReport],
+    release: &'a Release,
 }
 
 impl Scrape<'_> {
@@ -492,8 +495,8 @@ static FAMILIES: [(Family, Source); 37] = [
         Source::Other(|s, w| w.put(&[], s.m.uptime().as_secs_f64())),
     ),
     (
-        gauge("build_info", "Always 1; the version is a label."),
-        Source::Other(|_, w| w.put(&[("version", &env!("CARGO_PKG_VERSION"))], 1)),
+        gauge("build_info", "Always 1; the release and the git commit it was built from are labels."),
+        Source::Other(|s, w| w.put(&[("version", &s.release.version), ("commit", &s.release.commit)], 1)),
     ),
 ];
 
@@ -511,6 +514,8 @@ mod tests {
     use super::*;
     use crate::core::{EvictStats, Footprint, SpaceName};
     use crate::routes::Op;
+
+    const TEST_RELEASE: Release = Release { version: "0.0.0", commit: "unknown" };
 
     /// vLLM's page space with `keys`, `complete_keys` and `expired` as given.
     fn vllm(keys: u64, complete_keys: u64, expired: u64, index_slots: u64) -> SpaceReport {
@@ -548,7 +553,7 @@ mod tests {
         });
         m.request(Endpoint::route(RouteId::of(Dialect::Vllm, Op::Confirm).unwrap()), 500, 3, Duration::from_millis(2));
         m.confirm_error(Dialect::Vllm, ErrorCode::DoubleConfirm);
-        let t = m.render(&[vllm(5, 2, 7, 8192)]);
+        let t = m.render(&[vllm(5, 2, 7, 8192)], &TEST_RELEASE);
         assert_eq!(
             line(&t, "hf3fs_meta_requests_total{dialect=\"vllm\",endpoint=\"batch_exists\",status=\"200\"}"),
             Some("hf3fs_meta_requests_total{dialect=\"vllm\",endpoint=\"batch_exists\",status=\"200\"} 4000")
@@ -568,7 +573,7 @@ mod tests {
     fn unknown_status_is_other() {
         let m = Metrics::default();
         m.request(Endpoint::OTHER, 418, 0, Duration::ZERO);
-        let t = m.render(&[vllm(0, 0, 0, 0)]);
+        let t = m.render(&[vllm(0, 0, 0, 0)], &TEST_RELEASE);
         assert!(t.contains("hf3fs_meta_requests_total{dialect=\"none\",endpoint=\"other\",status=\"other\"} 1"));
     }
 
@@ -590,7 +595,7 @@ mod tests {
         v.ranks = vec![pages];
         let name = SpaceName { rank: 9, namespace: "a\"b".into() };
         let sg = SpaceReport { label: SpaceLabel::Sglang(name), ..v.clone() };
-        let t = Metrics::default().render(&[v, sg]);
+        let t = Metrics::default().render(&[v, sg], &TEST_RELEASE);
         for (state, n) in [("free", 4), ("reserved", 5), ("bound", 7)] {
             assert!(t.contains(&format!("hf3fs_meta_rank_pages{{rank=\"3\",state=\"{state}\"}} {n}\n")), "{t}");
             let sp = format!("hf3fs_meta_space_pages{{rank=\"9\",namespace=\"a\\\"b\",state=\"{state}\"}} {n}\n");

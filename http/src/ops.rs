@@ -1,4 +1,4 @@
-//! The server's own routes: `/metrics`, `/health`, `/stats` and
+//! The server's own routes: `/metrics`, `/health`, `/ready`, `/stats` and
 //! `/openapi.json`. They read the registry and the counters; none changes
 //! anything.
 
@@ -20,6 +20,7 @@ pub(super) fn handle(app: &Service, op: Op) -> Result<Reply, Reply> {
     match op {
         Op::Metrics => Ok(metrics(app)),
         Op::Health => health(app),
+        Op::Ready => ready(app),
         Op::Stats => Ok(stats(app)),
         Op::OpenApi => Ok(Reply::json(StatusCode::OK, OPENAPI.as_bytes().to_vec(), 0)),
         Op::Initialize | Op::Allocate | Op::Confirm | Op::Exists | Op::Locations | Op::Clear | Op::Delete => {
@@ -29,7 +30,7 @@ pub(super) fn handle(app: &Service, op: Op) -> Result<Reply, Reply> {
 }
 
 fn metrics(app: &Service) -> Reply {
-    let mut text = app.metrics.render(&app.registry.report());
+    let mut text = app.metrics.render(&app.registry.report(), &app.cfg.release);
     if let Some(d) = &app.durable {
         d.render_metrics(&mut text);
     }
@@ -52,10 +53,11 @@ fn health(app: &Service) -> Result<Reply, Reply> {
             Err(Reply::json(StatusCode::SERVICE_UNAVAILABLE, body, 0))
         }
         None => {
-            let mut body = match &app.gate {
-                Some(ha) => format!(r#"{{"status":"ok","ha":{}"#, ha.status_json()),
-                None => r#"{"status":"ok""#.to_string(),
-            };
+            let release = &app.cfg.release;
+            let mut body = format!(r#"{{"status":"ok","version":"{}","commit":"{}""#, release.version, release.commit);
+            if let Some(ha) = &app.gate {
+                body.push_str(&format!(r#","ha":{}"#, ha.status_json()));
+            }
             // With TLS: each certificate's expiry, and why new files failed
             // to load (the previous certificates stay in use).
             if let Some(tls) = hf3fs_meta_tls::reload::health_json() {
@@ -63,15 +65,48 @@ fn health(app: &Service) -> Result<Reply, Reply> {
                 body.push_str(&tls);
             }
             body.push('}');
-            Ok(Reply::json(StatusCode::OK, body.into_bytes(), 0))
+            Ok(Reply::json(StatusCode::OK, body.into(), 0))
         }
+    }
+}
+
+/// `GET /ready`: 200 while this node should get traffic and may not be
+/// the only caught-up copy; 503 with the reason otherwise. A single server
+/// is ready once it answers (it binds only after recovery); an HA leader
+/// while it serves; a follower once caught up with the leader, or while
+/// another node is the synchronous standby ([`crate::hooks::Serving::readiness`]).
+fn ready(app: &Service) -> Result<Reply, Reply> {
+    let role = || app.gate.as_ref().map_or("single", |h| h.role());
+    let (ready, role, why) = if app.is_shutting_down() {
+        (false, role(), "shutting down".to_string())
+    } else if let Some(why) = app.durable.as_ref().and_then(|d| d.health()) {
+        (false, role(), format!("the durable store cannot write: {why}"))
+    } else {
+        match &app.gate {
+            Some(ha) => {
+                let (ready, why) = ha.readiness();
+                (ready, ha.role(), why)
+            }
+            None => (true, "single", "recovered and serving".to_string()),
+        }
+    };
+    let mut body = format!(r#"{{"ready":{ready},"role":"{role}","reason":"#).into_bytes();
+    encode::json_str(&mut body, &why);
+    body.push(b'}');
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let r = Reply::json(status, body, 0);
+    if ready {
+        Ok(r)
+    } else {
+        Err(r)
     }
 }
 
 fn stats(app: &Service) -> Reply {
     let cfg = &app.cfg;
     let server = ServerStats {
-        version: env!("CARGO_PKG_VERSION"),
+        version: cfg.release.version,
+        commit: cfg.release.commit,
         uptime_seconds: app.metrics.uptime().as_secs_f64(),
         world_size: cfg.world_size,
         reservation_ttl_seconds: cfg.reservation_ttl,

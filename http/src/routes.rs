@@ -50,8 +50,11 @@ pub enum Op {
     Delete,
     /// Prometheus text.
     Metrics,
-    /// Liveness and readiness.
+    /// Liveness (and the node's state).
     Health,
+    /// Readiness: whether this node should receive traffic, or may be
+    /// taken down without losing the only caught-up copy.
+    Ready,
     /// The statistics document.
     Stats,
     /// The OpenAPI document (`docs/openapi.json`).
@@ -116,7 +119,7 @@ const BASE: Spec = Spec {
 const SGLANG: Spec = Spec { dialect: Some(Dialect::Sglang), reads_body: true, ..BASE };
 
 /// Every route. Literal paths come before patterns that could match them.
-pub static ROUTES: [Spec; 17] = [
+pub static ROUTES: [Spec; 18] = [
     Spec {
         path: "/keys/batch_allocate",
         op: Op::Allocate,
@@ -178,6 +181,7 @@ pub static ROUTES: [Spec; 17] = [
     Spec { path: "/{rank}/get_page_indices", op: Op::Locations, label: "get_page_indices", keyed: true, ..SGLANG },
     Spec { method: Method::Get, path: "/metrics", dialect: None, op: Op::Metrics, label: "metrics", ..BASE },
     Spec { method: Method::Get, path: "/health", dialect: None, op: Op::Health, label: "health", open: true, ..BASE },
+    Spec { method: Method::Get, path: "/ready", dialect: None, op: Op::Ready, label: "ready", open: true, ..BASE },
     Spec { method: Method::Get, path: "/stats", dialect: None, op: Op::Stats, label: "stats", ..BASE },
     Spec { method: Method::Get, path: "/openapi.json", dialect: None, op: Op::OpenApi, label: "openapi", ..BASE },
 ];

@@ -38,7 +38,9 @@ pub(super) fn handle(
         Op::Locations => page_indices(app, rank, s, body, limits),
         Op::Delete => delete(app, rank, s, body.bytes_mut(), limits),
         Op::Clear => clear(app, rank, s, body.bytes_mut()),
-        Op::Metrics | Op::Health | Op::Stats | Op::OpenApi => Err(Reply::internal("not an SGLang operation")),
+        Op::Metrics | Op::Health | Op::Ready | Op::Stats | Op::OpenApi => {
+            Err(Reply::internal("not an SGLang operation"))
+        }
     }
 }
 

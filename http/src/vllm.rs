@@ -36,7 +36,7 @@ pub(super) fn handle(
         }
         // SGLang's only.
         Op::Delete => Err(Reply::detail(StatusCode::NOT_FOUND, "Not Found")),
-        Op::Metrics | Op::Health | Op::Stats | Op::OpenApi => Err(Reply::internal("not a vLLM operation")),
+        Op::Metrics | Op::Health | Op::Ready | Op::Stats | Op::OpenApi => Err(Reply::internal("not a vLLM operation")),
     }
 }
 

@@ -8,12 +8,13 @@
 //! restored. Then vLLM's ranks and SGLang's spaces (id, rank, namespace
 //! from the catalog), each with its pages by state (free, reserved, bound
 //! to a key, held back for a reader's lease: they add up to its size), and
-//! the keys and complete keys.
+//! the keys and complete keys. First, the directory's format and the
+//! release that last wrote it (its `FORMAT` marker).
 
 use super::open::{open_copy, Failure, Opened};
 use super::{DirArgs, EXIT_CANNOT, EXIT_VIOLATION};
 use crate::core::{RankStats, Store};
-use crate::durable::Recovered;
+use crate::durable::{format, Recovered};
 use serde_json::{json, Value};
 use std::process::ExitCode;
 
@@ -88,6 +89,7 @@ pub fn report(args: &DirArgs, o: &Opened) -> Value {
     }
     json!({
         "data_dir": args.data_dir.display().to_string(),
+        "format": format_json(&args.data_dir),
         "vllm": {
             "durable": durable_json(&o.vllm_recovered),
             "ranks": ranks,
@@ -114,6 +116,35 @@ pub fn space_stores(o: &Opened) -> Vec<(&crate::durable::spaces::Entry, Option<s
             (e, s)
         })
         .collect()
+}
+
+/// The directory's format marker ([`crate::durable::format`]): its format
+/// and the release that last wrote it; `null`s for a directory written
+/// before the marker (0.1.0 or earlier).
+fn format_json(dir: &std::path::Path) -> Value {
+    match format::read(dir) {
+        Ok(Some(m)) => json!({
+            "format": m.format,
+            "written_by": m.written_by.map(|(version, commit)| json!({"version": version, "commit": commit})),
+        }),
+        Ok(None) => json!({"format": null, "written_by": null}),
+        Err(e) => json!({"format": null, "written_by": null, "error": e.to_string()}),
+    }
+}
+
+fn format_line(f: &Value) -> String {
+    match (f["format"].as_u64(), &f["written_by"]) {
+        (Some(n), Value::Object(w)) => format!(
+            "format {n}, last written by hf3fs-meta {} (commit {})\n",
+            w["version"].as_str().unwrap_or("?"),
+            w["commit"].as_str().unwrap_or("?")
+        ),
+        (Some(n), _) => format!("format {n}\n"),
+        (None, _) => format!(
+            "format unmarked: last written by a release before the format marker (0.1.0 or earlier; format 1 or 2){}\n",
+            f["error"].as_str().map_or(String::new(), |e| format!(" ({e})"))
+        ),
+    }
 }
 
 fn n(v: &Value) -> u64 {
@@ -154,7 +185,9 @@ fn page_cells(v: &Value) -> String {
 
 /// The report as text: one block per store, a table of its ranks or spaces.
 pub fn text(r: &Value) -> String {
-    let mut out = format!("data directory {} (a copy opened)\n\n", r["data_dir"].as_str().unwrap_or("?"));
+    let mut out = format!("data directory {} (a copy opened)\n", r["data_dir"].as_str().unwrap_or("?"));
+    out += &format_line(&r["format"]);
+    out += "\n";
     let v = &r["vllm"];
     out += &durable_line("vLLM store", &v["durable"]);
     out += &format!("  {} keys, {} complete\n", n(&v["keys"]), n(&v["complete_keys"]));

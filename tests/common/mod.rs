@@ -312,7 +312,7 @@ impl TestServer {
     pub fn assert_alive(&self) {
         let r = self.get("/health");
         assert_eq!(r.status, 200, "server not healthy: {r:?}");
-        assert_eq!(r.json(), json!({"status": "ok"}));
+        assert_eq!(r.json(), health_ok());
         assert_no_server_panic();
     }
 }
@@ -367,6 +367,12 @@ pub fn assert_json_body(r: &Response, expected: &str, ctx: &str) {
     assert_eq!(r.header("content-type"), Some("application/json"), "{ctx}: content type\n=> {r:?}");
     let want: Value = serde_json::from_str(expected).unwrap_or_else(|e| panic!("bad expected JSON {expected:?}: {e}"));
     assert_eq!(r.json(), want, "{ctx}\n=> {r:?}");
+}
+
+/// What a healthy single server's `GET /health` answers: its release and
+/// the commit it was built from.
+pub fn health_ok() -> Value {
+    json!({"status": "ok", "version": hf3fs_meta::release::VERSION, "commit": hf3fs_meta::release::COMMIT})
 }
 
 /// A parsed response.

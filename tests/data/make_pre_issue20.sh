@@ -1,16 +1,18 @@
 #!/bin/sh
-# Builds the data directories in this folder with the release that
-# preceded journaled reservations (main at 49da9ce / daf4cc0): run from the repository
-# root with that commit's debug binary built (`cargo build`).
-#   tests/data/make_pre_issue20.sh TERM   -> tests/data/pre-issue20-sigterm
+# Builds a data directory of this folder with a release of this repository:
+# BIN (default ./target/debug/hf3fs-meta) and NAME name it; run from the
+# repository root. The same requests for every release.
+#   tests/data/make_pre_issue20.sh TERM   -> tests/data/pre-issue20-sigterm (the release before journaled reservations, main at 49da9ce)
 #   tests/data/make_pre_issue20.sh KILL   -> tests/data/pre-issue20-sigkill
+#   BIN=target/upgrade/a53b9bcaf524/hf3fs-meta NAME=release-0.1.0 tests/data/make_pre_issue20.sh TERM
+#                                         -> tests/data/release-0.1.0-sigterm (0.1.0, a53b9bc: format 2)
 set -eu
 sig=$1
 name=$(echo "$sig" | tr 'A-Z' 'a-z')
-dir=tests/data/pre-issue20-sig$name
+dir=tests/data/${NAME:-pre-issue20}-sig$name
 rm -rf "$dir"
 port=18731
-./target/debug/hf3fs-meta --host 127.0.0.1 --port $port --data-dir "$dir" \
+"${BIN:-./target/debug/hf3fs-meta}" --host 127.0.0.1 --port $port --data-dir "$dir" \
   --fsync always --log-level warn &
 pid=$!
 u=http://127.0.0.1:$port

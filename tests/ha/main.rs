@@ -7,6 +7,11 @@
 //! - [`http`]: one-shot requests that survive dead and paused peers.
 //! - [`cluster`]: nodes, replicated nodes ([`cluster::Nodes`]), relays,
 //!   polling helpers.
+//! - [`switchover`]: `ctl status` and `ctl switchover` under load through
+//!   the relay (the write pause of each), and their refusals.
+//! - [`versions`]: two protocol versions on the wire, in process: a
+//!   standby of the previous release, one of a future release, and a
+//!   leader of each against this release's standby.
 //! - [`writes`]: vLLM's saves and loads against a node or a relay.
 //! - [`client`]: the etcd JSON-gateway client against real etcd.
 //! - [`election`]: one leader, epochs, SIGKILL, SIGSTOP, SIGTERM, quorum loss.
@@ -62,8 +67,10 @@ mod relay;
 mod replication;
 mod replication_liveness;
 mod replication_sglang;
+mod switchover;
 mod tls;
 mod under_load;
+mod versions;
 mod writes;
 
 use std::sync::{Mutex, MutexGuard};

@@ -7,7 +7,7 @@
 
 use crate::common::{config, TestServer, FAILSAFE};
 use hf3fs_meta::core::{Dialect, Store, Visit};
-use hf3fs_meta::ha::replicate::wire::{Msg, VERSION};
+use hf3fs_meta::ha::replicate::wire::{Msg, Range, MIN_VERSION};
 use hf3fs_meta::ha::replicate::{Replicator, Replicators, Standby, SyncMode, Target};
 use std::collections::BTreeMap;
 use std::io::{BufReader, Write as _};
@@ -39,12 +39,22 @@ impl Pair {
     /// As [`Pair::new`], with `setup` run on the standby server (as its own
     /// leader, before it becomes one's standby).
     pub fn with_standby_setup(mode: SyncMode, setup: impl FnOnce(&TestServer)) -> Pair {
+        Self::build(mode, setup, Range::THIS)
+    }
+
+    /// As [`Pair::new`], with a standby that speaks the protocol versions
+    /// `range` (standing for a node of another release).
+    pub fn with_standby_speaking(mode: SyncMode, range: Range) -> Pair {
+        Self::build(mode, |_| {}, range)
+    }
+
+    fn build(mode: SyncMode, setup: impl FnOnce(&TestServer), range: Range) -> Pair {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let args = |d: &tempfile::TempDir| config(&["--data-dir", d.path().to_str().unwrap(), "--fsync", "always"]);
         let leader = TestServer::start(args(&a));
         let standby = TestServer::start(args(&b));
         setup(&standby);
-        let receiver = Standby::new(standby.app().clone(), TOKEN.into());
+        let receiver = Standby::speaking(standby.app().clone(), TOKEN.into(), range);
         let addr = receiver.listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let d = leader.app().durable.as_ref().unwrap();
         let app = leader.app().clone();
@@ -64,11 +74,18 @@ impl Pair {
 
     /// Streams to the standby and waits until it is in sync (both stores).
     pub fn connect(&self) {
+        self.connect_as(Range::THIS);
+    }
+
+    /// Streams to the standby, which published the versions `range`, and
+    /// waits until it is in sync.
+    pub fn connect_as(&self, range: Range) {
         self.replicator.set_target(Some(Target {
             node: "b".into(),
             addr: self.addr,
             host: "127.0.0.1".into(),
             epoch: EPOCH,
+            range,
         }));
         until("the standby is in sync", || self.replicator.synced().as_deref() == Some("b"));
     }
@@ -97,12 +114,12 @@ pub(crate) fn bindings(store: &Store) -> BTreeMap<(u32, u32), String> {
     out
 }
 
-fn key(i: usize) -> String {
+pub(crate) fn key(i: usize) -> String {
     format!("{i:032x}")
 }
 
 /// Allocates and confirms `keys` on `rank`; returns their pages.
-fn save(s: &TestServer, rank: i64, keys: &[String]) -> Vec<i64> {
+pub(crate) fn save(s: &TestServer, rank: i64, keys: &[String]) -> Vec<i64> {
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let pages = s.allocate(rank, &refs);
     let c: Vec<(&str, i64)> = refs.iter().copied().zip(pages.iter().copied()).collect();
@@ -195,7 +212,7 @@ pub(crate) fn raw(addr: SocketAddr) -> (BufReader<TcpStream>, TcpStream) {
 }
 
 pub(crate) fn hello(token: &[u8], epoch: u64) -> Msg {
-    Msg::Hello { version: VERSION, store: Dialect::Vllm, token: token.to_vec(), epoch, leader: "mallory".into() }
+    Msg::Hello { version: MIN_VERSION, store: Dialect::Vllm, token: token.to_vec(), epoch, leader: "mallory".into() }
 }
 
 #[test]

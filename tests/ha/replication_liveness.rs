@@ -9,7 +9,7 @@
 
 use super::replication::{hello, raw, until, Pair, EPOCH, TOKEN};
 use hf3fs_meta::ha::replicate::liveness::{heartbeat, is_heartbeat};
-use hf3fs_meta::ha::replicate::wire::Msg;
+use hf3fs_meta::ha::replicate::wire::{Msg, Range};
 use hf3fs_meta::ha::replicate::{SyncMode, Target};
 use std::io::{BufReader, ErrorKind, Write as _};
 use std::net::TcpListener;
@@ -94,7 +94,14 @@ fn a_leader_heartbeats_drops_a_standby_that_stops_acknowledging_and_connects_aga
         }
     });
     let vllm = p.replicator.of(hf3fs_meta::core::Dialect::Vllm).clone();
-    vllm.set_target(Some(Target { node: "b".into(), addr, host: "127.0.0.1".into(), epoch: EPOCH }));
+    // A standby of protocol 2 (heartbeats are version 2's empty frames).
+    vllm.set_target(Some(Target {
+        node: "b".into(),
+        addr,
+        host: "127.0.0.1".into(),
+        epoch: EPOCH,
+        range: Range::LEGACY,
+    }));
     until("vLLM's store is in sync", || vllm.synced().as_deref() == Some("b"));
     // The first message after the snapshot is a heartbeat at its position.
     let end = loop {

@@ -3,8 +3,9 @@
 //! certificate made at test time ([`crate::common::pki`]): the etcd client
 //! and its refusals, a replicated cluster whose ports, replication stream
 //! and relay all use mutual TLS, the refusals of the TLS port counted by
-//! reason, a forged hello with the right secret and an epoch etcd does not
-//! name, and certificates rotated under load without a failed request.
+//! reason, forged hellos (both forms: version 2's and version 3's) with the right
+//! secret and an epoch or node etcd does not name, and certificates rotated
+//! under load without a failed request.
 
 use super::cluster::{wait_for, Cluster, Nodes, PROBE};
 use super::etcd::{self, client_of, Etcd, EtcdTls};
@@ -12,7 +13,7 @@ use super::http::{read_answer, Answer};
 use crate::common::pki::{Leaf, Pki};
 use crate::common::process::{ServerProcess, Started};
 use crate::common::{request_bytes, FAILSAFE};
-use hf3fs_meta::ha::replicate::wire::{Msg, VERSION};
+use hf3fs_meta::ha::replicate::wire::{Msg, Range, MIN_VERSION};
 use hf3fs_meta::tls::{load, Identity, PemFile};
 use serde_json::Value;
 use std::io::Write;
@@ -249,29 +250,39 @@ fn a_tls_cluster_serves_through_relays_and_refuses_what_it_cannot_trust() {
     let id = Identity { cert: PemFile::new("c", &certs.node.cert), key: PemFile::new("k", &certs.node.key) };
     let cfg = Arc::new(load::client_config(&PemFile::new("ca", &ca), Some(&id)).unwrap());
     let secret = std::fs::read_to_string(cluster.token_file()).unwrap().trim().as_bytes().to_vec();
-    for (forged_epoch, who) in [(1_000_000_000_000_000_000u64, nodes.ids[l]), (epoch, "mallory")] {
+    // Both forms of the hello (version 2's one version, version 3's
+    // range) are held to the same rule.
+    let forgeries = [(1_000_000_000_000_000_000u64, nodes.ids[l]), (epoch, "mallory")];
+    let hellos = forgeries.iter().flat_map(|&(forged_epoch, who)| {
+        let (store, token) = (hf3fs_meta::core::Dialect::Vllm, secret.clone());
+        [
+            Msg::Hello { version: MIN_VERSION, store, token: token.clone(), epoch: forged_epoch, leader: who.into() },
+            Msg::HelloRange {
+                range: Range::THIS,
+                store,
+                token,
+                epoch: forged_epoch,
+                release: hf3fs_meta::release::VERSION.into(),
+                leader: who.into(),
+            },
+        ]
+    });
+    for hello in hellos.collect::<Vec<_>>() {
         let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
         let sock = TcpStream::connect(&repl).unwrap();
         sock.set_read_timeout(Some(FAILSAFE)).unwrap();
         let mut s = rustls::StreamOwned::new(rustls::ClientConnection::new(cfg.clone(), name).unwrap(), sock);
-        let hello = Msg::Hello {
-            version: VERSION,
-            store: hf3fs_meta::core::Dialect::Vllm,
-            token: secret.clone(),
-            epoch: forged_epoch,
-            leader: who.into(),
-        };
         hello.write_to(&mut s).unwrap();
         s.flush().unwrap();
         match Msg::read_from(&mut s).expect("an answer to the hello") {
-            Msg::Reject(why) => assert!(why.contains("etcd names"), "{why}"),
+            Msg::Reject(why) => assert!(why.contains("etcd names"), "{hello:?}: {why}"),
             m => panic!("a forged hello was answered {m:?}"),
         }
         // Nothing follows a refusal.
         assert!(Msg::read_from(&mut s).is_err());
     }
     let after = as_standby(standby);
-    assert_eq!(after["refused"]["not_leader"], before["refused"]["not_leader"].as_u64().unwrap() + 2, "{after}");
+    assert_eq!(after["refused"]["not_leader"], before["refused"]["not_leader"].as_u64().unwrap() + 4, "{after}");
     assert_eq!(after["epoch"], before["epoch"], "{after}");
     assert_eq!(after["caught_up"], true, "{after}");
     // The real leader's stream goes on: a change is still acknowledged.

@@ -17,19 +17,19 @@ use std::time::{Duration, Instant};
 
 /// What the load saw.
 #[derive(Default)]
-struct Log {
+pub(crate) struct Log {
     /// Acknowledged confirms: key → page, and when.
-    acked: HashMap<String, (i64, Instant)>,
+    pub acked: HashMap<String, (i64, Instant)>,
     /// Reads that answered an acknowledged key with another page (or none).
-    wrong_reads: Vec<String>,
+    pub wrong_reads: Vec<String>,
     /// Successful reads.
-    reads: u64,
+    pub reads: u64,
 }
 
 /// Saves batches of 16 fresh keys through the relay until `stop`: allocate,
 /// confirm; a batch whose confirm is not a 204 is abandoned, as vLLM's save
 /// task is (nothing released).
-fn saver(relay: String, log: Arc<Mutex<Log>>, stop: Arc<AtomicBool>) {
+pub(crate) fn saver(relay: String, log: Arc<Mutex<Log>>, stop: Arc<AtomicBool>) {
     let mut n = 0usize;
     while !stop.load(Ordering::Acquire) {
         let keys: Vec<String> = (n..n + 16).map(|i| format!("{i:032x}")).collect();
@@ -56,7 +56,7 @@ fn saver(relay: String, log: Arc<Mutex<Log>>, stop: Arc<AtomicBool>) {
 
 /// Reads acknowledged keys through the relay until `stop`; any answer that
 /// gives one another page, or none, is a wrong read.
-fn reader(relay: String, log: Arc<Mutex<Log>>, stop: Arc<AtomicBool>) {
+pub(crate) fn reader(relay: String, log: Arc<Mutex<Log>>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Acquire) {
         let sample: Vec<(String, i64)> = {
             let l = log.lock().unwrap();

@@ -9,17 +9,28 @@ use std::time::Duration;
 // ------------------------------------------------------------ health, stats
 
 #[test]
-fn health_is_ok() {
+fn health_is_ok_and_names_the_release() {
     let s = TestServer::new();
-    check(&s, "GET", "/health", "", 200, r#"{"status":"ok"}"#);
+    let r = check(&s, "GET", "/health", "", 200, &crate::common::health_ok().to_string());
+    assert_eq!(r.json()["version"], json!(env!("CARGO_PKG_VERSION")));
+    let commit = r.json()["commit"].as_str().unwrap().to_string();
+    assert!(commit == "unknown" || (commit.len() == 12 && commit.bytes().all(|b| b.is_ascii_hexdigit())), "{commit}");
     // Keep-alive: many on one connection.
     let mut c = s.client();
     for _ in 0..5 {
         let r = c.request("GET", "/health", &[], b"");
         assert_eq!(r.status, 200);
-        assert_eq!(r.json(), json!({"status": "ok"}));
+        assert_eq!(r.json(), crate::common::health_ok());
         assert!(!r.closes());
     }
+}
+
+#[test]
+fn a_single_server_is_ready_once_it_answers() {
+    let s = TestServer::new();
+    check(&s, "GET", "/ready", "", 200, r#"{"ready":true,"role":"single","reason":"recovered and serving"}"#);
+    let r = s.request("POST", "/ready", "");
+    assert_eq!((r.status, r.header("allow")), (405, Some("GET")), "{r:?}");
 }
 
 #[test]
@@ -32,6 +43,7 @@ fn stats_shape() {
     assert_eq!(
         fields,
         [
+            "commit",
             "complete_keys",
             "durable",
             "evicted_keys",
@@ -54,6 +66,7 @@ fn stats_shape() {
         "{st}"
     );
     assert_eq!(st["version"], json!(env!("CARGO_PKG_VERSION")));
+    assert_eq!(st["commit"], json!(hf3fs_meta::release::COMMIT));
     assert!(st["uptime_seconds"].as_f64().is_some_and(|u| u >= 0.0), "{st}");
     assert_eq!(st["world_size"], Value::Null);
     assert_eq!(st["keys"], json!(0));
@@ -422,7 +435,8 @@ fn the_exposition_parser_is_strict() {
 fn metrics_parse_and_move_with_requests() {
     let s = TestServer::new();
     let m0 = scrape(&s);
-    assert_eq!(m0.get("hf3fs_meta_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
+    let build = [("version", env!("CARGO_PKG_VERSION")), ("commit", hf3fs_meta::release::COMMIT)];
+    assert_eq!(m0.get("hf3fs_meta_build_info", &build), 1.0);
     assert_eq!(m0.get("hf3fs_meta_ranks", &[]), 0.0);
     for code in [
         "rank_not_initialized",
@@ -632,7 +646,9 @@ fn auth_all_guards_everything_but_health() {
     let st = authed(&s, "GET", "/stats", Some(&bearer), "").json();
     assert_eq!(st["ranks"], json!([]));
     // /health is open.
-    check(&s, "GET", "/health", "", 200, r#"{"status":"ok"}"#);
+    check(&s, "GET", "/health", "", 200, &crate::common::health_ok().to_string());
+    // So is /ready (probes send no token).
+    check(&s, "GET", "/ready", "", 200, r#"{"ready":true,"role":"single","reason":"recovered and serving"}"#);
     // With the token, everything answers as usual.
     let expect = [200, 200, 204, 200, 200, 200, 200, 204];
     for ((m, p, body), want) in routes.iter().zip(expect) {

@@ -89,7 +89,10 @@ fn help_lists_every_flag() {
     }
     let out = command().arg("--version").output().expect("run --version");
     assert!(out.status.success());
-    assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(env!("CARGO_PKG_VERSION")), "{text}");
+    assert!(text.contains(&format!("commit {}", hf3fs_meta::release::COMMIT)), "{text}");
+    assert!(text.contains("replication protocol 2-3") && text.contains("data-directory format 2"), "{text}");
 }
 
 #[test]
@@ -155,6 +158,10 @@ fn startup_log_names_the_effective_config() {
         "--admin-token",
         "hush",
     ]);
+    // The log's first line says which release this is.
+    let first = p.log.first().expect("a first line");
+    let me = format!("hf3fs-meta {} (commit {};", hf3fs_meta::release::VERSION, hf3fs_meta::release::COMMIT);
+    assert!(first.contains(&me) && first.contains("starting"), "{first}");
     let line = p.log.iter().find(|l| l.contains("listening")).cloned().expect("startup line");
     for want in [
         format!("addr={}", p.addr),

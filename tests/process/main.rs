@@ -5,6 +5,8 @@
 //! - [`binary`]: start-up, flags, shutdown, the listen backlog.
 //! - [`durable_crash`]: SIGKILL under load, then restarts.
 //! - [`durable_disk`]: a full disk (a small tmpfs when run as root).
+//! - [`formats`]: data directories across releases: the format marker, a
+//!   newer format refused untouched, older directories opened.
 //! - [`never_a_wrong_page`]: the "never a wrong page" sequences on the hidden test clock,
 //!   SIGKILL restarts included, against a simulated page store.
 //! - [`tools`]: `hf3fs-meta inspect` and `verify` on data directories.
@@ -21,6 +23,7 @@ mod bench;
 mod binary;
 mod durable_crash;
 mod durable_disk;
+mod formats;
 mod never_a_wrong_page;
 mod python_client;
 mod tools;

@@ -212,7 +212,7 @@ def _start(binary: Path, log_path: Path, mode: str) -> Server | None:
             return None
         try:
             r = requests.get(server.base_url + "/health", timeout=2)
-            if r.status_code == 200 and r.json() == {"status": "ok"} and proc.poll() is None:
+            if r.status_code == 200 and r.json().get("status") == "ok" and proc.poll() is None:
                 return server
         except requests.RequestException:
             pass

@@ -71,7 +71,8 @@ def call(method, path, body=None):
 deadline = time.monotonic() + 20
 while True:
     try:
-        if call("GET", "/health") == (200, {"status": "ok"}):
+        status, body = call("GET", "/health")
+        if status == 200 and body.get("status") == "ok" and body.get("version"):
             break
     except (urllib.error.URLError, ConnectionError):
         pass

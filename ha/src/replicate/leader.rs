@@ -63,7 +63,7 @@
 use super::lag::LagClock;
 use super::liveness::{self, Backoff, Silence};
 use super::waiters::Waiters;
-use super::wire::Msg;
+use super::wire::{Feature, Msg, Range, Session};
 use super::SyncMode;
 use crate::core::{Dialect, PageSource, Visit};
 use crate::durable::codec;
@@ -99,6 +99,9 @@ pub struct Target {
     pub host: String,
     /// The leader's epoch.
     pub epoch: u64,
+    /// The protocol versions it speaks, as it published them in etcd
+    /// ([`Range::LEGACY`] when it published none: release 0.1.0).
+    pub range: Range,
 }
 
 /// What the sender thread takes, in order: frames, and (SGLang's store)
@@ -148,6 +151,12 @@ pub struct Replicator {
     broken: AtomicBool,
     /// The requests waiting for an acknowledgement ([`Waiters`]).
     waiters: Waiters,
+    /// The current session's version and the standby's release (`None`:
+    /// no session); `/health` shows them.
+    session_info: Mutex<Option<(u16, String)>>,
+    /// Sessions not started or refused because the standby speaks no
+    /// version this node does.
+    pub incompatible: AtomicU64,
     /// Requests answered 503 for want of an acknowledgement.
     pub sync_failures: AtomicU64,
     /// Sessions that reached sync.
@@ -243,6 +252,8 @@ impl Replicator {
             released: AtomicBool::new(false),
             broken: AtomicBool::new(false),
             waiters: Waiters::default(),
+            session_info: Mutex::new(None),
+            incompatible: AtomicU64::new(0),
             sync_failures: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             lag: LagClock::default(),
@@ -367,6 +378,11 @@ impl Replicator {
         self.target.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
+    /// The running session's protocol version and the standby's release.
+    pub fn session(&self) -> Option<(u16, String)> {
+        self.session_info.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
     /// The standby in sync, if one is.
     pub fn synced(&self) -> Option<String> {
         let t = self.target.lock().unwrap_or_else(PoisonError::into_inner);
@@ -447,12 +463,22 @@ impl Replicator {
     /// One session with `t`, until it fails or the target changes; the
     /// connection is shut down on the way out (which ends its reader).
     fn run_session(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>) -> Result<(), String> {
+        if Session::agree(Range::THIS, t.range).is_none() {
+            self.incompatible.fetch_add(1, Ordering::Relaxed);
+            return Err(format!(
+                "standby {} speaks replication protocol {}, this node {}: no version in common, not streaming to it",
+                t.node,
+                t.range,
+                Range::THIS
+            ));
+        }
         let connect = liveness::CONNECT.min(self.wait);
         let stream = TcpStream::connect_timeout(&t.addr, connect).map_err(|e| format!("connecting: {e}"))?;
         let stream = self.secure(stream, t)?;
         let closer = stream.try_clone().map_err(|e| e.to_string())?;
         let r = self.stream_to(n, t, rx, stream);
         let _ = closer.shutdown(std::net::Shutdown::Both);
+        *self.session_info.lock().unwrap_or_else(PoisonError::into_inner) = None;
         r
     }
 
@@ -487,12 +513,26 @@ impl Replicator {
         let _ = stream.set_read_timeout(Some(TICK));
         let mut acks = AckReader { stream: stream.try_clone().map_err(|e| e.to_string())?, buf: Vec::new() };
         let mut wr = BufWriter::with_capacity(1 << 20, stream.try_clone().map_err(|e| e.to_string())?);
-        let hello = Msg::Hello {
-            version: super::wire::VERSION,
-            store: self.dialect,
-            token: self.token.to_vec(),
-            epoch: t.epoch,
-            leader: self.node.clone(),
+        // The session's version as the standby published its range: to a
+        // version-2 standby, version 2's hello, byte for byte.
+        let expected = Session::agree(Range::THIS, t.range).expect("checked by run_session");
+        let hello = if expected.has(Feature::Agreed) {
+            Msg::HelloRange {
+                range: Range::THIS,
+                store: self.dialect,
+                token: self.token.to_vec(),
+                epoch: t.epoch,
+                release: crate::RELEASE.into(),
+                leader: self.node.clone(),
+            }
+        } else {
+            Msg::Hello {
+                version: expected.version(),
+                store: self.dialect,
+                token: self.token.to_vec(),
+                epoch: t.epoch,
+                leader: self.node.clone(),
+            }
         };
         send(&mut wr, &hello)?;
         wr.flush().map_err(|e| e.to_string())?;
@@ -510,11 +550,20 @@ impl Replicator {
                 return Err(format!("the standby did not answer the hello within {:?}", self.wait));
             }
         };
-        match answer {
-            Msg::Welcome => {}
-            Msg::Reject(why) => return Err(format!("the standby refused: {why}")),
-            m => return Err(format!("an unexpected answer {m:?}")),
-        }
+        let (session, release) = match answer {
+            Msg::Welcome if !expected.has(Feature::Agreed) => (expected, "a release of protocol 2".to_string()),
+            Msg::Agreed { version, release } if expected.has(Feature::Agreed) && Range::THIS.contains(version) => {
+                (Session::at(version), release)
+            }
+            Msg::Reject(why) => {
+                if why.contains("no version in common") {
+                    self.incompatible.fetch_add(1, Ordering::Relaxed);
+                }
+                return Err(format!("the standby refused: {why}"));
+            }
+            m => return Err(format!("an unexpected answer {m:?} to a hello of protocol {}", expected.version())),
+        };
+        *self.session_info.lock().unwrap_or_else(PoisonError::into_inner) = Some((session.version(), release));
         // Frames queued before the snapshot begins are in it.
         while rx.try_recv().is_ok() {}
         self.broken.store(false, Ordering::Release);

@@ -35,11 +35,14 @@ use super::leader::Target;
 use super::liveness::{choose, Current, CATCH_UP};
 use super::standby::Standby;
 use super::stores::Replicators;
+use super::wire::Range;
 use super::{address_key, SyncMode};
 use crate::election::{BoxFuture, Election, Member, Promotion, PromotionContext, Refusal};
+use crate::version::NodeInfo;
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::Duration;
 
 /// The replicated promotion hook (see the module docs).
 pub struct Replicated {
@@ -51,6 +54,9 @@ pub struct Replicated {
     /// An etcd write of this hook is in flight: the next period does not
     /// start another.
     busy: Arc<AtomicBool>,
+    /// The node a switchover asked for (`--to`): streamed to from the next
+    /// period on, while it lives.
+    preferred: Mutex<Option<String>>,
     /// An address lookup is in flight (apart from the writes: a lookup of
     /// a standby that does not answer must never hold back `P/sync`).
     looking: Arc<AtomicBool>,
@@ -67,6 +73,7 @@ impl Replicated {
             mode,
             election: OnceLock::new(),
             busy: Default::default(),
+            preferred: Mutex::new(None),
             looking: Default::default(),
             told: AtomicU64::new(0),
         })
@@ -103,9 +110,17 @@ impl Replicated {
         let target = self.replicator.target().filter(|t| t.epoch == epoch);
         let in_sync = target.is_some() && self.replicator.synced().is_some();
         let live: Vec<&str> = members.iter().map(|m| m.node.as_str()).collect();
+        // The node a switchover asked for, while it lives, before the choice.
+        let preferred = self
+            .preferred
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|p| live.contains(&p.as_str()));
         let now =
             target.as_ref().map(|t| Current { node: t.node.as_str(), in_sync, since: self.replicator.target_since() });
-        let Some(pick) = choose(&live, current, now, &self.replicator.failures()) else {
+        let chosen = choose(&live, current, now, &self.replicator.failures());
+        let Some(pick) = preferred.as_deref().or(chosen) else {
             self.replicator.set_target(None);
             return;
         };
@@ -123,9 +138,14 @@ impl Replicated {
                 }
                 Err(err) => return tracing::warn!(standby = %node, "reading its replication address: {err}"),
             };
+            // Its protocol range: none published, a node of release 0.1.0.
+            let range = match e.etcd().get(&e.keys().node(&node)).await {
+                Ok(kv) => kv.and_then(|kv| NodeInfo::decode(&kv.value)).map_or(Range::LEGACY, |i| i.range),
+                Err(err) => return tracing::warn!(standby = %node, "reading its release and versions: {err}"),
+            };
             let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h).to_string();
             match addr.to_socket_addrs().ok().and_then(|mut a| a.next()) {
-                Some(addr) => r.set_target(Some(Target { node: node.clone(), addr, host, epoch })),
+                Some(addr) => r.set_target(Some(Target { node: node.clone(), addr, host, epoch, range })),
                 None => {
                     r.note_failure(&node);
                     return tracing::warn!(standby = %node, "unusable replication address {addr:?}");
@@ -195,7 +215,67 @@ impl Promotion for Replicated {
         })
     }
 
+    fn switchover_target<'a>(&'a self, to: Option<&'a str>, within: Duration) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let Some(to) = to else {
+                return self.replicator.synced().ok_or_else(|| {
+                    "no standby is caught up: the leader streams to nobody in sync (see ha.replication in /health)"
+                        .to_string()
+                });
+            };
+            if self.replicator.synced().as_deref() == Some(to) {
+                return Ok(to.to_string());
+            }
+            let e = self.election.get().and_then(Weak::upgrade).ok_or("the election is not running")?;
+            let members = e.members().await.map_err(|err| format!("reading the members: {err}"))?;
+            if !members.iter().any(|m| m.node == to) {
+                return Err(format!("{to} is not a live member of the cluster (P/members in etcd)"));
+            }
+            // Stream to it from now on, and wait for its snapshot.
+            *self.preferred.lock().unwrap_or_else(PoisonError::into_inner) = Some(to.to_string());
+            let epoch = e.node().role().epoch();
+            self.choose_target(&e, epoch, &members, e.node().standby().as_deref());
+            let deadline = tokio::time::Instant::now() + within;
+            while self.replicator.synced().as_deref() != Some(to) {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!("{to} did not catch up within {within:?}"));
+                }
+                // A poll of an in-memory flag, bounded by the deadline.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                if self.replicator.target().is_none_or(|t| t.node != to) {
+                    self.choose_target(&e, epoch, &members, e.node().standby().as_deref());
+                }
+            }
+            Ok(to.to_string())
+        })
+    }
+
+    fn drain(&self, within: Duration) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + within;
+            loop {
+                if self.replicator.all().iter().all(|r| r.synced().is_some() && r.acked() >= r.head()) {
+                    return true;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return false;
+                }
+                // Acknowledgements come within a round trip and a disk sync.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    }
+
+    fn naming(&self, standby: Option<&str>) {
+        self.replicator.naming(standby);
+    }
+
+    fn named(&self, standby: Option<&str>) {
+        self.replicator.named(standby);
+    }
+
     fn deposed(&self, _epoch: u64) {
+        *self.preferred.lock().unwrap_or_else(PoisonError::into_inner) = None;
         self.replicator.lead(0);
         self.replicator.set_target(None);
         self.replicator.release(false);

@@ -10,7 +10,10 @@
 //! a hello while this node itself leads, and a frame that does not follow
 //! the position this node has (a gap: the leader must send a snapshot).
 //! A refused hello is answered [`Msg::Reject`] and the connection closed;
-//! nothing of it is applied. So is a hello of another protocol version.
+//! nothing of it is applied. So is a hello whose versions this node does
+//! not speak (counted `bad_version`, the reason naming both ranges, and
+//! kept for `/health`): a session runs at the highest version both speak
+//! ([`super::wire::Session`]).
 //!
 //! In a cluster ([`Standby::check_leaders_with`]), the secret is only a
 //! second factor: a hello is admitted only for the epoch and node that etcd
@@ -51,7 +54,7 @@
 
 use super::apply::{apply, Holds, Side};
 use super::ct_eq;
-use super::wire::{Msg, VERSION};
+use super::wire::{Feature, Msg, Range, Session};
 use crate::core::{Dialect, SpaceName};
 use crate::Host;
 use hf3fs_meta_tls::duplex::Stream as Conn;
@@ -76,7 +79,7 @@ pub struct Counters {
     /// Hellos and messages of an epoch older than the newest seen, or
     /// hellos while this node leads.
     pub old_epoch: AtomicU64,
-    /// Hellos of another protocol version ([`VERSION`]).
+    /// Hellos of versions this node does not speak ([`Range`]).
     pub bad_version: AtomicU64,
     /// Frames that did not follow this node's position, or came before a
     /// snapshot.
@@ -117,6 +120,13 @@ pub struct Standby {
     /// (and its data directory's lock) alive.
     app: Weak<dyn Host>,
     token: Box<[u8]>,
+    /// The protocol versions this node speaks ([`Range::THIS`]; another in
+    /// tests standing for another release).
+    range: Range,
+    /// The last hello refused for its versions, and why (`/health`).
+    refusal: Mutex<Option<String>>,
+    /// The version of the newest session accepted (0: none yet).
+    session_version: AtomicU64,
     /// The newest leader epoch seen in an accepted hello (or promoted to).
     epoch: AtomicU64,
     /// Each store's stream, by [`Dialect::index`].
@@ -138,9 +148,18 @@ impl Standby {
     /// A standby applying to `app`'s vLLM store (which must be durable:
     /// `--data-dir`), accepting leaders that present `token`.
     pub fn new(app: Arc<dyn Host>, token: Box<[u8]>) -> Arc<Self> {
+        Self::speaking(app, token, Range::THIS)
+    }
+
+    /// As [`Standby::new`], speaking the versions `range` (tests: a node of
+    /// another release).
+    pub fn speaking(app: Arc<dyn Host>, token: Box<[u8]>, range: Range) -> Arc<Self> {
         Arc::new(Standby {
             app: Arc::downgrade(&app),
             token,
+            range,
+            refusal: Mutex::new(None),
+            session_version: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             stores: Default::default(),
             apply: Mutex::new(Default::default()),
@@ -205,6 +224,37 @@ impl Standby {
     pub fn state(&self) -> (u64, u64, bool) {
         let (position, _) = self.store_state(Dialect::Vllm);
         (self.epoch.load(Ordering::Acquire), position, self.caught_up())
+    }
+
+    /// The last hello refused for its protocol versions, with the reason.
+    pub fn version_refusal(&self) -> Option<String> {
+        self.refusal.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The version of the newest session accepted here (0: none yet).
+    pub fn session_version(&self) -> u16 {
+        self.session_version.load(Ordering::Relaxed) as u16
+    }
+
+    /// The version a hello of `offered` versions runs at, or the refusal
+    /// (counted, kept for `/health`), naming both ranges.
+    fn agree(&self, offered: Range, legacy: bool, release: &str) -> Result<Session, String> {
+        let s = if legacy {
+            Some(Session::at(offered.max)).filter(|s| self.range.contains(s.version()))
+        } else {
+            Session::agree(offered, self.range)
+        };
+        s.ok_or_else(|| {
+            self.counters.bad_version.fetch_add(1, Ordering::Relaxed);
+            let why = format!(
+                "the leader speaks replication protocol {offered} ({release}), this node {} (hf3fs-meta {}): no \
+                 version in common; upgrade one release at a time (CHANGELOG.md)",
+                self.range,
+                crate::RELEASE
+            );
+            *self.refusal.lock().unwrap_or_else(PoisonError::into_inner) = Some(why.clone());
+            why
+        })
     }
 
     /// The position of `store` applied here, and whether it is caught up.
@@ -319,29 +369,58 @@ impl Standby {
             }
             m => m?,
         };
-        let Msg::Hello { version, store, token, epoch, leader } = first else {
-            self.counters.bad_token.fetch_add(1, Ordering::Relaxed);
-            Msg::Reject("the first message must be a hello with the cluster secret".into()).write_to(&mut wr)?;
-            return wr.flush();
+        // Version 2's hello names one version (release 0.1.0's leaders, and
+        // this release's to a version-2 standby); version 3's a range.
+        let (offered, legacy, release, store, token, epoch, leader) = match first {
+            Msg::Hello { version, store, token, epoch, leader } => (
+                Range { min: version, max: version },
+                true,
+                "a release of one version".to_string(),
+                store,
+                token,
+                epoch,
+                leader,
+            ),
+            Msg::HelloRange { range, store, token, epoch, release, leader } => {
+                (range, false, format!("hf3fs-meta {release}"), store, token, epoch, leader)
+            }
+            _ => {
+                self.counters.bad_token.fetch_add(1, Ordering::Relaxed);
+                Msg::Reject("the first message must be a hello with the cluster secret".into()).write_to(&mut wr)?;
+                return wr.flush();
+            }
         };
-        let admitted = if version == VERSION {
-            self.admit(&token, epoch, &leader)
+        // The secret first: a hello without it learns nothing, versions
+        // included (admit checks it, and counts it). Either form of the
+        // hello is admitted only from the leader etcd names at its epoch.
+        let admitted = if ct_eq(&token, &self.token) {
+            self.agree(offered, legacy, &release).and_then(|s| self.admit(&token, epoch, &leader).map(|()| s))
         } else {
-            self.counters.bad_version.fetch_add(1, Ordering::Relaxed);
-            Err(format!(
-                "replication protocol version {version} is not this node's version {VERSION}: run one release on \
-                 every node"
-            ))
+            self.admit(&token, epoch, &leader).map(|()| Session::at(0))
         };
-        if let Err(why) = admitted {
-            tracing::warn!(leader, epoch, version, "refused a replication hello: {why}");
-            Msg::Reject(why).write_to(&mut wr)?;
-            return wr.flush();
+        let session = match admitted {
+            Ok(s) => s,
+            Err(why) => {
+                tracing::warn!(leader, epoch, versions = %offered, "refused a replication hello: {why}");
+                Msg::Reject(why).write_to(&mut wr)?;
+                return wr.flush();
+            }
+        };
+        self.session_version.store(u64::from(session.version()), Ordering::Relaxed);
+        tracing::info!(
+            leader,
+            epoch,
+            store = store.label(),
+            version = session.version(),
+            "replicating from the leader"
+        );
+        if session.has(Feature::Agreed) {
+            Msg::Agreed { version: session.version(), release: crate::RELEASE.into() }.write_to(&mut wr)?;
+        } else {
+            Msg::Welcome.write_to(&mut wr)?;
         }
-        tracing::info!(leader, epoch, store = store.label(), "replicating from the leader");
         let mine = self.stores[store.index()].session.fetch_add(1, Ordering::AcqRel) + 1;
         let deadline = self.app().map_err(std::io::Error::other)?.replication_args().sync_timeout();
-        Msg::Welcome.write_to(&mut wr)?;
         wr.flush()?;
         // Applying and acknowledging run apart: while the acknowledger waits
         // for this node's disk, the next frames are applied (and their
@@ -475,9 +554,12 @@ impl Standby {
                 self.counters.frames.fetch_add(1, Ordering::Relaxed);
                 Ok(Some(upto))
             }
-            Msg::Hello { .. } | Msg::Welcome | Msg::Reject(_) | Msg::Ack { .. } => {
-                Err("an unexpected message in a session".into())
-            }
+            Msg::Hello { .. }
+            | Msg::HelloRange { .. }
+            | Msg::Welcome
+            | Msg::Agreed { .. }
+            | Msg::Reject(_)
+            | Msg::Ack { .. } => Err("an unexpected message in a session".into()),
         }
     }
 }

@@ -32,6 +32,14 @@ fn lag(r: &Replicator) -> u64 {
 }
 
 impl Status {
+    /// Whether this node, as standby, is caught up with the leader of
+    /// `epoch` (both stores): it applied a snapshot of that leader and the
+    /// stream since.
+    pub fn caught_up(&self, epoch: u64) -> bool {
+        let (seen, _, caught_up) = self.standby.state();
+        caught_up && seen == epoch
+    }
+
     /// Both stores' changes not yet acknowledged.
     fn lag(&self) -> u64 {
         self.replicators.all().iter().map(|r| lag(r)).sum()
@@ -70,9 +78,12 @@ impl Status {
             );
         }
         let (position, _) = s.store_state(Dialect::Vllm);
+        let session = r.of(Dialect::Vllm).session();
         serde_json::json!({
             "sync": match self.mode { SyncMode::Strict => "strict", SyncMode::Available => "available" },
             "streaming_to": r.target().map(|t| t.node),
+            "session": session.map(|(version, release)| serde_json::json!({ "version": version, "standby_release": release })),
+            "incompatible_sessions": r.all().iter().map(|r| c(&r.incompatible)).sum::<u64>(),
             "in_sync": r.synced().is_some(),
             "acknowledged": r.of(Dialect::Vllm).acked(),
             "lag_records": self.lag(),
@@ -84,6 +95,8 @@ impl Status {
                 "epoch": epoch,
                 "position": position,
                 "caught_up": caught_up,
+                "session_version": s.session_version(),
+                "version_refusal": s.version_refusal(),
                 "frames": c(&s.counters.frames),
                 "snapshots": c(&s.counters.snapshots),
                 "leader_silent": c(&s.counters.leader_silent),
@@ -104,7 +117,15 @@ impl Status {
         let r = &self.replicators;
         let s = &self.standby;
         let c = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let series: [(Family, u64); 8] = [
+        let series: [(Family, u64); 9] = [
+            (
+                counter(
+                    "ha_replication_incompatible_total",
+                    "Replication sessions this leader did not start, or a standby refused, for want of a protocol \
+                     version in common.",
+                ),
+                r.all().iter().map(|r| c(&r.incompatible)).sum(),
+            ),
             (
                 gauge("ha_replication_in_sync", "1 while this leader's synchronous standby is caught up and acknowledging."),
                 u64::from(r.synced().is_some()),

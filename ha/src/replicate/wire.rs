@@ -15,13 +15,130 @@
 //! space created since). Version 1 (before SGLang's spaces were replicated)
 //! had a hello of kind 1 without version or store: it decodes as version 1
 //! of vLLM's store, which a standby refuses by its version.
+//!
+//! # Versions across releases
+//!
+//! A build speaks a [`Range`] of versions, [`MIN_VERSION`] to [`VERSION`]:
+//! its own release's and the previous release's, so that a cluster can be
+//! upgraded node by node (CHANGELOG.md names each release's). A session
+//! runs at the highest version both ends speak:
+//!
+//! - To a peer that speaks version 2 at most (0.1.0, which publishes no
+//!   range in etcd), the leader sends version 2's hello
+//!   ([`Msg::Hello`] of kind 9, version 2) and the standby answers
+//!   [`Msg::Welcome`]: the session is version 2's, byte for byte.
+//! - To a peer that speaks 3 or later, the leader sends its range and
+//!   release ([`Msg::HelloRange`]); the standby picks the highest version in
+//!   both ranges and answers it with its release ([`Msg::Agreed`]), or
+//!   refuses ([`Msg::Reject`]) naming both ranges when they do not overlap.
+//!
+//! Everything a session sends beyond version 2's messages is a
+//! [`Feature`] checked through [`Session::has`], the one gate: a feature
+//! of version 3 (the heartbeats of the liveness work, say) is sent only on
+//! a session that agreed on 3, so a version-3 node speaks plain version 2
+//! to a version-2 peer. Version 3 is release 0.2.0's protocol: every wire
+//! feature that 0.2.0 adds belongs to it. A feature that outlives a session
+//! (a new record kind in the journal, which a later standby reads in its
+//! snapshot) is gated by the cluster's version instead, the highest that
+//! every member speaks, recorded in etcd ([`crate::version`]).
 
 use crate::core::Dialect;
 use std::io::{self, Read, Write};
 
-/// The protocol version this build speaks; a standby refuses a hello of
-/// any other, naming both.
-pub const VERSION: u16 = 2;
+/// The newest protocol version this build speaks (release 0.2.0's).
+pub const VERSION: u16 = 3;
+
+/// The oldest protocol version this build speaks (release 0.1.0's, the
+/// previous release).
+pub const MIN_VERSION: u16 = 2;
+
+/// A range of protocol versions, `min` to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    /// The oldest version spoken.
+    pub min: u16,
+    /// The newest version spoken.
+    pub max: u16,
+}
+
+impl Range {
+    /// This build's range.
+    pub const THIS: Range = Range { min: MIN_VERSION, max: VERSION };
+
+    /// The range of a node that publishes none: a release before ranges
+    /// (0.1.0), which speaks version 2 only.
+    pub const LEGACY: Range = Range { min: 2, max: 2 };
+
+    /// The versions both speak, if any.
+    pub fn common(self, other: Range) -> Option<Range> {
+        let (min, max) = (self.min.max(other.min), self.max.min(other.max));
+        (min <= max).then_some(Range { min, max })
+    }
+
+    /// Whether `v` is in the range.
+    pub fn contains(self, v: u16) -> bool {
+        self.min <= v && v <= self.max
+    }
+}
+
+impl std::fmt::Display for Range {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.min)
+        } else {
+            write!(f, "{}-{}", self.min, self.max)
+        }
+    }
+}
+
+/// What a session may send beyond version 2's messages, by the version
+/// that brought it. Check it through [`Session::has`] only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feature {
+    /// The standby's answer names the version agreed and its release
+    /// ([`Msg::Agreed`] instead of [`Msg::Welcome`]).
+    Agreed,
+}
+
+impl Feature {
+    /// The first protocol version with it.
+    pub const fn since(self) -> u16 {
+        match self {
+            Feature::Agreed => 3,
+        }
+    }
+}
+
+/// The version one replication session runs at: the highest both ends
+/// speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Session {
+    version: u16,
+}
+
+impl Session {
+    /// The session of a leader speaking `leader` with a standby speaking
+    /// `standby`; `None` when they have no version in common.
+    pub fn agree(leader: Range, standby: Range) -> Option<Session> {
+        leader.common(standby).map(|c| Session { version: c.max })
+    }
+
+    /// A session at `version` (a legacy hello names one version only).
+    pub fn at(version: u16) -> Session {
+        Session { version }
+    }
+
+    /// The version.
+    pub fn version(self) -> u16 {
+        self.version
+    }
+
+    /// Whether this session may send `f`: the one gate of every message
+    /// beyond version 2's.
+    pub fn has(self, f: Feature) -> bool {
+        self.version >= f.since()
+    }
+}
 
 /// The largest message accepted (a frame of one writer batch, a snapshot
 /// part): 64 MiB.
@@ -44,8 +161,34 @@ pub enum Msg {
         /// The leader's node id.
         leader: String,
     },
-    /// Standby → leader: the hello is accepted.
+    /// Leader → standby (version 3 on): a hello naming the range of
+    /// versions the leader speaks and its release; answered
+    /// [`Msg::Agreed`] or [`Msg::Reject`].
+    HelloRange {
+        /// The versions the leader speaks.
+        range: Range,
+        /// The durable store this connection streams.
+        store: Dialect,
+        /// The cluster secret (`--ha-token-file`).
+        token: Vec<u8>,
+        /// The leader's epoch.
+        epoch: u64,
+        /// The leader's release (`0.2.0`).
+        release: String,
+        /// The leader's node id.
+        leader: String,
+    },
+    /// Standby → leader: the hello is accepted (version 2's answer).
     Welcome,
+    /// Standby → leader, to a [`Msg::HelloRange`]: accepted; the session
+    /// runs at `version` (a version-2 session is answered
+    /// [`Msg::Welcome`] instead).
+    Agreed {
+        /// The version agreed: the highest both speak.
+        version: u16,
+        /// The standby's release.
+        release: String,
+    },
     /// Standby → leader: refused, and why; the standby closes.
     Reject(String),
     /// A snapshot starts: the standby forgets its state.
@@ -115,6 +258,9 @@ const ACK: u8 = 8;
 /// A hello with a version and a store (version 2 on).
 const HELLO2: u8 = 9;
 const SPACE: u8 = 10;
+/// A hello with a range of versions and a release (version 3 on).
+const HELLO_RANGE: u8 = 11;
+const AGREED: u8 = 12;
 
 /// Bytes before a frame's records: kind, four `u64`s, the clear flag.
 const FRAME_HEAD: usize = 1 + 4 * 8 + 1;
@@ -131,7 +277,8 @@ impl Msg {
             | Msg::SnapshotEnd { epoch, .. }
             | Msg::Frame { epoch, .. }
             | Msg::Space { epoch, .. } => *epoch,
-            Msg::Welcome | Msg::Reject(_) | Msg::Ack { .. } => 0,
+            Msg::HelloRange { epoch, .. } => *epoch,
+            Msg::Welcome | Msg::Agreed { .. } | Msg::Reject(_) | Msg::Ack { .. } => 0,
         }
     }
 
@@ -149,7 +296,23 @@ impl Msg {
                 out.extend_from_slice(&epoch.to_le_bytes());
                 out.extend_from_slice(leader.as_bytes());
             }
+            Msg::HelloRange { range, store, token, epoch, release, leader } => {
+                out.push(HELLO_RANGE);
+                out.extend_from_slice(&range.min.to_le_bytes());
+                out.extend_from_slice(&range.max.to_le_bytes());
+                out.push(store.index() as u8);
+                out.extend_from_slice(&(token.len() as u32).to_le_bytes());
+                out.extend_from_slice(token);
+                out.extend_from_slice(&epoch.to_le_bytes());
+                put_short(out, release);
+                out.extend_from_slice(leader.as_bytes());
+            }
             Msg::Welcome => out.push(WELCOME),
+            Msg::Agreed { version, release } => {
+                out.push(AGREED);
+                out.extend_from_slice(&version.to_le_bytes());
+                out.extend_from_slice(release.as_bytes());
+            }
             Msg::Reject(why) => {
                 out.push(REJECT);
                 out.extend_from_slice(why.as_bytes());
@@ -252,12 +415,7 @@ impl Msg {
                     (1, Dialect::Vllm)
                 } else {
                     let version = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2 bytes"));
-                    let store = match take(&mut p, 1)?[0] {
-                        0 => Dialect::Vllm,
-                        1 => Dialect::Sglang,
-                        s => return Err(bad(format!("a store of {s}"))),
-                    };
-                    (version, store)
+                    (version, take_store(&mut p)?)
                 };
                 let n = take_u32(&mut p)? as usize;
                 let token = take(&mut p, n)?.to_vec();
@@ -265,7 +423,26 @@ impl Msg {
                 let leader = String::from_utf8(p.to_vec()).map_err(|_| bad("a leader id not in UTF-8".into()))?;
                 Msg::Hello { version, store, token, epoch, leader }
             }
+            HELLO_RANGE => {
+                let min = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2 bytes"));
+                let max = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2 bytes"));
+                if min > max {
+                    return Err(bad(format!("a range of versions from {min} to {max}")));
+                }
+                let store = take_store(&mut p)?;
+                let n = take_u32(&mut p)? as usize;
+                let token = take(&mut p, n)?.to_vec();
+                let epoch = take_u64(&mut p)?;
+                let release = take_short(&mut p)?;
+                let leader = String::from_utf8(p.to_vec()).map_err(|_| bad("a leader id not in UTF-8".into()))?;
+                Msg::HelloRange { range: Range { min, max }, store, token, epoch, release, leader }
+            }
             WELCOME if p.is_empty() => Msg::Welcome,
+            AGREED => {
+                let version = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2 bytes"));
+                let release = String::from_utf8(p.to_vec()).map_err(|_| bad("a release not in UTF-8".into()))?;
+                Msg::Agreed { version, release }
+            }
             REJECT => Msg::Reject(String::from_utf8_lossy(p).into_owned()),
             SNAP_BEGIN => Msg::SnapshotBegin { epoch: take_u64(&mut p)? },
             SNAP_PART => Msg::SnapshotPart { epoch: take_u64(&mut p)?, records: records(p) },
@@ -313,6 +490,30 @@ fn take<'a>(p: &mut &'a [u8], n: usize) -> io::Result<&'a [u8]> {
     Ok(head)
 }
 
+fn take_store(p: &mut &[u8]) -> io::Result<Dialect> {
+    match take(p, 1)?[0] {
+        0 => Ok(Dialect::Vllm),
+        1 => Ok(Dialect::Sglang),
+        s => Err(bad(format!("a store of {s}"))),
+    }
+}
+
+/// A string of at most 255 bytes, after its `u8` length (cut at a
+/// character boundary when longer).
+fn put_short(out: &mut Vec<u8>, s: &str) {
+    let mut n = s.len().min(255);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    out.push(n as u8);
+    out.extend_from_slice(&s.as_bytes()[..n]);
+}
+
+fn take_short(p: &mut &[u8]) -> io::Result<String> {
+    let n = take(p, 1)?[0] as usize;
+    String::from_utf8(take(p, n)?.to_vec()).map_err(|_| bad("a string not in UTF-8".into()))
+}
+
 fn take_u32(p: &mut &[u8]) -> io::Result<u32> {
     Ok(u32::from_le_bytes(take(p, 4)?.try_into().expect("4 bytes")))
 }
@@ -337,6 +538,15 @@ mod tests {
             },
             Msg::Hello { version: 3, store: Dialect::Sglang, token: vec![], epoch: 1, leader: "ключ".into() },
             Msg::Space { epoch: 7, id: 2, rank: 1, num_pages: 64, namespace: "kv \" ключ".into() },
+            Msg::HelloRange {
+                range: Range::THIS,
+                store: Dialect::Sglang,
+                token: b"secret-secret-16".to_vec(),
+                epoch: 8,
+                release: "0.2.0".into(),
+                leader: "ключ".into(),
+            },
+            Msg::Agreed { version: 3, release: "0.2.0".into() },
             Msg::Welcome,
             Msg::Reject("no".into()),
             Msg::SnapshotBegin { epoch: 7 },
@@ -359,6 +569,54 @@ mod tests {
         }
         let huge = ((MAX_MESSAGE + 1) as u32).to_le_bytes();
         assert!(Msg::read_from(&mut &huge[..]).is_err());
+    }
+
+    #[test]
+    fn a_session_runs_at_the_highest_version_both_speak() {
+        let prev = Range::LEGACY;
+        let future = Range { min: VERSION + 1, max: VERSION + 2 };
+        assert_eq!(Session::agree(Range::THIS, Range::THIS).map(Session::version), Some(VERSION));
+        assert_eq!(Session::agree(Range::THIS, prev).map(Session::version), Some(2));
+        assert_eq!(Session::agree(prev, Range::THIS).map(Session::version), Some(2));
+        assert_eq!(Session::agree(Range::THIS, future), None, "no version in common");
+        assert_eq!(Session::agree(Range { min: 2, max: 9 }, Range::THIS).map(Session::version), Some(VERSION));
+        // A version-2 session sends nothing of version 3.
+        assert!(!Session::at(2).has(Feature::Agreed));
+        assert!(Session::at(3).has(Feature::Agreed));
+        assert_eq!((Range::THIS.to_string(), prev.to_string()), ("2-3".to_string(), "2".to_string()));
+        // The range hello refuses a range upside down and a cut release.
+        let mut b = Vec::new();
+        Msg::HelloRange {
+            range: Range::THIS,
+            store: Dialect::Vllm,
+            token: vec![],
+            epoch: 1,
+            release: "r".into(),
+            leader: "a".into(),
+        }
+        .encode(&mut b);
+        let body = &mut b[4..];
+        body[1] = 9; // min 9 > max 3
+        assert!(Msg::decode(body).unwrap_err().to_string().contains("from 9 to 3"));
+        assert!(Msg::decode(&[HELLO_RANGE, 2, 0, 3, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5, b'x']).is_err());
+    }
+
+    #[test]
+    fn the_hello_of_version_2_is_byte_for_byte_the_previous_releases() {
+        // What release 0.1.0 (protocol 2) sends and expects, written out by
+        // hand: kind 9, version 2, store, token, epoch, leader.
+        let mut want = vec![HELLO2, 2, 0, 1];
+        want.extend_from_slice(&4u32.to_le_bytes());
+        want.extend_from_slice(b"tokn");
+        want.extend_from_slice(&7u64.to_le_bytes());
+        want.extend_from_slice(b"lead");
+        let mut got = Vec::new();
+        Msg::Hello { version: 2, store: Dialect::Sglang, token: b"tokn".to_vec(), epoch: 7, leader: "lead".into() }
+            .encode(&mut got);
+        assert_eq!(&got[4..], &want[..]);
+        let mut welcome = Vec::new();
+        Msg::Welcome.encode(&mut welcome);
+        assert_eq!(welcome, [1, 0, 0, 0, WELCOME], "version 2's answer: an empty welcome");
     }
 
     #[test]
