@@ -49,7 +49,7 @@ export PATH="$TMP/venv/bin:$PATH"
 found=$(command -v hf3fs-meta)
 [[ "$found" == "$TMP/venv/bin/hf3fs-meta" ]] || { log "hf3fs-meta on PATH is $found, not the venv's"; exit 1; }
 want_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
-hf3fs-meta --version | grep -qx "hf3fs-meta $want_version" || { log "unexpected --version: $(hf3fs-meta --version)"; exit 1; }
+hf3fs-meta --version | grep -q "^hf3fs-meta $want_version " || { log "unexpected --version: $(hf3fs-meta --version)"; exit 1; }
 
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 timeout --kill-after=5 120 hf3fs-meta --host 127.0.0.1 --port "$PORT" --workers 1 >"$TMP/server.log" 2>&1 &
