@@ -6,7 +6,6 @@
 use super::cluster::{addr, ha, leader_and_standby, probe, serving_epoch, wait_for, Cluster, TTL};
 use super::etcd::available;
 use super::http::{get, request_within};
-use crate::common::process::{ServerProcess, Started};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,13 +32,7 @@ fn missing_token_is_refused_at_start_up() {
         "--advertise-url",
         "http://127.0.0.1:0",
     ];
-    match ServerProcess::start(&args) {
-        Started::Exited(st, log) => {
-            assert_eq!(st.code(), Some(2), "{log:?}");
-            assert!(log.iter().any(|l| l.contains("--ha-token-file")), "{log:?}");
-        }
-        Started::Serving(_) => panic!("a node without a cluster secret started"),
-    }
+    crate::refused_at_start_up(&args, &["--ha-token-file"], "a node without a cluster secret");
 }
 
 #[test]

@@ -18,7 +18,7 @@ use super::etcd::available;
 use super::observability::metric;
 use super::proxy::Proxy;
 use super::writes::{assert_kept, at, call, init};
-use crate::common::process::{ServerProcess, Started};
+use crate::common::process::ServerProcess;
 use serde_json::{json, Value};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -382,13 +382,11 @@ fn a_heartbeat_not_below_the_sync_timeout_is_refused_at_start_up() {
         "--ha-heartbeat-ms",
         "500",
     ];
-    match ServerProcess::start(&args) {
-        Started::Exited(st, log) => {
-            assert_eq!(st.code(), Some(2), "{log:?}");
-            assert!(log.iter().any(|l| l.contains("--ha-heartbeat-ms 500 must be below")), "{log:?}");
-        }
-        Started::Serving(_) => panic!("a node whose standby would close every idle session started"),
-    }
+    crate::refused_at_start_up(
+        &args,
+        &["--ha-heartbeat-ms 500 must be below"],
+        "a node whose standby would close every idle session",
+    );
 }
 
 /// The figures of docs/ha.md and perf/RESULTS.md: `HF3FS_LIVENESS_RUNS`
