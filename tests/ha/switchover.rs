@@ -10,12 +10,10 @@
 use super::cluster::{ha, wait_for, Cluster};
 use super::etcd::available;
 use super::http::get;
-use super::under_load::{reader, saver, Log};
+use super::under_load::{Load, Log};
 use super::writes::{assert_kept, at, call};
 use crate::common::process::{command, ServerProcess};
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Runs `hf3fs-meta ctl <args> --json` against the cluster: exit status,
@@ -92,15 +90,8 @@ fn ctl_shows_the_cluster_and_switches_over_under_load_losing_nothing() {
     let relay = c.relay(None, &[]);
     let init = json!({"num_pages": 1 << 16, "role": "worker"});
     assert_eq!(call(&relay.addr, "/rank/0/initialize", &init).map(|r| r.0), Some(200));
-    let log = Arc::new(Mutex::new(Log::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads: Vec<_> = [saver as fn(_, _, _), reader]
-        .into_iter()
-        .map(|f| {
-            let (r, lg, st) = (relay.addr.clone(), log.clone(), stop.clone());
-            std::thread::spawn(move || f(r, lg, st))
-        })
-        .collect();
+    let load = Load::start(&relay.addr);
+    let log = load.log.clone();
     wait_for("load before the switchovers", || (log.lock().unwrap().acked.len() >= 320).then_some(()));
     let (mut leader, mut standby) = (l, s);
     let mut pauses = Vec::new();
@@ -135,10 +126,7 @@ fn ctl_shows_the_cluster_and_switches_over_under_load_losing_nothing() {
         });
         leader = to;
     }
-    stop.store(true, Ordering::Release);
-    for t in threads {
-        t.join().unwrap();
-    }
+    load.stop();
     let l = log.lock().unwrap();
     assert!(l.wrong_reads.is_empty(), "wrong reads: {:?}", &l.wrong_reads[..l.wrong_reads.len().min(5)]);
     let acked: Vec<(String, i64)> = l.acked.iter().map(|(k, (p, _))| (k.clone(), *p)).collect();

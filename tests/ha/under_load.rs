@@ -26,6 +26,38 @@ pub(crate) struct Log {
     pub reads: u64,
 }
 
+/// A saver and a reader running through a relay until [`Load::stop`].
+pub(crate) struct Load {
+    /// What they did.
+    pub(crate) log: Arc<Mutex<Log>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Starts a [`saver`] and a [`reader`] on `relay`.
+    pub(crate) fn start(relay: &str) -> Self {
+        let log = Arc::new(Mutex::new(Log::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = [saver as fn(_, _, _), reader]
+            .into_iter()
+            .map(|f| {
+                let (r, lg, st) = (relay.to_string(), log.clone(), stop.clone());
+                std::thread::spawn(move || f(r, lg, st))
+            })
+            .collect();
+        Load { log, stop, threads }
+    }
+
+    /// Stops both and waits for them.
+    pub(crate) fn stop(self) {
+        self.stop.store(true, Ordering::Release);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+    }
+}
+
 /// Saves batches of 16 fresh keys through the relay until `stop`: allocate,
 /// confirm; a batch whose confirm is not a 204 is abandoned, as vLLM's save
 /// task is (nothing released).
@@ -111,15 +143,8 @@ fn kill_under_load(c: Cluster, kill_raft_leader: bool) -> Duration {
     let relay = c.relay(None, &[]);
     let init = json!({"num_pages": 1 << 16, "role": "worker"});
     assert_eq!(call(&relay.addr, "/rank/0/initialize", &init).map(|r| r.0), Some(200));
-    let log = Arc::new(Mutex::new(Log::default()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let threads: Vec<_> = [saver as fn(_, _, _), reader]
-        .into_iter()
-        .map(|f| {
-            let (r, lg, st) = (relay.addr.clone(), log.clone(), stop.clone());
-            std::thread::spawn(move || f(r, lg, st))
-        })
-        .collect();
+    let load = Load::start(&relay.addr);
+    let log = load.log.clone();
     wait_for("load before the kill", || (log.lock().unwrap().acked.len() >= 640).then_some(()));
     let raft_leader = kill_raft_leader.then(|| c.etcd.raft_leader());
     let killed_at = Instant::now();
@@ -139,10 +164,7 @@ fn kill_under_load(c: Cluster, kill_raft_leader: bool) -> Duration {
         log.lock().unwrap().acked.values().map(|(_, t)| *t).filter(|t| *t > killed_at).min()
     });
     wait_for("more load after the failover", || (log.lock().unwrap().acked.len() >= before + 640).then_some(()));
-    stop.store(true, Ordering::Release);
-    for t in threads {
-        t.join().unwrap();
-    }
+    load.stop();
     let l = log.lock().unwrap();
     let gap = resumed - killed_at;
     eprintln!(
