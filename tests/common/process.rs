@@ -222,10 +222,24 @@ impl ServerProcess {
     }
 }
 
+/// How many of its last stderr lines a process prints when a failing test
+/// drops it.
+const LOG_TAIL: usize = 80;
+
 impl Drop for ServerProcess {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             self.kill();
+        }
+        // A failing test says what its servers said: the last lines of each
+        // (the whole log stays in `log` for the tests that assert on it).
+        if std::thread::panicking() {
+            self.read_log();
+            let from = self.log.len().saturating_sub(LOG_TAIL);
+            eprintln!("--- the last {} log lines of the server on {} ---", self.log.len() - from, self.addr);
+            for l in &self.log[from..] {
+                eprintln!("{l}");
+            }
         }
     }
 }

@@ -237,13 +237,21 @@ pub fn probe(addr: &str) -> Option<Answer> {
 }
 
 /// Polls `f` until it gives a value; panics naming `what` after the failsafe.
-pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or(what, f, String::new)
+}
+
+/// [`wait_for`] whose panic also says what `seen` tells (what the test
+/// saw meanwhile, for the diagnosis).
+pub fn wait_for_or<T>(what: &str, mut f: impl FnMut() -> Option<T>, seen: impl FnOnce() -> String) -> T {
     let deadline = Instant::now() + FAILSAFE;
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(Instant::now() < deadline, "not within the failsafe: {what}");
+        if Instant::now() >= deadline {
+            panic!("not within the failsafe: {what}; {}", seen());
+        }
         std::thread::sleep(Duration::from_millis(20)); // a poll interval, not a synchronization
     }
 }

@@ -7,7 +7,7 @@
 //! Then the refusals: nobody caught up, a node that is not a member, and a
 //! node whose protocol versions the cluster does not speak.
 
-use super::cluster::{ha, wait_for, Cluster};
+use super::cluster::{ha, wait_for, wait_for_or, Cluster};
 use super::etcd::available;
 use super::http::get;
 use super::under_load::{Load, Log};
@@ -107,7 +107,11 @@ fn ctl_shows_the_cluster_and_switches_over_under_load_losing_nothing() {
         assert_eq!(code, Some(0), "round {round}: {v} {err}");
         assert_eq!((&v["from"], &v["to"]), (&json!(ids[leader]), &json!(ids[to])), "round {round}: {v}");
         nodes.serving(to);
-        wait_for("writes after the switchover", || (log.lock().unwrap().acked.len() >= before + 160).then_some(()));
+        wait_for_or(
+            "writes after the switchover",
+            || (log.lock().unwrap().acked.len() >= before + 160).then_some(()),
+            || format!("round {round}, the load's refusals so far: {:?}", log.lock().unwrap().refused),
+        );
         let p = pause(&log.lock().unwrap(), asked, Instant::now());
         eprintln!(
             "switchover {round}: {} -> {}, ctl {:.0} ms, write pause {:.0} ms",
@@ -132,10 +136,11 @@ fn ctl_shows_the_cluster_and_switches_over_under_load_losing_nothing() {
     let acked: Vec<(String, i64)> = l.acked.iter().map(|(k, (p, _))| (k.clone(), *p)).collect();
     assert_kept(&at(nodes.get(leader)), &acked);
     eprintln!(
-        "switchover write pauses (ms): {:?}; {} confirms acknowledged, {} reads",
+        "switchover write pauses (ms): {:?}; {} confirms acknowledged, {} reads; refused: {:?}",
         pauses.iter().map(|p| (p.as_secs_f64() * 1e3).round()).collect::<Vec<_>>(),
         l.acked.len(),
-        l.reads
+        l.reads,
+        l.refused
     );
     // Measured, not asserted (perf/RESULTS.md): only a bound that says the
     // switchover did not fall back to a lease expiry.

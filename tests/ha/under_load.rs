@@ -24,6 +24,19 @@ pub(crate) struct Log {
     pub wrong_reads: Vec<String>,
     /// Successful reads.
     pub reads: u64,
+    /// The saver's answers that were not a success, by route, status and
+    /// body (`lost` when none came): what the load saw while writes stalled.
+    pub refused: std::collections::BTreeMap<String, u64>,
+}
+
+impl Log {
+    fn refuse(&mut self, route: &str, answer: Option<&(u16, Value)>) {
+        let why = match answer {
+            Some((st, v)) => format!("{route} {st} {}", v.to_string().chars().take(120).collect::<String>()),
+            None => format!("{route} lost"),
+        };
+        *self.refused.entry(why).or_default() += 1;
+    }
 }
 
 /// A saver and a reader running through a relay until [`Load::stop`].
@@ -67,16 +80,25 @@ pub(crate) fn saver(relay: String, log: Arc<Mutex<Log>>, stop: Arc<AtomicBool>) 
         let keys: Vec<String> = (n..n + 16).map(|i| format!("{i:032x}")).collect();
         n += 16;
         let items: Vec<Value> = keys.iter().map(|k| json!([k, ""])).collect();
-        let Some((200, v)) = call(&relay, "/keys/batch_allocate", &json!({"rank": 0, "keys": items})) else {
-            continue;
+        let v = match call(&relay, "/keys/batch_allocate", &json!({"rank": 0, "keys": items})) {
+            Some((200, v)) => v,
+            other => {
+                log.lock().unwrap().refuse("allocate", other.as_ref());
+                continue;
+            }
         };
         let pages: Vec<i64> = v["results"].as_array().unwrap().iter().map(|r| r[1].as_i64().unwrap()).collect();
         if pages.iter().any(|&p| p < 0) {
+            log.lock().unwrap().refuse("allocate", Some(&(200, json!("a page of -1"))));
             continue;
         }
         let c: Vec<Value> = keys.iter().zip(&pages).map(|(k, p)| json!([k, p])).collect();
         let body = json!({"rank": 0, "confirmations": c, "pages_to_release": []});
-        if let Some((204, _)) = call(&relay, "/keys/confirm_write", &body) {
+        let answer = call(&relay, "/keys/confirm_write", &body);
+        if !matches!(answer, Some((204, _))) {
+            log.lock().unwrap().refuse("confirm", answer.as_ref());
+        }
+        if let Some((204, _)) = answer {
             let now = Instant::now();
             let mut l = log.lock().unwrap();
             for (k, p) in keys.into_iter().zip(pages) {
