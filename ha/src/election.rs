@@ -430,7 +430,9 @@ impl Election {
                 let mut ctx = self.context(kv, snap.initialized.as_ref(), snap.last.as_ref());
                 tracing::info!(node = %self.node.id, epoch = ctx.epoch, "found the leader key already ours");
                 ctx.previous = last_leader.clone();
-                self.lead(&session, ctx).await;
+                if self.lead(&session, ctx).await {
+                    continue;
+                }
                 return Ok(());
             }
             let cluster = snap.version.as_ref().and_then(|kv| super::version::ClusterVersion::decode(&kv.value));
@@ -461,7 +463,9 @@ impl Election {
             if let Some(mut ctx) = self.campaign(&session, claim).await {
                 ctx.planned = !ctx.first_leader && handed_over(&snap, last_leader.as_ref());
                 ctx.previous = last_leader.clone();
-                self.lead(&session, ctx).await;
+                if self.lead(&session, ctx).await {
+                    continue;
+                }
                 return Ok(());
             }
             // Lost the race, or etcd refused (the lease expired under us:
@@ -592,8 +596,13 @@ impl Election {
     }
 
     /// Leads at `ctx.epoch` until the lease or the key is lost, then hands
-    /// the key back if it is still held.
-    async fn lead(&self, session: &Session, ctx: PromotionContext) {
+    /// the key back if it is still held. Returns whether it handed the
+    /// leadership over (a switchover): the session then goes on following
+    /// on its lease, so this node stays in `P/members` without a gap (a new
+    /// session would revoke the lease and register again a moment later,
+    /// and meanwhile the new leader could neither stream to this node nor
+    /// be asked to switch over back to it).
+    async fn lead(&self, session: &Session, ctx: PromotionContext) -> bool {
         let epoch = ctx.epoch;
         self.node.set_role(Role::Promoting { epoch });
         self.node.set_leader(Some(LeaderRecord {
@@ -614,7 +623,7 @@ impl Election {
                 () = self.node.clock().sleep(self.node.ttl) => {}
                 () = lost_lease(&mut lost) => {}
             }
-            return;
+            return false;
         }
         // Serve first, then tell the relays: a relay forwards new connections
         // as soon as it sees the leader key marked serving, so the gate must
@@ -627,7 +636,7 @@ impl Election {
         if !self.mark_serving(epoch).await {
             self.node.set_role(Role::Follower);
             self.give_back(epoch).await;
-            return;
+            return false;
         }
         self.node.count_failover();
         tracing::info!(node = %self.node.id, epoch, planned = ctx.planned, "serving as leader");
@@ -665,6 +674,7 @@ impl Election {
         } else {
             tracing::warn!(node = %self.node.id, epoch, "deposed: the lease or the leader key was lost");
         }
+        handed_over
     }
 
     /// Holds eviction, waits out the previous lease and runs the hook.
