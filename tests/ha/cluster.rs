@@ -10,7 +10,7 @@ use crate::common::FAILSAFE;
 use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -146,7 +146,7 @@ impl Cluster {
             }
         };
         let addr = line.split("addr=").nth(1).and_then(|r| r.split_whitespace().next()).expect("addr=").to_string();
-        Relay { child, addr, _lines: rx }
+        Relay { child, addr, lines: rx }
     }
 }
 
@@ -206,7 +206,27 @@ pub struct Relay {
     child: Child,
     /// Where it listens.
     pub addr: String,
-    _lines: mpsc::Receiver<String>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Relay {
+    /// Reads the relay's stderr until a line satisfies `f` (returned);
+    /// `None` when the failsafe runs out or stderr closes first.
+    pub fn wait_line(&self, f: impl Fn(&str) -> bool) -> Option<String> {
+        let deadline = Instant::now() + FAILSAFE;
+        loop {
+            let l = self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())).ok()?;
+            if f(&l) {
+                return Some(l);
+            }
+        }
+    }
+
+    /// Sends `sig` (a name for kill(1)) to the relay.
+    pub fn signal(&self, sig: &str) {
+        let st = Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]).status();
+        assert!(st.is_ok_and(|s| s.success()), "kill -{sig} of the relay failed");
+    }
 }
 
 impl Drop for Relay {

@@ -356,3 +356,87 @@ fn certificates_rotate_under_load_without_a_restart_or_a_failed_request() {
     assert!(p.saw_line(|l| l.contains("keeping the previous ones")));
     assert!(metric(&m, "hf3fs_meta_tls_handshake_failures_total{reason=\"tls_on_plain_port\"}") >= 1, "{m}");
 }
+
+/// Certificates rotate in a whole TLS cluster under the load of a saver and
+/// a reader through the relay: new files for the three nodes (their port,
+/// the replication listener, the stream's client certificate) and for the
+/// relay, SIGHUP, and every process uses them for new connections. No
+/// process restarts, not one request fails, nothing acknowledged is lost.
+#[test]
+fn certificates_rotate_in_a_cluster_under_load_without_a_restart_or_a_failed_request() {
+    use super::under_load::Load;
+    let _s = super::serial();
+    if !etcd::available() {
+        return;
+    }
+    let certs = Certs::new();
+    let cluster = Cluster::on(Etcd::start_tls(1, &certs.etcd())).with_https();
+    let flags = certs.node_flags();
+    let nodes =
+        cluster.replicated_nodes(&["a", "b", "c"], "strict", &flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let (l, _, _) = certs.leader_and_standby(&nodes);
+    let mut relay_flags = vec!["--tls-ca".to_string(), certs.pki.ca().display().to_string()];
+    relay_flags.extend(certs.relay.flags("tls"));
+    let relay = cluster.relay(None, &relay_flags.iter().map(String::as_str).collect::<Vec<_>>());
+    let init = serde_json::json!({"num_pages": 1 << 16, "role": "worker"});
+    assert_eq!(super::writes::call(&relay.addr, "/rank/0/initialize", &init).map(|r| r.0), Some(200));
+
+    let tls = |i: usize| certs.get(nodes.get(i), "/health").map(|a| a.json()["tls"].clone());
+    let old = tls(l).expect("the leader's health")["server"]["expires"].as_i64().expect("an expiry");
+    // Every role of a node but its etcd client uses the node certificate.
+    let rotated = |t: &Value, newer_than: i64| {
+        let roles = t.as_object()?;
+        let node_roles: Vec<_> = roles.iter().filter(|(role, _)| role.as_str() != "etcd").collect();
+        let all = node_roles.iter().all(|(_, r)| r["expires"].as_i64().is_some_and(|e| e > newer_than));
+        (node_roles.len() >= 3 && all).then_some(())
+    };
+    assert!(rotated(&tls(l).unwrap(), old - 1).is_some(), "the leader's roles: {}", tls(l).unwrap());
+
+    let load = Load::start(&relay.addr);
+    let log = load.log.clone();
+    let acked = |n: usize| {
+        let at = log.lock().unwrap().acked.len();
+        wait_for("confirms acknowledged", || (log.lock().unwrap().acked.len() >= at + n).then_some(()));
+    };
+    acked(160);
+
+    // New files, renamed into place (valid 400 days instead of 365), and
+    // SIGHUP to every process; the periodic check also sees the change.
+    certs.pki.leaf_valid("node", &["127.0.0.1", "localhost"], -1, 400);
+    certs.pki.leaf_valid("relay", &["relay"], -1, 400);
+    for i in 0..3 {
+        nodes.get(i).signal("HUP");
+    }
+    relay.signal("HUP");
+    for i in 0..3 {
+        wait_for(&format!("node {} on the new certificate", nodes.ids[i]), || rotated(&tls(i)?, old + 30 * 86_400));
+    }
+    let line = relay
+        .wait_line(|l| l.contains("certificates loaded again") && l.contains("relay"))
+        .expect("the relay loads its new certificate");
+    let expires: i64 = line
+        .split("expires=Some(")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|e| e.parse().ok())
+        .unwrap_or_else(|| panic!("no expiry in {line}"));
+    assert!(expires > old + 30 * 86_400, "{line}");
+    // New connections through the relay (one a request) shake hands with
+    // the new certificates on both sides; the stream goes on acknowledging.
+    acked(320);
+    load.stop();
+
+    let log = log.lock().unwrap();
+    assert!(log.refused.is_empty(), "failed requests: {:?}", log.refused);
+    assert!(log.wrong_reads.is_empty(), "wrong reads: {:?}", &log.wrong_reads[..log.wrong_reads.len().min(5)]);
+    let acked: Vec<(String, i64)> = log.acked.iter().map(|(k, (p, _))| (k.clone(), *p)).collect();
+    super::writes::assert_kept(&relay.addr, &acked);
+    for i in 0..3 {
+        let p = nodes.get(i);
+        assert!(std::path::Path::new(&format!("/proc/{}", p.child.id())).exists(), "{} restarted", nodes.ids[i]);
+        let m = certs.get(p, "/metrics").expect("metrics").body;
+        assert!(metric(&m, "hf3fs_meta_tls_reloads_total{role=\"server\",result=\"ok\"}") >= 1, "{m}");
+    }
+    let l2 = certs.leader_and_standby(&nodes).0;
+    assert_eq!(l2, l, "the leader did not change");
+}

@@ -24,8 +24,8 @@ pub(crate) struct Log {
     pub wrong_reads: Vec<String>,
     /// Successful reads.
     pub reads: u64,
-    /// The saver's answers that were not a success, by route, status and
-    /// body (`lost` when none came): what the load saw while writes stalled.
+    /// The answers that were not a success, by route, status and body
+    /// (`lost` when none came): what the load saw while writes stalled.
     pub refused: std::collections::BTreeMap<String, u64>,
 }
 
@@ -121,7 +121,13 @@ pub(crate) fn reader(relay: String, log: Arc<Mutex<Log>>, stop: Arc<AtomicBool>)
             continue;
         }
         let keys: Vec<&str> = sample.iter().map(|(k, _)| k.as_str()).collect();
-        let Some((200, v)) = call(&relay, "/keys/get_locations", &json!({"rank": 0, "keys": keys})) else { continue };
+        let v = match call(&relay, "/keys/get_locations", &json!({"rank": 0, "keys": keys})) {
+            Some((200, v)) => v,
+            other => {
+                log.lock().unwrap().refuse("get_locations", other.as_ref());
+                continue;
+            }
+        };
         let got: Vec<Option<i64>> = serde_json::from_value(v["locations"].clone()).unwrap();
         let mut l = log.lock().unwrap();
         l.reads += 1;
