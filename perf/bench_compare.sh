@@ -19,6 +19,8 @@
 # Environment: VLLM_VERSION, VLLM_WHEEL as for perf/vllm_baseline.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 BIN=target/ci/hf3fs-meta
 ROUNDS=2
 OUT=target/bench-compare
@@ -32,7 +34,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-[[ -x "$BIN" ]] || cargo build --profile ci --bin hf3fs-meta
+[[ -x "$BIN" ]] || perf_build ci --bin hf3fs-meta
 mkdir -p "$OUT"
 
 VERSION=${VLLM_VERSION:-0.33.0}

@@ -21,14 +21,16 @@
 # present), as the two baseline scripts take them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 ROOT=$(pwd)
 BUILD=1 ARGS=()
 for a in "$@"; do
   if [[ $a == --no-build ]]; then BUILD=0; else ARGS+=("$a"); fi
 done
 if [[ $BUILD == 1 ]]; then
-  cargo build --release --bin hf3fs-meta
-  cargo build --release -p hf3fs-perf --bins
+  perf_build release --bin hf3fs-meta
+  perf_build release -p hf3fs-perf --bins
 fi
 CACHE="$HOME/.cache/hf3fs-meta/wheels"
 : "${VLLM_WHEEL:=$(ls "$CACHE"/vllm-*.whl 2>/dev/null | head -n 1 || true)}"

@@ -16,6 +16,8 @@
 # run is bounded by its request count and by --duration 120.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 COUNTS="32 1024 4096" N=60000 SCENARIO=exists ROUNDS=2
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -35,8 +37,6 @@ BIN=target/release
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 
 SP=$(free_port); CP=$(free_port)
 HF3FS_META_LOG_LEVEL=warn RUST_LOG=warn timeout 3600 "$BIN/hf3fs-meta" --host 127.0.0.1 --port "$SP" ${SERVER_ARGS:-} >/dev/null 2>&1 &

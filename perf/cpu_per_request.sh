@@ -10,6 +10,8 @@
 # run is bounded by its request count. Prints a markdown table.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 N="${1:-40000}"
 BIN=target/release
 TICK=$(getconf CLK_TCK)
@@ -17,9 +19,7 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; return 1; }
 
 SP=$(free_port); CP=$(free_port)
 RUST_LOG=warn "$BIN/hf3fs-meta" --host 127.0.0.1 --port "$SP" >/dev/null 2>&1 & pids+=($!); SPID=$!

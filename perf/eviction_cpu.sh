@@ -16,7 +16,9 @@
 # (390 requests/s of 128 keys = 50k allocations/s.)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-REL="$PWD/target/release"
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
+REL=$(perf_bin_dir release)
 RATE=390 PAGES=1000000 WARMUP=30 DURATION=30 BUILD=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -31,7 +33,7 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 if [[ $BUILD == 1 ]]; then
-  cargo build --release >/dev/null 2>&1 && cargo build --release -p hf3fs-perf >/dev/null 2>&1 ||
+  perf_build release >/dev/null 2>&1 && perf_build release -p hf3fs-perf >/dev/null 2>&1 ||
     { echo "eviction_cpu.sh: build failed" >&2; exit 1; }
 fi
 TMP=$(mktemp -d /tmp/hf3fs-evcpu.XXXXXX)

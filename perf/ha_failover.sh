@@ -39,8 +39,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# shellcheck source=perf/ha_etcd.sh
-source perf/ha_etcd.sh
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 etcd_one
 EP=$ETCD_URL
 declare -A PORT=([a]=$(free_port) [b]=$(free_port) [c]=$(free_port))

@@ -41,6 +41,8 @@
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm sglang_exists sglang_locations sglang_allocate sglang_confirm"
 WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/instructions.baseline TOLERANCE=3
 while [[ $# -gt 0 ]]; do
@@ -73,18 +75,17 @@ if ! command -v valgrind >/dev/null || ! command -v callgrind_annotate >/dev/nul
   fi
 fi
 if [ -z "$BIN" ]; then
-  cargo build -q --profile "$PROFILE" -p hf3fs-meta --bin hf3fs-meta
-  BIN="target/$PROFILE/hf3fs-meta"
+  perf_build "$PROFILE" -q -p hf3fs-meta --bin hf3fs-meta
+  BIN="$(perf_bin_dir "$PROFILE")/hf3fs-meta"
 fi
 if [ -z "$CEILING" ] && [[ " $ROUTES " == *" bare "* ]]; then
-  cargo build -q --profile "$PROFILE" -p hf3fs-perf --bin ceiling
-  CEILING="target/$PROFILE/ceiling"
+  perf_build "$PROFILE" -q -p hf3fs-perf --bin ceiling
+  CEILING="$(perf_bin_dir "$PROFILE")/ceiling"
 fi
 
 OUT=$(mktemp -d /tmp/hf3fs-instructions.XXXXXX)
 VPID=""
 trap '[ -n "$VPID" ] && kill "$VPID" 2>/dev/null; wait 2>/dev/null; [ -z "$KEEP" ] || cp "$OUT"/*.cg "$KEEP"/; rm -rf "$OUT"' EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # One server run under callgrind serving $2 requests of route $1; prints
 # the path of its callgrind output.

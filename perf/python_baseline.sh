@@ -7,7 +7,8 @@
 # `timeout`, stopped on exit) and waits until it listens on that port.
 # Sets TMP, PY, PORT and PID.
 
-log() { echo "$PYBASE_NAME: $*" >&2; }
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 
 pybase_cleanup() {
   if [[ -n "${PID:-}" ]]; then kill -TERM "$PID" 2>/dev/null || true; wait "$PID" 2>/dev/null || true; fi
@@ -15,7 +16,7 @@ pybase_cleanup() {
 }
 
 pybase_init() { # name
-  PYBASE_NAME=$1
+  PERF_NAME=$1
   TMP=$(mktemp -d "/tmp/${1%.sh}.XXXXXX")
   PID=""
   trap pybase_cleanup EXIT

@@ -20,6 +20,8 @@
 set -euo pipefail
 shopt -s inherit_errexit
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 ROUNDS=3 DURATION=3 BUILD=1 BIN=target/ci/hf3fs-meta LOADGEN=target/ci/loadgen
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -34,8 +36,8 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 if [ "$BUILD" = 1 ]; then
-  cargo build -q --profile ci -p hf3fs-meta --bin hf3fs-meta
-  cargo build -q --profile ci -p hf3fs-perf --bin loadgen
+  perf_build ci -q -p hf3fs-meta --bin hf3fs-meta
+  perf_build ci -q -p hf3fs-perf --bin loadgen
 fi
 command -v socat >/dev/null || { echo "relay.sh: needs socat" >&2; exit 2; }
 CPUS=$(nproc)
@@ -48,8 +50,6 @@ PIDS=()
 # socat's children (one per connection) end with their connections.
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
-# shellcheck source=perf/ha_etcd.sh
-. perf/ha_etcd.sh
 etcd_one
 
 LP=$(free_port) RP=$(free_port) SP=$(free_port)

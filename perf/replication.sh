@@ -14,7 +14,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
-REL="$ROOT/target/release"
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
+REL=$(perf_bin_dir release)
 BIN="$REL/hf3fs-meta"
 ROUNDS=3 DURATION=5 WARMUP=1 FSYNC=batch SCENARIOS="confirm allocate" CONNS=32 BUILD=1
 while [[ $# -gt 0 ]]; do
@@ -32,8 +34,8 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 if [[ $BUILD == 1 ]]; then
-  cargo build --release --bin hf3fs-meta
-  cargo build --release -p hf3fs-perf --bin loadgen
+  perf_build release --bin hf3fs-meta
+  perf_build release -p hf3fs-perf --bin loadgen
 fi
 command -v etcd >/dev/null || { echo "etcd is not installed (apt-get install etcd-server)" >&2; exit 2; }
 
@@ -44,8 +46,6 @@ trap cleanup EXIT INT TERM
 wait_http() { for _ in $(seq 200); do curl -fs "http://$1/health" >/dev/null 2>&1 && return 0; sleep 0.05; done; return 1; }
 
 # etcd: one member on loopback.
-# shellcheck source=perf/ha_etcd.sh
-source perf/ha_etcd.sh
 etcd_one
 
 export HF3FS_META_LOG_LEVEL=${HF3FS_META_LOG_LEVEL:-warn} RUST_LOG=${RUST_LOG:-warn}

@@ -50,8 +50,8 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT INT TERM
 wait_http() { for _ in $(seq 1200); do curl -fs "http://$1/health" >/dev/null 2>&1 && return 0; sleep 0.05; done; return 1; }
 
-# shellcheck source=perf/ha_etcd.sh
-source perf/ha_etcd.sh
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 etcd_one
 
 export HF3FS_META_LOG_LEVEL=warn RUST_LOG=warn

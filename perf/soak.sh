@@ -49,6 +49,8 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 
 DURATION=60 SERVER_BIN="" SOAK_BIN="" BUILD=1 PROFILE=release WORKERS=16 JSON_OUT="" KEEP_LOGS="" DURABLE=0 CRASH=0
 EVICTION=0 READ_LEASE=3 EVICT_PAGES=4096 KILL_EVERY=0 MAX_KILLS=20
@@ -87,21 +89,18 @@ done
 [[ "$DURATION" =~ ^[0-9]+$ && "$DURATION" -ge 20 && "$DURATION" -le 3600 ]] \
   || { echo "soak.sh: --duration must be an integer in 20..3600" >&2; exit 2; }
 
-log() { echo "soak.sh: $*" >&2; }
-
 # --- build ---------------------------------------------------------------
 if [[ $BUILD == 1 ]]; then
   if [[ -z "$SERVER_BIN" ]]; then
     log "building the server (cargo build --profile $PROFILE --bin hf3fs-meta)"
-    cargo build --profile "$PROFILE" --bin hf3fs-meta >&2
+    perf_build "$PROFILE" --bin hf3fs-meta >&2
   fi
   if [[ -z "$SOAK_BIN" ]]; then
     log "building the soak client (cargo build --profile $PROFILE -p hf3fs-perf --bin soak)"
-    cargo build --profile "$PROFILE" -p hf3fs-perf --bin soak >&2
+    perf_build "$PROFILE" -p hf3fs-perf --bin soak >&2
   fi
 fi
-OUT_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE"
-[[ "$PROFILE" == dev ]] && OUT_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/debug"
+OUT_DIR=$(perf_bin_dir "$PROFILE")
 SERVER_BIN=${SERVER_BIN:-$OUT_DIR/hf3fs-meta}
 SOAK_BIN=${SOAK_BIN:-$OUT_DIR/soak}
 for b in "$SERVER_BIN" "$SOAK_BIN"; do

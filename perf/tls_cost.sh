@@ -60,8 +60,8 @@ WORK=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT INT TERM
-# shellcheck source=perf/ha_etcd.sh
-source perf/ha_etcd.sh
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 etcd_one
 
 # A CA, the nodes' certificate (server and client, for 127.0.0.1) and the
