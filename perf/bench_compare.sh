@@ -14,7 +14,7 @@
 #             `cargo build --profile ci --bin hf3fs-meta` if missing); it is
 #             both the server and the bench
 #   --rounds  alternations per scenario (default 2)
-#   --out     where the JSON reports and SVG charts go (default target/bench-compare)
+#   --out     where the JSON reports and SVG charts go (default perf/out/bench-compare)
 # Bench flags after `--` replace the default cluster shape below.
 # Environment: VLLM_VERSION, VLLM_WHEEL as for perf/vllm_baseline.sh.
 set -euo pipefail
@@ -23,7 +23,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source perf/lib.sh
 BIN=target/ci/hf3fs-meta
 ROUNDS=2
-OUT=target/bench-compare
+OUT=perf/out/bench-compare
 SHAPE=(--engines 2 --tp 4 --block-tokens 64 --prompt-tokens 2048 --pages-per-rank 65536 --seed 1)
 while [[ $# -gt 0 ]]; do
   case $1 in

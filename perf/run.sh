@@ -5,8 +5,8 @@
 # `ceiling` on free loopback ports, and for each scenario run `loadgen`
 # against them ALTERNATELY (server, ceiling, server, ceiling, ...) so that the
 # noise of a shared machine hits both alike; report medians in one markdown
-# table (also written to perf/last-run.md) and draw them as a chart
-# (perf/last-run.svg: throughput per scenario against the ceiling and the
+# table (also written to perf/out/last-run.md, an ignored directory) and draw them as a chart
+# (perf/out/last-run.svg: throughput per scenario against the ceiling and the
 # baseline, latency percentiles; perf/plot.py with matplotlib from a scratch
 # venv, target/perf-plot-venv, made on first use). Everything it starts is
 # killed on exit, even on failure or Ctrl-C.
@@ -29,7 +29,7 @@
 #   --client raw|hyper   loadgen HTTP client (default raw)
 #   --no-build           use the binaries already in target/release
 #   --server-is-ceiling  harness self-test: a second ceiling stands in for the server
-#   --no-plot            skip the chart (perf/last-run.svg)
+#   --no-plot            skip the chart (perf/out/last-run.svg)
 #   --results FILE       also copy the raw results (one JSON line per run, then one
 #                        per target with its peak resident memory, "scenario":"_memory")
 # Environment: SERVER_ARGS (extra flags for hf3fs-meta), RUST_LOG / HF3FS_META_LOG_LEVEL
@@ -246,6 +246,7 @@ if [[ -s "$NOTES" ]]; then echo; echo "Problems (summed over rounds):"; cat "$NO
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "no-commit")
 DIRTY=$([[ -n "$(git status --porcelain 2>/dev/null)" ]] && echo " (+ uncommitted changes)" || true)
 CPU=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n 1)
+mkdir -p "$ROOT/perf/out"
 {
   echo "# hf3fs-meta perf run"
   echo
@@ -269,8 +270,8 @@ CPU=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n
   echo '```'
   echo
   echo "</details>"
-} >"$ROOT/perf/last-run.md"
-log "wrote perf/last-run.md"
+} >"$ROOT/perf/out/last-run.md"
+log "wrote perf/out/last-run.md"
 
 # --- chart ---------------------------------------------------------------
 # matplotlib in a scratch venv of its own (nothing installed system-wide); a
@@ -282,11 +283,11 @@ plot() {
     log "making the chart's venv ($venv: perf/plot-requirements.txt)"
     python3 -m venv "$venv" && "$venv/bin/python" -m pip install -q -r "$ROOT/perf/plot-requirements.txt" || return 1
   fi
-  "$venv/bin/python" "$ROOT/perf/plot.py" --results "$RESULTS" --out "$ROOT/perf/last-run.svg" \
+  "$venv/bin/python" "$ROOT/perf/plot.py" --results "$RESULTS" --out "$ROOT/perf/out/last-run.svg" \
     --title "hf3fs-meta $COMMIT$DIRTY, $(date -u '+%Y-%m-%d'), nproc $(nproc): perf/run.sh $([[ $QUICK == 1 ]] && echo --quick) ${BASELINE:+--baseline $BASELINE}(-c $CONNS, batch $BATCH, medians of $ROUNDS round(s) of ${DURATION}s)"
 }
 if [[ $PLOT == 1 ]]; then
-  if plot; then log "wrote perf/last-run.svg"; else log "could not draw perf/last-run.svg (see above); the table is complete"; fi
+  if plot; then log "wrote perf/out/last-run.svg"; else log "could not draw perf/out/last-run.svg (see above); the table is complete"; fi
 fi
 if [[ $FAILED == 1 ]]; then
   log "some runs against the server/baseline failed or found violations (see above)"; exit 1
