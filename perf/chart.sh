@@ -6,8 +6,8 @@
 # own metadata server (on the routes it can serve under load), all in one
 # chart that says on its face how it was made.
 #
-# It runs perf/vllm_baseline.sh (vLLM's read scenarios; vLLM's server as the
-# baseline), perf/sglang_baseline.sh (SGLang's; SGLang's) and perf/run.sh
+# It runs perf/baselines/vllm.sh (vLLM's read scenarios; vLLM's server as the
+# baseline), perf/baselines/sglang.sh (SGLang's; SGLang's) and perf/run.sh
 # (the write scenarios of both, against the ceiling), each with the given
 # options (default: 3 rounds of 5 s, 1 s warmup,
 # 32 connections, 128 keys; side by side, round by round, medians), then
@@ -48,10 +48,10 @@ STARTED=$(date -u '+%Y-%m-%d %H:%M')
 # routes run hf3fs-meta against the ceiling alone. A run.sh that reports
 # failed runs still leaves its table; the chart says so.
 FAILED=""
-perf/vllm_baseline.sh --no-build --no-plot --results "$WORK/vllm.jsonl" \
+perf/baselines/vllm.sh --no-build --no-plot --results "$WORK/vllm.jsonl" \
   --scenarios "exists locations" "${ARGS[@]}" || FAILED+=" vLLM"
 cp perf/out/last-run.md "$WORK/vllm.md"
-perf/sglang_baseline.sh --no-build --no-plot --results "$WORK/sglang.jsonl" \
+perf/baselines/sglang.sh --no-build --no-plot --results "$WORK/sglang.jsonl" \
   --scenarios "sglang-exists sglang-indices" "${ARGS[@]}" || FAILED+=" SGLang"
 cp perf/out/last-run.md "$WORK/sglang.md"
 perf/run.sh --no-build --no-plot --results "$WORK/writes.jsonl" \
@@ -67,11 +67,11 @@ NOTE="$STARTED UTC, $CPU, $(nproc) cores, load average $LOAD_BEFORE before / $LO
   echo
   echo "$NOTE"
   echo
-  echo "## vLLM's routes (perf/vllm_baseline.sh)"
+  echo "## vLLM's routes (perf/baselines/vllm.sh)"
   echo
   sed '1d' "$WORK/vllm.md"
   echo
-  echo "## SGLang's routes (perf/sglang_baseline.sh)"
+  echo "## SGLang's routes (perf/baselines/sglang.sh)"
   echo
   sed '1d' "$WORK/sglang.md"
   echo

@@ -25,7 +25,7 @@
 #                        cores 2 saturates the machine, 1 leaves it ~15% idle)
 #   --scenarios "A B"    subset of: exists locations allocate confirm cycle, and SGLang's
 #                        sglang-exists sglang-indices sglang-reserve sglang-confirm
-#                        (perf/sglang_baseline.sh runs those against SGLang's own server)
+#                        (perf/baselines/sglang.sh runs those against SGLang's own server)
 #   --client raw|hyper   loadgen HTTP client (default raw)
 #   --no-build           use the binaries already in target/release
 #   --server-is-ceiling  harness self-test: a second ceiling stands in for the server

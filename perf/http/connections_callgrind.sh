@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/conn_callgrind.sh — the server's instructions and cache misses per
+# perf/http/connections_callgrind.sh — the server's instructions and cache misses per
 # confirm iteration (allocate, confirm, release) at several connection
 # counts, under callgrind (the many-connections target): counts instructions and
 # simulated misses, so it repeats on a noisy machine where req/s does not.
@@ -10,12 +10,12 @@
 # instructions and misses (read + write) per iteration, then the functions
 # with the most misses. Loopback only; bounded by a timeout.
 #
-# Usage: perf/conn_callgrind.sh [--counts "32 1024"] [--iterations 5000]
+# Usage: perf/http/connections_callgrind.sh [--counts "32 1024"] [--iterations 5000]
 #          [--stored 10000] [--ll 4194304,16,64] [--top 12]
 #          [--bin PATH] [--loadgen PATH] [--port 18731] [-- SERVER FLAGS]
 # Binaries default to target/release (symbols); about 1 minute per count.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 COUNTS="32 1024" ITER=5000 STORED=10000 LL=4194304,16,64 TOP=12
 BIN=target/release/hf3fs-meta LOADGEN=target/release/loadgen PORT=18731
 while [[ $# -gt 0 ]]; do
@@ -30,7 +30,7 @@ while [[ $# -gt 0 ]]; do
     --port) PORT="$2"; shift ;;
     --) shift; break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "conn_callgrind.sh: unknown option $1" >&2; exit 2 ;;
+    *) echo "connections_callgrind.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A light write load through the relay for `perf/ha_failover.sh
+"""A light write load through the relay for `perf/ha/failover.sh
 --replicated`: vLLM's save (allocate 16 fresh keys on rank 0, then confirm
 them) about 20 times a second, one connection a request, no retry policy
 of its own beyond trying again 10 ms after a failure. Every confirm
@@ -9,7 +9,7 @@ the script can time a failover as "the first write acknowledged by the new
 leader" (a confirm of the old leader's may still arrive an instant after
 the SIGKILL was sent).
 
-    perf/ha_writer.py RELAY_ADDR LOG
+    perf/ha/failover_writer.py RELAY_ADDR LOG
 
 Initializes rank 0 (65536 pages) first. Runs until killed.
 """

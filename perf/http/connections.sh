@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/connections.sh — how the server holds up with many clients:
+# perf/http/connections.sh — how the server holds up with many clients:
 # perf/run.sh at 32, 256, 1,024 and 4,096 keep-alive connections (the
 # server's default cap is 4,096), exists and confirm, server and bare-hyper
 # ceiling alternated, the counts alternated round by round, one table per
@@ -8,11 +8,11 @@
 # against its own at the first count, its p50, p99 and p99.9, and the peak
 # resident memory (VmHWM) of server and ceiling at each count. Loopback only.
 #
-# Usage: perf/connections.sh [--counts "32 256 1024 4096"] [--rounds 2]
+# Usage: perf/http/connections.sh [--counts "32 256 1024 4096"] [--rounds 2]
 #                            [--duration 3] [--no-build]
 # Extra options after `--` go to perf/run.sh (e.g. --loadgen-threads 1).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 COUNTS="32 256 1024 4096" ROUNDS=2 DURATION=3 BUILD=()
 while [[ $# -gt 0 ]]; do
   case "$1" in

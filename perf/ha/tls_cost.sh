@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/tls_cost.sh — what TLS costs on the relay-to-leader hop and on the
+# perf/ha/tls_cost.sh — what TLS costs on the relay-to-leader hop and on the
 # replication stream, side by side with the same cluster in plain TCP.
 #
 # Method: one etcd member (plain: the etcd hop is not measured); two
@@ -20,13 +20,13 @@
 #   --seconds on --connections keep-alive connections through each relay:
 #   p50 latency and requests/s (meaningful only on a quiet machine).
 #
-# Usage: perf/tls_cost.sh [--mode instructions|wall] [--requests N] [--warmup-requests N]
+# Usage: perf/ha/tls_cost.sh [--mode instructions|wall] [--requests N] [--warmup-requests N]
 #        [--scenarios "exists confirm"] [--rounds N] [--seconds S] [--connections C]
 #        [--bin PATH] [--loadgen PATH]
 # Needs etcd, openssl, curl, jq, valgrind (instructions mode). Loopback
 # only; everything it starts is killed on exit.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$(pwd)
 BIN="$ROOT/target/ci/hf3fs-meta" LOADGEN="$ROOT/target/ci/loadgen"
 MODE=instructions N=300 WARM=1000 SCENARIOS="exists confirm" ROUNDS=3 SECONDS_PER=5 CONNS=8

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/replication.sh — the cost of replication: replicated confirm and allocate
+# perf/ha/replication.sh — the cost of replication: replicated confirm and allocate
 # throughput against a single node, side by side. Both sides run the same
 # release binary with --data-dir (and the same --fsync); the replicated side
 # is a leader and its synchronous standby (--ha etcd, --ha-sync strict) on one
@@ -8,11 +8,11 @@
 # machine hits both alike; medians are printed as one markdown table.
 # Everything it starts is killed on exit.
 #
-# Usage: perf/replication.sh [--rounds N] [--duration S] [--fsync MODE]
+# Usage: perf/ha/replication.sh [--rounds N] [--duration S] [--fsync MODE]
 #        [--scenarios "confirm allocate"] [--connections N] [--no-build]
 #        [--bin PATH]   (another hf3fs-meta binary, e.g. an older build's copy)
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$(pwd)
 # shellcheck source=perf/lib.sh
 source perf/lib.sh

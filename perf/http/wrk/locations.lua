@@ -4,7 +4,7 @@
 -- keys that loadgen pre-populates, so every location is non-null. Run from
 -- the repo root:
 --   target/release/loadgen --addr 127.0.0.1:18000 --scenario locations --setup-only
---   wrk -t1 -c32 -d10s -s perf/wrk/locations.lua http://127.0.0.1:18000
+--   wrk -t1 -c32 -d10s -s perf/http/wrk/locations.lua http://127.0.0.1:18000
 local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local common = dofile(dir .. "common.lua")
 setup = common.setup

@@ -11,17 +11,17 @@
 #   no replicated state); timed to the first 200 of a `batch_exists`.
 # - --replicated: every node has --data-dir (--fsync always, --ha-sync
 #   strict) and the leader streams to its synchronous standby; a light write
-#   load (perf/ha_writer.py: a save of 16 keys, ~20/s) runs through the relay
+#   load (perf/ha/failover_writer.py: a save of 16 keys, ~20/s) runs through the relay
 #   the whole time; timed from the SIGKILL to the first write (a confirm)
 #   answered 204 through the relay by the new leader (by its epoch header). Before each kill, the leader has a
 #   standby in sync and the load is being acknowledged.
 #
-#   perf/ha_failover.sh [--replicated] [rounds=20]   BIN=target/release/hf3fs-meta by default
+#   perf/ha/failover.sh [--replicated] [rounds=20]   BIN=target/release/hf3fs-meta by default
 #
 # Needs etcd, curl and python3. Loopback only; bounded: each round gives up
 # after 30 s.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 REPLICATED=0
 if [ "${1:-}" = --replicated ]; then REPLICATED=1; shift; fi
 ROUNDS="${1:-20}"
@@ -76,7 +76,7 @@ acked_after() { awk -v e="$1" '$2 + 0 > e + 0 { print $1; exit }' "$WLOG"; }
 epoch() { curl -s --max-time 5 "http://127.0.0.1:$RP/health" | python3 -c 'import json,sys; print(json.load(sys.stdin)["ha"]["epoch"])'; }
 if [ "$REPLICATED" = 1 ]; then
     : >"$WLOG"
-    python3 perf/ha_writer.py "127.0.0.1:$RP" "$WLOG" &
+    python3 perf/ha/failover_writer.py "127.0.0.1:$RP" "$WLOG" &
     PIDS+=($!)
 fi
 

@@ -3,7 +3,7 @@
 -- for BATCH (default 128) keys drawn from the STORED (default 10000) keys that
 -- loadgen pre-populates, so every lookup hits. Run from the repo root:
 --   target/release/loadgen --addr 127.0.0.1:18000 --scenario exists --setup-only
---   wrk -t1 -c32 -d10s -s perf/wrk/exists.lua http://127.0.0.1:18000
+--   wrk -t1 -c32 -d10s -s perf/http/wrk/exists.lua http://127.0.0.1:18000
 -- (setup: /clear, initialize rank 0 with 1M pages, store the keys; pass the
 -- same --stored/--batch to loadgen as STORED/BATCH here if you change them.)
 local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"

@@ -4,9 +4,9 @@
 and through `hf3fs-meta relay`, alternating rounds, and prints the median
 per-request latency of each path and their difference.
 
-    perf/relay_cost.py LEADER_ADDR RELAY_ADDR [rounds=7] [requests=2000]
+    perf/ha/relay_cost.py LEADER_ADDR RELAY_ADDR [rounds=7] [requests=2000]
 
-Start a leader (`--ha etcd`) and a relay first (perf/ha_failover.sh shows
+Start a leader (`--ha etcd`) and a relay first (perf/ha/failover.sh shows
 how). Loopback only; bounded by rounds x requests.
 """
 

@@ -4,12 +4,12 @@
 # server process itself burned (utime + stime from /proc) over a fixed number
 # of requests, not wall time.
 #
-#   perf/cpu_per_request.sh [REQUESTS]      (default 40000 per scenario)
+#   perf/http/cpu_per_request.sh [REQUESTS]      (default 40000 per scenario)
 #
 # Needs the release binaries (perf/run.sh builds them). Loopback only; every
 # run is bounded by its request count. Prints a markdown table.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
 N="${1:-40000}"

@@ -6,7 +6,7 @@
 -- requests/s and latencies mix allocates and releases about half and half;
 -- `loadgen --scenario allocate` times the allocates alone. Run from the repo root:
 --   target/release/loadgen --addr 127.0.0.1:18000 --scenario allocate --setup-only
---   wrk -t1 -c32 -d10s -s perf/wrk/allocate.lua http://127.0.0.1:18000
+--   wrk -t1 -c32 -d10s -s perf/http/wrk/allocate.lua http://127.0.0.1:18000
 local dir = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local common = dofile(dir .. "common.lua")
 setup = common.setup

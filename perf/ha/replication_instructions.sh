@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/replication_instructions.sh — the cost of replication: what one replicated
+# perf/ha/replication_instructions.sh — the cost of replication: what one replicated
 # request costs, in instructions, on the leader AND on its synchronous
 # standby, against a single node's, counted by callgrind (deterministic:
 # it repeats on a loaded machine where req/s and CPU seconds do not).
@@ -19,10 +19,10 @@
 # Instructions per timed request = the interval's total / timed requests.
 # Everything it starts is killed on exit.
 #
-# Usage: perf/replication_instructions.sh [--requests N] [--warmup-requests N] [--fsync MODE]
+# Usage: perf/ha/replication_instructions.sh [--requests N] [--warmup-requests N] [--fsync MODE]
 #        [--scenarios "confirm allocate"] [--bin PATH] [--keep DIR]
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$(pwd)
 BIN="$ROOT/target/release/hf3fs-meta" LOADGEN="$ROOT/target/release/loadgen"
 N=300 WARM=3000 FSYNC=batch SCENARIOS="confirm allocate" KEEP=""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/conn_cpu.sh — where the CPU goes as the number of keep-alive
+# perf/http/connections_cpu.sh — where the CPU goes as the number of keep-alive
 # connections grows (the many-connections target): for each count, a fixed number of requests
 # against the server and against the bare-hyper ceiling, alternated, and the
 # CPU time (utime + stime) that the target AND the load generator each burned,
@@ -8,14 +8,14 @@
 # any target falls with it, and a req/s ratio between counts measures the
 # load generator as much as the server.
 #
-# Usage: perf/conn_cpu.sh [--counts "32 1024 4096"] [--requests 60000]
+# Usage: perf/http/connections_cpu.sh [--counts "32 1024 4096"] [--requests 60000]
 #                         [--scenario exists] [--rounds 2] [-- loadgen options]
 # Environment: LOADGENS="A B" alternates several loadgen binaries (default
 # target/release/loadgen), to compare two builds of the load generator.
 # Needs the release binaries (perf/run.sh builds them). Loopback only; every
 # run is bounded by its request count and by --duration 120.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
 COUNTS="32 1024 4096" N=60000 SCENARIO=exists ROUNDS=2
@@ -27,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     --rounds) ROUNDS="$2"; shift ;;
     --) shift; break ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "conn_cpu.sh: unknown option $1" >&2; exit 2 ;;
+    *) echo "connections_cpu.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/random_vs_hot.sh — lookups of random stored keys against the same hot
+# perf/scale/random_vs_hot.sh — lookups of random stored keys against the same hot
 # keys over HTTP (the scale target "exists of 128 random stored keys keeps
 # >= 0.7x the throughput of 128 hot keys"). Starts ONE server, stores
 # --stored keys on rank 0 (loadgen's setup, then half a second of random
@@ -18,7 +18,7 @@
 # (sending bodies from a larger pool), not the index's. Loopback only; every
 # run is bounded by --duration and the servers by a timeout.
 #
-# Usage: perf/random_vs_hot.sh [--stored 1000000] [--rounds 5] [--duration 3]
+# Usage: perf/scale/random_vs_hot.sh [--stored 1000000] [--rounds 5] [--duration 3]
 #          [--warmup 0.5] [--connections 32] [--batch 128]
 #          [--scenarios "exists locations"] [--loadgen-threads 1]
 #          [--bin PATH] [--loadgen PATH] [--ceiling PATH] [--port 18621]
@@ -27,7 +27,7 @@
 # cargo build --profile ci -p hf3fs-perf --bin loadgen); --bin picks another
 # server binary, e.g. one built from another commit, to compare two indexes.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 STORED=1000000 ROUNDS=5 DURATION=3 WARMUP=0.5 CONNS=32 BATCH=128 SCENARIOS="exists locations" LGT=1
 BIN=target/ci/hf3fs-meta LOADGEN=target/ci/loadgen PORT=18621 CEILING=
 while [[ $# -gt 0 ]]; do

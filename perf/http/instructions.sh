@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# perf/instructions.sh — the server's instructions per request on every data
+# perf/http/instructions.sh — the server's instructions per request on every data
 # route of both dialects, and the bare exchange's (the cost of a key on the read path), counted by
 # callgrind: deterministic, so it repeats on a loaded machine where req/s
 # does not.
 #
 # Method: for each route the server runs twice under
 # `valgrind --tool=callgrind`, serving 100 and then 600 requests of 128 keys
-# over one keep-alive connection (perf/instructions.py sends them, the same
+# over one keep-alive connection (perf/http/instructions.py sends them, the same
 # bytes every run, after the same setup: 128 stored keys, and for the
 # confirm routes 600 reserved batches); the difference of the two totals
 # divided by 500 is one request's cost, start-up, setup and shutdown
@@ -19,11 +19,11 @@
 # Counts depend on the build profile: the baseline is made with the `ci`
 # profile, which is what CI builds (target/ci/hf3fs-meta).
 #
-# Usage: perf/instructions.sh [--check | --write-baseline] [--routes "R ..."]
+# Usage: perf/http/instructions.sh [--check | --write-baseline] [--routes "R ..."]
 #          [--profile ci] [--bin PATH] [--ceiling PATH] [--counts "100 600"]
 #          [--functions N] [--baseline FILE] [--tolerance PCT]
 #   --check           fail (exit 1) when a route costs more than --tolerance
-#                     above perf/instructions.baseline (rebaseline on purpose,
+#                     above perf/http/instructions.baseline (rebaseline on purpose,
 #                     in the commit that explains the change: --write-baseline)
 #   --tolerance PCT   the gate's margin in percent (default 3: one binary's
 #                     counts repeat within about 1%, and a rebuild of an
@@ -40,11 +40,11 @@
 # python3 and cargo. Loopback only; every server run is bounded by a timeout.
 set -euo pipefail
 shopt -s inherit_errexit
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
 ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm sglang_exists sglang_locations sglang_allocate sglang_confirm"
-WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/instructions.baseline TOLERANCE=3
+WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/http/instructions.baseline TOLERANCE=3
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --check) MODE=check ;;
@@ -109,7 +109,7 @@ measure() {
     sleep 0.1
   done
   [ -n "$ready" ] || { echo "instructions.sh: the server did not start:" >&2; cat "$OUT/server.log" >&2; exit 1; }
-  python3 perf/instructions.py --port "$port" --route "$route" --requests "$n"
+  python3 perf/http/instructions.py --port "$port" --route "$route" --requests "$n"
   kill -TERM "$VPID"
   wait "$VPID" || true
   VPID=""
@@ -182,7 +182,7 @@ if int(functions) > 0:
             print(f"  {v:9,.0f}  {f[:160]}")
 if mode == "write":
     with open(baseline_path, "w") as f:
-        f.write(f"# perf/instructions.sh --write-baseline: instructions per request, {profile} profile,\n"
+        f.write(f"# perf/http/instructions.sh --write-baseline: instructions per request, {profile} profile,\n"
                 f"# ({high} - {low} requests) / {n} of 128 keys. CI fails above +{tolerance:g}% (--check).\n")
         for route, (value, _, _) in per.items():
             f.write(f"{route} {round(value)}\n")

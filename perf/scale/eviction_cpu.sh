@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/eviction_cpu.sh — what eviction costs at a steady allocation rate
+# perf/scale/eviction_cpu.sh — what eviction costs at a steady allocation rate
 # (eviction with read leases): the connector's save (allocate fresh keys, confirm them, never
 # release) at --rate requests/s of 128 keys against two servers, one after
 # the other, each with eviction on:
@@ -11,11 +11,11 @@
 # evictor's own time (hf3fs_meta_evictor_pass_seconds_total) and the keys
 # evicted by reason. Loopback only; everything it starts is killed on exit.
 #
-# Usage: perf/eviction_cpu.sh [--rate 390] [--pages 1000000] [--warmup 30]
+# Usage: perf/scale/eviction_cpu.sh [--rate 390] [--pages 1000000] [--warmup 30]
 #                             [--duration 30] [--no-build]
 # (390 requests/s of 128 keys = 50k allocations/s.)
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
 REL=$(perf_bin_dir release)

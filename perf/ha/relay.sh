@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/relay.sh — `hf3fs-meta relay` beside a direct connection and socat
+# perf/ha/relay.sh — `hf3fs-meta relay` beside a direct connection and socat
 # (nodelay both sides), side by side in one run: the latency a relay adds on
 # one keep-alive connection, the throughput at 32 connections with the relay
 # on a core of its own, and the relay's CPU per request.
@@ -14,12 +14,12 @@
 # over its 32-connection runs and divided by their requests. Medians of the
 # rounds are printed as a markdown table.
 #
-# Usage: perf/relay.sh [--no-build] [--rounds N] [--duration S] [--bin PATH] [--loadgen PATH]
+# Usage: perf/ha/relay.sh [--no-build] [--rounds N] [--duration S] [--bin PATH] [--loadgen PATH]
 # Loopback only; bounded by rounds × 6 × (duration + 1) seconds; everything
 # started is stopped on exit.
 set -euo pipefail
 shopt -s inherit_errexit
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
 ROUNDS=3 DURATION=3 BUILD=1 BIN=target/ci/hf3fs-meta LOADGEN=target/ci/loadgen

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/vllm_baseline.sh — vLLM's own Python metadata server as the baseline of
+# perf/baselines/vllm.sh — vLLM's own Python metadata server as the baseline of
 # perf/run.sh's vLLM scenarios, measured on this machine.
 #
 # Makes a scratch venv at run time (deleted on exit), takes
@@ -14,17 +14,17 @@
 # It is started on a free loopback port and measured with
 #   perf/run.sh --baseline http://127.0.0.1:PORT --scenarios "exists locations allocate confirm" "$@"
 #
-# Usage: perf/vllm_baseline.sh [run.sh options, e.g. --quick --no-build]
+# Usage: perf/baselines/vllm.sh [run.sh options, e.g. --quick --no-build]
 # Environment: VLLM_VERSION (default 0.33.0, a cp38-abi3 wheel of about
 # 340 MB); VLLM_WHEEL (path of an already downloaded vllm wheel: no download);
 # VLLM_ACCESS_LOG=1 (uvicorn's access log on, as the module's own main runs it).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VERSION=${VLLM_VERSION:-0.33.0}
 MODULE=vllm/distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_metadata_server.py
-# shellcheck source=perf/python_baseline.sh
-source perf/python_baseline.sh
-pybase_init vllm_baseline.sh
+# shellcheck source=perf/baselines/engine_server.sh
+source perf/baselines/engine_server.sh
+pybase_init vllm.sh
 WHEEL=${VLLM_WHEEL:-}
 if [[ -z "$WHEEL" ]]; then
   log "downloading the vllm $VERSION wheel (no dependencies)"

@@ -10,7 +10,7 @@ with --over K, opens K more connections and says, for each, whether its
 request was answered within --wait seconds: a server at its
 --max-connections cap leaves them in the listen backlog until a slot frees.
 
-    perf/idle_conns.py --port P --pid PID [--conns 4096] [--over 0] [--wait 2]
+    perf/http/idle_connections.py --port P --pid PID [--conns 4096] [--over 0] [--wait 2]
 
 Loopback only; every socket has a timeout, so the script ends by itself.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/memory_growth.sh — resident memory while the key index grows (issue
+# perf/scale/memory_growth.sh — resident memory while the key index grows (issue
 # 14, item 1): starts the server, stores --stored keys on --ranks ranks
 # (loadgen --setup-only: allocate + confirm on every rank), samples the
 # server's VmRSS and VmHWM from /proc every 0.2 s, and prints one line:
@@ -7,7 +7,7 @@
 # settled), their ratio and the bytes per stored key (steady minus the idle
 # server's RSS, divided by the keys). Loopback only.
 #
-# Usage: perf/memory_growth.sh [--stored 1000000] [--ranks 8] [--bin PATH]
+# Usage: perf/scale/memory_growth.sh [--stored 1000000] [--ranks 8] [--bin PATH]
 #                              [--port 18611] [--settle 3] [--smaps]
 #                              [-- SERVER FLAGS]
 # --smaps also prints the server's largest mappings by resident memory
@@ -16,7 +16,7 @@
 # The binaries default to target/ci (cargo build --profile ci, and
 # cargo build --profile ci -p hf3fs-perf --bin loadgen).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 STORED=1000000 RANKS=8 BIN=target/ci/hf3fs-meta LOADGEN=target/ci/loadgen PORT=18611 SETTLE=3 SMAPS=0
 while [[ $# -gt 0 ]]; do
   case "$1" in

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The client of perf/instructions.sh: exactly N requests of one route over
+"""The client of perf/http/instructions.sh: exactly N requests of one route over
 one keep-alive connection, with the same bytes every run.
 
     instructions.py --port PORT --route ROUTE --requests N

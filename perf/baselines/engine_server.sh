@@ -1,5 +1,5 @@
-# perf/python_baseline.sh — sourced (not run) by perf/vllm_baseline.sh and
-# perf/sglang_baseline.sh: the part of bringing up an engine's Python
+# perf/baselines/engine_server.sh — sourced (not run) by perf/baselines/vllm.sh and
+# perf/baselines/sglang.sh: the part of bringing up an engine's Python
 # metadata server that both share. `pybase_init NAME` makes a scratch venv
 # with the servers' stack (fastapi, uvicorn[standard], orjson, requests),
 # deleted on exit with whatever it holds, and picks a free loopback port;

@@ -1,24 +1,24 @@
 #!/usr/bin/env bash
-# perf/bench_compare.sh — one comparison made with `hf3fs-meta bench`:
+# perf/baselines/bench_compare.sh — one comparison made with `hf3fs-meta bench`:
 # hf3fs-meta against vLLM's own Python metadata server, the same cluster
 # shape and the same prompts (same seed), runs alternated so that the noise
 # of a shared machine hits both alike.
 #
-# vLLM's server is brought up as perf/vllm_baseline.sh does (a scratch venv
+# vLLM's server is brought up as perf/baselines/vllm.sh does (a scratch venv
 # made at run time, the module read out of the vllm wheel, deleted on exit;
 # its code never enters this repository). Both servers listen on free
 # loopback ports; every bench run is bounded by --duration and --drain.
 #
-# Usage: perf/bench_compare.sh [--bin PATH] [--rounds N] [--out DIR] [-- bench flags]
+# Usage: perf/baselines/bench_compare.sh [--bin PATH] [--rounds N] [--out DIR] [-- bench flags]
 #   --bin     the hf3fs-meta binary (default target/ci/hf3fs-meta, built with
 #             `cargo build --profile ci --bin hf3fs-meta` if missing); it is
 #             both the server and the bench
 #   --rounds  alternations per scenario (default 2)
 #   --out     where the JSON reports and SVG charts go (default perf/out/bench-compare)
 # Bench flags after `--` replace the default cluster shape below.
-# Environment: VLLM_VERSION, VLLM_WHEEL as for perf/vllm_baseline.sh.
+# Environment: VLLM_VERSION, VLLM_WHEEL as for perf/baselines/vllm.sh.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
 BIN=target/ci/hf3fs-meta
@@ -39,8 +39,8 @@ mkdir -p "$OUT"
 
 VERSION=${VLLM_VERSION:-0.33.0}
 MODULE=vllm/distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_metadata_server.py
-# shellcheck source=perf/python_baseline.sh
-source perf/python_baseline.sh
+# shellcheck source=perf/baselines/engine_server.sh
+source perf/baselines/engine_server.sh
 pybase_init bench_compare.sh
 WHEEL=${VLLM_WHEEL:-}
 if [[ -z "$WHEEL" ]]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# perf/sglang_baseline.sh — SGLang's own Python metadata server as the
+# perf/baselines/sglang.sh — SGLang's own Python metadata server as the
 # baseline of perf/run.sh's SGLang scenarios, measured on this machine.
 #
 # Makes a scratch venv at run time (deleted on exit), takes
@@ -11,15 +11,15 @@
 # starts it on a free loopback port and runs
 #   perf/run.sh --baseline http://127.0.0.1:PORT --scenarios "<the sglang-* ones>" "$@"
 #
-# Usage: perf/sglang_baseline.sh [run.sh options, e.g. --quick --no-build]
+# Usage: perf/baselines/sglang.sh [run.sh options, e.g. --quick --no-build]
 # Environment: SGLANG_VERSION (default 0.5.23, a cp311 wheel: needs python3.11);
 # SGLANG_WHEEL (path of an already downloaded sglang wheel: no download).
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 VERSION=${SGLANG_VERSION:-0.5.23}
-# shellcheck source=perf/python_baseline.sh
-source perf/python_baseline.sh
-pybase_init sglang_baseline.sh
+# shellcheck source=perf/baselines/engine_server.sh
+source perf/baselines/engine_server.sh
+pybase_init sglang.sh
 if [[ -n "${SGLANG_WHEEL:-}" ]]; then
   mkdir -p "$TMP/wheel" && cp "$SGLANG_WHEEL" "$TMP/wheel/"
 else
