@@ -61,7 +61,7 @@ perf_bin_dir() {
 }
 
 # perf_build PROFILE ARGS...: `cargo build --profile PROFILE ARGS...` (e.g.
-# `perf_build ci -p hf3fs-perf --bin soak`); the caller redirects its output.
+# `perf_build ci -p hf3fs-soak --bin soak`); the caller redirects its output.
 # Profiles (Cargo.toml): release (fat LTO) for throughput figures, ci for
 # the CI gates (instruction counts, the soak), dev for debugging.
 perf_build() {

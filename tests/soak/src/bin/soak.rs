@@ -1,6 +1,6 @@
 //! `soak`: the bounded soak and fault-injection run of hf3fs-meta on
 //! loopback. Everything but the allocator and the exit lives in
-//! [`hf3fs_perf::soak`]; `perf/soak.sh` is the entry point.
+//! [`hf3fs_soak`]; `tests/soak/soak.sh` is the entry point.
 
 use clap::Parser;
 
@@ -8,5 +8,5 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    hf3fs_perf::exit_with("soak", hf3fs_perf::soak::run(hf3fs_perf::soak::Args::parse()));
+    hf3fs_perf::exit_with("soak", hf3fs_soak::run(hf3fs_soak::Args::parse()));
 }

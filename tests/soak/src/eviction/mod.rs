@@ -27,7 +27,7 @@
 //! key located at a page whose last write, landed before the request was
 //! sent, was another key's is a wrong page. With `--expect-restarts` the
 //! server is SIGKILLed and restarted on its data directory during the load
-//! (`perf/soak.sh --kill-every`): requests are retried as the engines do
+//! (`tests/soak/soak.sh --kill-every`): requests are retried as the engines do
 //! (`ctx::call`), and saves may take `--write-delay-ms` between allocate and
 //! confirm, so that restarts fall between the two.
 
@@ -50,7 +50,7 @@ use super::metrics::{get_eviction_metrics, EvictionMetrics};
 use super::report::{list, round, Summary};
 use super::universe::{key_str, mix64, FastMap, Universe, CHAIN_LEN};
 use super::{finish, load_phase, sigterm, stats, Args, WORLD};
-use crate::keys::Key;
+use hf3fs_perf::keys::Key;
 
 /// The eviction mode's universe: single-branch chains holding
 /// `--working-set` times a rank's pages.

@@ -16,9 +16,9 @@ use super::model::{Expect, LOCK_WAIT};
 use super::universe::{key_str, mix64};
 use super::wire::{confirm_body, keys_body, parse, snippet, typed_error};
 use super::{NR, WORLD};
-use crate::body::alloc_body;
-use crate::keys::Key;
-use crate::scan;
+use hf3fs_perf::body::alloc_body;
+use hf3fs_perf::keys::Key;
+use hf3fs_perf::scan;
 
 /// What became of a confirm_write.
 pub(crate) enum Mutation {

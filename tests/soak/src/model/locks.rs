@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::Tracker;
-use crate::keys::Key;
+use hf3fs_perf::keys::Key;
 
 /// How long a mutation waits for a conflicting one before it gives up (a
 /// client bug: no request takes this long).
@@ -133,8 +133,8 @@ impl Tracker {
 
 #[cfg(test)]
 mod tests {
-    use crate::soak::model::{Expect, Tracker};
-    use crate::soak::universe::hex_key;
+    use crate::model::{Expect, Tracker};
+    use crate::universe::hex_key;
 
     #[test]
     fn locks_conflict_through_the_model() {

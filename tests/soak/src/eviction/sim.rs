@@ -36,7 +36,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::keys::Key;
+use hf3fs_perf::keys::Key;
 
 /// The last write of a page: by a save of `key` whose allocate was sent at `sent`.
 #[derive(Clone, Copy, Debug)]
@@ -211,7 +211,7 @@ pub(crate) fn gone(lease: Duration, exists_sent: Instant, located_answered: Inst
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::soak::universe::hex_key;
+    use crate::universe::hex_key;
 
     const L: Duration = Duration::from_secs(3);
 

@@ -49,7 +49,7 @@ pub(crate) use locks::{Held, LOCK_WAIT};
 use super::universe::{key_str, FastMap, FastSet, Universe};
 use super::wire::TypedError;
 use super::{NR, WORLD};
-use crate::keys::Key;
+use hf3fs_perf::keys::Key;
 
 /// No page (a key unbound on a rank).
 pub(crate) const NONE: u32 = u32::MAX;
@@ -326,7 +326,7 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::soak::universe::hex_key;
+    use crate::universe::hex_key;
 
     #[test]
     fn model_applies_the_contract() {

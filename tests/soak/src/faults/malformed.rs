@@ -10,12 +10,12 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::{check_detail, lock_sampled_bound, pace, send_and_read};
-use crate::keys::{random_key, Key};
-use crate::soak::counters::Kind;
-use crate::soak::ctx::{call, Ctx, Link};
-use crate::soak::cycle::verify;
-use crate::soak::universe::{hex_key, key_str, mix64};
-use crate::soak::wire::{keys_body, request_head, snippet};
+use crate::counters::Kind;
+use crate::ctx::{call, Ctx, Link};
+use crate::cycle::verify;
+use crate::universe::{hex_key, key_str, mix64};
+use crate::wire::{keys_body, request_head, snippet};
+use hf3fs_perf::keys::{random_key, Key};
 
 /// One listed case: (fault name, path, body, the status it must get).
 type Case = (&'static str, &'static str, Vec<u8>, Option<u16>);

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# perf/soak.sh — bounded soak and fault-injection run of hf3fs-meta on loopback.
+# tests/soak/soak.sh — bounded soak and fault-injection run of hf3fs-meta on loopback.
 # It starts the release server on a free 127.0.0.1 port with a 4 s reservation
 # TTL (expiry happens during the run) and --world-size 8, runs the `soak`
 # client against it (connector cycles on 8 ranks + fault injectors, then an
 # audit of the invariants over the HTTP API, then a SIGTERM under load), checks
 # that the server exits 0 within its shutdown timeout and logs "stopped", and
 # kills everything it started on exit (success, failure or Ctrl-C). See
-# perf/README.md, section "Soak".
+# tests/soak/README.md.
 #
-# Usage: perf/soak.sh [--duration SECS] [--server-bin PATH] [options] [-- soak options]
+# Usage: tests/soak/soak.sh [--duration SECS] [--server-bin PATH] [options] [-- soak options]
 #   --duration SECS     total run time of the soak client (default 60: the CI form;
 #                       600 is the long form). The load phase gets SECS - 15 s; the
 #                       rest is the expiry wait, the audit and the SIGTERM phase.
@@ -22,7 +22,7 @@
 #                       write against the client's model, then SIGTERM it again
 #   --crash             with --durable: SIGKILL the server under load instead of
 #                       SIGTERM (a crash), then restart and re-audit the same way
-#   --eviction-check    the eviction soak instead (perf/README.md, "Eviction soak"):
+#   --eviction-check    the eviction soak instead (tests/soak/README.md, "Eviction soak"):
 #                       ranks of --evict-pages pages, a working set 4x larger, the
 #                       server run with --read-lease; writers record each page they
 #                       write in a simulated copy, readers check their lease on it.
@@ -47,7 +47,7 @@
 # exit, 2 on a usage or setup error.
 set -euo pipefail
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$(pwd)
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
@@ -96,8 +96,8 @@ if [[ $BUILD == 1 ]]; then
     perf_build "$PROFILE" --bin hf3fs-meta >&2
   fi
   if [[ -z "$SOAK_BIN" ]]; then
-    log "building the soak client (cargo build --profile $PROFILE -p hf3fs-perf --bin soak)"
-    perf_build "$PROFILE" -p hf3fs-perf --bin soak >&2
+    log "building the soak client (cargo build --profile $PROFILE -p hf3fs-soak --bin soak)"
+    perf_build "$PROFILE" -p hf3fs-soak --bin soak >&2
   fi
 fi
 OUT_DIR=$(perf_bin_dir "$PROFILE")

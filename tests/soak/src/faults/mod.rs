@@ -1,6 +1,6 @@
 //! The fault injectors, one file per family. Each runs one kind of fault at
 //! a time, paced by `--fault-pace-ms`, until the load phase ends; each checks
-//! what the server must do with it (the table in perf/README.md, "Soak").
+//! what the server must do with it (the table in tests/soak/README.md).
 //!
 //! | family | file |
 //! |---|---|
@@ -33,7 +33,7 @@ use super::ctx::Ctx;
 use super::model::Held;
 use super::wire::{parse, snippet};
 use super::WORLD;
-use crate::keys::{random_key, Key};
+use hf3fs_perf::keys::{random_key, Key};
 
 /// Starts every fault injector, each until `until`.
 pub(crate) fn spawn_all(ctx: &Arc<Ctx>, until: Instant, tasks: &mut Vec<JoinHandle<()>>) {

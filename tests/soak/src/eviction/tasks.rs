@@ -10,13 +10,13 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::sim::{gone, Gone, Handout, Read, SimPages};
-use crate::keys::Key;
-use crate::soak::counters::Kind;
-use crate::soak::ctx::{call, unexpected, Ctx, GoneCheck, Link};
-use crate::soak::cycle::{allocate_answer, exists_answer, locations_answer};
-use crate::soak::universe::{key_str, mix64, FastMap};
-use crate::soak::wire::{confirm_body, typed_error};
-use crate::soak::WORLD;
+use crate::counters::Kind;
+use crate::ctx::{call, unexpected, Ctx, GoneCheck, Link};
+use crate::cycle::{allocate_answer, exists_answer, locations_answer};
+use crate::universe::{key_str, mix64, FastMap};
+use crate::wire::{confirm_body, typed_error};
+use crate::WORLD;
+use hf3fs_perf::keys::Key;
 
 /// Releases the soak's writers sent, by key: how many are in flight and
 /// when the last one ended. A reader that finds a leading-run key gone asks
@@ -341,7 +341,7 @@ async fn read_once(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::soak::universe::hex_key;
+    use crate::universe::hex_key;
 
     #[test]
     fn a_release_explains_a_gone_key_while_in_flight_and_after() {

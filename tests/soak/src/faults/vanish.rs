@@ -11,11 +11,11 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::{fresh_keys, pace};
-use crate::soak::counters::Kind;
-use crate::soak::ctx::{Ctx, Link};
-use crate::soak::cycle::allocate;
-use crate::soak::universe::{mix64, MAX_BATCH};
-use crate::soak::{VANISH, VANISH_PAGES, WORLD};
+use crate::counters::Kind;
+use crate::ctx::{Ctx, Link};
+use crate::cycle::allocate;
+use crate::universe::{mix64, MAX_BATCH};
+use crate::{VANISH, VANISH_PAGES, WORLD};
 
 /// Vanishing client number `id` (see the module doc).
 pub(super) async fn injector(ctx: Arc<Ctx>, id: u64, until: Instant) {

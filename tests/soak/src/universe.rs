@@ -6,7 +6,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use rand::Rng;
 
-use crate::keys::Key;
+use hf3fs_perf::keys::Key;
 
 /// Positions of a prefix chain.
 pub(crate) const CHAIN_LEN: u32 = 192;

@@ -1,6 +1,6 @@
 //! `soak`: a bounded soak and fault-injection run against one hf3fs-meta
-//! server on loopback, normally driven by `perf/soak.sh` (see perf/README.md,
-//! "Soak"). It stops by itself: the load phase lasts `--duration` minus a
+//! server on loopback, normally driven by `tests/soak/soak.sh` (see
+//! tests/soak/README.md). It stops by itself: the load phase lasts `--duration` minus a
 //! fixed reserve, every request has a timeout, the request count is capped,
 //! and a watchdog thread ends the process if anything overruns.
 //!

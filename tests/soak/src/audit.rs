@@ -15,7 +15,7 @@ use super::model::KeyState;
 use super::stats::{get_stats, StatsDoc};
 use super::universe::{key_str, FastMap};
 use super::{NR, SPARE, SPARE_PAGES, VANISH, VANISH_PAGES};
-use crate::keys::Key;
+use hf3fs_perf::keys::Key;
 
 /// What the audit saw, for the summary.
 #[derive(Default, Debug)]

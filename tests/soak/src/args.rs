@@ -11,9 +11,9 @@ const RESERVE_SECS: f64 = 15.0;
 /// The longest run `soak` accepts, in seconds.
 pub(crate) const MAX_DURATION: f64 = 3600.0;
 
-/// The options of `soak` (see `soak --help` and perf/README.md, "Soak").
+/// The options of `soak` (see `soak --help` and tests/soak/README.md).
 #[derive(Parser, Clone, Debug)]
-#[command(about = "Soak and fault-injection run against hf3fs-meta (loopback only); see perf/README.md")]
+#[command(about = "Soak and fault-injection run against hf3fs-meta (loopback only); see tests/soak/README.md")]
 pub struct Args {
     /// Server address (must be loopback).
     #[arg(long, default_value = "127.0.0.1:18000")]
@@ -92,7 +92,7 @@ pub struct Args {
     pub reaudit: Option<PathBuf>,
     /// Eviction mode: a working set larger than the ranks, writers that
     /// record their key in a simulated copy of each page before confirming,
-    /// and readers that check the read lease (see perf/README.md, "Eviction
+    /// and readers that check the read lease (see tests/soak/README.md, "Eviction
     /// soak"). No fault injector, no exact model.
     #[arg(long)]
     pub eviction_check: bool,
@@ -108,7 +108,7 @@ pub struct Args {
     #[arg(long, default_value_t = 8)]
     pub readers: usize,
     /// The server is SIGKILLed and restarted on its data directory during
-    /// the load (perf/soak.sh --kill-every; eviction mode only). Every
+    /// the load (tests/soak/soak.sh --kill-every; eviction mode only). Every
     /// request is retried as the engines' clients do: three retries, after
     /// 0, 0.6 and 1.2 s, on a connection error or a 500 (not a typed one,
     /// which is deterministic), 502, 503 or 504. Connection errors are then
@@ -117,7 +117,7 @@ pub struct Args {
     pub expect_restarts: bool,
     /// Eviction mode: a save's write takes a random 0..=N ms between its
     /// allocate and its confirm, as a 3FS write does, so that restarts fall
-    /// between the two (perf/soak.sh --kill-every passes 2000).
+    /// between the two (tests/soak/soak.sh --kill-every passes 2000).
     #[arg(long, default_value_t = 0)]
     pub write_delay_ms: u64,
 }
@@ -125,7 +125,7 @@ pub struct Args {
 impl Args {
     /// Checks the ranges of the options; returns the seconds of the load phase.
     pub(crate) fn validate(&self) -> Result<f64, String> {
-        crate::require_loopback(self.addr)?;
+        hf3fs_perf::require_loopback(self.addr)?;
         if !(self.duration > 0.0 && self.duration <= MAX_DURATION) {
             return Err(format!("--duration must be in (0, {MAX_DURATION}]"));
         }

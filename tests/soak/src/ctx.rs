@@ -13,7 +13,7 @@ use super::model::Tracker;
 use super::universe::Universe;
 use super::wire::snippet;
 use super::Args;
-use crate::client::{Conn, Mode};
+use hf3fs_perf::client::{Conn, Mode};
 
 /// What every task of the run shares. The flags are independent stop
 /// signals polled between requests, so `Relaxed` is enough for all of them.

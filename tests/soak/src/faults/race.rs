@@ -12,13 +12,13 @@ use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
 use super::{fresh_keys, pace};
-use crate::keys::Key;
-use crate::soak::counters::Kind;
-use crate::soak::ctx::{call, Ctx, Fail, Link};
-use crate::soak::cycle::allocate;
-use crate::soak::universe::{key_str, mix64};
-use crate::soak::wire::{confirm_body, snippet};
-use crate::soak::WORLD;
+use crate::counters::Kind;
+use crate::ctx::{call, Ctx, Fail, Link};
+use crate::cycle::allocate;
+use crate::universe::{key_str, mix64};
+use crate::wire::{confirm_body, snippet};
+use crate::WORLD;
+use hf3fs_perf::keys::Key;
 
 /// The racing-saves injector (see the module doc).
 pub(super) async fn injector(ctx: Arc<Ctx>, until: Instant) {

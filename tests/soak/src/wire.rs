@@ -1,13 +1,13 @@
 //! What goes over the wire: the request bodies the soak writes (those of
-//! [`crate::body`], typed for the model), and what it reads out of answers (through
+//! [`hf3fs_perf::body`], typed for the model), and what it reads out of answers (through
 //! serde_json: the soak checks that every answer is valid JSON, and reads
 //! `/stats` and error bodies from it).
 
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::body;
-use crate::keys::Key;
+use hf3fs_perf::body;
+use hf3fs_perf::keys::Key;
 
 /// `b` parsed as one JSON value (None: not valid JSON).
 pub(crate) fn parse(b: &[u8]) -> Option<Value> {
@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn bodies_are_valid_json() {
-        let k = crate::keys::stored_key(1);
+        let k = hf3fs_perf::keys::stored_key(1);
         let c = parse(&confirm_body(2, &[(k, 5)], &[6, 7])).unwrap();
         assert_eq!(c["confirmations"][0][1], 5);
         assert_eq!(c["pages_to_release"][1], 7);

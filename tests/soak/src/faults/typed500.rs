@@ -11,14 +11,14 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::{pace, sample_bound};
-use crate::body::alloc_body;
-use crate::keys::random_key;
-use crate::soak::counters::Kind;
-use crate::soak::ctx::{call, Ctx, Link};
-use crate::soak::cycle::{allocate, mutate, verify, Mutation};
-use crate::soak::universe::{key_str, mix64};
-use crate::soak::wire::{confirm_body, keys_body, parse, snippet, typed_error};
-use crate::soak::{SPARE, SPARE_PAGES, UNINIT_RANK, WORLD};
+use crate::counters::Kind;
+use crate::ctx::{call, Ctx, Link};
+use crate::cycle::{allocate, mutate, verify, Mutation};
+use crate::universe::{key_str, mix64};
+use crate::wire::{confirm_body, keys_body, parse, snippet, typed_error};
+use crate::{SPARE, SPARE_PAGES, UNINIT_RANK, WORLD};
+use hf3fs_perf::body::alloc_body;
+use hf3fs_perf::keys::random_key;
 
 /// Expects a typed 500 with `code` (and `page` when given) for `body` on `rank`.
 async fn expect_typed(ctx: &Ctx, link: &mut Link, rank: usize, body: &Bytes, code: &str, page: Option<i64>) {

@@ -11,14 +11,14 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::{fresh_keys, lock_sampled_bound, pace, send_and_drop, send_and_read};
-use crate::body::alloc_body;
-use crate::keys::Key;
-use crate::soak::counters::Kind;
-use crate::soak::ctx::{call, Ctx, Link};
-use crate::soak::cycle::{allocate, verify};
-use crate::soak::universe::{mix64, MAX_BATCH};
-use crate::soak::wire::{confirm_body, keys_body, request_head, snippet};
-use crate::soak::{VANISH, WORLD};
+use crate::counters::Kind;
+use crate::ctx::{call, Ctx, Link};
+use crate::cycle::{allocate, verify};
+use crate::universe::{mix64, MAX_BATCH};
+use crate::wire::{confirm_body, keys_body, request_head, snippet};
+use crate::{VANISH, WORLD};
+use hf3fs_perf::body::alloc_body;
+use hf3fs_perf::keys::Key;
 
 /// The head and body of a POST to `path`, written by hand.
 fn whole_request(path: &str, body: &[u8]) -> Vec<u8> {

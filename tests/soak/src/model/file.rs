@@ -5,9 +5,9 @@
 use std::fmt::Write as _;
 
 use super::Tracker;
-use crate::keys::Key;
-use crate::soak::universe::key_str;
-use crate::soak::NR;
+use crate::universe::key_str;
+use crate::NR;
+use hf3fs_perf::keys::Key;
 
 const MAGIC: &str = "hf3fs-soak-model 1";
 
@@ -83,9 +83,9 @@ impl Tracker {
 
 #[cfg(test)]
 mod tests {
-    use crate::soak::model::Tracker;
-    use crate::soak::universe::hex_key;
-    use crate::soak::WORLD;
+    use crate::model::Tracker;
+    use crate::universe::hex_key;
+    use crate::WORLD;
 
     #[test]
     fn model_file_round_trips() {
