@@ -9,7 +9,10 @@
 # RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them. New inputs found go
 # to fuzz/run/<target>/ (ignored by git), so later local runs resume from them;
 # a crash is saved under fuzz/artifacts/<target>/ and the command to replay it
-# is printed.
+# is printed (`cargo test --test http fuzz_corpus` replays it too).
+#
+# CI does not run this: it replays the committed seeds through the same
+# oracles (fuzz/oracles/, tests/http/fuzz_corpus.rs) in `cargo test`.
 set -euo pipefail
 
 secs="${1:-30}"
@@ -28,8 +31,8 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --version 0.13.2 --locked
 fi
 
-# FUZZ_SANITIZER=none skips AddressSanitizer (CI does: the crate is safe
-# Rust but for one audited module, and the build and runs are much faster).
+# FUZZ_SANITIZER=none skips AddressSanitizer (the crate is safe Rust but for
+# one audited module, and the build and runs are much faster).
 san=(-s "${FUZZ_SANITIZER:-address}")
 echo "==> building fuzz targets (release, debug assertions, sanitizer: ${FUZZ_SANITIZER:-address})"
 cargo fuzz build -O "${san[@]}"

@@ -39,7 +39,10 @@ fn a_leader_of_this_release_speaks_version_2_to_a_standby_of_the_previous_one() 
 fn the_hello_to_a_version_2_standby_is_the_previous_releases_and_to_a_new_one_the_range() {
     let _g = crate::serial();
     let p = Pair::new(SyncMode::Available);
-    // A fake standby: takes the first message as bytes and answers nothing.
+    // A fake standby: takes the first message of vLLM's store's connection
+    // as bytes and answers nothing. Each store connects on its own, and a
+    // connection made for the previous target may still wait in the
+    // backlog: only vLLM's hello of the form asked for counts.
     let fake = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = fake.local_addr().unwrap();
     let first = |range: Range| {
@@ -50,12 +53,26 @@ fn the_hello_to_a_version_2_standby_is_the_previous_releases_and_to_a_new_one_th
             epoch: EPOCH,
             range,
         }));
-        let (mut s, _) = fake.accept().unwrap();
-        s.set_read_timeout(Some(FAILSAFE)).unwrap();
-        let mut len = [0; 4];
-        s.read_exact(&mut len).unwrap();
-        let mut body = vec![0; u32::from_le_bytes(len) as usize];
-        s.read_exact(&mut body).unwrap();
+        // At most one stale connection per store and SGLang's own are
+        // skipped; the next one is taken whatever it is.
+        let mut skipped = 0;
+        let body = loop {
+            let (mut s, _) = fake.accept().unwrap();
+            s.set_read_timeout(Some(FAILSAFE)).unwrap();
+            let mut len = [0; 4];
+            s.read_exact(&mut len).unwrap();
+            let mut body = vec![0; u32::from_le_bytes(len) as usize];
+            s.read_exact(&mut body).unwrap();
+            let skip = match Msg::decode(&body) {
+                Ok(Msg::Hello { store, .. }) => store != Dialect::Vllm || range != Range::LEGACY,
+                Ok(Msg::HelloRange { store, .. }) => store != Dialect::Vllm,
+                _ => false,
+            };
+            if !skip || skipped == 3 {
+                break body;
+            }
+            skipped += 1;
+        };
         p.replicator.set_target(None);
         body
     };

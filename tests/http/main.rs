@@ -8,6 +8,7 @@
 //! - [`ops`]: `/health`, `/stats`, `/metrics`, the OpenAPI document.
 //! - [`eviction`]: eviction and read leases over HTTP.
 //! - [`stats_metrics`]: `/stats` and `/metrics` agree on every page count.
+//! - [`fuzz_corpus`]: every fuzz seed through its fuzz target's oracles.
 
 // A test or bench binary has no API: its `pub` items are crate-local.
 #![allow(unreachable_pub)]
@@ -17,6 +18,7 @@ mod common;
 
 mod contract;
 mod eviction;
+mod fuzz_corpus;
 mod malformed;
 mod ops;
 mod sglang;
