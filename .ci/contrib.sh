@@ -202,7 +202,8 @@ curl -sf -m 5 "$BASE/metrics" >/dev/null # so that the ops dialect's /metrics se
 curl -sf -m 5 "$BASE/metrics" >"$TMP/metrics.txt"
 
 say "live server with --ha etcd (one etcd member on loopback): leader, then its /metrics"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=perf/lib.sh
+source perf/lib.sh  # free_port
 etcd_client="$(free_port)"
 etcd_peer="$(free_port)"
 etcd --name contrib --data-dir "$TMP/etcd" \

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# perf/chart.sh — the chart perf/RESULTS.md shows (perf/last-run.svg) and
-# its table (perf/last-run.md) and raw results (perf/last-run.jsonl), made
+# perf/chart.sh — the chart perf/RESULTS.md shows (perf/results/chart.svg) and
+# its table (perf/results/chart.md) and raw results (perf/results/chart.jsonl), made
 # one way: a full run of every scenario
 # of both dialects, hf3fs-meta beside the bare-hyper ceiling AND the engine's
 # own metadata server (on the routes it can serve under load), all in one
 # chart that says on its face how it was made.
 #
-# It runs perf/vllm_baseline.sh (vLLM's read scenarios; vLLM's server as the
-# baseline), perf/sglang_baseline.sh (SGLang's; SGLang's) and perf/run.sh
+# It runs perf/baselines/vllm.sh (vLLM's read scenarios; vLLM's server as the
+# baseline), perf/baselines/sglang.sh (SGLang's; SGLang's) and perf/run.sh
 # (the write scenarios of both, against the ceiling), each with the given
 # options (default: 3 rounds of 5 s, 1 s warmup,
 # 32 connections, 128 keys; side by side, round by round, medians), then
@@ -21,14 +21,16 @@
 # present), as the two baseline scripts take them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 ROOT=$(pwd)
 BUILD=1 ARGS=()
 for a in "$@"; do
   if [[ $a == --no-build ]]; then BUILD=0; else ARGS+=("$a"); fi
 done
 if [[ $BUILD == 1 ]]; then
-  cargo build --release --bin hf3fs-meta
-  cargo build --release -p hf3fs-perf --bins
+  perf_build release --bin hf3fs-meta
+  perf_build release -p hf3fs-perf --bins
 fi
 CACHE="$HOME/.cache/hf3fs-meta/wheels"
 : "${VLLM_WHEEL:=$(ls "$CACHE"/vllm-*.whl 2>/dev/null | head -n 1 || true)}"
@@ -46,45 +48,45 @@ STARTED=$(date -u '+%Y-%m-%d %H:%M')
 # routes run hf3fs-meta against the ceiling alone. A run.sh that reports
 # failed runs still leaves its table; the chart says so.
 FAILED=""
-perf/vllm_baseline.sh --no-build --no-plot --results "$WORK/vllm.jsonl" \
+perf/baselines/vllm.sh --no-build --no-plot --results "$WORK/vllm.jsonl" \
   --scenarios "exists locations" "${ARGS[@]}" || FAILED+=" vLLM"
-cp perf/last-run.md "$WORK/vllm.md"
-perf/sglang_baseline.sh --no-build --no-plot --results "$WORK/sglang.jsonl" \
+cp perf/out/last-run.md "$WORK/vllm.md"
+perf/baselines/sglang.sh --no-build --no-plot --results "$WORK/sglang.jsonl" \
   --scenarios "sglang-exists sglang-indices" "${ARGS[@]}" || FAILED+=" SGLang"
-cp perf/last-run.md "$WORK/sglang.md"
+cp perf/out/last-run.md "$WORK/sglang.md"
 perf/run.sh --no-build --no-plot --results "$WORK/writes.jsonl" \
   --scenarios "allocate confirm sglang-reserve sglang-confirm" "${ARGS[@]}" || FAILED+=" writes"
-cp perf/last-run.md "$WORK/writes.md"
+cp perf/out/last-run.md "$WORK/writes.md"
 LOAD_AFTER=$(load)
-# The run's own outputs (perf/last-run.*) do not make the tree dirty.
-COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src core perf ':!perf/last-run.*' || echo "+dirty")
+# The chart's own outputs (perf/results/chart.*) do not make the tree dirty.
+COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src core perf ':!perf/results/chart.*' || echo "+dirty")
 CPU=$(sed -nE 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-NOTE="$STARTED UTC, $CPU, $(nproc) cores, load average $LOAD_BEFORE before / $LOAD_AFTER after; loadgen on the same cores; medians; baseline = the engine's own server on the read routes (vLLM 0.33.0; SGLang 0.5.23 for sglang-*), which stalls on writes under 32 clients${FAILED:+; runs that failed or erred (see perf/last-run.md):$FAILED}"
+NOTE="$STARTED UTC, $CPU, $(nproc) cores, load average $LOAD_BEFORE before / $LOAD_AFTER after; loadgen on the same cores; medians; baseline = the engine's own server on the read routes (vLLM 0.33.0; SGLang 0.5.23 for sglang-*), which stalls on writes under 32 clients${FAILED:+; runs that failed or erred (see perf/results/chart.md):$FAILED}"
 {
   echo "# perf/chart.sh"
   echo
   echo "$NOTE"
   echo
-  echo "## vLLM's routes (perf/vllm_baseline.sh)"
+  echo "## vLLM's routes (perf/baselines/vllm.sh)"
   echo
   sed '1d' "$WORK/vllm.md"
   echo
-  echo "## SGLang's routes (perf/sglang_baseline.sh)"
+  echo "## SGLang's routes (perf/baselines/sglang.sh)"
   echo
   sed '1d' "$WORK/sglang.md"
   echo
   echo "## The write routes, against the ceiling (perf/run.sh)"
   echo
   sed '1d' "$WORK/writes.md"
-} >perf/last-run.md
+} >perf/results/chart.md
 # The raw loadgen results (one JSON line per run) beside the table, so the
 # chart can be redrawn and checked without a new run.
-cat "$WORK/vllm.jsonl" "$WORK/sglang.jsonl" "$WORK/writes.jsonl" >perf/last-run.jsonl
+cat "$WORK/vllm.jsonl" "$WORK/sglang.jsonl" "$WORK/writes.jsonl" >perf/results/chart.jsonl
 VENV="${HF3FS_PERF_PLOT_VENV:-$ROOT/target/perf-plot-venv}"
 if ! "$VENV/bin/python" -c 'import matplotlib' 2>/dev/null; then
   python3 -m venv "$VENV" && "$VENV/bin/python" -m pip install -q -r perf/plot-requirements.txt
 fi
-"$VENV/bin/python" perf/plot.py --results perf/last-run.jsonl \
-  --out perf/last-run.svg --baseline-name "the engine's own server" \
+"$VENV/bin/python" perf/plot.py --results perf/results/chart.jsonl \
+  --out perf/results/chart.svg --baseline-name "the engine's own server" \
   --title "hf3fs-meta $COMMIT: perf/chart.sh ${ARGS[*]}" --note "$NOTE"
-echo "chart.sh: wrote perf/last-run.svg, perf/last-run.md and perf/last-run.jsonl" >&2
+echo "chart.sh: wrote perf/results/chart.svg, perf/results/chart.md and perf/results/chart.jsonl" >&2

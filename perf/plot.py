@@ -1,7 +1,7 @@
 """Draws perf/run.sh's results as one SVG chart.
 
 Input: the raw loadgen results of a run, one JSON object per line (the lines
-perf/last-run.md lists), each with scenario, label (server, ceiling,
+perf/out/last-run.md lists), each with scenario, label (server, ceiling,
 baseline), rps and the latency percentiles p50_us, p90_us, p99_us, p999_us.
 Every figure is the median over the run's rounds, as in the table.
 
@@ -16,7 +16,7 @@ perf/run.sh calls this with the Python of a scratch venv it makes
 (vLLM's scenarios against vLLM's own server, SGLang's against SGLang's), the
 baseline named for what it is, and a note on how the chart was made; by hand:
     python perf/plot.py --results results.jsonl [--results more.jsonl]
-        --out perf/last-run.svg --title "..." [--baseline-name NAME] [--note TEXT]
+        --out perf/out/last-run.svg --title "..." [--baseline-name NAME] [--note TEXT]
 """
 
 from __future__ import annotations

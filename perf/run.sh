@@ -5,8 +5,8 @@
 # `ceiling` on free loopback ports, and for each scenario run `loadgen`
 # against them ALTERNATELY (server, ceiling, server, ceiling, ...) so that the
 # noise of a shared machine hits both alike; report medians in one markdown
-# table (also written to perf/last-run.md) and draw them as a chart
-# (perf/last-run.svg: throughput per scenario against the ceiling and the
+# table (also written to perf/out/last-run.md, an ignored directory) and draw them as a chart
+# (perf/out/last-run.svg: throughput per scenario against the ceiling and the
 # baseline, latency percentiles; perf/plot.py with matplotlib from a scratch
 # venv, target/perf-plot-venv, made on first use). Everything it starts is
 # killed on exit, even on failure or Ctrl-C.
@@ -25,11 +25,11 @@
 #                        cores 2 saturates the machine, 1 leaves it ~15% idle)
 #   --scenarios "A B"    subset of: exists locations allocate confirm cycle, and SGLang's
 #                        sglang-exists sglang-indices sglang-reserve sglang-confirm
-#                        (perf/sglang_baseline.sh runs those against SGLang's own server)
+#                        (perf/baselines/sglang.sh runs those against SGLang's own server)
 #   --client raw|hyper   loadgen HTTP client (default raw)
 #   --no-build           use the binaries already in target/release
 #   --server-is-ceiling  harness self-test: a second ceiling stands in for the server
-#   --no-plot            skip the chart (perf/last-run.svg)
+#   --no-plot            skip the chart (perf/out/last-run.svg)
 #   --results FILE       also copy the raw results (one JSON line per run, then one
 #                        per target with its peak resident memory, "scenario":"_memory")
 # Environment: SERVER_ARGS (extra flags for hf3fs-meta), RUST_LOG / HF3FS_META_LOG_LEVEL
@@ -38,7 +38,9 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
-REL="$ROOT/target/release"
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
+REL=$(perf_bin_dir release)
 
 QUICK=0 BASELINE="" ROUNDS=3 DURATION=5 WARMUP=1 CONNS=32 BATCH=128 THREADS=""
 SCENARIOS="exists locations allocate confirm cycle" CLIENT=raw BUILD=1 SELFTEST=0 PLOT=1 RESULTS_OUT=""
@@ -99,19 +101,18 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-log() { echo "run.sh: $*" >&2; }
 
 # --- build ---------------------------------------------------------------
 if [[ $BUILD == 1 ]]; then
   if [[ $SELFTEST == 0 ]]; then
     log "building the server (cargo build --release)"
-    if ! cargo build --release >"$TMP/build-server.log" 2>&1; then
+    if ! perf_build release >"$TMP/build-server.log" 2>&1; then
       tail -n 30 "$TMP/build-server.log" >&2
       log "server build failed (use --server-is-ceiling to self-test the harness)"; exit 1
     fi
   fi
   log "building the harness (cargo build --release -p hf3fs-perf)"
-  if ! cargo build --release -p hf3fs-perf >"$TMP/build-perf.log" 2>&1; then
+  if ! perf_build release -p hf3fs-perf >"$TMP/build-perf.log" 2>&1; then
     tail -n 30 "$TMP/build-perf.log" >&2; log "harness build failed"; exit 1
   fi
 fi
@@ -123,21 +124,7 @@ if [[ $SELFTEST == 0 && ! -x "$REL/hf3fs-meta" ]]; then
 fi
 
 # --- start targets -------------------------------------------------------
-# Below the kernel's ephemeral range: a port that a client socket of the
-# load generator (4,096 of them at once) holds cannot be bound.
-EPHEMERAL_LO=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-PORT_LO=10000 PORT_SPAN=$(( EPHEMERAL_LO > 12000 ? EPHEMERAL_LO - 10000 : 20000 ))
-free_port() {
-  local p
-  for _ in $(seq 1 200); do
-    p=$(( PORT_LO + RANDOM % PORT_SPAN ))
-    if [[ -z "$(ss -Htln "sport = :$p" 2>/dev/null)" ]] && ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      echo "$p"; return 0
-    fi
-  done
-  log "no free port found"; exit 1
-}
-wait_port() { # name pid port logfile
+wait_target() { # name pid port logfile
   local i
   for i in $(seq 1 200); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$3") 2>/dev/null; then return 0; fi
@@ -155,13 +142,15 @@ SAFETY=$(awk -v r="$ROUNDS" -v d="$DURATION" -v w="$WARMUP" -v n="$(wc -w <<<"$S
 THREAD_ARGS=()
 [[ -n "$THREADS" ]] && THREAD_ARGS=(--threads "$THREADS")
 
-CEIL_PORT=$(free_port)
+# Below the kernel's ephemeral range: a port that a client socket of the
+# load generator (4,096 of them at once) holds cannot be bound.
+CEIL_PORT=$(free_port_below_ephemeral)
 "$REL/ceiling" --addr "127.0.0.1:$CEIL_PORT" "${THREAD_ARGS[@]}" --exit-after "$SAFETY" >"$TMP/ceiling.log" 2>&1 &
-PIDS+=($!); wait_port ceiling "$!" "$CEIL_PORT" "$TMP/ceiling.log"
+PIDS+=($!); wait_target ceiling "$!" "$CEIL_PORT" "$TMP/ceiling.log"
 CEIL_PID=$!
 
-SERVER_PORT=$(free_port)
-while [[ "$SERVER_PORT" == "$CEIL_PORT" ]]; do SERVER_PORT=$(free_port); done
+SERVER_PORT=$(free_port_below_ephemeral)
+while [[ "$SERVER_PORT" == "$CEIL_PORT" ]]; do SERVER_PORT=$(free_port_below_ephemeral); done
 if [[ $SELFTEST == 1 ]]; then
   log "SELF-TEST: a second ceiling stands in for the server"
   "$REL/ceiling" --addr "127.0.0.1:$SERVER_PORT" "${THREAD_ARGS[@]}" --exit-after "$SAFETY" >"$TMP/server.log" 2>&1 &
@@ -173,7 +162,7 @@ else
     ${THREADS:+HF3FS_META_WORKERS=$THREADS} \
     "$REL/hf3fs-meta" --host 127.0.0.1 --port "$SERVER_PORT" ${SERVER_ARGS:-} >"$TMP/server.log" 2>&1 &
 fi
-PIDS+=($!); wait_port server "$!" "$SERVER_PORT" "$TMP/server.log"
+PIDS+=($!); wait_target server "$!" "$SERVER_PORT" "$TMP/server.log"
 # The server runs under `timeout`: its own pid is timeout's child.
 SERVER_PID=$(pgrep -P "$!" | head -n 1 || true)
 SERVER_PID=${SERVER_PID:-$!}
@@ -257,6 +246,7 @@ if [[ -s "$NOTES" ]]; then echo; echo "Problems (summed over rounds):"; cat "$NO
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "no-commit")
 DIRTY=$([[ -n "$(git status --porcelain 2>/dev/null)" ]] && echo " (+ uncommitted changes)" || true)
 CPU=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n 1)
+mkdir -p "$ROOT/perf/out"
 {
   echo "# hf3fs-meta perf run"
   echo
@@ -280,8 +270,8 @@ CPU=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n
   echo '```'
   echo
   echo "</details>"
-} >"$ROOT/perf/last-run.md"
-log "wrote perf/last-run.md"
+} >"$ROOT/perf/out/last-run.md"
+log "wrote perf/out/last-run.md"
 
 # --- chart ---------------------------------------------------------------
 # matplotlib in a scratch venv of its own (nothing installed system-wide); a
@@ -293,11 +283,11 @@ plot() {
     log "making the chart's venv ($venv: perf/plot-requirements.txt)"
     python3 -m venv "$venv" && "$venv/bin/python" -m pip install -q -r "$ROOT/perf/plot-requirements.txt" || return 1
   fi
-  "$venv/bin/python" "$ROOT/perf/plot.py" --results "$RESULTS" --out "$ROOT/perf/last-run.svg" \
+  "$venv/bin/python" "$ROOT/perf/plot.py" --results "$RESULTS" --out "$ROOT/perf/out/last-run.svg" \
     --title "hf3fs-meta $COMMIT$DIRTY, $(date -u '+%Y-%m-%d'), nproc $(nproc): perf/run.sh $([[ $QUICK == 1 ]] && echo --quick) ${BASELINE:+--baseline $BASELINE}(-c $CONNS, batch $BATCH, medians of $ROUNDS round(s) of ${DURATION}s)"
 }
 if [[ $PLOT == 1 ]]; then
-  if plot; then log "wrote perf/last-run.svg"; else log "could not draw perf/last-run.svg (see above); the table is complete"; fi
+  if plot; then log "wrote perf/out/last-run.svg"; else log "could not draw perf/out/last-run.svg (see above); the table is complete"; fi
 fi
 if [[ $FAILED == 1 ]]; then
   log "some runs against the server/baseline failed or found violations (see above)"; exit 1

@@ -2,7 +2,7 @@
 //! hashes: 32 lowercase hex characters. Two kinds:
 //! - `random_key`: fresh MD5-like keys from a fast PRNG (allocate/confirm/cycle).
 //! - `stored_key(i)`: a deterministic sequence used for the pre-populated pool,
-//!   so that other tools (perf/wrk/*.lua) can compute exactly the same keys.
+//!   so that other tools (perf/http/wrk/*.lua) can compute exactly the same keys.
 //!   Definition (also implemented in Lua): s = i mod 2147483646 + 1; four times
 //!   s = s * 48271 mod 2147483647 (MINSTD), each s printed as "%08x".
 //!   All products stay below 2^53, so Lua's doubles reproduce it exactly.
@@ -51,7 +51,7 @@ mod tests {
         assert!(a.iter().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
         // First word of key 0: 48271 = 0xbc8f.
         assert_eq!(&a[..8], b"0000bc8f");
-        // Cross-checked against perf/wrk/common.lua and an independent script.
+        // Cross-checked against perf/http/wrk/common.lua and an independent script.
         assert_eq!(&b, b"0001791e15c4afc419f23e8d6440a2fb");
         assert_eq!(&stored_key(9999), b"1cc591f02988ef724355b5dd0e6f45a4");
     }

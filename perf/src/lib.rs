@@ -1,5 +1,5 @@
-//! The hf3fs-meta load-test harness: what its binaries `loadgen` and `soak`
-//! share, and the soak itself (`ceiling` stands alone):
+//! The hf3fs-meta load-test harness: what its binary `loadgen` and the soak
+//! (the `hf3fs-soak` crate, tests/soak/) share (`ceiling` stands alone):
 //!
 //! | module | what | used by |
 //! |---|---|---|
@@ -8,18 +8,15 @@
 //! | [`body`] | the allocate body, key quoting and the byte writer | loadgen, soak |
 //! | [`scan`] | tiny JSON scanners for the few hot response shapes (no allocation per answer) | loadgen, soak |
 //! | [`sglang`] | SGLang HiCache's keys, bodies and space setup | loadgen |
-//! | [`soak`] | the soak and fault-injection run, its model, audit and report | soak |
 //!
-//! The hot paths stay dependency-light on purpose; `soak`, which must check
-//! that every answer is valid JSON and reads `/stats` and error bodies,
-//! parses them with serde_json.
+//! The hot paths stay dependency-light on purpose (no JSON parser: the soak,
+//! which must check that every answer is valid JSON, brings serde_json).
 
 pub mod body;
 pub mod client;
 pub mod keys;
 pub mod scan;
 pub mod sglang;
-pub mod soak;
 
 use std::net::SocketAddr;
 

@@ -74,7 +74,7 @@ class PinnedWheel:
         return self.filename.removesuffix(".whl").split("-")[-1]
 
 
-# The versions perf/vllm_baseline.sh and perf/sglang_baseline.sh compare
+# The versions perf/baselines/vllm.sh and perf/baselines/sglang.sh compare
 # against (perf/RESULTS.md).
 VLLM = PinnedWheel(
     project="vllm",

@@ -82,8 +82,8 @@ cleanup() {
     rm -rf "$WORK"
 }
 trap cleanup EXIT
-# shellcheck source=perf/ha_etcd.sh
-source perf/ha_etcd.sh
+# shellcheck source=perf/lib.sh
+source perf/lib.sh
 etcd_one
 EP=$ETCD_URL
 TTL=2
