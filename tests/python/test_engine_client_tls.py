@@ -3,12 +3,15 @@
 
 ``Hf3fsGlobalMetadataClient`` is vLLM's class and SGLang's, each read out of
 its pinned wheel at test time (engine_wheels.py), driven by the flows of the
-engine suites (test_engine_client_ha.py's Vllm and Sglang). The two nodes
-replicate with TLS on their ports and their stream (`--tls-cert`,
+engine suites (test_engine_client_ha.py's Vllm and Sglang). Three etcd
+members serve only TLS and demand a client certificate (the nodes and the
+relay present theirs, `--etcd-ca`, `--etcd-cert`, `--etcd-key`); the three
+nodes replicate with TLS on their ports and their stream (`--tls-cert`,
 `--tls-key`, `--tls-client-ca`, `https://` advertise URLs); the relay holds
 its own client certificate and verifies the leader's. The clients speak
 plain HTTP to the relay on loopback, as the engines speak to
-localhost:18000. A client without a certificate reaches nothing.
+localhost:18000. A client without a certificate reaches nothing, etcd
+included.
 
 The CA and the certificates are made with the openssl command line at test
 time, in the test's temporary directory (never committed). Needs etcd and
@@ -26,17 +29,18 @@ import requests
 
 from test_engine_client_ha import Sglang, Vllm, replicated
 from test_ha_relay import Cluster, spawn, wait_until
-from server_process import free_loopback_port
+from server_process import free_loopback_port, server_binary
 
 
 def make_certs(d: Path) -> None:
-    """ca.pem; node.pem/key (127.0.0.1, server and client); relay.pem/key."""
+    """ca.pem; node.pem/key (127.0.0.1, server and client); relay.pem/key;
+    etcd.pem/key (etcd's server certificate)."""
     openssl = shutil.which("openssl")
     assert openssl, "openssl is not installed: .ci/run installs it"
     ec = [openssl, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     run = lambda argv: subprocess.run(argv, check=True, capture_output=True)  # noqa: E731
     run([*ec, "-x509", "-days", "2", "-subj", "/CN=py-ca", "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem")])
-    for who in ("node", "relay"):
+    for who in ("node", "relay", "etcd"):
         run([*ec, "-subj", f"/CN={who}", "-keyout", str(d / f"{who}.key"), "-out", str(d / f"{who}.csr")])
         (d / f"{who}.ext").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
         run([openssl, "x509", "-req", "-in", str(d / f"{who}.csr"), "-CA", str(d / "ca.pem"), "-CAkey",
@@ -44,17 +48,60 @@ def make_certs(d: Path) -> None:
              str(d / f"{who}.pem")])
 
 
+ETCD_MEMBERS = 3
+
+
 class TlsCluster(Cluster):
-    """test_ha_relay's cluster with mutual TLS on the nodes and the relay."""
+    """test_ha_relay's cluster with mutual TLS everywhere: three etcd
+    members that serve only TLS with client certificates, the nodes, the
+    relay."""
 
     def __init__(self, tmp: Path):
-        super().__init__(tmp)
+        # Not super().__init__(): that starts one plain etcd.
+        etcd = shutil.which("etcd")
+        assert etcd, "etcd is not installed: .ci/run installs Debian's etcd-server"
+        self.tmp, self.binary, self.procs, self.ports = tmp, server_binary(), {}, {}
         make_certs(tmp)
+        clients = [free_loopback_port() for _ in range(ETCD_MEMBERS)]
+        peers = [f"http://127.0.0.1:{free_loopback_port()}" for _ in range(ETCD_MEMBERS)]
+        urls = [f"https://127.0.0.1:{p}" for p in clients]
+        initial = ",".join(f"m{i}={p}" for i, p in enumerate(peers))
+        for i in range(ETCD_MEMBERS):
+            self.procs[f"etcd{i}"] = spawn(
+                [etcd, "--name", f"m{i}", "--data-dir", str(tmp / f"etcd{i}"), "--listen-client-urls", urls[i],
+                 "--advertise-client-urls", urls[i], "--listen-peer-urls", peers[i],
+                 "--initial-advertise-peer-urls", peers[i], "--initial-cluster", initial,
+                 "--cert-file", str(tmp / "etcd.pem"), "--key-file", str(tmp / "etcd.key"),
+                 "--trusted-ca-file", str(tmp / "ca.pem"), "--client-cert-auth",
+                 "--heartbeat-interval", "50", "--election-timeout", "500"],
+                tmp / f"etcd{i}.log",
+            )
+        self.etcd_url = ",".join(urls)
+        for u in urls:
+            wait_until(f"etcd {u} is healthy over TLS", lambda u=u: self._etcd_health(u))
+            # No client certificate: the handshake is refused.
+            with pytest.raises(requests.exceptions.SSLError):
+                requests.get(u + "/health", timeout=5, verify=str(tmp / "ca.pem"))
+        (tmp / "token").write_text("a-cluster-secret-of-32-characters\n")
+
+    def _etcd_health(self, url: str) -> bool:
+        t = self.tmp
+        try:
+            r = requests.get(url + "/health", timeout=2, verify=str(t / "ca.pem"),
+                             cert=(str(t / "node.pem"), str(t / "node.key")))
+            return r.json().get("health") == "true"
+        except (requests.RequestException, ValueError):
+            return False
+
+    def etcd_tls(self, who: str) -> list[str]:
+        t = self.tmp
+        return ["--etcd-ca", str(t / "ca.pem"), "--etcd-cert", str(t / f"{who}.pem"), "--etcd-key",
+                str(t / f"{who}.key")]
 
     def tls(self) -> list[str]:
         t = self.tmp
         return ["--tls-cert", str(t / "node.pem"), "--tls-key", str(t / "node.key"), "--tls-client-ca",
-                str(t / "ca.pem")]
+                str(t / "ca.pem"), *self.etcd_tls("node")]
 
     def node(self, node_id: str, mode: list[str] | None = None) -> None:
         port = self.ports.setdefault(node_id, free_loopback_port())
@@ -73,7 +120,7 @@ class TlsCluster(Cluster):
         self.procs["relay"] = spawn(
             [str(self.binary), "relay", "--listen", f"127.0.0.1:{port}", "--etcd-endpoints", self.etcd_url,
              "--ha-cluster", "/py", "--ha-lease-ttl", "2", "--tls-ca", str(t / "ca.pem"), "--tls-cert",
-             str(t / "relay.pem"), "--tls-key", str(t / "relay.key")],
+             str(t / "relay.pem"), "--tls-key", str(t / "relay.key"), *self.etcd_tls("relay")],
             t / "relay.log",
         )
         url = f"http://127.0.0.1:{port}"
@@ -92,7 +139,7 @@ class TlsCluster(Cluster):
 def round_trip(tmp: Path, make_engine) -> None:
     c = TlsCluster(tmp)
     try:
-        for n in ("a", "b"):
+        for n in ("a", "b", "c"):
             c.node(n, replicated(c, n))
         leader, _ = c.leader_with_standby()
         url = c.relay()
