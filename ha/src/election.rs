@@ -387,8 +387,9 @@ impl Election {
         }
     }
 
-    /// One lease's life: register, follow, maybe lead; returns when the
-    /// lease is lost.
+    /// One lease's life: register, follow, maybe lead (and, after handing
+    /// the leadership over, follow again on the same lease); returns when
+    /// the lease is lost or a leadership ends any other way.
     async fn session(self: &Arc<Self>, last_leader: &mut Option<LeaderRecord>) -> Result<(), String> {
         let lease = self.etcd.grant(self.node.ttl).await.map_err(|e| format!("lease grant: {e}"))?;
         self.lease.store(lease as u64, Ordering::Relaxed);

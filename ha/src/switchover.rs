@@ -23,9 +23,11 @@
 //!    wait out a lease), deletes `P/leader`, and marks the request
 //!    `handed_over` (the replicators told of the new name before the
 //!    write and after it lands, as for every write of `P/sync`);
-//! 4. ends its session and follows; it does not claim the key back as the
-//!    last leader for two lease TTLs, so the target wins it (it does
-//!    afterwards, with the latest state, if the target never does).
+//! 4. stops leading and follows, on the same etcd session (so it stays in
+//!    `P/members` and the new leader may stream to it at once); it does
+//!    not claim the key back as the last leader for two lease TTLs, so the
+//!    target wins it (it does afterwards, with the latest state, if the
+//!    target never does).
 //!
 //! The target, the named standby, wins the key as after a SIGTERM: no
 //! lease to wait out, caught up by construction. Writes pause from step 2
@@ -114,7 +116,7 @@ impl Request {
 }
 
 /// The leader at `epoch`: performs a switchover asked of it, if any, and
-/// returns whether it handed over (its session then ends). `proof` reopens
+/// returns whether it handed over (its leadership then ends). `proof` reopens
 /// the gate when the switchover is given up after closing it.
 pub(crate) async fn serve_request(e: &Election, epoch: u64, proof: u64) -> bool {
     let key = e.keys().switchover();
