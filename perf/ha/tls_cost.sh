@@ -16,20 +16,27 @@
 #   requests on one connection, and the counters dumped: instructions per
 #   request on the relay, the leader and the standby. Deterministic: it
 #   repeats on a loaded machine.
+#   --request-path-only counts only what runs inside a connection's task:
+#   the leader's `run_connection` (hyper, TLS reads and writes, the route)
+#   and the relay's `forward` (its copy both ways), with callgrind's
+#   --toggle-collect; background tasks (lease renewals, the relay's watch,
+#   replication threads) are left out, so the figures are the per-request
+#   cost itself rather than an upper bound (the standby then counts
+#   nothing: its work is all on the stream's threads).
 # --mode wall: no valgrind; per scenario, alternating rounds of
 #   --seconds on --connections keep-alive connections through each relay:
 #   p50 latency and requests/s (meaningful only on a quiet machine).
 #
 # Usage: perf/ha/tls_cost.sh [--mode instructions|wall] [--requests N] [--warmup-requests N]
 #        [--scenarios "exists confirm"] [--rounds N] [--seconds S] [--connections C]
-#        [--bin PATH] [--loadgen PATH]
+#        [--bin PATH] [--loadgen PATH] [--request-path-only]
 # Needs etcd, openssl, curl, jq, valgrind (instructions mode). Loopback
 # only; everything it starts is killed on exit.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$(pwd)
 BIN="$ROOT/target/ci/hf3fs-meta" LOADGEN="$ROOT/target/ci/loadgen"
-MODE=instructions N=300 WARM=1000 SCENARIOS="exists confirm" ROUNDS=3 SECONDS_PER=5 CONNS=8
+MODE=instructions N=300 WARM=1000 SCENARIOS="exists confirm" ROUNDS=3 SECONDS_PER=5 CONNS=8 TOGGLE=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --mode) MODE="$2"; shift ;;
@@ -41,6 +48,7 @@ while [[ $# -gt 0 ]]; do
     --connections) CONNS="$2"; shift ;;
     --bin) BIN="$2"; shift ;;
     --loadgen) LOADGEN="$2"; shift ;;
+    --request-path-only) TOGGLE=(--toggle-collect='*run_connection*' --toggle-collect='*relay::forward*') ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "tls_cost.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -81,7 +89,7 @@ declare -A PID_OF
 run() { # name command...
   local name=$1; shift
   if [[ $MODE == instructions ]]; then
-    valgrind --tool=callgrind --callgrind-out-file="$WORK/$name.cg" "$@" >"$WORK/$name.log" 2>&1 &
+    valgrind --tool=callgrind "${TOGGLE[@]}" --callgrind-out-file="$WORK/$name.cg" "$@" >"$WORK/$name.log" 2>&1 &
   else
     "$@" >"$WORK/$name.log" 2>&1 &
   fi

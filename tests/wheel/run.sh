@@ -8,9 +8,10 @@
 # Environment:
 #   MATURIN_PY     the Python of a venv with tests/wheel/requirements.txt
 #                  (default .venv-tools/bin/python, which .ci/run makes)
-#   WHEEL_PROFILE  the cargo profile (default ci: optimized without fat LTO,
-#                  sharing target/ci with `cargo test --profile ci`; `pip
-#                  install .` uses release)
+#   WHEEL_PROFILE  the cargo profile (default ci: optimized without fat LTO;
+#                  .ci/run uses ci-wheel, unoptimized without debug info:
+#                  maturin builds the server alone, so nothing of the test
+#                  build is reused; `pip install .` uses release)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
