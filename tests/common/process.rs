@@ -10,7 +10,7 @@ use super::{Client, FAILSAFE};
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::Instant;
 
@@ -78,15 +78,7 @@ impl ServerProcess {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn the server");
-        let stderr = child.stderr.take().expect("stderr");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = forward_lines(child.stderr.take().expect("stderr"));
         ServerProcess { child, addr: SocketAddr::from(([127, 0, 0, 1], port)), lines: rx, log: Vec::new() }
     }
 
@@ -210,9 +202,7 @@ impl ServerProcess {
 
     /// Sends `sig` (a name for kill(1): TERM, INT, ...).
     pub fn signal(&self, sig: &str) {
-        let st =
-            Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]).status().expect("run kill");
-        assert!(st.success(), "kill -{sig} failed");
+        signal(self.child.id(), sig);
     }
 
     /// SIGKILL, and the process reaped.
@@ -220,6 +210,26 @@ impl ServerProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A thread that sends each line of `stderr` on the returned channel until
+/// it closes.
+pub fn forward_lines(stderr: ChildStderr) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Sends `sig` (a name for kill(1): TERM, INT, HUP, ...) to process `pid`.
+pub fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().expect("run kill");
+    assert!(st.success(), "kill -{sig} {pid} failed");
 }
 
 /// How many of its last stderr lines a process prints when a failing test

@@ -5,12 +5,11 @@
 
 use super::etcd::Etcd;
 use super::http::{get, request_within, Answer};
-use crate::common::process::{command, ServerProcess};
+use crate::common::process::{command, forward_lines, signal, ServerProcess};
 use crate::common::FAILSAFE;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -130,15 +129,7 @@ impl Cluster {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn the relay");
-        let (tx, rx) = mpsc::channel();
-        let stderr = child.stderr.take().expect("stderr");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = forward_lines(child.stderr.take().expect("stderr"));
         let line = loop {
             let l = rx.recv_timeout(FAILSAFE).expect("the relay's listening line");
             if l.contains("relay listening") {
@@ -224,8 +215,7 @@ impl Relay {
 
     /// Sends `sig` (a name for kill(1)) to the relay.
     pub fn signal(&self, sig: &str) {
-        let st = Command::new("kill").args([&format!("-{sig}"), &self.child.id().to_string()]).status();
-        assert!(st.is_ok_and(|s| s.success()), "kill -{sig} of the relay failed");
+        signal(self.child.id(), sig);
     }
 }
 

@@ -29,7 +29,7 @@ import requests
 
 from test_engine_client_ha import Sglang, Vllm, replicated
 from test_ha_relay import Cluster, spawn, wait_until
-from server_process import free_loopback_port, server_binary
+from server_process import free_loopback_port
 
 
 def make_certs(d: Path) -> None:
@@ -56,11 +56,11 @@ class TlsCluster(Cluster):
     members that serve only TLS with client certificates, the nodes, the
     relay."""
 
-    def __init__(self, tmp: Path):
-        # Not super().__init__(): that starts one plain etcd.
-        etcd = shutil.which("etcd")
+    def start_etcd(self, etcd: str | None) -> str:
+        """Three members serving only TLS, each demanding a client
+        certificate; the certificates are made first."""
         assert etcd, "etcd is not installed: .ci/run installs Debian's etcd-server"
-        self.tmp, self.binary, self.procs, self.ports = tmp, server_binary(), {}, {}
+        tmp = self.tmp
         make_certs(tmp)
         clients = [free_loopback_port() for _ in range(ETCD_MEMBERS)]
         peers = [f"http://127.0.0.1:{free_loopback_port()}" for _ in range(ETCD_MEMBERS)]
@@ -76,13 +76,12 @@ class TlsCluster(Cluster):
                  "--heartbeat-interval", "50", "--election-timeout", "500"],
                 tmp / f"etcd{i}.log",
             )
-        self.etcd_url = ",".join(urls)
         for u in urls:
             wait_until(f"etcd {u} is healthy over TLS", lambda u=u: self._etcd_health(u))
             # No client certificate: the handshake is refused.
             with pytest.raises(requests.exceptions.SSLError):
                 requests.get(u + "/health", timeout=5, verify=str(tmp / "ca.pem"))
-        (tmp / "token").write_text("a-cluster-secret-of-32-characters\n")
+        return ",".join(urls)
 
     def _etcd_health(self, url: str) -> bool:
         t = self.tmp

@@ -60,22 +60,24 @@ class Cluster:
     """etcd, nodes by id, a relay; everything killed by `close`."""
 
     def __init__(self, tmp: Path):
-        etcd = shutil.which("etcd")
+        self.tmp, self.binary, self.procs, self.ports = tmp, server_binary(), {}, {}
+        self.etcd_url = self.start_etcd(shutil.which("etcd"))
+        (tmp / "token").write_text("a-cluster-secret-of-32-characters\n")
+
+    def start_etcd(self, etcd: str | None) -> str:
+        """Starts etcd (one plain member here) and returns its endpoints."""
         assert etcd, "etcd is not installed: .ci/run installs Debian's etcd-server"
-        self.tmp, self.binary, self.procs = tmp, server_binary(), {}
-        cport, pport = free_loopback_port(), free_loopback_port()
-        self.etcd_url = f"http://127.0.0.1:{cport}"
-        peer = f"http://127.0.0.1:{pport}"
+        url = f"http://127.0.0.1:{free_loopback_port()}"
+        peer = f"http://127.0.0.1:{free_loopback_port()}"
         self.procs["etcd"] = spawn(
-            [etcd, "--name", "m0", "--data-dir", str(tmp / "etcd"), "--listen-client-urls", self.etcd_url,
-             "--advertise-client-urls", self.etcd_url, "--listen-peer-urls", peer,
+            [etcd, "--name", "m0", "--data-dir", str(self.tmp / "etcd"), "--listen-client-urls", url,
+             "--advertise-client-urls", url, "--listen-peer-urls", peer,
              "--initial-advertise-peer-urls", peer, "--initial-cluster", f"m0={peer}",
              "--heartbeat-interval", "50", "--election-timeout", "500"],
-            tmp / "etcd.log",
+            self.tmp / "etcd.log",
         )
-        wait_until("etcd is healthy", lambda: self._get(self.etcd_url + "/health").get("health") == "true")
-        (tmp / "token").write_text("a-cluster-secret-of-32-characters\n")
-        self.ports = {}
+        wait_until("etcd is healthy", lambda: self._get(url + "/health").get("health") == "true")
+        return url
 
     @staticmethod
     def _get(url: str) -> dict:
