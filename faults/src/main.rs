@@ -42,9 +42,7 @@ enum Cmd {
     /// Runs of every named fault type, one at a time, within a time bound.
     Campaign {
         /// Fault types, comma-separated, `a+b` for a pair (`all`: every one
-        /// but `none` and the clock faults, which do not get to their fault
-        /// yet: under libfaketime's preload the leader never starts a
-        /// replication session, see docs/reliability.md).
+        /// but `none`).
         #[arg(long, default_value = "all")]
         nemeses: String,
         /// Runs of each fault type.
@@ -207,11 +205,7 @@ fn main() -> ExitCode {
         }
         Cmd::Campaign { nemeses, runs, max_minutes, common } => {
             let list: Vec<String> = if nemeses == "all" {
-                nemesis::ALL
-                    .iter()
-                    .filter(|n| **n != "none" && !n.starts_with("clock-"))
-                    .map(|n| n.to_string())
-                    .collect()
+                nemesis::ALL.iter().filter(|n| **n != "none").map(|n| n.to_string()).collect()
             } else {
                 nemeses.split(',').map(str::to_string).collect()
             };

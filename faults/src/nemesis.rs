@@ -8,7 +8,7 @@ use crate::ns::{nft, Net};
 use crate::proxy::{Mode, Proxy};
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Every nemesis, by name (`--nemesis NAME`).
@@ -87,6 +87,32 @@ pub(crate) fn timing(name: &str, fault: Duration) -> (Duration, Duration) {
         "partition-relay-leader" | "kill-relay" | "flaky-leader" | "clock-slow-leader" | "repl-delay" => (fault, fault),
         _ => (fault, Duration::ZERO),
     }
+}
+
+/// libfaketime's thread-safe preload, which the clock nemeses run every node under.
+pub(crate) const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// The environment of a node in a clock run: its wall clock follows the
+/// libfaketime spec in `file` (`+0` at the start; the nemesis writes a jump
+/// or a rate there and heals it back to `+0`), read again every second.
+///
+/// The monotonic clocks stay true. libfaketime 0.9.10 answers
+/// `CLOCK_MONOTONIC` and `CLOCK_BOOTTIME` with the faked wall clock (about
+/// 1.8e9 s), and Rust's std turns every timed wait (`Condvar::wait_timeout`,
+/// `park_timeout`, `recv_timeout`) into a futex deadline on that clock, which
+/// the kernel reads on its own `CLOCK_MONOTONIC`: no timed wait ever timed
+/// out, and the replication threads never got past their first one. The
+/// preload still stretches the sleeps and timed polls it intercepts
+/// (`nanosleep`, `epoll_wait`, `poll`) by the rate, so a rate slows the
+/// node's timers while its deadline clock stays true.
+pub(crate) fn clock_env(file: &Path) -> Vec<(String, String)> {
+    vec![
+        ("LD_PRELOAD".into(), FAKETIME_LIB.into()),
+        ("FAKETIME_TIMESTAMP_FILE".into(), file.display().to_string()),
+        // FAKETIME_NO_CACHE (read on every clock call) hangs the runtime.
+        ("FAKETIME_CACHE_DURATION".into(), "1".into()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ]
 }
 
 /// A fault in place, to be healed.
@@ -281,7 +307,8 @@ fn flip_a_byte(dir: &std::path::Path, rng: &mut ChaCha8Rng) -> Result<String, St
 
 #[cfg(test)]
 mod tests {
-    use super::{timing, ALL, TTL};
+    use super::{clock_env, timing, ALL, FAKETIME_LIB, TTL};
+    use std::process::Command;
     use std::time::Duration;
 
     #[test]
@@ -293,5 +320,64 @@ mod tests {
         }
         assert_eq!(timing("pause-leader-3ttl", f), (TTL * 3, TTL * 3));
         assert_eq!(timing("partition-leader-standby", f).1, Duration::ZERO, "the standby cut promises availability");
+    }
+
+    /// Under the clock runs' preload, with the wall clock an hour ahead, a
+    /// timed wait of std still times out and the monotonic clock is the
+    /// kernel's. With libfaketime's defaults the child's `recv_timeout`
+    /// never returned (the futex deadline lay ~57 years ahead), which is
+    /// why the clock nemeses never reached their fault.
+    #[test]
+    fn a_node_under_the_clock_preload_keeps_its_timed_waits_and_its_monotonic_clock() {
+        if std::env::var_os("HFF_CLOCK_CHILD").is_some() {
+            let (_tx, rx) = std::sync::mpsc::channel::<()>();
+            let timed_out = rx.recv_timeout(Duration::from_millis(20));
+            assert!(timed_out.is_err(), "the wait ended without a message");
+            let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            // SAFETY: `ts` is a valid, writable timespec for the call.
+            assert_eq!(unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) }, 0);
+            let uptime: f64 =
+                std::fs::read_to_string("/proc/uptime").unwrap().split(' ').next().unwrap().parse().unwrap();
+            assert!(
+                (ts.tv_sec as f64 - uptime).abs() < 60.0,
+                "CLOCK_MONOTONIC {} s against uptime {uptime} s",
+                ts.tv_sec
+            );
+            return;
+        }
+        if !std::path::Path::new(FAKETIME_LIB).exists() {
+            eprintln!("skipped: {FAKETIME_LIB} is not installed (apt-get install libfaketime)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("hff-clock-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("clock");
+        std::fs::write(&file, "+3600\n").unwrap();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "nemesis::tests::a_node_under_the_clock_preload_keeps_its_timed_waits_and_its_monotonic_clock",
+            ])
+            .envs(clock_env(&file))
+            .env("HFF_CLOCK_CHILD", "1")
+            .spawn()
+            .unwrap();
+        // A hang is the failure this test exists for: give the child a
+        // minute, far beyond the 20 ms it needs, then kill it.
+        let mut status = None;
+        for _ in 0..600 {
+            if let Some(s) = child.try_wait().unwrap() {
+                status = Some(s);
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the child's timed wait never returned under the preload");
+        };
+        assert!(status.success(), "the child failed: {status}");
     }
 }

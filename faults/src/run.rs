@@ -117,14 +117,7 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
     if o.nemesis.contains("clock-") {
         for (i, p) in cluster.nodes.iter_mut().enumerate() {
             std::fs::write(&clock_files[i], "+0\n").map_err(|e| e.to_string())?;
-            p.env = vec![
-                // The thread-safe build; the file is read again every
-                // second (FAKETIME_NO_CACHE re-reads it on every clock call,
-                // which hangs the server's runtime).
-                ("LD_PRELOAD".into(), "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1".into()),
-                ("FAKETIME_TIMESTAMP_FILE".into(), clock_files[i].display().to_string()),
-                ("FAKETIME_CACHE_DURATION".into(), "1".into()),
-            ];
+            p.env = nemesis::clock_env(&clock_files[i]);
         }
     }
     let addr =
