@@ -132,8 +132,29 @@ pub(crate) struct Cluster {
     pub nodes: Vec<Proc>,
     /// The relay (in the `relay` namespace, with the workers).
     pub relay: Proc,
-    /// The nodes' data directories (each a tmpfs of its own).
+    /// The nodes' data directories (each a file system of its own).
     pub data: Vec<PathBuf>,
+    /// Each data directory's ext4 image, in runs on [`Disk::Ext4`].
+    pub images: Vec<Option<PathBuf>>,
+}
+
+/// What the nodes' data directories are mounted on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Disk {
+    /// A 256 MiB tmpfs each, so a nemesis can fill one.
+    Tmpfs,
+    /// A 256 MiB ext4 image each on a loop device, mounted with
+    /// `errors=remount-ro`, so a nemesis can turn one read-only under the
+    /// open files of its node (tmpfs refuses `remount,ro` while a file is
+    /// open for writing).
+    Ext4,
+}
+
+/// Mounts the ext4 `image` on `dir` (`errors=remount-ro`, the loop device
+/// freed again at its unmount).
+pub(crate) fn mount_image(image: &Path, dir: &Path) -> Result<(), String> {
+    let (img, d) = (image.to_str().expect("UTF-8"), dir.to_str().expect("UTF-8"));
+    ns::run("mount", &["-o", "loop,errors=remount-ro", img, d], None)
 }
 
 /// The command line of node `id` (`--ha-sync sync`).
@@ -194,8 +215,8 @@ pub(crate) fn node_args(
 
 impl Cluster {
     /// Makes the processes' command lines and the nodes' data directories
-    /// (a 256 MiB tmpfs each, so a nemesis can fill one) under `dir`.
-    pub(crate) fn new(bin: &str, net: &Net, dir: &Path, sync: &str) -> Result<Cluster, String> {
+    /// (on `disk`) under `dir`.
+    pub(crate) fn new(bin: &str, net: &Net, dir: &Path, sync: &str, disk: Disk) -> Result<Cluster, String> {
         let token = dir.join("token");
         std::fs::write(&token, "a-cluster-secret-of-32-characters\n").map_err(|e| e.to_string())?;
         let cluster = (0..3).map(|i| format!("e{i}=http://{}:2380", net.host(&format!("e{i}")).ip)).collect::<Vec<_>>();
@@ -218,14 +239,30 @@ impl Cluster {
             })
             .collect();
         let mut data = Vec::new();
+        let mut images = Vec::new();
         let mut nodes = Vec::new();
         for id in NODES {
             let d = dir.join(format!("data-{id}"));
             std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
-            ns::run("mount", &["-t", "tmpfs", "-o", "size=256m", "hff-data", d.to_str().expect("UTF-8")], None)?;
+            // Pushed before mounting, so that a failure below still unmounts
+            // what was mounted (Drop).
+            data.push(d.clone());
+            match disk {
+                Disk::Tmpfs => {
+                    images.push(None);
+                    ns::run("mount", &["-t", "tmpfs", "-o", "size=256m", "hff-data", d.to_str().expect("UTF-8")], None)?
+                }
+                Disk::Ext4 => {
+                    let image = dir.join(format!("disk-{id}.img"));
+                    let f = std::fs::File::create(&image).map_err(|e| e.to_string())?;
+                    f.set_len(256 << 20).map_err(|e| e.to_string())?;
+                    ns::run("mkfs.ext4", &["-q", "-F", image.to_str().expect("UTF-8")], None)?;
+                    mount_image(&image, &d)?;
+                    images.push(Some(image));
+                }
+            }
             let argv = node_args(bin, net, id, &d, &token, &endpoints, sync);
             nodes.push(Proc::new(id, &net.host(id).ns, argv, dir));
-            data.push(d);
         }
         let relay_argv = [
             bin,
@@ -242,7 +279,7 @@ impl Cluster {
         .map(str::to_string)
         .to_vec();
         let relay = Proc::new("relay", &net.host("relay").ns, relay_argv, dir);
-        Ok(Cluster { etcd, nodes, relay, data })
+        Ok(Cluster { etcd, nodes, relay, data, images })
     }
 
     /// The process called `name`.
@@ -261,7 +298,7 @@ impl Cluster {
         }
     }
 
-    /// Unmounts the nodes' tmpfs (after [`Cluster::stop_all`]).
+    /// Unmounts the nodes' data directories (after [`Cluster::stop_all`]).
     pub(crate) fn unmount(&self) {
         for d in &self.data {
             let _ = ns::run("umount", &["-l", d.to_str().unwrap_or_default()], None);

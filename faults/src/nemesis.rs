@@ -3,7 +3,7 @@
 //! leader) are resolved when the fault starts; the other choices (which
 //! member, which byte) come from the run's seeded generator.
 
-use crate::cluster::{Cluster, NODES, SYNC_TIMEOUT, TTL};
+use crate::cluster::{mount_image, Cluster, NODES, SYNC_TIMEOUT, TTL};
 use crate::ns::{nft, Net};
 use crate::proxy::{Mode, Proxy};
 use rand::Rng;
@@ -39,6 +39,7 @@ pub(crate) const ALL: &[&str] = &[
     "fsync-eio-standby",
     "fsync-slow-standby",
     "disk-full-standby",
+    "disk-ro-standby",
     "corrupt-standby",
 ];
 
@@ -89,6 +90,12 @@ pub(crate) fn timing(name: &str, fault: Duration) -> (Duration, Duration) {
     }
 }
 
+/// Whether nemesis `name` needs the nodes' data on ext4 images
+/// ([`crate::cluster::Disk::Ext4`]) rather than tmpfs.
+pub(crate) fn needs_ext4(name: &str) -> bool {
+    name == "disk-ro-standby"
+}
+
 /// libfaketime's thread-safe preload, which the clock nemeses run every node under.
 pub(crate) const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
 
@@ -133,6 +140,9 @@ pub(crate) enum Applied {
     Wrapped(usize),
     /// A filler file to remove.
     Filled(PathBuf),
+    /// A node whose file system went read-only: stop it, repair and mount
+    /// its image again, start it.
+    ReadOnly(usize),
 }
 
 fn ip_of(net: &Net, role: &str) -> String {
@@ -241,6 +251,22 @@ pub(crate) fn inject(name: &str, c: &mut Ctx) -> Result<Applied, String> {
             let _ = std::fs::write(&filler, vec![0u8; 300 << 20]);
             Applied::Filled(filler)
         }
+        "disk-ro-standby" => {
+            // ext4 takes an error and, mounted errors=remount-ro, turns
+            // read-only under the node's open files: every write and fsync
+            // from then on fails with EROFS, as on a disk that failed.
+            let dir = c.cluster.data[c.standby].to_str().expect("UTF-8").to_string();
+            let mounts = std::fs::read_to_string("/proc/mounts").map_err(|e| e.to_string())?;
+            let dev = mounts
+                .lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .find(|f| f.get(1) == Some(&dir.as_str()))
+                .and_then(|f| f[0].strip_prefix("/dev/").map(str::to_string))
+                .ok_or_else(|| format!("no loop device mounted on {dir}"))?;
+            std::fs::write(format!("/sys/fs/ext4/{dev}/trigger_fs_error"), "1")
+                .map_err(|e| format!("trigger_fs_error on {dev}: {e}"))?;
+            Applied::ReadOnly(c.standby)
+        }
         "corrupt-standby" => {
             let p = c.cluster.get(s);
             p.kill();
@@ -274,6 +300,26 @@ pub(crate) fn heal(a: Applied, c: &mut Ctx) -> Result<(), String> {
             p.start()?;
         }
         Applied::Filled(f) => std::fs::remove_file(&f).map_err(|e| e.to_string())?,
+        Applied::ReadOnly(i) => {
+            // What an operator does: stop the node, check the file system,
+            // mount it again and start the node on what it holds.
+            c.cluster.get(NODES[i]).kill();
+            let dir = c.cluster.data[i].clone();
+            let image = c.cluster.images[i].clone().ok_or("a read-only disk without an image")?;
+            crate::ns::run("umount", &[dir.to_str().expect("UTF-8")], None)?;
+            // 0: clean; 1: errors corrected (the error this nemesis made).
+            let fsck = std::process::Command::new("e2fsck")
+                .args(["-f", "-y", image.to_str().expect("UTF-8")])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .map_err(|e| format!("e2fsck: {e}"))?;
+            if !matches!(fsck.code(), Some(0 | 1)) {
+                return Err(format!("e2fsck {}: {fsck}", image.display()));
+            }
+            mount_image(&image, &dir)?;
+            c.cluster.get(NODES[i]).start()?;
+        }
     }
     Ok(())
 }

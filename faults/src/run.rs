@@ -5,7 +5,7 @@
 //! (the [`Net`] and [`Cluster`] guards; the signal thread for SIGINT/SIGTERM).
 
 use crate::check::{self, Bounds, Finding};
-use crate::cluster::{in_ns, poll, Cluster, NODES, NODE_PORT, REPL_PROXY_PORT, ROLES, WORLD};
+use crate::cluster::{in_ns, poll, Cluster, Disk, NODES, NODE_PORT, REPL_PROXY_PORT, ROLES, WORLD};
 use crate::history::{Call, Dialect, Op};
 use crate::monitor::{self, Monitor};
 use crate::nemesis::{self, Ctx, FAILOVER_BUDGET};
@@ -112,7 +112,8 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
         .map(|n| nemesis::timing(n, o.fault))
         .fold((Duration::ZERO, Duration::ZERO), |(a, b), (c, d)| (a.max(c), b + d));
     let net = Net::create(tag, &ROLES)?;
-    let mut cluster = Cluster::new(&o.bin, &net, scratch, &o.sync)?;
+    let disk = if parts.iter().any(|n| nemesis::needs_ext4(n)) { Disk::Ext4 } else { Disk::Tmpfs };
+    let mut cluster = Cluster::new(&o.bin, &net, scratch, &o.sync, disk)?;
     let clock_files: Vec<PathBuf> = NODES.iter().map(|n| scratch.join(format!("clock-{n}"))).collect();
     if o.nemesis.contains("clock-") {
         for (i, p) in cluster.nodes.iter_mut().enumerate() {
