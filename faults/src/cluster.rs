@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 #[path = "../../tests/ha/etcd_flags.rs"]
 mod etcd_flags;
 
+/// The read lease of eviction runs (`--read-lease`; other runs keep the
+/// server's default).
+pub(crate) const READ_LEASE: Duration = Duration::from_secs(3);
+
 /// The lease TTL of every node and of the relay.
 pub(crate) const TTL: Duration = Duration::from_secs(2);
 
@@ -203,8 +207,6 @@ pub(crate) fn node_args(
             &format!("{ip}:{REPL_PROXY_PORT}"),
             "--world-size",
             &WORLD.to_string(),
-            "--eviction",
-            "none",
             "--workers",
             "1",
         ]
@@ -213,10 +215,27 @@ pub(crate) fn node_args(
     a
 }
 
+/// The nodes' eviction flags: none, or CLOCK eviction with a read lease
+/// short enough that a run of 20 s sees leases start and end.
+fn eviction_args(eviction: bool) -> Vec<String> {
+    if eviction {
+        ["--eviction", "clock", "--read-lease", &READ_LEASE.as_secs().to_string()].map(str::to_string).to_vec()
+    } else {
+        ["--eviction", "none"].map(str::to_string).to_vec()
+    }
+}
+
 impl Cluster {
     /// Makes the processes' command lines and the nodes' data directories
     /// (on `disk`) under `dir`.
-    pub(crate) fn new(bin: &str, net: &Net, dir: &Path, sync: &str, disk: Disk) -> Result<Cluster, String> {
+    pub(crate) fn new(
+        bin: &str,
+        net: &Net,
+        dir: &Path,
+        sync: &str,
+        disk: Disk,
+        eviction: bool,
+    ) -> Result<Cluster, String> {
         let token = dir.join("token");
         std::fs::write(&token, "a-cluster-secret-of-32-characters\n").map_err(|e| e.to_string())?;
         let cluster = (0..3).map(|i| format!("e{i}=http://{}:2380", net.host(&format!("e{i}")).ip)).collect::<Vec<_>>();
@@ -261,7 +280,8 @@ impl Cluster {
                     images.push(Some(image));
                 }
             }
-            let argv = node_args(bin, net, id, &d, &token, &endpoints, sync);
+            let mut argv = node_args(bin, net, id, &d, &token, &endpoints, sync);
+            argv.extend(eviction_args(eviction));
             nodes.push(Proc::new(id, &net.host(id).ns, argv, dir));
         }
         let relay_argv = [

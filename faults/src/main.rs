@@ -95,6 +95,11 @@ struct Common {
     /// `--ha-sync` of the nodes.
     #[arg(long, default_value = "available")]
     ha_sync: String,
+    /// Eviction runs: ranks and the space of 512 pages, `--eviction clock
+    /// --read-lease 2`, checked by the read-lease rule and linearizability
+    /// with evictions instead of `lost` and `pages` (docs/reliability.md).
+    #[arg(long)]
+    eviction: bool,
 }
 
 /// The fault types of the smoke campaign: those that pass on a sound build.
@@ -122,6 +127,7 @@ fn opts(c: &Common, nemesis: &str, seed: u64) -> run::Opts {
         after: Duration::from_secs(c.after_secs),
         sync: c.ha_sync.clone(),
         commit: commit(),
+        eviction: c.eviction,
     }
 }
 
@@ -141,7 +147,7 @@ fn one(o: &run::Opts) -> bool {
             let f = &r.figures;
             println!(
                 "{:<26} seed {:<10} {:<4} ok {:>5} fail {:>4} info {:>4}  no-write {:>5.2}s failover {} recovery {}  {}",
-                r.nemesis,
+                if r.eviction { format!("{} +eviction", r.nemesis) } else { r.nemesis.clone() },
                 r.seed,
                 if r.findings.is_empty() { "PASS" } else { "FAIL" },
                 f.before.ok + f.during.ok + f.after.ok,

@@ -170,6 +170,9 @@ pub(crate) fn figures(
 pub(crate) struct Saved {
     nemesis: String,
     seed: u64,
+    /// An eviction run (results written before eviction runs existed have none).
+    #[serde(default)]
+    eviction: bool,
     commit: String,
     findings: Vec<SavedFinding>,
     figures: Figures,
@@ -182,6 +185,18 @@ struct SavedFinding {
     check: String,
     what: String,
     ops: Vec<u64>,
+}
+
+impl Saved {
+    /// The fault type as the report names it: the nemesis, `+eviction` for
+    /// an eviction run.
+    fn label(&self) -> String {
+        if self.eviction {
+            format!("{} +eviction", self.nemesis)
+        } else {
+            self.nemesis.clone()
+        }
+    }
 }
 
 /// Reads every `result.json` under `out`.
@@ -204,11 +219,11 @@ fn opt(x: Option<f64>) -> String {
 /// The campaign's markdown: the matrix, the figures per fault type, and
 /// every violation with its history excerpt and replay command.
 pub(crate) fn markdown(runs: &[Saved]) -> String {
-    let mut by: BTreeMap<&str, Vec<&Saved>> = BTreeMap::new();
+    let mut by: BTreeMap<String, Vec<&Saved>> = BTreeMap::new();
     for r in runs {
-        by.entry(&r.nemesis).or_default().push(r);
+        by.entry(r.label()).or_default().push(r);
     }
-    let checks = ["lost", "pages", "split_brain", "linearizable", "verify", "standby_state", "liveness"];
+    let checks = ["lost", "pages", "lease", "split_brain", "linearizable", "verify", "standby_state", "liveness"];
     let mut m = String::new();
     let commits: std::collections::BTreeSet<&str> = runs.iter().map(|r| r.commit.as_str()).collect();
     let failed = runs.iter().filter(|r| !r.findings.is_empty()).count();
@@ -305,7 +320,7 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
         let _ = writeln!(m, "None.");
     }
     for r in runs.iter().filter(|r| !r.findings.is_empty()) {
-        let _ = writeln!(m, "**{} seed {}** (`{}`)\n", r.nemesis, r.seed, r.replay);
+        let _ = writeln!(m, "**{} seed {}** (`{}`)\n", r.label(), r.seed, r.replay);
         let history: Vec<Op> = std::fs::read_to_string(Path::new(&r.dir).join("history.jsonl"))
             .unwrap_or_default()
             .lines()

@@ -5,7 +5,7 @@
 //! (the [`Net`] and [`Cluster`] guards; the signal thread for SIGINT/SIGTERM).
 
 use crate::check::{self, Bounds, Finding};
-use crate::cluster::{in_ns, poll, Cluster, Disk, NODES, NODE_PORT, REPL_PROXY_PORT, ROLES, WORLD};
+use crate::cluster::{in_ns, poll, Cluster, Disk, NODES, NODE_PORT, READ_LEASE, REPL_PROXY_PORT, ROLES, WORLD};
 use crate::history::{Call, Dialect, Op};
 use crate::monitor::{self, Monitor};
 use crate::nemesis::{self, Ctx, FAILOVER_BUDGET};
@@ -42,6 +42,10 @@ pub(crate) struct Opts {
     pub sync: String,
     /// The commit the binary was built from (for the replay line).
     pub commit: String,
+    /// An eviction run: ranks and the space of [`workload::EVICTION_PAGES`],
+    /// `--eviction clock` and a [`READ_LEASE`], checked with the rules that
+    /// hold with eviction ([`check::safety`]).
+    pub eviction: bool,
 }
 
 /// What a run found.
@@ -51,6 +55,9 @@ pub(crate) struct Outcome {
     pub nemesis: String,
     /// The seed.
     pub seed: u64,
+    /// An eviction run.
+    #[serde(default)]
+    pub eviction: bool,
     /// The commit.
     pub commit: String,
     /// `--ha-sync`.
@@ -83,7 +90,7 @@ fn sleep(d: Duration) {
 pub(crate) fn run(o: &Opts) -> Result<Outcome, String> {
     let tag = format!("{:05x}", (o.seed ^ u64::from(std::process::id())) & 0xfffff);
     let scratch = PathBuf::from(format!("/tmp/hff-{tag}"));
-    let dir = o.out.join(format!("{}-{}", o.nemesis, o.seed));
+    let dir = o.out.join(format!("{}{}-{}", o.nemesis, if o.eviction { "-eviction" } else { "" }, o.seed));
     std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     crate::signals::set_current(&tag);
@@ -113,7 +120,7 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
         .fold((Duration::ZERO, Duration::ZERO), |(a, b), (c, d)| (a.max(c), b + d));
     let net = Net::create(tag, &ROLES)?;
     let disk = if parts.iter().any(|n| nemesis::needs_ext4(n)) { Disk::Ext4 } else { Disk::Tmpfs };
-    let mut cluster = Cluster::new(&o.bin, &net, scratch, &o.sync, disk)?;
+    let mut cluster = Cluster::new(&o.bin, &net, scratch, &o.sync, disk, o.eviction)?;
     let clock_files: Vec<PathBuf> = NODES.iter().map(|n| scratch.join(format!("clock-{n}"))).collect();
     if o.nemesis.contains("clock-") {
         for (i, p) in cluster.nodes.iter_mut().enumerate() {
@@ -157,7 +164,8 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
         format!("no serving leader with a standby within 40 s; n0's log: {:?}", cluster.nodes[0].tail(5))
     })?;
     let relay: SocketAddr = "127.0.0.1:18000".parse().expect("an address");
-    in_ns(&relay_ns, move || workload::initialize(relay, Duration::from_secs(20)))??;
+    let pages = if o.eviction { workload::EVICTION_PAGES } else { workload::PAGES };
+    in_ns(&relay_ns, move || workload::initialize(relay, pages, Duration::from_secs(20)))??;
 
     let shared = Shared::new(relay, t0);
     let workers: Vec<_> = (0..workload::WORKERS)
@@ -256,7 +264,8 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
     for op in &mut history {
         op.node = op.epoch.and_then(|e| epochs.get(&e).cloned().flatten());
     }
-    let mut findings = check::safety(&history, WORLD);
+    let lease = o.eviction.then(|| READ_LEASE.as_micros() as u64);
+    let mut findings = check::safety(&history, WORLD, lease);
     let bounds = Bounds {
         fault: (fault_us, heal_us),
         end: end_us,
@@ -300,9 +309,10 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
     write_lines(&dir.join("history.jsonl"), &history)?;
     write_lines(&dir.join("samples.jsonl"), &samples)?;
     let replay = format!(
-        "sudo target/ci/hf3fs-faults run --nemesis {} --seed {} --ha-sync {} --fault-secs {} --warmup-secs {} --after-secs {}  # at {}",
+        "sudo target/ci/hf3fs-faults run --nemesis {} --seed {}{} --ha-sync {} --fault-secs {} --warmup-secs {} --after-secs {}  # at {}",
         o.nemesis,
         o.seed,
+        if o.eviction { " --eviction" } else { "" },
         o.sync,
         o.fault.as_secs(),
         o.warmup.as_secs(),
@@ -312,6 +322,7 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
     let outcome = Outcome {
         nemesis: o.nemesis.clone(),
         seed: o.seed,
+        eviction: o.eviction,
         commit: o.commit.clone(),
         sync: o.sync.clone(),
         findings,

@@ -13,7 +13,8 @@
 //! - an SGLang worker: reserve, then confirm the written keys (or release a
 //!   failed write's pages), and `exists` + `get_page_indices` of stored keys.
 //!
-//! Ranks and the space have 2^20 pages: eviction never fires.
+//! Ranks and the space have 2^20 pages, so eviction never fires; eviction
+//! runs give them [`EVICTION_PAGES`], which the saves fill within seconds.
 
 use crate::cluster::WORLD;
 use crate::history::{classify, Call, Dialect, Op, Outcome};
@@ -28,6 +29,11 @@ use std::time::{Duration, Instant};
 
 /// Pages of every rank and of the SGLang space.
 pub(crate) const PAGES: u64 = 1 << 20;
+
+/// Pages of every rank and of the SGLang space in eviction runs: the saves
+/// (about 150 keys a second on each) fill them within a few seconds of the
+/// warm-up, and evictions go on for the rest of the run.
+pub(crate) const EVICTION_PAGES: u64 = 256;
 
 /// The request deadline: above the sync timeout, so that a 503 of a standby
 /// that did not acknowledge arrives as an answer.
@@ -262,13 +268,13 @@ impl Shared {
     }
 }
 
-/// Initializes the vLLM ranks and the SGLang space through the relay,
-/// retrying until they are acknowledged or `within` passes.
-pub(crate) fn initialize(addr: SocketAddr, within: Duration) -> Result<(), String> {
+/// Initializes the vLLM ranks and the SGLang space (`pages` each) through
+/// the relay, retrying until they are acknowledged or `within` passes.
+pub(crate) fn initialize(addr: SocketAddr, pages: u64, within: Duration) -> Result<(), String> {
     let deadline = Instant::now() + within;
     let mut todo: Vec<(String, Value)> =
-        (0..WORLD).map(|r| (format!("/rank/{r}/initialize"), json!({"num_pages": PAGES, "role": "worker"}))).collect();
-    todo.push(("/0/initialize".into(), json!({"num_pages": PAGES})));
+        (0..WORLD).map(|r| (format!("/rank/{r}/initialize"), json!({"num_pages": pages, "role": "worker"}))).collect();
+    todo.push(("/0/initialize".into(), json!({"num_pages": pages})));
     for (path, body) in todo {
         loop {
             match http::request(addr, "POST", &path, &body.to_string(), TIMEOUT) {

@@ -15,8 +15,15 @@
 //!   without an acknowledged write.
 //!
 //! The workload never unbinds a key it confirmed (it releases only pages
-//! whose write it abandoned before any confirm, and eviction cannot fire on
-//! its ranks), so a binding observed once holds for the rest of the run.
+//! whose write it abandoned before any confirm), so, while eviction cannot
+//! fire (its ranks have 2^20 pages), a binding observed once holds for the
+//! rest of the run.
+//!
+//! Eviction runs (`--eviction`: small ranks, a 2 s read lease) may drop any
+//! key that is not leased, so `lost` and `pages` do not apply to them; they
+//! are checked by [`lease`] (no page of a read handed to another key within
+//! the read's lease), [`split_brain`], [`linearizable`] with evictions
+//! allowed at any moment, and [`evictions_seen`] (the run evicted at all).
 
 pub(crate) mod linear;
 
@@ -48,13 +55,112 @@ fn world_of(dialect: Dialect, world: u32) -> u32 {
     }
 }
 
-/// Runs every safety checker (all but liveness) over `history`.
-pub(crate) fn safety(history: &[Op], world: u32) -> Vec<Finding> {
-    let mut f = lost(history, world);
-    f.extend(pages(history));
+/// Runs every safety checker (all but liveness) over `history`; in an
+/// eviction run (`lease_us`: the read lease), those that hold with eviction.
+pub(crate) fn safety(history: &[Op], world: u32, lease_us: Option<u64>) -> Vec<Finding> {
+    let mut f = Vec::new();
+    match lease_us {
+        None => {
+            f.extend(lost(history, world));
+            f.extend(pages(history));
+        }
+        Some(l) => {
+            f.extend(lease(history, l));
+            if evictions_seen(history, world) == 0 {
+                f.push(finding(
+                    "lease",
+                    "no complete key was ever read back absent: nothing was evicted".into(),
+                    vec![],
+                ));
+            }
+        }
+    }
     f.extend(split_brain(history));
-    f.extend(linearizable(history, world));
+    f.extend(linearizable(history, world, lease_us.is_some()));
     f
+}
+
+/// Keys acknowledged on every rank of their world that a later read found
+/// absent: in an eviction run, the keys seen evicted.
+pub(crate) fn evictions_seen(history: &[Op], world: u32) -> usize {
+    // (dialect, key) → rank → when its first acknowledged confirm completed.
+    let mut bound: HashMap<(Dialect, &str), BTreeMap<u32, u64>> = HashMap::new();
+    for op in history.iter().filter(|o| o.ok()) {
+        if let Call::Confirm { dialect, rank, pairs, .. } = &op.call {
+            for (k, _) in pairs {
+                let t = bound.entry((*dialect, k.as_str())).or_default().entry(*rank).or_insert(op.complete_us);
+                *t = (*t).min(op.complete_us);
+            }
+        }
+    }
+    let mut gone: std::collections::BTreeSet<(Dialect, &str)> = std::collections::BTreeSet::new();
+    for op in history.iter().filter(|o| o.ok()) {
+        if let Call::Locations { dialect, keys, pages, .. } = &op.call {
+            for (k, p) in keys.iter().zip(pages) {
+                // Complete before this read was sent.
+                let complete = bound.get(&(*dialect, k.as_str())).is_some_and(|r| {
+                    r.len() as u32 == world_of(*dialect, world) && r.values().all(|&t| t < op.invoke_us)
+                });
+                if p.is_none() && complete {
+                    gone.insert((*dialect, k));
+                }
+            }
+        }
+    }
+    gone.len()
+}
+
+/// The read-lease rule: a page that a read answered for a key is handed to
+/// no other key while the lease that read started lasts. The lease runs
+/// `lease_us` from when the read's answer was built, which is after it was
+/// sent; so an operation that claims the page for another key (an
+/// allocate's answer, a confirm, a read's answer) broke the lease for sure
+/// when it was sent after the read's answer arrived and was answered before
+/// the read was sent plus `lease_us`.
+pub(crate) fn lease(history: &[Op], lease_us: u64) -> Vec<Finding> {
+    type Page = (Dialect, u32, i64);
+    let mut claims: Vec<(Page, &String, &Op)> = Vec::new();
+    for op in history.iter().filter(|o| o.ok()) {
+        match &op.call {
+            Call::Confirm { dialect, rank, pairs, .. } => {
+                claims.extend(pairs.iter().map(|(k, p)| ((*dialect, *rank, *p), k, op)));
+            }
+            Call::Locations { dialect, rank, keys, pages } => {
+                claims.extend(keys.iter().zip(pages).filter_map(|(k, p)| p.map(|p| ((*dialect, *rank, p), k, op))))
+            }
+            Call::Allocate { dialect, rank, keys, pages } => claims
+                .extend(keys.iter().zip(pages).filter(|(_, p)| **p >= 0).map(|(k, p)| ((*dialect, *rank, *p), k, op))),
+            Call::Exists { .. } => {}
+        }
+    }
+    let mut reads: HashMap<Page, Vec<(&String, &Op)>> = HashMap::new();
+    for (page, k, op) in &claims {
+        if matches!(op.call, Call::Locations { .. }) {
+            reads.entry(*page).or_default().push((k, op));
+        }
+    }
+    let mut out = Vec::new();
+    for (page, k, op) in &claims {
+        let Some(rs) = reads.get(page) else { continue };
+        if let Some((rk, r)) = rs
+            .iter()
+            .find(|(rk, r)| rk != k && op.invoke_us >= r.complete_us && op.complete_us < r.invoke_us + lease_us)
+        {
+            let (d, rank, p) = page;
+            out.push(finding(
+                "lease",
+                format!(
+                    "{d:?} rank {rank} page {p}: read for {rk} at {:.3} s, then {} for {k} at {:.3} s, within the {:.1} s lease",
+                    r.invoke_us as f64 / 1e6,
+                    op.call.name(),
+                    op.complete_us as f64 / 1e6,
+                    lease_us as f64 / 1e6
+                ),
+                vec![r.id, op.id],
+            ));
+        }
+    }
+    out
 }
 
 /// Acknowledged confirms: (dialect, key) → rank → (page, op id).
@@ -220,8 +326,9 @@ pub(crate) fn split_brain(history: &[Op]) -> Vec<Finding> {
         .collect()
 }
 
-/// Per-key linearizability of bind, release and read ([`linear`]).
-pub(crate) fn linearizable(history: &[Op], world: u32) -> Vec<Finding> {
+/// Per-key linearizability of bind, release and read ([`linear`]), with
+/// evictions at any moment when `evictable`.
+pub(crate) fn linearizable(history: &[Op], world: u32, evictable: bool) -> Vec<Finding> {
     let mut per_key: BTreeMap<(Dialect, String), Vec<KeyOp>> = BTreeMap::new();
     for op in history.iter().filter(|o| o.outcome != Outcome::Fail) {
         let complete = (op.outcome == Outcome::Ok).then_some(op.complete_us);
@@ -251,7 +358,7 @@ pub(crate) fn linearizable(history: &[Op], world: u32) -> Vec<Finding> {
     }
     let mut out = Vec::new();
     for ((d, k), ops) in per_key {
-        match linear::linearizable(world_of(d, world), &ops) {
+        match linear::linearizable(world_of(d, world), &ops, evictable) {
             Ok(true) => {}
             Ok(false) => out.push(finding(
                 "linearizable",

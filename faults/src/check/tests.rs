@@ -53,7 +53,7 @@ fn a_clean_history_passes_every_check() {
     h.push(final_(op(21, (100, 101), Outcome::Ok, Some(3), locate(1, "a", Some(1)))));
     h.push(final_(op(22, (100, 101), Outcome::Ok, Some(3), locate(0, "b", Some(2)))));
     h.push(final_(op(23, (100, 101), Outcome::Ok, Some(3), locate(1, "b", Some(2)))));
-    assert_eq!(safety(&h, 2), vec![]);
+    assert_eq!(safety(&h, 2, None), vec![]);
 }
 
 #[test]
@@ -122,10 +122,10 @@ fn an_older_epoch_answering_after_a_newer_one_is_split_brain() {
 fn a_read_that_no_order_explains_is_not_linearizable() {
     let mut h = saved("a", (1, 1), 0);
     h.push(op(20, (30, 31), Outcome::Ok, Some(3), locate(0, "a", Some(1))));
-    assert_eq!(linearizable(&h, 2), vec![]);
+    assert_eq!(linearizable(&h, 2, false), vec![]);
     // Read as absent after both confirms were acknowledged.
     h.push(op(21, (40, 41), Outcome::Ok, Some(3), locate(0, "a", None)));
-    assert_eq!(linearizable(&h, 2).len(), 1);
+    assert_eq!(linearizable(&h, 2, false).len(), 1);
 }
 
 #[test]
@@ -137,7 +137,7 @@ fn failed_ops_are_ignored_and_info_ops_may_apply_late() {
         op(3, (10, 11), Outcome::Info, None, confirm(1, "a", 1)),
         op(4, (50, 51), Outcome::Ok, Some(3), locate(0, "a", Some(1))),
     ];
-    assert_eq!(linearizable(&h, 2), vec![]);
+    assert_eq!(linearizable(&h, 2, false), vec![]);
 }
 
 #[test]
@@ -153,4 +153,46 @@ fn liveness_needs_a_write_soon_after_the_heal_and_no_long_gap() {
     assert_eq!(f.len(), 2, "{f:?}");
     assert!(f.iter().any(|x| x.what.contains("no acknowledged write for")), "{f:?}");
     assert_eq!(liveness(&h, b, None).len(), 3);
+}
+
+/// Eviction runs: the history of a key read, evicted and its page taken.
+fn evicted_and_reused(reuse_at: u64) -> Vec<Op> {
+    let mut h = vec![
+        op(0, (0, 5), Outcome::Ok, Some(3), confirm(0, "a", 7)),
+        op(1, (10, 20), Outcome::Ok, Some(3), locate(0, "a", Some(7))),
+        op(2, (reuse_at, reuse_at + 5), Outcome::Ok, Some(3), resave(0, "b", 7)),
+        op(3, (reuse_at + 10, reuse_at + 15), Outcome::Ok, Some(3), confirm(0, "b", 7)),
+    ];
+    h.push(final_(op(4, (reuse_at + 20, reuse_at + 25), Outcome::Ok, Some(3), locate(0, "a", None))));
+    h.push(final_(op(5, (reuse_at + 20, reuse_at + 25), Outcome::Ok, Some(3), locate(0, "b", Some(7)))));
+    h
+}
+
+#[test]
+fn an_eviction_after_the_read_lease_passes_and_one_within_it_breaks_the_lease() {
+    let lease = 1_000;
+    // The page goes to b once a's lease (from 10 µs, 1,000 µs long) is over.
+    assert_eq!(safety(&evicted_and_reused(1_100), 1, Some(lease)), vec![]);
+    // Without eviction the same history loses a and binds page 7 twice.
+    let strict: Vec<&str> = safety(&evicted_and_reused(1_100), 1, None).iter().map(|f| f.check).collect();
+    assert!(strict.contains(&"lost") && strict.contains(&"pages"), "{strict:?}");
+    // Handed to b at 500 µs, inside a's lease.
+    let f = safety(&evicted_and_reused(500), 1, Some(lease));
+    assert!(!f.is_empty() && f.iter().all(|f| f.check == "lease"), "{f:?}");
+    assert_eq!(f[0].ops, vec![1, 2]);
+    // Sent before the read's answer arrived: it may have taken effect first (no proof).
+    let mut early = evicted_and_reused(500);
+    early[2].invoke_us = 15;
+    assert!(safety(&early, 1, Some(lease)).iter().all(|f| f.ops != vec![1, 2]));
+}
+
+#[test]
+fn an_eviction_run_that_evicted_nothing_is_refused() {
+    let mut h = saved("a", (1, 1), 0);
+    h.push(final_(op(20, (100, 101), Outcome::Ok, Some(3), locate(0, "a", Some(1)))));
+    h.push(final_(op(21, (100, 101), Outcome::Ok, Some(3), locate(1, "a", Some(1)))));
+    let f = safety(&h, 2, Some(1_000));
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].what.contains("nothing was evicted"));
+    assert_eq!(evictions_seen(&evicted_and_reused(1_100), 1), 1);
 }
