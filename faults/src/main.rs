@@ -54,7 +54,8 @@ enum Cmd {
         #[command(flatten)]
         common: Common,
     },
-    /// The smoke campaign of CI: a few fault types, one short run each.
+    /// The smoke campaign of CI: a few fault types, one short run each, and
+    /// one eviction run (a leader killed while keys are evicted and leased).
     Smoke {
         #[command(flatten)]
         common: Common,
@@ -207,7 +208,9 @@ fn main() -> ExitCode {
         Cmd::Smoke { common } => {
             let seed = seed_of(&common);
             println!("seed {seed}");
-            SMOKE.iter().enumerate().fold(true, |ok, (i, n)| one(&opts(&common, n, seed + i as u64)) && ok)
+            let runs = SMOKE.iter().enumerate().fold(true, |ok, (i, n)| one(&opts(&common, n, seed + i as u64)) && ok);
+            let eviction = run::Opts { eviction: true, ..opts(&common, "kill-leader", seed + SMOKE.len() as u64) };
+            one(&eviction) && runs
         }
         Cmd::Campaign { nemeses, runs, max_minutes, common } => {
             let list: Vec<String> = if nemeses == "all" {
