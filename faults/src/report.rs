@@ -236,7 +236,7 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
         runs.len() - failed,
         failed
     );
-    let _ = writeln!(m, "### Matrix (runs with a violation of each check / runs)\n");
+    let _ = writeln!(m, "### Matrix (runs with a violation of each check / runs; –: the check does not apply)\n");
     let _ = writeln!(m, "| fault | runs | {} |", checks.join(" | "));
     let _ = writeln!(m, "|---|---:|{}", "---:|".repeat(checks.len()));
     for (n, rs) in &by {
@@ -244,7 +244,13 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
             .iter()
             .map(|c| {
                 let k = rs.iter().filter(|r| r.findings.iter().any(|f| f.check == *c)).count();
-                if k == 0 {
+                // A check that does not apply to these runs (lost and pages
+                // in eviction runs, lease in the others).
+                let applies =
+                    rs.iter().any(|r| if r.eviction { !matches!(*c, "lost" | "pages") } else { *c != "lease" });
+                if !applies {
+                    "–".into()
+                } else if k == 0 {
                     "0".into()
                 } else {
                     format!("**{k}**")
