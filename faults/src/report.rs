@@ -259,10 +259,13 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
             .collect();
         let _ = writeln!(m, "| {n} | {} | {} |", rs.len(), cells.join(" | "));
     }
-    let _ = writeln!(m, "\n### Figures per fault type (median over its runs)\n");
     let _ = writeln!(
         m,
-        "| fault | ok/fail/info (all phases) | ok/s before · during · after | success during | longest no-write (s) | failover (s) | recovery after heal (s) | p50/p99/max during (ms) | acked confirms | info applied/not/unknown |"
+        "\n### Figures per fault type (counts summed over its runs; rates, times and latencies of the median run, and of the worst for the no-write window and the failover)\n"
+    );
+    let _ = writeln!(
+        m,
+        "| fault | ok/fail/info (all phases) | ok/s before · during · after | success during | longest no-write (s), median / worst | failover (s), median / worst | recovery after heal (s) | p50/p99/max during (ms) | acked confirms | info applied/not/unknown |"
     );
     let _ = writeln!(m, "|---|---|---|---:|---:|---:|---:|---|---:|---|");
     for (n, rs) in &by {
@@ -271,6 +274,7 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
             v.sort_by(|a, b| a.total_cmp(b));
             (!v.is_empty()).then(|| v[v.len() / 2])
         };
+        let worst = |f: &dyn Fn(&Saved) -> Option<f64>| rs.iter().filter_map(|r| f(r)).reduce(f64::max);
         let f = |r: &Saved| r.figures.clone();
         let sum = |g: &dyn Fn(&Figures) -> u64| rs.iter().map(|r| g(&f(r))).sum::<u64>();
         let oks = sum(&|x| x.before.ok + x.during.ok + x.after.ok);
@@ -279,13 +283,15 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
         let ia = (sum(&|x| x.info_applied.0), sum(&|x| x.info_applied.1), sum(&|x| x.info_applied.2));
         let _ = writeln!(
             m,
-            "| {n} | {oks}/{fails}/{infos} | {} · {} · {} | {} | {} | {} | {} | {}/{}/{} | {} | {}/{}/{} |",
+            "| {n} | {oks}/{fails}/{infos} | {} · {} · {} | {} | {} / {} | {} / {} | {} | {}/{}/{} | {} | {}/{}/{} |",
             opt(med(&|r| Some(r.figures.before.ok_per_s))),
             opt(med(&|r| Some(r.figures.during.ok_per_s))),
             opt(med(&|r| Some(r.figures.after.ok_per_s))),
             opt(med(&|r| Some(r.figures.during.success))),
             opt(med(&|r| Some(r.figures.longest_no_write_s))),
+            opt(worst(&|r| Some(r.figures.longest_no_write_s))),
             opt(med(&|r| r.figures.failover_s)),
+            opt(worst(&|r| r.figures.failover_s)),
             opt(med(&|r| r.figures.recovery_s)),
             opt(med(&|r| Some(r.figures.during.p50_ms))),
             opt(med(&|r| Some(r.figures.during.p99_ms))),
