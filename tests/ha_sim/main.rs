@@ -7,6 +7,8 @@
 //! under load, the relay's TCP forwarding).
 //!
 //! - [`cluster`]: nodes on one in-memory etcd and one clock, the gate.
+//! - [`clock_rate`]: a leader whose deadline clock runs slow, on both sides
+//!   of the rate the guarantee needs.
 //! - [`election`]: one leader, epochs, crash, pause, lost renewals, quorum
 //!   loss, planned hand-over, lost answers.
 //! - [`history`]: the promotion rules without replication.
@@ -14,6 +16,7 @@
 //! - [`sim`]: the seeded simulation (random schedules, the guarantees of
 //!   docs/ha.md checked after every step).
 
+mod clock_rate;
 mod cluster;
 mod election;
 mod history;
