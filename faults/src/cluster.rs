@@ -215,6 +215,25 @@ pub(crate) fn node_args(
     a
 }
 
+/// Mounts node `id`'s data directory `d` on `disk`; its ext4 image (under
+/// `dir`), if any.
+fn mount_data(disk: Disk, dir: &Path, id: &str, d: &Path) -> Result<Option<PathBuf>, String> {
+    match disk {
+        Disk::Tmpfs => {
+            ns::run("mount", &["-t", "tmpfs", "-o", "size=256m", "hff-data", d.to_str().expect("UTF-8")], None)?;
+            Ok(None)
+        }
+        Disk::Ext4 => {
+            let image = dir.join(format!("disk-{id}.img"));
+            let f = File::create(&image).map_err(|e| e.to_string())?;
+            f.set_len(256 << 20).map_err(|e| e.to_string())?;
+            ns::run("mkfs.ext4", &["-q", "-F", image.to_str().expect("UTF-8")], None)?;
+            mount_image(&image, d)?;
+            Ok(Some(image))
+        }
+    }
+}
+
 /// The nodes' eviction flags: none, or CLOCK eviction with a read lease
 /// short enough that a run of 20 s sees leases start and end.
 fn eviction_args(eviction: bool) -> Vec<String> {
@@ -257,29 +276,23 @@ impl Cluster {
                 Proc::new(&h.role, &h.ns, argv, dir)
             })
             .collect();
-        let mut data = Vec::new();
+        let mut data: Vec<PathBuf> = Vec::new();
         let mut images = Vec::new();
         let mut nodes = Vec::new();
         for id in NODES {
             let d = dir.join(format!("data-{id}"));
             std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
-            // Pushed before mounting, so that a failure below still unmounts
-            // what was mounted (Drop).
-            data.push(d.clone());
-            match disk {
-                Disk::Tmpfs => {
-                    images.push(None);
-                    ns::run("mount", &["-t", "tmpfs", "-o", "size=256m", "hff-data", d.to_str().expect("UTF-8")], None)?
-                }
-                Disk::Ext4 => {
-                    let image = dir.join(format!("disk-{id}.img"));
-                    let f = std::fs::File::create(&image).map_err(|e| e.to_string())?;
-                    f.set_len(256 << 20).map_err(|e| e.to_string())?;
-                    ns::run("mkfs.ext4", &["-q", "-F", image.to_str().expect("UTF-8")], None)?;
-                    mount_image(&image, &d)?;
-                    images.push(Some(image));
+            match mount_data(disk, dir, id, &d) {
+                Ok(image) => images.push(image),
+                Err(e) => {
+                    // No Cluster yet to unmount them on drop.
+                    for m in &data {
+                        let _ = ns::run("umount", &["-l", m.to_str().unwrap_or_default()], None);
+                    }
+                    return Err(e);
                 }
             }
+            data.push(d.clone());
             let mut argv = node_args(bin, net, id, &d, &token, &endpoints, sync);
             argv.extend(eviction_args(eviction));
             nodes.push(Proc::new(id, &net.host(id).ns, argv, dir));
