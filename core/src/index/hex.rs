@@ -136,19 +136,38 @@ impl<K: ArenaKey> Arena<K> {
         }
     }
 
-    /// A fresh id with its segment made, or `None` when all are taken.
-    fn fresh(&self) -> Option<u32> {
-        let id =
-            self.next.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < MAX_IDS).then_some(n + 1)).ok()?;
-        let s = K::locate(id).0;
-        let seg = &self.segments[s];
-        if seg.load(Ordering::Acquire).is_null() {
-            let _g = self.grow.lock().unwrap_or_else(PoisonError::into_inner);
+    /// A run of up to `n` (at least 1) fresh ids, `first..end`, with their
+    /// segments made, or `None` when all are taken: one RMW on the counter
+    /// for a batch's new keys ([`FreshIds`]).
+    fn fresh_run(&self, n: u32) -> Option<(u32, u32)> {
+        debug_assert!(n >= 1);
+        // Relaxed: an id is a number; its slot is published by the
+        // segment's Release and the table's Release.
+        let first = self
+            .next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+                (next < MAX_IDS).then(|| next + n.min(MAX_IDS - next))
+            })
+            .ok()?;
+        let end = first + n.min(MAX_IDS - first);
+        for s in K::locate(first).0..=K::locate(end - 1).0 {
+            let seg = &self.segments[s];
             if seg.load(Ordering::Acquire).is_null() {
-                seg.store(Box::into_raw(new_segment::<K>(K::seg_len(s))).cast::<Slot<K>>(), Ordering::Release);
+                let _g = self.grow.lock().unwrap_or_else(PoisonError::into_inner);
+                if seg.load(Ordering::Acquire).is_null() {
+                    seg.store(Box::into_raw(new_segment::<K>(K::seg_len(s))).cast::<Slot<K>>(), Ordering::Release);
+                }
             }
         }
-        Some(id)
+        Some((first, end))
+    }
+
+    /// Gives back the ids `first..end` of a run nobody used: to the counter
+    /// when nobody took ids after them (the common case), else `false`
+    /// (the caller keeps them on a free list).
+    fn give_back_run(&self, first: u32, end: u32) -> bool {
+        // Relaxed: as `fresh_run`'s.
+        first == end || self.next.compare_exchange(end, first, Ordering::Relaxed, Ordering::Relaxed).is_ok()
     }
 
     /// The slot of `id`, which was handed out.
@@ -251,14 +270,37 @@ struct ShardState {
 
 impl ShardState {
     /// An id for a new key: a free one, a ripe one from the limbo, or a
-    /// fresh one. `now` is the reclamation epoch ([`HexMap::epoch`]).
-    fn take_id<K: ArenaKey>(&mut self, arena: &Arena<K>, now: impl FnOnce() -> Epoch) -> Option<u32> {
+    /// fresh one from `fresh` (which takes a run of up to `want` from the
+    /// arena when it has none left). `now` is the reclamation epoch
+    /// ([`HexMap::epoch`]). Inlined: out of line, with the run's take, a
+    /// new key's id cost 48 instructions.
+    #[inline(always)]
+    fn take_id<K: ArenaKey>(
+        &mut self,
+        arena: &Arena<K>,
+        fresh: &mut FreshIds,
+        want: u32,
+        now: impl FnOnce() -> Epoch,
+    ) -> Option<u32> {
         if let Some(id) = self.free.pop() {
             return Some(id);
         }
         if self.limbo.is_empty() {
-            return arena.fresh();
+            return fresh.take(arena, want);
         }
+        self.ripe_or_fresh(arena, fresh, want, now)
+    }
+
+    /// [`Self::take_id`] when the limbo holds ids: the ripe ones move to the
+    /// free list.
+    #[inline(never)]
+    fn ripe_or_fresh<K: ArenaKey>(
+        &mut self,
+        arena: &Arena<K>,
+        fresh: &mut FreshIds,
+        want: u32,
+        now: impl FnOnce() -> Epoch,
+    ) -> Option<u32> {
         let now = now();
         while let Some(&(retired, id)) = self.limbo.front() {
             if retired.in_same_generation(now) {
@@ -267,7 +309,39 @@ impl ShardState {
             self.limbo.pop_front();
             self.free.push(id);
         }
-        self.free.pop().or_else(|| arena.fresh())
+        self.free.pop().or_else(|| fresh.take(arena, want))
+    }
+}
+
+/// Fresh ids taken from an arena as a run and handed out one by one
+/// ([`super::Binder`]): a confirm's new keys cost the arena's counter one
+/// RMW, not one each. What is left of the run goes back when the batch
+/// ends ([`HexMap::give_back`]).
+#[derive(Debug, Default)]
+pub(super) struct FreshIds {
+    next: u32,
+    end: u32,
+}
+
+impl FreshIds {
+    /// The next id of the run, taking a run of up to `want` ids first when
+    /// this one is used up; `None` when the arena has no id left.
+    #[inline(always)]
+    fn take<K: ArenaKey>(&mut self, arena: &Arena<K>, want: u32) -> Option<u32> {
+        if self.next == self.end {
+            return self.refill(arena, want);
+        }
+        self.next += 1;
+        Some(self.next - 1)
+    }
+
+    /// [`Self::take`] when the run is used up: a new run, and its first id.
+    #[cold]
+    #[inline(never)]
+    fn refill<K: ArenaKey>(&mut self, arena: &Arena<K>, want: u32) -> Option<u32> {
+        (self.next, self.end) = arena.fresh_run(want.max(1))?;
+        self.next += 1;
+        Some(self.next - 1)
     }
 }
 
@@ -500,6 +574,7 @@ impl<K: ArenaKey> HexMap<K> {
     }
 
     /// The hash of `d`, its shard, and the shard's state, locked.
+    #[inline]
     fn lock(&self, d: K) -> (u64, &Shard, MutexGuard<'_, ShardState>) {
         let h = self.hash(d);
         let shard = &self.shards()[Self::shard_of(h)];
@@ -580,32 +655,59 @@ impl<K: ArenaKey> HexMap<K> {
 
     /// Binds `d` to `page` on `rank` (see [`super::KeyIndex::bind`]).
     pub(super) fn bind(&self, d: K, rank: u32, page: u32, world: impl FnOnce() -> u32, delta: &mut Delta) -> Bind {
-        let (h, shard, mut st) = self.lock(d);
         let guard = Guard::new();
-        let t = Self::table(shard, &guard);
+        let mut fresh = FreshIds::default();
+        // A run of one id: used if taken, so nothing to give back.
+        let bound = self.bind_with(d, rank, page, world, delta, &guard, &mut fresh, 1);
+        debug_assert_eq!(fresh.next, fresh.end, "a run of one id is used up");
+        bound
+    }
+
+    /// [`Self::bind`] under the caller's `guard`, a new key's id from
+    /// `fresh` when no freed one is ripe (a run of up to `want` taken from
+    /// the arena when `fresh` has none left): a batch's binds
+    /// ([`super::Binder`]), which gives what is left back
+    /// ([`Self::give_back`]).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(super) fn bind_with(
+        &self,
+        d: K,
+        rank: u32,
+        page: u32,
+        world: impl FnOnce() -> u32,
+        delta: &mut Delta,
+        guard: &Guard,
+        fresh: &mut FreshIds,
+        want: u32,
+    ) -> Bind {
+        let (h, shard, mut st) = self.lock(d);
+        let t = Self::table(shard, guard);
         let vacancy = match self.find_or_vacancy(t, d, h) {
-            Ok(f) => return self.bind_present(f.id, &f.slot.head, rank, page, delta, &guard),
+            Ok(f) => return self.bind_present(f.id, &f.slot.head, rank, page, delta, guard),
             Err(pos) => pos,
         };
-        let Some(id) = st.take_id(&self.arena, || self.epoch(&guard)) else { return Bind::Full };
+        let Some(id) = st.take_id(&self.arena, fresh, want, || self.epoch(guard)) else { return Bind::Full };
         let world = world();
         let slot = self.arena.slot(id);
         d.store(&slot.key);
-        slot.head.reset(world);
         let ranks = (rank as usize + 1).max(world as usize);
         if ranks > INLINE_RANKS {
+            slot.head.reset(world);
             self.add_wide(id, no_pages(ranks - INLINE_RANKS));
+            // An inline rank's page needs no look at the wide pages (a map probe).
+            let wide = if rank as usize >= INLINE_RANKS { self.wide.peek(&id, guard).map(|b| &**b) } else { None };
+            slot.head.set_unpublished(rank, page, wide);
+        } else {
+            slot.head.reset_inline(world, rank, page);
         }
-        // An inline rank's page needs no look at the wide pages (a map probe).
-        let wide = if rank as usize >= INLINE_RANKS { self.wide.peek(&id, &guard).map(|b| &**b) } else { None };
-        slot.head.set_unpublished(rank, page, wide);
         delta.keys += 1;
         delta.complete += i64::from(1 >= world);
         // Room first: the insert below must find an empty slot or a
         // tombstone. Without a rebuild, the look-up above found the first
         // (writers are serialized by the shard's mutex, so it still is).
         let (t, mut pos) = if (st.live + st.tombs + 1) * 5 > t.len() * 4 {
-            let t = self.rebuild(shard, &mut st, t, &guard);
+            let t = self.rebuild(shard, &mut st, t, guard);
             (t, h as usize & t.mask)
         } else {
             (t, vacancy)
@@ -622,6 +724,20 @@ impl<K: ArenaKey> HexMap<K> {
         // Release: publishes the slot written above (module note).
         t.slots[pos].store(id << TAG_BITS | Self::tag_of(h), Ordering::Release);
         Bind::Bound(world, Some(id | K::ID_FLAG))
+    }
+
+    /// Gives back what is left of a batch's run of fresh ids
+    /// ([`Self::bind_with`]): to the arena when no id was taken after it,
+    /// else to a free list (ids nobody ever saw are safe to reuse at once).
+    pub(super) fn give_back(&self, fresh: &mut FreshIds) {
+        let (first, end) = (fresh.next, fresh.end);
+        *fresh = FreshIds::default();
+        if self.arena.give_back_run(first, end) {
+            return;
+        }
+        // A run was taken, so a key was bound: the shards exist.
+        let mut st = self.shards()[0].state.lock().unwrap_or_else(PoisonError::into_inner);
+        st.free.extend((first..end).rev());
     }
 
     /// A binding of a key already in the map, under its shard's mutex.

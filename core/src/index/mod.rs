@@ -64,7 +64,7 @@ use super::sync::{
     AtomicU16, AtomicU32,
     Ordering::{Acquire, Relaxed, Release},
 };
-use hex::HexMap;
+use hex::{FreshIds, HexMap};
 
 pub use hex::DIGEST_ID;
 use scc::hash_index::Entry as MapSlot;
@@ -132,6 +132,20 @@ impl Head {
         self.lease.reset();
         for p in &self.inline {
             p.store(NO_PAGE, Relaxed);
+        }
+    }
+
+    /// [`Self::reset`] and [`Self::set_unpublished`] of an inline `rank`
+    /// (below [`INLINE_RANKS`]) at once: each inline page is stored once.
+    #[inline]
+    fn reset_inline(&self, world: u32, rank: u32, page: u32) {
+        debug_assert!((rank as usize) < INLINE_RANKS);
+        // Relaxed: published by the table's Release store.
+        self.world.store(world.min(u32::from(u16::MAX)) as u16, Relaxed);
+        self.bound.store(1, Relaxed);
+        self.lease.reset();
+        for (r, p) in self.inline.iter().enumerate() {
+            p.store(if r == rank as usize { page } else { NO_PAGE }, Relaxed);
         }
     }
 
@@ -663,6 +677,18 @@ impl KeyIndex {
         }
     }
 
+    /// A binder for a batch of up to `keys` binds (a confirm's commit):
+    /// see [`Binder`].
+    pub fn binder(&self, keys: usize) -> Binder<'_> {
+        Binder {
+            index: self,
+            guard: Guard::new(),
+            hex: FreshIds::default(),
+            digest: FreshIds::default(),
+            left: u32::try_from(keys).unwrap_or(u32::MAX),
+        }
+    }
+
     /// Removes `key`'s binding to `page` on `rank`; removes the key when that
     /// was its last binding. Returns the key's lease deadline, which the page
     /// must wait for before another key may have it, or `None` when the
@@ -748,6 +774,50 @@ impl KeyIndex {
             f(KeyRef::Text(s), e.as_ref());
             true
         });
+    }
+}
+
+/// Binds a batch of keys, as [`KeyIndex::bind`] would one by one, with
+/// one reclamation guard for all of them, and the new hex and digest keys'
+/// ids taken from their arena a run at a time (one RMW on its counter for
+/// the batch rather than one a key). Dropping it gives the ids it took
+/// and did not use back.
+pub struct Binder<'a> {
+    index: &'a KeyIndex,
+    guard: Guard,
+    hex: FreshIds,
+    digest: FreshIds,
+    /// Binds still to come, at most: the length of the next run of ids.
+    left: u32,
+}
+
+impl Binder<'_> {
+    /// [`KeyIndex::bind`].
+    #[inline]
+    pub fn bind(
+        &mut self,
+        key: KeyRef<'_>,
+        rank: u32,
+        page: u32,
+        world: impl FnOnce() -> u32,
+        delta: &mut Delta,
+    ) -> Bind {
+        let want = self.left.max(1);
+        self.left = self.left.saturating_sub(1);
+        match key {
+            KeyRef::Hex(d) => self.index.hex.bind_with(d, rank, page, world, delta, &self.guard, &mut self.hex, want),
+            KeyRef::Digest(d) => {
+                self.index.digest.bind_with(d, rank, page, world, delta, &self.guard, &mut self.digest, want)
+            }
+            KeyRef::Text(s) => bind_in(&self.index.text, Box::from(s), rank, page, world, delta),
+        }
+    }
+}
+
+impl Drop for Binder<'_> {
+    fn drop(&mut self) {
+        self.index.hex.give_back(&mut self.hex);
+        self.index.digest.give_back(&mut self.digest);
     }
 }
 

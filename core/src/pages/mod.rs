@@ -614,6 +614,18 @@ impl PageTable {
         self.owners[page as usize].store(word, Ordering::Relaxed);
     }
 
+    /// [`set_owner`](Self::set_owner) of an [`Owner::Id`], for a page that
+    /// this thread holds BUSY, claimed RESERVED (a confirm's new binding):
+    /// such a page has no side owner to drop (a page leaves BOUND without
+    /// one, [`clear_owner`](Self::clear_owner)), so this is one store.
+    #[inline]
+    pub fn set_owner_id_reserved(&self, page: u32, id: u32) {
+        debug_assert!(id != NO_OWNER && id != SIDE, "ids are below MAX_IDS, flagged or not");
+        debug_assert!(self.key_owners.read_sync(&page, |_, _| ()).is_none(), "a reserved page has no side owner");
+        // Relaxed: published by settle's Release (see the module note).
+        self.owners[page as usize].store(id, Ordering::Relaxed);
+    }
+
     #[inline]
     fn owner_word(&self, page: u32) -> u32 {
         // Relaxed: the caller acquired the page's state (claim) first.

@@ -119,6 +119,7 @@ impl Store {
         // key is bound and journaled (consecutive pages of one word in one
         // RMW), after the loop at the latest.
         let mut bound = BoundRun::default();
+        let mut binder = current.index.binder(claims.len());
         for ((&(_, page), &k), c) in confirmations.iter().zip(keys).zip(&claims) {
             let page = page as u32;
             match c {
@@ -129,7 +130,7 @@ impl Store {
                     outcome.reconfirmed += 1;
                 }
                 Some(Claimed::Reserved) => {
-                    match current.index.bind(k, r, page, world, &mut delta) {
+                    match binder.bind(k, r, page, world, &mut delta) {
                         Bind::Bound(world, id) => {
                             table.set_owner(page, Owner::of(k, id));
                             self.record(Change::Bind { generation: current.id, rank: r, page, key: k, world });
@@ -148,6 +149,7 @@ impl Store {
                 }
             }
         }
+        drop(binder);
         bound.flush(table);
         table.give_back(freed);
         current.apply(delta);
