@@ -47,6 +47,12 @@ pub(crate) trait ArenaKey: Copy + Eq + std::hash::Hash + Send + Sync + 'static {
     /// Whether `w` holds this key: [`Self::load`] and `==`, word by word
     /// without making the key (a probe's compare).
     fn matches(&self, w: &Self::Words) -> bool;
+    /// `hasher`'s hash of the key `w` holds: `hasher.hash_one(Self::load(w))`
+    /// (a rebuild's rehash), without making the key first.
+    #[inline]
+    fn hash_stored(w: &Self::Words, hasher: &impl std::hash::BuildHasher) -> u64 {
+        hasher.hash_one(Self::load(w))
+    }
     /// Writes the key into `w` (a slot no reader can see).
     fn store(self, w: &Self::Words);
     /// The segment of `id` and its place there.
@@ -144,6 +150,20 @@ impl ArenaKey for Digest {
             && w.suffix.load(Ordering::Relaxed) == self.suffix.raw()
     }
 
+    /// The words as `Digest`'s `Hash` writes them (each 8 bytes as a
+    /// little-endian number, then the suffix), read from the slot.
+    #[inline]
+    fn hash_stored(w: &Self::Words, hasher: &impl std::hash::BuildHasher) -> u64 {
+        use std::hash::Hasher as _;
+        let mut h = hasher.build_hasher();
+        for w in &w.bytes {
+            // Relaxed: as `load`'s. The word holds the bytes in memory order.
+            h.write_u64(u64::from_le_bytes(w.load(Ordering::Relaxed).to_ne_bytes()));
+        }
+        h.write_u16(w.suffix.load(Ordering::Relaxed));
+        h.finish()
+    }
+
     fn store(self, w: &Self::Words) {
         for (b, w) in self.bytes.chunks_exact(8).zip(&w.bytes) {
             w.store(word_of(b), Ordering::Relaxed);
@@ -174,4 +194,32 @@ fn word_of(b: &[u8]) -> u64 {
     let mut word = [0u8; 8];
     word.copy_from_slice(b);
     u64::from_ne_bytes(word)
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::hash::BuildHasher;
+
+    /// A rebuild's rehash from the slot is the key's hash.
+    #[test]
+    fn a_stored_keys_hash_is_its_hash() {
+        let hasher = foldhash::quality::RandomState::default();
+        for i in 1..200u64 {
+            let hex = u128::from(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)) << 64 | u128::from(i);
+            let w = [AtomicU64::new(0), AtomicU64::new(0)];
+            hex.store(&w);
+            assert_eq!(u128::hash_stored(&w, &hasher), hasher.hash_one(hex));
+            let mut bytes = [0u8; 32];
+            for (j, b) in bytes.iter_mut().enumerate() {
+                *b = (i as u8).wrapping_mul(31).wrapping_add(j as u8 * 7);
+            }
+            for suffix in [Suffix::NONE, Suffix::K, Suffix::V] {
+                let d = Digest { bytes, suffix };
+                let w = DigestWords { bytes: std::array::from_fn(|_| AtomicU64::new(0)), suffix: AtomicU16::new(0) };
+                d.store(&w);
+                assert_eq!(Digest::hash_stored(&w, &hasher), hasher.hash_one(d));
+            }
+        }
+    }
 }

@@ -226,7 +226,16 @@ fn new_segment<K: ArenaKey>(len: usize) -> Box<[Slot<K>]> {
 /// One shard's table of ids.
 struct Table {
     mask: usize,
+    /// The most keys and tombstones it holds (4/5 of its slots): the insert
+    /// that would pass it rebuilds the table first.
+    most: usize,
     slots: Box<[AtomicU32]>,
+}
+
+/// 4/5 of `slots`, rounded down: `n` keys and tombstones fit in a table of
+/// `slots` slots exactly when `n <= most(slots)` (`n * 5 <= slots * 4`).
+fn most(slots: usize) -> usize {
+    slots / 5 * 4 + slots % 5 * 4 / 5
 }
 
 impl Table {
@@ -238,7 +247,7 @@ impl Table {
         let v: Box<[u32]> = vec![EMPTY; slots].into_boxed_slice();
         // SAFETY: `AtomicU32` has the same in-memory representation as `u32`.
         let slots = unsafe { Box::from_raw(Box::into_raw(v) as *mut [AtomicU32]) };
-        Table { mask: slots.len() - 1, slots }
+        Table { mask: slots.len() - 1, most: most(slots.len()), slots }
     }
 
     /// Under loom the slots are loom's atomics, which must be made, not
@@ -246,7 +255,7 @@ impl Table {
     #[cfg(loom)]
     fn new(slots: usize) -> Self {
         debug_assert!(slots.is_power_of_two());
-        Table { mask: slots - 1, slots: (0..slots).map(|_| AtomicU32::new(EMPTY)).collect() }
+        Table { mask: slots - 1, most: most(slots), slots: (0..slots).map(|_| AtomicU32::new(EMPTY)).collect() }
     }
 
     #[inline]
@@ -497,12 +506,14 @@ impl<K: ArenaKey> HexMap<K> {
         loop {
             // Acquire: as `find`'s (the writer's own mutex orders the rest).
             let v = t.slots[pos].load(Ordering::Acquire);
-            if v == EMPTY {
-                return Err(vacancy.unwrap_or(pos));
-            }
-            if v == TOMB {
+            // Any other slot names an id, never 0 (`id << 4 | tag` is at
+            // least 16).
+            if v <= TOMB {
+                if v == EMPTY {
+                    return Err(vacancy.unwrap_or(pos));
+                }
                 vacancy.get_or_insert(pos);
-            } else if v & TAG_MASK == tag && v >> TAG_BITS != 0 {
+            } else if v & TAG_MASK == tag {
                 let id = v >> TAG_BITS;
                 let slot = self.arena.slot(id);
                 if d.matches(&slot.key) {
@@ -706,7 +717,7 @@ impl<K: ArenaKey> HexMap<K> {
         // Room first: the insert below must find an empty slot or a
         // tombstone. Without a rebuild, the look-up above found the first
         // (writers are serialized by the shard's mutex, so it still is).
-        let (t, mut pos) = if (st.live + st.tombs + 1) * 5 > t.len() * 4 {
+        let (t, mut pos) = if st.live + st.tombs + 1 > t.most {
             let t = self.rebuild(shard, &mut st, t, guard);
             (t, h as usize & t.mask)
         } else {
@@ -804,7 +815,7 @@ impl<K: ArenaKey> HexMap<K> {
             if v >> TAG_BITS == 0 {
                 continue;
             }
-            let h = self.hash(self.arena.slot(v >> TAG_BITS).digest());
+            let h = K::hash_stored(&self.arena.slot(v >> TAG_BITS).key, &self.hasher);
             let mut pos = h as usize & t.mask;
             while t.slots[pos].load(Ordering::Relaxed) != EMPTY {
                 pos = (pos + 1) & t.mask;

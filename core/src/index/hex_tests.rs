@@ -145,3 +145,13 @@ fn readers_never_see_a_reused_slot_change_keys() {
     ix.for_each(|_, _| n += 1);
     assert_eq!(n, 0, "every key was unbound on every rank in the last round");
 }
+
+/// `most` is the rebuild threshold `n * 5 > slots * 4` it replaced.
+#[test]
+fn most_is_four_fifths_rounded_down() {
+    for slots in 1..5000usize {
+        for n in most(slots).saturating_sub(2)..most(slots) + 3 {
+            assert_eq!(n <= most(slots), n * 5 <= slots * 4, "{n} keys in {slots} slots");
+        }
+    }
+}
