@@ -6,7 +6,7 @@
 
 use super::hex::MAX_IDS;
 use crate::key::{Digest, KeyRef, Suffix};
-use crate::sync::{AtomicU16, AtomicU64, Ordering};
+use crate::sync::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 /// Arena slots of a vLLM key's segment: 2^19 × 56 bytes, 29 MiB, so that
 /// the allocator backs it with huge pages (src/alloc.rs): random lookups
@@ -47,14 +47,16 @@ pub(crate) trait ArenaKey: Copy + Eq + std::hash::Hash + Send + Sync + 'static {
     /// Whether `w` holds this key: [`Self::load`] and `==`, word by word
     /// without making the key (a probe's compare).
     fn matches(&self, w: &Self::Words) -> bool;
-    /// `hasher`'s hash of the key `w` holds: `hasher.hash_one(Self::load(w))`
-    /// (a rebuild's rehash), without making the key first.
+    /// The low 32 bits (at least) of `hasher`'s hash of the key `w` holds,
+    /// which place it in a table (a rebuild's rehash): the hash computed
+    /// again, or kept beside the key by [`Self::store`].
     #[inline]
-    fn hash_stored(w: &Self::Words, hasher: &impl std::hash::BuildHasher) -> u64 {
+    fn placement(w: &Self::Words, hasher: &impl std::hash::BuildHasher) -> u64 {
         hasher.hash_one(Self::load(w))
     }
-    /// Writes the key into `w` (a slot no reader can see).
-    fn store(self, w: &Self::Words);
+    /// Writes the key, whose hash is `hash`, into `w` (a slot no reader can
+    /// see).
+    fn store(self, w: &Self::Words, hash: u64);
     /// The segment of `id` and its place there.
     fn locate(id: u32) -> (usize, usize);
     /// Slots of segment `seg`.
@@ -90,7 +92,7 @@ impl ArenaKey for u128 {
         Self::load(w) == *self
     }
 
-    fn store(self, w: &Self::Words) {
+    fn store(self, w: &Self::Words, _hash: u64) {
         w[0].store((self >> 64) as u64, Ordering::Relaxed);
         w[1].store(self as u64, Ordering::Relaxed);
     }
@@ -110,11 +112,17 @@ impl ArenaKey for u128 {
     }
 }
 
-/// An SGLang digest's words: its 32 bytes as four words and its suffix.
+/// An SGLang digest's words: its 32 bytes as four words, its suffix, and
+/// the low half of its hash in what would be padding (40 bytes either way),
+/// so that a rebuild places the key without hashing its 34 bytes again.
 pub(crate) struct DigestWords {
     bytes: [AtomicU64; 4],
     suffix: AtomicU16,
+    hash: AtomicU32,
 }
+
+#[cfg(not(loom))]
+const _: () = assert!(std::mem::size_of::<DigestWords>() == 40);
 
 /// SGLang's 64-hex digests with their suffix, in segments that double: the
 /// first [`FIRST_SEG_BITS`] bits of ids in segment 0, then segment `k`
@@ -150,24 +158,17 @@ impl ArenaKey for Digest {
             && w.suffix.load(Ordering::Relaxed) == self.suffix.raw()
     }
 
-    /// The words as `Digest`'s `Hash` writes them (each 8 bytes as a
-    /// little-endian number, then the suffix), read from the slot.
     #[inline]
-    fn hash_stored(w: &Self::Words, hasher: &impl std::hash::BuildHasher) -> u64 {
-        use std::hash::Hasher as _;
-        let mut h = hasher.build_hasher();
-        for w in &w.bytes {
-            // Relaxed: as `load`'s. The word holds the bytes in memory order.
-            h.write_u64(u64::from_le_bytes(w.load(Ordering::Relaxed).to_ne_bytes()));
-        }
-        h.write_u16(w.suffix.load(Ordering::Relaxed));
-        h.finish()
+    fn placement(w: &Self::Words, _hasher: &impl std::hash::BuildHasher) -> u64 {
+        // Relaxed: as `load`'s.
+        u64::from(w.hash.load(Ordering::Relaxed))
     }
 
-    fn store(self, w: &Self::Words) {
+    fn store(self, w: &Self::Words, hash: u64) {
         for (b, w) in self.bytes.chunks_exact(8).zip(&w.bytes) {
             w.store(word_of(b), Ordering::Relaxed);
         }
+        w.hash.store(hash as u32, Ordering::Relaxed);
         w.suffix.store(self.suffix.raw(), Ordering::Relaxed);
     }
 
@@ -184,7 +185,11 @@ impl ArenaKey for Digest {
 
     #[cfg(loom)]
     fn empty() -> Self::Words {
-        DigestWords { bytes: std::array::from_fn(|_| AtomicU64::new(0)), suffix: AtomicU16::new(0) }
+        DigestWords {
+            bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+            suffix: AtomicU16::new(0),
+            hash: AtomicU32::new(0),
+        }
     }
 }
 
@@ -201,24 +206,30 @@ mod tests {
     use super::*;
     use std::hash::BuildHasher;
 
-    /// A rebuild's rehash from the slot is the key's hash.
+    /// A rebuild's placement of a stored key is its hash's.
     #[test]
-    fn a_stored_keys_hash_is_its_hash() {
+    fn a_stored_keys_placement_is_its_hash() {
         let hasher = foldhash::quality::RandomState::default();
+        let low = |h: u64| h & u64::from(u32::MAX);
         for i in 1..200u64 {
             let hex = u128::from(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)) << 64 | u128::from(i);
             let w = [AtomicU64::new(0), AtomicU64::new(0)];
-            hex.store(&w);
-            assert_eq!(u128::hash_stored(&w, &hasher), hasher.hash_one(hex));
+            hex.store(&w, hasher.hash_one(hex));
+            assert_eq!(low(u128::placement(&w, &hasher)), low(hasher.hash_one(hex)));
             let mut bytes = [0u8; 32];
             for (j, b) in bytes.iter_mut().enumerate() {
                 *b = (i as u8).wrapping_mul(31).wrapping_add(j as u8 * 7);
             }
             for suffix in [Suffix::NONE, Suffix::K, Suffix::V] {
                 let d = Digest { bytes, suffix };
-                let w = DigestWords { bytes: std::array::from_fn(|_| AtomicU64::new(0)), suffix: AtomicU16::new(0) };
-                d.store(&w);
-                assert_eq!(Digest::hash_stored(&w, &hasher), hasher.hash_one(d));
+                let w = DigestWords {
+                    bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+                    suffix: AtomicU16::new(0),
+                    hash: AtomicU32::new(0),
+                };
+                d.store(&w, hasher.hash_one(d));
+                assert_eq!(low(Digest::placement(&w, &hasher)), low(hasher.hash_one(d)));
+                assert!(Digest::load(&w) == d);
             }
         }
     }

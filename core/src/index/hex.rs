@@ -701,7 +701,7 @@ impl<K: ArenaKey> HexMap<K> {
         let Some(id) = st.take_id(&self.arena, fresh, want, || self.epoch(guard)) else { return Bind::Full };
         let world = world();
         let slot = self.arena.slot(id);
-        d.store(&slot.key);
+        d.store(&slot.key, h);
         let ranks = (rank as usize + 1).max(world as usize);
         if ranks > INLINE_RANKS {
             slot.head.reset(world);
@@ -815,7 +815,7 @@ impl<K: ArenaKey> HexMap<K> {
             if v >> TAG_BITS == 0 {
                 continue;
             }
-            let h = K::hash_stored(&self.arena.slot(v >> TAG_BITS).key, &self.hasher);
+            let h = K::placement(&self.arena.slot(v >> TAG_BITS).key, &self.hasher);
             let mut pos = h as usize & t.mask;
             while t.slots[pos].load(Ordering::Relaxed) != EMPTY {
                 pos = (pos + 1) & t.mask;
