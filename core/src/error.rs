@@ -6,6 +6,7 @@
 //! (`http::reply::confirm_error` and the handlers of `http::vllm` and
 //! `http::sglang`, in the server crate).
 
+use crate::key::KeyRef;
 use std::fmt;
 
 /// The machine-readable code of a failed `confirm_write`.
@@ -80,6 +81,12 @@ pub struct ConfirmError {
 impl ConfirmError {
     pub(crate) fn new(code: ErrorCode, rank: i64, page: Option<i64>, key: Option<&str>) -> Self {
         Self { code, rank, page, key: key.map(str::to_owned), already_bound: false }
+    }
+
+    /// [`ConfirmError::new`] naming a parsed key, by its text (a key
+    /// round-trips to the string the client sent).
+    pub(crate) fn keyed(code: ErrorCode, rank: i64, page: Option<i64>, key: Option<KeyRef<'_>>) -> Self {
+        Self { code, rank, page, key: key.map(|k| k.to_string()), already_bound: false }
     }
 }
 

@@ -10,6 +10,7 @@
 //! file of `fuzz/corpus/decode/` and `fuzz/artifacts/decode/` through [`run`], on
 //! every `cargo test`).
 
+use hf3fs_meta::core::KeyRef;
 use hf3fs_meta::http::decode::{Decoder, Limits};
 use std::cell::RefCell;
 
@@ -45,13 +46,14 @@ fn run_all(d: &mut Decoder, data: &[u8], limits: Limits) -> [String; 5] {
     let alloc = match d.allocate(&mut data.to_vec(), limits) {
         Ok(b) => {
             check_keys(&b.keys, limits);
+            assert_eq!(b.parsed, b.keys.iter().map(|k| KeyRef::parse(k)).collect::<Vec<_>>(), "keys misclassified");
             format!("{b:?}")
         }
         Err(e) => detail(e),
     };
     let confirm = match d.confirm(&mut data.to_vec(), limits) {
         Ok(b) => {
-            let keys: Vec<&str> = b.confirmations.iter().map(|c| c.0).collect();
+            let keys: Vec<String> = b.confirmations.iter().map(|c| c.0.to_string()).collect();
             check_keys(&keys, Limits { max_keys: usize::MAX, ..limits });
             assert!(b.confirmations.len() + b.releases.len() <= limits.max_keys, "too many items accepted");
             format!("{b:?}")

@@ -44,18 +44,23 @@ fn classes(keys: &[KeyRef<'_>]) -> String {
         .collect()
 }
 
-/// Every route with a fast path, its answer rendered as text (a lookup's
-/// with its keys' classes).
+/// The keys of `(key, page)` confirmations.
+fn paired<'a>(pairs: &[(KeyRef<'a>, i64)]) -> Vec<KeyRef<'a>> {
+    pairs.iter().map(|p| p.0).collect()
+}
+
+/// Every route with a fast path, its answer rendered as text (with its
+/// keys' classes, where it classifies them).
 fn answers(d: &mut Decoder, body: &[u8], l: Limits) -> [String; 8] {
     [
         text(d.exists(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
         text(d.locations(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
         text(d.space_lookup(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
-        text(d.allocate(&mut body.to_vec(), l)),
-        text(d.confirm(&mut body.to_vec(), l)),
+        text(d.allocate(&mut body.to_vec(), l).map(|b| (classes(&b.parsed), b))),
+        text(d.confirm(&mut body.to_vec(), l).map(|b| (classes(&paired(&b.confirmations)), b))),
         text(d.space_keys(&mut body.to_vec(), l)),
-        text(d.space_reserve(&mut body.to_vec(), l)),
-        text(d.space_confirm(&mut body.to_vec(), l)),
+        text(d.space_reserve(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
+        text(d.space_confirm(&mut body.to_vec(), l).map(|b| (classes(&paired(&b.confirmations)), b))),
     ]
 }
 

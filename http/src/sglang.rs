@@ -113,7 +113,7 @@ fn reserve(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8], limits: L
     let n = req.keys.len();
     let slots = &mut s.slots;
     on_space(app, rank, req.namespace, n, |st| {
-        let o = st.allocate_partial(0, &req.keys, slots).map_err(|e| internal(e, n))?;
+        let o = st.allocate_partial_keys(0, &req.keys, slots).map_err(|e| internal(e, n))?;
         app.metrics.allocate_keys(Dialect::Sglang, o.reserved, o.reused, o.refused);
         let mut out = Vec::with_capacity(16 + n * 14);
         encode::reserved_indices(&mut out, slots.iter().map(|s| (s.stored, s.page)));
@@ -125,7 +125,7 @@ fn confirm(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8], limits: L
     let req = s.decoder.space_confirm(body, limits)?;
     let n = req.confirmations.len() + req.releases.len();
     on_space(app, rank, req.namespace, n, |st| {
-        let o = st.confirm(0, &req.confirmations, &req.releases).map_err(|e| {
+        let o = st.confirm_keys(0, &req.confirmations, &req.releases).map_err(|e| {
             app.metrics.confirm_error(Dialect::Sglang, e.code);
             // The space's rank 0 is SGLang's `rank`.
             reply::confirm_error(&ConfirmError { rank: rank.into(), ..e }).keys(n)

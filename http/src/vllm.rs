@@ -78,7 +78,7 @@ fn allocate(app: &Service, s: &mut Scratch, body: &mut [u8], limits: Limits) -> 
     let keys = if encode::escape_free(body) { encode::Keys::Plain } else { encode::Keys::Any };
     let req = s.decoder.allocate(body, limits)?;
     let n = req.keys.len();
-    let counts = app.registry.vllm().allocate(req.rank, &req.keys, &mut s.pages).map_err(|e| {
+    let counts = app.registry.vllm().allocate_keys(req.rank, &req.parsed, &mut s.pages).map_err(|e| {
         let msg = format!("Allocation failed: {e}");
         tracing::error!("{msg}");
         Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg).keys(n)
@@ -92,7 +92,7 @@ fn allocate(app: &Service, s: &mut Scratch, body: &mut [u8], limits: Limits) -> 
 fn confirm(app: &Service, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
     let req = s.decoder.confirm(body, limits)?;
     let n = req.confirmations.len() + req.releases.len();
-    let o = app.registry.vllm().confirm(req.rank, &req.confirmations, &req.releases).map_err(|e| {
+    let o = app.registry.vllm().confirm_keys(req.rank, &req.confirmations, &req.releases).map_err(|e| {
         app.metrics.confirm_error(Dialect::Vllm, e.code);
         reply::confirm_error(&e).keys(n)
     })?;

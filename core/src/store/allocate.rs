@@ -68,6 +68,18 @@ impl Store {
         keys: &[&str],
         out: &mut Vec<(usize, i64)>,
     ) -> Result<AllocateOutcome, RankNotInitialized> {
+        let keys: Vec<KeyRef<'_>> = keys.iter().map(|k| KeyRef::parse(k)).collect();
+        self.allocate_keys(rank, &keys, out)
+    }
+
+    /// [`Store::allocate`] of keys already parsed (the decoder classifies
+    /// them while it scans the body).
+    pub fn allocate_keys(
+        &self,
+        rank: i64,
+        keys: &[KeyRef<'_>],
+        out: &mut Vec<(usize, i64)>,
+    ) -> Result<AllocateOutcome, RankNotInitialized> {
         self.allocate_with(rank, keys, Grant::AllOrNothing, out, None)
     }
 
@@ -82,6 +94,17 @@ impl Store {
         keys: &[&str],
         out: &mut Vec<AllocSlot>,
     ) -> Result<AllocateOutcome, RankNotInitialized> {
+        let keys: Vec<KeyRef<'_>> = keys.iter().map(|k| KeyRef::parse(k)).collect();
+        self.allocate_partial_keys(rank, &keys, out)
+    }
+
+    /// [`Store::allocate_partial`] of keys already parsed.
+    pub fn allocate_partial_keys(
+        &self,
+        rank: i64,
+        keys: &[KeyRef<'_>],
+        out: &mut Vec<AllocSlot>,
+    ) -> Result<AllocateOutcome, RankNotInitialized> {
         let mut pages = Vec::with_capacity(keys.len());
         let mut stored = Vec::with_capacity(keys.len());
         let outcome = self.allocate_with(rank, keys, Grant::Partial, &mut pages, Some(&mut stored))?;
@@ -91,9 +114,8 @@ impl Store {
             // No key repeated: the distinct keys are the keys, in order.
             out.extend((0..keys.len()).map(slot));
         } else {
-            // Equal strings are equal keys (parsing is injective), so a
-            // repeated key is found by its text.
-            let first: HashMap<&str, usize, FixedState> =
+            // A repeated key is found by its parsed form.
+            let first: HashMap<KeyRef<'_>, usize, FixedState> =
                 pages.iter().enumerate().map(|(j, &(i, _))| (keys[i], j)).collect();
             out.extend(keys.iter().map(|k| slot(first[k])));
         }
@@ -109,7 +131,7 @@ impl Store {
     fn allocate_with(
         &self,
         rank: i64,
-        keys: &[&str],
+        keys: &[KeyRef<'_>],
         grant: Grant,
         out: &mut Vec<(usize, i64)>,
         mut stored: Option<&mut Vec<bool>>,
@@ -381,13 +403,12 @@ const KEPT_SEEN: usize = 1 << 14;
 
 /// Each distinct key of `keys`, parsed, with the index of its first
 /// appearance, in order of first appearance.
-fn distinct_keys<'k>(keys: &[&'k str]) -> Vec<(usize, KeyRef<'k>)> {
+fn distinct_keys<'k>(keys: &[KeyRef<'k>]) -> Vec<(usize, KeyRef<'k>)> {
     let mut distinct = Vec::with_capacity(keys.len());
     let all_hex = SEEN_HEX.with(|seen| {
         let Ok(mut seen) = seen.try_borrow_mut() else { return false };
         seen.start(keys.len());
-        for (i, s) in keys.iter().enumerate() {
-            let k = KeyRef::parse(s);
+        for (i, &k) in keys.iter().enumerate() {
             let KeyRef::Hex(d) = k else { return false };
             if seen.insert(d) {
                 distinct.push((i, k));
@@ -400,8 +421,7 @@ fn distinct_keys<'k>(keys: &[&'k str]) -> Vec<(usize, KeyRef<'k>)> {
         distinct.clear();
         let mut seen: HashSet<KeyRef<'_>, FixedState> =
             HashSet::with_capacity_and_hasher(keys.len(), FixedState::default());
-        for (i, s) in keys.iter().enumerate() {
-            let k = KeyRef::parse(s);
+        for (i, &k) in keys.iter().enumerate() {
             if seen.insert(k) {
                 distinct.push((i, k));
             }
@@ -454,7 +474,10 @@ mod tests {
     fn distinct_keys_in_order_of_first_appearance_whatever_the_kinds() {
         let hex = |i: u32| format!("{i:032x}");
         let (a, b) = (hex(1), hex(2));
-        let firsts = |keys: &[&str]| distinct_keys(keys).into_iter().map(|(i, _)| i).collect::<Vec<_>>();
+        fn parsed<'k>(keys: &[&'k str]) -> Vec<KeyRef<'k>> {
+            keys.iter().map(|k| KeyRef::parse(k)).collect()
+        }
+        let firsts = |keys: &[&str]| distinct_keys(&parsed(keys)).into_iter().map(|(i, _)| i).collect::<Vec<_>>();
         assert_eq!(firsts(&[&a, &b, &a, &b]), vec![0, 1]);
         // A text key in the batch: the same answer through the other set.
         assert_eq!(firsts(&[&a, "text", &b, "text", &a]), vec![0, 1, 2]);
@@ -462,9 +485,9 @@ mod tests {
         // first is remembered.
         let many: Vec<String> = (1..=(KEPT_SEEN as u32 + 10)).map(hex).collect();
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
-        assert_eq!(distinct_keys(&refs).len(), many.len());
+        assert_eq!(distinct_keys(&parsed(&refs)).len(), many.len());
         assert_eq!(firsts(&[&b, &a, &b]), vec![0, 1]);
-        assert_eq!(distinct_keys(&[&a])[0].1, KeyRef::parse(&a));
+        assert_eq!(distinct_keys(&parsed(&[&a]))[0].1, KeyRef::parse(&a));
     }
 
     #[test]

@@ -43,21 +43,33 @@ impl Item {
 impl Store {
     /// Confirms `confirmations` and releases `releases` on `rank`, atomically:
     /// either all of it takes effect or none does and the typed error says why.
+    /// The keys as text: each is parsed once ([`KeyRef::parse`]), then as
+    /// [`Store::confirm_keys`].
     pub fn confirm(
         &self,
         rank: i64,
         confirmations: &[(&str, i64)],
         releases: &[i64],
     ) -> Result<ConfirmOutcome, ConfirmError> {
+        let parsed: Vec<(KeyRef<'_>, i64)> = confirmations.iter().map(|&(k, p)| (KeyRef::parse(k), p)).collect();
+        self.confirm_keys(rank, &parsed, releases)
+    }
+
+    /// [`Store::confirm`] of keys already parsed (the decoder classifies
+    /// them while it scans the body).
+    pub fn confirm_keys(
+        &self,
+        rank: i64,
+        confirmations: &[(KeyRef<'_>, i64)],
+        releases: &[i64],
+    ) -> Result<ConfirmOutcome, ConfirmError> {
         let current = self.current.load();
         let table =
             current.rank(rank).ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
         let items = validate(rank, table.num_pages(), confirmations, releases)?;
-        // Each key parsed once, for the claim's checks and the commit.
-        let keys: Vec<KeyRef<'_>> = confirmations.iter().map(|&(k, _)| KeyRef::parse(k)).collect();
-        let claim = claim(&current.index, table, rank, &items, confirmations, &keys)?;
+        let claim = claim(&current.index, table, rank, &items, confirmations)?;
         fail_point_before_commit();
-        Ok(self.commit(&current, table, rank as u32, &keys, confirmations, releases, &items, claim))
+        Ok(self.commit(&current, table, rank as u32, confirmations, releases, &items, claim))
     }
 
     /// Step 3: settles every claimed page. Releases first, so that a request
@@ -69,8 +81,7 @@ impl Store {
         current: &Generation,
         table: &PageTable,
         r: u32,
-        keys: &[KeyRef<'_>],
-        confirmations: &[(&str, i64)],
+        confirmations: &[(KeyRef<'_>, i64)],
         releases: &[i64],
         items: &[Item],
         claim: ClaimGuard<'_>,
@@ -120,7 +131,7 @@ impl Store {
         // RMW), after the loop at the latest.
         let mut bound = BoundRun::default();
         let mut binder = current.index.binder(claims.len());
-        for ((&(_, page), &k), c) in confirmations.iter().zip(keys).zip(&claims) {
+        for (&(k, page), c) in confirmations.iter().zip(&claims) {
             let page = page as u32;
             match c {
                 None => {}
@@ -262,12 +273,12 @@ impl Store {
 fn validate(
     rank: i64,
     num_pages: u32,
-    confirmations: &[(&str, i64)],
+    confirmations: &[(KeyRef<'_>, i64)],
     releases: &[i64],
 ) -> Result<Vec<Item>, ConfirmError> {
     let n = i64::from(num_pages);
     let out_of_range =
-        |page: i64, key: Option<&str>| ConfirmError::new(ErrorCode::PageOutOfRange, rank, Some(page), key);
+        |page: i64, key: Option<KeyRef<'_>>| ConfirmError::keyed(ErrorCode::PageOutOfRange, rank, Some(page), key);
     let mut items = Vec::with_capacity(confirmations.len() + releases.len());
     for (i, &(key, page)) in confirmations.iter().enumerate() {
         if !(0..n).contains(&page) {
@@ -292,14 +303,15 @@ fn validate(
         match (a.release(), b.release()) {
             (None, None) => {
                 let (ka, kb) = (confirmations[a.tag as usize].0, confirmations[b.tag as usize].0);
+                // Equal keys are equal texts: parsing is injective.
                 if ka != kb {
-                    return Err(ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(kb)));
+                    return Err(ConfirmError::keyed(ErrorCode::DoubleConfirm, rank, page, Some(kb)));
                 }
                 repeat[b.tag as usize] = true;
             }
             (None, Some(_)) => {
                 let key = confirmations[a.tag as usize].0;
-                return Err(ConfirmError::new(ErrorCode::ConfirmAndRelease, rank, page, Some(key)));
+                return Err(ConfirmError::keyed(ErrorCode::ConfirmAndRelease, rank, page, Some(key)));
             }
             _ => return Err(ConfirmError::new(ErrorCode::DoubleRelease, rank, page, None)),
         }
@@ -321,8 +333,7 @@ fn claim<'t>(
     table: &'t PageTable,
     rank: i64,
     items: &[Item],
-    confirmations: &[(&str, i64)],
-    keys: &[KeyRef<'_>],
+    confirmations: &[(KeyRef<'_>, i64)],
 ) -> Result<ClaimGuard<'t>, ConfirmError> {
     let mut guard = ClaimGuard::new(items.len());
     let mut pages = [0u32; LANES_CLAIMED];
@@ -351,12 +362,12 @@ fn claim<'t>(
             (Some(Claimed::Bound), Some(_)) if !table.has_owner(it.page) => {
                 return Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None))
             }
-            (None, None) => return Err(ConfirmError::new(ErrorCode::ConfirmUnallocated, rank, page, Some(key()))),
-            (Some(Claimed::Reserved), None) if table.reservation_tag(it.page) != keys[it.tag as usize].tag() => {
-                return Err(ConfirmError::new(ErrorCode::ReservedForOtherKey, rank, page, Some(key())));
+            (None, None) => return Err(ConfirmError::keyed(ErrorCode::ConfirmUnallocated, rank, page, Some(key()))),
+            (Some(Claimed::Reserved), None) if table.reservation_tag(it.page) != key().tag() => {
+                return Err(ConfirmError::keyed(ErrorCode::ReservedForOtherKey, rank, page, Some(key())));
             }
-            (Some(Claimed::Bound), None) if !index.owns(table, it.page, keys[it.tag as usize]) => {
-                let mut e = ConfirmError::new(ErrorCode::DoubleConfirm, rank, page, Some(key()));
+            (Some(Claimed::Bound), None) if !index.owns(table, it.page, key()) => {
+                let mut e = ConfirmError::keyed(ErrorCode::DoubleConfirm, rank, page, Some(key()));
                 e.already_bound = true;
                 return Err(e);
             }

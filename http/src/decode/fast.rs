@@ -145,11 +145,15 @@ pub(super) struct Scratch {
     /// until the whole body is accepted), the others an empty text for now.
     /// [`Built::lookups`] hands the vector itself to the request.
     lookups: Vec<KeyRef<'static>>,
-    /// The place in `lookups` and the span of each key left as text, for
-    /// [`Built::lookups`] to classify ([`KeyRef::parse`]).
+    /// The place in `lookups` (or `pairs`) and the span of each key left
+    /// as text, for [`Built::lookups`] (or [`Built::confirmations`]) to
+    /// classify ([`KeyRef::parse`]).
     texts: Vec<(usize, Span)>,
-    /// For confirmations: the page of each key, at the same index.
-    pages: Vec<i64>,
+    /// The span of each key of `lookups`, for an allocate's answer.
+    spans: Vec<Span>,
+    /// The `(key, page)` confirmations, their keys classified as a lookup
+    /// list's are; handed over whole by [`Built::confirmations`].
+    pairs: Vec<(KeyRef<'static>, i64)>,
     /// The pages to release, in request order.
     releases: Vec<i64>,
 }
@@ -162,13 +166,16 @@ impl Scratch {
         if self.keys.capacity() > RETAIN_KEYS
             || self.releases.capacity() > RETAIN_KEYS
             || self.lookups.capacity() > RETAIN_KEYS
+            || self.pairs.capacity() > RETAIN_KEYS
+            || self.spans.capacity() > RETAIN_KEYS
         {
             *self = Self::default();
         }
         self.keys.clear();
         self.lookups.clear();
         self.texts.clear();
-        self.pages.clear();
+        self.spans.clear();
+        self.pairs.clear();
         self.releases.clear();
         let mut c = Cursor { b: body, at: 0 };
         let mut scan = Scan { rank: None, namespace: None };
@@ -223,34 +230,51 @@ impl Scratch {
                 self.lookups.reserve(likely.min(limits.max_keys));
                 c.list(|c| self.lookup(c, limits))?;
             }
-            Value::KeyPairs => c.list(|c| {
-                if c.peek()? != b'[' {
-                    return self.key(c, limits);
-                }
-                c.at += 1;
-                self.key(c, limits)?;
-                if c.next()? != b',' {
-                    return None;
-                }
-                // The prefix key is read past; only its form is checked.
-                if c.peek()? == b'"' {
-                    c.string()?;
-                } else {
-                    c.literal(b"null")?;
-                }
-                (c.next()? == b']').then_some(())
-            })?,
-            Value::Confirmations => c.list(|c| {
-                if c.next()? != b'[' {
-                    return None;
-                }
-                self.key(c, limits)?;
-                if c.next()? != b',' {
-                    return None;
-                }
-                self.pages.push(c.int()?);
-                (c.next()? == b']').then_some(())
-            })?,
+            Value::KeyPairs => {
+                // As a lookup list's (`Value::Lookup`).
+                let likely = (c.b.len() - c.at) / 34 + 1;
+                self.lookups.reserve(likely.min(limits.max_keys));
+                c.list(|c| {
+                    if c.peek()? != b'[' {
+                        return self.allocated(c, limits);
+                    }
+                    c.at += 1;
+                    self.allocated(c, limits)?;
+                    if c.next()? != b',' {
+                        return None;
+                    }
+                    // The prefix key is read past; only its form is checked.
+                    if c.peek()? == b'"' {
+                        c.string()?;
+                    } else {
+                        c.literal(b"null")?;
+                    }
+                    (c.next()? == b']').then_some(())
+                })?
+            }
+            Value::Confirmations => {
+                // Room for as many pairs as the rest of the body could hold
+                // with 32-hex keys (`["…",N],`): handed over whole, as a
+                // lookup list is.
+                let likely = (c.b.len() - c.at) / 40 + 1;
+                self.pairs.reserve(likely.min(limits.max_keys));
+                c.list(|c| {
+                    if c.next()? != b'[' {
+                        return None;
+                    }
+                    self.room(limits)?;
+                    let (key, span, text) = Self::classify(c, limits)?;
+                    if c.next()? != b',' {
+                        return None;
+                    }
+                    let page = c.int()?;
+                    if text {
+                        self.texts.push((self.pairs.len(), span));
+                    }
+                    self.pairs.push((key, page));
+                    (c.next()? == b']').then_some(())
+                })?
+            }
             Value::Releases => c.list(|c| {
                 let page = c.int()?;
                 self.room(limits)?;
@@ -261,11 +285,27 @@ impl Scratch {
         Some(())
     }
 
-    /// `Some` while one more item fits in `max_keys` (keys and releases
-    /// count together, as confirm's limit does; no body has both others).
+    /// `Some` while one more item fits in `max_keys` (confirmations and
+    /// releases count together, as confirm's limit does; no body has two
+    /// of the other lists).
     fn room(&self, limits: Limits) -> Option<()> {
-        let items = self.keys.len() + self.lookups.len() + self.releases.len();
+        let items = self.keys.len() + self.lookups.len() + self.pairs.len() + self.releases.len();
         (items < limits.max_keys).then_some(())
+    }
+
+    /// Scans one key of an allocate or reserve list: classified into
+    /// `lookups` as a lookup list's, and its span kept in `spans` (vLLM's
+    /// answer repeats the key's text).
+    #[inline]
+    fn allocated(&mut self, c: &mut Cursor<'_>, limits: Limits) -> Option<()> {
+        self.room(limits)?;
+        let (key, span, text) = Self::classify(c, limits)?;
+        if text {
+            self.texts.push((self.lookups.len(), span));
+        }
+        self.lookups.push(key);
+        self.spans.push(span);
+        Some(())
     }
 
     /// Scans one key: a plain string within the limits.
@@ -281,10 +321,9 @@ impl Scratch {
     }
 
     /// Scans one key of a lookup list, as [`Self::key`] does, classifying
-    /// it as it goes: a 32-hex key is its 32 digits and the closing quote,
-    /// checked and decoded in one step (hex digits are plain bytes, so the
-    /// string scan has nothing to add), an SGLang digest likewise in two;
-    /// any other key is scanned as a plain string and left as its span.
+    /// it as it goes (see [`Self::classify`]); a key left as text is pushed
+    /// as a placeholder and its span. Its own code rather than `classify`'s
+    /// triple answer, which cost a lookup list 17 instructions a key.
     #[inline]
     fn lookup(&mut self, c: &mut Cursor<'_>, limits: Limits) -> Option<()> {
         self.room(limits)?;
@@ -292,15 +331,7 @@ impl Scratch {
             return None;
         }
         let (b, start) = (c.b, c.at);
-        // The quote's offset for each compact shape: 32 or 64 digits, or 64
-        // and `-k`/`-v` (a `_<pool>` suffix is left to `Built::lookups`).
-        let end = match (b.get(start + 32), b.get(start + 64), b.get(start + 66)) {
-            (Some(b'"'), _, _) => Some(start + 32),
-            (_, Some(b'"'), _) => Some(start + 64),
-            (_, _, Some(b'"')) if b.get(start + 64) == Some(&b'-') => Some(start + 66),
-            _ => None,
-        };
-        if let Some(end) = end.filter(|&e| e - start <= limits.max_key_len) {
+        if let Some(end) = compact_end(b, start, limits) {
             if let Some(k) = b.get(start..end).and_then(KeyRef::compact) {
                 self.lookups.push(k);
                 c.at = end + 1;
@@ -314,6 +345,32 @@ impl Scratch {
         self.texts.push((self.lookups.len(), (start, end)));
         self.lookups.push(KeyRef::Text(""));
         Some(())
+    }
+
+    /// Scans one key, a plain string within the limits, classifying it as
+    /// it goes: a 32-hex key is its 32 digits and the closing quote, checked
+    /// and decoded in one step (hex digits are plain bytes, so the string
+    /// scan has nothing to add), an SGLang digest likewise in two. Any other
+    /// key is scanned as a plain string: then the key is a placeholder, to
+    /// classify from its text once the whole body is accepted, and the
+    /// third value is true. With the key's span either way.
+    #[inline(always)]
+    fn classify(c: &mut Cursor<'_>, limits: Limits) -> Option<(KeyRef<'static>, Span, bool)> {
+        if c.next()? != b'"' {
+            return None;
+        }
+        let (b, start) = (c.b, c.at);
+        if let Some(end) = compact_end(b, start, limits) {
+            if let Some(k) = b.get(start..end).and_then(KeyRef::compact) {
+                c.at = end + 1;
+                return Some((k, (start, end), false));
+            }
+        }
+        let (start, end) = c.rest_of_string()?;
+        if start == end || end - start > limits.max_key_len {
+            return None;
+        }
+        Some((KeyRef::Text(""), (start, end), true))
     }
 
     /// Borrows the scanned body for good and builds the typed arguments.
@@ -355,9 +412,19 @@ impl<'a> Built<'_, 'a> {
 
     /// The keys, in request order.
     pub(super) fn keys(&self) -> Option<Vec<&'a str>> {
+        self.texts_of(&self.scratch.keys)
+    }
+
+    /// The text of an allocate's keys, in request order.
+    pub(super) fn allocated(&self) -> Option<Vec<&'a str>> {
+        self.texts_of(&self.scratch.spans)
+    }
+
+    /// The text of each of `spans`.
+    fn texts_of(&self, spans: &[Span]) -> Option<Vec<&'a str>> {
         let text = self.text()?;
-        let mut out = Vec::with_capacity(self.scratch.keys.len());
-        for &(start, end) in &self.scratch.keys {
+        let mut out = Vec::with_capacity(spans.len());
+        for &(start, end) in spans {
             out.push(text.get(start..end)?);
         }
         Some(out)
@@ -373,12 +440,12 @@ impl<'a> Built<'_, 'a> {
         Some(out)
     }
 
-    /// The `(key, page)` confirmations, in request order.
-    pub(super) fn confirmations(&self) -> Option<Vec<(&'a str, i64)>> {
-        let text = self.text()?;
-        let mut out = Vec::with_capacity(self.scratch.keys.len());
-        for (&(start, end), &page) in self.scratch.keys.iter().zip(&self.scratch.pages) {
-            out.push((text.get(start..end)?, page));
+    /// The `(key, page)` confirmations, in request order, their keys
+    /// classified: the scratch's vector itself, its text keys filled in.
+    pub(super) fn confirmations(&mut self) -> Option<Vec<(KeyRef<'a>, i64)>> {
+        let mut out: Vec<(KeyRef<'a>, i64)> = std::mem::take(&mut self.scratch.pairs);
+        for &(i, span) in &self.scratch.texts {
+            out.get_mut(i)?.0 = KeyRef::parse(self.span(span)?);
         }
         Some(out)
     }
@@ -395,6 +462,20 @@ impl<'a> Built<'_, 'a> {
             Some(span) => self.span(span),
         }
     }
+}
+
+/// Where the closing quote of a key opened at `start` would be if the key
+/// had a compact shape: 32 or 64 digits, or 64 and `-k`/`-v` (a `_<pool>`
+/// suffix is left to [`KeyRef::parse`]), within `max_key_len`.
+#[inline(always)]
+fn compact_end(b: &[u8], start: usize, limits: Limits) -> Option<usize> {
+    let end = match (b.get(start + 32), b.get(start + 64), b.get(start + 66)) {
+        (Some(b'"'), _, _) => start + 32,
+        (_, Some(b'"'), _) => start + 64,
+        (_, _, Some(b'"')) if b.get(start + 64) == Some(&b'-') => start + 66,
+        _ => return None,
+    };
+    (end - start <= limits.max_key_len).then_some(end)
 }
 
 /// A position in the body being scanned.

@@ -36,15 +36,22 @@ fn classes(keys: &[KeyRef<'_>]) -> String {
         .collect()
 }
 
+/// The keys of `(key, page)` confirmations.
+fn paired<'a>(pairs: &[(KeyRef<'a>, i64)]) -> Vec<KeyRef<'a>> {
+    pairs.iter().map(|p| p.0).collect()
+}
+
 const ROUTES: [Route; 8] = [
     ("exists", &fast::EXISTS, |d, b, l| render(d.exists(b, l).map(|x| (classes(&x.keys), x)))),
     ("locations", &fast::LOCATIONS, |d, b, l| render(d.locations(b, l).map(|x| (classes(&x.keys), x)))),
-    ("allocate", &fast::ALLOCATE, |d, b, l| render(d.allocate(b, l))),
-    ("confirm", &fast::CONFIRM, |d, b, l| render(d.confirm(b, l))),
+    ("allocate", &fast::ALLOCATE, |d, b, l| render(d.allocate(b, l).map(|x| (classes(&x.parsed), x)))),
+    ("confirm", &fast::CONFIRM, |d, b, l| render(d.confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))),
     ("space_keys", &fast::SPACE_KEYS, |d, b, l| render(d.space_keys(b, l))),
     ("space_lookup", &fast::SPACE_LOOKUP, |d, b, l| render(d.space_lookup(b, l).map(|x| (classes(&x.keys), x)))),
-    ("space_reserve", &fast::SPACE_RESERVE, |d, b, l| render(d.space_reserve(b, l))),
-    ("space_confirm", &fast::SPACE_CONFIRM, |d, b, l| render(d.space_confirm(b, l))),
+    ("space_reserve", &fast::SPACE_RESERVE, |d, b, l| render(d.space_reserve(b, l).map(|x| (classes(&x.keys), x)))),
+    ("space_confirm", &fast::SPACE_CONFIRM, |d, b, l| {
+        render(d.space_confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))
+    }),
 ];
 
 /// Whether the fast path recognises `body` for `spec`.
@@ -119,11 +126,12 @@ fn client_bodies_take_the_fast_path() {
 fn fast_answers_are_the_expected_arguments() {
     let mut d = Decoder::default();
     let mut b = br#"{"rank": 2, "keys": [["k1", ""], "k2", ["k3", null]]}"#.to_vec();
-    assert_eq!(d.allocate(&mut b, BIG), Ok(AllocateBody { rank: 2, keys: vec!["k1", "k2", "k3"] }));
+    let parsed = vec![KeyRef::Text("k1"), KeyRef::Text("k2"), KeyRef::Text("k3")];
+    assert_eq!(d.allocate(&mut b, BIG), Ok(AllocateBody { rank: 2, keys: vec!["k1", "k2", "k3"], parsed }));
     let mut b =
         b"{\"rank\":-7,\"confirmations\":[[\"a\",123456789012345678],[\"b\",-1]],\"pages_to_release\":[0,9]}".to_vec();
-    let want =
-        ConfirmBody { rank: -7, confirmations: vec![("a", 123_456_789_012_345_678), ("b", -1)], releases: vec![0, 9] };
+    let confirmations = vec![(KeyRef::Text("a"), 123_456_789_012_345_678), (KeyRef::Text("b"), -1)];
+    let want = ConfirmBody { rank: -7, confirmations, releases: vec![0, 9] };
     assert_eq!(d.confirm(&mut b, BIG), Ok(want));
     let mut b = b"\r\n{ \"namespace\" : \"\" ,\t\"keys\" : [ \"x~\x7f\" ] }\n".to_vec();
     assert_eq!(d.space_keys(&mut b, BIG), Ok(SpaceKeysBody { keys: vec!["x~\x7f"], namespace: "" }));

@@ -23,7 +23,7 @@ pub struct SpaceInitBody<'a> {
     pub namespace: &'a str,
 }
 
-/// Body of `delete_keys` and `reserve_and_allocate_page_indices`.
+/// Body of `delete_keys`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpaceKeysBody<'a> {
     /// The keys, in request order.
@@ -32,8 +32,9 @@ pub struct SpaceKeysBody<'a> {
     pub namespace: &'a str,
 }
 
-/// Body of `exists` and `get_page_indices`: [`SpaceKeysBody`] with its
-/// keys classified ([`KeyRef::parse`]).
+/// Body of `exists`, `get_page_indices` and
+/// `reserve_and_allocate_page_indices`: [`SpaceKeysBody`] with its keys
+/// classified ([`KeyRef::parse`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpaceLookupBody<'a> {
     /// The keys, in request order.
@@ -45,8 +46,9 @@ pub struct SpaceLookupBody<'a> {
 /// Body of `confirm_write`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpaceConfirmBody<'a> {
-    /// `(key, page)` pairs to bind (`written_keys_to_confirm`).
-    pub confirmations: Vec<(&'a str, i64)>,
+    /// `(key, page)` pairs to bind (`written_keys_to_confirm`), each key
+    /// classified ([`KeyRef::parse`]).
+    pub confirmations: Vec<(KeyRef<'a>, i64)>,
     /// Pages to free (`pages_to_release`).
     pub releases: Vec<i64>,
     /// The namespace.
@@ -136,16 +138,21 @@ impl Decoder {
     }
 
     /// Decodes `{"keys": [[key, prefix_key], ...], "namespace"?: str}`
-    /// (`reserve_and_allocate_page_indices`). A bare key string is taken as
-    /// well as a pair; anything after the key in a pair is skipped unread.
+    /// (`reserve_and_allocate_page_indices`), each key classified. A bare
+    /// key string is taken as well as a pair; anything after the key in a
+    /// pair is skipped unread.
     ///
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn space_reserve<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<SpaceKeysBody<'a>, DecodeError> {
+    pub fn space_reserve<'a>(
+        &mut self,
+        body: &'a mut [u8],
+        limits: Limits,
+    ) -> Result<SpaceLookupBody<'a>, DecodeError> {
         if let Some(scan) = self.scan(body, &fast::SPACE_RESERVE, limits) {
             return self.scratch.finish(body, |b| {
-                Some(SpaceKeysBody { keys: b.keys()?, namespace: b.namespace(&scan, DEFAULT_NAMESPACE)? })
+                Some(SpaceLookupBody { keys: b.lookups()?, namespace: b.namespace(&scan, DEFAULT_NAMESPACE)? })
             });
         }
         self.parse(body, |tape| {
@@ -161,9 +168,9 @@ impl Decoder {
                     _ => return Err(DecodeError::KeyItem { index }),
                 };
                 check_key(key, index, limits, DecodeError::EmptyKey { index })?;
-                out.push(key);
+                out.push(KeyRef::parse(key));
             }
-            Ok(SpaceKeysBody { keys: out, namespace })
+            Ok(SpaceLookupBody { keys: out, namespace })
         })
     }
 
@@ -215,6 +222,9 @@ impl Decoder {
                     _ => return Err(DecodeError::ReleaseItem { index }),
                 }
             }
+            // Classified once every item is known good (a `_<pool>` suffix
+            // interns its pool's name, which a refused body must not do).
+            let pairs = pairs.into_iter().map(|(k, p)| (KeyRef::parse(k), p)).collect();
             Ok(SpaceConfirmBody { confirmations: pairs, releases: pages, namespace })
         })
     }

@@ -19,7 +19,13 @@ fn check_init(body: &[u8], want: Result<(i64, Role), &str>) {
 
 fn check_alloc(body: &[u8], want: Result<(i64, &[&str]), &str>) {
     let mut buf = body.to_vec();
-    let got = Decoder::default().allocate(&mut buf, L).map(|b| (b.rank, b.keys)).map_err(|e| e.to_string());
+    let got = Decoder::default()
+        .allocate(&mut buf, L)
+        .map(|b| {
+            assert_eq!(b.parsed, b.keys.iter().map(|k| KeyRef::parse(k)).collect::<Vec<_>>(), "keys misclassified");
+            (b.rank, b.keys)
+        })
+        .map_err(|e| e.to_string());
     let want = want.map(|(r, k)| (r, k.to_vec())).map_err(str::to_owned);
     assert_eq!(got, want, "body {}", String::from_utf8_lossy(body));
 }
@@ -31,7 +37,9 @@ fn check_confirm(body: &[u8], want: Result<(i64, &[(&str, i64)], &[i64]), &str>)
         .confirm(&mut buf, L)
         .map(|b| (b.rank, b.confirmations, b.releases))
         .map_err(|e| e.to_string());
-    let want = want.map(|(r, c, p)| (r, c.to_vec(), p.to_vec())).map_err(str::to_owned);
+    let want = want
+        .map(|(r, c, p)| (r, c.iter().map(|&(k, page)| (KeyRef::parse(k), page)).collect(), p.to_vec()))
+        .map_err(str::to_owned);
     assert_eq!(got, want, "body {}", String::from_utf8_lossy(body));
 }
 
@@ -130,7 +138,10 @@ fn deep_nesting() {
     b.extend(std::iter::repeat_n(b'[', 900));
     b.extend(std::iter::repeat_n(b']', 900));
     b.extend(b"],\"b\"]}");
-    assert_eq!(Decoder::default().allocate(&mut b, L), Ok(AllocateBody { rank: 1, keys: vec!["a", "b"] }));
+    assert_eq!(
+        Decoder::default().allocate(&mut b, L),
+        Ok(AllocateBody { rank: 1, keys: vec!["a", "b"], parsed: vec![KeyRef::Text("a"), KeyRef::Text("b")] })
+    );
 }
 
 #[test]
@@ -369,10 +380,10 @@ fn decoder_survives_errors_and_large_bodies() {
     let mut large = b"{\"rank\":1,\"keys\":[],\"pad\":\"".to_vec();
     large.extend(std::iter::repeat_n(b'x', RETAIN_LIMIT + 10));
     large.extend(b"\"}");
-    assert_eq!(d.allocate(&mut large, L), Ok(AllocateBody { rank: 1, keys: vec![] }));
+    assert_eq!(d.allocate(&mut large, L), Ok(AllocateBody { rank: 1, keys: vec![], parsed: vec![] }));
     assert_eq!(
         d.allocate(&mut br#"{"rank":1,"keys":["k"]}"#.to_vec(), L),
-        Ok(AllocateBody { rank: 1, keys: vec!["k"] })
+        Ok(AllocateBody { rank: 1, keys: vec!["k"], parsed: vec![KeyRef::Text("k")] })
     );
 }
 

@@ -31,6 +31,8 @@ pub struct AllocateBody<'a> {
     /// The keys, in request order, duplicates kept (the core collapses them).
     /// The `prefix_key` of each `[key, prefix_key]` pair is dropped.
     pub keys: Vec<&'a str>,
+    /// The same keys classified ([`KeyRef::parse`]), at the same places.
+    pub parsed: Vec<KeyRef<'a>>,
 }
 
 /// Body of `POST /keys/confirm_write`.
@@ -38,9 +40,10 @@ pub struct AllocateBody<'a> {
 pub struct ConfirmBody<'a> {
     /// The rank the pages belong to.
     pub rank: i64,
-    /// `(key, page)` pairs to bind, in request order. Pages may be negative;
-    /// the core answers those as out of range.
-    pub confirmations: Vec<(&'a str, i64)>,
+    /// `(key, page)` pairs to bind, in request order, each key classified
+    /// ([`KeyRef::parse`]). Pages may be negative; the core answers those
+    /// as out of range.
+    pub confirmations: Vec<(KeyRef<'a>, i64)>,
     /// Pages to free, in request order.
     pub releases: Vec<i64>,
 }
@@ -97,7 +100,9 @@ impl Decoder {
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
     pub fn allocate<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<AllocateBody<'a>, DecodeError> {
         if let Some(scan) = self.scan(body, &fast::ALLOCATE, limits) {
-            return self.scratch.finish(body, |b| Some(AllocateBody { rank: scan.rank?, keys: b.keys()? }));
+            return self
+                .scratch
+                .finish(body, |b| Some(AllocateBody { rank: scan.rank?, keys: b.allocated()?, parsed: b.lookups()? }));
         }
         self.parse(body, |tape| {
             let [rank, keys] = fields(tape, ["rank", "keys"])?;
@@ -116,7 +121,8 @@ impl Decoder {
                 check_key(key, index, limits, DecodeError::EmptyKey { index })?;
                 out.push(key);
             }
-            Ok(AllocateBody { rank, keys: out })
+            let parsed = out.iter().map(|k| KeyRef::parse(k)).collect();
+            Ok(AllocateBody { rank, keys: out, parsed })
         })
     }
 
@@ -178,6 +184,9 @@ impl Decoder {
                     _ => return Err(DecodeError::ReleaseItem { index }),
                 }
             }
+            // Classified once every item is known good (a `_<pool>` suffix
+            // interns its pool's name, which a refused body must not do).
+            let pairs = pairs.into_iter().map(|(k, p)| (KeyRef::parse(k), p)).collect();
             Ok(ConfirmBody { rank, confirmations: pairs, releases: pages })
         })
     }
