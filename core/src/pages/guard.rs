@@ -47,6 +47,28 @@ impl<'t> ClaimGuard<'t> {
         true
     }
 
+    /// Claims the pages of state word `w` of `table` whose lanes' low bits
+    /// `lanes` has, at once, when each is RESERVED or BOUND
+    /// ([`PageTable::claim_lanes`]), and holds them in the order of `pages`
+    /// (those same pages, ascending); returns the word as it was before
+    /// (each page's old state in its lane), or `None` when it claimed none.
+    #[inline]
+    pub fn claim_word(
+        &mut self,
+        table: &'t PageTable,
+        w: usize,
+        lanes: u64,
+        pages: impl Iterator<Item = u32>,
+    ) -> Option<u64> {
+        let old = table.claim_lanes(w, lanes)?;
+        self.held.extend(pages.map(|page| {
+            let (pw, low) = PageTable::lane_of(page);
+            debug_assert!(pw == w && lanes & low != 0, "claim_word's pages are its lanes'");
+            (table, page, if old & low != 0 { Claimed::Reserved } else { Claimed::Bound })
+        }));
+        Some(old)
+    }
+
     /// Claims `page` of `table` only if it is BOUND now, without waiting
     /// ([`PageTable::try_claim_bound`]); holds it when claimed.
     pub fn try_claim_bound(&mut self, table: &'t PageTable, page: u32) -> bool {

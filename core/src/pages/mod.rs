@@ -505,6 +505,14 @@ impl PageTable {
             }
             lanes |= 1 << shift;
         }
+        self.claim_lanes(w, lanes)
+    }
+
+    /// [`claim_together`](Self::claim_together) of the pages of state word
+    /// `w` whose lanes' low bits `lanes` has (as [`lane_of`](Self::lane_of)
+    /// gives them): for a caller that gathered them already.
+    #[inline]
+    pub fn claim_lanes(&self, w: usize, lanes: u64) -> Option<u64> {
         let word = &self.words[w];
         let mut cur = word.load(Ordering::Acquire);
         loop {
