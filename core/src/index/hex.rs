@@ -545,10 +545,10 @@ impl<K: ArenaKey> HexMap<K> {
     /// overlap rather than queue: hash every key and prefetch its first
     /// table line; read the slots and prefetch the entries their ids name;
     /// then probe, finding the lines warm.
-    pub(super) fn get_batch<'g, T>(
+    pub(super) fn get_batch<'g, 'k, T>(
         &'g self,
         items: &[T],
-        key: &impl Fn(&T) -> KeyRef<'_>,
+        key: &impl Fn(&T) -> KeyRef<'k>,
         guard: &'g Guard,
         out: &mut [Option<EntryRef<'g>>],
     ) {

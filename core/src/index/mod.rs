@@ -515,7 +515,12 @@ impl Reader<'_> {
     /// one: batched, a digest's lookup cost SGLang's exists about 200
     /// instructions a key (its 34-byte key copied at each pass), where
     /// scc's lookup one by one had cost 125.
-    pub fn entries<'r, T>(&'r self, items: &[T], key: impl Fn(&T) -> KeyRef<'_>, out: &mut Vec<Option<EntryRef<'r>>>) {
+    pub fn entries<'r, 'k, T>(
+        &'r self,
+        items: &[T],
+        key: impl Fn(&T) -> KeyRef<'k>,
+        out: &mut Vec<Option<EntryRef<'r>>>,
+    ) {
         out.clear();
         for chunk in items.chunks(hex::BATCH) {
             let start = out.len();

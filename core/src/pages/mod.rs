@@ -330,7 +330,9 @@ impl PageTable {
         self.reserve_with(n, epoch, true, &mut emit);
     }
 
-    fn reserve_with(&self, mut n: u64, epoch: u8, tagged: bool, emit: &mut dyn FnMut(u32) -> u32) {
+    /// Generic in `emit` rather than `dyn`: no indirect call a page, and
+    /// the allocate's closure is inlined into the search.
+    fn reserve_with(&self, mut n: u64, epoch: u8, tagged: bool, emit: &mut impl FnMut(u32) -> u32) {
         let nwords = self.words.len();
         if n == 0 || nwords == 0 {
             return;
@@ -388,7 +390,8 @@ impl PageTable {
     }
 
     /// Reserves up to `want` FREE pages of word `w`; returns how many.
-    fn reserve_in_word(&self, w: usize, want: u64, epoch: u8, tagged: bool, emit: &mut dyn FnMut(u32) -> u32) -> u64 {
+    #[inline]
+    fn reserve_in_word(&self, w: usize, want: u64, epoch: u8, tagged: bool, emit: &mut impl FnMut(u32) -> u32) -> u64 {
         let word = &self.words[w];
         let valid = self.valid_lanes(w);
         let mut cur = word.load(Ordering::Acquire);

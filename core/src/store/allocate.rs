@@ -140,18 +140,18 @@ impl Store {
         out.clear();
         let table = current.rank(rank).ok_or(RankNotInitialized(rank))?;
         let r = rank as u32;
-        // Parse every key before looking any up: the lookups then overlap
-        // their cache misses.
-        let distinct = distinct_keys(keys);
-        let mut fresh: Vec<u32> = Vec::with_capacity(distinct.len());
+        // Every distinct key into `out` (its first appearance) before any
+        // is looked up: the lookups then overlap their cache misses.
+        distinct_keys(keys, out);
+        let mut fresh: Vec<u32> = Vec::new();
         let mut evicted = false;
         loop {
-            let need = self.look_up_stored(&current, r, &distinct, out);
+            let need = self.look_up_stored(&current, r, keys, out);
             if let Some(s) = stored.as_deref_mut() {
                 s.clear();
                 s.extend(out.iter().map(|&(_, p)| p >= 0));
             }
-            let reused = distinct.len() as u64 - need;
+            let reused = out.len() as u64 - need;
             if need == 0 {
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
             }
@@ -160,7 +160,8 @@ impl Store {
                 Taken::None => return Ok(AllocateOutcome { reserved: 0, reused, refused: need }),
                 Taken::LookAgain => continue,
             };
-            self.reserve_for(&current, r, table, got, &distinct, out, &mut fresh);
+            // The fresh pages are looked at again only beside stored ones.
+            self.reserve_for(&current, r, table, got, keys, out, (reused > 0).then_some(&mut fresh));
             let outcome = AllocateOutcome { reserved: got, reused, refused: need - got };
             if reused == 0 || !self.reused_page_was_recycled(out, &mut fresh) {
                 return Ok(outcome);
@@ -173,29 +174,28 @@ impl Store {
         }
     }
 
-    /// Step 1: fills `out` with each distinct key and its stored page on
-    /// rank `r`, or -1; returns how many keys need a fresh page. A stored
+    /// Step 1: gives each distinct key of `out` (the index of its first
+    /// appearance in `keys`) its stored page on rank `r`, or -1; returns
+    /// how many keys need a fresh page. A stored
     /// page handed out again is leased for as long as its writer may take
     /// to write it again ([`StoreConfig::reservation_ttl`](crate::StoreConfig)),
     /// so it goes to no other key meanwhile. The lease counts from after
     /// the lookups, when the answer is built.
-    fn look_up_stored(
-        &self,
-        current: &Generation,
-        r: u32,
-        distinct: &[(usize, KeyRef<'_>)],
-        out: &mut Vec<(usize, i64)>,
-    ) -> u64 {
-        out.clear();
+    fn look_up_stored(&self, current: &Generation, r: u32, keys: &[KeyRef<'_>], out: &mut [(usize, i64)]) -> u64 {
         let mut need = 0u64;
         let index = current.index.reader();
-        let mut entries = Vec::with_capacity(distinct.len());
-        index.entries(distinct, |&(_, k)| k, &mut entries);
+        let mut entries = Vec::with_capacity(out.len());
+        index.entries(out, |&(i, _)| keys[i], &mut entries);
         let (now, lease) = (self.clock.now(), self.reuse_lease());
-        for (&(i, k), &e) in distinct.iter().zip(&entries) {
-            let page = index.lease_page(k, e, r, now, lease).map_or(-1, i64::from);
+        for (o, &e) in out.iter_mut().zip(&entries) {
+            // An absent key has no page to lease (`lease_page` answers none
+            // for it without a look): no copy of the key to make.
+            let page = match e {
+                None => -1,
+                Some(_) => index.lease_page(keys[o.0], e, r, now, lease).map_or(-1, i64::from),
+            };
             need += u64::from(page < 0);
-            out.push((i, page));
+            o.1 = page;
         }
         need
     }
@@ -255,8 +255,8 @@ impl Store {
     /// Step 3: reserves `got` pages (taken from the counter) of rank `r`
     /// for the first `got` keys of `out` that have none, in order: each
     /// page records its key's tag ([`KeyRef::tag`]) and is journaled as
-    /// reserved for it while still held, before anyone can see it. `fresh`
-    /// receives the pages.
+    /// reserved for it while still held, before anyone can see it. `fresh`,
+    /// when given, receives the pages.
     #[allow(clippy::too_many_arguments)]
     fn reserve_for(
         &self,
@@ -264,24 +264,31 @@ impl Store {
         r: u32,
         table: &PageTable,
         got: u64,
-        distinct: &[(usize, KeyRef<'_>)],
+        keys: &[KeyRef<'_>],
         out: &mut [(usize, i64)],
-        fresh: &mut Vec<u32>,
+        mut fresh: Option<&mut Vec<u32>>,
     ) {
-        fresh.clear();
+        if let Some(f) = fresh.as_deref_mut() {
+            f.clear();
+        }
         let epoch = self.epoch.load(Ordering::Relaxed) as u8;
-        // `out` holds the distinct keys in order: slot j is distinct[j].
-        let mut slots = out.iter_mut().zip(distinct).filter(|((_, p), _)| *p < 0);
+        // `out` holds the distinct keys in order, by their index in `keys`.
+        let mut slots = out.iter_mut().filter(|(_, p)| *p < 0);
         // The journal hears the batch's reservations as one operation.
         let _op = self.journal_op();
         table.reserve_tagged(got, epoch, |page| {
-            fresh.push(page);
+            if let Some(f) = fresh.as_deref_mut() {
+                f.push(page);
+            }
             let slot = slots.next();
             debug_assert!(slot.is_some(), "reserve emitted more pages than taken");
-            let Some((s, &(_, key))) = slot else { return 0 };
+            let Some(s) = slot else { return 0 };
             s.1 = i64::from(page);
-            let tag = key.tag();
-            self.record(Change::Reserve { generation: current.id, rank: r, page, tag });
+            let tag = super::confirm::tag_of(&keys[s.0]);
+            // Only with a journal to hear it (see the commit of a confirm).
+            if self.journal.is_some() {
+                self.record(Change::Reserve { generation: current.id, rank: r, page, tag });
+            }
             tag
         });
     }
@@ -401,33 +408,35 @@ thread_local! {
 /// The most slots of its table [`SEEN_HEX`] keeps between batches (256 KiB).
 const KEPT_SEEN: usize = 1 << 14;
 
-/// Each distinct key of `keys`, parsed, with the index of its first
-/// appearance, in order of first appearance.
-fn distinct_keys<'k>(keys: &[KeyRef<'k>]) -> Vec<(usize, KeyRef<'k>)> {
-    let mut distinct = Vec::with_capacity(keys.len());
+/// Each distinct key of `keys` into `out` (emptied first), in order of
+/// first appearance: the index of that appearance, and -1 (no page yet).
+/// Indices rather than copies of the keys: a 48-byte key pushed a key cost
+/// about 25 instructions.
+fn distinct_keys(keys: &[KeyRef<'_>], out: &mut Vec<(usize, i64)>) {
+    out.clear();
+    out.reserve(keys.len());
     let all_hex = SEEN_HEX.with(|seen| {
         let Ok(mut seen) = seen.try_borrow_mut() else { return false };
         seen.start(keys.len());
-        for (i, &k) in keys.iter().enumerate() {
+        for (i, k) in keys.iter().enumerate() {
             let KeyRef::Hex(d) = k else { return false };
-            if seen.insert(d) {
-                distinct.push((i, k));
+            if seen.insert(*d) {
+                out.push((i, -1));
             }
         }
         true
     });
     if !all_hex {
         // Another kind of key in the batch: one set of whole keys.
-        distinct.clear();
-        let mut seen: HashSet<KeyRef<'_>, FixedState> =
+        out.clear();
+        let mut seen: HashSet<&KeyRef<'_>, FixedState> =
             HashSet::with_capacity_and_hasher(keys.len(), FixedState::default());
-        for (i, &k) in keys.iter().enumerate() {
+        for (i, k) in keys.iter().enumerate() {
             if seen.insert(k) {
-                distinct.push((i, k));
+                out.push((i, -1));
             }
         }
     }
-    distinct
 }
 
 #[cfg(all(test, not(loom)))]
@@ -477,7 +486,12 @@ mod tests {
         fn parsed<'k>(keys: &[&'k str]) -> Vec<KeyRef<'k>> {
             keys.iter().map(|k| KeyRef::parse(k)).collect()
         }
-        let firsts = |keys: &[&str]| distinct_keys(&parsed(keys)).into_iter().map(|(i, _)| i).collect::<Vec<_>>();
+        let distinct = |keys: &[KeyRef<'_>]| {
+            let mut out = Vec::new();
+            distinct_keys(keys, &mut out);
+            out
+        };
+        let firsts = |keys: &[&str]| distinct(&parsed(keys)).into_iter().map(|(i, _)| i).collect::<Vec<_>>();
         assert_eq!(firsts(&[&a, &b, &a, &b]), vec![0, 1]);
         // A text key in the batch: the same answer through the other set.
         assert_eq!(firsts(&[&a, "text", &b, "text", &a]), vec![0, 1, 2]);
@@ -485,9 +499,10 @@ mod tests {
         // first is remembered.
         let many: Vec<String> = (1..=(KEPT_SEEN as u32 + 10)).map(hex).collect();
         let refs: Vec<&str> = many.iter().map(String::as_str).collect();
-        assert_eq!(distinct_keys(&parsed(&refs)).len(), many.len());
+        assert_eq!(distinct(&parsed(&refs)).len(), many.len());
         assert_eq!(firsts(&[&b, &a, &b]), vec![0, 1]);
-        assert_eq!(distinct_keys(&parsed(&[&a]))[0].1, KeyRef::parse(&a));
+        let one = parsed(&[&a]);
+        assert_eq!(one[distinct(&one)[0].0], KeyRef::parse(&a));
     }
 
     #[test]

@@ -405,6 +405,16 @@ fn claim<'t>(
     Ok(guard)
 }
 
+/// `k.tag()` ([`KeyRef::tag`]) read in place, variant by variant.
+#[inline(always)]
+pub(super) fn tag_of(k: &KeyRef<'_>) -> u32 {
+    match k {
+        KeyRef::Hex(v) => KeyRef::Hex(*v).tag(),
+        KeyRef::Digest(d) => KeyRef::Digest(*d).tag(),
+        KeyRef::Text(s) => KeyRef::Text(s).tag(),
+    }
+}
+
 /// What `claimed` (the claim of item `it`'s page) says of the request: an
 /// error when the page is not what the item needs.
 #[inline]
@@ -421,11 +431,7 @@ fn check(
     // The tag of the key read in place, variant by variant: through a copy
     // of the whole 48-byte key first, the check cost 16 instructions a key
     // more.
-    let tag = || match &confirmations[it.tag as usize].0 {
-        KeyRef::Hex(v) => KeyRef::Hex(*v).tag(),
-        KeyRef::Digest(d) => KeyRef::Digest(*d).tag(),
-        KeyRef::Text(s) => KeyRef::Text(s).tag(),
-    };
+    let tag = || tag_of(&confirmations[it.tag as usize].0);
     match (claimed, it.release()) {
         (None, Some(_)) => Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None)),
         // Released already and held back for a lease: as good as free.
