@@ -185,7 +185,13 @@ impl Store {
         let mut need = 0u64;
         let index = current.index.reader();
         let mut entries = Vec::with_capacity(out.len());
-        index.entries(out, |&(i, _)| keys[i], &mut entries);
+        if out.len() == keys.len() {
+            // No key repeated: the distinct keys are the keys, in order
+            // (looked up from the keys themselves, no index to follow).
+            index.entries(keys, |&k| k, &mut entries);
+        } else {
+            index.entries(out, |&(i, _)| keys[i], &mut entries);
+        }
         let (now, lease) = (self.clock.now(), self.reuse_lease());
         for (o, &e) in out.iter_mut().zip(&entries) {
             // An absent key has no page to lease (`lease_page` answers none
