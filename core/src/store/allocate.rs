@@ -16,7 +16,7 @@
 //! writer will write it again.
 
 use super::super::journal::Change;
-use super::super::key::KeyRef;
+use super::super::key::{Digest, KeyRef};
 use super::super::pages::{Claimed, PageTable, BOUND, FREE};
 use super::super::sync::Ordering;
 use super::super::RankNotInitialized;
@@ -341,7 +341,8 @@ impl Store {
 /// a table at most half full, hashed with a seed of this thread's, kept per
 /// thread between batches so that a batch allocates nothing for it. A slot
 /// holds a digest or 0 (empty; the all-zero digest is never a
-/// [`KeyRef::Hex`]). Emptied at the start of the next batch by clearing
+/// [`KeyRef::Hex`]); in a batch of SGLang digest keys, a key's hash and its
+/// index in the batch plus one ([`SeenHex::insert_indexed`]). Emptied at the start of the next batch by clearing
 /// only the slots the last one used, so that a batch of 128 keys neither
 /// clears nor hashes the whole table (hashbrown's set cost 71 instructions
 /// a key here, this about 20: instructions per request,
@@ -385,6 +386,47 @@ impl SeenHex {
         self.used.reserve(n);
     }
 
+    /// A folded multiply of each half of the digest's 32 bytes, each word
+    /// mixed with a seed, the suffix with the last: as [`Self::hash`] for
+    /// all 34 bytes, so no fixed family of digest keys collides.
+    #[inline]
+    fn hash_digest(&self, d: &Digest) -> u64 {
+        let w = |i: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&d.bytes[8 * i..8 * i + 8]);
+            u64::from_le_bytes(b)
+        };
+        let (s0, s1) = self.seeds;
+        let fold = |a: u64, b: u64| {
+            let x = u128::from(a) * u128::from(b);
+            x as u64 ^ (x >> 64) as u64
+        };
+        fold(w(0) ^ s0, w(1) ^ s1)
+            ^ fold(w(2) ^ s1.rotate_left(32), w(3) ^ s0.rotate_left(32) ^ u64::from(d.suffix.raw())).rotate_left(29)
+    }
+
+    /// Adds the key at index `i` of its batch, whose hash is `h`
+    /// ([`Self::hash_digest`]), unless an earlier one equal to it (`same`
+    /// says, given its index) is there; false when it was. A slot holds the
+    /// hash and the index plus one (never 0).
+    #[inline]
+    fn insert_indexed(&mut self, h: u64, i: usize, same: impl Fn(usize) -> bool) -> bool {
+        let mask = self.slots.len() - 1;
+        let mut pos = h as usize & mask;
+        loop {
+            let s = self.slots[pos];
+            if s == 0 {
+                self.slots[pos] = u128::from(h) << 64 | (i as u128 + 1);
+                self.used.push(pos as u32);
+                return true;
+            }
+            if (s >> 64) as u64 == h && same(s as u64 as usize - 1) {
+                return false;
+            }
+            pos = (pos + 1) & mask;
+        }
+    }
+
     /// Adds `d` (not 0); false when it was there already.
     #[inline]
     fn insert(&mut self, d: u128) -> bool {
@@ -421,9 +463,22 @@ const KEPT_SEEN: usize = 1 << 14;
 fn distinct_keys(keys: &[KeyRef<'_>], out: &mut Vec<(usize, i64)>) {
     out.clear();
     out.reserve(keys.len());
-    let all_hex = SEEN_HEX.with(|seen| {
+    // A batch of one kind, hex or digest keys, through the thread's set;
+    // any other (hashbrown's set of whole keys cost SGLang's 128 digests
+    // 150 instructions a key).
+    let one_kind = SEEN_HEX.with(|seen| {
         let Ok(mut seen) = seen.try_borrow_mut() else { return false };
         seen.start(keys.len());
+        if let Some(KeyRef::Digest(_)) = keys.first() {
+            for (i, k) in keys.iter().enumerate() {
+                let KeyRef::Digest(d) = k else { return false };
+                let h = seen.hash_digest(d);
+                if seen.insert_indexed(h, i, |j| matches!(&keys[j], KeyRef::Digest(e) if e == d)) {
+                    out.push((i, -1));
+                }
+            }
+            return true;
+        }
         for (i, k) in keys.iter().enumerate() {
             let KeyRef::Hex(d) = k else { return false };
             if seen.insert(*d) {
@@ -432,7 +487,7 @@ fn distinct_keys(keys: &[KeyRef<'_>], out: &mut Vec<(usize, i64)>) {
         }
         true
     });
-    if !all_hex {
+    if !one_kind {
         // Another kind of key in the batch: one set of whole keys.
         out.clear();
         let mut seen: HashSet<&KeyRef<'_>, FixedState> =
@@ -509,6 +564,32 @@ mod tests {
         assert_eq!(firsts(&[&b, &a, &b]), vec![0, 1]);
         let one = parsed(&[&a]);
         assert_eq!(one[distinct(&one)[0].0], KeyRef::parse(&a));
+    }
+
+    #[test]
+    fn distinct_digest_keys_in_order_of_first_appearance() {
+        fn parsed(keys: &[String]) -> Vec<KeyRef<'_>> {
+            keys.iter().map(|k| KeyRef::parse(k)).collect()
+        }
+        let firsts = |keys: &[KeyRef<'_>]| {
+            let mut out = Vec::new();
+            distinct_keys(keys, &mut out);
+            out.into_iter().map(|(i, _)| i).collect::<Vec<_>>()
+        };
+        let d: Vec<String> = (1..=4).map(key).collect();
+        assert!(matches!(KeyRef::parse(&d[0]), KeyRef::Digest(_)));
+        let (k, v) = (format!("{}-k", d[0]), format!("{}-v", d[0]));
+        let batch = [&d[0], &d[1], &d[0], &k, &v, &k, &d[2], &d[1], &d[3]].map(String::clone);
+        assert_eq!(firsts(&parsed(&batch)), vec![0, 1, 3, 4, 6, 8]);
+        // A digest batch with a hex key in it: the set of whole keys, the
+        // same answer.
+        let hex = format!("{:032x}", 7);
+        let mixed = [&d[0], &hex, &d[0], &hex, &d[1]].map(String::clone);
+        assert_eq!(firsts(&parsed(&mixed)), vec![0, 1, 4]);
+        // Many digests, then a small batch: nothing of the first is remembered.
+        let many: Vec<String> = (1..=(KEPT_SEEN + 10)).map(key).collect();
+        assert_eq!(firsts(&parsed(&many)).len(), many.len());
+        assert_eq!(firsts(&parsed(&[d[1].clone(), d[0].clone(), d[1].clone()])), vec![0, 1]);
     }
 
     #[test]
