@@ -33,7 +33,7 @@ use super::super::index::Delta;
 use super::super::journal::Change;
 use super::super::key::KeyRef;
 use super::super::lease;
-use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND, FREE};
+use super::super::pages::{ClaimGuard, Claimed, Owner, PageState, PageTable, BOUND, FREE};
 use super::super::sync::Ordering;
 use super::{Initialized, Store};
 
@@ -48,6 +48,48 @@ pub enum Freed {
     Binding,
 }
 
+/// One frame's replays on a store ([`Store::replay_frame`]): the store's
+/// generation is read once for all of them rather than once per record, and
+/// keys come as [`KeyRef`]s (a decoded record's binary key), never as text
+/// parsed again. Each replay does what the `Store::replay_*` of the same
+/// name does.
+pub struct Replay<'s> {
+    store: &'s Store,
+    current: std::sync::Arc<super::Generation>,
+}
+
+impl Replay<'_> {
+    /// [`Store::replay_initialize`].
+    pub fn initialize(&self, rank: u32, num_pages: u32) -> Result<(), String> {
+        self.store.replay_initialize(rank, num_pages)
+    }
+
+    /// [`Store::replay_unbind`].
+    pub fn unbind(&self, rank: u32, page: u32) -> Result<Freed, String> {
+        self.store.unbind_in(&self.current, rank, page)
+    }
+
+    /// [`Store::replay_reserve`].
+    pub fn reserve(&self, rank: u32, page: u32, tag: u32) -> Result<(), String> {
+        self.store.reserve_in(&self.current, rank, page, tag)
+    }
+
+    /// [`Store::replay_bind`], of a key already classified.
+    pub fn bind(&self, rank: u32, page: u32, key: KeyRef<'_>, world: u32) -> Result<(), String> {
+        self.store.bind_in(&self.current, rank, page, key, world)
+    }
+
+    /// [`Store::hold_deadline`].
+    pub fn hold_deadline(&self) -> u32 {
+        self.store.hold_deadline()
+    }
+
+    /// [`Store::rank_size`].
+    pub fn rank_size(&self, rank: u32) -> Option<u32> {
+        self.store.rank_size(rank)
+    }
+}
+
 impl Store {
     /// Runs `f` (replays of one frame) as one operation of the journal
     /// ([`crate::Journal::begin`]): its changes reach the journal as one
@@ -55,6 +97,16 @@ impl Store {
     pub fn replay_batch<R>(&self, f: impl FnOnce() -> R) -> R {
         let _op = self.journal_op();
         f()
+    }
+
+    /// Runs `f` with one frame's [`Replay`] on this store, as one operation
+    /// of the journal (as [`Store::replay_batch`]). The generation `f`'s
+    /// replays apply to is the one current now: a `/clear` meanwhile (none
+    /// comes on a standby but from its leader's stream, before the frame)
+    /// leaves them in the old generation, as a request that raced it.
+    pub fn replay_frame<R>(&self, f: impl FnOnce(&Replay<'_>) -> R) -> R {
+        let _op = self.journal_op();
+        f(&Replay { store: self, current: self.current.load_full() })
     }
 
     /// Creates `rank` with `num_pages` pages unless it exists (journaled).
@@ -80,10 +132,18 @@ impl Store {
     /// a binding or a reservation. A free or quarantined page is left as it
     /// is. Returns what was freed.
     pub fn replay_unbind(&self, rank: u32, page: u32) -> Result<Freed, String> {
-        let current = self.current.load();
+        self.unbind_in(&self.current.load(), rank, page)
+    }
+
+    fn unbind_in(&self, current: &super::Generation, rank: u32, page: u32) -> Result<Freed, String> {
         let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
             return Err(format!("page {page} is out of range for rank {rank}"));
+        }
+        // A free page (the common case of a replayed reservation) is left
+        // as it is without a claim.
+        if table.state(page) == PageState::Free {
+            return Ok(Freed::Nothing);
         }
         let mut held = ClaimGuard::new(1);
         match held.claim(table, page) {
@@ -115,8 +175,11 @@ impl Store {
     /// Makes `page` of `rank` reserved for the key tagged `tag` (journaled
     /// `Reserve`), whatever it held, stamped with this store's expiry epoch.
     pub fn replay_reserve(&self, rank: u32, page: u32, tag: u32) -> Result<(), String> {
-        self.replay_unbind(rank, page)?;
-        let current = self.current.load();
+        self.reserve_in(&self.current.load(), rank, page, tag)
+    }
+
+    fn reserve_in(&self, current: &super::Generation, rank: u32, page: u32, tag: u32) -> Result<(), String> {
+        self.unbind_in(current, rank, page)?;
         let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         // Journaled before it is visible, as a rank creation is.
         self.record(Change::Reserve { generation: current.id, rank, page, tag });
@@ -126,7 +189,6 @@ impl Store {
         }
         Ok(())
     }
-
     /// The tick until which a page unbound now is held back if this store
     /// is promoted meanwhile (one read lease).
     pub fn hold_deadline(&self) -> u32 {
@@ -157,21 +219,40 @@ impl Store {
     /// error (the leader fixes it at the first binding; a differing one
     /// means the states diverged).
     pub fn replay_bind(&self, rank: u32, page: u32, key: &str, world: u32) -> Result<(), String> {
-        let current = self.current.load();
+        self.bind_in(&self.current.load(), rank, page, KeyRef::parse(key), world)
+    }
+
+    fn bind_in(
+        &self,
+        current: &super::Generation,
+        rank: u32,
+        page: u32,
+        k: KeyRef<'_>,
+        world: u32,
+    ) -> Result<(), String> {
         let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
             return Err(format!("page {page} is out of range for rank {rank}"));
         }
-        let k = KeyRef::parse(key);
-        match current.index.page(k, rank) {
+        // One look-up for the key's page on this rank and its world size.
+        let (at, mut known) = {
+            let reader = current.index.reader();
+            match reader.get(k) {
+                Some(e) => (e.page(rank), Some(e.world())),
+                None => (None, None),
+            }
+        };
+        match at {
             Some(p) if p == page => return Ok(()),
             Some(p) => {
-                self.replay_unbind(rank, p)?;
+                self.unbind_in(current, rank, p)?;
+                // The key may be gone with its page: read again.
+                known = current.index.world(k);
             }
             None => {}
         }
-        if current.index.world(k).is_some_and(|w| w != world) {
-            return Err(format!("key {key} has another world size here than the leader's {world}"));
+        if known.is_some_and(|w| w != world) {
+            return Err(format!("key {} has another world size here than the leader's {world}", k.to_key()));
         }
         let mut held = ClaimGuard::new(1);
         let claimed = match held.claim(table, page) {
@@ -182,7 +263,7 @@ impl Store {
             }
             Some(Claimed::Bound) => {
                 drop(held);
-                self.replay_unbind(rank, page)?;
+                self.unbind_in(current, rank, page)?;
                 table.claim_free(page)
             }
             None => table.claim_free(page),
@@ -190,7 +271,7 @@ impl Store {
         if !claimed {
             return Err(format!("page {page} of rank {rank} is quarantined here; the leader bound it"));
         }
-        self.bind_claimed(&current, table, rank, page, k, world)
+        self.bind_claimed(current, table, rank, page, k, world)
     }
 
     /// Binds `key` to `page` (held BUSY by this thread) and journals it; on
