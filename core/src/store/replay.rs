@@ -33,9 +33,41 @@ use super::super::index::Delta;
 use super::super::journal::Change;
 use super::super::key::KeyRef;
 use super::super::lease;
-use super::super::pages::{ClaimGuard, Claimed, Owner, PageState, PageTable, BOUND, FREE};
+use super::super::pages::{Claimed, Owner, PageTable, BOUND, FREE};
 use super::super::sync::Ordering;
 use super::{Initialized, Store};
+
+/// One page claimed by a replay ([`PageTable::claim`]): put back as it was
+/// when dropped, unless committed (a [`ClaimGuard`] of one page, without
+/// the guard's allocation).
+///
+/// [`ClaimGuard`]: super::super::pages::ClaimGuard
+struct OneClaim<'t> {
+    table: &'t PageTable,
+    page: u32,
+    was: Claimed,
+    armed: bool,
+}
+
+impl<'t> OneClaim<'t> {
+    /// Claims `page` (`None`: it is FREE).
+    fn take(table: &'t PageTable, page: u32) -> Option<Self> {
+        table.claim(page).map(|was| OneClaim { table, page, was, armed: true })
+    }
+
+    /// Keeps the page BUSY: the caller owes it a [`PageTable::settle`].
+    fn commit(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for OneClaim<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.table.settle(self.page, self.was.bits());
+        }
+    }
+}
 
 /// What [`Store::replay_unbind`] freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,27 +172,18 @@ impl Store {
         if page >= table.num_pages() {
             return Err(format!("page {page} is out of range for rank {rank}"));
         }
-        // A free page (the common case of a replayed reservation) is left
-        // as it is without a claim.
-        if table.state(page) == PageState::Free {
-            return Ok(Freed::Nothing);
-        }
-        let mut held = ClaimGuard::new(1);
-        match held.claim(table, page) {
-            None => return Ok(Freed::Nothing),
-            Some(Claimed::Reserved) => {
-                let _ = held.commit();
-                self.record(Change::Unbind { generation: current.id, rank, page });
-                table.forget_owner(page);
-                table.settle(page, FREE);
-                table.give_back(1);
-                return Ok(Freed::Reservation);
-            }
-            Some(Claimed::Bound) => {}
+        let Some(held) = OneClaim::take(table, page) else { return Ok(Freed::Nothing) };
+        if held.was == Claimed::Reserved {
+            held.commit();
+            self.record(Change::Unbind { generation: current.id, rank, page });
+            table.forget_owner(page);
+            table.settle(page, FREE);
+            table.give_back(1);
+            return Ok(Freed::Reservation);
         }
         // A BOUND page that names no key is quarantined (the guard puts it back).
         let Some(key) = table.owner(page).and_then(|o| current.index.key_of(&o)) else { return Ok(Freed::Nothing) };
-        let _ = held.commit();
+        held.commit();
         let mut delta = Delta::default();
         // Journaled before the index forgets the binding, as on a leader.
         self.record(Change::Unbind { generation: current.id, rank, page });
@@ -254,14 +277,13 @@ impl Store {
         if known.is_some_and(|w| w != world) {
             return Err(format!("key {} has another world size here than the leader's {world}", k.to_key()));
         }
-        let mut held = ClaimGuard::new(1);
-        let claimed = match held.claim(table, page) {
+        let claimed = match OneClaim::take(table, page) {
             // Its reservation, confirmed: the page stays BUSY for the bind.
-            Some(Claimed::Reserved) => {
-                let _ = held.commit();
+            Some(held) if held.was == Claimed::Reserved => {
+                held.commit();
                 true
             }
-            Some(Claimed::Bound) => {
+            Some(held) => {
                 drop(held);
                 self.unbind_in(current, rank, page)?;
                 table.claim_free(page)
