@@ -109,7 +109,7 @@ pub fn apply(side: Side<'_>, records: &[u8], holds: &mut Holds) -> Result<(), St
         Side::Spaces(spaces) => side.batch(|| {
             apply_records(
                 |rank| match spaces.by_id(rank) {
-                    Some(store) => Ok((Landed::Space(store), 0)),
+                    Some(store) => Ok((Space(store), 0)),
                     None => Err(format!("SGLang space {rank} is not named here (no catalog line for it)")),
                 },
                 records,
@@ -127,19 +127,16 @@ trait Lands {
 
 impl Lands for &Replay<'_> {
     fn replay<R>(&self, f: impl FnOnce(&Replay<'_>) -> R) -> R {
-        f(*self)
+        f(self)
     }
 }
 
 /// A space's store, replayed record by record.
-enum Landed {
-    Space(std::sync::Arc<Store>),
-}
+struct Space(std::sync::Arc<Store>);
 
-impl Lands for Landed {
+impl Lands for Space {
     fn replay<R>(&self, f: impl FnOnce(&Replay<'_>) -> R) -> R {
-        let Landed::Space(store) = self;
-        store.replay_frame(f)
+        self.0.replay_frame(f)
     }
 }
 
