@@ -40,7 +40,7 @@ pub use allocate::AllocSlot;
 use arc_swap::ArcSwap;
 pub use delete::DeleteOutcome;
 pub use evict::{EvictReason, EvictStats, MaintainReport};
-pub use replay::Freed;
+pub use replay::{Freed, Replay};
 pub use snapshot::{PageRead, PageSource, ReadPagesError, Visit};
 use std::sync::Arc;
 

@@ -174,6 +174,7 @@ fn be32(b: &[u8]) -> u32 {
     u32::from_be_bytes(a)
 }
 
+#[inline]
 fn le32(b: &[u8]) -> u32 {
     let mut a = [0; 4];
     a.copy_from_slice(b);
@@ -256,33 +257,54 @@ pub fn put_initialize(out: &mut Vec<u8>, rank: u32, num_pages: u32) {
 
 /// Appends a bind record.
 pub fn put_bind(out: &mut Vec<u8>, rank: u32, page: u32, world: u32, key: KeyRef<'_>) {
-    out.push(TAG_BIND);
-    out.extend_from_slice(&rank.to_le_bytes());
-    out.extend_from_slice(&page.to_le_bytes());
-    out.extend_from_slice(&world.to_le_bytes());
+    if let KeyRef::Hex(v) = key {
+        // The common record in one piece: tag, three u32s, a hex key.
+        let mut rec = [0u8; 1 + 12 + 1 + 16];
+        rec[0] = TAG_BIND;
+        rec[1..5].copy_from_slice(&rank.to_le_bytes());
+        rec[5..9].copy_from_slice(&page.to_le_bytes());
+        rec[9..13].copy_from_slice(&world.to_le_bytes());
+        rec[13] = KEY_HEX;
+        rec[14..].copy_from_slice(&v.to_be_bytes());
+        out.extend_from_slice(&rec);
+        return;
+    }
+    out.extend_from_slice(&fixed(TAG_BIND, [rank, page, world]));
     put_key(out, key);
+}
+
+/// A record's tag and three `u32`s.
+#[inline]
+fn fixed(tag: u8, v: [u32; 3]) -> [u8; 13] {
+    let mut rec = [tag; 13];
+    for (i, x) in v.iter().enumerate() {
+        rec[1 + 4 * i..5 + 4 * i].copy_from_slice(&x.to_le_bytes());
+    }
+    rec
+}
+
+/// A record's tag and two `u32`s.
+#[inline]
+fn pair(tag: u8, a: u32, b: u32) -> [u8; 9] {
+    let mut rec = [tag; 9];
+    rec[1..5].copy_from_slice(&a.to_le_bytes());
+    rec[5..].copy_from_slice(&b.to_le_bytes());
+    rec
 }
 
 /// Appends an unbind record.
 pub fn put_unbind(out: &mut Vec<u8>, rank: u32, page: u32) {
-    out.push(TAG_UNBIND);
-    out.extend_from_slice(&rank.to_le_bytes());
-    out.extend_from_slice(&page.to_le_bytes());
+    out.extend_from_slice(&pair(TAG_UNBIND, rank, page));
 }
 
 /// Appends a reserve record (the page is reserved for the key tagged `tag`).
 pub fn put_reserve(out: &mut Vec<u8>, rank: u32, page: u32, tag: u32) {
-    out.push(TAG_RESERVE);
-    out.extend_from_slice(&rank.to_le_bytes());
-    out.extend_from_slice(&page.to_le_bytes());
-    out.extend_from_slice(&tag.to_le_bytes());
+    out.extend_from_slice(&fixed(TAG_RESERVE, [rank, page, tag]));
 }
 
 /// Appends a hold record (the page is held back for a reader's lease).
 pub fn put_hold(out: &mut Vec<u8>, rank: u32, page: u32) {
-    out.push(TAG_HOLD);
-    out.extend_from_slice(&rank.to_le_bytes());
-    out.extend_from_slice(&page.to_le_bytes());
+    out.extend_from_slice(&pair(TAG_HOLD, rank, page));
 }
 
 fn put_key(out: &mut Vec<u8>, key: KeyRef<'_>) {
@@ -337,6 +359,7 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    #[inline]
     fn bytes(&mut self, n: usize) -> Result<&'a [u8], Corrupt> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
         let end = end.ok_or(Corrupt::new(self.what, self.pos))?;
@@ -345,15 +368,18 @@ impl<'a> Reader<'a> {
         Ok(b)
     }
 
+    #[inline]
     fn u8(&mut self) -> Result<u8, Corrupt> {
         Ok(self.bytes(1)?[0])
     }
 
+    #[inline]
     fn u16(&mut self) -> Result<u16, Corrupt> {
         let b = self.bytes(2)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
     }
 
+    #[inline]
     fn u32(&mut self) -> Result<u32, Corrupt> {
         Ok(le32(self.bytes(4)?))
     }
@@ -396,6 +422,7 @@ impl<'a> Reader<'a> {
         }
     }
 
+    #[inline]
     fn done(&self) -> bool {
         self.pos == self.buf.len()
     }

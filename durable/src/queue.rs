@@ -8,7 +8,9 @@
 //! ([`Journal::begin`]/[`Journal::end`], a confirm's commit), the changes
 //! go into a thread-local buffer instead and the whole operation is pushed
 //! as one message at its end: one channel send per request rather than one
-//! per page. The changes are still numbered as they are recorded, and the
+//! per page. There its page changes are encoded as they are recorded, in
+//! the log's own bytes ([`Op::Records`]): the writer copies an operation's
+//! changes into its log entry rather than encoding them one by one. The changes are still numbered as they are recorded, and the
 //! writer writes them in number order ([`Watermark::ready`]): another
 //! request may change a page again before this one's message is sent.
 //!
@@ -65,6 +67,21 @@ pub(crate) enum Op {
     Reserve { generation: u64, rank: u32, page: u32, tag: u32 },
     Hold { generation: u64, rank: u32, page: u32 },
     Clear { generation: u64 },
+    Records(Records),
+}
+
+/// `count` page changes of one generation, numbered one after the other
+/// from the number their [`Op::Records`] is queued with, already encoded as
+/// the log writes them (`codec::put_*`, in order), with the state chunks
+/// they touch ([`super::shared::chunk_id`], in order, a run of one chunk
+/// noted once): the changes of an operation ([`Journal::begin`]), encoded
+/// as they are recorded.
+#[derive(Debug, Clone)]
+pub(crate) struct Records {
+    pub(crate) generation: u64,
+    pub(crate) count: u64,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) chunks: Vec<u64>,
 }
 
 impl Op {
@@ -82,7 +99,17 @@ impl Op {
             | Op::Unbind { generation, .. }
             | Op::Reserve { generation, .. }
             | Op::Hold { generation, .. }
+            | Op::Records(Records { generation, .. })
             | Op::Clear { generation } => generation,
+        }
+    }
+
+    /// How many change numbers this op covers (from the one it is queued
+    /// with).
+    pub(crate) fn span(&self) -> u64 {
+        match *self {
+            Op::Records(Records { count, .. }) => count,
+            _ => 1,
         }
     }
 }
@@ -397,7 +424,7 @@ struct Pending {
     owner: usize,
     /// Nesting depth of `begin`s.
     depth: u32,
-    /// The changes recorded so far.
+    /// The changes recorded so far (page changes encoded, [`buffer`]).
     ops: Vec<(u64, Op)>,
 }
 
@@ -420,17 +447,16 @@ impl QueueJournal {
 
 impl Journal for QueueJournal {
     fn record(&self, change: Change<'_>) {
-        let op = Op::from(change);
         let seq = self.progress.next();
         let unbuffered = PENDING.with(|p| match p.try_borrow_mut() {
             Ok(mut p) if p.depth > 0 && p.owner == self.id() => {
-                p.ops.push((seq, op));
+                buffer(&mut p.ops, seq, change);
                 None
             }
-            _ => Some(op),
+            _ => Some(change),
         });
-        if let Some(op) = unbuffered {
-            self.send(Msg::Change { seq, op });
+        if let Some(change) = unbuffered {
+            self.send(Msg::Change { seq, op: Op::from(change) });
         }
     }
 
@@ -457,6 +483,47 @@ impl Journal for QueueJournal {
         if !ops.is_empty() {
             self.send(Msg::Changes(ops));
         }
+    }
+}
+
+/// Adds change `seq` to an operation's changes `ops`: a page change is
+/// encoded at once, into the [`Op::Records`] at the end of `ops` when it
+/// follows that one's numbers in the same generation (else into a new
+/// one), so the writer copies the operation's bytes rather than encoding
+/// each change; rank creations and clears stay ops of their own (a
+/// degraded writer keeps them).
+fn buffer(ops: &mut Vec<(u64, Op)>, seq: u64, change: Change<'_>) {
+    use super::codec;
+    use super::shared::chunk_id;
+    let (generation, rank, page) = match change {
+        Change::Bind { generation, rank, page, .. }
+        | Change::Unbind { generation, rank, page }
+        | Change::Reserve { generation, rank, page, .. }
+        | Change::Hold { generation, rank, page } => (generation, rank, page),
+        Change::Initialize { .. } | Change::Clear { .. } => {
+            ops.push((seq, Op::from(change)));
+            return;
+        }
+    };
+    let follows =
+        matches!(ops.last(), Some((first, Op::Records(r))) if r.generation == generation && first + r.count == seq);
+    if !follows {
+        let r = Records { generation, count: 0, bytes: Vec::with_capacity(1024), chunks: Vec::new() };
+        ops.push((seq, Op::Records(r)));
+    }
+    let Some((_, Op::Records(Records { count, bytes, chunks, .. }))) = ops.last_mut() else { return };
+    match change {
+        Change::Bind { key, world, .. } => codec::put_bind(bytes, rank, page, world, key),
+        Change::Unbind { .. } => codec::put_unbind(bytes, rank, page),
+        Change::Reserve { tag, .. } => codec::put_reserve(bytes, rank, page, tag),
+        Change::Hold { .. } => codec::put_hold(bytes, rank, page),
+        Change::Initialize { .. } | Change::Clear { .. } => {}
+    }
+    *count += 1;
+    // Consecutive changes mostly touch the same chunk.
+    let id = chunk_id(rank, page >> codec::CHUNK_SHIFT);
+    if chunks.last() != Some(&id) {
+        chunks.push(id);
     }
 }
 
@@ -496,14 +563,30 @@ impl Watermark {
             if self.ahead.peek().is_some_and(|r| r.0 == next) {
                 self.ahead.pop();
                 self.done = next;
-            } else if pending.get(i).is_some_and(|e| e.0 == next) {
-                self.done = next;
+            } else if let Some(e) = pending.get(i).filter(|e| e.0 == next) {
+                self.done = next + e.1.span() - 1;
                 i += 1;
             } else {
                 break;
             }
         }
         out.extend(pending.drain(..i));
+    }
+
+    /// Marks the `span` numbers from `first` on done ([`Op::span`]) and
+    /// returns the new position.
+    pub(crate) fn advance_span(&mut self, first: u64, span: u64) -> u64 {
+        if first == self.done + 1 {
+            self.done = first + span - 1;
+            while self.ahead.peek().is_some_and(|r| r.0 == self.done + 1) {
+                self.ahead.pop();
+                self.done += 1;
+            }
+            self.done
+        } else {
+            let mut seqs: Vec<u64> = (first..first + span).collect();
+            self.advance(&mut seqs)
+        }
     }
 
     /// Marks `seqs` done (sorts them) and returns the new position.
@@ -558,11 +641,55 @@ mod tests {
         assert!(rx.try_recv().is_err(), "held until the outer end");
         j.end();
         match rx.try_recv() {
-            Ok(Msg::Changes(v)) => assert_eq!(v.iter().map(|e| e.0).collect::<Vec<_>>(), [2, 3]),
+            // The numbers each op covers (the page changes are one encoded run).
+            Ok(Msg::Changes(v)) => {
+                assert_eq!(v.iter().flat_map(|(s, op)| *s..*s + op.span()).collect::<Vec<_>>(), [2, 3])
+            }
             other => panic!("{other:?}"),
         }
         j.record(unbind(4));
         assert!(matches!(rx.try_recv(), Ok(Msg::Change { seq: 4, .. })));
+    }
+
+    #[test]
+    fn an_operations_page_changes_are_encoded_in_runs_of_consecutive_numbers() {
+        use crate::codec::{self, Record};
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let j = QueueJournal { progress: std::sync::Arc::new(Progress::default()), tx };
+        let key = crate::core::KeyRef::parse("0123456789abcdef0123456789abcdef");
+        j.begin();
+        j.record(Change::Bind { generation: 0, rank: 1, page: 2, key, world: 1 });
+        j.record(Change::Unbind { generation: 0, rank: 1, page: 300 });
+        // Number 3 goes to another thread's change: a new run after it.
+        let _ = j.progress.next();
+        j.record(Change::Reserve { generation: 0, rank: 1, page: 3, tag: 9 });
+        j.record(Change::Initialize { generation: 0, rank: 2, num_pages: 8 });
+        j.record(Change::Hold { generation: 1, rank: 1, page: 4 });
+        j.end();
+        let Ok(Msg::Changes(v)) = rx.try_recv() else { panic!("one message") };
+        let spans: Vec<_> = v.iter().map(|(s, op)| (*s, op.span())).collect();
+        assert_eq!(spans, [(1, 2), (4, 1), (5, 1), (6, 1)]);
+        let Op::Records(first) = &v[0].1 else { panic!("{:?}", v[0]) };
+        let mut want = Vec::new();
+        codec::put_bind(&mut want, 1, 2, 1, key);
+        codec::put_unbind(&mut want, 1, 300);
+        assert_eq!(first.bytes, want);
+        assert_eq!(first.chunks, [super::super::shared::chunk_id(1, 0), super::super::shared::chunk_id(1, 1)]);
+        let mut got = Vec::new();
+        codec::decode_log(&first.bytes, |r| got.push(r)).unwrap();
+        assert!(matches!(got[..], [Record::Bind { page: 2, .. }, Record::Unbind { page: 300, .. }]), "{got:?}");
+        assert!(matches!(v[2].1, Op::Initialize { rank: 2, .. }));
+        assert_eq!((v[3].1.generation(), v[1].1.generation()), (1, 0), "a new generation starts a new run");
+        // The writer takes them in number order, each run as its numbers.
+        let mut w = Watermark::new(0);
+        let (mut pending, mut out) = (v.into_iter().rev().collect::<Vec<_>>(), Vec::new());
+        w.ready(&mut pending, &mut out);
+        assert_eq!((w.done(), out.len()), (2, 1), "number 3 is not done yet");
+        assert_eq!(w.advance_span(3, 1), 3);
+        w.ready(&mut pending, &mut out);
+        assert_eq!((w.done(), out.len(), pending.len()), (6, 4, 0));
+        assert_eq!(w.advance_span(9, 2), 6);
+        assert_eq!(w.advance_span(7, 2), 10);
     }
 
     #[test]

@@ -214,7 +214,7 @@ impl Writer {
                     received += 1;
                 }
                 Ok(Msg::Changes(mut ops)) => {
-                    received += ops.len();
+                    received += ops.iter().map(|(_, op)| op.span() as usize).sum::<usize>();
                     batch.pending.append(&mut ops);
                 }
                 Ok(Msg::Stop) | Err(()) => stop = true,
@@ -283,6 +283,22 @@ impl Writer {
             Op::Hold { rank, page, .. } => {
                 codec::put_hold(&mut batch.buf, rank, page);
                 batch.touch(rank, page);
+            }
+            Op::Records(super::queue::Records { count, bytes, chunks, .. }) => {
+                // The first of a pass takes over the buffer (the log entry
+                // is handed to the store as it is, see `write`).
+                if batch.buf.is_empty() {
+                    batch.buf = bytes;
+                } else {
+                    batch.buf.extend_from_slice(&bytes);
+                }
+                for id in chunks {
+                    if batch.chunks.last() != Some(&id) {
+                        batch.chunks.push(id);
+                    }
+                }
+                batch.records += count;
+                return Ok(());
             }
             Op::Clear { .. } => return Ok(()),
         }
@@ -469,7 +485,7 @@ fn take_failed_batch(watermark: &mut Watermark, batch: &mut Batch) -> Vec<Op> {
 /// Counts `ops` as covered, keeping their rank creations and clears.
 fn keep_admin(watermark: &mut Watermark, admin: &mut Vec<Op>, ops: impl IntoIterator<Item = (u64, Op)>) {
     for (seq, op) in ops {
-        watermark.advance(&mut [seq]);
+        watermark.advance_span(seq, op.span());
         if op.is_admin() {
             admin.push(op);
         }

@@ -33,9 +33,41 @@ use super::super::index::Delta;
 use super::super::journal::Change;
 use super::super::key::KeyRef;
 use super::super::lease;
-use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, BOUND, FREE};
+use super::super::pages::{Claimed, Owner, PageTable, BOUND, FREE};
 use super::super::sync::Ordering;
 use super::{Initialized, Store};
+
+/// One page claimed by a replay ([`PageTable::claim`]): put back as it was
+/// when dropped, unless committed (a [`ClaimGuard`] of one page, without
+/// the guard's allocation).
+///
+/// [`ClaimGuard`]: super::super::pages::ClaimGuard
+struct OneClaim<'t> {
+    table: &'t PageTable,
+    page: u32,
+    was: Claimed,
+    armed: bool,
+}
+
+impl<'t> OneClaim<'t> {
+    /// Claims `page` (`None`: it is FREE).
+    fn take(table: &'t PageTable, page: u32) -> Option<Self> {
+        table.claim(page).map(|was| OneClaim { table, page, was, armed: true })
+    }
+
+    /// Keeps the page BUSY: the caller owes it a [`PageTable::settle`].
+    fn commit(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for OneClaim<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.table.settle(self.page, self.was.bits());
+        }
+    }
+}
 
 /// What [`Store::replay_unbind`] freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +80,48 @@ pub enum Freed {
     Binding,
 }
 
+/// One frame's replays on a store ([`Store::replay_frame`]): the store's
+/// generation is read once for all of them rather than once per record, and
+/// keys come as [`KeyRef`]s (a decoded record's binary key), never as text
+/// parsed again. Each replay does what the `Store::replay_*` of the same
+/// name does.
+pub struct Replay<'s> {
+    store: &'s Store,
+    current: std::sync::Arc<super::Generation>,
+}
+
+impl Replay<'_> {
+    /// [`Store::replay_initialize`].
+    pub fn initialize(&self, rank: u32, num_pages: u32) -> Result<(), String> {
+        self.store.replay_initialize(rank, num_pages)
+    }
+
+    /// [`Store::replay_unbind`].
+    pub fn unbind(&self, rank: u32, page: u32) -> Result<Freed, String> {
+        self.store.unbind_in(&self.current, rank, page)
+    }
+
+    /// [`Store::replay_reserve`].
+    pub fn reserve(&self, rank: u32, page: u32, tag: u32) -> Result<(), String> {
+        self.store.reserve_in(&self.current, rank, page, tag)
+    }
+
+    /// [`Store::replay_bind`], of a key already classified.
+    pub fn bind(&self, rank: u32, page: u32, key: KeyRef<'_>, world: u32) -> Result<(), String> {
+        self.store.bind_in(&self.current, rank, page, key, world)
+    }
+
+    /// [`Store::hold_deadline`].
+    pub fn hold_deadline(&self) -> u32 {
+        self.store.hold_deadline()
+    }
+
+    /// [`Store::rank_size`].
+    pub fn rank_size(&self, rank: u32) -> Option<u32> {
+        self.store.rank_size(rank)
+    }
+}
+
 impl Store {
     /// Runs `f` (replays of one frame) as one operation of the journal
     /// ([`crate::Journal::begin`]): its changes reach the journal as one
@@ -55,6 +129,16 @@ impl Store {
     pub fn replay_batch<R>(&self, f: impl FnOnce() -> R) -> R {
         let _op = self.journal_op();
         f()
+    }
+
+    /// Runs `f` with one frame's [`Replay`] on this store, as one operation
+    /// of the journal (as [`Store::replay_batch`]). The generation `f`'s
+    /// replays apply to is the one current now: a `/clear` meanwhile (none
+    /// comes on a standby but from its leader's stream, before the frame)
+    /// leaves them in the old generation, as a request that raced it.
+    pub fn replay_frame<R>(&self, f: impl FnOnce(&Replay<'_>) -> R) -> R {
+        let _op = self.journal_op();
+        f(&Replay { store: self, current: self.current.load_full() })
     }
 
     /// Creates `rank` with `num_pages` pages unless it exists (journaled).
@@ -80,27 +164,26 @@ impl Store {
     /// a binding or a reservation. A free or quarantined page is left as it
     /// is. Returns what was freed.
     pub fn replay_unbind(&self, rank: u32, page: u32) -> Result<Freed, String> {
-        let current = self.current.load();
+        self.unbind_in(&self.current.load(), rank, page)
+    }
+
+    fn unbind_in(&self, current: &super::Generation, rank: u32, page: u32) -> Result<Freed, String> {
         let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
             return Err(format!("page {page} is out of range for rank {rank}"));
         }
-        let mut held = ClaimGuard::new(1);
-        match held.claim(table, page) {
-            None => return Ok(Freed::Nothing),
-            Some(Claimed::Reserved) => {
-                let _ = held.commit();
-                self.record(Change::Unbind { generation: current.id, rank, page });
-                table.forget_owner(page);
-                table.settle(page, FREE);
-                table.give_back(1);
-                return Ok(Freed::Reservation);
-            }
-            Some(Claimed::Bound) => {}
+        let Some(held) = OneClaim::take(table, page) else { return Ok(Freed::Nothing) };
+        if held.was == Claimed::Reserved {
+            held.commit();
+            self.record(Change::Unbind { generation: current.id, rank, page });
+            table.forget_owner(page);
+            table.settle(page, FREE);
+            table.give_back(1);
+            return Ok(Freed::Reservation);
         }
         // A BOUND page that names no key is quarantined (the guard puts it back).
         let Some(key) = table.owner(page).and_then(|o| current.index.key_of(&o)) else { return Ok(Freed::Nothing) };
-        let _ = held.commit();
+        held.commit();
         let mut delta = Delta::default();
         // Journaled before the index forgets the binding, as on a leader.
         self.record(Change::Unbind { generation: current.id, rank, page });
@@ -115,8 +198,11 @@ impl Store {
     /// Makes `page` of `rank` reserved for the key tagged `tag` (journaled
     /// `Reserve`), whatever it held, stamped with this store's expiry epoch.
     pub fn replay_reserve(&self, rank: u32, page: u32, tag: u32) -> Result<(), String> {
-        self.replay_unbind(rank, page)?;
-        let current = self.current.load();
+        self.reserve_in(&self.current.load(), rank, page, tag)
+    }
+
+    fn reserve_in(&self, current: &super::Generation, rank: u32, page: u32, tag: u32) -> Result<(), String> {
+        self.unbind_in(current, rank, page)?;
         let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         // Journaled before it is visible, as a rank creation is.
         self.record(Change::Reserve { generation: current.id, rank, page, tag });
@@ -126,7 +212,6 @@ impl Store {
         }
         Ok(())
     }
-
     /// The tick until which a page unbound now is held back if this store
     /// is promoted meanwhile (one read lease).
     pub fn hold_deadline(&self) -> u32 {
@@ -157,32 +242,50 @@ impl Store {
     /// error (the leader fixes it at the first binding; a differing one
     /// means the states diverged).
     pub fn replay_bind(&self, rank: u32, page: u32, key: &str, world: u32) -> Result<(), String> {
-        let current = self.current.load();
+        self.bind_in(&self.current.load(), rank, page, KeyRef::parse(key), world)
+    }
+
+    fn bind_in(
+        &self,
+        current: &super::Generation,
+        rank: u32,
+        page: u32,
+        k: KeyRef<'_>,
+        world: u32,
+    ) -> Result<(), String> {
         let table = current.rank(rank.into()).ok_or_else(|| format!("rank {rank} is not initialized"))?;
         if page >= table.num_pages() {
             return Err(format!("page {page} is out of range for rank {rank}"));
         }
-        let k = KeyRef::parse(key);
-        match current.index.page(k, rank) {
+        // One look-up for the key's page on this rank and its world size.
+        let (at, mut known) = {
+            let reader = current.index.reader();
+            match reader.get(k) {
+                Some(e) => (e.page(rank), Some(e.world())),
+                None => (None, None),
+            }
+        };
+        match at {
             Some(p) if p == page => return Ok(()),
             Some(p) => {
-                self.replay_unbind(rank, p)?;
+                self.unbind_in(current, rank, p)?;
+                // The key may be gone with its page: read again.
+                known = current.index.world(k);
             }
             None => {}
         }
-        if current.index.world(k).is_some_and(|w| w != world) {
-            return Err(format!("key {key} has another world size here than the leader's {world}"));
+        if known.is_some_and(|w| w != world) {
+            return Err(format!("key {} has another world size here than the leader's {world}", k.to_key()));
         }
-        let mut held = ClaimGuard::new(1);
-        let claimed = match held.claim(table, page) {
+        let claimed = match OneClaim::take(table, page) {
             // Its reservation, confirmed: the page stays BUSY for the bind.
-            Some(Claimed::Reserved) => {
-                let _ = held.commit();
+            Some(held) if held.was == Claimed::Reserved => {
+                held.commit();
                 true
             }
-            Some(Claimed::Bound) => {
+            Some(held) => {
                 drop(held);
-                self.replay_unbind(rank, page)?;
+                self.unbind_in(current, rank, page)?;
                 table.claim_free(page)
             }
             None => table.claim_free(page),
@@ -190,7 +293,7 @@ impl Store {
         if !claimed {
             return Err(format!("page {page} of rank {rank} is quarantined here; the leader bound it"));
         }
-        self.bind_claimed(&current, table, rank, page, k, world)
+        self.bind_claimed(current, table, rank, page, k, world)
     }
 
     /// Binds `key` to `page` (held BUSY by this thread) and journals it; on

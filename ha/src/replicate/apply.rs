@@ -11,7 +11,7 @@
 //! [`Holds`] notes, per store, when each page was last unbound, for the
 //! hold a promotion puts on pages a reader of the old leader may still read.
 
-use crate::core::{Freed, Spaces, Store};
+use crate::core::{Freed, Key, KeyRef, Replay, Spaces, Store};
 use crate::durable::codec::{self, Pending, Record};
 
 /// Where one durable store's records land.
@@ -103,39 +103,90 @@ impl Holds {
 /// Applies codec-encoded records to `side` (each forces a page's state),
 /// noting unbinds in `holds`.
 pub fn apply(side: Side<'_>, records: &[u8], holds: &mut Holds) -> Result<(), String> {
-    side.batch(|| apply_records(side, records, holds))
+    match side {
+        // One frame, one read of the store's state ([`Store::replay_frame`]).
+        Side::Vllm(store) => store.replay_frame(|r| apply_records(|rank| Ok((r, rank)), records, holds)),
+        Side::Spaces(spaces) => side.batch(|| {
+            apply_records(
+                |rank| match spaces.by_id(rank) {
+                    Some(store) => Ok((Space(store), 0)),
+                    None => Err(format!("SGLang space {rank} is not named here (no catalog line for it)")),
+                },
+                records,
+                holds,
+            )
+        }),
+    }
 }
 
-fn apply_records(side: Side<'_>, records: &[u8], holds: &mut Holds) -> Result<(), String> {
+/// Where one record lands: a frame's [`Replay`] of vLLM's store, or the
+/// store of the SGLang space it names.
+trait Lands {
+    fn replay<R>(&self, f: impl FnOnce(&Replay<'_>) -> R) -> R;
+}
+
+impl Lands for &Replay<'_> {
+    fn replay<R>(&self, f: impl FnOnce(&Replay<'_>) -> R) -> R {
+        f(self)
+    }
+}
+
+/// A space's store, replayed record by record.
+struct Space(std::sync::Arc<Store>);
+
+impl Lands for Space {
+    fn replay<R>(&self, f: impl FnOnce(&Replay<'_>) -> R) -> R {
+        self.0.replay_frame(f)
+    }
+}
+
+/// The key a decoded binding names, as this process classifies it: a
+/// hex or digest key as decoded (the decoder gave a digest this process's
+/// pool id); a text key parsed again, as a request's would be.
+fn key_of(key: &Key) -> KeyRef<'_> {
+    match key {
+        Key::Text(s) => KeyRef::parse(s),
+        k => k.as_ref(),
+    }
+}
+
+fn apply_records<L: Lands>(
+    land: impl Fn(u32) -> Result<(L, u32), String>,
+    records: &[u8],
+    holds: &mut Holds,
+) -> Result<(), String> {
     // Every store of a side has one clock and one read lease.
     let mut until = None;
     let mut err = None;
-    let mut hex = [0u8; codec::KEY_BUF];
-    codec::decode_log(records, |r| {
+    let with = |rank: u32, f: &mut dyn FnMut(&Replay<'_>, u32) -> Result<(), String>| {
+        let (l, r) = land(rank)?;
+        l.replay(|s| f(s, r))
+    };
+    codec::decode_log(records, |rec| {
         if err.is_some() {
             return;
         }
-        let done = match r {
-            Record::Initialize { rank, num_pages } => side.with(rank, |s, r| s.replay_initialize(r, num_pages)),
+        let done = match rec {
+            Record::Initialize { rank, num_pages } => with(rank, &mut |s, r| s.initialize(r, num_pages)),
             Record::Bind { rank, page, binding } => {
-                side.with(rank, |s, r| s.replay_bind(r, page, codec::key_str(&binding.key, &mut hex), binding.world))
+                with(rank, &mut |s, r| s.bind(r, page, key_of(&binding.key), binding.world))
             }
             // Only a binding freed is held back on promotion: no lookup names
             // a reserved page, so no reader holds a released reservation.
-            Record::Unbind { rank, page } => side.with(rank, |s, r| {
-                if s.replay_unbind(r, page)? == Freed::Binding {
+            Record::Unbind { rank, page } => with(rank, &mut |s, r| {
+                if s.unbind(r, page)? == Freed::Binding {
                     let t = *until.get_or_insert_with(|| s.hold_deadline());
                     holds.note(rank, page, || s.rank_size(r).unwrap_or(0), t);
                 }
                 Ok(())
             }),
             Record::Pending { rank, page, pending: Pending::Reserved(tag) } => {
-                side.with(rank, |s, r| s.replay_reserve(r, page, tag))
+                with(rank, &mut |s, r| s.reserve(r, page, tag))
             }
             // Held on the leader for a reader's lease: free here, held back
             // if this node is promoted within that lease.
-            Record::Pending { rank, page, pending: Pending::Held } => side.with(rank, |s, r| {
-                s.replay_unbind(r, page)?;
+            Record::Pending { rank, page, pending: Pending::Held } => with(rank, &mut |s, r| {
+                s.unbind(r, page)?;
                 let t = *until.get_or_insert_with(|| s.hold_deadline());
                 holds.note(rank, page, || s.rank_size(r).unwrap_or(0), t);
                 Ok(())

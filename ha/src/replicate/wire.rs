@@ -356,11 +356,37 @@ impl Msg {
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     }
 
-    /// Writes the message.
+    /// Writes the message (the bytes [`Msg::encode`] appends). A frame's or
+    /// snapshot part's records are written from where they are, after
+    /// their message's head, rather than copied into one buffer first.
     pub fn write_to(&self, w: &mut impl Write) -> io::Result<()> {
-        let mut buf = Vec::new();
-        self.encode(&mut buf);
-        w.write_all(&buf)
+        let (records, head) = match self {
+            Msg::Frame { records, .. } => (records, FRAME_HEAD),
+            Msg::SnapshotPart { records, .. } => (records, PART_HEAD),
+            _ => {
+                let mut buf = Vec::new();
+                self.encode(&mut buf);
+                return w.write_all(&buf);
+            }
+        };
+        // The head as `encode` writes it: the length prefix counts the records.
+        let mut buf = Vec::with_capacity(4 + head);
+        let body = match self {
+            Msg::Frame { epoch, generation, clear, from, upto, .. } => Msg::Frame {
+                epoch: *epoch,
+                generation: *generation,
+                clear: *clear,
+                from: *from,
+                upto: *upto,
+                records: Vec::new(),
+            },
+            _ => Msg::SnapshotPart { epoch: self.epoch(), records: Vec::new() },
+        };
+        body.encode(&mut buf);
+        let len = u32::try_from(buf.len() - 4 + records.len()).map_err(|_| bad("a message over 4 GiB".into()))?;
+        buf[..4].copy_from_slice(&len.to_le_bytes());
+        w.write_all(&buf)?;
+        w.write_all(records)
     }
 
     /// Reads one message; `InvalidData` for a malformed one. The body is
@@ -569,6 +595,24 @@ mod tests {
         }
         let huge = ((MAX_MESSAGE + 1) as u32).to_le_bytes();
         assert!(Msg::read_from(&mut &huge[..]).is_err());
+    }
+
+    #[test]
+    fn write_to_writes_the_bytes_encode_appends() {
+        let records: Vec<u8> = (0..=255).collect();
+        for m in [
+            Msg::Frame { epoch: 7, generation: 2, clear: true, from: 3, upto: 9, records: records.clone() },
+            Msg::Frame { epoch: 7, generation: 0, clear: false, from: 9, upto: 9, records: vec![] },
+            Msg::SnapshotPart { epoch: 7, records },
+            Msg::SnapshotPart { epoch: 1, records: vec![] },
+            Msg::Ack { upto: 12 },
+            Msg::Reject("no".into()),
+        ] {
+            let (mut encoded, mut written) = (Vec::new(), Vec::new());
+            m.encode(&mut encoded);
+            m.write_to(&mut written).unwrap();
+            assert_eq!(written, encoded, "{m:?}");
+        }
     }
 
     #[test]

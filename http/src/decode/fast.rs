@@ -228,18 +228,19 @@ impl Scratch {
                 // whole (`Built::lookups`), so it is not kept warm.
                 let likely = (c.b.len() - c.at) / 34 + 1;
                 self.lookups.reserve(likely.min(limits.max_keys));
-                c.list(|c| self.lookup(c, limits))?;
+                c.list(|c| self.lookup::<false>(c, limits))?;
             }
             Value::KeyPairs => {
                 // As a lookup list's (`Value::Lookup`).
                 let likely = (c.b.len() - c.at) / 34 + 1;
                 self.lookups.reserve(likely.min(limits.max_keys));
+                self.spans.reserve(likely.min(limits.max_keys));
                 c.list(|c| {
                     if c.peek()? != b'[' {
-                        return self.allocated(c, limits);
+                        return self.lookup::<true>(c, limits);
                     }
                     c.at += 1;
-                    self.allocated(c, limits)?;
+                    self.lookup::<true>(c, limits)?;
                     if c.next()? != b',' {
                         return None;
                     }
@@ -258,22 +259,7 @@ impl Scratch {
                 // lookup list is.
                 let likely = (c.b.len() - c.at) / 40 + 1;
                 self.pairs.reserve(likely.min(limits.max_keys));
-                c.list(|c| {
-                    if c.next()? != b'[' {
-                        return None;
-                    }
-                    self.room(limits)?;
-                    let (key, span, text) = Self::classify(c, limits)?;
-                    if c.next()? != b',' {
-                        return None;
-                    }
-                    let page = c.int()?;
-                    if text {
-                        self.texts.push((self.pairs.len(), span));
-                    }
-                    self.pairs.push((key, page));
-                    (c.next()? == b']').then_some(())
-                })?
+                c.list(|c| self.pair(c, limits))?
             }
             Value::Releases => c.list(|c| {
                 let page = c.int()?;
@@ -293,21 +279,6 @@ impl Scratch {
         (items < limits.max_keys).then_some(())
     }
 
-    /// Scans one key of an allocate or reserve list: classified into
-    /// `lookups` as a lookup list's, and its span kept in `spans` (vLLM's
-    /// answer repeats the key's text).
-    #[inline]
-    fn allocated(&mut self, c: &mut Cursor<'_>, limits: Limits) -> Option<()> {
-        self.room(limits)?;
-        let (key, span, text) = Self::classify(c, limits)?;
-        if text {
-            self.texts.push((self.lookups.len(), span));
-        }
-        self.lookups.push(key);
-        self.spans.push(span);
-        Some(())
-    }
-
     /// Scans one key: a plain string within the limits.
     fn key(&mut self, c: &mut Cursor<'_>, limits: Limits) -> Option<()> {
         let (start, end) = c.string()?;
@@ -321,11 +292,18 @@ impl Scratch {
     }
 
     /// Scans one key of a lookup list, as [`Self::key`] does, classifying
-    /// it as it goes (see [`Self::classify`]); a key left as text is pushed
-    /// as a placeholder and its span. Its own code rather than `classify`'s
-    /// triple answer, which cost a lookup list 17 instructions a key.
+    /// it as it goes: a 32-hex key is its 32 digits and the closing quote,
+    /// checked and decoded in one step (hex digits are plain bytes, so the
+    /// string scan has nothing to add), an SGLang digest likewise in two;
+    /// any other key is scanned as a plain string and pushed as a
+    /// placeholder and its span, to classify once the whole body is
+    /// accepted. With `SPANS`, an allocate's or a reserve's key: its span is
+    /// also kept in `spans` (vLLM's answer repeats the key's text). Pushed
+    /// where found: a shared classifier answering a key, its span and its
+    /// kind cost a lookup list 17 instructions a key and an allocate's
+    /// about 70.
     #[inline]
-    fn lookup(&mut self, c: &mut Cursor<'_>, limits: Limits) -> Option<()> {
+    fn lookup<const SPANS: bool>(&mut self, c: &mut Cursor<'_>, limits: Limits) -> Option<()> {
         self.room(limits)?;
         if c.next()? != b'"' {
             return None;
@@ -334,6 +312,9 @@ impl Scratch {
         if let Some(end) = compact_end(b, start, limits) {
             if let Some(k) = b.get(start..end).and_then(KeyRef::compact) {
                 self.lookups.push(k);
+                if SPANS {
+                    self.spans.push((start, end));
+                }
                 c.at = end + 1;
                 return Some(());
             }
@@ -344,33 +325,45 @@ impl Scratch {
         }
         self.texts.push((self.lookups.len(), (start, end)));
         self.lookups.push(KeyRef::Text(""));
+        if SPANS {
+            self.spans.push((start, end));
+        }
         Some(())
     }
 
-    /// Scans one key, a plain string within the limits, classifying it as
-    /// it goes: a 32-hex key is its 32 digits and the closing quote, checked
-    /// and decoded in one step (hex digits are plain bytes, so the string
-    /// scan has nothing to add), an SGLang digest likewise in two. Any other
-    /// key is scanned as a plain string: then the key is a placeholder, to
-    /// classify from its text once the whole body is accepted, and the
-    /// third value is true. With the key's span either way.
-    #[inline(always)]
-    fn classify(c: &mut Cursor<'_>, limits: Limits) -> Option<(KeyRef<'static>, Span, bool)> {
+    /// Scans one `[key, page]` confirmation, its key classified as a
+    /// lookup list's is ([`Self::lookup`]), into `pairs`.
+    #[inline]
+    fn pair(&mut self, c: &mut Cursor<'_>, limits: Limits) -> Option<()> {
+        if c.next()? != b'[' {
+            return None;
+        }
+        self.room(limits)?;
         if c.next()? != b'"' {
             return None;
         }
         let (b, start) = (c.b, c.at);
-        if let Some(end) = compact_end(b, start, limits) {
-            if let Some(k) = b.get(start..end).and_then(KeyRef::compact) {
+        let compact = compact_end(b, start, limits).and_then(|end| Some((end, KeyRef::compact(b.get(start..end)?)?)));
+        let key = match compact {
+            Some((end, k)) => {
                 c.at = end + 1;
-                return Some((k, (start, end), false));
+                k
             }
-        }
-        let (start, end) = c.rest_of_string()?;
-        if start == end || end - start > limits.max_key_len {
+            None => {
+                let (start, end) = c.rest_of_string()?;
+                if start == end || end - start > limits.max_key_len {
+                    return None;
+                }
+                self.texts.push((self.pairs.len(), (start, end)));
+                KeyRef::Text("")
+            }
+        };
+        if c.next()? != b',' {
             return None;
         }
-        Some((KeyRef::Text(""), (start, end), true))
+        let page = c.int()?;
+        self.pairs.push((key, page));
+        (c.next()? == b']').then_some(())
     }
 
     /// Borrows the scanned body for good and builds the typed arguments.
@@ -488,8 +481,14 @@ struct Cursor<'b> {
 
 impl Cursor<'_> {
     /// Skips JSON whitespace.
+    #[inline(always)]
     fn ws(&mut self) {
-        while matches!(self.b.get(self.at), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+        // Any byte above the space ends it at once: one comparison for the
+        // token that usually follows.
+        while let Some(&c) = self.b.get(self.at) {
+            if c > b' ' || !matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
+                return;
+            }
             self.at += 1;
         }
     }
