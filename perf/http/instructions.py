@@ -12,7 +12,10 @@ N = 100 and N = 600, holds the measured requests only):
   2^20 pages and stores 128 keys (32-hex MD5 digests for vLLM, 64-hex SHA-256
   digests for SGLang): allocate, then confirm;
 - the confirm routes also reserve MAX_REQUESTS batches of 128 new keys, so
-  that request i confirms batch i whatever N is.
+  that request i confirms batch i whatever N is;
+- the release route (vLLM's confirm_write with only `pages_to_release`, as
+  a worker frees the pages of a batch it no longer keeps) also confirms
+  those batches, so that request i frees batch i's 128 bound pages.
 
 Request i of the new-key routes carries batch i's 128 keys, never seen
 before. Every answer is checked (status, and for lookups every key found),
@@ -112,6 +115,10 @@ class Vllm:
         body = dumps({"rank": 0, "confirmations": pairs, "pages_to_release": []})
         expect("confirm_write", *self.c.post("/keys/confirm_write", body), 204)
 
+    def release(self, pages):
+        body = dumps({"rank": 0, "confirmations": [], "pages_to_release": pages})
+        expect("confirm_write (release)", *self.c.post("/keys/confirm_write", body), 204)
+
 
 class Sglang:
     """SGLang's dialect on rank 0, namespace "kv" (the default, not named)."""
@@ -179,6 +186,12 @@ def run(route, conn, n):
         batches = [dialect.allocate(new(i)) for i in range(MAX_REQUESTS)]
         for i in range(n):
             dialect.confirm(batches[i])
+    elif route == "vllm_release":
+        batches = [dialect.allocate(new(i)) for i in range(MAX_REQUESTS)]
+        for batch in batches:
+            dialect.confirm(batch)
+        for i in range(n):
+            dialect.release([p for _, p in batches[i]])
     else:
         raise SystemExit(f"instructions.py: unknown route {route}")
 

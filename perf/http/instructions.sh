@@ -8,7 +8,8 @@
 # `valgrind --tool=callgrind`, serving 100 and then 600 requests of 128 keys
 # over one keep-alive connection (perf/http/instructions.py sends them, the same
 # bytes every run, after the same setup: 128 stored keys, and for the
-# confirm routes 600 reserved batches); the difference of the two totals
+# confirm routes 600 reserved batches, for the release route 600 bound
+# ones); the difference of the two totals
 # divided by 500 is one request's cost, start-up, setup and shutdown
 # cancelled. The bare exchange is perf's ceiling server (a bare hyper server
 # that reads the body and answers a fixed reply) sent the batch_exists body.
@@ -35,7 +36,8 @@
 #   --bin/--ceiling   binaries to measure instead of building them
 #   --keep DIR        copy the callgrind outputs (ROUTE-COUNT.cg) into DIR
 # Routes: bare vllm_exists vllm_locations vllm_allocate vllm_confirm
-#   sglang_exists sglang_locations sglang_allocate sglang_confirm
+#   vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm
+#   (vllm_release: a confirm_write that only frees 128 bound pages)
 # Needs valgrind (installed with apt-get when missing and running as root),
 # python3 and cargo. Loopback only; every server run is bounded by a timeout.
 set -euo pipefail
@@ -43,7 +45,7 @@ shopt -s inherit_errexit
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
-ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm sglang_exists sglang_locations sglang_allocate sglang_confirm"
+ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm"
 WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/http/instructions.baseline TOLERANCE=3
 while [[ $# -gt 0 ]]; do
   case "$1" in
