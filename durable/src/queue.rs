@@ -10,9 +10,10 @@
 //! as one message at its end: one channel send per request rather than one
 //! per page. There its page changes are encoded as they are recorded, in
 //! the log's own bytes ([`Op::Records`]): the writer copies an operation's
-//! changes into its log entry rather than encoding them one by one. The changes are still numbered as they are recorded, and the
-//! writer writes them in number order ([`Watermark::ready`]): another
-//! request may change a page again before this one's message is sent.
+//! changes into its log entry rather than encoding them one by one. The
+//! changes are still numbered as they are recorded, and the writer writes
+//! them in number order ([`Watermark::ready`]): another request may change
+//! a page again before this one's message is sent.
 //!
 //! A request that needs its changes durable reads `head` *after* its store
 //! call returned and waits until the writer has made every change numbered up
