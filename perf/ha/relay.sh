@@ -36,7 +36,7 @@ shopt -s inherit_errexit
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
-ROUNDS=3 DURATION=3 BUILD=1 BIN=target/ci/hf3fs-meta LOADGEN=target/ci/loadgen FWD=1 SPIN=0 PERFDIR=""
+ROUNDS=3 DURATION=3 BUILD=1 BIN=target/release/hf3fs-meta LOADGEN=target/release/loadgen FWD=1 SPIN=0 PERFDIR=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --no-build) BUILD=0 ;;
@@ -53,8 +53,8 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 if [ "$BUILD" = 1 ]; then
-  perf_build ci -q -p hf3fs-meta --bin hf3fs-meta
-  perf_build ci -q -p hf3fs-perf --bin loadgen
+  perf_build release -q -p hf3fs-meta --bin hf3fs-meta
+  perf_build release -q -p hf3fs-perf --bin loadgen
 fi
 command -v socat >/dev/null || { echo "relay.sh: needs socat" >&2; exit 2; }
 CPUS=$(nproc)
