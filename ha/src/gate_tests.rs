@@ -71,6 +71,9 @@ async fn a_follower_refuses_without_running_the_handler() {
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.headers()[RETRY_AFTER], "1");
     assert_eq!(r.headers()[CONNECTION], "close", "the unread body closes the connection");
+    let body = http_body_util::BodyExt::collect(r.into_body()).await.unwrap().to_bytes();
+    let detail: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert!(detail["detail"].as_str().unwrap().starts_with("Not the leader"), "{detail}");
     // Operational routes answer anyway.
     let r = guard(app, Request::get("/health").body(()).unwrap(), ok).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);

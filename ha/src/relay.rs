@@ -395,4 +395,27 @@ mod tests {
         tx.send_replace(Some(t(6, true)));
         watcher.await.unwrap();
     }
+
+    #[tokio::test]
+    async fn a_connection_is_held_past_a_leader_that_refuses_until_the_next_one_serves() {
+        let t = |node: &str, addr: String, epoch| Target { node: node.into(), addr, epoch, serving: true, tls: false };
+        // No leader within the hold: none (the relay closes the connection
+        // without an answer).
+        let (_tx, mut none) = watch::channel(None::<Target>);
+        assert!(connect_within(&mut none, Duration::from_millis(1), RECONNECT, None).await.is_none());
+        // A killed leader whose key has not expired: its port refuses. The
+        // connection waits (not refused, not closed) for the next leader.
+        let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead = gone.local_addr().unwrap().to_string();
+        drop(gone);
+        let next = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (tx, mut rx) = watch::channel(Some(t("a", dead, 5)));
+        let held = tokio::spawn(async move {
+            connect_within(&mut rx, Duration::from_secs(60), RECONNECT, None).await.map(|(target, _)| target)
+        });
+        tx.send_replace(Some(t("b", next.local_addr().unwrap().to_string(), 6)));
+        let (_accepted, _) = next.accept().await.unwrap();
+        let target = held.await.unwrap().expect("held until the next leader serves");
+        assert_eq!((target.node.as_str(), target.epoch), ("b", 6));
+    }
 }

@@ -365,30 +365,6 @@ fn strict_mode_refuses_without_a_blackholed_standby_and_resumes_after_the_heal()
     cut_and_heal_two_nodes("strict");
 }
 
-#[test]
-fn a_heartbeat_not_below_the_sync_timeout_is_refused_at_start_up() {
-    let _serial = crate::serial();
-    let args = [
-        "--ha",
-        "etcd",
-        "--etcd-endpoints",
-        "http://127.0.0.1:1",
-        "--node-id",
-        "a",
-        "--advertise-url",
-        "http://127.0.0.1:0",
-        "--ha-sync-timeout-ms",
-        "500",
-        "--ha-heartbeat-ms",
-        "500",
-    ];
-    crate::refused_at_start_up(
-        &args,
-        &["--ha-heartbeat-ms 500 must be below"],
-        "a node whose standby would close every idle session",
-    );
-}
-
 /// The figures of docs/ha.md and perf/RESULTS.md: `HF3FS_LIVENESS_RUNS`
 /// runs of each scenario (ignored by default: it takes minutes).
 #[test]

@@ -95,13 +95,25 @@ impl Cluster {
     /// Starts node `id` with the promotion `hook` makes for its node; its
     /// index.
     pub(crate) fn start_hooked(&mut self, id: &str, hook: impl FnOnce(&Arc<Node>) -> Arc<dyn Promotion>) -> usize {
+        self.start_app(id, App::new(Config::for_tests()), hook)
+    }
+
+    /// Starts node `id` serving `app` (one of other flags, or opened on a
+    /// data directory) with the promotion `hook` makes for its node; its
+    /// index.
+    pub(crate) fn start_app(
+        &mut self,
+        id: &str,
+        app: App,
+        hook: impl FnOnce(&Arc<Node>) -> Arc<dyn Promotion>,
+    ) -> usize {
         let clock = self.clock.fork();
         let node = Arc::new(
             Node::new(id.into(), format!("http://127.0.0.1:{}", 18001 + self.nodes.len()), TTL, token())
                 .with_clock(HaClock::Manual(clock.clone())),
         );
         let promotion = hook(&node);
-        let app = Arc::new(App::new(Config::for_tests()).with_ha(node.clone()));
+        let app = Arc::new(app.with_ha(node.clone()));
         // The server's per-attempt bound: a quarter of the TTL, at least 100 ms.
         let client = self.etcd.client((TTL / 4).max(Duration::from_millis(100)));
         let coord: Arc<dyn Coordinator> = Arc::new(client.clone());
@@ -115,6 +127,23 @@ impl Cluster {
         self.nodes[i].election.halt();
         self.nodes[i].client.knobs().unreachable(true);
         self.nodes[i].crashed = true;
+    }
+
+    /// Starts crashed node `i` again, as a new process of the same node:
+    /// its old server state is closed and dropped (a data directory's lock
+    /// with it) before `open` makes the new one, which runs the election
+    /// with `promotion` on a link of its own, at the same index.
+    pub(crate) async fn restart(&mut self, i: usize, open: impl FnOnce() -> App, promotion: Arc<dyn Promotion>) {
+        assert!(self.nodes[i].crashed, "restart a crashed node");
+        // The aborted election task drops its hold on the app here.
+        self.settle().await;
+        let old = self.nodes.remove(i);
+        let id = old.id.clone();
+        old.app.close().expect("the old server state closes");
+        drop(old);
+        self.start_app(&id, open(), |_| promotion);
+        let new = self.nodes.pop().unwrap();
+        self.nodes.insert(i, new);
     }
 
     /// Lets every task run until the store, the clock's sleepers and every

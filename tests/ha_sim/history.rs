@@ -1,12 +1,15 @@
 //! The promotion rules without replication, in process (ported from
-//! tests/ha/history.rs and tests/ha/election.rs; the restart from
-//! `--data-dir` stays there, on real etcd): the last leader to serve may
-//! lead again from the same process, a named standby without the state
-//! refuses, and a node with no grounds never takes the key.
+//! tests/ha/history.rs and tests/ha/election.rs): the last leader to serve
+//! may lead again, from the same process (after a pause past its lease) or
+//! from its `--data-dir` (after a restart, with its keys), a named standby
+//! without the state refuses, and a node with no grounds never takes the
+//! key.
 
 use super::cluster::{Cluster, TTL};
+use hf3fs_meta::config::Config;
 use hf3fs_meta::ha::coord::Coordinator;
 use hf3fs_meta::ha::{Role, WithoutReplication};
+use hf3fs_meta::App;
 use std::sync::Arc;
 
 fn safe(c: &mut Cluster, id: &str) -> usize {
@@ -58,4 +61,43 @@ async fn without_replication_a_named_standby_without_its_state_refuses() {
         assert!(!holder.is_some_and(|h| h.contains("\"node\":\"d\"")), "a node with no grounds took the key");
     }
     assert_eq!(c.nodes[d].node.role(), Role::Follower);
+}
+
+#[tokio::test]
+async fn the_last_leader_restarted_from_its_data_dir_leads_again_with_its_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        use clap::Parser;
+        let d = dir.path().to_str().unwrap();
+        let argv = ["hf3fs-meta", "--host", "127.0.0.1", "--port", "0", "--data-dir", d, "--fsync", "always"];
+        App::open(Config::try_parse_from(argv).unwrap()).unwrap()
+    };
+    let mut c = Cluster::new();
+    let a = c.start_app("a", open(), |_| Arc::new(WithoutReplication::default()));
+    let (l, epoch) = c.wait_leader(TTL).await;
+    assert_eq!(l, a, "the first node leads");
+    let b = safe(&mut c, "b");
+    c.until(TTL, "b follows a", |c| c.nodes[b].node.leader().is_some_and(|r| r.node == "a")).await;
+    // One key saved on a, durably.
+    let key = format!("{:032x}", 1);
+    let store = c.nodes[a].app.registry.vllm();
+    store.initialize(0, 16).unwrap();
+    let mut out = Vec::new();
+    store.allocate(0, &[&key], &mut out).unwrap();
+    store.confirm(0, &[(key.as_str(), out[0].1)], &[]).unwrap();
+    c.crash(a);
+    // b may not lead: it is neither named nor the last leader.
+    c.advance(TTL * 3).await;
+    assert!(c.serving().is_empty(), "b led without the last leader's state");
+    c.restart(a, open, Arc::new(WithoutReplication::default())).await;
+    // Its promotion accepts it as the last leader with its own state
+    // (`own_history`): it is not the cluster's first leader any more.
+    c.until(TTL * 3, "a, restarted from its data directory, leads again", |c| c.leader().is_some()).await;
+    let (l, resumed) = c.leader().unwrap();
+    assert_eq!(l, a);
+    assert!(resumed > epoch, "a new epoch: {epoch} then {resumed}");
+    let mut exists = Vec::new();
+    c.nodes[a].app.registry.vllm().exists(&[&key], &mut exists);
+    assert_eq!(exists, [true], "the key survived the restart");
+    assert_eq!(c.nodes[b].node.role(), Role::Follower);
 }

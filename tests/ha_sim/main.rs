@@ -11,7 +11,10 @@
 //!   of the rate the guarantee needs.
 //! - [`election`]: one leader, epochs, crash, pause, lost renewals, quorum
 //!   loss, planned hand-over, lost answers.
-//! - [`history`]: the promotion rules without replication.
+//! - [`history`]: the promotion rules without replication, a restart from
+//!   `--data-dir` included.
+//! - [`hold`]: the promotion hold (a promoted leader holds released pages
+//!   for one read lease; the first leader ever does not).
 //! - [`relay`]: the relay's leader tracking.
 //! - [`sim`]: the seeded simulation (random schedules, the guarantees of
 //!   docs/ha.md checked after every step).
@@ -20,5 +23,6 @@ mod clock_rate;
 mod cluster;
 mod election;
 mod history;
+mod hold;
 mod relay;
 mod sim;

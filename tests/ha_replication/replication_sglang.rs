@@ -99,7 +99,6 @@ fn reopen(p: Pair) -> (TestServer, tempfile::TempDir) {
 
 #[test]
 fn sglang_spaces_created_reserved_and_confirmed_on_the_leader_are_on_the_standby_and_its_disk() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     // No standby yet: strict refuses SGLang's changes as it does vLLM's.
     let r = sg(&p.leader, 0, "initialize", &json!({"num_pages": 64}));
@@ -139,7 +138,6 @@ fn sglang_spaces_created_reserved_and_confirmed_on_the_leader_are_on_the_standby
 
 #[test]
 fn a_late_standby_with_spaces_of_its_own_takes_the_leaders_by_snapshot() {
-    let _g = crate::serial();
     // The standby-to-be made spaces of its own, as a deposed leader may
     // have: one the leader never had, and the leader's first of another size.
     let p = Pair::with_standby_setup(SyncMode::Available, |s| {
@@ -172,7 +170,6 @@ fn a_late_standby_with_spaces_of_its_own_takes_the_leaders_by_snapshot() {
 
 #[test]
 fn a_promoted_standby_confirms_an_sglang_reservation_and_holds_released_pages() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     p.connect();
     init(&p.leader, 0, "kv", 8);
@@ -205,7 +202,6 @@ fn a_promoted_standby_confirms_an_sglang_reservation_and_holds_released_pages() 
 
 #[test]
 fn a_hello_of_another_version_and_forged_sglang_messages_are_refused() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     p.connect();
     init(&p.leader, 0, "kv", 8);

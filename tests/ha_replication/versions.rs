@@ -19,7 +19,6 @@ const FUTURE: Range = Range { min: VERSION + 1, max: VERSION + 2 };
 
 #[test]
 fn a_leader_of_this_release_speaks_version_2_to_a_standby_of_the_previous_one() {
-    let _g = crate::serial();
     let p = Pair::with_standby_speaking(SyncMode::Strict, Range::LEGACY);
     // The standby published no range (release 0.1.0 publishes none).
     p.connect_as(Range::LEGACY);
@@ -37,7 +36,6 @@ fn a_leader_of_this_release_speaks_version_2_to_a_standby_of_the_previous_one() 
 
 #[test]
 fn the_hello_to_a_version_2_standby_is_the_previous_releases_and_to_a_new_one_the_range() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Available);
     // A fake standby: takes the first message of vLLM's store's connection
     // as bytes and answers nothing. Each store connects on its own, and a
@@ -91,7 +89,6 @@ fn the_hello_to_a_version_2_standby_is_the_previous_releases_and_to_a_new_one_th
 
 #[test]
 fn a_standby_of_a_future_release_is_refused_and_nothing_streams() {
-    let _g = crate::serial();
     let p = Pair::with_standby_speaking(SyncMode::Strict, FUTURE);
     let r = p.replicator.of(Dialect::Vllm);
     // It published its range: the leader does not even connect.
@@ -126,7 +123,6 @@ fn a_standby_of_a_future_release_is_refused_and_nothing_streams() {
 
 #[test]
 fn a_standby_of_this_release_answers_the_previous_release_and_refuses_a_future_one() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     let c = &p.receiver.counters;
     // A leader of release 0.1.0: version 2's hello; answered version 2's

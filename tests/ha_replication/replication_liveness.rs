@@ -18,7 +18,6 @@ use std::sync::mpsc;
 
 #[test]
 fn a_standby_acknowledges_heartbeats_and_closes_the_session_of_a_leader_gone_silent() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     let c = &p.receiver.counters;
     let session = |upto: u64| {
@@ -61,7 +60,6 @@ fn a_standby_acknowledges_heartbeats_and_closes_the_session_of_a_leader_gone_sil
 
 #[test]
 fn a_leader_heartbeats_drops_a_standby_that_stops_acknowledging_and_connects_again() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     // A standby that acknowledges the snapshot of vLLM's store, then reads
     // everything and acknowledges nothing; SGLang's connection is refused.
@@ -138,7 +136,6 @@ fn a_leader_heartbeats_drops_a_standby_that_stops_acknowledging_and_connects_aga
 
 #[test]
 fn a_newer_session_of_a_store_ends_the_older_one_whose_backlog_applies_nothing() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     let open = || {
         let (mut rd, mut s) = raw(p.addr);

@@ -129,7 +129,6 @@ pub(crate) fn save(s: &TestServer, rank: i64, keys: &[String]) -> Vec<i64> {
 
 #[test]
 fn strict_without_a_standby_answers_503_and_acknowledged_confirms_are_on_the_standby() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     // No standby: nothing is acknowledged.
     let r = p.leader.post_json("/rank/0/initialize", &serde_json::json!({"num_pages": 64, "role": "worker"}));
@@ -172,7 +171,6 @@ fn strict_without_a_standby_answers_503_and_acknowledged_confirms_are_on_the_sta
 
 #[test]
 fn a_standby_that_joins_late_catches_up_by_snapshot_then_the_stream() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Available);
     // `available`, and the control plane recorded that nobody may be
     // promoted: changes are answered without a standby.
@@ -217,7 +215,6 @@ pub(crate) fn hello(token: &[u8], epoch: u64) -> Msg {
 
 #[test]
 fn forged_missing_and_old_epoch_hellos_and_frames_are_refused_and_counted() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     p.connect();
     p.leader.init_ranks(1, 64);
@@ -265,7 +262,6 @@ fn forged_missing_and_old_epoch_hellos_and_frames_are_refused_and_counted() {
 
 #[test]
 fn a_promoted_standby_holds_the_pages_its_leader_unbound_within_a_lease() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     p.connect();
     // Half full: the leader's evictor stays away.
@@ -294,7 +290,6 @@ fn a_promoted_standby_holds_the_pages_its_leader_unbound_within_a_lease() {
 
 #[test]
 fn a_promoted_standby_does_not_hold_reservations_its_leader_released() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     p.connect();
     p.leader.init(0, 8);
@@ -317,7 +312,6 @@ fn a_promoted_standby_does_not_hold_reservations_its_leader_released() {
 
 #[test]
 fn a_reservation_made_on_the_leader_is_confirmed_on_the_promoted_standby() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     p.connect();
     p.leader.init(0, 64);
@@ -342,7 +336,6 @@ fn lag_seconds(p: &Pair) -> f64 {
 
 #[test]
 fn the_lag_in_seconds_is_zero_when_caught_up_and_grows_without_a_standby() {
-    let _g = crate::serial();
     let p = Pair::new(SyncMode::Strict);
     p.replicator.lead(EPOCH);
     p.connect();
