@@ -1,6 +1,6 @@
 //! The one place the core takes its atomics and locks from.
 //!
-//! Under `--cfg loom` every atomic, every lock and every spin hint is swapped
+//! Under `cfg(loom)` every atomic, every lock and every spin hint is swapped
 //! for loom's model-checked version, so the page-state machine in
 //! [`super::pages`], the key index in [`super::index`] (its arena, tables
 //! and shard mutexes) and the stores run unchanged inside loom models. Call

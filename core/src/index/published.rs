@@ -3,7 +3,7 @@
 //!
 //! Normally scc's `AtomicShared`: a replaced value is freed by scc's
 //! epoch-based reclamation once no reader's guard can hold it. scc's
-//! pointer is a std atomic, invisible to loom, so under `--cfg loom` it is a
+//! pointer is a std atomic, invisible to loom, so under `cfg(loom)` it is a
 //! loom `AtomicPtr` instead, and a replaced value is kept until the cell is
 //! dropped: the models then see the `Release` store that publishes a new
 //! table and the `Acquire` load that finds it (reclamation is not what they

@@ -1,4 +1,4 @@
-//! The harness shared by the loom models (built with `--cfg loom`, see
+//! The harness shared by the loom models (built with `cfg(loom)`, see
 //! docs/verification.md): the model runner and its once-per-spawn-order
 //! variant ([`check_orders`]), the keys, the set-up and audit helpers on a
 //! [`PageTable`] ([`crate::pages`]), and a small real [`Store`] with its

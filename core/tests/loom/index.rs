@@ -3,7 +3,7 @@
 //! over one shard's table while it is rebuilt, while a removal leaves a
 //! tombstone or empties slots, and while a removed key's id is reused.
 //!
-//! Under `--cfg loom` the map has one shard, tables start at 2 slots (the
+//! Under `cfg(loom)` the map has one shard, tables start at 2 slots (the
 //! second key rebuilds to 4), segments hold 4 entries and ids stop at 8, so
 //! that every structure a model touches is a handful of loom atomics. The
 //! hasher has a fixed seed, so a key lands in the same slot in every

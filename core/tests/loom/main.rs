@@ -9,16 +9,18 @@
 //! - [`time`]: leases expiring and quarantines released while requests run,
 //!   and `--read-lease 0`.
 //!
-//! Run from the repository root (no wrapper: the core crate depends on
-//! nothing that loom's cfg would change):
+//! Run from the repository root with the core's feature `loom`, which
+//! `core/build.rs` turns into `cfg(loom)` (docs/verification.md says why
+//! each part):
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom \
-//!   cargo test -p hf3fs-meta-core --release --test loom -- --test-threads=1
+//! cargo test --workspace --profile ci --features hf3fs-meta-core/loom \
+//!   --config core/tests/loom/profile.toml \
+//!   --test loom -- --test-threads=1
 //! ```
 //!
 //! `LOOM_MAX_PREEMPTIONS=N` overrides every model's default bound. Without
-//! `--cfg loom` this binary is empty.
+//! the feature this binary is empty.
 #![cfg(loom)]
 
 mod eviction;
