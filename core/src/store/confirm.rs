@@ -125,9 +125,10 @@ impl Store {
                 outcome.released += 1;
                 let owner = if c == Claimed::Bound { table.owner(page) } else { None };
                 debug_assert!(c != Claimed::Bound || owner.is_some(), "claim refuses a BOUND page naming no key");
-                // The page is held, so its key stays and its id names it.
-                match owner.and_then(|o| current.index.key_of(&o)) {
-                    Some(key) => match self.unbind_held(current, table, r, page, key.as_ref(), now, &mut delta) {
+                match owner {
+                    // The page is held, so its key stays and its id names
+                    // it: unbound by id, with no look-up of the key.
+                    Some(o) => match self.unbind_held(current, table, r, page, o.as_owner(), now, &mut delta) {
                         Unbound::Freed => freed += 1,
                         Unbound::Quarantined => outcome.quarantined += 1,
                     },
@@ -241,9 +242,10 @@ pub(super) enum Unbound {
 
 impl Store {
     /// Unbinds `page` of rank `r`, which this thread holds BUSY (claimed
-    /// BOUND) and which `key` owns, and settles it: FREE, or quarantined
-    /// when a reader's lease on `key` may still cover it. The release path
-    /// of a confirm and of SGLang's `delete_keys`.
+    /// BOUND) and which `owner` owns (as the page's owner word names it,
+    /// or the key itself), and settles it: FREE, or quarantined when a
+    /// reader's lease on the key may still cover it. The release path of a
+    /// confirm and of SGLang's `delete_keys`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn unbind_held(
         &self,
@@ -251,43 +253,33 @@ impl Store {
         table: &PageTable,
         r: u32,
         page: u32,
-        key: KeyRef<'_>,
+        owner: Owner<'_>,
         now: u32,
         delta: &mut Delta,
     ) -> Unbound {
         // Whether the page must be held: a reader may have been given it
         // within the key's lease, or before a restart within the lease
-        // period that follows it (leases are not journaled). Read before
-        // the journal hears of the unbinding, which it then hears of as a
-        // hold or as a free page; either is journaled before the index
-        // forgets the binding, so a confirm that rebinds the key elsewhere
-        // can only be journaled after.
-        let lease = current.index.deadline(key).filter(|&d| lease::live(d, now));
-        let hold = match (lease, self.restart_hold(now)) {
-            (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
-            (a, b) => a.or(b),
-        };
-        let journaled_hold = hold.is_some();
-        if journaled_hold {
-            self.record(Change::Hold { generation: current.id, rank: r, page });
-        } else {
-            self.record(Change::Unbind { generation: current.id, rank: r, page });
-        }
-        let deadline = current.index.unbind(key, r, page, delta);
-        debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
-        // The key's lock was held only for the unbind: a reader may have
-        // raised the lease since the look above. Hold for the later one.
-        let lease = deadline.filter(|&d| lease::live(d, now));
-        let hold = match (lease, hold) {
-            (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
-            (a, b) => a.or(b),
-        };
-        if let Some(d) = hold {
-            if lease.is_some() && !journaled_hold {
-                // Leased since the look: the journal hears of the hold
-                // after the free page, while the page is still held.
+        // period that follows it (leases are not journaled). Decided under
+        // the key's lock, where every lease is raised, so no reader leases
+        // the key between the decision and the unbinding; and journaled
+        // there, as a hold or as a free page, before the index forgets the
+        // binding, so a confirm that rebinds the key elsewhere can only be
+        // journaled after.
+        let hold = current.index.unbind_owner(owner, r, page, delta, |deadline| {
+            debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
+            let lease = deadline.filter(|&d| lease::live(d, now));
+            let hold = match (lease, self.restart_hold(now)) {
+                (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
+                (a, b) => a.or(b),
+            };
+            if hold.is_some() {
                 self.record(Change::Hold { generation: current.id, rank: r, page });
+            } else {
+                self.record(Change::Unbind { generation: current.id, rank: r, page });
             }
+            hold
+        });
+        if let Some(d) = hold {
             // No other key gets the page before the hold passes.
             table.quarantine(page, d);
             return Unbound::Quarantined;
