@@ -479,6 +479,68 @@ mod tests {
         (s.stats(), loc)
     }
 
+    /// A journal that keeps the page changes: (hold?, rank, page) for the
+    /// holds and unbinds, in order.
+    #[derive(Default)]
+    struct Frees(crate::sync::Mutex<Vec<(bool, u32, u32)>>);
+
+    impl crate::Journal for Frees {
+        fn record(&self, c: Change<'_>) {
+            let mut v = self.0.lock().unwrap();
+            match c {
+                Change::Hold { rank, page, .. } => v.push((true, rank, page)),
+                Change::Unbind { rank, page, .. } => v.push((false, rank, page)),
+                _ => {}
+            }
+        }
+    }
+
+    /// A release of a leased key's page holds the page (journaled once, as
+    /// a hold) until the lease passes, whatever the kind of key: a hex key
+    /// and an SGLang digest (released by id) and a text key (by key); an
+    /// unleased key's page is free at once (journaled as free).
+    #[test]
+    fn a_release_of_a_leased_key_is_held_for_every_kind_of_key() {
+        let frees = std::sync::Arc::new(Frees::default());
+        let cfg = StoreConfig {
+            world_size: Some(1),
+            read_lease: crate::LeaseLength(100),
+            manual_clock: true,
+            ..StoreConfig::default()
+        };
+        let s = Store::with_journal(cfg, Some(frees.clone()), 0);
+        s.initialize(0, 64).unwrap();
+        let digest = format!("{:064x}-k", 7);
+        let keys = [K[0], digest.as_str(), K[3], K[1], K[2]];
+        let mut out = Vec::new();
+        s.allocate(0, &keys, &mut out).unwrap();
+        let pages: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
+        let conf: Vec<(&str, i64)> = keys.iter().copied().zip(pages.iter().copied()).collect();
+        s.confirm(0, &conf, &[]).unwrap();
+        // The first three leased by a read; the last two not.
+        let mut loc = Vec::new();
+        s.locations(0, &keys[..3], &mut loc).unwrap();
+        assert_eq!(loc, pages[..3].iter().map(|&p| Some(p as u32)).collect::<Vec<_>>());
+        frees.0.lock().unwrap().clear();
+        let o = s.confirm(0, &[], &pages).unwrap();
+        assert_eq!((o.released, o.quarantined), (5, 3));
+        let mut journaled = std::mem::take(&mut *frees.0.lock().unwrap());
+        journaled.sort_by_key(|&(_, _, p)| p);
+        let mut want: Vec<(bool, u32, u32)> = pages.iter().enumerate().map(|(i, &p)| (i < 3, 0, p as u32)).collect();
+        want.sort_by_key(|&(_, _, p)| p);
+        assert_eq!(journaled, want, "one change a page: a hold for the leased, a free page for the rest");
+        let mut e = Vec::new();
+        s.exists(&keys, &mut e);
+        assert_eq!(e, [false; 5], "released at once for readers");
+        let st = s.stats();
+        assert_eq!((st.keys, st.ranks[0].quarantined, st.ranks[0].counts.free), (0, 3, 61));
+        s.audit().unwrap();
+        s.set_clock(200);
+        assert_eq!(s.maintain(64).quarantine_freed, 3);
+        assert_eq!(s.stats().ranks[0].counts.free, 64);
+        s.audit().unwrap();
+    }
+
     #[test]
     fn a_panic_between_claim_and_commit_changes_nothing() {
         let s = Store::new(StoreConfig { world_size: Some(1), ..StoreConfig::default() });
