@@ -10,8 +10,9 @@
 # loopback ports; every bench run is bounded by --duration and --drain.
 #
 # Usage: perf/baselines/bench_compare.sh [--bin PATH] [--rounds N] [--out DIR] [-- bench flags]
-#   --bin     the hf3fs-meta binary (default target/ci/hf3fs-meta, built with
-#             `cargo build --profile ci --bin hf3fs-meta` if missing); it is
+#   --bin     the hf3fs-meta binary (default target/release/hf3fs-meta, built with
+#             `cargo build --release --bin hf3fs-meta` if missing: a
+#             wall-clock comparison, perf/README.md); it is
 #             both the server and the bench
 #   --rounds  alternations per scenario (default 2)
 #   --out     where the JSON reports and SVG charts go (default perf/out/bench-compare)
@@ -21,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
-BIN=target/ci/hf3fs-meta
+BIN=target/release/hf3fs-meta
 ROUNDS=2
 OUT=perf/out/bench-compare
 SHAPE=(--engines 2 --tp 4 --block-tokens 64 --prompt-tokens 2048 --pages-per-rank 65536 --seed 1)
@@ -34,7 +35,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-[[ -x "$BIN" ]] || perf_build ci --bin hf3fs-meta
+[[ -x "$BIN" ]] || perf_build release --bin hf3fs-meta
 mkdir -p "$OUT"
 
 VERSION=${VLLM_VERSION:-0.33.0}

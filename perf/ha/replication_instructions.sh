@@ -24,7 +24,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$(pwd)
-BIN="$ROOT/target/release/hf3fs-meta" LOADGEN="$ROOT/target/release/loadgen"
+# Instruction counts are the ci build's, as CI's gate (perf/README.md).
+BIN="$ROOT/target/ci/hf3fs-meta" LOADGEN="$ROOT/target/ci/loadgen"
 N=300 WARM=3000 FSYNC=batch SCENARIOS="confirm allocate" KEEP=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -42,7 +43,7 @@ done
 for t in etcd valgrind callgrind_control jq; do
   command -v "$t" >/dev/null || { echo "replication_instructions.sh: needs $t" >&2; exit 2; }
 done
-[[ -x $BIN && -x $LOADGEN ]] || { echo "build first: cargo build --release --bin hf3fs-meta; cargo build --release -p hf3fs-perf --bin loadgen" >&2; exit 2; }
+[[ -x $BIN && -x $LOADGEN ]] || { echo "build first: cargo build --profile ci --bin hf3fs-meta; cargo build --profile ci -p hf3fs-perf --bin loadgen" >&2; exit 2; }
 
 WORK=$(mktemp -d)
 PIDS=()

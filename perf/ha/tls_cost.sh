@@ -35,7 +35,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 ROOT=$(pwd)
-BIN="$ROOT/target/ci/hf3fs-meta" LOADGEN="$ROOT/target/ci/loadgen"
+BIN="" LOADGEN=""
 MODE=instructions N=300 WARM=1000 SCENARIOS="exists confirm" ROUNDS=3 SECONDS_PER=5 CONNS=8 TOGGLE=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -54,13 +54,17 @@ while [[ $# -gt 0 ]]; do
   esac
   shift
 done
+# Instruction counts are the ci build's (as CI's gate), wall-clock figures
+# the release build's (perf/README.md).
+[[ $MODE == instructions ]] && profile=ci || profile=release
+BIN=${BIN:-$ROOT/target/$profile/hf3fs-meta} LOADGEN=${LOADGEN:-$ROOT/target/$profile/loadgen}
 need=(etcd openssl curl jq)
 [[ $MODE == instructions ]] && need+=(valgrind callgrind_control)
 for t in "${need[@]}"; do
   command -v "$t" >/dev/null || { echo "tls_cost.sh: needs $t" >&2; exit 2; }
 done
 [[ -x $BIN && -x $LOADGEN ]] || {
-  echo "build first: cargo build --profile ci --bin hf3fs-meta && cargo build --profile ci -p hf3fs-perf --bin loadgen" >&2
+  echo "build first: cargo build --profile $profile --bin hf3fs-meta && cargo build --profile $profile -p hf3fs-perf --bin loadgen" >&2
   exit 2
 }
 

@@ -13,11 +13,12 @@
 # Usage: perf/http/connections_callgrind.sh [--counts "32 1024"] [--iterations 5000]
 #          [--stored 10000] [--ll 4194304,16,64] [--top 12]
 #          [--bin PATH] [--loadgen PATH] [--port 18731] [-- SERVER FLAGS]
-# Binaries default to target/release (symbols); about 1 minute per count.
+# Binaries default to target/ci (instruction counts are the ci build's,
+# perf/README.md); about 1 minute per count.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 COUNTS="32 1024" ITER=5000 STORED=10000 LL=4194304,16,64 TOP=12
-BIN=target/release/hf3fs-meta LOADGEN=target/release/loadgen PORT=18731
+BIN=target/ci/hf3fs-meta LOADGEN=target/ci/loadgen PORT=18731
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --counts) COUNTS="$2"; shift ;;

@@ -23,13 +23,14 @@
 #          [--scenarios "exists locations"] [--loadgen-threads 1]
 #          [--bin PATH] [--loadgen PATH] [--ceiling PATH] [--port 18621]
 #          [-- SERVER FLAGS]
-# The binaries default to target/ci (cargo build --profile ci, and
-# cargo build --profile ci -p hf3fs-perf --bin loadgen); --bin picks another
+# The binaries default to target/release (wall-clock figures are the
+# release build's, perf/README.md: cargo build --release, and
+# cargo build --release -p hf3fs-perf --bin loadgen); --bin picks another
 # server binary, e.g. one built from another commit, to compare two indexes.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 STORED=1000000 ROUNDS=5 DURATION=3 WARMUP=0.5 CONNS=32 BATCH=128 SCENARIOS="exists locations" LGT=1
-BIN=target/ci/hf3fs-meta LOADGEN=target/ci/loadgen PORT=18621 CEILING=
+BIN=target/release/hf3fs-meta LOADGEN=target/release/loadgen PORT=18621 CEILING=
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --stored) STORED="$2"; shift ;;
