@@ -251,12 +251,15 @@ fn i5_unbind_by_id_vs_lease_raise_vs_bind_of_the_key() {
                 }),
             ];
             let check: Check = Box::new(move |outs| {
-                let (Out::Numbers([deadline, last, unbound_at]), Out::Numbers([id, new, bound_at])) = (outs[1], outs[2])
+                let (Out::Numbers([deadline, last, unbound_at]), Out::Numbers([id, new, bound_at])) =
+                    (outs[1], outs[2])
                 else {
                     unreachable!()
                 };
                 match outs[0] {
-                    Out::Read(Some(0)) => assert!(deadline > 10 + 5, "answered, but the unbind saw deadline {deadline}"),
+                    Out::Read(Some(0)) => {
+                        assert!(deadline > 10 + 5, "answered, but the unbind saw deadline {deadline}")
+                    }
                     Out::Read(None) => assert_eq!(deadline, 0),
                     other => panic!("{other:?}"),
                 }
