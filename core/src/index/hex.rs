@@ -846,6 +846,16 @@ impl<K: ArenaKey> HexMap<K> {
         r
     }
 
+    /// The lease deadline of the key named `id`, lock-free, which the
+    /// caller keeps (as for [`Self::unbind_id`]): its slot's word, with no
+    /// look-up.
+    pub(super) fn deadline_id(&self, id: u32) -> Option<u32> {
+        if id & DIGEST_ID != K::ID_FLAG {
+            return None;
+        }
+        self.arena.try_slot(id & !DIGEST_ID).map(|s| s.head.lease.deadline())
+    }
+
     /// The position of the key `id` (hash `h`) in `t`, for a writer under
     /// the shard's mutex that knows the key is there: the probe of
     /// [`Self::find`] comparing table slots only, never reading the arena.

@@ -732,13 +732,23 @@ impl KeyIndex {
         self.unbind_owner(Owner::Key(key), rank, page, delta, |deadline| deadline)
     }
 
+    /// The lease deadline of the key that `owner` names, lock-free, as
+    /// [`Self::deadline`]; an [`Owner::Id`] as for [`Self::unbind_owner`]
+    /// (read from its slot, with no look-up).
+    pub fn deadline_of(&self, owner: Owner<'_>) -> Option<u32> {
+        match owner {
+            Owner::Id(id) if id & DIGEST_ID != 0 => self.digest.deadline_id(id),
+            Owner::Id(id) => self.hex.deadline_id(id),
+            Owner::Key(k) => self.deadline(k),
+        }
+    }
+
     /// Removes the binding to `page` on `rank` of the key that `owner`
     /// names, as [`Self::unbind`], in one step under the key's lock:
     /// `before` runs there first with the key's lease deadline (`None` when
     /// the binding does not exist), so that no reader raises the lease
-    /// between what `before` decides and the removal, and a change `before`
-    /// journals is journaled before any bind the removal lets in. Returns
-    /// `before`'s answer.
+    /// between what `before` sees and the removal. Returns `before`'s
+    /// answer.
     ///
     /// An [`Owner::Id`] must come from `page`'s owner word with the page
     /// held claimed: the key then stays and its id names it (`hex.rs`,

@@ -259,27 +259,41 @@ impl Store {
     ) -> Unbound {
         // Whether the page must be held: a reader may have been given it
         // within the key's lease, or before a restart within the lease
-        // period that follows it (leases are not journaled). Decided under
-        // the key's lock, where every lease is raised, so no reader leases
-        // the key between the decision and the unbinding; and journaled
-        // there, as a hold or as a free page, before the index forgets the
-        // binding, so a confirm that rebinds the key elsewhere can only be
-        // journaled after.
-        let hold = current.index.unbind_owner(owner, r, page, delta, |deadline| {
-            debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
-            let lease = deadline.filter(|&d| lease::live(d, now));
-            let hold = match (lease, self.restart_hold(now)) {
-                (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
-                (a, b) => a.or(b),
-            };
-            if hold.is_some() {
-                self.record(Change::Hold { generation: current.id, rank: r, page });
-            } else {
-                self.record(Change::Unbind { generation: current.id, rank: r, page });
-            }
-            hold
-        });
+        // period that follows it (leases are not journaled). Read before
+        // the journal hears of the unbinding, which it then hears of as a
+        // hold or as a free page; either is journaled before the index
+        // forgets the binding, so a confirm that rebinds the key elsewhere
+        // can only be journaled after. Journaled outside the key's lock: a
+        // journal's `record` may let another request run (tests do), and
+        // that request may need the key.
+        let lease = current.index.deadline_of(owner).filter(|&d| lease::live(d, now));
+        let hold = match (lease, self.restart_hold(now)) {
+            (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        let journaled_hold = hold.is_some();
+        if journaled_hold {
+            self.record(Change::Hold { generation: current.id, rank: r, page });
+        } else {
+            self.record(Change::Unbind { generation: current.id, rank: r, page });
+        }
+        // The deadline read again with the unbinding, in one step under the
+        // key's lock.
+        let deadline = current.index.unbind_owner(owner, r, page, delta, |deadline| deadline);
+        debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
+        // The key's lock was held only for the unbind: a reader may have
+        // raised the lease since the look above. Hold for the later one.
+        let lease = deadline.filter(|&d| lease::live(d, now));
+        let hold = match (lease, hold) {
+            (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
+            (a, b) => a.or(b),
+        };
         if let Some(d) = hold {
+            if lease.is_some() && !journaled_hold {
+                // Leased since the look: the journal hears of the hold
+                // after the free page, while the page is still held.
+                self.record(Change::Hold { generation: current.id, rank: r, page });
+            }
             // No other key gets the page before the hold passes.
             table.quarantine(page, d);
             return Unbound::Quarantined;
