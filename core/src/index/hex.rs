@@ -816,7 +816,7 @@ impl<K: ArenaKey> HexMap<K> {
     /// the table is probed, for the id rather than the digest, only when
     /// the key's last binding goes. The look-up by key had cost a release
     /// the digest's copy out of the arena and two probes by digest (the
-    /// lease's read, then the unbinding): about 235 instructions a page
+    /// lease's read, then the unbinding): about 220 instructions a page
     /// more (perf/history).
     pub(super) fn unbind_id<R>(
         &self,
