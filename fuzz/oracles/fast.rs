@@ -14,10 +14,9 @@
 //! every `cargo test`).
 
 use arbitrary::{Arbitrary, Unstructured};
-use hf3fs_meta::core::KeyRef;
-use hf3fs_meta::http::decode::{DecodeError, Decoder, Limits};
+use hf3fs_meta::http::decode::answers::ROUTES;
+use hf3fs_meta::http::decode::{Decoder, Limits};
 use std::cell::RefCell;
-use std::fmt::Debug;
 
 const SMALL: Limits = Limits { max_keys: 4, max_key_len: 40 };
 const LARGE: Limits = Limits { max_keys: 65_536, max_key_len: 1024 };
@@ -26,42 +25,10 @@ thread_local! {
     static FAST: RefCell<Decoder> = RefCell::new(Decoder::default());
 }
 
-fn text<T: Debug>(r: Result<T, DecodeError>) -> String {
-    match r {
-        Ok(v) => format!("{v:?}"),
-        Err(e) => format!("400 {e}"),
-    }
-}
-
-/// Each key's class, which a `KeyRef`'s `Debug` (its text) does not show.
-fn classes(keys: &[KeyRef<'_>]) -> String {
-    keys.iter()
-        .map(|k| match k {
-            KeyRef::Hex(_) => 'h',
-            KeyRef::Digest(_) => 'd',
-            KeyRef::Text(_) => 't',
-        })
-        .collect()
-}
-
-/// The keys of `(key, page)` confirmations.
-fn paired<'a>(pairs: &[(KeyRef<'a>, i64)]) -> Vec<KeyRef<'a>> {
-    pairs.iter().map(|p| p.0).collect()
-}
-
 /// Every route with a fast path, its answer rendered as text (with its
 /// keys' classes, where it classifies them).
 fn answers(d: &mut Decoder, body: &[u8], l: Limits) -> [String; 8] {
-    [
-        text(d.exists(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
-        text(d.locations(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
-        text(d.space_lookup(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
-        text(d.allocate(&mut body.to_vec(), l).map(|b| (classes(&b.parsed), b))),
-        text(d.confirm(&mut body.to_vec(), l).map(|b| (classes(&paired(&b.confirmations)), b))),
-        text(d.space_keys(&mut body.to_vec(), l)),
-        text(d.space_reserve(&mut body.to_vec(), l).map(|b| (classes(&b.keys), b))),
-        text(d.space_confirm(&mut body.to_vec(), l).map(|b| (classes(&paired(&b.confirmations)), b))),
-    ]
+    ROUTES.map(|(_, decode)| decode(d, &mut body.to_vec(), l))
 }
 
 fn check(body: &[u8]) {

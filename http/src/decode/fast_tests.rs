@@ -2,6 +2,7 @@
 //! back, and on every body both paths answer alike, the tape walk being the
 //! oracle.
 
+use super::answers;
 use super::fast::{self, Spec};
 use super::*;
 use crate::core::KeyRef;
@@ -13,46 +14,20 @@ const BIG: Limits = Limits { max_keys: 1024, max_key_len: 1024 };
 /// Small limits, so the generated bodies reach them.
 const SMALL: Limits = Limits { max_keys: 4, max_key_len: 40 };
 
-/// Every route with a fast path: its name, its spec and its decoder, the
-/// answer rendered as text (a `Debug` of the arguments or the 400 detail).
-type Route = (&'static str, &'static Spec, fn(&mut Decoder, &mut [u8], Limits) -> String);
-
-fn render<T: std::fmt::Debug>(r: Result<T, DecodeError>) -> String {
-    match r {
-        Ok(v) => format!("{v:?}"),
-        Err(e) => format!("400 {e}"),
+/// The fast path's spec of each route of [`answers::ROUTES`].
+fn spec(route: &str) -> &'static Spec {
+    match route {
+        "exists" => &fast::EXISTS,
+        "locations" => &fast::LOCATIONS,
+        "allocate" => &fast::ALLOCATE,
+        "confirm" => &fast::CONFIRM,
+        "space_keys" => &fast::SPACE_KEYS,
+        "space_lookup" => &fast::SPACE_LOOKUP,
+        "space_reserve" => &fast::SPACE_RESERVE,
+        "space_confirm" => &fast::SPACE_CONFIRM,
+        other => unreachable!("no fast path for {other}"),
     }
 }
-
-/// Each key's class, which a `KeyRef`'s `Debug` (its text) does not show:
-/// `h` 32-hex, `d` digest, `t` text.
-fn classes(keys: &[KeyRef<'_>]) -> String {
-    keys.iter()
-        .map(|k| match k {
-            KeyRef::Hex(_) => 'h',
-            KeyRef::Digest(_) => 'd',
-            KeyRef::Text(_) => 't',
-        })
-        .collect()
-}
-
-/// The keys of `(key, page)` confirmations.
-fn paired<'a>(pairs: &[(KeyRef<'a>, i64)]) -> Vec<KeyRef<'a>> {
-    pairs.iter().map(|p| p.0).collect()
-}
-
-const ROUTES: [Route; 8] = [
-    ("exists", &fast::EXISTS, |d, b, l| render(d.exists(b, l).map(|x| (classes(&x.keys), x)))),
-    ("locations", &fast::LOCATIONS, |d, b, l| render(d.locations(b, l).map(|x| (classes(&x.keys), x)))),
-    ("allocate", &fast::ALLOCATE, |d, b, l| render(d.allocate(b, l).map(|x| (classes(&x.parsed), x)))),
-    ("confirm", &fast::CONFIRM, |d, b, l| render(d.confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))),
-    ("space_keys", &fast::SPACE_KEYS, |d, b, l| render(d.space_keys(b, l))),
-    ("space_lookup", &fast::SPACE_LOOKUP, |d, b, l| render(d.space_lookup(b, l).map(|x| (classes(&x.keys), x)))),
-    ("space_reserve", &fast::SPACE_RESERVE, |d, b, l| render(d.space_reserve(b, l).map(|x| (classes(&x.keys), x)))),
-    ("space_confirm", &fast::SPACE_CONFIRM, |d, b, l| {
-        render(d.space_confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))
-    }),
-];
 
 /// Whether the fast path recognises `body` for `spec`.
 fn fast_takes(body: &[u8], spec: &Spec, limits: Limits) -> bool {
@@ -64,11 +39,11 @@ fn fast_takes(body: &[u8], spec: &Spec, limits: Limits) -> bool {
 /// Returns the routes whose fast path took the body.
 fn same_answers(fast_decoder: &mut Decoder, body: &[u8], limits: Limits) -> Vec<&'static str> {
     let mut taken = Vec::new();
-    for (name, spec, decode) in ROUTES {
+    for (name, decode) in answers::ROUTES {
         let got = decode(fast_decoder, &mut body.to_vec(), limits);
         let want = decode(&mut Decoder::tape_only(), &mut body.to_vec(), limits);
         assert_eq!(got, want, "{name} on {:?}", String::from_utf8_lossy(body));
-        if fast_takes(body, spec, limits) {
+        if fast_takes(body, spec(name), limits) {
             taken.push(name);
         }
     }

@@ -81,6 +81,8 @@ use std::fmt;
 
 use simd_json::{Buffers, ErrorType, Node, Tape};
 
+#[cfg(any(test, feature = "testing"))]
+pub mod answers;
 mod fast;
 mod input;
 mod plain;

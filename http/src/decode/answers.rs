@@ -1,0 +1,49 @@
+//! Every route that has a fast path, its decoder's answer rendered as text:
+//! what the fast path's tests (`fast_tests.rs`) and its fuzz oracle
+//! (`fuzz/oracles/fast.rs`) compare between a decoder with the fast path
+//! and [`Decoder::tape_only`], the oracle. Built for tests only (the
+//! `testing` feature, or this crate's own tests).
+
+use super::{DecodeError, Decoder, Limits};
+use crate::core::KeyRef;
+use std::fmt::Debug;
+
+/// A route's decoder, its answer to a body rendered by [`render`].
+pub type Answer = fn(&mut Decoder, &mut [u8], Limits) -> String;
+
+/// Every route with a fast path: its name and its rendered decoder.
+pub const ROUTES: [(&str, Answer); 8] = [
+    ("exists", |d, b, l| render(d.exists(b, l).map(|x| (classes(&x.keys), x)))),
+    ("locations", |d, b, l| render(d.locations(b, l).map(|x| (classes(&x.keys), x)))),
+    ("allocate", |d, b, l| render(d.allocate(b, l).map(|x| (classes(&x.parsed), x)))),
+    ("confirm", |d, b, l| render(d.confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))),
+    ("space_keys", |d, b, l| render(d.space_keys(b, l))),
+    ("space_lookup", |d, b, l| render(d.space_lookup(b, l).map(|x| (classes(&x.keys), x)))),
+    ("space_reserve", |d, b, l| render(d.space_reserve(b, l).map(|x| (classes(&x.keys), x)))),
+    ("space_confirm", |d, b, l| render(d.space_confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))),
+];
+
+/// The typed arguments' `Debug`, or `400` and the detail text.
+fn render<T: Debug>(r: Result<T, DecodeError>) -> String {
+    match r {
+        Ok(v) => format!("{v:?}"),
+        Err(e) => format!("400 {e}"),
+    }
+}
+
+/// Each key's class, which a `KeyRef`'s `Debug` (its text) does not show:
+/// `h` 32-hex, `d` digest, `t` text.
+fn classes(keys: &[KeyRef<'_>]) -> String {
+    keys.iter()
+        .map(|k| match k {
+            KeyRef::Hex(_) => 'h',
+            KeyRef::Digest(_) => 'd',
+            KeyRef::Text(_) => 't',
+        })
+        .collect()
+}
+
+/// The keys of `(key, page)` confirmations.
+fn paired<'a>(pairs: &[(KeyRef<'a>, i64)]) -> Vec<KeyRef<'a>> {
+    pairs.iter().map(|p| p.0).collect()
+}
