@@ -50,11 +50,15 @@
 //! Entries are then mutated in place under the shard's mutex with the
 //! orderings of [`super::Head`]. The arena's segments are installed with
 //! `Release` and loaded with `Acquire`, and never freed before the map.
+//! An unbinding by id ([`HexMap::unbind_id`]) reaches the slot without
+//! the table: its caller's claim of the page acquired the page's owner
+//! word, which the binding wrote after the slot was, and the shard's mutex
+//! orders the rest.
 
 use super::arena_key::ArenaKey;
 pub use super::arena_key::DIGEST_ID;
 use super::published::Published;
-use super::{Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
+use super::{unbind_locked, Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
 #[cfg(not(loom))]
 use crate::key::Digest;
 use crate::key::KeyRef;
@@ -608,23 +612,23 @@ impl<K: ArenaKey> HexMap<K> {
         let (r, remove) = f(found.as_ref().map(|f| self.entry(f.id, f.slot, &guard)));
         if remove {
             let f = found.expect("only a present key is removed");
-            self.remove(&mut st, t, &f, &guard);
+            self.remove(&mut st, t, f.pos, f.id, &guard);
         }
         r
     }
 
-    /// Removes the key found at `f` (under its shard's mutex).
-    fn remove(&self, st: &mut ShardState, t: &Table, f: &Found<'_, K>, guard: &Guard) {
+    /// Removes the key `id`, at `pos` in `t` (under its shard's mutex).
+    fn remove(&self, st: &mut ShardState, t: &Table, pos: usize, id: u32, guard: &Guard) {
         st.live -= 1;
         // A slot followed by an empty one ends every probe that reaches it,
         // so it may be emptied rather than marked, and so may the
         // tombstones just before it: fewer rebuilds under churn. A reader
         // probing through them meets the empty slot where it would have
         // met the next one, having missed no key.
-        if t.slots[(f.pos + 1) & t.mask].load(Ordering::Relaxed) == EMPTY {
+        if t.slots[(pos + 1) & t.mask].load(Ordering::Relaxed) == EMPTY {
             // Release: like every table store.
-            t.slots[f.pos].store(EMPTY, Ordering::Release);
-            let mut p = f.pos;
+            t.slots[pos].store(EMPTY, Ordering::Release);
+            let mut p = pos;
             loop {
                 p = p.wrapping_sub(1) & t.mask;
                 if t.slots[p].load(Ordering::Relaxed) != TOMB {
@@ -635,15 +639,15 @@ impl<K: ArenaKey> HexMap<K> {
             }
         } else {
             // Release: like every table store (readers skip a tombstone).
-            t.slots[f.pos].store(TOMB, Ordering::Release);
+            t.slots[pos].store(TOMB, Ordering::Release);
             st.tombs += 1;
         }
         // Relaxed: writers of `wide` count under the shard mutexes; a
         // count that is not yet 0 only costs a look.
-        if self.wide_keys.load(Ordering::Relaxed) > 0 && self.wide.remove_sync(&f.id) {
+        if self.wide_keys.load(Ordering::Relaxed) > 0 && self.wide.remove_sync(&id) {
             self.wide_keys.fetch_sub(1, Ordering::Relaxed);
         }
-        st.limbo.push_back((self.epoch(guard), f.id));
+        st.limbo.push_back((self.epoch(guard), id));
         // Let this thread move the epoch on, so that the id ripens.
         guard.set_has_garbage();
     }
@@ -792,15 +796,83 @@ impl<K: ArenaKey> HexMap<K> {
         }
     }
 
-    /// Removes `d`'s binding to `page` on `rank` (see [`super::KeyIndex::unbind`]).
-    pub(super) fn unbind(&self, d: K, rank: u32, page: u32, delta: &mut Delta) -> Option<u32> {
-        self.with_locked(d, |e| match e {
-            None => (None, false),
-            Some(e) => match e.unbind(rank, page, delta) {
-                None => (None, false),
-                Some((deadline, last)) => (Some(deadline), last),
-            },
-        })
+    /// Removes `d`'s binding to `page` on `rank`, `before` first (see
+    /// [`super::KeyIndex::unbind_owner`]).
+    pub(super) fn unbind<R>(
+        &self,
+        d: K,
+        rank: u32,
+        page: u32,
+        delta: &mut Delta,
+        before: impl FnOnce(Option<u32>) -> R,
+    ) -> R {
+        self.with_locked(d, |e| unbind_locked(e, rank, page, delta, before))
+    }
+
+    /// [`Self::unbind`] of the key named `id`, which the caller keeps (it
+    /// holds `page` claimed, and read `id` from the page's owner word: see
+    /// the module note, "Ids"). The id leads to the key's slot, the digest
+    /// there to its shard, whose mutex is taken as a look-up by key would;
+    /// the table is probed, for the id rather than the digest, only when
+    /// the key's last binding goes. The look-up by key had cost a release
+    /// the digest's copy out of the arena and two probes by digest (the
+    /// lease's read, then the unbinding): about 220 instructions a page
+    /// more (perf/history).
+    pub(super) fn unbind_id<R>(
+        &self,
+        id: u32,
+        rank: u32,
+        page: u32,
+        delta: &mut Delta,
+        before: impl FnOnce(Option<u32>) -> R,
+    ) -> R {
+        // An id of the other map names no key of this one.
+        if id & DIGEST_ID != K::ID_FLAG {
+            return before(None);
+        }
+        let id = id & !DIGEST_ID;
+        let Some(slot) = self.arena.try_slot(id) else { return before(None) };
+        // Read before the mutex: the key cannot change while the caller
+        // holds its page, and the caller's claim acquired the binding that
+        // named it (the digest was written before it).
+        let (h, shard, mut st) = self.lock(slot.digest());
+        let guard = Guard::new();
+        let (r, last) = unbind_locked(Some(self.entry(id, slot, &guard)), rank, page, delta, before);
+        if last {
+            let t = Self::table(shard, &guard);
+            let pos = Self::find_id(t, id, h);
+            self.remove(&mut st, t, pos, id, &guard);
+        }
+        r
+    }
+
+    /// The lease deadline of the key named `id`, lock-free, which the
+    /// caller keeps (as for [`Self::unbind_id`]): its slot's word, with no
+    /// look-up.
+    pub(super) fn deadline_id(&self, id: u32) -> Option<u32> {
+        if id & DIGEST_ID != K::ID_FLAG {
+            return None;
+        }
+        self.arena.try_slot(id & !DIGEST_ID).map(|s| s.head.lease.deadline())
+    }
+
+    /// The position of the key `id` (hash `h`) in `t`, for a writer under
+    /// the shard's mutex that knows the key is there: the probe of
+    /// [`Self::find`] comparing table slots only, never reading the arena.
+    #[inline]
+    fn find_id(t: &Table, id: u32, h: u64) -> usize {
+        let want = id << TAG_BITS | Self::tag_of(h);
+        let mut pos = h as usize & t.mask;
+        loop {
+            // Relaxed: the shard's mutex orders this writer after every
+            // store into the table.
+            let v = t.slots[pos].load(Ordering::Relaxed);
+            if v == want {
+                return pos;
+            }
+            assert!(v != EMPTY, "a key with a binding is in its table");
+            pos = (pos + 1) & t.mask;
+        }
     }
 
     /// Makes `shard` a new table with room for one more key (under its

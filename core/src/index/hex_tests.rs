@@ -28,7 +28,7 @@ fn many_keys_grow_the_tables_and_leave_nothing_behind() {
     m.for_each(&mut |_, _| seen += 1);
     assert_eq!(seen, N);
     for i in 0..N {
-        assert!(m.unbind(hex(i), (i % 3) as u32, i as u32, &mut d).is_some());
+        assert!(m.unbind(hex(i), (i % 3) as u32, i as u32, &mut d, |d| d).is_some());
     }
     assert_eq!((d.keys, d.complete), (0, 0));
     let mut left = 0;
@@ -46,7 +46,7 @@ fn tombstones_do_not_grow_the_tables() {
     for i in 0..200_000u64 {
         m.bind(hex(i), 0, 1, || 1, &mut d);
         if i >= 8 {
-            assert!(m.unbind(hex(i - 8), 0, 1, &mut d).is_some());
+            assert!(m.unbind(hex(i - 8), 0, 1, &mut d, |d| d).is_some());
         }
     }
     assert_eq!(d.keys, 8);
@@ -66,7 +66,7 @@ fn removed_ids_are_reused() {
     let mut reused = false;
     for i in 0..1_000_000u64 {
         let Bind::Bound(_, Some(id)) = m.bind(hex(i), 0, 1, || 1, &mut d) else { panic!("bound") };
-        m.unbind(hex(i), 0, 1, &mut d);
+        m.unbind(hex(i), 0, 1, &mut d, |d| d);
         if u64::from(id) <= i {
             reused = true;
             break;

@@ -355,13 +355,17 @@ impl<'a> EntryRef<'a> {
             .filter(|&(_, p)| p != NO_PAGE)
     }
 
-    /// Removes the binding to `page` on `rank` (under the key's lock).
-    /// Returns the lease deadline and whether that was the key's last
-    /// binding, or `None` when the binding did not exist.
-    fn unbind(&self, rank: u32, page: u32, delta: &mut Delta) -> Option<(u32, bool)> {
-        if self.page(rank) != Some(page) {
-            return None;
-        }
+    /// Whether the key is bound to `page` on `rank`.
+    #[inline]
+    fn holds(&self, rank: u32, page: u32) -> bool {
+        self.page(rank) == Some(page)
+    }
+
+    /// Removes the key's binding on `rank`, which [`Self::holds`] found
+    /// (under the key's lock). Returns whether that was the key's last
+    /// binding.
+    #[inline]
+    fn unbind_bound(&self, rank: u32, delta: &mut Delta) -> bool {
         let h = self.head;
         // Under the key's lock: no other writer changes `bound`.
         let bound = h.bound.load(Relaxed);
@@ -372,11 +376,34 @@ impl<'a> EntryRef<'a> {
             slot.store(NO_PAGE, Release);
         }
         h.bound.store(bound - 1, Release);
-        // Under the lock that every lease is raised under (see `super::lease`).
-        let deadline = h.lease.deadline();
         let last = bound == 1;
         delta.keys -= i64::from(last);
-        Some((deadline, last))
+        last
+    }
+}
+
+/// The step of an unbinding under the key's lock, on `e`, the key's live
+/// entry (`None`: the key is absent): `before` with the lease deadline
+/// (`None` when the key is not bound to `page` on `rank`), then the
+/// binding's removal. Returns `before`'s answer and whether the key must
+/// go (its last binding went).
+#[inline]
+fn unbind_locked<R>(
+    e: Option<EntryRef<'_>>,
+    rank: u32,
+    page: u32,
+    delta: &mut Delta,
+    before: impl FnOnce(Option<u32>) -> R,
+) -> (R, bool) {
+    match e {
+        Some(e) if e.holds(rank, page) => {
+            // Under the lock that every lease is raised under (see
+            // `super::lease`): no reader can raise it between this read and
+            // the removal below.
+            let r = before(Some(e.head.lease.deadline()));
+            (r, e.unbind_bound(rank, delta))
+        }
+        _ => (before(None), false),
     }
 }
 
@@ -702,10 +729,45 @@ impl KeyIndex {
     /// must wait for before another key may have it, or `None` when the
     /// binding did not exist.
     pub fn unbind(&self, key: KeyRef<'_>, rank: u32, page: u32, delta: &mut Delta) -> Option<u32> {
-        match key {
-            KeyRef::Hex(d) => self.hex.unbind(d, rank, page, delta),
-            KeyRef::Digest(d) => self.digest.unbind(d, rank, page, delta),
-            KeyRef::Text(s) => unbind_in(&self.text, s, rank, page, delta),
+        self.unbind_owner(Owner::Key(key), rank, page, delta, |deadline| deadline)
+    }
+
+    /// The lease deadline of the key that `owner` names, lock-free, as
+    /// [`Self::deadline`]; an [`Owner::Id`] as for [`Self::unbind_owner`]
+    /// (read from its slot, with no look-up).
+    pub fn deadline_of(&self, owner: Owner<'_>) -> Option<u32> {
+        match owner {
+            Owner::Id(id) if id & DIGEST_ID != 0 => self.digest.deadline_id(id),
+            Owner::Id(id) => self.hex.deadline_id(id),
+            Owner::Key(k) => self.deadline(k),
+        }
+    }
+
+    /// Removes the binding to `page` on `rank` of the key that `owner`
+    /// names, as [`Self::unbind`], in one step under the key's lock:
+    /// `before` runs there first with the key's lease deadline (`None` when
+    /// the binding does not exist), so that no reader raises the lease
+    /// between what `before` sees and the removal. Returns `before`'s
+    /// answer.
+    ///
+    /// An [`Owner::Id`] must come from `page`'s owner word with the page
+    /// held claimed: the key then stays and its id names it (`hex.rs`,
+    /// "Ids"), so the hex and digest maps go from the id to the key's entry
+    /// with no look-up, and probe their table only to remove the key.
+    pub fn unbind_owner<R>(
+        &self,
+        owner: Owner<'_>,
+        rank: u32,
+        page: u32,
+        delta: &mut Delta,
+        before: impl FnOnce(Option<u32>) -> R,
+    ) -> R {
+        match owner {
+            Owner::Id(id) if id & DIGEST_ID != 0 => self.digest.unbind_id(id, rank, page, delta, before),
+            Owner::Id(id) => self.hex.unbind_id(id, rank, page, delta, before),
+            Owner::Key(KeyRef::Hex(d)) => self.hex.unbind(d, rank, page, delta, before),
+            Owner::Key(KeyRef::Digest(d)) => self.digest.unbind(d, rank, page, delta, before),
+            Owner::Key(KeyRef::Text(s)) => unbind_in(&self.text, s, rank, page, delta, before),
         }
     }
 
@@ -868,17 +930,25 @@ fn bind_in<K: Eq + std::hash::Hash + Clone + 'static>(
     }
 }
 
-fn unbind_in<K, Q>(map: &HashIndex<K, Entry, Hasher>, key: &Q, rank: u32, page: u32, delta: &mut Delta) -> Option<u32>
+/// [`KeyIndex::unbind_owner`] of a key of `map`, under its bucket lock.
+fn unbind_in<K, Q, R>(
+    map: &HashIndex<K, Entry, Hasher>,
+    key: &Q,
+    rank: u32,
+    page: u32,
+    delta: &mut Delta,
+    before: impl FnOnce(Option<u32>) -> R,
+) -> R
 where
     K: Eq + std::hash::Hash + 'static,
     Q: scc::Equivalent<K> + std::hash::Hash + ?Sized,
 {
-    let o = map.get_sync(key)?;
-    let (deadline, last) = o.get().as_ref().unbind(rank, page, delta)?;
+    let o = map.get_sync(key);
+    let (r, last) = unbind_locked(o.as_ref().map(|o| o.get().as_ref()), rank, page, delta, before);
     if last {
-        o.remove_entry();
+        o.expect("only a present key is removed").remove_entry();
     }
-    Some(deadline)
+    r
 }
 
 #[cfg(test)]

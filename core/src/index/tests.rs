@@ -188,3 +188,87 @@ fn digests_have_ids_of_their_own_that_name_them_back() {
     assert_eq!(d.keys, 1);
     assert_eq!(ix.location(k(&keys[7]), 0), None);
 }
+
+/// A release by id ([`KeyIndex::unbind_owner`] of the id a held page
+/// names): `before` sees the lease deadline while the binding is still
+/// there, a binding that is not the page's changes nothing, a binding that
+/// is not the last keeps the key (a wide rank's included), and the last
+/// removes it.
+#[test]
+fn unbinding_by_id_reads_the_lease_under_the_lock_and_removes_the_last_binding() {
+    let ix = KeyIndex::default();
+    let mut d = Delta::default();
+    let key = k("0123456789abcdef0123456789abcdef");
+    let Bind::Bound(2, Some(id)) = ix.bind(key, 0, 5, || 2, &mut d) else { panic!("a hex key has an id") };
+    assert_eq!(ix.bind(key, 9, 7, || unreachable!(), &mut d), Bind::Bound(2, Some(id)));
+    assert_eq!((d.keys, d.complete), (1, 1));
+    let reader = ix.reader();
+    assert_eq!(reader.lease_page(key, reader.get(key), 0, 10, LeaseLength(5)), Some(5));
+    drop(reader);
+    let leased = ix.deadline(key).expect("stored");
+    assert!(crate::lease::live(leased, 16), "leased past 10 + 5: {leased}");
+    let before = |rank: u32, page: u32| {
+        let ix = &ix;
+        move |deadline: Option<u32>| {
+            // Still bound when `before` runs: the journal hears of the
+            // unbinding before the index forgets it.
+            if deadline.is_some() {
+                assert_eq!(ix.page(key, rank), Some(page));
+            }
+            deadline
+        }
+    };
+    assert_eq!(ix.unbind_owner(Owner::Id(id), 0, 6, &mut d, before(0, 6)), None, "wrong page");
+    assert_eq!(ix.unbind_owner(Owner::Id(id), 1, 5, &mut d, before(1, 5)), None, "wrong rank");
+    assert_eq!(ix.unbind_owner(Owner::Id(id | DIGEST_ID), 0, 5, &mut d, before(0, 5)), None, "the other map's id");
+    assert_eq!((d.keys, d.complete, ix.page(key, 0)), (1, 1, Some(5)), "nothing changed");
+    assert_eq!(ix.unbind_owner(Owner::Id(id), 0, 5, &mut d, before(0, 5)), Some(leased));
+    assert_eq!((d.keys, d.complete, ix.page(key, 0), ix.page(key, 9)), (1, 0, None, Some(7)));
+    assert_eq!(ix.unbind_owner(Owner::Id(id), 9, 7, &mut d, before(9, 7)), Some(leased), "the key keeps its lease");
+    assert_eq!((d.keys, d.complete, ix.page(key, 9), ix.deadline(key)), (0, 0, None, None));
+    let mut n = 0;
+    ix.for_each(|_, _| n += 1);
+    assert_eq!(n, 0, "the last binding removed the key");
+    // The key comes back as a new one (never leased).
+    assert!(matches!(ix.bind(key, 0, 5, || 1, &mut d), Bind::Bound(1, Some(_))));
+    assert_eq!(ix.deadline(key), Some(0));
+}
+
+/// An SGLang digest's release by its id (flagged [`DIGEST_ID`]), beside a
+/// hex key and a text key (by key) on the same pages' numbers.
+#[test]
+fn digests_and_text_keys_unbind_by_their_owner() {
+    let ix = KeyIndex::new(IndexFloor::SGLANG);
+    let mut d = Delta::default();
+    let table = PageTable::new(64).unwrap();
+    let hex = k("0123456789abcdef0123456789abcdef");
+    let keys: Vec<String> = (0..40).map(|i| digest(i, ["", "-k", "-v"][i as usize % 3])).collect();
+    let Bind::Bound(1, Some(hex_id)) = ix.bind(hex, 0, 0, || 1, &mut d) else { panic!("hex keys have an id") };
+    table.set_owner(0, Owner::of(hex, Some(hex_id)));
+    for (i, key) in keys.iter().enumerate() {
+        let page = i as u32 + 1;
+        let Bind::Bound(1, id) = ix.bind(k(key), 0, page, || 1, &mut d) else { panic!("bound") };
+        table.set_owner(page, Owner::of(k(key), id));
+    }
+    assert_eq!(ix.bind(k("text"), 0, 63, || 1, &mut d), Bind::Bound(1, None));
+    table.set_owner(63, Owner::Key(k("text")));
+    assert_eq!(d.keys, 42);
+    // The hex key's id names no digest.
+    assert_eq!(ix.unbind_owner(Owner::Id(hex_id), 0, 1, &mut d, |x| x), None);
+    // Every other digest, by id; then the text key by key.
+    for (i, key) in keys.iter().enumerate().step_by(2) {
+        let page = i as u32 + 1;
+        let o = table.owner(page).unwrap();
+        assert!(matches!(o, Owned::Id(id) if id & DIGEST_ID != 0));
+        assert_eq!(ix.unbind_owner(o.as_owner(), 0, page, &mut d, |x| x), Some(0), "digest {i}");
+        assert_eq!(ix.page(k(key), 0), None);
+    }
+    assert_eq!(ix.unbind_owner(table.owner(63).unwrap().as_owner(), 0, 63, &mut d, |x| x), Some(0));
+    assert_eq!(ix.page(k("text"), 0), None);
+    assert_eq!(d.keys, 42 - 20 - 1);
+    for (i, key) in keys.iter().enumerate() {
+        let want = (i % 2 == 1).then_some(i as u32 + 1);
+        assert_eq!(ix.page(k(key), 0), want, "digest {i}");
+    }
+    assert_eq!(ix.page(hex, 0), Some(0));
+}

@@ -102,6 +102,16 @@ pub enum Owned {
     Key(Key),
 }
 
+impl Owned {
+    /// The [`Owner`] this names, borrowed.
+    pub fn as_owner(&self) -> Owner<'_> {
+        match self {
+            Owned::Id(id) => Owner::Id(*id),
+            Owned::Key(k) => Owner::Key(k.as_ref()),
+        }
+    }
+}
+
 /// State bits of a FREE page.
 pub const FREE: u64 = 0b00;
 /// State bits of a RESERVED page.

@@ -125,9 +125,10 @@ impl Store {
                 outcome.released += 1;
                 let owner = if c == Claimed::Bound { table.owner(page) } else { None };
                 debug_assert!(c != Claimed::Bound || owner.is_some(), "claim refuses a BOUND page naming no key");
-                // The page is held, so its key stays and its id names it.
-                match owner.and_then(|o| current.index.key_of(&o)) {
-                    Some(key) => match self.unbind_held(current, table, r, page, key.as_ref(), now, &mut delta) {
+                match owner {
+                    // The page is held, so its key stays and its id names
+                    // it: unbound by id, with no look-up of the key.
+                    Some(o) => match self.unbind_held(current, table, r, page, o.as_owner(), now, &mut delta) {
                         Unbound::Freed => freed += 1,
                         Unbound::Quarantined => outcome.quarantined += 1,
                     },
@@ -241,9 +242,10 @@ pub(super) enum Unbound {
 
 impl Store {
     /// Unbinds `page` of rank `r`, which this thread holds BUSY (claimed
-    /// BOUND) and which `key` owns, and settles it: FREE, or quarantined
-    /// when a reader's lease on `key` may still cover it. The release path
-    /// of a confirm and of SGLang's `delete_keys`.
+    /// BOUND) and which `owner` owns (as the page's owner word names it,
+    /// or the key itself), and settles it: FREE, or quarantined when a
+    /// reader's lease on the key may still cover it. The release path of a
+    /// confirm and of SGLang's `delete_keys`.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn unbind_held(
         &self,
@@ -251,7 +253,7 @@ impl Store {
         table: &PageTable,
         r: u32,
         page: u32,
-        key: KeyRef<'_>,
+        owner: Owner<'_>,
         now: u32,
         delta: &mut Delta,
     ) -> Unbound {
@@ -261,8 +263,10 @@ impl Store {
         // the journal hears of the unbinding, which it then hears of as a
         // hold or as a free page; either is journaled before the index
         // forgets the binding, so a confirm that rebinds the key elsewhere
-        // can only be journaled after.
-        let lease = current.index.deadline(key).filter(|&d| lease::live(d, now));
+        // can only be journaled after. Journaled outside the key's lock: a
+        // journal's `record` may let another request run (tests do), and
+        // that request may need the key.
+        let lease = current.index.deadline_of(owner).filter(|&d| lease::live(d, now));
         let hold = match (lease, self.restart_hold(now)) {
             (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
             (a, b) => a.or(b),
@@ -273,7 +277,9 @@ impl Store {
         } else {
             self.record(Change::Unbind { generation: current.id, rank: r, page });
         }
-        let deadline = current.index.unbind(key, r, page, delta);
+        // The deadline read again with the unbinding, in one step under the
+        // key's lock.
+        let deadline = current.index.unbind_owner(owner, r, page, delta, |deadline| deadline);
         debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
         // The key's lock was held only for the unbind: a reader may have
         // raised the lease since the look above. Hold for the later one.
@@ -485,6 +491,68 @@ mod tests {
         let mut loc = Vec::new();
         s.locations(0, &K, &mut loc).unwrap();
         (s.stats(), loc)
+    }
+
+    /// A journal that keeps the page changes: (hold?, rank, page) for the
+    /// holds and unbinds, in order.
+    #[derive(Default)]
+    struct Frees(crate::sync::Mutex<Vec<(bool, u32, u32)>>);
+
+    impl crate::Journal for Frees {
+        fn record(&self, c: Change<'_>) {
+            let mut v = self.0.lock().unwrap();
+            match c {
+                Change::Hold { rank, page, .. } => v.push((true, rank, page)),
+                Change::Unbind { rank, page, .. } => v.push((false, rank, page)),
+                _ => {}
+            }
+        }
+    }
+
+    /// A release of a leased key's page holds the page (journaled once, as
+    /// a hold) until the lease passes, whatever the kind of key: a hex key
+    /// and an SGLang digest (released by id) and a text key (by key); an
+    /// unleased key's page is free at once (journaled as free).
+    #[test]
+    fn a_release_of_a_leased_key_is_held_for_every_kind_of_key() {
+        let frees = std::sync::Arc::new(Frees::default());
+        let cfg = StoreConfig {
+            world_size: Some(1),
+            read_lease: crate::LeaseLength(100),
+            manual_clock: true,
+            ..StoreConfig::default()
+        };
+        let s = Store::with_journal(cfg, Some(frees.clone()), 0);
+        s.initialize(0, 64).unwrap();
+        let digest = format!("{:064x}-k", 7);
+        let keys = [K[0], digest.as_str(), K[3], K[1], K[2]];
+        let mut out = Vec::new();
+        s.allocate(0, &keys, &mut out).unwrap();
+        let pages: Vec<i64> = out.iter().map(|&(_, p)| p).collect();
+        let conf: Vec<(&str, i64)> = keys.iter().copied().zip(pages.iter().copied()).collect();
+        s.confirm(0, &conf, &[]).unwrap();
+        // The first three leased by a read; the last two not.
+        let mut loc = Vec::new();
+        s.locations(0, &keys[..3], &mut loc).unwrap();
+        assert_eq!(loc, pages[..3].iter().map(|&p| Some(p as u32)).collect::<Vec<_>>());
+        frees.0.lock().unwrap().clear();
+        let o = s.confirm(0, &[], &pages).unwrap();
+        assert_eq!((o.released, o.quarantined), (5, 3));
+        let mut journaled = std::mem::take(&mut *frees.0.lock().unwrap());
+        journaled.sort_by_key(|&(_, _, p)| p);
+        let mut want: Vec<(bool, u32, u32)> = pages.iter().enumerate().map(|(i, &p)| (i < 3, 0, p as u32)).collect();
+        want.sort_by_key(|&(_, _, p)| p);
+        assert_eq!(journaled, want, "one change a page: a hold for the leased, a free page for the rest");
+        let mut e = Vec::new();
+        s.exists(&keys, &mut e);
+        assert_eq!(e, [false; 5], "released at once for readers");
+        let st = s.stats();
+        assert_eq!((st.keys, st.ranks[0].quarantined, st.ranks[0].counts.free), (0, 3, 61));
+        s.audit().unwrap();
+        s.set_clock(200);
+        assert_eq!(s.maintain(64).quarantine_freed, 3);
+        assert_eq!(s.stats().ranks[0].counts.free, 64);
+        s.audit().unwrap();
     }
 
     #[test]

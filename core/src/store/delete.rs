@@ -24,7 +24,7 @@
 
 use super::super::index::Delta;
 use super::super::key::KeyRef;
-use super::super::pages::{ClaimGuard, Claimed};
+use super::super::pages::{ClaimGuard, Claimed, Owner};
 use super::super::RankNotInitialized;
 use super::confirm::Unbound;
 use super::Store;
@@ -68,7 +68,7 @@ impl Store {
             }
             let _ = held.commit();
             outcome.deleted += 1;
-            match self.unbind_held(&current, table, r, page, key, now, &mut delta) {
+            match self.unbind_held(&current, table, r, page, Owner::Key(key), now, &mut delta) {
                 Unbound::Freed => freed += 1,
                 Unbound::Quarantined => outcome.quarantined += 1,
             }
@@ -98,10 +98,11 @@ impl Store {
                     return; // the guard puts the page back as it was
                 }
                 // A BOUND page without a key is already quarantined.
-                let Some(key) = table.owner(page).and_then(|o| current.index.key_of(&o)) else { return };
+                let Some(owner) = table.owner(page) else { return };
                 let _ = held.commit();
                 outcome.deleted += 1;
-                match self.unbind_held(&current, table, r as u32, page, key.as_ref(), now, &mut delta) {
+                // Held, so its key stays and its id names it (as a confirm's release).
+                match self.unbind_held(&current, table, r as u32, page, owner.as_owner(), now, &mut delta) {
                     Unbound::Freed => freed += 1,
                     Unbound::Quarantined => outcome.quarantined += 1,
                 }

@@ -189,6 +189,8 @@ pub enum Out {
     ConfirmAt(Result<ConfirmOutcome, ErrorCode>, u32),
     /// A background pass's evictions and the clock after it returned.
     EvictedAt(u64, u32),
+    /// An index model's numbers (each model says what they are).
+    Numbers([u64; 3]),
 }
 
 /// One thread of a model.

@@ -18,10 +18,15 @@
 //! sdd's grace period itself (`index/hex_tests.rs` tests that rule).
 
 use crate::harness::{check_orders, Actor, Check, Out, KA, KB, KC};
-use hf3fs_meta_core::index::{Bind, Delta, KeyIndex};
+use hf3fs_meta_core::index::{Bind, Delta, KeyIndex, DIGEST_ID};
 use hf3fs_meta_core::key::KeyRef;
+use hf3fs_meta_core::pages::Owner;
 use hf3fs_meta_core::IndexFloor;
+use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
+
+/// An SGLang digest key (the digest map: ids flagged [`DIGEST_ID`]).
+const DA: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef-k";
 
 /// An index whose hex map starts with one 2-slot table.
 fn index() -> KeyIndex {
@@ -193,4 +198,83 @@ fn i4_lease_raise_vs_last_unbind() {
         });
         (actors, check)
     });
+}
+
+/// (i5) A release by id (the id a held page names: `KeyIndex::unbind_owner`
+/// of `Owner::Id`, as a confirm's release and a clear unbind) of KA's last
+/// binding races a reader that leases KA on rank 0 and a bind of KA on rank
+/// 1; for a hex key and for an SGLang digest. The unbinder reads the
+/// deadline in the same locked step as the unbinding, so it sees the lease
+/// exactly when the reader was answered the page; `before` runs while the
+/// binding is still there, and before the removal lets a bind of the key
+/// make it anew (what the journal's order needs: a `Bind` after the
+/// unbinding's record); and the bind either joins the key (the unbinding is
+/// then not its last) or makes it anew with another id.
+#[test]
+fn i5_unbind_by_id_vs_lease_raise_vs_bind_of_the_key() {
+    use hf3fs_meta_core::LeaseLength;
+    for key in [KA, DA] {
+        check_orders(&format!("i5_unbind_by_id_vs_lease_raise_vs_bind ({})", &key[..4]), 2, 3, move || {
+            let ix = Arc::new(KeyIndex::new(IndexFloor { hex: 1, digest: 1 }));
+            let k = KeyRef::parse(key);
+            let old = match ix.bind(k, 0, 0, || 1, &mut Delta::default()) {
+                Bind::Bound(1, Some(id)) => id,
+                other => panic!("bind of {key}: {other:?}"),
+            };
+            assert_eq!(old & DIGEST_ID != 0, matches!(k, KeyRef::Digest(_)));
+            // The order of `before` and of the bind's return.
+            let ticket = Arc::new(AtomicU64::new(1));
+            let (ir, iu, ib) = (ix.clone(), ix.clone(), ix.clone());
+            let (tu, tb) = (ticket.clone(), ticket.clone());
+            let actors: Vec<Actor> = vec![
+                Box::new(move || {
+                    let r = ir.reader();
+                    let e = r.get(KeyRef::parse(key));
+                    Out::Read(r.lease_page(KeyRef::parse(key), e, 0, 10, LeaseLength(5)))
+                }),
+                Box::new(move || {
+                    let mut d = Delta::default();
+                    let (deadline, at) = iu.unbind_owner(Owner::Id(old), 0, 0, &mut d, |deadline| {
+                        assert_eq!(iu.page(KeyRef::parse(key), 0), Some(0), "before runs while the binding is there");
+                        (deadline.expect("KA is bound until this unbind"), tu.fetch_add(1, Ordering::SeqCst))
+                    });
+                    Out::Numbers([u64::from(deadline), u64::from(d.keys == -1), at])
+                }),
+                Box::new(move || {
+                    let mut d = Delta::default();
+                    let id = match ib.bind(KeyRef::parse(key), 1, 1, || 1, &mut d) {
+                        Bind::Bound(1, Some(id)) => id,
+                        other => panic!("bind of {key} on rank 1: {other:?}"),
+                    };
+                    let at = tb.fetch_add(1, Ordering::SeqCst);
+                    Out::Numbers([u64::from(id), u64::from(d.keys == 1), at])
+                }),
+            ];
+            let check: Check = Box::new(move |outs| {
+                let (Out::Numbers([deadline, last, unbound_at]), Out::Numbers([id, new, bound_at])) =
+                    (outs[1], outs[2])
+                else {
+                    unreachable!()
+                };
+                match outs[0] {
+                    Out::Read(Some(0)) => {
+                        assert!(deadline > 10 + 5, "answered, but the unbind saw deadline {deadline}")
+                    }
+                    Out::Read(None) => assert_eq!(deadline, 0),
+                    other => panic!("{other:?}"),
+                }
+                assert_eq!(last, new, "the bind makes the key anew exactly when the unbinding removed it");
+                assert_eq!(id == u64::from(old), new == 0, "a key made anew takes another id (none is ripe)");
+                if new == 1 {
+                    assert!(unbound_at < bound_at, "a bind after the removal returned before `before` ran");
+                }
+                let k = KeyRef::parse(key);
+                assert_eq!((ix.page(k, 0), ix.page(k, 1)), (None, Some(1)));
+                let mut n = 0;
+                ix.for_each(|_, _| n += 1);
+                assert_eq!(n, 1);
+            });
+            (actors, check)
+        });
+    }
 }
