@@ -37,6 +37,39 @@ use std::time::Duration;
 /// `.ci/run` sets it, so CI runs every suite or fails.
 pub const REQUIRE_ALL: &str = "HF3FS_META_REQUIRE_ALL";
 
+/// A loopback address free now, for a child process to bind a moment later
+/// (etcd's ports, a replication listener behind a proxy). A port the kernel
+/// picks for a bind to port 0 lies in its ephemeral range, where it may be
+/// handed out at once again as the local port of any outgoing connection
+/// (the proxies', etcd's clients', the load's), and the child's bind then
+/// fails with "address in use". A port below that range is taken only by
+/// an explicit bind: picked at random there, checked free by binding it,
+/// never handed out twice by this process.
+pub fn free_addr_for_child() -> SocketAddr {
+    use rand::Rng;
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (lo, hi) = (10_000u16, ephemeral.max(12_000));
+    let mut given = GIVEN.lock().unwrap_or_else(|p| p.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    for _ in 0..1000 {
+        let port = rand::thread_rng().gen_range(lo..hi);
+        if given.contains(&port) {
+            continue;
+        }
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            given.insert(port);
+            return l.local_addr().expect("a bound address");
+        }
+    }
+    panic!("no free port in 127.0.0.1:{lo}..{hi} after 1000 tries");
+}
+
 /// Says, once per `what` and test binary, that `what` was skipped and how
 /// to run it: on the terminal itself, past the test harness's capture, so a
 /// plain `cargo test` shows it. Panics instead when [`REQUIRE_ALL`] is set.

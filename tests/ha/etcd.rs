@@ -5,7 +5,7 @@
 
 use super::http::{get, request_within, Answer};
 use crate::common::FAILSAFE;
-use std::net::TcpListener;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -34,9 +34,10 @@ pub fn available() -> bool {
     ok
 }
 
-/// A free port of 127.0.0.1 (bound, then released: etcd binds it next).
+/// A free port of 127.0.0.1 (bound, then released: etcd binds it next),
+/// below the ephemeral range ([`crate::common::free_addr_for_child`]).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+    crate::common::free_addr_for_child().port()
 }
 
 struct Member {

@@ -20,7 +20,7 @@ use super::proxy::Proxy;
 use super::writes::{assert_kept, at, call, init};
 use crate::common::process::ServerProcess;
 use serde_json::{json, Value};
-use std::net::{SocketAddr, TcpListener};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -39,7 +39,7 @@ impl Fronted {
     fn start(c: &Cluster, ids: &[&'static str], mode: &str) -> Fronted {
         let (mut procs, mut proxies, mut dirs) = (Vec::new(), Vec::new(), Vec::new());
         for id in ids {
-            let listen = free_addr();
+            let listen = crate::common::free_addr_for_child();
             let proxy = Proxy::start(listen);
             let (listen, via) = (listen.to_string(), proxy.addr.to_string());
             let dir = tempfile::tempdir().expect("a data directory");
@@ -72,11 +72,6 @@ impl Fronted {
             (h["standby"] == self.ids[s] && r["streaming_to"] == self.ids[s] && r["in_sync"] == true).then_some(())
         });
     }
-}
-
-/// A free port of 127.0.0.1 (bound, then released: the node binds it next).
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port")
 }
 
 /// One save of the load: its keys and pages, when it was sent and when

@@ -12,7 +12,7 @@ use super::http::request_within;
 use super::proxy::Proxy;
 use super::writes::{assert_kept, at, init, keys, save};
 use serde_json::{json, Value};
-use std::net::{SocketAddr, TcpListener};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -67,11 +67,6 @@ fn direct_client(addr: String, log: Arc<Mutex<Log>>, stop: Arc<AtomicBool>) {
     }
 }
 
-/// A free port of 127.0.0.1 (bound, then released: the node binds it next).
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port")
-}
-
 #[test]
 fn a_paused_replicating_leader_is_fenced_its_frames_refused_by_epoch_and_it_rejoins_by_snapshot() {
     let _serial = crate::serial();
@@ -84,7 +79,7 @@ fn a_paused_replicating_leader_is_fenced_its_frames_refused_by_epoch_and_it_rejo
     // reached through the proxy.
     let a = c.replicated("a", dirs[0].path(), "strict", &[]);
     let epoch = wait_for("a serves", || serving_epoch(&a));
-    let listen = free_addr();
+    let listen = crate::common::free_addr_for_child();
     let proxy = Proxy::start(listen);
     let (listen_s, via) = (listen.to_string(), proxy.addr.to_string());
     // b's read deadline (its sync timeout) outlasts the scenario: the held

@@ -292,7 +292,7 @@ fn certificates_rotate_under_load_without_a_restart_or_a_failed_request() {
     let certs = Certs::new();
     let first = certs.pki.leaf_valid("rotating", &["127.0.0.1"], -1, 100);
     let mut args = first.flags("tls");
-    let plain = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let plain = crate::common::free_addr_for_child().to_string();
     args.extend(["--tls-client-ca".to_string(), certs.pki.ca().display().to_string()]);
     args.extend(["--plain-listen".to_string(), plain.clone()]);
     let mut p = ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>());
