@@ -253,3 +253,16 @@ impl Drop for ServerProcess {
         }
     }
 }
+
+/// Starts the binary with `args` and asserts it refuses to start: exit
+/// status 2 and a log line that contains every one of `says`; `what`
+/// names the configuration in the panic if it starts instead.
+pub fn refused_at_start_up(args: &[&str], says: &[&str], what: &str) {
+    match ServerProcess::start(args) {
+        Started::Exited(st, log) => {
+            assert_eq!(st.code(), Some(2), "{log:?}");
+            assert!(log.iter().any(|l| says.iter().all(|s| l.contains(s))), "{log:?}");
+        }
+        Started::Serving(_) => panic!("{what} started"),
+    }
+}

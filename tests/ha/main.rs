@@ -89,17 +89,3 @@ fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
-
-/// Starts the binary with `args` and asserts it refuses to start: exit
-/// status 2 and a log line that contains every one of `says`; `what`
-/// names the configuration in the panic if it starts instead.
-fn refused_at_start_up(args: &[&str], says: &[&str], what: &str) {
-    use common::process::{ServerProcess, Started};
-    match ServerProcess::start(args) {
-        Started::Exited(st, log) => {
-            assert_eq!(st.code(), Some(2), "{log:?}");
-            assert!(log.iter().any(|l| says.iter().all(|s| l.contains(s))), "{log:?}");
-        }
-        Started::Serving(_) => panic!("{what} started"),
-    }
-}

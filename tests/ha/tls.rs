@@ -179,7 +179,7 @@ fn the_server_refuses_a_plain_listener_off_loopback() {
     let mut args: Vec<String> = certs.node.flags("tls");
     args.extend(["--plain-listen".into(), "0.0.0.0:18099".into()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    crate::refused_at_start_up(&args, &["--plain-listen", "loopback"], "a plain listener on 0.0.0.0");
+    crate::common::process::refused_at_start_up(&args, &["--plain-listen", "loopback"], "a plain listener on 0.0.0.0");
 }
 
 #[test]

@@ -479,20 +479,6 @@ fn listen_backlog_follows_the_connection_cap() {
     p.assert_exit_0();
 }
 
-/// Starts the binary with `args` and asserts it refuses to start: exit
-/// status 2 and a log line that contains every one of `says`; `what`
-/// names the configuration in the panic if it starts instead.
-fn refused_at_start_up(args: &[&str], says: &[&str], what: &str) {
-    use crate::common::process::Started;
-    match ServerProcess::start(args) {
-        Started::Exited(st, log) => {
-            assert_eq!(st.code(), Some(2), "{log:?}");
-            assert!(log.iter().any(|l| says.iter().all(|s| l.contains(s))), "{log:?}");
-        }
-        Started::Serving(_) => panic!("{what} started"),
-    }
-}
-
 /// The flags of an HA node that are checked before etcd is called (the
 /// endpoint is never reached).
 const HA_NODE: [&str; 8] = [
@@ -509,7 +495,7 @@ const HA_NODE: [&str; 8] = [
 /// Moved from tests/ha/election.rs: no etcd is needed to refuse.
 #[test]
 fn an_ha_node_without_a_cluster_secret_is_refused_at_start_up() {
-    refused_at_start_up(&HA_NODE, &["--ha-token-file"], "a node without a cluster secret");
+    crate::common::process::refused_at_start_up(&HA_NODE, &["--ha-token-file"], "a node without a cluster secret");
 }
 
 /// Moved from tests/ha/liveness.rs: no etcd is needed to refuse.
@@ -517,7 +503,7 @@ fn an_ha_node_without_a_cluster_secret_is_refused_at_start_up() {
 fn an_ha_heartbeat_not_below_the_sync_timeout_is_refused_at_start_up() {
     let mut args = HA_NODE.to_vec();
     args.extend(["--ha-sync-timeout-ms", "500", "--ha-heartbeat-ms", "500"]);
-    refused_at_start_up(
+    crate::common::process::refused_at_start_up(
         &args,
         &["--ha-heartbeat-ms 500 must be below"],
         "a node whose standby would close every idle session",
