@@ -70,6 +70,16 @@ pub fn later(a: u32, b: u32) -> bool {
     d != 0 && d <= HORIZON
 }
 
+/// The later of two optional deadlines (`None`: no deadline), on the
+/// clock's ring as [`later`] reads it.
+#[inline]
+pub fn latest(a: Option<u32>, b: Option<u32>) -> Option<u32> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if later(a, b) { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Whether a lease `deadline` (0: never leased) is live at `now`.
 #[inline]
 pub fn live(deadline: u32, now: u32) -> bool {
@@ -333,6 +343,10 @@ mod tests {
         assert!(l.visit(d));
         // Quarantine-style comparisons on the ring.
         assert!(later(2, DEADLINE - 2) && !later(DEADLINE - 2, 2));
+        assert_eq!(latest(Some(2), Some(DEADLINE - 2)), Some(2), "the later across the wrap");
+        assert_eq!(latest(None, Some(7)), Some(7));
+        assert_eq!(latest(Some(7), None), Some(7));
+        assert_eq!(latest(None, None), None);
         assert!(!live(0, DEADLINE), "0 is never leased, whatever the hour");
         assert_eq!(after(DEADLINE, 1), 1, "a deadline never lands on 0");
         // A deadline 6.8 years stale reads as live for at most a horizon.

@@ -209,6 +209,18 @@ pub(crate) fn raw(addr: SocketAddr) -> (BufReader<TcpStream>, TcpStream) {
     (BufReader::new(s.try_clone().unwrap()), s)
 }
 
+/// Sends `m` on a new raw connection to the standby's listener and returns
+/// the reason of the `Reject` it answers (panics on any other answer).
+pub(crate) fn refused(addr: SocketAddr, m: Msg) -> String {
+    let (mut rd, mut s) = raw(addr);
+    m.write_to(&mut s).unwrap();
+    s.flush().unwrap();
+    match Msg::read_from(&mut rd).unwrap() {
+        Msg::Reject(why) => why,
+        m => panic!("not refused: {m:?}"),
+    }
+}
+
 pub(crate) fn hello(token: &[u8], epoch: u64) -> Msg {
     Msg::Hello { version: MIN_VERSION, store: Dialect::Vllm, token: token.to_vec(), epoch, leader: "mallory".into() }
 }
@@ -221,22 +233,13 @@ fn forged_missing_and_old_epoch_hellos_and_frames_are_refused_and_counted() {
     save(&p.leader, 0, &[key(1)]);
     let before = bindings(p.standby.app().registry.vllm());
     let c = &p.receiver.counters;
-    let refused = |m: Msg| {
-        let (mut rd, mut s) = raw(p.addr);
-        m.write_to(&mut s).unwrap();
-        s.flush().unwrap();
-        match Msg::read_from(&mut rd).unwrap() {
-            Msg::Reject(why) => why,
-            m => panic!("not refused: {m:?}"),
-        }
-    };
     // A forged secret, a missing one, and no hello at all.
-    assert!(refused(hello(b"a-cluster-secret-of-32-characterZ", EPOCH + 1)).contains("secret"));
-    assert!(refused(hello(b"", EPOCH + 1)).contains("secret"));
-    assert!(refused(Msg::SnapshotBegin { epoch: EPOCH + 1 }).contains("hello"));
+    assert!(refused(p.addr, hello(b"a-cluster-secret-of-32-characterZ", EPOCH + 1)).contains("secret"));
+    assert!(refused(p.addr, hello(b"", EPOCH + 1)).contains("secret"));
+    assert!(refused(p.addr, Msg::SnapshotBegin { epoch: EPOCH + 1 }).contains("hello"));
     assert_eq!(c.bad_token.load(Ordering::Relaxed), 3);
     // A deposed leader's hello (an older epoch) with the right secret.
-    assert!(refused(hello(TOKEN, EPOCH - 1)).contains("older"));
+    assert!(refused(p.addr, hello(TOKEN, EPOCH - 1)).contains("older"));
     assert_eq!(c.old_epoch.load(Ordering::Relaxed), 1);
     assert_eq!(bindings(p.standby.app().registry.vllm()), before, "nothing of a refused connection was applied");
     // A newer leader (epoch 6) connects: the epoch-5 leader's next frame is

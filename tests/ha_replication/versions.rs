@@ -7,7 +7,7 @@
 //! test's, through the target's `range`.
 
 use crate::common::FAILSAFE;
-use crate::replication::{bindings, hello, key, raw, save, until, Pair, EPOCH, TOKEN};
+use crate::replication::{bindings, hello, key, raw, refused, save, until, Pair, EPOCH, TOKEN};
 use hf3fs_meta::core::Dialect;
 use hf3fs_meta::ha::replicate::wire::{Msg, Range, VERSION};
 use hf3fs_meta::ha::replicate::{SyncMode, Target};
@@ -146,15 +146,6 @@ fn a_standby_of_this_release_answers_the_previous_release_and_refuses_a_future_o
     drop((rd, s));
     // A leader of a future release, and one of version 1: refused, both
     // ranges named, counted; the session closed.
-    let refused = |m: Msg| {
-        let (mut rd, mut s) = raw(p.addr);
-        m.write_to(&mut s).unwrap();
-        s.flush().unwrap();
-        match Msg::read_from(&mut rd).unwrap() {
-            Msg::Reject(why) => why,
-            m => panic!("not refused: {m:?}"),
-        }
-    };
     let future = Msg::HelloRange {
         range: FUTURE,
         store: Dialect::Vllm,
@@ -163,11 +154,11 @@ fn a_standby_of_this_release_answers_the_previous_release_and_refuses_a_future_o
         release: "9.0.0".into(),
         leader: "z".into(),
     };
-    let why = refused(future);
+    let why = refused(p.addr, future);
     assert!(why.contains("protocol 4-5 (hf3fs-meta 9.0.0)") && why.contains("this node 2-3"), "{why}");
     let v1 =
         Msg::Hello { version: 1, store: Dialect::Vllm, token: TOKEN.to_vec(), epoch: EPOCH + 1, leader: "x".into() };
-    assert!(refused(v1).contains("protocol 1"));
+    assert!(refused(p.addr, v1).contains("protocol 1"));
     assert_eq!(c.bad_version.load(Ordering::Relaxed), 2);
     // Without the secret, nothing is said about versions.
     let forged = Msg::HelloRange {
@@ -178,7 +169,7 @@ fn a_standby_of_this_release_answers_the_previous_release_and_refuses_a_future_o
         release: "9.0.0".into(),
         leader: "z".into(),
     };
-    assert!(refused(forged).contains("secret"));
+    assert!(refused(p.addr, forged).contains("secret"));
     assert_eq!(c.bad_version.load(Ordering::Relaxed), 2, "a forged hello is a bad token, not a version");
     // This release's leader agrees on 3 with it.
     let (mut rd, mut s) = raw(p.addr);

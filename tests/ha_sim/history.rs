@@ -6,7 +6,7 @@
 //! key.
 
 use super::cluster::{Cluster, TTL};
-use hf3fs_meta::config::Config;
+use crate::common::config;
 use hf3fs_meta::ha::coord::Coordinator;
 use hf3fs_meta::ha::{Role, WithoutReplication};
 use hf3fs_meta::App;
@@ -66,12 +66,7 @@ async fn without_replication_a_named_standby_without_its_state_refuses() {
 #[tokio::test]
 async fn the_last_leader_restarted_from_its_data_dir_leads_again_with_its_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let open = || {
-        use clap::Parser;
-        let d = dir.path().to_str().unwrap();
-        let argv = ["hf3fs-meta", "--host", "127.0.0.1", "--port", "0", "--data-dir", d, "--fsync", "always"];
-        App::open(Config::try_parse_from(argv).unwrap()).unwrap()
-    };
+    let open = || App::open(config(&["--data-dir", dir.path().to_str().unwrap(), "--fsync", "always"])).unwrap();
     let mut c = Cluster::new();
     let a = c.start_app("a", open(), |_| Arc::new(WithoutReplication::default()));
     let (l, epoch) = c.wait_leader(TTL).await;

@@ -8,16 +8,14 @@
 //! cluster's manual clock.
 
 use super::cluster::{Cluster, TTL};
-use hf3fs_meta::config::Config;
+use crate::common::config;
 use hf3fs_meta::ha::{Promotion, WithoutReplication};
 use hf3fs_meta::App;
 use std::sync::Arc;
 
 /// A server whose time stands still, with a read lease of 10 s.
 fn app() -> App {
-    use clap::Parser;
-    let argv = ["hf3fs-meta", "--host", "127.0.0.1", "--port", "0", "--test-clock", "--read-lease", "10"];
-    App::new(Config::try_parse_from(argv).unwrap())
+    App::new(config(&["--test-clock", "--read-lease", "10"]))
 }
 
 /// Starts node `id` on [`app`], with the promotion that accepts every

@@ -19,6 +19,12 @@
 //! - [`sim`]: the seeded simulation (random schedules, the guarantees of
 //!   docs/ha.md checked after every step).
 
+// A test or bench binary has no API: its `pub` items are crate-local.
+#![allow(unreachable_pub)]
+
+#[path = "../common/mod.rs"]
+mod common;
+
 mod clock_rate;
 mod cluster;
 mod election;

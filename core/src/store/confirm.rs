@@ -267,10 +267,7 @@ impl Store {
         // journal's `record` may let another request run (tests do), and
         // that request may need the key.
         let lease = current.index.deadline_of(owner).filter(|&d| lease::live(d, now));
-        let hold = match (lease, self.restart_hold(now)) {
-            (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
-            (a, b) => a.or(b),
-        };
+        let hold = lease::latest(lease, self.restart_hold(now));
         let journaled_hold = hold.is_some();
         if journaled_hold {
             self.record(Change::Hold { generation: current.id, rank: r, page });
@@ -284,10 +281,7 @@ impl Store {
         // The key's lock was held only for the unbind: a reader may have
         // raised the lease since the look above. Hold for the later one.
         let lease = deadline.filter(|&d| lease::live(d, now));
-        let hold = match (lease, hold) {
-            (Some(a), Some(b)) => Some(if lease::later(a, b) { a } else { b }),
-            (a, b) => a.or(b),
-        };
+        let hold = lease::latest(lease, hold);
         if let Some(d) = hold {
             if lease.is_some() && !journaled_hold {
                 // Leased since the look: the journal hears of the hold
