@@ -227,9 +227,39 @@ pub fn forward_lines(stderr: ChildStderr) -> Receiver<String> {
 }
 
 /// Sends `sig` (a name for kill(1): TERM, INT, HUP, ...) to process `pid`.
+/// After `STOP`, returns only once every thread of the process has stopped.
 pub fn signal(pid: u32, sig: &str) {
     let st = Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().expect("run kill");
     assert!(st.success(), "kill -{sig} {pid} failed");
+    if sig == "STOP" {
+        wait_stopped(pid);
+    }
+}
+
+/// Waits until every thread of `pid` is stopped (state `T` in
+/// `/proc/<pid>/task/*/stat`). `kill` returns once the signal is queued:
+/// the kernel wakes one thread of the process for it, and only when that
+/// thread runs does the stop reach the others. Until then another thread
+/// can still read and answer a request; on a busy machine a test that sent
+/// one right after `kill -STOP` saw it answered by the "paused" leader.
+fn wait_stopped(pid: u32) {
+    let stopped = |task: &Path| {
+        // A thread that exited meanwhile runs no more: count it as stopped.
+        std::fs::read_to_string(task.join("stat")).map_or(true, |stat| {
+            // The state follows the command name's closing parenthesis.
+            stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()) == Some('T')
+        })
+    };
+    let start = Instant::now();
+    loop {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
+        if tasks.flatten().all(|t| stopped(&t.path())) {
+            return;
+        }
+        assert!(start.elapsed() < FAILSAFE, "process {pid} did not stop within {FAILSAFE:?} of SIGSTOP");
+        // Polling the threads' states: the pause only paces the poll.
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// How many of its last stderr lines a process prints when a failing test
