@@ -31,7 +31,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The environment variable that turns a skipped suite into a failure:
 /// `.ci/run` sets it, so CI runs every suite or fails.
@@ -91,6 +91,26 @@ pub fn skip(what: &str, how: &str) {
 /// How long any client read may block before the test gives up: a failsafe
 /// against a hung server, never a synchronization device.
 pub const FAILSAFE: Duration = Duration::from_secs(20);
+
+/// Polls `f` until it gives a value; panics naming `what` after the failsafe.
+pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or(what, f, String::new)
+}
+
+/// [`wait_for`] whose panic also says what `seen` tells (what the test
+/// saw meanwhile, for the diagnosis).
+pub fn wait_for_or<T>(what: &str, mut f: impl FnMut() -> Option<T>, seen: impl FnOnce() -> String) -> T {
+    let deadline = Instant::now() + FAILSAFE;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("not within the failsafe: {what}; {}", seen());
+        }
+        std::thread::sleep(Duration::from_millis(20)); // a poll interval, not a synchronization
+    }
+}
 
 /// A configuration with every default plus `args` (the command line's flags).
 pub fn config(args: &[&str]) -> Config {

@@ -250,16 +250,11 @@ fn wait_stopped(pid: u32) {
             stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()) == Some('T')
         })
     };
-    let start = Instant::now();
-    loop {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return };
-        if tasks.flatten().all(|t| stopped(&t.path())) {
-            return;
-        }
-        assert!(start.elapsed() < FAILSAFE, "process {pid} did not stop within {FAILSAFE:?} of SIGSTOP");
-        // Polling the threads' states: the pause only paces the poll.
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
+    super::wait_for(&format!("every thread of process {pid} stopped after SIGSTOP"), || {
+        // A process gone altogether has nothing left to stop.
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Some(()) };
+        tasks.flatten().all(|t| stopped(&t.path())).then_some(())
+    })
 }
 
 /// How many of its last stderr lines a process prints when a failing test

@@ -7,6 +7,7 @@ use super::etcd::Etcd;
 use super::http::{get, request_within, Answer};
 use crate::common::process::{command, forward_lines, signal, ServerProcess};
 use crate::common::FAILSAFE;
+pub use crate::common::{wait_for, wait_for_or};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -244,26 +245,6 @@ pub fn serving_epoch(p: &ServerProcess) -> Option<u64> {
 /// The probe sent to `addr` (2 s timeout).
 pub fn probe(addr: &str) -> Option<Answer> {
     request_within(addr, "POST", PROBE.0, PROBE.1, Duration::from_secs(2))
-}
-
-/// Polls `f` until it gives a value; panics naming `what` after the failsafe.
-pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
-    wait_for_or(what, f, String::new)
-}
-
-/// [`wait_for`] whose panic also says what `seen` tells (what the test
-/// saw meanwhile, for the diagnosis).
-pub fn wait_for_or<T>(what: &str, mut f: impl FnMut() -> Option<T>, seen: impl FnOnce() -> String) -> T {
-    let deadline = Instant::now() + FAILSAFE;
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        if Instant::now() >= deadline {
-            panic!("not within the failsafe: {what}; {}", seen());
-        }
-        std::thread::sleep(Duration::from_millis(20)); // a poll interval, not a synchronization
-    }
 }
 
 /// Waits until exactly one of `nodes` is a serving leader and it has named a
