@@ -17,6 +17,7 @@ mod signals;
 mod workload;
 
 use clap::{Args, Parser, Subcommand};
+use nemesis::{Fault, Nemesis};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -33,9 +34,9 @@ struct Cli {
 enum Cmd {
     /// One run with one nemesis.
     Run {
-        /// The nemesis (`list` names them all).
+        /// The nemesis: a fault type (`list` names them all) or a pair `a+b`.
         #[arg(long)]
-        nemesis: String,
+        nemesis: Nemesis,
         #[command(flatten)]
         common: Common,
     },
@@ -66,7 +67,7 @@ enum Cmd {
         #[arg(long, default_value = "target/faults")]
         out: Vec<PathBuf>,
     },
-    /// Names every nemesis.
+    /// Names every fault type, with a line on what it does.
     List,
     /// Removes what runs that died left: every namespace named `hff-*` (and
     /// the processes in it) and the mounts under `/tmp/hff-*`.
@@ -104,8 +105,13 @@ struct Common {
 }
 
 /// The fault types of the smoke campaign: those that pass on a sound build.
-const SMOKE: &[&str] =
-    &["kill-leader", "pause-leader-1ttl", "partition-leader-etcd", "partition-leader-standby", "kill-etcd-leader"];
+const SMOKE: &[Fault] = &[
+    Fault::KillLeader,
+    Fault::PauseLeader1Ttl,
+    Fault::PartitionLeaderEtcd,
+    Fault::PartitionLeaderStandby,
+    Fault::KillEtcdLeader,
+];
 
 fn commit() -> String {
     std::process::Command::new("git")
@@ -117,7 +123,7 @@ fn commit() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn opts(c: &Common, nemesis: &str, seed: u64) -> run::Opts {
+fn opts(c: &Common, nemesis: impl Into<Nemesis>, seed: u64) -> run::Opts {
     run::Opts {
         nemesis: nemesis.into(),
         seed,
@@ -174,10 +180,21 @@ fn one(o: &run::Opts) -> bool {
     }
 }
 
+/// `list`'s text: every fault type, what it does and what it needs.
+fn list() -> String {
+    let mut s = String::new();
+    for f in Fault::ALL {
+        let needs: Vec<String> = f.needs().iter().map(|n| n.to_string()).collect();
+        let needs = if needs.is_empty() { String::new() } else { format!(" (needs {})", needs.join(", ")) };
+        s += &format!("{:<26} {}{needs}\n", f.name(), f.about());
+    }
+    s
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Cmd::List = cli.command {
-        nemesis::ALL.iter().for_each(|n| println!("{n}"));
+        print!("{}", list());
         return ExitCode::SUCCESS;
     }
     if let Cmd::Report { out } = &cli.command {
@@ -203,20 +220,26 @@ fn main() -> ExitCode {
         Cmd::Run { nemesis, common } => {
             let seed = seed_of(&common);
             println!("seed {seed}");
-            one(&opts(&common, &nemesis, seed))
+            one(&opts(&common, nemesis, seed))
         }
         Cmd::Smoke { common } => {
             let seed = seed_of(&common);
             println!("seed {seed}");
-            let runs = SMOKE.iter().enumerate().fold(true, |ok, (i, n)| one(&opts(&common, n, seed + i as u64)) && ok);
-            let eviction = run::Opts { eviction: true, ..opts(&common, "kill-leader", seed + SMOKE.len() as u64) };
+            let runs = SMOKE.iter().enumerate().fold(true, |ok, (i, n)| one(&opts(&common, *n, seed + i as u64)) && ok);
+            let eviction = run::Opts { eviction: true, ..opts(&common, Fault::KillLeader, seed + SMOKE.len() as u64) };
             one(&eviction) && runs
         }
         Cmd::Campaign { nemeses, runs, max_minutes, common } => {
-            let list: Vec<String> = if nemeses == "all" {
-                nemesis::ALL.iter().filter(|n| **n != "none").map(|n| n.to_string()).collect()
+            let list: Vec<Nemesis> = if nemeses == "all" {
+                Fault::ALL.iter().filter(|n| **n != Fault::None).map(|n| Nemesis::from(*n)).collect()
             } else {
-                nemeses.split(',').map(str::to_string).collect()
+                match nemeses.split(',').map(str::parse).collect() {
+                    Ok(list) => list,
+                    Err(e) => {
+                        eprintln!("hf3fs-faults: --nemeses: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
             };
             let seed = seed_of(&common);
             println!("seed {seed}");
@@ -229,7 +252,7 @@ fn main() -> ExitCode {
                         println!("time bound reached after round {k}");
                         break 'outer;
                     }
-                    ok &= one(&opts(&common, n, seed + k * 1000 + i as u64));
+                    ok &= one(&opts(&common, n.clone(), seed + k * 1000 + i as u64));
                 }
             }
             ok

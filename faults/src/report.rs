@@ -5,7 +5,6 @@
 use crate::check;
 use crate::history::{Call, Op, Outcome};
 use crate::monitor::Sample;
-use crate::run;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -216,14 +215,20 @@ fn opt(x: Option<f64>) -> String {
     x.map_or("–".into(), |v| format!("{v:.2}"))
 }
 
+/// The checks of the matrix, in its columns' order.
+const CHECKS: [&str; 8] =
+    ["lost", "pages", "lease", "split_brain", "linearizable", "verify", "standby_state", "liveness"];
+
+/// The runs by fault type (as [`Saved::label`] names it).
+type ByFault<'a> = BTreeMap<String, Vec<&'a Saved>>;
+
 /// The campaign's markdown: the matrix, the figures per fault type, and
 /// every violation with its history excerpt and replay command.
 pub(crate) fn markdown(runs: &[Saved]) -> String {
-    let mut by: BTreeMap<String, Vec<&Saved>> = BTreeMap::new();
+    let mut by: ByFault = BTreeMap::new();
     for r in runs {
         by.entry(r.label()).or_default().push(r);
     }
-    let checks = ["lost", "pages", "lease", "split_brain", "linearizable", "verify", "standby_state", "liveness"];
     let mut m = String::new();
     let commits: std::collections::BTreeSet<&str> = runs.iter().map(|r| r.commit.as_str()).collect();
     let failed = runs.iter().filter(|r| !r.findings.is_empty()).count();
@@ -236,11 +241,20 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
         runs.len() - failed,
         failed
     );
+    matrix(&mut m, &by);
+    figures_table(&mut m, &by);
+    reasons(&mut m, &by);
+    violations(&mut m, runs, failed);
+    m
+}
+
+/// The matrix: per fault type, the runs with a violation of each check.
+fn matrix(m: &mut String, by: &ByFault) {
     let _ = writeln!(m, "### Matrix (runs with a violation of each check / runs; –: the check does not apply)\n");
-    let _ = writeln!(m, "| fault | runs | {} |", checks.join(" | "));
-    let _ = writeln!(m, "|---|---:|{}", "---:|".repeat(checks.len()));
-    for (n, rs) in &by {
-        let cells: Vec<String> = checks
+    let _ = writeln!(m, "| fault | runs | {} |", CHECKS.join(" | "));
+    let _ = writeln!(m, "|---|---:|{}", "---:|".repeat(CHECKS.len()));
+    for (n, rs) in by {
+        let cells: Vec<String> = CHECKS
             .iter()
             .map(|c| {
                 let k = rs.iter().filter(|r| r.findings.iter().any(|f| f.check == *c)).count();
@@ -259,6 +273,11 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
             .collect();
         let _ = writeln!(m, "| {n} | {} | {} |", rs.len(), cells.join(" | "));
     }
+}
+
+/// The figures per fault type, and the fault types whose leader said it
+/// was in sync while it lagged.
+fn figures_table(m: &mut String, by: &ByFault) {
     let _ = writeln!(
         m,
         "\n### Figures per fault type (counts summed over its runs; rates, times and latencies of the median run, and of the worst for the no-write window and the failover)\n"
@@ -268,7 +287,7 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
         "| fault | ok/fail/info (all phases) | ok/s before · during · after | success during | longest no-write (s), median / worst | failover (s), median / worst | recovery after heal (s) | p50/p99/max during (ms) | acked confirms | info applied/not/unknown |"
     );
     let _ = writeln!(m, "|---|---|---|---:|---:|---:|---:|---|---:|---|");
-    for (n, rs) in &by {
+    for (n, rs) in by {
         let med = |f: &dyn Fn(&Saved) -> Option<f64>| {
             let mut v: Vec<f64> = rs.iter().filter_map(|r| f(r)).collect();
             v.sort_by(|a, b| a.total_cmp(b));
@@ -316,8 +335,12 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
             lagging.join(", ")
         );
     }
+}
+
+/// The non-2xx answers by reason, per fault type.
+fn reasons(m: &mut String, by: &ByFault) {
     let _ = writeln!(m, "\n### Non-2xx answers by reason (all runs of a fault type)\n");
-    for (n, rs) in &by {
+    for (n, rs) in by {
         let mut all: BTreeMap<String, u64> = BTreeMap::new();
         for r in rs {
             for (k, v) in &r.figures.reasons {
@@ -327,6 +350,12 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
         let list: Vec<String> = all.iter().map(|(k, v)| format!("{k}: {v}")).collect();
         let _ = writeln!(m, "- {n}: {}", if list.is_empty() { "none".into() } else { list.join(", ") });
     }
+}
+
+/// Every run with a violation: its findings (the first five), each with
+/// the ops it names (or the writes sent in the window it names), and the
+/// command that replays it.
+fn violations(m: &mut String, runs: &[Saved], failed: usize) {
     let _ = writeln!(m, "\n### Violations\n");
     if failed == 0 {
         let _ = writeln!(m, "None.");
@@ -340,7 +369,7 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
             .collect();
         for f in r.findings.iter().take(5) {
             let _ = writeln!(m, "- {}: {}", f.check, f.what);
-            let mut ops = run::excerpt(&history, &f.ops);
+            let mut ops = excerpt(&history, &f.ops);
             if let (true, Some((a, b))) = (ops.is_empty(), window(&f.what)) {
                 // A window without an acknowledged write: the writes sent in it.
                 ops = history.iter().filter(|o| o.call.is_write() && o.invoke_us >= a && o.invoke_us <= b).collect();
@@ -367,7 +396,6 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
         }
         let _ = writeln!(m);
     }
-    m
 }
 
 /// The window `(a–b s into the run` a liveness finding names, in µs.
@@ -376,4 +404,9 @@ fn window(what: &str) -> Option<(u64, u64)> {
     let (a, rest) = rest.split_once('–')?;
     let b = rest.split_once(" s into")?.0;
     Some(((a.parse::<f64>().ok()? * 1e6) as u64, (b.parse::<f64>().ok()? * 1e6) as u64))
+}
+
+/// The ops of `history` that a finding names.
+fn excerpt<'h>(history: &'h [Op], ids: &[u64]) -> Vec<&'h Op> {
+    ids.iter().filter_map(|&id| history.iter().find(|o| o.id == id)).collect()
 }

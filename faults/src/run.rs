@@ -8,7 +8,7 @@ use crate::check::{self, Bounds, Finding};
 use crate::cluster::{in_ns, poll, Cluster, Disk, NODES, NODE_PORT, READ_LEASE, REPL_PROXY_PORT, ROLES, WORLD};
 use crate::history::{Call, Dialect, Op};
 use crate::monitor::{self, Monitor};
-use crate::nemesis::{self, Ctx, FAILOVER_BUDGET};
+use crate::nemesis::{self, Applied, Ctx, Need, Nemesis, FAILOVER_BUDGET};
 use crate::ns::Net;
 use crate::proxy::Proxy;
 use crate::report::{self, Figures};
@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 /// A run's settings.
 #[derive(Clone, Debug)]
 pub(crate) struct Opts {
-    /// The nemesis ([`nemesis::ALL`]).
-    pub nemesis: String,
+    /// The nemesis (a fault type of [`nemesis::Fault::ALL`], or a pair).
+    pub nemesis: Nemesis,
     /// Seeds every choice of the run.
     pub seed: u64,
     /// The hf3fs-meta binary.
@@ -34,7 +34,7 @@ pub(crate) struct Opts {
     pub out: PathBuf,
     /// Workload before the fault…
     pub warmup: Duration,
-    /// …the fault (some nemeses set their own, [`nemesis::timing`])…
+    /// …the fault (some fault types set their own, [`nemesis::Timing`])…
     pub fault: Duration,
     /// …and after the heal.
     pub after: Duration,
@@ -106,159 +106,280 @@ pub(crate) fn run(o: &Opts) -> Result<Outcome, String> {
     r
 }
 
+/// The phases of a run, in order; each takes what the one before made.
 fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, String> {
-    let mut rng = ChaCha8Rng::seed_from_u64(o.seed);
-    // A pair (`a+b`) holds both faults at once, as long as the longer one
-    // needs, and allows the sum of their outages.
-    let parts: Vec<&str> = o.nemesis.split('+').collect();
-    if let Some(bad) = parts.iter().find(|n| !nemesis::ALL.contains(n)) {
-        return Err(format!("unknown nemesis {bad} (known: {})", nemesis::ALL.join(", ")));
+    let mut run = Prepared::new(o, tag, scratch)?;
+    let live = run.start()?;
+    let work = run.warm(&live);
+    let injected = run.inject(&live)?;
+    let healed = run.heal(&live, injected)?;
+    let settled = run.settle(&live, work)?;
+    let found = check(o, scratch, &live, &healed, &settled);
+    report(o, dir, &healed, settled, found)
+}
+
+/// The run made but not started: namespaces, processes, proxies, clocks.
+/// Dropping it stops and removes them ([`Cluster`] before [`Net`]).
+struct Prepared<'o> {
+    o: &'o Opts,
+    nemesis: Nemesis,
+    rng: ChaCha8Rng,
+    cluster: Cluster,
+    net: Net,
+    proxies: Vec<Proxy>,
+    clock_files: Vec<PathBuf>,
+    ctl: String,
+    relay_ns: String,
+    etcd_addrs: Vec<SocketAddr>,
+}
+
+/// The cluster serving: its monitor and the workload's start.
+struct Live {
+    t0: Instant,
+    mon: Monitor,
+}
+
+/// The workload running.
+struct Work {
+    shared: Shared,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    start_us: u64,
+}
+
+/// The fault in place.
+struct Injected {
+    applied: Vec<Applied>,
+    fault_us: u64,
+    epoch_before: u64,
+}
+
+/// The fault healed.
+struct Healed {
+    /// The allowed outage of the fault.
+    allowance: Duration,
+    fault_us: u64,
+    heal_us: u64,
+    epoch_before: u64,
+    /// A nemesis corrupted a node's data directory.
+    corrupted: bool,
+}
+
+/// The workload stopped, every node stopped and verified.
+struct Settled {
+    shared: Shared,
+    start_us: u64,
+    end_us: u64,
+    /// `verify` of each data directory: (node, sound, its output).
+    verify: Vec<(String, bool, String)>,
+    /// The caught-up leader and standby at the end, and their `inspect`.
+    same: Option<(&'static str, &'static str, Option<String>, Option<String>)>,
+}
+
+/// What the checks found.
+struct Found {
+    findings: Vec<Finding>,
+    notes: Vec<String>,
+    history: Vec<Op>,
+    samples: Vec<monitor::Sample>,
+}
+
+fn addr(net: &Net, role: &str, port: u16) -> SocketAddr {
+    format!("{}:{port}", net.host(role).ip).parse().expect("an address")
+}
+
+impl<'o> Prepared<'o> {
+    /// Parses the nemesis; makes the namespaces, the processes (on ext4
+    /// images or tmpfs, under libfaketime when a fault needs it) and the
+    /// replication proxies.
+    fn new(o: &'o Opts, tag: &str, scratch: &Path) -> Result<Prepared<'o>, String> {
+        let nemesis = o.nemesis.clone();
+        let net = Net::create(tag, &ROLES)?;
+        let disk = if nemesis.needs(Need::Ext4) { Disk::Ext4 } else { Disk::Tmpfs };
+        let mut cluster = Cluster::new(&o.bin, &net, scratch, &o.sync, disk, o.eviction)?;
+        let clock_files: Vec<PathBuf> = NODES.iter().map(|n| scratch.join(format!("clock-{n}"))).collect();
+        if nemesis.needs(Need::Faketime) {
+            for (i, p) in cluster.nodes.iter_mut().enumerate() {
+                std::fs::write(&clock_files[i], "+0\n").map_err(|e| e.to_string())?;
+                p.env = nemesis::clock_env(&clock_files[i]);
+            }
+        }
+        let proxies: Vec<Proxy> = NODES
+            .iter()
+            .map(|n| Proxy::start(&net.host(n).ns, addr(&net, n, REPL_PROXY_PORT), addr(&net, n, 7000)))
+            .collect::<Result<_, _>>()?;
+        Ok(Prepared {
+            o,
+            nemesis,
+            rng: ChaCha8Rng::seed_from_u64(o.seed),
+            ctl: net.host("ctl").ns.clone(),
+            relay_ns: net.host("relay").ns.clone(),
+            etcd_addrs: (0..3).map(|i| addr(&net, &format!("e{i}"), 2379)).collect(),
+            cluster,
+            net,
+            proxies,
+            clock_files,
+        })
     }
-    let (fault_len, allowance) = parts
-        .iter()
-        .map(|n| nemesis::timing(n, o.fault))
-        .fold((Duration::ZERO, Duration::ZERO), |(a, b), (c, d)| (a.max(c), b + d));
-    let net = Net::create(tag, &ROLES)?;
-    let disk = if parts.iter().any(|n| nemesis::needs_ext4(n)) { Disk::Ext4 } else { Disk::Tmpfs };
-    let mut cluster = Cluster::new(&o.bin, &net, scratch, &o.sync, disk, o.eviction)?;
-    let clock_files: Vec<PathBuf> = NODES.iter().map(|n| scratch.join(format!("clock-{n}"))).collect();
-    if o.nemesis.contains("clock-") {
-        for (i, p) in cluster.nodes.iter_mut().enumerate() {
-            std::fs::write(&clock_files[i], "+0\n").map_err(|e| e.to_string())?;
-            p.env = nemesis::clock_env(&clock_files[i]);
+
+    /// Starts etcd and waits for it healthy, then the nodes and the relay;
+    /// waits for a serving leader with a standby and initializes the stores.
+    fn start(&mut self) -> Result<Live, String> {
+        for p in &mut self.cluster.etcd {
+            p.start()?;
+        }
+        let ea = self.etcd_addrs.clone();
+        let healthy = in_ns(&self.ctl, move || {
+            poll(Duration::from_secs(30), || {
+                ea.iter()
+                    .all(|a| {
+                        crate::http::request(*a, "GET", "/health", "", Duration::from_secs(1))
+                            .is_ok_and(|r| r.body.contains("true"))
+                    })
+                    .then_some(())
+            })
+        })?;
+        healthy.ok_or("etcd not healthy within 30 s")?;
+        for p in &mut self.cluster.nodes {
+            p.start()?;
+        }
+        self.cluster.relay.start()?;
+        let t0 = Instant::now();
+        let node_addrs: Vec<(String, SocketAddr)> =
+            NODES.iter().map(|n| (n.to_string(), addr(&self.net, n, NODE_PORT))).collect();
+        let mon = Monitor::start(&self.ctl, node_addrs, t0);
+        poll(Duration::from_secs(40), || mon.leader().filter(|l| l.2.is_some())).ok_or_else(|| {
+            format!("no serving leader with a standby within 40 s; n0's log: {:?}", self.cluster.nodes[0].tail(5))
+        })?;
+        let pages = if self.o.eviction { workload::EVICTION_PAGES } else { workload::PAGES };
+        in_ns(&self.relay_ns, move || workload::initialize(RELAY, pages, Duration::from_secs(20)))??;
+        Ok(Live { t0, mon })
+    }
+
+    /// Resolves the targets (the leader, its standby, etcd's raft leader)
+    /// and injects every fault of the nemesis.
+    /// Starts the workers in the relay's namespace and lets them run for
+    /// the warm-up.
+    fn warm(&self, live: &Live) -> Work {
+        let shared = Shared::new(RELAY, live.t0);
+        let workers = (0..workload::WORKERS)
+            .map(|w| {
+                let (s, ns, seed) = (shared.clone(), self.relay_ns.clone(), self.o.seed);
+                std::thread::spawn(move || {
+                    if crate::ns::enter(&ns).is_ok() {
+                        workload::worker(s, w, seed);
+                    }
+                })
+            })
+            .collect();
+        let start_us = us(live.t0);
+        sleep(self.o.warmup);
+        Work { shared, workers, start_us }
+    }
+
+    fn inject(&mut self, live: &Live) -> Result<Injected, String> {
+        let (l, epoch_before, sb) = live.mon.leader().unwrap_or(("n0".into(), 0, Some("n1".into())));
+        let leader = NODES.iter().position(|n| *n == l).unwrap_or(0);
+        let standby = sb.and_then(|s| NODES.iter().position(|n| *n == s)).unwrap_or((leader + 1) % 3);
+        let ea = self.etcd_addrs.clone();
+        let etcd_leader = in_ns(&self.ctl, move || monitor::etcd_leader(&ea))?.unwrap_or(0);
+        let fault_us = us(live.t0);
+        eprintln!(
+            "hf3fs-faults: {} at {:.1} s (leader {}, epoch {epoch_before}, standby {}, etcd leader e{etcd_leader})",
+            self.nemesis,
+            fault_us as f64 / 1e6,
+            NODES[leader],
+            NODES[standby]
+        );
+        let faults = self.nemesis.0.clone();
+        let mut ctx = self.ctx(leader, standby, etcd_leader);
+        let mut applied = Vec::new();
+        for f in faults {
+            applied.push(f.inject(&mut ctx)?);
+        }
+        Ok(Injected { applied, fault_us, epoch_before })
+    }
+
+    fn ctx(&mut self, leader: usize, standby: usize, etcd_leader: usize) -> Ctx<'_> {
+        Ctx {
+            cluster: &mut self.cluster,
+            net: &self.net,
+            proxies: &self.proxies,
+            leader,
+            standby,
+            etcd_leader,
+            rng: &mut self.rng,
+            clock_files: &self.clock_files,
         }
     }
-    let addr =
-        |role: &str, port: u16| -> SocketAddr { format!("{}:{port}", net.host(role).ip).parse().expect("an address") };
-    let proxies: Vec<Proxy> = NODES
-        .iter()
-        .map(|n| Proxy::start(&net.host(n).ns, addr(n, REPL_PROXY_PORT), addr(n, 7000)))
-        .collect::<Result<_, _>>()?;
-    let ctl = net.host("ctl").ns.clone();
-    let relay_ns = net.host("relay").ns.clone();
-    let etcd_addrs: Vec<SocketAddr> = (0..3).map(|i| addr(&format!("e{i}"), 2379)).collect();
 
-    for p in &mut cluster.etcd {
-        p.start()?;
+    /// Holds the fault for its time, then heals it, the last injected first.
+    fn heal(&mut self, live: &Live, i: Injected) -> Result<Healed, String> {
+        let (hold, allowance) = self.nemesis.timing(self.o.fault);
+        sleep(hold);
+        let corrupted = i.applied.iter().any(|a| matches!(a, Applied::Corrupted));
+        // The heals need no target: every `Applied` names its own.
+        let mut ctx = self.ctx(0, 0, 0);
+        for a in i.applied.into_iter().rev() {
+            nemesis::heal(a, &mut ctx)?;
+        }
+        Ok(Healed { allowance, fault_us: i.fault_us, heal_us: us(live.t0), epoch_before: i.epoch_before, corrupted })
     }
-    let ea = etcd_addrs.clone();
-    let healthy = in_ns(&ctl, move || {
-        poll(Duration::from_secs(30), || {
-            ea.iter()
-                .all(|a| {
-                    crate::http::request(*a, "GET", "/health", "", Duration::from_secs(1))
-                        .is_ok_and(|r| r.body.contains("true"))
-                })
-                .then_some(())
-        })
-    })?;
-    healthy.ok_or("etcd not healthy within 30 s")?;
-    for p in &mut cluster.nodes {
-        p.start()?;
-    }
-    cluster.relay.start()?;
-    let t0 = Instant::now();
-    let node_addrs: Vec<(String, SocketAddr)> = NODES.iter().map(|n| (n.to_string(), addr(n, NODE_PORT))).collect();
-    let mon = Monitor::start(&ctl, node_addrs, t0);
-    poll(Duration::from_secs(40), || mon.leader().filter(|l| l.2.is_some())).ok_or_else(|| {
-        format!("no serving leader with a standby within 40 s; n0's log: {:?}", cluster.nodes[0].tail(5))
-    })?;
-    let relay: SocketAddr = "127.0.0.1:18000".parse().expect("an address");
-    let pages = if o.eviction { workload::EVICTION_PAGES } else { workload::PAGES };
-    in_ns(&relay_ns, move || workload::initialize(relay, pages, Duration::from_secs(20)))??;
 
-    let shared = Shared::new(relay, t0);
-    let workers: Vec<_> = (0..workload::WORKERS)
-        .map(|w| {
-            let (s, ns, seed) = (shared.clone(), relay_ns.clone(), o.seed);
-            std::thread::spawn(move || {
-                if crate::ns::enter(&ns).is_ok() {
-                    workload::worker(s, w, seed);
-                }
-            })
-        })
-        .collect();
-    let start_us = us(t0);
-    sleep(o.warmup);
+    /// Runs the workload after the heal, stops it, reads back every key
+    /// acknowledged, waits for the standby to catch up, stops every node
+    /// and verifies its data directory; removes the processes and the
+    /// namespaces.
+    fn settle(self, live: &Live, work: Work) -> Result<Settled, String> {
+        sleep(self.o.after);
+        work.shared.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in work.workers {
+            let _ = w.join();
+        }
+        let end_us = us(live.t0);
+        let mon = &live.mon;
+        let _ = poll(Duration::from_secs(30), || mon.leader());
+        let s2 = work.shared.clone();
+        in_ns(&self.relay_ns, move || readback(&s2, Duration::from_secs(30)))?;
+        let caught_up = poll(Duration::from_secs(10), || {
+            let s = mon.snapshot();
+            s.iter()
+                .rev()
+                .take(3)
+                .find(|x| x.serving)
+                .filter(|x| x.lag_records == Some(0) && x.in_sync == Some(true))
+                .map(|x| (x.node.clone(), x.standby.clone()))
+        });
+        mon.stop();
+        let Prepared { o, mut cluster, net, .. } = self;
+        cluster.stop_all();
+        let mut verify = Vec::new();
+        for (i, d) in cluster.data.iter().enumerate() {
+            let out = std::process::Command::new(&o.bin)
+                .args(["verify", "--data-dir"])
+                .arg(d)
+                .output()
+                .map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            verify.push((NODES[i].to_string(), out.status.success(), text.trim().to_string()));
+        }
+        let same = caught_up.as_ref().and_then(|(l, s)| {
+            let s = s.as_ref()?;
+            let li = NODES.iter().position(|n| n == l)?;
+            let si = NODES.iter().position(|n| n == s)?;
+            Some((NODES[li], NODES[si], inspect(&o.bin, &cluster.data[li]), inspect(&o.bin, &cluster.data[si])))
+        });
+        drop(cluster);
+        drop(net);
+        Ok(Settled { shared: work.shared, start_us: work.start_us, end_us, verify, same })
+    }
+}
 
-    // The fault.
-    let (l, epoch_before, sb) = mon.leader().unwrap_or(("n0".into(), 0, Some("n1".into())));
-    let leader = NODES.iter().position(|n| *n == l).unwrap_or(0);
-    let standby = sb.and_then(|s| NODES.iter().position(|n| *n == s)).unwrap_or((leader + 1) % 3);
-    let ea = etcd_addrs.clone();
-    let etcd_leader = in_ns(&ctl, move || monitor::etcd_leader(&ea))?.unwrap_or(0);
-    let fault_us = us(t0);
-    let mut ctx = Ctx {
-        cluster: &mut cluster,
-        net: &net,
-        proxies: &proxies,
-        leader,
-        standby,
-        etcd_leader,
-        rng: &mut rng,
-        clock_files: &clock_files,
-    };
-    eprintln!(
-        "hf3fs-faults: {} at {:.1} s (leader {}, epoch {epoch_before}, standby {}, etcd leader e{etcd_leader})",
-        o.nemesis,
-        fault_us as f64 / 1e6,
-        NODES[leader],
-        NODES[standby]
-    );
-    let mut applied = Vec::new();
-    for n in &parts {
-        applied.push(nemesis::inject(n, &mut ctx)?);
-    }
-    sleep(fault_len);
-    for a in applied.into_iter().rev() {
-        nemesis::heal(a, &mut ctx)?;
-    }
-    let heal_us = us(t0);
-    sleep(o.after);
-    shared.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for w in workers {
-        let _ = w.join();
-    }
-    let end_us = us(t0);
-
-    // The read-back of every key acknowledged, through the relay.
-    let _ = poll(Duration::from_secs(30), || mon.leader());
-    let s2 = shared.clone();
-    in_ns(&relay_ns, move || readback(&s2, Duration::from_secs(30)))?;
-    // The standby caught up, then every node stopped and verified.
-    let caught_up = poll(Duration::from_secs(10), || {
-        let s = mon.snapshot();
-        s.iter()
-            .rev()
-            .take(3)
-            .find(|x| x.serving)
-            .filter(|x| x.lag_records == Some(0) && x.in_sync == Some(true))
-            .map(|x| (x.node.clone(), x.standby.clone()))
-    });
-    mon.stop();
-    cluster.stop_all();
-    let mut verify = Vec::new();
-    for (i, d) in cluster.data.iter().enumerate() {
-        let out = std::process::Command::new(&o.bin)
-            .args(["verify", "--data-dir"])
-            .arg(d)
-            .output()
-            .map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-        verify.push((NODES[i].to_string(), out.status.success(), text.trim().to_string()));
-    }
-    let same = caught_up.as_ref().and_then(|(l, s)| {
-        let s = s.as_ref()?;
-        let li = NODES.iter().position(|n| n == l)?;
-        let si = NODES.iter().position(|n| n == s)?;
-        Some((NODES[li], NODES[si], inspect(&o.bin, &cluster.data[li]), inspect(&o.bin, &cluster.data[si])))
-    });
-    drop(cluster);
-    drop(net);
-
-    // The checks.
-    let samples = mon.snapshot();
-    let mut history = shared.ops();
+/// The checks over the whole history: safety, liveness within the fault's
+/// allowance, every data directory sound, the caught-up standby holding the
+/// leader's state.
+fn check(o: &Opts, scratch: &Path, live: &Live, h: &Healed, s: &Settled) -> Found {
+    let samples = live.mon.snapshot();
+    let mut history = s.shared.ops();
     let epochs: BTreeMap<u64, Option<String>> =
         history.iter().filter_map(|o| o.epoch).map(|e| (e, monitor::node_of(&samples, e))).collect();
     for op in &mut history {
@@ -267,32 +388,32 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
     let lease = o.eviction.then(|| READ_LEASE.as_micros() as u64);
     let mut findings = check::safety(&history, WORLD, lease);
     let bounds = Bounds {
-        fault: (fault_us, heal_us),
-        end: end_us,
-        max_gap_us: (allowance + FAILOVER_BUDGET).as_micros() as u64,
+        fault: (h.fault_us, h.heal_us),
+        end: s.end_us,
+        max_gap_us: (h.allowance + FAILOVER_BUDGET).as_micros() as u64,
         after_heal_us: FAILOVER_BUDGET.as_micros() as u64,
     };
-    findings.extend(check::liveness(&history, bounds, monitor::first_serving_after(&samples, heal_us)));
+    findings.extend(check::liveness(&history, bounds, monitor::first_serving_after(&samples, h.heal_us)));
     // A node that refused to start on the directory a nemesis corrupted
     // did what it must: its directory failing verify is the fault itself.
     let mut notes = Vec::new();
     let refused: Vec<String> = NODES
         .iter()
         .filter(|n| {
-            o.nemesis.contains("corrupt-")
+            h.corrupted
                 && std::fs::read_to_string(scratch.join(format!("{n}.log")))
                     .is_ok_and(|l| l.contains("cannot open the data directory: the data is corrupt"))
         })
         .map(|n| n.to_string())
         .collect();
-    for (node, ok, text) in &verify {
+    for (node, ok, text) in &s.verify {
         if !ok && refused.contains(node) {
             notes.push(format!("{node} refused to start on its corrupted data directory (verify: {text})"));
         } else if !ok {
             findings.push(Finding { check: "verify", what: format!("{node}'s data directory: {text}"), ops: vec![] });
         }
     }
-    match &same {
+    match &s.same {
         Some((l, s, Some(a), Some(b))) if a != b => findings.push(Finding {
             check: "standby_state",
             what: format!("the caught-up standby {s} holds another state than the leader {l}: {a} / {b}"),
@@ -305,7 +426,14 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
             ops: vec![],
         }),
     }
-    let figures = report::figures(&history, &samples, start_us, fault_us, heal_us, end_us, epoch_before);
+    Found { findings, notes, history, samples }
+}
+
+/// The figures, the history and samples and `result.json` in the run's
+/// directory, and the command that replays the run.
+fn report(o: &Opts, dir: &Path, h: &Healed, s: Settled, found: Found) -> Result<Outcome, String> {
+    let Found { findings, notes, history, samples } = found;
+    let figures = report::figures(&history, &samples, s.start_us, h.fault_us, h.heal_us, s.end_us, h.epoch_before);
     write_lines(&dir.join("history.jsonl"), &history)?;
     write_lines(&dir.join("samples.jsonl"), &samples)?;
     let replay = format!(
@@ -320,7 +448,7 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
         o.commit
     );
     let outcome = Outcome {
-        nemesis: o.nemesis.clone(),
+        nemesis: o.nemesis.to_string(),
         seed: o.seed,
         eviction: o.eviction,
         commit: o.commit.clone(),
@@ -329,13 +457,16 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
         figures,
         replay,
         dir: dir.display().to_string(),
-        verify,
+        verify: s.verify,
         notes,
     };
     std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&outcome).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
     Ok(outcome)
 }
+
+/// The relay's address, inside its namespace.
+const RELAY: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 18000));
 
 /// The state of a stopped node's data directory as `inspect --json` gives
 /// it, without its journal positions (which differ between a leader and its
@@ -427,9 +558,4 @@ fn readback(s: &Shared, within: Duration) {
             retry(&|| s.allocate(w, Dialect::Vllm, *rank, chunk, true).is_some());
         }
     }
-}
-
-/// The ops of `history` that a finding names, for the report.
-pub(crate) fn excerpt<'h>(history: &'h [Op], ids: &[u64]) -> Vec<&'h Op> {
-    ids.iter().filter_map(|&id| history.iter().find(|o| o.id == id)).collect()
 }
