@@ -42,6 +42,11 @@ pub(crate) const CHUNK_SHIFT: u32 = 8;
 /// Offsets within a chunk are below this.
 pub(crate) const CHUNK_PAGES: u32 = 1 << CHUNK_SHIFT;
 
+/// A state chunk: `rank << 32 | chunk`.
+pub(crate) fn chunk_id(rank: u32, chunk: u32) -> u64 {
+    (u64::from(rank) << 32) | u64::from(chunk)
+}
+
 /// The `meta` key holding the current generation.
 pub(crate) const GENERATION_KEY: &[u8] = b"generation";
 /// Prefix of rank keys in a state partition.

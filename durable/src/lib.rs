@@ -284,7 +284,7 @@ impl Durable {
             progress.fail(&f);
         }
 
-        let threads = start_threads(&shared, &progress, opts.fsync, rx, generation, log, next_entry, &opts)?;
+        let threads = start_threads(&shared, &progress, rx, LogTail { generation, log, next_entry }, &opts)?;
         let recovered = Recovered {
             generation,
             ranks: restored.ranks,
@@ -521,20 +521,26 @@ impl Drop for Durable {
     }
 }
 
-/// Starts the writer, the syncer (with `--fsync batch`) and the
-/// checkpointer of a store just opened: the last step of
-/// [`Durable::open_source`].
-#[allow(clippy::too_many_arguments)]
-fn start_threads(
-    shared: &Arc<Shared>,
-    progress: &Arc<Progress>,
-    mode: FsyncMode,
-    rx: crossbeam_channel::Receiver<queue::Msg>,
+/// Where the writer goes on in the log: the partition, the generation
+/// recovered and the number of the next entry.
+struct LogTail {
     generation: u64,
     log: fjall::PartitionHandle,
     next_entry: u64,
+}
+
+/// Starts the writer, the syncer (with `--fsync batch`) and the
+/// checkpointer of a store just opened: the last step of
+/// [`Durable::open_source`].
+fn start_threads(
+    shared: &Arc<Shared>,
+    progress: &Arc<Progress>,
+    rx: crossbeam_channel::Receiver<queue::Msg>,
+    tail: LogTail,
     opts: &Options,
 ) -> Result<Threads, OpenError> {
+    let LogTail { generation, log, next_entry } = tail;
+    let mode = opts.fsync;
     let backlog = Arc::new(AtomicU64::new(0));
     let (nudge_tx, nudge_rx) = crossbeam_channel::bounded(1);
     let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);

@@ -74,7 +74,7 @@ pub(crate) enum Op {
 /// `count` page changes of one generation, numbered one after the other
 /// from the number their [`Op::Records`] is queued with, already encoded as
 /// the log writes them (`codec::put_*`, in order), with the state chunks
-/// they touch ([`super::shared::chunk_id`], in order, a run of one chunk
+/// they touch ([`super::codec::chunk_id`], in order, a run of one chunk
 /// noted once): the changes of an operation ([`Journal::begin`]), encoded
 /// as they are recorded.
 #[derive(Debug, Clone)]
@@ -495,7 +495,7 @@ impl Journal for QueueJournal {
 /// degraded writer keeps them).
 fn buffer(ops: &mut Vec<(u64, Op)>, seq: u64, change: Change<'_>) {
     use super::codec;
-    use super::shared::chunk_id;
+    use super::codec::chunk_id;
     let (generation, rank, page) = match change {
         Change::Bind { generation, rank, page, .. }
         | Change::Unbind { generation, rank, page }
@@ -675,7 +675,7 @@ mod tests {
         codec::put_bind(&mut want, 1, 2, 1, key);
         codec::put_unbind(&mut want, 1, 300);
         assert_eq!(first.bytes, want);
-        assert_eq!(first.chunks, [super::super::shared::chunk_id(1, 0), super::super::shared::chunk_id(1, 1)]);
+        assert_eq!(first.chunks, [super::super::codec::chunk_id(1, 0), super::super::codec::chunk_id(1, 1)]);
         let mut got = Vec::new();
         codec::decode_log(&first.bytes, |r| got.push(r)).unwrap();
         assert!(matches!(got[..], [Record::Bind { page: 2, .. }, Record::Unbind { page: 300, .. }]), "{got:?}");

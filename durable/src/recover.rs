@@ -18,10 +18,10 @@
 //! `bound` counts restored bindings across the workers (`Relaxed`): it is
 //! read once, after `thread::scope` has joined them, and the join orders it.
 
+use super::codec::chunk_id;
 use super::codec::{self, Binding, Pending, CHUNK_PAGES, CHUNK_PREFIX, CHUNK_SHIFT, PENDING_PREFIX, RANK_PREFIX};
 use super::error::OpenError;
 use super::fold::{key_page, sort_key, split_key, Fold, PageChange};
-use super::shared::chunk_id;
 use super::store::Db;
 use crate::core::Store;
 use std::collections::{BTreeMap, HashSet};

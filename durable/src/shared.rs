@@ -121,11 +121,6 @@ impl Watch {
     }
 }
 
-/// A state chunk: `rank << 32 | chunk`.
-pub(crate) fn chunk_id(rank: u32, chunk: u32) -> u64 {
-    (u64::from(rank) << 32) | u64::from(chunk)
-}
-
 /// What the log holds that the checkpointed state may not: the writer adds
 /// to it after each log write, the checkpointer takes it for a pass
 /// ([`super::checkpoint`]).
@@ -139,7 +134,7 @@ pub(crate) struct Dirty {
     /// Log entries `first..cut` are not folded into the state yet.
     pub(crate) first: u64,
     pub(crate) cut: u64,
-    /// The state chunks they touch ([`chunk_id`]).
+    /// The state chunks they touch ([`codec::chunk_id`](super::codec::chunk_id)).
     pub(crate) chunks: foldhash::HashSet<u64>,
     /// The ranks they create, with their sizes.
     pub(crate) ranks: std::collections::BTreeMap<u32, u32>,

@@ -33,10 +33,11 @@
 //! hint, bumped `Relaxed`: it only decides when to nudge, no data hangs off it.
 
 use super::codec;
+use super::codec::chunk_id;
 use super::error::{panic_message, Failure};
 use super::faults::Point;
 use super::queue::{Msg, Op, Watermark};
-use super::shared::{chunk_id, Dirty, Shared, Who};
+use super::shared::{Dirty, Shared, Who};
 use super::snapshot;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use fjall::PersistMode;
