@@ -326,6 +326,15 @@ impl ShardState {
     }
 }
 
+/// Where a bind takes a new key's id from: the batch's reclamation
+/// guard, its run of fresh ids, and how long a run to take from the arena
+/// when that one is used up.
+pub(super) struct Ids<'a> {
+    pub(super) guard: &'a Guard,
+    pub(super) fresh: &'a mut FreshIds,
+    pub(super) want: u32,
+}
+
 /// Fresh ids taken from an arena as a run and handed out one by one
 /// ([`super::Binder`]): a confirm's new keys cost the arena's counter one
 /// RMW, not one each. What is left of the run goes back when the batch
@@ -673,7 +682,7 @@ impl<K: ArenaKey> HexMap<K> {
         let guard = Guard::new();
         let mut fresh = FreshIds::default();
         // A run of one id: used if taken, so nothing to give back.
-        let bound = self.bind_with(d, rank, page, world, delta, &guard, &mut fresh, 1);
+        let bound = self.bind_with(d, rank, page, world, delta, Ids { guard: &guard, fresh: &mut fresh, want: 1 });
         debug_assert_eq!(fresh.next, fresh.end, "a run of one id is used up");
         bound
     }
@@ -683,7 +692,6 @@ impl<K: ArenaKey> HexMap<K> {
     /// the arena when `fresh` has none left): a batch's binds
     /// ([`super::Binder`]), which gives what is left back
     /// ([`Self::give_back`]).
-    #[allow(clippy::too_many_arguments)]
     #[inline]
     pub(super) fn bind_with(
         &self,
@@ -692,10 +700,9 @@ impl<K: ArenaKey> HexMap<K> {
         page: u32,
         world: impl FnOnce() -> u32,
         delta: &mut Delta,
-        guard: &Guard,
-        fresh: &mut FreshIds,
-        want: u32,
+        ids: Ids<'_>,
     ) -> Bind {
+        let Ids { guard, fresh, want } = ids;
         let (h, shard, mut st) = self.lock(d);
         let t = Self::table(shard, guard);
         let vacancy = match self.find_or_vacancy(t, d, h) {

@@ -64,7 +64,7 @@ use super::sync::{
     AtomicU16, AtomicU32,
     Ordering::{Acquire, Relaxed, Release},
 };
-use hex::{FreshIds, HexMap};
+use hex::{FreshIds, HexMap, Ids};
 
 pub use hex::DIGEST_ID;
 use scc::hash_index::Entry as MapSlot;
@@ -876,9 +876,13 @@ impl Binder<'_> {
         let want = self.left.max(1);
         self.left = self.left.saturating_sub(1);
         match key {
-            KeyRef::Hex(d) => self.index.hex.bind_with(*d, rank, page, world, delta, &self.guard, &mut self.hex, want),
+            KeyRef::Hex(d) => {
+                let ids = Ids { guard: &self.guard, fresh: &mut self.hex, want };
+                self.index.hex.bind_with(*d, rank, page, world, delta, ids)
+            }
             KeyRef::Digest(d) => {
-                self.index.digest.bind_with(*d, rank, page, world, delta, &self.guard, &mut self.digest, want)
+                let ids = Ids { guard: &self.guard, fresh: &mut self.digest, want };
+                self.index.digest.bind_with(*d, rank, page, world, delta, ids)
             }
             KeyRef::Text(s) => bind_in(&self.index.text, Box::from(*s), rank, page, world, delta),
         }

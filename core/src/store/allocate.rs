@@ -54,6 +54,15 @@ enum Taken {
 
 type FixedState = foldhash::fast::FixedState;
 
+/// Where an allocate takes its pages: the generation, the rank's table
+/// and its number.
+#[derive(Clone, Copy)]
+struct OnRank<'a> {
+    current: &'a Generation,
+    table: &'a PageTable,
+    r: u32,
+}
+
 impl Store {
     /// Allocates pages on `rank` for `keys`.
     ///
@@ -140,6 +149,7 @@ impl Store {
         out.clear();
         let table = current.rank(rank).ok_or(RankNotInitialized(rank))?;
         let r = rank as u32;
+        let on = OnRank { current: &current, table, r };
         // Every distinct key into `out` (its first appearance) before any
         // is looked up: the lookups then overlap their cache misses.
         distinct_keys(keys, out);
@@ -155,13 +165,13 @@ impl Store {
             if need == 0 {
                 return Ok(AllocateOutcome { reserved: 0, reused, refused: 0 });
             }
-            let got = match self.take_pages(&current, r, table, grant, need, reused, &mut evicted) {
+            let got = match self.take_pages(on, grant, need, reused, &mut evicted) {
                 Taken::Pages(got) => got,
                 Taken::None => return Ok(AllocateOutcome { reserved: 0, reused, refused: need }),
                 Taken::LookAgain => continue,
             };
             // The fresh pages are looked at again only beside stored ones.
-            self.reserve_for(&current, r, table, got, keys, out, (reused > 0).then_some(&mut fresh));
+            self.reserve_for(on, got, keys, out, (reused > 0).then_some(&mut fresh));
             let outcome = AllocateOutcome { reserved: got, reused, refused: need - got };
             if reused == 0 || !self.reused_page_was_recycled(out, &mut fresh) {
                 return Ok(outcome);
@@ -209,17 +219,8 @@ impl Store {
     /// Step 2: takes the pages `need` keys need from rank `r`'s free
     /// counter, as `grant` allows, evicting what the batch needs once (then
     /// `evicted` is set) when the counter falls short.
-    #[allow(clippy::too_many_arguments)]
-    fn take_pages(
-        &self,
-        current: &Generation,
-        r: u32,
-        table: &PageTable,
-        grant: Grant,
-        need: u64,
-        reused: u64,
-        evicted: &mut bool,
-    ) -> Taken {
+    fn take_pages(&self, on: OnRank<'_>, grant: Grant, need: u64, reused: u64, evicted: &mut bool) -> Taken {
+        let OnRank { current, table, r } = on;
         let take = |table: &PageTable| match grant {
             Grant::AllOrNothing => {
                 if table.try_take(need) {
@@ -263,17 +264,15 @@ impl Store {
     /// page records its key's tag ([`KeyRef::tag`]) and is journaled as
     /// reserved for it while still held, before anyone can see it. `fresh`,
     /// when given, receives the pages.
-    #[allow(clippy::too_many_arguments)]
     fn reserve_for(
         &self,
-        current: &Generation,
-        r: u32,
-        table: &PageTable,
+        on: OnRank<'_>,
         got: u64,
         keys: &[KeyRef<'_>],
         out: &mut [(usize, i64)],
         mut fresh: Option<&mut Vec<u32>>,
     ) {
+        let OnRank { current, table, r } = on;
         if let Some(f) = fresh.as_deref_mut() {
             f.clear();
         }

@@ -78,33 +78,58 @@ impl Store {
         let v = validate(rank, table.num_pages(), confirmations, releases)?;
         let claim = claim(&current.index, table, rank, &v.items, confirmations)?;
         fail_point_before_commit();
-        Ok(self.commit(&current, table, rank as u32, confirmations, releases, &v, claim))
+        Ok(Commit::new(self, &current, table, rank as u32).confirm(confirmations, releases, &v, claim))
+    }
+}
+
+/// One rank's held pages being settled by one request (a confirm's commit,
+/// a delete, a reset's pass over a rank): where they are (the store, its
+/// generation, the rank's table and number) and what the request owes when
+/// it ends (the index's [`Delta`], the pages freed to the free counter),
+/// paid by [`Commit::finish`].
+pub(super) struct Commit<'a> {
+    store: &'a Store,
+    current: &'a Generation,
+    table: &'a PageTable,
+    r: u32,
+    delta: Delta,
+    freed: u64,
+}
+
+impl<'a> Commit<'a> {
+    /// A commit on rank `r`, whose table is `table`, of generation `current`.
+    #[inline]
+    pub(super) fn new(store: &'a Store, current: &'a Generation, table: &'a PageTable, r: u32) -> Commit<'a> {
+        Commit { store, current, table, r, delta: Delta::default(), freed: 0 }
     }
 
-    /// Step 3: settles every claimed page. Releases first, so that a request
-    /// which releases a key's old page and confirms a new one for it ends
-    /// with the new one.
-    #[allow(clippy::too_many_arguments)]
-    fn commit(
-        &self,
-        current: &Generation,
-        table: &PageTable,
-        r: u32,
+    /// Gives the pages freed back to the free counter and applies the
+    /// index's delta.
+    #[inline]
+    pub(super) fn finish(self) {
+        self.table.give_back(self.freed);
+        self.current.apply(self.delta);
+    }
+
+    /// Step 3 of a confirm: settles every claimed page. Releases first, so
+    /// that a request which releases a key's old page and confirms a new one
+    /// for it ends with the new one.
+    fn confirm(
+        mut self,
         confirmations: &[(KeyRef<'_>, i64)],
         releases: &[i64],
         v: &Validated,
         claim: ClaimGuard<'_>,
     ) -> ConfirmOutcome {
+        let (store, current, table, r) = (self.store, self.current, self.table, self.r);
         // The journal hears the whole commit as one operation.
-        let _op = self.journal_op();
+        let _op = store.journal_op();
         // One reclamation guard for the batch: the index's guard per bind
         // or unbind is then a counter's increment, not an epoch
         // announcement (a `SeqCst` RMW) a key.
         let _pin = scc::Guard::new();
         let held = claim.commit();
-        let mut delta = Delta::default();
         let mut outcome = ConfirmOutcome::default();
-        let mut freed = 0u64;
         // What each confirmation's page was, by its place in the request;
         // `None` for a repeat of an earlier identical confirmation (not
         // claimed). Not needed when the items are the confirmations in
@@ -119,7 +144,7 @@ impl Store {
                     None => claims[it.tag as usize] = Some(c),
                 }
             }
-            let now = self.clock.now();
+            let now = store.clock.now();
             for (&page, &c) in releases.iter().zip(&release_claims) {
                 let page = page as u32;
                 outcome.released += 1;
@@ -128,20 +153,21 @@ impl Store {
                 match owner {
                     // The page is held, so its key stays and its id names
                     // it: unbound by id, with no look-up of the key.
-                    Some(o) => match self.unbind_held(current, table, r, page, o.as_owner(), now, &mut delta) {
-                        Unbound::Freed => freed += 1,
-                        Unbound::Quarantined => outcome.quarantined += 1,
-                    },
+                    Some(o) => {
+                        if self.unbind_held(page, o.as_owner(), now) == Unbound::Quarantined {
+                            outcome.quarantined += 1;
+                        }
+                    }
                     None => {
                         // A reservation ends: journaled while the page is held.
-                        self.record(Change::Unbind { generation: current.id, rank: r, page });
+                        store.record(Change::Unbind { generation: current.id, rank: r, page });
                         table.settle(page, FREE);
-                        freed += 1;
+                        self.freed += 1;
                     }
                 }
             }
         }
-        let world = || self.cfg.world_size.unwrap_or_else(|| current.initialized.load(Ordering::Relaxed));
+        let world = || store.cfg.world_size.unwrap_or_else(|| current.initialized.load(Ordering::Relaxed));
         // Pages that end BOUND settle a state word at a time, once their
         // key is bound and journaled (consecutive pages of one word in one
         // RMW), after the loop at the latest.
@@ -165,7 +191,7 @@ impl Store {
                     current.index.reader().touch(*k);
                     outcome.reconfirmed += 1;
                 }
-                Claimed::Reserved => match binder.bind(k, r, page, world, &mut delta) {
+                Claimed::Reserved => match binder.bind(k, r, page, world, &mut self.delta) {
                     Bind::Bound(world, id) => {
                         match id {
                             Some(id) => table.set_owner_id_reserved(page, id),
@@ -174,8 +200,8 @@ impl Store {
                         // Only with a journal to hear it: made before the
                         // journal's check, the change cost 15 instructions a
                         // key without one.
-                        if self.journal.is_some() {
-                            self.record(Change::Bind { generation: current.id, rank: r, page, key: *k, world });
+                        if store.journal.is_some() {
+                            store.record(Change::Bind { generation: current.id, rank: r, page, key: *k, world });
                         }
                         bound.add(table, page);
                         outcome.bound += 1;
@@ -183,9 +209,9 @@ impl Store {
                     // Every id taken: as if the key had been evicted
                     // at once (the page goes back to the pool).
                     Bind::Kept(_) | Bind::Full => {
-                        self.record(Change::Unbind { generation: current.id, rank: r, page });
+                        store.record(Change::Unbind { generation: current.id, rank: r, page });
                         table.settle(page, FREE);
-                        freed += 1;
+                        self.freed += 1;
                         outcome.superseded += 1;
                     }
                 },
@@ -193,8 +219,7 @@ impl Store {
         }
         drop(binder);
         bound.flush(table);
-        table.give_back(freed);
-        current.apply(delta);
+        self.finish();
         outcome
     }
 }
@@ -240,23 +265,14 @@ pub(super) enum Unbound {
     Quarantined,
 }
 
-impl Store {
-    /// Unbinds `page` of rank `r`, which this thread holds BUSY (claimed
-    /// BOUND) and which `owner` owns (as the page's owner word names it,
-    /// or the key itself), and settles it: FREE, or quarantined when a
-    /// reader's lease on the key may still cover it. The release path of a
-    /// confirm and of SGLang's `delete_keys`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn unbind_held(
-        &self,
-        current: &Generation,
-        table: &PageTable,
-        r: u32,
-        page: u32,
-        owner: Owner<'_>,
-        now: u32,
-        delta: &mut Delta,
-    ) -> Unbound {
+impl Commit<'_> {
+    /// Unbinds `page`, which this thread holds BUSY (claimed BOUND) and
+    /// which `owner` owns (as the page's owner word names it, or the key
+    /// itself), and settles it: FREE (counted in the pages freed), or
+    /// quarantined when a reader's lease on the key may still cover it. The
+    /// release path of a confirm and of SGLang's `delete_keys`.
+    pub(super) fn unbind_held(&mut self, page: u32, owner: Owner<'_>, now: u32) -> Unbound {
+        let (store, current, table, r) = (self.store, self.current, self.table, self.r);
         // Whether the page must be held: a reader may have been given it
         // within the key's lease, or before a restart within the lease
         // period that follows it (leases are not journaled). Read before
@@ -267,16 +283,16 @@ impl Store {
         // journal's `record` may let another request run (tests do), and
         // that request may need the key.
         let lease = current.index.deadline_of(owner).filter(|&d| lease::live(d, now));
-        let hold = lease::latest(lease, self.restart_hold(now));
+        let hold = lease::latest(lease, store.restart_hold(now));
         let journaled_hold = hold.is_some();
         if journaled_hold {
-            self.record(Change::Hold { generation: current.id, rank: r, page });
+            store.record(Change::Hold { generation: current.id, rank: r, page });
         } else {
-            self.record(Change::Unbind { generation: current.id, rank: r, page });
+            store.record(Change::Unbind { generation: current.id, rank: r, page });
         }
         // The deadline read again with the unbinding, in one step under the
         // key's lock.
-        let deadline = current.index.unbind_owner(owner, r, page, delta, |deadline| deadline);
+        let deadline = current.index.unbind_owner(owner, r, page, &mut self.delta, |deadline| deadline);
         debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
         // The key's lock was held only for the unbind: a reader may have
         // raised the lease since the look above. Hold for the later one.
@@ -286,7 +302,7 @@ impl Store {
             if lease.is_some() && !journaled_hold {
                 // Leased since the look: the journal hears of the hold
                 // after the free page, while the page is still held.
-                self.record(Change::Hold { generation: current.id, rank: r, page });
+                store.record(Change::Hold { generation: current.id, rank: r, page });
             }
             // No other key gets the page before the hold passes.
             table.quarantine(page, d);
@@ -294,6 +310,7 @@ impl Store {
         }
         table.clear_owner(page);
         table.settle(page, FREE);
+        self.freed += 1;
         Unbound::Freed
     }
 }

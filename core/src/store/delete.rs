@@ -1,7 +1,7 @@
 //! `Store::delete`: SGLang's `delete_keys`, which forgets keys on demand.
 //!
 //! Each key's page on the rank is unbound through the release path of a
-//! confirm ([`Store::unbind_held`]): a page whose key a reader leased is
+//! confirm ([`Commit::unbind_held`](super::confirm::Commit::unbind_held)): a page whose key a reader leased is
 //! quarantined until the lease passes, exactly like a released stored page,
 //! so a reader that was just given the page never reads another key's bytes.
 //! Keys are deleted one page at a time (claim, check, unbind), never holding
@@ -22,11 +22,10 @@
 //!   so the journal of a space never needs a generation of its own (SGLang's
 //!   spaces share one durable store, `crate::durable::spaces`).
 
-use super::super::index::Delta;
 use super::super::key::KeyRef;
 use super::super::pages::{ClaimGuard, Claimed, Owner};
 use super::super::RankNotInitialized;
-use super::confirm::Unbound;
+use super::confirm::{Commit, Unbound};
 use super::Store;
 
 /// What a delete did, for metrics.
@@ -60,7 +59,8 @@ impl Store {
         found.sort_unstable_by_key(|&(p, _)| p);
         found.dedup_by_key(|&mut (p, _)| p);
         let now = self.clock.now();
-        let (mut delta, mut outcome, mut freed) = (Delta::default(), DeleteOutcome::default(), 0u64);
+        let mut outcome = DeleteOutcome::default();
+        let mut commit = Commit::new(self, &current, table, r);
         for (page, key) in found {
             let mut held = ClaimGuard::new(1);
             if held.claim(table, page) != Some(Claimed::Bound) || !current.index.owns(table, page, key) {
@@ -68,13 +68,11 @@ impl Store {
             }
             let _ = held.commit();
             outcome.deleted += 1;
-            match self.unbind_held(&current, table, r, page, Owner::Key(key), now, &mut delta) {
-                Unbound::Freed => freed += 1,
-                Unbound::Quarantined => outcome.quarantined += 1,
+            if commit.unbind_held(page, Owner::Key(key), now) == Unbound::Quarantined {
+                outcome.quarantined += 1;
             }
         }
-        table.give_back(freed);
-        current.apply(delta);
+        commit.finish();
         Ok(outcome)
     }
 
@@ -91,7 +89,7 @@ impl Store {
         let mut outcome = DeleteOutcome::default();
         for (r, slot) in current.ranks.iter().enumerate() {
             let Some(table) = slot.get() else { continue };
-            let (mut delta, mut freed) = (Delta::default(), 0u64);
+            let mut commit = Commit::new(self, &current, table, r as u32);
             table.for_each_held(|page| {
                 let mut held = ClaimGuard::new(1);
                 if held.claim(table, page) != Some(Claimed::Bound) {
@@ -102,13 +100,11 @@ impl Store {
                 let _ = held.commit();
                 outcome.deleted += 1;
                 // Held, so its key stays and its id names it (as a confirm's release).
-                match self.unbind_held(&current, table, r as u32, page, owner.as_owner(), now, &mut delta) {
-                    Unbound::Freed => freed += 1,
-                    Unbound::Quarantined => outcome.quarantined += 1,
+                if commit.unbind_held(page, owner.as_owner(), now) == Unbound::Quarantined {
+                    outcome.quarantined += 1;
                 }
             });
-            table.give_back(freed);
-            current.apply(delta);
+            commit.finish();
         }
         outcome
     }
