@@ -33,9 +33,11 @@
 //! lease to wait out, caught up by construction. Writes pause from step 2
 //! until it serves (measured: perf/RESULTS.md).
 
-use super::election::Election;
+use super::coord::Coordinator;
+use super::election::Promotion;
 use super::etcd::{Compare, Txn, TxnOp};
-use super::node::Role;
+use super::node::{Node, Role};
+use super::Keys;
 use std::time::Duration;
 
 /// How long the leader waits, gate closed, for its standby to acknowledge
@@ -115,18 +117,39 @@ impl Request {
     }
 }
 
-/// The leader at `epoch`: performs a switchover asked of it, if any, and
-/// returns whether it handed over (its leadership then ends). `proof` reopens
-/// the gate when the switchover is given up after closing it.
-pub(crate) async fn serve_request(e: &Election, epoch: u64, proof: u64) -> bool {
-    let key = e.keys().switchover();
-    let Ok(Some(kv)) = e.etcd().get(&key).await else { return false };
+/// What a switchover needs of the leader serving it: the election's
+/// coordinator, keys, replication hook and node, and its leadership.
+pub(crate) struct Leader<'a> {
+    /// The coordinator.
+    pub etcd: &'a dyn Coordinator,
+    /// The cluster's key names.
+    pub keys: &'a Keys,
+    /// The replication layer's hook.
+    pub promotion: &'a dyn Promotion,
+    /// This node's HA state.
+    pub node: &'a Node,
+    /// The epoch it leads at.
+    pub epoch: u64,
+    /// The compare that holds while it leads at `epoch`.
+    pub leads: Compare,
+    /// The proof that reopens the gate when a switchover is given up
+    /// after closing it.
+    pub proof: u64,
+}
+
+/// The leader `e`: performs a switchover asked of it, if any, and returns
+/// whether it handed over (its leadership then ends: the election yields
+/// the key to the target).
+pub(crate) async fn serve_request(e: &Leader<'_>) -> bool {
+    let (epoch, proof) = (e.epoch, e.proof);
+    let key = e.keys.switchover();
+    let Ok(Some(kv)) = e.etcd.get(&key).await else { return false };
     let Some(req) = Request::decode(&kv.value) else { return false };
     if req.state != State::Asked || req.epoch != epoch {
         return false;
     }
     tracing::info!(epoch, id = %req.id, to = ?req.to, "switchover asked");
-    let promotion = e.promotion();
+    let promotion = e.promotion;
     let target = match promotion.switchover_target(req.to.as_deref(), CATCH_UP).await {
         Ok(t) => t,
         Err(why) => {
@@ -136,18 +159,18 @@ pub(crate) async fn serve_request(e: &Election, epoch: u64, proof: u64) -> bool 
     };
     // From here no change is answered: every one journaled so far reaches
     // the target before the hand-over.
-    e.node().set_role(Role::Promoting { epoch });
+    e.node.set_role(Role::Promoting { epoch });
     if !promotion.drain(DRAIN).await {
-        e.node().set_role(Role::Leader { epoch });
-        e.node().extend(epoch, proof);
+        e.node.set_role(Role::Leader { epoch });
+        e.node.extend(epoch, proof);
         let why = format!("{target} did not acknowledge every change within {DRAIN:?}; still leading");
         answer(e, epoch, &req, State::Refused, &why).await;
         return false;
     }
-    let k = e.keys();
+    let k = e.keys;
     let done = Request { state: State::HandedOver, reason: format!("handed over to {target}"), ..req.clone() };
     let txn = Txn {
-        compare: vec![e.is_leader_at(epoch)],
+        compare: vec![e.leads.clone()],
         success: vec![
             TxnOp::Put { key: k.sync(), value: target.clone().into_bytes(), lease: None },
             TxnOp::Put { key: k.handover(), value: epoch.to_string().into_bytes(), lease: None },
@@ -159,11 +182,10 @@ pub(crate) async fn serve_request(e: &Election, epoch: u64, proof: u64) -> bool 
     // `P/sync` changes with the hand-over: the replicators hear of the
     // name before the write and of its landing after it.
     promotion.naming(Some(&target));
-    match e.etcd().txn(&txn).await {
+    match e.etcd.txn(&txn).await {
         Ok(r) if r.succeeded => {
             promotion.named(Some(&target));
             tracing::info!(epoch, to = %target, "switchover: handed the leadership over");
-            e.yield_leadership();
             true
         }
         r => {
@@ -172,9 +194,9 @@ pub(crate) async fn serve_request(e: &Election, epoch: u64, proof: u64) -> bool 
                 Err(err) => format!("etcd: {err}"),
             };
             tracing::warn!(epoch, "switchover failed: {why}");
-            if matches!(e.node().role(), Role::Promoting { epoch: p } if p == epoch) {
-                e.node().set_role(Role::Leader { epoch });
-                e.node().extend(epoch, proof);
+            if matches!(e.node.role(), Role::Promoting { epoch: p } if p == epoch) {
+                e.node.set_role(Role::Leader { epoch });
+                e.node.extend(epoch, proof);
             }
             false
         }
@@ -182,16 +204,16 @@ pub(crate) async fn serve_request(e: &Election, epoch: u64, proof: u64) -> bool 
 }
 
 /// Writes the outcome of `req` (guarded by the epoch).
-async fn answer(e: &Election, epoch: u64, req: &Request, state: State, reason: &str) {
+async fn answer(e: &Leader<'_>, epoch: u64, req: &Request, state: State, reason: &str) {
     tracing::warn!(epoch, id = %req.id, "switchover refused: {reason}");
     let out = Request { state, reason: reason.to_string(), ..req.clone() };
-    let key = e.keys().switchover();
+    let key = e.keys.switchover();
     let txn = Txn {
-        compare: vec![e.is_leader_at(epoch), Compare::Value { key: key.clone(), value: req.encode() }],
+        compare: vec![e.leads.clone(), Compare::Value { key: key.clone(), value: req.encode() }],
         success: vec![TxnOp::Put { key, value: out.encode(), lease: (req.lease != 0).then_some(req.lease) }],
         failure: vec![],
     };
-    if let Err(err) = e.etcd().txn(&txn).await {
+    if let Err(err) = e.etcd.txn(&txn).await {
         tracing::warn!("could not write the switchover's outcome: {err}");
     }
 }

@@ -62,24 +62,22 @@
 
 use super::lag::LagClock;
 use super::liveness::{self, Backoff, Silence};
+use super::outbound::{self, send, send_snapshot, space, AckReader, Refused};
 use super::waiters::Waiters;
-use super::wire::{Feature, Msg, Range, Session};
+use super::wire::{Msg, Range, Session};
 use super::SyncMode;
-use crate::core::{Dialect, PageSource, Visit};
-use crate::durable::codec;
+use crate::core::{Dialect, PageSource};
 use crate::durable::spaces::{Catalog, Entry};
 use crate::durable::tap::{BoxFuture, Frame, Replication};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use hf3fs_meta_tls::duplex::Stream as Conn;
 use std::collections::HashMap;
-use std::io::{BufWriter, Read as _, Write as _};
+use std::io::{BufWriter, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-/// Bytes of records per snapshot part.
-const PART_BYTES: usize = 4 << 20;
 /// How often an idle sender looks at its target.
 const POLL: Duration = Duration::from_millis(50);
 /// How often the acknowledgement reader looks at the standby's deadline.
@@ -109,6 +107,27 @@ pub struct Target {
 enum Item {
     Frame(Frame),
     Space(Entry),
+}
+
+/// What a replicator streams, as whom, and how long requests wait for it
+/// (see [`Replicator::start`]).
+struct StreamConfig {
+    /// The store streamed.
+    dialect: Dialect,
+    /// SGLang's store: the catalog naming its spaces.
+    catalog: Option<Arc<Catalog>>,
+    /// The leader's state as its durable store reads it back.
+    store: Arc<dyn PageSource>,
+    /// The change number the durable store has handed out so far.
+    head: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// The cluster secret.
+    token: Box<[u8]>,
+    /// This node's id.
+    node: String,
+    /// `--ha-sync`.
+    mode: SyncMode,
+    /// The longest wait of a request for the standby.
+    wait: Duration,
 }
 
 /// The leader's replication state of one durable store (see the module
@@ -196,7 +215,7 @@ impl Replicator {
         mode: SyncMode,
         wait: Duration,
     ) -> Arc<Self> {
-        Self::start_store(Dialect::Vllm, None, store, head, token, node, mode, wait)
+        Self::start_store(StreamConfig { dialect: Dialect::Vllm, catalog: None, store, head, token, node, mode, wait })
     }
 
     /// As [`Replicator::start`], for SGLang's spaces (`store`, their durable
@@ -211,20 +230,20 @@ impl Replicator {
         mode: SyncMode,
         wait: Duration,
     ) -> Arc<Self> {
-        Self::start_store(Dialect::Sglang, Some(catalog), store, head, token, node, mode, wait)
+        Self::start_store(StreamConfig {
+            dialect: Dialect::Sglang,
+            catalog: Some(catalog),
+            store,
+            head,
+            token,
+            node,
+            mode,
+            wait,
+        })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn start_store(
-        dialect: Dialect,
-        catalog: Option<Arc<Catalog>>,
-        store: Arc<dyn PageSource>,
-        head: Box<dyn Fn() -> u64 + Send + Sync>,
-        token: Box<[u8]>,
-        node: String,
-        mode: SyncMode,
-        wait: Duration,
-    ) -> Arc<Self> {
+    fn start_store(cfg: StreamConfig) -> Arc<Self> {
+        let StreamConfig { dialect, catalog, store, head, token, node, mode, wait } = cfg;
         let (tx, rx) = crossbeam_channel::unbounded();
         if let Some(c) = &catalog {
             let tx = tx.clone();
@@ -513,56 +532,7 @@ impl Replicator {
         let _ = stream.set_read_timeout(Some(TICK));
         let mut acks = AckReader { stream: stream.try_clone().map_err(|e| e.to_string())?, buf: Vec::new() };
         let mut wr = BufWriter::with_capacity(1 << 20, stream.try_clone().map_err(|e| e.to_string())?);
-        // The session's version as the standby published its range: to a
-        // version-2 standby, version 2's hello, byte for byte.
-        let expected = Session::agree(Range::THIS, t.range).expect("checked by run_session");
-        let hello = if expected.has(Feature::Agreed) {
-            Msg::HelloRange {
-                range: Range::THIS,
-                store: self.dialect,
-                token: self.token.to_vec(),
-                epoch: t.epoch,
-                release: crate::RELEASE.into(),
-                leader: self.node.clone(),
-            }
-        } else {
-            Msg::Hello {
-                version: expected.version(),
-                store: self.dialect,
-                token: self.token.to_vec(),
-                epoch: t.epoch,
-                leader: self.node.clone(),
-            }
-        };
-        send(&mut wr, &hello)?;
-        wr.flush().map_err(|e| e.to_string())?;
-        // The answer is due within the sync timeout: a listener reached
-        // through a black hole never answers.
-        let due = Instant::now() + self.wait.max(Duration::from_millis(100));
-        let answer = loop {
-            if let Some(m) = acks.next().map_err(|e| format!("reading the hello's answer: {e}"))? {
-                break m;
-            }
-            if self.session.load(Ordering::Acquire) != n {
-                return Ok(());
-            }
-            if Instant::now() >= due {
-                return Err(format!("the standby did not answer the hello within {:?}", self.wait));
-            }
-        };
-        let (session, release) = match answer {
-            Msg::Welcome if !expected.has(Feature::Agreed) => (expected, "a release of protocol 2".to_string()),
-            Msg::Agreed { version, release } if expected.has(Feature::Agreed) && Range::THIS.contains(version) => {
-                (Session::at(version), release)
-            }
-            Msg::Reject(why) => {
-                if why.contains("no version in common") {
-                    self.incompatible.fetch_add(1, Ordering::Relaxed);
-                }
-                return Err(format!("the standby refused: {why}"));
-            }
-            m => return Err(format!("an unexpected answer {m:?} to a hello of protocol {}", expected.version())),
-        };
+        let Some((session, release)) = self.hello(n, t, &mut wr, &mut acks)? else { return Ok(()) };
         *self.session_info.lock().unwrap_or_else(PoisonError::into_inner) = Some((session.version(), release));
         // Frames queued before the snapshot begins are in it.
         while rx.try_recv().is_ok() {}
@@ -575,16 +545,72 @@ impl Replicator {
             self.acked.store(0, Ordering::Release);
         }
         let r = (self.head)();
-        self.send_snapshot(&mut wr, t.epoch, r)?;
+        send_snapshot(&mut wr, self.catalog.as_deref(), &*self.store, t.epoch, r)?;
         // The first heartbeat, at once: it tells the standby that this
         // leader sends them (it times the session from then on).
-        let (mut at, mut generation) = (r, 0);
-        send(&mut wr, &liveness::heartbeat(t.epoch, generation, at))?;
+        send(&mut wr, &liveness::heartbeat(t.epoch, 0, r))?;
         wr.flush().map_err(|e| e.to_string())?;
-        let mut sent = Instant::now();
         let dead = Arc::new(AtomicBool::new(false));
         self.spawn_acks(acks, &t.node, r, dead.clone(), stream);
         tracing::info!(standby = %t.node, epoch = t.epoch, position = r, store = self.dialect.label(), "sent a snapshot; streaming");
+        self.stream_frames(n, t, rx, &mut wr, &dead, r)
+    }
+
+    /// The hello of session `n` to `t` and the standby's answer: the
+    /// session agreed and the standby's release, or `None` when the target
+    /// changed meanwhile.
+    fn hello(
+        &self,
+        n: u64,
+        t: &Target,
+        wr: &mut BufWriter<Conn>,
+        acks: &mut AckReader,
+    ) -> Result<Option<(Session, String)>, String> {
+        let expected = Session::agree(Range::THIS, t.range).expect("checked by run_session");
+        let hello = outbound::hello(expected, self.dialect, &self.token, t.epoch, &self.node);
+        send(wr, &hello)?;
+        wr.flush().map_err(|e| e.to_string())?;
+        // The answer is due within the sync timeout: a listener reached
+        // through a black hole never answers.
+        let due = Instant::now() + self.wait.max(Duration::from_millis(100));
+        let answer = loop {
+            if let Some(m) = acks.next().map_err(|e| format!("reading the hello's answer: {e}"))? {
+                break m;
+            }
+            if self.session.load(Ordering::Acquire) != n {
+                return Ok(None);
+            }
+            if Instant::now() >= due {
+                return Err(format!("the standby did not answer the hello within {:?}", self.wait));
+            }
+        };
+        match outbound::agreed(expected, answer) {
+            Ok(agreed) => Ok(Some(agreed)),
+            Err(Refused { why, incompatible }) => {
+                if incompatible {
+                    self.incompatible.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(why)
+            }
+        }
+    }
+
+    /// Streams the frames after the snapshot at `r`, and a heartbeat when
+    /// idle, until session `n` ends (the target changed, the writer rebuilt
+    /// its keyspace, the sender's queue closed) or fails (the standby's
+    /// connection closed: `dead`; a write failed; a clear raced the
+    /// snapshot).
+    fn stream_frames(
+        &self,
+        n: u64,
+        t: &Target,
+        rx: &Receiver<Item>,
+        wr: &mut BufWriter<Conn>,
+        dead: &AtomicBool,
+        r: u64,
+    ) -> Result<(), String> {
+        let (mut at, mut generation) = (r, 0);
+        let mut sent = Instant::now();
         loop {
             if dead.load(Ordering::Acquire) {
                 return Err("the standby's connection closed".into());
@@ -597,7 +623,7 @@ impl Replicator {
                 Ok(f) => f,
                 Err(RecvTimeoutError::Timeout) => {
                     if sent.elapsed() >= every {
-                        send(&mut wr, &liveness::heartbeat(t.epoch, generation, at))?;
+                        send(wr, &liveness::heartbeat(t.epoch, generation, at))?;
                         wr.flush().map_err(|e| e.to_string())?;
                         sent = Instant::now();
                     }
@@ -609,7 +635,7 @@ impl Replicator {
                 let f = match f {
                     Item::Frame(f) => f,
                     Item::Space(e) => {
-                        send(&mut wr, &space(t.epoch, e))?;
+                        send(wr, &space(t.epoch, e))?;
                         continue;
                     }
                 };
@@ -628,62 +654,11 @@ impl Replicator {
                     upto: f.upto,
                     records: f.records,
                 };
-                send(&mut wr, &m)?;
+                send(wr, &m)?;
             }
             wr.flush().map_err(|e| e.to_string())?;
             sent = Instant::now();
         }
-    }
-
-    /// Sends the store's state as of (at least) position `r` (with SGLang's
-    /// catalog, read now: after `r`).
-    fn send_snapshot(&self, wr: &mut BufWriter<Conn>, epoch: u64, r: u64) -> Result<(), String> {
-        send(wr, &Msg::SnapshotBegin { epoch })?;
-        // Spaces beyond the catalog read here were made after it, after `r`:
-        // their records, and their names, come in the stream.
-        let mut spaces = u32::MAX;
-        if let Some(c) = &self.catalog {
-            let entries = c.entries();
-            spaces = entries.len() as u32;
-            for e in entries {
-                send(wr, &space(epoch, e))?;
-            }
-        }
-        let mut buf = Vec::with_capacity(PART_BYTES + 1024);
-        let mut failed = None;
-        self.store.snapshot(&mut |v| {
-            let rank = match v {
-                Visit::Generation(_) => 0,
-                Visit::Rank { rank, .. }
-                | Visit::Binding { rank, .. }
-                | Visit::Reserved { rank, .. }
-                | Visit::Held { rank, .. } => rank,
-            };
-            if rank >= spaces {
-                return true;
-            }
-            match v {
-                Visit::Generation(_) => {}
-                Visit::Rank { rank, num_pages } => codec::put_initialize(&mut buf, rank, num_pages),
-                Visit::Binding { rank, page, key, world } => codec::put_bind(&mut buf, rank, page, world, key.as_ref()),
-                Visit::Reserved { rank, page, tag } => codec::put_reserve(&mut buf, rank, page, tag),
-                Visit::Held { rank, page } => codec::put_hold(&mut buf, rank, page),
-            }
-            if buf.len() >= PART_BYTES {
-                let part = Msg::SnapshotPart { epoch, records: std::mem::take(&mut buf) };
-                if let Err(e) = send(wr, &part) {
-                    failed = Some(e);
-                    return false;
-                }
-            }
-            true
-        })?;
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        send(wr, &Msg::SnapshotPart { epoch, records: buf })?;
-        send(wr, &Msg::SnapshotEnd { epoch, upto: r })?;
-        wr.flush().map_err(|e| e.to_string())
     }
 
     /// Reads acknowledgements until the connection ends or the standby
@@ -812,51 +787,5 @@ impl Replication for Replicator {
             }
             r
         })
-    }
-}
-
-/// The catalog's line `e` as a message of `epoch`.
-fn space(epoch: u64, e: Entry) -> Msg {
-    Msg::Space { epoch, id: e.id, rank: e.rank, num_pages: e.num_pages, namespace: e.namespace }
-}
-
-fn send(wr: &mut BufWriter<Conn>, m: &Msg) -> Result<(), String> {
-    m.write_to(wr).map_err(|e| format!("writing to the standby: {e}"))
-}
-
-/// The standby's messages, read from a socket with a short read timeout
-/// ([`TICK`]) so that its silence can be timed: bytes are kept across
-/// timeouts and a message is decoded once whole, so a timeout never cuts
-/// one.
-struct AckReader {
-    stream: Conn,
-    buf: Vec<u8>,
-}
-
-impl AckReader {
-    /// The next message; `Ok(None)` when the read timed out first.
-    fn next(&mut self) -> std::io::Result<Option<Msg>> {
-        use std::io::ErrorKind;
-        loop {
-            if self.buf.len() >= 4 {
-                let len = u32::from_le_bytes(self.buf[..4].try_into().expect("4 bytes")) as usize;
-                if len == 0 || len > super::wire::MAX_MESSAGE {
-                    return Err(std::io::Error::new(ErrorKind::InvalidData, format!("a message of {len} bytes")));
-                }
-                if self.buf.len() >= 4 + len {
-                    let m = Msg::decode(&self.buf[4..4 + len]);
-                    self.buf.drain(..4 + len);
-                    return m.map(Some);
-                }
-            }
-            let mut chunk = [0u8; 512];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-                Ok(k) => self.buf.extend_from_slice(&chunk[..k]),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => return Ok(None),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
     }
 }

@@ -44,6 +44,7 @@ pub mod apply;
 pub mod lag;
 pub mod leader;
 pub mod liveness;
+mod outbound;
 pub mod promote;
 pub mod standby;
 pub mod start;
