@@ -34,7 +34,7 @@
 //! until it serves (measured: perf/RESULTS.md).
 
 use super::coord::Coordinator;
-use super::election::Promotion;
+use super::election::promotion::Promotion;
 use super::etcd::{Compare, Txn, TxnOp};
 use super::node::{Node, Role};
 use super::Keys;

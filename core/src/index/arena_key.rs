@@ -4,9 +4,18 @@
 //! double from 2^10, so that an SGLang space, of which a server may hold
 //! thousands, starts small.
 
-use super::hex::MAX_IDS;
 use crate::key::{Digest, KeyRef, Suffix};
 use crate::sync::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+
+/// Ids are below this: 28 bits, so that a slot of a shard's table holds an
+/// id and a 4-bit tag ([`super::hex`]); id 0 is never used (`0 << 4 | tag`
+/// could be an empty slot or a tombstone). Under loom, 8: a model that
+/// binds and removes a few keys exhausts the ids and reuses them.
+#[cfg(not(loom))]
+pub const MAX_IDS: u32 = 1 << 28;
+/// Ids are below this (loom's build: see the other build's note).
+#[cfg(loom)]
+pub const MAX_IDS: u32 = 8;
 
 /// Arena slots of a vLLM key's segment: 2^19 × 56 bytes, 29 MiB, so that
 /// the allocator backs it with huge pages (src/alloc.rs): random lookups

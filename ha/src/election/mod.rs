@@ -56,7 +56,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-mod promotion;
+pub(crate) mod promotion;
 
 pub use promotion::{BoxFuture, Member, Promotion, PromotionContext, Refusal, WithoutReplication};
 

@@ -55,15 +55,17 @@
 //! word, which the binding wrote after the slot was, and the shard's mutex
 //! orders the rest.
 
-use super::arena_key::ArenaKey;
+mod arena;
+
 pub use super::arena_key::DIGEST_ID;
+use super::arena_key::{ArenaKey, MAX_IDS};
+use super::entry::{unbind_locked, Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
 use super::published::Published;
-use super::{unbind_locked, Bind, Delta, EntryRef, Hasher, Head, INLINE_RANKS, NO_PAGE};
-#[cfg(not(loom))]
-use crate::key::Digest;
 use crate::key::KeyRef;
-use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, Mutex, MutexGuard, OnceLock, Ordering, PoisonError};
+use crate::sync::{AtomicU32, AtomicU64, Mutex, MutexGuard, OnceLock, Ordering, PoisonError};
 use crate::sync::{AtomicU32 as PageWord, Ordering::Relaxed as PageRelaxed};
+use arena::{Arena, Slot};
+pub(super) use arena::{FreshIds, Ids};
 use scc::{Guard, HashIndex};
 use sdd::Epoch;
 use std::collections::VecDeque;
@@ -84,14 +86,8 @@ const TOMB: u32 = 1;
 /// Bits of the key's hash kept beside its id in a table slot.
 const TAG_BITS: u32 = 4;
 const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
-/// Ids are below this (id 0 is never used: `0 << 4 | tag` could be EMPTY
-/// or TOMB). Under loom, 8: a model that binds and removes a few keys
-/// exhausts the ids and reuses them.
-#[cfg(not(loom))]
-pub const MAX_IDS: u32 = 1 << (32 - TAG_BITS);
-/// Ids are below this (loom's build: see the other build's note).
-#[cfg(loom)]
-pub const MAX_IDS: u32 = 8;
+// A slot holds `id << TAG_BITS | tag`: every id fits.
+const _: () = assert!(MAX_IDS <= 1 << (32 - TAG_BITS));
 /// The smallest table of a shard, in slots (2 under loom: a model's second
 /// key rebuilds the table).
 #[cfg(not(loom))]
@@ -101,131 +97,6 @@ const MIN_SLOTS: usize = 2;
 /// Keys [`HexMap::get_batch`] looks up at once: enough independent misses
 /// to fill the core's line-fill buffers, few enough for the stack.
 pub(super) const BATCH: usize = 32;
-
-/// One key in the arena: its digest and its [`Head`].
-#[repr(C)]
-pub(super) struct Slot<K: ArenaKey> {
-    key: K::Words,
-    head: Head,
-}
-
-#[cfg(not(loom))]
-const _: () = assert!(std::mem::size_of::<Slot<u128>>() == 56);
-#[cfg(not(loom))]
-const _: () = assert!(std::mem::size_of::<Slot<Digest>>() == 80);
-
-impl<K: ArenaKey> Slot<K> {
-    #[inline]
-    fn digest(&self) -> K {
-        K::load(&self.key)
-    }
-}
-
-/// The arena: slots by id, in segments made on first use and kept until
-/// the map is dropped.
-struct Arena<K: ArenaKey> {
-    segments: Box<[AtomicPtr<Slot<K>>]>,
-    /// The next id never handed out.
-    next: AtomicU32,
-    /// Serializes the making of segments.
-    grow: Mutex<()>,
-}
-
-impl<K: ArenaKey> Arena<K> {
-    fn new() -> Self {
-        Arena {
-            segments: (0..K::SEGMENTS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
-            next: AtomicU32::new(1),
-            grow: Mutex::new(()),
-        }
-    }
-
-    /// A run of up to `n` (at least 1) fresh ids, `first..end`, with their
-    /// segments made, or `None` when all are taken: one RMW on the counter
-    /// for a batch's new keys ([`FreshIds`]).
-    fn fresh_run(&self, n: u32) -> Option<(u32, u32)> {
-        debug_assert!(n >= 1);
-        // Relaxed: an id is a number; its slot is published by the
-        // segment's Release and the table's Release.
-        let first = self
-            .next
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
-                (next < MAX_IDS).then(|| next + n.min(MAX_IDS - next))
-            })
-            .ok()?;
-        let end = first + n.min(MAX_IDS - first);
-        for s in K::locate(first).0..=K::locate(end - 1).0 {
-            let seg = &self.segments[s];
-            if seg.load(Ordering::Acquire).is_null() {
-                let _g = self.grow.lock().unwrap_or_else(PoisonError::into_inner);
-                if seg.load(Ordering::Acquire).is_null() {
-                    seg.store(Box::into_raw(new_segment::<K>(K::seg_len(s))).cast::<Slot<K>>(), Ordering::Release);
-                }
-            }
-        }
-        Some((first, end))
-    }
-
-    /// Gives back the ids `first..end` of a run nobody used: to the counter
-    /// when nobody took ids after them (the common case), else `false`
-    /// (the caller keeps them on a free list).
-    fn give_back_run(&self, first: u32, end: u32) -> bool {
-        // Relaxed: as `fresh_run`'s.
-        first == end || self.next.compare_exchange(end, first, Ordering::Relaxed, Ordering::Relaxed).is_ok()
-    }
-
-    /// The slot of `id`, which was handed out.
-    #[inline]
-    fn slot(&self, id: u32) -> &Slot<K> {
-        self.try_slot(id).expect("an id handed out has its segment")
-    }
-
-    /// The slot of `id`, when its segment exists.
-    #[inline]
-    fn try_slot(&self, id: u32) -> Option<&Slot<K>> {
-        let (s, at) = K::locate(id);
-        let seg = self.segments.get(s)?.load(Ordering::Acquire);
-        // SAFETY: a non-null segment is a live allocation of `seg_len(s)`
-        // slots (freed only in `drop`), and `locate` places ids below it.
-        (!seg.is_null()).then(|| unsafe { &*seg.add(at) })
-    }
-}
-
-impl<K: ArenaKey> Drop for Arena<K> {
-    fn drop(&mut self) {
-        for (i, s) in self.segments.iter().enumerate() {
-            let p = s.load(Ordering::Relaxed);
-            if !p.is_null() {
-                // SAFETY: made by `new_segment` as a boxed slice of this length.
-                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, K::seg_len(i))) });
-            }
-        }
-    }
-}
-
-/// A segment of zeroed slots: lazily zeroed memory, resident only where
-/// touched. A zeroed slot is a valid empty one (all atomics at 0, its lease
-/// fresh).
-#[cfg(not(loom))]
-fn new_segment<K: ArenaKey>(len: usize) -> Box<[Slot<K>]> {
-    let layout = std::alloc::Layout::array::<Slot<K>>(len).expect("a segment's size fits");
-    // SAFETY: the layout is non-zero; every field of `Slot` is an atomic
-    // integer (`ArenaKey::Words` included), for which all-zero bytes are a
-    // valid value.
-    unsafe {
-        let p = std::alloc::alloc_zeroed(layout).cast::<Slot<K>>();
-        if p.is_null() {
-            std::alloc::handle_alloc_error(layout);
-        }
-        Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, len))
-    }
-}
-
-/// Under loom the atomics are loom's, which must be made, not zeroed.
-#[cfg(loom)]
-fn new_segment<K: ArenaKey>(len: usize) -> Box<[Slot<K>]> {
-    (0..len).map(|_| Slot { key: K::empty(), head: Head::empty() }).collect()
-}
 
 /// One shard's table of ids.
 struct Table {
@@ -323,47 +194,6 @@ impl ShardState {
             self.free.push(id);
         }
         self.free.pop().or_else(|| fresh.take(arena, want))
-    }
-}
-
-/// Where a bind takes a new key's id from: the batch's reclamation
-/// guard, its run of fresh ids, and how long a run to take from the arena
-/// when that one is used up.
-pub(super) struct Ids<'a> {
-    pub(super) guard: &'a Guard,
-    pub(super) fresh: &'a mut FreshIds,
-    pub(super) want: u32,
-}
-
-/// Fresh ids taken from an arena as a run and handed out one by one
-/// ([`super::Binder`]): a confirm's new keys cost the arena's counter one
-/// RMW, not one each. What is left of the run goes back when the batch
-/// ends ([`HexMap::give_back`]).
-#[derive(Debug, Default)]
-pub(super) struct FreshIds {
-    next: u32,
-    end: u32,
-}
-
-impl FreshIds {
-    /// The next id of the run, taking a run of up to `want` ids first when
-    /// this one is used up; `None` when the arena has no id left.
-    #[inline(always)]
-    fn take<K: ArenaKey>(&mut self, arena: &Arena<K>, want: u32) -> Option<u32> {
-        if self.next == self.end {
-            return self.refill(arena, want);
-        }
-        self.next += 1;
-        Some(self.next - 1)
-    }
-
-    /// [`Self::take`] when the run is used up: a new run, and its first id.
-    #[cold]
-    #[inline(never)]
-    fn refill<K: ArenaKey>(&mut self, arena: &Arena<K>, want: u32) -> Option<u32> {
-        (self.next, self.end) = arena.fresh_run(want.max(1))?;
-        self.next += 1;
-        Some(self.next - 1)
     }
 }
 
@@ -959,5 +789,4 @@ fn prefetch(p: *const u8) {
 }
 
 #[cfg(all(test, not(loom)))]
-#[path = "hex_tests.rs"]
 mod tests;
