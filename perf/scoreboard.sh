@@ -22,7 +22,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-mode=write
+mode=render
 case "${1:-}" in
     --check) mode=check ;;
     "") ;;
@@ -144,7 +144,7 @@ for s in sections:
 out.append(FOOT)
 text = "".join(out)
 
-if mode == "write":
+if mode == "render":
     open("RESULTS.md", "w", encoding="utf-8").write(text)
 elif open("RESULTS.md", encoding="utf-8").read() != text:
     errors.append("perf/RESULTS.md is not what perf/scoreboard.tsv renders: run perf/scoreboard.sh")
