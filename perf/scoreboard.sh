@@ -14,7 +14,8 @@
 # file does not name it, when a history file newer than the row's (file
 # names begin with their date) names the same target (a newer measurement
 # the row does not show), or when the row's date is older than its history
-# file's.
+# file's. Each row carries an anchor named by its id (perf/RESULTS.md#ID),
+# which other documents link to instead of quoting the figure.
 #
 # To record a figure: add the run to a history file (a new one per session
 # or subject, named by date and subject) with the marker line, update the
@@ -138,8 +139,8 @@ for s in sections:
     for r in rows:
         if r["section"] == s:
             cmd = r["command"].replace("|", "\\|").replace("\\\\|", "\\|")
-            out.append("| %s | %s | %s | %s, %s | `%s` | [%s](history/%s) |\n" % (
-                r["target"], r["latest"], r["verdict"], r["date"], r["commit"], cmd,
+            out.append("| <a id=\"%s\"></a>%s | %s | %s | %s, %s | `%s` | [%s](history/%s) |\n" % (
+                r["id"], r["target"], r["latest"], r["verdict"], r["date"], r["commit"], cmd,
                 r["history"][:-3], r["history"]))
 out.append(FOOT)
 text = "".join(out)
