@@ -196,7 +196,7 @@ impl<'a> KeyRef<'a> {
     /// but not yet a `&str` of them: a compact key needs none.
     ///
     /// Out of line: inlined into the decoder's scan it made the scan spill
-    /// (perf/history/2026-12-01-issue-22-reads.md).
+    /// (perf/history/2026-12-01-instructions-reads.md).
     #[inline(never)]
     pub fn compact(b: &[u8]) -> Option<KeyRef<'static>> {
         if b.len() == 32 {

@@ -209,7 +209,7 @@ const ITEM: usize = 2 + 32 + 2 + 20 + 2;
 /// Each answer is one fixed 8-byte store of a precomputed fragment (`true,`
 /// or `false,` and padding the next one overwrites) into room made at once:
 /// about a third of the instructions of appending word and comma apart
-/// (perf/RESULTS.md, history 22).
+/// (perf/history/2026-12-01-instructions-per-request.md).
 pub fn exists(out: &mut Vec<u8>, exists: &[bool]) {
     const TRUE: (&[u8; 8], usize) = (b"true,   ", 5);
     const FALSE: (&[u8; 8], usize) = (b"false,  ", 6);
@@ -263,7 +263,7 @@ pub fn reserved_indices(out: &mut Vec<u8>, slots: impl ExactSizeIterator<Item = 
 /// Written in place into room made at once (ten digits and a comma a page
 /// at most), each page two digits at a time ([`put_page`]): fewer
 /// instructions than a formatted string copied in and a comma pushed per
-/// page (perf/RESULTS.md, history 22).
+/// page (perf/history/2026-12-01-instructions-per-request.md).
 fn page_list(out: &mut Vec<u8>, head: &[u8], locs: &[Option<u32>]) {
     out.extend_from_slice(head);
     let mut at = out.len();

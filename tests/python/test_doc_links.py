@@ -4,7 +4,8 @@ A link `[text](path)` or `[text](path#anchor)` in a `.md` file must name a
 file or directory that exists, relative to the file that holds it; an
 anchor, into a Markdown file or the same file, must be the slug of one of
 that file's headings (GitHub's rule: lower case, punctuation but `-` and
-`_` dropped, spaces to `-`, `-1`, `-2`, ... for repeats). Links to other
+`_` dropped, spaces to `-`, `-1`, `-2`, ... for repeats) or an explicit
+`<a id="...">` of it (perf/RESULTS.md's rows carry one each). Links to other
 schemes (`https:`, `mailto:`) are not checked. Code blocks and code spans
 are skipped, since their brackets are not links.
 
@@ -24,6 +25,7 @@ REF_DEF = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$")
 FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 CODE_SPAN = re.compile(r"(`+)(.+?)\1")
+HTML_ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
 
 
 def markdown_files():
@@ -73,6 +75,7 @@ def anchors(path):
     if path not in _anchors:
         seen, found = {}, set()
         for _, line in prose_lines(path.read_text(encoding="utf-8")):
+            found.update(HTML_ANCHOR.findall(CODE_SPAN.sub("", line)))
             m = HEADING.match(line)
             if not m:
                 continue
@@ -119,6 +122,12 @@ def test_slugs_follow_githubs_rule():
     assert slug("When the durable store cannot write (`--data-dir`)") == "when-the-durable-store-cannot-write---data-dir"
     assert slug("Differences from SGLang's server") == "differences-from-sglangs-server"
     assert slug("Dialect 2: SGLang HiCache") == "dialect-2-sglang-hicache"
+
+
+def test_explicit_html_anchors_count(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text('# Title\n\n| <a id="row-one"></a>a row | x |\n\n`<a id="in-code"></a>`\n', encoding="utf-8")
+    assert anchors(doc) == {"title", "row-one"}
 
 
 def test_every_relative_link_resolves():

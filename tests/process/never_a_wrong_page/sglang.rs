@@ -1,4 +1,4 @@
-//! The sequences in SGLang's page spaces: the restart case (a
+//! The never-a-wrong-page sequences in SGLang's page spaces: the restart case (a
 //! reservation outlives SIGKILL) and the typed refusal of a confirm of a
 //! page reserved for another key.
 

@@ -1,5 +1,6 @@
-//! The issue's three sequences in vLLM's dialect, each as the issue writes
-//! it, checked against the simulated page store.
+//! The three never-a-wrong-page sequences (a page must never be read as
+//! another key's) in vLLM's dialect, each written out step by step, checked
+//! against the simulated page store.
 
 use super::{assert_reserved_for_other_key, block_key, Disk, Node, Space};
 use crate::common::hexkey;

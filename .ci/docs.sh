@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The documents' own checks (seconds, no build):
+# - perf/RESULTS.md is what perf/scoreboard.tsv renders, each row the newest
+#   measurement of its target (perf/scoreboard.sh --check);
+# - no document, code comment or script names a numbered issue ("issue 22"):
+#   the tracker is not in the repository, so say what the thing is.
+# (That every relative Markdown link and anchor resolves is a test of the
+# Python suite, tests/python/test_doc_links.py, which `cargo test` runs.)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+rc=0
+perf/scoreboard.sh --check || rc=1
+
+if git grep -nIE '[Ii]ssues? #?[0-9]' -- '*.md' '*.rs' '*.py' '*.sh' ':!.ci/docs.sh'; then
+    echo "docs: the lines above name a numbered issue: say what the thing is instead"
+    rc=1
+fi
+[ "$rc" -eq 0 ] && echo "docs: no numbered issue named"
+exit "$rc"
