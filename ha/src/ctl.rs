@@ -11,6 +11,10 @@
 //!   caught up, when the leader runs a release without switchover (0.1.0:
 //!   hand over with SIGTERM instead), or when `NODE` is not a live member.
 //!
+//! - `ctl health [--url URL] [--path /ready]`: one GET of a node's
+//!   `/health` or `/ready`, exit 0 on a 200, 1 otherwise: the container
+//!   image's health check ([`health`]).
+//!
 //! Exit status: 0 done, 1 refused or not done in time, 2 when etcd or a
 //! flag is wrong. Each node's `/health` is read over plain HTTP/1.1 (open
 //! even with `--auth-all`), bounded in time.
@@ -26,6 +30,8 @@ use std::io::{Read as _, Write as _};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+mod health;
+
 /// `hf3fs-meta ctl`'s commands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Ctl {
@@ -35,6 +41,9 @@ pub enum Ctl {
     /// Hand the leadership to a caught-up standby without stopping any
     /// process; waits until another node serves.
     Switchover(SwitchoverArgs),
+    /// GET a node's `/health` (or `/ready`) over plain HTTP: exit 0 on a
+    /// 200, 1 otherwise (the container image's health check).
+    Health(health::HealthArgs),
 }
 
 /// `ctl status`'s flags.
@@ -65,6 +74,14 @@ pub struct SwitchoverArgs {
     /// One JSON object on stdout instead of a sentence.
     #[arg(long)]
     pub json: bool,
+    /// Hand over only if the node named by `--node-id` leads; when another
+    /// node leads, or none, there is nothing to hand over: exit 0. For a
+    /// pod's preStop hook, where the node's own `HF3FS_META_NODE_ID` names it.
+    #[arg(long, requires = "node_id")]
+    pub if_leader: bool,
+    /// The node `--if-leader` asks about.
+    #[arg(long, env = "HF3FS_META_NODE_ID")]
+    pub node_id: Option<String>,
 }
 
 /// Runs `ctl`.
@@ -80,6 +97,7 @@ pub fn main(ctl: Ctl) -> ExitCode {
         match ctl {
             Ctl::Status(a) => status(a).await,
             Ctl::Switchover(a) => switchover(a).await,
+            Ctl::Health(a) => Ok(health::run(&a)),
         }
     });
     match r {
@@ -270,7 +288,14 @@ async fn switchover(a: SwitchoverArgs) -> Result<ExitCode, String> {
     let refuse = |why: String| done(false, json!({"switched_over": false, "reason": why}));
     let err = |err: etcd::Error| format!("etcd: {err}");
     let leader = etcd.get(&keys.leader()).await.map_err(err)?;
-    let Some(leader) = leader.and_then(|kv| LeaderRecord::decode(&kv.value, kv.create_revision)) else {
+    let leader = leader.and_then(|kv| LeaderRecord::decode(&kv.value, kv.create_revision));
+    if let (true, Some(me)) = (a.if_leader, &a.node_id) {
+        if leader.as_ref().is_none_or(|l| l.node != *me) {
+            let leads = leader.as_ref().map_or("no node", |l| l.node.as_str());
+            return done(true, json!({"switched_over": false, "message": format!("{me} does not lead ({leads} does): nothing to hand over")}));
+        }
+    }
+    let Some(leader) = leader else {
         return refuse("there is no leader to hand over from".into());
     };
     if !leader.serving {
