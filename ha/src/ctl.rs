@@ -292,7 +292,10 @@ async fn switchover(a: SwitchoverArgs) -> Result<ExitCode, String> {
     if let (true, Some(me)) = (a.if_leader, &a.node_id) {
         if leader.as_ref().is_none_or(|l| l.node != *me) {
             let leads = leader.as_ref().map_or("no node", |l| l.node.as_str());
-            return done(true, json!({"switched_over": false, "message": format!("{me} does not lead ({leads} does): nothing to hand over")}));
+            return done(
+                true,
+                json!({"switched_over": false, "message": format!("{me} does not lead ({leads} does): nothing to hand over")}),
+            );
         }
     }
     let Some(leader) = leader else {
