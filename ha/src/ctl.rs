@@ -26,7 +26,6 @@ use super::version::{self, ClusterVersion, NodeInfo};
 use super::EtcdArgs;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
-use std::io::{Read as _, Write as _};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -259,15 +258,7 @@ pub fn status_text(c: &Value) -> String {
 /// `GET path` on the node at `url` (`http://host:port`): the JSON body of
 /// any status, or why not.
 fn get_json(url: &str, path: &str, timeout: Duration) -> Result<Value, String> {
-    use std::net::ToSocketAddrs;
-    let host = super::relay::target_of(url)?;
-    let addr = host.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("no address")?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    s.take(1 << 20).read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    let buf = health::get(url, path, timeout)?;
     let at = buf.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no HTTP answer")?;
     serde_json::from_slice(&buf[at + 4..]).map_err(|e| format!("not JSON: {e}"))
 }

@@ -26,7 +26,7 @@
 # Loopback only (127.0.0.1 port maps, or the host network with every
 # listener on 127.0.0.1). Every container, pod, volume and image made here
 # is removed on exit, failed or not. Installs podman, buildah, runc,
-# catatonit, socat and etcd from Debian when missing (as root), and
+# catatonit, socat, etcd and openssl from Debian when missing (as root), and
 # kubernetes-validate into .venv-container. The engine clients need the
 # .venv of tests/python (.ci/run makes it).
 set -euo pipefail
@@ -68,9 +68,9 @@ trap 'exit 130' INT
 [ -x "$BIN" ] || fail "$BIN: build it first (cargo build --profile ci --bin hf3fs-meta)"
 [ -x "$PY" ] || fail "$PY: the tests/python venv is missing (python3 -m venv .venv && .venv/bin/pip install -r tests/python/requirements.txt)"
 
-say "tools: podman, buildah, runc, catatonit, socat, etcd; kubernetes-validate in .venv-container"
+say "tools: podman, buildah, runc, catatonit, socat, etcd, openssl; kubernetes-validate in .venv-container"
 need=()
-for t in podman:podman buildah:buildah runc:runc catatonit:catatonit socat:socat etcd:etcd-server; do
+for t in podman:podman buildah:buildah runc:runc catatonit:catatonit socat:socat etcd:etcd-server openssl:openssl; do
     command -v "${t%%:*}" >/dev/null || need+=("${t#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -311,5 +311,78 @@ engines "$RELAY" "$TMP/ha.json"
 [ "$(role_of "$follower")" = leader ] || fail "$follower did not take over"
 rss="$(grep VmRSS "/proc/$(podman inspect "$RUN-relay" --format '{{.State.Pid}}')/status" | awk '{print $2}')"
 echo "the relay's resident memory after the runs: ${rss} kB"
+
+# --- 5. TLS as the tls overlay mounts it, and a renewal ----------------------------
+say "TLS: the tls overlay's environment and probes, a secret volume renewed as the kubelet does it"
+# A CA and two certificates for the node (30 and 60 days).
+(
+    cd "$TMP" && mkdir -p certs && cd certs
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.crt \
+        -days 90 -subj /CN=hf3fs-meta-ci-ca
+    for days in 30 60; do
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout "tls-$days.key" -out "tls-$days.csr" -subj /CN=node
+        printf 'subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n' >ext
+        openssl x509 -req -in "tls-$days.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -days "$days" -extfile ext -out "tls-$days.crt"
+    done
+) >/dev/null 2>&1 || fail "openssl could not make the test certificates"
+# The kubelet's layout of a secret volume: a timestamped directory, ..data
+# pointing at it, each key a link through ..data; a renewal writes a new
+# directory and renames a new ..data over the old one.
+VOLDIR="$TMP/tls-volume"
+secret_version() { # name days
+    mkdir -p "$VOLDIR/$1"
+    cp "$TMP/certs/tls-$2.crt" "$VOLDIR/$1/tls.crt"
+    cp "$TMP/certs/tls-$2.key" "$VOLDIR/$1/tls.key"
+    cp "$TMP/certs/ca.crt" "$VOLDIR/$1/ca.crt"
+    chmod 644 "$VOLDIR/$1"/*
+    ln -sfn "$1" "$VOLDIR/..data_tmp"
+    mv -T "$VOLDIR/..data_tmp" "$VOLDIR/..data"
+}
+secret_version ..2026_12_07_first 30
+for f in tls.crt tls.key ca.crt; do ln -s "..data/$f" "$VOLDIR/$f"; done
+mapfile -t tls_env < <(python3 - "$TMP/render-tls.yaml" <<'PY'
+import sys, yaml
+d = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "StatefulSet" and d["metadata"]["name"] == "hf3fs-meta")
+c = d["spec"]["template"]["spec"]["containers"][0]
+for e in c["env"]:
+    if e["name"] in ("HF3FS_META_TLS_CERT", "HF3FS_META_TLS_KEY", "HF3FS_META_TLS_CLIENT_CA"):
+        print(f"-e={e['name']}={e['value']}")
+mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "tls")
+print(f"--mount={mount}")
+print("--probe=" + "\x1f".join(c["readinessProbe"]["exec"]["command"]))
+PY
+)
+tls_mount="$(printf '%s\n' "${tls_env[@]}" | sed -n 's/^--mount=//p')"
+IFS=$'\x1f' read -r -a probe <<<"$(printf '%s\n' "${tls_env[@]}" | sed -n 's/^--probe=//p')"
+mapfile -t tls_env < <(printf '%s\n' "${tls_env[@]}" | grep '^-e=')
+if [ ${#tls_env[@]} -ne 3 ] || [ -z "$tls_mount" ] || [ ${#probe[@]} -lt 3 ]; then
+    fail "the tls overlay's server: TLS variables, mount or probe missing"
+fi
+TPORT="$(freeport)" PPORT="$(freeport)"
+podman run -d --name "$RUN-tls" --label "hf3fs-meta-ci=$RUN" --network host --read-only \
+    -v "$RUN-data-tls:/var/lib/hf3fs-meta" -v "$VOLDIR:$tls_mount:ro" "${tls_env[@]}" \
+    -e HF3FS_META_HOST=127.0.0.1 -e HF3FS_META_PORT="$TPORT" -e HF3FS_META_PLAIN_LISTEN="127.0.0.1:$PPORT" \
+    -e HF3FS_META_HEALTH_URL="http://127.0.0.1:$PPORT" "$IMAGE:latest" >/dev/null
+wait_health "http://127.0.0.1:$PPORT" || { podman logs "$RUN-tls"; fail "the TLS server's plain listener never answered"; }
+code="$(curl -s -o /dev/null -w '%{http_code}' -m 2 "http://127.0.0.1:$TPORT/health" || true)"
+[ "$code" = 400 ] || fail "plain HTTP on the TLS port answered $code, expected 400"
+podman exec "$RUN-tls" "${probe[@]}" || fail "the tls overlay's readiness probe (${probe[*]}) failed"
+podman healthcheck run "$RUN-tls" >/dev/null || fail "the image's health check (HF3FS_META_HEALTH_URL) failed on the TLS server"
+expiry() { curl -sf -m 2 "http://127.0.0.1:$PPORT/metrics" | awk '/^hf3fs_meta_tls_certificate_expiry_seconds\{role="server"\}/ { print $2 }'; }
+before="$(expiry)"
+[ -n "$before" ] || fail "no hf3fs_meta_tls_certificate_expiry_seconds{role=\"server\"}"
+secret_version ..2026_12_07_renewed 60
+# The server checks its files every 10 s: bounded by 30 s.
+after="$before"
+for _ in $(seq 1 300); do
+    after="$(expiry)"
+    [ "$after" != "$before" ] && break
+    sleep 0.1
+done
+[ "$after" != "$before" ] || fail "the renewed certificate was not loaded within 30 s (expiry still $before)"
+python3 -c "import sys; b, a = float(sys.argv[1]), float(sys.argv[2]); assert 29 * 86400 < a - b < 31 * 86400, (b, a)" "$before" "$after" ||
+    fail "the expiry moved from $before to $after, not by 30 days"
+podman exec "$RUN-tls" "${probe[@]}" || fail "the readiness probe after the renewal"
+echo "renewed in place: the server's certificate expiry moved from $before to $after, no restart"
 
 say "container tests passed"

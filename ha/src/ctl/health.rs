@@ -43,25 +43,26 @@ pub(super) fn run(a: &HealthArgs) -> ExitCode {
 
 /// The status code of `GET path` at `url`.
 fn status(url: &str, path: &str, timeout: Duration) -> Result<u16, String> {
-    let (host, tls) = super::super::relay::parse_url(url)?;
-    if tls {
+    if super::super::relay::parse_url(url)?.1 {
         return Err("https is not probed: point --url at the node's --plain-listen address".into());
     }
+    let answer = get(url, path, timeout)?;
+    parse_status(&answer)
+}
+
+/// `GET path` on the node at `url` (`http://host:port`) over plain
+/// HTTP/1.1, each step bounded by `timeout`: the whole answer, head and
+/// body, at most 1 MiB.
+pub(super) fn get(url: &str, path: &str, timeout: Duration) -> Result<Vec<u8>, String> {
+    let host = super::super::relay::target_of(url)?;
     let addr = host.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("no address")?;
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
-    // The status line is all that is read: "HTTP/1.1 200 OK".
-    let mut head = [0u8; 64];
-    let mut n = 0;
-    while n < 12 {
-        match s.read(&mut head[n..]).map_err(|e| e.to_string())? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    parse_status(&head[..n])
+    let mut buf = Vec::new();
+    s.take(1 << 20).read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    Ok(buf)
 }
 
 /// The code of an HTTP/1.x status line.
