@@ -11,6 +11,10 @@
 //!   caught up, when the leader runs a release without switchover (0.1.0:
 //!   hand over with SIGTERM instead), or when `NODE` is not a live member.
 //!
+//! - `ctl health [--url URL] [--path /ready]`: one GET of a node's
+//!   `/health` or `/ready`, exit 0 on a 200, 1 otherwise: the container
+//!   image's health check ([`health`]).
+//!
 //! Exit status: 0 done, 1 refused or not done in time, 2 when etcd or a
 //! flag is wrong. Each node's `/health` is read over plain HTTP/1.1 (open
 //! even with `--auth-all`), bounded in time.
@@ -22,9 +26,10 @@ use super::version::{self, ClusterVersion, NodeInfo};
 use super::EtcdArgs;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
-use std::io::{Read as _, Write as _};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
+
+mod health;
 
 /// `hf3fs-meta ctl`'s commands.
 #[derive(Debug, Clone, Subcommand)]
@@ -35,6 +40,9 @@ pub enum Ctl {
     /// Hand the leadership to a caught-up standby without stopping any
     /// process; waits until another node serves.
     Switchover(SwitchoverArgs),
+    /// GET a node's `/health` (or `/ready`) over plain HTTP: exit 0 on a
+    /// 200, 1 otherwise (the container image's health check).
+    Health(health::HealthArgs),
 }
 
 /// `ctl status`'s flags.
@@ -65,6 +73,14 @@ pub struct SwitchoverArgs {
     /// One JSON object on stdout instead of a sentence.
     #[arg(long)]
     pub json: bool,
+    /// Hand over only if the node named by `--node-id` leads; when another
+    /// node leads, or none, there is nothing to hand over: exit 0. For a
+    /// pod's preStop hook, where the node's own `HF3FS_META_NODE_ID` names it.
+    #[arg(long, requires = "node_id")]
+    pub if_leader: bool,
+    /// The node `--if-leader` asks about.
+    #[arg(long, env = "HF3FS_META_NODE_ID")]
+    pub node_id: Option<String>,
 }
 
 /// Runs `ctl`.
@@ -80,6 +96,7 @@ pub fn main(ctl: Ctl) -> ExitCode {
         match ctl {
             Ctl::Status(a) => status(a).await,
             Ctl::Switchover(a) => switchover(a).await,
+            Ctl::Health(a) => Ok(health::run(&a)),
         }
     });
     match r {
@@ -241,15 +258,7 @@ pub fn status_text(c: &Value) -> String {
 /// `GET path` on the node at `url` (`http://host:port`): the JSON body of
 /// any status, or why not.
 fn get_json(url: &str, path: &str, timeout: Duration) -> Result<Value, String> {
-    use std::net::ToSocketAddrs;
-    let host = super::relay::target_of(url)?;
-    let addr = host.to_socket_addrs().map_err(|e| e.to_string())?.next().ok_or("no address")?;
-    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut buf = Vec::new();
-    s.take(1 << 20).read_to_end(&mut buf).map_err(|e| e.to_string())?;
+    let buf = health::get(url, path, timeout)?;
     let at = buf.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no HTTP answer")?;
     serde_json::from_slice(&buf[at + 4..]).map_err(|e| format!("not JSON: {e}"))
 }
@@ -270,7 +279,17 @@ async fn switchover(a: SwitchoverArgs) -> Result<ExitCode, String> {
     let refuse = |why: String| done(false, json!({"switched_over": false, "reason": why}));
     let err = |err: etcd::Error| format!("etcd: {err}");
     let leader = etcd.get(&keys.leader()).await.map_err(err)?;
-    let Some(leader) = leader.and_then(|kv| LeaderRecord::decode(&kv.value, kv.create_revision)) else {
+    let leader = leader.and_then(|kv| LeaderRecord::decode(&kv.value, kv.create_revision));
+    if let (true, Some(me)) = (a.if_leader, &a.node_id) {
+        if leader.as_ref().is_none_or(|l| l.node != *me) {
+            let leads = leader.as_ref().map_or("no node", |l| l.node.as_str());
+            return done(
+                true,
+                json!({"switched_over": false, "message": format!("{me} does not lead ({leads} does): nothing to hand over")}),
+            );
+        }
+    }
+    let Some(leader) = leader else {
         return refuse("there is no leader to hand over from".into());
     };
     if !leader.serving {
