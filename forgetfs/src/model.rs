@@ -215,21 +215,32 @@ pub struct Image {
 }
 
 impl Image {
-    /// Every regular file, by its path from the root, with its bytes (a
-    /// directory maps to `None`). For tests and comparisons.
-    pub fn files(&self) -> BTreeMap<String, Option<Vec<u8>>> {
-        let mut out = BTreeMap::new();
+    /// A digest of the whole image (paths, lengths, bytes), cheap for
+    /// large preallocated files: their trailing zeros count by length.
+    pub fn digest(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for (path, c) in self.paths() {
+            path.hash(&mut h);
+            if let Some(b) = c {
+                let used = b.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
+                (b.len(), &b[..used]).hash(&mut h);
+            }
+        }
+        h.finish()
+    }
+
+    fn paths(&self) -> Vec<(String, Option<&Vec<u8>>)> {
+        let mut out = Vec::new();
         let mut stack = vec![(ROOT, String::new())];
         while let Some((ino, path)) = stack.pop() {
             if let Some(Content::Dir(e)) = self.nodes.get(&ino) {
                 for (name, child) in e {
                     let p = format!("{path}/{}", name.to_string_lossy());
                     match self.nodes.get(child) {
-                        Some(Content::File(b)) => {
-                            out.insert(p, Some(b.clone()));
-                        }
+                        Some(Content::File(b)) => out.push((p, Some(b))),
                         Some(Content::Dir(_)) => {
-                            out.insert(p.clone(), None);
+                            out.push((p.clone(), None));
                             stack.push((*child, p));
                         }
                         None => {}
@@ -237,7 +248,14 @@ impl Image {
                 }
             }
         }
+        out.sort();
         out
+    }
+
+    /// Every regular file, by its path from the root, with its bytes (a
+    /// directory maps to `None`). For tests and comparisons.
+    pub fn files(&self) -> BTreeMap<String, Option<Vec<u8>>> {
+        self.paths().into_iter().map(|(p, c)| (p, c.cloned())).collect()
     }
 
     /// Writes the image under `dir` (which must exist and be empty), files
@@ -249,7 +267,14 @@ impl Image {
                 for (name, child) in e {
                     let p = path.join(name);
                     match self.nodes.get(child) {
-                        Some(Content::File(b)) => std::fs::write(&p, b)?,
+                        Some(Content::File(b)) => {
+                            // Trailing zeros as a hole: a preallocated 32 MiB
+                            // journal costs what it holds, not its length.
+                            let used = b.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
+                            let f = std::fs::File::create(&p)?;
+                            std::io::Write::write_all(&mut &f, &b[..used])?;
+                            f.set_len(b.len() as u64)?;
+                        }
                         Some(Content::Dir(_)) => {
                             std::fs::create_dir(&p)?;
                             stack.push((*child, p));

@@ -210,13 +210,16 @@ fn a_torn_cut_keeps_a_prefix_of_the_unsynced_writes_cut_at_a_sector() {
             assert!(whole.starts_with(&got), "a prefix of what was written (sector {sector}, seed {seed})");
             let len = got.len() as u64;
             // Nothing, the first write whole, or a write cut at a sector.
-            assert!(len == 4 || len == 9004 || len % sector == 0, "len {len}: not at a {sector}-byte boundary");
+            assert!(
+                len == 4 || len == 9004 || len.is_multiple_of(sector),
+                "len {len}: not at a {sector}-byte boundary"
+            );
             lengths.insert(len);
             fs::remove_file(f.p("log")).unwrap();
             sync_dir(f.fs.path());
         }
         assert!(lengths.len() >= 3, "the seeds pick different tears: {lengths:?}");
-        assert!(lengths.iter().any(|l| l % sector == 0 && *l > 9004), "the second write torn: {lengths:?}");
+        assert!(lengths.iter().any(|l| l.is_multiple_of(sector) && *l > 9004), "the second write torn: {lengths:?}");
     }
 }
 
