@@ -211,6 +211,10 @@ pub fn open_with_catalog(
 ) -> Result<Opened, OpenError> {
     let sub = dir.join(SUBDIR);
     std::fs::create_dir_all(&sub).map_err(|e| OpenError::Io(format!("{}: {e}", sub.display())))?;
+    // The subdirectory's name must survive a power cut (POSIX: its parent's fsync).
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| OpenError::Io(format!("fsync of {}: {e}", dir.display())))?;
     // The recovered state: space `id` is rank `id`, each key of world 1.
     let recovered_cfg = StoreConfig { world_size: Some(1), max_ranks: cfg.max_spaces.max(1), ..cfg.store.clone() };
     let path = sub.join(CATALOG);

@@ -91,6 +91,40 @@ fn open_keyspace(path: &Path) -> fjall::Result<Keyspace> {
         .open()
 }
 
+/// Where a data directory's first keyspace is laid out before it is
+/// renamed to `keyspace`.
+const NEW_FIRST: &str = "keyspace.new";
+
+/// Makes a data directory's first keyspace whole under [`NEW_FIRST`] (its
+/// partitions created, every file and directory synced) and renames it to
+/// `path`: a power cut while fjall lays out a keyspace leaves files it
+/// cannot open (a missing version file, a half-written manifest), which
+/// would stop every later start-up, although nothing was acknowledged yet
+/// (the crash-state explorer, forgetfs/tests/explore.rs, found it). A
+/// leftover of an interrupted attempt is removed by the next open.
+fn create_first(dir: &Path, path: &Path) -> Result<(), OpenError> {
+    let tmp = dir.join(NEW_FIRST);
+    let io = |what: &Path, e: std::io::Error| OpenError::Io(format!("cannot create {}: {e}", what.display()));
+    match std::fs::remove_dir_all(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&tmp, e)),
+        _ => {}
+    }
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    {
+        let fjall_err = |e: fjall::Error| OpenError::Io(format!("cannot create {}: {e}", tmp.display()));
+        let keyspace = guarded(|| open_keyspace(&tmp))
+            .map_err(|e| OpenError::Corrupt(format!("{}: {e}", tmp.display())))?
+            .map_err(fjall_err)?;
+        keyspace.open_partition("meta", PartitionCreateOptions::default()).map_err(fjall_err)?;
+        keyspace.open_partition(&codec::log_partition(0), log_options()).map_err(fjall_err)?;
+        keyspace.open_partition(&codec::state_partition(0), state_options()).map_err(fjall_err)?;
+        keyspace.persist(PersistMode::SyncAll).map_err(fjall_err)?;
+    }
+    sync_tree(&tmp).map_err(|e| io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io(path, e))?;
+    sync_dir(dir).map_err(|e| io(dir, e))
+}
+
 /// `Some(n)` for `keyspace-<n>`, `Some(0)` for `keyspace`, else `None`.
 fn keyspace_number(name: &str) -> Option<u64> {
     if name == FIRST {
@@ -113,6 +147,8 @@ fn remove_other_keyspaces(dir: &Path, keep: &str) -> std::io::Result<usize> {
         let name = e.file_name().to_string_lossy().into_owned();
         if name == "CURRENT.tmp" || name == "probe.tmp" {
             std::fs::remove_file(e.path())?;
+        } else if name == NEW_FIRST {
+            std::fs::remove_dir_all(e.path())?;
         } else if name != keep && keyspace_number(&name).is_some() && e.file_type()?.is_dir() {
             match std::fs::remove_dir_all(e.path()) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
@@ -175,7 +211,9 @@ impl Db {
         let mut report = OpenReport { keyspace: name.clone(), ..OpenReport::default() };
         report.stale_keyspaces = remove_other_keyspaces(dir, &name)
             .map_err(|e| OpenError::Io(format!("cannot remove an old keyspace in {}: {e}", dir.display())))?;
-        std::fs::create_dir_all(&path).map_err(|e| OpenError::Io(format!("cannot create {}: {e}", path.display())))?;
+        if name == FIRST && !path.exists() {
+            create_first(dir, &path)?;
+        }
         let before = journal_ends(&path);
         let corrupt = |e: String| OpenError::Corrupt(format!("{}: {e}", path.display()));
         let keyspace = guarded(|| open_keyspace(&path)).map_err(corrupt)?.map_err(|e| match e {
@@ -208,6 +246,15 @@ impl Db {
         }
         let log = keyspace.open_partition(&codec::log_partition(generation), log_options()).map_err(fjall_err)?;
         let state = keyspace.open_partition(&codec::state_partition(generation), state_options()).map_err(fjall_err)?;
+        // fjall fsyncs the files it makes but not every directory entry: a
+        // new partition's name in `partitions/` and the keyspace's name in
+        // the data directory. POSIX persists a name only by its directory's
+        // fsync; without these, a power cut after the first acknowledged
+        // write could lose the whole keyspace (the crash-state explorer,
+        // forgetfs/tests/explore.rs, found it).
+        for d in [path.join("partitions"), path.clone(), dir.to_path_buf()] {
+            sync_dir(&d).map_err(|e| OpenError::Io(format!("fsync of {}: {e}", d.display())))?;
+        }
         let db = Db { keyspace, path, name, meta, parts: Mutex::new(Parts { generation, log, state, retired: false }) };
         Ok((db, report))
     }
@@ -261,26 +308,7 @@ impl Db {
     /// step before it is named current: fjall syncs its journal, this also
     /// covers the directory entries of everything it created).
     pub(crate) fn sync_tree(&self) -> std::io::Result<()> {
-        // fjall's own threads may remove a file meanwhile (a flushed
-        // journal, a compacted segment): gone is fine.
-        fn gone_ok(r: std::io::Result<()>) -> std::io::Result<()> {
-            match r {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                r => r,
-            }
-        }
-        fn walk(p: &Path) -> std::io::Result<()> {
-            for e in std::fs::read_dir(p)? {
-                let e = e?;
-                if e.file_type()?.is_dir() {
-                    gone_ok(walk(&e.path()))?;
-                } else {
-                    gone_ok(std::fs::File::open(e.path()).and_then(|f| f.sync_all()))?;
-                }
-            }
-            std::fs::File::open(p)?.sync_all()
-        }
-        walk(&self.path)
+        sync_tree(&self.path)
     }
 
     /// Names this keyspace in `dir/CURRENT`, atomically and durably: the
@@ -331,4 +359,33 @@ impl Db {
         self.keyspace.delete_partition(old.state)?;
         Ok(log)
     }
+}
+
+/// fsyncs the directory `dir`: the names in it become durable.
+pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// fsyncs every file and directory under `path`, and `path`.
+fn sync_tree(path: &Path) -> std::io::Result<()> {
+    // fjall's own threads may remove a file meanwhile (a flushed
+    // journal, a compacted segment): gone is fine.
+    fn gone_ok(r: std::io::Result<()>) -> std::io::Result<()> {
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
+    }
+    fn walk(p: &Path) -> std::io::Result<()> {
+        for e in std::fs::read_dir(p)? {
+            let e = e?;
+            if e.file_type()?.is_dir() {
+                gone_ok(walk(&e.path()))?;
+            } else {
+                gone_ok(std::fs::File::open(e.path()).and_then(|f| f.sync_all()))?;
+            }
+        }
+        std::fs::File::open(p)?.sync_all()
+    }
+    walk(path)
 }

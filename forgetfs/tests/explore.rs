@@ -1,0 +1,423 @@
+//! The crash-state explorer (ALICE's and CrashMonkey's idea, bounded): one
+//! run of the durable layer under `--fsync always` on the forgetful file
+//! system, every operation recorded; then, at every fsync of the run (and
+//! at its end), the crash states POSIX allows there, each opened with the
+//! durable crate's real recovery and checked against what had been
+//! acknowledged.
+//!
+//! A crash state at position `p` of the log: every inode's content as of
+//! its last fsync before `p`, plus some of its changes since (none, all,
+//! one inode's alone, a prefix of one file's writes, the last kept write
+//! torn at a 512-byte boundary), directories and files alike (strict
+//! POSIX: a name persists only by its directory's fsync). The check: the
+//! recovered state is the state after some step `j` of the run, with every
+//! step acknowledged before `p` included (`j ≥ acked`) and nothing not yet
+//! begun (`j ≤ begun`): nothing acknowledged lost, nothing contradicting
+//! an answer (no resurrected release, no reordering).
+//!
+//! Three runs: the log (confirms and releases, never folded), the
+//! checkpoint (the same with a checkpoint every few steps, which rewrites
+//! state chunks and deletes log entries), and SGLang's spaces (the catalog
+//! file, appended and fdatasynced before each space is journaled).
+//!
+//! Bounded by default (CI: a few hundred states, seconds); the whole
+//! enumeration with `HF3FS_META_EXPLORE=full` (docs/reliability.md).
+//! Needs root and /dev/fuse, like tests/rules.rs.
+
+use hf3fs_meta_core::{Clock, LeaseLength, Spaces, SpacesConfig, Store, StoreConfig};
+use hf3fs_meta_durable::{self as durable, Durable, FsyncMode, Options};
+use hf3fs_meta_forgetfs::model::{tears, Change, Ino, Keep, Op};
+use hf3fs_meta_forgetfs::{unavailable, Model, Mount, Names};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const FAILSAFE: Duration = Duration::from_secs(30);
+const DATA: &str = "data";
+
+/// What a client could see of the state: compared between the run and a
+/// recovered crash state.
+type View = Vec<String>;
+
+/// One acknowledged step of a run: where in the log it began and where it
+/// was acknowledged, and the state after it.
+struct Step {
+    begun: usize,
+    acked: usize,
+    view: View,
+}
+
+/// A run: its log and its steps (step 0 is the state before any).
+struct Run {
+    log: Vec<Op>,
+    steps: Vec<Step>,
+}
+
+/// What a workload does: runs against a data directory (on the mount),
+/// calling `ack` after each acknowledged step; and recovers a directory.
+trait Workload {
+    fn name(&self) -> &'static str;
+    fn run(&self, dir: &Path, ack: &mut dyn FnMut(View));
+    fn recover(&self, dir: &Path) -> Result<View, String>;
+}
+
+fn full() -> bool {
+    std::env::var("HF3FS_META_EXPLORE").is_ok_and(|v| v == "full")
+}
+
+fn key(i: usize) -> String {
+    format!("{:032x}", (i as u128 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835))
+}
+
+fn vllm_cfg() -> StoreConfig {
+    StoreConfig { world_size: None, max_ranks: 4, max_pages_per_rank: 1 << 16, ..StoreConfig::default() }
+}
+
+fn opts() -> Options {
+    Options { checkpoint_every: None, retry_after: None, ..Options::new(FsyncMode::Always, vllm_cfg()) }
+}
+
+const KEYS: usize = 12;
+
+fn vllm_view(s: &Store) -> View {
+    let keys: Vec<String> = (0..KEYS).map(key).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    (0..1)
+        .map(|rank| {
+            let mut out = Vec::new();
+            match s.locations(rank, &keys, &mut out) {
+                Ok(()) => format!("rank {rank} size {:?}: {out:?}", s.rank_size(rank as u32)),
+                Err(_) => format!("rank {rank}: none"),
+            }
+        })
+        .collect()
+}
+
+/// vLLM's store: ranks, confirms and releases; with `checkpoints`, a
+/// checkpoint every third step.
+struct Vllm {
+    checkpoints: bool,
+    steps: usize,
+}
+
+impl Workload for Vllm {
+    fn name(&self) -> &'static str {
+        if self.checkpoints {
+            "checkpoint"
+        } else {
+            "log"
+        }
+    }
+
+    fn run(&self, dir: &Path, ack: &mut dyn FnMut(View)) {
+        let (s, d, _) = Durable::open(dir, opts()).expect("open");
+        let sync = |d: &Durable| d.sync_blocking(FAILSAFE).expect("durable");
+        s.initialize(0, 32).expect("initialize");
+        sync(&d);
+        ack(vllm_view(&s));
+        let mut bound: Vec<(i64, usize, i64)> = Vec::new();
+        for i in 0..self.steps {
+            let rank = 0;
+            if i % 4 == 3 && !bound.is_empty() {
+                // Release the oldest binding: it must never come back.
+                let (r, _, page) = bound.remove(0);
+                s.confirm(r, &[], &[page]).expect("release");
+            } else {
+                let k = key(i % KEYS);
+                let mut out = Vec::new();
+                s.allocate(rank, &[k.as_str()], &mut out).expect("allocate");
+                sync(&d);
+                ack(vllm_view(&s));
+                let page = out[0].1;
+                s.confirm(rank, &[(k.as_str(), page)], &[]).expect("confirm");
+                bound.push((rank, i % KEYS, page));
+            }
+            sync(&d);
+            ack(vllm_view(&s));
+            if self.checkpoints && i % 3 == 2 {
+                d.checkpoint().expect("checkpoint");
+                ack(vllm_view(&s));
+            }
+        }
+        d.close().expect("close");
+    }
+
+    fn recover(&self, dir: &Path) -> Result<View, String> {
+        let (s, d, _) = Durable::open(dir, opts()).map_err(|e| e.to_string())?;
+        let v = vllm_view(&s);
+        d.close_without_checkpoint().map_err(|e| format!("{e:?}"))?;
+        Ok(v)
+    }
+}
+
+fn spaces_cfg() -> SpacesConfig {
+    let store = StoreConfig { max_pages_per_rank: 1 << 16, read_lease: LeaseLength(0), ..StoreConfig::default() };
+    SpacesConfig { max_spaces: 8, store }
+}
+
+fn open_spaces(dir: &Path) -> Result<(Spaces, Durable), String> {
+    let clock = Arc::new(Clock::manual());
+    let o = Options { checkpoint_every: None, retry_after: None, ..Options::default() };
+    durable::spaces::open(dir, FsyncMode::Always, spaces_cfg(), clock, o)
+        .map(|(s, d, _)| (s, d))
+        .map_err(|e| e.to_string())
+}
+
+fn spaces_view(spaces: &Spaces) -> View {
+    let keys: Vec<String> = (0..KEYS).map(key).collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut v: View = spaces
+        .list()
+        .into_iter()
+        .map(|(name, st)| {
+            let mut loc = Vec::new();
+            st.locations(0, &keys, &mut loc).expect("locations");
+            format!("{}:{} size {:?}: {loc:?}", name.rank, name.namespace, st.rank_size(0))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// SGLang's spaces: new spaces (catalog lines), keys set, deleted, cleared.
+struct Sglang {
+    steps: usize,
+}
+
+impl Workload for Sglang {
+    fn name(&self) -> &'static str {
+        "sglang spaces"
+    }
+
+    fn run(&self, dir: &Path, ack: &mut dyn FnMut(View)) {
+        let (sp, d) = open_spaces(dir).expect("open");
+        let sync = |d: &Durable| d.sync_blocking(FAILSAFE).expect("durable");
+        for i in 0..self.steps {
+            let (rank, ns) = ((i / 3) as u32 % 3, if i % 2 == 0 { "kv" } else { "mamba" });
+            if sp.with(rank, ns, |_| ()).is_none() {
+                sp.initialize(rank, ns, 16).expect("initialize");
+            } else if i % 5 == 4 {
+                sp.with(rank, ns, |st| st.reset());
+            } else {
+                let k = key(i % KEYS);
+                sp.with(rank, ns, |st| {
+                    let mut slots = Vec::new();
+                    st.allocate_partial(0, &[k.as_str()], &mut slots).expect("allocate");
+                    if slots[0].page >= 0 && !slots[0].stored {
+                        st.confirm(0, &[(k.as_str(), slots[0].page)], &[]).expect("confirm");
+                    }
+                });
+            }
+            sync(&d);
+            ack(spaces_view(&sp));
+        }
+        d.close().expect("close");
+    }
+
+    fn recover(&self, dir: &Path) -> Result<View, String> {
+        let (sp, d) = open_spaces(dir)?;
+        let v = spaces_view(&sp);
+        d.close_without_checkpoint().map_err(|e| format!("{e:?}"))?;
+        Ok(v)
+    }
+}
+
+/// Runs `w` on a recording mount; returns its log and steps.
+fn record(w: &dyn Workload) -> Run {
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let fs = Mount::empty(mnt.path(), Names::Strict, true).expect("mount");
+    // The data directory exists before the server starts, persisted (an
+    // operator's mkdir on a file system long since synced).
+    let dir = mnt.path().join(DATA);
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::File::open(mnt.path()).and_then(|f| f.sync_all()).expect("fsync");
+    let mut steps = vec![Step { begun: 0, acked: fs.log_len(), view: Vec::new() }];
+    let mut begun = fs.log_len();
+    {
+        let mut ack = |view: View| {
+            let acked = fs.log_len();
+            steps.push(Step { begun, acked, view });
+            begun = acked;
+        };
+        w.run(&dir, &mut ack);
+    }
+    steps[0].view = w.recover_empty();
+    let log = fs.with(|m| m.log().to_vec());
+    fs.unmount().expect("unmount");
+    Run { log, steps }
+}
+
+trait Empty {
+    fn recover_empty(&self) -> View;
+}
+
+impl<W: Workload + ?Sized> Empty for W {
+    /// The view of a fresh data directory (step 0).
+    fn recover_empty(&self) -> View {
+        let d = tempfile::tempdir().expect("tempdir");
+        self.recover(d.path()).expect("a fresh directory opens")
+    }
+}
+
+/// The crash states to try at one position: what each keeps of each
+/// inode's pending changes, with a name for the report.
+fn choices(pending: &[(Ino, &[Change])], full: bool) -> Vec<(String, HashMap<Ino, Keep>)> {
+    let all = |p: &[Change]| Keep { changes: p.len(), torn: None };
+    let none: HashMap<Ino, Keep> = pending.iter().map(|(i, _)| (*i, Keep::NONE)).collect();
+    let every: HashMap<Ino, Keep> = pending.iter().map(|(i, p)| (*i, all(p))).collect();
+    let mut out = vec![("nothing unsynced".to_string(), none.clone()), ("everything".to_string(), every.clone())];
+    let cap = if full { usize::MAX } else { 3 };
+    for (ino, p) in pending {
+        out.push((format!("only inode {ino}'s changes"), with(&none, *ino, all(p))));
+        out.push((format!("all but inode {ino}'s changes"), with(&every, *ino, Keep::NONE)));
+        let n = p.len();
+        let prefixes: Vec<usize> = if full { (1..n).collect() } else { spaced(1..n, cap) };
+        for k in prefixes {
+            out.push((format!("inode {ino}: {k} of {n} changes"), with(&none, *ino, Keep { changes: k, torn: None })));
+        }
+        // The last write kept torn at a 512-byte boundary, alone or with
+        // everything else.
+        if let Some(Change::Write { off, data }) = p.last() {
+            let t = tears(*off, data.len(), 512);
+            let picks: Vec<usize> =
+                if full { t.clone() } else { spaced(0..t.len(), 2).into_iter().map(|i| t[i]).collect() };
+            for b in picks {
+                let keep = Keep { changes: n, torn: Some(b) };
+                out.push((format!("inode {ino}: last write torn at {b} of {}", data.len()), with(&none, *ino, keep)));
+                out.push((format!("everything, inode {ino}'s last write torn at {b}"), with(&every, *ino, keep)));
+            }
+        }
+    }
+    out
+}
+
+fn with(base: &HashMap<Ino, Keep>, ino: Ino, keep: Keep) -> HashMap<Ino, Keep> {
+    let mut m = base.clone();
+    m.insert(ino, keep);
+    m
+}
+
+/// Up to `cap` values of `r`, evenly spread, the last one included.
+fn spaced(r: std::ops::Range<usize>, cap: usize) -> Vec<usize> {
+    let n = r.len();
+    if n <= cap {
+        return r.collect();
+    }
+    (1..=cap).map(|i| r.start + i * n / cap - 1).collect()
+}
+
+/// What one exploration found.
+struct Found {
+    positions: usize,
+    states: usize,
+    distinct: usize,
+    failures: Vec<String>,
+}
+
+fn explore(w: &dyn Workload) -> Found {
+    let run = record(w);
+    let full = full();
+    // The replay starts where the recorded run did (an empty file system),
+    // so it makes the same inodes in the same order.
+    let mut model = Model::new(Names::Strict, false);
+    let mut positions: Vec<usize> =
+        run.log.iter().enumerate().filter(|(_, op)| matches!(op, Op::Sync { .. })).map(|(i, _)| i).collect();
+    positions.push(run.log.len());
+    if !full && positions.len() > 40 {
+        let keep = spaced(0..positions.len(), 40);
+        positions = keep.into_iter().map(|i| positions[i]).collect();
+    }
+    let mut recovered: HashMap<u64, Result<View, String>> = HashMap::new();
+    let (mut states, mut failures) = (0, Vec::new());
+    let mut at = 0;
+    for &p in &positions {
+        while at < p {
+            model.replay(&run.log[at]).unwrap_or_else(|e| panic!("replay of op {at} ({:?}): errno {e}", run.log[at]));
+            at += 1;
+        }
+        let acked = run.steps.iter().filter(|s| s.acked <= p).count().saturating_sub(1);
+        let begun = run.steps.iter().filter(|s| s.begun < p).count().saturating_sub(1);
+        let pending = model.pending();
+        for (what, keep) in choices(&pending, full) {
+            states += 1;
+            let image = model.crash_image(&|ino, _| keep.get(&ino).copied().unwrap_or(Keep::NONE));
+            let result = recovered.entry(image.digest()).or_insert_with(|| {
+                let d = tempfile::tempdir().expect("tempdir");
+                image.write_to(d.path()).expect("materialize");
+                w.recover(&d.path().join(DATA))
+            });
+            let ok = match result {
+                Ok(v) => run.steps[acked..=begun.max(acked)].iter().any(|s| &s.view == v),
+                Err(_) => false,
+            };
+            if !ok {
+                failures.push(format!(
+                    "{}: crash before op {p} of {} ({what}; steps acknowledged {acked}, begun {begun}): {}",
+                    w.name(),
+                    run.log.len(),
+                    match result {
+                        Ok(v) => format!("recovered {v:?}, acknowledged {:?}", run.steps[acked].view),
+                        Err(e) => format!("recovery failed: {e}"),
+                    }
+                ));
+            }
+        }
+    }
+    Found { positions: positions.len(), states, distinct: recovered.len(), failures }
+}
+
+fn check(w: &dyn Workload) {
+    if let Some(why) = unavailable() {
+        assert!(
+            std::env::var_os("HF3FS_META_REQUIRE_ALL").is_none(),
+            "the crash-state explorer needs the forgetful file system, and HF3FS_META_REQUIRE_ALL is set: {why}"
+        );
+        eprintln!("\nSKIPPED: the crash-state explorer ({}): {why}\n  to run it: as root, with /dev/fuse", w.name());
+        return;
+    }
+    let t0 = Instant::now();
+    let f = explore(w);
+    let summary = format!(
+        "crash-state explorer, {}: {} crash states at {} positions ({} distinct images opened), {} failed, {:.1} s",
+        w.name(),
+        f.states,
+        f.positions,
+        f.distinct,
+        f.failures.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    eprintln!("{summary}");
+    if let Ok(path) = std::env::var("HF3FS_META_EXPLORE_REPORT") {
+        use std::io::Write;
+        let mut out = std::fs::OpenOptions::new().create(true).append(true).open(path).expect("report");
+        writeln!(out, "{summary}").expect("report");
+        for fail in &f.failures {
+            writeln!(out, "  {fail}").expect("report");
+        }
+    }
+    assert!(f.failures.is_empty(), "{summary}:\n{}", f.failures.join("\n"));
+}
+
+fn steps() -> usize {
+    if full() {
+        40
+    } else {
+        6
+    }
+}
+
+#[test]
+fn the_log_survives_every_crash_state() {
+    check(&Vllm { checkpoints: false, steps: steps() });
+}
+
+#[test]
+fn the_checkpoint_survives_every_crash_state() {
+    check(&Vllm { checkpoints: true, steps: steps() });
+}
+
+#[test]
+fn sglangs_space_catalog_survives_every_crash_state() {
+    check(&Sglang { steps: steps() });
+}

@@ -1,0 +1,267 @@
+//! Each rule of the forgetful file system, through a real mount and real
+//! system calls: what a power cut keeps and what it drops.
+//!
+//! Needs root and /dev/fuse; without them every test says SKIPPED and
+//! passes, unless `HF3FS_META_REQUIRE_ALL` is set (CI), where it fails. By
+//! hand: `flock /work/faults.lock cargo test -p hf3fs-meta-forgetfs`.
+
+use hf3fs_meta_forgetfs::{mounted, unavailable, Cut, Model, Mount, Names};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// A mount in a temporary directory. Fields drop in order: the mount
+/// first, then the directory under it.
+struct Fixture {
+    fs: Mount,
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn p(&self, name: &str) -> PathBuf {
+        self.fs.path().join(name)
+    }
+
+    /// Cuts the power and powers on again: the mount now holds what the
+    /// cut kept.
+    fn cut(&self, how: Cut) {
+        self.fs.cut(how);
+        self.fs.revive();
+    }
+}
+
+fn fixture(names: Names) -> Option<Fixture> {
+    if let Some(why) = unavailable() {
+        assert!(
+            std::env::var_os("HF3FS_META_REQUIRE_ALL").is_none(),
+            "the forgetful file system cannot be mounted, and HF3FS_META_REQUIRE_ALL is set: {why}"
+        );
+        eprintln!("\nSKIPPED: the forgetful file system's tests: {why}\n  to run them: as root, with /dev/fuse");
+        return None;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fs = Mount::empty(dir.path(), names, false).expect("mount");
+    Some(Fixture { fs, dir })
+}
+
+fn sync_dir(p: &Path) {
+    File::open(p).expect("open dir").sync_all().expect("fsync dir");
+}
+
+/// Creates `name` with `data`, both the data and the name synced.
+fn durable_file(f: &Fixture, name: &str, data: &[u8]) {
+    let mut file = File::create(f.p(name)).expect("create");
+    file.write_all(data).expect("write");
+    file.sync_all().expect("fsync");
+    sync_dir(f.fs.path());
+}
+
+#[test]
+fn writes_are_visible_at_once_and_gone_after_a_cut_without_fsync() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    durable_file(&f, "a", b"");
+    let mut file = OpenOptions::new().write(true).open(f.p("a")).unwrap();
+    file.write_all(b"not synced").unwrap();
+    assert_eq!(fs::read(f.p("a")).unwrap(), b"not synced", "visible at once");
+    drop(file);
+    f.cut(Cut::Drop);
+    assert_eq!(fs::read(f.p("a")).unwrap(), b"", "an unsynced write is gone after a cut");
+}
+
+#[test]
+fn fsync_and_fdatasync_keep_a_files_data() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    durable_file(&f, "a", b"");
+    durable_file(&f, "b", b"");
+    let mut a = OpenOptions::new().write(true).open(f.p("a")).unwrap();
+    a.write_all(b"synced").unwrap();
+    a.sync_all().unwrap();
+    a.write_all(b" and then not").unwrap();
+    let mut b = OpenOptions::new().write(true).open(f.p("b")).unwrap();
+    b.write_all(b"datasynced").unwrap();
+    b.sync_data().unwrap();
+    drop((a, b));
+    f.cut(Cut::Drop);
+    assert_eq!(fs::read(f.p("a")).unwrap(), b"synced", "what fsync covered stays, what came after goes");
+    assert_eq!(fs::read(f.p("b")).unwrap(), b"datasynced");
+}
+
+#[test]
+fn a_new_files_name_needs_its_directorys_fsync() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    let mut file = File::create(f.p("new")).unwrap();
+    file.write_all(b"data").unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    assert!(f.p("new").exists());
+    f.cut(Cut::Drop);
+    assert!(!f.p("new").exists(), "fsync of the file alone does not persist its name (POSIX)");
+
+    // The directory synced but not the file: the name, with no data.
+    let mut file = File::create(f.p("named")).unwrap();
+    file.write_all(b"data").unwrap();
+    sync_dir(f.fs.path());
+    drop(file);
+    f.cut(Cut::Drop);
+    assert_eq!(fs::read(f.p("named")).unwrap(), b"", "the name is durable, the data is not");
+}
+
+#[test]
+fn under_the_journal_model_any_fsync_persists_every_name() {
+    let Some(f) = fixture(Names::Journal) else { return };
+    fs::create_dir(f.p("sub")).unwrap();
+    File::create(f.p("other")).unwrap();
+    let mut file = File::create(f.p("sub/new")).unwrap();
+    file.write_all(b"data").unwrap();
+    file.sync_all().unwrap();
+    drop(file);
+    File::create(f.p("after")).unwrap();
+    f.cut(Cut::Drop);
+    assert_eq!(fs::read(f.p("sub/new")).unwrap(), b"data", "ext4's fsync commits the names with the data");
+    assert!(f.p("other").exists(), "and every other name change before it");
+    assert!(!f.p("after").exists(), "but none after it");
+}
+
+#[test]
+fn a_rename_without_the_directorys_fsync_leaves_the_old_name() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    durable_file(&f, "old", b"one");
+    durable_file(&f, "target", b"two");
+    fs::rename(f.p("old"), f.p("target")).unwrap();
+    assert_eq!(fs::read(f.p("target")).unwrap(), b"one");
+    assert!(!f.p("old").exists());
+    f.cut(Cut::Drop);
+    assert_eq!(fs::read(f.p("old")).unwrap(), b"one", "the rename is gone");
+    assert_eq!(fs::read(f.p("target")).unwrap(), b"two", "and the file it replaced is back");
+
+    fs::rename(f.p("old"), f.p("target")).unwrap();
+    sync_dir(f.fs.path());
+    f.cut(Cut::Drop);
+    assert!(!f.p("old").exists());
+    assert_eq!(fs::read(f.p("target")).unwrap(), b"one", "a synced rename stays");
+}
+
+#[test]
+fn a_rename_across_directories_needs_both_fsyncs() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    fs::create_dir(f.p("a")).unwrap();
+    fs::create_dir(f.p("b")).unwrap();
+    sync_dir(f.fs.path());
+    durable_file(&f, "x", b"");
+    let mut file = File::create(f.p("a/x")).unwrap();
+    file.write_all(b"moved").unwrap();
+    file.sync_all().unwrap();
+    sync_dir(&f.p("a"));
+    fs::rename(f.p("a/x"), f.p("b/x")).unwrap();
+    sync_dir(&f.p("b"));
+    f.cut(Cut::Drop);
+    // Only the new directory was synced: both names (POSIX allows it).
+    assert_eq!(fs::read(f.p("a/x")).unwrap(), b"moved");
+    assert_eq!(fs::read(f.p("b/x")).unwrap(), b"moved");
+}
+
+#[test]
+fn an_unlink_without_the_directorys_fsync_comes_back() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    durable_file(&f, "gone", b"still here");
+    fs::remove_file(f.p("gone")).unwrap();
+    assert!(!f.p("gone").exists());
+    f.cut(Cut::Drop);
+    assert_eq!(fs::read(f.p("gone")).unwrap(), b"still here", "the unlink was not synced");
+    fs::remove_file(f.p("gone")).unwrap();
+    sync_dir(f.fs.path());
+    f.cut(Cut::Drop);
+    assert!(!f.p("gone").exists());
+}
+
+#[test]
+fn a_truncation_needs_the_files_fsync() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    durable_file(&f, "t", &[7u8; 9000]);
+    let file = OpenOptions::new().write(true).open(f.p("t")).unwrap();
+    file.set_len(100).unwrap();
+    assert_eq!(fs::metadata(f.p("t")).unwrap().len(), 100);
+    f.cut(Cut::Drop);
+    assert_eq!(fs::metadata(f.p("t")).unwrap().len(), 9000, "the truncation is gone");
+    let file = OpenOptions::new().write(true).open(f.p("t")).unwrap();
+    file.set_len(100).unwrap();
+    file.sync_data().unwrap();
+    drop(file);
+    f.cut(Cut::Drop);
+    assert_eq!(fs::read(f.p("t")).unwrap(), vec![7u8; 100]);
+}
+
+#[test]
+fn a_torn_cut_keeps_a_prefix_of_the_unsynced_writes_cut_at_a_sector() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    for sector in [512u64, 4096] {
+        let mut lengths = std::collections::BTreeSet::new();
+        for seed in 0..40u64 {
+            durable_file(&f, "log", b"head");
+            let mut file = OpenOptions::new().append(true).open(f.p("log")).unwrap();
+            file.write_all(&data[..9000]).unwrap();
+            file.write_all(&data[9000..]).unwrap();
+            drop(file);
+            f.cut(Cut::Torn { sector, seed });
+            let got = fs::read(f.p("log")).unwrap();
+            let mut whole = b"head".to_vec();
+            whole.extend_from_slice(&data);
+            assert!(whole.starts_with(&got), "a prefix of what was written (sector {sector}, seed {seed})");
+            let len = got.len() as u64;
+            // Nothing, the first write whole, or a write cut at a sector.
+            assert!(
+                len == 4 || len == 9004 || len.is_multiple_of(sector),
+                "len {len}: not at a {sector}-byte boundary"
+            );
+            lengths.insert(len);
+            fs::remove_file(f.p("log")).unwrap();
+            sync_dir(f.fs.path());
+        }
+        assert!(lengths.len() >= 3, "the seeds pick different tears: {lengths:?}");
+        assert!(lengths.iter().any(|l| l.is_multiple_of(sector) && *l > 9004), "the second write torn: {lengths:?}");
+    }
+}
+
+#[test]
+fn after_a_cut_everything_fails_until_the_power_is_back() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    durable_file(&f, "a", b"x");
+    let mut open = OpenOptions::new().write(true).open(f.p("a")).unwrap();
+    f.fs.cut(Cut::Drop);
+    let err = open.write_all(b"late").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert_eq!(fs::read(f.p("a")).unwrap_err().raw_os_error(), Some(libc::EIO));
+    f.fs.revive();
+    drop(open);
+    assert_eq!(fs::read(f.p("a")).unwrap(), b"x");
+}
+
+#[test]
+fn the_persisted_image_is_written_out_and_mounted_again() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    fs::create_dir(f.p("d")).unwrap();
+    sync_dir(f.fs.path());
+    durable_file(&f, "top", b"top");
+    let mut file = File::create(f.p("d/inner")).unwrap();
+    file.write_all(b"inner").unwrap();
+    file.sync_all().unwrap();
+    sync_dir(&f.p("d"));
+    File::create(f.p("lost")).unwrap();
+    let report = f.fs.cut(Cut::Drop);
+    let out = tempfile::tempdir().unwrap();
+    report.image.write_to(out.path()).unwrap();
+    let Fixture { fs: mount, dir } = f;
+    mount.unmount().unwrap();
+    assert!(!mounted(dir.path()));
+    let again = Mount::new(dir.path(), Model::load(out.path(), Names::Strict, false).unwrap()).unwrap();
+    assert_eq!(fs::read(dir.path().join("top")).unwrap(), b"top");
+    assert_eq!(fs::read(dir.path().join("d/inner")).unwrap(), b"inner");
+    assert!(!dir.path().join("lost").exists());
+    // Loaded is persisted: a cut right away keeps it all.
+    again.cut(Cut::Drop);
+    again.revive();
+    assert_eq!(fs::read(dir.path().join("d/inner")).unwrap(), b"inner");
+    drop(again);
+    assert!(!mounted(dir.path()), "dropping the mount unmounts it");
+}
