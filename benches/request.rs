@@ -15,9 +15,7 @@ use rand::{Rng, SeedableRng};
 use std::hint::black_box;
 use std::time::Duration;
 
-#[path = "common/vllm.rs"]
-mod vllm;
-use vllm::{allocate_body, allocated, app, confirm_body, hex_keys, post, quoted, release_body};
+use testkit::vllm::{allocate_body, allocated, app, confirm_body, hex_keys, post, quoted, release_body};
 
 #[global_allocator]
 static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;

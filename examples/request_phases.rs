@@ -21,9 +21,7 @@ use hf3fs_meta::App;
 use rand::SeedableRng;
 use std::time::Instant;
 
-#[path = "../benches/common/vllm.rs"]
-mod vllm;
-use vllm::{allocate_body, allocated, app, confirm_body, hex_keys, post, release_body};
+use testkit::vllm::{allocate_body, allocated, app, confirm_body, hex_keys, post, release_body};
 
 #[global_allocator]
 static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;

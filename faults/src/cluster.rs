@@ -9,9 +9,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "../../tests/ha/etcd_flags.rs"]
-mod etcd_flags;
-
 /// The read lease of eviction runs (`--read-lease`; other runs keep the
 /// server's default).
 pub(crate) const READ_LEASE: Duration = Duration::from_secs(3);
@@ -266,7 +263,7 @@ impl Cluster {
                 let h = net.host(&format!("e{i}"));
                 let data = dir.join(format!("etcd-e{i}"));
                 let mut argv = vec![etcd_bin.clone()];
-                argv.extend(etcd_flags::member_args(
+                argv.extend(hf3fs_etcd_flags::member_args(
                     &format!("e{i}"),
                     data.to_str().expect("UTF-8"),
                     &format!("http://{}:2379", h.ip),

@@ -1,8 +1,7 @@
 //! The `decode` fuzz target: its input format and oracles are documented in
-//! `fuzz/oracles/decode.rs`, which the seed replay in `tests/http` shares.
+//! `fuzz/oracles/src/decode.rs`, which the seed replay in `tests/http` shares.
 #![no_main]
 
-#[path = "../oracles/decode.rs"]
-mod oracle;
+use hf3fs_meta_fuzz_oracles::decode as oracle;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| oracle::run(data));

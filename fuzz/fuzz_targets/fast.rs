@@ -1,8 +1,7 @@
 //! The `fast` fuzz target: its input format and oracles are documented in
-//! `fuzz/oracles/fast.rs`, which the seed replay in `tests/http` shares.
+//! `fuzz/oracles/src/fast.rs`, which the seed replay in `tests/http` shares.
 #![no_main]
 
-#[path = "../oracles/fast.rs"]
-mod oracle;
+use hf3fs_meta_fuzz_oracles::fast as oracle;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| oracle::run(data));

@@ -1,8 +1,7 @@
 //! The `router` fuzz target: its input format and oracles are documented in
-//! `fuzz/oracles/router.rs`, which the seed replay in `tests/http` shares.
+//! `fuzz/oracles/src/router.rs`, which the seed replay in `tests/http` shares.
 #![no_main]
 
-#[path = "../oracles/router.rs"]
-mod oracle;
+use hf3fs_meta_fuzz_oracles::router as oracle;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| oracle::run(data));

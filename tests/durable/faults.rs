@@ -17,6 +17,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::key;
+use testkit::store::save;
 
 /// Options that fsync every change and checkpoint only when asked, so a
 /// test decides what is folded.
@@ -29,10 +31,6 @@ const FAILSAFE: Duration = Duration::from_secs(30);
 
 fn cfg() -> StoreConfig {
     StoreConfig { world_size: Some(2), max_ranks: 16, max_pages_per_rank: 1 << 20, ..StoreConfig::default() }
-}
-
-fn key(i: u64) -> String {
-    format!("{i:032x}")
 }
 
 /// Opens with no timers: checkpoints, probes and recoveries happen when a
@@ -58,16 +56,6 @@ fn reopen(dir: &Path) -> (Arc<Store>, Durable) {
     let (s, d, _) = Durable::open(dir, quiet(cfg())).unwrap_or_else(|e| panic!("reopen: {e}"));
     s.audit().expect("audit after restart");
     (s, d)
-}
-
-/// Allocates and confirms `keys` on `rank`; returns their pages.
-fn save(s: &Store, rank: i64, keys: &[String]) -> Vec<i64> {
-    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let mut out = Vec::new();
-    s.allocate(rank, &refs, &mut out).expect("allocate");
-    let conf: Vec<(&str, i64)> = out.iter().map(|&(i, p)| (refs[i], p)).collect();
-    s.confirm(rank, &conf, &[]).expect("confirm");
-    out.iter().map(|&(_, p)| p).collect()
 }
 
 /// The page `key` holds on `rank` (an allocate of a stored key answers its

@@ -11,9 +11,6 @@
 // A test or bench binary has no API: its `pub` items are crate-local.
 #![allow(unreachable_pub)]
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod faults;
 mod recovery;
 mod reservations;

@@ -10,6 +10,7 @@ use hf3fs_meta::core::{Initialized, Store, StoreConfig};
 use hf3fs_meta::durable::{Durable, FsyncMode, OpenError, Options, Recovered};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use testkit::store::{self, alloc, sync};
 
 const A: &str = "0123456789abcdef0123456789abcdef";
 const B: &str = "fedcba9876543210fedcba9876543210";
@@ -26,21 +27,9 @@ fn open(dir: &Path) -> (std::sync::Arc<Store>, Durable, Recovered) {
     Durable::open(dir, quiet(cfg())).unwrap_or_else(|e| panic!("open: {e}"))
 }
 
-fn sync(d: &Durable) {
-    d.sync_blocking(Duration::from_secs(30)).expect("durable");
-}
-
-fn alloc(s: &Store, rank: i64, keys: &[&str]) -> Vec<i64> {
-    let mut out = Vec::new();
-    s.allocate(rank, keys, &mut out).expect("allocate");
-    out.iter().map(|&(_, p)| p).collect()
-}
-
 /// Allocates and confirms `keys` on `rank`; returns their pages.
 fn save(s: &Store, d: &Durable, rank: i64, keys: &[&str]) -> Vec<i64> {
-    let pages = alloc(s, rank, keys);
-    let conf: Vec<(&str, i64)> = keys.iter().copied().zip(pages.iter().copied()).collect();
-    s.confirm(rank, &conf, &[]).expect("confirm");
+    let pages = store::save(s, rank, keys);
     sync(d);
     pages
 }

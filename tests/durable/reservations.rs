@@ -19,7 +19,7 @@ use hf3fs_meta::core::{Clock, ErrorCode, LeaseLength, Spaces, SpacesConfig, Stor
 use hf3fs_meta::durable::{self, Durable, FsyncMode, Options, Recovered};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use testkit::store::{alloc, sync};
 
 /// Options that fsync every change and checkpoint only when asked, so a
 /// test decides what is folded.
@@ -49,16 +49,6 @@ fn cfg() -> StoreConfig {
 /// Opens without periodic checkpoints, so a test decides what is folded.
 fn open(dir: &Path) -> (Arc<Store>, Durable, Recovered) {
     Durable::open(dir, quiet(cfg())).unwrap_or_else(|e| panic!("open: {e}"))
-}
-
-fn sync(d: &Durable) {
-    d.sync_blocking(Duration::from_secs(30)).expect("durable");
-}
-
-fn alloc(s: &Store, keys: &[&str]) -> Vec<i64> {
-    let mut out = Vec::new();
-    s.allocate(0, keys, &mut out).expect("allocate");
-    out.iter().map(|&(_, p)| p).collect()
 }
 
 /// How a test ends the process: a clean close (everything folded into
@@ -94,10 +84,10 @@ fn a_reservation_outlives_a_restart_and_stays_its_keys() {
         let dir = tempfile::tempdir().unwrap();
         let (s, d, _) = open(dir.path());
         s.initialize(0, 4).unwrap();
-        let stored = alloc(&s, &[K3])[0];
+        let stored = alloc(&s, 0, &[K3])[0];
         s.confirm(0, &[(K3, stored)], &[]).unwrap();
-        let p1 = alloc(&s, &[K1])[0];
-        let pt = alloc(&s, &[TEXT])[0];
+        let p1 = alloc(&s, 0, &[K1])[0];
+        let pt = alloc(&s, 0, &[TEXT])[0];
         // The allocate's answer waits for this (the route is durable).
         sync(&d);
         end(d, how);
@@ -107,9 +97,9 @@ fn a_reservation_outlives_a_restart_and_stays_its_keys() {
         assert_eq!(r.reservations, 2, "{how:?}: {r:?}");
         assert_eq!(reserved(&s), 2, "{how:?}");
         // The one page left goes to K2; nothing more is free.
-        let p2 = alloc(&s, &[K2])[0];
+        let p2 = alloc(&s, 0, &[K2])[0];
         assert!(p2 >= 0 && ![stored, p1, pt].contains(&p2), "{how:?}: {p2}");
-        assert_eq!(alloc(&s, &["another"]), [-1], "{how:?}: the reserved pages went to nobody");
+        assert_eq!(alloc(&s, 0, &["another"]), [-1], "{how:?}: the reserved pages went to nobody");
         // K2 confirming K1's page is refused, and changes nothing.
         let before = s.audit().unwrap();
         let e = s.confirm(0, &[(K2, p2), (K2, p1)], &[]).unwrap_err();
@@ -132,7 +122,7 @@ fn released_confirmed_and_expired_reservations_do_not_come_back() {
         let dir = tempfile::tempdir().unwrap();
         let (s, d, _) = open(dir.path());
         s.initialize(0, 64).unwrap();
-        let p = alloc(&s, &[K1, K2, K3]);
+        let p = alloc(&s, 0, &[K1, K2, K3]);
         sync(&d);
         if matches!(how, End::CheckpointThenCrash) {
             // The state says reserved; the log tail says otherwise.
@@ -164,7 +154,7 @@ fn a_held_page_outlives_a_crash_for_one_lease() {
         let dir = tempfile::tempdir().unwrap();
         let (s, d, _) = open(dir.path());
         s.initialize(0, 2).unwrap();
-        let p = alloc(&s, &[K1])[0];
+        let p = alloc(&s, 0, &[K1])[0];
         s.confirm(0, &[(K1, p)], &[]).unwrap();
         let mut loc = Vec::new();
         s.locations(0, &[K1], &mut loc).unwrap(); // a reader's lease
@@ -178,16 +168,16 @@ fn a_held_page_outlives_a_crash_for_one_lease() {
         assert_eq!((r.held, r.bindings), (1, 0), "{how:?}: {r:?}");
         assert_eq!(s.stats().ranks[0].quarantined, 1, "{how:?}");
         // The held page goes to nobody within the lease...
-        let other = alloc(&s, &[K2])[0];
+        let other = alloc(&s, 0, &[K2])[0];
         assert_ne!(other, p);
-        assert_eq!(alloc(&s, &[K3]), [-1], "{how:?}");
+        assert_eq!(alloc(&s, 0, &[K3]), [-1], "{how:?}");
         s.set_clock(LEASE / 2);
         s.maintain(64);
-        assert_eq!(alloc(&s, &[K3]), [-1], "{how:?}: still held half a lease later");
+        assert_eq!(alloc(&s, 0, &[K3]), [-1], "{how:?}: still held half a lease later");
         // ...and is free after it.
         s.set_clock(LEASE + 2);
         s.maintain(64);
-        assert_eq!(alloc(&s, &[K3]), [p], "{how:?}");
+        assert_eq!(alloc(&s, 0, &[K3]), [p], "{how:?}");
         s.audit().unwrap();
         sync(&d);
         drop(d);
@@ -204,7 +194,7 @@ fn releases_after_a_restart_hold_their_pages_for_a_lease() {
     let dir = tempfile::tempdir().unwrap();
     let (s, d, _) = open(dir.path());
     s.initialize(0, 2).unwrap();
-    let p = alloc(&s, &[K1, K2]);
+    let p = alloc(&s, 0, &[K1, K2]);
     s.confirm(0, &[(K1, p[0]), (K2, p[1])], &[]).unwrap();
     sync(&d);
     end(d, End::Crash);
@@ -216,7 +206,7 @@ fn releases_after_a_restart_hold_their_pages_for_a_lease() {
     s.hold_eviction_for_a_lease();
     let o = s.confirm(0, &[], &[p[0]]).unwrap();
     assert_eq!(o.quarantined, 1, "a release within the lease after a restart is held");
-    assert_eq!(alloc(&s, &[K3]), [-1]);
+    assert_eq!(alloc(&s, 0, &[K3]), [-1]);
     sync(&d);
     drop(d);
     drop(s);
@@ -225,7 +215,7 @@ fn releases_after_a_restart_hold_their_pages_for_a_lease() {
     assert_eq!(r.held, 1, "{r:?}");
     s.set_clock(LEASE + 2);
     s.maintain(64);
-    assert_eq!(alloc(&s, &[K3]), [p[0]]);
+    assert_eq!(alloc(&s, 0, &[K3]), [p[0]]);
     drop(d);
 }
 

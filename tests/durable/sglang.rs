@@ -51,8 +51,9 @@ fn open_spaces(dir: &Path, faults: Option<Arc<Faults>>) -> (Spaces, Durable, Arc
     (spaces, d, clock)
 }
 
+/// [`testkit::sha`] with `suffix` (SGLang's per-layer keys).
 fn sha(i: u64, suffix: &str) -> String {
-    format!("{:016x}{:016x}{:016x}{:016x}{suffix}", i + 1, i * 7 + 3, !i, i)
+    format!("{}{suffix}", testkit::sha(i))
 }
 
 /// Reserves and confirms `keys` on space `(rank, ns)`; returns the pages.

@@ -5,15 +5,15 @@
 
 use super::etcd::Etcd;
 use super::http::{get, request_within, Answer};
-use crate::common::process::{command, forward_lines, signal, ServerProcess};
-use crate::common::FAILSAFE;
-pub use crate::common::{wait_for, wait_for_or};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use testkit::process::{command, forward_lines, signal, ServerProcess};
+use testkit::wait_for;
+use testkit::FAILSAFE;
 
 /// The lease TTL of every test node.
 pub const TTL: Duration = Duration::from_secs(2);

@@ -4,9 +4,10 @@
 //! SIGTERM of the leader hands over in under a second (the signal handler
 //! steps down, the process exits 0).
 
-use super::cluster::{leader_and_standby, serving_epoch, wait_for, Cluster};
+use super::cluster::{leader_and_standby, serving_epoch, Cluster};
 use super::etcd::available;
 use std::time::{Duration, Instant};
+use testkit::wait_for;
 
 #[test]
 fn sigterm_hands_over_in_under_a_second() {

@@ -4,7 +4,7 @@
 //! `/health` (bounded by the failsafe), killed on drop.
 
 use super::http::{get, request_within, Answer};
-use crate::common::FAILSAFE;
+use testkit::FAILSAFE;
 
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,7 +26,7 @@ pub fn available() -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        crate::common::skip(
+        testkit::skip(
             "tests/ha (etcd is not installed)",
             "apt-get install etcd-server etcd-client (etcd 3.4), then cargo test --test ha -- --test-threads=1",
         );
@@ -35,9 +35,9 @@ pub fn available() -> bool {
 }
 
 /// A free port of 127.0.0.1 (bound, then released: etcd binds it next),
-/// below the ephemeral range ([`crate::common::free_addr_for_child`]).
+/// below the ephemeral range ([`testkit::free_addr_for_child`]).
 fn free_port() -> u16 {
-    crate::common::free_addr_for_child().port()
+    testkit::free_addr_for_child().port()
 }
 
 struct Member {
@@ -61,11 +61,11 @@ pub struct Etcd {
 /// The certificates of an etcd that serves clients over TLS only and asks
 /// each for a certificate (`--client-cert-auth`).
 pub struct EtcdTls<'p> {
-    pub pki: &'p crate::common::pki::Pki,
+    pub pki: &'p testkit::pki::Pki,
     /// etcd's own certificate (for 127.0.0.1).
-    pub server: crate::common::pki::Leaf,
+    pub server: testkit::pki::Leaf,
     /// The certificate its clients present.
-    pub client: crate::common::pki::Leaf,
+    pub client: testkit::pki::Leaf,
 }
 
 impl Etcd {
@@ -95,7 +95,7 @@ impl Etcd {
             .enumerate()
             .map(|(i, &(client, peer))| {
                 let data = dir.path().join(format!("m{i}"));
-                let mut args = super::etcd_flags::member_args(
+                let mut args = testkit::etcd::member_args(
                     &format!("m{i}"),
                     data.to_str().expect("UTF-8 path"),
                     &format!("{scheme}://127.0.0.1:{client}"),

@@ -2,10 +2,11 @@
 //! node has `--data-dir`, the leader streams to the synchronous standby it
 //! names, and a SIGKILL of the leader loses no acknowledged confirm.
 
-use super::cluster::{ha, serving_epoch, wait_for, Cluster};
+use super::cluster::{ha, serving_epoch, Cluster};
 use super::etcd::available;
 use super::writes::{assert_kept, at, init, keys, post, save};
 use serde_json::{json, Value};
+use testkit::wait_for;
 
 #[test]
 fn sigkill_of_the_leader_loses_no_acknowledged_confirm_and_the_deposed_leader_rejoins_by_snapshot() {

@@ -3,19 +3,13 @@
 //! synchronous standby beside vLLM's, and a SIGKILL of the leader loses no
 //! acknowledged confirm, no reservation and no space's configuration.
 
-use super::cluster::{ha, leader_and_standby, serving_epoch, wait_for, Cluster};
+use super::cluster::{ha, leader_and_standby, serving_epoch, Cluster};
 use super::etcd::available;
 use super::writes::{at, post};
-use crate::common::process::ServerProcess;
 use serde_json::{json, Value};
-
-fn sha(i: u64) -> String {
-    format!("{:016x}{:016x}{:016x}{:016x}", i + 1, 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i + 1), i, !i)
-}
-
-fn keys(from: u64, n: u64) -> Vec<String> {
-    (from..from + n).map(sha).collect()
-}
+use testkit::keys::{sha, shas as keys};
+use testkit::process::ServerProcess;
+use testkit::wait_for;
 
 /// Reserves `keys` in space `(rank, ns)` of `p`: their pages (all fresh).
 fn reserve(p: &ServerProcess, rank: u32, ns: &str, keys: &[String]) -> Vec<i64> {

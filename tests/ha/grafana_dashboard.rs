@@ -16,9 +16,9 @@ use super::cluster::Cluster;
 use super::etcd::available;
 use super::http::get;
 use super::writes::{at, keys, post, save};
-use crate::common::TestServer;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
+use testkit::TestServer;
 
 const DASHBOARD: &str = include_str!("../../contrib/grafana/hf3fs-meta.json");
 const RULES: &str = include_str!("../../contrib/prometheus/hf3fs-meta.rules.yml");

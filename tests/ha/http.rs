@@ -2,10 +2,10 @@
 //! closed connection instead of panicking: the HA tests talk to nodes that
 //! may be dead, paused or fenced, and to etcd.
 
-use crate::common::{request_bytes, FAILSAFE};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
+use testkit::{request_bytes, FAILSAFE};
 
 /// A whole answer.
 #[derive(Debug, Clone)]

@@ -13,13 +13,14 @@
 //! assertions are about what happens while the link is still cut, within
 //! the failsafe; the figures printed are the measurement.
 
-use super::cluster::{ha, leader_and_standby, serving_epoch, wait_for, Cluster};
+use super::cluster::{ha, leader_and_standby, serving_epoch, Cluster};
 use super::etcd::available;
 use super::observability::metric;
 use super::proxy::Proxy;
 use super::writes::{assert_kept, at, call, init};
-use crate::common::process::ServerProcess;
 use serde_json::{json, Value};
+use testkit::process::ServerProcess;
+use testkit::wait_for;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,7 +40,7 @@ impl Fronted {
     fn start(c: &Cluster, ids: &[&'static str], mode: &str) -> Fronted {
         let (mut procs, mut proxies, mut dirs) = (Vec::new(), Vec::new(), Vec::new());
         for id in ids {
-            let listen = crate::common::free_addr_for_child();
+            let listen = testkit::free_addr_for_child();
             let proxy = Proxy::start(listen);
             let (listen, via) = (listen.to_string(), proxy.addr.to_string());
             let dir = tempfile::tempdir().expect("a data directory");

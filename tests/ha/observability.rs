@@ -3,13 +3,14 @@
 //! is caught up, growing while it is paused (SIGSTOP), back to 0 once it
 //! resumes (SIGCONT) and catches up.
 
-use super::cluster::{ha, wait_for, Cluster};
+use super::cluster::{ha, Cluster};
 use super::etcd::available;
 use super::http::{get, request_within};
 use super::writes::{at, keys, post, save};
-use crate::common::process::ServerProcess;
 use serde_json::json;
 use std::time::Duration;
+use testkit::process::ServerProcess;
+use testkit::wait_for;
 
 /// The value of the unlabelled series `name` in `p`'s `/metrics`, if any.
 pub fn metric(p: &ServerProcess, name: &str) -> Option<f64> {

@@ -6,12 +6,13 @@
 //! old leader answers no 2xx, and rejoins as the new leader's standby by a
 //! snapshot. Every confirm it acknowledged is on the new leader at its page.
 
-use super::cluster::{ha, serving_epoch, wait_for, Cluster, TTL};
+use super::cluster::{ha, serving_epoch, Cluster, TTL};
 use super::etcd::available;
 use super::http::request_within;
 use super::proxy::Proxy;
 use super::writes::{assert_kept, at, init, keys, save};
 use serde_json::{json, Value};
+use testkit::wait_for;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -79,7 +80,7 @@ fn a_paused_replicating_leader_is_fenced_its_frames_refused_by_epoch_and_it_rejo
     // reached through the proxy.
     let a = c.replicated("a", dirs[0].path(), "strict", &[]);
     let epoch = wait_for("a serves", || serving_epoch(&a));
-    let listen = crate::common::free_addr_for_child();
+    let listen = testkit::free_addr_for_child();
     let proxy = Proxy::start(listen);
     let (listen_s, via) = (listen.to_string(), proxy.addr.to_string());
     // b's read deadline (its sync timeout) outlasts the scenario: the held

@@ -5,13 +5,14 @@
 //! leader tracking is asserted in process (tests/ha_sim/relay.rs), its
 //! hold in ha/src/relay.rs's tests.
 
-use super::cluster::{addr, leader_and_standby, probe, serving_epoch, wait_for, Cluster, PROBE};
+use super::cluster::{addr, leader_and_standby, probe, serving_epoch, Cluster, PROBE};
 use super::etcd::available;
 use super::http::{parse, read_answer, request};
-use crate::common::{request_bytes, FAILSAFE};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Instant;
+use testkit::wait_for;
+use testkit::{request_bytes, FAILSAFE};
 
 #[test]
 fn the_relay_follows_the_leader_and_drops_connections_to_the_deposed_one() {

@@ -7,14 +7,15 @@
 //! Then the refusals: nobody caught up, a node that is not a member, and a
 //! node whose protocol versions the cluster does not speak.
 
-use super::cluster::{ha, wait_for, wait_for_or, Cluster};
+use super::cluster::{ha, Cluster};
 use super::etcd::available;
 use super::http::get;
 use super::under_load::{Load, Log};
 use super::writes::{assert_kept, at, call};
-use crate::common::process::{command, ServerProcess};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
+use testkit::process::{command, ServerProcess};
+use testkit::{wait_for, wait_for_or};
 
 /// Runs `hf3fs-meta ctl <args> --json` against the cluster: exit status,
 /// the JSON on stdout (`null` if none), stderr.

@@ -1,18 +1,15 @@
 //! TLS on every hop, against real etcd that serves clients over TLS only
 //! and demands a client certificate (`--client-cert-auth`), with every
-//! certificate made at test time ([`crate::common::pki`]): the etcd client
+//! certificate made at test time ([`testkit::pki`]): the etcd client
 //! and its refusals, a replicated cluster whose ports, replication stream
 //! and relay all use mutual TLS, the refusals of the TLS port counted by
 //! reason, forged hellos (both forms: version 2's and version 3's) with the right
 //! secret and an epoch or node etcd does not name, and certificates rotated
 //! under load without a failed request.
 
-use super::cluster::{wait_for, Cluster, Nodes, PROBE};
+use super::cluster::{Cluster, Nodes, PROBE};
 use super::etcd::{self, client_of, Etcd, EtcdTls};
 use super::http::{read_answer, Answer};
-use crate::common::pki::{Leaf, Pki};
-use crate::common::process::ServerProcess;
-use crate::common::{request_bytes, FAILSAFE};
 use hf3fs_meta::ha::replicate::wire::{Msg, Range, MIN_VERSION};
 use hf3fs_meta::tls::{load, Identity, PemFile};
 use serde_json::Value;
@@ -20,6 +17,10 @@ use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::pki::{Leaf, Pki};
+use testkit::process::ServerProcess;
+use testkit::wait_for;
+use testkit::{request_bytes, FAILSAFE};
 
 /// One request over TLS to `addr` (verified as `name` against `ca`,
 /// presenting `leaf` if given) on a new connection; `Err` says why the
@@ -179,7 +180,7 @@ fn the_server_refuses_a_plain_listener_off_loopback() {
     let mut args: Vec<String> = certs.node.flags("tls");
     args.extend(["--plain-listen".into(), "0.0.0.0:18099".into()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    crate::common::process::refused_at_start_up(&args, &["--plain-listen", "loopback"], "a plain listener on 0.0.0.0");
+    testkit::process::refused_at_start_up(&args, &["--plain-listen", "loopback"], "a plain listener on 0.0.0.0");
 }
 
 #[test]
@@ -292,7 +293,7 @@ fn certificates_rotate_under_load_without_a_restart_or_a_failed_request() {
     let certs = Certs::new();
     let first = certs.pki.leaf_valid("rotating", &["127.0.0.1"], -1, 100);
     let mut args = first.flags("tls");
-    let plain = crate::common::free_addr_for_child().to_string();
+    let plain = testkit::free_addr_for_child().to_string();
     args.extend(["--tls-client-ca".to_string(), certs.pki.ca().display().to_string()]);
     args.extend(["--plain-listen".to_string(), plain.clone()]);
     let mut p = ServerProcess::serve(&args.iter().map(String::as_str).collect::<Vec<_>>());

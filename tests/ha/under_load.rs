@@ -6,7 +6,7 @@
 //! new leader at its page, no page holds two keys, and no read through the
 //! relay ever answered an acknowledged key with another page.
 
-use super::cluster::{wait_for, Cluster};
+use super::cluster::Cluster;
 use super::etcd::available;
 use super::writes::{assert_kept, at, call};
 use serde_json::{json, Value};
@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use testkit::wait_for;
 
 /// What the load saw.
 #[derive(Default)]

@@ -3,9 +3,9 @@
 //! acknowledged confirm is at its page.
 
 use super::http::{request, request_within};
-use crate::common::process::ServerProcess;
 use serde_json::{json, Value};
 use std::time::Duration;
+use testkit::process::ServerProcess;
 
 /// `host:port` of a node.
 pub fn at(p: &ServerProcess) -> String {
@@ -29,10 +29,7 @@ pub fn call(addr: &str, path: &str, body: &Value) -> Option<(u16, Value)> {
     Some((a.status, v))
 }
 
-/// `n` keys of 32 hex digits, from number `from` on.
-pub fn keys(from: usize, n: usize) -> Vec<String> {
-    (from..from + n).map(|i| format!("{i:032x}")).collect()
-}
+pub use testkit::keys::keys;
 
 /// Initializes rank 0 with `pages` pages on `addr` (200 expected).
 pub fn init(addr: &str, pages: u64) {

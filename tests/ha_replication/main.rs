@@ -25,9 +25,6 @@
 // A test or bench binary has no API: its `pub` items are crate-local.
 #![allow(unreachable_pub)]
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod replication;
 mod replication_liveness;
 mod replication_sglang;

@@ -5,7 +5,6 @@
 //! part (naming the standby, releasing `available` mode) is played by the
 //! test through the same calls the promotion hook makes.
 
-use crate::common::{config, TestServer, FAILSAFE};
 use hf3fs_meta::core::{Dialect, Store, Visit};
 use hf3fs_meta::ha::replicate::wire::{Msg, Range, MIN_VERSION};
 use hf3fs_meta::ha::replicate::{Replicator, Replicators, Standby, SyncMode, Target};
@@ -15,6 +14,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::{config, TestServer, FAILSAFE};
 
 pub(crate) const TOKEN: &[u8] = b"a-cluster-secret-of-32-characters";
 pub(crate) const EPOCH: u64 = 5;
@@ -114,9 +114,7 @@ pub(crate) fn bindings(store: &Store) -> BTreeMap<(u32, u32), String> {
     out
 }
 
-pub(crate) fn key(i: usize) -> String {
-    format!("{i:032x}")
-}
+pub(crate) use testkit::key;
 
 /// Allocates and confirms `keys` on `rank`; returns their pages.
 pub(crate) fn save(s: &TestServer, rank: i64, keys: &[String]) -> Vec<i64> {

@@ -103,11 +103,11 @@ fn a_leader_heartbeats_drops_a_standby_that_stops_acknowledging_and_connects_aga
     until("vLLM's store is in sync", || vllm.synced().as_deref() == Some("b"));
     // The first message after the snapshot is a heartbeat at its position.
     let end = loop {
-        if let Msg::SnapshotEnd { upto, .. } = rx.recv_timeout(crate::common::FAILSAFE).unwrap() {
+        if let Msg::SnapshotEnd { upto, .. } = rx.recv_timeout(testkit::FAILSAFE).unwrap() {
             break upto;
         }
     };
-    let first = rx.recv_timeout(crate::common::FAILSAFE).unwrap();
+    let first = rx.recv_timeout(testkit::FAILSAFE).unwrap();
     assert!(is_heartbeat(&first), "{first:?}");
     assert!(matches!(first, Msg::Frame { from, .. } if from == end), "{first:?}");
     // Unacknowledged for the sync timeout (5 s here): dropped, counted, the
@@ -117,7 +117,7 @@ fn a_leader_heartbeats_drops_a_standby_that_stops_acknowledging_and_connects_aga
     assert!(vllm.failures().contains_key("b"));
     let mut heartbeats = 1;
     loop {
-        match rx.recv_timeout(crate::common::FAILSAFE).unwrap() {
+        match rx.recv_timeout(testkit::FAILSAFE).unwrap() {
             Msg::Reject(_) => break,
             m => assert!(is_heartbeat(&m), "an idle leader sends heartbeats only: {m:?}"),
         }
@@ -126,7 +126,7 @@ fn a_leader_heartbeats_drops_a_standby_that_stops_acknowledging_and_connects_aga
     // One every 500 ms (the default below a 5 s sync timeout) until the drop.
     assert!(heartbeats >= 2, "{heartbeats} heartbeats before the drop");
     let again = loop {
-        if let m @ Msg::SnapshotBegin { .. } = rx.recv_timeout(crate::common::FAILSAFE).unwrap() {
+        if let m @ Msg::SnapshotBegin { .. } = rx.recv_timeout(testkit::FAILSAFE).unwrap() {
             break m;
         }
     };

@@ -6,7 +6,6 @@
 //! `replication.rs`.
 
 use super::replication::{bindings, hello, raw, until, Pair, EPOCH, TOKEN};
-use crate::common::{config, Response, TestServer};
 use hf3fs_meta::core::{Dialect, Store, Visit};
 use hf3fs_meta::durable::codec;
 use hf3fs_meta::ha::replicate::wire::{Msg, Range};
@@ -15,10 +14,8 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::sync::atomic::Ordering;
-
-fn sha(i: u64) -> String {
-    format!("{:016x}{:016x}{:016x}{:016x}", i + 1, 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i + 1), i, !i)
-}
+use testkit::keys::{sha, shas as keys};
+use testkit::{config, Response, TestServer};
 
 fn sg(s: &TestServer, rank: u32, op: &str, body: &Value) -> Response {
     s.post_json(&format!("/{rank}/{op}"), body)
@@ -54,10 +51,6 @@ fn save(s: &TestServer, rank: u32, ns: &str, keys: &[String]) -> Vec<(String, i6
     let acked: Vec<(String, i64)> = keys.iter().cloned().zip(pages).collect();
     confirm(s, rank, ns, &acked, &[]);
     acked
-}
-
-fn keys(from: u64, n: u64) -> Vec<String> {
-    (from..from + n).map(sha).collect()
 }
 
 /// A space's bindings: (rank, page) → key.

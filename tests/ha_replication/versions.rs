@@ -6,7 +6,6 @@
 //! control plane's part (the range a standby published in etcd) is the
 //! test's, through the target's `range`.
 
-use crate::common::FAILSAFE;
 use crate::replication::{bindings, hello, key, raw, refused, save, until, Pair, EPOCH, TOKEN};
 use hf3fs_meta::core::Dialect;
 use hf3fs_meta::ha::replicate::wire::{Msg, Range, VERSION};
@@ -14,6 +13,7 @@ use hf3fs_meta::ha::replicate::{SyncMode, Target};
 use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
 use std::sync::atomic::Ordering;
+use testkit::FAILSAFE;
 
 const FUTURE: Range = Range { min: VERSION + 1, max: VERSION + 2 };
 

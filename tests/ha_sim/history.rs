@@ -6,11 +6,11 @@
 //! key.
 
 use super::cluster::{Cluster, TTL};
-use crate::common::config;
 use hf3fs_meta::ha::coord::Coordinator;
 use hf3fs_meta::ha::{Role, WithoutReplication};
 use hf3fs_meta::App;
 use std::sync::Arc;
+use testkit::config;
 
 fn safe(c: &mut Cluster, id: &str) -> usize {
     c.start_with(id, Arc::new(WithoutReplication::default()))

@@ -8,10 +8,11 @@
 //! cluster's manual clock.
 
 use super::cluster::{Cluster, TTL};
-use crate::common::config;
 use hf3fs_meta::ha::{Promotion, WithoutReplication};
 use hf3fs_meta::App;
 use std::sync::Arc;
+use testkit::config;
+use testkit::keys::keys;
 
 /// A server whose time stands still, with a read lease of 10 s.
 fn app() -> App {
@@ -25,11 +26,6 @@ fn start(c: &mut Cluster, id: &str) -> usize {
     c.start_app(id, app(), |_| accept)
 }
 
-/// 32 hex digits each: keys `from..from + n`.
-fn keys(from: usize, n: usize) -> Vec<String> {
-    (from..from + n).map(|i| format!("{i:032x}")).collect()
-}
-
 /// Allocates `keys` on rank 0 of `app`; their pages (-1: none).
 fn allocate(app: &App, keys: &[String]) -> Vec<i64> {
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -41,7 +37,7 @@ fn allocate(app: &App, keys: &[String]) -> Vec<i64> {
 /// Saves 4 keys from `from` on a 4-page rank 0 of `app`, then releases
 /// every page (no key was read: no reader's lease holds them); the pages
 /// released, sorted.
-fn fill_and_release(app: &App, from: usize) -> Vec<i64> {
+fn fill_and_release(app: &App, from: u64) -> Vec<i64> {
     let keys = keys(from, 4);
     let pages = allocate(app, &keys);
     assert!(pages.iter().all(|&p| p >= 0), "{pages:?}");

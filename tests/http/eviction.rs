@@ -12,17 +12,14 @@
 //! `--evict-high-watermark 1` (the pass never starts), so that no pass can
 //! take a key between its save and the read that leases it.
 
-use crate::common::{config, TestServer};
 use hf3fs_meta::App;
 use serde_json::{json, Value};
+use testkit::keys::refs;
+use testkit::{config, TestServer};
 
 /// `n` distinct 32-hex keys of family `tag`.
 fn keys(tag: u64, n: u64) -> Vec<String> {
     (0..n).map(|i| format!("{:016x}{:016x}", tag | 0xe000_0000_0000_0000, i)).collect()
-}
-
-fn refs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
 }
 
 /// The value of one series of `/metrics` (its full name and labels, as

@@ -2,18 +2,11 @@
 //! `fuzz/corpus/<target>/` (committed) and of `fuzz/artifacts/<target>/`
 //! (where a fuzz run saves a crash; git-ignored, so only on the machine that
 //! found it) goes through the oracles of that fuzz target, the very code of
-//! `fuzz/oracles/<target>.rs`, included here by path. Exploration (libFuzzer
+//! `fuzz/oracles/src/<target>.rs` (the `hf3fs-meta-fuzz-oracles` crate). Exploration (libFuzzer
 //! growing the corpus from these seeds) is `fuzz/run.sh`, run on demand
 //! (docs/verification.md).
 
-#[path = "../../fuzz/oracles/decode.rs"]
-mod decode;
-#[path = "../../fuzz/oracles/fast.rs"]
-mod fast;
-#[path = "../../fuzz/oracles/ops.rs"]
-mod ops;
-#[path = "../../fuzz/oracles/router.rs"]
-mod router;
+use hf3fs_meta_fuzz_oracles::{decode, fast, ops, router};
 
 use std::any::Any;
 use std::io::ErrorKind;

@@ -8,15 +8,14 @@
 //! - [`ops`]: `/health`, `/stats`, `/metrics`, the OpenAPI document.
 //! - [`eviction`]: eviction and read leases over HTTP.
 //! - [`stats_metrics`]: `/stats` and `/metrics` agree on every page count.
+//! - [`error_codes`]: the documents' lists of typed error codes against the core's.
 //! - [`fuzz_corpus`]: every fuzz seed through its fuzz target's oracles.
 
 // A test or bench binary has no API: its `pub` items are crate-local.
 #![allow(unreachable_pub)]
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod contract;
+mod error_codes;
 mod eviction;
 mod fuzz_corpus;
 mod malformed;

@@ -1,17 +1,17 @@
 //! Operations: health, stats, Prometheus metrics, the admin token, slow
 //! clients, the connection cap.
 
-use crate::common::{check, Client, Outcome, TestServer};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
+use testkit::{check, Client, Outcome, TestServer};
 
 // ------------------------------------------------------------ health, stats
 
 #[test]
 fn health_is_ok_and_names_the_release() {
     let s = TestServer::new();
-    let r = check(&s, "GET", "/health", "", 200, &crate::common::health_ok().to_string());
+    let r = check(&s, "GET", "/health", "", 200, &testkit::health_ok().to_string());
     assert_eq!(r.json()["version"], json!(env!("CARGO_PKG_VERSION")));
     let commit = r.json()["commit"].as_str().unwrap().to_string();
     assert!(commit == "unknown" || (commit.len() == 12 && commit.bytes().all(|b| b.is_ascii_hexdigit())), "{commit}");
@@ -20,7 +20,7 @@ fn health_is_ok_and_names_the_release() {
     for _ in 0..5 {
         let r = c.request("GET", "/health", &[], b"");
         assert_eq!(r.status, 200);
-        assert_eq!(r.json(), crate::common::health_ok());
+        assert_eq!(r.json(), testkit::health_ok());
         assert!(!r.closes());
     }
 }
@@ -438,15 +438,7 @@ fn metrics_parse_and_move_with_requests() {
     let build = [("version", env!("CARGO_PKG_VERSION")), ("commit", hf3fs_meta::release::COMMIT)];
     assert_eq!(m0.get("hf3fs_meta_build_info", &build), 1.0);
     assert_eq!(m0.get("hf3fs_meta_ranks", &[]), 0.0);
-    for code in [
-        "rank_not_initialized",
-        "page_out_of_range",
-        "confirm_unallocated",
-        "double_confirm",
-        "release_unallocated",
-        "double_release",
-        "confirm_and_release",
-    ] {
+    for code in *testkit::ERROR_CODES {
         for dialect in ["vllm", "sglang"] {
             let labels = [("dialect".to_string(), dialect.to_string()), ("code".to_string(), code.to_string())];
             assert!(
@@ -563,12 +555,12 @@ fn metrics_count_refused_allocations_and_bad_requests() {
 
 const TOKEN: &str = "s3cret-t0ken";
 
-fn authed(s: &TestServer, method: &str, path: &str, auth: Option<&str>, body: &str) -> crate::common::Response {
+fn authed(s: &TestServer, method: &str, path: &str, auth: Option<&str>, body: &str) -> testkit::Response {
     let headers: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
     s.client().request(method, path, &headers, body.as_bytes())
 }
 
-fn assert_401(r: &crate::common::Response) {
+fn assert_401(r: &testkit::Response) {
     assert_eq!(r.status, 401, "{r:?}");
     assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
     assert!(r.detail().starts_with("Not authenticated"), "{r:?}");
@@ -646,7 +638,7 @@ fn auth_all_guards_everything_but_health() {
     let st = authed(&s, "GET", "/stats", Some(&bearer), "").json();
     assert_eq!(st["ranks"], json!([]));
     // /health is open.
-    check(&s, "GET", "/health", "", 200, &crate::common::health_ok().to_string());
+    check(&s, "GET", "/health", "", 200, &testkit::health_ok().to_string());
     // So is /ready (probes send no token).
     check(&s, "GET", "/ready", "", 200, r#"{"ready":true,"role":"single","reason":"recovered and serving"}"#);
     // With the token, everything answers as usual.
@@ -735,7 +727,7 @@ fn max_connections_holds_extra_clients_in_the_backlog() {
     // are open. A short read timeout is the failsafe: a server that answers
     // does so at once.
     let mut c3 = s.client();
-    c3.send(&crate::common::request_bytes("GET", "/stats", &[], b""));
+    c3.send(&testkit::request_bytes("GET", "/stats", &[], b""));
     c3.set_read_timeout(Duration::from_millis(1500));
     match c3.outcome() {
         Outcome::TimedOut => {}
@@ -745,7 +737,7 @@ fn max_connections_holds_extra_clients_in_the_backlog() {
     assert_eq!(c2.request("GET", "/health", &[], b"").status, 200);
     // One closes: the third is accepted and answered.
     drop(c1);
-    c3.set_read_timeout(crate::common::FAILSAFE);
+    c3.set_read_timeout(testkit::FAILSAFE);
     let r = c3.read_response().expect("the third connection is served once a slot frees");
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.json()["open_connections"], json!(2));
@@ -771,7 +763,7 @@ fn openapi_json_is_the_committed_document() {
 #[test]
 fn openapi_json_documents_every_route_of_the_table_and_no_other() {
     use hf3fs_meta::routes::ROUTES;
-    let doc: Value = serde_json::from_str(crate::common::schema::OPENAPI).expect("docs/openapi.json is JSON");
+    let doc: Value = serde_json::from_str(testkit::schema::OPENAPI).expect("docs/openapi.json is JSON");
     assert_eq!(doc["openapi"], "3.1.0");
     assert_eq!(doc["info"]["version"], env!("CARGO_PKG_VERSION"), "info.version must follow Cargo.toml");
     let served: Vec<(String, String)> =

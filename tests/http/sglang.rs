@@ -4,19 +4,15 @@
 //! Each case is one line through [`check`]; a request that must fail is also
 //! checked to change nothing ([`Sg::unchanged`]).
 
-use crate::common::{assert_json_body, check, hexkey, TestServer};
 use serde_json::{json, Value};
-
-/// A 64-hex key, like SGLang's SHA-256 chain digests.
-fn sha(i: u64) -> String {
-    format!("{:016x}{:016x}{:016x}{:016x}", i + 1, 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i + 1), i, !i)
-}
+use testkit::sha;
+use testkit::{assert_json_body, check, hexkey, TestServer};
 
 /// An SGLang client over the test server.
 struct Sg<'a>(&'a TestServer);
 
 impl Sg<'_> {
-    fn post(&self, rank: u32, op: &str, body: &Value) -> crate::common::Response {
+    fn post(&self, rank: u32, op: &str, body: &Value) -> testkit::Response {
         self.0.post_json(&format!("/{rank}/{op}"), body)
     }
 
@@ -39,7 +35,7 @@ impl Sg<'_> {
             .collect()
     }
 
-    fn confirm(&self, rank: u32, ns: &str, written: &[(&str, i64)], release: &[i64]) -> crate::common::Response {
+    fn confirm(&self, rank: u32, ns: &str, written: &[(&str, i64)], release: &[i64]) -> testkit::Response {
         let w: Vec<Value> = written.iter().map(|(k, p)| json!([k, p])).collect();
         let body = json!({"written_keys_to_confirm": w, "pages_to_release": release, "namespace": ns});
         self.post(rank, "confirm_write", &body)

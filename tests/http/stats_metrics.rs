@@ -9,9 +9,9 @@
 //! bound, leased, evictable and quarantined, evicted keys, and a namespace
 //! that Prometheus must escape.
 
-use crate::common::TestServer;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+use testkit::{hexkey, sha, TestServer};
 
 /// A series' labels, unescaped, sorted by name.
 type Labels = BTreeMap<String, String>;
@@ -145,14 +145,6 @@ fn assert_agree(s: &TestServer) {
     }
 }
 
-fn hex(i: u64) -> String {
-    format!("{:016x}{:016x}", i.wrapping_add(1), 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i.wrapping_add(1)))
-}
-
-fn sha(i: u64) -> String {
-    format!("{}{}", hex(i), hex(!i))
-}
-
 /// Allocates `keys` on vLLM's `rank` and confirms the first `confirmed`.
 fn vllm_save(s: &TestServer, rank: i64, keys: &[String], confirmed: usize) -> Vec<i64> {
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -185,14 +177,14 @@ fn stats_and_metrics_agree_on_every_page_count_of_both_dialects() {
     // vLLM: two ranks; rank 0 full of keys, some leased, one key re-saved
     // and released (quarantined), then new keys that evict and stay reserved.
     s.init_ranks(2, 8);
-    let stored: Vec<String> = (0..8).map(hex).collect();
+    let stored: Vec<String> = (0..8).map(hexkey).collect();
     let pages = vllm_save(&s, 0, &stored, 8);
     vllm_save(&s, 1, &stored[..3], 3);
     let refs: Vec<&str> = stored.iter().map(String::as_str).collect();
     assert_eq!(s.locations(0, &refs[..2]), [Some(pages[0]), Some(pages[1])], "leases the first two keys");
     assert_eq!(s.allocate(0, &refs[2..3]), pages[2..3], "a re-save hands the stored page out again");
     s.confirm(0, &[], &pages[2..3]);
-    let fresh: Vec<String> = (100..103).map(hex).collect();
+    let fresh: Vec<String> = (100..103).map(hexkey).collect();
     vllm_save(&s, 0, &fresh, 1);
     assert_agree(&s);
     let st = s.stats();

@@ -3,18 +3,18 @@
 //! `/metrics`, read by the test before and after the run (requests and keys
 //! per route, hits, -1 answers, released pages, evictions).
 //!
-//! Both processes are the real binary (crate::common::process). The server runs
+//! Both processes are the real binary (testkit::process). The server runs
 //! with the background evictor off (`--evict-high-watermark 1`) and no read
 //! leases, so every eviction is made by an allocate the bench sent and is
 //! counted by the time its answer arrives: the comparison is exact, whatever
 //! the machine's speed. Each run is bounded by `--duration` and `--drain`.
 
-use crate::common::process::{command, ServerProcess};
-use crate::common::Client;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::Output;
+use testkit::process::{command, ServerProcess};
+use testkit::Client;
 
 /// The server's flags: evictions only by allocates, none in the background.
 /// (The log level stays at info: the harness waits for the "listening" line.)

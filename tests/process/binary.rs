@@ -1,12 +1,12 @@
 //! The real binary: its command line, its startup log, signals.
 
-use crate::common::process::{clean_env, command, ServerProcess, BIN};
-use crate::common::{Client, FAILSAFE};
 use serde_json::{json, Value};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use testkit::process::{bin, clean_env, command, ServerProcess};
+use testkit::{Client, FAILSAFE};
 
 /// Every flag of the command line.
 const FLAGS: [&str; 50] = [
@@ -397,7 +397,7 @@ fn signal_handlers_are_installed_before_the_first_answer() {
 fn command_under_ulimit(flag: &'static str, n: u64) -> impl Fn() -> Command {
     move || {
         let mut cmd = Command::new("sh");
-        cmd.args(["-c", &format!("ulimit {flag} {n} && exec \"$0\" \"$@\""), BIN]);
+        cmd.args(["-c", &format!("ulimit {flag} {n} && exec \"$0\" \"$@\""), bin().to_str().expect("a UTF-8 path")]);
         clean_env(&mut cmd);
         cmd
     }
@@ -495,7 +495,7 @@ const HA_NODE: [&str; 8] = [
 /// Moved from tests/ha/election.rs: no etcd is needed to refuse.
 #[test]
 fn an_ha_node_without_a_cluster_secret_is_refused_at_start_up() {
-    crate::common::process::refused_at_start_up(&HA_NODE, &["--ha-token-file"], "a node without a cluster secret");
+    testkit::process::refused_at_start_up(&HA_NODE, &["--ha-token-file"], "a node without a cluster secret");
 }
 
 /// Moved from tests/ha/liveness.rs: no etcd is needed to refuse.
@@ -503,7 +503,7 @@ fn an_ha_node_without_a_cluster_secret_is_refused_at_start_up() {
 fn an_ha_heartbeat_not_below_the_sync_timeout_is_refused_at_start_up() {
     let mut args = HA_NODE.to_vec();
     args.extend(["--ha-sync-timeout-ms", "500", "--ha-heartbeat-ms", "500"]);
-    crate::common::process::refused_at_start_up(
+    testkit::process::refused_at_start_up(
         &args,
         &["--ha-heartbeat-ms 500 must be below"],
         "a node whose standby would close every idle session",

@@ -12,8 +12,6 @@
 //!
 //! The seed is printed; `DURABLE_CRASH_SEED=n` replays a run.
 
-use crate::common::process::{command, ServerProcess};
-use crate::common::FAILSAFE;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -23,6 +21,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
+use testkit::process::{command, ServerProcess};
+use testkit::FAILSAFE;
 
 const RANKS: i64 = 2;
 const PAGES: i64 = 32_768;
@@ -114,8 +114,14 @@ fn start(dir: &Path) -> ServerProcess {
     s
 }
 
-/// What these tests add to the process of `crate::common::process`.
-impl ServerProcess {
+/// What these tests add to the process of `testkit::process`.
+trait Crash {
+    fn wait_healthy(&self);
+    fn conn(&self) -> Conn;
+    fn stop(self);
+}
+
+impl Crash for ServerProcess {
     /// Polls GET /health until it answers 200, within the failsafe.
     fn wait_healthy(&self) {
         let deadline = Instant::now() + FAILSAFE;

@@ -11,18 +11,31 @@
 //! the file at every store call. Every wait is for a condition (a log line,
 //! a status) under a failsafe deadline; none is a sleep.
 
-use crate::common::process::{ServerProcess, Started};
-use crate::common::{hexkey, request_bytes, Client, Outcome, Response, FAILSAFE};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+use testkit::process::{ServerProcess, Started};
+use testkit::{hexkey, request_bytes, Client, Outcome, Response, FAILSAFE};
 
 const PAGES: i64 = 4096;
 
-/// The HTTP calls these tests make, on the process of `crate::common::process`.
-impl ServerProcess {
+/// The HTTP calls these tests make, on the process of `testkit::process`.
+trait Disk {
+    fn call(&self, method: &str, path: &str, body: &Value) -> Response;
+    fn post(&self, path: &str, body: Value) -> Response;
+    fn health(&self) -> Response;
+    fn healthy_gauge(&self) -> String;
+    fn await_health(&mut self, status: u16) -> Response;
+    fn init(&self, rank: i64);
+    fn allocate(&self, rank: i64, keys: &[String]) -> Result<Vec<i64>, Response>;
+    fn confirm(&self, rank: i64, keys: &[String], pages: &[i64]) -> Response;
+    fn locations(&self, rank: i64, keys: &[String]) -> Vec<Option<i64>>;
+    fn audit(&self, held: &HashMap<String, (i64, i64)>);
+}
+
+impl Disk for ServerProcess {
     fn call(&self, method: &str, path: &str, body: &Value) -> Response {
         let body = if body.is_null() { Vec::new() } else { body.to_string().into_bytes() };
         Client::connect(self.addr).request(method, path, &[("content-type", "application/json")], &body)

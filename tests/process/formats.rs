@@ -4,29 +4,12 @@
 //! (exit 2, a message naming both formats), the committed directories of
 //! an older release opened and marked, and `inspect` showing both.
 
-use crate::common::process::{command, ServerProcess, Started};
 use hf3fs_meta::durable::format;
 use hf3fs_meta::release;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-
-/// Every file under `dir` with its bytes.
-fn contents(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir") {
-            let p = e.expect("entry").path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                out.insert(p.clone(), std::fs::read(&p).expect("read"));
-            }
-        }
-    }
-    out
-}
+use std::path::Path;
+use testkit::process::{command, ServerProcess, Started};
+use testkit::store::contents;
 
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

@@ -16,9 +16,6 @@
 // A test or bench binary has no API: its `pub` items are crate-local.
 #![allow(unreachable_pub)]
 
-#[path = "../common/mod.rs"]
-mod common;
-
 mod bench;
 mod binary;
 mod durable_crash;

@@ -10,11 +10,11 @@
 //! `HF3FS_META_REQUIRE_ALL` set (`.ci/run` sets it) a missing interpreter
 //! or package is a failure, so a green CI run means the client tests ran.
 
-use crate::common::skip;
 use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use testkit::skip;
 
 /// pytest must finish within this (the suite takes well under a minute).
 const DEADLINE: Duration = Duration::from_secs(600);

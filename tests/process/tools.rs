@@ -7,14 +7,14 @@
 //! The servers run on the hidden test clock: no lease or reservation
 //! passes while a test runs, whatever the machine's speed.
 
-use crate::common::process::{command, ServerProcess};
-use crate::common::Client;
 use hf3fs_meta::core::KeyRef;
 use hf3fs_meta::durable::codec;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Output;
+use testkit::process::{command, ServerProcess};
+use testkit::store::contents;
+use testkit::Client;
 
 /// Runs `hf3fs-meta <tool> --data-dir dir` with `extra`.
 fn tool(name: &str, dir: &Path, extra: &[&str]) -> Output {
@@ -36,25 +36,6 @@ fn inspect(dir: &Path) -> Value {
     let o = tool("inspect", dir, &["--json"]);
     assert_eq!(o.status.code(), Some(0), "inspect: {}{}", stdout(&o), stderr(&o));
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("inspect --json: {e}: {}", stdout(&o)))
-}
-
-/// Every file under `dir` with its bytes: what a read-only tool must leave
-/// as it found it.
-fn contents(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut out = BTreeMap::new();
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        for e in std::fs::read_dir(&d).expect("read_dir") {
-            let p = e.expect("entry").path();
-            if p.is_dir() {
-                todo.push(p);
-            } else {
-                let bytes = std::fs::read(&p).expect("read");
-                out.insert(p, bytes);
-            }
-        }
-    }
-    out
 }
 
 fn k(i: u64) -> String {

@@ -19,6 +19,7 @@ Run: ``pytest -q tests/python`` with HF3FS_META_BIN naming the server binary
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -600,18 +601,15 @@ def _bad_requests(w: World) -> dict[str, dict]:
         "rank_not_initialized": {
             "rank": WORLD + 3, "confirmations": [["d" * 32, 0]], "pages_to_release": [],
         },
+        "reserved_for_other_key": {
+            "rank": 0, "confirmations": ok[1:] + [["c" * 32, w.reserved[0]]], "pages_to_release": [],
+        },
     }
 
 
-ERROR_CODES = [
-    "double_confirm",
-    "confirm_unallocated",
-    "page_out_of_range",
-    "release_unallocated",
-    "double_release",
-    "confirm_and_release",
-    "rank_not_initialized",
-]
+# Every typed code, from docs/error-codes.json (generated from the core's
+# ErrorCode::ALL): a code without a bad request above fails its case.
+ERROR_CODES = json.loads((REPO / "docs" / "error-codes.json").read_text())["codes"]
 
 
 @pytest.mark.parametrize("code", ERROR_CODES)

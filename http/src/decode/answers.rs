@@ -1,6 +1,6 @@
 //! Every route that has a fast path, its decoder's answer rendered as text:
 //! what the fast path's tests (`fast_tests.rs`) and its fuzz oracle
-//! (`fuzz/oracles/fast.rs`) compare between a decoder with the fast path
+//! (`fuzz/oracles/src/fast.rs`) compare between a decoder with the fast path
 //! and [`Decoder::tape_only`], the oracle. Built for tests only (the
 //! `testing` feature, or this crate's own tests).
 

@@ -1,10 +1,10 @@
 //! Every row of the wire contract (docs/api.md), over HTTP.
 //!
-//! Every answer these tests read through `crate::common::Client::request` is also
-//! validated against docs/openapi.json (`crate::common::schema`).
+//! Every answer these tests read through `testkit::Client::request` is also
+//! validated against docs/openapi.json (`testkit::schema`).
 
-use crate::common::{check, hexkey, Client, TestServer};
 use serde_json::{json, Value};
+use testkit::{check, hexkey, Client, TestServer};
 
 mod reads_and_flow;
 
@@ -23,7 +23,7 @@ fn contract_server() -> TestServer {
 
 /// Checks a typed confirm_write 500: `{"detail": "Confirmation failed: ...",
 /// "error": {code, rank, page?, key?}}`, nothing else.
-fn assert_typed(r: &crate::common::Response, code: &str, rank: i64, page: Option<i64>, key: Option<&str>) {
+fn assert_typed(r: &testkit::Response, code: &str, rank: i64, page: Option<i64>, key: Option<&str>) {
     assert_eq!(r.status, 500, "{r:?}");
     assert_eq!(r.header("content-type"), Some("application/json"), "{r:?}");
     let v = r.json();

@@ -490,18 +490,18 @@ fn initialize_a_huge_rank_is_cheap() {
 // ------------------------------------------------------------ docs/openapi.json
 
 /// A response as the test client would have read it.
-fn fake(status: u16, content_type: Option<&str>, body: &str) -> crate::common::Response {
+fn fake(status: u16, content_type: Option<&str>, body: &str) -> testkit::Response {
     let mut headers = vec![("content-length".to_string(), body.len().to_string())];
     if let Some(ct) = content_type {
         headers.push(("content-type".to_string(), ct.to_string()));
     }
-    crate::common::Response { status, reason: String::new(), headers, body: body.as_bytes().to_vec() }
+    testkit::Response { status, reason: String::new(), headers, body: body.as_bytes().to_vec() }
 }
 
 #[test]
 fn answers_are_validated_against_the_openapi_document() {
-    use crate::common::schema::{check as conforms, VALIDATED};
     use std::sync::atomic::Ordering;
+    use testkit::schema::{check as conforms, VALIDATED};
     // The hook runs on every request of this file.
     let s = TestServer::new();
     let before = VALIDATED.load(Ordering::Relaxed);
@@ -510,8 +510,8 @@ fn answers_are_validated_against_the_openapi_document() {
 
     // And it refuses what the document does not describe.
     let json = Some("application/json");
-    let ok = |m: &str, p: &str, r: crate::common::Response| assert_eq!(conforms(m, p, &r), Ok(()), "{m} {p}");
-    let bad = |m: &str, p: &str, r: crate::common::Response| assert!(conforms(m, p, &r).is_err(), "{m} {p}: {r:?}");
+    let ok = |m: &str, p: &str, r: testkit::Response| assert_eq!(conforms(m, p, &r), Ok(()), "{m} {p}");
+    let bad = |m: &str, p: &str, r: testkit::Response| assert!(conforms(m, p, &r).is_err(), "{m} {p}: {r:?}");
     ok("POST", "/keys/batch_exists", fake(200, json, r#"{"exists":[true,false]}"#));
     bad("POST", "/keys/batch_exists", fake(200, json, r#"{"exists":[1]}"#));
     bad("POST", "/keys/batch_exists", fake(200, json, r#"{"exists":[],"extra":1}"#));

@@ -15,7 +15,7 @@ fn body_over_the_limit_is_413() {
         c.send(format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 4097\r\n\r\n").as_bytes());
         let r = c.read_response().expect("413");
         assert_eq!(r.status, 413, "{path}: {r:?}");
-        crate::common::assert_json_body(&r, too_large, path);
+        testkit::assert_json_body(&r, too_large, path);
         assert!(r.closes(), "{r:?}");
         assert!(c.closed_by_server(), "the connection must close after a 413");
         // Chunked, no length: cut off once the limit is passed.
@@ -29,7 +29,7 @@ fn body_over_the_limit_is_413() {
         c.send(&enc);
         let r = c.read_response().expect("413");
         assert_eq!(r.status, 413, "{path}: {r:?}");
-        crate::common::assert_json_body(&r, too_large, path);
+        testkit::assert_json_body(&r, too_large, path);
         assert!(r.closes(), "{r:?}");
         s.assert_unchanged(&before, &PROBE);
     }

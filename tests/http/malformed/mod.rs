@@ -2,8 +2,8 @@
 //! the connection is closed when the HTTP framing itself is garbage), the
 //! server never panics and keeps answering, and nothing changes state.
 
-use crate::common::{Outcome, Response, TestServer};
 use serde_json::json;
+use testkit::{Outcome, Response, TestServer};
 
 mod limits;
 
@@ -636,10 +636,10 @@ fn valid_but_unusual_framing_still_works() {
     assert_eq!(r.json(), json!({"exists": [true]}));
     // Pipelined requests on one connection answer in order.
     let mut c = s.client();
-    let mut bytes = crate::common::request_bytes("POST", EXISTS, &[], br#"{"keys": ["stored"]}"#);
-    bytes.extend(crate::common::request_bytes("POST", EXISTS, &[], b"{"));
-    bytes.extend(crate::common::request_bytes("GET", "/health", &[], b""));
-    bytes.extend(crate::common::request_bytes("POST", LOCATIONS, &[], br#"{"rank": 1, "keys": ["half"]}"#));
+    let mut bytes = testkit::request_bytes("POST", EXISTS, &[], br#"{"keys": ["stored"]}"#);
+    bytes.extend(testkit::request_bytes("POST", EXISTS, &[], b"{"));
+    bytes.extend(testkit::request_bytes("GET", "/health", &[], b""));
+    bytes.extend(testkit::request_bytes("POST", LOCATIONS, &[], br#"{"rank": 1, "keys": ["half"]}"#));
     c.send(&bytes);
     let statuses: Vec<u16> = (0..4).map(|_| c.read_response().expect("pipelined response").status).collect();
     assert_eq!(statuses, [200, 400, 200, 200]);

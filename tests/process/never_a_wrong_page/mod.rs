@@ -29,11 +29,11 @@ mod sglang;
 mod test_clock;
 mod vllm;
 
-use crate::common::process::ServerProcess;
-use crate::common::{request_bytes, Client, Response};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use tempfile::TempDir;
+use testkit::process::ServerProcess;
+use testkit::{request_bytes, Client, Response};
 
 /// Which page space a page belongs to: vLLM's rank, or SGLang's
 /// `(rank, namespace)`.

@@ -2,8 +2,8 @@
 //! the flag, refuses a bad number, and accumulates time.
 
 use super::Node;
-use crate::common::process::ServerProcess;
-use crate::common::request_bytes;
+use testkit::process::ServerProcess;
+use testkit::request_bytes;
 
 #[test]
 fn the_advance_route_exists_only_with_the_flag() {

@@ -3,7 +3,7 @@
 //! against the simulated page store.
 
 use super::{assert_reserved_for_other_key, block_key, Disk, Node, Space};
-use crate::common::hexkey;
+use testkit::hexkey;
 
 const RANK: i64 = 0;
 const SPACE: Space = Space::Vllm(RANK);

@@ -5,22 +5,38 @@ use super::*;
 // ===========================================================================
 // POST /keys/confirm_write: every error code, each leaving the store as it was
 
+/// `docs/error-codes.json`, the codes for the readers that cannot ask the
+/// core (the Python suites, schemathesis's hooks, the docs' checks).
+const ERROR_CODES_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/error-codes.json");
+
+/// What `docs/error-codes.json` must hold: `ErrorCode::ALL`, in order.
+fn error_codes_json() -> String {
+    let codes: Vec<String> = ErrorCode::ALL.iter().map(|c| format!("    \"{}\"", c.as_str())).collect();
+    format!(
+        "{{\n  \"about\": \"The typed error codes of confirm_write (docs/api.md), in the order of ErrorCode::ALL \
+         (core/src/error.rs), which this file is generated from: {REGENERATE}\",\n  \"codes\": [\n{}\n  ]\n}}\n",
+        codes.join(",\n")
+    )
+}
+
+/// The command that writes `docs/error-codes.json` anew.
+const REGENERATE: &str = "UPDATE_ERROR_CODES=1 cargo test -p hf3fs-meta-core --test core error_codes";
+
+/// The generator of `docs/error-codes.json`: fails when the committed file
+/// is not `ErrorCode::ALL`; with `UPDATE_ERROR_CODES=1`, writes it.
 #[test]
-fn error_codes_on_the_wire() {
+fn error_codes_on_the_wire_are_the_committed_list() {
+    let want = error_codes_json();
+    if std::env::var_os("UPDATE_ERROR_CODES").is_some() {
+        std::fs::write(ERROR_CODES_FILE, &want).expect("write docs/error-codes.json");
+    }
+    let have = std::fs::read_to_string(ERROR_CODES_FILE).unwrap_or_default();
+    assert!(have == want, "docs/error-codes.json is not ErrorCode::ALL; regenerate it: `{REGENERATE}`\n{want}");
+    // Every code is snake_case, and no two are the same.
     let names: Vec<&str> = ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "rank_not_initialized",
-            "page_out_of_range",
-            "confirm_unallocated",
-            "double_confirm",
-            "release_unallocated",
-            "double_release",
-            "confirm_and_release",
-            "reserved_for_other_key"
-        ]
-    );
+    assert!(names.iter().all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')), "{names:?}");
+    let distinct: std::collections::HashSet<&str> = names.iter().copied().collect();
+    assert_eq!(distinct.len(), names.len(), "{names:?}");
 }
 
 #[test]

@@ -112,7 +112,7 @@ impl Recipe {
 }
 
 /// One input through the oracles; panics when one fails.
-pub(crate) fn run(data: &[u8]) {
+pub fn run(data: &[u8]) {
     check(data);
     if data.first().is_some_and(|b| b & 1 == 1) {
         if let Ok(recipe) = Recipe::arbitrary_take_rest(Unstructured::new(&data[1..])) {

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 /// A test CA and the directory its files go to.
 pub struct Pki {
+    /// Where the CA's and the leaves' PEM files are (removed on drop).
     pub dir: tempfile::TempDir,
     name: String,
     ca_pem: String,
@@ -16,7 +17,9 @@ pub struct Pki {
 /// A certificate and its key, as files.
 #[derive(Clone, Debug)]
 pub struct Leaf {
+    /// The certificate's PEM file.
     pub cert: PathBuf,
+    /// Its private key's PEM file.
     pub key: PathBuf,
 }
 

@@ -3,24 +3,44 @@
 //! `tests/process/durable_disk.rs`): its flags, its stderr log line by line, its
 //! exit status, signals and SIGKILL.
 //!
-//! Every wait is bounded by [`FAILSAFE`](super::FAILSAFE) and ends on a
+//! Every wait is bounded by [`FAILSAFE`](crate::FAILSAFE) and ends on a
 //! condition (a log line, stderr closing), never on a sleep.
 
-use super::{Client, FAILSAFE};
+use crate::{Client, FAILSAFE};
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::OnceLock;
 use std::time::Instant;
 
-/// The server binary cargo built for these tests.
-pub const BIN: &str = env!("CARGO_BIN_EXE_hf3fs-meta");
+/// The server binary cargo built for the running test. `cargo test` names it
+/// in `CARGO_BIN_EXE_hf3fs-meta` (cargo 1.94 on sets it when the test runs,
+/// not only when it builds); a test binary started by hand finds it where
+/// cargo puts it, beside the `deps/` directory that holds the test itself.
+pub fn bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(p) = std::env::var_os("CARGO_BIN_EXE_hf3fs-meta") {
+            return PathBuf::from(p);
+        }
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let p = exe.parent().and_then(Path::parent).map(|d| d.join("hf3fs-meta"));
+        match p {
+            Some(p) if p.is_file() => p,
+            _ => panic!(
+                "no hf3fs-meta binary beside {} and no CARGO_BIN_EXE_hf3fs-meta: run the test with `cargo test`",
+                exe.display()
+            ),
+        }
+    })
+}
 
 /// A command for the binary with a clean environment: no `RUST_LOG`, no
 /// `HF3FS_META_*` from the caller.
 pub fn command() -> Command {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     clean_env(&mut cmd);
     cmd
 }
@@ -39,6 +59,7 @@ pub fn clean_env(cmd: &mut Command) {
 /// A running server process whose stderr lines arrive on a channel; killed
 /// on drop if it still runs.
 pub struct ServerProcess {
+    /// The process.
     pub child: Child,
     /// Where it listens (port 0 until the test learns the real one, for a
     /// process spawned with `--port 0`).
@@ -50,6 +71,7 @@ pub struct ServerProcess {
 
 /// How a [`ServerProcess::start`] ended.
 pub enum Started {
+    /// It logged that it listens.
     Serving(ServerProcess),
     /// The process exited before listening (a refused start), with its log.
     Exited(ExitStatus, Vec<String>),
@@ -250,7 +272,7 @@ fn wait_stopped(pid: u32) {
             stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()) == Some('T')
         })
     };
-    super::wait_for(&format!("every thread of process {pid} stopped after SIGSTOP"), || {
+    crate::wait_for(&format!("every thread of process {pid} stopped after SIGSTOP"), || {
         // A process gone altogether has nothing left to stop.
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Some(()) };
         tasks.flatten().all(|t| stopped(&t.path())).then_some(())

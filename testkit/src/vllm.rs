@@ -1,9 +1,6 @@
-//! The vLLM request bodies and helpers shared by benches/request.rs and
-//! examples/request_phases.rs (each includes this file with `#[path]`):
-//! requests go through `http::dispatch::handle`, as in the server, without
-//! sockets.
-
-#![allow(dead_code)] // each includer uses its own part
+//! vLLM's request bodies, handled in process: requests go through
+//! `http::dispatch::handle`, as in the server, without sockets (the
+//! benches' `request` and the example `request_phases`).
 
 use hf3fs_meta::config::Config;
 use hf3fs_meta::http::dispatch::{handle, route};
@@ -11,10 +8,12 @@ use hf3fs_meta::App;
 use hyper::Method;
 use rand::Rng;
 
+/// `n` random 32-hex keys (never all zeros).
 pub fn hex_keys(rng: &mut impl Rng, n: usize) -> Vec<String> {
     (0..n).map(|_| format!("{:032x}", rng.r#gen::<u128>() | 1)).collect()
 }
 
+/// The keys as JSON strings, comma-separated (a list's inside).
 pub fn quoted(keys: &[String]) -> String {
     keys.iter().map(|k| format!("\"{k}\"")).collect::<Vec<_>>().join(", ")
 }
@@ -25,16 +24,19 @@ pub fn allocate_body(rank: u32, keys: &[String]) -> Vec<u8> {
     format!("{{\"rank\": {rank}, \"keys\": [{}]}}", items.join(", ")).into_bytes()
 }
 
+/// A confirm_write body confirming each key on its page.
 pub fn confirm_body(rank: u32, pairs: &[(String, i64)]) -> Vec<u8> {
     let items: Vec<String> = pairs.iter().map(|(k, p)| format!("[\"{k}\", {p}]")).collect();
     format!("{{\"rank\": {rank}, \"confirmations\": [{}], \"pages_to_release\": []}}", items.join(", ")).into_bytes()
 }
 
+/// A confirm_write body releasing `pages`.
 pub fn release_body(rank: u32, pages: &[i64]) -> Vec<u8> {
     let list: Vec<String> = pages.iter().map(i64::to_string).collect();
     format!("{{\"rank\": {rank}, \"confirmations\": [], \"pages_to_release\": [{}]}}", list.join(", ")).into_bytes()
 }
 
+/// Handles `body` on POST `path` (which must succeed); the answer's body.
 pub fn post(app: &App, path: &str, mut body: Vec<u8>) -> Vec<u8> {
     let route = route(&Method::POST, path);
     let reply = handle(app, &route, &mut body);

@@ -1,6 +1,6 @@
 //! Every answer of the HTTP tests, checked against `docs/openapi.json`.
 //!
-//! [`super::Client::request`] calls [`assert_conforms`] on each response it
+//! [`crate::Client::request`] calls [`assert_conforms`] on each response it
 //! reads, so any test that talks to the server through it also checks the
 //! published contract: the status must be documented for the route and
 //! method, the content type must be the documented one, a JSON body must
@@ -13,7 +13,7 @@
 //! `NotFound` response; a route asked with a method it does not have, its
 //! `MethodNotAllowed` response.
 
-use super::Response;
+use crate::Response;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -71,7 +71,7 @@ enum Op {
 
 /// One run: an optional pinned world size and the operations, in order.
 #[derive(Arbitrary, Debug)]
-pub(crate) struct Input {
+pub struct Input {
     world_size: Option<u8>,
     ops: Vec<Op>,
 }
@@ -240,7 +240,7 @@ impl Run {
 /// minimum size, or one `arbitrary` cannot build, is skipped; any other goes
 /// through [`check`].
 #[allow(dead_code, reason = "the fuzz target takes the typed Input; the seed replay starts from the bytes")]
-pub(crate) fn run(data: &[u8]) {
+pub fn run(data: &[u8]) {
     if data.len() < <Input as Arbitrary>::size_hint(0).0 {
         return;
     }
@@ -250,7 +250,7 @@ pub(crate) fn run(data: &[u8]) {
 }
 
 /// One operation sequence through the oracles; panics when one fails.
-pub(crate) fn check(input: &Input) {
+pub fn check(input: &Input) {
     let store = Store::new(StoreConfig {
         world_size: input.world_size.map(|w| u32::from(w % 4) + 1),
         max_ranks: u32::from(RANKS),

@@ -1,11 +1,13 @@
 //! The flags of one etcd member with the fast raft timings of the HA tests
 //! (`--heartbeat-interval 50 --election-timeout 500`), shared by
-//! `tests/ha/etcd.rs` (members on loopback) and the fault harness
-//! (`faults/`, members in network namespaces of their own).
+//! `tests/ha/etcd.rs` (members on loopback, through the testkit's `etcd`)
+//! and the fault harness (`faults/`, members in network namespaces of their
+//! own). A crate of its own, with no dependency, so that the fault harness
+//! still names no crate of the server.
 
 /// The arguments of member `name`: its data directory, the URL it serves
 /// clients and peers at, and the initial cluster (`m0=http://…,m1=…`).
-pub(super) fn member_args(name: &str, data: &str, client_url: &str, peer_url: &str, cluster: &str) -> Vec<String> {
+pub fn member_args(name: &str, data: &str, client_url: &str, peer_url: &str, cluster: &str) -> Vec<String> {
     [
         "--name",
         name,
