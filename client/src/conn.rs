@@ -210,6 +210,10 @@ impl Buffers {
         Ok(())
     }
 
+    pub(crate) fn unread(&self) -> &[u8] {
+        &self.rbuf[self.start..self.end]
+    }
+
     pub(crate) fn reply(&self) -> Reply<'_> {
         let head = self.decoder.head();
         Reply { status: head.status, head, body: &self.body }
@@ -238,10 +242,28 @@ impl Conn {
         self
     }
 
+    /// Changes the bound of each request from now on (None: no bound).
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeout = timeout;
+    }
+
     /// Keeps the reason phrase and the headers of every answer.
     pub fn keep_headers(mut self) -> Self {
         self.buf.decoder = std::mem::take(&mut self.buf.decoder).keep_headers(true);
         self
+    }
+
+    /// Bytes received and not (yet) part of an answer read.
+    pub fn leftover(&self) -> &[u8] {
+        self.buf.unread()
+    }
+
+    /// Half-closes the connection: no more bytes from this side. A failure
+    /// means the peer already closed, which the next read reports.
+    pub fn shutdown_write(&self) {
+        if let Some(s) = &self.stream {
+            let _ = s.shutdown(std::net::Shutdown::Write);
+        }
     }
 
     /// Hands back 1xx answers as answers of their own.
@@ -483,6 +505,19 @@ pub(crate) mod tests {
         t.join().unwrap();
         let e = c.post("/x", b"{}").unwrap_err();
         assert_eq!((e.stage, e.partial), (Stage::Connect, false), "{e}");
+    }
+
+    #[test]
+    fn a_pipelined_answer_waits_in_leftover() {
+        let (addr, t) =
+            serve(vec![vec![b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nz"]]);
+        let mut c = Conn::new(addr);
+        assert_eq!(c.post("/x", b"{}").unwrap().status, 204);
+        assert_eq!(c.leftover(), b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nz");
+        let r = c.read_answer().unwrap();
+        assert_eq!((r.status, r.body), (200, &b"z"[..]));
+        assert!(c.leftover().is_empty());
+        t.join().unwrap();
     }
 
     #[test]

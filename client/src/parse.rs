@@ -433,7 +433,9 @@ HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\ncontent-length: 4\r\n\r
 
     #[test]
     fn chunked_wins_over_content_length() {
-        let (_, b) = one(b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\ntransfer-encoding: gzip, chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n");
+        let (_, b) = one(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\ntransfer-encoding: gzip, chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+        );
         assert_eq!(b, b"x");
     }
 

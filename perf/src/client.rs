@@ -15,7 +15,6 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-pub use hf3fs_meta_client::CallError;
 use hf3fs_meta_client::AsyncConn;
 
 /// Which client a connection speaks through.
@@ -47,25 +46,9 @@ impl Conn {
     /// On error the connection is dropped and re-dialled by the next call.
     pub async fn post(&mut self, path: &str, body: &Bytes) -> io::Result<(u16, &[u8])> {
         match self.mode {
-            Mode::Raw => self.post_detailed(path, body).await.map_err(|e| e.error),
+            Mode::Raw => self.raw.post(path, body).await.map(|r| (r.status, r.body)).map_err(|e| e.error),
             Mode::Hyper => self.post_hyper(path, body).await,
         }
-    }
-
-    /// Like [`post`](Self::post), but a failure says whether part of a
-    /// response had arrived. Always uses the raw client.
-    pub async fn post_detailed(&mut self, path: &str, body: &Bytes) -> Result<(u16, &[u8]), CallError> {
-        self.raw.post(path, body).await.map(|r| (r.status, r.body))
-    }
-
-    /// The body of the last answer a raw-client call returned.
-    pub fn last_body(&self) -> &[u8] {
-        self.raw.last_body()
-    }
-
-    /// GET `path` (no body) over the raw client, whatever the mode.
-    pub async fn get(&mut self, path: &str) -> Result<(u16, &[u8]), CallError> {
-        self.raw.get(path).await.map(|r| (r.status, r.body))
     }
 
     async fn post_hyper(&mut self, path: &str, body: &Bytes) -> io::Result<(u16, &[u8])> {

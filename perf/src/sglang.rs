@@ -7,8 +7,8 @@
 
 use crate::client::{Conn, Mode};
 use crate::keys::stored_key;
-use hf3fs_meta_client::sglang as wire;
 use bytes::Bytes;
+use hf3fs_meta_client::sglang as wire;
 use rand::Rng;
 use std::net::SocketAddr;
 
@@ -78,8 +78,10 @@ pub async fn setup(addr: SocketAddr, pages: u64, stored_keys: u64, batch: usize)
         );
         return Ok(false);
     }
-    let (status, body) =
-        conn.post(&path(wire::CLEAR), &Bytes::from_static(wire::CLEAR_BODY)).await.map_err(|e| format!("clear: {e}"))?;
+    let (status, body) = conn
+        .post(&path(wire::CLEAR), &Bytes::from_static(wire::CLEAR_BODY))
+        .await
+        .map_err(|e| format!("clear: {e}"))?;
     if status != 204 {
         return Err(format!("clear answered {status}: {}", String::from_utf8_lossy(body)));
     }

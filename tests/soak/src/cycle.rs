@@ -16,8 +16,8 @@ use super::model::{Expect, LOCK_WAIT};
 use super::universe::{key_str, mix64};
 use super::wire::{alloc_body, confirm_body, keys_body, parse, snippet, typed_error};
 use super::{NR, WORLD};
-use hf3fs_perf::keys::Key;
 use hf3fs_meta_client::vllm as scan;
+use hf3fs_perf::keys::Key;
 
 /// What became of a confirm_write.
 pub(crate) enum Mutation {

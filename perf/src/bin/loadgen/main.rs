@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
+use hf3fs_meta_client::vllm as scan;
 use hf3fs_perf::client::{Conn, Mode};
 use hf3fs_perf::keys::{random_key, stored_key, Key};
-use hf3fs_meta_client::vllm as scan;
 use hf3fs_perf::sglang::{self, SgKey};
 
 mod report;
