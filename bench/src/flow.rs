@@ -19,7 +19,7 @@ use super::args::{BenchArgs, Dialect};
 use super::client::{Answer, Pool};
 use super::stats::{Outcomes, Recorder, Route};
 use super::workload::{mix, Rng};
-use serde_json::{json, Value};
+use hf3fs_meta_client::{sglang, vllm, AsyncConn};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -76,32 +76,34 @@ impl Cluster {
         &self.engines[(i % self.engines.len() as u64) as usize]
     }
 
-    /// POSTs `body` and records the call; the answer's JSON, or None when
-    /// the call failed (not 2xx, no answer) or its body is not JSON.
+    /// POSTs `body` and records the call; the answer's body, or None when
+    /// the call failed (not 2xx, no answer).
     async fn call(
         &self,
         pool: &Pool,
         route: Route,
         path: &str,
-        body: Value,
+        body: Vec<u8>,
         keys: usize,
         due: Instant,
-    ) -> Option<Value> {
-        let bytes = serde_json::to_vec(&body).expect("a JSON value serializes");
-        let res = pool.post(path, &bytes).await;
+    ) -> Option<Vec<u8>> {
+        let res = pool.post(path, &body).await;
         self.rec.call(route, due, res.as_ref().ok().map(|a| a.status), keys);
         match res {
-            Ok(Answer { status: 204, .. }) => Some(json!({})),
-            Ok(Answer { status: 200..=299, body, .. }) if body.is_empty() => Some(json!({})),
-            Ok(Answer { status: 200..=299, body, .. }) => {
-                let v = serde_json::from_slice(&body).ok();
-                if v.is_none() {
-                    self.rec.outcome(|o| o.bad_answers += 1);
-                }
-                v
-            }
+            Ok(Answer { status: 200..=299, body }) => Some(body),
             _ => None,
         }
+    }
+
+    /// Reads `answer` with `read`; None (counted as a bad answer) when it is
+    /// not the documented shape.
+    fn read<T: Default>(&self, answer: &[u8], read: impl FnOnce(&[u8], &mut T) -> Option<()>) -> Option<T> {
+        let mut out = T::default();
+        let ok = read(answer, &mut out).is_some();
+        if !ok {
+            self.rec.outcome(|o| o.bad_answers += 1);
+        }
+        ok.then_some(out)
     }
 
     /// Runs `f(rank)` for every rank at once and waits for all of them.
@@ -135,11 +137,11 @@ impl Cluster {
     }
 
     async fn vllm_prompt(self: &Arc<Self>, i: u64, keys: Keys, due: Instant) {
-        let body = json!({ "keys": &keys[..] });
+        let body = vllm::exists_body(&keys[..]);
         let answer =
-            self.call(&self.engine(i).scheduler, Route::Exists, "/keys/batch_exists", body, keys.len(), due).await;
-        let Some(answer) = answer else { return };
-        let hits = leading_run(&answer["exists"]);
+            self.call(&self.engine(i).scheduler, Route::Exists, vllm::BATCH_EXISTS, body, keys.len(), due).await;
+        let Some(flags) = answer.and_then(|a| self.read(&a, vllm::exists)) else { return };
+        let hits = vllm::leading_run(&flags);
         self.count_lookup(keys.len(), hits);
         let next = Instant::now();
         self.each_rank(move |c, r| {
@@ -153,24 +155,24 @@ impl Cluster {
     async fn vllm_rank(self: Arc<Self>, i: u64, rank: usize, keys: Keys, hits: usize, mut due: Instant) {
         let pool = &self.engine(i).workers[rank];
         if hits > 0 {
-            let body = json!({ "rank": rank, "keys": &keys[..hits] });
-            if let Some(a) = self.call(pool, Route::Locations, "/keys/get_locations", body, hits, due).await {
-                let nulls = a["locations"].as_array().map_or(0, |l| l.iter().filter(|p| p.is_null()).count());
+            let body = vllm::locations_body(rank, &keys[..hits]);
+            let a = self.call(pool, Route::Locations, vllm::GET_LOCATIONS, body, hits, due).await;
+            if let Some(pages) = a.and_then(|a| self.read(&a, vllm::locations)) {
+                let nulls = pages.iter().filter(|p| p.is_none()).count();
                 self.rec.outcome(|o| o.load_misses += nulls as u64);
             }
             due = Instant::now();
         }
         for (batch, chunk) in keys[hits..].chunks(SAVE_BATCH).enumerate() {
-            let pairs: Vec<_> = chunk.iter().map(|k| json!([k, ""])).collect();
-            let body = json!({ "rank": rank, "keys": pairs });
-            let Some(a) = self.call(pool, Route::Allocate, "/keys/batch_allocate", body, chunk.len(), due).await else {
+            let body = vllm::allocate_body(rank, chunk);
+            let Some(a) = self.call(pool, Route::Allocate, vllm::BATCH_ALLOCATE, body, chunk.len(), due).await else {
                 return;
             };
             due = Instant::now();
-            let pages: Vec<(Value, i64)> = a["results"]
-                .as_array()
-                .map(|r| r.iter().map(|p| (p[0].clone(), p[1].as_i64().unwrap_or(-1))).collect())
-                .unwrap_or_default();
+            let mut pages = Vec::new();
+            if vllm::alloc_results(&a, &mut pages).is_none() {
+                pages.clear();
+            }
             let refused = pages.iter().filter(|(_, p)| *p < 0).count();
             if pages.is_empty() {
                 // A batch is never empty: an answer without results is not the documented one.
@@ -183,11 +185,11 @@ impl Cluster {
             }
             let fails = self.write_fails(i, rank, batch);
             let body = if fails {
-                json!({ "rank": rank, "confirmations": [], "pages_to_release": pages.iter().map(|p| p.1).collect::<Vec<_>>() })
+                vllm::confirm_body(rank, std::iter::empty::<(&[u8], i64)>(), pages.iter().map(|p| p.1))
             } else {
-                json!({ "rank": rank, "confirmations": pages.iter().map(|(k, p)| json!([k, p])).collect::<Vec<_>>() })
+                vllm::confirm_body(rank, pages.iter().copied(), [0i64; 0])
             };
-            let ok = self.call(pool, Route::Confirm, "/keys/confirm_write", body, pages.len(), due).await.is_some();
+            let ok = self.call(pool, Route::Confirm, vllm::CONFIRM_WRITE, body, pages.len(), due).await.is_some();
             self.rec.outcome(|o| saved(o, ok, fails, pages.len()));
             due = Instant::now();
         }
@@ -199,10 +201,10 @@ impl Cluster {
             .each_rank(move |c, r| {
                 let keys = k.clone();
                 async move {
-                    let body = json!({ "keys": &keys[..] });
-                    let path = format!("/{r}/exists");
+                    let body = sglang::keys_body(&keys[..]);
+                    let path = sglang::path(r, sglang::EXISTS);
                     let a = c.call(&c.engine(i).workers[r], Route::Exists, &path, body, keys.len(), due).await;
-                    a.map(|a| leading_run(&a["exists"]))
+                    a.and_then(|a| c.read(&a, sglang::exists)).map(|flags| vllm::leading_run(&flags))
                 }
             })
             .await;
@@ -222,10 +224,11 @@ impl Cluster {
     async fn sglang_rank(self: Arc<Self>, i: u64, rank: usize, keys: Keys, hits: usize, mut due: Instant) {
         let pool = &self.engine(i).workers[rank];
         if hits > 0 {
-            let body = json!({ "keys": &keys[..hits] });
-            let path = format!("/{rank}/get_page_indices");
-            if let Some(a) = self.call(pool, Route::Locations, &path, body, hits, due).await {
-                let nulls = a["indices"].as_array().map_or(0, |l| l.iter().filter(|p| p.is_null()).count());
+            let body = sglang::keys_body(&keys[..hits]);
+            let path = sglang::path(rank, sglang::GET_PAGE_INDICES);
+            let a = self.call(pool, Route::Locations, &path, body, hits, due).await;
+            if let Some(pages) = a.and_then(|a| self.read(&a, sglang::page_indices)) {
+                let nulls = pages.iter().filter(|p| p.is_none()).count();
                 self.rec.outcome(|o| o.load_misses += nulls as u64);
             }
             due = Instant::now();
@@ -234,21 +237,21 @@ impl Cluster {
         if new.is_empty() {
             return;
         }
-        let pairs: Vec<_> = new.iter().map(|k| json!([k, ""])).collect();
-        let path = format!("/{rank}/reserve_and_allocate_page_indices");
-        let Some(a) = self.call(pool, Route::Allocate, &path, json!({ "keys": pairs }), new.len(), due).await else {
+        let path = sglang::path(rank, sglang::RESERVE);
+        let Some(a) = self.call(pool, Route::Allocate, &path, sglang::reserve_body(new), new.len(), due).await else {
             return;
         };
         let due = Instant::now();
-        let Some(entries) = a["indices"].as_array().filter(|e| e.len() == new.len()) else {
+        let mut entries = Vec::new();
+        if sglang::reserved_indices(&a, &mut entries).is_none() || entries.len() != new.len() {
             self.rec.outcome(|o| o.bad_answers += 1);
             return;
-        };
+        }
         let (mut fresh, mut reused, mut refused) = (Vec::new(), 0, 0);
-        for (key, e) in new.iter().zip(entries) {
-            match (e[0].as_bool(), e[1].as_i64()) {
-                (Some(true), _) => reused += 1,
-                (_, Some(p)) if p >= 0 => fresh.push((key, p)),
+        for (key, &(written, p)) in new.iter().zip(&entries) {
+            match (written, p) {
+                (true, _) => reused += 1,
+                (_, p) if p >= 0 => fresh.push((key, p)),
                 _ => refused += 1,
             }
         }
@@ -264,11 +267,11 @@ impl Cluster {
         }
         let fails = self.write_fails(i, rank, 0);
         let body = if fails {
-            json!({ "written_keys_to_confirm": [], "pages_to_release": fresh.iter().map(|p| p.1).collect::<Vec<_>>() })
+            sglang::confirm_body(std::iter::empty::<(&[u8], i64)>(), fresh.iter().map(|p| p.1))
         } else {
-            json!({ "written_keys_to_confirm": fresh.iter().map(|(k, p)| json!([k, p])).collect::<Vec<_>>() })
+            sglang::confirm_body(fresh.iter().copied(), [0i64; 0])
         };
-        let path = format!("/{rank}/confirm_write");
+        let path = sglang::path(rank, sglang::CONFIRM_WRITE);
         let ok = self.call(pool, Route::Confirm, &path, body, fresh.len(), due).await.is_some();
         self.rec.outcome(|o| saved(o, ok, fails, fresh.len()));
     }
@@ -294,36 +297,31 @@ fn saved(o: &mut Outcomes, ok: bool, failed_write: bool, pages: usize) {
     }
 }
 
-/// The length of the leading run of `true` in a JSON list (0 if not a list).
-fn leading_run(flags: &Value) -> usize {
-    flags.as_array().map_or(0, |f| f.iter().take_while(|b| b.as_bool() == Some(true)).count())
-}
-
 /// Initializes every rank with `--pages-per-rank` pages (vLLM: and each
 /// engine's scheduler), after `/clear` when `--clear`. Setup calls are not
 /// part of the report.
 pub async fn setup(args: &BenchArgs) -> Result<(), String> {
-    let mut conn = super::client::Conn::new(args.target);
+    let mut conn = AsyncConn::new(args.target);
     let pages = args.pages_per_rank;
     let c = &mut conn;
     match args.dialect {
         Dialect::Vllm => {
             if args.clear {
-                setup_post(c, args, "/clear", json!({}), true).await?;
+                setup_post(c, args, vllm::CLEAR, b"{}", true).await?;
             }
             for r in 0..args.tp {
-                let body = json!({ "num_pages": pages, "role": "worker" });
-                setup_post(c, args, &format!("/rank/{r}/initialize"), body, false).await?;
+                setup_post(c, args, &vllm::initialize_path(r), &vllm::initialize_body(pages), false).await?;
             }
             for _ in 0..args.engines {
-                setup_post(c, args, "/rank/0/initialize", json!({ "role": "scheduler" }), false).await?;
+                setup_post(c, args, &vllm::initialize_path(0), vllm::SCHEDULER_INITIALIZE_BODY, false).await?;
             }
         }
         Dialect::Sglang => {
             for r in 0..args.tp {
-                setup_post(c, args, &format!("/{r}/initialize"), json!({ "num_pages": pages }), false).await?;
+                let body = sglang::initialize_body(pages);
+                setup_post(c, args, &sglang::path(r, sglang::INITIALIZE), &body, false).await?;
                 if args.clear {
-                    setup_post(c, args, &format!("/{r}/clear"), json!({}), false).await?;
+                    setup_post(c, args, &sglang::path(r, sglang::CLEAR), sglang::CLEAR_BODY, false).await?;
                 }
             }
         }
@@ -332,34 +330,23 @@ pub async fn setup(args: &BenchArgs) -> Result<(), String> {
 }
 
 /// One setup call, which must answer 2xx.
-async fn setup_post(
-    conn: &mut super::client::Conn,
-    args: &BenchArgs,
-    path: &str,
-    body: Value,
-    auth: bool,
-) -> Result<(), String> {
-    let bytes = serde_json::to_vec(&body).expect("a JSON value serializes");
-    let token = if auth { args.admin_token.as_deref() } else { None };
-    let a =
-        conn.call("POST", path, Some(&bytes), token).await.map_err(|e| format!("cannot reach {}: {e}", args.target))?;
+async fn setup_post(conn: &mut AsyncConn, args: &BenchArgs, path: &str, body: &[u8], auth: bool) -> Result<(), String> {
+    let bearer = args.admin_token.as_deref().filter(|_| auth).map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer.iter().map(|b| ("authorization", b.as_str())).collect();
+    let a = conn
+        .request("POST", path, &headers, Some(body))
+        .await
+        .map_err(|e| format!("cannot reach {}: {e}", args.target))?;
     if (200..300).contains(&a.status) {
         Ok(())
     } else {
-        Err(format!("POST {path} answered {}: {}", a.status, String::from_utf8_lossy(&a.body)))
+        Err(format!("POST {path} answered {}: {}", a.status, String::from_utf8_lossy(a.body)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_leading_run_stops_at_the_first_miss() {
-        assert_eq!(leading_run(&json!([true, true, false, true])), 2);
-        assert_eq!(leading_run(&json!([false, true])), 0);
-        assert_eq!(leading_run(&json!("not a list")), 0);
-    }
 
     #[test]
     fn outcomes_of_saves() {

@@ -5,7 +5,7 @@
 //! series is named by its full text before the value, labels included,
 //! e.g. `hf3fs_meta_requests_total{dialect="vllm",endpoint="batch_exists",status="200"}`.
 
-use super::client::Conn;
+use hf3fs_meta_client::AsyncConn;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
@@ -67,8 +67,9 @@ impl Counters {
 
 /// `GET /metrics` on `addr`: its counters if it is hf3fs-meta's, None otherwise.
 pub async fn scrape(addr: SocketAddr) -> Option<Counters> {
-    let a = Conn::new(addr).call("GET", "/metrics", None, None).await.ok()?;
-    let text = String::from_utf8_lossy(&a.body);
+    let mut conn = AsyncConn::new(addr);
+    let a = conn.get("/metrics").await.ok()?;
+    let text = String::from_utf8_lossy(a.body);
     (a.status == 200 && text.contains("hf3fs_meta_requests_total")).then(|| Counters::parse(&text))
 }
 

@@ -1,9 +1,12 @@
-//! One HTTP/1.1 request per connection, with a deadline. Called only from
+//! One HTTP/1.1 request per connection, with a deadline, through the
+//! workspace's client (`hf3fs-meta-client`). Called only from
 //! threads that entered a namespace of the run ([`crate::ns::enter`]).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+use std::io::ErrorKind;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use hf3fs_meta_client::{Conn, Stage};
 
 /// An answer.
 #[derive(Debug, Clone)]
@@ -48,72 +51,53 @@ pub(crate) fn request(
     body: &str,
     timeout: Duration,
 ) -> Result<Answer, Error> {
-    let deadline = Instant::now() + timeout;
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| Error::Connect(e.kind().to_string()))?;
-    let _ = s.set_nodelay(true);
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    let lost = |e: std::io::Error| Error::Lost(e.kind().to_string());
-    s.set_write_timeout(Some(timeout)).map_err(lost)?;
-    s.write_all(head.as_bytes()).and_then(|_| s.write_all(body.as_bytes())).map_err(lost)?;
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 8192];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::Lost("timed out".into()));
-        }
-        s.set_read_timeout(Some(left)).map_err(lost)?;
-        match s.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                return Err(Error::Lost("timed out".into()))
-            }
-            Err(e) => return Err(lost(e)),
-        }
-        if let Some(a) = parse(&buf) {
-            return Ok(a);
-        }
+    let mut conn = Conn::new(addr).with_timeout(timeout).keep_headers();
+    match conn.request(method, path, &[], Some(body.as_bytes())) {
+        Ok(r) => Ok(Answer {
+            status: r.status,
+            body: String::from_utf8_lossy(r.body).into_owned(),
+            epoch: r.head.header("x-hf3fs-meta-epoch").and_then(|v| v.parse().ok()),
+            closes: r.head.header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close")),
+        }),
+        Err(e) if e.stage == Stage::Connect => Err(Error::Connect(e.error.kind().to_string())),
+        Err(e) => Err(Error::Lost(match e.error.kind() {
+            ErrorKind::TimedOut => "timed out".into(),
+            ErrorKind::UnexpectedEof if e.partial => "a partial answer".into(),
+            ErrorKind::UnexpectedEof => "closed without an answer".into(),
+            k => k.to_string(),
+        })),
     }
-    parse(&buf)
-        .ok_or_else(|| Error::Lost(if buf.is_empty() { "closed without an answer" } else { "a partial answer" }.into()))
-}
-
-/// The answer in `buf` once it is whole (by `content-length`).
-fn parse(buf: &[u8]) -> Option<Answer> {
-    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&buf[..end]).ok()?;
-    let mut lines = head.split("\r\n");
-    let status: u16 = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let (mut len, mut epoch, mut closes) = (0usize, None, false);
-    for l in lines {
-        let (k, v) = l.split_once(':')?;
-        let v = v.trim();
-        match k.to_ascii_lowercase().as_str() {
-            "content-length" => len = v.parse().ok()?,
-            "x-hf3fs-meta-epoch" => epoch = v.parse().ok(),
-            "connection" => closes = v.eq_ignore_ascii_case("close"),
-            _ => {}
-        }
-    }
-    let body = buf.get(end + 4..end + 4 + len)?;
-    Some(Answer { status, body: String::from_utf8_lossy(body).into_owned(), epoch, closes })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// Answers one request on one connection with `answer`.
+    fn serve(answer: &'static [u8]) -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf).unwrap();
+            s.write_all(answer).unwrap();
+        });
+        addr
+    }
 
     #[test]
-    fn parses_a_whole_answer_only() {
-        let a = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-hf3fs-meta-epoch: 9\r\n\r\n{}";
-        let got = parse(a).expect("whole");
+    fn reads_the_epoch_and_the_close() {
+        let t = Duration::from_secs(5);
+        let a = serve(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-hf3fs-meta-epoch: 9\r\n\r\n{}");
+        let got = request(a, "POST", "/x", "{}", t).unwrap();
         assert_eq!((got.status, got.body.as_str(), got.epoch, got.closes), (200, "{}", Some(9), false));
-        assert!(parse(&a[..a.len() - 1]).is_none());
-        let r = parse(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\ncontent-length: 0\r\n\r\n").unwrap();
-        assert!(r.closes && r.epoch.is_none());
+        let a = serve(b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\ncontent-length: 0\r\n\r\n");
+        let r = request(a, "GET", "/health", "", t).unwrap();
+        assert!(r.closes && r.epoch.is_none() && r.status == 503);
+        let a = serve(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n{}");
+        assert_eq!(request(a, "POST", "/x", "{}", t).unwrap_err(), Error::Lost("a partial answer".into()));
     }
 }

@@ -3,19 +3,17 @@
 //!
 //! | module | what | used by |
 //! |---|---|---|
-//! | [`client`] | an HTTP/1.1 keep-alive client (hand-rolled, with a hyper-based alternative kept for comparison) | loadgen, soak |
+//! | [`client`] | the keep-alive connection: the workspace's client (`hf3fs-meta-client`), with a hyper-based alternative kept for comparison | loadgen, soak |
 //! | [`keys`] | key generators | loadgen, soak |
-//! | [`body`] | the allocate body, key quoting and the byte writer | loadgen, soak |
-//! | [`scan`] | tiny JSON scanners for the few hot response shapes (no allocation per answer) | loadgen, soak |
-//! | [`sglang`] | SGLang HiCache's keys, bodies and space setup | loadgen |
+//! | [`sglang`] | SGLang HiCache's keys and space setup | loadgen |
 //!
-//! The hot paths stay dependency-light on purpose (no JSON parser: the soak,
-//! which must check that every answer is valid JSON, brings serde_json).
+//! The request bodies and the answer readers of both dialects are
+//! `hf3fs-meta-client`'s (`vllm`, `sglang`). The hot paths stay
+//! dependency-light on purpose (no JSON parser: the soak, which must check
+//! that every answer is valid JSON, brings serde_json).
 
-pub mod body;
 pub mod client;
 pub mod keys;
-pub mod scan;
 pub mod sglang;
 
 use std::net::SocketAddr;

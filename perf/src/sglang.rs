@@ -1,13 +1,14 @@
 //! SGLang HiCache's side of the load: its keys (64 lowercase hex, like its
-//! SHA-256 page hashes), its request bodies and the setup of one space
-//! (`POST /0/initialize`, then stored keys by reserve + confirm). The same
-//! bodies drive hf3fs-meta and SGLang's own Python server, so the two can be
-//! measured side by side (perf/run.sh --baseline).
+//! SHA-256 page hashes), its request bodies (`hf3fs-meta-client`'s, as
+//! [`Bytes`]) and the setup of one space (`POST /0/initialize`, then stored
+//! keys by reserve + confirm). The same bodies drive hf3fs-meta and SGLang's
+//! own Python server, so the two can be measured side by side
+//! (perf/run.sh --baseline).
 
 use crate::client::{Conn, Mode};
 use crate::keys::stored_key;
-use crate::scan;
 use bytes::Bytes;
+use hf3fs_meta_client::sglang as wire;
 use rand::Rng;
 use std::net::SocketAddr;
 
@@ -41,53 +42,24 @@ pub fn stored(i: u64) -> SgKey {
     k
 }
 
-fn push_key(b: &mut Vec<u8>, k: &SgKey) {
-    b.push(b'"');
-    b.extend_from_slice(k);
-    b.push(b'"');
-}
-
 /// `{"keys":["k",...]}`: exists, get_page_indices, delete_keys.
 pub fn keys_body<'a>(keys: impl IntoIterator<Item = &'a SgKey>) -> Bytes {
-    let mut b = Vec::with_capacity(16 + 67 * 128);
-    b.extend_from_slice(b"{\"keys\":[");
-    for (i, k) in keys.into_iter().enumerate() {
-        if i > 0 {
-            b.push(b',');
-        }
-        push_key(&mut b, k);
-    }
-    b.extend_from_slice(b"]}");
-    Bytes::from(b)
+    Bytes::from(wire::keys_body(keys))
 }
 
 /// `{"keys":[["k",""],...]}`: reserve_and_allocate_page_indices.
 pub fn reserve_body(keys: &[SgKey]) -> Bytes {
-    let mut b = Vec::with_capacity(16 + 72 * keys.len());
-    b.extend_from_slice(b"{\"keys\":[");
-    for (i, k) in keys.iter().enumerate() {
-        if i > 0 {
-            b.push(b',');
-        }
-        b.push(b'[');
-        push_key(&mut b, k);
-        b.extend_from_slice(b",\"\"]");
-    }
-    b.extend_from_slice(b"]}");
-    Bytes::from(b)
+    Bytes::from(wire::reserve_body(keys))
 }
 
 /// `{"written_keys_to_confirm":[["k",p],...],"pages_to_release":[p,...]}`.
 pub fn confirm_body<'a>(written: impl IntoIterator<Item = (&'a SgKey, i64)>, release: &[i64]) -> Bytes {
-    let mut b = Vec::with_capacity(64 + 80 * 128);
-    b.extend_from_slice(b"{\"written_keys_to_confirm\":");
-    crate::body::push_pairs_and_releases(&mut b, written, release, push_key);
-    Bytes::from(b)
+    Bytes::from(wire::confirm_body(written, release))
 }
 
 /// The path of `op` on [`RANK`].
 pub fn path(op: &str) -> String {
-    format!("/{RANK}/{op}")
+    wire::path(RANK, op)
 }
 
 /// Initializes space `(0, "kv")` with `pages` pages, clears it, and stores
@@ -96,18 +68,20 @@ pub fn path(op: &str) -> String {
 /// answers will be validated), Ok(false) when it did not (the ceiling).
 pub async fn setup(addr: SocketAddr, pages: u64, stored_keys: u64, batch: usize) -> Result<bool, String> {
     let mut conn = Conn::new(addr, Mode::Raw);
-    let init = Bytes::from(format!("{{\"num_pages\":{pages}}}"));
-    let (status, body) = conn.post(&path("initialize"), &init).await.map_err(|e| format!("initialize: {e}"))?;
+    let init = Bytes::from(wire::initialize_body(pages));
+    let (status, body) = conn.post(&path(wire::INITIALIZE), &init).await.map_err(|e| format!("initialize: {e}"))?;
     if status != 204 {
         eprintln!(
             "loadgen: POST {} answered {status} {:?} (expected 204): not an SGLang metadata server, setup skipped",
-            path("initialize"),
+            path(wire::INITIALIZE),
             String::from_utf8_lossy(&body[..body.len().min(80)])
         );
         return Ok(false);
     }
-    let (status, body) =
-        conn.post(&path("clear"), &Bytes::from_static(b"{}")).await.map_err(|e| format!("clear: {e}"))?;
+    let (status, body) = conn
+        .post(&path(wire::CLEAR), &Bytes::from_static(wire::CLEAR_BODY))
+        .await
+        .map_err(|e| format!("clear: {e}"))?;
     if status != 204 {
         return Err(format!("clear answered {status}: {}", String::from_utf8_lossy(body)));
     }
@@ -118,10 +92,10 @@ pub async fn setup(addr: SocketAddr, pages: u64, stored_keys: u64, batch: usize)
         let n = chunk.min(stored_keys - i);
         let keys: Vec<SgKey> = (i..i + n).map(stored).collect();
         let (status, resp) = conn
-            .post(&path("reserve_and_allocate_page_indices"), &reserve_body(&keys))
+            .post(&path(wire::RESERVE), &reserve_body(&keys))
             .await
             .map_err(|e| format!("pre-populate reserve: {e}"))?;
-        if status != 200 || scan::reserved_indices(resp, &mut got).is_none() || got.len() != keys.len() {
+        if status != 200 || wire::reserved_indices(resp, &mut got).is_none() || got.len() != keys.len() {
             return Err(format!("pre-populate reserve answered {status}: {}", String::from_utf8_lossy(resp)));
         }
         if got.iter().any(|&(_, p)| p < 0) {
@@ -131,7 +105,7 @@ pub async fn setup(addr: SocketAddr, pages: u64, stored_keys: u64, batch: usize)
         }
         let body = confirm_body(keys.iter().zip(got.iter().map(|&(_, p)| p)), &[]);
         let (status, resp) =
-            conn.post(&path("confirm_write"), &body).await.map_err(|e| format!("pre-populate confirm: {e}"))?;
+            conn.post(&path(wire::CONFIRM_WRITE), &body).await.map_err(|e| format!("pre-populate confirm: {e}"))?;
         if status != 204 {
             return Err(format!("pre-populate confirm answered {status}: {}", String::from_utf8_lossy(resp)));
         }

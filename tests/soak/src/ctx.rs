@@ -13,7 +13,7 @@ use super::model::Tracker;
 use super::universe::Universe;
 use super::wire::snippet;
 use super::Args;
-use hf3fs_perf::client::{Conn, Mode};
+use hf3fs_meta_client::AsyncConn as Conn;
 
 /// What every task of the run shares. The flags are independent stop
 /// signals polled between requests, so `Relaxed` is enough for all of them.
@@ -123,7 +123,7 @@ pub(crate) struct Link {
 
 impl Link {
     pub(crate) fn new(addr: SocketAddr) -> Self {
-        Link { conn: Conn::new(addr, Mode::Raw), addr, broken: false }
+        Link { conn: Conn::new(addr), addr, broken: false }
     }
 }
 
@@ -197,7 +197,7 @@ async fn call_once<'c>(
     body: &Bytes,
 ) -> Result<(u16, &'c [u8]), Fail> {
     if link.broken {
-        link.conn = Conn::new(link.addr, Mode::Raw);
+        link.conn = Conn::new(link.addr);
         link.broken = false;
     }
     if ctx.budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| b.checked_sub(1)).is_err() {
@@ -209,9 +209,9 @@ async fn call_once<'c>(
     let conn = &mut link.conn;
     let fut = async move {
         if get {
-            conn.get(path).await
+            conn.get(path).await.map(|r| (r.status, r.body))
         } else {
-            conn.post_detailed(path, body).await
+            conn.post(path, body).await.map(|r| (r.status, r.body))
         }
     };
     let after_sigterm = || ctx.sigterm.load(Ordering::Relaxed);

@@ -14,11 +14,10 @@ use super::counters::Kind;
 use super::ctx::{call, unexpected, Ctx, GoneCheck, Link};
 use super::model::{Expect, LOCK_WAIT};
 use super::universe::{key_str, mix64};
-use super::wire::{confirm_body, keys_body, parse, snippet, typed_error};
+use super::wire::{alloc_body, confirm_body, keys_body, parse, snippet, typed_error};
 use super::{NR, WORLD};
-use hf3fs_perf::body::alloc_body;
+use hf3fs_meta_client::vllm as scan;
 use hf3fs_perf::keys::Key;
-use hf3fs_perf::scan;
 
 /// What became of a confirm_write.
 pub(crate) enum Mutation {

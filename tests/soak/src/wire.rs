@@ -1,12 +1,12 @@
 //! What goes over the wire: the request bodies the soak writes (those of
-//! [`hf3fs_perf::body`], typed for the model), and what it reads out of answers (through
+//! [`hf3fs_meta_client::vllm`], typed for the model), and what it reads out of answers (through
 //! serde_json: the soak checks that every answer is valid JSON, and reads
 //! `/stats` and error bodies from it).
 
 use bytes::Bytes;
 use serde_json::Value;
 
-use hf3fs_perf::body;
+use hf3fs_meta_client::vllm;
 use hf3fs_perf::keys::Key;
 
 /// `b` parsed as one JSON value (None: not valid JSON).
@@ -24,14 +24,22 @@ pub(crate) fn snippet(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..b.len().min(200)]).into_owned()
 }
 
+/// A batch_allocate body of `keys` on `rank`.
+pub(crate) fn alloc_body(rank: usize, keys: &[Key]) -> Bytes {
+    Bytes::from(vllm::allocate_body(rank, keys))
+}
+
 /// A confirm_write body of `confirms` and `releases` on `rank`.
 pub(crate) fn confirm_body(rank: usize, confirms: &[(Key, u32)], releases: &[u32]) -> Bytes {
-    body::confirm_body(rank, confirms.iter().map(|(k, p)| (k, p)), releases)
+    Bytes::from(vllm::confirm_body(rank, confirms.iter().map(|(k, p)| (k, p)), releases))
 }
 
 /// A batch_exists body (`rank` None) or a get_locations body.
 pub(crate) fn keys_body(rank: Option<usize>, keys: &[Key]) -> Bytes {
-    body::keys_body(rank, keys)
+    Bytes::from(match rank {
+        None => vllm::exists_body(keys),
+        Some(r) => vllm::locations_body(r, keys),
+    })
 }
 
 /// The head of a POST of `content_length` bytes, for requests written by hand.

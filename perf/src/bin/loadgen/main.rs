@@ -17,14 +17,35 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
-use hf3fs_perf::body::{alloc_body, confirm_body, keys_body};
+use hf3fs_meta_client::vllm as scan;
 use hf3fs_perf::client::{Conn, Mode};
 use hf3fs_perf::keys::{random_key, stored_key, Key};
-use hf3fs_perf::scan;
 use hf3fs_perf::sglang::{self, SgKey};
 
 mod report;
 mod sglang_worker;
+
+/// A batch_allocate body.
+fn alloc_body(rank: impl std::fmt::Display, keys: &[Key]) -> Bytes {
+    Bytes::from(scan::allocate_body(rank, keys))
+}
+
+/// A confirm_write body.
+fn confirm_body<'a, Q: std::fmt::Display>(
+    rank: impl std::fmt::Display,
+    confirms: impl IntoIterator<Item = (&'a Key, i64)>,
+    releases: impl IntoIterator<Item = Q>,
+) -> Bytes {
+    Bytes::from(scan::confirm_body(rank, confirms, releases))
+}
+
+/// A batch_exists body (`rank` None) or a get_locations body.
+fn keys_body(rank: Option<usize>, keys: &[Key]) -> Bytes {
+    Bytes::from(match rank {
+        None => scan::exists_body(keys),
+        Some(r) => scan::locations_body(r, keys),
+    })
+}
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -82,7 +103,7 @@ impl Scenario {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum ClientKind {
-    /// hand-rolled HTTP/1.1 over TcpStream (default: cheaper per request)
+    /// hf3fs-meta-client's raw HTTP/1.1 over TcpStream (default: cheaper per request)
     Raw,
     /// hyper 1.x client::conn::http1
     Hyper,
@@ -611,8 +632,8 @@ async fn setup(a: &Args) -> Result<bool, String> {
         return Ok(false);
     }
     for r in 0..a.ranks {
-        let body = Bytes::from(format!("{{\"num_pages\":{},\"role\":\"worker\"}}", a.pages));
-        let path = format!("/rank/{r}/initialize");
+        let body = Bytes::from(scan::initialize_body(a.pages));
+        let path = scan::initialize_path(r);
         let (status, resp) = conn.post(&path, &body).await.map_err(|e| format!("POST {path}: {e}"))?;
         if status != 200 {
             return Err(format!("POST {path} answered {status}: {}", String::from_utf8_lossy(resp)));

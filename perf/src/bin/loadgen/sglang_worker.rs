@@ -2,7 +2,7 @@
 //! loadgen worker.
 
 use super::{call, Rec, Shared, Stats, Worker};
-use hf3fs_perf::scan;
+use hf3fs_meta_client::sglang as scan;
 use hf3fs_perf::sglang;
 
 impl Worker {

@@ -15,9 +15,8 @@ use crate::counters::Kind;
 use crate::ctx::{call, Ctx, Link};
 use crate::cycle::{allocate, verify};
 use crate::universe::{mix64, MAX_BATCH};
-use crate::wire::{confirm_body, keys_body, request_head, snippet};
+use crate::wire::{alloc_body, confirm_body, keys_body, request_head, snippet};
 use crate::{VANISH, WORLD};
-use hf3fs_perf::body::alloc_body;
 use hf3fs_perf::keys::Key;
 
 /// The head and body of a POST to `path`, written by hand.

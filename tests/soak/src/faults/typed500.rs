@@ -15,9 +15,8 @@ use crate::counters::Kind;
 use crate::ctx::{call, Ctx, Link};
 use crate::cycle::{allocate, mutate, verify, Mutation};
 use crate::universe::{key_str, mix64};
-use crate::wire::{confirm_body, keys_body, parse, snippet, typed_error};
+use crate::wire::{alloc_body, confirm_body, keys_body, parse, snippet, typed_error};
 use crate::{SPARE, SPARE_PAGES, UNINIT_RANK, WORLD};
-use hf3fs_perf::body::alloc_body;
 use hf3fs_perf::keys::random_key;
 
 /// Expects a typed 500 with `code` (and `page` when given) for `body` on `rank`.
