@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The forgetful file system (forgetfs/): its own rules (tests/rules.rs),
-# the bounded crash-state explorer of the durable layer (tests/explore.rs)
-# and the power cuts under load (tests/power_cut.rs), on the ci profile.
+# The bounded crash-state explorer of the durable layer (forgetfs/tests/
+# explore.rs) on the ci profile; the forgetful file system's own rules and
+# the power cuts under load run with the workspace's `cargo test`.
+# `--workspace --test explore` (not `-p`) resolves features as the tests'
+# build did, so nothing is compiled again.
 # Mounting needs root and /dev/fuse (CI has both; elsewhere the tests say
 # SKIPPED, or fail under HF3FS_META_REQUIRE_ALL). Bounded to 5 minutes;
 # whatever forgetfs mount a killed or failed run left behind is detached at
@@ -13,6 +15,6 @@ cleanup() {
     done
 }
 trap cleanup EXIT
-timeout --signal=TERM 300 cargo test --profile ci -p hf3fs-meta-forgetfs -- --nocapture 2>&1 |
+timeout --signal=TERM 300 cargo test --workspace --profile ci --test explore -- --nocapture 2>&1 |
     grep -v '^test .* \.\.\. ok$'
 exit "${PIPESTATUS[0]}"
