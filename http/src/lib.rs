@@ -40,14 +40,14 @@ pub mod server;
 mod sglang;
 mod vllm;
 
-pub use hooks::{BoxFuture, Durability, Serving, TestClock};
+pub use hooks::{BoxFuture, DurabilityHook, Serving, TestClockHook};
 pub use ops::OPENAPI;
 pub use server::{bind, serve, serve_tls};
 
 /// The core, under the name this crate's files use for it.
 use hf3fs_meta_core as core;
 
-use crate::core::Registry;
+use crate::core::{Registry, Release};
 use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -66,12 +66,12 @@ pub struct Service {
     pub metrics: Metrics,
     /// The durable stores, with `--data-dir`: a change is answered once
     /// durable there.
-    pub durable: Option<Arc<dyn Durability>>,
+    pub durable: Option<Arc<dyn DurabilityHook>>,
     /// The HA gate, with `--ha etcd`: data routes answer only while this
     /// node may serve ([`gate`]); `None` for a single server.
     pub gate: Option<Arc<dyn Serving>>,
     /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
-    pub test_clock: Option<Arc<dyn TestClock>>,
+    pub test_clock: Option<Arc<dyn TestClockHook>>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
 }
@@ -100,17 +100,6 @@ impl Service {
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
     }
-}
-
-/// Which release the server is, as the binary names it (`/health`,
-/// `/stats`, the build-info metric): the binary passes it down, so only the
-/// binary embeds the commit and a new commit rebuilds nothing else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Release {
-    /// The release (semver).
-    pub version: &'static str,
-    /// The git commit it was built from (12 hex digits), or `unknown`.
-    pub commit: &'static str,
 }
 
 /// The command line's settings that the HTTP layer reads (the server's
