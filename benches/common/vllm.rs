@@ -1,12 +1,12 @@
 //! The vLLM request bodies and helpers shared by benches/request.rs and
 //! examples/request_phases.rs (each includes this file with `#[path]`):
-//! requests go through `http::dispatch::handle`, as in the server, without
+//! requests go through `http::request::handle`, the server's handler stage, without
 //! sockets.
 
 #![allow(dead_code)] // each includer uses its own part
 
 use hf3fs_meta::config::Config;
-use hf3fs_meta::http::dispatch::{handle, route};
+use hf3fs_meta::http::request::{handle, route};
 use hf3fs_meta::App;
 use hyper::Method;
 use rand::Rng;
