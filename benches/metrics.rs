@@ -17,7 +17,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use hf3fs_meta::core::Dialect;
 use hf3fs_meta::ha::node::now;
 use hf3fs_meta::ha::replicate::lag::LagClock;
-use hf3fs_meta::metrics::{Endpoint, Metrics};
+use hf3fs_meta::http::metrics::{Endpoint, Metrics};
 use hf3fs_meta::routes::{Op, RouteId};
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! Whole-request benchmarks, in process: the request body in, the response
 //! bytes out, through the same router and handlers as the server
-//! (`http::dispatch::handle`), but without sockets. Plus the codec alone.
+//! (`http::request::handle`), but without sockets. Plus the codec alone.
 //!
 //! Run: `cargo bench --bench request`. Figures in perf/RESULTS.md.
 

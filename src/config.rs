@@ -59,24 +59,43 @@ fn fraction(s: &str) -> Result<f64, String> {
 }
 
 /// Tools of the same binary; without one, `hf3fs-meta` serves.
+///
+/// Each variant's first doc paragraph is its one line in `hf3fs-meta
+/// --help` and names its document; the rest is its own `--help`.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
-    /// Load a running server (this one, vLLM's or SGLang's) with a cluster's
-    /// request sequences and report latency, throughput, hits and evictions
-    /// (docs/bench.md).
+    /// Forward a local port to the HA cluster's serving leader, following it
+    /// through failovers (docs/ha.md, "The relay").
+    ///
+    /// Runs on every client node in place of socat: engines connect to
+    /// 127.0.0.1:18000 and the relay copies bytes to whichever node serves
+    /// now, read from the leader key in etcd. It reads none of the server's
+    /// flags.
+    Relay(Box<RelayCommand>),
+    /// Load a running server with a cluster's request sequences and report
+    /// what it did (docs/bench.md).
+    ///
+    /// Any server of either API (this one, vLLM's or SGLang's): latency,
+    /// throughput, hits and evictions.
     Bench(Box<crate::bench::BenchArgs>),
-    /// Print what a data directory holds: ranks and SGLang spaces, pages by
-    /// state, keys, reservations and held pages, journal and checkpoint
-    /// positions. Read-only: refuses (exit 2) while a server holds the
-    /// directory, and opens a copy of it, never the directory itself
+    /// Print what a data directory holds, from a copy of it
     /// (docs/operations.md).
+    ///
+    /// Ranks and SGLang spaces, pages by state, keys, reservations and held
+    /// pages, journal and checkpoint positions. Read-only: refuses (exit 2)
+    /// while a server holds the directory, and opens a copy of it, never the
+    /// directory itself.
     Inspect(crate::tools::DirArgs),
-    /// Check every invariant of a data directory's recovered state (no page
-    /// bound twice, back-references agree with keys, complete keys
-    /// complete): exit 0 when sound, 1 on a violation, 2 when it cannot
-    /// look (in use by a server, missing). Opens a copy, like inspect.
+    /// Check every invariant of a data directory's recovered state, from a
+    /// copy of it (docs/operations.md).
+    ///
+    /// No page bound twice, back-references agree with keys, complete keys
+    /// complete: exit 0 when sound, 1 on a violation, 2 when it cannot look
+    /// (in use by a server, missing). Opens a copy, like inspect.
     Verify(crate::tools::DirArgs),
-    /// The HA cluster from the command line, with the nodes' etcd flags:
+    /// Look at and steer the HA cluster, with the nodes' etcd flags
+    /// (docs/ha.md, docs/runbook.md).
+    ///
     /// `status` (every node: role, epoch, release, protocol range, caught
     /// up, lag, the synchronous standby) and `switchover [--to NODE]` (hand
     /// the leadership to a caught-up standby without stopping anything).
@@ -84,9 +103,8 @@ pub enum Command {
     Ctl(crate::ha::ctl::Ctl),
 }
 
-/// `hf3fs-meta relay`: forward 127.0.0.1:18000 to the cluster's leader.
-#[derive(Debug, Clone, Parser)]
-#[command(name = "hf3fs-meta relay", version = crate::release::LONG_VERSION.as_str(), about, long_about = None)]
+/// `hf3fs-meta relay`'s flags: the relay's own and the log's.
+#[derive(Debug, Clone, clap::Args)]
 pub struct RelayCommand {
     /// The relay's own flags.
     #[command(flatten)]
@@ -99,6 +117,21 @@ pub struct RelayCommand {
     /// Log line format.
     #[arg(long, env = "HF3FS_META_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+impl RelayCommand {
+    /// `hf3fs-meta relay ...` parsed on its own (`args` from `relay` on),
+    /// as the `relay` subcommand of [`Config`] (the same flags, help and
+    /// description), but without the server's flags, which the relay does
+    /// not read: none of their environment variables can refuse its start.
+    /// Exits with clap's status on `--help`, `--version` or an error.
+    pub fn parse_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> RelayCommand {
+        use clap::{CommandFactory, FromArgMatches};
+        let relay = Config::command().find_subcommand("relay").cloned().expect("the relay subcommand");
+        let matches =
+            relay.bin_name("hf3fs-meta relay").version(crate::release::LONG_VERSION.as_str()).get_matches_from(args);
+        RelayCommand::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
 }
 
 /// hf3fs-meta: lock-free metadata server for vLLM's HF3FS KV-cache connector.

@@ -1,7 +1,9 @@
-//! What the binary hands each layer: the HTTP layer's settings and its
-//! durable hook ([`Stores`]), and HA's view of the server ([`App`] as
-//! [`ha::Host`]). The layers name none of each other's types; this file is
-//! where they meet.
+//! What the binary hands each layer: the HTTP layer's settings, its
+//! durable hook ([`Stores`]) and its HA gate ([`Gate`]: the HA node as the
+//! gate's `Serving`), and HA's view of the server ([`App`] as
+//! [`ha::Host`]). The layers name none of each other's types (HA and HTTP
+//! are siblings: neither crate names the other); this file is where they
+//! meet.
 
 use crate::config::Config;
 use crate::core::{Dialect, Registry};
@@ -39,7 +41,7 @@ fn failure(h: Health) -> Option<Arc<str>> {
     }
 }
 
-impl http::Durability for Stores {
+impl http::DurabilityHook for Stores {
     fn sync(&self, dialect: Dialect) -> http::BoxFuture<'_, Result<(), String>> {
         Box::pin(async move { self.0.of(dialect).sync().await.map_err(|e| e.to_string()) })
     }
@@ -54,6 +56,44 @@ impl http::Durability for Stores {
 
     fn health(&self) -> Option<Arc<str>> {
         failure(self.0.health())
+    }
+
+    fn render_metrics(&self, out: &mut String) {
+        self.0.render_metrics(out);
+    }
+}
+
+/// This node's HA state as the HTTP gate reads it (`--ha etcd`).
+pub struct Gate(pub Arc<ha::Node>);
+
+impl http::Serving for Gate {
+    fn role(&self) -> &'static str {
+        self.0.role().name()
+    }
+
+    fn readiness(&self) -> (bool, String) {
+        self.0.readiness()
+    }
+
+    #[inline]
+    fn serving(&self) -> bool {
+        self.0.serving()
+    }
+
+    fn count_rejection(&self) {
+        self.0.count_rejection();
+    }
+
+    fn leader_epoch(&self) -> u64 {
+        self.0.leader_epoch()
+    }
+
+    fn refusal(&self) -> String {
+        self.0.refusal()
+    }
+
+    fn status_json(&self) -> String {
+        self.0.status_json()
     }
 
     fn render_metrics(&self, out: &mut String) {
@@ -78,7 +118,7 @@ impl ha::Host for App {
         &self.cfg.ha
     }
 
-    fn release(&self) -> http::Release {
+    fn release(&self) -> crate::core::Release {
         crate::release::RELEASE
     }
 

@@ -10,7 +10,7 @@
 //! - [`durable`] (`durable/`): optional on-disk copy of the state
 //!   (`--data-dir`), recovery.
 //! - [`http`] (`http/`): accept, parse, route, encode, the counters
-//!   ([`metrics`]), the table of routes ([`routes`]) and the HA gate; no
+//!   (`http::metrics`), the table of routes ([`routes`]) and the HA gate; no
 //!   business rules.
 //! - [`ha`] (`ha/`): high availability on etcd: election, replication, the relay.
 //! - [`bench`](mod@bench) (`bench/`): `hf3fs-meta bench`, a load generator of a
@@ -53,8 +53,6 @@ pub use hf3fs_meta_durable as durable;
 pub use hf3fs_meta_ha as ha;
 /// The HTTP layer, a crate of its own (`http/`): see its docs.
 pub use hf3fs_meta_http as http;
-/// The counters and their Prometheus text (the HTTP layer's `metrics`).
-pub use hf3fs_meta_http::metrics;
 /// The table of routes (the HTTP layer's `routes`).
 pub use hf3fs_meta_http::routes;
 pub mod layers;
@@ -112,8 +110,8 @@ impl App {
     fn assemble(cfg: Config, registry: Registry, durable: Option<Arc<durable::Durability>>) -> Self {
         let test_clock = Self::test_clock(&cfg);
         let mut service = http::Service::new(layers::http_settings(&cfg), registry);
-        service.durable = durable.clone().map(|d| Arc::new(layers::Stores(d)) as Arc<dyn http::Durability>);
-        service.test_clock = test_clock.clone().map(|c| c as Arc<dyn http::TestClock>);
+        service.durable = durable.clone().map(|d| Arc::new(layers::Stores(d)) as Arc<dyn http::DurabilityHook>);
+        service.test_clock = test_clock.clone().map(|c| c as Arc<dyn http::TestClockHook>);
         Self { cfg, durable, ha: None, test_clock, http: Arc::new(service) }
     }
 
@@ -150,7 +148,7 @@ impl App {
     /// before the app is served.
     pub fn with_ha(mut self, node: Arc<ha::Node>) -> Self {
         let service = Arc::get_mut(&mut self.http).expect("App::with_ha before the app is served");
-        service.gate = Some(node.clone() as Arc<dyn http::Serving>);
+        service.gate = Some(Arc::new(layers::Gate(node.clone())) as Arc<dyn http::Serving>);
         self.ha = Some(node);
         self
     }

@@ -11,8 +11,57 @@ use std::sync::Arc;
 static GLOBAL: hf3fs_meta::alloc::Allocator = hf3fs_meta::alloc::Allocator;
 
 fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(exit) => exit.into(),
+    }
+}
+
+/// How the process ends when not by a clean stop of what it ran.
+enum Exit {
+    /// A failure: logged (`why`), then `status`: 2 for what a restart
+    /// cannot cure (a configuration the server refuses, a data directory
+    /// of a newer release, a relay that cannot run), 1 for anything else.
+    Failed {
+        /// The exit status.
+        status: u8,
+        /// The log line.
+        why: String,
+    },
+    /// A tool's own status (it reported why itself), success included.
+    Status(ExitCode),
+}
+
+impl Exit {
+    /// A configuration the server refuses: exit 2.
+    fn config(e: impl std::fmt::Display) -> Exit {
+        Exit::Failed { status: 2, why: format!("invalid configuration: {e}") }
+    }
+
+    /// Any other failure: exit 1.
+    fn failure(why: String) -> Exit {
+        Exit::Failed { status: 1, why }
+    }
+}
+
+/// The one mapping of an [`Exit`] to the process's status.
+impl From<Exit> for ExitCode {
+    fn from(exit: Exit) -> ExitCode {
+        match exit {
+            Exit::Failed { status, why } => {
+                tracing::error!("{why}");
+                ExitCode::from(status)
+            }
+            Exit::Status(code) => code,
+        }
+    }
+}
+
+/// The command line, then the server, the relay or a tool.
+fn run() -> Result<(), Exit> {
     if std::env::args_os().nth(1).is_some_and(|a| a == "relay") {
-        return relay();
+        // Parsed on its own: the relay reads none of the server's flags.
+        return relay(hf3fs_meta::config::RelayCommand::parse_args(std::env::args_os().skip(1)));
     }
     let mut cfg = Config::parse();
     if let Some(command) = cfg.command.take() {
@@ -26,151 +75,136 @@ fn main() -> ExitCode {
         "hf3fs-meta {} starting",
         hf3fs_meta::release::LONG_VERSION.as_str()
     );
-    if let Err(e) = cfg.validate() {
-        tracing::error!("invalid configuration: {e}");
-        return ExitCode::from(2);
-    }
+    cfg.validate().map_err(Exit::config)?;
     // With --ha etcd: the flags it needs and the cluster secret, or no start.
-    let ha_token = match cfg.ha.validate() {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::error!("invalid configuration: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let ha_token = cfg.ha.validate().map_err(Exit::config)?;
     // With --tls-cert: the port's certificates, loaded now (a file that
     // cannot be used refuses the start).
-    let tls = match cfg.tls.server() {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::error!("invalid configuration: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let tls = cfg.tls.server().map_err(Exit::config)?;
     let workers = cfg.workers.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())).max(1);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(|e| Exit::failure(format!("cannot start the runtime: {e}")))?;
+    runtime.block_on(serve(cfg, ha_token, tls, workers))
+}
+
+/// Opens, binds and serves until SIGTERM or SIGINT, then drains and closes.
+async fn serve(
+    cfg: Config,
+    ha_token: Option<Box<[u8]>>,
+    tls: Option<hf3fs_meta::tls::Server>,
+    workers: usize,
+) -> Result<(), Exit> {
+    // Install the signal handlers first, so that a SIGTERM arriving as
+    // soon as the server answers is never fatal.
+    let shutdown = shutdown_signal();
+    // Recover (with --data-dir) before binding: no client may see a
+    // half-rebuilt state.
+    let app = App::open(cfg).map_err(|e| {
+        // A directory of a newer release: exit 2, as for a wrong flag
+        // (the systemd unit does not restart it; nothing was changed).
+        let status = if matches!(e, durable::OpenError::Newer(_)) { 2 } else { 1 };
+        Exit::Failed { status, why: format!("cannot open the data directory: {e}") }
+    })?;
+    let (host, port) = (app.cfg.host, app.cfg.port);
+    let listener = http::bind(std::net::SocketAddr::new(host, port), app.cfg.max_connections)
+        .map_err(|e| Exit::failure(format!("cannot listen on {host}:{port}: {e}")))?;
+    let plain = match app.cfg.tls.plain_listen {
+        Some(a) => Some(
+            http::bind(a, app.cfg.max_connections)
+                .map_err(|e| Exit::failure(format!("cannot listen on --plain-listen {a}: {e}")))?,
+        ),
+        None => None,
     };
-    runtime.block_on(async move {
-        // Install the signal handlers first, so that a SIGTERM arriving as
-        // soon as the server answers is never fatal.
-        let shutdown = shutdown_signal();
-        // Recover (with --data-dir) before binding: no client may see a
-        // half-rebuilt state.
-        let app = match App::open(cfg) {
-            Ok(app) => app,
-            // A directory of a newer release: exit 2, as for a wrong flag
-            // (the systemd unit does not restart it; nothing was changed).
-            Err(e @ durable::OpenError::Newer(_)) => {
-                tracing::error!("cannot open the data directory: {e}");
-                return ExitCode::from(2);
-            }
-            Err(e) => {
-                tracing::error!("cannot open the data directory: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        let listener = match http::bind(std::net::SocketAddr::new(app.cfg.host, app.cfg.port), app.cfg.max_connections)
-        {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!("cannot listen on {}:{}: {e}", app.cfg.host, app.cfg.port);
-                return ExitCode::FAILURE;
-            }
-        };
-        let plain = match app.cfg.tls.plain_listen {
-            Some(a) => match http::bind(a, app.cfg.max_connections) {
-                Ok(l) => Some(l),
-                Err(e) => {
-                    tracing::error!("cannot listen on --plain-listen {a}: {e}");
-                    return ExitCode::FAILURE;
-                }
-            },
-            None => None,
-        };
-        let bound = listener.local_addr().ok();
-        let app = Arc::new(match ha_token {
-            Some(token) => app_with_ha(app, token, bound),
-            None => app,
-        });
-        if app.durable.is_some() {
-            // A durable store that failed beyond in-process recovery: one
-            // clear line and a status of its own, for the supervisor to
-            // restart the server into recovery (docs/durability.md).
-            let watched = app.clone();
-            tokio::spawn(async move {
-                let why = watched.fatal().await;
-                tracing::error!(
-                    "durable store failed beyond in-process recovery: {why}; exiting with status {} so that the \
-                     supervisor restarts the server, which recovers from the data directory",
-                    durable::EXIT_FATAL
-                );
-                std::process::exit(i32::from(durable::EXIT_FATAL));
-            });
-        }
-        let cfg = &app.cfg;
-        let addr = listener.local_addr().map_or_else(|_| format!("{}:{}", cfg.host, cfg.port), |a| a.to_string());
-        tracing::info!(
-            %addr,
-            workers,
-            world_size = ?cfg.world_size,
-            reservation_ttl_s = cfg.reservation_ttl,
-            max_body_bytes = cfg.max_body_bytes,
-            max_keys_per_request = cfg.max_keys_per_request,
-            max_key_len = cfg.max_key_len,
-            max_ranks = cfg.max_ranks,
-            max_pages_per_rank = cfg.max_pages_per_rank,
-            max_connections = cfg.max_connections,
-            header_timeout_s = cfg.header_timeout,
-            body_timeout_s = cfg.body_timeout,
-            admin_token = cfg.admin_token.is_some(),
-            auth_all = cfg.auth_all,
-            data_dir = ?cfg.data_dir,
-            eviction = ?cfg.eviction,
-            evict_high_watermark = cfg.evict_high_watermark,
-            evict_low_watermark = cfg.evict_low_watermark,
-            read_lease_s = cfg.read_lease,
-            expected_keys = cfg.expected_keys,
-            tls = tls.is_some(),
-            client_certificates = cfg.tls.tls_client_ca.is_some(),
-            plain = ?plain.as_ref().and_then(|l| l.local_addr().ok()),
-            "hf3fs-meta {} listening",
-            env!("CARGO_PKG_VERSION")
+    let bound = listener.local_addr().ok();
+    let app = Arc::new(match ha_token {
+        Some(token) => app_with_ha(app, token, bound),
+        None => app,
+    });
+    exit_when_fatal(&app);
+    log_listening(&app.cfg, &listener, plain.as_ref(), workers, tls.is_some());
+    let election = start_election(&app).await.map_err(|e| Exit::failure(format!("cannot start the election: {e}")))?;
+    let shutdown = with_step_down(shutdown, election);
+    // Every TLS configuration is made by now (the port's, etcd's, the
+    // replication stream's): reload them on SIGHUP and when files change.
+    if hf3fs_meta::tls::reload::any() {
+        hf3fs_meta::tls::reload::watch();
+    }
+    hf3fs_meta::serve_with(app.clone(), listener, tls, plain, shutdown).await;
+    app.close().map_err(|e| Exit::failure(format!("durable store did not close cleanly: {e}")))?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// With `--data-dir`: a durable store that failed beyond in-process
+/// recovery ends the process with one clear line and a status of its own,
+/// for the supervisor to restart the server into recovery
+/// (docs/durability.md).
+fn exit_when_fatal(app: &Arc<App>) {
+    if app.durable.is_none() {
+        return;
+    }
+    let watched = app.clone();
+    tokio::spawn(async move {
+        let why = watched.fatal().await;
+        tracing::error!(
+            "durable store failed beyond in-process recovery: {why}; exiting with status {} so that the \
+             supervisor restarts the server, which recovers from the data directory",
+            durable::EXIT_FATAL
         );
-        let shutdown = match start_election(&app).await {
-            Ok(election) => with_step_down(shutdown, election),
-            Err(e) => {
-                tracing::error!("cannot start the election: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
-        // Every TLS configuration is made by now (the port's, etcd's, the
-        // replication stream's): reload them on SIGHUP and when files change.
-        if hf3fs_meta::tls::reload::any() {
-            hf3fs_meta::tls::reload::watch();
-        }
-        hf3fs_meta::serve_with(app.clone(), listener, tls, plain, shutdown).await;
-        if let Err(e) = app.close() {
-            tracing::error!("durable store did not close cleanly: {e}");
-            return ExitCode::FAILURE;
-        }
-        tracing::info!("stopped");
-        ExitCode::SUCCESS
-    })
+        std::process::exit(i32::from(durable::EXIT_FATAL));
+    });
+}
+
+/// The startup log's line of the effective settings.
+fn log_listening(
+    cfg: &Config,
+    listener: &tokio::net::TcpListener,
+    plain: Option<&tokio::net::TcpListener>,
+    workers: usize,
+    tls: bool,
+) {
+    let addr = listener.local_addr().map_or_else(|_| format!("{}:{}", cfg.host, cfg.port), |a| a.to_string());
+    tracing::info!(
+        %addr,
+        workers,
+        world_size = ?cfg.world_size,
+        reservation_ttl_s = cfg.reservation_ttl,
+        max_body_bytes = cfg.max_body_bytes,
+        max_keys_per_request = cfg.max_keys_per_request,
+        max_key_len = cfg.max_key_len,
+        max_ranks = cfg.max_ranks,
+        max_pages_per_rank = cfg.max_pages_per_rank,
+        max_connections = cfg.max_connections,
+        header_timeout_s = cfg.header_timeout,
+        body_timeout_s = cfg.body_timeout,
+        admin_token = cfg.admin_token.is_some(),
+        auth_all = cfg.auth_all,
+        data_dir = ?cfg.data_dir,
+        eviction = ?cfg.eviction,
+        evict_high_watermark = cfg.evict_high_watermark,
+        evict_low_watermark = cfg.evict_low_watermark,
+        read_lease_s = cfg.read_lease,
+        expected_keys = cfg.expected_keys,
+        tls,
+        client_certificates = cfg.tls.tls_client_ca.is_some(),
+        plain = ?plain.and_then(|l| l.local_addr().ok()),
+        "hf3fs-meta {} listening",
+        hf3fs_meta::release::VERSION
+    );
 }
 
 /// Runs a tool of the binary (a subcommand) instead of the server.
-fn run_command(command: Command) -> ExitCode {
-    match command {
+fn run_command(command: Command) -> Result<(), Exit> {
+    Err(Exit::Status(match command {
+        Command::Relay(args) => return relay(*args),
         Command::Bench(args) => hf3fs_meta::bench::main(*args),
         Command::Inspect(args) => hf3fs_meta::tools::inspect::main(args),
         Command::Verify(args) => hf3fs_meta::tools::verify::main(args),
         Command::Ctl(ctl) => hf3fs_meta::ha::ctl::main(ctl),
-    }
+    }))
 }
 
 /// `app` as a node of an HA cluster; an `--advertise-url` ending in port 0
@@ -227,30 +261,17 @@ async fn with_step_down(shutdown: impl std::future::Future<Output = ()>, electio
 }
 
 /// `hf3fs-meta relay ...`: the leader-following TCP forward.
-fn relay() -> ExitCode {
-    let args = hf3fs_meta::config::RelayCommand::parse_from(std::env::args_os().skip(1));
+fn relay(args: hf3fs_meta::config::RelayCommand) -> Result<(), Exit> {
     hf3fs_meta::init_logging(&args.log_level, args.log_format);
     let args = args.relay;
     let runtime = match args.workers {
         1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(usize::from(n)).enable_all().build(),
-    };
-    let runtime = match runtime {
-        Ok(rt) => rt,
-        Err(e) => {
-            tracing::error!("cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(async move {
-        match ha::relay::run(args, shutdown_signal()).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                tracing::error!("relay: {e}");
-                ExitCode::from(2)
-            }
-        }
-    })
+    }
+    .map_err(|e| Exit::failure(format!("cannot start the runtime: {e}")))?;
+    runtime
+        .block_on(ha::relay::run(args, shutdown_signal()))
+        .map_err(|e| Exit::Failed { status: 2, why: format!("relay: {e}") })
 }
 
 /// Registers SIGTERM and SIGINT handlers now; the returned future resolves on

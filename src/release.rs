@@ -8,9 +8,9 @@
 //! [`crate::ha::replicate::wire`]'s; the data-directory formats
 //! [`crate::durable::format`]'s.
 
+use crate::core::Release;
 use crate::durable::format;
 use crate::ha::replicate::wire;
-use crate::http::Release;
 
 /// The release (semver, the crate's version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -103,7 +103,7 @@ impl TestClock {
 }
 
 /// The route of the HTTP layer's hook.
-impl crate::http::TestClock for TestClock {
+impl crate::http::TestClockHook for TestClock {
     fn advance(&self, registry: &Registry, ms: u64) -> String {
         TestClock::advance(self, registry, ms).to_json()
     }

@@ -14,6 +14,7 @@
 //!   list with its labels, for whatever must walk them all.
 //! - [`error`]: one error variant per code of the wire contract.
 //! - [`journal`]: the change feed for durability.
+//! - [`release`]: which release the server is (passed down by the binary).
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
@@ -24,6 +25,7 @@ pub mod key;
 pub mod lease;
 pub mod pages;
 pub mod registry;
+pub mod release;
 pub mod spaces;
 pub mod store;
 pub(crate) mod sync;
@@ -35,6 +37,7 @@ pub use journal::{Change, Journal};
 pub use key::{Key, KeyRef};
 pub use lease::{Clock, LeaseLength, MAX_LEASE, TICKS_PER_SECOND};
 pub use registry::{Dialect, Labels, RankPages, Registry, SpaceLabel, SpaceReport};
+pub use release::Release;
 pub use spaces::{
     SpaceCatalog, SpaceError, SpaceName, SpaceSource, Spaces, SpacesConfig, SpacesDurability, DEFAULT_NAMESPACE,
 };

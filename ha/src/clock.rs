@@ -2,7 +2,7 @@
 //! renewals and their retries, the wait for the previous leader's lease,
 //! the bound on a quiet watch, the relay's re-reads.
 //!
-//! A [`Clock`] gives nanoseconds that never go back (never 0) and sleeps on
+//! A [`DeadlineClock`] gives nanoseconds that never go back (never 0) and sleeps on
 //! them. [`BootClock`] is the server's: `CLOCK_BOOTTIME`, which keeps
 //! counting while the process is paused or the machine suspended, so a
 //! paused leader finds its deadline passed when it wakes; its sleeps are
@@ -26,11 +26,11 @@ use tokio::sync::watch;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Nanoseconds that never go back, and sleeps on them.
-pub trait Clock: Send + Sync + 'static {
+pub trait DeadlineClock: Send + Sync + 'static {
     /// Now, in nanoseconds; never 0.
     fn now(&self) -> u64;
 
-    /// Resolves once [`Clock::now`] has reached `deadline`.
+    /// Resolves once [`DeadlineClock::now`] has reached `deadline`.
     fn sleep_until(&self, deadline: u64) -> BoxFuture<'static, ()>;
 }
 
@@ -38,7 +38,7 @@ pub trait Clock: Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct BootClock;
 
-impl Clock for BootClock {
+impl DeadlineClock for BootClock {
     #[inline]
     fn now(&self) -> u64 {
         boot_now()
@@ -129,7 +129,7 @@ impl ManualClock {
     }
 }
 
-impl Clock for ManualClock {
+impl DeadlineClock for ManualClock {
     #[inline]
     fn now(&self) -> u64 {
         // SeqCst: tests move the clock from one task and read it from others.
@@ -203,7 +203,7 @@ impl HaClock {
     }
 }
 
-impl Clock for HaClock {
+impl DeadlineClock for HaClock {
     #[inline]
     fn now(&self) -> u64 {
         HaClock::now(self)

@@ -11,7 +11,8 @@
 //!   deadline, promotion ([`Promotion`]), deposition, planned hand-over.
 //! - the gate (the HTTP crate's `gate`): the one hook in the request path:
 //!   data routes are answered only by a serving leader, checked on arrival
-//!   and again on the answer; [`Node`] implements its `Serving` trait.
+//!   and again on the answer. This crate names no HTTP type: the binary
+//!   adapts [`Node`] to the gate's `Serving` trait (`src/layers.rs`).
 //! - [`node`]: this node's HA state shared by the three: the serving
 //!   deadline (one atomic), the [`Role`] channel, leader and standby, counters.
 //! - [`replicate`]: the journal stream to the synchronous standby, the
@@ -45,8 +46,6 @@ pub mod coord;
 pub mod ctl;
 pub mod election;
 pub mod etcd;
-#[cfg(test)]
-mod gate_tests;
 pub mod node;
 pub mod pump;
 pub mod relay;
@@ -54,7 +53,7 @@ pub mod replicate;
 pub mod switchover;
 pub mod version;
 
-pub use clock::{Clock, HaClock};
+pub use clock::{DeadlineClock, HaClock};
 pub use coord::Coordinator;
 pub use election::{Election, Promotion, PromotionContext, Refusal, WithoutReplication};
 pub use node::{LeaderRecord, Node, Role};
@@ -84,7 +83,7 @@ pub trait Host: Send + Sync + 'static {
     /// The server's replication flags.
     fn replication_args(&self) -> &replicate::ReplicationArgs;
     /// Which release the server is (the binary embeds the commit).
-    fn release(&self) -> hf3fs_meta_http::Release;
+    fn release(&self) -> crate::core::Release;
     /// Its TLS flags (`--tls-cert` …): the replication stream's.
     fn tls_args(&self) -> &hf3fs_meta_tls::TlsArgs;
 }

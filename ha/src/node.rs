@@ -396,6 +396,24 @@ impl Node {
         given.len() == self.token.len() && given.iter().zip(&*self.token).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
 
+    /// Why this node does not serve, and who does when known, for the
+    /// HTTP gate's 503 (`"this node is a follower; the leader is b at
+    /// http://..."`).
+    pub fn refusal(&self) -> String {
+        let why = match self.role() {
+            Role::Follower => "this node is a follower".to_string(),
+            Role::Promoting { epoch } => format!("this node is becoming leader (epoch {epoch}) and does not serve yet"),
+            Role::Leader { epoch } | Role::Fenced { epoch } => {
+                format!("this node could not renew its leadership (epoch {epoch}) in time and stopped serving")
+            }
+        };
+        let leader = match self.leader() {
+            Some(l) if l.node != self.id => format!("; the leader is {} at {}", l.node, l.url),
+            _ => String::new(),
+        };
+        format!("{why}{leader}")
+    }
+
     /// Whether this node is ready (`GET /ready`), and why: a leader while it
     /// serves; a follower once caught up with the leader (both stores), or,
     /// not being the synchronous standby, while another node is (a spare:
@@ -501,52 +519,6 @@ impl Node {
     }
 }
 
-/// The gate's view of this node (the HTTP crate's `gate`).
-impl hf3fs_meta_http::Serving for Node {
-    fn role(&self) -> &'static str {
-        Node::role(self).name()
-    }
-
-    fn readiness(&self) -> (bool, String) {
-        Node::readiness(self)
-    }
-
-    fn serving(&self) -> bool {
-        Node::serving(self)
-    }
-
-    fn count_rejection(&self) {
-        Node::count_rejection(self);
-    }
-
-    fn leader_epoch(&self) -> u64 {
-        Node::leader_epoch(self)
-    }
-
-    fn refusal(&self) -> String {
-        let why = match self.role() {
-            Role::Follower => "this node is a follower".to_string(),
-            Role::Promoting { epoch } => format!("this node is becoming leader (epoch {epoch}) and does not serve yet"),
-            Role::Leader { epoch } | Role::Fenced { epoch } => {
-                format!("this node could not renew its leadership (epoch {epoch}) in time and stopped serving")
-            }
-        };
-        let leader = match self.leader() {
-            Some(l) if l.node != self.id => format!("; the leader is {} at {}", l.node, l.url),
-            _ => String::new(),
-        };
-        format!("{why}{leader}")
-    }
-
-    fn status_json(&self) -> String {
-        Node::status_json(self)
-    }
-
-    fn render_metrics(&self, out: &mut String) {
-        Node::render_metrics(self, out);
-    }
-}
-
 /// Nanoseconds on a clock that never goes back and keeps counting while the
 /// machine is suspended (`CLOCK_BOOTTIME` on Linux): a suspended or paused
 /// leader must find its deadline passed when it wakes. Never 0. The clock of
@@ -618,5 +590,15 @@ mod tests {
         n.render_metrics(&mut m);
         assert!(m.contains("hf3fs_meta_ha_role{role=\"promoting\"} 1") && m.contains("hf3fs_meta_ha_epoch 3"), "{m}");
         assert!(m.contains("hf3fs_meta_ha_fenced_rejections_total 1"), "{m}");
+    }
+
+    #[test]
+    fn the_refusal_says_why_and_names_the_leader() {
+        let n = node();
+        assert_eq!(n.refusal(), "this node is a follower");
+        n.set_role(Role::Promoting { epoch: 3 });
+        assert_eq!(n.refusal(), "this node is becoming leader (epoch 3) and does not serve yet");
+        n.set_role(Role::Fenced { epoch: 3 });
+        assert!(n.refusal().contains("could not renew its leadership (epoch 3)"), "{}", n.refusal());
     }
 }

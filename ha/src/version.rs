@@ -37,7 +37,7 @@ pub struct NodeInfo {
 
 impl NodeInfo {
     /// This process's.
-    pub fn this(release: hf3fs_meta_http::Release) -> Self {
+    pub fn this(release: crate::core::Release) -> Self {
         NodeInfo { release: release.version.into(), commit: release.commit.into(), range: Range::THIS }
     }
 
@@ -166,7 +166,7 @@ mod tests {
         assert!(refusal(future, c).unwrap().contains("the cluster speaks 2"));
         assert_eq!(refusal(Range::THIS, c), None);
         assert_eq!(ClusterVersion::decode(&c.encode()), Some(c));
-        let i = NodeInfo::this(hf3fs_meta_http::Release { version: crate::RELEASE, commit: "0123456789ab" });
+        let i = NodeInfo::this(crate::core::Release { version: crate::RELEASE, commit: "0123456789ab" });
         assert_eq!(NodeInfo::decode(&i.encode()), Some(i));
         assert_eq!(NodeInfo::decode(b"http://10.0.0.1:18000"), None);
         assert_eq!(ClusterVersion::decode(br#"{"min":3,"max":2}"#), None);

@@ -1,70 +1,34 @@
-//! The HA gate: the one hook in the request path. With `--ha etcd`, a data
-//! route (vLLM's and SGLang's, `/clear` included) is answered only by a
-//! serving leader ([`Serving::serving`], which the HA crate's node implements): checked when the request arrives (a
-//! follower changes nothing and answers 503 with `Retry-After`) and again
-//! when its answer is ready (a success whose deadline passed meanwhile, say
-//! while the process was paused or waited on a disk, is withdrawn and
-//! becomes a 503: zero 2xx after the deadline). The operational routes
+//! The HA gate: with `--ha etcd`, a data route (vLLM's and SGLang's,
+//! `/clear` included) is answered only by a serving leader
+//! ([`Serving::serving`], which the binary adapts the HA node to). The
+//! pipeline ([`crate::request`]) calls it twice: [`admit`] when the request
+//! has been routed (a follower changes nothing and answers 503 with
+//! `Retry-After`), and [`seal`] when its answer is ready (a success whose
+//! deadline passed meanwhile, say while the process was paused or waited on
+//! a disk, is withdrawn and becomes a 503: zero 2xx after the deadline;
+//! one that may leave is stamped with [`EPOCH`]). The operational routes
 //! (`/health`, `/stats`, `/metrics`, `/openapi.json`) always answer.
 //!
-//! A last check sits at the socket ([`GuardedIo`]): a write that starts a
-//! success response (`HTTP/1.1 2..`) on a node that may no longer serve is
-//! refused and the connection closed, so a process paused after the answer
-//! was sealed but before it was sent cannot deliver it late. What is left is
-//! a pause between that check and the `write` system call itself.
+//! A last check sits at the socket ([`GuardedIo`], which the listener wraps
+//! every connection in): a write that starts a success response
+//! (`HTTP/1.1 2..`) on a node that may no longer serve is refused and the
+//! connection closed, so a process paused after the answer was sealed but
+//! before it was sent cannot deliver it late. What is left is a pause
+//! between that check and the `write` system call itself.
 //!
-//! Without `--ha` the gate costs one `Option` check. It wraps the server's
-//! handler (`service_fn(|req| gate::guard(app, req, respond))`) and its
-//! sockets (`GuardedIo::new(stream, app.gate.clone())`), so the handler itself
-//! knows nothing of HA.
+//! Without `--ha` the gate costs one `Option` check per call. This file is
+//! the gate's policy only: it routes nothing (the pipeline hands it the
+//! route's row) and knows nothing of HA but the [`Serving`] trait.
 
 use crate::hooks::Serving;
-use crate::metrics::Endpoint;
-use crate::routes::{self, Found};
-use crate::Service;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::header::{HeaderValue, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING};
-use hyper::{Method, Request, Response, StatusCode};
-use std::convert::Infallible;
-use std::future::Future;
+use crate::reply::Reply;
+use crate::routes::Spec;
+use hyper::StatusCode;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-
-/// The server's response type.
-pub type Answer = Result<Response<Full<Bytes>>, Infallible>;
-
-/// Runs `respond` for `req` if this node may answer it, else answers 503.
-pub async fn guard<B, F, Fut>(app: Arc<Service>, req: Request<B>, respond: F) -> Answer
-where
-    F: FnOnce(Arc<Service>, Request<B>) -> Fut,
-    Fut: Future<Output = Answer>,
-{
-    let Some(node) = app.gate.clone() else { return respond(app, req).await };
-    let Some(endpoint) = data_route(req.method(), req.uri().path()) else { return respond(app, req).await };
-    if !node.serving() {
-        let start = Instant::now();
-        node.count_rejection();
-        app.metrics.request(endpoint, 503, 0, start.elapsed());
-        return Ok(refusal(&*node, has_body(&req)));
-    }
-    let mut resp = respond(app, req).await?;
-    if resp.status().is_success() {
-        if !node.serving() {
-            // The deadline passed while the request ran: withdraw the answer.
-            node.count_rejection();
-            return Ok(refusal(&*node, false));
-        }
-        // Marks a data answer for the socket's last check (GuardedIo), and
-        // tells the client which leader answered.
-        resp.headers_mut().insert(EPOCH, HeaderValue::from(node.leader_epoch()));
-    }
-    Ok(resp)
-}
 
 /// The header naming the epoch of the leader that answered a data route
 /// with a success.
@@ -73,41 +37,57 @@ pub const EPOCH: hyper::header::HeaderName = hyper::header::HeaderName::from_sta
 /// How [`EPOCH`] starts a header line in a response head.
 const EPOCH_LINE: &[u8] = b"\r\nx-hf3fs-meta-epoch:";
 
-/// The metrics series of `path` if it is a data route.
-pub fn data_route(method: &Method, path: &str) -> Option<Endpoint> {
-    let m = match *method {
-        Method::POST => routes::Method::Post,
-        Method::GET => routes::Method::Get,
-        _ => return None,
-    };
-    match routes::find(m, path) {
-        Found::Route(id, _) if id.spec().dialect.is_some() => Some(Endpoint::route(id)),
-        _ => None,
-    }
+/// Whether `spec` is a data route (one of a dialect's: gated).
+#[inline]
+fn is_data(spec: Option<&Spec>) -> bool {
+    spec.is_some_and(|s| s.dialect.is_some())
 }
 
-/// Whether the request announces a body (left unread by a refusal).
-fn has_body<B>(req: &Request<B>) -> bool {
-    let h = req.headers();
-    h.contains_key(TRANSFER_ENCODING)
-        || h.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).is_some_and(|v| v.trim() != "0")
+/// The check on arrival: `None` to go on, or the 503 of a data route this
+/// node may not answer now (counted as a rejection; it closes the
+/// connection when `has_body` says the request announced a body, which is
+/// left unread).
+#[inline]
+pub fn admit(node: Option<&dyn Serving>, spec: Option<&Spec>, has_body: impl FnOnce() -> bool) -> Option<Reply> {
+    let node = node?;
+    if !is_data(spec) || node.serving() {
+        return None;
+    }
+    node.count_rejection();
+    Some(refusal(node, has_body()))
+}
+
+/// The check on departure: a data route's success leaves only while this
+/// node serves, with the epoch to stamp on it ([`EPOCH`], the answer's
+/// last header); otherwise it is withdrawn and becomes the 503 of
+/// [`admit`].
+#[inline]
+pub fn seal(node: Option<&dyn Serving>, spec: Option<&Spec>, reply: &mut Reply) -> Option<u64> {
+    let node = node?;
+    if !reply.status.is_success() || !is_data(spec) {
+        return None;
+    }
+    if !node.serving() {
+        // The deadline passed while the request ran: withdraw the answer.
+        node.count_rejection();
+        *reply = refusal(node, false);
+        return None;
+    }
+    // Marks a data answer for the socket's last check (GuardedIo), and
+    // tells the client which leader answered.
+    Some(node.leader_epoch())
 }
 
 /// The 503 of a node that is not a serving leader, naming the leader when
-/// known. `Retry-After: 1`: a failover takes a few seconds and the clients
-/// (urllib3's Retry) honour it.
-fn refusal(node: &dyn Serving, close: bool) -> Response<Full<Bytes>> {
+/// known, with `Retry-After`.
+fn refusal(node: &dyn Serving, close: bool) -> Reply {
     let why = node.refusal();
     let detail = serde_json::json!({ "detail": format!("Not the leader: {why}; retry (through the relay)") });
-    let mut resp = Response::new(Full::new(Bytes::from(detail.to_string())));
-    *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    let h = resp.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    if close {
-        h.insert(CONNECTION, HeaderValue::from_static("close"));
+    Reply {
+        close,
+        retry_after: true,
+        ..Reply::json(StatusCode::SERVICE_UNAVAILABLE, detail.to_string().into_bytes(), 0)
     }
-    resp
 }
 
 /// A client connection of the server: with `--ha`, refuses to start
@@ -189,18 +169,4 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for GuardedIo<T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_data_routes_are_gated() {
-        assert!(data_route(&Method::POST, "/keys/batch_exists").is_some());
-        assert!(data_route(&Method::POST, "/rank/0/initialize").is_some());
-        assert!(data_route(&Method::POST, "/clear").is_some());
-        for (m, p) in [(Method::GET, "/health"), (Method::GET, "/stats"), (Method::GET, "/metrics")] {
-            assert!(data_route(&m, p).is_none(), "{p}");
-        }
-        assert!(data_route(&Method::PUT, "/keys/batch_exists").is_none());
-        assert!(data_route(&Method::GET, "/nowhere").is_none());
-    }
-}
+mod tests;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The durable stores as the request path sees them: one per dialect.
-pub trait Durability: Send + Sync {
+pub trait DurabilityHook: Send + Sync {
     /// Waits until everything `dialect`'s store recorded so far is durable
     /// (and, with replication, acknowledged); the reason when it cannot be.
     fn sync(&self, dialect: Dialect) -> BoxFuture<'_, Result<(), String>>;
@@ -69,7 +69,7 @@ pub trait Serving: Send + Sync {
 }
 
 /// The hidden `--test-clock`: `POST /_test/advance/{ms}` moves time.
-pub trait TestClock: Send + Sync {
+pub trait TestClockHook: Send + Sync {
     /// Moves `registry`'s time forward by `ms` milliseconds; the route's
     /// JSON answer.
     fn advance(&self, registry: &Registry, ms: u64) -> String;

@@ -1,53 +1,60 @@
-//! The HTTP layer: accept, parse, route, encode. No business rules live here,
-//! and nothing here touches an atomic of the metadata state: every decision
-//! is the core's.
+//! The HTTP layer: listen, route, run the handler, encode. No business
+//! rules live here, and nothing here touches an atomic of the metadata
+//! state: every decision is the core's.
 //!
-//! - [`server`]: the accept loop, connection limits, body limits, shutdown.
-//! - [`dispatch`]: method mapping, 404 and 405, and the dialect's handler.
+//! A request's trip, one file after the other, never back:
+//!
+//! - [`listen`]: the socket, the accept loop, connection limits, TLS
+//!   handshakes, shutdown; each request of a connection goes to
+//! - [`request`]: the pipeline, which a request passes once: route, HA
+//!   gate, authorization, body, admission, handler, durable wait, seal,
+//!   metrics (its module docs list the stages, and where the next ones go);
+//! - [`routes`]: the table of routes, each row naming its handler;
 //! - `vllm`, `sglang`, `ops`: the handlers of vLLM's routes, SGLang's, and
 //!   the server's own (`/metrics`, `/health`, `/stats`, `/openapi.json`);
-//!   peers that never import each other.
-//! - [`reply`]: the answer type and the answers every handler shares.
-//! - [`decode`]: zero-copy JSON request parsing with simd-json.
-//! - [`encode`]: response bodies written straight into a buffer.
+//!   peers that never import each other, each a function of one
+//!   [`call::Call`];
+//! - [`decode`] (zero-copy JSON request parsing with simd-json),
+//!   [`encode`] (response bodies written straight into a buffer) and
+//!   [`reply`] (the answer type and the answers every handler shares).
 //!
-//! - [`gate`]: with HA, data routes answered only while this node may serve.
-//! - [`routes`]: the table of routes, read by the router, the metrics and
-//!   the server.
-//! - [`metrics`]: the sharded counters and the Prometheus text.
-//! - [`hooks`]: what this layer needs of the layers above it (the durable
-//!   wait, whether this node may serve, the test clock), as traits they
-//!   implement; this crate names none of them.
+//! Beside the trip: [`gate`] (with HA, data routes answered only while this
+//! node may serve: the pipeline's two checks and the socket's last one),
+//! [`metrics`] (the sharded counters and the Prometheus text), [`hooks`]
+//! (what this layer needs of the layers above it: the durable wait,
+//! whether this node may serve, the test clock, as traits they implement;
+//! this crate names none of them).
 //!
-//! Imports go one way: `server` → `dispatch` → the handlers → `reply`,
-//! `decode`, `encode`.
+//! Imports go one way: `listen` → `request` → `routes` → the handlers →
+//! `call`, `reply`, `decode`, `encode`.
 //!
 //! The crate's `Cargo.toml` names the core and no durable store, etcd
 //! client or HA crate, so the compiler keeps "the HTTP layer knows only the
 //! core" (`cargo tree -p hf3fs-meta-http`).
 
+pub mod call;
 pub mod decode;
-pub mod dispatch;
 pub mod encode;
 pub mod gate;
 pub mod hooks;
+pub mod listen;
 pub mod metrics;
 mod ops;
 pub mod reply;
+pub mod request;
 pub mod routes;
-mod scratch;
-pub mod server;
+pub mod scratch;
 mod sglang;
 mod vllm;
 
-pub use hooks::{BoxFuture, Durability, Serving, TestClock};
+pub use hooks::{BoxFuture, DurabilityHook, Serving, TestClockHook};
+pub use listen::{bind, serve, serve_tls};
 pub use ops::OPENAPI;
-pub use server::{bind, serve, serve_tls};
 
 /// The core, under the name this crate's files use for it.
 use hf3fs_meta_core as core;
 
-use crate::core::Registry;
+use crate::core::{Registry, Release};
 use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -66,12 +73,12 @@ pub struct Service {
     pub metrics: Metrics,
     /// The durable stores, with `--data-dir`: a change is answered once
     /// durable there.
-    pub durable: Option<Arc<dyn Durability>>,
+    pub durable: Option<Arc<dyn DurabilityHook>>,
     /// The HA gate, with `--ha etcd`: data routes answer only while this
     /// node may serve ([`gate`]); `None` for a single server.
     pub gate: Option<Arc<dyn Serving>>,
     /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
-    pub test_clock: Option<Arc<dyn TestClock>>,
+    pub test_clock: Option<Arc<dyn TestClockHook>>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
 }
@@ -100,17 +107,6 @@ impl Service {
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
     }
-}
-
-/// Which release the server is, as the binary names it (`/health`,
-/// `/stats`, the build-info metric): the binary passes it down, so only the
-/// binary embeds the commit and a new commit rebuilds nothing else.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Release {
-    /// The release (semver).
-    pub version: &'static str,
-    /// The git commit it was built from (12 hex digits), or `unknown`.
-    pub commit: &'static str,
 }
 
 /// The command line's settings that the HTTP layer reads (the server's

@@ -14,9 +14,9 @@
 //! scrape that reads one shard slightly before another only sees a slightly
 //! older total, which Prometheus tolerates by design.
 
+use crate::core::Release;
 use crate::core::{Dialect, ErrorCode, RankPages, SpaceLabel, SpaceReport};
 use crate::routes::{RouteId, Spec, ROUTES};
-use crate::Release;
 use hf3fs_meta_metrics::{add, counter, gauge, histogram, Family, Samples, Sharded};
 use std::fmt::Display;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

@@ -2,10 +2,9 @@
 //! `/openapi.json`. They read the registry and the counters; none changes
 //! anything.
 
-use super::encode::{self, ServerStats};
-use super::reply::Reply;
-use crate::routes::Op;
-use crate::Service;
+use crate::call::Call;
+use crate::encode::{self, ServerStats};
+use crate::reply::Reply;
 use hyper::StatusCode;
 
 /// The API's OpenAPI 3.1 document, served by `GET /openapi.json` byte for
@@ -15,22 +14,21 @@ pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
 /// The content type of the Prometheus text format.
 const PROMETHEUS: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Runs the operational route `op`.
-pub(super) fn handle(app: &Service, op: Op) -> Result<Reply, Reply> {
-    match op {
-        Op::Metrics => Ok(metrics(app)),
-        Op::Health => health(app),
-        Op::Ready => ready(app),
-        Op::Stats => Ok(stats(app)),
-        Op::OpenApi => Ok(Reply::json(StatusCode::OK, OPENAPI.as_bytes().to_vec(), 0)),
-        Op::Initialize | Op::Allocate | Op::Confirm | Op::Exists | Op::Locations | Op::Clear | Op::Delete => {
-            Err(Reply::internal("not an operational route"))
-        }
-    }
+/// `GET /openapi.json`.
+pub(crate) fn openapi(_: Call<'_>) -> Result<Reply, Reply> {
+    Ok(Reply::json(StatusCode::OK, OPENAPI.as_bytes().to_vec(), 0))
 }
 
-fn metrics(app: &Service) -> Reply {
-    let mut text = app.metrics.render(&app.registry.report(), &app.cfg.release);
+/// The handler of a table row that names none (the table's base row): a
+/// bug in the table, never a client's fault.
+pub(crate) fn unrouted(_: Call<'_>) -> Result<Reply, Reply> {
+    Err(Reply::internal("route without a handler"))
+}
+
+/// `GET /metrics`.
+pub(crate) fn metrics(c: Call<'_>) -> Result<Reply, Reply> {
+    let app = c.app;
+    let mut text = app.metrics.render(&c.registry.report(), &app.cfg.release);
     if let Some(d) = &app.durable {
         d.render_metrics(&mut text);
     }
@@ -38,10 +36,12 @@ fn metrics(app: &Service) -> Reply {
         ha.render_metrics(&mut text);
     }
     hf3fs_meta_tls::reload::render_metrics(&mut text);
-    Reply { content_type: PROMETHEUS, ..Reply::json(StatusCode::OK, text.into_bytes(), 0) }
+    Ok(Reply { content_type: PROMETHEUS, ..Reply::json(StatusCode::OK, text.into_bytes(), 0) })
 }
 
-fn health(app: &Service) -> Result<Reply, Reply> {
+/// `GET /health`.
+pub(crate) fn health(c: Call<'_>) -> Result<Reply, Reply> {
+    let app = c.app;
     if app.is_shutting_down() {
         return Err(Reply::json(StatusCode::SERVICE_UNAVAILABLE, br#"{"status":"shutting_down"}"#.to_vec(), 0));
     }
@@ -75,7 +75,8 @@ fn health(app: &Service) -> Result<Reply, Reply> {
 /// is ready once it answers (it binds only after recovery); an HA leader
 /// while it serves; a follower once caught up with the leader, or while
 /// another node is the synchronous standby ([`crate::hooks::Serving::readiness`]).
-fn ready(app: &Service) -> Result<Reply, Reply> {
+pub(crate) fn ready(c: Call<'_>) -> Result<Reply, Reply> {
+    let app = c.app;
     let role = || app.gate.as_ref().map_or("single", |h| h.role());
     let (ready, role, why) = if app.is_shutting_down() {
         (false, role(), "shutting down".to_string())
@@ -102,7 +103,9 @@ fn ready(app: &Service) -> Result<Reply, Reply> {
     }
 }
 
-fn stats(app: &Service) -> Reply {
+/// `GET /stats`.
+pub(crate) fn stats(c: Call<'_>) -> Result<Reply, Reply> {
+    let (app, registry) = (c.app, c.registry);
     let cfg = &app.cfg;
     let server = ServerStats {
         version: cfg.release.version,
@@ -110,13 +113,13 @@ fn stats(app: &Service) -> Reply {
         uptime_seconds: app.metrics.uptime().as_secs_f64(),
         world_size: cfg.world_size,
         reservation_ttl_seconds: cfg.reservation_ttl,
-        eviction: if app.registry.vllm().config().eviction { "clock" } else { "none" },
+        eviction: if registry.vllm().config().eviction { "clock" } else { "none" },
         read_lease_seconds: cfg.read_lease,
         open_connections: app.metrics.open_connections(),
         durable: app.durable.is_some(),
-        max_spaces: app.registry.sglang().max(),
+        max_spaces: registry.sglang().max(),
     };
-    let spaces = app.registry.report();
+    let spaces = registry.report();
     let mut body = Vec::with_capacity(512 + 192 * spaces.iter().map(|s| s.ranks.len()).sum::<usize>());
     encode::stats(&mut body, &server, &spaces);
     if let Some(ha) = &app.gate {
@@ -124,5 +127,5 @@ fn stats(app: &Service) -> Reply {
         body.pop();
         body.extend_from_slice(format!(r#","ha":{}}}"#, ha.status_json()).as_bytes());
     }
-    Reply::json(StatusCode::OK, body, 0)
+    Ok(Reply::json(StatusCode::OK, body, 0))
 }

@@ -30,12 +30,15 @@ pub struct Reply {
     pub allow: Option<&'static str>,
     /// Close the connection after this answer (the request was cut short).
     pub close: bool,
+    /// Extra header: `Retry-After: 1` (the HA gate's 503: a failover takes
+    /// a few seconds, and the clients, urllib3's Retry, honour it).
+    pub retry_after: bool,
 }
 
 impl Reply {
     /// A JSON `body` with `status`, for a request of `keys` keys.
     pub fn json(status: StatusCode, body: Vec<u8>, keys: usize) -> Reply {
-        Reply { status, body, content_type: JSON, keys, allow: None, close: false }
+        Reply { status, body, content_type: JSON, keys, allow: None, close: false, retry_after: false }
     }
 
     /// `{"detail": msg}` with `status`.
@@ -54,7 +57,7 @@ impl Reply {
 
     /// 204, for a request of `keys` keys.
     pub fn no_content(keys: usize) -> Reply {
-        Reply { status: StatusCode::NO_CONTENT, body: Vec::new(), content_type: JSON, keys, allow: None, close: false }
+        Reply::json(StatusCode::NO_CONTENT, Vec::new(), keys)
     }
 
     /// The 500 of a route the table sends to a handler that has no such

@@ -1,16 +1,22 @@
-//! The table of routes: every route's method, path, dialect, metric label
-//! and what the server does around its handler, declared once in [`ROUTES`].
+//! The table of routes: every route's method, path, dialect, handler,
+//! metric label and what the pipeline does around its handler, declared
+//! once in [`ROUTES`].
 //!
-//! The router ([`find`]), the metrics (one series per row, labelled from the
-//! row) and the server (body, authorization, durability) all read this table;
-//! adding a route is adding a row and, for a new [`Op`], its handler, and
+//! The router ([`find`]), the pipeline ([`crate::request`]: gate, body,
+//! authorization, admission, the handler the row names, durability) and the
+//! metrics (one series per row, labelled from the row) all read this table:
+//! a route found is a row, and the row says everything, its handler
+//! included. Adding a route is adding a row and its handler function, and
 //! documenting it in `docs/api.md` and `docs/openapi.json` (a test in
 //! `tests/http/ops.rs` fails while the table and the document disagree).
 //!
 //! Architecture invariant: this file is data and a matcher; it knows nothing
-//! of hyper or JSON, and of the core only its [`Dialect`] names.
+//! of hyper or JSON, of the core only its [`Dialect`] names, and of the
+//! handlers only their names.
 
+use crate::call::{Handler, RankParam};
 use crate::core::Dialect;
+use crate::{ops, sglang, vllm};
 
 /// The HTTP methods the server routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +37,8 @@ impl Method {
     }
 }
 
-/// What a route does: the handler it runs.
+/// What kind of operation a route is (its handler is [`Spec::handler`]):
+/// what the admission stage and the tests ask of a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// Create a rank.
@@ -72,8 +79,10 @@ pub struct Spec {
     /// The client family whose page spaces the route serves; `None` for the
     /// server's own operational routes (`/health`, `/metrics`, …).
     pub dialect: Option<Dialect>,
-    /// The handler.
+    /// The kind of operation.
     pub op: Op,
+    /// The function that answers it.
+    pub handler: Handler,
     /// The `endpoint` label of its metric series.
     pub label: &'static str,
     /// Whether the handler reads a request body.
@@ -107,6 +116,7 @@ const BASE: Spec = Spec {
     path: "",
     dialect: Some(Dialect::Vllm),
     op: Op::Health,
+    handler: ops::unrouted,
     label: "",
     reads_body: false,
     durable: false,
@@ -119,10 +129,14 @@ const BASE: Spec = Spec {
 const SGLANG: Spec = Spec { dialect: Some(Dialect::Sglang), reads_body: true, ..BASE };
 
 /// Every route. Literal paths come before patterns that could match them.
-pub static ROUTES: [Spec; 18] = [
+pub static ROUTES: [Spec; 18] = TABLE;
+
+/// [`ROUTES`], as a constant that [`RANK_AT`] is computed from.
+const TABLE: [Spec; 18] = [
     Spec {
         path: "/keys/batch_allocate",
         op: Op::Allocate,
+        handler: vllm::allocate,
         label: "batch_allocate",
         reads_body: true,
         keyed: true,
@@ -132,25 +146,36 @@ pub static ROUTES: [Spec; 18] = [
     Spec {
         path: "/keys/confirm_write",
         op: Op::Confirm,
+        handler: vllm::confirm,
         label: "confirm_write",
         reads_body: true,
         keyed: true,
         durable: true,
         ..BASE
     },
-    Spec { path: "/keys/batch_exists", op: Op::Exists, label: "batch_exists", reads_body: true, keyed: true, ..BASE },
+    Spec {
+        path: "/keys/batch_exists",
+        op: Op::Exists,
+        handler: vllm::exists,
+        label: "batch_exists",
+        reads_body: true,
+        keyed: true,
+        ..BASE
+    },
     Spec {
         path: "/keys/get_locations",
         op: Op::Locations,
+        handler: vllm::locations,
         label: "get_locations",
         reads_body: true,
         keyed: true,
         ..BASE
     },
-    Spec { path: "/clear", op: Op::Clear, label: "clear", durable: true, admin: true, ..BASE },
+    Spec { path: "/clear", op: Op::Clear, handler: vllm::clear, label: "clear", durable: true, admin: true, ..BASE },
     Spec {
         path: "/rank/{rank}/initialize",
         op: Op::Initialize,
+        handler: vllm::initialize,
         label: "initialize",
         reads_body: true,
         durable: true,
@@ -158,11 +183,19 @@ pub static ROUTES: [Spec; 18] = [
     },
     // SGLang HiCache: `{rank}` never matches `keys` or `rank`, so these
     // never take a vLLM path (`/keys/confirm_write` is vLLM's).
-    Spec { path: "/{rank}/initialize", op: Op::Initialize, label: "initialize", durable: true, ..SGLANG },
-    Spec { path: "/{rank}/exists", op: Op::Exists, label: "exists", keyed: true, ..SGLANG },
+    Spec {
+        path: "/{rank}/initialize",
+        op: Op::Initialize,
+        handler: sglang::initialize,
+        label: "initialize",
+        durable: true,
+        ..SGLANG
+    },
+    Spec { path: "/{rank}/exists", op: Op::Exists, handler: sglang::exists, label: "exists", keyed: true, ..SGLANG },
     Spec {
         path: "/{rank}/reserve_and_allocate_page_indices",
         op: Op::Allocate,
+        handler: sglang::reserve,
         label: "reserve_and_allocate_page_indices",
         keyed: true,
         durable: true,
@@ -171,19 +204,77 @@ pub static ROUTES: [Spec; 18] = [
     Spec {
         path: "/{rank}/confirm_write",
         op: Op::Confirm,
+        handler: sglang::confirm,
         label: "confirm_write",
         keyed: true,
         durable: true,
         ..SGLANG
     },
-    Spec { path: "/{rank}/delete_keys", op: Op::Delete, label: "delete_keys", keyed: true, durable: true, ..SGLANG },
-    Spec { path: "/{rank}/clear", op: Op::Clear, label: "clear", durable: true, ..SGLANG },
-    Spec { path: "/{rank}/get_page_indices", op: Op::Locations, label: "get_page_indices", keyed: true, ..SGLANG },
-    Spec { method: Method::Get, path: "/metrics", dialect: None, op: Op::Metrics, label: "metrics", ..BASE },
-    Spec { method: Method::Get, path: "/health", dialect: None, op: Op::Health, label: "health", open: true, ..BASE },
-    Spec { method: Method::Get, path: "/ready", dialect: None, op: Op::Ready, label: "ready", open: true, ..BASE },
-    Spec { method: Method::Get, path: "/stats", dialect: None, op: Op::Stats, label: "stats", ..BASE },
-    Spec { method: Method::Get, path: "/openapi.json", dialect: None, op: Op::OpenApi, label: "openapi", ..BASE },
+    Spec {
+        path: "/{rank}/delete_keys",
+        op: Op::Delete,
+        handler: sglang::delete,
+        label: "delete_keys",
+        keyed: true,
+        durable: true,
+        ..SGLANG
+    },
+    Spec { path: "/{rank}/clear", op: Op::Clear, handler: sglang::clear, label: "clear", durable: true, ..SGLANG },
+    Spec {
+        path: "/{rank}/get_page_indices",
+        op: Op::Locations,
+        handler: sglang::page_indices,
+        label: "get_page_indices",
+        keyed: true,
+        ..SGLANG
+    },
+    Spec {
+        method: Method::Get,
+        path: "/metrics",
+        dialect: None,
+        op: Op::Metrics,
+        handler: ops::metrics,
+        label: "metrics",
+        ..BASE
+    },
+    Spec {
+        method: Method::Get,
+        path: "/health",
+        dialect: None,
+        op: Op::Health,
+        handler: ops::health,
+        label: "health",
+        open: true,
+        ..BASE
+    },
+    Spec {
+        method: Method::Get,
+        path: "/ready",
+        dialect: None,
+        op: Op::Ready,
+        handler: ops::ready,
+        label: "ready",
+        open: true,
+        ..BASE
+    },
+    Spec {
+        method: Method::Get,
+        path: "/stats",
+        dialect: None,
+        op: Op::Stats,
+        handler: ops::stats,
+        label: "stats",
+        ..BASE
+    },
+    Spec {
+        method: Method::Get,
+        path: "/openapi.json",
+        dialect: None,
+        op: Op::OpenApi,
+        handler: ops::openapi,
+        label: "openapi",
+        ..BASE
+    },
 ];
 
 /// Segments a `{rank}` never matches: they name the vLLM dialect.
@@ -219,26 +310,6 @@ impl RouteId {
     }
 }
 
-/// The `{rank}` segment of a matched path.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RankParam {
-    /// The route has no `{rank}`.
-    None,
-    /// Decimal digits that fit an `i64`.
-    Int(i64),
-    /// Anything else, verbatim, for the 422 that names it.
-    Invalid(Box<str>),
-}
-
-impl RankParam {
-    fn parse(s: &str) -> RankParam {
-        match s.parse::<i64>() {
-            Ok(r) if s.bytes().all(|b| b.is_ascii_digit()) => RankParam::Int(r),
-            _ => RankParam::Invalid(s.into()),
-        }
-    }
-}
-
 /// The outcome of routing a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
@@ -250,15 +321,44 @@ pub enum Found {
     NotFound,
 }
 
-/// Whether `path` matches `pattern`; the `{rank}` segment when it has one.
-fn matches<'p>(pattern: &str, path: &'p str) -> Option<Option<&'p str>> {
-    // A `char` search (memchr), not `find("{rank}")`: a string pattern
-    // builds a two-way searcher per route per request, 1-3% of a 128-key
-    // lookup's instructions (perf/RESULTS.md). `{` appears in patterns only there.
-    let Some(i) = pattern.find('{').filter(|&i| pattern[i..].starts_with("{rank}")) else {
+/// The `{rank}` placeholder of a pattern.
+const RANK: &str = "{rank}";
+
+/// Where each row's `{rank}` starts in its path, if it has one: found at
+/// compile time, so that routing searches no pattern (a search per row per
+/// request cost a few hundred instructions, and more or fewer with where
+/// the linker put the patterns).
+static RANK_AT: [Option<usize>; TABLE.len()] = {
+    let mut at = [None; TABLE.len()];
+    let mut row = 0;
+    while row < TABLE.len() {
+        let p = TABLE[row].path.as_bytes();
+        let mut i = 0;
+        while i + RANK.len() <= p.len() {
+            let mut j = 0;
+            while j < RANK.len() && p[i + j] == RANK.as_bytes()[j] {
+                j += 1;
+            }
+            if j == RANK.len() {
+                at[row] = Some(i);
+                break;
+            }
+            i += 1;
+        }
+        row += 1;
+    }
+    at
+};
+
+/// Whether `path` matches the pattern of row `row`; the `{rank}` segment
+/// when it has one.
+#[inline]
+fn matches<'p>(row: usize, path: &'p str) -> Option<Option<&'p str>> {
+    let pattern = ROUTES[row].path;
+    let Some(i) = RANK_AT[row] else {
         return (pattern == path).then_some(None);
     };
-    let (head, tail) = (&pattern[..i], &pattern[i + "{rank}".len()..]);
+    let (head, tail) = (&pattern[..i], &pattern[i + RANK.len()..]);
     let seg = path.strip_prefix(head)?.strip_suffix(tail)?;
     (!seg.is_empty() && !seg.contains('/') && !RESERVED.contains(&seg)).then_some(Some(seg))
 }
@@ -267,7 +367,7 @@ fn matches<'p>(pattern: &str, path: &'p str) -> Option<Option<&'p str>> {
 pub fn find(method: Method, path: &str) -> Found {
     let mut other_method = None;
     for (i, spec) in ROUTES.iter().enumerate() {
-        let Some(rank) = matches(spec.path, path) else { continue };
+        let Some(rank) = matches(i, path) else { continue };
         if spec.method != method {
             other_method.get_or_insert(spec.method);
             continue;
@@ -321,6 +421,13 @@ mod tests {
         assert_eq!(find(Post, "/keys/clear"), Found::NotFound);
         assert_eq!(find(Get, "/0/exists"), Found::MethodNotAllowed(Post));
         assert_eq!(find(Post, "/0/1/exists"), Found::NotFound);
+    }
+
+    #[test]
+    fn the_rank_positions_are_the_patterns() {
+        for (row, spec) in ROUTES.iter().enumerate() {
+            assert_eq!(RANK_AT[row], spec.path.find(RANK), "{}", spec.path);
+        }
     }
 
     #[test]

@@ -1,13 +1,14 @@
 //! Per-thread scratch reused across requests: the JSON decoder's buffers and
 //! the core's output vectors, one set per worker thread
-//! ([`super::dispatch`] lends it to each handler).
+//! (the pipeline's handler stage, [`crate::request`], lends it to each
+//! handler in its [`crate::call::Call`]).
 
 use super::decode::Decoder;
 use crate::core::AllocSlot;
 
 /// The buffers one handler call may use; each handler clears what it fills.
 #[derive(Default)]
-pub(crate) struct Scratch {
+pub struct Scratch {
     /// The JSON decoder and its reusable tape.
     pub decoder: Decoder,
     /// vLLM's allocate answer: (key index, page).

@@ -2,47 +2,20 @@
 //! `(rank, namespace)` (see [`crate::core::spaces`]).
 //!
 //! The same three steps as vLLM's handlers (decode, call the core, encode,
-//! each handler answering `Result<Reply, Reply>`),
-//! over the same core: each space is a [`Store`] of one rank, so an op here
+//! each handler taking one [`Call`] and answering `Result<Reply, Reply>`,
+//! the `{rank}` checked first), over the same core: each space is a [`Store`] of one rank, so an op here
 //! is the vLLM op of the same name on that store's rank 0, answered in
 //! SGLang's shapes. What differs from SGLang's own server is listed in
 //! docs/differences.md ("Differences from SGLang's server"): malformed bodies
 //! get a 400 instead of a bare 500, allocation evicts by recency under read leases instead of
 //! handing a read page to a new key, and releases are checked.
 
-use super::decode::{Body, Input, Limits};
-use super::encode;
-use super::reply::{self, Reply};
-use super::scratch::Scratch;
-use crate::core::{ConfirmError, Dialect, InitError, Initialized, SpaceError, Store};
-use crate::routes::{Op, RankParam};
-use crate::Service;
+use crate::call::{Call, RankParam};
+use crate::core::{ConfirmError, Dialect, InitError, Initialized, Registry, SpaceError, Store};
+use crate::decode::Input;
+use crate::encode;
+use crate::reply::{self, Reply};
 use hyper::StatusCode;
-
-/// Runs SGLang's `op` on a fully read `body`.
-pub(super) fn handle(
-    app: &Service,
-    op: Op,
-    rank: &RankParam,
-    s: &mut Scratch,
-    body: &mut Body<'_>,
-    limits: Limits,
-) -> Result<Reply, Reply> {
-    let rank = sglang_rank(rank)?;
-    // The lookups decode from the body as read; the others write it.
-    match op {
-        Op::Initialize => initialize(app, rank, s, body.bytes_mut()),
-        Op::Allocate => reserve(app, rank, s, body.bytes_mut(), limits),
-        Op::Confirm => confirm(app, rank, s, body.bytes_mut(), limits),
-        Op::Exists => exists(app, rank, s, body, limits),
-        Op::Locations => page_indices(app, rank, s, body, limits),
-        Op::Delete => delete(app, rank, s, body.bytes_mut(), limits),
-        Op::Clear => clear(app, rank, s, body.bytes_mut()),
-        Op::Metrics | Op::Health | Op::Ready | Op::Stats | Op::OpenApi => {
-            Err(Reply::internal("not an SGLang operation"))
-        }
-    }
-}
 
 /// The `{rank}` of a route as SGLang's rank, or FastAPI's 422.
 fn sglang_rank(rank: &RankParam) -> Result<u32, Reply> {
@@ -58,15 +31,16 @@ fn sglang_rank(rank: &RankParam) -> Result<u32, Reply> {
     }
 }
 
-/// Runs `f` on space `(rank, namespace)`, or answers SGLang's 404.
+/// Runs `f` on space `(rank, namespace)` of `registry`, or answers
+/// SGLang's 404.
 fn on_space(
-    app: &Service,
+    registry: &Registry,
     rank: u32,
     namespace: &str,
     keys: usize,
     f: impl FnOnce(&Store) -> Result<Reply, Reply>,
 ) -> Result<Reply, Reply> {
-    app.registry.sglang().with(rank, namespace, f).unwrap_or_else(|| {
+    registry.sglang().with(rank, namespace, f).unwrap_or_else(|| {
         let msg = format!("Rank {rank} namespace '{namespace}' not initialized. Please call /{rank}/initialize first.");
         Err(Reply::detail(StatusCode::NOT_FOUND, &msg).keys(keys))
     })
@@ -77,10 +51,12 @@ fn internal(e: impl std::fmt::Display, keys: usize) -> Reply {
     Reply::internal(&e.to_string()).keys(keys)
 }
 
-fn initialize(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Result<Reply, Reply> {
-    let req = s.decoder.space_initialize(body)?;
+/// `POST /{rank}/initialize`.
+pub(crate) fn initialize(mut c: Call<'_>) -> Result<Reply, Reply> {
+    let rank = sglang_rank(c.rank)?;
+    let req = c.scratch.decoder.space_initialize(c.body.bytes_mut())?;
     let (ns, num_pages) = (req.namespace, req.num_pages);
-    match app.registry.sglang().initialize(rank, ns, num_pages) {
+    match c.registry.sglang().initialize(rank, ns, num_pages) {
         Ok(Initialized::Created) => {
             tracing::info!(rank, namespace = ns, num_pages, "SGLang space initialized");
         }
@@ -108,11 +84,14 @@ fn initialize(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Res
     Ok(Reply::no_content(0))
 }
 
-fn reserve(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
-    let req = s.decoder.space_reserve(body, limits)?;
+/// `POST /{rank}/reserve_and_allocate_page_indices`.
+pub(crate) fn reserve(mut c: Call<'_>) -> Result<Reply, Reply> {
+    let rank = sglang_rank(c.rank)?;
+    let (s, app) = (c.scratch, c.app);
+    let req = s.decoder.space_reserve(c.body.bytes_mut(), c.limits)?;
     let n = req.keys.len();
     let slots = &mut s.slots;
-    on_space(app, rank, req.namespace, n, |st| {
+    on_space(c.registry, rank, req.namespace, n, |st| {
         let o = st.allocate_partial_keys(0, &req.keys, slots).map_err(|e| internal(e, n))?;
         app.metrics.allocate_keys(Dialect::Sglang, o.reserved, o.reused, o.refused);
         let mut out = Vec::with_capacity(16 + n * 14);
@@ -121,10 +100,13 @@ fn reserve(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8], limits: L
     })
 }
 
-fn confirm(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
-    let req = s.decoder.space_confirm(body, limits)?;
+/// `POST /{rank}/confirm_write`.
+pub(crate) fn confirm(mut c: Call<'_>) -> Result<Reply, Reply> {
+    let rank = sglang_rank(c.rank)?;
+    let app = c.app;
+    let req = c.scratch.decoder.space_confirm(c.body.bytes_mut(), c.limits)?;
     let n = req.confirmations.len() + req.releases.len();
-    on_space(app, rank, req.namespace, n, |st| {
+    on_space(c.registry, rank, req.namespace, n, |st| {
         let o = st.confirm_keys(0, &req.confirmations, &req.releases).map_err(|e| {
             app.metrics.confirm_error(Dialect::Sglang, e.code);
             // The space's rank 0 is SGLang's `rank`.
@@ -135,11 +117,14 @@ fn confirm(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8], limits: L
     })
 }
 
-fn exists(app: &Service, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limits: Limits) -> Result<Reply, Reply> {
-    let req = s.decoder.space_lookup(body, limits)?;
+/// `POST /{rank}/exists`.
+pub(crate) fn exists(mut c: Call<'_>) -> Result<Reply, Reply> {
+    let rank = sglang_rank(c.rank)?;
+    let s = c.scratch;
+    let req = s.decoder.space_lookup(&mut c.body, c.limits)?;
     let n = req.keys.len();
     let flags = &mut s.flags;
-    on_space(app, rank, req.namespace, n, |st| {
+    on_space(c.registry, rank, req.namespace, n, |st| {
         st.exists_keys(&req.keys, flags);
         let mut out = Vec::with_capacity(16 + n * 6);
         encode::exists(&mut out, flags);
@@ -147,17 +132,14 @@ fn exists(app: &Service, rank: u32, s: &mut Scratch, body: &mut Body<'_>, limits
     })
 }
 
-fn page_indices(
-    app: &Service,
-    rank: u32,
-    s: &mut Scratch,
-    body: &mut Body<'_>,
-    limits: Limits,
-) -> Result<Reply, Reply> {
-    let req = s.decoder.space_lookup(body, limits)?;
+/// `POST /{rank}/get_page_indices`.
+pub(crate) fn page_indices(mut c: Call<'_>) -> Result<Reply, Reply> {
+    let rank = sglang_rank(c.rank)?;
+    let s = c.scratch;
+    let req = s.decoder.space_lookup(&mut c.body, c.limits)?;
     let n = req.keys.len();
     let locations = &mut s.locations;
-    on_space(app, rank, req.namespace, n, |st| {
+    on_space(c.registry, rank, req.namespace, n, |st| {
         st.locations_keys(0, &req.keys, locations).map_err(|e| internal(e, n))?;
         let mut out = Vec::with_capacity(16 + n * 11);
         encode::indices(&mut out, locations);
@@ -165,19 +147,24 @@ fn page_indices(
     })
 }
 
-fn delete(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8], limits: Limits) -> Result<Reply, Reply> {
-    let req = s.decoder.space_keys(body, limits)?;
+/// `POST /{rank}/delete_keys`.
+pub(crate) fn delete(mut c: Call<'_>) -> Result<Reply, Reply> {
+    let rank = sglang_rank(c.rank)?;
+    let app = c.app;
+    let req = c.scratch.decoder.space_keys(c.body.bytes_mut(), c.limits)?;
     let n = req.keys.len();
-    on_space(app, rank, req.namespace, n, |st| {
+    on_space(c.registry, rank, req.namespace, n, |st| {
         let o = st.delete(0, &req.keys).map_err(|e| internal(e, n))?;
         app.metrics.delete_keys(o.deleted, o.quarantined);
         Ok(Reply::no_content(n))
     })
 }
 
-fn clear(app: &Service, rank: u32, s: &mut Scratch, body: &mut [u8]) -> Result<Reply, Reply> {
-    let ns = s.decoder.space_namespace(body)?;
-    on_space(app, rank, ns, 0, |st| {
+/// `POST /{rank}/clear`: one space.
+pub(crate) fn clear(mut c: Call<'_>) -> Result<Reply, Reply> {
+    let rank = sglang_rank(c.rank)?;
+    let ns = c.scratch.decoder.space_namespace(c.body.bytes_mut())?;
+    on_space(c.registry, rank, ns, 0, |st| {
         let o = st.reset();
         tracing::warn!(
             rank,

@@ -1,9 +1,9 @@
 //! vLLM's request bodies, handled in process: requests go through
-//! `http::dispatch::handle`, as in the server, without sockets (the
-//! benches' `request` and the example `request_phases`).
+//! `http::request::handle`, the server's handler stage, without sockets
+//! (the benches' `request` and the example `request_phases`).
 
 use hf3fs_meta::config::Config;
-use hf3fs_meta::http::dispatch::{handle, route};
+use hf3fs_meta::http::request::{handle, route};
 use hf3fs_meta::App;
 use hyper::Method;
 use rand::Rng;

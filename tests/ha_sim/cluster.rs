@@ -14,10 +14,12 @@ use hf3fs_meta::ha::coord::mem::{MemClient, MemEtcd};
 use hf3fs_meta::ha::coord::Coordinator;
 use hf3fs_meta::ha::{Election, Keys, Node, Promotion, Role, WithoutReplication};
 use hf3fs_meta::http::gate;
+use hf3fs_meta::http::reply::Reply;
+use hf3fs_meta::http::request::{respond_with, Peer};
 use hf3fs_meta::App;
 use http_body_util::Full;
 use hyper::header::{CONTENT_LENGTH, RETRY_AFTER};
-use hyper::{Request, Response};
+use hyper::{Request, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -242,18 +244,17 @@ impl Cluster {
         .await
     }
 
-    /// A data request to node `i` through the real gate whose handler is
-    /// `handler` (its status: a write that could not be replicated is 503).
+    /// A data request to node `i` through the real pipeline and gate whose
+    /// handler is `handler` (its status: a write that could not be
+    /// replicated is 503).
     pub(crate) async fn request_with(&self, i: usize, handler: impl FnOnce() -> u16) -> Answer {
-        let req = Request::post("/keys/batch_exists").header(CONTENT_LENGTH, "2").body(()).unwrap();
-        let resp = gate::guard(self.nodes[i].app.service().clone(), req, |_, _| async move {
+        let body = Full::new(Bytes::from_static(b"{}"));
+        let req = Request::post("/keys/batch_exists").header(CONTENT_LENGTH, "2").body(body).unwrap();
+        let peer = Peer::plain(([127, 0, 0, 1], 1).into());
+        let resp = respond_with(self.nodes[i].app.service().clone(), peer, req, |_, _| {
             let status = handler();
-            let mut r = Response::new(Full::new(Bytes::from_static(b"{\"exists\":[]}")));
-            *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
-            if status == 503 {
-                r.headers_mut().insert(RETRY_AFTER, hyper::header::HeaderValue::from_static("1"));
-            }
-            Ok(r)
+            let r = Reply::json(StatusCode::from_u16(status).unwrap(), b"{\"exists\":[]}".to_vec(), 0);
+            Reply { retry_after: status == 503, ..r }
         })
         .await
         .unwrap();

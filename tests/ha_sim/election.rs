@@ -6,7 +6,7 @@
 //! quorum stops the leader within one TTL until quorum returns.
 
 use super::cluster::{Cluster, STEP, TTL};
-use hf3fs_meta::ha::{Clock, Role};
+use hf3fs_meta::ha::{DeadlineClock, Role};
 use std::time::Duration;
 
 /// A renewal period: a third of the TTL.

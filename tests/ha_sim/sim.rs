@@ -26,7 +26,7 @@
 
 use super::cluster::{Cluster, STEP, TTL};
 use hf3fs_meta::ha::election::{BoxFuture, Member, Promotion, PromotionContext, Refusal};
-use hf3fs_meta::ha::{Clock, Node, Role};
+use hf3fs_meta::ha::{DeadlineClock, Node, Role};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;

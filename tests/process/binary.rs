@@ -95,6 +95,49 @@ fn help_lists_every_flag() {
     assert!(text.contains("replication protocol 2-3") && text.contains("data-directory format 2"), "{text}");
 }
 
+/// Every subcommand, with the document its `--help` names.
+const SUBCOMMANDS: [(&str, &str); 5] = [
+    ("relay", "docs/ha.md"),
+    ("bench", "docs/bench.md"),
+    ("inspect", "docs/operations.md"),
+    ("verify", "docs/operations.md"),
+    ("ctl", "docs/ha.md"),
+];
+
+#[test]
+fn help_lists_every_subcommand_and_each_names_its_document() {
+    let out = command().arg("--help").output().expect("run --help");
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8(out.stdout).expect("UTF-8");
+    let commands = help.split("Commands:\n").nth(1).expect("a Commands section").split("\n\n").next().unwrap();
+    use clap::CommandFactory;
+    let parser = hf3fs_meta::config::Config::command();
+    let known: Vec<&str> = parser.get_subcommands().map(|c| c.get_name()).filter(|n| *n != "help").collect();
+    assert_eq!(known, SUBCOMMANDS.map(|(n, _)| n), "a new subcommand: add it to SUBCOMMANDS");
+    for (name, doc) in SUBCOMMANDS {
+        // Listed on a line of its own with its description.
+        let line = commands.lines().find(|l| l.trim_start().starts_with(&format!("{name} "))).unwrap_or_else(|| {
+            panic!("--help does not list {name}:\n{help}");
+        });
+        let about = parser.find_subcommand(name).and_then(|c| c.get_about()).expect("a description").to_string();
+        assert!(about.contains(doc), "{name}'s description names no {doc}: {about}");
+        assert!(line.contains(about.split_whitespace().next().unwrap()), "{name}'s line has no description: {line}");
+        // Its own help: usage under the binary's name, and the document.
+        let out = command().args([name, "--help"]).output().expect("run SUBCOMMAND --help");
+        assert!(out.status.success(), "{name} --help: {out:?}");
+        let text = String::from_utf8(out.stdout).expect("UTF-8");
+        assert!(text.contains(&format!("Usage: hf3fs-meta {name}")), "{name} --help:\n{text}");
+        assert!(text.contains(doc), "{name} --help names no {doc}:\n{text}");
+        assert!(!text.contains("metadata server for vLLM"), "{name} --help describes the server:\n{text}");
+    }
+    // The relay, parsed apart from the server's flags, has the same help.
+    let out = command().args(["relay", "--help"]).output().expect("run relay --help");
+    let text = String::from_utf8(out.stdout).expect("UTF-8");
+    assert!(text.starts_with("Forward a local port to the HA cluster's serving leader"), "{text}");
+    assert!(text.contains("--etcd-endpoints") && text.contains("--log-level"), "{text}");
+    assert!(!text.contains("--data-dir"), "relay --help lists the server's flags:\n{text}");
+}
+
 #[test]
 fn bad_flags_exit_nonzero_with_usage() {
     for args in [

@@ -1,4 +1,4 @@
-//! Arbitrary requests through `dispatch::route` and `dispatch::handle` on an `App` with
+//! Arbitrary requests through `request::route` and `request::handle` on an `App` with
 //! two initialized ranks (0 and 1, 64 pages each).
 //!
 //! Input: up to 8 requests separated by a line `---`; each request is
@@ -22,8 +22,8 @@
 //! every `cargo test`).
 
 use hf3fs_meta::config::Config;
-use hf3fs_meta::http::dispatch::{handle, route};
 use hf3fs_meta::http::reply::JSON;
+use hf3fs_meta::http::request::{handle, route};
 use hf3fs_meta::App;
 use hyper::Method;
 
