@@ -269,8 +269,10 @@ fn relay(args: hf3fs_meta::config::RelayCommand) -> Result<(), Exit> {
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(usize::from(n)).enable_all().build(),
     }
     .map_err(|e| Exit::failure(format!("cannot start the runtime: {e}")))?;
+    // shutdown_signal registers its handlers at once, which needs the
+    // runtime's reactor: call it inside block_on, not before.
     runtime
-        .block_on(ha::relay::run(args, shutdown_signal()))
+        .block_on(async { ha::relay::run(args, shutdown_signal()).await })
         .map_err(|e| Exit::Failed { status: 2, why: format!("relay: {e}") })
 }
 

@@ -353,7 +353,7 @@ static RANK_AT: [Option<usize>; TABLE.len()] = {
 /// Whether `path` matches the pattern of row `row`; the `{rank}` segment
 /// when it has one.
 #[inline]
-fn matches<'p>(row: usize, path: &'p str) -> Option<Option<&'p str>> {
+fn matches(row: usize, path: &str) -> Option<Option<&str>> {
     let pattern = ROUTES[row].path;
     let Some(i) = RANK_AT[row] else {
         return (pattern == path).then_some(None);

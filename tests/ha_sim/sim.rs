@@ -392,7 +392,7 @@ fn random_schedules_keep_the_guarantees() {
     let (mut acked, mut promotions) = (0, 0);
     let n = seeds.len();
     for seed in seeds {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.block_on(run_seed(seed)))) {
             Ok((a, p)) => (acked, promotions) = (acked + a, promotions + p),
             Err(e) => {

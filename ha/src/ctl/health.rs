@@ -96,9 +96,15 @@ mod tests {
             let l = l.try_clone().unwrap();
             std::thread::spawn(move || {
                 let (mut c, _) = l.accept().unwrap();
-                let mut req = [0u8; 256];
-                let n = c.read(&mut req).unwrap();
-                assert!(req[..n].starts_with(b"GET /ready HTTP/1.1\r\n"));
+                // The whole request head: one read may return part of it.
+                let mut req = Vec::new();
+                let mut buf = [0u8; 256];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = c.read(&mut buf).unwrap();
+                    assert!(n > 0, "the client closed before its request ended");
+                    req.extend_from_slice(&buf[..n]);
+                }
+                assert!(req.starts_with(b"GET /ready HTTP/1.1\r\n"));
                 c.write_all(answer.as_bytes()).unwrap();
             })
         };
