@@ -8,7 +8,7 @@
 //! request vanishes). The leader at that epoch sees it (a watch, and every
 //! renewal period), and:
 //!
-//! 1. picks the target ([`Promotion::switchover_target`](super::Promotion::switchover_target)): the node asked
+//! 1. picks the target ([`Promotion::switchover_target`]): the node asked
 //!    for, once the stream to it is in sync (the leader moves its stream
 //!    there and waits for the snapshot), or the synchronous standby in
 //!    sync; with none, it refuses, and says why in the key (state
@@ -16,7 +16,7 @@
 //! 2. closes its gate (requests answered 503 with `Retry-After`, which the
 //!    clients retry through the relay) and waits, at most [`DRAIN`], until
 //!    the target acknowledged every change journaled here
-//!    ([`Promotion::drain`](super::Promotion::drain)); if it does not, it opens the gate again and
+//!    ([`Promotion::drain`]); if it does not, it opens the gate again and
 //!    refuses;
 //! 3. in one transaction guarded by its epoch: names the target in
 //!    `P/sync`, records the hand-over in `P/handover` (the target need not

@@ -3,7 +3,7 @@
 //! `tests/process/durable_disk.rs`): its flags, its stderr log line by line, its
 //! exit status, signals and SIGKILL.
 //!
-//! Every wait is bounded by [`FAILSAFE`](crate::FAILSAFE) and ends on a
+//! Every wait is bounded by [`FAILSAFE`] and ends on a
 //! condition (a log line, stderr closing), never on a sleep.
 
 use crate::{Client, FAILSAFE};

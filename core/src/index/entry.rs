@@ -22,7 +22,7 @@ pub(super) const INLINE_RANKS: usize = 8;
 /// What the index knows about one key, but for pages of ranks beyond the
 /// inline ones: 40 bytes, `repr(C)` with the counts first, so that the
 /// counts and the pages of the first 8 ranks share a cache line with the
-/// hex key's digest in front of them ([`hex`]'s arena slot, 56 bytes).
+/// hex key's digest in front of them ([`hex`](super::hex)'s arena slot, 56 bytes).
 #[derive(Debug)]
 #[repr(C)]
 pub struct Head {
@@ -32,7 +32,7 @@ pub struct Head {
     pub(super) world: AtomicU16,
     /// Ranks that hold a page for it (the non-`NO_PAGE` pages).
     pub(super) bound: AtomicU16,
-    /// Its read lease and recency mark ([`super::lease`]).
+    /// Its read lease and recency mark ([`Lease`]).
     pub(super) lease: Lease,
     /// Page of ranks `0..INLINE_RANKS`, `NO_PAGE` where the rank holds none.
     pub(super) inline: [AtomicU32; INLINE_RANKS],
@@ -363,7 +363,7 @@ pub struct Delta {
     pub complete: i64,
 }
 
-/// The outcome of [`KeyIndex::bind`].
+/// The outcome of [`KeyIndex::bind`](super::KeyIndex::bind).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bind {
     /// The key is now bound to the page on this rank: its world size, and
@@ -371,7 +371,7 @@ pub enum Bind {
     Bound(u32, Option<u32>),
     /// The key already held this other page on the rank; it was kept.
     Kept(u32),
-    /// A new hex key found every id taken ([`MAX_IDS`]); nothing changed.
+    /// A new hex key found every id taken ([`MAX_IDS`](super::MAX_IDS)); nothing changed.
     Full,
 }
 
