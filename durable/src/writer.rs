@@ -183,6 +183,11 @@ impl Writer {
             // BATCH_SYNC_INTERVAL). Acknowledge, unless another thread found
             // the store failing meanwhile.
             if !self.shared.progress.is_healthy() {
+                // The failure stands; a Stop taken with this batch must
+                // still end the loop (degraded() would wait for another).
+                if stop {
+                    return Ok(());
+                }
                 continue;
             }
             if batch.took {
