@@ -227,12 +227,13 @@ pub struct Conn {
     stream: Option<TcpStream>,
     buf: Buffers,
     timeout: Option<Duration>,
+    wire: bool,
 }
 
 impl Conn {
     /// A connection to `addr`, dialled on first use; no timeout.
     pub fn new(addr: SocketAddr) -> Self {
-        Conn { addr, stream: None, buf: Buffers::new(addr), timeout: None }
+        Conn { addr, stream: None, buf: Buffers::new(addr), timeout: None, wire: false }
     }
 
     /// Bounds each request (dialling, sending, reading the whole answer) by
@@ -264,6 +265,20 @@ impl Conn {
         if let Some(s) = &self.stream {
             let _ = s.shutdown(std::net::Shutdown::Write);
         }
+    }
+
+    /// Makes this a test's wire: one socket, dialled on first use and kept
+    /// whatever happens (a failure, a timeout, a `Connection: close`
+    /// answer) until [`close`](Self::close), so the caller can go on asking
+    /// what the server does on it. A timed-out read resumes where it stopped.
+    pub fn wire(mut self) -> Self {
+        self.wire = true;
+        self
+    }
+
+    /// The bound of each request, if any.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
     }
 
     /// Hands back 1xx answers as answers of their own.
@@ -336,7 +351,9 @@ impl Conn {
         let stream = self.stream()?;
         let res = set_timeouts(stream, deadline).and_then(|()| stream.write_all(bytes));
         res.map_err(|error| {
-            self.close();
+            if !self.wire {
+                self.close();
+            }
             CallError { error, stage: Stage::Exchange, partial: false }
         })
     }
@@ -353,14 +370,16 @@ impl Conn {
         let res = sent.and_then(|()| self.read(deadline));
         match res {
             Ok(()) => {
-                if !self.buf.decoder.head().keep_alive {
+                if !self.buf.decoder.head().keep_alive && !self.wire {
                     self.stream = None;
                 }
                 Ok(self.buf.reply())
             }
             Err(error) => {
                 let partial = self.buf.got;
-                self.close();
+                if !self.wire {
+                    self.close();
+                }
                 Err(CallError { error, stage: Stage::Exchange, partial })
             }
         }
@@ -527,5 +546,39 @@ pub(crate) mod tests {
         let e = c.post("/x", b"{}").unwrap_err();
         assert_eq!((e.stage, e.error.kind()), (Stage::Exchange, io::ErrorKind::TimedOut));
         drop(l);
+    }
+
+    #[test]
+    fn a_wire_keeps_its_socket_through_a_timeout_and_a_close() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut got = Vec::new();
+            while !got.ends_with(b"\r\n\r\n") {
+                let mut chunk = [0u8; 64];
+                let n = s.read(&mut chunk).unwrap();
+                assert!(n > 0, "client closed early");
+                got.extend_from_slice(&chunk[..n]);
+            }
+            wait.recv().unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 1\r\n\r\nz").unwrap();
+            s
+        });
+        let mut c = Conn::new(addr).wire().with_timeout(Duration::from_millis(50));
+        c.send(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        // The server answers only once told to: this read runs out.
+        let e = c.read_answer().unwrap_err();
+        assert_eq!(e.error.kind(), io::ErrorKind::TimedOut);
+        assert!(c.is_open(), "a wire keeps its socket after a timeout");
+        go.send(()).unwrap();
+        c.set_timeout(Some(Duration::from_secs(20)));
+        let r = c.read_answer().unwrap();
+        assert_eq!((r.status, r.body, r.head.keep_alive), (200, &b"z"[..], false));
+        assert!(c.is_open(), "a wire keeps its socket after Connection: close");
+        drop(t.join().unwrap());
+        let e = c.read_answer().unwrap_err();
+        assert_eq!(e.error.kind(), io::ErrorKind::UnexpectedEof, "the same socket, now closed by the server");
     }
 }

@@ -1,13 +1,17 @@
-//! A tiny blocking HTTP/1.1 client over `std::net::TcpStream` that sends raw
-//! bytes and parses what comes back (status, headers, Content-Length /
-//! chunked / 204 bodies), so malformed input can be sent byte for byte and
-//! keep-alive reuse is explicit. Every answer read by [`Client::request`] is
-//! checked against `docs/openapi.json` ([`crate::schema`]).
+//! The tests' blocking client: the project's one HTTP/1.1 client
+//! (`hf3fs-meta-client`'s [`Conn`]) as a test's wire, one socket kept
+//! whatever happens, so malformed input can be sent byte for byte, keep-alive
+//! reuse is explicit and a test can ask what the server does next (answers,
+//! closes, or stays silent). Answers come back owned, with their headers and
+//! 1xx ones on request; every answer read by [`Client::request`] is checked
+//! against `docs/openapi.json` ([`crate::schema`]).
 
 use crate::{schema, FAILSAFE};
+use hf3fs_meta_client::conn::write_head;
+use hf3fs_meta_client::{CallError, Conn, Reply};
 use serde_json::Value;
-use std::io::{self, ErrorKind, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::io::{self, ErrorKind, Read};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 /// A parsed response.
@@ -77,49 +81,51 @@ pub enum Outcome {
 
 /// A blocking HTTP/1.1 client on one connection.
 pub struct Client {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    conn: Conn,
 }
 
 fn timed_out(e: &io::Error) -> bool {
     matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
+impl From<Reply<'_>> for Response {
+    fn from(r: Reply<'_>) -> Self {
+        Response {
+            status: r.status,
+            reason: r.head.reason.clone(),
+            headers: r.head.headers.clone(),
+            body: r.body.to_vec(),
+        }
+    }
+}
+
 impl Client {
-    /// Connects to `addr`, with [`FAILSAFE`] as the read timeout.
+    /// Connects to `addr`, with [`FAILSAFE`] as the bound of each read.
     pub fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-        stream.set_nodelay(true).expect("nodelay");
-        stream.set_read_timeout(Some(FAILSAFE)).expect("timeout");
-        stream.set_write_timeout(Some(FAILSAFE)).expect("timeout");
-        Client { stream, buf: Vec::new() }
+        let mut conn = Conn::new(addr).wire().keep_headers().interim().with_timeout(FAILSAFE);
+        conn.stream().unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        Client { conn }
     }
 
-    /// Sets the read timeout.
-    pub fn set_read_timeout(&self, d: Duration) {
-        self.stream.set_read_timeout(Some(d)).expect("timeout");
+    /// Sets the bound of each read from now on.
+    pub fn set_read_timeout(&mut self, d: Duration) {
+        self.conn.set_timeout(Some(d));
     }
 
     /// Sends raw bytes.
     pub fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).expect("write");
-        self.stream.flush().expect("flush");
+        self.try_send(bytes).expect("write");
     }
 
     /// Sends raw bytes; a failure (the server closed) is returned, not a panic.
     pub fn try_send(&mut self, bytes: &[u8]) -> io::Result<()> {
-        self.stream.write_all(bytes)?;
-        self.stream.flush()
+        self.conn.send(bytes).map_err(io::Error::from)
     }
 
     /// Half-closes: no more bytes from us. A failure means the server has
     /// already closed the connection, which the next read reports.
     pub fn shutdown_write(&self) {
-        let _ = self.stream.shutdown(Shutdown::Write);
+        self.conn.shutdown_write();
     }
 
     /// Sends one request and reads its response. `body` goes with a
@@ -132,40 +138,9 @@ impl Client {
         r
     }
 
-    /// Reads more bytes into the buffer; 0 means EOF.
-    fn fill(&mut self) -> io::Result<usize> {
-        let mut chunk = [0u8; 16 * 1024];
-        let n = self.stream.read(&mut chunk)?;
-        self.buf.extend_from_slice(&chunk[..n]);
-        Ok(n)
-    }
-
-    /// Reads until `n` bytes are buffered.
-    fn need(&mut self, n: usize) -> io::Result<()> {
-        while self.buf.len() < n {
-            if self.fill()? == 0 {
-                return Err(io::Error::new(ErrorKind::UnexpectedEof, "truncated body"));
-            }
-        }
-        Ok(())
-    }
-
-    /// Reads a CRLF-terminated line (without the CRLF).
-    fn line(&mut self) -> io::Result<String> {
-        loop {
-            if let Some(i) = find(&self.buf, b"\r\n") {
-                let line: Vec<u8> = self.buf.drain(..i + 2).take(i).collect();
-                return String::from_utf8(line).map_err(|_| io::Error::new(ErrorKind::InvalidData, "non-UTF-8 line"));
-            }
-            if self.fill()? == 0 {
-                return Err(io::Error::new(ErrorKind::UnexpectedEof, "truncated line"));
-            }
-        }
-    }
-
     /// Reads one response (1xx interim answers are skipped). An error of kind
-    /// `UnexpectedEof` or a reset means the server closed; `WouldBlock` or
-    /// `TimedOut` that the read timeout ran out.
+    /// `UnexpectedEof` or a reset means the server closed; `TimedOut` that
+    /// the read's bound ran out.
     pub fn read_response(&mut self) -> io::Result<Response> {
         loop {
             let r = self.read_any()?;
@@ -177,69 +152,7 @@ impl Client {
 
     /// Reads one response, interim (1xx) ones included.
     pub fn read_any(&mut self) -> io::Result<Response> {
-        let end = loop {
-            if let Some(i) = find(&self.buf, b"\r\n\r\n") {
-                break i;
-            }
-            if self.fill()? == 0 {
-                return Err(io::Error::new(
-                    ErrorKind::UnexpectedEof,
-                    if self.buf.is_empty() {
-                        "connection closed".to_string()
-                    } else {
-                        format!("closed mid-head: {:?}", String::from_utf8_lossy(&self.buf))
-                    },
-                ));
-            }
-        };
-        let head: Vec<u8> = self.buf.drain(..end + 4).collect();
-        let head = String::from_utf8(head).map_err(|_| io::Error::new(ErrorKind::InvalidData, "non-UTF-8 head"))?;
-        let mut lines = head[..end].split("\r\n");
-        let status_line = lines.next().unwrap_or_default();
-        let mut parts = status_line.splitn(3, ' ');
-        let version = parts.next().unwrap_or_default();
-        if !version.starts_with("HTTP/1.") {
-            return Err(io::Error::new(ErrorKind::InvalidData, format!("bad status line {status_line:?}")));
-        }
-        let status: u16 = parts
-            .next()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| io::Error::new(ErrorKind::InvalidData, format!("bad status line {status_line:?}")))?;
-        let reason = parts.next().unwrap_or_default().to_string();
-        let mut headers = Vec::new();
-        for l in lines {
-            let (k, v) =
-                l.split_once(':').ok_or_else(|| io::Error::new(ErrorKind::InvalidData, format!("bad header {l:?}")))?;
-            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
-        }
-        let mut resp = Response { status, reason, headers, body: Vec::new() };
-        if (100..200).contains(&status) || status == 204 || status == 304 {
-            return Ok(resp);
-        }
-        let chunked = resp.header("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked"));
-        if chunked {
-            loop {
-                let size_line = self.line()?;
-                let size = usize::from_str_radix(size_line.split(';').next().unwrap_or("").trim(), 16)
-                    .map_err(|_| io::Error::new(ErrorKind::InvalidData, "bad chunk size"))?;
-                if size == 0 {
-                    // Trailers, then the empty line.
-                    while !self.line()?.is_empty() {}
-                    break;
-                }
-                self.need(size + 2)?;
-                resp.body.extend(self.buf.drain(..size));
-                self.buf.drain(..2);
-            }
-        } else if let Some(cl) = resp.header("content-length") {
-            let n: usize = cl.parse().map_err(|_| io::Error::new(ErrorKind::InvalidData, "bad content-length"))?;
-            self.need(n)?;
-            resp.body = self.buf.drain(..n).collect();
-        } else {
-            while self.fill()? > 0 {}
-            resp.body = std::mem::take(&mut self.buf);
-        }
-        Ok(resp)
+        self.conn.read_answer().map(Response::from).map_err(|e: CallError| e.error)
     }
 
     /// Reads one response and classifies the result.
@@ -251,40 +164,34 @@ impl Client {
         }
     }
 
-    /// Waits (up to the read timeout) for the server to close the connection
-    /// without sending anything more: true when it did.
+    /// Waits (up to the read bound) for the server to close the connection
+    /// without sending anything more: true when it did. Bytes that arrive
+    /// meanwhile are dropped.
     pub fn closed_by_server(&mut self) -> bool {
+        let bound = self.conn.timeout();
+        let Ok(stream) = self.conn.stream() else { return true };
+        if stream.set_read_timeout(bound).is_err() {
+            return true; // the socket is gone
+        }
         let mut chunk = [0u8; 1024];
         loop {
-            match self.stream.read(&mut chunk) {
+            match stream.read(&mut chunk) {
                 Ok(0) => return true,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::ConnectionReset => return true,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(_) => return false,
             }
         }
     }
-
-    /// Bytes received but not consumed as part of a response.
-    pub fn leftover(&self) -> &[u8] {
-        &self.buf
-    }
 }
 
-/// The bytes of a well-formed request.
+/// The bytes of a well-formed request: the client's own head (a body, or a
+/// method other than GET, goes with a JSON content type and its length).
 pub fn request_bytes(method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
-    let mut out = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n");
-    if !body.is_empty() {
-        out.push_str("Content-Type: application/json\r\n");
-    }
-    if method != "GET" || !body.is_empty() {
-        out.push_str(&format!("Content-Length: {}\r\n", body.len()));
-    }
-    for (k, v) in headers {
-        out.push_str(&format!("{k}: {v}\r\n"));
-    }
-    out.push_str("\r\n");
-    let mut out = out.into_bytes();
+    let mut out = Vec::with_capacity(128 + body.len());
+    let length = (method != "GET" || !body.is_empty()).then_some(body.len());
+    write_head(&mut out, method, path, "127.0.0.1", headers, length);
     out.extend_from_slice(body);
     out
 }

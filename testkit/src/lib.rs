@@ -5,10 +5,9 @@
 //!
 //! - [`TestServer`]: the real `hf3fs_meta::serve` on a tokio runtime in a
 //!   background thread, bound to 127.0.0.1:0, shut down on drop.
-//! - [`Client`]: a tiny blocking HTTP/1.1 client over `std::net::TcpStream`
-//!   that sends raw bytes and parses what comes back (status, headers,
-//!   Content-Length / chunked / 204 bodies), so malformed input can be sent
-//!   byte for byte and keep-alive reuse is explicit.
+//! - [`Client`]: the project's HTTP/1.1 client (`hf3fs-meta-client`) as a
+//!   test's wire: one socket kept whatever happens, raw bytes sent byte for
+//!   byte, answers owned with their headers, keep-alive reuse explicit.
 //! - [`check`]: one request, one expected status and JSON body, one line.
 //! - [`TestServer::state`] / [`TestServer::assert_unchanged`]: what a failed
 //!   request must not change, plus the store's own audit.

@@ -3,7 +3,7 @@
 //!
 //! Each round: start (recovering the previous rounds), check that every
 //! confirm and release acknowledged so far is there, drive confirms from a
-//! few client threads (plain HTTP/1.1 over `TcpStream`, keep-alive), and
+//! few client threads (the project's HTTP/1.1 client, keep-alive), and
 //! SIGKILL the server once a random number of confirms has been answered.
 //! A request cut off by the kill has an unknown outcome: its key is not
 //! checked on that rank. At the end: every page that is not bound can be
@@ -15,8 +15,7 @@
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -30,56 +29,24 @@ const CLIENTS: usize = 3;
 const ROUNDS: u64 = 5;
 
 // ---------------------------------------------------------------------------
-// A minimal HTTP/1.1 client.
+// The client: the project's keep-alive connection, as a wire (one socket, never
+// redialled: a request cut off by the kill fails, and so does every later one).
 
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
+struct Conn(hf3fs_meta_client::Conn);
 
 impl Conn {
     fn connect(addr: SocketAddr) -> std::io::Result<Conn> {
-        let stream = TcpStream::connect(addr)?;
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(FAILSAFE))?;
-        Ok(Conn { stream, buf: Vec::new() })
+        let mut c = hf3fs_meta_client::Conn::new(addr).wire().with_timeout(FAILSAFE);
+        c.stream()?;
+        Ok(Conn(c))
     }
 
-    /// Sends one request and reads its response: `(status, body)`.
+    /// Sends one request (a JSON body unless a GET) and reads its response:
+    /// `(status, body)`.
     fn call(&mut self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, Vec<u8>)> {
-        let req = format!(
-            "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        self.stream.write_all(req.as_bytes())?;
-        let head_end = loop {
-            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break i + 4;
-            }
-            self.fill()?;
-        };
-        let head = String::from_utf8_lossy(&self.buf[..head_end]).to_ascii_lowercase();
-        let status: u16 = head.get(9..12).and_then(|s| s.parse().ok()).ok_or_else(|| bad("status line"))?;
-        let len = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .map_or(Ok(0), |v| v.trim().parse::<usize>().map_err(|_| bad("content-length")))?;
-        while self.buf.len() < head_end + len {
-            self.fill()?;
-        }
-        let body = self.buf[head_end..head_end + len].to_vec();
-        self.buf.drain(..head_end + len);
-        Ok((status, body))
-    }
-
-    fn fill(&mut self) -> std::io::Result<()> {
-        let mut chunk = [0u8; 4096];
-        let n = self.stream.read(&mut chunk)?;
-        if n == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
-        }
-        self.buf.extend_from_slice(&chunk[..n]);
-        Ok(())
+        let body = (method != "GET").then_some(body.as_bytes());
+        let a = self.0.request(method, path, &[], body)?.to_answer();
+        Ok((a.status, a.body))
     }
 
     /// A POST that must succeed with `status`; returns the JSON body.
@@ -97,10 +64,6 @@ impl Conn {
         let v = self.must("/keys/batch_allocate", &json!({"rank": rank, "keys": keys}), 200);
         v["results"].as_array().expect("results").iter().map(|p| p[1].as_i64().expect("page")).collect()
     }
-}
-
-fn bad(what: &str) -> std::io::Error {
-    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad {what}"))
 }
 
 // ---------------------------------------------------------------------------
