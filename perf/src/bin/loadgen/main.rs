@@ -11,12 +11,11 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
-use hdrhistogram::Histogram;
 use hf3fs_meta_client::vllm as scan;
 use hf3fs_perf::client::{Conn, Mode};
 use hf3fs_perf::keys::{random_key, stored_key, Key};
@@ -24,6 +23,7 @@ use hf3fs_perf::sglang::{self, SgKey};
 
 mod report;
 mod sglang_worker;
+mod stats;
 
 /// A batch_allocate body.
 fn alloc_body(rank: impl std::fmt::Display, keys: &[Key]) -> Bytes {
@@ -50,6 +50,7 @@ fn keys_body(rank: Option<usize>, keys: &[Key]) -> Bytes {
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use report::report;
+use stats::{Latencies, Rec, Stats};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -204,99 +205,6 @@ impl Shared {
     fn take(&self, n: u64) -> bool {
         self.budget.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(n)).is_ok()
     }
-}
-
-fn new_hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid histogram bounds")
-}
-
-/// Stripes of latency histograms shared by the connections.
-const STRIPES: usize = 16;
-
-/// The latencies of every connection, in [`STRIPES`] pairs of histograms
-/// (timed, aux) that connection `id` records into under `id % STRIPES`'s
-/// lock. A pair per connection (as before) is 280 KB: at 4,096 connections
-/// 1.1 GB, every record a cache and TLB miss, and the load generator's CPU
-/// per request grew with the count (perf/RESULTS.md, "Many clients").
-/// The locks are rarely contended: a few runtime threads, 16 stripes.
-struct Latencies {
-    stripes: Vec<Mutex<[Histogram<u64>; 2]>>,
-}
-
-impl Latencies {
-    fn new() -> Self {
-        Latencies { stripes: (0..STRIPES).map(|_| Mutex::new([new_hist(), new_hist()])).collect() }
-    }
-
-    fn record(&self, stripe: usize, rec: Rec, us: u64) {
-        let mut h = self.stripes[stripe % STRIPES].lock().unwrap_or_else(|e| e.into_inner());
-        h[rec as usize].saturating_record(us);
-    }
-
-    /// (timed, aux) over all stripes.
-    fn merged(&self) -> (Histogram<u64>, Histogram<u64>) {
-        let (mut timed, mut aux) = (new_hist(), new_hist());
-        for s in &self.stripes {
-            let h = s.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = timed.add(&h[Rec::Timed as usize]);
-            let _ = aux.add(&h[Rec::Aux as usize]);
-        }
-        (timed, aux)
-    }
-}
-
-struct Stats {
-    /// Which stripe of [`Latencies`] this connection records into.
-    stripe: usize,
-    http_errors: u64,
-    http_5xx: u64,
-    conn_errors: u64,
-    violations: u64,
-    alloc_failed: u64,
-    cycles: u64,
-    timed_out: u64,
-    first_error: Option<String>,
-    first_violation: Option<String>,
-}
-
-impl Stats {
-    fn new(stripe: usize) -> Self {
-        Stats {
-            stripe,
-            http_errors: 0,
-            http_5xx: 0,
-            conn_errors: 0,
-            violations: 0,
-            alloc_failed: 0,
-            cycles: 0,
-            timed_out: 0,
-            first_error: None,
-            first_violation: None,
-        }
-    }
-    fn merge(&mut self, o: Stats) {
-        self.http_errors += o.http_errors;
-        self.http_5xx += o.http_5xx;
-        self.conn_errors += o.conn_errors;
-        self.violations += o.violations;
-        self.alloc_failed += o.alloc_failed;
-        self.cycles += o.cycles;
-        self.timed_out += o.timed_out;
-        self.first_error = self.first_error.take().or(o.first_error);
-        self.first_violation = self.first_violation.take().or(o.first_violation);
-    }
-    fn violation(&mut self, n: u64, what: impl FnOnce() -> String) {
-        self.violations += n;
-        if self.first_violation.is_none() {
-            self.first_violation = Some(what());
-        }
-    }
-}
-
-#[derive(Clone, Copy)]
-enum Rec {
-    Timed = 0,
-    Aux = 1,
 }
 
 /// One request: records latency (if inside the measured window) and errors.
