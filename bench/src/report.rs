@@ -2,7 +2,7 @@
 //! SVG chart) and as text. docs/bench.md explains every field.
 
 use super::args::{BenchArgs, Dialect, Mode};
-use super::scrape::Counters;
+use super::scrape::ServerCounters;
 use super::stats::{Route, Tally, ROUTES};
 use hdrhistogram::Histogram;
 use serde_json::{json, Map, Value};
@@ -57,7 +57,7 @@ fn rate(n: u64, secs: f64) -> f64 {
 }
 
 /// The whole report as JSON.
-pub fn json(args: &BenchArgs, meta: &Meta, t: &Tally, server: Option<&Counters>) -> Value {
+pub fn json(args: &BenchArgs, meta: &Meta, t: &Tally, server: Option<&ServerCounters>) -> Value {
     let secs = meta.elapsed.as_secs_f64();
     let routes: Map<String, Value> = ROUTES
         .iter()
@@ -107,7 +107,7 @@ fn outcomes(o: &super::stats::Outcomes) -> Value {
 }
 
 /// The server's counters over the run: evictions first, then every series that moved.
-fn server_json(c: &Counters) -> Value {
+fn server_json(c: &ServerCounters) -> Value {
     let series: Map<String, Value> = c.0.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     json!({
         "evictions": c.evictions() as u64,

@@ -23,9 +23,9 @@ const COUNTERS: [&str; 8] = [
 
 /// The counters of one `/metrics` answer.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Counters(pub BTreeMap<String, f64>);
+pub struct ServerCounters(pub BTreeMap<String, f64>);
 
-impl Counters {
+impl ServerCounters {
     /// Reads the counters of [`COUNTERS`] out of Prometheus text; other
     /// lines are ignored.
     pub fn parse(text: &str) -> Self {
@@ -36,18 +36,18 @@ impl Counters {
             .filter(|(name, _)| COUNTERS.contains(&name.split('{').next().unwrap_or_default()))
             .filter_map(|(name, v)| Some((name.to_string(), v.trim().parse::<f64>().ok()?)))
             .collect();
-        Counters(series)
+        ServerCounters(series)
     }
 
     /// What grew between `before` and `self`; series that did not move are left out.
-    pub fn since(&self, before: &Counters) -> Counters {
+    pub fn since(&self, before: &ServerCounters) -> ServerCounters {
         let grown = self
             .0
             .iter()
             .map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0.0)))
             .filter(|(_, d)| *d != 0.0)
             .collect();
-        Counters(grown)
+        ServerCounters(grown)
     }
 
     /// Keys evicted: vLLM's (each on every rank) and SGLang's spaces'.
@@ -66,11 +66,11 @@ impl Counters {
 }
 
 /// `GET /metrics` on `addr`: its counters if it is hf3fs-meta's, None otherwise.
-pub async fn scrape(addr: SocketAddr) -> Option<Counters> {
+pub async fn scrape(addr: SocketAddr) -> Option<ServerCounters> {
     let mut conn = AsyncConn::new(addr);
     let a = conn.get("/metrics").await.ok()?;
     let text = String::from_utf8_lossy(a.body);
-    (a.status == 200 && text.contains("hf3fs_meta_requests_total")).then(|| Counters::parse(&text))
+    (a.status == 200 && text.contains("hf3fs_meta_requests_total")).then(|| ServerCounters::parse(&text))
 }
 
 #[cfg(test)]
@@ -79,14 +79,14 @@ mod tests {
 
     #[test]
     fn counters_and_their_differences() {
-        let before = Counters::parse(
+        let before = ServerCounters::parse(
             "# TYPE hf3fs_meta_requests_total counter\n\
              hf3fs_meta_requests_total{dialect=\"vllm\",endpoint=\"batch_exists\",status=\"200\"} 3\n\
              hf3fs_meta_evictions_total{reason=\"allocate\"} 1\n\
              hf3fs_meta_keys 9\n",
         );
         assert_eq!(before.0.len(), 2, "gauges are not read: {before:?}");
-        let after = Counters::parse(
+        let after = ServerCounters::parse(
             "hf3fs_meta_requests_total{dialect=\"vllm\",endpoint=\"batch_exists\",status=\"200\"} 10\n\
              hf3fs_meta_requests_total{dialect=\"vllm\",endpoint=\"batch_exists\",status=\"400\"} 1\n\
              hf3fs_meta_evictions_total{reason=\"allocate\"} 1\n\

@@ -556,8 +556,8 @@ pub fn force_unmount(path: &Path) {
 
 /// A deterministic pick, from `seed` and the inode, of a prefix of its
 /// unsynced changes whose last write is torn at a `sector` boundary.
-fn torn_keep(ino: Ino, pending: &[crate::model::Change], sector: u64, seed: u64) -> Keep {
-    if pending.iter().any(|c| !matches!(c, crate::model::Change::Write { .. } | crate::model::Change::SetLen(_))) {
+fn torn_keep(ino: Ino, pending: &[crate::model::FsChange], sector: u64, seed: u64) -> Keep {
+    if pending.iter().any(|c| !matches!(c, crate::model::FsChange::Write { .. } | crate::model::FsChange::SetLen(_))) {
         // A directory: names are never torn; unsynced ones are gone.
         return Keep::NONE;
     }
@@ -573,7 +573,7 @@ fn torn_keep(ino: Ino, pending: &[crate::model::Change], sector: u64, seed: u64)
         return Keep::NONE;
     }
     let torn = match &pending[n - 1] {
-        crate::model::Change::Write { off, data } => {
+        crate::model::FsChange::Write { off, data } => {
             let t = tears(*off, data.len(), sector);
             (!t.is_empty()).then(|| t[(next() % t.len() as u64) as usize])
         }

@@ -10,7 +10,7 @@
 //! 512-byte or 4 KiB boundary, and holds the persisted image from then on
 //! (a restart runs on it; [`model::Image::write_to`] writes it out).
 //!
-//! With recording on, every operation is logged ([`model::Op`]); the
+//! With recording on, every operation is logged ([`model::FsOp`]); the
 //! crash-state explorer (`tests/explore.rs`) replays a run's log through a
 //! fresh [`Model`] and, at every fsync, materializes the crash states POSIX
 //! allows and opens each with the durable layer's real recovery.

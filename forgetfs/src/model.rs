@@ -60,7 +60,7 @@ impl Content {
 
 /// One change of an inode not yet persisted.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
+pub enum FsChange {
     /// A file's bytes at an offset.
     Write {
         /// Where.
@@ -88,24 +88,24 @@ pub enum Change {
     },
 }
 
-impl Change {
+impl FsChange {
     fn apply(&self, c: &mut Content) {
         match (self, c) {
-            (Change::Write { off, data }, Content::File(bytes)) => {
+            (FsChange::Write { off, data }, Content::File(bytes)) => {
                 let end = *off as usize + data.len();
                 if bytes.len() < end {
                     bytes.resize(end, 0);
                 }
                 bytes[*off as usize..end].copy_from_slice(data);
             }
-            (Change::SetLen(len), Content::File(bytes)) => bytes.resize(*len as usize, 0),
-            (Change::Link { name, ino }, Content::Dir(e)) => {
+            (FsChange::SetLen(len), Content::File(bytes)) => bytes.resize(*len as usize, 0),
+            (FsChange::Link { name, ino }, Content::Dir(e)) => {
                 e.insert(name.clone(), *ino);
             }
-            (Change::Unlink(name), Content::Dir(e)) => {
+            (FsChange::Unlink(name), Content::Dir(e)) => {
                 e.remove(name);
             }
-            (Change::Move { from, to }, Content::Dir(e)) => {
+            (FsChange::Move { from, to }, Content::Dir(e)) => {
                 if let Some(ino) = e.remove(from) {
                     e.insert(to.clone(), ino);
                 }
@@ -129,7 +129,7 @@ pub enum Names {
 /// One operation as the file system received it: the record a run leaves
 /// for the crash-state explorer, which replays it through a fresh model.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Op {
+pub enum FsOp {
     /// A file or directory made.
     Make {
         /// The directory.
@@ -199,12 +199,12 @@ impl Keep {
 }
 
 /// Says, for each inode with pending changes, what a crash keeps of them.
-pub type Choice<'a> = &'a dyn Fn(Ino, &[Change]) -> Keep;
+pub type Choice<'a> = &'a dyn Fn(Ino, &[FsChange]) -> Keep;
 
 struct Inode {
     live: Content,
     durable: Content,
-    pending: Vec<Change>,
+    pending: Vec<FsChange>,
     perm: u16,
 }
 
@@ -293,7 +293,7 @@ pub struct Model {
     nodes: HashMap<Ino, Inode>,
     next: Ino,
     names: Names,
-    log: Option<Vec<Op>>,
+    log: Option<Vec<FsOp>>,
 }
 
 impl Model {
@@ -325,7 +325,7 @@ impl Model {
                 let perm = if content.is_dir() { 0o755 } else { 0o644 };
                 m.nodes.insert(ino, Inode { live: content.clone(), durable: content, pending: Vec::new(), perm });
                 let p = m.nodes.get_mut(&parent).expect("parent");
-                let link = Change::Link { name: entry.file_name(), ino };
+                let link = FsChange::Link { name: entry.file_name(), ino };
                 link.apply(&mut p.live);
                 link.apply(&mut p.durable);
             }
@@ -334,7 +334,7 @@ impl Model {
     }
 
     /// The operations recorded so far (empty when not recording).
-    pub fn log(&self) -> &[Op] {
+    pub fn log(&self) -> &[FsOp] {
         self.log.as_deref().unwrap_or(&[])
     }
 
@@ -343,13 +343,13 @@ impl Model {
         self.log().len()
     }
 
-    fn record(&mut self, op: Op) {
+    fn record(&mut self, op: FsOp) {
         if let Some(log) = &mut self.log {
             log.push(op);
         }
     }
 
-    fn change(&mut self, ino: Ino, c: Change) {
+    fn change(&mut self, ino: Ino, c: FsChange) {
         let node = self.nodes.get_mut(&ino).expect("a live inode");
         c.apply(&mut node.live);
         node.pending.push(c);
@@ -381,12 +381,12 @@ impl Model {
             Err(libc::ENOENT) if self.content(parent).is_some() => {}
             Err(e) => return Err(e),
         }
-        self.record(Op::Make { parent, name: name.to_owned(), dir });
+        self.record(FsOp::Make { parent, name: name.to_owned(), dir });
         let ino = self.next;
         self.next += 1;
         let content = if dir { Content::Dir(BTreeMap::new()) } else { Content::File(Vec::new()) };
         self.nodes.insert(ino, Inode { live: content.clone(), durable: content, pending: Vec::new(), perm });
-        self.change(parent, Change::Link { name: name.to_owned(), ino });
+        self.change(parent, FsChange::Link { name: name.to_owned(), ino });
         Ok(ino)
     }
 
@@ -404,8 +404,8 @@ impl Model {
         if data.is_empty() {
             return Ok(());
         }
-        self.record(Op::Write { ino, off, data: data.to_vec() });
-        self.change(ino, Change::Write { off, data: data.to_vec() });
+        self.record(FsOp::Write { ino, off, data: data.to_vec() });
+        self.change(ino, FsChange::Write { off, data: data.to_vec() });
         Ok(())
     }
 
@@ -414,8 +414,8 @@ impl Model {
         if self.file(ino)?.len() as u64 == len {
             return Ok(());
         }
-        self.record(Op::SetLen { ino, len });
-        self.change(ino, Change::SetLen(len));
+        self.record(FsOp::SetLen { ino, len });
+        self.change(ino, FsChange::SetLen(len));
         Ok(())
     }
 
@@ -454,12 +454,12 @@ impl Model {
             Err(libc::ENOENT) if self.content(newparent).is_some_and(Content::is_dir) => {}
             Err(e) => return Err(e),
         }
-        self.record(Op::Rename { parent, name: name.to_owned(), newparent, newname: newname.to_owned() });
+        self.record(FsOp::Rename { parent, name: name.to_owned(), newparent, newname: newname.to_owned() });
         if parent == newparent {
-            self.change(parent, Change::Move { from: name.to_owned(), to: newname.to_owned() });
+            self.change(parent, FsChange::Move { from: name.to_owned(), to: newname.to_owned() });
         } else {
-            self.change(newparent, Change::Link { name: newname.to_owned(), ino });
-            self.change(parent, Change::Unlink(name.to_owned()));
+            self.change(newparent, FsChange::Link { name: newname.to_owned(), ino });
+            self.change(parent, FsChange::Unlink(name.to_owned()));
         }
         Ok(())
     }
@@ -473,8 +473,8 @@ impl Model {
             (Content::Dir(e), true) if !e.is_empty() => return Err(libc::ENOTEMPTY),
             _ => {}
         }
-        self.record(Op::Remove { parent, name: name.to_owned() });
-        self.change(parent, Change::Unlink(name.to_owned()));
+        self.record(FsOp::Remove { parent, name: name.to_owned() });
+        self.change(parent, FsChange::Unlink(name.to_owned()));
         Ok(())
     }
 
@@ -484,7 +484,7 @@ impl Model {
         if !self.nodes.contains_key(&ino) {
             return Err(libc::ENOENT);
         }
-        self.record(Op::Sync { ino });
+        self.record(FsOp::Sync { ino });
         let mut which = vec![ino];
         if self.names == Names::Journal {
             which.extend(self.nodes.iter().filter(|(_, n)| n.live.is_dir()).map(|(i, _)| *i));
@@ -499,7 +499,7 @@ impl Model {
     }
 
     /// Every inode with pending changes, with them, in inode order.
-    pub fn pending(&self) -> Vec<(Ino, &[Change])> {
+    pub fn pending(&self) -> Vec<(Ino, &[FsChange])> {
         let mut out: Vec<_> =
             self.nodes.iter().filter(|(_, n)| !n.pending.is_empty()).map(|(i, n)| (*i, &n.pending[..])).collect();
         out.sort_by_key(|(i, _)| *i);
@@ -523,8 +523,8 @@ impl Model {
                 let n = keep.changes.min(node.pending.len());
                 for (i, ch) in node.pending[..n].iter().enumerate() {
                     match (ch, keep.torn) {
-                        (Change::Write { off, data }, Some(t)) if i + 1 == n => {
-                            Change::Write { off: *off, data: data[..t.min(data.len())].to_vec() }.apply(&mut c)
+                        (FsChange::Write { off, data }, Some(t)) if i + 1 == n => {
+                            FsChange::Write { off: *off, data: data[..t.min(data.len())].to_vec() }.apply(&mut c)
                         }
                         _ => ch.apply(&mut c),
                     }
@@ -575,7 +575,7 @@ impl Model {
                 }
             }
             for ch in &n.pending {
-                if let Change::Link { ino, .. } = ch {
+                if let FsChange::Link { ino, .. } = ch {
                     stack.push(*ino);
                 }
             }
@@ -591,19 +591,19 @@ impl Model {
     /// Replays one recorded operation (the explorer's replay). The inode
     /// numbers come out the same as in the recorded run because the
     /// replay starts from the same state and makes inodes in the same order.
-    pub fn replay(&mut self, op: &Op) -> Result<(), Errno> {
+    pub fn replay(&mut self, op: &FsOp) -> Result<(), Errno> {
         match op {
-            Op::Make { parent, name, dir } => {
+            FsOp::Make { parent, name, dir } => {
                 self.make(*parent, name, *dir, if *dir { 0o755 } else { 0o644 }).map(drop)
             }
-            Op::Write { ino, off, data } => self.write(*ino, *off, data),
-            Op::SetLen { ino, len } => self.set_len(*ino, *len),
-            Op::Rename { parent, name, newparent, newname } => self.rename(*parent, name, *newparent, newname, false),
-            Op::Remove { parent, name } => {
+            FsOp::Write { ino, off, data } => self.write(*ino, *off, data),
+            FsOp::SetLen { ino, len } => self.set_len(*ino, *len),
+            FsOp::Rename { parent, name, newparent, newname } => self.rename(*parent, name, *newparent, newname, false),
+            FsOp::Remove { parent, name } => {
                 let dir = self.lookup(*parent, name).ok().and_then(|i| self.content(i)).is_some_and(Content::is_dir);
                 self.remove(*parent, name, dir)
             }
-            Op::Sync { ino } => self.sync(*ino),
+            FsOp::Sync { ino } => self.sync(*ino),
         }
     }
 }

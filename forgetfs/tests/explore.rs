@@ -26,7 +26,7 @@
 
 use hf3fs_meta_core::{Clock, LeaseLength, Spaces, SpacesConfig, Store, StoreConfig};
 use hf3fs_meta_durable::{self as durable, Durable, FsyncMode, Options};
-use hf3fs_meta_forgetfs::model::{tears, Change, Ino, Keep, Op};
+use hf3fs_meta_forgetfs::model::{tears, FsChange, FsOp, Ino, Keep};
 use hf3fs_meta_forgetfs::{unavailable, Model, Mount, Names};
 use std::collections::HashMap;
 use std::path::Path;
@@ -50,7 +50,7 @@ struct Step {
 
 /// A run: its log and its steps (step 0 is the state before any).
 struct Run {
-    log: Vec<Op>,
+    log: Vec<FsOp>,
     steps: Vec<Step>,
 }
 
@@ -262,8 +262,8 @@ impl<W: Workload + ?Sized> Empty for W {
 
 /// The crash states to try at one position: what each keeps of each
 /// inode's pending changes, with a name for the report.
-fn choices(pending: &[(Ino, &[Change])], full: bool) -> Vec<(String, HashMap<Ino, Keep>)> {
-    let all = |p: &[Change]| Keep { changes: p.len(), torn: None };
+fn choices(pending: &[(Ino, &[FsChange])], full: bool) -> Vec<(String, HashMap<Ino, Keep>)> {
+    let all = |p: &[FsChange]| Keep { changes: p.len(), torn: None };
     let none: HashMap<Ino, Keep> = pending.iter().map(|(i, _)| (*i, Keep::NONE)).collect();
     let every: HashMap<Ino, Keep> = pending.iter().map(|(i, p)| (*i, all(p))).collect();
     let mut out = vec![("nothing unsynced".to_string(), none.clone()), ("everything".to_string(), every.clone())];
@@ -278,7 +278,7 @@ fn choices(pending: &[(Ino, &[Change])], full: bool) -> Vec<(String, HashMap<Ino
         }
         // The last write kept torn at a 512-byte boundary, alone or with
         // everything else.
-        if let Some(Change::Write { off, data }) = p.last() {
+        if let Some(FsChange::Write { off, data }) = p.last() {
             let t = tears(*off, data.len(), 512);
             let picks: Vec<usize> =
                 if full { t.clone() } else { spaced(0..t.len(), 2).into_iter().map(|i| t[i]).collect() };
@@ -322,7 +322,7 @@ fn explore(w: &dyn Workload) -> Found {
     // so it makes the same inodes in the same order.
     let mut model = Model::new(Names::Strict, false);
     let mut positions: Vec<usize> =
-        run.log.iter().enumerate().filter(|(_, op)| matches!(op, Op::Sync { .. })).map(|(i, _)| i).collect();
+        run.log.iter().enumerate().filter(|(_, op)| matches!(op, FsOp::Sync { .. })).map(|(i, _)| i).collect();
     positions.push(run.log.len());
     if !full && positions.len() > 40 {
         let keep = spaced(0..positions.len(), 40);

@@ -17,7 +17,7 @@
 
 use hf3fs_meta_core::StoreConfig;
 use hf3fs_meta_durable::{Durable, FsyncMode, Options};
-use hf3fs_meta_forgetfs::model::Op;
+use hf3fs_meta_forgetfs::model::FsOp;
 use hf3fs_meta_forgetfs::{unavailable, Cut, Mount, Names};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -88,7 +88,7 @@ fn run(mode: FsyncMode, seed: u64) -> Outcome {
         while rx.recv_timeout(FAILSAFE).expect("the worker acknowledges") < cut_after {}
         let cut_at = Instant::now();
         let report = fs.cut(Cut::Drop);
-        let last_sync = fs.with(|m| m.log().iter().rposition(|op| matches!(op, Op::Sync { .. })).unwrap_or(0));
+        let last_sync = fs.with(|m| m.log().iter().rposition(|op| matches!(op, FsOp::Sync { .. })).unwrap_or(0));
         stop.store(true, Ordering::Release);
         (worker.join().expect("worker"), cut_at, last_sync, report.image)
     });

@@ -19,7 +19,7 @@ use hf3fs_meta_client::AsyncConn;
 
 /// Which client a connection speaks through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub enum Via {
     /// The workspace's client over a tokio `TcpStream`.
     Raw,
     /// hyper's `client::conn::http1`.
@@ -27,27 +27,34 @@ pub enum Mode {
 }
 
 /// One keep-alive connection of the load generator.
-pub struct Conn {
+pub struct LoadConn {
     addr: SocketAddr,
     host: String,
-    mode: Mode,
+    mode: Via,
     raw: AsyncConn,
     hyper: Option<SendRequest<Full<Bytes>>>,
     hyper_body: Bytes,
 }
 
-impl Conn {
+impl LoadConn {
     /// A connection to `addr` through `mode`'s client, dialled on first use.
-    pub fn new(addr: SocketAddr, mode: Mode) -> Self {
-        Conn { addr, host: addr.to_string(), mode, raw: AsyncConn::new(addr), hyper: None, hyper_body: Bytes::new() }
+    pub fn new(addr: SocketAddr, mode: Via) -> Self {
+        LoadConn {
+            addr,
+            host: addr.to_string(),
+            mode,
+            raw: AsyncConn::new(addr),
+            hyper: None,
+            hyper_body: Bytes::new(),
+        }
     }
 
     /// POSTs `body` (JSON) to `path`; returns the status and response body.
     /// On error the connection is dropped and re-dialled by the next call.
     pub async fn post(&mut self, path: &str, body: &Bytes) -> io::Result<(u16, &[u8])> {
         match self.mode {
-            Mode::Raw => self.raw.post(path, body).await.map(|r| (r.status, r.body)).map_err(|e| e.error),
-            Mode::Hyper => self.post_hyper(path, body).await,
+            Via::Raw => self.raw.post(path, body).await.map(|r| (r.status, r.body)).map_err(|e| e.error),
+            Via::Hyper => self.post_hyper(path, body).await,
         }
     }
 

@@ -11,7 +11,7 @@
 //! the keys and complete keys. First, the directory's format and the
 //! release that last wrote it (its `FORMAT` marker).
 
-use super::open::{open_copy, Failure, Opened};
+use super::open::{open_copy, Failure, OpenedCopy};
 use super::{DirArgs, EXIT_CANNOT, EXIT_VIOLATION};
 use crate::core::{RankStats, Store};
 use crate::durable::{format, Recovered};
@@ -66,7 +66,7 @@ fn durable_json(r: &Recovered) -> Value {
 }
 
 /// The report of a recovered copy, as JSON (the text is rendered from it).
-pub fn report(args: &DirArgs, o: &Opened) -> Value {
+pub fn report(args: &DirArgs, o: &OpenedCopy) -> Value {
     let stats = o.vllm.stats();
     let ranks: Vec<Value> = stats.ranks.iter().map(rank_json).collect();
     let mut spaces = Vec::new();
@@ -107,7 +107,7 @@ pub fn report(args: &DirArgs, o: &Opened) -> Value {
 
 /// Every catalog entry with its space's store (`None`: a catalog entry
 /// recovery did not rebuild, which recovery refuses, so never in practice).
-pub fn space_stores(o: &Opened) -> Vec<(&crate::durable::spaces::Entry, Option<std::sync::Arc<Store>>)> {
+pub fn space_stores(o: &OpenedCopy) -> Vec<(&crate::durable::spaces::Entry, Option<std::sync::Arc<Store>>)> {
     let list = o.spaces.list();
     o.catalog
         .iter()

@@ -7,7 +7,7 @@
 //! start writing into the directory mid-copy. The copy is recovered with
 //! [`Durable::open`] and [`durable::spaces::open`] with no periodic
 //! checkpoint, no retry and no fsync: whatever they write goes to the copy,
-//! which is removed when the [`Opened`] value is dropped.
+//! which is removed when the [`OpenedCopy`] value is dropped.
 
 use crate::core::{Spaces, SpacesConfig, Store, StoreConfig};
 use crate::durable::{self, Durable, FsyncMode, OpenError, Recovered};
@@ -38,7 +38,7 @@ impl std::fmt::Display for Failure {
 
 /// The recovered copy of a data directory. Fields drop in order: the
 /// durable stores close before the copy is removed.
-pub struct Opened {
+pub struct OpenedCopy {
     /// vLLM's store.
     pub vllm: Arc<Store>,
     /// What recovering vLLM's store found.
@@ -80,7 +80,7 @@ fn store_config() -> StoreConfig {
 /// Copies `dir` into a fresh directory under `scratch` (default: the
 /// system's temporary directory) while holding its locks, and recovers the
 /// copy.
-pub fn open_copy(dir: &Path, scratch: Option<&Path>) -> Result<Opened, Failure> {
+pub fn open_copy(dir: &Path, scratch: Option<&Path>) -> Result<OpenedCopy, Failure> {
     let io = |what: &Path, e: std::io::Error| Failure::Io(format!("{}: {e}", what.display()));
     let meta = std::fs::metadata(dir).map_err(|e| io(dir, e))?;
     if !meta.is_dir() {
@@ -111,7 +111,7 @@ pub fn open_copy(dir: &Path, scratch: Option<&Path>) -> Result<Opened, Failure> 
     let cfg = SpacesConfig { max_spaces, store: store_config() };
     let (spaces, sglang_durable, sglang_recovered) =
         durable::spaces::open(&copy.0, FsyncMode::None, cfg, vllm.clock(), opts).map_err(refused)?;
-    Ok(Opened {
+    Ok(OpenedCopy {
         vllm,
         vllm_recovered,
         spaces,

@@ -13,7 +13,7 @@
 //!   the pages say, in each store.
 
 use super::inspect::{pages, space_stores};
-use super::open::{open_copy, Failure, Opened};
+use super::open::{open_copy, Failure, OpenedCopy};
 use super::{DirArgs, EXIT_CANNOT, EXIT_VIOLATION};
 use crate::core::{RankStats, Store};
 use crate::durable::Recovered;
@@ -71,7 +71,7 @@ pub fn main(args: DirArgs) -> ExitCode {
 }
 
 /// Every check after a successful recovery.
-fn checks(o: &Opened) -> Vec<Check> {
+fn checks(o: &OpenedCopy) -> Vec<Check> {
     let mut out = Vec::new();
     let audit = |name: String, s: &Store| Check { name, violation: s.audit().err() };
     out.push(audit("vLLM store: audit".into(), &o.vllm));

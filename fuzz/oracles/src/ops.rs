@@ -71,7 +71,7 @@ enum Op {
 
 /// One run: an optional pinned world size and the operations, in order.
 #[derive(Arbitrary, Debug)]
-pub struct Input {
+pub struct OpsInput {
     world_size: Option<u8>,
     ops: Vec<Op>,
 }
@@ -236,21 +236,21 @@ impl Run {
 }
 
 /// The bytes as libfuzzer-sys hands them to a typed target (what the fuzz
-/// target, which takes an [`Input`], sees): an input shorter than `Input`'s
+/// target, which takes an [`OpsInput`], sees): an input shorter than `OpsInput`'s
 /// minimum size, or one `arbitrary` cannot build, is skipped; any other goes
 /// through [`check`].
-#[allow(dead_code, reason = "the fuzz target takes the typed Input; the seed replay starts from the bytes")]
+#[allow(dead_code, reason = "the fuzz target takes the typed OpsInput; the seed replay starts from the bytes")]
 pub fn run(data: &[u8]) {
-    if data.len() < <Input as Arbitrary>::size_hint(0).0 {
+    if data.len() < <OpsInput as Arbitrary>::size_hint(0).0 {
         return;
     }
-    if let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) {
+    if let Ok(input) = OpsInput::arbitrary_take_rest(Unstructured::new(data)) {
         check(&input);
     }
 }
 
 /// One operation sequence through the oracles; panics when one fails.
-pub fn check(input: &Input) {
+pub fn check(input: &OpsInput) {
     let store = Store::new(StoreConfig {
         world_size: input.world_size.map(|w| u32::from(w % 4) + 1),
         max_ranks: u32::from(RANKS),

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hf3fs_meta_client::vllm as scan;
-use hf3fs_perf::client::{Conn, Mode};
+use hf3fs_perf::client::{LoadConn, Via};
 use hf3fs_perf::keys::{random_key, stored_key, Key};
 use hf3fs_perf::sglang::{self, SgKey};
 
@@ -191,7 +191,7 @@ struct Args {
 
 struct Shared {
     args: Args,
-    mode: Mode,
+    mode: Via,
     validate: bool,
     budget: AtomicU64,
     measure_start: Instant,
@@ -210,7 +210,7 @@ impl Shared {
 /// One request: records latency (if inside the measured window) and errors.
 /// Returns the status and body for 2xx (or --expect-status) answers.
 async fn call<'c>(
-    conn: &'c mut Conn,
+    conn: &'c mut LoadConn,
     sh: &Shared,
     st: &mut Stats,
     path: &str,
@@ -256,7 +256,7 @@ fn granted<'a>(keys: &'a [Key], pages: &'a [i64]) -> impl Iterator<Item = (&'a K
 
 struct Worker {
     id: usize,
-    conn: Conn,
+    conn: LoadConn,
     rng: SmallRng,
     keys: Vec<Key>,
     pages: Vec<Vec<i64>>,
@@ -480,7 +480,7 @@ async fn run_worker(sh: Arc<Shared>, id: usize) -> Stats {
     let a = &sh.args;
     let mut w = Worker {
         id,
-        conn: Conn::new(a.addr, sh.mode),
+        conn: LoadConn::new(a.addr, sh.mode),
         rng: SmallRng::seed_from_u64(a.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (id as u64 + 1)),
         keys: Vec::with_capacity(a.batch),
         pages: vec![Vec::with_capacity(a.batch); a.ranks as usize],
@@ -529,7 +529,7 @@ async fn setup(a: &Args) -> Result<bool, String> {
         let stored = if a.setup_only || a.scenario.lookup() { a.stored } else { 0 };
         return sglang::setup(a.addr, a.pages, stored, a.batch).await;
     }
-    let mut conn = Conn::new(a.addr, Mode::Raw);
+    let mut conn = LoadConn::new(a.addr, Via::Raw);
     let empty = Bytes::new();
     let (status, body) = conn.post("/clear", &empty).await.map_err(|e| format!("POST /clear: {e}"))?;
     if status != 204 {
@@ -669,8 +669,8 @@ fn run(a: Args) -> Result<i32, String> {
         let measure_start = Instant::now() + Duration::from_secs_f64(a.warmup);
         let end = measure_start + Duration::from_secs_f64(a.duration);
         let mode = match a.client {
-            ClientKind::Raw => Mode::Raw,
-            ClientKind::Hyper => Mode::Hyper,
+            ClientKind::Raw => Via::Raw,
+            ClientKind::Hyper => Via::Hyper,
         };
         let sh = Arc::new(Shared {
             budget: AtomicU64::new(a.max_requests),
