@@ -54,7 +54,13 @@ fn ctl_shows_the_cluster_and_switches_over_under_load_losing_nothing() {
     wait_for("the standby caught up", || {
         (ha(nodes.get(s))?["replication"]["as_standby"]["caught_up"] == true).then_some(())
     });
-    let (code, st, err) = ctl(&c, &["status"]);
+    // Each node registers itself once it has started, the third not
+    // necessarily by the time the standby caught up: wait until all are
+    // listed (a status missing one is the moment, not a failure).
+    let (code, st, err) = wait_for("ctl status lists the three nodes", || {
+        let r = ctl(&c, &["status"]);
+        (r.0 != Some(0) || r.1["nodes"].as_array().is_some_and(|n| n.len() == 3)).then_some(r)
+    });
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(st["leader"]["node"], json!(ids[l]), "{st}");
     assert_eq!((&st["standby"], &st["version"]["version"]), (&json!(ids[s]), &json!(3)), "{st}");
