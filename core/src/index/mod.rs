@@ -62,7 +62,7 @@ use entry::{unbind_locked, Hasher};
 pub use entry::{Bind, Delta, Entry, EntryRef, Head};
 
 use super::key::{Digest, Key, KeyRef};
-use super::lease::LeaseLength;
+use super::lease::{LeaseLength, ReadAt};
 use super::pages::{Owned, Owner, PageTable};
 use super::sync::Ordering::Relaxed;
 use hex::{FreshIds, HexMap, Ids};
@@ -154,6 +154,9 @@ impl KeyIndex {
     }
 }
 
+/// What [`Reader::hex_hits`] found of one key: its id and head, or `None`.
+pub type Hit<'r> = Option<(u32, &'r Head)>;
+
 /// A read view of the index for one batch of lookups: one epoch guard for all
 /// of them. Hold it only for the duration of a request (it delays the
 /// reclamation of removed entries), never across an `.await`.
@@ -195,6 +198,22 @@ impl Reader<'_> {
         }
     }
 
+    /// vLLM's 32-hex keys `keys` (each the number its text spells, as
+    /// [`KeyRef::Hex`] holds it) looked up, in order, into `hits` (cleared
+    /// first): the batched probe of [`Self::entries`] answering a
+    /// [`Hit`] of 16 bytes a key, each key's entry made where its answer is
+    /// built ([`Self::hex_entry`]).
+    pub fn hex_hits<'r>(&'r self, keys: &[u128], hits: &mut Vec<Hit<'r>>) {
+        hits.clear();
+        self.index.hex.hits_batch(keys, &self.guard, hits);
+    }
+
+    /// The entry of a hit of [`Self::hex_hits`] (`None`: the key is absent).
+    #[inline]
+    pub fn hex_entry<'r>(&'r self, hit: Hit<'r>) -> Option<EntryRef<'r>> {
+        self.index.hex.entry_of(hit, &self.guard)
+    }
+
     /// The page `rank` holds for `key`, complete or not.
     #[inline]
     pub fn page(&self, key: KeyRef<'_>, rank: u32) -> Option<u32> {
@@ -227,7 +246,7 @@ impl Reader<'_> {
         len: LeaseLength,
         read: impl Fn(EntryRef<'_>) -> Option<R>,
     ) -> Option<R> {
-        self.leased_at(key, self.entry(key), now, len, read)
+        self.leased_at(key, self.entry(key), ReadAt::new(now, len), read)
     }
 
     /// [`Self::leased`] with the key's entry already looked up
@@ -237,18 +256,17 @@ impl Reader<'_> {
         &self,
         key: KeyRef<'_>,
         e: Option<EntryRef<'_>>,
-        now: u32,
-        len: LeaseLength,
+        at: ReadAt,
         read: impl Fn(EntryRef<'_>) -> Option<R>,
     ) -> Option<R> {
         let e = e?;
-        if e.lease().covers(now, len) {
+        if e.lease().covers_at(at) {
             return read(e);
         }
         read(e)?;
         self.index.locked(key, |live| {
             let r = read(live)?;
-            live.lease().raise(now, len);
+            live.lease().raise(at.now, at.len);
             Some(r)
         })?
     }
@@ -258,7 +276,14 @@ impl Reader<'_> {
     /// run).
     #[inline]
     pub fn lease_complete(&self, key: KeyRef<'_>, e: Option<EntryRef<'_>>, now: u32, len: LeaseLength) -> bool {
-        self.leased_at(key, e, now, len, |e| e.complete().then_some(())).is_some()
+        self.lease_complete_at(key, e, ReadAt::new(now, len))
+    }
+
+    /// [`Self::lease_complete`] of a read at `at` (a batch's reads share
+    /// one).
+    #[inline]
+    pub fn lease_complete_at(&self, key: KeyRef<'_>, e: Option<EntryRef<'_>>, at: ReadAt) -> bool {
+        self.leased_at(key, e, at, |e| e.complete().then_some(())).is_some()
     }
 
     /// The page on `rank` when `key` (entry `e`) is complete, leasing the
@@ -272,7 +297,14 @@ impl Reader<'_> {
         now: u32,
         len: LeaseLength,
     ) -> Option<u32> {
-        self.leased_at(key, e, now, len, |e| e.complete().then(|| e.page(rank)).flatten())
+        self.lease_location_at(key, e, rank, ReadAt::new(now, len))
+    }
+
+    /// [`Self::lease_location`] of a read at `at` (a batch's reads share
+    /// one).
+    #[inline]
+    pub fn lease_location_at(&self, key: KeyRef<'_>, e: Option<EntryRef<'_>>, rank: u32, at: ReadAt) -> Option<u32> {
+        self.leased_at(key, e, at, |e| e.complete().then(|| e.page(rank)).flatten())
     }
 
     /// The page `rank` holds for `key` (entry `e`), complete or not,
@@ -287,7 +319,7 @@ impl Reader<'_> {
         now: u32,
         len: LeaseLength,
     ) -> Option<u32> {
-        self.leased_at(key, e, now, len, |e| e.page(rank))
+        self.leased_at(key, e, ReadAt::new(now, len), |e| e.page(rank))
     }
 
     /// The entry of `key` (the evictor warms its victims' lines with it).
