@@ -82,7 +82,7 @@ pub(crate) fn confirm(mut c: Call<'_>) -> Result<Reply, Reply> {
 pub(crate) fn exists(mut c: Call<'_>) -> Result<Reply, Reply> {
     let (s, body) = (c.scratch, &mut c.body);
     if let Some(keys) = s.decoder.exists_hex(body, c.limits) {
-        c.registry.vllm().exists_hex(keys, &mut s.flags);
+        c.registry.vllm().exists_batch(keys, &mut s.flags);
         let mut out = Vec::with_capacity(16 + s.flags.len() * 6);
         encode::exists(&mut out, &s.flags);
         return Ok(Reply::json(StatusCode::OK, out, keys.len()));
@@ -99,7 +99,7 @@ pub(crate) fn locations(mut c: Call<'_>) -> Result<Reply, Reply> {
     let (s, body) = (c.scratch, &mut c.body);
     if let Some((rank, keys)) = s.decoder.locations_hex(body, c.limits) {
         let n = keys.len();
-        c.registry.vllm().locations_hex(rank, keys, &mut s.locations).map_err(|e| locations_failed(&e, n))?;
+        c.registry.vllm().locations_batch(rank, keys, &mut s.locations).map_err(|e| locations_failed(&e, n))?;
         let mut out = Vec::with_capacity(16 + s.locations.len() * 11);
         encode::locations(&mut out, &s.locations);
         return Ok(Reply::json(StatusCode::OK, out, n));

@@ -154,8 +154,50 @@ impl KeyIndex {
     }
 }
 
-/// What [`Reader::hex_hits`] found of one key: its id and head, or `None`.
+/// What [`Reader::hits`] found of one key: its id and head, or `None`.
 pub type Hit<'r> = Option<(u32, &'r Head)>;
+
+/// A compact key kind that [`Reader::hits`] looks up a batch at a time:
+/// vLLM's 32-hex digests (`u128`, as [`KeyRef::Hex`] holds them) and
+/// SGLang's digests ([`Digest`]).
+pub trait BatchKey: Copy {
+    /// The key as the index's other calls take it.
+    fn key_ref(self) -> KeyRef<'static>;
+    /// [`Reader::hits`] in the map that holds this kind.
+    #[doc(hidden)]
+    fn hits_in<'r>(index: &'r KeyIndex, keys: &[Self], guard: &'r Guard, hits: &mut Vec<Hit<'r>>);
+    /// [`Reader::entry_of`] in the map that holds this kind.
+    #[doc(hidden)]
+    fn entry_in<'r>(index: &'r KeyIndex, hit: Hit<'r>, guard: &'r Guard) -> Option<EntryRef<'r>>;
+}
+
+impl BatchKey for u128 {
+    #[inline]
+    fn key_ref(self) -> KeyRef<'static> {
+        KeyRef::Hex(self)
+    }
+    fn hits_in<'r>(index: &'r KeyIndex, keys: &[Self], guard: &'r Guard, hits: &mut Vec<Hit<'r>>) {
+        index.hex.hits_batch(keys, guard, hits);
+    }
+    #[inline]
+    fn entry_in<'r>(index: &'r KeyIndex, hit: Hit<'r>, guard: &'r Guard) -> Option<EntryRef<'r>> {
+        index.hex.entry_of(hit, guard)
+    }
+}
+
+impl BatchKey for Digest {
+    #[inline]
+    fn key_ref(self) -> KeyRef<'static> {
+        KeyRef::Digest(self)
+    }
+    fn hits_in<'r>(index: &'r KeyIndex, keys: &[Self], guard: &'r Guard, hits: &mut Vec<Hit<'r>>) {
+        index.digest.hits_batch(keys, guard, hits);
+    }
+    #[inline]
+    fn entry_in<'r>(index: &'r KeyIndex, hit: Hit<'r>, guard: &'r Guard) -> Option<EntryRef<'r>> {
+        index.digest.entry_of(hit, guard)
+    }
+}
 
 /// A read view of the index for one batch of lookups: one epoch guard for all
 /// of them. Hold it only for the duration of a request (it delays the
@@ -198,20 +240,22 @@ impl Reader<'_> {
         }
     }
 
-    /// vLLM's 32-hex keys `keys` (each the number its text spells, as
-    /// [`KeyRef::Hex`] holds it) looked up, in order, into `hits` (cleared
-    /// first): the batched probe of [`Self::entries`] answering a
-    /// [`Hit`] of 16 bytes a key, each key's entry made where its answer is
-    /// built ([`Self::hex_entry`]).
-    pub fn hex_hits<'r>(&'r self, keys: &[u128], hits: &mut Vec<Hit<'r>>) {
+    /// The keys `keys`, all of one compact kind ([`BatchKey`]: vLLM's
+    /// 32-hex digests or SGLang's digests), looked up in order into `hits`
+    /// (cleared first): the batched probe of [`Self::entries`] on keys
+    /// given as they are hashed, answering a [`Hit`] of 16 bytes a key,
+    /// each key's entry made where its answer is built
+    /// ([`Self::entry_of`]).
+    pub fn hits<'r, K: BatchKey>(&'r self, keys: &[K], hits: &mut Vec<Hit<'r>>) {
         hits.clear();
-        self.index.hex.hits_batch(keys, &self.guard, hits);
+        K::hits_in(self.index, keys, &self.guard, hits);
     }
 
-    /// The entry of a hit of [`Self::hex_hits`] (`None`: the key is absent).
+    /// The entry of a hit of [`Self::hits`] on keys of kind `K` (`None`:
+    /// the key is absent).
     #[inline]
-    pub fn hex_entry<'r>(&'r self, hit: Hit<'r>) -> Option<EntryRef<'r>> {
-        self.index.hex.entry_of(hit, &self.guard)
+    pub fn entry_of<'r, K: BatchKey>(&'r self, hit: Hit<'r>) -> Option<EntryRef<'r>> {
+        K::entry_in(self.index, hit, &self.guard)
     }
 
     /// The page `rank` holds for `key`, complete or not.
