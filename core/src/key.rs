@@ -112,6 +112,7 @@ mod sse2 {
     use std::arch::x86_64::{
         __m128i, _mm_add_epi8, _mm_and_si128, _mm_cmpgt_epi8, _mm_cvtsi128_si64, _mm_movemask_epi8, _mm_or_si128,
         _mm_packus_epi16, _mm_set1_epi16, _mm_set1_epi8, _mm_set_epi64x, _mm_slli_epi16, _mm_srli_epi16,
+        _mm_unpackhi_epi64,
     };
 
     /// Digits `16 * half .. 16 * half + 16` as bytes.
@@ -127,44 +128,53 @@ mod sse2 {
         unsafe { _mm_set_epi64x(word(1), word(0)) }
     }
 
-    /// The values of 16 digits, one a byte, or `None` if any is not
-    /// `0-9a-f`. A byte of 0x80 or more is negative to the signed compares,
-    /// so in neither range.
+    /// The values of 16 digits, one a byte, and a mask whose bytes are
+    /// all ones where the digit is `0-9a-f`: the two halves' masks are
+    /// checked together.
     #[inline]
-    fn nibbles(b: __m128i) -> Option<__m128i> {
+    fn nibbles(b: __m128i) -> (__m128i, __m128i) {
         // SAFETY: see the module.
         unsafe {
+            // A byte is in `lo..=hi` when, moved so that `lo` lands on
+            // -128, it is below `hi`'s place plus one: one add and one
+            // signed compare (bytes outside wrap to above it).
             let between = |lo: u8, hi: u8| {
-                let above = _mm_cmpgt_epi8(b, _mm_set1_epi8(lo as i8 - 1));
-                _mm_and_si128(above, _mm_cmpgt_epi8(_mm_set1_epi8(hi as i8 + 1), b))
+                let moved = _mm_add_epi8(b, _mm_set1_epi8(0x80u8.wrapping_sub(lo) as i8));
+                _mm_cmpgt_epi8(_mm_set1_epi8((hi - lo) as i8 - 127), moved)
             };
             let digit = between(b'0', b'9');
             let letter = between(b'a', b'f');
-            if _mm_movemask_epi8(_mm_or_si128(digit, letter)) != 0xFFFF {
-                return None;
-            }
             // The low 4 bits, plus 9 for a-f.
             let low = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-            Some(_mm_add_epi8(low, _mm_and_si128(letter, _mm_set1_epi8(9))))
+            (_mm_add_epi8(low, _mm_and_si128(letter, _mm_set1_epi8(9))), _mm_or_si128(digit, letter))
         }
     }
 
-    /// 16 nibbles into 8 bytes, in digit order: each pair (first digit
-    /// high) is a 16-bit lane with the first digit in its low byte.
+    /// 16 nibbles into 8 bytes, in digit order, each in the low byte of a
+    /// 16-bit lane: each pair (first digit high) is a 16-bit lane with the
+    /// first digit in its low byte.
     #[inline]
-    fn pack(n: __m128i) -> u64 {
+    fn pairs(n: __m128i) -> __m128i {
         // SAFETY: see the module.
         unsafe {
             let first = _mm_slli_epi16(_mm_and_si128(n, _mm_set1_epi16(0x0F)), 4);
-            let bytes = _mm_or_si128(first, _mm_srli_epi16(n, 8));
-            _mm_cvtsi128_si64(_mm_packus_epi16(bytes, bytes)) as u64
+            _mm_or_si128(first, _mm_srli_epi16(n, 8))
         }
     }
 
     #[inline]
     pub(super) fn decode_hex32(s: &[u8; 32]) -> Option<u128> {
-        let hi = pack(nibbles(load(s, 0))?);
-        let lo = pack(nibbles(load(s, 1))?);
+        let (hi, hi_ok) = nibbles(load(s, 0));
+        let (lo, lo_ok) = nibbles(load(s, 1));
+        // SAFETY: see the module.
+        let (hi, lo) = unsafe {
+            // Both halves' checks in one mask, both halves' bytes in one pack.
+            if _mm_movemask_epi8(_mm_and_si128(hi_ok, lo_ok)) != 0xFFFF {
+                return None;
+            }
+            let bytes = _mm_packus_epi16(pairs(hi), pairs(lo));
+            (_mm_cvtsi128_si64(bytes) as u64, _mm_cvtsi128_si64(_mm_unpackhi_epi64(bytes, bytes)) as u64)
+        };
         // The bytes came out in digit order: big-endian numbers.
         Some((u128::from(hi.swap_bytes()) << 64) | u128::from(lo.swap_bytes()))
     }
@@ -206,6 +216,15 @@ impl<'a> KeyRef<'a> {
         } else {
             None
         }
+    }
+
+    /// The digest of a vLLM key whose text is `b`, when it is one (what
+    /// [`KeyRef::parse`] classifies as [`KeyRef::Hex`]: 32 lowercase hex
+    /// digits, not all zero), else `None`. Inlined, for a decoder whose
+    /// loop over a list of such keys decodes each where it scans it.
+    #[inline]
+    pub fn hex_of(b: &[u8]) -> Option<u128> {
+        decode_hex32(b).filter(|&v| v != 0)
     }
 
     /// The key's reservation tag: 32 bits that the page table keeps beside

@@ -180,6 +180,27 @@ impl LeaseLength {
     }
 }
 
+/// A read's tick and lease length, with the deadline that covers it
+/// ([`LeaseLength::need`]) computed once: what the keys of one request are
+/// read at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadAt {
+    /// The tick of the read.
+    pub now: u32,
+    /// The lease it asks for.
+    pub len: LeaseLength,
+    /// `len.need(now)`, or 0 for a length of 0.
+    need: u32,
+}
+
+impl ReadAt {
+    /// A read at `now` asking for a lease of `len`.
+    #[inline]
+    pub fn new(now: u32, len: LeaseLength) -> Self {
+        ReadAt { now, len, need: if len.0 == 0 { 0 } else { len.need(now) } }
+    }
+}
+
 /// A key's lease and recency word (see the module note).
 #[derive(Debug)]
 #[repr(transparent)]
@@ -210,13 +231,20 @@ impl Lease {
     /// used). Lock-free.
     #[inline]
     pub fn covers(&self, now: u32, len: LeaseLength) -> bool {
+        self.covers_at(ReadAt::new(now, len))
+    }
+
+    /// [`Self::covers`] of a read at `at`, whose need is computed once for
+    /// a batch of reads.
+    #[inline]
+    pub fn covers_at(&self, at: ReadAt) -> bool {
         // Acquire: pairs with `raise`; the pages are read after (module note).
         let v = self.0.load(Ordering::Acquire);
-        if len.0 == 0 {
+        if at.len.0 == 0 {
             v & REF != 0
         } else {
-            let (d, need) = (v & DEADLINE, len.need(now));
-            d == need || live(d, need)
+            let d = v & DEADLINE;
+            d == at.need || live(d, at.need)
         }
     }
 

@@ -21,10 +21,10 @@
 //! whose exact value at a reservation only moves its expiry by one tick.
 
 use super::error::{InitError, RankNotInitialized};
-use super::index::{Bind, Delta, IndexFloor, KeyIndex, MAX_IDS};
+use super::index::{BatchKey, Bind, Delta, IndexFloor, KeyIndex, MAX_IDS};
 use super::journal::{Change, Journal};
 use super::key::KeyRef;
-use super::lease::{self, Clock, LeaseLength};
+use super::lease::{self, Clock, LeaseLength, ReadAt};
 use super::pages::{Counts, Owner, PageState, PageTable, BOUND, FREE};
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
@@ -476,6 +476,59 @@ impl Store {
                 e.is_some_and(|e| e.complete())
             }
         }));
+    }
+
+    /// [`Self::exists_keys`] of keys all of one compact kind
+    /// ([`BatchKey`]: vLLM's 32-hex digests as the numbers they spell, or
+    /// SGLang's digests): the same answers and leases, each key probed once
+    /// for its entry ([`crate::index::Reader::hits`]).
+    pub fn exists_batch<K: BatchKey>(&self, keys: &[K], out: &mut Vec<bool>) {
+        let current = self.current.load();
+        out.clear();
+        let index = current.index.reader();
+        let mut hits = Vec::with_capacity(keys.len());
+        index.hits(keys, &mut hits);
+        // Read after the lookups, as `exists_keys` does.
+        let at = ReadAt::new(self.clock.now(), self.cfg.read_lease);
+        let mut leading = true;
+        out.extend(keys.iter().zip(&hits).map(|(&k, &hit)| {
+            let e = index.entry_of::<K>(hit);
+            if leading {
+                leading = match e {
+                    // The lock-free answer of `lease_complete_at`, here so
+                    // that the key is made only on the way to the lock.
+                    Some(e) if e.lease().covers_at(at) => e.complete(),
+                    e => index.lease_complete_at(k.key_ref(), e, at),
+                };
+                leading
+            } else {
+                e.is_some_and(|e| e.complete())
+            }
+        }));
+    }
+
+    /// [`Self::locations_keys`] of keys all of one compact kind, as
+    /// [`Self::exists_batch`] takes them.
+    pub fn locations_batch<K: BatchKey>(
+        &self,
+        rank: i64,
+        keys: &[K],
+        out: &mut Vec<Option<u32>>,
+    ) -> Result<(), RankNotInitialized> {
+        let current = self.current.load();
+        out.clear();
+        current.rank(rank).ok_or(RankNotInitialized(rank))?;
+        let index = current.index.reader();
+        let mut hits = Vec::with_capacity(keys.len());
+        index.hits(keys, &mut hits);
+        // Read after the lookups, as `locations_keys` does.
+        let (at, rank) = (ReadAt::new(self.clock.now(), self.cfg.read_lease), rank as u32);
+        out.extend(keys.iter().zip(&hits).map(|(&k, &hit)| match index.entry_of::<K>(hit) {
+            // The lock-free answer of `lease_location_at`, as in `exists_batch`.
+            Some(e) if e.lease().covers_at(at) => e.complete().then(|| e.page(rank)).flatten(),
+            e => index.lease_location_at(k.key_ref(), e, rank, at),
+        }));
+        Ok(())
     }
 
     /// For each key, its page on `rank` when the key is complete. Every key

@@ -121,6 +121,15 @@ pub(crate) fn confirm(mut c: Call<'_>) -> Result<Reply, Reply> {
 pub(crate) fn exists(mut c: Call<'_>) -> Result<Reply, Reply> {
     let rank = sglang_rank(c.rank)?;
     let s = c.scratch;
+    if let Some((keys, namespace)) = s.decoder.space_lookup_digests(&c.body, c.limits) {
+        let (n, flags) = (keys.len(), &mut s.flags);
+        return on_space(c.registry, rank, namespace, n, |st| {
+            st.exists_batch(keys, flags);
+            let mut out = Vec::with_capacity(16 + n * 6);
+            encode::exists(&mut out, flags);
+            Ok(Reply::json(StatusCode::OK, out, n))
+        });
+    }
     let req = s.decoder.space_lookup(&mut c.body, c.limits)?;
     let n = req.keys.len();
     let flags = &mut s.flags;
@@ -136,6 +145,15 @@ pub(crate) fn exists(mut c: Call<'_>) -> Result<Reply, Reply> {
 pub(crate) fn page_indices(mut c: Call<'_>) -> Result<Reply, Reply> {
     let rank = sglang_rank(c.rank)?;
     let s = c.scratch;
+    if let Some((keys, namespace)) = s.decoder.space_lookup_digests(&c.body, c.limits) {
+        let (n, locations) = (keys.len(), &mut s.locations);
+        return on_space(c.registry, rank, namespace, n, |st| {
+            st.locations_batch(0, keys, locations).map_err(|e| internal(e, n))?;
+            let mut out = Vec::with_capacity(16 + n * 11);
+            encode::indices(&mut out, locations);
+            Ok(Reply::json(StatusCode::OK, out, n))
+        });
+    }
     let req = s.decoder.space_lookup(&mut c.body, c.limits)?;
     let n = req.keys.len();
     let locations = &mut s.locations;

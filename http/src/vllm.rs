@@ -81,6 +81,12 @@ pub(crate) fn confirm(mut c: Call<'_>) -> Result<Reply, Reply> {
 /// `POST /keys/batch_exists`.
 pub(crate) fn exists(mut c: Call<'_>) -> Result<Reply, Reply> {
     let (s, body) = (c.scratch, &mut c.body);
+    if let Some(keys) = s.decoder.exists_hex(body, c.limits) {
+        c.registry.vllm().exists_batch(keys, &mut s.flags);
+        let mut out = Vec::with_capacity(16 + s.flags.len() * 6);
+        encode::exists(&mut out, &s.flags);
+        return Ok(Reply::json(StatusCode::OK, out, keys.len()));
+    }
     let req = s.decoder.exists(body, c.limits)?;
     c.registry.vllm().exists_keys(&req.keys, &mut s.flags);
     let mut out = Vec::with_capacity(16 + s.flags.len() * 6);
@@ -91,16 +97,26 @@ pub(crate) fn exists(mut c: Call<'_>) -> Result<Reply, Reply> {
 /// `POST /keys/get_locations`.
 pub(crate) fn locations(mut c: Call<'_>) -> Result<Reply, Reply> {
     let (s, body) = (c.scratch, &mut c.body);
+    if let Some((rank, keys)) = s.decoder.locations_hex(body, c.limits) {
+        let n = keys.len();
+        c.registry.vllm().locations_batch(rank, keys, &mut s.locations).map_err(|e| locations_failed(&e, n))?;
+        let mut out = Vec::with_capacity(16 + s.locations.len() * 11);
+        encode::locations(&mut out, &s.locations);
+        return Ok(Reply::json(StatusCode::OK, out, n));
+    }
     let req = s.decoder.locations(body, c.limits)?;
     let n = req.keys.len();
-    c.registry.vllm().locations_keys(req.rank, &req.keys, &mut s.locations).map_err(|e| {
-        let msg = format!("Failed to get key locations: {e}");
-        tracing::error!("{msg}");
-        Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg).keys(n)
-    })?;
+    c.registry.vllm().locations_keys(req.rank, &req.keys, &mut s.locations).map_err(|e| locations_failed(&e, n))?;
     let mut out = Vec::with_capacity(16 + s.locations.len() * 11);
     encode::locations(&mut out, &s.locations);
     Ok(Reply::json(StatusCode::OK, out, n))
+}
+
+/// The 500 of a get-locations on a rank that was never initialized.
+fn locations_failed(e: &dyn std::fmt::Display, n: usize) -> Reply {
+    let msg = format!("Failed to get key locations: {e}");
+    tracing::error!("{msg}");
+    Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg).keys(n)
 }
 
 /// `POST /clear`: every rank and key of vLLM's page space.

@@ -256,14 +256,21 @@ impl<'a> EntryRef<'a> {
         }
     }
 
-    /// The page `rank` holds for this key.
-    #[inline]
+    /// The page `rank` holds for this key: an inline rank's read in place,
+    /// the others' out of line (a look in the wide pages).
+    #[inline(always)]
     pub fn page(&self, rank: u32) -> Option<u32> {
         if (rank as usize) < INLINE_RANKS {
             self.head.page(rank, None)
         } else {
-            self.head.page(rank, self.more())
+            self.wide_page(rank)
         }
+    }
+
+    /// [`Self::page`] of a rank beyond the inline ones.
+    #[inline(never)]
+    fn wide_page(&self, rank: u32) -> Option<u32> {
+        self.head.page(rank, self.more())
     }
 
     /// Whether every rank of the key's world holds a page for it.

@@ -62,7 +62,7 @@ use entry::{unbind_locked, Hasher};
 pub use entry::{Bind, Delta, Entry, EntryRef, Head};
 
 use super::key::{Digest, Key, KeyRef};
-use super::lease::LeaseLength;
+use super::lease::{LeaseLength, ReadAt};
 use super::pages::{Owned, Owner, PageTable};
 use super::sync::Ordering::Relaxed;
 use hex::{FreshIds, HexMap, Ids};
@@ -154,6 +154,51 @@ impl KeyIndex {
     }
 }
 
+/// What [`Reader::hits`] found of one key: its id and head, or `None`.
+pub type Hit<'r> = Option<(u32, &'r Head)>;
+
+/// A compact key kind that [`Reader::hits`] looks up a batch at a time:
+/// vLLM's 32-hex digests (`u128`, as [`KeyRef::Hex`] holds them) and
+/// SGLang's digests ([`Digest`]).
+pub trait BatchKey: Copy {
+    /// The key as the index's other calls take it.
+    fn key_ref(self) -> KeyRef<'static>;
+    /// [`Reader::hits`] in the map that holds this kind.
+    #[doc(hidden)]
+    fn hits_in<'r>(index: &'r KeyIndex, keys: &[Self], guard: &'r Guard, hits: &mut Vec<Hit<'r>>);
+    /// [`Reader::entry_of`] in the map that holds this kind.
+    #[doc(hidden)]
+    fn entry_in<'r>(index: &'r KeyIndex, hit: Hit<'r>, guard: &'r Guard) -> Option<EntryRef<'r>>;
+}
+
+impl BatchKey for u128 {
+    #[inline]
+    fn key_ref(self) -> KeyRef<'static> {
+        KeyRef::Hex(self)
+    }
+    fn hits_in<'r>(index: &'r KeyIndex, keys: &[Self], guard: &'r Guard, hits: &mut Vec<Hit<'r>>) {
+        index.hex.hits_batch(keys, guard, hits);
+    }
+    #[inline]
+    fn entry_in<'r>(index: &'r KeyIndex, hit: Hit<'r>, guard: &'r Guard) -> Option<EntryRef<'r>> {
+        index.hex.entry_of(hit, guard)
+    }
+}
+
+impl BatchKey for Digest {
+    #[inline]
+    fn key_ref(self) -> KeyRef<'static> {
+        KeyRef::Digest(self)
+    }
+    fn hits_in<'r>(index: &'r KeyIndex, keys: &[Self], guard: &'r Guard, hits: &mut Vec<Hit<'r>>) {
+        index.digest.hits_batch(keys, guard, hits);
+    }
+    #[inline]
+    fn entry_in<'r>(index: &'r KeyIndex, hit: Hit<'r>, guard: &'r Guard) -> Option<EntryRef<'r>> {
+        index.digest.entry_of(hit, guard)
+    }
+}
+
 /// A read view of the index for one batch of lookups: one epoch guard for all
 /// of them. Hold it only for the duration of a request (it delays the
 /// reclamation of removed entries), never across an `.await`.
@@ -195,6 +240,24 @@ impl Reader<'_> {
         }
     }
 
+    /// The keys `keys`, all of one compact kind ([`BatchKey`]: vLLM's
+    /// 32-hex digests or SGLang's digests), looked up in order into `hits`
+    /// (cleared first): the batched probe of [`Self::entries`] on keys
+    /// given as they are hashed, answering a [`Hit`] of 16 bytes a key,
+    /// each key's entry made where its answer is built
+    /// ([`Self::entry_of`]).
+    pub fn hits<'r, K: BatchKey>(&'r self, keys: &[K], hits: &mut Vec<Hit<'r>>) {
+        hits.clear();
+        K::hits_in(self.index, keys, &self.guard, hits);
+    }
+
+    /// The entry of a hit of [`Self::hits`] on keys of kind `K` (`None`:
+    /// the key is absent).
+    #[inline]
+    pub fn entry_of<'r, K: BatchKey>(&'r self, hit: Hit<'r>) -> Option<EntryRef<'r>> {
+        K::entry_in(self.index, hit, &self.guard)
+    }
+
     /// The page `rank` holds for `key`, complete or not.
     #[inline]
     pub fn page(&self, key: KeyRef<'_>, rank: u32) -> Option<u32> {
@@ -227,7 +290,7 @@ impl Reader<'_> {
         len: LeaseLength,
         read: impl Fn(EntryRef<'_>) -> Option<R>,
     ) -> Option<R> {
-        self.leased_at(key, self.entry(key), now, len, read)
+        self.leased_at(key, self.entry(key), ReadAt::new(now, len), read)
     }
 
     /// [`Self::leased`] with the key's entry already looked up
@@ -237,18 +300,17 @@ impl Reader<'_> {
         &self,
         key: KeyRef<'_>,
         e: Option<EntryRef<'_>>,
-        now: u32,
-        len: LeaseLength,
+        at: ReadAt,
         read: impl Fn(EntryRef<'_>) -> Option<R>,
     ) -> Option<R> {
         let e = e?;
-        if e.lease().covers(now, len) {
+        if e.lease().covers_at(at) {
             return read(e);
         }
         read(e)?;
         self.index.locked(key, |live| {
             let r = read(live)?;
-            live.lease().raise(now, len);
+            live.lease().raise(at.now, at.len);
             Some(r)
         })?
     }
@@ -258,7 +320,14 @@ impl Reader<'_> {
     /// run).
     #[inline]
     pub fn lease_complete(&self, key: KeyRef<'_>, e: Option<EntryRef<'_>>, now: u32, len: LeaseLength) -> bool {
-        self.leased_at(key, e, now, len, |e| e.complete().then_some(())).is_some()
+        self.lease_complete_at(key, e, ReadAt::new(now, len))
+    }
+
+    /// [`Self::lease_complete`] of a read at `at` (a batch's reads share
+    /// one).
+    #[inline]
+    pub fn lease_complete_at(&self, key: KeyRef<'_>, e: Option<EntryRef<'_>>, at: ReadAt) -> bool {
+        self.leased_at(key, e, at, |e| e.complete().then_some(())).is_some()
     }
 
     /// The page on `rank` when `key` (entry `e`) is complete, leasing the
@@ -272,7 +341,14 @@ impl Reader<'_> {
         now: u32,
         len: LeaseLength,
     ) -> Option<u32> {
-        self.leased_at(key, e, now, len, |e| e.complete().then(|| e.page(rank)).flatten())
+        self.lease_location_at(key, e, rank, ReadAt::new(now, len))
+    }
+
+    /// [`Self::lease_location`] of a read at `at` (a batch's reads share
+    /// one).
+    #[inline]
+    pub fn lease_location_at(&self, key: KeyRef<'_>, e: Option<EntryRef<'_>>, rank: u32, at: ReadAt) -> Option<u32> {
+        self.leased_at(key, e, at, |e| e.complete().then(|| e.page(rank)).flatten())
     }
 
     /// The page `rank` holds for `key` (entry `e`), complete or not,
@@ -287,7 +363,7 @@ impl Reader<'_> {
         now: u32,
         len: LeaseLength,
     ) -> Option<u32> {
-        self.leased_at(key, e, now, len, |e| e.page(rank))
+        self.leased_at(key, e, ReadAt::new(now, len), |e| e.page(rank))
     }
 
     /// The entry of `key` (the evictor warms its victims' lines with it).

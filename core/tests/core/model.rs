@@ -18,9 +18,10 @@
 use crate::common::generations::{self, Rec};
 use crate::common::page_model;
 use crate::common::page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
+use hf3fs_meta_core::key::Digest;
 use hf3fs_meta_core::{
-    AllocateOutcome, Change, ConfirmOutcome, ErrorCode, InitError, Initialized, Journal, RankNotInitialized, Stats,
-    Store, StoreConfig,
+    AllocateOutcome, Change, ConfirmOutcome, ErrorCode, InitError, Initialized, Journal, KeyRef, RankNotInitialized,
+    Stats, Store, StoreConfig,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -154,6 +155,15 @@ fn op_s() -> impl Strategy<Value = Op> {
         1 => Just(Op::Tick(EXPIRY_TICKS)),
         1 => prop_oneof![3 => Just(true), 1 => Just(false)].prop_map(|reinit| Op::Clear { reinit }),
     ]
+}
+
+/// `keys` as the batch lookups take them, when all are of one compact kind:
+/// 32-hex keys as numbers, or SGLang digests.
+fn compact(keys: &[&str]) -> (Option<Vec<u128>>, Option<Vec<Digest>>) {
+    let parsed: Vec<KeyRef<'_>> = keys.iter().map(|k| KeyRef::parse(k)).collect();
+    let hex = parsed.iter().map(|k| if let KeyRef::Hex(v) = k { Some(*v) } else { None }).collect();
+    let digests = parsed.iter().map(|k| if let KeyRef::Digest(d) = k { Some(*d) } else { None }).collect();
+    (hex, digests)
 }
 
 // ---------------------------------------------------------------------------
@@ -578,16 +588,35 @@ fn step(store: &Store, m: &mut Model, op: &Op, sizes: &[i64]) -> Result<(), Test
             if out.contains(&true) {
                 note("exists true");
             }
-            prop_assert_eq!(out, m.exists(&keys));
+            prop_assert_eq!(&out, &m.exists(&keys));
+            // Keys all of one compact kind: the batch path answers alike.
+            let (hex, digests) = compact(&strs(&keys));
+            if let Some(hex) = hex {
+                store.exists_batch(&hex, &mut out);
+                prop_assert_eq!(&out, &m.exists(&keys), "exists_batch of 32-hex keys");
+            }
+            if let Some(digests) = digests {
+                store.exists_batch(&digests, &mut out);
+                prop_assert_eq!(&out, &m.exists(&keys), "exists_batch of digests");
+            }
         }
         Op::Locations { rank, keys } => {
             let keys: Vec<usize> = keys.iter().map(|&k| k as usize).collect();
             let mut out = vec![Some(5); 9];
-            let got = store.locations(*rank, &strs(&keys), &mut out).map(|()| out);
+            let got = store.locations(*rank, &strs(&keys), &mut out).map(|()| out.clone());
             if got.as_ref().is_ok_and(|l| l.iter().any(Option::is_some)) {
                 note("locations some");
             }
             prop_assert_eq!(got, m.locations(*rank, &keys));
+            let (hex, digests) = compact(&strs(&keys));
+            if let Some(hex) = hex {
+                let got = store.locations_batch(*rank, &hex, &mut out).map(|()| out.clone());
+                prop_assert_eq!(got, m.locations(*rank, &keys), "locations_batch of 32-hex keys");
+            }
+            if let Some(digests) = digests {
+                let got = store.locations_batch(*rank, &digests, &mut out).map(|()| out.clone());
+                prop_assert_eq!(got, m.locations(*rank, &keys), "locations_batch of digests");
+            }
         }
         Op::Tick(n) => {
             for _ in 0..*n {

@@ -4,7 +4,7 @@
 //! and [`Decoder::tape_only`], the oracle. Built for tests only (the
 //! `testing` feature, or this crate's own tests).
 
-use super::{DecodeError, Decoder, Limits};
+use super::{DecodeError, Decoder, ExistsBody, Limits, LocationsBody, SpaceLookupBody};
 use crate::core::KeyRef;
 use std::fmt::Debug;
 
@@ -13,15 +13,45 @@ pub type Answer = fn(&mut Decoder, &mut [u8], Limits) -> String;
 
 /// Every route with a fast path: its name and its rendered decoder.
 pub const ROUTES: [(&str, Answer); 8] = [
-    ("exists", |d, b, l| render(d.exists(b, l).map(|x| (classes(&x.keys), x)))),
-    ("locations", |d, b, l| render(d.locations(b, l).map(|x| (classes(&x.keys), x)))),
+    ("exists", exists),
+    ("locations", locations),
     ("allocate", |d, b, l| render(d.allocate(b, l).map(|x| (classes(&x.parsed), x)))),
     ("confirm", |d, b, l| render(d.confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))),
     ("space_keys", |d, b, l| render(d.space_keys(b, l))),
-    ("space_lookup", |d, b, l| render(d.space_lookup(b, l).map(|x| (classes(&x.keys), x)))),
+    ("space_lookup", space_lookup),
     ("space_reserve", |d, b, l| render(d.space_reserve(b, l).map(|x| (classes(&x.keys), x)))),
     ("space_confirm", |d, b, l| render(d.space_confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))),
 ];
+
+/// A batch-exists body decoded as its handler decodes it: its 32-hex keys'
+/// path first ([`Decoder::exists_hex`], the keys rendered as the classified
+/// list they stand for), the general one for any other body.
+fn exists(d: &mut Decoder, b: &mut [u8], l: Limits) -> String {
+    if let Some(hex) = d.exists_hex(&*b, l) {
+        let keys: Vec<KeyRef<'_>> = hex.iter().map(|&k| KeyRef::Hex(k)).collect();
+        return render(Ok((classes(&keys), ExistsBody { keys })));
+    }
+    render(d.exists(b, l).map(|x| (classes(&x.keys), x)))
+}
+
+/// A get-locations body decoded as its handler decodes it (as [`exists`]).
+fn locations(d: &mut Decoder, b: &mut [u8], l: Limits) -> String {
+    if let Some((rank, hex)) = d.locations_hex(&*b, l) {
+        let keys: Vec<KeyRef<'_>> = hex.iter().map(|&k| KeyRef::Hex(k)).collect();
+        return render(Ok((classes(&keys), LocationsBody { rank, keys })));
+    }
+    render(d.locations(b, l).map(|x| (classes(&x.keys), x)))
+}
+
+/// An SGLang lookup body decoded as its handlers decode it: its digest
+/// keys' path first ([`Decoder::space_lookup_digests`]), as [`exists`].
+fn space_lookup(d: &mut Decoder, b: &mut [u8], l: Limits) -> String {
+    if let Some((digests, namespace)) = d.space_lookup_digests(&*b, l) {
+        let keys: Vec<KeyRef<'_>> = digests.iter().map(|&k| KeyRef::Digest(k)).collect();
+        return render(Ok((classes(&keys), SpaceLookupBody { keys, namespace })));
+    }
+    render(d.space_lookup(b, l).map(|x| (classes(&x.keys), x)))
+}
 
 /// The typed arguments' `Debug`, or `400` and the detail text.
 fn render<T: Debug>(r: Result<T, DecodeError>) -> String {

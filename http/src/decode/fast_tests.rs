@@ -350,6 +350,21 @@ proptest! {
             ("confirm", format!("{{\"rank\"{colon}{rank}{comma}\"confirmations\"{colon}[{}]}}", conf.join(comma))),
             ("space_reserve", format!("{{\"keys\"{colon}[{}]{comma}\"namespace\"{colon}\"kv\"}}", pairs.join(comma))),
         ];
+        // Nonzero 32-hex keys only: the lookups' hex path takes them
+        // (and answers as the tape walk does: `same_answers`).
+        let hex_only = keys.iter().all(|&k| k != 0);
+        prop_assert_eq!(fast_takes(bodies[0].1.as_bytes(), &fast::EXISTS_HEX, BIG), hex_only);
+        prop_assert_eq!(fast_takes(bodies[1].1.as_bytes(), &fast::LOCATIONS_HEX, BIG), hex_only);
+        // SGLang's digest keys, bare and with their suffixes: the lookups'
+        // digest path takes them.
+        let digests: Vec<String> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| format!("\"{k:032x}{k:032x}{}\"", ["", "-k", "-v"][i % 3]))
+            .collect();
+        let space = format!("{{\"keys\"{colon}[{}]{comma}\"namespace\"{colon}\"kv\"}}", digests.join(comma));
+        prop_assert!(fast_takes(space.as_bytes(), &fast::SPACE_LOOKUP_DIGESTS, BIG), "{}", space);
+        prop_assert!(same_answers(&mut Decoder::default(), space.as_bytes(), BIG).contains(&"space_lookup"));
         let mut d = Decoder::default();
         for (route, body) in bodies {
             let taken = same_answers(&mut d, body.as_bytes(), BIG);

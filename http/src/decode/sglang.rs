@@ -11,6 +11,7 @@
 
 use super::tape::{check_count, check_key, fields, int_field, int_of, key_strings, lookups, Items};
 use super::{fast, DecodeError, Decoder, Input, Limits, MAX_NAMESPACE_LEN};
+use crate::core::key::Digest;
 use crate::core::{KeyRef, DEFAULT_NAMESPACE};
 use simd_json::Node;
 
@@ -135,6 +136,21 @@ impl Decoder {
             let namespace = namespace(ns)?;
             Ok(SpaceLookupBody { keys: lookups(required_list(keys, "keys")?, limits)?, namespace })
         })
+    }
+
+    /// The keys and namespace of an exists or get-page-indices body whose
+    /// every key is an SGLang digest, 64 hex digits bare or with `-k`/`-v`
+    /// ([`KeyRef::Digest`]), decoded in one pass with nothing per key but
+    /// its digest. `None` for any other body, which [`Self::space_lookup`]
+    /// decodes (the same keys, classified: a digest body's answer is the
+    /// same either way).
+    pub fn space_lookup_digests<'s, 'b, B: Input + ?Sized>(
+        &'s mut self,
+        body: &'b B,
+        limits: Limits,
+    ) -> Option<(&'s [Digest], &'b str)> {
+        let scan = self.scan(body.bytes(), &fast::SPACE_LOOKUP_DIGESTS, limits)?;
+        Some((self.scratch.digests(), scan.namespace_in(body.bytes(), DEFAULT_NAMESPACE)?))
     }
 
     /// Decodes `{"keys": [[key, prefix_key], ...], "namespace"?: str}`

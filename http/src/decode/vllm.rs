@@ -216,6 +216,24 @@ impl Decoder {
         })
     }
 
+    /// The keys of a batch-exists body whose every key is a 32-hex
+    /// digest ([`KeyRef::Hex`]), as the numbers they spell, in order:
+    /// vLLM's scheduler's body, decoded in one pass with nothing per key
+    /// but its digest. `None` for any other body, which [`Self::exists`]
+    /// decodes (the same keys, classified: a hex body's answer is the
+    /// same either way).
+    pub fn exists_hex<B: Input + ?Sized>(&mut self, body: &B, limits: Limits) -> Option<&[u128]> {
+        self.scan(body.bytes(), &fast::EXISTS_HEX, limits)?;
+        Some(self.scratch.hex())
+    }
+
+    /// [`Self::exists_hex`] of a get-locations body: its rank and keys, or
+    /// `None` for a body that [`Self::locations`] decodes.
+    pub fn locations_hex<B: Input + ?Sized>(&mut self, body: &B, limits: Limits) -> Option<(i64, &[u128])> {
+        let scan = self.scan(body.bytes(), &fast::LOCATIONS_HEX, limits)?;
+        Some((scan.rank?, self.scratch.hex()))
+    }
+
     /// Decodes a get-locations body, `{"rank": int, "keys": [key, ...]}`.
     ///
     /// # Errors

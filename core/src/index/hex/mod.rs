@@ -210,6 +210,11 @@ struct Found<'g, K: ArenaKey> {
     slot: &'g Slot<K>,
 }
 
+/// A key of [`HexMap::hits_batch`] between its passes: its hash, its table
+/// (`None` once the key is known absent), and the id and entry its first
+/// slot names.
+type Spot<'g, K> = (u64, Option<&'g Table>, Option<(u32, &'g Slot<K>)>);
+
 /// The map of fixed-size hex keys: vLLM's 32-hex keys (`HexMap<u128>`),
 /// SGLang's 64-hex digests (`HexMap<Digest>`).
 pub(super) struct HexMap<K: ArenaKey> {
@@ -425,6 +430,58 @@ impl<K: ArenaKey> HexMap<K> {
             let (Some(d), Some(t)) = (K::of(key(it)), t) else { continue };
             *o = self.find(t, d, h).map(|f| self.entry(f.id, f.slot, guard));
         }
+    }
+
+    /// Looks up every key of `keys`, in order, pushing onto `hits` each
+    /// one's id and head (`None` for an absent key): the batched probe of
+    /// [`Self::get_batch`] on keys given as they are hashed, not as
+    /// [`KeyRef`]s to classify at each pass. [`BATCH`] keys at a time, in
+    /// the same three passes; the second keeps the entry its first slot
+    /// names, so that the third compares the key there and probes on only
+    /// when that entry is another key's.
+    pub(super) fn hits_batch<'g>(&'g self, keys: &[K], guard: &'g Guard, hits: &mut Vec<Option<(u32, &'g Head)>>) {
+        hits.reserve(keys.len());
+        let Some(shards) = self.shards.get() else {
+            hits.resize(hits.len() + keys.len(), None);
+            return;
+        };
+        for chunk in keys.chunks(BATCH) {
+            let mut spots: [Spot<'_, K>; BATCH] = [(0, None, None); BATCH];
+            for (spot, &d) in spots.iter_mut().zip(chunk) {
+                let h = self.hash(d);
+                let t = shards[Self::shard_of(h)].table.load(guard);
+                if let Some(t) = t {
+                    prefetch((&t.slots[h as usize & t.mask] as *const AtomicU32).cast());
+                }
+                spot.0 = h;
+                spot.1 = t;
+            }
+            for (h, t, first) in &mut spots[..chunk.len()] {
+                let Some(tab) = *t else { continue };
+                // Acquire: as `find`'s (the entry is read in the next pass).
+                let v = tab.slots[*h as usize & tab.mask].load(Ordering::Acquire);
+                if v == EMPTY {
+                    *t = None;
+                } else if v >> TAG_BITS != 0 && v & TAG_MASK == Self::tag_of(*h) {
+                    if let Some(s) = self.arena.try_slot(v >> TAG_BITS) {
+                        prefetch((s as *const Slot<K>).cast());
+                        *first = Some((v >> TAG_BITS, s));
+                    }
+                }
+            }
+            hits.extend(spots.iter().zip(chunk).map(|(&(h, t, first), &d)| match (t, first) {
+                (_, Some((id, s))) if d.matches(&s.key) => Some((id, &s.head)),
+                (Some(t), _) => self.find(t, d, h).map(|f| (f.id, &f.slot.head)),
+                (None, _) => None,
+            }));
+        }
+    }
+
+    /// The entry of the key that [`Self::hits_batch`] found as `hit` under
+    /// `guard`.
+    #[inline]
+    pub(super) fn entry_of<'g>(&'g self, hit: Option<(u32, &'g Head)>, guard: &'g Guard) -> Option<EntryRef<'g>> {
+        hit.map(|(id, head)| EntryRef::hex(head, &self.wide, id | K::ID_FLAG, guard))
     }
 
     /// The hash of `d`, its shard, and the shard's state, locked.
