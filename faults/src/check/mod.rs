@@ -19,6 +19,14 @@
 //! fire (its ranks have 2^20 pages), a binding observed once holds for the
 //! rest of the run.
 //!
+//! Power-cut runs ([`power`]) hold `lost`, `pages` and `linearizable` as
+//! they are wherever the promise of `--fsync always` (or a synchronous
+//! standby that was not cut) covers every acknowledged confirm; where the
+//! promise is `batch`'s, a loss is allowed only of a confirm acknowledged
+//! within [`BATCH_WINDOW`] before the cut, and that key is excused from
+//! `pages` and `linearizable` (its page may go to another key after the
+//! recovery; what the readers saw of it before the cut was true then).
+//!
 //! Eviction runs (`--eviction`: small ranks, a 2 s read lease) may drop any
 //! key that is not leased, so `lost` and `pages` do not apply to them; they
 //! are checked by [`lease`] (no page of a read handed to another key within
@@ -29,8 +37,18 @@ pub(crate) mod linear;
 
 use crate::history::{Call, Dialect, Op, Outcome};
 use linear::{Event, KeyOp};
-use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+/// Keys a checker leaves out: (dialect, key).
+pub(crate) type Excused = HashSet<(Dialect, String)>;
+
+/// How far before a power cut `--fsync batch` may lose an acknowledged
+/// change: the syncer's period (docs/durability.md: "about 5 ms later at
+/// most"), measured on the age of the lost acknowledgement at the cut as
+/// the client saw it (its answer's arrival, after the server's answer).
+pub(crate) const BATCH_WINDOW: Duration = Duration::from_millis(5);
 
 /// One violation: the check, what it saw, and the history ops that show it.
 #[derive(Serialize, Clone, Debug, PartialEq)]
@@ -62,7 +80,7 @@ pub(crate) fn safety(history: &[Op], world: u32, lease_us: Option<u64>) -> Vec<F
     match lease_us {
         None => {
             f.extend(lost(history, world));
-            f.extend(pages(history));
+            f.extend(pages(history, &Excused::new()));
         }
         Some(l) => {
             f.extend(lease(history, l));
@@ -76,8 +94,77 @@ pub(crate) fn safety(history: &[Op], world: u32, lease_us: Option<u64>) -> Vec<F
         }
     }
     f.extend(split_brain(history));
-    f.extend(linearizable(history, world, lease_us.is_some()));
+    f.extend(linearizable(history, world, lease_us.is_some(), &Excused::new()));
     f
+}
+
+/// A power cut, for [`power`]: when, and what it may lose.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PowerCut {
+    /// When the unsynced data was dropped (µs from the run's start).
+    pub cut_us: u64,
+    /// How long before the cut an acknowledged confirm may have been
+    /// acknowledged and still be lost (`None`: nothing may be lost).
+    pub window_us: Option<u64>,
+}
+
+/// What a power cut lost, as the history shows it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub(crate) struct PowerFigures {
+    /// When the cut was (µs from the run's start).
+    pub cut_us: u64,
+    /// Whether nothing acknowledged could be lost (the promise of `always`,
+    /// or of a standby that kept it in memory).
+    pub strict: bool,
+    /// Confirms (key × rank) acknowledged before the cut.
+    pub acked_before: u64,
+    /// Acknowledged confirms (key × rank) lost…
+    pub lost: u64,
+    /// …of which within the allowed window before the cut.
+    pub within_window: u64,
+    /// The oldest lost acknowledgement's age at the cut, ms (at least: from
+    /// its answer's arrival at the client; 0 for one answered after the cut).
+    pub oldest_lost_ms: Option<f64>,
+}
+
+/// The safety checkers of a power-cut run: [`lost`] and, outside the
+/// allowed losses, [`pages`], [`split_brain`] and [`linearizable`]. A lost
+/// confirm is allowed when it was sent before the cut and its answer came
+/// at most `window_us` before it; its key is then excused from `pages` and
+/// `linearizable`, every other key held to them whole.
+pub(crate) fn power(history: &[Op], world: u32, cut: PowerCut) -> (Vec<Finding>, PowerFigures) {
+    let by_id: HashMap<u64, &Op> = history.iter().map(|o| (o.id, o)).collect();
+    let mut fig = PowerFigures { cut_us: cut.cut_us, strict: cut.window_us.is_none(), ..PowerFigures::default() };
+    fig.acked_before = acknowledged(history)
+        .values()
+        .flat_map(|r| r.values())
+        .filter(|(_, by)| by_id.get(by).is_some_and(|o| o.complete_us <= cut.cut_us))
+        .count() as u64;
+    let mut out = Vec::new();
+    let mut excused = Excused::new();
+    for l in losses(history, world) {
+        let Some(op) = by_id.get(&l.by) else { continue };
+        let age = cut.cut_us.saturating_sub(op.complete_us);
+        fig.lost += 1;
+        fig.oldest_lost_ms = Some(fig.oldest_lost_ms.unwrap_or(0.0).max(age as f64 / 1000.0));
+        let allowed = op.invoke_us < cut.cut_us && cut.window_us.is_some_and(|w| age <= w);
+        if allowed {
+            fig.within_window += 1;
+            excused.insert((l.dialect, l.key.clone()));
+            continue;
+        }
+        let mut f = l.finding();
+        f.what += &if op.invoke_us >= cut.cut_us {
+            format!(" (acknowledged {:.1} ms after the cut)", (op.complete_us - cut.cut_us) as f64 / 1000.0)
+        } else {
+            format!(" (acknowledged {:.1} ms before the cut)", age as f64 / 1000.0)
+        };
+        out.push(f);
+    }
+    out.extend(pages(history, &excused));
+    out.extend(split_brain(history));
+    out.extend(linearizable(history, world, false, &excused));
+    (out, fig)
 }
 
 /// Keys acknowledged on every rank of their world that a later read found
@@ -176,11 +263,46 @@ fn acknowledged(history: &[Op]) -> BTreeMap<(Dialect, String), BTreeMap<u32, (i6
     acked
 }
 
+/// One acknowledged confirm the final read-back did not find.
+struct Loss {
+    dialect: Dialect,
+    key: String,
+    rank: u32,
+    page: i64,
+    /// The op that acknowledged it.
+    by: u64,
+    /// What the read-back answered, and its op (`None`: no final answer).
+    seen: Option<(Option<i64>, u64)>,
+}
+
+impl Loss {
+    fn finding(&self) -> Finding {
+        let (d, k, r, p) = (self.dialect, &self.key, self.rank, self.page);
+        match self.seen {
+            Some((got, id)) => finding(
+                "lost",
+                format!("{d:?} key {k} rank {r}: acknowledged on page {p}, read back as {got:?}"),
+                vec![self.by, id],
+            ),
+            None => finding(
+                "lost",
+                format!("{d:?} key {k} rank {r}: acknowledged on page {p}, never read back (no final answer)"),
+                vec![self.by],
+            ),
+        }
+    }
+}
+
 /// No acknowledged confirm lost: every acknowledged (key, rank, page) is
 /// read back after the heal, through `get_locations` when the key was
 /// acknowledged on every rank of its world, else through a re-save
 /// (allocate) of the key on that rank, whose answer is the stored page.
 pub(crate) fn lost(history: &[Op], world: u32) -> Vec<Finding> {
+    losses(history, world).iter().map(Loss::finding).collect()
+}
+
+/// The acknowledged confirms [`lost`] reports.
+fn losses(history: &[Op], world: u32) -> Vec<Loss> {
     // What the final read-back saw: (dialect, key, rank) → (answer, op).
     let mut located: HashMap<(Dialect, &str, u32), (Option<i64>, u64)> = HashMap::new();
     let mut stored: HashMap<(Dialect, &str, u32), (i64, u64)> = HashMap::new();
@@ -204,22 +326,12 @@ pub(crate) fn lost(history: &[Op], world: u32) -> Vec<Finding> {
         let complete = ranks.len() as u32 == world_of(dialect, world);
         for (rank, (page, by)) in ranks {
             let seen = if complete {
-                located.get(&(dialect, &key, rank)).map(|&(p, id)| (p, id))
+                located.get(&(dialect, key.as_str(), rank)).copied()
             } else {
-                stored.get(&(dialect, &key, rank)).map(|&(p, id)| (Some(p), id))
+                stored.get(&(dialect, key.as_str(), rank)).map(|&(p, id)| (Some(p), id))
             };
-            match seen {
-                Some((Some(p), _)) if p == page => {}
-                Some((got, id)) => out.push(finding(
-                    "lost",
-                    format!("{dialect:?} key {key} rank {rank}: acknowledged on page {page}, read back as {got:?}"),
-                    vec![by, id],
-                )),
-                None => out.push(finding(
-                    "lost",
-                    format!("{dialect:?} key {key} rank {rank}: acknowledged on page {page}, never read back (no final answer)"),
-                    vec![by],
-                )),
+            if !matches!(seen, Some((Some(p), _)) if p == page) {
+                out.push(Loss { dialect, key: key.clone(), rank, page, by, seen });
             }
         }
     }
@@ -228,8 +340,10 @@ pub(crate) fn lost(history: &[Op], world: u32) -> Vec<Finding> {
 
 /// No page bound to two keys, no read answered with a page another key was
 /// bound to, no allocate handing out a page bound to another key once that
-/// binding was known.
-pub(crate) fn pages(history: &[Op]) -> Vec<Finding> {
+/// binding was known; the `excused` keys left out (a power cut's allowed
+/// losses, [`power`]).
+pub(crate) fn pages(history: &[Op], excused: &Excused) -> Vec<Finding> {
+    let skip = |d: Dialect, k: &String| excused.contains(&(d, k.clone()));
     // (dialect, rank, page) → (key, op, completion) of its first binding seen.
     let mut bound: HashMap<(Dialect, u32, i64), (String, u64, u64)> = HashMap::new();
     let mut out = Vec::new();
@@ -244,6 +358,9 @@ pub(crate) fn pages(history: &[Op]) -> Vec<Finding> {
             _ => continue,
         };
         for (d, r, k, p) in claims {
+            if skip(d, k) {
+                continue;
+            }
             match bound.get(&(d, r, p)) {
                 Some((other, by, _)) if other != k => out.push(finding(
                     "pages",
@@ -259,7 +376,7 @@ pub(crate) fn pages(history: &[Op]) -> Vec<Finding> {
     }
     for op in &ok {
         if let Call::Allocate { dialect, rank, keys, pages } = &op.call {
-            for (k, &p) in keys.iter().zip(pages) {
+            for (k, &p) in keys.iter().zip(pages).filter(|(k, _)| !skip(*dialect, k)) {
                 if let Some((other, by, when)) = bound.get(&(*dialect, *rank, p)) {
                     if other != k && *when < op.invoke_us {
                         out.push(finding(
@@ -327,8 +444,8 @@ pub(crate) fn split_brain(history: &[Op]) -> Vec<Finding> {
 }
 
 /// Per-key linearizability of bind, release and read ([`linear`]), with
-/// evictions at any moment when `evictable`.
-pub(crate) fn linearizable(history: &[Op], world: u32, evictable: bool) -> Vec<Finding> {
+/// evictions at any moment when `evictable`; the `excused` keys left out.
+pub(crate) fn linearizable(history: &[Op], world: u32, evictable: bool, excused: &Excused) -> Vec<Finding> {
     let mut per_key: BTreeMap<(Dialect, String), Vec<KeyOp>> = BTreeMap::new();
     for op in history.iter().filter(|o| o.outcome != Outcome::Fail) {
         let complete = (op.outcome == Outcome::Ok).then_some(op.complete_us);
@@ -357,7 +474,7 @@ pub(crate) fn linearizable(history: &[Op], world: u32, evictable: bool) -> Vec<F
         }
     }
     let mut out = Vec::new();
-    for ((d, k), ops) in per_key {
+    for ((d, k), ops) in per_key.into_iter().filter(|(dk, _)| !excused.contains(dk)) {
         match linear::linearizable(world_of(d, world), &ops, evictable) {
             Ok(true) => {}
             Ok(false) => out.push(finding(

@@ -4,9 +4,11 @@
 use crate::cluster::{mount_image, Cluster, NODES, SYNC_TIMEOUT};
 use crate::ns::{nft, Net};
 use crate::proxy::{Mode, Proxy};
+use hf3fs_meta_forgetfs::Cut;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// What a nemesis needs to know of the run.
 pub(crate) struct Ctx<'a> {
@@ -26,6 +28,8 @@ pub(crate) struct Ctx<'a> {
     pub rng: &'a mut ChaCha8Rng,
     /// The clock files of the nodes (libfaketime), in clock runs.
     pub clock_files: &'a [PathBuf],
+    /// When a power cut dropped what was not synced (set by [`power_cut`]).
+    pub cut_at: &'a mut Option<Instant>,
 }
 
 /// libfaketime's thread-safe preload, which the clock nemeses run every node under.
@@ -78,10 +82,13 @@ pub(crate) enum Applied {
     /// A node restarted on a data directory with a byte flipped: nothing to
     /// heal (refusing to start on it is what the node must do).
     Corrupted,
+    /// Nodes whose power was cut: power their file systems on again and
+    /// start them on what the cut kept.
+    PowerCut(Vec<usize>),
 }
 
 /// A process a fault acts on, resolved when the fault starts.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Who {
     /// The leader.
     Leader,
@@ -239,10 +246,68 @@ pub(crate) fn corrupt(c: &mut Ctx) -> Result<Applied, String> {
     Ok(Applied::Corrupted)
 }
 
+/// Which nodes a power cut hits.
+#[derive(Clone, Copy)]
+pub(crate) enum Power {
+    /// One node ([`Who::Leader`] or [`Who::Standby`]; in a single run the
+    /// leader is the only node).
+    One(Who),
+    /// Every node at one instant, as a rack losing power (etcd, another
+    /// cluster with its own durability, keeps running).
+    All,
+}
+
+/// A power cut: the target nodes stopped (SIGSTOP of their process
+/// groups, so that nothing of theirs runs between the cut and their
+/// death), every byte and name their forgetful file systems were never
+/// told to sync dropped at one instant — or, by the seed, one cut in three
+/// each, a prefix of each file's unsynced writes kept with the last one
+/// torn at a 512-byte or a 4 KiB boundary —, the nodes SIGKILLed. The heal
+/// powers the file systems on again and starts the nodes on what the cut
+/// kept.
+pub(crate) fn power_cut(c: &mut Ctx, which: Power) -> Result<Applied, String> {
+    let targets: Vec<usize> = match which {
+        Power::One(Who::Standby) => vec![c.standby],
+        Power::One(_) => vec![c.leader],
+        Power::All => (0..NODES.len()).collect(),
+    };
+    if targets.iter().any(|&i| c.cluster.mounts.get(i).is_none_or(Option::is_none)) {
+        return Err("a power cut needs every node's data on a forgetful file system".into());
+    }
+    let how = match c.rng.gen_range(0..3) {
+        0 => Cut::Drop,
+        k => Cut::Torn { sector: if k == 1 { 512 } else { 4096 }, seed: c.rng.gen() },
+    };
+    for &i in &targets {
+        c.cluster.nodes[i].signal(libc::SIGSTOP);
+    }
+    let mut kept = Vec::new();
+    for &i in &targets {
+        let m = c.cluster.mounts[i].as_ref().expect("checked above");
+        kept.push(format!("{} {} inodes with unsynced changes", NODES[i], m.cut(how).inodes_with_losses));
+    }
+    *c.cut_at = Some(Instant::now());
+    for &i in &targets {
+        c.cluster.nodes[i].kill();
+    }
+    eprintln!("hf3fs-faults: power cut ({how:?}): {}", kept.join(", "));
+    Ok(Applied::PowerCut(targets))
+}
+
 /// Heals what an injection did.
 pub(crate) fn heal(a: Applied, c: &mut Ctx) -> Result<(), String> {
     match a {
         Applied::Nothing | Applied::Corrupted => {}
+        Applied::PowerCut(nodes) => {
+            for &i in &nodes {
+                if let Some(m) = &c.cluster.mounts[i] {
+                    m.revive();
+                }
+            }
+            for i in nodes {
+                c.cluster.nodes[i].start()?;
+            }
+        }
         Applied::Paused(who) => c.cluster.get(&who).signal(libc::SIGCONT),
         Applied::Killed(who) => c.cluster.get(&who).start()?,
         Applied::Rules(ns) => {
