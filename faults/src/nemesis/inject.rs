@@ -281,16 +281,22 @@ pub(crate) fn power_cut(c: &mut Ctx, which: Power) -> Result<Applied, String> {
     for &i in &targets {
         c.cluster.nodes[i].signal(libc::SIGSTOP);
     }
+    // The instant of the cut: the nodes do nothing after it. Their file
+    // systems' images are taken after it (a copy of every file, some
+    // milliseconds), of what they had when they stopped and what the
+    // requests already sent finished (a disk completing its queue).
+    let at = Instant::now();
+    *c.cut_at = Some(at);
     let mut kept = Vec::new();
     for &i in &targets {
         let m = c.cluster.mounts[i].as_ref().expect("checked above");
         kept.push(format!("{} {} inodes with unsynced changes", NODES[i], m.cut(how).inodes_with_losses));
     }
-    *c.cut_at = Some(Instant::now());
+    let imaged = at.elapsed();
     for &i in &targets {
         c.cluster.nodes[i].kill();
     }
-    eprintln!("hf3fs-faults: power cut ({how:?}): {}", kept.join(", "));
+    eprintln!("hf3fs-faults: power cut ({how:?}, images taken in {imaged:.1?}): {}", kept.join(", "));
     Ok(Applied::PowerCut(targets))
 }
 
