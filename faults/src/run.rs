@@ -449,7 +449,9 @@ impl<'o> Prepared<'o> {
                     .rev()
                     .take(3)
                     .find(|x| x.serving)
-                    .filter(|x| x.lag_records == Some(0) && x.in_sync == Some(true))
+                    // A leader with no standby named yet (just promoted after
+                    // every node restarted) is not yet the state to compare.
+                    .filter(|x| x.standby.is_some() && x.lag_records == Some(0) && x.in_sync == Some(true))
                     .map(|x| (x.node.clone(), x.standby.clone()))
             })
         });
