@@ -110,6 +110,16 @@ impl Monitor {
     }
 }
 
+/// The serving leader in the latest round of `nodes` samples and its
+/// standby, once the leader says the standby is in sync with no lag. A
+/// leader with no standby named yet (just promoted after every node
+/// restarted) is not yet a state to compare.
+pub(crate) fn caught_up(samples: &[Sample], nodes: usize) -> Option<(String, String)> {
+    let x = samples.iter().rev().take(nodes).find(|x| x.serving)?;
+    let standby = x.standby.clone()?;
+    (x.lag_records == Some(0) && x.in_sync == Some(true)).then(|| (x.node.clone(), standby))
+}
+
 /// The node that led at `epoch`, as the samples show.
 pub(crate) fn node_of(samples: &[Sample], epoch: u64) -> Option<String> {
     samples
@@ -138,4 +148,36 @@ pub(crate) fn etcd_leader(members: &[SocketAddr]) -> Option<usize> {
     }
     let l = leader?;
     ids.iter().position(|i| *i == l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{caught_up, Sample};
+
+    fn sample(node: &str, serving: bool, standby: Option<&str>, lag: u64) -> Sample {
+        Sample {
+            t_us: 0,
+            node: node.into(),
+            up: true,
+            role: if serving { "leader" } else { "follower" }.into(),
+            epoch: 3,
+            serving,
+            standby: standby.map(str::to_string),
+            in_sync: Some(true),
+            lag_records: Some(lag),
+            lag_seconds: Some(0.0),
+        }
+    }
+
+    /// After a power cut of every node the leader served, in sync with
+    /// nobody, before it named a standby: that was taken as caught up.
+    #[test]
+    fn a_leader_without_a_standby_is_not_caught_up() {
+        let mut s = vec![sample("n0", true, None, 0), sample("n1", false, None, 0), sample("n2", false, None, 0)];
+        assert_eq!(caught_up(&s, 3), None);
+        s[0] = sample("n0", true, Some("n2"), 4);
+        assert_eq!(caught_up(&s, 3), None, "a standby that lags");
+        s[0] = sample("n0", true, Some("n2"), 0);
+        assert_eq!(caught_up(&s, 3), Some(("n0".into(), "n2".into())));
+    }
 }

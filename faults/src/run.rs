@@ -442,19 +442,8 @@ impl<'o> Prepared<'o> {
         let s2 = work.shared.clone();
         in_ns(&self.relay_ns, move || readback(&s2, Duration::from_secs(30)))?;
         let single = self.single;
-        let caught_up = (!single).then(|| {
-            poll(Duration::from_secs(10), || {
-                let s = mon.snapshot();
-                s.iter()
-                    .rev()
-                    .take(3)
-                    .find(|x| x.serving)
-                    // A leader with no standby named yet (just promoted after
-                    // every node restarted) is not yet the state to compare.
-                    .filter(|x| x.standby.is_some() && x.lag_records == Some(0) && x.in_sync == Some(true))
-                    .map(|x| (x.node.clone(), x.standby.clone()))
-            })
-        });
+        let caught_up =
+            (!single).then(|| poll(Duration::from_secs(10), || monitor::caught_up(&mon.snapshot(), NODES.len())));
         let caught_up = caught_up.flatten();
         mon.stop();
         let Prepared { o, mut cluster, net, .. } = self;
@@ -471,7 +460,6 @@ impl<'o> Prepared<'o> {
             verify.push((NODES[i].to_string(), out.status.success(), text.trim().to_string()));
         }
         let same = caught_up.as_ref().and_then(|(l, s)| {
-            let s = s.as_ref()?;
             let li = NODES.iter().position(|n| n == l)?;
             let si = NODES.iter().position(|n| n == s)?;
             Some((NODES[li], NODES[si], inspect(&o.bin, &cluster.data[li]), inspect(&o.bin, &cluster.data[si])))
