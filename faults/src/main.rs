@@ -164,10 +164,11 @@ fn one(o: &run::Opts) -> bool {
             let f = &r.figures;
             let power = r.power.as_ref().map_or(String::new(), |p| {
                 format!(
-                    "  cut: {} acked, lost {} ({} within the window), oldest lost {}",
+                    "  cut: {} acked, lost {} ({} after their journal's last fsync, {} within 5 ms), oldest lost {}",
                     p.acked_before,
                     p.lost,
-                    p.within_window,
+                    p.after_last_sync,
+                    p.within_period,
                     p.oldest_lost_ms.map_or("–".into(), |v| format!("{v:.1} ms"))
                 )
             });

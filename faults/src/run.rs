@@ -8,7 +8,7 @@ use crate::check::{self, Bounds, Finding, PowerCut, PowerFigures};
 use crate::cluster::{in_ns, poll, Cluster, Disk, Setup, NODES, NODE_PORT, READ_LEASE, REPL_PROXY_PORT, ROLES, WORLD};
 use crate::history::{Call, Dialect, Op};
 use crate::monitor::{self, Monitor};
-use crate::nemesis::{self, Applied, Ctx, Need, Nemesis, FAILOVER_BUDGET};
+use crate::nemesis::{self, Applied, Ctx, Need, Nemesis, Stamps, FAILOVER_BUDGET};
 use crate::ns::Net;
 use crate::proxy::Proxy;
 use crate::report::{self, Figures};
@@ -149,8 +149,8 @@ struct Prepared<'o> {
     single: bool,
     /// Where the clients send: the relay, or the single node.
     client: SocketAddr,
-    /// When a power cut dropped the unsynced data.
-    cut_at: Option<Instant>,
+    /// A power cut's instant and the last journal fsyncs before it.
+    cut: Option<Stamps>,
     rng: ChaCha8Rng,
     cluster: Cluster,
     net: Net,
@@ -179,8 +179,8 @@ struct Injected {
     applied: Vec<Applied>,
     fault_us: u64,
     epoch_before: u64,
-    /// When a power cut dropped the unsynced data (µs).
-    cut_us: Option<u64>,
+    /// A power cut's instant and the last journal fsyncs before it (µs).
+    cut: Option<(u64, [Option<u64>; 2])>,
 }
 
 /// The fault healed.
@@ -192,8 +192,8 @@ struct Healed {
     epoch_before: u64,
     /// A nemesis corrupted a node's data directory.
     corrupted: bool,
-    /// When a power cut dropped the unsynced data (µs).
-    cut_us: Option<u64>,
+    /// A power cut's instant and the last journal fsyncs before it (µs).
+    cut: Option<(u64, [Option<u64>; 2])>,
 }
 
 /// The workload stopped, every node stopped and verified.
@@ -263,7 +263,7 @@ impl<'o> Prepared<'o> {
             nemesis,
             single,
             client,
-            cut_at: None,
+            cut: None,
             rng: ChaCha8Rng::seed_from_u64(o.seed),
             ctl: net.host("ctl").ns.clone(),
             relay_ns: net.host("relay").ns.clone(),
@@ -388,8 +388,9 @@ impl<'o> Prepared<'o> {
         for f in faults {
             applied.push(f.inject(&mut ctx)?);
         }
-        let cut_us = self.cut_at.map(|t| t.duration_since(live.t0).as_micros() as u64);
-        Ok(Injected { applied, fault_us, epoch_before, cut_us })
+        let rel = |t: Instant| t.saturating_duration_since(live.t0).as_micros() as u64;
+        let cut = self.cut.map(|c| (rel(c.at), c.journals.map(|j| j.map(rel))));
+        Ok(Injected { applied, fault_us, epoch_before, cut })
     }
 
     fn ctx(&mut self, leader: usize, standby: usize, etcd_leader: usize) -> Ctx<'_> {
@@ -402,7 +403,7 @@ impl<'o> Prepared<'o> {
             etcd_leader,
             rng: &mut self.rng,
             clock_files: &self.clock_files,
-            cut_at: &mut self.cut_at,
+            cut: &mut self.cut,
         }
     }
 
@@ -422,7 +423,7 @@ impl<'o> Prepared<'o> {
             heal_us: us(live.t0),
             epoch_before: i.epoch_before,
             corrupted,
-            cut_us: i.cut_us,
+            cut: i.cut,
         })
     }
 
@@ -482,9 +483,9 @@ fn check(o: &Opts, scratch: &Path, live: &Live, h: &Healed, s: &Settled) -> Foun
         op.node = op.epoch.and_then(|e| epochs.get(&e).cloned().flatten());
     }
     let lease = o.eviction.then(|| READ_LEASE.as_micros() as u64);
-    let (mut findings, power) = match h.cut_us {
-        Some(cut_us) if !o.eviction => {
-            let cut = PowerCut { cut_us, window_us: loss_window(o) };
+    let (mut findings, power) = match h.cut {
+        Some((cut_us, synced_us)) if !o.eviction => {
+            let cut = PowerCut { cut_us, may_lose: may_lose(o), synced_us };
             let (f, p) = check::power(&history, WORLD, cut);
             (f, Some(p))
         }
@@ -533,19 +534,15 @@ fn check(o: &Opts, scratch: &Path, live: &Live, h: &Healed, s: &Settled) -> Foun
     Found { findings, notes, power, history, samples }
 }
 
-/// What a power cut of this run may lose: nothing when every acknowledged
-/// confirm is on disk (`--fsync always`) or held by a node the cut left
-/// running (a standby's cut; a leader's with `--ha-sync strict`, whose
-/// standby acknowledged every change by its own durability); else (`batch`
-/// or `none` on a cut node that may hold the only copy) what was
-/// acknowledged within [`check::BATCH_WINDOW`] before the cut.
-fn loss_window(o: &Opts) -> Option<u64> {
+/// Whether a power cut of this run may lose anything: not when every
+/// acknowledged confirm is on disk (`--fsync always`) or held by a node the
+/// cut left running (a standby's cut; a leader's with `--ha-sync strict`,
+/// whose standby acknowledged every change by its own durability); else
+/// (`batch` or `none` on a cut node that may hold the only copy) what was
+/// acknowledged after its store's journal was last synced.
+fn may_lose(o: &Opts) -> bool {
     let kept_elsewhere = !o.nemesis.cuts_the_leader() || (o.sync == "strict" && !o.nemesis.cuts_every_node());
-    if o.fsync == "always" || kept_elsewhere {
-        None
-    } else {
-        Some(check::BATCH_WINDOW.as_micros() as u64)
-    }
+    o.fsync != "always" && !kept_elsewhere
 }
 
 /// The figures, the history and samples and `result.json` in the run's

@@ -23,9 +23,11 @@
 //! they are wherever the promise of `--fsync always` (or a synchronous
 //! standby that was not cut) covers every acknowledged confirm; where the
 //! promise is `batch`'s, a loss is allowed only of a confirm acknowledged
-//! within [`BATCH_WINDOW`] before the cut, and that key is excused from
-//! `pages` and `linearizable` (its page may go to another key after the
-//! recovery; what the readers saw of it before the cut was true then).
+//! after the last fsync of its store's journal before the cut (what the
+//! forgetful file system stamped), and that key is excused from `pages`
+//! and `linearizable` (its page may go to another key after the recovery;
+//! what the readers saw of it before the cut was true then). How long
+//! before the cut the oldest lost one was acknowledged is measured.
 //!
 //! Eviction runs (`--eviction`: small ranks, a 2 s read lease) may drop any
 //! key that is not leased, so `lost` and `pages` do not apply to them; they
@@ -39,16 +41,14 @@ use crate::history::{Call, Dialect, Op, Outcome};
 use linear::{Event, KeyOp};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::Duration;
 
 /// Keys a checker leaves out: (dialect, key).
 pub(crate) type Excused = HashSet<(Dialect, String)>;
 
-/// How far before a power cut `--fsync batch` may lose an acknowledged
-/// change: the syncer's period (docs/durability.md: "about 5 ms later at
-/// most"), measured on the age of the lost acknowledgement at the cut as
-/// the client saw it (its answer's arrival, after the server's answer).
-pub(crate) const BATCH_WINDOW: Duration = Duration::from_millis(5);
+/// The syncer's period under `--fsync batch` (docs/durability.md: the
+/// window a power cut loses while the syncer runs on time), for the
+/// report's count of losses acknowledged within it.
+pub(crate) const BATCH_PERIOD_US: u64 = 5_000;
 
 /// One violation: the check, what it saw, and the history ops that show it.
 #[derive(Serialize, Clone, Debug, PartialEq)]
@@ -103,9 +103,12 @@ pub(crate) fn safety(history: &[Op], world: u32, lease_us: Option<u64>) -> Vec<F
 pub(crate) struct PowerCut {
     /// When the unsynced data was dropped (µs from the run's start).
     pub cut_us: u64,
-    /// How long before the cut an acknowledged confirm may have been
-    /// acknowledged and still be lost (`None`: nothing may be lost).
-    pub window_us: Option<u64>,
+    /// Whether anything acknowledged may be lost (`batch` on the node that
+    /// held it).
+    pub may_lose: bool,
+    /// When each store's journal (vLLM's, SGLang's) was last synced before
+    /// the cut (µs; `None`: never): what was acknowledged before is on disk.
+    pub synced_us: [Option<u64>; 2],
 }
 
 /// What a power cut lost, as the history shows it.
@@ -120,21 +123,29 @@ pub(crate) struct PowerFigures {
     pub acked_before: u64,
     /// Acknowledged confirms (key × rank) lost…
     pub lost: u64,
-    /// …of which within the allowed window before the cut.
-    pub within_window: u64,
+    /// …of which acknowledged after their journal's last fsync (allowed
+    /// where the cut may lose anything)…
+    #[serde(default)]
+    pub after_last_sync: u64,
+    /// …and of which acknowledged within the syncer's period before the
+    /// cut ([`BATCH_PERIOD_US`]).
+    #[serde(default)]
+    pub within_period: u64,
     /// The oldest lost acknowledgement's age at the cut, ms (at least: from
     /// its answer's arrival at the client; 0 for one answered after the cut).
     pub oldest_lost_ms: Option<f64>,
 }
 
 /// The safety checkers of a power-cut run: [`lost`] and, outside the
-/// allowed losses, [`pages`], [`split_brain`] and [`linearizable`]. A lost
-/// confirm is allowed when it was sent before the cut and its answer came
-/// at most `window_us` before it; its key is then excused from `pages` and
+/// allowed losses, [`pages`], [`split_brain`] and [`linearizable`]. Where
+/// the cut may lose anything, a lost confirm is allowed when it was sent
+/// before the cut and answered after its store's journal was last synced
+/// (an answer of `batch` follows the write, so a sync applied after the
+/// answer holds it); its key is then excused from `pages` and
 /// `linearizable`, every other key held to them whole.
 pub(crate) fn power(history: &[Op], world: u32, cut: PowerCut) -> (Vec<Finding>, PowerFigures) {
     let by_id: HashMap<u64, &Op> = history.iter().map(|o| (o.id, o)).collect();
-    let mut fig = PowerFigures { cut_us: cut.cut_us, strict: cut.window_us.is_none(), ..PowerFigures::default() };
+    let mut fig = PowerFigures { cut_us: cut.cut_us, strict: !cut.may_lose, ..PowerFigures::default() };
     fig.acked_before = acknowledged(history)
         .values()
         .flat_map(|r| r.values())
@@ -147,9 +158,15 @@ pub(crate) fn power(history: &[Op], world: u32, cut: PowerCut) -> (Vec<Finding>,
         let age = cut.cut_us.saturating_sub(op.complete_us);
         fig.lost += 1;
         fig.oldest_lost_ms = Some(fig.oldest_lost_ms.unwrap_or(0.0).max(age as f64 / 1000.0));
-        let allowed = op.invoke_us < cut.cut_us && cut.window_us.is_some_and(|w| age <= w);
-        if allowed {
-            fig.within_window += 1;
+        if age <= BATCH_PERIOD_US {
+            fig.within_period += 1;
+        }
+        let synced = cut.synced_us[l.dialect as usize];
+        let after_sync = synced.is_none_or(|s| op.complete_us > s);
+        if after_sync {
+            fig.after_last_sync += 1;
+        }
+        if cut.may_lose && after_sync && op.invoke_us < cut.cut_us {
             excused.insert((l.dialect, l.key.clone()));
             continue;
         }
@@ -157,7 +174,10 @@ pub(crate) fn power(history: &[Op], world: u32, cut: PowerCut) -> (Vec<Finding>,
         f.what += &if op.invoke_us >= cut.cut_us {
             format!(" (acknowledged {:.1} ms after the cut)", (op.complete_us - cut.cut_us) as f64 / 1000.0)
         } else {
-            format!(" (acknowledged {:.1} ms before the cut)", age as f64 / 1000.0)
+            let s = synced.map_or("never".into(), |s| {
+                format!("{:.1} ms before it", cut.cut_us.saturating_sub(s) as f64 / 1000.0)
+            });
+            format!(" (acknowledged {:.1} ms before the cut; its journal last synced {s})", age as f64 / 1000.0)
         };
         out.push(f);
     }

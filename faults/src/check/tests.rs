@@ -225,31 +225,37 @@ fn cut_history() -> Vec<Op> {
 #[test]
 fn a_power_cut_under_always_may_lose_nothing() {
     let h = cut_history();
-    let (f, p) = power(&h, 2, PowerCut { cut_us: 10_000, window_us: None });
+    let (f, p) = power(&h, 2, PowerCut { cut_us: 10_000, may_lose: false, synced_us: [Some(0), Some(0)] });
     // Both keys lost on both ranks, and "b"'s page reused by "z".
     assert_eq!(f.iter().filter(|f| f.check == "lost").count(), 4, "{f:?}");
     assert!(f.iter().any(|f| f.check == "pages"), "{f:?}");
     assert!(f.iter().any(|f| f.check == "linearizable"), "{f:?}");
-    assert!(p.strict && p.lost == 4 && p.within_window == 0, "{p:?}");
+    assert!(p.strict && p.lost == 4 && p.after_last_sync == 4, "{p:?}");
     assert!(f[0].what.contains("ms before the cut"), "{f:?}");
 }
 
 #[test]
-fn a_power_cut_under_batch_may_lose_only_the_window_before_it() {
+fn a_power_cut_under_batch_may_lose_only_what_followed_the_last_journal_fsync() {
     let h = cut_history();
-    let (f, p) = power(&h, 2, PowerCut { cut_us: 10_000, window_us: Some(5_000) });
-    // "b" (answered 2–3 ms before the cut) is allowed, and excused from
-    // pages and linearizable; "a" (8 ms before) is not.
+    // vLLM's journal last synced at 5 ms: "b" (answered at 7–8 ms) may be
+    // lost, and is excused from pages and linearizable; "a" (answered by
+    // 2 ms, before the sync) may not.
+    let cut = PowerCut { cut_us: 10_000, may_lose: true, synced_us: [Some(5_000), None] };
+    let (f, p) = power(&h, 2, cut);
     let lost: Vec<&Finding> = f.iter().filter(|f| f.check == "lost").collect();
     assert_eq!(lost.len(), 2, "{f:?}");
-    assert!(lost.iter().all(|f| f.what.contains("key a")), "{f:?}");
+    assert!(lost.iter().all(|f| f.what.contains("key a") && f.what.contains("last synced 5.0 ms before")), "{f:?}");
     assert!(!f.iter().any(|f| f.check == "pages"), "{f:?}");
     assert!(f.iter().filter(|f| f.check == "linearizable").all(|f| f.what.contains("key a")), "{f:?}");
-    assert_eq!((p.lost, p.within_window, p.acked_before), (4, 2, 4), "{p:?}");
+    assert_eq!((p.lost, p.after_last_sync, p.within_period, p.acked_before), (4, 2, 2, 4), "{p:?}");
     assert!(p.oldest_lost_ms.is_some_and(|ms| (7.9..8.1).contains(&ms)), "{p:?}");
-    // A wider window allows both; a loss acknowledged after the cut never is.
-    let (f, _) = power(&h, 2, PowerCut { cut_us: 10_000, window_us: Some(9_000) });
+    // A sync before both allows both; the store's own stamp counts (SGLang's
+    // has nothing to do with vLLM's keys); a loss acknowledged after the cut
+    // never is allowed.
+    let (f, _) = power(&h, 2, PowerCut { synced_us: [Some(1_000), None], ..cut });
     assert_eq!(f, vec![]);
-    let (f, _) = power(&h, 2, PowerCut { cut_us: 1_500, window_us: Some(100_000) });
+    let (f, _) = power(&h, 2, PowerCut { synced_us: [Some(9_500), Some(0)], ..cut });
+    assert_eq!(f.iter().filter(|f| f.check == "lost").count(), 4, "{f:?}");
+    let (f, _) = power(&h, 2, PowerCut { cut_us: 1_500, may_lose: true, synced_us: [None, None] });
     assert!(f.iter().any(|f| f.what.contains("after the cut")), "{f:?}");
 }

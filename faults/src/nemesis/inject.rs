@@ -28,9 +28,25 @@ pub(crate) struct Ctx<'a> {
     pub rng: &'a mut ChaCha8Rng,
     /// The clock files of the nodes (libfaketime), in clock runs.
     pub clock_files: &'a [PathBuf],
-    /// When a power cut dropped what was not synced (set by [`power_cut`]).
-    pub cut_at: &'a mut Option<Instant>,
+    /// A power cut's instant and its nodes' last journal fsyncs (set by
+    /// [`power_cut`]).
+    pub cut: &'a mut Option<Stamps>,
 }
+
+/// When a power cut was, and when the cut nodes that held acknowledged
+/// changes (the leader, and the standby if cut too) last synced each
+/// store's journal: vLLM's, SGLang's (the earliest of the nodes').
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stamps {
+    /// The instant the nodes stopped.
+    pub at: Instant,
+    /// The last fsync of a file of `keyspace/journals` (vLLM's store) and
+    /// of `sglang/keyspace/journals` (SGLang's); `None`: never.
+    pub journals: [Option<Instant>; 2],
+}
+
+/// Where each store's journal files are, under a data directory.
+const JOURNALS: [&str; 2] = ["keyspace/journals", "sglang/keyspace/journals"];
 
 /// libfaketime's thread-safe preload, which the clock nemeses run every node under.
 pub(crate) const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -286,13 +302,18 @@ pub(crate) fn power_cut(c: &mut Ctx, which: Power) -> Result<Applied, String> {
     // milliseconds), of what they had when they stopped and what the
     // requests already sent finished (a disk completing its queue).
     let at = Instant::now();
-    *c.cut_at = Some(at);
     let mut kept = Vec::new();
     for &i in &targets {
         let m = c.cluster.mounts[i].as_ref().expect("checked above");
         kept.push(format!("{} {} inodes with unsynced changes", NODES[i], m.cut(how).inodes_with_losses));
     }
     let imaged = at.elapsed();
+    // After the cut nothing syncs: the stamps are the last the cut kept.
+    let holders: Vec<usize> = targets.iter().copied().filter(|&i| i == c.leader || i == c.standby).collect();
+    let journals = JOURNALS.map(|j| {
+        holders.iter().map(|&i| c.cluster.mounts[i].as_ref().and_then(|m| m.last_sync_in(Path::new(j)))).min().flatten()
+    });
+    *c.cut = Some(Stamps { at, journals });
     for &i in &targets {
         c.cluster.nodes[i].kill();
     }

@@ -12,7 +12,7 @@
 
 mod inject;
 
-pub(crate) use inject::{clock_env, heal, Applied, Ctx};
+pub(crate) use inject::{clock_env, heal, Applied, Ctx, Stamps};
 
 use crate::cluster::{SYNC_TIMEOUT, TTL};
 use crate::proxy::Mode;
