@@ -518,9 +518,10 @@ impl Mount {
         self.shared.last_sync.lock().unwrap_or_else(PoisonError::into_inner).values().copied().max()
     }
 
-    /// The last fsync applied to a file in the directory `rel` (relative
-    /// to the mount; `None`: no such directory, or none of its files ever
-    /// synced): e.g. when a store's journals were last synced.
+    /// The earliest of the last fsyncs of the files in the directory `rel`
+    /// (relative to the mount): every write applied to any of them before
+    /// it is persisted, e.g. everything a store wrote to its journals.
+    /// `None`: no such directory, no file in it, or one never synced.
     pub fn last_sync_in(&self, rel: &Path) -> Option<Instant> {
         let m = self.shared.model();
         let mut ino = crate::model::ROOT;
@@ -529,7 +530,8 @@ impl Mount {
         }
         let Some(Content::Dir(entries)) = m.content(ino) else { return None };
         let stamps = self.shared.last_sync.lock().unwrap_or_else(PoisonError::into_inner);
-        entries.values().filter_map(|child| stamps.get(child).copied()).max()
+        let files = entries.values().filter(|c| matches!(m.content(**c), Some(Content::File(_))));
+        files.map(|child| stamps.get(child).copied()).collect::<Option<Vec<Instant>>>()?.into_iter().min()
     }
 
     /// Powers the file system on again after a [`Mount::cut`].

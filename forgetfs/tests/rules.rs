@@ -293,4 +293,12 @@ fn the_last_file_fsync_is_stamped() {
     assert!(in_d > second);
     assert_eq!(f.fs.last_sync_in(Path::new("")), Some(second), "the root's own files");
     assert_eq!(f.fs.last_sync_in(Path::new("nope")), None);
+    // The earliest of a directory's files: d/c synced after d/b leaves
+    // d/b's stamp, and a file in d/ never synced leaves none.
+    let mut c = File::create(f.p("d/c")).unwrap();
+    assert_eq!(f.fs.last_sync_in(Path::new("d")), None, "d/c never synced");
+    c.sync_data().unwrap();
+    assert_eq!(f.fs.last_sync_in(Path::new("d")), Some(in_d), "d/b's sync is the earlier");
+    b.sync_data().unwrap();
+    assert!(f.fs.last_sync_in(Path::new("d")).expect("both synced") > in_d);
 }

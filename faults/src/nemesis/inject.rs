@@ -40,8 +40,10 @@ pub(crate) struct Ctx<'a> {
 pub(crate) struct Stamps {
     /// The instant the nodes stopped.
     pub at: Instant,
-    /// The last fsync of a file of `keyspace/journals` (vLLM's store) and
-    /// of `sglang/keyspace/journals` (SGLang's); `None`: never.
+    /// The last fsync of every file of `keyspace/journals` (vLLM's store)
+    /// and of `sglang/keyspace/journals` (SGLang's), the earliest of them
+    /// (the syncer syncs each file in turn: a cut may fall between two);
+    /// `None`: one never synced.
     pub journals: [Option<Instant>; 2],
 }
 
