@@ -295,7 +295,7 @@ fn the_last_file_fsync_is_stamped() {
     assert_eq!(f.fs.last_sync_in(Path::new("nope")), None);
     // The earliest of a directory's files: d/c synced after d/b leaves
     // d/b's stamp, and a file in d/ never synced leaves none.
-    let mut c = File::create(f.p("d/c")).unwrap();
+    let c = File::create(f.p("d/c")).unwrap();
     assert_eq!(f.fs.last_sync_in(Path::new("d")), None, "d/c never synced");
     c.sync_data().unwrap();
     assert_eq!(f.fs.last_sync_in(Path::new("d")), Some(in_d), "d/b's sync is the earlier");
