@@ -665,11 +665,26 @@ fn readback(s: &Shared, within: Duration) {
         }
     };
     let w = 99;
+    // `get_locations` answers null for a key missing on any rank of its
+    // world (a power cut may take one rank's confirm and keep another's):
+    // such a key is re-saved on every rank too, whose answer is each rank's
+    // stored page, so that `lost` names the rank that lost it.
+    let absent = std::sync::Mutex::new(std::collections::BTreeSet::new());
     for (d, keys) in &complete {
         for chunk in keys.chunks(256) {
             for rank in 0..world(*d) {
-                retry(&|| s.locations(w, *d, rank, chunk, true).is_some());
+                retry(&|| {
+                    let Some(pages) = s.locations(w, *d, rank, chunk, true) else { return false };
+                    let mut a = absent.lock().unwrap_or_else(|p| p.into_inner());
+                    a.extend(chunk.iter().zip(pages).filter(|(_, p)| p.is_none()).map(|(k, _)| (*d, k.clone())));
+                    true
+                });
             }
+        }
+    }
+    for (d, k) in absent.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        for rank in 0..world(d) {
+            retry(&|| s.allocate(w, d, rank, std::slice::from_ref(&k), true).is_some());
         }
     }
     for (rank, keys) in &partial {

@@ -316,7 +316,9 @@ impl Loss {
 /// No acknowledged confirm lost: every acknowledged (key, rank, page) is
 /// read back after the heal, through `get_locations` when the key was
 /// acknowledged on every rank of its world, else through a re-save
-/// (allocate) of the key on that rank, whose answer is the stored page.
+/// (allocate) of the key on that rank, whose answer is the stored page; a
+/// complete key `get_locations` found missing is re-saved on every rank,
+/// and each rank is judged by its own answer.
 pub(crate) fn lost(history: &[Op], world: u32) -> Vec<Finding> {
     losses(history, world).iter().map(Loss::finding).collect()
 }
@@ -346,7 +348,14 @@ fn losses(history: &[Op], world: u32) -> Vec<Loss> {
         let complete = ranks.len() as u32 == world_of(dialect, world);
         for (rank, (page, by)) in ranks {
             let seen = if complete {
-                located.get(&(dialect, key.as_str(), rank)).copied()
+                // A null of get_locations says the key is missing on some
+                // rank; the re-save the read-back then sent says whether
+                // this one kept it.
+                let re_saved = stored.get(&(dialect, key.as_str(), rank)).map(|&(p, id)| (Some(p), id));
+                match located.get(&(dialect, key.as_str(), rank)).copied() {
+                    Some((None, _)) if re_saved.is_some() => re_saved,
+                    l => l,
+                }
             } else {
                 stored.get(&(dialect, key.as_str(), rank)).map(|&(p, id)| (Some(p), id))
             };

@@ -82,6 +82,22 @@ fn an_incomplete_key_is_read_back_by_a_resave() {
     assert_eq!(lost(&h, 2).len(), 1, "never read back is a finding too");
 }
 
+/// A power cut kept rank 0's confirm and took rank 1's: get_locations
+/// answers null on both ranks (the key is not complete), and the re-saves
+/// say rank 0 kept its page: only rank 1 is lost.
+#[test]
+fn a_key_missing_on_one_rank_is_judged_rank_by_rank() {
+    let mut h = saved("a", (1, 1), 0);
+    h.push(final_(op(20, (100, 101), Outcome::Ok, Some(4), locate(0, "a", None))));
+    h.push(final_(op(21, (100, 101), Outcome::Ok, Some(4), locate(1, "a", None))));
+    assert_eq!(lost(&h, 2).len(), 2, "without the re-saves both ranks read as lost");
+    h.push(final_(op(22, (102, 103), Outcome::Ok, Some(4), resave(0, "a", 1))));
+    h.push(final_(op(23, (102, 103), Outcome::Ok, Some(4), resave(1, "a", 7))));
+    let f = lost(&h, 2);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert!(f[0].what.contains("rank 1") && f[0].what.contains("Some(7)"), "{f:?}");
+}
+
 #[test]
 fn one_page_for_two_keys_is_caught() {
     let mut h = saved("a", (1, 1), 0);
