@@ -153,7 +153,7 @@ pub(crate) fn power(history: &[Op], world: u32, cut: PowerCut) -> (Vec<Finding>,
         .count() as u64;
     let mut out = Vec::new();
     let mut excused = Excused::new();
-    for l in losses(history, world) {
+    for l in losses(history, world, cut.may_lose) {
         let Some(op) = by_id.get(&l.by) else { continue };
         let age = cut.cut_us.saturating_sub(op.complete_us);
         fig.lost += 1;
@@ -316,15 +316,18 @@ impl Loss {
 /// No acknowledged confirm lost: every acknowledged (key, rank, page) is
 /// read back after the heal, through `get_locations` when the key was
 /// acknowledged on every rank of its world, else through a re-save
-/// (allocate) of the key on that rank, whose answer is the stored page; a
-/// complete key `get_locations` found missing is re-saved on every rank,
-/// and each rank is judged by its own answer.
+/// (allocate) of the key on that rank, whose answer is the stored page.
 pub(crate) fn lost(history: &[Op], world: u32) -> Vec<Finding> {
-    losses(history, world).iter().map(Loss::finding).collect()
+    losses(history, world, false).iter().map(Loss::finding).collect()
 }
 
-/// The acknowledged confirms [`lost`] reports.
-fn losses(history: &[Op], world: u32) -> Vec<Loss> {
+/// The acknowledged confirms [`lost`] reports. With `per_rank`, a complete
+/// key `get_locations` found missing (it answers null for a key missing on
+/// any rank) is judged rank by rank by the re-saves the read-back then
+/// sent: where a power cut may lose one rank's confirm and keep another's.
+/// Only there: a re-save's answer cannot tell a stored page from a
+/// reservation of the same page that outlived its lost confirm.
+fn losses(history: &[Op], world: u32, per_rank: bool) -> Vec<Loss> {
     // What the final read-back saw: (dialect, key, rank) → (answer, op).
     let mut located: HashMap<(Dialect, &str, u32), (Option<i64>, u64)> = HashMap::new();
     let mut stored: HashMap<(Dialect, &str, u32), (i64, u64)> = HashMap::new();
@@ -349,11 +352,11 @@ fn losses(history: &[Op], world: u32) -> Vec<Loss> {
         for (rank, (page, by)) in ranks {
             let seen = if complete {
                 // A null of get_locations says the key is missing on some
-                // rank; the re-save the read-back then sent says whether
-                // this one kept it.
+                // rank; with `per_rank`, the re-save the read-back then
+                // sent says whether this one kept it.
                 let re_saved = stored.get(&(dialect, key.as_str(), rank)).map(|&(p, id)| (Some(p), id));
                 match located.get(&(dialect, key.as_str(), rank)).copied() {
-                    Some((None, _)) if re_saved.is_some() => re_saved,
+                    Some((None, _)) if per_rank && re_saved.is_some() => re_saved,
                     l => l,
                 }
             } else {

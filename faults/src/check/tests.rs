@@ -93,7 +93,15 @@ fn a_key_missing_on_one_rank_is_judged_rank_by_rank() {
     assert_eq!(lost(&h, 2).len(), 2, "without the re-saves both ranks read as lost");
     h.push(final_(op(22, (102, 103), Outcome::Ok, Some(4), resave(0, "a", 1))));
     h.push(final_(op(23, (102, 103), Outcome::Ok, Some(4), resave(1, "a", 7))));
-    let f = lost(&h, 2);
+    // Outside a cut that may lose, the re-saves change nothing: a re-save
+    // cannot tell a stored page from a reservation that outlived its confirm.
+    assert_eq!(lost(&h, 2).len(), 2);
+    let cut = PowerCut { cut_us: 8, may_lose: true, synced_us: [Some(7), None] };
+    let (f, p) = power(&h, 2, cut);
+    assert_eq!(p.lost, 1, "{p:?}");
+    assert_eq!(f.iter().filter(|f| f.check == "lost").count(), 0, "rank 1 answered after the sync: {f:?}");
+    let (f, _) = power(&h, 2, PowerCut { synced_us: [Some(20), None], ..cut });
+    let f: Vec<&Finding> = f.iter().filter(|f| f.check == "lost").collect();
     assert_eq!(f.len(), 1, "{f:?}");
     assert!(f[0].what.contains("rank 1") && f[0].what.contains("Some(7)"), "{f:?}");
 }
