@@ -1,9 +1,11 @@
 //! The processes of a run, each in its namespace: 3 etcd members, 3
-//! hf3fs-meta nodes (`--ha etcd`, `--data-dir` on a tmpfs of its own,
+//! hf3fs-meta nodes (`--ha etcd`, `--data-dir` on a file system of its own,
 //! replication), the relay; and the helpers that poll them from the control
-//! namespace.
+//! namespace. A single run ([`Setup::single`]) starts node `n0` alone,
+//! without `--ha`, and the clients talk to it directly.
 
 use crate::ns::{self, Net};
+use hf3fs_meta_forgetfs::{Model, Mount, Names};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -137,6 +139,9 @@ pub(crate) struct Cluster {
     pub data: Vec<PathBuf>,
     /// Each data directory's ext4 image, in runs on [`Disk::Ext4`].
     pub images: Vec<Option<PathBuf>>,
+    /// Each data directory's forgetful file system, in runs on
+    /// [`Disk::Forget`] (served by this process; unmounted on drop).
+    pub mounts: Vec<Option<Mount>>,
 }
 
 /// What the nodes' data directories are mounted on.
@@ -149,6 +154,28 @@ pub(crate) enum Disk {
     /// open files of its node (tmpfs refuses `remount,ro` while a file is
     /// open for writing).
     Ext4,
+    /// A forgetful file system each (`forgetfs/`, served by the harness
+    /// over FUSE): what the node never synced is dropped at a power cut
+    /// ([`Mount::cut`]), POSIX's strict rules for names.
+    Forget,
+}
+
+/// How a run's nodes are set up.
+#[derive(Clone, Debug)]
+pub(crate) struct Setup {
+    /// The hf3fs-meta binary.
+    pub bin: String,
+    /// `--ha-sync` of the nodes.
+    pub sync: String,
+    /// `--fsync` of the nodes.
+    pub fsync: String,
+    /// What their data directories are on.
+    pub disk: Disk,
+    /// An eviction run ([`eviction_args`]).
+    pub eviction: bool,
+    /// One node without HA (`n0` alone, no `--ha`): the clients talk to it
+    /// directly; etcd and the relay are not started.
+    pub single: bool,
 }
 
 /// Mounts the ext4 `image` on `dir` (`errors=remount-ro`, the loop device
@@ -158,24 +185,32 @@ pub(crate) fn mount_image(image: &Path, dir: &Path) -> Result<(), String> {
     ns::run("mount", &["-o", "loop,errors=remount-ro", img, d], None)
 }
 
-/// The command line of node `id` (`--ha-sync sync`).
-pub(crate) fn node_args(
-    bin: &str,
-    net: &Net,
-    id: &str,
-    data: &Path,
-    token: &Path,
-    endpoints: &str,
-    sync: &str,
-) -> Vec<String> {
+/// The command line of node `id` (`--fsync` and `--ha-sync` of `setup`;
+/// without HA in a single run).
+pub(crate) fn node_args(setup: &Setup, net: &Net, id: &str, data: &Path, token: &Path, endpoints: &str) -> Vec<String> {
     let ip = &net.host(id).ip;
-    let mut a: Vec<String> = vec![bin.into()];
+    let mut a: Vec<String> = vec![setup.bin.clone()];
+    let common = [
+        "--host",
+        ip,
+        "--port",
+        &NODE_PORT.to_string(),
+        "--data-dir",
+        data.to_str().expect("UTF-8"),
+        "--fsync",
+        &setup.fsync,
+        "--world-size",
+        &WORLD.to_string(),
+        "--workers",
+        "1",
+    ]
+    .map(str::to_string);
+    a.extend(common);
+    if setup.single {
+        return a;
+    }
     a.extend(
         [
-            "--host",
-            ip,
-            "--port",
-            &NODE_PORT.to_string(),
             "--ha",
             "etcd",
             "--etcd-endpoints",
@@ -190,35 +225,37 @@ pub(crate) fn node_args(
             &TTL.as_secs().to_string(),
             "--ha-token-file",
             token.to_str().expect("UTF-8"),
-            "--data-dir",
-            data.to_str().expect("UTF-8"),
-            "--fsync",
-            "always",
             "--ha-sync",
-            sync,
+            &setup.sync,
             "--ha-sync-timeout-ms",
             &SYNC_TIMEOUT.as_millis().to_string(),
             "--ha-replication-listen",
             &format!("{ip}:{REPL_PORT}"),
             "--ha-replication-advertise",
             &format!("{ip}:{REPL_PROXY_PORT}"),
-            "--world-size",
-            &WORLD.to_string(),
-            "--workers",
-            "1",
         ]
         .map(str::to_string),
     );
     a
 }
 
+/// What [`mount_data`] made: an ext4 image, a forgetful file system.
+type Mounted = (Option<PathBuf>, Option<Mount>);
+
 /// Mounts node `id`'s data directory `d` on `disk`; its ext4 image (under
-/// `dir`), if any.
-fn mount_data(disk: Disk, dir: &Path, id: &str, d: &Path) -> Result<Option<PathBuf>, String> {
+/// `dir`) or its forgetful file system, if any.
+fn mount_data(disk: Disk, dir: &Path, id: &str, d: &Path) -> Result<Mounted, String> {
     match disk {
         Disk::Tmpfs => {
             ns::run("mount", &["-t", "tmpfs", "-o", "size=256m", "hff-data", d.to_str().expect("UTF-8")], None)?;
-            Ok(None)
+            Ok((None, None))
+        }
+        Disk::Forget => {
+            if let Some(why) = hf3fs_meta_forgetfs::unavailable() {
+                return Err(why);
+            }
+            let m = Mount::new(d, Model::new(Names::Strict, false)).map_err(|e| format!("forgetfs on {id}: {e}"))?;
+            Ok((None, Some(m)))
         }
         Disk::Ext4 => {
             let image = dir.join(format!("disk-{id}.img"));
@@ -226,7 +263,7 @@ fn mount_data(disk: Disk, dir: &Path, id: &str, d: &Path) -> Result<Option<PathB
             f.set_len(256 << 20).map_err(|e| e.to_string())?;
             ns::run("mkfs.ext4", &["-q", "-F", image.to_str().expect("UTF-8")], None)?;
             mount_image(&image, d)?;
-            Ok(Some(image))
+            Ok((Some(image), None))
         }
     }
 }
@@ -243,15 +280,9 @@ fn eviction_args(eviction: bool) -> Vec<String> {
 
 impl Cluster {
     /// Makes the processes' command lines and the nodes' data directories
-    /// (on `disk`) under `dir`.
-    pub(crate) fn new(
-        bin: &str,
-        net: &Net,
-        dir: &Path,
-        sync: &str,
-        disk: Disk,
-        eviction: bool,
-    ) -> Result<Cluster, String> {
+    /// (on `setup.disk`) under `dir`.
+    pub(crate) fn new(setup: &Setup, net: &Net, dir: &Path) -> Result<Cluster, String> {
+        let bin = setup.bin.as_str();
         let token = dir.join("token");
         std::fs::write(&token, "a-cluster-secret-of-32-characters\n").map_err(|e| e.to_string())?;
         let cluster = (0..3).map(|i| format!("e{i}=http://{}:2380", net.host(&format!("e{i}")).ip)).collect::<Vec<_>>();
@@ -275,14 +306,19 @@ impl Cluster {
             .collect();
         let mut data: Vec<PathBuf> = Vec::new();
         let mut images = Vec::new();
+        let mut mounts = Vec::new();
         let mut nodes = Vec::new();
         for id in NODES {
             let d = dir.join(format!("data-{id}"));
             std::fs::create_dir_all(&d).map_err(|e| e.to_string())?;
-            match mount_data(disk, dir, id, &d) {
-                Ok(image) => images.push(image),
+            match mount_data(setup.disk, dir, id, &d) {
+                Ok((image, mount)) => {
+                    images.push(image);
+                    mounts.push(mount);
+                }
                 Err(e) => {
-                    // No Cluster yet to unmount them on drop.
+                    // No Cluster yet to unmount them on drop (the forgetful
+                    // ones unmount as `mounts` drops).
                     for m in &data {
                         let _ = ns::run("umount", &["-l", m.to_str().unwrap_or_default()], None);
                     }
@@ -290,8 +326,8 @@ impl Cluster {
                 }
             }
             data.push(d.clone());
-            let mut argv = node_args(bin, net, id, &d, &token, &endpoints, sync);
-            argv.extend(eviction_args(eviction));
+            let mut argv = node_args(setup, net, id, &d, &token, &endpoints);
+            argv.extend(eviction_args(setup.eviction));
             nodes.push(Proc::new(id, &net.host(id).ns, argv, dir));
         }
         let relay_argv = [
@@ -309,7 +345,7 @@ impl Cluster {
         .map(str::to_string)
         .to_vec();
         let relay = Proc::new("relay", &net.host("relay").ns, relay_argv, dir);
-        Ok(Cluster { etcd, nodes, relay, data, images })
+        Ok(Cluster { etcd, nodes, relay, data, images, mounts })
     }
 
     /// The process called `name`.
@@ -329,7 +365,12 @@ impl Cluster {
     }
 
     /// Unmounts the nodes' data directories (after [`Cluster::stop_all`]).
-    pub(crate) fn unmount(&self) {
+    pub(crate) fn unmount(&mut self) {
+        for m in self.mounts.drain(..).flatten() {
+            if let Err(e) = m.unmount() {
+                eprintln!("hf3fs-faults: unmounting a forgetful file system: {e}");
+            }
+        }
         for d in &self.data {
             let _ = ns::run("umount", &["-l", d.to_str().unwrap_or_default()], None);
         }

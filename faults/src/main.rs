@@ -94,9 +94,13 @@ struct Common {
     /// Seconds of workload after the heal.
     #[arg(long, default_value_t = 12)]
     after_secs: u64,
-    /// `--ha-sync` of the nodes.
+    /// `--ha-sync` of the nodes (`available` or `strict`).
     #[arg(long, default_value = "available")]
     ha_sync: String,
+    /// `--fsync` of the nodes (`always`, `batch` or `none`); a campaign
+    /// takes a comma-separated list and runs every fault type under each.
+    #[arg(long, default_value = "always")]
+    fsync: String,
     /// Eviction runs: ranks and the space of 512 pages, `--eviction clock
     /// --read-lease 2`, checked by the read-lease rule and linearizability
     /// with evictions instead of `lost` and `pages` (docs/reliability.md).
@@ -111,6 +115,7 @@ const SMOKE: &[Fault] = &[
     Fault::PartitionLeaderEtcd,
     Fault::PartitionLeaderStandby,
     Fault::KillEtcdLeader,
+    Fault::PowerCutCluster,
 ];
 
 fn commit() -> String {
@@ -124,6 +129,10 @@ fn commit() -> String {
 }
 
 fn opts(c: &Common, nemesis: impl Into<Nemesis>, seed: u64) -> run::Opts {
+    opts_fsync(c, nemesis, seed, &c.fsync)
+}
+
+fn opts_fsync(c: &Common, nemesis: impl Into<Nemesis>, seed: u64, fsync: &str) -> run::Opts {
     run::Opts {
         nemesis: nemesis.into(),
         seed,
@@ -133,6 +142,7 @@ fn opts(c: &Common, nemesis: impl Into<Nemesis>, seed: u64) -> run::Opts {
         fault: Duration::from_secs(c.fault_secs),
         after: Duration::from_secs(c.after_secs),
         sync: c.ha_sync.clone(),
+        fsync: fsync.to_string(),
         commit: commit(),
         eviction: c.eviction,
     }
@@ -148,13 +158,23 @@ fn seed_of(c: &Common) -> u64 {
 
 /// Runs `o`, prints its line; whether it passed.
 fn one(o: &run::Opts) -> bool {
-    eprintln!("hf3fs-faults: run {} seed {}", o.nemesis, o.seed);
+    eprintln!("hf3fs-faults: run {} seed {} --fsync {} --ha-sync {}", o.nemesis, o.seed, o.fsync, o.sync);
     match run::run(o) {
         Ok(r) => {
             let f = &r.figures;
+            let power = r.power.as_ref().map_or(String::new(), |p| {
+                format!(
+                    "  cut: {} acked, lost {} ({} after their journal's last fsync, {} within 5 ms), oldest lost {}",
+                    p.acked_before,
+                    p.lost,
+                    p.after_last_sync,
+                    p.within_period,
+                    p.oldest_lost_ms.map_or("–".into(), |v| format!("{v:.1} ms"))
+                )
+            });
             println!(
-                "{:<26} seed {:<10} {:<4} ok {:>5} fail {:>4} info {:>4}  no-write {:>5.2}s failover {} recovery {}  {}",
-                if r.eviction { format!("{} +eviction", r.nemesis) } else { r.nemesis.clone() },
+                "{:<26} seed {:<10} {:<4} ok {:>5} fail {:>4} info {:>4}  no-write {:>5.2}s failover {} recovery {}  {}{power}",
+                report::label(&r.nemesis, r.eviction, &r.fsync, &r.sync),
                 r.seed,
                 if r.findings.is_empty() { "PASS" } else { "FAIL" },
                 f.before.ok + f.during.ok + f.after.ok,
@@ -218,6 +238,10 @@ fn main() -> ExitCode {
             true
         }
         Cmd::Run { nemesis, common } => {
+            if common.fsync.contains(',') {
+                eprintln!("hf3fs-faults: run takes one --fsync mode (a campaign takes a list)");
+                return ExitCode::from(2);
+            }
             let seed = seed_of(&common);
             println!("seed {seed}");
             one(&opts(&common, nemesis, seed))
@@ -241,18 +265,22 @@ fn main() -> ExitCode {
                     }
                 }
             };
+            let modes: Vec<&str> = common.fsync.split(',').map(str::trim).collect();
+            let list: Vec<(Nemesis, &str)> =
+                modes.iter().flat_map(|m| list.iter().map(move |n| (n.clone(), *m))).collect();
             let seed = seed_of(&common);
             println!("seed {seed}");
             let until = Instant::now() + Duration::from_secs(max_minutes * 60);
             let mut ok = true;
-            // Round-robin: every fault type gets its k-th run before any its (k+1)-th.
+            // Round-robin: every fault type (under every --fsync mode) gets
+            // its k-th run before any its (k+1)-th.
             'outer: for k in 0..runs {
-                for (i, n) in list.iter().enumerate() {
+                for (i, (n, mode)) in list.iter().enumerate() {
                     if Instant::now() >= until {
                         println!("time bound reached after round {k}");
                         break 'outer;
                     }
-                    ok &= one(&opts(&common, n.clone(), seed + k * 1000 + i as u64));
+                    ok &= one(&opts_fsync(&common, n.clone(), seed + k * 1000 + i as u64, mode));
                 }
             }
             ok

@@ -41,13 +41,15 @@ pub(crate) fn sample(t_us: u64, node: &str, addr: SocketAddr) -> Sample {
     let v = a.as_ref().map(|a| a.json()).unwrap_or_default();
     let ha = &v["ha"];
     let r = &ha["replication"];
+    // A node without HA (a single run) serves when its /health says 200.
+    let single = ha.is_null() && a.as_ref().is_ok_and(|a| a.status == 200);
     Sample {
         t_us,
         node: node.into(),
         up: a.is_ok(),
-        role: ha["role"].as_str().unwrap_or("").into(),
+        role: if single { "single".into() } else { ha["role"].as_str().unwrap_or("").into() },
         epoch: ha["epoch"].as_u64().unwrap_or(0),
-        serving: ha["role"] == "leader" && ha["serving"] == true,
+        serving: single || (ha["role"] == "leader" && ha["serving"] == true),
         standby: ha["standby"].as_str().map(str::to_string),
         in_sync: r["in_sync"].as_bool(),
         lag_records: r["lag_records"].as_u64(),
@@ -61,12 +63,14 @@ pub(crate) struct Monitor {
     /// Every sample so far.
     pub samples: Arc<Mutex<Vec<Sample>>>,
     stop: Arc<AtomicBool>,
+    /// How many nodes one round samples.
+    nodes: usize,
 }
 
 impl Monitor {
     /// Starts polling `nodes` from namespace `ns` until [`Monitor::stop`].
     pub(crate) fn start(ns: &str, nodes: Vec<(String, SocketAddr)>, t0: Instant) -> Monitor {
-        let m = Monitor::default();
+        let m = Monitor { nodes: nodes.len(), ..Monitor::default() };
         let (samples, stop, ns) = (m.samples.clone(), m.stop.clone(), ns.to_string());
         std::thread::spawn(move || {
             if crate::ns::enter(&ns).is_err() {
@@ -93,16 +97,27 @@ impl Monitor {
         self.samples.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The serving leader in the latest round of samples: (node, epoch, standby).
+    /// The serving leader (or single node) in the latest round of samples:
+    /// (node, epoch, standby).
     pub(crate) fn leader(&self) -> Option<(String, u64, Option<String>)> {
         let s = self.snapshot();
-        let last: Vec<&Sample> = s.iter().rev().take(3).collect();
+        let last: Vec<&Sample> = s.iter().rev().take(self.nodes).collect();
         let serving: Vec<&&Sample> = last.iter().filter(|x| x.serving).collect();
         match serving[..] {
             [one] => Some((one.node.clone(), one.epoch, one.standby.clone())),
             _ => None,
         }
     }
+}
+
+/// The serving leader in the latest round of `nodes` samples and its
+/// standby, once the leader says the standby is in sync with no lag. A
+/// leader with no standby named yet (just promoted after every node
+/// restarted) is not yet a state to compare.
+pub(crate) fn caught_up(samples: &[Sample], nodes: usize) -> Option<(String, String)> {
+    let x = samples.iter().rev().take(nodes).find(|x| x.serving)?;
+    let standby = x.standby.clone()?;
+    (x.lag_records == Some(0) && x.in_sync == Some(true)).then(|| (x.node.clone(), standby))
 }
 
 /// The node that led at `epoch`, as the samples show.
@@ -133,4 +148,36 @@ pub(crate) fn etcd_leader(members: &[SocketAddr]) -> Option<usize> {
     }
     let l = leader?;
     ids.iter().position(|i| *i == l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{caught_up, Sample};
+
+    fn sample(node: &str, serving: bool, standby: Option<&str>, lag: u64) -> Sample {
+        Sample {
+            t_us: 0,
+            node: node.into(),
+            up: true,
+            role: if serving { "leader" } else { "follower" }.into(),
+            epoch: 3,
+            serving,
+            standby: standby.map(str::to_string),
+            in_sync: Some(true),
+            lag_records: Some(lag),
+            lag_seconds: Some(0.0),
+        }
+    }
+
+    /// After a power cut of every node the leader served, in sync with
+    /// nobody, before it named a standby: that was taken as caught up.
+    #[test]
+    fn a_leader_without_a_standby_is_not_caught_up() {
+        let mut s = vec![sample("n0", true, None, 0), sample("n1", false, None, 0), sample("n2", false, None, 0)];
+        assert_eq!(caught_up(&s, 3), None);
+        s[0] = sample("n0", true, Some("n2"), 4);
+        assert_eq!(caught_up(&s, 3), None, "a standby that lags");
+        s[0] = sample("n0", true, Some("n2"), 0);
+        assert_eq!(caught_up(&s, 3), Some(("n0".into(), "n2".into())));
+    }
 }

@@ -2,7 +2,7 @@
 //! campaign's markdown: per fault type, the runs' figures; a matrix of runs
 //! × fault types; a replay command for every failure.
 
-use crate::check;
+use crate::check::{self, PowerFigures};
 use crate::history::{Call, Op, Outcome};
 use crate::monitor::Sample;
 use serde::{Deserialize, Serialize};
@@ -173,10 +173,43 @@ pub(crate) struct Saved {
     #[serde(default)]
     eviction: bool,
     commit: String,
+    /// `--ha-sync` (the default before it was recorded).
+    #[serde(default = "available")]
+    sync: String,
+    /// `--fsync` (`always` before it was recorded: the harness had no other).
+    #[serde(default = "always")]
+    fsync: String,
     findings: Vec<SavedFinding>,
     figures: Figures,
     replay: String,
     dir: String,
+    /// A power-cut run's losses.
+    #[serde(default)]
+    power: Option<PowerFigures>,
+}
+
+fn available() -> String {
+    "available".into()
+}
+
+fn always() -> String {
+    "always".into()
+}
+
+/// A run's name in the report: the nemesis, then ` +eviction`,
+/// ` --fsync MODE` and ` --ha-sync MODE` where they are not the defaults.
+pub(crate) fn label(nemesis: &str, eviction: bool, fsync: &str, sync: &str) -> String {
+    let mut l = nemesis.to_string();
+    if eviction {
+        l += " +eviction";
+    }
+    if fsync != "always" {
+        l += &format!(" --fsync {fsync}");
+    }
+    if sync != "available" {
+        l += &format!(" --ha-sync {sync}");
+    }
+    l
 }
 
 #[derive(Deserialize, Clone, Debug)]
@@ -187,14 +220,9 @@ struct SavedFinding {
 }
 
 impl Saved {
-    /// The fault type as the report names it: the nemesis, `+eviction` for
-    /// an eviction run.
+    /// The fault type as the report names it ([`label`]).
     fn label(&self) -> String {
-        if self.eviction {
-            format!("{} +eviction", self.nemesis)
-        } else {
-            self.nemesis.clone()
-        }
+        label(&self.nemesis, self.eviction, &self.fsync, &self.sync)
     }
 }
 
@@ -242,6 +270,7 @@ pub(crate) fn markdown(runs: &[Saved]) -> String {
         failed
     );
     matrix(&mut m, &by);
+    power_table(&mut m, &by);
     figures_table(&mut m, &by);
     reasons(&mut m, &by);
     violations(&mut m, runs, failed);
@@ -272,6 +301,47 @@ fn matrix(m: &mut String, by: &ByFault) {
             })
             .collect();
         let _ = writeln!(m, "| {n} | {} | {} |", rs.len(), cells.join(" | "));
+    }
+}
+
+/// The power-cut runs: per fault type and mode, the seeds, what was
+/// acknowledged before the cut, what was lost (and how much of it within
+/// the window `batch` allows), the oldest lost acknowledgement's age.
+fn power_table(m: &mut String, by: &ByFault) {
+    let rows: Vec<(&String, Vec<(&Saved, &PowerFigures)>)> = by
+        .iter()
+        .map(|(n, rs)| (n, rs.iter().filter_map(|r| r.power.as_ref().map(|p| (*r, p))).collect::<Vec<_>>()))
+        .filter(|(_, ps)| !ps.is_empty())
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(m, "\n### Power cuts (acknowledged confirms, key × rank)\n");
+    let _ = writeln!(
+        m,
+        "| fault | runs | seeds | loss allowed | acked before the cut | lost | of which after their journal's last fsync | of which within {} ms | oldest lost at the cut (ms), worst |",
+        check::BATCH_PERIOD_US / 1000
+    );
+    let _ = writeln!(m, "|---|---:|---|---|---:|---:|---:|---:|---:|");
+    for (n, ps) in rows {
+        let seeds: Vec<u64> = ps.iter().map(|(r, _)| r.seed).collect();
+        let seeds = match (seeds.iter().min(), seeds.iter().max()) {
+            (Some(a), Some(b)) if ps.len() > 2 => format!("{a}–{b} ({})", ps.len()),
+            _ => seeds.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+        };
+        let sum = |f: &dyn Fn(&PowerFigures) -> u64| ps.iter().map(|(_, p)| f(p)).sum::<u64>();
+        let worst = ps.iter().filter_map(|(_, p)| p.oldest_lost_ms).reduce(f64::max);
+        let allowed = if ps.iter().all(|(_, p)| p.strict) { "none" } else { "after the last fsync" };
+        let _ = writeln!(
+            m,
+            "| {n} | {} | {seeds} | {allowed} | {} | {} | {} | {} | {} |",
+            ps.len(),
+            sum(&|p| p.acked_before),
+            sum(&|p| p.lost),
+            sum(&|p| p.after_last_sync),
+            sum(&|p| p.within_period),
+            opt(worst)
+        );
     }
 }
 

@@ -4,11 +4,11 @@
 //! checkers and the figures. Everything made is removed on every exit path
 //! (the [`Net`] and [`Cluster`] guards; the signal thread for SIGINT/SIGTERM).
 
-use crate::check::{self, Bounds, Finding};
-use crate::cluster::{in_ns, poll, Cluster, Disk, NODES, NODE_PORT, READ_LEASE, REPL_PROXY_PORT, ROLES, WORLD};
+use crate::check::{self, Bounds, Finding, PowerCut, PowerFigures};
+use crate::cluster::{in_ns, poll, Cluster, Disk, Setup, NODES, NODE_PORT, READ_LEASE, REPL_PROXY_PORT, ROLES, WORLD};
 use crate::history::{Call, Dialect, Op};
 use crate::monitor::{self, Monitor};
-use crate::nemesis::{self, Applied, Ctx, Need, Nemesis, FAILOVER_BUDGET};
+use crate::nemesis::{self, Applied, Ctx, Need, Nemesis, Stamps, FAILOVER_BUDGET};
 use crate::ns::Net;
 use crate::proxy::Proxy;
 use crate::report::{self, Figures};
@@ -40,6 +40,8 @@ pub(crate) struct Opts {
     pub after: Duration,
     /// `--ha-sync` of the nodes.
     pub sync: String,
+    /// `--fsync` of the nodes.
+    pub fsync: String,
     /// The commit the binary was built from (for the replay line).
     pub commit: String,
     /// An eviction run: ranks and the space of [`workload::EVICTION_PAGES`],
@@ -62,6 +64,8 @@ pub(crate) struct Outcome {
     pub commit: String,
     /// `--ha-sync`.
     pub sync: String,
+    /// `--fsync`.
+    pub fsync: String,
     /// Every violation.
     pub findings: Vec<Finding>,
     /// The figures.
@@ -75,6 +79,8 @@ pub(crate) struct Outcome {
     /// What the run showed that is no violation (a node refusing a
     /// corrupted directory).
     pub notes: Vec<String>,
+    /// A power-cut run: what the cut lost.
+    pub power: Option<PowerFigures>,
 }
 
 /// Microseconds since `t0`.
@@ -90,7 +96,7 @@ fn sleep(d: Duration) {
 pub(crate) fn run(o: &Opts) -> Result<Outcome, String> {
     let tag = format!("{:05x}", (o.seed ^ u64::from(std::process::id())) & 0xfffff);
     let scratch = PathBuf::from(format!("/tmp/hff-{tag}"));
-    let dir = o.out.join(format!("{}{}-{}", o.nemesis, if o.eviction { "-eviction" } else { "" }, o.seed));
+    let dir = o.out.join(format!("{}{}-{}", o.nemesis, variant(o), o.seed));
     std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     crate::signals::set_current(&tag);
@@ -104,6 +110,22 @@ pub(crate) fn run(o: &Opts) -> Result<Outcome, String> {
     let _ = std::fs::remove_dir_all(&scratch);
     crate::signals::set_current("");
     r
+}
+
+/// What the run's directory name says besides the nemesis and the seed:
+/// `-eviction`, `-<fsync>` and `-<ha-sync>` when they are not the defaults.
+fn variant(o: &Opts) -> String {
+    let mut v = String::new();
+    if o.eviction {
+        v += "-eviction";
+    }
+    if o.fsync != "always" {
+        v += &format!("-{}", o.fsync);
+    }
+    if o.sync != "available" {
+        v += &format!("-{}", o.sync);
+    }
+    v
 }
 
 /// The phases of a run, in order; each takes what the one before made.
@@ -123,6 +145,12 @@ fn run_in(o: &Opts, tag: &str, scratch: &Path, dir: &Path) -> Result<Outcome, St
 struct Prepared<'o> {
     o: &'o Opts,
     nemesis: Nemesis,
+    /// One node without HA, the clients talking to it directly.
+    single: bool,
+    /// Where the clients send: the relay, or the single node.
+    client: SocketAddr,
+    /// A power cut's instant and the last journal fsyncs before it.
+    cut: Option<Stamps>,
     rng: ChaCha8Rng,
     cluster: Cluster,
     net: Net,
@@ -151,6 +179,8 @@ struct Injected {
     applied: Vec<Applied>,
     fault_us: u64,
     epoch_before: u64,
+    /// A power cut's instant and the last journal fsyncs before it (µs).
+    cut: Option<(u64, [Option<u64>; 2])>,
 }
 
 /// The fault healed.
@@ -162,6 +192,8 @@ struct Healed {
     epoch_before: u64,
     /// A nemesis corrupted a node's data directory.
     corrupted: bool,
+    /// A power cut's instant and the last journal fsyncs before it (µs).
+    cut: Option<(u64, [Option<u64>; 2])>,
 }
 
 /// The workload stopped, every node stopped and verified.
@@ -173,12 +205,15 @@ struct Settled {
     verify: Vec<(String, bool, String)>,
     /// The caught-up leader and standby at the end, and their `inspect`.
     same: Option<(&'static str, &'static str, Option<String>, Option<String>)>,
+    /// A single run (no standby to compare).
+    single: bool,
 }
 
 /// What the checks found.
 struct Found {
     findings: Vec<Finding>,
     notes: Vec<String>,
+    power: Option<PowerFigures>,
     history: Vec<Op>,
     samples: Vec<monitor::Sample>,
 }
@@ -194,8 +229,24 @@ impl<'o> Prepared<'o> {
     fn new(o: &'o Opts, tag: &str, scratch: &Path) -> Result<Prepared<'o>, String> {
         let nemesis = o.nemesis.clone();
         let net = Net::create(tag, &ROLES)?;
-        let disk = if nemesis.needs(Need::Ext4) { Disk::Ext4 } else { Disk::Tmpfs };
-        let mut cluster = Cluster::new(&o.bin, &net, scratch, &o.sync, disk, o.eviction)?;
+        let disk = if nemesis.needs(Need::Forgetfs) {
+            Disk::Forget
+        } else if nemesis.needs(Need::Ext4) {
+            Disk::Ext4
+        } else {
+            Disk::Tmpfs
+        };
+        let single = nemesis.needs(Need::Single);
+        let setup = Setup {
+            bin: o.bin.clone(),
+            sync: o.sync.clone(),
+            fsync: o.fsync.clone(),
+            disk,
+            eviction: o.eviction,
+            single,
+        };
+        let mut cluster = Cluster::new(&setup, &net, scratch)?;
+        let client = if single { addr(&net, NODES[0], NODE_PORT) } else { RELAY };
         let clock_files: Vec<PathBuf> = NODES.iter().map(|n| scratch.join(format!("clock-{n}"))).collect();
         if nemesis.needs(Need::Faketime) {
             for (i, p) in cluster.nodes.iter_mut().enumerate() {
@@ -210,6 +261,9 @@ impl<'o> Prepared<'o> {
         Ok(Prepared {
             o,
             nemesis,
+            single,
+            client,
+            cut: None,
             rng: ChaCha8Rng::seed_from_u64(o.seed),
             ctl: net.host("ctl").ns.clone(),
             relay_ns: net.host("relay").ns.clone(),
@@ -224,6 +278,9 @@ impl<'o> Prepared<'o> {
     /// Starts etcd and waits for it healthy, then the nodes and the relay;
     /// waits for a serving leader with a standby and initializes the stores.
     fn start(&mut self) -> Result<Live, String> {
+        if self.single {
+            return self.start_single();
+        }
         for p in &mut self.cluster.etcd {
             p.start()?;
         }
@@ -250,17 +307,37 @@ impl<'o> Prepared<'o> {
         poll(Duration::from_secs(40), || mon.leader().filter(|l| l.2.is_some())).ok_or_else(|| {
             format!("no serving leader with a standby within 40 s; n0's log: {:?}", self.cluster.nodes[0].tail(5))
         })?;
-        let pages = if self.o.eviction { workload::EVICTION_PAGES } else { workload::PAGES };
+        let pages = self.pages();
         in_ns(&self.relay_ns, move || workload::initialize(RELAY, pages, Duration::from_secs(20)))??;
         Ok(Live { t0, mon })
     }
 
-    /// Resolves the targets (the leader, its standby, etcd's raft leader)
-    /// and injects every fault of the nemesis.
+    /// A single run's start: node `n0` alone, serving, its stores
+    /// initialized.
+    fn start_single(&mut self) -> Result<Live, String> {
+        self.cluster.nodes[0].start()?;
+        let t0 = Instant::now();
+        let mon = Monitor::start(&self.ctl, vec![(NODES[0].to_string(), addr(&self.net, NODES[0], NODE_PORT))], t0);
+        poll(Duration::from_secs(40), || mon.leader()).ok_or_else(|| {
+            format!("the single node did not serve within 40 s; its log: {:?}", self.cluster.nodes[0].tail(5))
+        })?;
+        let (client, pages) = (self.client, self.pages());
+        in_ns(&self.relay_ns, move || workload::initialize(client, pages, Duration::from_secs(20)))??;
+        Ok(Live { t0, mon })
+    }
+
+    fn pages(&self) -> u64 {
+        if self.o.eviction {
+            workload::EVICTION_PAGES
+        } else {
+            workload::PAGES
+        }
+    }
+
     /// Starts the workers in the relay's namespace and lets them run for
     /// the warm-up.
     fn warm(&self, live: &Live) -> Work {
-        let shared = Shared::new(RELAY, live.t0);
+        let shared = Shared::new(self.client, live.t0);
         let workers = (0..workload::WORKERS)
             .map(|w| {
                 let (s, ns, seed) = (shared.clone(), self.relay_ns.clone(), self.o.seed);
@@ -276,27 +353,44 @@ impl<'o> Prepared<'o> {
         Work { shared, workers, start_us }
     }
 
+    /// Resolves the targets (the leader, its standby, etcd's raft leader)
+    /// and injects every fault of the nemesis.
     fn inject(&mut self, live: &Live) -> Result<Injected, String> {
         let (l, epoch_before, sb) = live.mon.leader().unwrap_or(("n0".into(), 0, Some("n1".into())));
         let leader = NODES.iter().position(|n| *n == l).unwrap_or(0);
         let standby = sb.and_then(|s| NODES.iter().position(|n| *n == s)).unwrap_or((leader + 1) % 3);
-        let ea = self.etcd_addrs.clone();
-        let etcd_leader = in_ns(&self.ctl, move || monitor::etcd_leader(&ea))?.unwrap_or(0);
+        let etcd_leader = if self.single {
+            0
+        } else {
+            let ea = self.etcd_addrs.clone();
+            in_ns(&self.ctl, move || monitor::etcd_leader(&ea))?.unwrap_or(0)
+        };
         let fault_us = us(live.t0);
-        eprintln!(
-            "hf3fs-faults: {} at {:.1} s (leader {}, epoch {epoch_before}, standby {}, etcd leader e{etcd_leader})",
-            self.nemesis,
-            fault_us as f64 / 1e6,
-            NODES[leader],
-            NODES[standby]
-        );
+        if self.single {
+            eprintln!(
+                "hf3fs-faults: {} at {:.1} s (the single node {})",
+                self.nemesis,
+                fault_us as f64 / 1e6,
+                NODES[0]
+            );
+        } else {
+            eprintln!(
+                "hf3fs-faults: {} at {:.1} s (leader {}, epoch {epoch_before}, standby {}, etcd leader e{etcd_leader})",
+                self.nemesis,
+                fault_us as f64 / 1e6,
+                NODES[leader],
+                NODES[standby]
+            );
+        }
         let faults = self.nemesis.0.clone();
         let mut ctx = self.ctx(leader, standby, etcd_leader);
         let mut applied = Vec::new();
         for f in faults {
             applied.push(f.inject(&mut ctx)?);
         }
-        Ok(Injected { applied, fault_us, epoch_before })
+        let rel = |t: Instant| t.saturating_duration_since(live.t0).as_micros() as u64;
+        let cut = self.cut.map(|c| (rel(c.at), c.journals.map(|j| j.map(rel))));
+        Ok(Injected { applied, fault_us, epoch_before, cut })
     }
 
     fn ctx(&mut self, leader: usize, standby: usize, etcd_leader: usize) -> Ctx<'_> {
@@ -309,6 +403,7 @@ impl<'o> Prepared<'o> {
             etcd_leader,
             rng: &mut self.rng,
             clock_files: &self.clock_files,
+            cut: &mut self.cut,
         }
     }
 
@@ -322,7 +417,14 @@ impl<'o> Prepared<'o> {
         for a in i.applied.into_iter().rev() {
             nemesis::heal(a, &mut ctx)?;
         }
-        Ok(Healed { allowance, fault_us: i.fault_us, heal_us: us(live.t0), epoch_before: i.epoch_before, corrupted })
+        Ok(Healed {
+            allowance,
+            fault_us: i.fault_us,
+            heal_us: us(live.t0),
+            epoch_before: i.epoch_before,
+            corrupted,
+            cut: i.cut,
+        })
     }
 
     /// Runs the workload after the heal, stops it, reads back every key
@@ -340,20 +442,16 @@ impl<'o> Prepared<'o> {
         let _ = poll(Duration::from_secs(30), || mon.leader());
         let s2 = work.shared.clone();
         in_ns(&self.relay_ns, move || readback(&s2, Duration::from_secs(30)))?;
-        let caught_up = poll(Duration::from_secs(10), || {
-            let s = mon.snapshot();
-            s.iter()
-                .rev()
-                .take(3)
-                .find(|x| x.serving)
-                .filter(|x| x.lag_records == Some(0) && x.in_sync == Some(true))
-                .map(|x| (x.node.clone(), x.standby.clone()))
-        });
+        let single = self.single;
+        let caught_up =
+            (!single).then(|| poll(Duration::from_secs(10), || monitor::caught_up(&mon.snapshot(), NODES.len())));
+        let caught_up = caught_up.flatten();
         mon.stop();
         let Prepared { o, mut cluster, net, .. } = self;
         cluster.stop_all();
         let mut verify = Vec::new();
-        for (i, d) in cluster.data.iter().enumerate() {
+        // A single run's other nodes never ran: nothing to verify there.
+        for (i, d) in cluster.data.iter().enumerate().take(if single { 1 } else { NODES.len() }) {
             let out = std::process::Command::new(&o.bin)
                 .args(["verify", "--data-dir"])
                 .arg(d)
@@ -363,14 +461,13 @@ impl<'o> Prepared<'o> {
             verify.push((NODES[i].to_string(), out.status.success(), text.trim().to_string()));
         }
         let same = caught_up.as_ref().and_then(|(l, s)| {
-            let s = s.as_ref()?;
             let li = NODES.iter().position(|n| n == l)?;
             let si = NODES.iter().position(|n| n == s)?;
             Some((NODES[li], NODES[si], inspect(&o.bin, &cluster.data[li]), inspect(&o.bin, &cluster.data[si])))
         });
         drop(cluster);
         drop(net);
-        Ok(Settled { shared: work.shared, start_us: work.start_us, end_us, verify, same })
+        Ok(Settled { shared: work.shared, start_us: work.start_us, end_us, verify, same, single })
     }
 }
 
@@ -386,7 +483,14 @@ fn check(o: &Opts, scratch: &Path, live: &Live, h: &Healed, s: &Settled) -> Foun
         op.node = op.epoch.and_then(|e| epochs.get(&e).cloned().flatten());
     }
     let lease = o.eviction.then(|| READ_LEASE.as_micros() as u64);
-    let mut findings = check::safety(&history, WORLD, lease);
+    let (mut findings, power) = match h.cut {
+        Some((cut_us, synced_us)) if !o.eviction => {
+            let cut = PowerCut { cut_us, may_lose: may_lose(o), synced_us };
+            let (f, p) = check::power(&history, WORLD, cut);
+            (f, Some(p))
+        }
+        _ => (check::safety(&history, WORLD, lease), None),
+    };
     let bounds = Bounds {
         fault: (h.fault_us, h.heal_us),
         end: s.end_us,
@@ -414,6 +518,7 @@ fn check(o: &Opts, scratch: &Path, live: &Live, h: &Healed, s: &Settled) -> Foun
         }
     }
     match &s.same {
+        _ if s.single => {}
         Some((l, s, Some(a), Some(b))) if a != b => findings.push(Finding {
             check: "standby_state",
             what: format!("the caught-up standby {s} holds another state than the leader {l}: {a} / {b}"),
@@ -426,22 +531,34 @@ fn check(o: &Opts, scratch: &Path, live: &Live, h: &Healed, s: &Settled) -> Foun
             ops: vec![],
         }),
     }
-    Found { findings, notes, history, samples }
+    Found { findings, notes, power, history, samples }
+}
+
+/// Whether a power cut of this run may lose anything: not when every
+/// acknowledged confirm is on disk (`--fsync always`) or held by a node the
+/// cut left running (a standby's cut; a leader's with `--ha-sync strict`,
+/// whose standby acknowledged every change by its own durability); else
+/// (`batch` or `none` on a cut node that may hold the only copy) what was
+/// acknowledged after its store's journal was last synced.
+fn may_lose(o: &Opts) -> bool {
+    let kept_elsewhere = !o.nemesis.cuts_the_leader() || (o.sync == "strict" && !o.nemesis.cuts_every_node());
+    o.fsync != "always" && !kept_elsewhere
 }
 
 /// The figures, the history and samples and `result.json` in the run's
 /// directory, and the command that replays the run.
 fn report(o: &Opts, dir: &Path, h: &Healed, s: Settled, found: Found) -> Result<Outcome, String> {
-    let Found { findings, notes, history, samples } = found;
+    let Found { findings, notes, power, history, samples } = found;
     let figures = report::figures(&history, &samples, s.start_us, h.fault_us, h.heal_us, s.end_us, h.epoch_before);
     write_lines(&dir.join("history.jsonl"), &history)?;
     write_lines(&dir.join("samples.jsonl"), &samples)?;
     let replay = format!(
-        "sudo target/ci/hf3fs-faults run --nemesis {} --seed {}{} --ha-sync {} --fault-secs {} --warmup-secs {} --after-secs {}  # at {}",
+        "sudo target/ci/hf3fs-faults run --nemesis {} --seed {}{} --ha-sync {} --fsync {} --fault-secs {} --warmup-secs {} --after-secs {}  # at {}",
         o.nemesis,
         o.seed,
         if o.eviction { " --eviction" } else { "" },
         o.sync,
+        o.fsync,
         o.fault.as_secs(),
         o.warmup.as_secs(),
         o.after.as_secs(),
@@ -453,12 +570,14 @@ fn report(o: &Opts, dir: &Path, h: &Healed, s: Settled, found: Found) -> Result<
         eviction: o.eviction,
         commit: o.commit.clone(),
         sync: o.sync.clone(),
+        fsync: o.fsync.clone(),
         findings,
         figures,
         replay,
         dir: dir.display().to_string(),
         verify: s.verify,
         notes,
+        power,
     };
     std::fs::write(dir.join("result.json"), serde_json::to_string_pretty(&outcome).map_err(|e| e.to_string())?)
         .map_err(|e| e.to_string())?;
@@ -546,11 +665,26 @@ fn readback(s: &Shared, within: Duration) {
         }
     };
     let w = 99;
+    // `get_locations` answers null for a key missing on any rank of its
+    // world (a power cut may take one rank's confirm and keep another's):
+    // such a key is re-saved on every rank too, whose answer is each rank's
+    // stored page, so that `lost` names the rank that lost it.
+    let absent = std::sync::Mutex::new(std::collections::BTreeSet::new());
     for (d, keys) in &complete {
         for chunk in keys.chunks(256) {
             for rank in 0..world(*d) {
-                retry(&|| s.locations(w, *d, rank, chunk, true).is_some());
+                retry(&|| {
+                    let Some(pages) = s.locations(w, *d, rank, chunk, true) else { return false };
+                    let mut a = absent.lock().unwrap_or_else(|p| p.into_inner());
+                    a.extend(chunk.iter().zip(pages).filter(|(_, p)| p.is_none()).map(|(k, _)| (*d, k.clone())));
+                    true
+                });
             }
+        }
+    }
+    for (d, k) in absent.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        for rank in 0..world(d) {
+            retry(&|| s.allocate(w, d, rank, std::slice::from_ref(&k), true).is_some());
         }
     }
     for (rank, keys) in &partial {

@@ -16,7 +16,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 const TTL: Duration = Duration::ZERO;
 
@@ -31,6 +31,8 @@ struct Shared {
     dead: AtomicBool,
     /// The model's size after the last collection of unreachable inodes.
     collected: Mutex<usize>,
+    /// When the last fsync of each file (not a directory) was applied.
+    last_sync: Mutex<HashMap<Ino, Instant>>,
     uid: u32,
     gid: u32,
 }
@@ -341,7 +343,15 @@ impl Filesystem for Fs {
     }
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        self.empty(reply, |m| m.sync(ino.0))
+        self.empty(reply, |m| {
+            m.sync(ino.0)?;
+            // Under the model's lock: a cut's image, taken under it too,
+            // holds every sync stamped before it.
+            if matches!(m.content(ino.0), Some(Content::File(_))) {
+                self.0.last_sync.lock().unwrap_or_else(PoisonError::into_inner).insert(ino.0, Instant::now());
+            }
+            Ok(())
+        })
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
@@ -450,6 +460,7 @@ impl Mount {
             open: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
             collected: Mutex::new(0),
+            last_sync: Mutex::new(HashMap::new()),
             uid,
             gid,
         });
@@ -498,6 +509,29 @@ impl Mount {
         };
         m.cut(image.clone());
         CutReport { image, inodes_with_losses: losses }
+    }
+
+    /// When the last fsync of a file was applied (`None`: never): after a
+    /// cut, the last one the cut kept. Every write to a file applied
+    /// before its fsync is persisted by it.
+    pub fn last_sync(&self) -> Option<Instant> {
+        self.shared.last_sync.lock().unwrap_or_else(PoisonError::into_inner).values().copied().max()
+    }
+
+    /// The earliest of the last fsyncs of the files in the directory `rel`
+    /// (relative to the mount): every write applied to any of them before
+    /// it is persisted, e.g. everything a store wrote to its journals.
+    /// `None`: no such directory, no file in it, or one never synced.
+    pub fn last_sync_in(&self, rel: &Path) -> Option<Instant> {
+        let m = self.shared.model();
+        let mut ino = crate::model::ROOT;
+        for part in rel.iter() {
+            ino = m.lookup(ino, part).ok()?;
+        }
+        let Some(Content::Dir(entries)) = m.content(ino) else { return None };
+        let stamps = self.shared.last_sync.lock().unwrap_or_else(PoisonError::into_inner);
+        let files = entries.values().filter(|c| matches!(m.content(**c), Some(Content::File(_))));
+        files.map(|child| stamps.get(child).copied()).collect::<Option<Vec<Instant>>>()?.into_iter().min()
     }
 
     /// Powers the file system on again after a [`Mount::cut`].

@@ -265,3 +265,40 @@ fn the_persisted_image_is_written_out_and_mounted_again() {
     drop(again);
     assert!(!mounted(dir.path()), "dropping the mount unmounts it");
 }
+
+/// `last_sync` stamps each applied fsync of a file (what the fault
+/// harness holds a `batch` node's losses to), not a directory's.
+#[test]
+fn the_last_file_fsync_is_stamped() {
+    let Some(f) = fixture(Names::Strict) else { return };
+    assert_eq!(f.fs.last_sync(), None);
+    let before = std::time::Instant::now();
+    durable_file(&f, "a", b"x");
+    let first = f.fs.last_sync().expect("the file's fsync is stamped");
+    assert!(first >= before);
+    sync_dir(f.fs.path());
+    assert_eq!(f.fs.last_sync(), Some(first), "a directory's fsync is not a file's");
+    let mut a = OpenOptions::new().write(true).open(f.p("a")).unwrap();
+    a.write_all(b"y").unwrap();
+    a.sync_data().unwrap();
+    let second = f.fs.last_sync().expect("stamped");
+    assert!(second > first);
+    // Per directory: a file synced in d/ stamps d/, not the root's files.
+    fs::create_dir(f.p("d")).unwrap();
+    let mut b = File::create(f.p("d/b")).unwrap();
+    b.write_all(b"z").unwrap();
+    assert_eq!(f.fs.last_sync_in(Path::new("d")), None, "nothing in d/ synced yet");
+    b.sync_data().unwrap();
+    let in_d = f.fs.last_sync_in(Path::new("d")).expect("d/b synced");
+    assert!(in_d > second);
+    assert_eq!(f.fs.last_sync_in(Path::new("")), Some(second), "the root's own files");
+    assert_eq!(f.fs.last_sync_in(Path::new("nope")), None);
+    // The earliest of a directory's files: d/c synced after d/b leaves
+    // d/b's stamp, and a file in d/ never synced leaves none.
+    let c = File::create(f.p("d/c")).unwrap();
+    assert_eq!(f.fs.last_sync_in(Path::new("d")), None, "d/c never synced");
+    c.sync_data().unwrap();
+    assert_eq!(f.fs.last_sync_in(Path::new("d")), Some(in_d), "d/b's sync is the earlier");
+    b.sync_data().unwrap();
+    assert!(f.fs.last_sync_in(Path::new("d")).expect("both synced") > in_d);
+}

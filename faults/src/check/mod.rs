@@ -19,6 +19,16 @@
 //! fire (its ranks have 2^20 pages), a binding observed once holds for the
 //! rest of the run.
 //!
+//! Power-cut runs ([`power`]) hold `lost`, `pages` and `linearizable` as
+//! they are wherever the promise of `--fsync always` (or a synchronous
+//! standby that was not cut) covers every acknowledged confirm; where the
+//! promise is `batch`'s, a loss is allowed only of a confirm acknowledged
+//! after the last fsync of its store's journal before the cut (what the
+//! forgetful file system stamped), and that key is excused from `pages`
+//! and `linearizable` (its page may go to another key after the recovery;
+//! what the readers saw of it before the cut was true then). How long
+//! before the cut the oldest lost one was acknowledged is measured.
+//!
 //! Eviction runs (`--eviction`: small ranks, a 2 s read lease) may drop any
 //! key that is not leased, so `lost` and `pages` do not apply to them; they
 //! are checked by [`lease`] (no page of a read handed to another key within
@@ -29,8 +39,16 @@ pub(crate) mod linear;
 
 use crate::history::{Call, Dialect, Op, Outcome};
 use linear::{Event, KeyOp};
-use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Keys a checker leaves out: (dialect, key).
+pub(crate) type Excused = HashSet<(Dialect, String)>;
+
+/// The syncer's period under `--fsync batch` (docs/durability.md: the
+/// window a power cut loses while the syncer runs on time), for the
+/// report's count of losses acknowledged within it.
+pub(crate) const BATCH_PERIOD_US: u64 = 5_000;
 
 /// One violation: the check, what it saw, and the history ops that show it.
 #[derive(Serialize, Clone, Debug, PartialEq)]
@@ -62,7 +80,7 @@ pub(crate) fn safety(history: &[Op], world: u32, lease_us: Option<u64>) -> Vec<F
     match lease_us {
         None => {
             f.extend(lost(history, world));
-            f.extend(pages(history));
+            f.extend(pages(history, &Excused::new()));
         }
         Some(l) => {
             f.extend(lease(history, l));
@@ -76,8 +94,97 @@ pub(crate) fn safety(history: &[Op], world: u32, lease_us: Option<u64>) -> Vec<F
         }
     }
     f.extend(split_brain(history));
-    f.extend(linearizable(history, world, lease_us.is_some()));
+    f.extend(linearizable(history, world, lease_us.is_some(), &Excused::new()));
     f
+}
+
+/// A power cut, for [`power`]: when, and what it may lose.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PowerCut {
+    /// When the unsynced data was dropped (µs from the run's start).
+    pub cut_us: u64,
+    /// Whether anything acknowledged may be lost (`batch` on the node that
+    /// held it).
+    pub may_lose: bool,
+    /// When each store's journal (vLLM's, SGLang's) was last synced before
+    /// the cut (µs; `None`: never): what was acknowledged before is on disk.
+    pub synced_us: [Option<u64>; 2],
+}
+
+/// What a power cut lost, as the history shows it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub(crate) struct PowerFigures {
+    /// When the cut was (µs from the run's start).
+    pub cut_us: u64,
+    /// Whether nothing acknowledged could be lost (the promise of `always`,
+    /// or of a standby that kept it in memory).
+    pub strict: bool,
+    /// Confirms (key × rank) acknowledged before the cut.
+    pub acked_before: u64,
+    /// Acknowledged confirms (key × rank) lost…
+    pub lost: u64,
+    /// …of which acknowledged after their journal's last fsync (allowed
+    /// where the cut may lose anything)…
+    #[serde(default)]
+    pub after_last_sync: u64,
+    /// …and of which acknowledged within the syncer's period before the
+    /// cut ([`BATCH_PERIOD_US`]).
+    #[serde(default)]
+    pub within_period: u64,
+    /// The oldest lost acknowledgement's age at the cut, ms (at least: from
+    /// its answer's arrival at the client; 0 for one answered after the cut).
+    pub oldest_lost_ms: Option<f64>,
+}
+
+/// The safety checkers of a power-cut run: [`lost`] and, outside the
+/// allowed losses, [`pages`], [`split_brain`] and [`linearizable`]. Where
+/// the cut may lose anything, a lost confirm is allowed when it was sent
+/// before the cut and answered after its store's journal was last synced
+/// (an answer of `batch` follows the write, so a sync applied after the
+/// answer holds it); its key is then excused from `pages` and
+/// `linearizable`, every other key held to them whole.
+pub(crate) fn power(history: &[Op], world: u32, cut: PowerCut) -> (Vec<Finding>, PowerFigures) {
+    let by_id: HashMap<u64, &Op> = history.iter().map(|o| (o.id, o)).collect();
+    let mut fig = PowerFigures { cut_us: cut.cut_us, strict: !cut.may_lose, ..PowerFigures::default() };
+    fig.acked_before = acknowledged(history)
+        .values()
+        .flat_map(|r| r.values())
+        .filter(|(_, by)| by_id.get(by).is_some_and(|o| o.complete_us <= cut.cut_us))
+        .count() as u64;
+    let mut out = Vec::new();
+    let mut excused = Excused::new();
+    for l in losses(history, world, cut.may_lose) {
+        let Some(op) = by_id.get(&l.by) else { continue };
+        let age = cut.cut_us.saturating_sub(op.complete_us);
+        fig.lost += 1;
+        fig.oldest_lost_ms = Some(fig.oldest_lost_ms.unwrap_or(0.0).max(age as f64 / 1000.0));
+        if age <= BATCH_PERIOD_US {
+            fig.within_period += 1;
+        }
+        let synced = cut.synced_us[l.dialect as usize];
+        let after_sync = synced.is_none_or(|s| op.complete_us > s);
+        if after_sync {
+            fig.after_last_sync += 1;
+        }
+        if cut.may_lose && after_sync && op.invoke_us < cut.cut_us {
+            excused.insert((l.dialect, l.key.clone()));
+            continue;
+        }
+        let mut f = l.finding();
+        f.what += &if op.invoke_us >= cut.cut_us {
+            format!(" (acknowledged {:.1} ms after the cut)", (op.complete_us - cut.cut_us) as f64 / 1000.0)
+        } else {
+            let s = synced.map_or("never".into(), |s| {
+                format!("{:.1} ms before it", cut.cut_us.saturating_sub(s) as f64 / 1000.0)
+            });
+            format!(" (acknowledged {:.1} ms before the cut; its journal last synced {s})", age as f64 / 1000.0)
+        };
+        out.push(f);
+    }
+    out.extend(pages(history, &excused));
+    out.extend(split_brain(history));
+    out.extend(linearizable(history, world, false, &excused));
+    (out, fig)
 }
 
 /// Keys acknowledged on every rank of their world that a later read found
@@ -176,11 +283,51 @@ fn acknowledged(history: &[Op]) -> BTreeMap<(Dialect, String), BTreeMap<u32, (i6
     acked
 }
 
+/// One acknowledged confirm the final read-back did not find.
+struct Loss {
+    dialect: Dialect,
+    key: String,
+    rank: u32,
+    page: i64,
+    /// The op that acknowledged it.
+    by: u64,
+    /// What the read-back answered, and its op (`None`: no final answer).
+    seen: Option<(Option<i64>, u64)>,
+}
+
+impl Loss {
+    fn finding(&self) -> Finding {
+        let (d, k, r, p) = (self.dialect, &self.key, self.rank, self.page);
+        match self.seen {
+            Some((got, id)) => finding(
+                "lost",
+                format!("{d:?} key {k} rank {r}: acknowledged on page {p}, read back as {got:?}"),
+                vec![self.by, id],
+            ),
+            None => finding(
+                "lost",
+                format!("{d:?} key {k} rank {r}: acknowledged on page {p}, never read back (no final answer)"),
+                vec![self.by],
+            ),
+        }
+    }
+}
+
 /// No acknowledged confirm lost: every acknowledged (key, rank, page) is
 /// read back after the heal, through `get_locations` when the key was
 /// acknowledged on every rank of its world, else through a re-save
 /// (allocate) of the key on that rank, whose answer is the stored page.
 pub(crate) fn lost(history: &[Op], world: u32) -> Vec<Finding> {
+    losses(history, world, false).iter().map(Loss::finding).collect()
+}
+
+/// The acknowledged confirms [`lost`] reports. With `per_rank`, a complete
+/// key `get_locations` found missing (it answers null for a key missing on
+/// any rank) is judged rank by rank by the re-saves the read-back then
+/// sent: where a power cut may lose one rank's confirm and keep another's.
+/// Only there: a re-save's answer cannot tell a stored page from a
+/// reservation of the same page that outlived its lost confirm.
+fn losses(history: &[Op], world: u32, per_rank: bool) -> Vec<Loss> {
     // What the final read-back saw: (dialect, key, rank) → (answer, op).
     let mut located: HashMap<(Dialect, &str, u32), (Option<i64>, u64)> = HashMap::new();
     let mut stored: HashMap<(Dialect, &str, u32), (i64, u64)> = HashMap::new();
@@ -204,22 +351,19 @@ pub(crate) fn lost(history: &[Op], world: u32) -> Vec<Finding> {
         let complete = ranks.len() as u32 == world_of(dialect, world);
         for (rank, (page, by)) in ranks {
             let seen = if complete {
-                located.get(&(dialect, &key, rank)).map(|&(p, id)| (p, id))
+                // A null of get_locations says the key is missing on some
+                // rank; with `per_rank`, the re-save the read-back then
+                // sent says whether this one kept it.
+                let re_saved = stored.get(&(dialect, key.as_str(), rank)).map(|&(p, id)| (Some(p), id));
+                match located.get(&(dialect, key.as_str(), rank)).copied() {
+                    Some((None, _)) if per_rank && re_saved.is_some() => re_saved,
+                    l => l,
+                }
             } else {
-                stored.get(&(dialect, &key, rank)).map(|&(p, id)| (Some(p), id))
+                stored.get(&(dialect, key.as_str(), rank)).map(|&(p, id)| (Some(p), id))
             };
-            match seen {
-                Some((Some(p), _)) if p == page => {}
-                Some((got, id)) => out.push(finding(
-                    "lost",
-                    format!("{dialect:?} key {key} rank {rank}: acknowledged on page {page}, read back as {got:?}"),
-                    vec![by, id],
-                )),
-                None => out.push(finding(
-                    "lost",
-                    format!("{dialect:?} key {key} rank {rank}: acknowledged on page {page}, never read back (no final answer)"),
-                    vec![by],
-                )),
+            if !matches!(seen, Some((Some(p), _)) if p == page) {
+                out.push(Loss { dialect, key: key.clone(), rank, page, by, seen });
             }
         }
     }
@@ -228,8 +372,10 @@ pub(crate) fn lost(history: &[Op], world: u32) -> Vec<Finding> {
 
 /// No page bound to two keys, no read answered with a page another key was
 /// bound to, no allocate handing out a page bound to another key once that
-/// binding was known.
-pub(crate) fn pages(history: &[Op]) -> Vec<Finding> {
+/// binding was known; the `excused` keys left out (a power cut's allowed
+/// losses, [`power`]).
+pub(crate) fn pages(history: &[Op], excused: &Excused) -> Vec<Finding> {
+    let skip = |d: Dialect, k: &String| excused.contains(&(d, k.clone()));
     // (dialect, rank, page) → (key, op, completion) of its first binding seen.
     let mut bound: HashMap<(Dialect, u32, i64), (String, u64, u64)> = HashMap::new();
     let mut out = Vec::new();
@@ -244,6 +390,9 @@ pub(crate) fn pages(history: &[Op]) -> Vec<Finding> {
             _ => continue,
         };
         for (d, r, k, p) in claims {
+            if skip(d, k) {
+                continue;
+            }
             match bound.get(&(d, r, p)) {
                 Some((other, by, _)) if other != k => out.push(finding(
                     "pages",
@@ -259,7 +408,7 @@ pub(crate) fn pages(history: &[Op]) -> Vec<Finding> {
     }
     for op in &ok {
         if let Call::Allocate { dialect, rank, keys, pages } = &op.call {
-            for (k, &p) in keys.iter().zip(pages) {
+            for (k, &p) in keys.iter().zip(pages).filter(|(k, _)| !skip(*dialect, k)) {
                 if let Some((other, by, when)) = bound.get(&(*dialect, *rank, p)) {
                     if other != k && *when < op.invoke_us {
                         out.push(finding(
@@ -327,8 +476,8 @@ pub(crate) fn split_brain(history: &[Op]) -> Vec<Finding> {
 }
 
 /// Per-key linearizability of bind, release and read ([`linear`]), with
-/// evictions at any moment when `evictable`.
-pub(crate) fn linearizable(history: &[Op], world: u32, evictable: bool) -> Vec<Finding> {
+/// evictions at any moment when `evictable`; the `excused` keys left out.
+pub(crate) fn linearizable(history: &[Op], world: u32, evictable: bool, excused: &Excused) -> Vec<Finding> {
     let mut per_key: BTreeMap<(Dialect, String), Vec<KeyOp>> = BTreeMap::new();
     for op in history.iter().filter(|o| o.outcome != Outcome::Fail) {
         let complete = (op.outcome == Outcome::Ok).then_some(op.complete_us);
@@ -357,7 +506,7 @@ pub(crate) fn linearizable(history: &[Op], world: u32, evictable: bool) -> Vec<F
         }
     }
     let mut out = Vec::new();
-    for ((d, k), ops) in per_key {
+    for ((d, k), ops) in per_key.into_iter().filter(|(dk, _)| !excused.contains(dk)) {
         match linear::linearizable(world_of(d, world), &ops, evictable) {
             Ok(true) => {}
             Ok(false) => out.push(finding(

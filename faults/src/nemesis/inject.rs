@@ -4,9 +4,11 @@
 use crate::cluster::{mount_image, Cluster, NODES, SYNC_TIMEOUT};
 use crate::ns::{nft, Net};
 use crate::proxy::{Mode, Proxy};
+use hf3fs_meta_forgetfs::Cut;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// What a nemesis needs to know of the run.
 pub(crate) struct Ctx<'a> {
@@ -26,7 +28,27 @@ pub(crate) struct Ctx<'a> {
     pub rng: &'a mut ChaCha8Rng,
     /// The clock files of the nodes (libfaketime), in clock runs.
     pub clock_files: &'a [PathBuf],
+    /// A power cut's instant and its nodes' last journal fsyncs (set by
+    /// [`power_cut`]).
+    pub cut: &'a mut Option<Stamps>,
 }
+
+/// When a power cut was, and when the cut nodes that held acknowledged
+/// changes (the leader, and the standby if cut too) last synced each
+/// store's journal: vLLM's, SGLang's (the earliest of the nodes').
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stamps {
+    /// The instant the nodes stopped.
+    pub at: Instant,
+    /// The last fsync of every file of `keyspace/journals` (vLLM's store)
+    /// and of `sglang/keyspace/journals` (SGLang's), the earliest of them
+    /// (the syncer syncs each file in turn: a cut may fall between two);
+    /// `None`: one never synced.
+    pub journals: [Option<Instant>; 2],
+}
+
+/// Where each store's journal files are, under a data directory.
+const JOURNALS: [&str; 2] = ["keyspace/journals", "sglang/keyspace/journals"];
 
 /// libfaketime's thread-safe preload, which the clock nemeses run every node under.
 pub(crate) const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
@@ -78,10 +100,13 @@ pub(crate) enum Applied {
     /// A node restarted on a data directory with a byte flipped: nothing to
     /// heal (refusing to start on it is what the node must do).
     Corrupted,
+    /// Nodes whose power was cut: power their file systems on again and
+    /// start them on what the cut kept.
+    PowerCut(Vec<usize>),
 }
 
 /// A process a fault acts on, resolved when the fault starts.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Who {
     /// The leader.
     Leader,
@@ -239,10 +264,79 @@ pub(crate) fn corrupt(c: &mut Ctx) -> Result<Applied, String> {
     Ok(Applied::Corrupted)
 }
 
+/// Which nodes a power cut hits.
+#[derive(Clone, Copy)]
+pub(crate) enum Power {
+    /// One node ([`Who::Leader`] or [`Who::Standby`]; in a single run the
+    /// leader is the only node).
+    One(Who),
+    /// Every node at one instant, as a rack losing power (etcd, another
+    /// cluster with its own durability, keeps running).
+    All,
+}
+
+/// A power cut: the target nodes stopped (SIGSTOP of their process
+/// groups, so that nothing of theirs runs between the cut and their
+/// death), every byte and name their forgetful file systems were never
+/// told to sync dropped at one instant — or, by the seed, one cut in three
+/// each, a prefix of each file's unsynced writes kept with the last one
+/// torn at a 512-byte or a 4 KiB boundary —, the nodes SIGKILLed. The heal
+/// powers the file systems on again and starts the nodes on what the cut
+/// kept.
+pub(crate) fn power_cut(c: &mut Ctx, which: Power) -> Result<Applied, String> {
+    let targets: Vec<usize> = match which {
+        Power::One(Who::Standby) => vec![c.standby],
+        Power::One(_) => vec![c.leader],
+        Power::All => (0..NODES.len()).collect(),
+    };
+    if targets.iter().any(|&i| c.cluster.mounts.get(i).is_none_or(Option::is_none)) {
+        return Err("a power cut needs every node's data on a forgetful file system".into());
+    }
+    let how = match c.rng.gen_range(0..3) {
+        0 => Cut::Drop,
+        k => Cut::Torn { sector: if k == 1 { 512 } else { 4096 }, seed: c.rng.gen() },
+    };
+    for &i in &targets {
+        c.cluster.nodes[i].signal(libc::SIGSTOP);
+    }
+    // The instant of the cut: the nodes do nothing after it. Their file
+    // systems' images are taken after it (a copy of every file, some
+    // milliseconds), of what they had when they stopped and what the
+    // requests already sent finished (a disk completing its queue).
+    let at = Instant::now();
+    let mut kept = Vec::new();
+    for &i in &targets {
+        let m = c.cluster.mounts[i].as_ref().expect("checked above");
+        kept.push(format!("{} {} inodes with unsynced changes", NODES[i], m.cut(how).inodes_with_losses));
+    }
+    let imaged = at.elapsed();
+    // After the cut nothing syncs: the stamps are the last the cut kept.
+    let holders: Vec<usize> = targets.iter().copied().filter(|&i| i == c.leader || i == c.standby).collect();
+    let journals = JOURNALS.map(|j| {
+        holders.iter().map(|&i| c.cluster.mounts[i].as_ref().and_then(|m| m.last_sync_in(Path::new(j)))).min().flatten()
+    });
+    *c.cut = Some(Stamps { at, journals });
+    for &i in &targets {
+        c.cluster.nodes[i].kill();
+    }
+    eprintln!("hf3fs-faults: power cut ({how:?}, images taken in {imaged:.1?}): {}", kept.join(", "));
+    Ok(Applied::PowerCut(targets))
+}
+
 /// Heals what an injection did.
 pub(crate) fn heal(a: Applied, c: &mut Ctx) -> Result<(), String> {
     match a {
         Applied::Nothing | Applied::Corrupted => {}
+        Applied::PowerCut(nodes) => {
+            for &i in &nodes {
+                if let Some(m) = &c.cluster.mounts[i] {
+                    m.revive();
+                }
+            }
+            for i in nodes {
+                c.cluster.nodes[i].start()?;
+            }
+        }
         Applied::Paused(who) => c.cluster.get(&who).signal(libc::SIGCONT),
         Applied::Killed(who) => c.cluster.get(&who).start()?,
         Applied::Rules(ns) => {

@@ -12,11 +12,13 @@
 
 mod inject;
 
-pub(crate) use inject::{clock_env, heal, Applied, Ctx};
+pub(crate) use inject::{clock_env, heal, Applied, Ctx, Stamps};
 
 use crate::cluster::{SYNC_TIMEOUT, TTL};
 use crate::proxy::Mode;
-use inject::{clock, corrupt, cut, fill_disk, flaky, fsync, kill, pause, proxy, read_only, Peers, Who};
+use inject::{
+    clock, corrupt, cut, fill_disk, flaky, fsync, kill, pause, power_cut, proxy, read_only, Peers, Power, Who,
+};
 use rand::Rng;
 use std::fmt;
 use std::str::FromStr;
@@ -71,6 +73,11 @@ pub(crate) enum Need {
     Faketime,
     /// `strace` (its `-e inject`) on the PATH.
     Strace,
+    /// The nodes' data on forgetful file systems
+    /// ([`crate::cluster::Disk::Forget`]; root and `/dev/fuse`).
+    Forgetfs,
+    /// One node without HA ([`crate::cluster::Setup::single`]).
+    Single,
 }
 
 impl fmt::Display for Need {
@@ -79,6 +86,8 @@ impl fmt::Display for Need {
             Need::Ext4 => "ext4",
             Need::Faketime => "libfaketime",
             Need::Strace => "strace",
+            Need::Forgetfs => "forgetfs",
+            Need::Single => "a single node",
         })
     }
 }
@@ -177,6 +186,14 @@ faults! {
         Timing::Held, [Ext4], read_only;
     CorruptStandby "corrupt-standby" "flip one byte of one of the standby's files before it restarts"
         Timing::Held, [], corrupt;
+    PowerCutSingle "power-cut-single" "cut the power of a node without HA: SIGKILL, its unsynced writes dropped (or torn)"
+        Timing::Outage, [Forgetfs, Single], |c| power_cut(c, Power::One(Who::Leader));
+    PowerCutLeader "power-cut-leader" "cut the leader's power: SIGKILL, its unsynced writes dropped (or torn)"
+        Timing::Held, [Forgetfs], |c| power_cut(c, Power::One(Who::Leader));
+    PowerCutStandby "power-cut-standby" "cut the standby's power: SIGKILL, its unsynced writes dropped (or torn)"
+        Timing::Held, [Forgetfs], |c| power_cut(c, Power::One(Who::Standby));
+    PowerCutCluster "power-cut-cluster" "cut every node's power at one instant (a rack): SIGKILL, unsynced writes dropped (or torn)"
+        Timing::Outage, [Forgetfs], |c| power_cut(c, Power::All);
 }
 
 impl Fault {
@@ -244,6 +261,19 @@ impl Nemesis {
             .iter()
             .map(|f| f.timing().of(fault))
             .fold((Duration::ZERO, Duration::ZERO), |(a, b), (c, d)| (a.max(c), b + d))
+    }
+
+    /// Whether it cuts the power of nodes that may hold the only copy of an
+    /// acknowledged change: a single node, the leader, or every node (a
+    /// standby's cut leaves the leader's memory whole).
+    pub(crate) fn cuts_the_leader(&self) -> bool {
+        self.0.iter().any(|f| matches!(f, Fault::PowerCutSingle | Fault::PowerCutLeader | Fault::PowerCutCluster))
+    }
+
+    /// Whether it cuts every node at once (nothing is left that holds an
+    /// acknowledged change in memory).
+    pub(crate) fn cuts_every_node(&self) -> bool {
+        self.0.iter().any(|f| matches!(f, Fault::PowerCutSingle | Fault::PowerCutCluster))
     }
 
     /// Whether one of its faults needs `need`.
@@ -323,6 +353,20 @@ mod tests {
             Duration::ZERO,
             "the standby cut promises availability"
         );
+    }
+
+    #[test]
+    fn the_power_cuts_run_on_the_forgetful_file_system_and_say_whom_they_cut() {
+        let power = [Fault::PowerCutSingle, Fault::PowerCutLeader, Fault::PowerCutStandby, Fault::PowerCutCluster];
+        for f in Fault::ALL {
+            assert_eq!(f.needs().contains(&Need::Forgetfs), power.contains(f), "{f}");
+            assert_eq!(f.needs().contains(&Need::Single), *f == Fault::PowerCutSingle, "{f}");
+        }
+        let n = |f: Fault| Nemesis::from(f);
+        assert!(n(Fault::PowerCutLeader).cuts_the_leader() && !n(Fault::PowerCutLeader).cuts_every_node());
+        assert!(!n(Fault::PowerCutStandby).cuts_the_leader());
+        assert!(n(Fault::PowerCutCluster).cuts_every_node() && n(Fault::PowerCutSingle).cuts_every_node());
+        assert!(!n(Fault::KillLeader).cuts_the_leader(), "a SIGKILL loses nothing the page cache holds");
     }
 
     /// docs/reliability.md's matrices (the tables whose header starts
