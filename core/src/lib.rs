@@ -43,7 +43,7 @@ pub use spaces::{
 };
 pub use store::{
     AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Freed, Initialized,
-    LeaseStats, MaintainReport, PageRead, PageSource, RankLeases, RankStats, ReadPagesError, Replay, Stats, Store,
-    StoreConfig, Visit, TICKS_PER_TTL,
+    LeaseStats, MaintainReport, PageRead, PageSource, Prefix, RankLeases, RankStats, ReadPagesError, Replay, Stats,
+    Store, StoreConfig, Visit, TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;
