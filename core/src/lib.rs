@@ -34,7 +34,7 @@ mod zeroed;
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
 pub use index::IndexFloor;
 pub use journal::{Change, Journal};
-pub use key::{Key, KeyRef};
+pub use key::{Digest, Key, KeyRef, Suffix};
 pub use lease::{Clock, LeaseLength, MAX_LEASE, TICKS_PER_SECOND};
 pub use registry::{Dialect, Labels, RankPages, Registry, SpaceLabel, SpaceReport};
 pub use release::Release;

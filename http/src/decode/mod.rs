@@ -252,6 +252,19 @@ pub enum DecodeError {
         /// The field's name.
         field: &'static str,
     },
+    /// Longest prefix: a field that must be a boolean holds something else.
+    #[error("Invalid field '{field}': expected a boolean")]
+    ExpectedBool {
+        /// The field's name.
+        field: &'static str,
+    },
+    /// Longest prefix: with `split_kv`, a key of `keys` that is not a bare
+    /// 64-hex digest (its `-k` and `-v` keys are derived from it).
+    #[error("Invalid field 'keys': item {index} must be a 64-character lowercase hex digest with 'split_kv'")]
+    SplitKey {
+        /// Zero-based position in `keys`.
+        index: usize,
+    },
     /// SGLang: the namespace is longer than the limit.
     #[error("Invalid field 'namespace': {len} bytes > limit {limit}")]
     NamespaceTooLong {

@@ -28,6 +28,10 @@ pub enum PrefixDialect<'a> {
         extra_key: Option<&'a str>,
         /// SGLang's `cache_salt`.
         cache_salt: Option<&'a str>,
+        /// Each block stored as two keys, `<digest>-k` and `<digest>-v`
+        /// (SGLang's MHA zero-copy layouts, `page_first` and
+        /// `page_first_direct`); a block counts when both are there.
+        split: bool,
     },
 }
 
@@ -63,6 +67,15 @@ fn opt_str<'a>(value: Option<&[Node<'a>]>, field: &'static str) -> Result<Option
     }
 }
 
+/// An optional boolean field, `false` when absent or null.
+fn opt_bool(value: Option<&[Node<'_>]>, field: &'static str) -> Result<bool, DecodeError> {
+    match value.and_then(<[_]>::first) {
+        None | Some(Node::Static(StaticNode::Null)) => Ok(false),
+        Some(Node::Static(StaticNode::Bool(b))) => Ok(*b),
+        Some(_) => Err(DecodeError::ExpectedBool { field }),
+    }
+}
+
 /// An optional integer field within `min..=max`, or `default`.
 fn bounded(
     value: Option<&[Node<'_>]>,
@@ -82,34 +95,45 @@ fn bounded(
 impl Decoder {
     /// Decodes `{"keys": [str, ...]}` or `{"token_ids": [int, ...],
     /// "block_size": int}`, with the optional `dialect` (`"vllm"` or
-    /// `"sglang"`) and SGLang's `namespace`, `world_size`, `extra_key` and
-    /// `cache_salt`.
+    /// `"sglang"`) and SGLang's `namespace`, `world_size`, `extra_key`,
+    /// `cache_salt` and `split_kv`.
     ///
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
     pub fn longest_prefix<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<PrefixBody<'a>, DecodeError> {
         self.parse(body, |tape| {
-            let [keys, tokens, block_size, dialect, ns, world, extra_key, cache_salt] = fields(
+            let [keys, tokens, block_size, dialect, ns, world, extra_key, cache_salt, split] = fields(
                 tape,
-                ["keys", "token_ids", "block_size", "dialect", "namespace", "world_size", "extra_key", "cache_salt"],
+                [
+                    "keys",
+                    "token_ids",
+                    "block_size",
+                    "dialect",
+                    "namespace",
+                    "world_size",
+                    "extra_key",
+                    "cache_salt",
+                    "split_kv",
+                ],
             )?;
             let sglang = match opt_str(dialect, "dialect")? {
                 None | Some("vllm") => false,
                 Some("sglang") => true,
                 Some(_) => return Err(DecodeError::UnknownDialect),
             };
+            // SGLang's fields are checked whatever the dialect: a body is
+            // refused or taken whole, never half read.
+            let namespace = opt_str(ns, "namespace")?.unwrap_or(DEFAULT_NAMESPACE);
+            if namespace.len() > MAX_NAMESPACE_LEN {
+                return Err(DecodeError::NamespaceTooLong { len: namespace.len(), limit: MAX_NAMESPACE_LEN });
+            }
+            let world_size = bounded(world, "world_size", 1, MAX_PREFIX_WORLD, 1)? as u32;
+            let extra_key = opt_str(extra_key, "extra_key")?;
+            let cache_salt = opt_str(cache_salt, "cache_salt")?;
+            let split = opt_bool(split, "split_kv")?;
             let dialect = if sglang {
-                let namespace = opt_str(ns, "namespace")?.unwrap_or(DEFAULT_NAMESPACE);
-                if namespace.len() > MAX_NAMESPACE_LEN {
-                    return Err(DecodeError::NamespaceTooLong { len: namespace.len(), limit: MAX_NAMESPACE_LEN });
-                }
-                PrefixDialect::Sglang {
-                    namespace,
-                    world_size: bounded(world, "world_size", 1, MAX_PREFIX_WORLD, 1)? as u32,
-                    extra_key: opt_str(extra_key, "extra_key")?,
-                    cache_salt: opt_str(cache_salt, "cache_salt")?,
-                }
+                PrefixDialect::Sglang { namespace, world_size, extra_key, cache_salt, split }
             } else {
                 PrefixDialect::Vllm
             };
