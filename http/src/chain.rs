@@ -152,8 +152,7 @@ const SHIFTS: [u32; 64] = [
     21,
 ];
 
-/// MD5's additive constants, `floor(abs(sin(i + 1)) * 2^32)`, computed at
-/// compile time would need floating point in a const; they are the RFC's
+/// MD5's additive constants, `floor(abs(sin(i + 1)) * 2^32)`: the RFC's
 /// table.
 const SINES: [u32; 64] = [
     0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501, 0x698098d8,
@@ -173,18 +172,28 @@ fn md5_block(state: &mut [u32; 4], block: &[u8]) {
         *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
     }
     let [mut a, mut b, mut c, mut d] = *state;
-    for i in 0..64 {
-        let (f, g) = match i / 16 {
-            0 => ((b & c) | (!b & d), i),
-            1 => ((d & b) | (!d & c), (5 * i + 1) % 16),
-            2 => (b ^ c ^ d, (3 * i + 5) % 16),
-            _ => (c ^ (b | !d), (7 * i) % 16),
-        };
-        let sum = a.wrapping_add(f).wrapping_add(SINES[i]).wrapping_add(m[g]);
-        a = d;
-        d = c;
-        c = b;
-        b = b.wrapping_add(sum.rotate_left(SHIFTS[i]));
+    // One step: the round's function of b, c, d, then the rotation. Four
+    // loops of 16 rather than one of 64 with a match: no branch per step.
+    macro_rules! step {
+        ($i:expr, $f:expr, $g:expr) => {{
+            let sum = a.wrapping_add($f).wrapping_add(SINES[$i]).wrapping_add(m[$g]);
+            a = d;
+            d = c;
+            c = b;
+            b = b.wrapping_add(sum.rotate_left(SHIFTS[$i]));
+        }};
+    }
+    for i in 0..16 {
+        step!(i, (b & c) | (!b & d), i);
+    }
+    for i in 16..32 {
+        step!(i, (d & b) | (!d & c), (5 * i + 1) % 16);
+    }
+    for i in 32..48 {
+        step!(i, b ^ c ^ d, (3 * i + 5) % 16);
+    }
+    for i in 48..64 {
+        step!(i, c ^ (b | !d), (7 * i) % 16);
     }
     for (s, v) in state.iter_mut().zip([a, b, c, d]) {
         *s = s.wrapping_add(v);
