@@ -43,3 +43,47 @@ impl Store {
         Prefix { complete: complete as u32, ranks }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::StoreConfig;
+    use super::*;
+
+    fn key(i: u32) -> String {
+        format!("{:032x}", 0x1000 + i)
+    }
+
+    /// Allocates and confirms `keys` on `rank`.
+    fn store_on(s: &Store, rank: i64, keys: &[String]) {
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut pages = Vec::new();
+        s.allocate(rank, &refs, &mut pages).unwrap();
+        let pairs: Vec<(&str, i64)> = pages.iter().map(|&(i, p)| (refs[i], p)).collect();
+        s.confirm(rank, &pairs, &[]).unwrap();
+    }
+
+    #[test]
+    fn counts_the_complete_run_and_each_ranks_own_run() {
+        let s = Store::new(StoreConfig { world_size: Some(2), ..StoreConfig::default() });
+        s.initialize(0, 16).unwrap();
+        s.initialize(1, 16).unwrap();
+        let keys: Vec<String> = (0..5).map(key).collect();
+        let refs: Vec<KeyRef<'_>> = keys.iter().map(|k| KeyRef::parse(k)).collect();
+        assert_eq!(s.prefix_keys(&refs), Prefix { complete: 0, ranks: vec![0, 0] });
+        // Rank 0 all five; rank 1 all but the third.
+        store_on(&s, 0, &keys);
+        store_on(&s, 1, &[keys[0].clone(), keys[1].clone(), keys[3].clone(), keys[4].clone()]);
+        assert_eq!(s.prefix_keys(&refs), Prefix { complete: 2, ranks: vec![5, 2] });
+        // batch_exists's leading run of true is the same count.
+        let mut flags = Vec::new();
+        s.exists_keys(&refs, &mut flags);
+        assert_eq!(flags.iter().take_while(|&&f| f).count(), 2);
+        // A key missing first: nothing loads.
+        let other = key(99);
+        let head = [KeyRef::parse(&other), refs[0]];
+        assert_eq!(s.prefix_keys(&head), Prefix { complete: 0, ranks: vec![0, 0] });
+        assert_eq!(s.prefix_keys(&[]), Prefix { complete: 0, ranks: vec![0, 0] });
+        store_on(&s, 1, &keys[2..3]);
+        assert_eq!(s.prefix_keys(&refs), Prefix { complete: 5, ranks: vec![5, 5] });
+    }
+}
