@@ -13,7 +13,7 @@
 use crate::call::Call;
 use crate::chain;
 use crate::core::{Digest, KeyRef, Suffix};
-use crate::decode::{DecodeError, Input, PrefixChain, PrefixDialect};
+use crate::decode::{DecodeError, PrefixChain, PrefixDialect};
 use crate::encode;
 use crate::reply::Reply;
 use hyper::StatusCode;
@@ -33,7 +33,7 @@ fn split_keys<'a>(keys: &[KeyRef<'a>]) -> Result<Vec<KeyRef<'a>>, DecodeError> {
 
 /// `POST /keys/longest_prefix`.
 pub(crate) fn longest_prefix(mut c: Call<'_>) -> Result<Reply, Reply> {
-    let (s, body) = (c.scratch, c.body.bytes_mut());
+    let (s, body) = (c.scratch, &mut c.body);
     let req = s.decoder.longest_prefix(body, c.limits)?;
     let split = matches!(req.dialect, PrefixDialect::Sglang { split: true, .. });
     // The chain as the keys the engine stores, and how many keys make a block.

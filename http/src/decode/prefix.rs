@@ -2,7 +2,7 @@
 //! or the token ids the server turns into the engine's key chain.
 
 use super::tape::{fields, int_field, int_of, lookups, Items};
-use super::{DecodeError, Decoder, Limits, MAX_NAMESPACE_LEN};
+use super::{fast, DecodeError, Decoder, Input, Limits, MAX_NAMESPACE_LEN};
 use crate::core::{KeyRef, DEFAULT_NAMESPACE};
 use simd_json::{Node, StaticNode};
 
@@ -101,8 +101,20 @@ impl Decoder {
     /// # Errors
     ///
     /// The [`DecodeError`] whose text is the 400 answer's `detail`.
-    pub fn longest_prefix<'a>(&mut self, body: &'a mut [u8], limits: Limits) -> Result<PrefixBody<'a>, DecodeError> {
-        self.parse(body, |tape| {
+    pub fn longest_prefix<'a, B: Input + ?Sized>(
+        &mut self,
+        body: &'a mut B,
+        limits: Limits,
+    ) -> Result<PrefixBody<'a>, DecodeError> {
+        // A chain of keys and nothing else: the fast path's scan, as
+        // batch_exists's (on that shape the tape walk answers the same).
+        if self.scan(body.bytes(), &fast::PREFIX_KEYS, limits).is_some() {
+            let body: &'a B = body;
+            return self.scratch.finish(body.bytes(), |b| {
+                Some(PrefixBody { chain: PrefixChain::Keys(b.lookups()?), dialect: PrefixDialect::Vllm })
+            });
+        }
+        self.parse(B::bytes_mut(body), |tape| {
             let [keys, tokens, block_size, dialect, ns, world, extra_key, cache_salt, split] = fields(
                 tape,
                 [
