@@ -41,7 +41,7 @@
 #                     10^6; the baseline is made with the default)
 # Routes: bare vllm_exists vllm_locations vllm_allocate vllm_confirm
 #   vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm
-#   vllm_prefix sglang_prefix, and on demand vllm_prefix_keys
+#   vllm_prefix_keys vllm_prefix, and on demand sglang_prefix
 #   (vllm_release: a confirm_write that only frees 128 bound pages;
 #   the prefix routes: /keys/longest_prefix of a 128-block chain, as token
 #   ids of blocks of 16 hashed by the server, or as its 128 keys)
@@ -52,7 +52,7 @@ shopt -s inherit_errexit
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
-ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm vllm_prefix sglang_prefix"
+ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm vllm_prefix_keys vllm_prefix"
 WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/http/instructions.baseline TOLERANCE=3 STORED=128
 while [[ $# -gt 0 ]]; do
   case "$1" in
