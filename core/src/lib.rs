@@ -34,7 +34,7 @@ mod zeroed;
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
 pub use index::IndexFloor;
 pub use journal::{Change, Journal};
-pub use key::{Key, KeyRef};
+pub use key::{Digest, Key, KeyRef, Suffix};
 pub use lease::{Clock, LeaseLength, MAX_LEASE, TICKS_PER_SECOND};
 pub use registry::{Dialect, Labels, RankPages, Registry, SpaceLabel, SpaceReport};
 pub use release::Release;
@@ -43,7 +43,7 @@ pub use spaces::{
 };
 pub use store::{
     AllocSlot, AllocateOutcome, ConfirmOutcome, DeleteOutcome, EvictReason, EvictStats, Footprint, Freed, Initialized,
-    LeaseStats, MaintainReport, PageRead, PageSource, RankLeases, RankStats, ReadPagesError, Replay, Stats, Store,
-    StoreConfig, Visit, TICKS_PER_TTL,
+    LeaseStats, MaintainReport, PageRead, PageSource, Prefix, RankLeases, RankStats, ReadPagesError, Replay, Stats,
+    Store, StoreConfig, Visit, TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;

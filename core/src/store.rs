@@ -32,6 +32,7 @@ mod allocate;
 mod confirm;
 mod delete;
 mod evict;
+mod prefix;
 mod replay;
 mod snapshot;
 
@@ -40,6 +41,7 @@ pub use allocate::AllocSlot;
 use arc_swap::ArcSwap;
 pub use delete::DeleteOutcome;
 pub use evict::{EvictReason, EvictStats, MaintainReport};
+pub use prefix::Prefix;
 pub use replay::{Freed, Replay};
 pub use snapshot::{PageRead, PageSource, ReadPagesError, Visit};
 use std::sync::Arc;

@@ -230,6 +230,24 @@ pub fn exists(out: &mut Vec<u8>, exists: &[bool]) {
     out.extend_from_slice(b"]}");
 }
 
+/// Appends a longest-prefix answer, `{"length":n,"blocks":b,"ranks":[...]}`
+/// (docs/api.md, "Longest prefix").
+pub fn longest_prefix(out: &mut Vec<u8>, length: u32, blocks: usize, ranks: &[u32]) {
+    out.reserve(40 + ranks.len() * 4);
+    out.extend_from_slice(br#"{"length":"#);
+    int(out, i64::from(length));
+    out.extend_from_slice(br#","blocks":"#);
+    int(out, blocks as i64);
+    out.extend_from_slice(br#","ranks":["#);
+    for (i, &r) in ranks.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        int(out, i64::from(r));
+    }
+    out.extend_from_slice(b"]}");
+}
+
 /// Appends a get-locations answer, `{"locations":[5,null,...]}`, where `None`
 /// (the key is not complete) is written as `null`.
 pub fn locations(out: &mut Vec<u8>, locs: &[Option<u32>]) {

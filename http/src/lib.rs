@@ -10,8 +10,10 @@
 //!   gate, authorization, body, admission, handler, durable wait, seal,
 //!   metrics (its module docs list the stages, and where the next ones go);
 //! - [`routes`]: the table of routes, each row naming its handler;
-//! - `vllm`, `sglang`, `ops`: the handlers of vLLM's routes, SGLang's, and
-//!   the server's own (`/metrics`, `/health`, `/stats`, `/openapi.json`);
+//! - `vllm`, `sglang`, `prefix`, `ops`: the handlers of vLLM's routes,
+//!   SGLang's, the longest-prefix query both dialects share (its key
+//!   chains in [`chain`]), and the server's own (`/metrics`, `/health`,
+//!   `/stats`, `/openapi.json`);
 //!   peers that never import each other, each a function of one
 //!   [`call::Call`];
 //! - [`decode`] (zero-copy JSON request parsing with simd-json),
@@ -33,6 +35,7 @@
 //! core" (`cargo tree -p hf3fs-meta-http`).
 
 pub mod call;
+pub mod chain;
 pub mod decode;
 pub mod encode;
 pub mod gate;
@@ -40,6 +43,7 @@ pub mod hooks;
 pub mod listen;
 pub mod metrics;
 mod ops;
+mod prefix;
 pub mod reply;
 pub mod request;
 pub mod routes;

@@ -16,7 +16,7 @@
 
 use crate::call::{Handler, RankParam};
 use crate::core::Dialect;
-use crate::{ops, sglang, vllm};
+use crate::{ops, prefix, sglang, vllm};
 
 /// The HTTP methods the server routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +51,8 @@ pub enum Op {
     Exists,
     /// The pages of keys on a rank.
     Locations,
+    /// How long a chain of keys a load would find (both dialects).
+    Prefix,
     /// Forget everything (vLLM), or reset one space (SGLang).
     Clear,
     /// Forget some keys (SGLang).
@@ -129,10 +131,10 @@ const BASE: Spec = Spec {
 const SGLANG: Spec = Spec { dialect: Some(Dialect::Sglang), reads_body: true, ..BASE };
 
 /// Every route. Literal paths come before patterns that could match them.
-pub static ROUTES: [Spec; 18] = TABLE;
+pub static ROUTES: [Spec; 19] = TABLE;
 
 /// [`ROUTES`], as a constant that [`RANK_AT`] is computed from.
-const TABLE: [Spec; 18] = [
+const TABLE: [Spec; 19] = [
     Spec {
         path: "/keys/batch_allocate",
         op: Op::Allocate,
@@ -167,6 +169,17 @@ const TABLE: [Spec; 18] = [
         op: Op::Locations,
         handler: vllm::locations,
         label: "get_locations",
+        reads_body: true,
+        keyed: true,
+        ..BASE
+    },
+    // Both dialects' query (the body's `dialect`), under vLLM's `/keys/`
+    // prefix, which no SGLang `{rank}` matches; gated as a data route.
+    Spec {
+        path: "/keys/longest_prefix",
+        op: Op::Prefix,
+        handler: prefix::longest_prefix,
+        label: "longest_prefix",
         reads_body: true,
         keyed: true,
         ..BASE
@@ -417,6 +430,8 @@ mod tests {
         assert_eq!(dialect(find(Post, "/0/confirm_write")), Some(Dialect::Sglang));
         assert_eq!(dialect(find(Post, "/clear")), Some(Dialect::Vllm));
         assert_eq!(dialect(find(Post, "/0/clear")), Some(Dialect::Sglang));
+        assert_eq!(op(find(Post, "/keys/longest_prefix")), Some((Op::Prefix, RankParam::None)));
+        assert_eq!(find(Get, "/keys/longest_prefix"), Found::MethodNotAllowed(Post));
         assert_eq!(find(Post, "/rank/exists"), Found::NotFound);
         assert_eq!(find(Post, "/keys/clear"), Found::NotFound);
         assert_eq!(find(Get, "/0/exists"), Found::MethodNotAllowed(Post));

@@ -4,7 +4,7 @@
 //! handler in its [`crate::call::Call`]).
 
 use super::decode::Decoder;
-use crate::core::AllocSlot;
+use crate::core::{AllocSlot, KeyRef};
 
 /// The buffers one handler call may use; each handler clears what it fills.
 #[derive(Default)]
@@ -19,4 +19,8 @@ pub struct Scratch {
     pub locations: Vec<Option<u32>>,
     /// SGLang's reserve answer.
     pub slots: Vec<AllocSlot>,
+    /// A longest-prefix query's key chain, computed from token ids.
+    pub chain: Vec<KeyRef<'static>>,
+    /// The bytes one block of that chain hashes.
+    pub text: Vec<u8>,
 }

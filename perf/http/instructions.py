@@ -2,7 +2,7 @@
 """The client of perf/http/instructions.sh: exactly N requests of one route over
 one keep-alive connection, with the same bytes every run.
 
-    instructions.py --port PORT --route ROUTE --requests N
+    instructions.py --port PORT --route ROUTE --requests N [--stored S]
 
 Before the N measured requests it prepares the route's state on the same
 connection, identically whatever N is (so that the difference of two runs,
@@ -16,6 +16,16 @@ N = 100 and N = 600, holds the measured requests only):
 - the release route (vLLM's confirm_write with only `pages_to_release`, as
   a worker frees the pages of a batch it no longer keeps) also confirms
   those batches, so that request i frees batch i's 128 bound pages.
+
+- the longest-prefix routes store the 128 keys of a prompt's chain (the
+  engine's chain of PROMPT_TOKENS token ids in blocks of BLOCK_SIZE):
+  `vllm_prefix` asks `/keys/longest_prefix` with the token ids (the server
+  hashes the chain), `vllm_prefix_keys` with the 128 keys, `sglang_prefix`
+  with SGLang's token ids; the lookup routes store that same chain when
+  --stored is given, so that both sides ask about the same keys;
+- with --stored S above 128, S - 128 more keys are stored first, in
+  batches of FILL_BATCH (the index then holds S keys; the rank has S + 2^20
+  pages).
 
 Request i of the new-key routes carries batch i's 128 keys, never seen
 before. Every answer is checked (status, and for lookups every key found),
@@ -33,6 +43,10 @@ import sys
 KEYS = 128
 PAGES = 1 << 20
 MAX_REQUESTS = 600
+BLOCK_SIZE = 16
+PROMPT_TOKENS = [(7919 * i) % 151_000 for i in range(KEYS * BLOCK_SIZE)]
+FILL_BATCH = 8192
+PREFIX_ROUTES = ("vllm_prefix", "vllm_prefix_keys", "sglang_prefix")
 
 
 def md5(text):
@@ -41,6 +55,25 @@ def md5(text):
 
 def sha(text):
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def vllm_chain(tokens):
+    """vLLM's hf3fs key chain of the full blocks (docs/api.md, "The key chains")."""
+    out, prev = [], ""
+    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
+        prev = md5(f"{prev}_{tokens[start:start + BLOCK_SIZE]}")
+        out.append(prev)
+    return out
+
+
+def sglang_chain(tokens):
+    """SGLang's storage key chain of the full pages (ids below 2^32)."""
+    out, prev = [], b""
+    for start in range(0, len(tokens) - BLOCK_SIZE + 1, BLOCK_SIZE):
+        block = b"".join(t.to_bytes(4, "little") for t in tokens[start:start + BLOCK_SIZE])
+        prev = hashlib.sha256(prev + block).digest()
+        out.append(prev.hex())
+    return out
 
 
 def dumps(value):
@@ -100,8 +133,11 @@ class Vllm:
     def __init__(self, conn):
         self.c = conn
 
-    def setup(self, stored):
-        expect("initialize", *self.c.post("/rank/0/initialize", dumps({"num_pages": PAGES, "role": "worker"})))
+    def setup(self, stored, fill=()):
+        pages = PAGES + len(fill)
+        expect("initialize", *self.c.post("/rank/0/initialize", dumps({"num_pages": pages, "role": "worker"})))
+        for i in range(0, len(fill), FILL_BATCH):
+            self.confirm(self.allocate(fill[i : i + FILL_BATCH]))
         self.confirm(self.allocate(stored))
 
     def allocate(self, keys):
@@ -126,8 +162,10 @@ class Sglang:
     def __init__(self, conn):
         self.c = conn
 
-    def setup(self, stored):
-        expect("initialize", *self.c.post("/0/initialize", dumps({"num_pages": PAGES})), 204)
+    def setup(self, stored, fill=()):
+        expect("initialize", *self.c.post("/0/initialize", dumps({"num_pages": PAGES + len(fill)})), 204)
+        for i in range(0, len(fill), FILL_BATCH):
+            self.confirm(self.allocate(fill[i : i + FILL_BATCH]))
         self.confirm(self.allocate(stored))
 
     def allocate(self, keys):
@@ -151,18 +189,33 @@ def sglang_new(i):
     return [sha(f"new-{i}-{j}") for j in range(KEYS)]
 
 
-def run(route, conn, n):
+def run(route, conn, n, stored=KEYS):
     """Prepares `route`'s state, then sends its n measured requests."""
-    vllm_stored = [md5(f"stored-{j}") for j in range(KEYS)]
-    sglang_stored = [sha(f"stored-{j}") for j in range(KEYS)]
+    if route in PREFIX_ROUTES or stored > KEYS:
+        vllm_stored, sglang_stored = vllm_chain(PROMPT_TOKENS), sglang_chain(PROMPT_TOKENS)
+    else:
+        vllm_stored = [md5(f"stored-{j}") for j in range(KEYS)]
+        sglang_stored = [sha(f"stored-{j}") for j in range(KEYS)]
     if route == "bare":
         body = dumps({"keys": vllm_stored})
         for _ in range(n):
             expect("bare", *conn.post("/keys/batch_exists", body))
         return
     dialect, keys, new = (Vllm(conn), vllm_stored, vllm_new) if route.startswith("vllm") else (Sglang(conn), sglang_stored, sglang_new)
-    dialect.setup(keys)
-    if route in ("vllm_exists", "sglang_exists"):
+    fill = [(md5 if route.startswith("vllm") else sha)(f"fill-{j}") for j in range(max(0, stored - KEYS))]
+    dialect.setup(keys, fill)
+    if route in PREFIX_ROUTES:
+        if route == "vllm_prefix_keys":
+            body = dumps({"keys": keys})
+        else:
+            query = {"token_ids": PROMPT_TOKENS, "block_size": BLOCK_SIZE}
+            body = dumps(query if route == "vllm_prefix" else {"dialect": "sglang", **query})
+        want = {"length": KEYS, "blocks": KEYS, "ranks": [KEYS]}
+        for _ in range(n):
+            got = expect(route, *conn.post("/keys/longest_prefix", body))
+            if got != want:
+                raise SystemExit(f"instructions.py: {route} answered {got}, not {want}")
+    elif route in ("vllm_exists", "sglang_exists"):
         path = "/keys/batch_exists" if route == "vllm_exists" else "/0/exists"
         body = dumps({"keys": keys})
         for _ in range(n):
@@ -201,10 +254,11 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--route", required=True)
     ap.add_argument("--requests", type=int, required=True)
+    ap.add_argument("--stored", type=int, default=KEYS, help="keys in the index (at least 128)")
     a = ap.parse_args()
     if not 0 <= a.requests <= MAX_REQUESTS:
         sys.exit(f"instructions.py: --requests must be 0..{MAX_REQUESTS}")
-    run(a.route, Conn(a.port), a.requests)
+    run(a.route, Conn(a.port), a.requests, max(KEYS, a.stored))
 
 
 if __name__ == "__main__":

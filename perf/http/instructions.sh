@@ -22,7 +22,7 @@
 #
 # Usage: perf/http/instructions.sh [--check | --write-baseline] [--routes "R ..."]
 #          [--profile ci] [--bin PATH] [--ceiling PATH] [--counts "100 600"]
-#          [--functions N] [--baseline FILE] [--tolerance PCT]
+#          [--functions N] [--baseline FILE] [--tolerance PCT] [--stored N]
 #   --check           fail (exit 1) when a route costs more than --tolerance
 #                     above perf/http/instructions.baseline (rebaseline on purpose,
 #                     in the commit that explains the change: --write-baseline)
@@ -35,9 +35,16 @@
 #                     requests (where a request's instructions go)
 #   --bin/--ceiling   binaries to measure instead of building them
 #   --keep DIR        copy the callgrind outputs (ROUTE-COUNT.cg) into DIR
+#   --stored N        keys in the index before the measured requests (default
+#                     128, the queried ones; more are stored in batches of
+#                     8192 first, which under callgrind takes minutes per
+#                     10^6; the baseline is made with the default)
 # Routes: bare vllm_exists vllm_locations vllm_allocate vllm_confirm
 #   vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm
-#   (vllm_release: a confirm_write that only frees 128 bound pages)
+#   vllm_prefix_keys vllm_prefix, and on demand sglang_prefix
+#   (vllm_release: a confirm_write that only frees 128 bound pages;
+#   the prefix routes: /keys/longest_prefix of a 128-block chain, as token
+#   ids of blocks of 16 hashed by the server, or as its 128 keys)
 # Needs valgrind (installed with apt-get when missing and running as root),
 # python3 and cargo. Loopback only; every server run is bounded by a timeout.
 set -euo pipefail
@@ -45,8 +52,8 @@ shopt -s inherit_errexit
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
-ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm"
-WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/http/instructions.baseline TOLERANCE=3
+ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm vllm_prefix_keys vllm_prefix"
+WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/http/instructions.baseline TOLERANCE=3 STORED=128
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --check) MODE=check ;;
@@ -60,6 +67,7 @@ while [[ $# -gt 0 ]]; do
     --baseline) BASELINE="$2"; shift ;;
     --keep) KEEP="$2"; shift ;;
     --tolerance) TOLERANCE="$2"; shift ;;
+    --stored) STORED="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "instructions.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -100,7 +108,7 @@ measure() {
   else
     set -- "$BIN" --host 127.0.0.1 --port "$port" --workers "$WORKERS" --log-level warn
   fi
-  timeout 600 valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >"$OUT/server.log" 2>&1 &
+  timeout $((STORED > 128 ? 3600 : 600)) valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >"$OUT/server.log" 2>&1 &
   VPID=$!
   local ready=""
   for _ in $(seq 600); do
@@ -111,7 +119,7 @@ measure() {
     sleep 0.1
   done
   [ -n "$ready" ] || { echo "instructions.sh: the server did not start:" >&2; cat "$OUT/server.log" >&2; exit 1; }
-  python3 perf/http/instructions.py --port "$port" --route "$route" --requests "$n"
+  python3 perf/http/instructions.py --port "$port" --route "$route" --requests "$n" --stored "$STORED"
   kill -TERM "$VPID"
   wait "$VPID" || true
   VPID=""
@@ -126,9 +134,9 @@ for route in $ROUTES; do
   echo "$route $low $high" >>"$OUT/counts"
 done
 
-python3 - "$OUT/counts" "$LOW" "$HIGH" "$MODE" "$BASELINE" "$FUNCTIONS" "$PROFILE" "$TOLERANCE" <<'PY'
+python3 - "$OUT/counts" "$LOW" "$HIGH" "$MODE" "$BASELINE" "$FUNCTIONS" "$PROFILE" "$TOLERANCE" "$STORED" <<'PY'
 import re, subprocess, sys
-counts, low, high, mode, baseline_path, functions, profile, tolerance = sys.argv[1:]
+counts, low, high, mode, baseline_path, functions, profile, tolerance, stored = sys.argv[1:]
 tolerance = float(tolerance)
 n = int(high) - int(low)
 
@@ -163,7 +171,7 @@ except FileNotFoundError:
     pass
 
 bare = per.get("bare", (None,))[0]
-print(f"Instructions per request ({profile} profile; ({high} - {low} requests) / {n}, 128 keys):\n")
+print(f"Instructions per request ({profile} profile; ({high} - {low} requests) / {n}, 128 keys, {int(stored):,} stored):\n")
 print("| route | instructions | × bare | baseline | change |")
 print("|---|---:|---:|---:|---:|")
 failed = []

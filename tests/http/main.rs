@@ -5,6 +5,7 @@
 //! - [`contract`]: vLLM's routes, one case a line.
 //! - [`sglang`]: SGLang HiCache's routes.
 //! - [`malformed`]: bad input, byte for byte: a clear 4xx and no change.
+//! - [`prefix`]: `/keys/longest_prefix`, both dialects, and its bad bodies.
 //! - [`ops`]: `/health`, `/stats`, `/metrics`, the OpenAPI document.
 //! - [`eviction`]: eviction and read leases over HTTP.
 //! - [`stats_metrics`]: `/stats` and `/metrics` agree on every page count.
@@ -20,5 +21,6 @@ mod eviction;
 mod fuzz_corpus;
 mod malformed;
 mod ops;
+mod prefix;
 mod sglang;
 mod stats_metrics;

@@ -30,7 +30,9 @@ any skip, so `cargo test` needs the network or a filled cache either way.
 from __future__ import annotations
 
 import abc
+import ast
 import enum
+import importlib.machinery
 import fcntl
 import hashlib
 import importlib.util
@@ -44,6 +46,7 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, List, Optional
 
 import pytest
 
@@ -189,15 +192,17 @@ def fetch(wheel: PinnedWheel) -> Path:
     return path
 
 
-def extract(wheel: PinnedWheel, into: Path) -> Path:
-    """Reads the wheel's one module into `into`; returns the file."""
+def extract(wheel: PinnedWheel, into: Path, member: str | None = None) -> Path:
+    """Reads one file of the wheel (its client module by default) into
+    `into`; returns the file."""
+    member = member or wheel.module
     src = fetch(wheel)
     with zipfile.ZipFile(src) as z:
         try:
-            text = z.read(wheel.module)
+            text = z.read(member)
         except KeyError:
-            pytest.fail(f"{wheel.filename} has no {wheel.module}; the client moved?")
-    dest = into / f"{wheel.project}_{Path(wheel.module).name}"
+            pytest.fail(f"{wheel.filename} has no {member}; the code moved?")
+    dest = into / f"{wheel.project}_{Path(member).name}"
     dest.write_bytes(text)
     return dest
 
@@ -270,3 +275,136 @@ def load_sglang_client(tmp: Path) -> types.ModuleType:
                 sys.modules[name] = old
     assert module.PoolName is PoolName
     return module
+
+
+# --------------------------------------------------------------------------
+# The engines' key functions (tests/python/test_longest_prefix.py).
+#
+# The modules that hold them import the whole engine (torch, the model
+# config), so only the functions are taken: `_functions` parses the file
+# out of the wheel with `ast` and compiles the named definitions, as
+# written there, in a namespace that holds the few names they use.
+# SGLang's hash is C++ (pybind11 over OpenSSL's SHA-256) that the engine
+# compiles on first use; `load_sglang_hashes` compiles the wheel's own
+# source the same way, with g++, pybind11's headers (requirements.txt),
+# OpenSSL's (libssl-dev) and Python's (.ci/run installs the three).
+# --------------------------------------------------------------------------
+
+VLLM_CONNECTOR = "vllm/distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_connector.py"
+SGLANG_HASH_CPP = "sglang/srt/mem_cache/cpp_utils/hash_binding.cpp"
+SGLANG_NATIVE_HASH = "sglang/srt/mem_cache/cpp_utils/native_hash.py"
+SGLANG_CACHE_UTILS = "sglang/srt/mem_cache/utils.py"
+SGLANG_STORAGE = "sglang/srt/mem_cache/storage/hf3fs/storage_hf3fs.py"
+# g++ must finish within this (the binding compiles in 10-30 s).
+COMPILE_DEADLINE_S = 300
+
+
+def _functions(path: Path, names: list[str], namespace: dict[str, Any], cls: str | None = None) -> dict[str, Callable]:
+    """The definitions `names` of `path` (top-level, or methods of class
+    `cls`), compiled from the file's own source in `namespace`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    body = tree.body
+    if cls is not None:
+        found = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls]
+        if not found:
+            pytest.fail(f"{path.name} has no class {cls}; the code moved?")
+        body = found[0].body
+    defs = [n for n in body if isinstance(n, ast.FunctionDef) and n.name in names]
+    missing = set(names) - {d.name for d in defs}
+    if missing:
+        pytest.fail(f"{path.name}{'.' + cls if cls else ''} has no {sorted(missing)}; the code moved?")
+    code = compile(ast.Module(body=defs, type_ignores=[]), str(path), "exec")
+    exec(code, namespace)  # the wheel's own definitions
+    return {name: namespace[name] for name in names}
+
+
+def load_vllm_key_chain(tmp: Path) -> Callable[[list[int], int], list[str]]:
+    """vLLM's key chain of a prompt: ``HF3FSKVConnector._generate_block_hashes``
+    (which calls ``_compute_prefix_hash``) and ``_align_to_block_size``, on a
+    stand-in connector that has only the ``_block_size`` they read. Returns
+    ``chain(token_ids, block_size)`` and, as ``chain.align``, the
+    connector's alignment of a token count to whole blocks."""
+    path = extract(VLLM, tmp, VLLM_CONNECTOR)
+    names = ["_generate_block_hashes", "_compute_prefix_hash", "_align_to_block_size"]
+    methods = _functions(path, names, {"hashlib": hashlib, "Optional": Optional}, cls="HF3FSKVConnector")
+    connector = type("Connector", (), methods)
+
+    def of(block_size: int):
+        c = connector()
+        c._block_size = block_size
+        return c
+
+    def chain(token_ids: list[int], block_size: int) -> list[str]:
+        return of(block_size)._generate_block_hashes(token_ids, 0)
+
+    chain.align = lambda num_tokens, block_size: of(block_size)._align_to_block_size(num_tokens)
+    return chain
+
+
+def _compile_sglang_hash(cpp: Path, into: Path) -> types.ModuleType:
+    """The wheel's hash_binding.cpp built as the extension the engine builds
+    (``hicache_hash_cpp``), and imported."""
+    import sysconfig
+
+    try:
+        import pybind11
+    except ImportError:
+        pytest.fail("pybind11 is not installed (tests/python/requirements.txt)")
+    name = "hicache_hash_cpp"
+    out = into / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+    cmd = [
+        os.environ.get("CXX", "g++"), "-O2", "-std=c++17", "-shared", "-fPIC", "-w",
+        f"-DTORCH_EXTENSION_NAME={name}",
+        f"-I{pybind11.get_include()}", f"-I{sysconfig.get_paths()['include']}",
+        str(cpp), "-o", str(out), "-lcrypto",
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_DEADLINE_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        pytest.fail(f"cannot compile SGLang's {SGLANG_HASH_CPP} ({' '.join(cmd)}): {e}")
+    if proc.returncode != 0:
+        pytest.fail(
+            f"cannot compile SGLang's {SGLANG_HASH_CPP}: it needs g++, libssl-dev and Python's headers\n"
+            f"{' '.join(cmd)}\n{proc.stderr[-4000:]}"
+        )
+    loader = importlib.machinery.ExtensionFileLoader(name, str(out))
+    spec = importlib.util.spec_from_file_location(name, out, loader=loader)
+    assert spec is not None, out
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def load_sglang_hashes(tmp: Path) -> types.SimpleNamespace:
+    """SGLang's storage key chain: ``get_storage_hash_str``,
+    ``get_hash_str`` and ``storage_namespace_seed`` of
+    ``sglang/srt/mem_cache/utils.py`` over ``native_hash.py``'s
+    ``get_native_hash`` and the compiled binding; and the HF3FS backend's
+    ``batch_exists`` (``HiCacheHF3FS``, with ``_get_mha_zero_copy_keys``)
+    as ``batch_exists(client, rank, keys, mha_zero_copy)``."""
+    ext = _compile_sglang_hash(extract(SGLANG, tmp, SGLANG_HASH_CPP), tmp)
+    native = _load(extract(SGLANG, tmp, SGLANG_NATIVE_HASH), "engine_sglang_native_hash")
+    # The engine's loader builds the extension with torch's cpp_extension;
+    # the same source, built above, stands in for its result.
+    native._load_native_hash_module = lambda: ext
+    ns: dict[str, Any] = {
+        "hashlib": hashlib, "Any": Any, "List": List, "Optional": Optional,
+        "get_native_hash": native.get_native_hash,
+    }  # fmt: skip
+    fns = _functions(
+        extract(SGLANG, tmp, SGLANG_CACHE_UTILS), ["get_hash_str", "storage_namespace_seed", "get_storage_hash_str"], ns
+    )
+    backend = _functions(
+        extract(SGLANG, tmp, SGLANG_STORAGE),
+        ["batch_exists", "_get_mha_zero_copy_keys"],
+        {"List": List, "Optional": Optional, "HiCacheStorageExtraInfo": object},
+        cls="HiCacheHF3FS",
+    )
+    storage = type("Backend", (), backend)
+
+    def batch_exists(client, rank: int, keys: list[str], mha_zero_copy: bool = False) -> int:
+        b = storage()
+        b.metadata_client, b.rank, b.mha_zero_copy = client, rank, mha_zero_copy
+        return b.batch_exists(keys)
+
+    return types.SimpleNamespace(**fns, batch_exists=batch_exists)

@@ -27,7 +27,7 @@ thread_local! {
 
 /// Every route with a fast path, its answer rendered as text (with its
 /// keys' classes, where it classifies them).
-fn answers(d: &mut Decoder, body: &[u8], l: Limits) -> [String; 8] {
+fn answers(d: &mut Decoder, body: &[u8], l: Limits) -> [String; ROUTES.len()] {
     ROUTES.map(|(_, decode)| decode(d, &mut body.to_vec(), l))
 }
 

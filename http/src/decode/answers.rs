@@ -4,7 +4,7 @@
 //! and [`Decoder::tape_only`], the oracle. Built for tests only (the
 //! `testing` feature, or this crate's own tests).
 
-use super::{DecodeError, Decoder, ExistsBody, Limits, LocationsBody, SpaceLookupBody};
+use super::{DecodeError, Decoder, ExistsBody, Limits, LocationsBody, PrefixChain, SpaceLookupBody};
 use crate::core::KeyRef;
 use std::fmt::Debug;
 
@@ -12,7 +12,7 @@ use std::fmt::Debug;
 pub type Answer = fn(&mut Decoder, &mut [u8], Limits) -> String;
 
 /// Every route with a fast path: its name and its rendered decoder.
-pub const ROUTES: [(&str, Answer); 8] = [
+pub const ROUTES: [(&str, Answer); 9] = [
     ("exists", exists),
     ("locations", locations),
     ("allocate", |d, b, l| render(d.allocate(b, l).map(|x| (classes(&x.parsed), x)))),
@@ -21,6 +21,7 @@ pub const ROUTES: [(&str, Answer); 8] = [
     ("space_lookup", space_lookup),
     ("space_reserve", |d, b, l| render(d.space_reserve(b, l).map(|x| (classes(&x.keys), x)))),
     ("space_confirm", |d, b, l| render(d.space_confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))),
+    ("longest_prefix", |d, b, l| render(d.longest_prefix(b, l).map(|x| (chain_classes(&x.chain), x)))),
 ];
 
 /// A batch-exists body decoded as its handler decodes it: its 32-hex keys'
@@ -51,6 +52,14 @@ fn space_lookup(d: &mut Decoder, b: &mut [u8], l: Limits) -> String {
         return render(Ok((classes(&keys), SpaceLookupBody { keys, namespace })));
     }
     render(d.space_lookup(b, l).map(|x| (classes(&x.keys), x)))
+}
+
+/// The classes of a longest-prefix chain's keys (none for token ids).
+fn chain_classes(chain: &PrefixChain<'_>) -> String {
+    match chain {
+        PrefixChain::Keys(keys) => classes(keys),
+        PrefixChain::Tokens { .. } => String::new(),
+    }
 }
 
 /// The typed arguments' `Debug`, or `400` and the detail text.

@@ -121,6 +121,9 @@ pub(super) const CONFIRM: Spec = Spec {
     fields: &[(b"rank", Value::Int), (b"confirmations", Value::Confirmations), (b"pages_to_release", Value::Releases)],
     required: 0b1,
 };
+/// `longest_prefix` as a router sends a chain of keys: `{"keys": [...]}`
+/// alone (token ids, a dialect or any other field go to simd-json).
+pub(super) const PREFIX_KEYS: Spec = Spec { fields: &[(b"keys", Value::Lookup)], required: 0b1 };
 /// SGLang's `delete_keys`.
 pub(super) const SPACE_KEYS: Spec =
     Spec { fields: &[(b"keys", Value::Keys), (b"namespace", Value::Namespace)], required: 0b1 };

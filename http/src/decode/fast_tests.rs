@@ -25,6 +25,7 @@ fn spec(route: &str) -> &'static Spec {
         "space_lookup" => &fast::SPACE_LOOKUP,
         "space_reserve" => &fast::SPACE_RESERVE,
         "space_confirm" => &fast::SPACE_CONFIRM,
+        "longest_prefix" => &fast::PREFIX_KEYS,
         other => unreachable!("no fast path for {other}"),
     }
 }
@@ -83,6 +84,8 @@ fn client_bodies(n: usize) -> Vec<(&'static str, String)> {
             format!("{{\"keys\":[{}]}}", s.iter().map(|k| format!("[{k},null]")).collect::<Vec<_>>().join(",")),
         ),
         ("space_confirm", format!("{{\"written_keys_to_confirm\":[{}],\"pages_to_release\":[5]}}", conf.join(","))),
+        ("longest_prefix", format!("{{\"keys\": [{}]}}", v.join(", "))),
+        ("longest_prefix", format!("{{\"keys\":[{}]}}", s.join(","))),
     ]
 }
 
@@ -175,6 +178,11 @@ fn near_misses_fall_back() {
         ("space_keys", br#"{"keys":[],"namespace":null}"#),
         ("space_keys", br#"{"keys":[],"namespace":"a\u0062"}"#),
         ("space_confirm", br#"{"written_keys_to_confirm":[["a",1]],"written_keys_to_confirm":[]}"#),
+        ("longest_prefix", br#"{}"#),
+        ("longest_prefix", br#"{"keys":["a"],"dialect":"vllm"}"#),
+        ("longest_prefix", br#"{"keys":["a"],"block_size":4}"#),
+        ("longest_prefix", br#"{"token_ids":[1,2],"block_size":2}"#),
+        ("longest_prefix", br#"{"keys":["a","b","c","d","e"]}"#),
     ];
     let mut d = Decoder::default();
     for (route, body) in cases {

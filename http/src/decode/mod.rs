@@ -86,11 +86,13 @@ pub mod answers;
 mod fast;
 mod input;
 mod plain;
+mod prefix;
 mod sglang;
 mod tape;
 mod vllm;
 
 pub use input::{Body, Input};
+pub use prefix::{PrefixBody, PrefixChain, PrefixDialect, MAX_BLOCK_SIZE, MAX_PREFIX_WORLD};
 pub use sglang::{SpaceConfirmBody, SpaceInitBody, SpaceKeysBody, SpaceLookupBody};
 pub use vllm::{AllocateBody, ConfirmBody, ExistsBody, InitializeBody, LocationsBody, Role};
 
@@ -250,6 +252,19 @@ pub enum DecodeError {
         /// The field's name.
         field: &'static str,
     },
+    /// Longest prefix: a field that must be a boolean holds something else.
+    #[error("Invalid field '{field}': expected a boolean")]
+    ExpectedBool {
+        /// The field's name.
+        field: &'static str,
+    },
+    /// Longest prefix: with `split_kv`, a key of `keys` that is not a bare
+    /// 64-hex digest (its `-k` and `-v` keys are derived from it).
+    #[error("Invalid field 'keys': item {index} must be a 64-character lowercase hex digest with 'split_kv'")]
+    SplitKey {
+        /// Zero-based position in `keys`.
+        index: usize,
+    },
     /// SGLang: the namespace is longer than the limit.
     #[error("Invalid field 'namespace': {len} bytes > limit {limit}")]
     NamespaceTooLong {
@@ -286,6 +301,30 @@ pub enum DecodeError {
         count: usize,
         /// The limit in force.
         limit: usize,
+    },
+    /// Longest prefix: neither or both of `keys` and `token_ids`, or
+    /// `token_ids` without `block_size` (or `block_size` with `keys`).
+    #[error("Invalid request format: need 'keys', or 'token_ids' and 'block_size'")]
+    PrefixFormat,
+    /// Longest prefix: `dialect` is neither `"vllm"` nor `"sglang"`.
+    #[error("Invalid field 'dialect': expected \"vllm\" or \"sglang\"")]
+    UnknownDialect,
+    /// Longest prefix: an integer field outside its bounds.
+    #[error("Invalid field '{field}': must be an integer from {min} to {max}")]
+    OutOfBounds {
+        /// The field's name.
+        field: &'static str,
+        /// The smallest value accepted.
+        min: i64,
+        /// The largest value accepted.
+        max: i64,
+    },
+    /// Longest prefix: an item of `token_ids` is not an integer in `i64`
+    /// (for SGLang, not a non-negative one).
+    #[error("Invalid field 'token_ids': item {index} must be an integer (non-negative for SGLang)")]
+    TokenItem {
+        /// Zero-based position in `token_ids`.
+        index: usize,
     },
     /// A key is longer than [`Limits::max_key_len`] bytes.
     #[error("Key too long: item {index} has {len} bytes > limit {limit}")]
