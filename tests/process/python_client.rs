@@ -134,13 +134,15 @@ fn run_pytest(args: &[&str]) {
 const SGLANG_SUITE: &str = "tests/python/test_sglang_client.py";
 
 /// The engines' own clients (vLLM's and SGLang's `Hf3fsGlobalMetadataClient`,
-/// and both through the relay across a failover with real etcd),
+/// both through the relay across a failover with real etcd, and both with
+/// two tenants each at once),
 /// read out of their pinned wheels, which it downloads once into
 /// `${XDG_CACHE_HOME:-~/.cache}/hf3fs-meta/wheels`; see engine_wheels.py).
-const ENGINE_SUITES: [&str; 3] = [
+const ENGINE_SUITES: [&str; 4] = [
     "tests/python/test_engine_client_vllm.py",
     "tests/python/test_engine_client_sglang.py",
     "tests/python/test_engine_client_ha.py",
+    "tests/python/test_engine_client_tenants.py",
 ];
 
 #[test]
