@@ -342,3 +342,86 @@ fn a_server_without_tenants_answers_the_tenant_prefix_as_an_unknown_path() {
     assert_eq!(r.status, 404);
     assert_eq!(r.json(), json!({"detail": "Not Found"}));
 }
+
+/// One request over TLS to `addr`, verified against `ca`, presenting
+/// `leaf`: (status, body).
+fn tls_request(
+    addr: std::net::SocketAddr,
+    ca: &Path,
+    leaf: &testkit::pki::Leaf,
+    path: &str,
+    body: &str,
+) -> (u16, Value) {
+    use hf3fs_meta::tls::{load, Identity, PemFile};
+    use std::io::{Read, Write};
+    let id = Identity { cert: PemFile::new("cert", &leaf.cert), key: PemFile::new("key", &leaf.key) };
+    let cfg = load::client_config(&PemFile::new("ca", ca), Some(&id)).unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1".to_string()).unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(cfg), name).unwrap();
+    let sock = std::net::TcpStream::connect(addr).unwrap();
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let mut s = rustls::StreamOwned::new(conn, sock);
+    s.write_all(&testkit::request_bytes("POST", path, &[("Connection", "close")], body.as_bytes())).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or_else(|| panic!("no answer: {text:?}"));
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+#[test]
+fn a_client_certificate_selects_its_tenant_and_wins_over_the_path() {
+    use hf3fs_meta::App;
+    let pki = testkit::pki::Pki::new("tenants-ca");
+    let server_leaf = pki.leaf("server", &["127.0.0.1"]);
+    let engine_a = pki.leaf("engine-a", &["engine-a.example"]);
+    let other = pki.leaf("other", &["nobody.example"]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = tenants_file(dir.path(), "[tenants.a]\nidentities = [\"engine-a.example\"]\n[tenants.b]\n");
+    let (cert, key, ca) = (server_leaf.cert.display().to_string(), server_leaf.key.display().to_string(), pki.ca());
+    let cfg = config(&[
+        "--tenants",
+        file.to_str().unwrap(),
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-client-ca",
+        ca.to_str().unwrap(),
+    ]);
+    let tls = cfg.tls.server().unwrap();
+    let app = std::sync::Arc::new(App::open(cfg).unwrap());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let served = app.clone();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            hf3fs_meta::serve_with(served, listener, tls, None, async move {
+                let _ = stop_rx.await;
+            })
+            .await;
+        });
+    });
+    let addr = addr_rx.recv().unwrap();
+    let init = |pages: i64| json!({"num_pages": pages, "role": "worker"}).to_string();
+    // engine-a's certificate: the root routes are tenant a's.
+    assert_eq!(tls_request(addr, &ca, &engine_a, "/rank/0/initialize", &init(16)).0, 200);
+    // Its own prefix is fine; another tenant's is refused, whatever the path says.
+    assert_eq!(tls_request(addr, &ca, &engine_a, "/t/a/rank/1/initialize", &init(16)).0, 200);
+    let (status, body) = tls_request(addr, &ca, &engine_a, "/t/b/rank/0/initialize", &init(4));
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("tenant_mismatch")), "{body}");
+    // A certificate no tenant lists selects nothing: the path, else default.
+    assert_eq!(tls_request(addr, &ca, &other, "/rank/0/initialize", &init(8)).0, 200);
+    assert_eq!(tls_request(addr, &ca, &other, "/t/b/rank/0/initialize", &init(4)).0, 200);
+    let rt = app.tenants.as_ref().unwrap();
+    let size = |t: &str, r: u32| rt.tenants.current().get(t).unwrap().registry(&app.registry).vllm().rank_size(r);
+    assert_eq!((size("a", 0), size("a", 1)), (Some(16), Some(16)));
+    assert_eq!((size("b", 0), size("default", 0)), (Some(4), Some(8)));
+    stop_tx.send(()).unwrap();
+    thread.join().unwrap();
+    app.close().unwrap();
+}
