@@ -121,7 +121,7 @@ pub fn load(path: &Path) -> Result<TenantsFile, String> {
 
 /// Parses and validates a tenants file's text.
 pub fn parse(text: &str) -> Result<TenantsFile, String> {
-    let file: File = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+    let file: File = toml::from_str(text).map_err(|e| describe(text, &e))?;
     let mut tenants = file.tenants;
     let mut identities: BTreeMap<&str, &str> = BTreeMap::new();
     let mut listens: BTreeMap<SocketAddr, &str> = BTreeMap::new();
@@ -160,6 +160,22 @@ pub fn parse(text: &str) -> Result<TenantsFile, String> {
     }
     tenants.entry(t::DEFAULT.to_string()).or_default();
     Ok(TenantsFile { tenants })
+}
+
+/// A TOML error on one line: where, then what.
+fn describe(text: &str, e: &toml::de::Error) -> String {
+    let what = e.message().trim().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let start = before.rfind('\n').map_or(0, |i| i + 1);
+            let column = before.len() - start + 1;
+            let source = text[start..].lines().next().unwrap_or_default().trim();
+            format!("line {line}, column {column} (`{source}`): {what}")
+        }
+        None => what,
+    }
 }
 
 /// One tenant as served: what the HTTP layer sees, its durable stores and
@@ -518,7 +534,8 @@ mod tests {
             ),
             ("[tenants.a]\nmax_pages_per_rank = 0\n", "max_pages_per_rank must be"),
             ("[other]\n", "unknown field `other`"),
-            ("[tenants.a\n", "TOML parse error"),
+            ("[tenants.a\n", "line 1, column"),
+            ("[tenants.a]\nlisten = 7\n", "line 2, column 10 (`listen = 7`): invalid type"),
         ] {
             let e = parse(text).unwrap_err();
             assert!(e.contains(says), "{text:?}: {e}");

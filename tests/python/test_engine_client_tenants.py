@@ -18,34 +18,18 @@ and is SIGKILLed and started again: every tenant comes back as it was.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import requests
 
 import server_process
 from engine_wheels import PoolName
+from test_engine_client_sglang import keys_of as sglang_keys
+from test_engine_client_vllm import block_hashes
 
 WORLD = 2
 NUM_PAGES = 64
 TIMEOUT_S = 30.0
-
-
-def block_hashes(n: int, seed: str) -> list[str]:
-    """vLLM's chained md5 block keys: the same prompt, the same keys."""
-    out, prev = [], seed
-    for i in range(n):
-        prev = hashlib.md5(f"{prev}_{[i, i + 1, i + 2]}".encode()).hexdigest()
-        out.append(prev)
-    return out
-
-
-def sglang_keys(n: int, seed: str) -> list[str]:
-    out, prev = [], seed
-    for i in range(n):
-        prev = hashlib.sha256(f"{prev}:{i}".encode()).hexdigest()
-        out.append(prev)
-    return out
 
 
 class VllmDeployment:
