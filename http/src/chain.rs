@@ -22,10 +22,11 @@
 //! forms a key of the same text sent by a client parses to, without
 //! formatting the hex.
 //!
-//! MD5 is written out here (RFC 1321; no crate of the dependency tree has
-//! it); SHA-256 is ring's, which the TLS layer already builds.
+//! MD5 is RustCrypto's `md-5`; SHA-256 is ring's, which the TLS layer
+//! already builds.
 
 use crate::core::{Digest, KeyRef, Suffix};
+use md5::{Digest as _, Md5};
 use ring::digest::{Context, SHA256};
 
 /// The text a 32-hex key of all zeros parses to ([`KeyRef::parse`] keeps
@@ -145,83 +146,9 @@ fn digest32(ctx: Context) -> [u8; 32] {
     bytes
 }
 
-/// Per-round left rotations of MD5 (RFC 1321, section 3.4).
-const SHIFTS: [u32; 64] = [
-    7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 7, 12, 17, 22, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20, 5, 9, 14, 20,
-    4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 4, 11, 16, 23, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15, 21, 6, 10, 15,
-    21,
-];
-
-/// MD5's additive constants, `floor(abs(sin(i + 1)) * 2^32)`: the RFC's
-/// table.
-const SINES: [u32; 64] = [
-    0xd76aa478, 0xe8c7b756, 0x242070db, 0xc1bdceee, 0xf57c0faf, 0x4787c62a, 0xa8304613, 0xfd469501, 0x698098d8,
-    0x8b44f7af, 0xffff5bb1, 0x895cd7be, 0x6b901122, 0xfd987193, 0xa679438e, 0x49b40821, 0xf61e2562, 0xc040b340,
-    0x265e5a51, 0xe9b6c7aa, 0xd62f105d, 0x02441453, 0xd8a1e681, 0xe7d3fbc8, 0x21e1cde6, 0xc33707d6, 0xf4d50d87,
-    0x455a14ed, 0xa9e3e905, 0xfcefa3f8, 0x676f02d9, 0x8d2a4c8a, 0xfffa3942, 0x8771f681, 0x6d9d6122, 0xfde5380c,
-    0xa4beea44, 0x4bdecfa9, 0xf6bb4b60, 0xbebfbc70, 0x289b7ec6, 0xeaa127fa, 0xd4ef3085, 0x04881d05, 0xd9d4d039,
-    0xe6db99e5, 0x1fa27cf8, 0xc4ac5665, 0xf4292244, 0x432aff97, 0xab9423a7, 0xfc93a039, 0x655b59c3, 0x8f0ccc92,
-    0xffeff47d, 0x85845dd1, 0x6fa87e4f, 0xfe2ce6e0, 0xa3014314, 0x4e0811a1, 0xf7537e82, 0xbd3af235, 0x2ad7d2bb,
-    0xeb86d391,
-];
-
-/// One 64-byte block of MD5 into `state`.
-fn md5_block(state: &mut [u32; 4], block: &[u8]) {
-    let mut m = [0u32; 16];
-    for (w, c) in m.iter_mut().zip(block.chunks_exact(4)) {
-        *w = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-    }
-    let [mut a, mut b, mut c, mut d] = *state;
-    // One step: the round's function of b, c, d, then the rotation. Four
-    // loops of 16 rather than one of 64 with a match: no branch per step.
-    macro_rules! step {
-        ($i:expr, $f:expr, $g:expr) => {{
-            let sum = a.wrapping_add($f).wrapping_add(SINES[$i]).wrapping_add(m[$g]);
-            a = d;
-            d = c;
-            c = b;
-            b = b.wrapping_add(sum.rotate_left(SHIFTS[$i]));
-        }};
-    }
-    for i in 0..16 {
-        step!(i, (b & c) | (!b & d), i);
-    }
-    for i in 16..32 {
-        step!(i, (d & b) | (!d & c), (5 * i + 1) % 16);
-    }
-    for i in 32..48 {
-        step!(i, b ^ c ^ d, (3 * i + 5) % 16);
-    }
-    for i in 48..64 {
-        step!(i, c ^ (b | !d), (7 * i) % 16);
-    }
-    for (s, v) in state.iter_mut().zip([a, b, c, d]) {
-        *s = s.wrapping_add(v);
-    }
-}
-
-/// The MD5 digest of `data` (RFC 1321).
+/// The MD5 digest of `data` (RFC 1321), by RustCrypto's `md-5`.
 pub fn md5(data: &[u8]) -> [u8; 16] {
-    let mut state: [u32; 4] = [0x67452301, 0xefcdab89, 0x98badcfe, 0x10325476];
-    let mut blocks = data.chunks_exact(64);
-    for block in &mut blocks {
-        md5_block(&mut state, block);
-    }
-    // The tail, the 0x80 marker, zeros, and the bit length: one or two blocks.
-    let tail = blocks.remainder();
-    let mut last = [0u8; 128];
-    last[..tail.len()].copy_from_slice(tail);
-    last[tail.len()] = 0x80;
-    let end = if tail.len() < 56 { 64 } else { 128 };
-    last[end - 8..end].copy_from_slice(&((data.len() as u64).wrapping_mul(8)).to_le_bytes());
-    for block in last[..end].chunks_exact(64) {
-        md5_block(&mut state, block);
-    }
-    let mut out = [0u8; 16];
-    for (o, s) in out.chunks_exact_mut(4).zip(state) {
-        o.copy_from_slice(&s.to_le_bytes());
-    }
-    out
+    Md5::digest(data).into()
 }
 
 #[cfg(test)]
