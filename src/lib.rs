@@ -49,6 +49,8 @@ pub mod config;
 pub use hf3fs_meta_core as core;
 /// Durability, a crate of its own (`durable/`): see its docs.
 pub use hf3fs_meta_durable as durable;
+/// The KV-event publisher, a crate of its own (`events/`): see its docs.
+pub use hf3fs_meta_events as events;
 /// High availability, a crate of its own (`ha/`): see its docs.
 pub use hf3fs_meta_ha as ha;
 /// The HTTP layer, a crate of its own (`http/`): see its docs.
@@ -84,6 +86,9 @@ pub struct App {
     pub ha: Option<Arc<ha::Node>>,
     /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
     pub test_clock: Option<Arc<test_clock::TestClock>>,
+    /// The KV-event publisher's counters, with `--kv-events-endpoint`
+    /// (see [`App::with_events`]).
+    pub events: Option<Arc<events::Counters>>,
     /// What the HTTP layer serves.
     http: Arc<http::Service>,
 }
@@ -112,7 +117,7 @@ impl App {
         let mut service = http::Service::new(layers::http_settings(&cfg), registry);
         service.durable = durable.clone().map(|d| Arc::new(layers::Stores(d)) as Arc<dyn http::DurabilityHook>);
         service.test_clock = test_clock.clone().map(|c| c as Arc<dyn http::TestClockHook>);
-        Self { cfg, durable, ha: None, test_clock, http: Arc::new(service) }
+        Self { cfg, durable, ha: None, test_clock, events: None, http: Arc::new(service) }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that
@@ -151,6 +156,28 @@ impl App {
         service.gate = Some(Arc::new(layers::Gate(node.clone())) as Arc<dyn http::Serving>);
         self.ha = Some(node);
         self
+    }
+
+    /// Starts the KV-event publisher of `--kv-events-endpoint` (a no-op
+    /// without it) on the current runtime and attaches it to every page
+    /// space. Call it after [`App::with_ha`] (only a serving leader
+    /// publishes) and before the app is served.
+    pub async fn with_events(mut self) -> Result<Self, String> {
+        let Some(settings) = layers::event_settings(&self.cfg)? else { return Ok(self) };
+        let counters = Arc::new(events::Counters::default());
+        let service = Arc::get_mut(&mut self.http).expect("App::with_events before the app is served");
+        service.events = Some(Arc::new(layers::EventMetrics(counters.clone())) as Arc<dyn http::MetricsHook>);
+        let leader: events::Leader = match self.ha.clone() {
+            Some(node) => Arc::new(move || node.serving()),
+            None => Arc::new(|| true),
+        };
+        let svc = self.http.clone();
+        let snapshot: events::Snapshot = Arc::new(move |f| svc.registry.complete_keys(f));
+        let p = events::start(settings, counters.clone(), leader, snapshot).await?;
+        self.registry.set_events(p.vllm.clone(), p.sglang.clone());
+        tracing::info!(endpoint = %p.endpoint, replay = ?p.replay_endpoint, "kv events: publishing");
+        self.events = Some(counters);
+        Ok(self)
     }
 
     /// What the HTTP layer serves (the app derefs to it).

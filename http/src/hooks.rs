@@ -96,3 +96,10 @@ mod tests {
         assert_eq!(parse_advance("/keys/get_locations"), None);
     }
 }
+
+/// A layer beside HTTP that shows series on `/metrics` (the KV-event
+/// publisher).
+pub trait MetricsHook: Send + Sync {
+    /// Appends the layer's series to a Prometheus text page.
+    fn render_metrics(&self, out: &mut String);
+}

@@ -47,7 +47,7 @@ pub mod scratch;
 mod sglang;
 mod vllm;
 
-pub use hooks::{BoxFuture, DurabilityHook, Serving, TestClockHook};
+pub use hooks::{BoxFuture, DurabilityHook, MetricsHook, Serving, TestClockHook};
 pub use listen::{bind, serve, serve_tls};
 pub use ops::OPENAPI;
 
@@ -79,6 +79,8 @@ pub struct Service {
     pub gate: Option<Arc<dyn Serving>>,
     /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
     pub test_clock: Option<Arc<dyn TestClockHook>>,
+    /// The KV-event publisher's series, with `--kv-events-endpoint`.
+    pub events: Option<Arc<dyn MetricsHook>>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
 }
@@ -93,6 +95,7 @@ impl Service {
             durable: None,
             gate: None,
             test_clock: None,
+            events: None,
             shutting_down: AtomicBool::new(false),
         }
     }

@@ -91,7 +91,7 @@ fn run_pytest(args: &[&str]) {
     let probe = Command::new(&py)
         .args([
             "-c",
-            "import requests, urllib3, pytest, prometheus_client, orjson, fastapi; print(requests.__version__)",
+            "import requests, urllib3, pytest, prometheus_client, orjson, fastapi, zmq, msgspec; print(requests.__version__)",
         ])
         .current_dir(root)
         .stdin(Stdio::null())
@@ -134,13 +134,15 @@ fn run_pytest(args: &[&str]) {
 const SGLANG_SUITE: &str = "tests/python/test_sglang_client.py";
 
 /// The engines' own clients (vLLM's and SGLang's `Hf3fsGlobalMetadataClient`,
-/// and both through the relay across a failover with real etcd),
-/// read out of their pinned wheels, which it downloads once into
+/// and both through the relay across a failover with real etcd; the KV
+/// events decoded with the engines' own event classes), read out of their
+/// pinned wheels, which it downloads once into
 /// `${XDG_CACHE_HOME:-~/.cache}/hf3fs-meta/wheels`; see engine_wheels.py).
-const ENGINE_SUITES: [&str; 3] = [
+const ENGINE_SUITES: [&str; 4] = [
     "tests/python/test_engine_client_vllm.py",
     "tests/python/test_engine_client_sglang.py",
     "tests/python/test_engine_client_ha.py",
+    "tests/python/test_kv_events.py",
 ];
 
 #[test]
