@@ -35,6 +35,8 @@
 #                     requests (where a request's instructions go)
 #   --bin/--ceiling   binaries to measure instead of building them
 #   --keep DIR        copy the callgrind outputs (ROUTE-COUNT.cg) into DIR
+#   --server-args "A" more flags for the server (perf/http/kv_events_cost.sh:
+#                     --kv-events-*); word-split
 # Routes: bare vllm_exists vllm_locations vllm_allocate vllm_confirm
 #   vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm
 #   (vllm_release: a confirm_write that only frees 128 bound pages)
@@ -46,7 +48,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
 ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm"
-WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/http/instructions.baseline TOLERANCE=3
+WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" SERVER_ARGS="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/http/instructions.baseline TOLERANCE=3
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --check) MODE=check ;;
@@ -60,6 +62,7 @@ while [[ $# -gt 0 ]]; do
     --baseline) BASELINE="$2"; shift ;;
     --keep) KEEP="$2"; shift ;;
     --tolerance) TOLERANCE="$2"; shift ;;
+    --server-args) SERVER_ARGS="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "instructions.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -98,7 +101,8 @@ measure() {
   if [ "$route" = bare ]; then
     set -- "$CEILING" --addr "127.0.0.1:$port" --threads "$WORKERS"
   else
-    set -- "$BIN" --host 127.0.0.1 --port "$port" --workers "$WORKERS" --log-level warn
+    # shellcheck disable=SC2086 # word-split on purpose
+    set -- "$BIN" --host 127.0.0.1 --port "$port" --workers "$WORKERS" --log-level warn $SERVER_ARGS
   fi
   timeout 600 valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >"$OUT/server.log" 2>&1 &
   VPID=$!
