@@ -240,3 +240,54 @@ def test_sglang_events_join_sglang_hashes(sglang_client_module, sglang_events, t
     finally:
         sub.close()
         srv.stop()
+
+
+def test_a_failover_continues_the_numbers_and_resyncs(vllm_client_module, vllm_events, tmp_path):
+    """Three replicated nodes on real etcd, each with its own endpoints; one
+    SUB connected to all three (only the serving leader publishes). The
+    leader is SIGKILLed: the new leader numbers above the old one and
+    publishes a resync, and the subscriber's index equals batch_exists
+    through the relay once it followed the gap to the new leader's replay."""
+    from test_engine_client_ha import replicated
+    from test_ha_relay import Cluster, wait_until
+
+    cluster = Cluster(tmp_path)
+    ends = {n: endpoints() for n in ("a", "b", "c")}
+    sub = None
+    try:
+        for n, (pub, replay) in ends.items():
+            cluster.node(n, [*replicated(cluster, n), *event_args(pub, replay)])
+        relay = cluster.relay()
+        leader, _ = cluster.leader_with_standby()
+        url = lambda n: f"http://127.0.0.1:{cluster.ports[n]}"  # noqa: E731
+        sub = Subscriber(vllm_events, ends[leader][0], ends[leader][1], TOPIC)
+        for n, (pub, _) in ends.items():
+            if n != leader:
+                sub.sub.connect(pub)
+        sub.wait_connected(url(leader))
+        conn = Connector(vllm_client_module.Hf3fsGlobalMetadataClient, relay, world=WORLD, num_pages=64)
+        used = block_hashes(6, "before")
+        conn.save_all(used)
+        sub.sync(url(leader))
+        assert sub.index == vllm_truth(conn, used)
+        before = sub.last
+
+        cluster.procs[leader].kill()
+        cluster.procs[leader].wait()
+        new, _ = wait_until(
+            "a new serving leader",
+            lambda: next(((n, 0) for n in ends if n != leader and cluster.ha(n).get("serving")), None),
+        )
+        sub.replay_endpoint = ends[new][1]  # replay asks the leader whose stream it follows
+        keys = block_hashes(4, "after")
+        used += keys
+        conn.save_all(keys)
+        sub.sync(url(new))
+        assert sub.last > before, "the new leader numbers above the old one"
+        assert sub.gaps and sub.gaps[-1][0] >= before, sub.gaps
+        assert kv_events.metric(url(new), "kv_events_resyncs_total") >= 1
+        assert sub.index == vllm_truth(conn, used)
+    finally:
+        if sub is not None:
+            sub.close()
+        cluster.close()
