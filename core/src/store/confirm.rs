@@ -185,15 +185,15 @@ impl<'a> Commit<'a> {
         // key is bound and journaled (consecutive pages of one word in one
         // RMW), after the loop at the latest.
         let mut bound = BoundRun::default();
-        // With a key-event sink, the pages that end BOUND are published
-        // only once the batch is handed on (`crate::events`).
+        // With a key-event sink, the pages bound here are published only
+        // once the batch is handed on (`crate::events`).
         let mut deferred: Vec<u32> = Vec::new();
         let mut binder = current.index.binder(confirmations.len());
+        // The delta's complete count before the binding at hand.
+        let mut complete = self.delta.complete;
         // One loop, the body inline (as a closure called from a loop of
         // each kind, it cost about 35 instructions a key in calls). The key
         // by reference (see `Binder::bind`).
-        // The delta's complete count before the binding at hand.
-        let mut complete = self.delta.complete;
         for (i, (k, page)) in confirmations.iter().enumerate() {
             let page = *page as u32;
             let c = if v.in_order {
@@ -210,26 +210,6 @@ impl<'a> Commit<'a> {
                     outcome.reconfirmed += 1;
                 }
                 Claimed::Reserved => match binder.bind(k, r, page, world, &mut self.delta) {
-                    Bind::Bound(world, id) if self.events.is_some() => {
-                        match id {
-                            Some(id) => table.set_owner_id_reserved(page, id),
-                            None => table.set_owner(page, Owner::Key(*k)),
-                        }
-                        if store.journal.is_some() {
-                            store.record(Change::Bind { generation: current.id, rank: r, page, key: *k, world });
-                        }
-                        // This binding made the key complete: the index
-                        // said so in the delta (`Delta::complete`), and
-                        // the key is the binding's (`Binder::bind`).
-                        if self.delta.complete > complete && reported(*k) {
-                            if let Some(ev) = &mut self.events {
-                                ev.push(Event::Stored(k.to_key()));
-                            }
-                        }
-                        complete = self.delta.complete;
-                        deferred.push(page);
-                        outcome.bound += 1;
-                    }
                     Bind::Bound(world, id) => {
                         match id {
                             Some(id) => table.set_owner_id_reserved(page, id),
@@ -241,7 +221,20 @@ impl<'a> Commit<'a> {
                         if store.journal.is_some() {
                             store.record(Change::Bind { generation: current.id, rank: r, page, key: *k, world });
                         }
-                        bound.add(table, page);
+                        match &mut self.events {
+                            // With a key-event sink: a binding that made
+                            // the key complete (the index said so in the
+                            // delta) is a store, and the page is published
+                            // BOUND only once the batch is handed on.
+                            Some(ev) => {
+                                if self.delta.complete > complete && reported(*k) {
+                                    ev.push(Event::Stored(k.to_key()));
+                                }
+                                complete = self.delta.complete;
+                                deferred.push(page);
+                            }
+                            None => bound.add(table, page),
+                        }
                         outcome.bound += 1;
                     }
                     // Every id taken: as if the key had been evicted
