@@ -171,7 +171,8 @@ struct Queued {
     events: Vec<Event>,
 }
 
-/// What the store hands its batches to: one per dialect (see [`Queued`]).
+/// What the store hands its batches to: one per dialect (vLLM's store,
+/// whose `/clear` starts a generation, and SGLang's spaces).
 pub struct Sink {
     tx: mpsc::Sender<Queued>,
     counters: Arc<Counters>,
