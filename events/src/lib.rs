@@ -396,6 +396,9 @@ impl Task {
         let mut tick = tokio::time::interval(heartbeat.unwrap_or(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.check_leader().await;
+        // Without a replay endpoint nobody asks for resyncs: the channel
+        // is closed from the start, and its branch is off.
+        let mut asked = true;
         loop {
             tokio::select! {
                 q = rx.recv() => {
@@ -407,8 +410,11 @@ impl Task {
                     // the batch is out.
                     self.counters.handled.fetch_add(1, Ordering::Release);
                 }
-                w = resyncs.recv() => {
-                    let Some(w) = w else { continue };
+                w = resyncs.recv(), if asked => {
+                    let Some(w) = w else {
+                        asked = false;
+                        continue;
+                    };
                     if self.check_leader().await {
                         let start = self.resync().await;
                         let _ = w.send(start);
@@ -454,7 +460,8 @@ impl Task {
                 return None; // a request that raced a /clear: its changes are gone
             }
         }
-        let mut out: Vec<WireEvent> = Vec::new();
+        let mut out: Vec<WireEvent> = Vec::with_capacity(2);
+        let n = q.events.len();
         for e in q.events {
             let (stored, key) = match e {
                 Event::Stored(k) => (true, k),
@@ -465,14 +472,18 @@ impl Task {
                 }
             };
             let Some(h) = self.hash.of(&key) else { continue };
+            // Only an SGLang key with a suffix can name a block named
+            // before in the same run (its base's other suffix): a store
+            // completes a key once, a removal ends it once.
+            let repeatable = matches!(&key, Key::Digest(d) if d.suffix != hf3fs_meta_core::key::Suffix::NONE);
             match (out.last_mut(), stored) {
                 (Some(WireEvent::Stored(hs)), true) | (Some(WireEvent::Removed(hs)), false) => {
-                    if !hs.contains(&h) {
+                    if !(repeatable && hs.contains(&h)) {
                         hs.push(h);
                     }
                 }
-                (_, true) => out.push(WireEvent::Stored(vec![h])),
-                (_, false) => out.push(WireEvent::Removed(vec![h])),
+                (_, true) => out.push(WireEvent::Stored(with_first(n, h))),
+                (_, false) => out.push(WireEvent::Removed(with_first(n, h))),
             }
         }
         Some((out, clear))
@@ -537,6 +548,13 @@ impl Task {
         self.counters.resyncs.fetch_add(1, Ordering::Relaxed);
         start
     }
+}
+
+/// A run's hashes, `h` first, with room for the `n` of its batch.
+fn with_first(n: usize, h: BlockHash) -> Vec<BlockHash> {
+    let mut v = Vec::with_capacity(n);
+    v.push(h);
+    v
 }
 
 /// The ROUTER: each request `[identity, "", start seq]` is answered with

@@ -111,11 +111,32 @@ fn ok<T, E: std::fmt::Debug>(r: Result<T, E>) {
     r.expect("writing msgpack to a Vec cannot fail");
 }
 
+/// An unsigned integer in its shortest msgpack form (as rmp's
+/// `write_uint`, inline: a block hash is one per key).
+#[inline]
+fn uint(out: &mut Vec<u8>, v: u64) {
+    if v < 0x80 {
+        out.push(v as u8);
+    } else if v <= u64::from(u8::MAX) {
+        out.extend_from_slice(&[0xcc, v as u8]);
+    } else if v <= u64::from(u16::MAX) {
+        out.push(0xcd);
+        out.extend_from_slice(&(v as u16).to_be_bytes());
+    } else if v <= u64::from(u32::MAX) {
+        out.push(0xce);
+        out.extend_from_slice(&(v as u32).to_be_bytes());
+    } else {
+        out.push(0xcf);
+        out.extend_from_slice(&v.to_be_bytes());
+    }
+}
+
 fn hashes(out: &mut Vec<u8>, hs: &[BlockHash]) {
     ok(rmp::encode::write_array_len(out, hs.len() as u32));
+    out.reserve(hs.len() * 9);
     for h in hs {
         match h {
-            BlockHash::U(v) => ok(rmp::encode::write_uint(out, *v)),
+            BlockHash::U(v) => uint(out, *v),
             BlockHash::I(v) => ok(rmp::encode::write_sint(out, *v)),
             BlockHash::B(b) => ok(rmp::encode::write_bin(out, b)),
         }
@@ -125,7 +146,7 @@ fn hashes(out: &mut Vec<u8>, hs: &[BlockHash]) {
 impl Layout {
     /// The msgpack of one batch at `ts` (Unix seconds).
     pub fn encode(&self, ts: f64, events: &[WireEvent]) -> Vec<u8> {
-        let mut out = Vec::with_capacity(32 + events.len() * 64);
+        let mut out = Vec::with_capacity(64 + events.len() * 128);
         ok(rmp::encode::write_array_len(&mut out, 3));
         ok(rmp::encode::write_f64(&mut out, ts));
         ok(rmp::encode::write_array_len(&mut out, events.len() as u32));
@@ -263,6 +284,16 @@ mod tests {
             "03",
         );
         assert_eq!(hex(&got), want);
+    }
+
+    #[test]
+    fn integers_take_rmps_shortest_form() {
+        for v in [0, 1, 0x7f, 0x80, 0xff, 0x100, 0xffff, 0x1_0000, u64::from(u32::MAX), 1 << 32, u64::MAX] {
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            uint(&mut ours, v);
+            rmp::encode::write_uint(&mut theirs, v).unwrap();
+            assert_eq!(ours, theirs, "{v}");
+        }
     }
 
     #[test]

@@ -188,6 +188,10 @@ impl<'a> Commit<'a> {
         // With a key-event sink, the pages bound here are published only
         // once the batch is handed on (`crate::events`).
         let mut deferred: Vec<u32> = Vec::new();
+        if let Some(ev) = &mut self.events {
+            ev.reserve(confirmations.len());
+            deferred.reserve(confirmations.len());
+        }
         let mut binder = current.index.binder(confirmations.len());
         // The delta's complete count before the binding at hand.
         let mut complete = self.delta.complete;
