@@ -184,7 +184,8 @@ say "live server with --data-dir: requests on both dialects, then /metrics"
 DATA="$TMP/data"
 FAULTS="$TMP/faults"
 : >"$FAULTS"
-start_server "$TMP/server.log" --data-dir "$DATA" --durable-faults "$FAULTS"
+start_server "$TMP/server.log" --data-dir "$DATA" --durable-faults "$FAULTS" \
+    --kv-events-endpoint tcp://127.0.0.1:0 --kv-events-bind # the KV-event series (port 0: the OS picks)
 echo "server on $ADDR (pid $SERVER_PID)"
 expect "vLLM initialize" 200 "$(post /rank/0/initialize '{"num_pages":8}')"
 alloc="$(curl -s -m 5 -X POST "$BASE/keys/batch_allocate" -d '{"rank":0,"keys":[["a",""],["b",""]]}')"

@@ -50,6 +50,92 @@ pub enum Eviction {
     None,
 }
 
+/// How KV events lay out their fields (`--kv-events-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventFormat {
+    /// Tagged maps with a `"type"` key (vLLM 0.33, SGLang).
+    Map,
+    /// Positional arrays, the tag first (msgspec `array_like`: older vLLM
+    /// and the consumers built for it).
+    Array,
+}
+
+/// How a key becomes a block hash in KV events (`--kv-events-hash`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventHash {
+    /// The digest's low 64 bits (read big-endian), unsigned.
+    U64,
+    /// The digest's bytes.
+    Bytes,
+    /// The first 16 hex digits as a signed 64-bit integer (SGLang's own
+    /// event hash for the same block).
+    Sglang,
+}
+
+/// The KV-event publisher's flags (docs/kv-events.md).
+#[derive(Debug, Clone, clap::Args)]
+pub struct EventsArgs {
+    /// Publish KV events on a ZeroMQ PUB socket here: `tcp://*:PORT` binds
+    /// every address, a concrete host is connected to (as vLLM does; see
+    /// --kv-events-bind). Off when unset.
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_ENDPOINT")]
+    pub kv_events_endpoint: Option<String>,
+
+    /// Bind --kv-events-endpoint even when it names a concrete host.
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_BIND", requires = "kv_events_endpoint")]
+    pub kv_events_bind: bool,
+
+    /// A ZeroMQ ROUTER here (always bound) answers replay requests: a start
+    /// sequence number, answered with every buffered batch from there,
+    /// then sequence -1 (a resync when the start is no longer buffered).
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_REPLAY_ENDPOINT", requires = "kv_events_endpoint")]
+    pub kv_events_replay_endpoint: Option<String>,
+
+    /// The topic (first frame) of every message; default
+    /// `kv@<hostname>@default` (llm-d's `kv@<pod>@<model>`; llm-d's
+    /// storage tier uses `kv@SHARED_STORAGE@<model>`).
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_TOPIC")]
+    pub kv_events_topic: Option<String>,
+
+    /// Batches kept for replay (vLLM's buffer_steps).
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_BUFFER_STEPS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub kv_events_buffer_steps: u64,
+
+    /// Batches queued between the requests and the publisher; beyond it
+    /// batches are dropped, counted and seen as a sequence gap (vLLM's hwm).
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_HWM", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub kv_events_hwm: u64,
+
+    /// Event layout: `map` (current vLLM and SGLang) or `array` (older
+    /// consumers).
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_FORMAT", value_enum, default_value_t = EventFormat::Map)]
+    pub kv_events_format: EventFormat,
+
+    /// The `medium` of every event.
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_MEDIUM", default_value = "STORAGE")]
+    pub kv_events_medium: String,
+
+    /// Block hashes: `u64` (the key's low 64 bits), `bytes` (the key's
+    /// digest), `sglang` (SGLang's own event hash of the block).
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_HASH", value_enum, default_value_t = EventHash::U64)]
+    pub kv_events_hash: EventHash,
+
+    /// `block_size` of BlockStored (tokens per block; 0: not known).
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_BLOCK_SIZE", default_value_t = 0)]
+    pub kv_events_block_size: u32,
+
+    /// `data_parallel_rank` of every batch.
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_DATA_PARALLEL_RANK", default_value_t = 0)]
+    pub kv_events_data_parallel_rank: u32,
+
+    /// Milliseconds without a batch after which an empty one (a heartbeat,
+    /// with the next sequence number) goes out; 0: none.
+    #[arg(long, env = "HF3FS_META_KV_EVENTS_HEARTBEAT_MS", default_value_t = 1000)]
+    pub kv_events_heartbeat_ms: u64,
+}
+
 /// A fraction in (0, 1].
 fn fraction(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
@@ -295,6 +381,10 @@ pub struct Config {
     /// (docs/security.md).
     #[command(flatten)]
     pub tls: hf3fs_meta_tls::TlsArgs,
+
+    /// KV events for cache-aware routers (docs/kv-events.md).
+    #[command(flatten)]
+    pub events: EventsArgs,
 }
 
 impl Config {

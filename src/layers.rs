@@ -5,10 +5,10 @@
 //! are siblings: neither crate names the other); this file is where they
 //! meet.
 
-use crate::config::Config;
+use crate::config::{Config, EventFormat, EventHash};
 use crate::core::{Dialect, Registry};
 use crate::durable::{self, Health};
-use crate::{ha, http, App};
+use crate::{events, ha, http, App};
 use std::sync::Arc;
 
 /// The HTTP layer's settings, from the command line.
@@ -27,6 +27,56 @@ pub fn http_settings(cfg: &Config) -> http::Settings {
         shutdown_timeout: cfg.shutdown_timeout,
         admin_token: cfg.admin_token.clone(),
         auth_all: cfg.auth_all,
+    }
+}
+
+/// The KV-event publisher's settings, from the command line; `None`
+/// without `--kv-events-endpoint`.
+pub fn event_settings(cfg: &Config) -> Result<Option<events::Settings>, String> {
+    let a = &cfg.events;
+    let Some(endpoint) = a.kv_events_endpoint.clone() else { return Ok(None) };
+    let topic = match &a.kv_events_topic {
+        Some(t) => t.clone(),
+        None => {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            let host = host.trim();
+            format!("kv@{}@default", if host.is_empty() { "hf3fs-meta" } else { host })
+        }
+    };
+    if a.kv_events_medium.is_empty() {
+        return Err("--kv-events-medium must not be empty".into());
+    }
+    Ok(Some(events::Settings {
+        endpoint,
+        bind: a.kv_events_bind,
+        replay_endpoint: a.kv_events_replay_endpoint.clone(),
+        topic,
+        buffer_steps: a.kv_events_buffer_steps as usize,
+        hwm: a.kv_events_hwm as usize,
+        layout: events::wire::Layout {
+            format: match a.kv_events_format {
+                EventFormat::Map => events::wire::Format::Map,
+                EventFormat::Array => events::wire::Format::Array,
+            },
+            medium: a.kv_events_medium.clone(),
+            block_size: a.kv_events_block_size,
+            dp_rank: a.kv_events_data_parallel_rank,
+        },
+        hash: match a.kv_events_hash {
+            EventHash::U64 => events::wire::HashForm::U64,
+            EventHash::Bytes => events::wire::HashForm::Bytes,
+            EventHash::Sglang => events::wire::HashForm::Sglang,
+        },
+        heartbeat: (a.kv_events_heartbeat_ms > 0).then(|| std::time::Duration::from_millis(a.kv_events_heartbeat_ms)),
+    }))
+}
+
+/// The KV-event publisher's counters as the HTTP layer's `/metrics` shows them.
+pub struct EventMetrics(pub Arc<events::Counters>);
+
+impl http::MetricsHook for EventMetrics {
+    fn render_metrics(&self, out: &mut String) {
+        self.0.render(out);
     }
 }
 

@@ -51,6 +51,8 @@ pub mod config;
 pub use hf3fs_meta_core as core;
 /// Durability, a crate of its own (`durable/`): see its docs.
 pub use hf3fs_meta_durable as durable;
+/// The KV-event publisher, a crate of its own (`events/`): see its docs.
+pub use hf3fs_meta_events as events;
 /// High availability, a crate of its own (`ha/`): see its docs.
 pub use hf3fs_meta_ha as ha;
 /// The HTTP layer, a crate of its own (`http/`): see its docs.
@@ -89,6 +91,9 @@ pub struct App {
     pub test_clock: Option<Arc<test_clock::TestClock>>,
     /// The tenants of `--tenants` (see [`App::open`]), else `None`.
     pub tenants: Option<Arc<tenants::Runtime>>,
+    /// The KV-event publisher's counters, with `--kv-events-endpoint`
+    /// (see [`App::with_events`]).
+    pub events: Option<Arc<events::Counters>>,
     /// What the HTTP layer serves.
     http: Arc<http::Service>,
 }
@@ -130,7 +135,7 @@ impl App {
         service.test_clock = test_clock.clone().map(|c| c as Arc<dyn http::TestClockHook>);
         let tenants = tenants.map(Arc::new);
         service.tenants = tenants.as_ref().map(|t| t.tenants.clone());
-        Self { cfg, durable, ha: None, test_clock, tenants, http: Arc::new(service) }
+        Self { cfg, durable, ha: None, test_clock, tenants, events: None, http: Arc::new(service) }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that
@@ -206,6 +211,28 @@ impl App {
         service.gate = Some(Arc::new(layers::Gate(node.clone())) as Arc<dyn http::Serving>);
         self.ha = Some(node);
         self
+    }
+
+    /// Starts the KV-event publisher of `--kv-events-endpoint` (a no-op
+    /// without it) on the current runtime and attaches it to every page
+    /// space. Call it after [`App::with_ha`] (only a serving leader
+    /// publishes) and before the app is served.
+    pub async fn with_events(mut self) -> Result<Self, String> {
+        let Some(settings) = layers::event_settings(&self.cfg)? else { return Ok(self) };
+        let counters = Arc::new(events::Counters::default());
+        let service = Arc::get_mut(&mut self.http).expect("App::with_events before the app is served");
+        service.events = Some(Arc::new(layers::EventMetrics(counters.clone())) as Arc<dyn http::MetricsHook>);
+        let leader: events::Leader = match self.ha.clone() {
+            Some(node) => Arc::new(move || node.serving()),
+            None => Arc::new(|| true),
+        };
+        let svc = self.http.clone();
+        let snapshot: events::Snapshot = Arc::new(move |f| svc.registry.complete_keys(f));
+        let p = events::start(settings, counters.clone(), leader, snapshot).await?;
+        self.registry.set_events(p.vllm.clone(), p.sglang.clone());
+        tracing::info!(endpoint = %p.endpoint, replay = ?p.replay_endpoint, "kv events: publishing");
+        self.events = Some(counters);
+        Ok(self)
     }
 
     /// What the HTTP layer serves (the app derefs to it).

@@ -119,10 +119,11 @@ async fn serve(
         None => None,
     };
     let bound = listener.local_addr().ok();
-    let app = Arc::new(match ha_token {
+    let app = match ha_token {
         Some(token) => app_with_ha(app, token, bound),
         None => app,
-    });
+    };
+    let app = Arc::new(app.with_events().await.map_err(|e| Exit::failure(format!("kv events: {e}")))?);
     exit_when_fatal(&app);
     log_listening(&app.cfg, &listener, plain.as_ref(), workers, tls.is_some());
     let election = start_election(&app).await.map_err(|e| Exit::failure(format!("cannot start the election: {e}")))?;

@@ -14,11 +14,14 @@
 //!   list with its labels, for whatever must walk them all.
 //! - [`error`]: one error variant per code of the wire contract.
 //! - [`journal`]: the change feed for durability.
+//! - [`events`]: the key-event feed (keys becoming and ceasing to be
+//!   loadable), for a KV-event publisher.
 //! - [`release`]: which release the server is (passed down by the binary).
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod events;
 pub mod index;
 pub mod journal;
 pub mod key;
@@ -32,6 +35,7 @@ pub(crate) mod sync;
 mod zeroed;
 
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
+pub use events::{Event, Events};
 pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Digest, Key, KeyRef, Suffix};

@@ -14,6 +14,7 @@
 //! no lock; the order of its walk is fixed (vLLM's store first, then SGLang's
 //! spaces in `(rank, namespace)` order), so two reports of one state agree.
 
+use super::events::Events;
 use super::spaces::{SpaceName, Spaces};
 use super::store::{EvictStats, Footprint, MaintainReport, RankLeases, RankStats, Store};
 use std::sync::Arc;
@@ -214,6 +215,22 @@ impl Registry {
     pub fn spaces(&self) -> Vec<(SpaceLabel, Arc<Store>)> {
         let sglang = self.sglang.list().into_iter().map(|(name, s)| (SpaceLabel::Sglang(name), s));
         std::iter::once((SpaceLabel::Vllm, self.vllm.clone())).chain(sglang).collect()
+    }
+
+    /// Attaches the key-event sinks ([`crate::events`]): `vllm` to vLLM's
+    /// store, `sglang` to every SGLang space (those to come included). At
+    /// start-up, before serving.
+    pub fn set_events(&self, vllm: Arc<dyn Events>, sglang: Arc<dyn Events>) {
+        self.vllm.set_events(vllm);
+        self.sglang.set_events(sglang);
+    }
+
+    /// Calls `f` with every complete key of every page space that key
+    /// events report (a KV-event resync's snapshot; not the request path).
+    pub fn complete_keys(&self, f: &mut dyn FnMut(crate::Key)) {
+        for (_, s) in self.spaces() {
+            s.complete_keys(&mut *f);
+        }
     }
 
     /// Ticks every space's reservation clock ([`Store::tick`]); returns the

@@ -41,6 +41,7 @@
 //! [`SpaceSource`] keeps its stores under a `RwLock`.
 
 use super::error::InitError;
+use super::events::Events;
 use super::journal::{Change, Journal};
 use super::lease::Clock;
 use super::store::{Initialized, PageRead, PageSource, ReadPagesError, Store, StoreConfig, Visit};
@@ -302,6 +303,8 @@ pub struct Spaces {
     /// dropped by the reclamation: it is dropped by a later reset, once its
     /// count shows the map's copy gone.
     retired: Mutex<Vec<Arc<Store>>>,
+    /// The key-event sink every space gets ([`Spaces::set_events`]).
+    events: std::sync::OnceLock<Arc<dyn Events>>,
 }
 
 impl Spaces {
@@ -320,7 +323,21 @@ impl Spaces {
             durability: None,
             generation: AtomicU64::new(0),
             retired: Mutex::new(Vec::new()),
+            events: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Attaches `sink` to every space, those to come included (at
+    /// start-up, before serving); `false` when one was attached already.
+    pub fn set_events(&self, sink: Arc<dyn Events>) -> bool {
+        let _create = self.create.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.events.set(sink.clone()).is_err() {
+            return false;
+        }
+        for (_, store) in self.list() {
+            store.set_events(sink.clone());
+        }
+        true
     }
 
     /// As [`Spaces::new`], every space durable through `durability`
@@ -338,6 +355,15 @@ impl Spaces {
 
     /// A new store for space `id`, journaling as rank `id` when durable.
     fn store(&self, id: u32) -> Store {
+        let store = self.bare_store(id);
+        if let Some(e) = self.events.get() {
+            store.set_events(e.clone());
+        }
+        store
+    }
+
+    /// [`Spaces::store`] without the key-event sink.
+    fn bare_store(&self, id: u32) -> Store {
         match &self.durability {
             Some((d, _)) => {
                 let journal = Arc::new(SpaceJournal { inner: d.journal.clone(), space: id });

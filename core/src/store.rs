@@ -21,9 +21,10 @@
 //! whose exact value at a reservation only moves its expiry by one tick.
 
 use super::error::{InitError, RankNotInitialized};
+use super::events::{Event, Events};
 use super::index::{BatchKey, Bind, Delta, IndexFloor, KeyIndex, MAX_IDS};
 use super::journal::{Change, Journal};
-use super::key::KeyRef;
+use super::key::{Key, KeyRef};
 use super::lease::{self, Clock, LeaseLength, ReadAt};
 use super::pages::{Counts, Owner, PageState, PageTable, BOUND, FREE};
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -273,6 +274,9 @@ pub struct Store {
     evict_not_before: AtomicU32,
     /// The evictor's statistics.
     evict: evict::EvictCounters,
+    /// Where key events go once a publisher is attached
+    /// ([`Store::set_events`]; `crate::events`).
+    events: OnceLock<Arc<dyn Events>>,
 }
 
 impl Store {
@@ -309,7 +313,41 @@ impl Store {
             clock,
             evict_not_before: AtomicU32::new(0),
             evict: evict::EvictCounters::default(),
+            events: OnceLock::new(),
         }
+    }
+
+    /// Attaches the sink of this store's key events ([`crate::events`]);
+    /// `false` when one was attached already (it stays).
+    pub fn set_events(&self, sink: Arc<dyn Events>) -> bool {
+        self.events.set(sink).is_ok()
+    }
+
+    /// The attached key-event sink, when there is one.
+    #[inline]
+    pub(crate) fn events(&self) -> Option<&Arc<dyn Events>> {
+        self.events.get()
+    }
+
+    /// Hands `batch`, of generation `generation`, to the sink, when it
+    /// holds anything.
+    #[inline]
+    pub(crate) fn emit(&self, generation: u64, batch: Vec<Event>) {
+        if !batch.is_empty() {
+            if let Some(e) = self.events.get() {
+                e.publish(generation, batch);
+            }
+        }
+    }
+
+    /// Calls `f` with every complete key that key events report
+    /// ([`crate::events`]): a publisher's snapshot, not the request path.
+    pub fn complete_keys(&self, mut f: impl FnMut(Key)) {
+        self.current.load().index.for_each(|k, e| {
+            if e.complete() && super::events::reported(k) {
+                f(k.to_key());
+            }
+        });
     }
 
     /// The lease clock's tick now.
@@ -565,6 +603,10 @@ impl Store {
         let id = self.current.load().id + 1;
         // Journaled first: nothing of the new generation can precede it.
         self.record(Change::Clear { generation: id });
+        // Published before the swap, for the same reason; a batch of the
+        // old generation's requests still in flight may follow it (the
+        // sink tells them by the generation, see `Events::publish`).
+        self.emit(id, vec![Event::Cleared]);
         self.current.store(Arc::new(Generation::new(id, &self.cfg)));
     }
 

@@ -84,6 +84,13 @@ pub fn parse_advance(path: &str) -> Option<Option<u64>> {
     path.strip_prefix(ADVANCE).map(|ms| ms.parse().ok())
 }
 
+/// A layer beside HTTP that shows series on `/metrics` (the KV-event
+/// publisher).
+pub trait MetricsHook: Send + Sync {
+    /// Appends the layer's series to a Prometheus text page.
+    fn render_metrics(&self, out: &mut String);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -52,7 +52,7 @@ mod sglang;
 pub mod tenants;
 mod vllm;
 
-pub use hooks::{BoxFuture, DurabilityHook, Serving, TestClockHook};
+pub use hooks::{BoxFuture, DurabilityHook, MetricsHook, Serving, TestClockHook};
 pub use listen::{bind, serve, serve_tls};
 pub use ops::OPENAPI;
 
@@ -87,6 +87,8 @@ pub struct Service {
     /// The tenants of `--tenants`, else `None`: every request is then
     /// served by `registry` and `durable`, as without tenants.
     pub tenants: Option<Arc<tenants::Tenants>>,
+    /// The KV-event publisher's series, with `--kv-events-endpoint`.
+    pub events: Option<Arc<dyn MetricsHook>>,
     /// Set once shutdown starts; `/health` then answers 503.
     shutting_down: AtomicBool,
 }
@@ -102,6 +104,7 @@ impl Service {
             gate: None,
             test_clock: None,
             tenants: None,
+            events: None,
             shutting_down: AtomicBool::new(false),
         }
     }

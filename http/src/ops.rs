@@ -36,6 +36,9 @@ pub(crate) fn metrics(c: Call<'_>) -> Result<Reply, Reply> {
     if let Some(ha) = &app.gate {
         ha.render_metrics(&mut text);
     }
+    if let Some(ev) = &app.events {
+        ev.render_metrics(&mut text);
+    }
     hf3fs_meta_tls::reload::render_metrics(&mut text);
     if let Some(tenants) = &app.tenants {
         let list = tenants.current().list();

@@ -36,12 +36,12 @@
 //! state only through [`Call::registry`], which stage 6 takes from the
 //! exchange. Without `--tenants` the stage is one `Option` check.
 //!
-//! # Where the next stages go
+//! # KV events
 //!
-//! - **KV events**: a tap between 7 and 8, which sees each answer once it
-//!   is durable (the exchange says which route and dialect; a successful
-//!   change is durable there), or, for events independent of HTTP, a tap
-//!   on the change feed beside `durable::tap`.
+//! KV events are not a stage: the core hands its key-event feed
+//! (`core::events`) to the publisher from inside each operation, so
+//! evictions (which no request makes) publish too, and nothing here waits
+//! for them.
 //!
 //! The handler stage is substitutable ([`respond_with`]) so that the HA
 //! simulation (tests/ha_sim) drives the real pipeline with a handler that

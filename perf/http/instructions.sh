@@ -39,6 +39,8 @@
 #                     128, the queried ones; more are stored in batches of
 #                     8192 first, which under callgrind takes minutes per
 #                     10^6; the baseline is made with the default)
+#   --server-args "A" more flags for the server (perf/http/kv_events_cost.sh:
+#                     --kv-events-*); word-split
 # Routes: bare vllm_exists vllm_locations vllm_allocate vllm_confirm
 #   vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm
 #   vllm_prefix_keys vllm_prefix, and on demand sglang_prefix
@@ -53,7 +55,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=perf/lib.sh
 source perf/lib.sh
 ROUTES="bare vllm_exists vllm_locations vllm_allocate vllm_confirm vllm_release sglang_exists sglang_locations sglang_allocate sglang_confirm vllm_prefix_keys vllm_prefix"
-WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/http/instructions.baseline TOLERANCE=3 STORED=128
+WORKERS=${WORKERS:-1} PROFILE=ci BIN="" CEILING="" KEEP="" SERVER_ARGS="" COUNTS="100 600" MODE=print FUNCTIONS=0 BASELINE=perf/http/instructions.baseline TOLERANCE=3 STORED=128
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --check) MODE=check ;;
@@ -68,6 +70,7 @@ while [[ $# -gt 0 ]]; do
     --keep) KEEP="$2"; shift ;;
     --tolerance) TOLERANCE="$2"; shift ;;
     --stored) STORED="$2"; shift ;;
+    --server-args) SERVER_ARGS="$2"; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "instructions.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -106,7 +109,8 @@ measure() {
   if [ "$route" = bare ]; then
     set -- "$CEILING" --addr "127.0.0.1:$port" --threads "$WORKERS"
   else
-    set -- "$BIN" --host 127.0.0.1 --port "$port" --workers "$WORKERS" --log-level warn
+    # shellcheck disable=SC2086 # word-split on purpose
+    set -- "$BIN" --host 127.0.0.1 --port "$port" --workers "$WORKERS" --log-level warn $SERVER_ARGS
   fi
   timeout $((STORED > 128 ? 3600 : 600)) valgrind --tool=callgrind --callgrind-out-file="$out" "$@" >"$OUT/server.log" 2>&1 &
   VPID=$!

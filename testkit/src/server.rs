@@ -60,10 +60,8 @@ impl TestServer {
     /// directory (closed on drop).
     pub fn start(cfg: Config) -> TestServer {
         count_server_panics();
-        let app = Arc::new(App::open(cfg).expect("App::open"));
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let served = app.clone();
         let thread = std::thread::Builder::new()
             .name(format!("{SERVER_THREAD}-main"))
             .spawn(move || {
@@ -74,8 +72,12 @@ impl TestServer {
                     .build()
                     .expect("tokio runtime");
                 rt.block_on(async move {
+                    // The KV-event publisher (with --kv-events-endpoint)
+                    // runs on this runtime, as the binary's does on its.
+                    let app = App::open(cfg).expect("App::open").with_events().await.expect("App::with_events");
+                    let served = Arc::new(app);
                     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
-                    addr_tx.send(listener.local_addr().expect("local addr")).expect("send addr");
+                    addr_tx.send((listener.local_addr().expect("local addr"), served.clone())).expect("send addr");
                     hf3fs_meta::serve(served, listener, async move {
                         let _ = stop_rx.await;
                     })
@@ -83,7 +85,7 @@ impl TestServer {
                 });
             })
             .expect("spawn server thread");
-        let addr = addr_rx.recv().expect("server did not start");
+        let (addr, app) = addr_rx.recv().expect("server did not start");
         TestServer { addr, app, shutdown: Some(stop_tx), thread: Some(thread) }
     }
 

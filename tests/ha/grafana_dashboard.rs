@@ -93,11 +93,18 @@ fn exported(text: &str) -> BTreeMap<String, BTreeSet<String>> {
 }
 
 /// A server whose scrape has a series of every metric it can export: with
-/// `--data-dir` (the durable store's series) and one SGLang space (the
-/// spaces' series).
+/// `--data-dir` (the durable store's series), one SGLang space (the
+/// spaces' series) and KV events.
 fn scrape_with_every_series() -> String {
     let dir = tempfile::tempdir().expect("a temporary data directory");
-    let s = TestServer::with_args(&["--data-dir", dir.path().to_str().expect("a UTF-8 path")]);
+    // With the KV-event publisher (port 0: the OS picks), for its series.
+    let s = TestServer::with_args(&[
+        "--data-dir",
+        dir.path().to_str().expect("a UTF-8 path"),
+        "--kv-events-endpoint",
+        "tcp://127.0.0.1:0",
+        "--kv-events-bind",
+    ]);
     s.init(0, 8);
     let r = s.post("/0/initialize", r#"{"num_pages": 4}"#);
     assert_eq!(r.status, 204, "{r:?}");

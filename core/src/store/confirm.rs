@@ -14,11 +14,12 @@
 //!    is published. The commit cannot fail.
 
 use super::super::error::{ConfirmError, ErrorCode};
+use super::super::events::{reported, Event};
 use super::super::index::{Bind, Delta, KeyIndex};
 use super::super::journal::Change;
 use super::super::key::KeyRef;
 use super::super::lease;
-use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, FREE};
+use super::super::pages::{ClaimGuard, Claimed, Owned, Owner, PageTable, FREE};
 use super::super::sync::Ordering;
 use super::{ConfirmOutcome, Generation, Store};
 
@@ -85,8 +86,8 @@ impl Store {
 /// One rank's held pages being settled by one request (a confirm's commit,
 /// a delete, a reset's pass over a rank): where they are (the store, its
 /// generation, the rank's table and number) and what the request owes when
-/// it ends (the index's [`Delta`], the pages freed to the free counter),
-/// paid by [`Commit::finish`].
+/// it ends (the index's [`Delta`], the pages freed to the free counter,
+/// the key events when a sink is attached), paid by [`Commit::finish`].
 pub(super) struct Commit<'a> {
     store: &'a Store,
     current: &'a Generation,
@@ -94,19 +95,31 @@ pub(super) struct Commit<'a> {
     r: u32,
     delta: Delta,
     freed: u64,
+    /// The key events so far, in order, when the store has a sink.
+    events: Option<Vec<Event>>,
 }
 
 impl<'a> Commit<'a> {
     /// A commit on rank `r`, whose table is `table`, of generation `current`.
     #[inline]
     pub(super) fn new(store: &'a Store, current: &'a Generation, table: &'a PageTable, r: u32) -> Commit<'a> {
-        Commit { store, current, table, r, delta: Delta::default(), freed: 0 }
+        let events = store.events().map(|_| Vec::new());
+        Commit { store, current, table, r, delta: Delta::default(), freed: 0, events }
     }
 
-    /// Gives the pages freed back to the free counter and applies the
-    /// index's delta.
+    /// Hands the key events gathered so far to the store's sink.
     #[inline]
-    pub(super) fn finish(self) {
+    fn emit(&mut self) {
+        if let Some(ev) = self.events.take() {
+            self.store.emit(self.current.id, ev);
+        }
+    }
+
+    /// Gives the pages freed back to the free counter, applies the index's
+    /// delta and hands on the key events.
+    #[inline]
+    pub(super) fn finish(mut self) {
+        self.emit();
         self.table.give_back(self.freed);
         self.current.apply(self.delta);
     }
@@ -172,7 +185,16 @@ impl<'a> Commit<'a> {
         // key is bound and journaled (consecutive pages of one word in one
         // RMW), after the loop at the latest.
         let mut bound = BoundRun::default();
+        // With a key-event sink, the pages bound here are published only
+        // once the batch is handed on (`crate::events`).
+        let mut deferred: Vec<u32> = Vec::new();
+        if let Some(ev) = &mut self.events {
+            ev.reserve(confirmations.len());
+            deferred.reserve(confirmations.len());
+        }
         let mut binder = current.index.binder(confirmations.len());
+        // The delta's complete count before the binding at hand.
+        let mut complete = self.delta.complete;
         // One loop, the body inline (as a closure called from a loop of
         // each kind, it cost about 35 instructions a key in calls). The key
         // by reference (see `Binder::bind`).
@@ -203,7 +225,20 @@ impl<'a> Commit<'a> {
                         if store.journal.is_some() {
                             store.record(Change::Bind { generation: current.id, rank: r, page, key: *k, world });
                         }
-                        bound.add(table, page);
+                        match &mut self.events {
+                            // With a key-event sink: a binding that made
+                            // the key complete (the index said so in the
+                            // delta) is a store, and the page is published
+                            // BOUND only once the batch is handed on.
+                            Some(ev) => {
+                                if self.delta.complete > complete && reported(*k) {
+                                    ev.push(Event::Stored(k.to_key()));
+                                }
+                                complete = self.delta.complete;
+                                deferred.push(page);
+                            }
+                            None => bound.add(table, page),
+                        }
                         outcome.bound += 1;
                     }
                     // Every id taken: as if the key had been evicted
@@ -218,6 +253,12 @@ impl<'a> Commit<'a> {
             }
         }
         drop(binder);
+        if self.events.is_some() {
+            self.emit();
+            for p in deferred {
+                bound.add(table, p);
+            }
+        }
         bound.flush(table);
         self.finish();
         outcome
@@ -290,9 +331,21 @@ impl Commit<'_> {
         } else {
             store.record(Change::Unbind { generation: current.id, rank: r, page });
         }
+        // With a sink: the key, exact while the page is held, and whether
+        // this unbinding made it incomplete (the delta says).
+        let before = self.delta.complete;
+        let key = self.events.as_ref().and_then(|_| match owner {
+            Owner::Id(id) => current.index.key_of(&Owned::Id(id)),
+            Owner::Key(k) => reported(k).then(|| k.to_key()),
+        });
         // The deadline read again with the unbinding, in one step under the
         // key's lock.
         let deadline = current.index.unbind_owner(owner, r, page, &mut self.delta, |deadline| deadline);
+        if let (Some(key), Some(ev)) = (key, &mut self.events) {
+            if self.delta.complete < before && reported(key.as_ref()) {
+                ev.push(Event::Removed(key));
+            }
+        }
         debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
         // The key's lock was held only for the unbind: a reader may have
         // raised the lease since the look above. Hold for the later one.

@@ -268,6 +268,11 @@ impl Store {
             }
             delta.keys -= 1;
             delta.complete -= i64::from(e.complete());
+            // Handed on under the key's lock: a binding that makes the key
+            // complete again publishes after it (`crate::events`).
+            if e.complete() && self.events().is_some() && super::super::events::reported(k) {
+                self.emit(current.id, vec![super::super::events::Event::Removed(k.to_key())]);
+            }
             true
         });
         if removed != Some(true) {

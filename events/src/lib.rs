@@ -1,0 +1,625 @@
+//! The KV-event publisher: the store's key events ([`hf3fs_meta_core::events`])
+//! as vLLM's `KVEventBatch` over ZeroMQ, byte-compatible with vLLM's
+//! `ZmqEventPublisher` (docs/kv-events.md).
+//!
+//! ```text
+//!  request path ── Sink::publish (try_send; full: dropped, counted) ──▶ bounded queue (--kv-events-hwm batches)
+//!                                                                          │
+//!  the publisher task: batch → block hashes → msgpack → [topic, seq, payload] on PUB, and into the replay buffer
+//!     ▲ resync: AllBlocksCleared + every complete key, paced     │ heartbeat: an empty batch when idle
+//!     └──── ROUTER task (--kv-events-replay-endpoint): start seq → the buffered batches from there, then seq −1
+//! ```
+//!
+//! - Nothing on the request path waits for a subscriber: a [`Sink`] only
+//!   tries to queue; a full queue drops the batch, counts it, and the next
+//!   batch published skips as many sequence numbers (a gap a subscriber sees).
+//! - Sequence numbers count from the Unix time in microseconds at which
+//!   this process started publishing (at start-up and at each takeover as
+//!   an HA leader, never below the last one): a restarted server or a new
+//!   leader continues above any number its predecessor published (at fewer
+//!   than a million batches a second), so a consumer that ignores old
+//!   numbers (Dynamo's indexer) never ignores it.
+//! - A resync (AllBlocksCleared, then every complete key in batches of
+//!   [`SNAPSHOT_BATCH`]) is published on the PUB at start-up, at every
+//!   takeover, after a `/clear` (which clears vLLM's store only, while
+//!   AllBlocksCleared clears every block of the topic), and when a replay
+//!   asks for a start the buffer no longer holds.
+
+#![warn(missing_docs)]
+
+pub mod wire;
+
+use bytes::Bytes;
+use hf3fs_meta_core::{Event, Events, Key};
+use hf3fs_meta_metrics::{counter, gauge, single, Family};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+use wire::{BlockHash, HashForm, Layout, WireEvent};
+use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
+
+/// Keys per `BlockStored` of a resync's snapshot.
+pub const SNAPSHOT_BATCH: usize = 1024;
+
+/// The end of a replay: sequence −1 (`ff` × 8), vLLM's `END_SEQ`.
+pub const END_SEQ: [u8; 8] = [0xff; 8];
+
+/// The publisher's settings (the `--kv-events-*` flags).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `tcp://HOST:PORT`: binds when HOST is `*` (all addresses) or `::`,
+    /// or with [`Settings::bind`]; connects otherwise (as vLLM does).
+    pub endpoint: String,
+    /// Bind even to a concrete host (SGLang's `bind`).
+    pub bind: bool,
+    /// The ROUTER's endpoint (always bound), when replay is on.
+    pub replay_endpoint: Option<String>,
+    /// The first frame of every message.
+    pub topic: String,
+    /// Batches the replay buffer holds (vLLM's `buffer_steps`).
+    pub buffer_steps: usize,
+    /// Batches the queue from the request path holds (vLLM's `hwm`
+    /// names the socket's queue; the transport's is fixed, see
+    /// docs/kv-events.md).
+    pub hwm: usize,
+    /// How every batch is laid out.
+    pub layout: Layout,
+    /// How keys become block hashes.
+    pub hash: HashForm,
+    /// An empty batch after this long without one; `None`: never.
+    pub heartbeat: Option<Duration>,
+}
+
+/// Whether this node publishes now (an HA leader, or a single server).
+pub type Leader = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// Calls its argument with every complete key of the server (a resync's
+/// snapshot; runs on a blocking thread).
+pub type Snapshot = Arc<dyn Fn(&mut dyn FnMut(Key)) + Send + Sync>;
+
+/// The publisher's counters (`Relaxed`: statistics).
+#[derive(Debug, Default)]
+pub struct Counters {
+    batches: AtomicU64,
+    events: AtomicU64,
+    dropped_batches: AtomicU64,
+    dropped_events: AtomicU64,
+    /// Batches dropped since the last one published: the sequence numbers
+    /// the next batch skips.
+    lost: AtomicU64,
+    subscribers: AtomicU64,
+    replay_requests: AtomicU64,
+    resyncs: AtomicU64,
+    buffer_bytes: AtomicU64,
+    last_seq: AtomicU64,
+    /// Batches queued by the sinks, and handled by the publisher task
+    /// (published, or dropped as older than a `/clear`): their difference
+    /// is what is still queued.
+    accepted: AtomicU64,
+    handled: AtomicU64,
+}
+
+const BATCHES: Family = counter(
+    "kv_events_batches_published_total",
+    "KV-event batches published on the PUB socket (heartbeats and resyncs included)",
+);
+const EVENTS: Family =
+    counter("kv_events_published_total", "KV events published (BlockStored, BlockRemoved, AllBlocksCleared)");
+const DROPPED_BATCHES: Family = counter(
+    "kv_events_dropped_batches_total",
+    "KV-event batches dropped because the publisher's queue was full (each a sequence gap)",
+);
+const DROPPED: Family = counter("kv_events_dropped_total", "KV events dropped because the publisher's queue was full");
+const SUBSCRIBERS: Family = gauge("kv_events_subscribers", "Peers connected to the KV-event PUB socket");
+const REPLAYS: Family =
+    counter("kv_events_replay_requests_total", "Replay requests answered on the KV-event ROUTER socket");
+const RESYNCS: Family =
+    counter("kv_events_resyncs_total", "Resyncs published (AllBlocksCleared and a snapshot of every complete key)");
+const BUFFER: Family = gauge("kv_events_replay_buffer_bytes", "Bytes of the batches the replay buffer holds");
+const QUEUED: Family =
+    gauge("kv_events_queued_batches", "KV-event batches queued for the publisher and not yet handled");
+const LAST_SEQ: Family = gauge("kv_events_last_sequence", "Sequence number of the last batch published");
+
+impl Counters {
+    /// Appends the publisher's series to a Prometheus text page.
+    pub fn render(&self, out: &mut String) {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        single(out, &BATCHES, l(&self.batches));
+        single(out, &EVENTS, l(&self.events));
+        single(out, &DROPPED_BATCHES, l(&self.dropped_batches));
+        single(out, &DROPPED, l(&self.dropped_events));
+        single(out, &SUBSCRIBERS, l(&self.subscribers));
+        single(out, &REPLAYS, l(&self.replay_requests));
+        single(out, &RESYNCS, l(&self.resyncs));
+        single(out, &BUFFER, l(&self.buffer_bytes));
+        single(out, &QUEUED, self.queued());
+        single(out, &LAST_SEQ, l(&self.last_seq));
+    }
+
+    /// Batches queued and not yet handled by the publisher task (0 once
+    /// every batch queued so far is published or dropped).
+    pub fn queued(&self) -> u64 {
+        // Handled first: a batch counted handled was counted accepted before.
+        let handled = self.handled.load(Ordering::Acquire);
+        self.accepted.load(Ordering::Acquire).saturating_sub(handled)
+    }
+
+    /// The sequence number of the last batch published.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq.load(Ordering::Relaxed)
+    }
+
+    /// Batches published so far.
+    pub fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
+    }
+
+    /// Batches dropped so far.
+    pub fn dropped_batches(&self) -> u64 {
+        self.dropped_batches.load(Ordering::Relaxed)
+    }
+}
+
+/// One operation's events on their way to the publisher task.
+struct Queued {
+    /// From vLLM's store, whose `/clear` starts a generation (SGLang's
+    /// spaces clear by removals).
+    tracked: bool,
+    generation: u64,
+    events: Vec<Event>,
+}
+
+/// What the store hands its batches to: one per dialect (vLLM's store,
+/// whose `/clear` starts a generation, and SGLang's spaces).
+pub struct Sink {
+    tx: mpsc::Sender<Queued>,
+    counters: Arc<Counters>,
+    tracked: bool,
+}
+
+impl Events for Sink {
+    fn publish(&self, generation: u64, events: Vec<Event>) {
+        let n = events.len() as u64;
+        // Counted before the send, so that the task never counts a batch
+        // handled before it was counted queued.
+        self.counters.accepted.fetch_add(1, Ordering::Release);
+        if self.tx.try_send(Queued { tracked: self.tracked, generation, events }).is_err() {
+            let c = &self.counters;
+            c.accepted.fetch_sub(1, Ordering::Release);
+            c.dropped_batches.fetch_add(1, Ordering::Relaxed);
+            c.dropped_events.fetch_add(n, Ordering::Relaxed);
+            c.lost.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The publisher's batches since start: what a replay answers from.
+struct Ring {
+    entries: VecDeque<(u64, Bytes)>,
+    cap: usize,
+    bytes: usize,
+    /// The number the next batch gets (without gaps).
+    next: u64,
+    /// The first number of this leadership (start-up or takeover): a
+    /// start below it is from before.
+    base: u64,
+    /// The first number of the latest resync, when it is still buffered.
+    resync: Option<u64>,
+}
+
+impl Ring {
+    fn push(&mut self, seq: u64, payload: Bytes) {
+        self.bytes += payload.len();
+        self.entries.push_back((seq, payload));
+        while self.entries.len() > self.cap {
+            if let Some((s, p)) = self.entries.pop_front() {
+                self.bytes -= p.len();
+                if self.resync == Some(s) {
+                    self.resync = None;
+                }
+            }
+        }
+    }
+
+    /// What a replay from `start` answers: the batches from it, or `None`
+    /// when `start` is not buffered (older than the buffer, from before
+    /// this leadership, or a batch that was dropped): a resync then.
+    fn from(&self, start: u64) -> Option<Vec<(u64, Bytes)>> {
+        if start >= self.next {
+            return Some(Vec::new());
+        }
+        if start < self.base {
+            return None;
+        }
+        let i = self.entries.partition_point(|&(s, _)| s < start);
+        match self.entries.get(i) {
+            Some(&(s, _)) if s == start => Some(self.entries.range(i..).cloned().collect()),
+            _ => None,
+        }
+    }
+}
+
+/// A running publisher: the sinks to attach and where it listens.
+pub struct Publisher {
+    /// For vLLM's store.
+    pub vllm: Arc<Sink>,
+    /// For SGLang's spaces.
+    pub sglang: Arc<Sink>,
+    /// The PUB's endpoint as bound or connected to.
+    pub endpoint: String,
+    /// The ROUTER's endpoint as bound, with replay on.
+    pub replay_endpoint: Option<String>,
+}
+
+fn now_micros() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
+fn now_secs() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// How to attach to `endpoint`: `(true, address)` to bind when it names
+/// every address (`*`, `::`) or `bind` is set, `(false, address)` to
+/// connect (as vLLM decides).
+fn plan(endpoint: &str, bind: bool) -> Result<(bool, String), String> {
+    let Some(rest) = endpoint.strip_prefix("tcp://") else {
+        return Err(format!("{endpoint}: only tcp:// endpoints are supported"));
+    };
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return Err(format!("{endpoint}: tcp://HOST:PORT expected"));
+    };
+    if port.parse::<u16>().is_err() {
+        return Err(format!("{endpoint}: the port must be a number from 0 to 65535"));
+    }
+    Ok(match host {
+        "*" => (true, format!("tcp://0.0.0.0:{port}")),
+        "::" | "[::]" => (true, format!("tcp://[::]:{port}")),
+        _ => (bind, endpoint.to_string()),
+    })
+}
+
+async fn bind<S: Socket>(socket: &mut S, endpoint: &str, address: &str) -> Result<String, String> {
+    socket.bind(address).await.map(|e| e.to_string()).map_err(|e| format!("cannot bind {endpoint}: {e}"))
+}
+
+/// Starts the publisher on the current tokio runtime: binds (or starts
+/// connecting) its sockets, then publishes until the runtime ends.
+/// `leader` says whether this node publishes now; `snapshot` walks every
+/// complete key (resyncs).
+/// `counters` are the publisher's (shown on `/metrics` by the caller).
+pub async fn start(
+    s: Settings,
+    counters: Arc<Counters>,
+    leader: Leader,
+    snapshot: Snapshot,
+) -> Result<Publisher, String> {
+    if s.buffer_steps == 0 || s.hwm == 0 {
+        return Err("--kv-events-buffer-steps and --kv-events-hwm must be at least 1".into());
+    }
+    let mut options = zeromq::SocketOptions::default();
+    // Connecting retries until the peer listens.
+    options.no_connect_timeout();
+    let mut publ = zeromq::PubSocket::with_options(options);
+    let mut monitor = publ.monitor();
+    let (to_bind, address) = plan(&s.endpoint, s.bind)?;
+    let (endpoint, connect) = if to_bind {
+        (bind(&mut publ, &s.endpoint, &address).await?, None)
+    } else {
+        // The publisher task connects first thing (it may wait for the
+        // peer; batches queue meanwhile).
+        (address.clone(), Some(address))
+    };
+    let c = counters.clone();
+    tokio::spawn(async move {
+        use futures::StreamExt as _;
+        while let Some(ev) = monitor.next().await {
+            match ev {
+                SocketEvent::Accepted(..) | SocketEvent::Connected(..) => {
+                    c.subscribers.fetch_add(1, Ordering::Relaxed);
+                }
+                SocketEvent::Disconnected(_) => {
+                    let _ = c.subscribers.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+                }
+                _ => {}
+            }
+        }
+    });
+    let ring = Arc::new(Mutex::new(Ring {
+        entries: VecDeque::new(),
+        cap: s.buffer_steps,
+        bytes: 0,
+        next: 0,
+        base: 0,
+        resync: None,
+    }));
+    let (resync_tx, resync_rx) = mpsc::channel::<oneshot::Sender<u64>>(64);
+    let mut replay_endpoint = None;
+    if let Some(re) = &s.replay_endpoint {
+        let mut router = zeromq::RouterSocket::new();
+        let bound = bind(&mut router, re, &plan(re, true)?.1).await?;
+        replay_endpoint = Some(bound);
+        tokio::spawn(replay(router, ring.clone(), resync_tx, counters.clone(), s.topic.clone()));
+    }
+    let (tx, rx) = mpsc::channel(s.hwm);
+    let task = Task {
+        publ,
+        ring,
+        counters: counters.clone(),
+        topic: Bytes::from(s.topic.clone().into_bytes()),
+        layout: s.layout.clone(),
+        hash: s.hash,
+        leader,
+        snapshot,
+        cleared: 0,
+        leading: false,
+        sent_since_tick: false,
+    };
+    tokio::spawn(task.run(rx, resync_rx, s.heartbeat, connect));
+    let sink = |tracked| Arc::new(Sink { tx: tx.clone(), counters: counters.clone(), tracked });
+    Ok(Publisher { vllm: sink(true), sglang: sink(false), endpoint, replay_endpoint })
+}
+
+/// The publisher task's state.
+struct Task {
+    publ: zeromq::PubSocket,
+    ring: Arc<Mutex<Ring>>,
+    counters: Arc<Counters>,
+    topic: Bytes,
+    layout: Layout,
+    hash: HashForm,
+    leader: Leader,
+    snapshot: Snapshot,
+    /// The generation vLLM's store's last `/clear` started.
+    cleared: u64,
+    /// Whether this node published as the leader at the last look.
+    leading: bool,
+    /// Whether a batch went out since the last heartbeat tick.
+    sent_since_tick: bool,
+}
+
+impl Task {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Queued>,
+        mut resyncs: mpsc::Receiver<oneshot::Sender<u64>>,
+        heartbeat: Option<Duration>,
+        connect: Option<String>,
+    ) {
+        if let Some(ep) = connect {
+            if let Err(e) = self.publ.connect(&ep).await {
+                tracing::error!(endpoint = %ep, error = %e, "kv events: cannot connect the PUB socket");
+            }
+        }
+        let mut tick = tokio::time::interval(heartbeat.unwrap_or(Duration::from_secs(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.check_leader().await;
+        // Without a replay endpoint nobody asks for resyncs: the channel
+        // is closed from the start, and its branch is off.
+        let mut asked = true;
+        loop {
+            tokio::select! {
+                q = rx.recv() => {
+                    let Some(q) = q else { break };
+                    if self.check_leader().await {
+                        self.batch(q).await;
+                    }
+                    // After the publication: `queued` reaches 0 only once
+                    // the batch is out.
+                    self.counters.handled.fetch_add(1, Ordering::Release);
+                }
+                w = resyncs.recv(), if asked => {
+                    let Some(w) = w else {
+                        asked = false;
+                        continue;
+                    };
+                    if self.check_leader().await {
+                        let start = self.resync().await;
+                        let _ = w.send(start);
+                    }
+                }
+                _ = tick.tick() => {
+                    if self.check_leader().await && heartbeat.is_some() && !self.sent_since_tick {
+                        self.publish(Vec::new()).await;
+                    }
+                    self.sent_since_tick = false;
+                }
+            }
+        }
+    }
+
+    /// Whether this node leads; on a takeover (start-up included), numbers
+    /// continue from now and a resync goes out.
+    async fn check_leader(&mut self) -> bool {
+        let lead = (self.leader)();
+        if lead && !self.leading {
+            self.leading = true;
+            {
+                let mut r = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+                r.next = r.next.max(now_micros());
+                r.base = r.next;
+            }
+            self.resync().await;
+        }
+        self.leading = lead;
+        lead
+    }
+
+    /// One operation's events, as block-hash events: runs of stores and of
+    /// removals, each without repeats (one key's `-k` and `-v` name one
+    /// block); `None` when the batch is to be dropped.
+    fn wire(&mut self, q: Queued) -> Option<(Vec<WireEvent>, bool)> {
+        let mut clear = false;
+        if q.tracked {
+            if q.events.iter().any(|e| matches!(e, Event::Cleared)) {
+                self.cleared = self.cleared.max(q.generation);
+                clear = true;
+            } else if q.generation < self.cleared {
+                return None; // a request that raced a /clear: its changes are gone
+            }
+        }
+        let mut out: Vec<WireEvent> = Vec::with_capacity(2);
+        let n = q.events.len();
+        for e in q.events {
+            let (stored, key) = match e {
+                Event::Stored(k) => (true, k),
+                Event::Removed(k) => (false, k),
+                Event::Cleared => {
+                    out.push(WireEvent::Cleared);
+                    continue;
+                }
+            };
+            let Some(h) = self.hash.of(&key) else { continue };
+            // Only an SGLang key with a suffix can name a block named
+            // before in the same run (its base's other suffix): a store
+            // completes a key once, a removal ends it once.
+            let repeatable = matches!(&key, Key::Digest(d) if d.suffix != hf3fs_meta_core::key::Suffix::NONE);
+            match (out.last_mut(), stored) {
+                (Some(WireEvent::Stored(hs)), true) | (Some(WireEvent::Removed(hs)), false) => {
+                    if !(repeatable && hs.contains(&h)) {
+                        hs.push(h);
+                    }
+                }
+                (_, true) => out.push(WireEvent::Stored(with_first(n, h))),
+                (_, false) => out.push(WireEvent::Removed(with_first(n, h))),
+            }
+        }
+        Some((out, clear))
+    }
+
+    async fn batch(&mut self, q: Queued) {
+        let Some((events, clear)) = self.wire(q) else { return };
+        if clear {
+            // AllBlocksCleared clears every block of the topic; vLLM's
+            // /clear only vLLM's store: the snapshot puts SGLang's back.
+            self.resync().await;
+        } else if !events.is_empty() {
+            self.publish(events).await;
+        }
+    }
+
+    /// Publishes one batch; returns its sequence number.
+    async fn publish(&mut self, events: Vec<WireEvent>) -> u64 {
+        let payload = Bytes::from(self.layout.encode(now_secs(), &events));
+        let seq = {
+            let mut r = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+            let lost = self.counters.lost.swap(0, Ordering::Relaxed);
+            let seq = r.next + lost;
+            r.next = seq + 1;
+            r.push(seq, payload.clone());
+            self.counters.buffer_bytes.store(r.bytes as u64, Ordering::Relaxed);
+            seq
+        };
+        let msg = ZmqMessage::try_from(vec![self.topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload])
+            .expect("three frames");
+        if let Err(e) = self.publ.send(msg).await {
+            tracing::warn!(error = %e, "kv events: PUB send failed");
+        }
+        let c = &self.counters;
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        c.events.fetch_add(events.len() as u64, Ordering::Relaxed);
+        c.last_seq.store(seq, Ordering::Relaxed);
+        self.sent_since_tick = true;
+        seq
+    }
+
+    /// AllBlocksCleared, then every complete key; returns the first
+    /// sequence number.
+    async fn resync(&mut self) -> u64 {
+        let start = self.publish(vec![WireEvent::Cleared]).await;
+        let (snapshot, form) = (self.snapshot.clone(), self.hash);
+        let hashes = tokio::task::spawn_blocking(move || {
+            let mut hs: Vec<BlockHash> = Vec::new();
+            snapshot(&mut |k| hs.extend(form.of(&k)));
+            hs.sort_unstable();
+            hs.dedup();
+            hs
+        })
+        .await
+        .unwrap_or_default();
+        for chunk in hashes.chunks(SNAPSHOT_BATCH) {
+            self.publish(vec![WireEvent::Stored(chunk.to_vec())]).await;
+            // Paced: the queue and the replays get their turn between chunks.
+            tokio::task::yield_now().await;
+        }
+        self.ring.lock().unwrap_or_else(PoisonError::into_inner).resync = Some(start);
+        self.counters.resyncs.fetch_add(1, Ordering::Relaxed);
+        start
+    }
+}
+
+/// A run's hashes, `h` first, with room for the `n` of its batch.
+fn with_first(n: usize, h: BlockHash) -> Vec<BlockHash> {
+    let mut v = Vec::with_capacity(n);
+    v.push(h);
+    v
+}
+
+/// The ROUTER: each request `[identity, "", start seq]` is answered with
+/// every buffered batch from `start` as `[identity, "", topic, seq,
+/// payload]`, then `[identity, "", "", ff×8, ""]`. A start the buffer no
+/// longer holds is answered from the latest resync (a new one when none
+/// is buffered).
+async fn replay(
+    mut router: zeromq::RouterSocket,
+    ring: Arc<Mutex<Ring>>,
+    resync: mpsc::Sender<oneshot::Sender<u64>>,
+    counters: Arc<Counters>,
+    topic: String,
+) {
+    let topic = Bytes::from(topic.into_bytes());
+    loop {
+        let msg = match router.recv().await {
+            Ok(m) => m.into_vec(),
+            Err(e) => {
+                tracing::debug!(error = %e, "kv events: ROUTER receive failed");
+                continue;
+            }
+        };
+        let (id, start) = match msg.as_slice() {
+            [id, empty, start] if empty.is_empty() && start.len() == 8 => {
+                (id.clone(), u64::from_be_bytes(start[..].try_into().expect("8 bytes")))
+            }
+            _ => {
+                tracing::warn!(
+                    frames = msg.len(),
+                    "kv events: a replay request is [\"\", start seq (8 bytes)]; ignored"
+                );
+                continue;
+            }
+        };
+        counters.replay_requests.fetch_add(1, Ordering::Relaxed);
+        let answer = {
+            let r = ring.lock().unwrap_or_else(PoisonError::into_inner);
+            r.from(start).or_else(|| r.resync.and_then(|s| r.from(s)))
+        };
+        let answer = match answer {
+            Some(a) => a,
+            None => {
+                let (tx, rx) = oneshot::channel();
+                if resync.send(tx).await.is_err() {
+                    return;
+                }
+                match rx.await {
+                    Ok(s) => ring.lock().unwrap_or_else(PoisonError::into_inner).from(s).unwrap_or_default(),
+                    Err(_) => Vec::new(), // not the leader: nothing to replay
+                }
+            }
+        };
+        let empty = Bytes::new();
+        for (seq, payload) in answer {
+            let frames =
+                vec![id.clone(), empty.clone(), topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
+            if router.send(ZmqMessage::try_from(frames).expect("frames")).await.is_err() {
+                break;
+            }
+        }
+        let end = vec![id, empty.clone(), empty.clone(), Bytes::from_static(&END_SEQ), empty];
+        let _ = router.send(ZmqMessage::try_from(end).expect("frames")).await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,165 @@
+//! The publisher's queue, numbering and replay buffer, without sockets;
+//! and one publisher on loopback, end to end.
+
+use super::*;
+use hf3fs_meta_core::KeyRef;
+
+fn key(i: u8) -> Key {
+    KeyRef::parse(&format!("{:032x}", u128::from(i) + 1)).to_key()
+}
+
+fn ring(cap: usize) -> Ring {
+    Ring { entries: VecDeque::new(), cap, bytes: 0, next: 100, base: 100, resync: None }
+}
+
+#[test]
+fn a_full_queue_drops_the_batch_counts_it_and_the_next_number_skips_it() {
+    let counters = Arc::new(Counters::default());
+    let (tx, mut rx) = mpsc::channel(1);
+    let sink = Sink { tx, counters: counters.clone(), tracked: true };
+    sink.publish(0, vec![Event::Stored(key(1))]);
+    sink.publish(0, vec![Event::Stored(key(2)), Event::Removed(key(1))]);
+    assert_eq!(counters.dropped_batches(), 1);
+    assert_eq!(counters.dropped_events.load(Ordering::Relaxed), 2);
+    assert_eq!(counters.lost.load(Ordering::Relaxed), 1, "the next batch skips one number");
+    assert_eq!(counters.queued(), 1, "only the first is queued");
+    let q = rx.try_recv().expect("the first batch");
+    assert_eq!(q.events, vec![Event::Stored(key(1))]);
+    let mut text = String::new();
+    counters.render(&mut text);
+    assert!(text.contains("hf3fs_meta_kv_events_dropped_total 2\n"), "{text}");
+    assert!(text.contains("hf3fs_meta_kv_events_dropped_batches_total 1\n"), "{text}");
+}
+
+#[test]
+fn a_replay_answers_from_the_start_or_asks_for_a_resync() {
+    let mut r = ring(3);
+    for s in 100..105 {
+        r.push(s, Bytes::from(vec![s as u8; 10]));
+        r.next = s + 1;
+    }
+    assert_eq!(r.bytes, 30, "three batches of 10 bytes buffered");
+    let seqs = |v: Option<Vec<(u64, Bytes)>>| v.map(|v| v.into_iter().map(|(s, _)| s).collect::<Vec<_>>());
+    assert_eq!(seqs(r.from(102)), Some(vec![102, 103, 104]));
+    assert_eq!(seqs(r.from(104)), Some(vec![104]));
+    assert_eq!(seqs(r.from(105)), Some(vec![]), "nothing missed: the end marker only");
+    assert_eq!(seqs(r.from(101)), None, "older than the buffer: resync");
+    assert_eq!(seqs(r.from(7)), None, "from before this leadership: resync");
+    // A dropped batch (a number skipped) is not buffered: resync.
+    r.push(106, Bytes::from_static(b"x"));
+    r.next = 107;
+    assert_eq!(seqs(r.from(105)), None);
+    assert_eq!(seqs(r.from(106)), Some(vec![106]));
+}
+
+#[test]
+fn the_resync_mark_goes_with_its_batch() {
+    let mut r = ring(2);
+    r.push(100, Bytes::new());
+    r.resync = Some(100);
+    r.push(101, Bytes::new());
+    assert_eq!(r.resync, Some(100));
+    r.push(102, Bytes::new());
+    assert_eq!(r.resync, None, "its first batch left the buffer");
+}
+
+#[test]
+fn the_endpoint_decides_bind_or_connect() {
+    assert_eq!(plan("tcp://*:5557", false), Ok((true, "tcp://0.0.0.0:5557".into())));
+    assert_eq!(plan("tcp://[::]:5557", false), Ok((true, "tcp://[::]:5557".into())));
+    assert_eq!(plan("tcp://10.0.0.1:5557", false), Ok((false, "tcp://10.0.0.1:5557".into())));
+    assert_eq!(plan("tcp://127.0.0.1:5557", true), Ok((true, "tcp://127.0.0.1:5557".into())));
+    assert!(plan("ipc:///tmp/x", false).is_err());
+    assert!(plan("tcp://host:port", false).is_err());
+    assert!(plan("tcp://host", false).is_err());
+}
+
+fn settings(endpoint: &str, replay: Option<&str>) -> Settings {
+    Settings {
+        endpoint: endpoint.into(),
+        bind: true,
+        replay_endpoint: replay.map(Into::into),
+        topic: "kv@t@m".into(),
+        buffer_steps: 16,
+        hwm: 16,
+        layout: Layout { format: wire::Format::Map, medium: "STORAGE".into(), block_size: 0, dp_rank: 0 },
+        hash: HashForm::U64,
+        heartbeat: None,
+    }
+}
+
+/// A ZeroMQ SUB and DEALER of this crate's transport against the
+/// publisher: the start-up resync, a batch, a replay and its end marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_sees_the_resync_then_each_batch_and_replays_it() {
+    let keys = Arc::new(Mutex::new(vec![key(7)]));
+    let k = keys.clone();
+    let snapshot: Snapshot = Arc::new(move |f| k.lock().unwrap().iter().cloned().for_each(&mut *f));
+    let counters = Arc::new(Counters::default());
+    // Port 0: the OS picks; the endpoints as bound come back.
+    let p =
+        start(settings("tcp://127.0.0.1:0", Some("tcp://127.0.0.1:0")), counters.clone(), Arc::new(|| true), snapshot)
+            .await
+            .expect("publisher");
+    let mut sub = zeromq::SubSocket::new();
+    sub.subscribe("kv@").await.unwrap();
+    sub.connect(&p.endpoint).await.unwrap();
+    // The start-up resync went out before the subscriber joined; a replay
+    // from 0 brings it: AllBlocksCleared, then key 7.
+    let mut dealer = zeromq::DealerSocket::new();
+    dealer.connect(p.replay_endpoint.as_deref().unwrap()).await.unwrap();
+    let ask =
+        |start: u64| ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())]).unwrap();
+    dealer.send(ask(0)).await.unwrap();
+    let mut got = Vec::new();
+    loop {
+        let m = dealer.recv().await.unwrap().into_vec();
+        assert_eq!(m.len(), 4, "[\"\", topic, seq, payload]");
+        if m[2][..] == END_SEQ {
+            assert!(m[1].is_empty() && m[3].is_empty());
+            break;
+        }
+        assert_eq!(&m[1][..], b"kv@t@m");
+        got.push((u64::from_be_bytes(m[2][..].try_into().unwrap()), m[3].clone()));
+    }
+    assert_eq!(got.len(), 2, "AllBlocksCleared, then the snapshot's one batch");
+    let start = got[0].0;
+    assert!(start > 1_600_000_000_000_000, "numbers count from the time in microseconds: {start}");
+    assert_eq!(got[1].0, start + 1);
+    let layout = settings("", None).layout;
+    assert_eq!(&got[0].1[..], &layout.encode(decode_ts(&got[0].1), &[WireEvent::Cleared])[..]);
+    let h = HashForm::U64.of(&key(7)).unwrap();
+    assert_eq!(&got[1].1[..], &layout.encode(decode_ts(&got[1].1), &[WireEvent::Stored(vec![h])])[..]);
+    // Until the SUB's handshake is done, the PUB drops its messages:
+    // publish until one arrives, then check the numbering from there.
+    let mut seq = 0;
+    for i in 0u8..=250 {
+        p.vllm.publish(0, vec![Event::Stored(key(i)), Event::Removed(key(i))]);
+        if let Ok(Ok(m)) = tokio::time::timeout(Duration::from_millis(200), sub.recv()).await {
+            let m = m.into_vec();
+            assert_eq!(m.len(), 3, "[topic, seq, payload]");
+            assert_eq!(&m[0][..], b"kv@t@m");
+            seq = u64::from_be_bytes(m[1][..].try_into().unwrap());
+            // One batch per publish: the first to arrive is one of those sent.
+            let ts = decode_ts(&m[2]);
+            let batch_of = |j: u8| {
+                let h = HashForm::U64.of(&key(j)).unwrap();
+                layout.encode(ts, &[WireEvent::Stored(vec![h.clone()]), WireEvent::Removed(vec![h])])
+            };
+            assert!((0..=i).any(|j| m[2][..] == batch_of(j)[..]), "{:?}", &m[2]);
+            break;
+        }
+    }
+    assert!(seq > got[1].0);
+    // A replay from that number answers it and what followed.
+    dealer.send(ask(seq)).await.unwrap();
+    let first = dealer.recv().await.unwrap().into_vec();
+    assert_eq!(u64::from_be_bytes(first[2][..].try_into().unwrap()), seq);
+    assert!(counters.batches() >= 3);
+}
+
+/// The `ts` of an encoded batch (its bytes 2..10 after `93 cb`).
+fn decode_ts(payload: &[u8]) -> f64 {
+    assert_eq!(&payload[..2], &[0x93, 0xcb]);
+    f64::from_be_bytes(payload[2..10].try_into().unwrap())
+}
