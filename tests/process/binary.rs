@@ -9,7 +9,7 @@ use testkit::process::{bin, clean_env, command, ServerProcess};
 use testkit::{Client, FAILSAFE};
 
 /// Every flag of the command line.
-const FLAGS: [&str; 51] = [
+const FLAGS: [&str; 50] = [
     "--host",
     "--port",
     "--world-size",
@@ -58,7 +58,6 @@ const FLAGS: [&str; 51] = [
     "--tls-client-ca",
     "--tls-ca",
     "--plain-listen",
-    "--tenants",
     "--help",
     "--version",
 ];
