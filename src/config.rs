@@ -325,6 +325,11 @@ pub struct Config {
     #[arg(long, env = "HF3FS_META_AUTH_ALL", requires = "admin_token")]
     pub auth_all: bool,
 
+    /// Tenants: a TOML file of `[tenants.<name>]` tables, each tenant walled from the others, selected by
+    /// `/t/<name>/` path prefix, listen address or client certificate; reloaded on SIGHUP (docs/tenants.md).
+    #[arg(long, env = "HF3FS_META_TENANTS")]
+    pub tenants: Option<PathBuf>,
+
     /// Directory for durable metadata; without it the server is purely in memory.
     #[arg(long, env = "HF3FS_META_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
@@ -401,6 +406,14 @@ impl Config {
     /// Checks what clap cannot check flag by flag.
     pub fn validate(&self) -> Result<(), String> {
         self.validate_expected_keys(mem_total())?;
+        if let Some(path) = &self.tenants {
+            crate::tenants::load(path)?;
+            if self.ha.enabled() {
+                return Err("--tenants and --ha etcd cannot be combined yet: tenants are not replicated to the \
+                            standby (docs/tenants.md)"
+                    .into());
+            }
+        }
         self.tls.validate()?;
         if let (true, Some(url)) = (self.ha.enabled(), self.ha.advertise_url.as_deref()) {
             match (url.starts_with("https://"), self.tls.enabled()) {

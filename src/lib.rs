@@ -29,6 +29,8 @@
 //! - [`tools`]: `hf3fs-meta inspect` and `hf3fs-meta verify`, offline tools
 //!   on a copy of a data directory.
 //! - [`test_clock`]: the hidden `--test-clock`, time moved by tests.
+//! - [`tenants`]: `--tenants FILE`: each tenant's state, listen address
+//!   and the reload on SIGHUP.
 //! - [`tls`]: TLS on every hop (rustls): certificates from PEM files, reloaded
 //!   when they change; the accept side, the replication stream's stream.
 //!
@@ -60,6 +62,7 @@ pub use hf3fs_meta_http::routes;
 pub mod layers;
 pub mod maintain;
 pub mod release;
+pub mod tenants;
 pub mod test_clock;
 /// TLS on every hop, a crate of its own (`tls/`): see its docs.
 pub use hf3fs_meta_tls as tls;
@@ -86,6 +89,8 @@ pub struct App {
     pub ha: Option<Arc<ha::Node>>,
     /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
     pub test_clock: Option<Arc<test_clock::TestClock>>,
+    /// The tenants of `--tenants` (see [`App::open`]), else `None`.
+    pub tenants: Option<Arc<tenants::Runtime>>,
     /// The KV-event publisher's counters, with `--kv-events-endpoint`
     /// (see [`App::with_events`]).
     pub events: Option<Arc<events::Counters>>,
@@ -102,41 +107,80 @@ impl std::ops::Deref for App {
 }
 
 impl App {
-    /// An empty, purely in-memory server state for `cfg` (`--data-dir` is
-    /// ignored: use [`App::open`]).
+    /// An empty, purely in-memory server state for `cfg` (`--data-dir` and
+    /// `--tenants` are ignored: use [`App::open`]).
     pub fn new(cfg: Config) -> Self {
-        let store = Arc::new(Store::new(Self::store_config(&cfg)));
-        let spaces = Spaces::new(Self::spaces_config(&cfg), store.clock());
-        let registry = Registry::new(store, spaces);
-        Self::assemble(cfg, registry, None)
+        let registry = Self::empty_registry(&cfg);
+        Self::assemble(cfg, registry, None, None)
     }
 
-    /// The app of `registry`, with its durable stores when there are.
-    fn assemble(cfg: Config, registry: Registry, durable: Option<Arc<durable::Durability>>) -> Self {
+    /// An empty registry of `cfg`'s page spaces, in memory.
+    pub fn empty_registry(cfg: &Config) -> Registry {
+        let store = Arc::new(Store::new(Self::store_config(cfg)));
+        let spaces = Spaces::new(Self::spaces_config(cfg), store.clock());
+        Registry::new(store, spaces)
+    }
+
+    /// The app of `registry`, with its durable stores and tenants when
+    /// there are.
+    fn assemble(
+        cfg: Config,
+        registry: Registry,
+        durable: Option<Arc<durable::Durability>>,
+        tenants: Option<tenants::Runtime>,
+    ) -> Self {
         let test_clock = Self::test_clock(&cfg);
         let mut service = http::Service::new(layers::http_settings(&cfg), registry);
         service.durable = durable.clone().map(|d| Arc::new(layers::Stores(d)) as Arc<dyn http::DurabilityHook>);
         service.test_clock = test_clock.clone().map(|c| c as Arc<dyn http::TestClockHook>);
-        Self { cfg, durable, ha: None, test_clock, events: None, http: Arc::new(service) }
+        let tenants = tenants.map(Arc::new);
+        service.tenants = tenants.as_ref().map(|t| t.tenants.clone());
+        Self { cfg, durable, ha: None, test_clock, tenants, events: None, http: Arc::new(service) }
     }
 
     /// The server state for `cfg`: with `--data-dir`, recovered from that
-    /// directory and kept durable there; without it, as [`App::new`].
-    pub fn open(cfg: Config) -> Result<Self, durable::OpenError> {
-        let Some(dir) = cfg.data_dir.clone() else { return Ok(Self::new(cfg)) };
+    /// directory and kept durable there; without it, in memory. With
+    /// `--tenants`, every tenant's too: the tenant `default`'s is the
+    /// server's own, so a directory written without tenants opens as its.
+    pub fn open(mut cfg: Config) -> Result<Self, durable::OpenError> {
+        let file = match &cfg.tenants {
+            Some(path) => Some(tenants::load(path).map_err(durable::OpenError::Io)?),
+            None => None,
+        };
+        if let Some(p) = file.as_ref().and_then(|f| f.default_tenant().max_pages_per_rank) {
+            cfg.max_pages_per_rank = p;
+        }
+        let tenants = match &file {
+            Some(f) => Some(tenants::Runtime::open(&cfg, f)?),
+            None => None,
+        };
+        let Some(dir) = cfg.data_dir.clone() else {
+            let registry = Self::empty_registry(&cfg);
+            return Ok(Self::assemble(cfg, registry, None, tenants));
+        };
+        let (registry, durable) = Self::open_state(&cfg, &dir)?;
+        Ok(Self::assemble(cfg, registry, Some(Arc::new(durable)), tenants))
+    }
+
+    /// The page spaces of `cfg` recovered from the data directory `dir`
+    /// and kept durable there (the server's, or a tenant's).
+    pub fn open_state(
+        cfg: &Config,
+        dir: &std::path::Path,
+    ) -> Result<(Registry, durable::Durability), durable::OpenError> {
         // The hidden test-only --durable-faults: a file naming faults to
         // inject at the store boundary (durable::faults).
         let faults = cfg.durable_faults.clone().map(durable::Faults::from_file);
         let opts = durable::Options { faults, ..durable::Options::default() };
         let (store, vllm, recovered) = durable::Durable::open(
-            &dir,
-            durable::Options { fsync: cfg.fsync.into(), store: Self::store_config(&cfg), ..opts.clone() },
+            dir,
+            durable::Options { fsync: cfg.fsync.into(), store: Self::store_config(cfg), ..opts.clone() },
         )?;
         let (spaces, catalog, sglang, space_recovered) =
-            durable::spaces::open_with_catalog(&dir, cfg.fsync.into(), Self::spaces_config(&cfg), store.clock(), opts)?;
+            durable::spaces::open_with_catalog(dir, cfg.fsync.into(), Self::spaces_config(cfg), store.clock(), opts)?;
         let registry = Registry::new(store, spaces);
         // Both stores opened: this release now writes the directory.
-        durable::format::record(&dir, crate::release::VERSION, crate::release::COMMIT)
+        durable::format::record(dir, crate::release::VERSION, crate::release::COMMIT)
             .map_err(|e| durable::OpenError::Io(format!("{}: {e}", dir.join(durable::format::FILE).display())))?;
         // Readers may hold leases from before the restart, which were not
         // persisted: a dialect whose store brought keys back evicts nothing
@@ -145,7 +189,18 @@ impl App {
             Dialect::Vllm => recovered.bindings > 0,
             Dialect::Sglang => space_recovered.bindings > 0,
         });
-        Ok(Self::assemble(cfg, registry, Some(Arc::new(durable::Durability { vllm, sglang, catalog }))))
+        Ok((registry, durable::Durability { vllm, sglang, catalog }))
+    }
+
+    /// Runs `f` on every registry the server serves: its own (the tenant
+    /// `default`'s) and every other tenant's.
+    pub fn each_registry(&self, mut f: impl FnMut(&Registry)) {
+        f(&self.registry);
+        if let Some(t) = &self.tenants {
+            for r in t.registries() {
+                f(&r);
+            }
+        }
     }
 
     /// This server as a node of an HA cluster: data routes answer only
@@ -216,6 +271,9 @@ impl App {
     /// Flushes and stops durability (a no-op in memory). Call once serving
     /// has stopped.
     pub fn close(&self) -> Result<(), durable::WaitError> {
+        for d in self.tenants.as_ref().map(|t| t.durables()).unwrap_or_default() {
+            d.close()?;
+        }
         self.durable.as_ref().map_or(Ok(()), |d| d.close())
     }
 
@@ -223,9 +281,13 @@ impl App {
     /// the reason (never without `--data-dir`); the binary then exits with
     /// [`durable::EXIT_FATAL`].
     pub async fn fatal(&self) -> Arc<str> {
-        match &self.durable {
-            Some(d) => d.fatal().await,
-            None => std::future::pending().await,
+        let mut all = tokio::task::JoinSet::new();
+        for d in self.durable.iter().cloned().chain(self.tenants.iter().flat_map(|t| t.durables())) {
+            all.spawn(async move { d.fatal().await });
+        }
+        match all.join_next().await {
+            Some(Ok(why)) => why,
+            _ => std::future::pending().await,
         }
     }
 }
@@ -247,6 +309,11 @@ pub async fn serve_with(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let passes = maintain::start(&app);
+    if let Some(t) = &app.tenants {
+        if let Err(e) = t.start(app.http.clone(), tls.clone()) {
+            tracing::error!("{e}");
+        }
+    }
     http::serve_tls(app.http.clone(), listener, tls, plain, shutdown).await;
     drop(passes);
 }

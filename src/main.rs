@@ -133,10 +133,35 @@ async fn serve(
     if hf3fs_meta::tls::reload::any() {
         hf3fs_meta::tls::reload::watch();
     }
+    // With --tenants: their listen addresses, and a reload on SIGHUP.
+    if let Some(t) = &app.tenants {
+        t.start(app.service().clone(), tls.clone()).map_err(Exit::failure)?;
+        reload_tenants_on_sighup(t.clone());
+    }
     hf3fs_meta::serve_with(app.clone(), listener, tls, plain, shutdown).await;
     app.close().map_err(|e| Exit::failure(format!("durable store did not close cleanly: {e}")))?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// With `--tenants`: reads the tenants file again on every SIGHUP; a file
+/// that fails leaves the running tenants as they were (logged).
+fn reload_tenants_on_sighup(tenants: Arc<hf3fs_meta::tenants::Runtime>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        tracing::warn!("cannot install the SIGHUP handler: the tenants file is read at start only");
+        return;
+    };
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let t = tenants.clone();
+            match tokio::task::spawn_blocking(move || t.reload()).await {
+                Ok(Ok(names)) => tracing::info!(tenants = ?names, "tenants file reloaded"),
+                Ok(Err(e)) => tracing::error!("tenants file not reloaded, the running tenants are kept: {e}"),
+                Err(e) => tracing::error!("tenants reload failed: {e}"),
+            }
+        }
+    });
 }
 
 /// With `--data-dir`: a durable store that failed beyond in-process

@@ -72,7 +72,12 @@ async fn sweep(app: Arc<App>, ttl: Duration) {
             return;
         }
         let app = app.clone();
-        match tokio::task::spawn_blocking(move || app.registry.tick()).await {
+        let tick = move || {
+            let mut n = 0;
+            app.each_registry(|r| n += r.tick());
+            n
+        };
+        match tokio::task::spawn_blocking(tick).await {
             Ok(0) => {}
             Ok(n) => tracing::warn!(pages = n, "returned expired reservations to the pool"),
             Err(e) => tracing::error!("reservation sweep failed: {e}"),
@@ -91,7 +96,17 @@ async fn maintain(app: Arc<App>) {
             return;
         }
         let app = app.clone();
-        match tokio::task::spawn_blocking(move || app.registry.maintain(MAINTAIN_BUDGET_WORDS)).await {
+        let pass = move || {
+            let mut total = crate::core::MaintainReport::default();
+            app.each_registry(|r| {
+                let one = r.maintain(MAINTAIN_BUDGET_WORDS);
+                total.keys += one.keys;
+                total.pages += one.pages;
+                total.quarantine_freed += one.quarantine_freed;
+            });
+            total
+        };
+        match tokio::task::spawn_blocking(pass).await {
             Ok(r) if r.keys > 0 => tracing::debug!(keys = r.keys, pages = r.pages, "evicted above the high watermark"),
             Ok(_) => {}
             Err(e) => tracing::error!("eviction pass failed: {e}"),

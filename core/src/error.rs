@@ -9,7 +9,9 @@
 use crate::key::KeyRef;
 use std::fmt;
 
-/// The machine-readable code of a failed `confirm_write`.
+/// The machine-readable code of a typed error: a failed `confirm_write`
+/// ([`ErrorCode::CONFIRM`]), or a request refused for its tenant
+/// ([`ErrorCode::TENANT`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
     /// The rank was never initialized (or was cleared).
@@ -32,11 +34,41 @@ pub enum ErrorCode {
     /// client confirms a key on a page it was not given. Caught unless the
     /// two keys' 32-bit tags collide (2^-32).
     ReservedForOtherKey,
+    /// The request names a tenant the server does not serve (never
+    /// configured, removed, or `default` disabled).
+    UnknownTenant,
+    /// The connection's tenant (its client certificate's, or its listen
+    /// address's) is not the one its path names.
+    TenantMismatch,
+    /// An allocate beyond the tenant's `max_keys` that eviction could not
+    /// make room for.
+    TenantQuota,
+    /// A strict-layout tenant's initialize with another page count than
+    /// the rank (or SGLang space) was first initialized with.
+    LayoutMismatch,
 }
 
 impl ErrorCode {
-    /// Every code, for metrics that export one series per code.
-    pub const ALL: [ErrorCode; 8] = [
+    /// Every code: [`ErrorCode::CONFIRM`]'s, then [`ErrorCode::TENANT`]'s
+    /// (`docs/error-codes.json` is generated from this list).
+    pub const ALL: [ErrorCode; 12] = {
+        let (confirm, tenant) = (ErrorCode::CONFIRM, ErrorCode::TENANT);
+        let mut all = [ErrorCode::RankNotInitialized; 12];
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = if i < confirm.len() { confirm[i] } else { tenant[i - confirm.len()] };
+            i += 1;
+        }
+        all
+    };
+
+    /// The tenant codes: a request refused for its tenant (docs/tenants.md).
+    pub const TENANT: [ErrorCode; 4] =
+        [ErrorCode::UnknownTenant, ErrorCode::TenantMismatch, ErrorCode::TenantQuota, ErrorCode::LayoutMismatch];
+
+    /// The codes of a failed `confirm_write`, for metrics that export one
+    /// series per code.
+    pub const CONFIRM: [ErrorCode; 8] = [
         ErrorCode::RankNotInitialized,
         ErrorCode::PageOutOfRange,
         ErrorCode::ConfirmUnallocated,
@@ -58,6 +90,10 @@ impl ErrorCode {
             ErrorCode::DoubleRelease => "double_release",
             ErrorCode::ConfirmAndRelease => "confirm_and_release",
             ErrorCode::ReservedForOtherKey => "reserved_for_other_key",
+            ErrorCode::UnknownTenant => "unknown_tenant",
+            ErrorCode::TenantMismatch => "tenant_mismatch",
+            ErrorCode::TenantQuota => "tenant_quota",
+            ErrorCode::LayoutMismatch => "layout_mismatch",
         }
     }
 }
@@ -118,6 +154,7 @@ impl fmt::Display for ConfirmError {
             ErrorCode::ReservedForOtherKey => {
                 write!(f, "cannot confirm key {k} on page {p} of rank {r}: the page is reserved for another key")
             }
+            code => write!(f, "{} on rank {r}", code.as_str()),
         }
     }
 }

@@ -633,6 +633,12 @@ impl Store {
         freed
     }
 
+    /// The keys stored now (one load: a tenant's `max_keys` check).
+    #[inline]
+    pub fn key_count(&self) -> u64 {
+        self.current.load().keys.load(Ordering::Relaxed).max(0) as u64
+    }
+
     /// Statistics: page counts per rank (a scan, O(pages / 32)), key counts.
     pub fn stats(&self) -> Stats {
         let current = self.current.load_full();

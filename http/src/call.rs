@@ -12,6 +12,7 @@ use crate::core::Registry;
 use crate::decode::{Body, Limits};
 use crate::reply::Reply;
 use crate::scratch::Scratch;
+use crate::tenants::Tenant;
 use crate::Service;
 
 /// A route's handler ([`crate::routes::Spec::handler`]).
@@ -22,10 +23,13 @@ pub struct Call<'a> {
     /// The service: its settings, counters and hooks.
     pub app: &'a Service,
     /// The page spaces the request works on: the pipeline's
-    /// [`Exchange::registry`](crate::request::Exchange::registry) (today
-    /// always the service's own; the one place a tenant's would be handed
-    /// over). Handlers reach the state through this, never through `app`.
+    /// [`Exchange::registry`](crate::request::Exchange::registry) (the
+    /// service's own, or its tenant's). Handlers reach the state through
+    /// this, never through `app`.
     pub registry: &'a Registry,
+    /// Its tenant, with `--tenants`: its limits (`max_keys`,
+    /// `strict_layout`).
+    pub tenant: Option<&'a Tenant>,
     /// The route's `{rank}` path segment.
     pub rank: &'a RankParam,
     /// This worker thread's reusable buffers (decoder, answer vectors).

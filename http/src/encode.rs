@@ -397,6 +397,20 @@ pub fn typed_error(out: &mut Vec<u8>, detail: &str, code: &str, rank: i64, page:
     out.extend_from_slice(b"}}");
 }
 
+/// Appends a tenant refusal, `{"detail":detail,"error":{"code":code}}`,
+/// the tenant named in `error` when known.
+pub fn tenant_error(out: &mut Vec<u8>, detail: &str, code: &str, tenant: Option<&str>) {
+    out.extend_from_slice(br#"{"detail":"#);
+    json_str(out, detail);
+    out.extend_from_slice(br#","error":{"code":"#);
+    json_str(out, code);
+    if let Some(t) = tenant {
+        out.extend_from_slice(br#","tenant":"#);
+        json_str(out, t);
+    }
+    out.extend_from_slice(b"}}");
+}
+
 /// Appends a `FastAPI` request-validation error (the body of its 422 answers)
 /// holding one error:
 /// `{"detail":[{"type":typ,"loc":["path","rank"],"msg":msg,"input":input}]}`.

@@ -49,6 +49,7 @@ pub mod request;
 pub mod routes;
 pub mod scratch;
 mod sglang;
+pub mod tenants;
 mod vllm;
 
 pub use hooks::{BoxFuture, DurabilityHook, MetricsHook, Serving, TestClockHook};
@@ -83,6 +84,9 @@ pub struct Service {
     pub gate: Option<Arc<dyn Serving>>,
     /// The simulated time of `--test-clock` (hidden, for tests), else `None`.
     pub test_clock: Option<Arc<dyn TestClockHook>>,
+    /// The tenants of `--tenants`, else `None`: every request is then
+    /// served by `registry` and `durable`, as without tenants.
+    pub tenants: Option<Arc<tenants::Tenants>>,
     /// The KV-event publisher's series, with `--kv-events-endpoint`.
     pub events: Option<Arc<dyn MetricsHook>>,
     /// Set once shutdown starts; `/health` then answers 503.
@@ -99,6 +103,7 @@ impl Service {
             durable: None,
             gate: None,
             test_clock: None,
+            tenants: None,
             events: None,
             shutting_down: AtomicBool::new(false),
         }

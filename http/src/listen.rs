@@ -55,6 +55,27 @@ pub fn bind(addr: SocketAddr, max_connections: usize) -> std::io::Result<TcpList
     socket.listen(u32::try_from(max_connections).unwrap_or(u32::MAX).max(1024))
 }
 
+/// [`bind`] without a runtime: a listening std socket (non-blocking, its
+/// backlog as long as [`bind`]'s), for an address bound before the server
+/// serves (a tenant's `listen`, [`serve_tenant`]).
+pub fn bind_std(addr: SocketAddr, max_connections: usize) -> std::io::Result<std::net::TcpListener> {
+    // std's bind sets SO_REUSEADDR on Unix, as `bind` does.
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        let backlog = i32::try_from(max_connections).unwrap_or(i32::MAX).max(1024);
+        // SAFETY: listen(2) on the file descriptor of `listener`, a socket
+        // this function owns and that is open for the whole call; calling it
+        // again on a listening socket only changes its backlog.
+        if unsafe { libc::listen(listener.as_raw_fd(), backlog) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(listener)
+}
+
 /// Serves `app` on `listener` until `shutdown` resolves, then drains.
 ///
 /// Returns once every connection has finished (or the shutdown timeout ran out).
@@ -117,15 +138,16 @@ pub async fn serve_tls(
             (Listener::Main, Some(tls)) => {
                 // The handshake in the connection's own task: a slow or
                 // refused client never holds the accept loop.
-                let (cfg, peer) = (tls.get(), Peer { addr: peer, listener: port, tls: true });
+                let cfg = tls.get();
                 tokio::spawn(async move {
                     if let Ok(tls) = hf3fs_meta_tls::accept::accept(stream, cfg, timeout).await {
+                        let peer = tls_peer(peer, port, hf3fs_meta_tls::accept::identity(&tls), None);
                         run_connection(app, builder, tls, peer, watcher, permit).await;
                     }
                 });
             }
-            (Listener::Plain, _) => {
-                let peer = Peer { addr: peer, listener: port, tls: false };
+            (Listener::Plain | Listener::Tenant, _) => {
+                let peer = Peer { addr: peer, listener: port, tls: false, identity: None, tenant: None };
                 tokio::spawn(async move {
                     if !hf3fs_meta_tls::accept::refuse_tls(&mut stream, timeout).await {
                         run_connection(app, builder, stream, peer, watcher, permit).await;
@@ -133,7 +155,7 @@ pub async fn serve_tls(
                 });
             }
             (Listener::Main, None) => {
-                let peer = Peer { addr: peer, listener: port, tls: false };
+                let peer = Peer { addr: peer, listener: port, tls: false, identity: None, tenant: None };
                 tokio::spawn(run_connection(app, builder, stream, peer, watcher, permit));
             }
         }
@@ -166,7 +188,8 @@ async fn run_connection<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let app_for_conn = app.clone();
-    let service = service_fn(move |req| request::respond(app_for_conn.clone(), peer, req));
+    let peer_for_conn = peer.clone();
+    let service = service_fn(move |req| request::respond(app_for_conn.clone(), peer_for_conn.clone(), req));
     let io = TokioIo::new(GuardedIo::new(io, app.gate.clone()));
     let conn = watcher.watch(builder.serve_connection(io, service));
     app.metrics.connection_opened();
@@ -175,6 +198,85 @@ async fn run_connection<I>(
     }
     app.metrics.connection_closed();
     drop(permit);
+}
+
+/// The [`Peer`] of a TLS connection from `addr` to `listener`, with its
+/// client certificate's identity, for `tenant`'s listen address when given.
+fn tls_peer(addr: SocketAddr, listener: Listener, identity: Option<String>, tenant: Option<Arc<str>>) -> Peer {
+    Peer { addr, listener, tls: true, identity: identity.map(Arc::from), tenant }
+}
+
+/// Serves a tenant's `listen` address until `stop` resolves: each request
+/// goes to the pipeline with `tenant` on its [`Peer`] (the tenant stage
+/// then serves it that tenant, [`crate::tenants`]), TLS with `tls` as the
+/// server's port. Once stopped it accepts nothing more and lets the
+/// requests in flight finish (bounded by `--shutdown-timeout`).
+pub async fn serve_tenant(
+    app: Arc<Service>,
+    listener: std::net::TcpListener,
+    tls: Option<hf3fs_meta_tls::Server>,
+    tenant: Arc<str>,
+    stop: impl Future<Output = ()>,
+) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%tenant, "cannot serve the tenant's listen address: {e}");
+            return;
+        }
+    };
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(app.cfg.header_timeout()).keep_alive(true);
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(app.cfg.max_connections.max(1)));
+    let mut accept_errors = AcceptErrors::default();
+    tokio::pin!(stop);
+    loop {
+        let permit = tokio::select! {
+            biased;
+            () = &mut stop => break,
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        };
+        let (mut stream, addr) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    accept_errors.warn(&e);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let (watcher, builder, app, tenant) = (graceful.watcher(), builder.clone(), app.clone(), tenant.clone());
+        let timeout = app.cfg.header_timeout();
+        match tls.as_ref().map(|t| t.get()) {
+            Some(cfg) => {
+                tokio::spawn(async move {
+                    if let Ok(tls) = hf3fs_meta_tls::accept::accept(stream, cfg, timeout).await {
+                        let peer =
+                            tls_peer(addr, Listener::Tenant, hf3fs_meta_tls::accept::identity(&tls), Some(tenant));
+                        run_connection(app, builder, tls, peer, watcher, permit).await;
+                    }
+                });
+            }
+            None => {
+                let peer = Peer { addr, listener: Listener::Tenant, tls: false, identity: None, tenant: Some(tenant) };
+                tokio::spawn(async move {
+                    if !hf3fs_meta_tls::accept::refuse_tls(&mut stream, timeout).await {
+                        run_connection(app, builder, stream, peer, watcher, permit).await;
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    let timeout = Duration::from_secs(app.cfg.shutdown_timeout);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(timeout) => tracing::warn!(%tenant, "tenant listener stopped with connections still open"),
+    }
 }
 
 /// File descriptors kept for everything but client sockets: the listener,

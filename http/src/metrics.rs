@@ -66,7 +66,7 @@ fn dialect_slot(d: Dialect) -> usize {
 
 const ENDPOINTS: usize = ROUTES.len() + 1;
 /// Status codes with their own series; anything else counts as "other".
-const STATUSES: [u16; 13] = [200, 204, 400, 401, 404, 405, 408, 413, 422, 500, 503, 507, 0];
+const STATUSES: [u16; 15] = [200, 204, 400, 401, 403, 404, 405, 408, 409, 413, 422, 500, 503, 507, 0];
 /// Latency bucket upper bounds, in microseconds (then +Inf).
 const LATENCY_US: [u64; 14] =
     [10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 250_000, 1_000_000];
@@ -90,7 +90,7 @@ struct Shard {
     latency_sum_ns: [AtomicU64; ENDPOINTS],
     keys: [[AtomicU64; KEYS.len() + 1]; ENDPOINTS],
     keys_sum: [AtomicU64; ENDPOINTS],
-    errors: [[AtomicU64; ErrorCode::ALL.len()]; DATA_DIALECTS.len()],
+    errors: [[AtomicU64; ErrorCode::CONFIRM.len()]; DATA_DIALECTS.len()],
     confirm_pages: [[AtomicU64; CONFIRM_OUTCOMES.len()]; DATA_DIALECTS.len()],
     allocate_keys: [[AtomicU64; ALLOCATE_OUTCOMES.len()]; DATA_DIALECTS.len()],
     delete_keys: [AtomicU64; DELETE_OUTCOMES.len()],
@@ -160,7 +160,7 @@ impl Metrics {
 
     /// Records a typed confirm error.
     pub fn confirm_error(&self, dialect: Dialect, code: ErrorCode) {
-        let i = ErrorCode::ALL.iter().position(|&c| c == code).unwrap_or(0);
+        let i = ErrorCode::CONFIRM.iter().position(|&c| c == code).unwrap_or(0);
         add(&self.shard().errors[dialect_slot(dialect)][i], 1);
     }
 
@@ -229,6 +229,86 @@ impl Metrics {
 
     fn sum(&self, f: impl Fn(&Shard) -> &AtomicU64) -> u64 {
         self.shards.sum(f)
+    }
+}
+
+/// One tenant's request counters, by endpoint and status: the series of
+/// `hf3fs_meta_tenant_requests_total`, whose `tenant` label takes one
+/// value per configured tenant (bounded by the tenants file).
+#[derive(Default)]
+pub struct TenantCounters {
+    shards: Sharded<TenantShard>,
+    /// Allocates refused by `max_keys`.
+    pub quota_refusals: AtomicU64,
+    /// Keys evicted to stay within `max_keys`.
+    pub quota_evictions: AtomicU64,
+}
+
+/// One thread's counters of one tenant.
+struct TenantShard {
+    requests: [[AtomicU64; STATUSES.len()]; ENDPOINTS],
+}
+
+impl Default for TenantShard {
+    fn default() -> Self {
+        Self { requests: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))) }
+    }
+}
+
+impl TenantCounters {
+    /// Records one answered request.
+    #[inline]
+    pub fn request(&self, ep: Endpoint, status: u16) {
+        add(&self.shards.local().requests[ep.0][status_slot(status)], 1);
+    }
+
+    /// Requests answered with `status` on `ep` (tests).
+    pub fn count(&self, ep: Endpoint, status: u16) -> u64 {
+        self.shards.sum(|sh| &sh.requests[ep.0][status_slot(status)])
+    }
+}
+
+/// The tenants' families: requests by tenant, quota refusals and
+/// evictions, and keys stored. Each item is a tenant's name, its counters,
+/// its quota counts (refusals, evictions) and its keys.
+pub fn render_tenants<'t>(
+    out: &mut String,
+    tenants: impl Iterator<Item = (&'t str, &'t TenantCounters, (u64, u64), u64)>,
+) {
+    let tenants: Vec<_> = tenants.collect();
+    let mut w = Samples::start(
+        out,
+        &counter("tenant_requests_total", "Requests answered, by tenant, dialect, endpoint and status code."),
+    );
+    for (name, c, _, _) in &tenants {
+        for ep in Endpoint::all() {
+            for st in STATUSES {
+                let n = c.shards.sum(|sh| &sh.requests[ep.0][status_slot(st)]);
+                if n > 0 {
+                    let st = if st == 0 { "other".to_string() } else { st.to_string() };
+                    w.put(
+                        &[("tenant", name), ("dialect", &ep.dialect()), ("endpoint", &ep.label()), ("status", &st)],
+                        n,
+                    );
+                }
+            }
+        }
+    }
+    let mut w = Samples::start(
+        out,
+        &counter("tenant_quota_refusals_total", "Allocates refused by a tenant's max_keys (answered 'no space')."),
+    );
+    for (name, _, (refused, _), _) in &tenants {
+        w.put(&[("tenant", name)], refused);
+    }
+    let mut w =
+        Samples::start(out, &counter("tenant_quota_evictions_total", "Keys a tenant's max_keys evicted of its own."));
+    for (name, _, (_, evicted), _) in &tenants {
+        w.put(&[("tenant", name)], evicted);
+    }
+    let mut w = Samples::start(out, &gauge("tenant_keys", "Keys a tenant stores, both dialects."));
+    for (name, _, _, keys) in &tenants {
+        w.put(&[("tenant", name)], keys);
     }
 }
 
@@ -369,7 +449,7 @@ static FAMILIES: [(Family, Source); 37] = [
         counter("confirm_errors_total", "Typed confirm_write errors (500s), by dialect and code."),
         Source::Other(|s, w| {
             for (d, dialect) in DATA_DIALECTS.iter().enumerate() {
-                for (i, code) in ErrorCode::ALL.iter().enumerate() {
+                for (i, code) in ErrorCode::CONFIRM.iter().enumerate() {
                     let n = s.m.sum(|sh| &sh.errors[d][i]);
                     w.put(&[("dialect", &dialect.label()), ("code", &code.as_str())], n);
                 }

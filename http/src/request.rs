@@ -4,6 +4,8 @@
 //! ```text
 //!  listen.rs ──▶ respond(app, peer, req)
 //!    0. test clock   POST /_test/advance/{ms}, only with --test-clock (not a route)
+//!    ½. tenant       tenants::select, only with --tenants: the request's tenant (its
+//!                    certificate, listen address or /t/<tenant>/ prefix, stripped)
 //!    1. route        routes::find: the row (Spec) names the handler; 404/405 otherwise
 //!    2. gate         gate::admit: a data route only while Serving says this node may serve
 //!    3. auth         the bearer token, where the row or --auth-all asks for it
@@ -20,6 +22,19 @@
 //! [`Exchange`] and may end the request with a [`Reply`]; the stages after
 //! the handler see every answer, refusals included. No stage calls back
 //! into an earlier one, and the path is routed once.
+//!
+//! # Tenants
+//!
+//! With `--tenants`, the tenant stage resolves which tenant a request
+//! belongs to ([`crate::tenants::Tenants::select`]), from [`Exchange::peer`]
+//! (the TLS identity `listen.rs` adds to [`Peer`] after the handshake, and
+//! the tenant listen address it came to) or a `/t/<tenant>/` path prefix
+//! (stripped before stage 1 routes the rest), and sets
+//! [`Exchange::registry`] to the tenant's page spaces, [`Exchange::durable`]
+//! to its durable stores and [`Exchange::tenant`] to its limits; stage 9
+//! counts the request in the tenant's series too. The handlers reach the
+//! state only through [`Call::registry`], which stage 6 takes from the
+//! exchange. Without `--tenants` the stage is one `Option` check.
 //!
 //! # KV events
 //!
@@ -42,7 +57,8 @@ use crate::metrics::Endpoint;
 use crate::reply::Reply;
 use crate::routes::{self, Found, Op, Spec};
 use crate::scratch::Scratch;
-use crate::Service;
+use crate::tenants::{Selected, Tenant};
+use crate::{DurabilityHook, Service};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::header::{
@@ -65,10 +81,12 @@ pub enum Listener {
     Main,
     /// `--plain-listen`: plain HTTP on loopback beside a TLS port.
     Plain,
+    /// A tenant's `listen` address (`--tenants`), TLS as the server's port.
+    Tenant,
 }
 
 /// The connection a request came on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
     /// The client's address.
     pub addr: SocketAddr,
@@ -76,12 +94,18 @@ pub struct Peer {
     pub listener: Listener,
     /// Whether the connection completed a TLS handshake.
     pub tls: bool,
+    /// The identity of its TLS client certificate, once the handshake
+    /// verified one: its first DNS subject alternative name, else its
+    /// subject's common name ([`hf3fs_meta_tls::accept::identity`]).
+    pub identity: Option<Arc<str>>,
+    /// The tenant whose `listen` address it came to ([`Listener::Tenant`]).
+    pub tenant: Option<Arc<str>>,
 }
 
 impl Peer {
     /// A plain connection from `addr` to the server's port (tests, benches).
     pub fn plain(addr: SocketAddr) -> Peer {
-        Peer { addr, listener: Listener::Main, tls: false }
+        Peer { addr, listener: Listener::Main, tls: false, identity: None, tenant: None }
     }
 }
 
@@ -96,9 +120,14 @@ pub struct Exchange<'a> {
     pub start: Instant,
     /// Stage 1's outcome: the route's row and `{rank}`, or why none.
     pub route: Found,
-    /// The page spaces its handler works on: the service's registry (the
-    /// field a tenant stage would set).
+    /// The page spaces its handler works on: the service's registry, or
+    /// its tenant's (the tenant stage's).
     pub registry: &'a Registry,
+    /// Its tenant, with `--tenants` (the tenant stage's).
+    pub tenant: Option<&'a Tenant>,
+    /// The durable stores its changes wait for: the service's, or its
+    /// tenant's.
+    pub durable: Option<&'a dyn DurabilityHook>,
 }
 
 impl Exchange<'_> {
@@ -146,9 +175,31 @@ where
     if let Some(reply) = advance_test_clock(&app, &req) {
         return Ok(into_response(reply, None));
     }
-    // 1. Route, once.
-    let route = route(req.method(), req.uri().path());
-    let cx = Exchange { app: &app, peer: &peer, start: Instant::now(), route, registry: &app.registry };
+    let start = Instant::now();
+    // ½. Tenant: with --tenants, whose request this is.
+    let selected = match app.tenants.as_deref() {
+        None => None,
+        Some(t) => match t.select(&peer, req.uri().path()) {
+            Ok(s) => Some(s),
+            Err(reply) => {
+                app.metrics.request(Endpoint::OTHER, reply.status.as_u16(), 0, start.elapsed());
+                return Ok(into_response(reply, None));
+            }
+        },
+    };
+    let tenant = selected.as_ref().map(|s: &Selected| &*s.tenant);
+    let path = req.uri().path();
+    // 1. Route, once (the rest of a tenant's path).
+    let route = route(req.method(), selected.as_ref().map_or(path, |s| &path[s.prefix..]));
+    let cx = Exchange {
+        app: &app,
+        peer: &peer,
+        start,
+        route,
+        registry: tenant.map_or(&app.registry, |t| t.registry(&app.registry)),
+        tenant,
+        durable: tenant.and_then(|t| t.durable.as_deref()).or(app.durable.as_deref()),
+    };
     let spec = cx.spec();
     let gate = app.gate.as_deref();
     let mut reply = if let Some(refused) = gate::admit(gate, spec, || has_body(&req)) {
@@ -175,7 +226,7 @@ where
     // 7. With --data-dir, a successful change is answered only once
     // everything recorded so far (its own changes and those it observed) is
     // durable. Each dialect waits for its own durable store.
-    if let (Some(d), Some(dialect)) = (&app.durable, durable_dialect(spec, &reply)) {
+    if let (Some(d), Some(dialect)) = (cx.durable, durable_dialect(spec, &reply)) {
         if let Err(e) = d.sync(dialect).await {
             tracing::error!("durable write failed, answering 503: {e}");
             reply = Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &format!("Durability failure: {e}"));
@@ -185,6 +236,9 @@ where
     let epoch = gate::seal(gate, spec, &mut reply);
     // 9. Metrics.
     app.metrics.request(cx.endpoint(), reply.status.as_u16(), reply.keys, cx.start.elapsed());
+    if let Some(t) = cx.tenant {
+        t.counters.request(cx.endpoint(), reply.status.as_u16());
+    }
     Ok(into_response(reply, epoch))
 }
 
@@ -213,18 +267,19 @@ thread_local! {
 /// Stage 6: the route's handler on a fully read body, or the 404 / 405 of
 /// a request that matched no route.
 pub fn handle_body(cx: &Exchange<'_>, body: Body<'_>) -> Reply {
-    run_handler(cx.app, cx.registry, &cx.route, body)
+    run_handler(cx.app, cx.registry, cx.tenant, &cx.route, body)
 }
 
 /// Stage 6 without the stages around it, on a body in memory: what the
 /// benches, the examples and the fuzz targets call (no socket, no gate,
 /// no durable wait).
 pub fn handle(app: &Service, route: &Found, body: &mut [u8]) -> Reply {
-    run_handler(app, &app.registry, route, Body::Borrowed(body))
+    run_handler(app, &app.registry, None, route, Body::Borrowed(body))
 }
 
-/// Runs `route`'s handler on `registry` with this thread's scratch.
-fn run_handler(app: &Service, registry: &Registry, route: &Found, body: Body<'_>) -> Reply {
+/// Runs `route`'s handler on `registry` (of `tenant`) with this thread's
+/// scratch.
+fn run_handler(app: &Service, registry: &Registry, tenant: Option<&Tenant>, route: &Found, body: Body<'_>) -> Reply {
     let (handler, rank): (Handler, _) = match route {
         Found::Route(id, rank) => (id.spec().handler, rank),
         Found::MethodNotAllowed(allow) => {
@@ -240,7 +295,7 @@ fn run_handler(app: &Service, registry: &Registry, route: &Found, body: Body<'_>
         let Ok(mut scratch) = s.try_borrow_mut() else {
             return Reply::internal("scratch busy");
         };
-        let call = Call { app, registry, rank, scratch: &mut scratch, body, limits };
+        let call = Call { app, registry, tenant, rank, scratch: &mut scratch, body, limits };
         handler(call).unwrap_or_else(|refused| refused)
     })
 }
@@ -351,7 +406,7 @@ where
 /// other changes go on.
 fn refuse_allocation(cx: &Exchange<'_>) -> Option<Reply> {
     let spec = cx.spec()?;
-    let (d, dialect) = (cx.app.durable.as_ref()?, spec.dialect?);
+    let (d, dialect) = (cx.durable?, spec.dialect?);
     if spec.op != Op::Allocate || d.is_healthy(dialect) {
         return None;
     }

@@ -15,6 +15,7 @@ use crate::core::{ConfirmError, Dialect, InitError, Initialized, Registry, Space
 use crate::decode::Input;
 use crate::encode;
 use crate::reply::{self, Reply};
+use crate::tenants;
 use hyper::StatusCode;
 
 /// The `{rank}` of a route as SGLang's rank, or FastAPI's 422.
@@ -60,6 +61,12 @@ pub(crate) fn initialize(mut c: Call<'_>) -> Result<Reply, Reply> {
         Ok(Initialized::Created) => {
             tracing::info!(rank, namespace = ns, num_pages, "SGLang space initialized");
         }
+        Ok(Initialized::Existing { num_pages: n })
+            if i64::from(n) != num_pages && c.tenant.is_some_and(|t| t.strict_layout) =>
+        {
+            let t = c.tenant.expect("strict implies a tenant");
+            return Err(tenants::layout_mismatch(t, &format!("rank {rank} namespace '{ns}'"), n, num_pages));
+        }
         Ok(Initialized::Existing { num_pages: n }) if i64::from(n) != num_pages => tracing::warn!(
             rank,
             namespace = ns,
@@ -90,6 +97,16 @@ pub(crate) fn reserve(mut c: Call<'_>) -> Result<Reply, Reply> {
     let (s, app) = (c.scratch, c.app);
     let req = s.decoder.space_reserve(c.body.bytes_mut(), c.limits)?;
     let n = req.keys.len();
+    if let Some(t) = c.tenant {
+        if let Err(why) = t.admit_keys(c.registry, Dialect::Sglang, n) {
+            // SGLang's "no space": -1 for every key, with the typed detail.
+            app.metrics.allocate_keys(Dialect::Sglang, 0, 0, n as u64);
+            let mut out = Vec::with_capacity(128 + n * 14);
+            encode::reserved_indices(&mut out, (0..n).map(|_| (false, -1)));
+            tenants::quota_answer(&mut out, &why, &t.name);
+            return Ok(Reply::json(StatusCode::OK, out, n));
+        }
+    }
     let slots = &mut s.slots;
     on_space(c.registry, rank, req.namespace, n, |st| {
         let o = st.allocate_partial_keys(0, &req.keys, slots).map_err(|e| internal(e, n))?;

@@ -12,6 +12,7 @@ use crate::core::{Dialect, InitError, Initialized};
 use crate::decode::{Input, Role};
 use crate::encode;
 use crate::reply::{self, Reply};
+use crate::tenants;
 use hyper::StatusCode;
 
 /// The `{rank}` of a route, or the 422 that names a bad one.
@@ -32,6 +33,10 @@ pub(crate) fn initialize(mut c: Call<'_>) -> Result<Reply, Reply> {
     }
     match c.registry.vllm().initialize(rank, req.num_pages) {
         Ok(Initialized::Created) => tracing::info!(rank, num_pages = req.num_pages, "rank initialized"),
+        Ok(Initialized::Existing { num_pages }) if i64::from(num_pages) != req.num_pages && strict(&c) => {
+            let t = c.tenant.expect("strict implies a tenant");
+            return Err(tenants::layout_mismatch(t, &format!("rank {rank}"), num_pages, req.num_pages));
+        }
         Ok(Initialized::Existing { num_pages }) if i64::from(num_pages) != req.num_pages => tracing::warn!(
             rank,
             existing = num_pages,
@@ -48,6 +53,11 @@ pub(crate) fn initialize(mut c: Call<'_>) -> Result<Reply, Reply> {
     Ok(Reply::message(StatusCode::OK, &format!("Rank {rank} initialized with {} pages", req.num_pages)))
 }
 
+/// Whether the call's tenant has a strict layout.
+fn strict(c: &Call<'_>) -> bool {
+    c.tenant.is_some_and(|t| t.strict_layout)
+}
+
 /// `POST /keys/batch_allocate`.
 pub(crate) fn allocate(mut c: Call<'_>) -> Result<Reply, Reply> {
     let (s, body) = (c.scratch, c.body.bytes_mut());
@@ -55,6 +65,17 @@ pub(crate) fn allocate(mut c: Call<'_>) -> Result<Reply, Reply> {
     let keys = if encode::escape_free(body) { encode::Keys::Plain } else { encode::Keys::Any };
     let req = s.decoder.allocate(body, c.limits)?;
     let n = req.keys.len();
+    if let Some(t) = c.tenant {
+        if let Err(why) = t.admit_keys(c.registry, Dialect::Vllm, n) {
+            // vLLM's "no space": -1 for every key (the connector then
+            // recomputes), with the typed detail beside it.
+            c.app.metrics.allocate_keys(Dialect::Vllm, 0, 0, n as u64);
+            let mut out = Vec::with_capacity(128 + n * 48);
+            encode::allocate(&mut out, req.rank, keys, req.keys.iter().map(|&k| (k, -1)));
+            tenants::quota_answer(&mut out, &why, &t.name);
+            return Ok(Reply::json(StatusCode::OK, out, n));
+        }
+    }
     let counts = c.registry.vllm().allocate_keys(req.rank, &req.parsed, &mut s.pages).map_err(|e| {
         let msg = format!("Allocation failed: {e}");
         tracing::error!("{msg}");

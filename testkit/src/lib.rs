@@ -36,7 +36,7 @@ pub mod store;
 pub mod vllm;
 
 pub use client::{request_bytes, Client, Outcome, Response};
-pub use errors::ERROR_CODES;
+pub use errors::{ERROR_CODES, TENANT_CODES};
 pub use keys::{hexkey, key, sha};
 pub use server::{assert_json_body, assert_no_server_panic, check, config, health_ok, TestServer};
 

@@ -82,14 +82,19 @@ pub fn check(method: &str, target: &str, r: &Response) -> Result<(), String> {
 }
 
 /// The path of a request target: origin-form as is, absolute-form without
-/// its scheme and authority, and without the query either way.
+/// its scheme and authority, and without the query either way; a tenant's
+/// `/t/<tenant>` prefix (the document's second server) taken off.
 fn path_of(target: &str) -> String {
     let rest = target.strip_prefix("http://").or_else(|| target.strip_prefix("https://"));
     let path = match rest {
         Some(r) => r.find('/').map_or("/", |i| &r[i..]),
         None => target,
     };
-    path.split('?').next().unwrap_or("").to_string()
+    let path = path.split('?').next().unwrap_or("");
+    match path.strip_prefix("/t/") {
+        Some(rest) => rest.find('/').map_or("/", |i| &rest[i..]).to_string(),
+        None => path.to_string(),
+    }
 }
 
 /// The document's response for `status` to `method path`, with its JSON

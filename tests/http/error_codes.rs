@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 use std::collections::BTreeSet;
-use testkit::ERROR_CODES;
+use testkit::{ERROR_CODES, TENANT_CODES};
 
 /// A document of the repository.
 fn doc(path: &str) -> String {
@@ -39,7 +39,23 @@ fn the_openapi_document_enumerates_every_error_code_in_order() {
     let e = &doc["components"]["schemas"]["TypedConfirmError"]["properties"]["error"]["properties"]["code"]["enum"];
     let listed: Vec<&str> =
         e.as_array().expect("an enum of codes").iter().map(|c| c.as_str().expect("a code")).collect();
-    assert_eq!(listed, *ERROR_CODES, "docs/openapi.json's TypedConfirmError codes vs ErrorCode::ALL");
+    assert_eq!(listed, *ERROR_CODES, "docs/openapi.json's TypedConfirmError codes vs ErrorCode::CONFIRM");
+}
+
+#[test]
+fn the_openapi_document_enumerates_every_tenant_code_in_order() {
+    let doc: Value = serde_json::from_str(testkit::schema::OPENAPI).expect("docs/openapi.json is JSON");
+    let e = &doc["components"]["schemas"]["TenantErrorBody"]["properties"]["code"]["enum"];
+    let listed: Vec<&str> =
+        e.as_array().expect("an enum of codes").iter().map(|c| c.as_str().expect("a code")).collect();
+    assert_eq!(listed, *TENANT_CODES, "docs/openapi.json's TenantErrorBody codes vs ErrorCode::TENANT");
+}
+
+#[test]
+fn the_tenant_reference_describes_every_tenant_code_and_no_other() {
+    let want = as_set(&*TENANT_CODES);
+    let listed = first_column(&doc("docs/tenants.md"), "| `code` | Status |");
+    assert_eq!(as_set(&listed), want, "docs/tenants.md's table of codes vs ErrorCode::TENANT");
 }
 
 #[test]

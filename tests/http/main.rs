@@ -11,6 +11,7 @@
 //! - [`stats_metrics`]: `/stats` and `/metrics` agree on every page count.
 //! - [`error_codes`]: the documents' lists of typed error codes against the core's.
 //! - [`fuzz_corpus`]: every fuzz seed through its fuzz target's oracles.
+//! - [`tenants`]: `--tenants`: isolation, selection, quotas, strict layout, restart, reload.
 
 // A test or bench binary has no API: its `pub` items are crate-local.
 #![allow(unreachable_pub)]
@@ -24,3 +25,4 @@ mod ops;
 mod prefix;
 mod sglang;
 mod stats_metrics;
+mod tenants;

@@ -9,7 +9,7 @@ use testkit::process::{bin, clean_env, command, ServerProcess};
 use testkit::{Client, FAILSAFE};
 
 /// Every flag of the command line.
-const FLAGS: [&str; 50] = [
+const FLAGS: [&str; 51] = [
     "--host",
     "--port",
     "--world-size",
@@ -58,6 +58,7 @@ const FLAGS: [&str; 50] = [
     "--tls-client-ca",
     "--tls-ca",
     "--plain-listen",
+    "--tenants",
     "--help",
     "--version",
 ];

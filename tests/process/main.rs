@@ -9,6 +9,7 @@
 //!   newer format refused untouched, older directories opened.
 //! - [`never_a_wrong_page`]: the "never a wrong page" sequences on the hidden test clock,
 //!   SIGKILL restarts included, against a simulated page store.
+//! - [`tenants`]: `--tenants`: a bad file refused, SIGHUP reloads, a tenant's listen address.
 //! - [`tools`]: `hf3fs-meta inspect` and `verify` on data directories.
 //! - [`python_client`]: the Python suites in tests/python, the engines' own
 //!   clients (read out of their wheels at test time) included.
@@ -23,4 +24,5 @@ mod durable_disk;
 mod formats;
 mod never_a_wrong_page;
 mod python_client;
+mod tenants;
 mod tools;

@@ -65,6 +65,29 @@ pub async fn accept(
     }
 }
 
+/// The identity of a verified TLS connection's client certificate: its
+/// first DNS subject alternative name, else its subject's common name;
+/// `None` without a client certificate (what a tenant's `identities` name).
+pub fn identity<IO>(tls: &TlsStream<IO>) -> Option<String> {
+    let der = tls.get_ref().1.peer_certificates()?.first()?;
+    certificate_identity(der)
+}
+
+/// The identity of the DER certificate `der` (see [`identity`]).
+pub fn certificate_identity(der: &[u8]) -> Option<String> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            if let GeneralName::DNSName(dns) = name {
+                return Some((*dns).to_string());
+            }
+        }
+    }
+    let cn = cert.subject().iter_common_name().next()?.as_str().ok().map(str::to_owned);
+    cn
+}
+
 /// On a plain port beside a TLS one: `true` (counted, answered with an
 /// alert) when the client starts a TLS handshake.
 pub async fn refuse_tls(stream: &mut TcpStream, timeout: Duration) -> bool {

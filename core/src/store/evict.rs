@@ -155,6 +155,30 @@ impl Store {
         Room { enough: table.free_count() >= need, evicted }
     }
 
+    /// Evicts up to `want` keys by CLOCK, as an allocate short of pages
+    /// would (leased keys passed over, the same bounded budget per rank):
+    /// what a tenant's `max_keys` quota frees before it refuses. Returns
+    /// the keys evicted (0 when eviction is off or held after a restart).
+    pub fn evict_keys(&self, want: u64) -> u64 {
+        let current = self.current.load_full();
+        if want == 0 || !self.eviction_allowed(self.clock.now()) {
+            return 0;
+        }
+        let mut evicted = 0;
+        for slot in current.ranks.iter() {
+            let Some(table) = slot.get() else { continue };
+            // A key holds one page of each rank of its world: freeing
+            // `want - evicted` more pages of one rank evicts that many keys.
+            let target = table.free_count() + (want - evicted);
+            let budget = ((want - evicted) * 16).max(1024).div_ceil(32);
+            evicted += self.evict_on(&current, table, target, budget, EvictReason::Allocate).0;
+            if evicted >= want {
+                break;
+            }
+        }
+        evicted
+    }
+
     /// Moves `table`'s hand until its free counter reaches `target` or
     /// `budget_words` words were passed, evicting the keys of the BOUND
     /// pages it meets by CLOCK. Returns (keys evicted, pages freed).

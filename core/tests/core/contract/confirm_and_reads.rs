@@ -9,13 +9,22 @@ use super::*;
 /// core (the Python suites, schemathesis's hooks, the docs' checks).
 const ERROR_CODES_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/error-codes.json");
 
-/// What `docs/error-codes.json` must hold: `ErrorCode::ALL`, in order.
+/// What `docs/error-codes.json` must hold: `ErrorCode::ALL`, in order, the
+/// codes of confirm_write (`codes`) apart from the tenant codes
+/// (`tenant_codes`).
 fn error_codes_json() -> String {
-    let codes: Vec<String> = ErrorCode::ALL.iter().map(|c| format!("    \"{}\"", c.as_str())).collect();
+    let list = |codes: &[ErrorCode]| -> String {
+        codes.iter().map(|c| format!("    \"{}\"", c.as_str())).collect::<Vec<_>>().join(",\n")
+    };
+    let confirm: Vec<ErrorCode> = ErrorCode::ALL.into_iter().filter(|c| ErrorCode::CONFIRM.contains(c)).collect();
+    let tenant: Vec<ErrorCode> = ErrorCode::ALL.into_iter().filter(|c| ErrorCode::TENANT.contains(c)).collect();
+    assert_eq!(confirm.len() + tenant.len(), ErrorCode::ALL.len(), "every code is a confirm or a tenant code");
     format!(
-        "{{\n  \"about\": \"The typed error codes of confirm_write (docs/api.md), in the order of ErrorCode::ALL \
-         (core/src/error.rs), which this file is generated from: {REGENERATE}\",\n  \"codes\": [\n{}\n  ]\n}}\n",
-        codes.join(",\n")
+        "{{\n  \"about\": \"The typed error codes (docs/api.md): confirm_write's, then the tenant refusals' \
+         (docs/tenants.md), in the order of ErrorCode::ALL (core/src/error.rs), which this file is generated \
+         from: {REGENERATE}\",\n  \"codes\": [\n{}\n  ],\n  \"tenant_codes\": [\n{}\n  ]\n}}\n",
+        list(&confirm),
+        list(&tenant)
     )
 }
 

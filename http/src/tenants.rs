@@ -1,0 +1,320 @@
+//! Tenants: which deployment a request belongs to, and what that tenant
+//! allows (docs/tenants.md).
+//!
+//! A server started with `--tenants FILE` serves one [`Tenant`] per table
+//! of the file, each with page spaces of its own (its [`Registry`]: ranks,
+//! SGLang spaces, keys, reservations, leases, eviction) and, with
+//! `--data-dir`, durable stores of its own. The pipeline's tenant stage
+//! ([`crate::request`]) picks the request's tenant with [`Tenants::select`]:
+//!
+//! 1. the connection's: its TLS client certificate's identity (a name the
+//!    tenant lists in `identities`), else the tenant listen address it came
+//!    to (`listen`); a certificate's tenant and a listen address's that
+//!    differ are a 403 `tenant_mismatch`;
+//! 2. the path's: `/t/<tenant>/…`, stripped before routing; one that names
+//!    another tenant than the connection's is a 403 `tenant_mismatch`;
+//! 3. else the tenant `default` (the root routes), unless the file disabled
+//!    it.
+//!
+//! A tenant that is not served (never configured, removed, `default`
+//! disabled) is a 404 `unknown_tenant`; a refusal changes nothing. Without
+//! `--tenants` the service has no [`Tenants`] and the stage costs one
+//! `Option` check.
+//!
+//! The set is replaced whole on a reload ([`Tenants::replace`]): a request
+//! holds the [`Arc`] of its tenant, so a removed tenant's requests in flight
+//! finish on its state.
+
+use crate::core::{Dialect, ErrorCode, Registry};
+use crate::encode;
+use crate::hooks::DurabilityHook;
+use crate::metrics::TenantCounters;
+use crate::reply::Reply;
+use crate::request::Peer;
+use arc_swap::ArcSwap;
+use hyper::StatusCode;
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The name of the tenant the root routes serve.
+pub const DEFAULT: &str = "default";
+
+/// The path prefix that names a tenant: `/t/<tenant>/…`.
+pub const PREFIX: &str = "/t/";
+
+/// The longest tenant name.
+pub const MAX_NAME: usize = 64;
+
+/// Whether `name` is a valid tenant name: 1 to [`MAX_NAME`] characters of
+/// `[a-z0-9_-]`, starting with a letter or digit (a path segment, a
+/// directory name and a metrics label value as it is).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// One tenant: its page spaces, durable stores and limits.
+pub struct Tenant {
+    /// Its name (the `[tenants.<name>]` of the file).
+    pub name: Arc<str>,
+    /// Its page spaces; `None` for the tenant `default`, which is the
+    /// service's own registry (so that a server's state from before tenants
+    /// is the default tenant's).
+    pub registry: Option<Arc<Registry>>,
+    /// Its durable stores (`--data-dir`); `None` for the tenant `default`,
+    /// whose stores are the service's, and without `--data-dir`.
+    pub durable: Option<Arc<dyn DurabilityHook>>,
+    /// `max_keys`: the keys it may store, both dialects together.
+    pub max_keys: Option<u64>,
+    /// `strict_layout`: the first initialize of a rank or space fixes its
+    /// page count; another is a 409 `layout_mismatch`.
+    pub strict_layout: bool,
+    /// Its counters (the `tenant` label's series), kept across reloads.
+    pub counters: Arc<TenantCounters>,
+}
+
+impl Tenant {
+    /// A tenant named `name` on `registry` (`None`: the service's), with no
+    /// limit.
+    pub fn new(name: &str, registry: Option<Arc<Registry>>, durable: Option<Arc<dyn DurabilityHook>>) -> Tenant {
+        Tenant { name: name.into(), registry, durable, max_keys: None, strict_layout: false, counters: Arc::default() }
+    }
+
+    /// Its page spaces: its own, or `service`'s for the tenant `default`.
+    #[inline]
+    pub fn registry<'a>(&'a self, service: &'a Registry) -> &'a Registry {
+        self.registry.as_deref().unwrap_or(service)
+    }
+
+    /// The keys it stores now, both dialects (O(its SGLang spaces)).
+    pub fn stored_keys(registry: &Registry) -> u64 {
+        registry.vllm().key_count() + registry.sglang().list().iter().map(|(_, s)| s.key_count()).sum::<u64>()
+    }
+
+    /// Whether an allocate of `n` keys fits `max_keys`; at the limit, first
+    /// evicts its own keys (its `dialect`'s page spaces first) where
+    /// eviction is on and leases allow. `Err` is the typed detail of the
+    /// refusal, for the dialect's "no space" answer.
+    pub fn admit_keys(&self, registry: &Registry, dialect: Dialect, n: usize) -> Result<(), String> {
+        let Some(max) = self.max_keys else { return Ok(()) };
+        let n = n as u64;
+        let stored = Self::stored_keys(registry);
+        if stored + n <= max {
+            return Ok(());
+        }
+        let mut want = (stored + n - max).min(stored);
+        let mut evicted = 0;
+        let spaces = registry.sglang().list();
+        let vllm = std::iter::once(registry.vllm());
+        let sglang = spaces.iter().map(|(_, s)| &**s);
+        let stores: Vec<&crate::core::Store> = match dialect {
+            Dialect::Vllm => vllm.chain(sglang).collect(),
+            Dialect::Sglang => sglang.chain(vllm).collect(),
+        };
+        for store in stores {
+            if want == 0 {
+                break;
+            }
+            let e = store.evict_keys(want);
+            evicted += e;
+            want -= e.min(want);
+        }
+        // Relaxed: statistics.
+        self.counters.quota_evictions.fetch_add(evicted, Ordering::Relaxed);
+        if Self::stored_keys(registry) + n <= max {
+            return Ok(());
+        }
+        self.counters.quota_refusals.fetch_add(1, Ordering::Relaxed);
+        Err(format!(
+            "Tenant '{}' is at its quota of {max} keys (max_keys): {n} more cannot be stored{}",
+            self.name,
+            if evicted > 0 { " even after evicting its own unleased keys" } else { "" }
+        ))
+    }
+
+    /// Allocates refused by `max_keys`, and keys evicted for it.
+    pub fn quota_counts(&self) -> (u64, u64) {
+        let c = &self.counters;
+        (c.quota_refusals.load(Ordering::Relaxed), c.quota_evictions.load(Ordering::Relaxed))
+    }
+}
+
+/// The tenants served now, by each way of selecting one.
+#[derive(Default)]
+pub struct TenantSet {
+    /// By name.
+    by_name: HashMap<Arc<str>, Arc<Tenant>>,
+    /// By certificate identity.
+    by_identity: HashMap<Box<str>, Arc<Tenant>>,
+}
+
+impl TenantSet {
+    /// The set of `tenants`, each with the certificate identities it
+    /// accepts; `Err` names an identity claimed twice or a name given twice.
+    pub fn new(tenants: Vec<(Arc<Tenant>, Vec<String>)>) -> Result<TenantSet, String> {
+        let mut set = TenantSet::default();
+        for (t, identities) in tenants {
+            for id in identities {
+                if let Some(other) = set.by_identity.insert(id.clone().into(), t.clone()) {
+                    return Err(format!("identity '{id}' is claimed by tenants '{}' and '{}'", other.name, t.name));
+                }
+            }
+            if set.by_name.insert(t.name.clone(), t.clone()).is_some() {
+                return Err(format!("tenant '{}' is given twice", t.name));
+            }
+        }
+        Ok(set)
+    }
+
+    /// The tenant named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<Tenant>> {
+        self.by_name.get(name)
+    }
+
+    /// Every tenant, by name.
+    pub fn list(&self) -> Vec<Arc<Tenant>> {
+        let mut v: Vec<_> = self.by_name.values().cloned().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+}
+
+/// The tenants of a server started with `--tenants`, replaced whole by a
+/// reload.
+pub struct Tenants {
+    current: ArcSwap<TenantSet>,
+}
+
+/// A request's tenant and how much of its path named it.
+pub struct Selected {
+    /// The tenant.
+    pub tenant: Arc<Tenant>,
+    /// The bytes of the path's `/t/<tenant>` prefix (0 without one).
+    pub prefix: usize,
+}
+
+impl Tenants {
+    /// Serving `set`.
+    pub fn new(set: TenantSet) -> Tenants {
+        Tenants { current: ArcSwap::from_pointee(set) }
+    }
+
+    /// The set served now.
+    pub fn current(&self) -> Arc<TenantSet> {
+        self.current.load_full()
+    }
+
+    /// Serves `set` from now on; requests in flight finish on the tenants
+    /// they hold.
+    pub fn replace(&self, set: TenantSet) {
+        self.current.store(Arc::new(set));
+    }
+
+    /// The tenant stage: the tenant of a request on `peer` for `path`, or
+    /// the refusal (see the module docs).
+    pub fn select(&self, peer: &Peer, path: &str) -> Result<Selected, Reply> {
+        let set = self.current.load();
+        // The connection's tenant: its certificate's, else its listener's.
+        let by_identity = peer.identity.as_deref().and_then(|id| set.by_identity.get(id).map(|t| (t, id)));
+        let by_listen = match peer.tenant.as_deref() {
+            Some(name) => match set.get(name) {
+                Some(t) => Some(t),
+                None => return Err(unknown(name)),
+            },
+            None => None,
+        };
+        let conn = match (by_identity, by_listen) {
+            (Some((a, id)), Some(b)) if !Arc::ptr_eq(a, b) => {
+                return Err(mismatch(&format!(
+                    "the client certificate '{id}' belongs to tenant '{}', but the connection came to tenant '{}''s listen address",
+                    a.name, b.name
+                )))
+            }
+            (Some((a, _)), _) => Some(a),
+            (None, b) => b,
+        };
+        // The path's.
+        if let Some(rest) = path.strip_prefix(PREFIX) {
+            let name = rest.split('/').next().unwrap_or_default();
+            let prefix = PREFIX.len() + name.len();
+            let Some(t) = set.get(name) else { return Err(unknown(name)) };
+            if let Some(c) = conn.filter(|c| !Arc::ptr_eq(c, t)) {
+                return Err(mismatch(&format!(
+                    "the path names tenant '{name}', but the connection belongs to tenant '{}'",
+                    c.name
+                )));
+            }
+            return Ok(Selected { tenant: t.clone(), prefix });
+        }
+        match conn.or_else(|| set.get(DEFAULT)) {
+            Some(t) => Ok(Selected { tenant: t.clone(), prefix: 0 }),
+            None => Err(unknown(DEFAULT)),
+        }
+    }
+}
+
+/// A tenant refusal's answer: `{"detail":…,"error":{"code":…,"tenant":…}}`.
+pub fn refusal(status: StatusCode, code: ErrorCode, tenant: Option<&str>, detail: &str) -> Reply {
+    let mut body = Vec::with_capacity(detail.len() + 64);
+    encode::tenant_error(&mut body, detail, code.as_str(), tenant);
+    Reply::json(status, body, 0)
+}
+
+/// Turns a "no space" answer (`out`, one JSON object) into a quota
+/// refusal: the same object with the typed detail added,
+/// `…,"detail":…,"error":{"code":"tenant_quota","tenant":…}}`.
+pub fn quota_answer(out: &mut Vec<u8>, detail: &str, tenant: &str) {
+    debug_assert_eq!(out.last(), Some(&b'}'));
+    out.pop();
+    out.push(b',');
+    let mut typed = Vec::with_capacity(detail.len() + 64);
+    encode::tenant_error(&mut typed, detail, ErrorCode::TenantQuota.as_str(), Some(tenant));
+    out.extend_from_slice(&typed[1..]);
+}
+
+/// The 409 of a strict-layout tenant's initialize with another page count.
+pub fn layout_mismatch(tenant: &Tenant, what: &str, existing: u32, requested: i64) -> Reply {
+    let detail = format!(
+        "Layout mismatch: {what} of tenant '{}' was initialized with {existing} pages; this initialize asks for \
+         {requested} (strict_layout)",
+        tenant.name
+    );
+    tracing::warn!("{detail}");
+    refusal(StatusCode::CONFLICT, ErrorCode::LayoutMismatch, Some(&tenant.name), &detail)
+}
+
+/// The 404 of a tenant not served.
+fn unknown(name: &str) -> Reply {
+    let shown: String = name.chars().take(MAX_NAME).collect();
+    let detail = if name == DEFAULT {
+        "Unknown tenant: the root routes serve the tenant 'default', which this server does not serve; use /t/<tenant>/…"
+            .to_string()
+    } else {
+        format!("Unknown tenant '{shown}': this server serves no such tenant")
+    };
+    refusal(StatusCode::NOT_FOUND, ErrorCode::UnknownTenant, Some(&shown), &detail)
+}
+
+/// The 403 of a path or listener that names another tenant than the
+/// connection's.
+fn mismatch(why: &str) -> Reply {
+    refusal(StatusCode::FORBIDDEN, ErrorCode::TenantMismatch, None, &format!("Tenant mismatch: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["a", "default", "team-1", "x_y", "0"] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in ["", "-a", "A", "a/b", "a.b", "é", &"a".repeat(65)] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+}

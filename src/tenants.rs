@@ -1,0 +1,544 @@
+//! `--tenants FILE`: the tenants file, each tenant's state, its listen
+//! address, and the reload on SIGHUP (docs/tenants.md).
+//!
+//! The file is TOML, one table per tenant:
+//!
+//! ```toml
+//! [tenants.default]          # the root routes' tenant; `enabled = false` disables it
+//! max_keys = 1000000
+//!
+//! [tenants.team-a]
+//! listen = "127.0.0.1:18001" # an extra address that serves only this tenant
+//! identities = ["team-a.engines.example"]  # client certificate names (mTLS)
+//! max_keys = 500000          # stored keys, both dialects together
+//! max_pages_per_rank = 1048576
+//! strict_layout = true       # another page count for an initialized rank is a 409
+//! ```
+//!
+//! Every tenant but `default` has page spaces of its own (a
+//! [`Registry`]) and, with `--data-dir`, durable stores of its own in
+//! `<data-dir>/tenants/<name>/`, laid out as a data directory of its own;
+//! the tenant `default` is the server's root registry and root directory,
+//! so that a directory written without tenants opens as the default
+//! tenant's. The HTTP layer selects and limits ([`http::tenants`]); this
+//! module makes and replaces what it serves.
+//!
+//! A reload ([`Runtime::reload`], on SIGHUP) reads the file again and,
+//! only when all of it is valid and every new tenant's state opened and
+//! listen address bound, serves the new set: added tenants start, changed
+//! limits apply, removed tenants stop being served at once, then drain
+//! (their requests in flight finish), then their state is freed, on disk
+//! too (their directory is renamed away in one step, then deleted). A file
+//! that fails leaves the running tenants as they were.
+
+use crate::config::Config;
+use crate::core::Registry;
+use crate::http::tenants::{self as t, Tenant, TenantSet, Tenants};
+use crate::{durable, http, layers};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// The subdirectory of `--data-dir` that holds the tenants' directories
+/// (the tenant `default`'s state is the data directory itself).
+pub const SUBDIR: &str = "tenants";
+
+/// The prefix of a removed tenant's directory while it is being deleted.
+const REMOVED: &str = ".removed-";
+
+/// The file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    tenants: BTreeMap<String, Spec>,
+}
+
+/// One tenant's table, `[tenants.<name>]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    /// Whether it is served (`false`: as if absent; for `default`: the
+    /// root routes answer `unknown_tenant`).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// An extra address that serves only this tenant.
+    pub listen: Option<SocketAddr>,
+    /// The client certificate identities that select it (mTLS).
+    #[serde(default)]
+    pub identities: Vec<String>,
+    /// The keys it may store, both dialects together.
+    pub max_keys: Option<u64>,
+    /// The largest rank (or SGLang space) it may initialize, in pages.
+    pub max_pages_per_rank: Option<u32>,
+    /// The first initialize of a rank or space fixes its page count.
+    #[serde(default)]
+    pub strict_layout: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for Spec {
+    fn default() -> Self {
+        Spec {
+            enabled: true,
+            listen: None,
+            identities: Vec::new(),
+            max_keys: None,
+            max_pages_per_rank: None,
+            strict_layout: false,
+        }
+    }
+}
+
+/// A validated tenants file: every tenant by name, `default` always
+/// present (enabled unless the file says otherwise).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantsFile {
+    /// Every tenant's table, by name.
+    pub tenants: BTreeMap<String, Spec>,
+}
+
+impl TenantsFile {
+    /// The tenant `default`'s table.
+    pub fn default_tenant(&self) -> &Spec {
+        &self.tenants[t::DEFAULT]
+    }
+}
+
+/// Reads and validates the tenants file at `path`; the error names the
+/// file and what is wrong with it.
+pub fn load(path: &Path) -> Result<TenantsFile, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("tenants file {}: {e}", path.display()))?;
+    parse(&text).map_err(|e| format!("tenants file {}: {e}", path.display()))
+}
+
+/// Parses and validates a tenants file's text.
+pub fn parse(text: &str) -> Result<TenantsFile, String> {
+    let file: File = toml::from_str(text).map_err(|e| describe(text, &e))?;
+    let mut tenants = file.tenants;
+    let mut identities: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut listens: BTreeMap<SocketAddr, &str> = BTreeMap::new();
+    for (name, spec) in &tenants {
+        if !t::valid_name(name) {
+            return Err(format!(
+                "[tenants.{name}]: a tenant name is 1 to {} characters of a-z, 0-9, '-' and '_', starting with a \
+                 letter or digit",
+                t::MAX_NAME
+            ));
+        }
+        if spec.max_keys == Some(0) {
+            return Err(format!("[tenants.{name}]: max_keys must be at least 1 (leave it out for no limit)"));
+        }
+        if let Some(p) = spec.max_pages_per_rank {
+            if p == 0 || p == u32::MAX {
+                return Err(format!("[tenants.{name}]: max_pages_per_rank must be between 1 and {}", u32::MAX - 1));
+            }
+        }
+        if !spec.enabled {
+            continue;
+        }
+        for id in &spec.identities {
+            if id.is_empty() {
+                return Err(format!("[tenants.{name}]: an identity is empty"));
+            }
+            if let Some(other) = identities.insert(id, name) {
+                return Err(format!("identity '{id}' is listed by tenants '{other}' and '{name}'"));
+            }
+        }
+        if let Some(a) = spec.listen {
+            if let Some(other) = listens.insert(a, name) {
+                return Err(format!("listen address {a} is given to tenants '{other}' and '{name}'"));
+            }
+        }
+    }
+    tenants.entry(t::DEFAULT.to_string()).or_default();
+    Ok(TenantsFile { tenants })
+}
+
+/// A TOML error on one line: where, then what.
+fn describe(text: &str, e: &toml::de::Error) -> String {
+    let what = e.message().trim().replace('\n', " ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let start = before.rfind('\n').map_or(0, |i| i + 1);
+            let column = before.len() - start + 1;
+            let source = text[start..].lines().next().unwrap_or_default().trim();
+            format!("line {line}, column {column} (`{source}`): {what}")
+        }
+        None => what,
+    }
+}
+
+/// One tenant as served: what the HTTP layer sees, its durable stores and
+/// its listener.
+struct Live {
+    spec: Spec,
+    tenant: Arc<Tenant>,
+    durable: Option<Arc<durable::Durability>>,
+    listener: Option<Listening>,
+}
+
+/// A tenant's listen address: bound, then served until `stop` is sent.
+struct Listening {
+    /// As the file gives it.
+    addr: SocketAddr,
+    /// As bound (the port chosen for port 0).
+    bound: SocketAddr,
+    /// The socket, until it is served.
+    pending: Option<std::net::TcpListener>,
+    /// Ends the serving, once served.
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Listening {
+    /// Binds tenant `name`'s `addr` (before anything serves it).
+    fn bind(name: &str, addr: SocketAddr, max_connections: usize) -> Result<Listening, String> {
+        let l = http::listen::bind_std(addr, max_connections)
+            .map_err(|e| format!("tenant '{name}': cannot listen on {addr}: {e}"))?;
+        let bound = l.local_addr().unwrap_or(addr);
+        Ok(Listening { addr, bound, pending: Some(l), stop: None })
+    }
+
+    /// Stops serving it (a socket never served is closed on drop).
+    fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// The tenants of a server started with `--tenants`: the file, what each
+/// tenant holds, and the HTTP layer's [`Tenants`].
+pub struct Runtime {
+    path: PathBuf,
+    cfg: Config,
+    /// What the pipeline's tenant stage reads.
+    pub tenants: Arc<Tenants>,
+    live: Mutex<BTreeMap<String, Live>>,
+    /// What serves the listen addresses: the service and the port's TLS,
+    /// once the server serves ([`Runtime::start`]).
+    serving: Mutex<Option<Serving>>,
+}
+
+/// What serves the tenants' listen addresses and drains removed tenants.
+struct Serving {
+    service: Arc<http::Service>,
+    tls: Option<crate::tls::Server>,
+    /// The server's runtime: a reload may run on any thread.
+    runtime: tokio::runtime::Handle,
+}
+
+impl Runtime {
+    /// The tenants of `file` (read from `cfg.tenants`) for a server of
+    /// `cfg`: each tenant's state opened (from its directory, with
+    /// `--data-dir`); listen addresses are bound by [`Runtime::start`].
+    pub fn open(cfg: &Config, file: &TenantsFile) -> Result<Runtime, durable::OpenError> {
+        let path = cfg.tenants.clone().unwrap_or_default();
+        if let Some(dir) = &cfg.data_dir {
+            sweep_removed(&dir.join(SUBDIR));
+        }
+        let mut live = BTreeMap::new();
+        for (name, spec) in file.tenants.iter().filter(|(_, s)| s.enabled) {
+            let mut l = open_tenant(cfg, name, spec)?;
+            if let Some(addr) = spec.listen {
+                l.listener = Some(Listening::bind(name, addr, cfg.max_connections).map_err(durable::OpenError::Io)?);
+            }
+            live.insert(name.clone(), l);
+        }
+        let set = tenant_set(&live).map_err(durable::OpenError::Io)?;
+        Ok(Runtime {
+            path,
+            cfg: cfg.clone(),
+            tenants: Arc::new(Tenants::new(set)),
+            live: Mutex::new(live),
+            serving: Mutex::new(None),
+        })
+    }
+
+    /// Serves every tenant's listen address (bound by [`Runtime::open`])
+    /// with `service` (TLS with `tls`, as the server's port), on the
+    /// current tokio runtime.
+    /// Once only: a second call does nothing.
+    pub fn start(&self, service: Arc<http::Service>, tls: Option<crate::tls::Server>) -> Result<(), String> {
+        {
+            let mut serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
+            if serving.is_some() {
+                return Ok(());
+            }
+            *serving = Some(Serving { service, tls, runtime: tokio::runtime::Handle::current() });
+        }
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        for (name, l) in live.iter_mut() {
+            if let Some(listening) = &mut l.listener {
+                self.serve(name, listening);
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves `listening` for tenant `name`, once the server serves (until
+    /// then it stays bound, for [`Runtime::start`]).
+    fn serve(&self, name: &str, listening: &mut Listening) {
+        let serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(Serving { service, tls, runtime }) = serving.as_ref() else { return };
+        let Some(listener) = listening.pending.take() else { return };
+        let (stop, stopped) = oneshot::channel();
+        let serve = http::listen::serve_tenant(service.clone(), listener, tls.clone(), Arc::from(name), async move {
+            let _ = stopped.await;
+        });
+        runtime.spawn(serve);
+        listening.stop = Some(stop);
+        tracing::info!(tenant = name, addr = %listening.bound, "tenant listening");
+    }
+
+    /// The address tenant `name`'s listen address is bound to, while served.
+    pub fn listen_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner).get(name)?.listener.as_ref().map(|l| l.bound)
+    }
+
+    /// Every tenant's own registry (not `default`'s, which is the
+    /// server's): the background passes walk them.
+    pub fn registries(&self) -> Vec<Arc<Registry>> {
+        self.tenants.current().list().iter().filter_map(|t| t.registry.clone()).collect()
+    }
+
+    /// Every tenant's own durable stores.
+    pub fn durables(&self) -> Vec<Arc<durable::Durability>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner).values().filter_map(|l| l.durable.clone()).collect()
+    }
+
+    /// Reads the file again and serves what it says, or changes nothing
+    /// and says why (see the module docs). Returns the names of the
+    /// tenants served after it.
+    pub fn reload(&self) -> Result<Vec<String>, String> {
+        let file = load(&self.path)?;
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        // Check everything before changing anything.
+        for (name, spec) in file.tenants.iter().filter(|(_, s)| s.enabled) {
+            if let Some(l) = live.get(name) {
+                if l.spec.max_pages_per_rank != spec.max_pages_per_rank {
+                    return Err(format!(
+                        "[tenants.{name}]: max_pages_per_rank of a served tenant changes only with a restart \
+                         (it is {:?}, the file says {:?})",
+                        l.spec.max_pages_per_rank, spec.max_pages_per_rank
+                    ));
+                }
+            }
+        }
+        // Open the new tenants' state and bind every new address; undone
+        // (dropped) if anything fails.
+        let mut next: BTreeMap<String, Live> = BTreeMap::new();
+        let mut kept = Vec::new();
+        for (name, spec) in file.tenants.iter().filter(|(_, s)| s.enabled) {
+            let old = live.get(name);
+            let mut l = match old {
+                Some(o) => Live {
+                    spec: spec.clone(),
+                    tenant: Arc::new(with_limits(&o.tenant, spec)),
+                    durable: o.durable.clone(),
+                    listener: None,
+                },
+                None => open_tenant(&self.cfg, name, spec).map_err(|e| format!("tenant '{name}': {e}"))?,
+            };
+            let same_addr = old.and_then(|o| o.listener.as_ref()).map(|x| x.addr) == spec.listen;
+            match spec.listen {
+                Some(_) if same_addr => kept.push(name.clone()),
+                Some(addr) => l.listener = Some(Listening::bind(name, addr, self.cfg.max_connections)?),
+                None => {}
+            }
+            next.insert(name.clone(), l);
+        }
+        let set = tenant_set(&next)?;
+        // Valid: serve it. Listeners kept move over; the others stop.
+        for name in kept {
+            if let (Some(n), Some(o)) = (next.get_mut(&name), live.get_mut(&name)) {
+                n.listener = o.listener.take();
+            }
+        }
+        self.tenants.replace(set);
+        for (name, l) in next.iter_mut() {
+            if let Some(listening) = &mut l.listener {
+                self.serve(name, listening);
+            }
+        }
+        let old = std::mem::replace(&mut *live, next);
+        for (name, mut o) in old {
+            if let Some(l) = o.listener.take() {
+                l.stop();
+            }
+            if !live.contains_key(&name) {
+                // Disabled: no longer served, its state kept; removed: freed.
+                let delete = !file.tenants.contains_key(&name);
+                self.drain(name, o, delete);
+            }
+        }
+        Ok(live.keys().cloned().collect())
+    }
+
+    /// A tenant no longer served: once its requests in flight have
+    /// finished, its durable stores are closed and, when `delete`, its
+    /// directory deleted (`default`'s state, the server's own, is kept).
+    fn drain(&self, name: String, removed: Live, delete: bool) {
+        let dir = self.cfg.data_dir.as_ref().map(|d| d.join(SUBDIR));
+        let timeout = Duration::from_secs(self.cfg.shutdown_timeout.max(1));
+        tracing::info!(tenant = %name, "tenant removed: no longer served; draining");
+        let runtime = self.serving.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|s| s.runtime.clone());
+        let work = move || {
+            let Live { tenant, durable, .. } = removed;
+            let deadline = Instant::now() + timeout;
+            // The pipeline holds a tenant's Arc for each request in flight.
+            while Arc::strong_count(&tenant) > 1 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            drop(tenant);
+            if let Some(d) = durable {
+                if let Err(e) = d.close() {
+                    tracing::warn!(tenant = %name, "closing the removed tenant's durable stores: {e}");
+                }
+            }
+            if let (Some(dir), true) = (dir, delete && name != t::DEFAULT) {
+                remove_dir(&dir, &name);
+            }
+            tracing::info!(tenant = %name, deleted = delete, "tenant no longer served: drained");
+        };
+        match runtime {
+            Some(r) => drop(r.spawn_blocking(work)),
+            None => work(),
+        }
+    }
+}
+
+/// The same tenant with `spec`'s limits (a reload): its state and counters
+/// are kept.
+fn with_limits(old: &Tenant, spec: &Spec) -> Tenant {
+    Tenant {
+        max_keys: spec.max_keys,
+        strict_layout: spec.strict_layout,
+        counters: old.counters.clone(),
+        ..Tenant::new(&old.name, old.registry.clone(), old.durable.clone())
+    }
+}
+
+/// The HTTP layer's set of `live`.
+fn tenant_set(live: &BTreeMap<String, Live>) -> Result<TenantSet, String> {
+    TenantSet::new(live.values().map(|l| (l.tenant.clone(), l.spec.identities.clone())).collect())
+}
+
+/// Opens tenant `name`'s state: `default`'s is the server's own (nothing to
+/// open); another's is a registry of its own, durable in
+/// `<data-dir>/tenants/<name>/` with `--data-dir`.
+fn open_tenant(cfg: &Config, name: &str, spec: &Spec) -> Result<Live, durable::OpenError> {
+    let (registry, durable) = if name == t::DEFAULT {
+        (None, None)
+    } else {
+        let mut cfg = cfg.clone();
+        if let Some(p) = spec.max_pages_per_rank {
+            cfg.max_pages_per_rank = p;
+        }
+        match &cfg.data_dir {
+            Some(dir) => {
+                let dir = dir.join(SUBDIR).join(name);
+                std::fs::create_dir_all(&dir).map_err(|e| durable::OpenError::Io(format!("{}: {e}", dir.display())))?;
+                let (registry, d) = crate::App::open_state(&cfg, &dir)?;
+                (Some(Arc::new(registry)), Some(Arc::new(d)))
+            }
+            None => (Some(Arc::new(crate::App::empty_registry(&cfg))), None),
+        }
+    };
+    let hook = durable.clone().map(|d| Arc::new(layers::Stores(d)) as Arc<dyn http::DurabilityHook>);
+    let tenant =
+        Tenant { max_keys: spec.max_keys, strict_layout: spec.strict_layout, ..Tenant::new(name, registry, hook) };
+    Ok(Live { spec: spec.clone(), tenant: Arc::new(tenant), durable, listener: None })
+}
+
+/// Removes tenant `name`'s directory under `dir`: renamed away first (one
+/// step, so that a crash leaves either the whole directory or a removed
+/// one), then deleted.
+fn remove_dir(dir: &Path, name: &str) {
+    let from = dir.join(name);
+    if !from.exists() {
+        return;
+    }
+    let to = dir.join(format!("{REMOVED}{name}"));
+    let _ = std::fs::remove_dir_all(&to);
+    if let Err(e) = std::fs::rename(&from, &to) {
+        tracing::warn!(tenant = name, "cannot remove {}: {e}", from.display());
+        return;
+    }
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    if let Err(e) = std::fs::remove_dir_all(&to) {
+        tracing::warn!(tenant = name, "cannot delete {}: {e} (deleted at the next start)", to.display());
+    }
+}
+
+/// Deletes what a removal interrupted by a crash left under `dir`.
+fn sweep_removed(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        if e.file_name().to_string_lossy().starts_with(REMOVED) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_parses_with_its_defaults() {
+        let f = parse(
+            r#"
+            [tenants.a]
+            listen = "127.0.0.1:18001"
+            identities = ["a.example"]
+            max_keys = 10
+            max_pages_per_rank = 100
+            strict_layout = true
+            "#,
+        )
+        .unwrap();
+        assert_eq!(f.tenants.len(), 2, "default is always there");
+        assert!(f.default_tenant().enabled);
+        let a = &f.tenants["a"];
+        assert_eq!(a.listen, Some("127.0.0.1:18001".parse().unwrap()));
+        assert_eq!((a.max_keys, a.max_pages_per_rank, a.strict_layout), (Some(10), Some(100), true));
+        let off = parse("[tenants.default]\nenabled = false\n").unwrap();
+        assert!(!off.default_tenant().enabled);
+        assert_eq!(parse("").unwrap().tenants.len(), 1);
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_what_is_wrong() {
+        for (text, says) in [
+            ("[tenants.a]\nmax_key = 1\n", "unknown field `max_key`"),
+            ("[tenants.a]\nmax_keys = -1\n", "max_keys"),
+            ("[tenants.a]\nmax_keys = 0\n", "max_keys must be at least 1"),
+            ("[tenants.A]\n", "a tenant name is"),
+            ("[tenants.a]\nlisten = \"nowhere\"\n", "listen"),
+            ("[tenants.a]\nidentities = [\"x\"]\n[tenants.b]\nidentities = [\"x\"]\n", "identity 'x' is listed"),
+            (
+                "[tenants.a]\nlisten = \"127.0.0.1:1\"\n[tenants.b]\nlisten = \"127.0.0.1:1\"\n",
+                "listen address 127.0.0.1:1 is given",
+            ),
+            ("[tenants.a]\nmax_pages_per_rank = 0\n", "max_pages_per_rank must be"),
+            ("[other]\n", "unknown field `other`"),
+            ("[tenants.a\n", "line 1, column"),
+            ("[tenants.a]\nlisten = 7\n", "line 2, column 10 (`listen = 7`): invalid type"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.contains(says), "{text:?}: {e}");
+        }
+    }
+}
