@@ -406,8 +406,9 @@ impl Config {
     /// Checks what clap cannot check flag by flag.
     pub fn validate(&self) -> Result<(), String> {
         self.validate_expected_keys(mem_total())?;
-        if let Some(path) = &self.tenants {
-            crate::tenants::load(path)?;
+        if self.tenants.is_some() {
+            // The file itself is read and checked before anything starts,
+            // where it is opened (`tenants::load`, from main.rs).
             if self.ha.enabled() {
                 return Err("--tenants and --ha etcd cannot be combined yet: tenants are not replicated to the \
                             standby (docs/tenants.md)"

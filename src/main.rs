@@ -76,6 +76,10 @@ fn run() -> Result<(), Exit> {
         hf3fs_meta::release::LONG_VERSION.as_str()
     );
     cfg.validate().map_err(Exit::config)?;
+    // With --tenants: the file read and checked before anything starts.
+    if let Some(path) = &cfg.tenants {
+        hf3fs_meta::tenants::load(path).map_err(Exit::config)?;
+    }
     // With --ha etcd: the flags it needs and the cluster secret, or no start.
     let ha_token = cfg.ha.validate().map_err(Exit::config)?;
     // With --tls-cert: the port's certificates, loaded now (a file that

@@ -43,6 +43,7 @@ pub mod hooks;
 pub mod listen;
 pub mod metrics;
 mod ops;
+pub mod peer;
 mod prefix;
 pub mod reply;
 pub mod request;
@@ -94,6 +95,22 @@ pub struct Service {
 }
 
 impl Service {
+    /// With `--tenants`: the tenants' families (requests by tenant, quota
+    /// refusals and evictions, keys stored) onto `/metrics`' text. Here at
+    /// the crate's root, which names both the tenants and the metrics, so
+    /// that neither module names the other's dependants.
+    pub(crate) fn render_tenant_metrics(&self, text: &mut String) {
+        if let Some(tenants) = &self.tenants {
+            let list = tenants.current().list();
+            metrics::render_tenants(
+                text,
+                list.iter().map(|t| {
+                    (&*t.name, &*t.counters, t.quota_counts(), tenants::Tenant::stored_keys(t.registry(&self.registry)))
+                }),
+            );
+        }
+    }
+
     /// Serves `registry` with `cfg`, with no hook: in memory, without HA.
     pub fn new(cfg: Settings, registry: Registry) -> Self {
         Self {

@@ -17,6 +17,7 @@
 use crate::core::Release;
 use crate::core::{Dialect, ErrorCode, RankPages, SpaceLabel, SpaceReport};
 use crate::routes::{RouteId, Spec, ROUTES};
+use crate::tenants::{TenantCounters, TENANT_ENDPOINTS, TENANT_STATUSES};
 use hf3fs_meta_metrics::{add, counter, gauge, histogram, Family, Samples, Sharded};
 use std::fmt::Display;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -232,40 +233,19 @@ impl Metrics {
     }
 }
 
-/// One tenant's request counters, by endpoint and status: the series of
-/// `hf3fs_meta_tenant_requests_total`, whose `tenant` label takes one
-/// value per configured tenant (bounded by the tenants file).
-#[derive(Default)]
-pub struct TenantCounters {
-    shards: Sharded<TenantShard>,
-    /// Allocates refused by `max_keys`.
-    pub quota_refusals: AtomicU64,
-    /// Keys evicted to stay within `max_keys`.
-    pub quota_evictions: AtomicU64,
+// A tenant's counters (`tenants::TenantCounters`) are sized for at most
+// this many endpoints and statuses: the tenant module names no route.
+const _: () = assert!(ENDPOINTS <= TENANT_ENDPOINTS && STATUSES.len() <= TENANT_STATUSES);
+
+/// Counts one request answered with `status` on `ep` in a tenant's series.
+#[inline]
+pub fn count_tenant_request(c: &TenantCounters, ep: Endpoint, status: u16) {
+    c.record(ep.0, status_slot(status));
 }
 
-/// One thread's counters of one tenant.
-struct TenantShard {
-    requests: [[AtomicU64; STATUSES.len()]; ENDPOINTS],
-}
-
-impl Default for TenantShard {
-    fn default() -> Self {
-        Self { requests: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))) }
-    }
-}
-
-impl TenantCounters {
-    /// Records one answered request.
-    #[inline]
-    pub fn request(&self, ep: Endpoint, status: u16) {
-        add(&self.shards.local().requests[ep.0][status_slot(status)], 1);
-    }
-
-    /// Requests answered with `status` on `ep` (tests).
-    pub fn count(&self, ep: Endpoint, status: u16) -> u64 {
-        self.shards.sum(|sh| &sh.requests[ep.0][status_slot(status)])
-    }
+/// Requests of a tenant answered with `status` on `ep` (tests).
+pub fn tenant_requests(c: &TenantCounters, ep: Endpoint, status: u16) -> u64 {
+    c.requests(ep.0, status_slot(status))
 }
 
 /// The tenants' families: requests by tenant, quota refusals and
@@ -283,7 +263,7 @@ pub fn render_tenants<'t>(
     for (name, c, _, _) in &tenants {
         for ep in Endpoint::all() {
             for st in STATUSES {
-                let n = c.shards.sum(|sh| &sh.requests[ep.0][status_slot(st)]);
+                let n = c.requests(ep.0, status_slot(st));
                 if n > 0 {
                     let st = if st == 0 { "other".to_string() } else { st.to_string() };
                     w.put(

@@ -5,7 +5,6 @@
 use crate::call::Call;
 use crate::encode::{self, ServerStats};
 use crate::reply::Reply;
-use crate::tenants::Tenant;
 use hyper::StatusCode;
 
 /// The API's OpenAPI 3.1 document, served by `GET /openapi.json` byte for
@@ -40,14 +39,7 @@ pub(crate) fn metrics(c: Call<'_>) -> Result<Reply, Reply> {
         ev.render_metrics(&mut text);
     }
     hf3fs_meta_tls::reload::render_metrics(&mut text);
-    if let Some(tenants) = &app.tenants {
-        let list = tenants.current().list();
-        crate::metrics::render_tenants(
-            &mut text,
-            list.iter()
-                .map(|t| (&*t.name, &*t.counters, t.quota_counts(), Tenant::stored_keys(t.registry(&app.registry)))),
-        );
-    }
+    app.render_tenant_metrics(&mut text);
     Ok(Reply { content_type: PROMETHEUS, ..Reply::json(StatusCode::OK, text.into_bytes(), 0) })
 }
 

@@ -70,44 +70,10 @@ use std::cell::RefCell;
 use std::convert::Infallible;
 use std::fmt::Display;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Which listener a connection came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listener {
-    /// The server's port (`--host`, `--port`): TLS with `--tls-cert`.
-    Main,
-    /// `--plain-listen`: plain HTTP on loopback beside a TLS port.
-    Plain,
-    /// A tenant's `listen` address (`--tenants`), TLS as the server's port.
-    Tenant,
-}
-
-/// The connection a request came on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Peer {
-    /// The client's address.
-    pub addr: SocketAddr,
-    /// The listener it connected to.
-    pub listener: Listener,
-    /// Whether the connection completed a TLS handshake.
-    pub tls: bool,
-    /// The identity of its TLS client certificate, once the handshake
-    /// verified one: its first DNS subject alternative name, else its
-    /// subject's common name ([`hf3fs_meta_tls::accept::identity`]).
-    pub identity: Option<Arc<str>>,
-    /// The tenant whose `listen` address it came to ([`Listener::Tenant`]).
-    pub tenant: Option<Arc<str>>,
-}
-
-impl Peer {
-    /// A plain connection from `addr` to the server's port (tests, benches).
-    pub fn plain(addr: SocketAddr) -> Peer {
-        Peer { addr, listener: Listener::Main, tls: false, identity: None, tenant: None }
-    }
-}
+pub use crate::peer::{Listener, Peer};
 
 /// One request as the stages see it: filled in stage order, read by the
 /// stages after (see the module docs).
@@ -237,7 +203,7 @@ where
     // 9. Metrics.
     app.metrics.request(cx.endpoint(), reply.status.as_u16(), reply.keys, cx.start.elapsed());
     if let Some(t) = cx.tenant {
-        t.counters.request(cx.endpoint(), reply.status.as_u16());
+        crate::metrics::count_tenant_request(&t.counters, cx.endpoint(), reply.status.as_u16());
     }
     Ok(into_response(reply, epoch))
 }

@@ -28,13 +28,13 @@
 use crate::core::{Dialect, ErrorCode, Registry};
 use crate::encode;
 use crate::hooks::DurabilityHook;
-use crate::metrics::TenantCounters;
+use crate::peer::Peer;
 use crate::reply::Reply;
-use crate::request::Peer;
 use arc_swap::ArcSwap;
+use hf3fs_meta_metrics::{add, Sharded};
 use hyper::StatusCode;
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The name of the tenant the root routes serve.
@@ -316,5 +316,49 @@ mod tests {
         for bad in ["", "-a", "A", "a/b", "a.b", "é", &"a".repeat(65)] {
             assert!(!valid_name(bad), "{bad}");
         }
+    }
+}
+
+/// The endpoints a tenant's counters have room for (the metrics module
+/// checks at compile time that the route table fits).
+pub const TENANT_ENDPOINTS: usize = 64;
+/// The status codes a tenant's counters have room for (as above).
+pub const TENANT_STATUSES: usize = 16;
+
+/// One tenant's request counters, by endpoint and status: the series of
+/// `hf3fs_meta_tenant_requests_total`, whose `tenant` label takes one
+/// value per configured tenant (bounded by the tenants file). Indexed by
+/// the metrics module's endpoint and status slots, which this module does
+/// not name.
+#[derive(Default)]
+pub struct TenantCounters {
+    shards: Sharded<TenantShard>,
+    /// Allocates refused by `max_keys`.
+    pub quota_refusals: AtomicU64,
+    /// Keys evicted to stay within `max_keys`.
+    pub quota_evictions: AtomicU64,
+}
+
+/// One thread's counters of one tenant.
+struct TenantShard {
+    requests: [[AtomicU64; TENANT_STATUSES]; TENANT_ENDPOINTS],
+}
+
+impl Default for TenantShard {
+    fn default() -> Self {
+        Self { requests: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))) }
+    }
+}
+
+impl TenantCounters {
+    /// Records one answered request in its endpoint's and status's slot.
+    #[inline]
+    pub fn record(&self, endpoint: usize, status_slot: usize) {
+        add(&self.shards.local().requests[endpoint][status_slot], 1);
+    }
+
+    /// The requests recorded in a slot, summed over the threads.
+    pub fn requests(&self, endpoint: usize, status_slot: usize) -> u64 {
+        self.shards.sum(|sh| &sh.requests[endpoint][status_slot])
     }
 }
