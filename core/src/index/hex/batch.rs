@@ -56,7 +56,12 @@ impl<K: ArenaKey> HexMap<K> {
     /// the same three passes; the second keeps the entry its first slot
     /// names, so that the third compares the key there and probes on only
     /// when that entry is another key's.
-    pub(in crate::index) fn hits_batch<'g>(&'g self, keys: &[K], guard: &'g Guard, hits: &mut Vec<Option<(u32, &'g Head)>>) {
+    pub(in crate::index) fn hits_batch<'g>(
+        &'g self,
+        keys: &[K],
+        guard: &'g Guard,
+        hits: &mut Vec<Option<(u32, &'g Head)>>,
+    ) {
         hits.reserve(keys.len());
         let Some(shards) = self.shards.get() else {
             hits.resize(hits.len() + keys.len(), None);
@@ -97,7 +102,11 @@ impl<K: ArenaKey> HexMap<K> {
     /// The entry of the key that [`Self::hits_batch`] found as `hit` under
     /// `guard`.
     #[inline]
-    pub(in crate::index) fn entry_of<'g>(&'g self, hit: Option<(u32, &'g Head)>, guard: &'g Guard) -> Option<EntryRef<'g>> {
+    pub(in crate::index) fn entry_of<'g>(
+        &'g self,
+        hit: Option<(u32, &'g Head)>,
+        guard: &'g Guard,
+    ) -> Option<EntryRef<'g>> {
         hit.map(|(id, head)| EntryRef::hex(head, &self.wide, id | K::ID_FLAG, guard))
     }
 }
