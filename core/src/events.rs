@@ -58,8 +58,9 @@ pub(crate) fn reported(key: KeyRef<'_>) -> bool {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::sync::Mutex;
     use crate::{Store, StoreConfig};
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
     /// Every batch handed on, with its generation.
     #[derive(Default)]

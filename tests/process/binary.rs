@@ -9,7 +9,7 @@ use testkit::process::{bin, clean_env, command, ServerProcess};
 use testkit::{Client, FAILSAFE};
 
 /// Every flag of the command line.
-const FLAGS: [&str; 51] = [
+const FLAGS: [&str; 63] = [
     "--host",
     "--port",
     "--world-size",
@@ -59,6 +59,18 @@ const FLAGS: [&str; 51] = [
     "--tls-ca",
     "--plain-listen",
     "--tenants",
+    "--kv-events-endpoint",
+    "--kv-events-bind",
+    "--kv-events-replay-endpoint",
+    "--kv-events-topic",
+    "--kv-events-buffer-steps",
+    "--kv-events-hwm",
+    "--kv-events-format",
+    "--kv-events-medium",
+    "--kv-events-hash",
+    "--kv-events-block-size",
+    "--kv-events-data-parallel-rank",
+    "--kv-events-heartbeat-ms",
     "--help",
     "--version",
 ];

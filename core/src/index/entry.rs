@@ -4,7 +4,6 @@
 //! ([`EntryRef`]), and what a bind or an unbind changes ([`Bind`],
 //! [`Delta`]).
 
-use super::super::key::Digest;
 use super::super::lease::Lease;
 use super::super::sync::{
     AtomicU16, AtomicU32,
@@ -156,7 +155,7 @@ pub struct Entry {
 }
 
 #[cfg(not(loom))]
-const _: () = assert!(std::mem::size_of::<(Digest, Entry)>() == 88);
+const _: () = assert!(std::mem::size_of::<(super::super::key::Digest, Entry)>() == 88);
 
 /// `n` empty page slots.
 #[allow(clippy::box_collection)] // a thin pointer: see `Entry::more`

@@ -537,6 +537,51 @@ fn check_confirm(
     Ok(())
 }
 
+/// `exists` against the model, and the batch path alike where the keys are
+/// all of one compact kind.
+fn check_exists(store: &Store, m: &mut Model, keys: &[u8]) -> Result<(), TestCaseError> {
+    let keys: Vec<usize> = keys.iter().map(|&k| k as usize).collect();
+    let mut out = vec![true; 9];
+    store.exists(&strs(&keys), &mut out);
+    if out.contains(&true) {
+        note("exists true");
+    }
+    prop_assert_eq!(&out, &m.exists(&keys));
+    // Keys all of one compact kind: the batch path answers alike.
+    let (hex, digests) = compact(&strs(&keys));
+    if let Some(hex) = hex {
+        store.exists_batch(&hex, &mut out);
+        prop_assert_eq!(&out, &m.exists(&keys), "exists_batch of 32-hex keys");
+    }
+    if let Some(digests) = digests {
+        store.exists_batch(&digests, &mut out);
+        prop_assert_eq!(&out, &m.exists(&keys), "exists_batch of digests");
+    }
+    Ok(())
+}
+
+/// `locations` against the model, and the batch path alike (as
+/// [`check_exists`]).
+fn check_locations(store: &Store, m: &mut Model, rank: i64, keys: &[u8]) -> Result<(), TestCaseError> {
+    let keys: Vec<usize> = keys.iter().map(|&k| k as usize).collect();
+    let mut out = vec![Some(5); 9];
+    let got = store.locations(rank, &strs(&keys), &mut out).map(|()| out.clone());
+    if got.as_ref().is_ok_and(|l| l.iter().any(Option::is_some)) {
+        note("locations some");
+    }
+    prop_assert_eq!(got, m.locations(rank, &keys));
+    let (hex, digests) = compact(&strs(&keys));
+    if let Some(hex) = hex {
+        let got = store.locations_batch(rank, &hex, &mut out).map(|()| out.clone());
+        prop_assert_eq!(got, m.locations(rank, &keys), "locations_batch of 32-hex keys");
+    }
+    if let Some(digests) = digests {
+        let got = store.locations_batch(rank, &digests, &mut out).map(|()| out.clone());
+        prop_assert_eq!(got, m.locations(rank, &keys), "locations_batch of digests");
+    }
+    Ok(())
+}
+
 fn step(store: &Store, m: &mut Model, op: &Op, sizes: &[i64]) -> Result<(), TestCaseError> {
     match op {
         Op::Init { rank, pages } => {
@@ -581,43 +626,8 @@ fn step(store: &Store, m: &mut Model, op: &Op, sizes: &[i64]) -> Result<(), Test
                 m.last.get(rank).map(|l| l.iter().map(|&(_, p)| p).filter(|&p| p >= 0).collect()).unwrap_or_default();
             check_confirm(store, m, *rank, &[], &rels)?;
         }
-        Op::Exists { keys } => {
-            let keys: Vec<usize> = keys.iter().map(|&k| k as usize).collect();
-            let mut out = vec![true; 9];
-            store.exists(&strs(&keys), &mut out);
-            if out.contains(&true) {
-                note("exists true");
-            }
-            prop_assert_eq!(&out, &m.exists(&keys));
-            // Keys all of one compact kind: the batch path answers alike.
-            let (hex, digests) = compact(&strs(&keys));
-            if let Some(hex) = hex {
-                store.exists_batch(&hex, &mut out);
-                prop_assert_eq!(&out, &m.exists(&keys), "exists_batch of 32-hex keys");
-            }
-            if let Some(digests) = digests {
-                store.exists_batch(&digests, &mut out);
-                prop_assert_eq!(&out, &m.exists(&keys), "exists_batch of digests");
-            }
-        }
-        Op::Locations { rank, keys } => {
-            let keys: Vec<usize> = keys.iter().map(|&k| k as usize).collect();
-            let mut out = vec![Some(5); 9];
-            let got = store.locations(*rank, &strs(&keys), &mut out).map(|()| out.clone());
-            if got.as_ref().is_ok_and(|l| l.iter().any(Option::is_some)) {
-                note("locations some");
-            }
-            prop_assert_eq!(got, m.locations(*rank, &keys));
-            let (hex, digests) = compact(&strs(&keys));
-            if let Some(hex) = hex {
-                let got = store.locations_batch(*rank, &hex, &mut out).map(|()| out.clone());
-                prop_assert_eq!(got, m.locations(*rank, &keys), "locations_batch of 32-hex keys");
-            }
-            if let Some(digests) = digests {
-                let got = store.locations_batch(*rank, &digests, &mut out).map(|()| out.clone());
-                prop_assert_eq!(got, m.locations(*rank, &keys), "locations_batch of digests");
-            }
-        }
+        Op::Exists { keys } => check_exists(store, m, keys)?,
+        Op::Locations { rank, keys } => check_locations(store, m, *rank, keys)?,
         Op::Tick(n) => {
             for _ in 0..*n {
                 let freed = store.tick();
