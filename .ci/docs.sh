@@ -3,7 +3,8 @@
 # - perf/RESULTS.md is what perf/scoreboard.tsv renders, each row the newest
 #   measurement of its target (perf/scoreboard.sh --check);
 # - no document, code comment or script names a numbered issue ("issue 22"):
-#   the tracker is not in the repository, so say what the thing is.
+#   the tracker is not in the repository, so say what the thing is;
+# - README.md is at most 300 lines (the details live in docs/).
 # (That every relative Markdown link and anchor resolves is a test of the
 # Python suite, tests/python/test_doc_links.py, which `cargo test` runs.)
 set -euo pipefail
@@ -17,4 +18,12 @@ if git grep -nIE '[Ii]ssues? #?[0-9]' -- '*.md' '*.rs' '*.py' '*.sh' ':!.ci/docs
     rc=1
 fi
 [ "$rc" -eq 0 ] && echo "docs: no numbered issue named"
+
+readme=$(wc -l < README.md)
+if [ "$readme" -gt 300 ]; then
+    echo "docs: README.md has $readme lines, over 300: move the details to docs/"
+    rc=1
+else
+    echo "docs: README.md has $readme lines (at most 300)"
+fi
 exit "$rc"

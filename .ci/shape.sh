@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The house's shape, checked without a build (a second):
 # - no tracked .rs file over 800 lines;
-# - no import circle between the modules of a crate (.ci/circles.py).
+# - no import circle between the modules of a crate (.ci/circles.py);
+# - no two public types of one name in the tree (.ci/pubnames.py).
 # (No function over 120 lines is clippy's too_many_lines, denied in
 # [workspace.lints.clippy] with its threshold in clippy.toml.)
 set -euo pipefail
@@ -16,4 +17,5 @@ else
     echo "shape: no .rs file over 800 lines"
 fi
 python3 .ci/circles.py || rc=1
+python3 .ci/pubnames.py || rc=1
 exit "$rc"

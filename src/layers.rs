@@ -32,7 +32,7 @@ pub fn http_settings(cfg: &Config) -> http::Settings {
 
 /// The KV-event publisher's settings, from the command line; `None`
 /// without `--kv-events-endpoint`.
-pub fn event_settings(cfg: &Config) -> Result<Option<events::Settings>, String> {
+pub fn event_settings(cfg: &Config) -> Result<Option<events::EventSettings>, String> {
     let a = &cfg.events;
     let Some(endpoint) = a.kv_events_endpoint.clone() else { return Ok(None) };
     let topic = match &a.kv_events_topic {
@@ -46,7 +46,7 @@ pub fn event_settings(cfg: &Config) -> Result<Option<events::Settings>, String> 
     if a.kv_events_medium.is_empty() {
         return Err("--kv-events-medium must not be empty".into());
     }
-    Ok(Some(events::Settings {
+    Ok(Some(events::EventSettings {
         endpoint,
         bind: a.kv_events_bind,
         replay_endpoint: a.kv_events_replay_endpoint.clone(),

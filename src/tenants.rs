@@ -55,13 +55,13 @@ const REMOVED: &str = ".removed-";
 #[serde(deny_unknown_fields)]
 struct File {
     #[serde(default)]
-    tenants: BTreeMap<String, Spec>,
+    tenants: BTreeMap<String, TenantSpec>,
 }
 
 /// One tenant's table, `[tenants.<name>]`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Spec {
+pub struct TenantSpec {
     /// Whether it is served (`false`: as if absent; for `default`: the
     /// root routes answer `unknown_tenant`).
     #[serde(default = "yes")]
@@ -84,9 +84,9 @@ fn yes() -> bool {
     true
 }
 
-impl Default for Spec {
+impl Default for TenantSpec {
     fn default() -> Self {
-        Spec {
+        TenantSpec {
             enabled: true,
             listen: None,
             identities: Vec::new(),
@@ -102,12 +102,12 @@ impl Default for Spec {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantsFile {
     /// Every tenant's table, by name.
-    pub tenants: BTreeMap<String, Spec>,
+    pub tenants: BTreeMap<String, TenantSpec>,
 }
 
 impl TenantsFile {
     /// The tenant `default`'s table.
-    pub fn default_tenant(&self) -> &Spec {
+    pub fn default_tenant(&self) -> &TenantSpec {
         &self.tenants[t::DEFAULT]
     }
 }
@@ -181,7 +181,7 @@ fn describe(text: &str, e: &toml::de::Error) -> String {
 /// One tenant as served: what the HTTP layer sees, its durable stores and
 /// its listener.
 struct Live {
-    spec: Spec,
+    spec: TenantSpec,
     tenant: Arc<Tenant>,
     durable: Option<Arc<durable::Durability>>,
     listener: Option<Listening>,
@@ -419,7 +419,7 @@ impl Runtime {
 
 /// The same tenant with `spec`'s limits (a reload): its state and counters
 /// are kept.
-fn with_limits(old: &Tenant, spec: &Spec) -> Tenant {
+fn with_limits(old: &Tenant, spec: &TenantSpec) -> Tenant {
     Tenant {
         max_keys: spec.max_keys,
         strict_layout: spec.strict_layout,
@@ -436,7 +436,7 @@ fn tenant_set(live: &BTreeMap<String, Live>) -> Result<TenantSet, String> {
 /// Opens tenant `name`'s state: `default`'s is the server's own (nothing to
 /// open); another's is a registry of its own, durable in
 /// `<data-dir>/tenants/<name>/` with `--data-dir`.
-fn open_tenant(cfg: &Config, name: &str, spec: &Spec) -> Result<Live, durable::OpenError> {
+fn open_tenant(cfg: &Config, name: &str, spec: &TenantSpec) -> Result<Live, durable::OpenError> {
     let (registry, durable) = if name == t::DEFAULT {
         (None, None)
     } else {

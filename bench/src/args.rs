@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 /// Which API the bench speaks, and so which engine's request sequence it plays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Dialect {
+pub enum BenchDialect {
     /// vLLM's HF3FS connector: batch_exists on the scheduler, get_locations
     /// and batch_allocate/confirm_write per rank.
     Vllm,
@@ -46,8 +46,8 @@ pub struct BenchArgs {
     pub target: SocketAddr,
 
     /// The API and request sequence to play.
-    #[arg(long, value_enum, default_value_t = Dialect::Vllm)]
-    pub dialect: Dialect,
+    #[arg(long, value_enum, default_value_t = BenchDialect::Vllm)]
+    pub dialect: BenchDialect,
 
     /// Open loop (fixed arrival rate) or closed loop (maximum rate).
     #[arg(long, value_enum, default_value_t = Mode::Open)]

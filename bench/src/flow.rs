@@ -15,7 +15,7 @@
 //!   of the others, and `confirm_write` of the fresh pages written (or their
 //!   release when the write fails); `[true, page]` and `-1` entries are skipped.
 
-use super::args::{BenchArgs, Dialect};
+use super::args::{BenchArgs, BenchDialect};
 use super::client::{Answer, Pool};
 use super::stats::{Outcomes, Recorder, Route};
 use super::workload::{mix, Rng};
@@ -36,11 +36,11 @@ struct Engine {
 
 /// The cluster the bench plays: engines, the shared recorder, the flags.
 #[derive(Debug)]
-pub struct Cluster {
+pub struct BenchCluster {
     engines: Vec<Engine>,
     /// Where every figure goes.
     pub rec: Arc<Recorder>,
-    dialect: Dialect,
+    dialect: BenchDialect,
     fail_rate: f64,
     seed: u64,
 }
@@ -48,14 +48,14 @@ pub struct Cluster {
 /// A prompt's keys, shared by the tasks of its ranks.
 type Keys = Arc<[String]>;
 
-impl Cluster {
+impl BenchCluster {
     /// The engines of `args`, recording into `rec`.
     pub fn new(args: &BenchArgs, rec: Arc<Recorder>) -> Self {
         let pool = || Pool::new(args.target, args.conns_per_process);
         let engines = (0..args.engines)
             .map(|_| Engine { scheduler: pool(), workers: (0..args.tp).map(|_| pool()).collect() })
             .collect();
-        Cluster { engines, rec, dialect: args.dialect, fail_rate: args.fail_rate, seed: args.seed }
+        BenchCluster { engines, rec, dialect: args.dialect, fail_rate: args.fail_rate, seed: args.seed }
     }
 
     fn ranks(&self) -> usize {
@@ -66,8 +66,8 @@ impl Cluster {
     pub async fn prompt(self: &Arc<Self>, i: u64, keys: Vec<String>, due: Instant) {
         let keys: Keys = keys.into();
         match self.dialect {
-            Dialect::Vllm => self.vllm_prompt(i, keys, due).await,
-            Dialect::Sglang => self.sglang_prompt(i, keys, due).await,
+            BenchDialect::Vllm => self.vllm_prompt(i, keys, due).await,
+            BenchDialect::Sglang => self.sglang_prompt(i, keys, due).await,
         }
         self.rec.prompt_done(due);
     }
@@ -305,7 +305,7 @@ pub async fn setup(args: &BenchArgs) -> Result<(), String> {
     let pages = args.pages_per_rank;
     let c = &mut conn;
     match args.dialect {
-        Dialect::Vllm => {
+        BenchDialect::Vllm => {
             if args.clear {
                 setup_post(c, args, vllm::CLEAR, b"{}", true).await?;
             }
@@ -316,7 +316,7 @@ pub async fn setup(args: &BenchArgs) -> Result<(), String> {
                 setup_post(c, args, &vllm::initialize_path(0), vllm::SCHEDULER_INITIALIZE_BODY, false).await?;
             }
         }
-        Dialect::Sglang => {
+        BenchDialect::Sglang => {
             for r in 0..args.tp {
                 let body = sglang::initialize_body(pages);
                 setup_post(c, args, &sglang::path(r, sglang::INITIALIZE), &body, false).await?;

@@ -30,7 +30,7 @@ pub mod workload;
 pub use args::BenchArgs;
 
 use args::TargetKind;
-use flow::Cluster;
+use flow::BenchCluster;
 use stats::Recorder;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -97,7 +97,7 @@ pub async fn run(args: &BenchArgs) -> Result<serde_json::Value, String> {
     let before = if is_hf3fs { scrape::scrape(args.target).await } else { None };
     let start = Instant::now();
     let rec = Arc::new(Recorder::new(start, Duration::from_secs_f64(args.interval)));
-    let cluster = Arc::new(Cluster::new(args, rec.clone()));
+    let cluster = Arc::new(BenchCluster::new(args, rec.clone()));
     let started = schedule::run(args, cluster, workload, start).await;
     let elapsed = start.elapsed();
     let server = match (before, is_hf3fs) {

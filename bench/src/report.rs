@@ -1,7 +1,7 @@
 //! The report of a run, as one JSON object (`--json`, and the source of the
 //! SVG chart) and as text. docs/bench.md explains every field.
 
-use super::args::{BenchArgs, Dialect, Mode};
+use super::args::{BenchArgs, BenchDialect, Mode};
 use super::scrape::ServerCounters;
 use super::stats::{Route, Tally, ROUTES};
 use hdrhistogram::Histogram;
@@ -25,14 +25,14 @@ pub struct Meta {
 }
 
 /// A route's name in `dialect`, as the server's metrics label it.
-pub fn label(dialect: Dialect, route: Route) -> &'static str {
+pub fn label(dialect: BenchDialect, route: Route) -> &'static str {
     match (dialect, route) {
-        (Dialect::Vllm, Route::Exists) => "batch_exists",
-        (Dialect::Vllm, Route::Locations) => "get_locations",
-        (Dialect::Vllm, Route::Allocate) => "batch_allocate",
-        (Dialect::Sglang, Route::Exists) => "exists",
-        (Dialect::Sglang, Route::Locations) => "get_page_indices",
-        (Dialect::Sglang, Route::Allocate) => "reserve_and_allocate_page_indices",
+        (BenchDialect::Vllm, Route::Exists) => "batch_exists",
+        (BenchDialect::Vllm, Route::Locations) => "get_locations",
+        (BenchDialect::Vllm, Route::Allocate) => "batch_allocate",
+        (BenchDialect::Sglang, Route::Exists) => "exists",
+        (BenchDialect::Sglang, Route::Locations) => "get_page_indices",
+        (BenchDialect::Sglang, Route::Allocate) => "reserve_and_allocate_page_indices",
         (_, Route::Confirm) => "confirm_write",
     }
 }
@@ -194,7 +194,7 @@ pub fn text(r: &Value) -> String {
         )
     };
     s += &row("prompt (whole sequence)", &p["done"], &p["per_second"], &p["latency_us"], String::new());
-    let dialect = if r["dialect"] == "sglang" { Dialect::Sglang } else { Dialect::Vllm };
+    let dialect = if r["dialect"] == "sglang" { BenchDialect::Sglang } else { BenchDialect::Vllm };
     for name in ROUTES.map(|route| label(dialect, route)) {
         let rt = &r["routes"][name];
         let mut st: Vec<String> =

@@ -7,7 +7,7 @@
 //! abandoned and counted as unfinished.
 
 use super::args::{BenchArgs, Mode};
-use super::flow::Cluster;
+use super::flow::BenchCluster;
 use super::workload::Workload;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
 /// Runs the load from `start` and returns how many prompts were started.
-pub async fn run(args: &BenchArgs, cluster: Arc<Cluster>, workload: Arc<Workload>, start: Instant) -> u64 {
+pub async fn run(args: &BenchArgs, cluster: Arc<BenchCluster>, workload: Arc<Workload>, start: Instant) -> u64 {
     let end = start + Duration::from_secs_f64(args.duration);
     let (mut tasks, started) = match args.mode {
         Mode::Open => open(args, &cluster, &workload, start, end).await,
@@ -40,7 +40,7 @@ pub async fn run(args: &BenchArgs, cluster: Arc<Cluster>, workload: Arc<Workload
 /// the generator lags, but its latency counts from when it was due.
 async fn open(
     args: &BenchArgs,
-    cluster: &Arc<Cluster>,
+    cluster: &Arc<BenchCluster>,
     workload: &Arc<Workload>,
     start: Instant,
     end: Instant,
@@ -71,7 +71,7 @@ async fn open(
 /// a prompt's latency counts from when its loop was ready to send it.
 fn closed(
     args: &BenchArgs,
-    cluster: &Arc<Cluster>,
+    cluster: &Arc<BenchCluster>,
     workload: &Arc<Workload>,
     end: Instant,
 ) -> (JoinSet<()>, Arc<AtomicU64>) {

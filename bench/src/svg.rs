@@ -4,7 +4,7 @@
 //! route below on a log scale. The chart says how it was made: the command,
 //! the date, the target.
 
-use super::args::Dialect;
+use super::args::BenchDialect;
 use super::report::label;
 use super::stats::ROUTES;
 use serde_json::Value;
@@ -168,7 +168,7 @@ pub fn render(report: &Value) -> String {
     let dt = report["windows"]["interval_s"].as_f64().unwrap_or(1.0);
     let n = report["windows"]["series"].as_array().map_or(0, Vec::len);
     // The routes in the order a prompt sends them.
-    let dialect = if report["dialect"] == "sglang" { Dialect::Sglang } else { Dialect::Vllm };
+    let dialect = if report["dialect"] == "sglang" { BenchDialect::Sglang } else { BenchDialect::Vllm };
     let routes: Vec<String> =
         ROUTES.iter().map(|&r| label(dialect, r).to_string()).filter(|r| report["routes"].get(r).is_some()).collect();
     let x_max = (n as f64 * dt).max(dt);

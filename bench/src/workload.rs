@@ -10,7 +10,7 @@
 //! then come blocks unique to the prompt. A node's keys depend on the whole
 //! path to it, as a chained block hash depends on every token before it.
 
-use super::args::{BenchArgs, Dialect};
+use super::args::{BenchArgs, BenchDialect};
 use std::path::Path;
 
 /// SplitMix64: a small, seedable generator whose output never changes with
@@ -82,7 +82,7 @@ enum Source {
 pub struct Workload {
     source: Source,
     seed: u64,
-    dialect: Dialect,
+    dialect: BenchDialect,
 }
 
 impl Workload {
@@ -126,8 +126,8 @@ impl Workload {
         let a = mix(node ^ mix(j));
         let b = mix(a ^ 0xA5A5_A5A5);
         match self.dialect {
-            Dialect::Vllm => format!("{a:016x}{b:016x}"),
-            Dialect::Sglang => format!("{a:016x}{b:016x}{:016x}{:016x}", mix(b), mix(mix(b))),
+            BenchDialect::Vllm => format!("{a:016x}{b:016x}"),
+            BenchDialect::Sglang => format!("{a:016x}{b:016x}{:016x}{:016x}", mix(b), mix(mix(b))),
         }
     }
 

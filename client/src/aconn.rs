@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::conn::{Buffers, CallError, Reply, Stage};
+use crate::conn::{AnswerRef, Buffers, CallError, Stage};
 
 /// An async keep-alive connection.
 ///
@@ -53,12 +53,12 @@ impl AsyncConn {
     }
 
     /// POSTs the JSON `body` to `path`.
-    pub async fn post(&mut self, path: &str, body: &[u8]) -> Result<Reply<'_>, CallError> {
+    pub async fn post(&mut self, path: &str, body: &[u8]) -> Result<AnswerRef<'_>, CallError> {
         self.request("POST", path, &[], Some(body)).await
     }
 
     /// GETs `path`.
-    pub async fn get(&mut self, path: &str) -> Result<Reply<'_>, CallError> {
+    pub async fn get(&mut self, path: &str) -> Result<AnswerRef<'_>, CallError> {
         self.request("GET", path, &[], None).await
     }
 
@@ -69,7 +69,7 @@ impl AsyncConn {
         path: &str,
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
-    ) -> Result<Reply<'_>, CallError> {
+    ) -> Result<AnswerRef<'_>, CallError> {
         if std::mem::replace(&mut self.busy, true) {
             self.close();
         }

@@ -2,7 +2,7 @@
 //! `tokio` feature, [`crate::AsyncConn`]. Both keep one reusable read
 //! buffer, one reusable body buffer and one reusable head buffer, write a
 //! request's head and body in one vectored write, and read its answer
-//! through the one [`Decoder`]; the I/O loop around it is all that differs.
+//! through the one [`AnswerDecoder`]; the I/O loop around it is all that differs.
 //!
 //! A connection is dialled on first use and after any failure, a
 //! `Connection: close` answer, or (async) a request that was cancelled half
@@ -12,7 +12,7 @@ use std::io::{self, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::parse::{Decoder, Head};
+use crate::parse::{AnswerDecoder, AnswerHead};
 
 /// Where a request failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,16 +61,16 @@ impl From<CallError> for io::Error {
 
 /// One answer, borrowed from its connection until the next request.
 #[derive(Debug, Clone, Copy)]
-pub struct Reply<'a> {
+pub struct AnswerRef<'a> {
     /// The status code.
     pub status: u16,
     /// The head (headers only when the connection keeps them).
-    pub head: &'a Head,
+    pub head: &'a AnswerHead,
     /// The body, de-chunked (empty for 204 and 304).
     pub body: &'a [u8],
 }
 
-/// The owned form of a [`Reply`].
+/// The owned form of an [`AnswerRef`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Answer {
     /// The status code.
@@ -79,7 +79,7 @@ pub struct Answer {
     pub body: Vec<u8>,
 }
 
-impl Reply<'_> {
+impl AnswerRef<'_> {
     /// The answer, copied out of the connection's buffers.
     pub fn to_answer(&self) -> Answer {
         Answer { status: self.status, body: self.body.to_vec() }
@@ -119,7 +119,7 @@ pub fn write_head(
 #[derive(Debug)]
 pub(crate) struct Buffers {
     pub(crate) host: String,
-    pub(crate) decoder: Decoder,
+    pub(crate) decoder: AnswerDecoder,
     pub(crate) head_buf: Vec<u8>,
     pub(crate) body: Vec<u8>,
     rbuf: Vec<u8>,
@@ -133,7 +133,7 @@ impl Buffers {
     pub(crate) fn new(addr: SocketAddr) -> Self {
         Buffers {
             host: addr.to_string(),
-            decoder: Decoder::new(),
+            decoder: AnswerDecoder::new(),
             // Small to start with: thousands of connections each holding
             // 16 KiB would make the load generator's memory and cache misses
             // per request grow with their count. All grow to the largest
@@ -214,9 +214,9 @@ impl Buffers {
         &self.rbuf[self.start..self.end]
     }
 
-    pub(crate) fn reply(&self) -> Reply<'_> {
+    pub(crate) fn reply(&self) -> AnswerRef<'_> {
         let head = self.decoder.head();
-        Reply { status: head.status, head, body: &self.body }
+        AnswerRef { status: head.status, head, body: &self.body }
     }
 }
 
@@ -319,12 +319,12 @@ impl Conn {
     }
 
     /// POSTs the JSON `body` to `path`.
-    pub fn post(&mut self, path: &str, body: &[u8]) -> Result<Reply<'_>, CallError> {
+    pub fn post(&mut self, path: &str, body: &[u8]) -> Result<AnswerRef<'_>, CallError> {
         self.request("POST", path, &[], Some(body))
     }
 
     /// GETs `path`.
-    pub fn get(&mut self, path: &str) -> Result<Reply<'_>, CallError> {
+    pub fn get(&mut self, path: &str) -> Result<AnswerRef<'_>, CallError> {
         self.request("GET", path, &[], None)
     }
 
@@ -335,7 +335,7 @@ impl Conn {
         path: &str,
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
-    ) -> Result<Reply<'_>, CallError> {
+    ) -> Result<AnswerRef<'_>, CallError> {
         let deadline = self.timeout.map(|t| Instant::now() + t);
         self.stream()?;
         self.buf.prepare(method, path, headers, body);
@@ -359,14 +359,14 @@ impl Conn {
     }
 
     /// Reads one answer (after [`send`](Self::send)).
-    pub fn read_answer(&mut self) -> Result<Reply<'_>, CallError> {
+    pub fn read_answer(&mut self) -> Result<AnswerRef<'_>, CallError> {
         let deadline = self.timeout.map(|t| Instant::now() + t);
         self.stream()?;
         self.buf.got = false;
         self.finish(Ok(()), deadline)
     }
 
-    fn finish(&mut self, sent: io::Result<()>, deadline: Option<Instant>) -> Result<Reply<'_>, CallError> {
+    fn finish(&mut self, sent: io::Result<()>, deadline: Option<Instant>) -> Result<AnswerRef<'_>, CallError> {
         let res = sent.and_then(|()| self.read(deadline));
         match res {
             Ok(()) => {

@@ -23,5 +23,5 @@ pub mod vllm;
 
 #[cfg(feature = "tokio")]
 pub use aconn::AsyncConn;
-pub use conn::{Answer, CallError, Conn, Reply, Stage};
-pub use parse::{Decoder, Head, ParseError};
+pub use conn::{Answer, AnswerRef, CallError, Conn, Stage};
+pub use parse::{AnswerDecoder, AnswerHead, ParseError};

@@ -1,19 +1,19 @@
 //! The response parser both connection flavours share, free of I/O.
 //!
-//! [`Decoder::decode`] is fed whatever bytes have arrived so far and says how
+//! [`AnswerDecoder::decode`] is fed whatever bytes have arrived so far and says how
 //! many of them it used; it keeps its place between calls, so an answer may
 //! arrive split at any byte (the proptest below splits it everywhere). The
 //! head (status line and headers) goes through [`httparse`], the chunk-size
 //! lines and trailers of a chunked body too; the framing rules are ours:
 //!
 //! - 1xx answers are interim: skipped, or handed back one by one when the
-//!   caller asks for them ([`Decoder::interim`]).
+//!   caller asks for them ([`AnswerDecoder::interim`]).
 //! - 204 and 304 have no body, whatever their headers say.
 //! - `Transfer-Encoding: chunked` wins over `Content-Length` (RFC 9112 §6.3).
 //! - Two different `Content-Length`s, a bad length or chunk size, a body over
 //!   [`MAX_BODY`]: an error, never a panic and never a guess.
 //! - Without either, the body runs until the peer closes
-//!   ([`Decoder::finish_at_eof`]) and the connection cannot be reused.
+//!   ([`AnswerDecoder::finish_at_eof`]) and the connection cannot be reused.
 //! - `Connection: close` (or HTTP/1.0 without `keep-alive`) marks the
 //!   connection as not reusable once the answer is read.
 //!
@@ -55,21 +55,21 @@ fn bad(msg: impl Into<String>) -> ParseError {
 
 /// The head of a parsed answer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Head {
+pub struct AnswerHead {
     /// The status code.
     pub status: u16,
-    /// The reason phrase (kept only with [`Decoder::keep_headers`]).
+    /// The reason phrase (kept only with [`AnswerDecoder::keep_headers`]).
     pub reason: String,
     /// The headers in order, names lowercased, values trimmed (kept only
-    /// with [`Decoder::keep_headers`]).
+    /// with [`AnswerDecoder::keep_headers`]).
     pub headers: Vec<(String, String)>,
     /// Whether the connection may carry another request after this answer.
     pub keep_alive: bool,
 }
 
-impl Head {
+impl AnswerHead {
     /// The first value of header `name` (case-insensitive; needs
-    /// [`Decoder::keep_headers`]).
+    /// [`AnswerDecoder::keep_headers`]).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
@@ -94,40 +94,46 @@ enum State {
     UntilClose,
 }
 
-/// What one [`Decoder::decode`] call came to.
+/// What one [`AnswerDecoder::decode`] call came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Step {
     /// Bytes of the input used (drop them from the buffer).
     pub used: usize,
-    /// Whether an answer is complete: its head is [`Decoder::head`], its
+    /// Whether an answer is complete: its head is [`AnswerDecoder::head`], its
     /// body what was appended to the body buffer.
     pub done: bool,
 }
 
 /// A resumable parser of one answer at a time.
 #[derive(Debug, Clone)]
-pub struct Decoder {
+pub struct AnswerDecoder {
     state: State,
-    head: Head,
+    head: AnswerHead,
     keep_headers: bool,
     interim: bool,
     body_len: usize,
 }
 
-impl Default for Decoder {
+impl Default for AnswerDecoder {
     fn default() -> Self {
-        Decoder::new()
+        AnswerDecoder::new()
     }
 }
 
-impl Decoder {
+impl AnswerDecoder {
     /// A parser that keeps no reason phrase or header (no allocation per
     /// answer) and skips 1xx answers.
     pub fn new() -> Self {
-        Decoder { state: State::Head, head: Head::default(), keep_headers: false, interim: false, body_len: 0 }
+        AnswerDecoder {
+            state: State::Head,
+            head: AnswerHead::default(),
+            keep_headers: false,
+            interim: false,
+            body_len: 0,
+        }
     }
 
-    /// Keeps the reason phrase and the headers of every answer in [`Head`].
+    /// Keeps the reason phrase and the headers of every answer in [`AnswerHead`].
     pub fn keep_headers(mut self, keep: bool) -> Self {
         self.keep_headers = keep;
         self
@@ -140,7 +146,7 @@ impl Decoder {
     }
 
     /// The head of the answer being read (complete once its head is parsed).
-    pub fn head(&self) -> &Head {
+    pub fn head(&self) -> &AnswerHead {
         &self.head
     }
 
@@ -340,7 +346,11 @@ mod tests {
     use proptest::prelude::*;
 
     /// Decodes every answer of `input` fed in pieces cut at `cuts`.
-    fn decode_all(d: &mut Decoder, input: &[u8], cuts: &[usize]) -> Result<Vec<(Head, Vec<u8>)>, ParseError> {
+    fn decode_all(
+        d: &mut AnswerDecoder,
+        input: &[u8],
+        cuts: &[usize],
+    ) -> Result<Vec<(AnswerHead, Vec<u8>)>, ParseError> {
         let mut out = Vec::new();
         let mut buf = Vec::new();
         let mut body = Vec::new();
@@ -370,8 +380,8 @@ mod tests {
         Ok(out)
     }
 
-    fn one(input: &[u8]) -> (Head, Vec<u8>) {
-        let mut all = decode_all(&mut Decoder::new().keep_headers(true), input, &[]).unwrap();
+    fn one(input: &[u8]) -> (AnswerHead, Vec<u8>) {
+        let mut all = decode_all(&mut AnswerDecoder::new().keep_headers(true), input, &[]).unwrap();
         assert_eq!(all.len(), 1, "{all:?}");
         all.pop().unwrap()
     }
@@ -383,7 +393,7 @@ HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r
 HTTP/1.1 304 Not Modified\r\n\r\n\
 HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\ncontent-length: 4\r\n\r\nbusy";
 
-    fn summary(all: &[(Head, Vec<u8>)]) -> Vec<(u16, String, bool)> {
+    fn summary(all: &[(AnswerHead, Vec<u8>)]) -> Vec<(u16, String, bool)> {
         all.iter().map(|(h, b)| (h.status, String::from_utf8_lossy(b).into_owned(), h.keep_alive)).collect()
     }
 
@@ -399,7 +409,7 @@ HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\ncontent-length: 4\r\n\r
 
     #[test]
     fn pipelined_answers_of_every_framing() {
-        let all = decode_all(&mut Decoder::new().keep_headers(true), PIPELINE, &[]).unwrap();
+        let all = decode_all(&mut AnswerDecoder::new().keep_headers(true), PIPELINE, &[]).unwrap();
         assert_eq!(summary(&all), expected());
         assert_eq!(all[0].0.header("X-HF3FS-META-EPOCH"), Some("9"));
         assert_eq!(all[0].0.reason, "OK");
@@ -408,14 +418,14 @@ HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\ncontent-length: 4\r\n\r
 
     #[test]
     fn interim_answers_are_handed_back_when_asked() {
-        let all = decode_all(&mut Decoder::new().interim(true), PIPELINE, &[]).unwrap();
+        let all = decode_all(&mut AnswerDecoder::new().interim(true), PIPELINE, &[]).unwrap();
         let statuses: Vec<u16> = all.iter().map(|(h, _)| h.status).collect();
         assert_eq!(statuses, [200, 204, 100, 200, 304, 503]);
     }
 
     #[test]
     fn without_keep_headers_nothing_is_kept() {
-        let all = decode_all(&mut Decoder::new(), PIPELINE, &[]).unwrap();
+        let all = decode_all(&mut AnswerDecoder::new(), PIPELINE, &[]).unwrap();
         assert!(all.iter().all(|(h, _)| h.headers.is_empty() && h.reason.is_empty()));
     }
 
@@ -442,7 +452,7 @@ HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\ncontent-length: 4\r\n\r
     #[test]
     fn a_cut_answer_is_not_finished_at_eof() {
         for cut in [b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n{}".as_slice(), b"HTTP/1.1 200", b""] {
-            let mut d = Decoder::new();
+            let mut d = AnswerDecoder::new();
             let mut body = Vec::new();
             let step = d.decode(cut, &mut body).unwrap();
             assert!(!step.done);
@@ -466,26 +476,26 @@ HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\ncontent-length: 4\r\n\r
             b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n",
         ];
         for c in cases {
-            let r = decode_all(&mut Decoder::new(), c, &[]);
+            let r = decode_all(&mut AnswerDecoder::new(), c, &[]);
             assert!(r.is_err(), "{:?} gave {r:?}", String::from_utf8_lossy(c));
         }
         let huge = [b"HTTP/1.1 200 OK\r\nx: ".as_slice(), &vec![b'a'; MAX_HEAD + 1]].concat();
-        assert!(decode_all(&mut Decoder::new(), &huge, &[]).is_err());
+        assert!(decode_all(&mut AnswerDecoder::new(), &huge, &[]).is_err());
     }
 
     proptest! {
         #[test]
         fn any_split_gives_the_same_answers(cuts in proptest::collection::vec(0..PIPELINE.len(), 0..12)) {
-            let all = decode_all(&mut Decoder::new(), PIPELINE, &cuts).unwrap();
+            let all = decode_all(&mut AnswerDecoder::new(), PIPELINE, &cuts).unwrap();
             prop_assert_eq!(summary(&all), expected());
         }
 
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), cut in 0usize..300) {
-            let _ = decode_all(&mut Decoder::new().keep_headers(true), &bytes, &[cut]);
+            let _ = decode_all(&mut AnswerDecoder::new().keep_headers(true), &bytes, &[cut]);
             let mut framed = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
             framed.extend_from_slice(&bytes);
-            let _ = decode_all(&mut Decoder::new(), &framed, &[cut]);
+            let _ = decode_all(&mut AnswerDecoder::new(), &framed, &[cut]);
         }
     }
 }

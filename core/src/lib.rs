@@ -40,7 +40,7 @@ pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Digest, Key, KeyRef, Suffix};
 pub use lease::{Clock, LeaseLength, MAX_LEASE, TICKS_PER_SECOND};
-pub use registry::{Dialect, Labels, RankPages, Registry, SpaceLabel, SpaceReport};
+pub use registry::{Dialect, RankLabels, RankPages, Registry, SpaceLabel, SpaceReport};
 pub use release::Release;
 pub use spaces::{
     SpaceCatalog, SpaceError, SpaceName, SpaceSource, Spaces, SpacesConfig, SpacesDurability, DEFAULT_NAMESPACE,
@@ -51,3 +51,8 @@ pub use store::{
     Store, StoreConfig, Visit, TICKS_PER_TTL,
 };
 pub use zeroed::OutOfMemory;
+
+/// A boxed future that may be sent between threads: what the object-safe
+/// traits of the layers above return (the durable layer's replication tap,
+/// the HA layer's clock and coordinator, the HTTP layer's hooks).
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;

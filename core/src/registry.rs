@@ -6,7 +6,7 @@
 //! must see every page space (the background passes, the post-restart hold
 //! on eviction, `/stats`, `/metrics` and, to come, replication) walks
 //! [`Registry::spaces`] once, and names what it finds by the same
-//! [`Labels`]: the dialect, the client's rank and, for SGLang, the namespace.
+//! [`RankLabels`]: the dialect, the client's rank and, for SGLang, the namespace.
 //! The request path does not walk: it reaches vLLM's store with
 //! [`Registry::vllm`] and an SGLang space with [`Registry::sglang`].
 //!
@@ -69,10 +69,12 @@ impl SpaceLabel {
     }
 
     /// The labels of the space's rank `rank` (the store's own numbering).
-    pub fn labels(&self, rank: u32) -> Labels<'_> {
+    pub fn labels(&self, rank: u32) -> RankLabels<'_> {
         match self {
-            SpaceLabel::Vllm => Labels { dialect: Dialect::Vllm, rank, namespace: None },
-            SpaceLabel::Sglang(n) => Labels { dialect: Dialect::Sglang, rank: n.rank, namespace: Some(&n.namespace) },
+            SpaceLabel::Vllm => RankLabels { dialect: Dialect::Vllm, rank, namespace: None },
+            SpaceLabel::Sglang(n) => {
+                RankLabels { dialect: Dialect::Sglang, rank: n.rank, namespace: Some(&n.namespace) }
+            }
         }
     }
 }
@@ -80,7 +82,7 @@ impl SpaceLabel {
 /// The labels of one entry of the registry: one rank of one page space, as
 /// its client names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Labels<'a> {
+pub struct RankLabels<'a> {
     /// The client family.
     pub dialect: Dialect,
     /// The client's rank (vLLM's rank, or SGLang's).

@@ -33,7 +33,7 @@ const CATALOG: &str = "spaces";
 
 /// One line of the catalog: what names space `id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub struct CatalogEntry {
     /// The space's number (its rank in the spaces' durable store).
     pub id: u32,
     /// SGLang's rank.
@@ -47,7 +47,7 @@ pub struct Entry {
 /// The catalog of the data directory `dir` (its `sglang/spaces`), in id
 /// order, without a torn last line; empty when there is none. Read only
 /// (`hf3fs-meta inspect` names the spaces by it).
-pub fn catalog(dir: &Path) -> Result<Vec<Entry>, OpenError> {
+pub fn catalog(dir: &Path) -> Result<Vec<CatalogEntry>, OpenError> {
     read(&dir.join(SUBDIR).join(CATALOG))
 }
 
@@ -69,9 +69,9 @@ fn unhex(s: &str) -> Option<String> {
     String::from_utf8(bytes?).ok()
 }
 
-fn parse(line: &str) -> Option<Entry> {
+fn parse(line: &str) -> Option<CatalogEntry> {
     let mut f = line.split(' ');
-    let e = Entry {
+    let e = CatalogEntry {
         id: f.next()?.parse().ok()?,
         rank: f.next()?.parse().ok()?,
         num_pages: f.next()?.parse().ok()?,
@@ -82,7 +82,7 @@ fn parse(line: &str) -> Option<Entry> {
 
 /// Reads the catalog: its entries, in id order. A malformed line other than
 /// an unterminated last one is corruption.
-fn read(path: &Path) -> Result<Vec<Entry>, OpenError> {
+fn read(path: &Path) -> Result<Vec<CatalogEntry>, OpenError> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -107,20 +107,20 @@ fn read(path: &Path) -> Result<Vec<Entry>, OpenError> {
 /// leader's replication of the spaces (the HA crate's `replicate`), which must
 /// send a space's name before the records that use it. Called under the
 /// catalog's mutex, after the line is durable: must only queue.
-pub type Tap = Box<dyn Fn(&Entry) + Send + Sync>;
+pub type Tap = Box<dyn Fn(&CatalogEntry) + Send + Sync>;
 
 /// The catalog file, appended under a mutex, with its entries.
 pub struct Catalog {
     path: PathBuf,
     /// The file and the entries it holds, in id order.
-    file: Mutex<(File, Vec<Entry>)>,
+    file: Mutex<(File, Vec<CatalogEntry>)>,
     tap: std::sync::OnceLock<Tap>,
 }
 
 impl Catalog {
     /// Opens `path` for appending, without the torn last line a crash may
     /// have left (so that the next line starts on a line of its own).
-    fn open(path: PathBuf, entries: &[Entry]) -> Result<Self, OpenError> {
+    fn open(path: PathBuf, entries: &[CatalogEntry]) -> Result<Self, OpenError> {
         let io = |e: std::io::Error| OpenError::Io(format!("{}: {e}", path.display()));
         let file = OpenOptions::new().create(true).read(true).write(true).truncate(false).open(&path).map_err(io)?;
         let whole: u64 = entries.iter().map(|e| line(e).len() as u64).sum();
@@ -136,7 +136,7 @@ impl Catalog {
     }
 
     /// Every space recorded so far, in id order.
-    pub fn entries(&self) -> Vec<Entry> {
+    pub fn entries(&self) -> Vec<CatalogEntry> {
         self.file.lock().unwrap_or_else(PoisonError::into_inner).1.clone()
     }
 
@@ -147,7 +147,7 @@ impl Catalog {
     }
 }
 
-fn line(e: &Entry) -> String {
+fn line(e: &CatalogEntry) -> String {
     format!("{} {} {} {}\n", e.id, e.rank, e.num_pages, hex(&e.namespace))
 }
 
@@ -155,7 +155,7 @@ impl SpaceCatalog for Catalog {
     fn created(&self, id: u32, rank: u32, namespace: &str, num_pages: u32) -> Result<(), String> {
         let mut guard = self.file.lock().unwrap_or_else(PoisonError::into_inner);
         let (f, entries) = &mut *guard;
-        let entry = Entry { id, rank, num_pages, namespace: namespace.into() };
+        let entry = CatalogEntry { id, rank, num_pages, namespace: namespace.into() };
         let text = line(&entry);
         let at = std::io::Seek::stream_position(f).map_err(|e| format!("{}: {e}", self.path.display()))?;
         let written = f.write_all(text.as_bytes()).and_then(|()| f.sync_data());
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn catalog_lines_round_trip_and_a_torn_tail_is_ignored() {
-        let e = Entry { id: 3, rank: 7, num_pages: 0, namespace: "a b\n'ключ".into() };
+        let e = CatalogEntry { id: 3, rank: 7, num_pages: 0, namespace: "a b\n'ключ".into() };
         assert_eq!(parse(line(&e).trim_end()), Some(e));
         assert_eq!(parse("1 2 3"), None);
         assert_eq!(parse("1 2 3 zz"), None);
@@ -288,8 +288,8 @@ mod tests {
         c.created(0, 0, "kv", 8).unwrap();
         let heard = Arc::new(Mutex::new(Vec::new()));
         let h = heard.clone();
-        assert!(c.attach(Box::new(move |e: &Entry| h.lock().unwrap().push(e.id))));
-        assert!(!c.attach(Box::new(|_: &Entry| ())), "one tap");
+        assert!(c.attach(Box::new(move |e: &CatalogEntry| h.lock().unwrap().push(e.id))));
+        assert!(!c.attach(Box::new(|_: &CatalogEntry| ())), "one tap");
         c.created(1, 3, "mamba", 4).unwrap();
         assert_eq!(*heard.lock().unwrap(), [1], "only what is recorded after the tap");
         assert_eq!(c.entries(), read(&p).unwrap());

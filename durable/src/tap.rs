@@ -14,9 +14,6 @@
 //! [`crate::Durable::sync`] then waits, after the local durable
 //! position, for [`Replication::acknowledged`] of the same position.
 
-use std::future::Future;
-use std::pin::Pin;
-
 /// One written log entry, for the standby.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
@@ -35,8 +32,7 @@ pub struct Frame {
     pub records: Vec<u8>,
 }
 
-/// A boxed future, for the object-safe wait.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::core::BoxFuture;
 
 /// The replication layer, as the durable layer sees it.
 pub trait Replication: Send + Sync {

@@ -48,9 +48,9 @@ pub const END_SEQ: [u8; 8] = [0xff; 8];
 
 /// The publisher's settings (the `--kv-events-*` flags).
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct EventSettings {
     /// `tcp://HOST:PORT`: binds when HOST is `*` (all addresses) or `::`,
-    /// or with [`Settings::bind`]; connects otherwise (as vLLM does).
+    /// or with [`EventSettings::bind`]; connects otherwise (as vLLM does).
     pub endpoint: String,
     /// Bind even to a concrete host (SGLang's `bind`).
     pub bind: bool,
@@ -291,7 +291,7 @@ async fn bind<S: Socket>(socket: &mut S, endpoint: &str, address: &str) -> Resul
 /// complete key (resyncs).
 /// `counters` are the publisher's (shown on `/metrics` by the caller).
 pub async fn start(
-    s: Settings,
+    s: EventSettings,
     counters: Arc<Counters>,
     leader: Leader,
     snapshot: Snapshot,

@@ -74,8 +74,8 @@ fn the_endpoint_decides_bind_or_connect() {
     assert!(plan("tcp://host", false).is_err());
 }
 
-fn settings(endpoint: &str, replay: Option<&str>) -> Settings {
-    Settings {
+fn settings(endpoint: &str, replay: Option<&str>) -> EventSettings {
+    EventSettings {
         endpoint: endpoint.into(),
         bind: true,
         replay_endpoint: replay.map(Into::into),

@@ -16,14 +16,12 @@
 //! stays one atomic load and one clock read, with no virtual call.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// A boxed future, for the object-safe traits of this layer.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::core::BoxFuture;
 
 /// Nanoseconds that never go back, and sleeps on them.
 pub trait DeadlineClock: Send + Sync + 'static {

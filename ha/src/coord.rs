@@ -4,10 +4,10 @@
 //! code call etcd only through [`Coordinator`]: leases (grant, keep-alive,
 //! revoke), reads (one key, a prefix), writes (put, delete), transactions
 //! comparing a key's create revision or value, and watches. The vocabulary
-//! ([`Kv`], [`Txn`], [`Event`], [`Error`]…) is etcd's, defined with the
+//! ([`Kv`], [`Txn`], [`WatchEvent`], [`Error`]…) is etcd's, defined with the
 //! JSON-gateway client in [`super::etcd`].
 //!
-//! Two implementations: [`super::etcd::Client`], the server's, over etcd's
+//! Two implementations: [`super::etcd::EtcdClient`], the server's, over etcd's
 //! JSON gateway; and [`mem`], an in-memory model of etcd's semantics for
 //! these calls (revisions, leases expiring on an injected
 //! [`super::clock::ManualClock`], atomic transactions, ordered watches) with
@@ -21,7 +21,7 @@
 pub mod mem;
 
 pub use super::clock::BoxFuture;
-pub use super::etcd::{Compare, Error, Event, Kv, LeaseId, Txn, TxnOp, TxnResult};
+pub use super::etcd::{Compare, Error, Kv, LeaseId, Txn, TxnOp, TxnResult, WatchEvent};
 use std::time::Duration;
 
 /// What HA needs of etcd (see the module docs). Object-safe: HA holds an
@@ -68,54 +68,54 @@ pub trait Watcher: Send {
 }
 
 /// One batch of a watch: the store's revision after it, and its events.
-pub type Batch = (i64, Vec<Event>);
+pub type Batch = (i64, Vec<WatchEvent>);
 
 /// A watch, whichever coordinator made it.
 pub type Watch = Box<dyn Watcher>;
 
-impl Coordinator for super::etcd::Client {
+impl Coordinator for super::etcd::EtcdClient {
     fn grant(&self, ttl: Duration) -> BoxFuture<'_, Result<LeaseId, Error>> {
-        Box::pin(super::etcd::Client::grant(self, ttl))
+        Box::pin(super::etcd::EtcdClient::grant(self, ttl))
     }
 
     fn keepalive(&self, lease: LeaseId) -> BoxFuture<'_, Result<Option<i64>, Error>> {
-        Box::pin(super::etcd::Client::keepalive(self, lease))
+        Box::pin(super::etcd::EtcdClient::keepalive(self, lease))
     }
 
     fn revoke(&self, lease: LeaseId) -> BoxFuture<'_, Result<(), Error>> {
-        Box::pin(super::etcd::Client::revoke(self, lease))
+        Box::pin(super::etcd::EtcdClient::revoke(self, lease))
     }
 
     fn get<'a>(&'a self, key: &'a [u8]) -> BoxFuture<'a, Result<Option<Kv>, Error>> {
-        Box::pin(super::etcd::Client::get(self, key))
+        Box::pin(super::etcd::EtcdClient::get(self, key))
     }
 
     fn get_prefix<'a>(&'a self, prefix: &'a [u8]) -> BoxFuture<'a, Result<Vec<Kv>, Error>> {
-        Box::pin(super::etcd::Client::get_prefix(self, prefix))
+        Box::pin(super::etcd::EtcdClient::get_prefix(self, prefix))
     }
 
     fn put<'a>(&'a self, key: &'a [u8], value: &'a [u8], lease: Option<LeaseId>) -> BoxFuture<'a, Result<i64, Error>> {
-        Box::pin(super::etcd::Client::put(self, key, value, lease))
+        Box::pin(super::etcd::EtcdClient::put(self, key, value, lease))
     }
 
     fn delete<'a>(&'a self, key: &'a [u8]) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(super::etcd::Client::delete(self, key))
+        Box::pin(super::etcd::EtcdClient::delete(self, key))
     }
 
     fn txn<'a>(&'a self, txn: &'a Txn) -> BoxFuture<'a, Result<TxnResult, Error>> {
-        Box::pin(super::etcd::Client::txn(self, txn))
+        Box::pin(super::etcd::EtcdClient::txn(self, txn))
     }
 
     fn watch<'a>(&'a self, key: &'a [u8], prefix: bool, start_revision: i64) -> BoxFuture<'a, Result<Watch, Error>> {
         Box::pin(async move {
-            let w = super::etcd::Client::watch(self, key, prefix, start_revision).await?;
+            let w = super::etcd::EtcdClient::watch(self, key, prefix, start_revision).await?;
             Ok(Box::new(w) as Watch)
         })
     }
 }
 
-impl Watcher for super::etcd::Watch {
+impl Watcher for super::etcd::EtcdWatch {
     fn next(&mut self) -> BoxFuture<'_, Result<Option<Batch>, Error>> {
-        Box::pin(super::etcd::Watch::next(self))
+        Box::pin(super::etcd::EtcdWatch::next(self))
     }
 }

@@ -108,7 +108,7 @@ pub fn main(ctl: Ctl) -> ExitCode {
     }
 }
 
-fn client(args: &EtcdArgs) -> Result<etcd::Client, String> {
+fn client(args: &EtcdArgs) -> Result<etcd::EtcdClient, String> {
     args.client(Duration::from_secs(2))
 }
 

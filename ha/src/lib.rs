@@ -25,7 +25,7 @@
 //! - [`switchover`]: the planned switchover a leader performs when asked
 //!   (`hf3fs-meta ctl switchover`).
 //!
-//! The keys under the cluster prefix `P` (`--ha-cluster`), see [`Keys`]:
+//! The keys under the cluster prefix `P` (`--ha-cluster`), see [`EtcdKeys`]:
 //! `P/leader` (the leader's name and URL, on its lease; its create revision
 //! is the epoch), `P/initialized` (set by the first leader ever, never
 //! removed), `P/sync` (the synchronous standby's node id, written by the
@@ -150,13 +150,13 @@ impl EtcdArgs {
     }
 
     /// The key names under `--ha-cluster`.
-    pub fn keys(&self) -> Keys {
-        Keys::new(&self.ha_cluster)
+    pub fn keys(&self) -> EtcdKeys {
+        EtcdKeys::new(&self.ha_cluster)
     }
 
     /// A client of `--etcd-endpoints` with these credentials; each attempt
     /// at one endpoint is bounded by `timeout`.
-    pub fn client(&self, timeout: Duration) -> Result<etcd::Client, String> {
+    pub fn client(&self, timeout: Duration) -> Result<etcd::EtcdClient, String> {
         if self.etcd_endpoints.is_empty() {
             return Err("--etcd-endpoints is required".into());
         }
@@ -175,8 +175,8 @@ impl EtcdArgs {
                 return Err(format!("--etcd-endpoints {e}: an https:// endpoint needs --etcd-ca"));
             }
         }
-        let opts = etcd::Options { timeout, user: self.etcd_user.clone(), password, tls };
-        etcd::Client::new(&self.etcd_endpoints, opts).map_err(|e| e.to_string())
+        let opts = etcd::EtcdOptions { timeout, user: self.etcd_user.clone(), password, tls };
+        etcd::EtcdClient::new(&self.etcd_endpoints, opts).map_err(|e| e.to_string())
     }
 }
 
@@ -271,14 +271,14 @@ fn read_secret(path: &std::path::Path, flag: &str) -> Result<String, String> {
 
 /// The etcd keys of one cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Keys {
+pub struct EtcdKeys {
     prefix: String,
 }
 
-impl Keys {
+impl EtcdKeys {
     /// The keys under `prefix` (a trailing '/' is ignored).
     pub fn new(prefix: &str) -> Self {
-        Keys { prefix: prefix.trim_end_matches('/').to_string() }
+        EtcdKeys { prefix: prefix.trim_end_matches('/').to_string() }
     }
 
     /// `P/leader`: the leader's [`LeaderRecord`], on its lease.
@@ -387,7 +387,7 @@ mod tests {
 
     #[test]
     fn key_layout() {
-        let k = Keys::new("/hf3fs/c1/");
+        let k = EtcdKeys::new("/hf3fs/c1/");
         assert_eq!(k.leader(), b"/hf3fs/c1/leader");
         assert_eq!(k.member("n2"), b"/hf3fs/c1/members/n2");
         assert!(k.member("n2").starts_with(&k.members()));

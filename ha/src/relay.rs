@@ -26,7 +26,7 @@
 
 use super::clock::HaClock;
 use super::coord::Coordinator;
-use super::etcd::Event;
+use super::etcd::WatchEvent;
 use super::node::LeaderRecord;
 use super::EtcdArgs;
 use clap::Args;
@@ -82,7 +82,7 @@ pub struct RelayArgs {
 
 /// Where the relay forwards: the leader's address and epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub struct RelayTarget {
     /// The leader's node id.
     pub node: String,
     /// Its `host:port`, from its advertised URL.
@@ -134,7 +134,7 @@ pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()
     let listener =
         TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_or_else(|_| args.listen.to_string(), |a| a.to_string());
-    let (tx, rx) = watch::channel(None::<Target>);
+    let (tx, rx) = watch::channel(None::<RelayTarget>);
     let follower = tokio::spawn(follow(etcd, args.etcd.keys().leader(), ttl, HaClock::Boot, tx));
     let hold = args.hold_timeout.map_or(ttl * 3, Duration::from_secs);
     let connect = Duration::from_secs(args.connect_timeout.max(1));
@@ -175,7 +175,7 @@ pub async fn follow(
     key: Vec<u8>,
     ttl: Duration,
     clock: HaClock,
-    tx: watch::Sender<Option<Target>>,
+    tx: watch::Sender<Option<RelayTarget>>,
 ) {
     loop {
         let watch = etcd.watch(&key, false, 0).await;
@@ -194,8 +194,8 @@ pub async fn follow(
                         publish(
                             &tx,
                             match e {
-                                Event::Put(kv) => decode(&kv.value, kv.create_revision),
-                                Event::Delete { .. } => None,
+                                WatchEvent::Put(kv) => decode(&kv.value, kv.create_revision),
+                                WatchEvent::Delete { .. } => None,
                             },
                         );
                     }
@@ -212,10 +212,10 @@ pub async fn follow(
     }
 }
 
-fn decode(value: &[u8], create_revision: i64) -> Option<Target> {
+fn decode(value: &[u8], create_revision: i64) -> Option<RelayTarget> {
     let r = LeaderRecord::decode(value, create_revision)?;
     match parse_url(&r.url) {
-        Ok((addr, tls)) => Some(Target { node: r.node, addr, epoch: r.epoch, serving: r.serving, tls }),
+        Ok((addr, tls)) => Some(RelayTarget { node: r.node, addr, epoch: r.epoch, serving: r.serving, tls }),
         Err(e) => {
             tracing::warn!(node = %r.node, "relay: the leader advertises an unusable URL: {e}");
             None
@@ -223,7 +223,7 @@ fn decode(value: &[u8], create_revision: i64) -> Option<Target> {
     }
 }
 
-fn publish(tx: &watch::Sender<Option<Target>>, target: Option<Target>) {
+fn publish(tx: &watch::Sender<Option<RelayTarget>>, target: Option<RelayTarget>) {
     tx.send_if_modified(|cur| {
         if *cur == target {
             return false;
@@ -244,10 +244,10 @@ fn publish(tx: &watch::Sender<Option<Target>>, target: Option<Target>) {
 async fn forward(
     mut client: TcpStream,
     peer: SocketAddr,
-    mut rx: watch::Receiver<Option<Target>>,
+    mut rx: watch::Receiver<Option<RelayTarget>>,
     hold: Duration,
     connect: Duration,
-    tls: Option<hf3fs_meta_tls::Client>,
+    tls: Option<hf3fs_meta_tls::TlsClient>,
     closed: Arc<AtomicU64>,
 ) {
     let Some((target, upstream)) = connect_within(&mut rx, hold, connect, tls.as_ref()).await else {
@@ -283,11 +283,11 @@ const RECONNECT: Duration = Duration::from_millis(100);
 /// for the next one. vLLM's client gives up after three quick retries: a
 /// refused connection would spend them all before the key expires.
 async fn connect_within(
-    rx: &mut watch::Receiver<Option<Target>>,
+    rx: &mut watch::Receiver<Option<RelayTarget>>,
     hold: Duration,
     connect: Duration,
-    tls: Option<&hf3fs_meta_tls::Client>,
-) -> Option<(Target, Upstream)> {
+    tls: Option<&hf3fs_meta_tls::TlsClient>,
+) -> Option<(RelayTarget, Upstream)> {
     let deadline = tokio::time::Instant::now() + hold;
     loop {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -312,7 +312,7 @@ enum Upstream {
 }
 
 /// Connects to `target` (and handshakes, over TLS).
-async fn upstream(target: &Target, tls: Option<&hf3fs_meta_tls::Client>) -> Result<Upstream, String> {
+async fn upstream(target: &RelayTarget, tls: Option<&hf3fs_meta_tls::TlsClient>) -> Result<Upstream, String> {
     let s = TcpStream::connect(&target.addr).await.map_err(|e| e.to_string())?;
     let _ = s.set_nodelay(true);
     if !target.tls {
@@ -333,7 +333,7 @@ async fn upstream(target: &Target, tls: Option<&hf3fs_meta_tls::Client>) -> Resu
 
 /// The serving leader, waiting up to `hold` for one; after that, any known
 /// leader (it answers 503 with its reason), else `None`.
-async fn leader_within(rx: &mut watch::Receiver<Option<Target>>, hold: Duration) -> Option<Target> {
+async fn leader_within(rx: &mut watch::Receiver<Option<RelayTarget>>, hold: Duration) -> Option<RelayTarget> {
     let deadline = tokio::time::Instant::now() + hold;
     loop {
         if let Some(t) = rx.borrow_and_update().as_ref().filter(|t| t.serving) {
@@ -347,7 +347,7 @@ async fn leader_within(rx: &mut watch::Receiver<Option<Target>>, hold: Duration)
 }
 
 /// Resolves once the leader is no longer `target`'s node at its epoch.
-async fn deposed(rx: &mut watch::Receiver<Option<Target>>, target: &Target) {
+async fn deposed(rx: &mut watch::Receiver<Option<RelayTarget>>, target: &RelayTarget) {
     loop {
         let same = rx.borrow_and_update().as_ref().is_some_and(|t| t.epoch == target.epoch && t.node == target.node);
         if !same || rx.changed().await.is_err() {
@@ -373,8 +373,9 @@ mod tests {
 
     #[tokio::test]
     async fn held_connections_take_the_first_serving_leader_and_notice_deposition() {
-        let (tx, mut rx) = watch::channel(None::<Target>);
-        let t = |epoch, serving| Target { node: "a".into(), addr: "127.0.0.1:1".into(), epoch, serving, tls: false };
+        let (tx, mut rx) = watch::channel(None::<RelayTarget>);
+        let t =
+            |epoch, serving| RelayTarget { node: "a".into(), addr: "127.0.0.1:1".into(), epoch, serving, tls: false };
         // Nothing within the hold: none.
         assert_eq!(leader_within(&mut rx, Duration::from_millis(1)).await, None);
         tx.send_replace(Some(t(5, false)));
@@ -398,10 +399,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_is_held_past_a_leader_that_refuses_until_the_next_one_serves() {
-        let t = |node: &str, addr: String, epoch| Target { node: node.into(), addr, epoch, serving: true, tls: false };
+        let t =
+            |node: &str, addr: String, epoch| RelayTarget { node: node.into(), addr, epoch, serving: true, tls: false };
         // No leader within the hold: none (the relay closes the connection
         // without an answer).
-        let (_tx, mut none) = watch::channel(None::<Target>);
+        let (_tx, mut none) = watch::channel(None::<RelayTarget>);
         assert!(connect_within(&mut none, Duration::from_millis(1), RECONNECT, None).await.is_none());
         // A killed leader whose key has not expired: its port refuses. The
         // connection waits (not refused, not closed) for the next leader.

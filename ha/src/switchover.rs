@@ -37,7 +37,7 @@ use super::coord::Coordinator;
 use super::election::promotion::Promotion;
 use super::etcd::{Compare, Txn, TxnOp};
 use super::node::{Node, Role};
-use super::Keys;
+use super::EtcdKeys;
 use std::time::Duration;
 
 /// How long the leader waits, gate closed, for its standby to acknowledge
@@ -123,7 +123,7 @@ pub(crate) struct Leader<'a> {
     /// The coordinator.
     pub etcd: &'a dyn Coordinator,
     /// The cluster's key names.
-    pub keys: &'a Keys,
+    pub keys: &'a EtcdKeys,
     /// The replication layer's hook.
     pub promotion: &'a dyn Promotion,
     /// This node's HA state.

@@ -8,12 +8,9 @@
 //! indirect call; without the flag the field is `None` and costs one check.
 
 use crate::core::{Dialect, Registry};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
-/// A boxed future that may be sent between threads.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub use crate::core::BoxFuture;
 
 /// The durable stores as the request path sees them: one per dialect.
 pub trait DurabilityHook: Send + Sync {

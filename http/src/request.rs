@@ -117,11 +117,11 @@ impl Exchange<'_> {
 }
 
 /// The pipeline's answer, as hyper takes it.
-pub type Answer = Result<Response<Full<Bytes>>, Infallible>;
+pub type HyperAnswer = Result<Response<Full<Bytes>>, Infallible>;
 
 /// Answers one request of connection `peer`: the whole pipeline.
 #[inline]
-pub fn respond<B>(app: Arc<Service>, peer: Peer, req: Request<B>) -> impl Future<Output = Answer>
+pub fn respond<B>(app: Arc<Service>, peer: Peer, req: Request<B>) -> impl Future<Output = HyperAnswer>
 where
     B: hyper::body::Body<Data = Bytes> + Unpin,
     B::Error: Display,
@@ -131,7 +131,7 @@ where
 
 /// [`respond`] with `handler` as stage 6 (the table's handlers in the
 /// server; a test's in tests/ha_sim).
-pub async fn respond_with<B, H>(app: Arc<Service>, peer: Peer, req: Request<B>, handler: H) -> Answer
+pub async fn respond_with<B, H>(app: Arc<Service>, peer: Peer, req: Request<B>, handler: H) -> HyperAnswer
 where
     B: hyper::body::Body<Data = Bytes> + Unpin,
     B::Error: Display,

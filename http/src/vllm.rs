@@ -9,7 +9,7 @@
 
 use crate::call::{Call, RankParam};
 use crate::core::{Dialect, InitError, Initialized};
-use crate::decode::{Input, Role};
+use crate::decode::{InitRole, Input};
 use crate::encode;
 use crate::reply::{self, Reply};
 use crate::tenants;
@@ -28,7 +28,7 @@ fn rank_of(rank: &RankParam) -> Result<i64, Reply> {
 pub(crate) fn initialize(mut c: Call<'_>) -> Result<Reply, Reply> {
     let rank = rank_of(c.rank)?;
     let req = c.scratch.decoder.initialize(c.body.bytes_mut())?;
-    if req.role == Role::Scheduler {
+    if req.role == InitRole::Scheduler {
         return Ok(Reply::message(StatusCode::OK, "Scheduler role does not require initialization"));
     }
     match c.registry.vllm().initialize(rank, req.num_pages) {

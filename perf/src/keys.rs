@@ -12,7 +12,7 @@ use rand::Rng;
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// A vLLM key: 32 hex digits.
-pub type Key = [u8; 32];
+pub type HexKey = [u8; 32];
 
 fn hex_into(out: &mut [u8], mut v: u128, digits: usize) {
     for i in (0..digits).rev() {
@@ -22,14 +22,14 @@ fn hex_into(out: &mut [u8], mut v: u128, digits: usize) {
 }
 
 /// A fresh random 32-hex-character key.
-pub fn random_key<R: Rng>(rng: &mut R) -> Key {
+pub fn random_key<R: Rng>(rng: &mut R) -> HexKey {
     let mut k = [0u8; 32];
     hex_into(&mut k, rng.r#gen::<u128>(), 32);
     k
 }
 
 /// The i-th key of the deterministic pre-populated pool (see module docs).
-pub fn stored_key(i: u64) -> Key {
+pub fn stored_key(i: u64) -> HexKey {
     let mut k = [0u8; 32];
     let mut s = i % 2_147_483_646 + 1;
     for j in 0..4 {

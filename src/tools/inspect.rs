@@ -107,7 +107,7 @@ pub fn report(args: &DirArgs, o: &OpenedCopy) -> Value {
 
 /// Every catalog entry with its space's store (`None`: a catalog entry
 /// recovery did not rebuild, which recovery refuses, so never in practice).
-pub fn space_stores(o: &OpenedCopy) -> Vec<(&crate::durable::spaces::Entry, Option<std::sync::Arc<Store>>)> {
+pub fn space_stores(o: &OpenedCopy) -> Vec<(&crate::durable::spaces::CatalogEntry, Option<std::sync::Arc<Store>>)> {
     let list = o.spaces.list();
     o.catalog
         .iter()

@@ -48,7 +48,7 @@ pub struct OpenedCopy {
     /// What recovering the spaces' store found.
     pub sglang_recovered: Recovered,
     /// The spaces' catalog, in id order.
-    pub catalog: Vec<durable::spaces::Entry>,
+    pub catalog: Vec<durable::spaces::CatalogEntry>,
     _vllm_durable: Durable,
     _sglang_durable: Durable,
     _copy: Scratch,

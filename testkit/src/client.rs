@@ -8,7 +8,7 @@
 
 use crate::{schema, FAILSAFE};
 use hf3fs_meta_client::conn::write_head;
-use hf3fs_meta_client::{CallError, Conn, Reply};
+use hf3fs_meta_client::{AnswerRef, CallError, Conn};
 use serde_json::Value;
 use std::io::{self, ErrorKind, Read};
 use std::net::SocketAddr;
@@ -88,8 +88,8 @@ fn timed_out(e: &io::Error) -> bool {
     matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
-impl From<Reply<'_>> for Response {
-    fn from(r: Reply<'_>) -> Self {
+impl From<AnswerRef<'_>> for Response {
+    fn from(r: AnswerRef<'_>) -> Self {
         Response {
             status: r.status,
             reason: r.head.reason.clone(),

@@ -2,16 +2,16 @@
 //! leases, transactions on create revisions, watches, endpoint failover.
 
 use super::etcd::{available, Etcd};
-use hf3fs_meta::ha::etcd::{Client, Compare, Error, Event, Options, Txn, TxnOp};
+use hf3fs_meta::ha::etcd::{Compare, Error, EtcdClient, EtcdOptions, Txn, TxnOp, WatchEvent};
 use std::time::Duration;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime")
 }
 
-fn client(endpoints: &str) -> Client {
+fn client(endpoints: &str) -> EtcdClient {
     let eps: Vec<String> = endpoints.split(',').map(str::to_string).collect();
-    Client::new(&eps, Options { timeout: Duration::from_secs(2), ..Options::default() }).expect("a client")
+    EtcdClient::new(&eps, EtcdOptions { timeout: Duration::from_secs(2), ..EtcdOptions::default() }).expect("a client")
 }
 
 #[test]
@@ -59,10 +59,10 @@ fn leases_transactions_and_watches() {
         assert!(!c.txn(&value_is(b"c")).await.unwrap().succeeded);
         // The watch saw the creation; revoking the lease deletes the key.
         let (_, events) = watch.next().await.unwrap().unwrap();
-        assert!(matches!(&events[0], Event::Put(k) if k.value == b"a"));
+        assert!(matches!(&events[0], WatchEvent::Put(k) if k.value == b"a"));
         c.revoke(lease).await.unwrap();
         let (_, events) = watch.next().await.unwrap().unwrap();
-        assert!(matches!(&events[0], Event::Delete { key: k, .. } if *k == key));
+        assert!(matches!(&events[0], WatchEvent::Delete { key: k, .. } if *k == key));
         assert_eq!(c.get(&key).await.unwrap(), None);
         assert_eq!(c.keepalive(lease).await.unwrap(), None, "a revoked lease is gone");
         c.revoke(lease).await.unwrap();
@@ -115,13 +115,13 @@ fn authenticates_with_etcd_credentials() {
     etcdctl(&["user", "add", "root:root-password"]);
     etcdctl(&["auth", "enable"]);
     let with = |user: Option<&str>, password: &str| {
-        let opts = Options {
+        let opts = EtcdOptions {
             timeout: Duration::from_secs(2),
             user: user.map(str::to_string),
             password: Some(password.to_string()),
             tls: None,
         };
-        Client::new(std::slice::from_ref(&eps), opts).unwrap()
+        EtcdClient::new(std::slice::from_ref(&eps), opts).unwrap()
     };
     let rt = runtime();
     let good = with(Some("root"), "root-password");

@@ -4,7 +4,7 @@
 //! bounded failsafe.
 
 use super::etcd::Etcd;
-use super::http::{get, request_within, Answer};
+use super::http::{get, request_within, HttpAnswer};
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Child, Stdio};
@@ -243,7 +243,7 @@ pub fn serving_epoch(p: &ServerProcess) -> Option<u64> {
 }
 
 /// The probe sent to `addr` (2 s timeout).
-pub fn probe(addr: &str) -> Option<Answer> {
+pub fn probe(addr: &str) -> Option<HttpAnswer> {
     request_within(addr, "POST", PROBE.0, PROBE.1, Duration::from_secs(2))
 }
 

@@ -3,7 +3,7 @@
 //! started from Debian's `etcd-server` package, waited for by polling their
 //! `/health` (bounded by the failsafe), killed on drop.
 
-use super::http::{get, request_within, Answer};
+use super::http::{get, request_within, HttpAnswer};
 use testkit::FAILSAFE;
 
 use std::process::{Child, Command, Stdio};
@@ -145,7 +145,7 @@ impl Etcd {
     }
 
     /// A client of this etcd (the server's own, with its TLS flags).
-    pub fn client(&self) -> hf3fs_meta::ha::etcd::Client {
+    pub fn client(&self) -> hf3fs_meta::ha::etcd::EtcdClient {
         client_of(&self.endpoints(), &self.client_flags()).expect("an etcd client")
     }
 
@@ -216,7 +216,7 @@ impl Etcd {
         for m in self.members.iter().filter(|m| !m.killed.load(Ordering::Relaxed)) {
             loop {
                 let addr = format!("127.0.0.1:{}", m.client);
-                if let Some(Answer { status: 200, body, .. }) = get(&addr, "/health") {
+                if let Some(HttpAnswer { status: 200, body, .. }) = get(&addr, "/health") {
                     if body.contains("\"health\":\"true\"") {
                         break;
                     }
@@ -230,7 +230,7 @@ impl Etcd {
 
 /// The server's own etcd client of `endpoints`, made from its flags
 /// (`--etcd-endpoints` and `flags`): `Err` is what the server would say.
-pub fn client_of(endpoints: &str, flags: &[String]) -> Result<hf3fs_meta::ha::etcd::Client, String> {
+pub fn client_of(endpoints: &str, flags: &[String]) -> Result<hf3fs_meta::ha::etcd::EtcdClient, String> {
     use clap::Parser;
     #[derive(Parser)]
     struct Cli {

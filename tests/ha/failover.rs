@@ -73,7 +73,7 @@ fn a_named_standby_that_never_caught_up_is_not_promoted() {
     // b never received a snapshot of a; name it anyway, as a stale P/sync would.
     let dir = tempfile::tempdir().unwrap();
     let mut b = c.replicated("b", dir.path(), "strict", &[]);
-    let etcd = hf3fs_meta::ha::etcd::Client::new(&[c.etcd.endpoints()], Default::default()).unwrap();
+    let etcd = hf3fs_meta::ha::etcd::EtcdClient::new(&[c.etcd.endpoints()], Default::default()).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(etcd.put(format!("{}/sync", c.prefix).as_bytes(), b"b", None)).unwrap();
     let line = b.wait_line(|l| l.contains("not serving as leader")).expect("b refused its promotion");
@@ -119,7 +119,7 @@ fn available_mode_serves_without_a_standby_only_once_etcd_lets_nobody_be_promote
     save(&leader, &keys(0, 16));
     nodes.kill(s);
     // Changes go on once P/sync is gone (nobody may be promoted), not before.
-    let etcd = hf3fs_meta::ha::etcd::Client::new(&[c.etcd.endpoints()], Default::default()).unwrap();
+    let etcd = hf3fs_meta::ha::etcd::EtcdClient::new(&[c.etcd.endpoints()], Default::default()).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let sync_key = format!("{}/sync", c.prefix).into_bytes();
     // A change (a confirm that binds fresh keys): 503 while P/sync may

@@ -56,7 +56,7 @@ fn the_relay_follows_the_leader_and_drops_connections_to_the_deposed_one() {
 }
 
 /// The probe through the relay with the failsafe as timeout.
-fn probe_held(relay: &str) -> super::http::Answer {
+fn probe_held(relay: &str) -> super::http::HttpAnswer {
     let mut s = TcpStream::connect(relay).unwrap();
     s.set_read_timeout(Some(FAILSAFE)).unwrap();
     s.write_all(&request_bytes("POST", PROBE.0, &[("Connection", "close")], PROBE.1.as_bytes())).unwrap();

@@ -178,9 +178,9 @@ fn ctl_switchover_is_refused_without_a_caught_up_standby_and_a_foreign_node_is_n
         (ctl(&c, &["status"]).1["version"]["version"] == json!(3)).then_some(())
     });
     drop(nodes);
-    let etcd = hf3fs_meta::ha::etcd::Client::new(
+    let etcd = hf3fs_meta::ha::etcd::EtcdClient::new(
         &c.etcd.endpoints().split(',').map(str::to_string).collect::<Vec<_>>(),
-        hf3fs_meta::ha::etcd::Options { timeout: Duration::from_secs(2), ..Default::default() },
+        hf3fs_meta::ha::etcd::EtcdOptions { timeout: Duration::from_secs(2), ..Default::default() },
     )
     .unwrap();
     let key = format!("{}/version", c.prefix);

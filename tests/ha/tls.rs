@@ -9,7 +9,7 @@
 
 use super::cluster::{Cluster, Nodes, PROBE};
 use super::etcd::{self, client_of, Etcd, EtcdTls};
-use super::http::{read_answer, Answer};
+use super::http::{read_answer, HttpAnswer};
 use hf3fs_meta::ha::replicate::wire::{Msg, Range, MIN_VERSION};
 use hf3fs_meta::tls::{load, Identity, PemFile};
 use serde_json::Value;
@@ -33,7 +33,7 @@ pub fn tls_request(
     method: &str,
     path: &str,
     body: &str,
-) -> Result<Answer, String> {
+) -> Result<HttpAnswer, String> {
     let id = leaf.map(|l| Identity { cert: PemFile::new("cert", &l.cert), key: PemFile::new("key", &l.key) });
     let cfg = load::client_config(&PemFile::new("ca", ca), id.as_ref())?;
     let name = rustls::pki_types::ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
@@ -92,7 +92,7 @@ impl Certs {
     }
 
     /// A request to node `p` with the operator's certificate.
-    fn get(&self, p: &ServerProcess, path: &str) -> Option<Answer> {
+    fn get(&self, p: &ServerProcess, path: &str) -> Option<HttpAnswer> {
         tls_request(&p.addr.to_string(), &self.pki.ca(), Some(&self.operator), "127.0.0.1", "GET", path, "").ok()
     }
 

@@ -12,7 +12,7 @@ use hf3fs_meta::config::Config;
 use hf3fs_meta::ha::clock::{HaClock, ManualClock};
 use hf3fs_meta::ha::coord::mem::{MemClient, MemEtcd};
 use hf3fs_meta::ha::coord::Coordinator;
-use hf3fs_meta::ha::{Election, Keys, Node, Promotion, Role, WithoutReplication};
+use hf3fs_meta::ha::{Election, EtcdKeys, Node, Promotion, Role, WithoutReplication};
 use hf3fs_meta::http::gate;
 use hf3fs_meta::http::reply::Reply;
 use hf3fs_meta::http::request::{respond_with, Peer};
@@ -64,7 +64,7 @@ pub(crate) struct Cluster {
     /// The in-memory etcd.
     pub(crate) etcd: MemEtcd,
     /// The key names.
-    pub(crate) keys: Keys,
+    pub(crate) keys: EtcdKeys,
     /// Every node started, crashed ones included.
     pub(crate) nodes: Vec<SimNode>,
 }
@@ -80,7 +80,7 @@ impl Cluster {
     pub(crate) fn new() -> Self {
         let clock = ManualClock::new();
         let etcd = MemEtcd::new(HaClock::Manual(clock.clone()));
-        Cluster { clock, etcd, keys: Keys::new("/sim"), nodes: Vec::new() }
+        Cluster { clock, etcd, keys: EtcdKeys::new("/sim"), nodes: Vec::new() }
     }
 
     /// Starts node `id` with the election-only promotion that accepts every

@@ -8,13 +8,16 @@ use super::cluster::{Cluster, TTL};
 use hf3fs_meta::ha::clock::HaClock;
 use hf3fs_meta::ha::coord::mem::MemClient;
 use hf3fs_meta::ha::coord::Coordinator;
-use hf3fs_meta::ha::relay::{follow, Target};
-use hf3fs_meta::ha::Keys;
+use hf3fs_meta::ha::relay::{follow, RelayTarget};
+use hf3fs_meta::ha::EtcdKeys;
 use std::sync::Arc;
 use tokio::sync::watch;
 
 /// A relay's follower of `keys` on its own link; its view and its link.
-fn relay(c: &Cluster, keys: &Keys) -> (watch::Receiver<Option<Target>>, MemClient, tokio::task::JoinHandle<()>) {
+fn relay(
+    c: &Cluster,
+    keys: &EtcdKeys,
+) -> (watch::Receiver<Option<RelayTarget>>, MemClient, tokio::task::JoinHandle<()>) {
     let (tx, rx) = watch::channel(None);
     let client = c.etcd.client(TTL / 4);
     let coord: Arc<dyn Coordinator> = Arc::new(client.clone());
@@ -22,7 +25,7 @@ fn relay(c: &Cluster, keys: &Keys) -> (watch::Receiver<Option<Target>>, MemClien
     (rx, client, task)
 }
 
-fn view(rx: &watch::Receiver<Option<Target>>) -> Option<(String, u64, bool)> {
+fn view(rx: &watch::Receiver<Option<RelayTarget>>) -> Option<(String, u64, bool)> {
     rx.borrow().as_ref().map(|t| (t.node.clone(), t.epoch, t.serving))
 }
 
@@ -76,7 +79,7 @@ async fn a_relay_whose_watch_went_quiet_reads_the_key_again_within_a_ttl() {
 #[tokio::test]
 async fn the_relay_follows_only_its_own_prefix() {
     let mut c = Cluster::new();
-    let other = Keys::new("/sim-other");
+    let other = EtcdKeys::new("/sim-other");
     let (rx, _, task) = relay(&c, &other);
     c.start("a");
     c.wait_leader(TTL).await;

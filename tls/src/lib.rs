@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// A client configuration that follows its files.
-pub type Client = Arc<Reloadable<ClientConfig>>;
+pub type TlsClient = Arc<Reloadable<ClientConfig>>;
 /// A server configuration that follows its files.
 pub type Server = Arc<Reloadable<ServerConfig>>;
 
@@ -114,7 +114,7 @@ impl TlsArgs {
     /// The configuration this node streams to its standby with (role
     /// `replication_client`): its own certificate as the client's, the standby
     /// verified against `--tls-ca` (or `--tls-client-ca`).
-    pub fn replication_client(&self) -> Result<Option<Client>, String> {
+    pub fn replication_client(&self) -> Result<Option<TlsClient>, String> {
         let Some(id) = self.identity() else { return Ok(None) };
         let ca = match (&self.tls_ca, &self.tls_client_ca) {
             (Some(p), _) => PemFile::new("--tls-ca", p),
@@ -131,7 +131,7 @@ impl TlsArgs {
 
 /// A reloadable client configuration of `role`: servers verified against
 /// `ca`, `identity` as the client certificate.
-pub fn client(role: &'static str, ca: &PemFile, identity: Option<Identity>) -> Result<Client, String> {
+pub fn client(role: &'static str, ca: &PemFile, identity: Option<Identity>) -> Result<TlsClient, String> {
     let mut files = vec![ca.path.clone()];
     files.extend(identity.iter().flat_map(Identity::files));
     let expiring = identity.as_ref().map_or_else(|| ca.clone(), |i| i.cert.clone());
@@ -147,7 +147,7 @@ pub fn client_from_flags(
     ca: Option<(&'static str, &Path)>,
     cert: Option<(&'static str, &Path)>,
     key: Option<(&'static str, &Path)>,
-) -> Result<Option<Client>, String> {
+) -> Result<Option<TlsClient>, String> {
     let identity = match (cert, key) {
         (Some((cf, c)), Some((kf, k))) => Some(Identity { cert: PemFile::new(cf, c), key: PemFile::new(kf, k) }),
         (None, None) => None,

@@ -189,13 +189,13 @@ pub fn drain(store: &Store, ranks: &BTreeMap<u32, MRank>, settle: impl FnOnce())
 }
 
 /// A fault of a confirm request: (code, page, key, already_bound).
-pub type Fault = (ErrorCode, Option<i64>, Option<String>, bool);
+pub type ConfirmFault = (ErrorCode, Option<i64>, Option<String>, bool);
 
 /// Every fault of a confirm request on rank `t` (keys are indices into
 /// `keys`); empty when the request is valid.
-pub fn confirm_faults(t: &MRank, keys: &[&str], confs: &[(usize, i64)], rels: &[i64]) -> Vec<Fault> {
+pub fn confirm_faults(t: &MRank, keys: &[&str], confs: &[(usize, i64)], rels: &[i64]) -> Vec<ConfirmFault> {
     let n = t.st.len() as i64;
-    let mut faults: Vec<Fault> = Vec::new();
+    let mut faults: Vec<ConfirmFault> = Vec::new();
     let key = |k: usize| Some(keys[k].to_owned());
     let mut per_page: BTreeMap<i64, (Vec<usize>, usize)> = BTreeMap::new();
     for &(k, p) in confs {
@@ -249,8 +249,8 @@ pub fn confirm_agrees(
     keys: &[&str],
     rank: i64,
     (confs, rels): (&[(usize, i64)], &[i64]),
-    model: impl FnOnce() -> Result<ConfirmOutcome, Vec<Fault>>,
-) -> Result<Result<ConfirmOutcome, Fault>, TestCaseError> {
+    model: impl FnOnce() -> Result<ConfirmOutcome, Vec<ConfirmFault>>,
+) -> Result<Result<ConfirmOutcome, ConfirmFault>, TestCaseError> {
     let named: Vec<(&str, i64)> = confs.iter().map(|&(k, p)| (keys[k], p)).collect();
     let got = store.confirm(rank, &named, rels);
     match (model(), got) {

@@ -22,9 +22,9 @@ pub enum Rec {
 /// reservation's or a hold's end), are left out. `tests/durable_*` check
 /// those records.
 #[derive(Default)]
-pub struct Recorder(pub Mutex<Vec<Rec>>, Mutex<std::collections::HashSet<(u32, u32)>>);
+pub struct JournalRecorder(pub Mutex<Vec<Rec>>, Mutex<std::collections::HashSet<(u32, u32)>>);
 
-impl Journal for Recorder {
+impl Journal for JournalRecorder {
     fn record(&self, change: Change<'_>) {
         let mut bound = self.1.lock().unwrap();
         let rec = match change {

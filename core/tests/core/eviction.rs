@@ -14,7 +14,7 @@
 //! `get_locations`, because those reads lease what they see and would change
 //! the outcome they are meant to check.
 
-use crate::common::recorder::{Rec, Recorder};
+use crate::common::recorder::{JournalRecorder, Rec};
 use hf3fs_meta_core::{
     ConfirmError, ErrorCode, EvictStats, Journal, LeaseLength, LeaseStats, Stats, Store, StoreConfig, TICKS_PER_TTL,
 };
@@ -59,7 +59,7 @@ impl Folded {
     }
 }
 
-impl Recorder {
+impl JournalRecorder {
     fn len(&self) -> usize {
         self.0.lock().unwrap().len()
     }
@@ -94,7 +94,7 @@ impl Recorder {
 
 struct T {
     s: Store,
-    j: Arc<Recorder>,
+    j: Arc<JournalRecorder>,
     ranks: i64,
 }
 
@@ -109,7 +109,7 @@ struct Snapshot {
 
 impl T {
     fn with(cfg: StoreConfig, ranks: i64, pages: i64) -> T {
-        let j = Arc::new(Recorder::default());
+        let j = Arc::new(JournalRecorder::default());
         let s = Store::with_journal(cfg, Some(j.clone() as Arc<dyn Journal>), 0);
         for r in 0..ranks {
             s.initialize(r, pages).unwrap();

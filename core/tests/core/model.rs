@@ -15,9 +15,9 @@
 //! Where the contract leaves a choice open (which error a request with
 //! several faults reports), the model accepts any fault it finds.
 
-use crate::common::generations::{self, Rec};
+use crate::common::generations::{self, GenerationRec};
 use crate::common::page_model;
-use crate::common::page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
+use crate::common::page_model::{config, note, ConfirmFault, MRank, St, EXPIRY_TICKS};
 use hf3fs_meta_core::key::Digest;
 use hf3fs_meta_core::{
     AllocateOutcome, Change, ConfirmOutcome, ErrorCode, InitError, Initialized, Journal, KeyRef, RankNotInitialized,
@@ -297,7 +297,12 @@ impl Model {
 
     /// Every fault of a confirm request, or the outcome when it has none
     /// (applied to the model).
-    fn confirm(&mut self, rank: i64, confs: &[(usize, i64)], rels: &[i64]) -> Result<ConfirmOutcome, Vec<Fault>> {
+    fn confirm(
+        &mut self,
+        rank: i64,
+        confs: &[(usize, i64)],
+        rels: &[i64],
+    ) -> Result<ConfirmOutcome, Vec<ConfirmFault>> {
         let world_now = self.world_size.unwrap_or(self.ranks.len() as u32);
         let Some(r) = u32::try_from(rank).ok().filter(|r| self.ranks.contains_key(r)) else {
             return Err(vec![(ErrorCode::RankNotInitialized, None, None, false)]);
@@ -411,7 +416,7 @@ impl Model {
 // store through the restore API.
 
 #[derive(Default)]
-struct Recorder(Mutex<Vec<Rec>>, Mutex<generations::Bindings>);
+struct Recorder(Mutex<Vec<GenerationRec>>, Mutex<generations::Bindings>);
 
 impl Journal for Recorder {
     fn record(&self, change: Change<'_>) {
@@ -436,18 +441,18 @@ impl Replay {
         let recs = journal.0.lock().unwrap();
         for rec in &recs[self.applied..] {
             let ok = match rec.clone() {
-                Rec::Init { generation, rank, num_pages } => {
+                GenerationRec::Init { generation, rank, num_pages } => {
                     generation == self.generation && self.ranks.insert(rank, num_pages).is_none()
                 }
-                Rec::Bind { generation, rank, page, key, world } => {
+                GenerationRec::Bind { generation, rank, page, key, world } => {
                     generation == self.generation
                         && self.ranks.get(&rank).is_some_and(|&n| page < n)
                         && self.bound.insert((rank, page), (key, world)).is_none()
                 }
-                Rec::Unbind { generation, rank, page } => {
+                GenerationRec::Unbind { generation, rank, page } => {
                     generation == self.generation && self.bound.remove(&(rank, page)).is_some()
                 }
-                Rec::Clear { generation } => {
+                GenerationRec::Clear { generation } => {
                     let next = generation == self.generation + 1;
                     self.generation = generation;
                     self.ranks.clear();

@@ -28,7 +28,9 @@
 //! reach etcd), [`Knobs::lose_answers`] (the next calls are applied but
 //! their answers lost). All waits are on the clock, so a test moves them.
 
-use super::{Batch, BoxFuture, Compare, Coordinator, Error, Event, Kv, LeaseId, Txn, TxnOp, TxnResult, Watch, Watcher};
+use super::{
+    Batch, BoxFuture, Compare, Coordinator, Error, Kv, LeaseId, Txn, TxnOp, TxnResult, Watch, WatchEvent, Watcher,
+};
 use crate::clock::HaClock;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -52,7 +54,7 @@ struct State {
     kvs: BTreeMap<Vec<u8>, Kv>,
     leases: BTreeMap<LeaseId, Lease>,
     /// Every change, in revision order (never compacted: tests are short).
-    history: Vec<(i64, Event)>,
+    history: Vec<(i64, WatchEvent)>,
     quorum: bool,
     /// Calls applied, for tests that wait for a node to act.
     calls: u64,
@@ -162,7 +164,7 @@ impl MemEtcd {
         let rev = s.revision;
         for k in keys {
             s.kvs.remove(&k);
-            s.history.push((rev, Event::Delete { key: k, mod_revision: rev }));
+            s.history.push((rev, WatchEvent::Delete { key: k, mod_revision: rev }));
         }
         self.shared.changed.send_replace(rev);
     }
@@ -223,7 +225,7 @@ fn put_at(s: &mut State, rev: i64, key: &[u8], value: &[u8], lease: Option<Lease
         lease,
     };
     s.kvs.insert(key.to_vec(), kv.clone());
-    s.history.push((rev, Event::Put(kv)));
+    s.history.push((rev, WatchEvent::Put(kv)));
 }
 
 fn delete_at(s: &mut State, rev: i64, key: &[u8]) -> bool {
@@ -231,7 +233,7 @@ fn delete_at(s: &mut State, rev: i64, key: &[u8]) -> bool {
     if let Some(l) = s.leases.get_mut(&old.lease) {
         l.keys.remove(key);
     }
-    s.history.push((rev, Event::Delete { key: key.to_vec(), mod_revision: rev }));
+    s.history.push((rev, WatchEvent::Delete { key: key.to_vec(), mod_revision: rev }));
     true
 }
 
@@ -485,11 +487,11 @@ impl MemWatch {
             return None;
         }
         let start = s.history.partition_point(|(rev, _)| *rev < self.from);
-        let events: Vec<Event> = s.history[start..]
+        let events: Vec<WatchEvent> = s.history[start..]
             .iter()
             .filter(|(_, e)| match e {
-                Event::Put(kv) => self.matches(&kv.key),
-                Event::Delete { key, .. } => self.matches(key),
+                WatchEvent::Put(kv) => self.matches(&kv.key),
+                WatchEvent::Delete { key, .. } => self.matches(key),
             })
             .map(|(_, e)| e.clone())
             .collect();
@@ -594,8 +596,8 @@ mod tests {
         let keys: Vec<_> = evs
             .iter()
             .map(|e| match e {
-                Event::Put(kv) => kv.key.clone(),
-                Event::Delete { key, .. } => key.clone(),
+                WatchEvent::Put(kv) => kv.key.clone(),
+                WatchEvent::Delete { key, .. } => key.clone(),
             })
             .collect();
         assert_eq!(keys, vec![b"/p/x".to_vec(), b"/p/y".to_vec()]);
@@ -604,7 +606,7 @@ mod tests {
         tokio::task::yield_now().await;
         clock.advance(Duration::from_secs(1));
         let (r, mut w) = next.await.unwrap();
-        assert!(matches!(&r.unwrap().unwrap().1[..], [Event::Delete { key, .. }] if key == b"/p/x"));
+        assert!(matches!(&r.unwrap().unwrap().1[..], [WatchEvent::Delete { key, .. }] if key == b"/p/x"));
         // Lost keep-alives never reach etcd; lost answers were applied.
         let lease = c.grant(Duration::from_secs(1)).await.unwrap();
         c.knobs().lose_keepalives(1);
@@ -624,7 +626,7 @@ mod tests {
         clock.advance(Duration::from_millis(500));
         assert!(put.await.unwrap().is_err());
         assert!(etcd.peek(b"/p/z").is_some(), "applied, answer lost");
-        assert!(matches!(&w.next().await.unwrap().unwrap().1[..], [Event::Put(kv)] if kv.key == b"/p/z"));
+        assert!(matches!(&w.next().await.unwrap().unwrap().1[..], [WatchEvent::Put(kv)] if kv.key == b"/p/z"));
         c.knobs().cut_watches();
         assert!(w.next().await.is_err());
         // Quorum loss: calls fail, leases survive and get a fresh TTL.

@@ -49,7 +49,7 @@ use super::coord::{self, Coordinator};
 use super::etcd::{self, Compare, Kv, LeaseId, Txn, TxnOp};
 use super::node::{LeaderRecord, Node, Role};
 use super::switchover;
-use super::Keys;
+use super::EtcdKeys;
 use crate::Host;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -87,7 +87,7 @@ pub struct Election {
     app: Arc<dyn Host>,
     node: Arc<Node>,
     etcd: Arc<dyn Coordinator>,
-    keys: Keys,
+    keys: EtcdKeys,
     promotion: Arc<dyn Promotion>,
     /// Set by [`Election::step_down`]: campaign no more.
     stopping: AtomicBool,
@@ -112,7 +112,7 @@ impl Election {
     pub fn start(
         app: Arc<dyn Host>,
         etcd: Arc<dyn Coordinator>,
-        keys: Keys,
+        keys: EtcdKeys,
         promotion: Arc<dyn Promotion>,
     ) -> Arc<Self> {
         let node = app.node().cloned().expect("Election::start needs Host::node");
@@ -155,7 +155,7 @@ impl Election {
     }
 
     /// The cluster's key names.
-    pub fn keys(&self) -> &Keys {
+    pub fn keys(&self) -> &EtcdKeys {
         &self.keys
     }
 

@@ -30,8 +30,8 @@ mod json;
 mod model;
 mod transport;
 
-pub use model::{Compare, Error, Event, Kv, LeaseId, Txn, TxnOp, TxnResult};
-pub use transport::Watch;
+pub use model::{Compare, Error, Kv, LeaseId, Txn, TxnOp, TxnResult, WatchEvent};
+pub use transport::EtcdWatch;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
@@ -43,9 +43,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use transport::{exchange, open_stream, parse_endpoint, Endpoint};
 
-/// Client settings.
+/// The etcd client's settings.
 #[derive(Clone)]
-pub struct Options {
+pub struct EtcdOptions {
     /// Longest wait for one attempt at one endpoint (connect, send, answer).
     pub timeout: Duration,
     /// etcd user, when etcd's authentication is on.
@@ -54,12 +54,12 @@ pub struct Options {
     pub password: Option<String>,
     /// The TLS configuration for `https://` endpoints (the CA, and the
     /// client certificate if any), following its files.
-    pub tls: Option<hf3fs_meta_tls::Client>,
+    pub tls: Option<hf3fs_meta_tls::TlsClient>,
 }
 
-impl std::fmt::Debug for Options {
+impl std::fmt::Debug for EtcdOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Options")
+        f.debug_struct("EtcdOptions")
             .field("timeout", &self.timeout)
             .field("user", &self.user)
             .field("tls", &self.tls.is_some())
@@ -67,21 +67,21 @@ impl std::fmt::Debug for Options {
     }
 }
 
-impl Default for Options {
+impl Default for EtcdOptions {
     fn default() -> Self {
-        Options { timeout: Duration::from_secs(1), user: None, password: None, tls: None }
+        EtcdOptions { timeout: Duration::from_secs(1), user: None, password: None, tls: None }
     }
 }
 
 /// An etcd client over the JSON gateway; cheap to share behind an `Arc`.
 #[derive(Debug)]
-pub struct Client {
+pub struct EtcdClient {
     /// Every endpoint.
     endpoints: Vec<Endpoint>,
     /// The endpoint to try first: the last one that answered. Relaxed: a
     /// hint, any value is a valid start.
     preferred: AtomicUsize,
-    opts: Options,
+    opts: EtcdOptions,
     /// The auth token, once authenticated. A std Mutex: held only to clone
     /// or replace it, never across an await.
     token: Mutex<Option<Arc<str>>>,
@@ -95,10 +95,10 @@ enum Attempt {
     Answer(Result<Value, Error>),
 }
 
-impl Client {
+impl EtcdClient {
     /// A client of `endpoints` (`http://host:port` or `host:port` each, or
-    /// `https://host:port` with [`Options::tls`]).
-    pub fn new(endpoints: &[String], opts: Options) -> Result<Self, Error> {
+    /// `https://host:port` with [`EtcdOptions::tls`]).
+    pub fn new(endpoints: &[String], opts: EtcdOptions) -> Result<Self, Error> {
         let mut parsed = Vec::with_capacity(endpoints.len());
         for e in endpoints {
             let ep = parse_endpoint(e)?;
@@ -111,7 +111,7 @@ impl Client {
         if endpoints.is_empty() {
             return Err(Error::BadEndpoint(String::new()));
         }
-        Ok(Client { endpoints, preferred: AtomicUsize::new(0), opts, token: Mutex::new(None) })
+        Ok(EtcdClient { endpoints, preferred: AtomicUsize::new(0), opts, token: Mutex::new(None) })
     }
 
     /// The per-attempt timeout.
@@ -197,7 +197,7 @@ impl Client {
 
     /// Watches `key` (every key under it when `prefix`) from `start_revision`
     /// on (0: from now).
-    pub async fn watch(&self, key: &[u8], prefix: bool, start_revision: i64) -> Result<Watch, Error> {
+    pub async fn watch(&self, key: &[u8], prefix: bool, start_revision: i64) -> Result<EtcdWatch, Error> {
         let mut create = json!({ "key": B64.encode(key) });
         if prefix {
             create["range_end"] = Value::String(B64.encode(prefix_end(key)));
@@ -352,9 +352,9 @@ mod tests {
         for bad in ["ftp://a:2379", "http://a", "a:port", "http://a:1/v3", "", ":2379", "https://a"] {
             assert!(parse_endpoint(bad).is_err(), "{bad}");
         }
-        assert!(Client::new(&[], Options::default()).is_err());
+        assert!(EtcdClient::new(&[], EtcdOptions::default()).is_err());
         // https:// needs a TLS configuration (a CA).
-        let e = Client::new(&["https://a:2379".into()], Options::default()).unwrap_err();
+        let e = EtcdClient::new(&["https://a:2379".into()], EtcdOptions::default()).unwrap_err();
         assert!(e.to_string().contains("--etcd-ca"), "{e}");
     }
 

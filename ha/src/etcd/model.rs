@@ -106,7 +106,7 @@ pub struct TxnResult {
 
 /// One change seen by a watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
+pub enum WatchEvent {
     /// The key was written (created or changed).
     Put(Kv),
     /// The key was deleted (or its lease expired).

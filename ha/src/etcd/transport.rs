@@ -4,7 +4,7 @@
 //! `host:port`).
 
 use super::json::{int, kv, refusal};
-use super::model::{Error, Event};
+use super::model::{Error, WatchEvent};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -53,24 +53,24 @@ pub(super) fn parse_endpoint(e: &str) -> Result<Endpoint, Error> {
 }
 
 /// A watch's stream of event batches; dropping it closes the connection.
-pub struct Watch {
+pub struct EtcdWatch {
     body: Incoming,
     buf: Vec<u8>,
     conn: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Watch {
+impl Drop for EtcdWatch {
     fn drop(&mut self) {
         self.conn.abort();
     }
 }
 
-impl Watch {
+impl EtcdWatch {
     /// The next batch of events with the store's revision after them, or
     /// `Ok(None)` when etcd ended the stream. A watch whose start revision
     /// was compacted away, or that etcd cancelled, ends with an error: read
     /// the key again and watch anew.
-    pub async fn next(&mut self) -> Result<Option<(i64, Vec<Event>)>, Error> {
+    pub async fn next(&mut self) -> Result<Option<(i64, Vec<WatchEvent>)>, Error> {
         loop {
             let Some(obj) = self.next_object().await? else { return Ok(None) };
             let r = &obj["result"];
@@ -88,9 +88,9 @@ impl Watch {
             for e in events {
                 let kv = kv(&e["kv"])?;
                 out.push(if e["type"].as_str() == Some("DELETE") {
-                    Event::Delete { key: kv.key, mod_revision: kv.mod_revision }
+                    WatchEvent::Delete { key: kv.key, mod_revision: kv.mod_revision }
                 } else {
-                    Event::Put(kv)
+                    WatchEvent::Put(kv)
                 });
             }
             return Ok(Some((int(&r["header"]["revision"]), out)));
@@ -135,7 +135,7 @@ enum Io {
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
-async fn connect(ep: &Endpoint, tls: Option<&hf3fs_meta_tls::Client>) -> Result<Io, String> {
+async fn connect(ep: &Endpoint, tls: Option<&hf3fs_meta_tls::TlsClient>) -> Result<Io, String> {
     let stream = TcpStream::connect(&ep.authority).await.map_err(|e| e.to_string())?;
     let _ = stream.set_nodelay(true);
     if !ep.tls {
@@ -155,7 +155,7 @@ async fn connect(ep: &Endpoint, tls: Option<&hf3fs_meta_tls::Client>) -> Result<
 /// One POST on a fresh connection: the status and the whole body.
 pub(super) async fn exchange(
     ep: &Endpoint,
-    tls: Option<&hf3fs_meta_tls::Client>,
+    tls: Option<&hf3fs_meta_tls::TlsClient>,
     path: &str,
     body: Bytes,
     token: Option<Arc<str>>,
@@ -229,10 +229,10 @@ fn connection_error(e: &hyper::Error) -> String {
 /// Opens a streamed POST (a watch): its response body, read as it comes.
 pub(super) async fn open_stream(
     ep: &Endpoint,
-    tls: Option<&hf3fs_meta_tls::Client>,
+    tls: Option<&hf3fs_meta_tls::TlsClient>,
     token: Option<Arc<str>>,
     body: Vec<u8>,
-) -> Result<Watch, String> {
+) -> Result<EtcdWatch, String> {
     let authority = &ep.authority;
     let io = connect(ep, tls).await.map_err(|e| format!("{authority}: {e}"))?;
     let (mut sender, conn) = match io {
@@ -259,5 +259,5 @@ pub(super) async fn open_stream(
         conn.abort();
         return Err(format!("{authority}: watch answered HTTP {}", resp.status()));
     }
-    Ok(Watch { body: resp.into_body(), buf: Vec::new(), conn })
+    Ok(EtcdWatch { body: resp.into_body(), buf: Vec::new(), conn })
 }

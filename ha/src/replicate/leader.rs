@@ -67,7 +67,7 @@ use super::waiters::Waiters;
 use super::wire::{Msg, Range, Session};
 use super::SyncMode;
 use crate::core::{Dialect, PageSource};
-use crate::durable::spaces::{Catalog, Entry};
+use crate::durable::spaces::{Catalog, CatalogEntry};
 use crate::durable::tap::{BoxFuture, Frame, Replication};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use hf3fs_meta_tls::duplex::Stream as Conn;
@@ -106,7 +106,7 @@ pub struct Target {
 /// the catalog's new spaces.
 enum Item {
     Frame(Frame),
-    Space(Entry),
+    Space(CatalogEntry),
 }
 
 /// What a replicator streams, as whom, and how long requests wait for it
@@ -199,7 +199,7 @@ pub struct Replicator {
     /// its deadline.
     pub dropped: AtomicU64,
     /// With `--tls-cert`: the stream's TLS configuration.
-    tls: OnceLock<hf3fs_meta_tls::Client>,
+    tls: OnceLock<hf3fs_meta_tls::TlsClient>,
 }
 
 impl Replicator {
@@ -247,7 +247,7 @@ impl Replicator {
         let (tx, rx) = crossbeam_channel::unbounded();
         if let Some(c) = &catalog {
             let tx = tx.clone();
-            let tapped = c.attach(Box::new(move |e: &Entry| {
+            let tapped = c.attach(Box::new(move |e: &CatalogEntry| {
                 let _ = tx.send(Item::Space(e.clone()));
             }));
             assert!(tapped, "the spaces' catalog is replicated once");
@@ -517,7 +517,7 @@ impl Replicator {
     }
 
     /// Streams over TLS from now on (with `--tls-cert`).
-    pub fn set_tls(&self, tls: hf3fs_meta_tls::Client) {
+    pub fn set_tls(&self, tls: hf3fs_meta_tls::TlsClient) {
         let _ = self.tls.set(tls);
     }
 

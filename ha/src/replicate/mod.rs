@@ -147,7 +147,7 @@ pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// The etcd key of `node`'s replication address under `prefix`.
-pub fn address_key(prefix: &super::Keys, node: &str) -> Vec<u8> {
+pub fn address_key(prefix: &super::EtcdKeys, node: &str) -> Vec<u8> {
     let mut k = prefix.sync();
     k.truncate(k.len() - "sync".len());
     k.extend_from_slice(format!("replication/{node}").as_bytes());
@@ -169,7 +169,7 @@ mod tests {
 
     #[test]
     fn the_address_key_sits_under_the_prefix() {
-        let k = super::super::Keys::new("/hf3fs/c1/");
+        let k = super::super::EtcdKeys::new("/hf3fs/c1/");
         assert_eq!(address_key(&k, "n2"), b"/hf3fs/c1/replication/n2");
     }
 }

@@ -5,7 +5,7 @@
 use super::wire::{Feature, Msg, Range, Session};
 use crate::core::{Dialect, PageSource, Visit};
 use crate::durable::codec;
-use crate::durable::spaces::{Catalog, Entry};
+use crate::durable::spaces::{Catalog, CatalogEntry};
 use hf3fs_meta_tls::duplex::Stream as Conn;
 use std::io::{BufWriter, Read as _, Write as _};
 
@@ -113,7 +113,7 @@ pub(super) fn send_snapshot(
 }
 
 /// The catalog's line `e` as a message of `epoch`.
-pub(super) fn space(epoch: u64, e: Entry) -> Msg {
+pub(super) fn space(epoch: u64, e: CatalogEntry) -> Msg {
     Msg::Space { epoch, id: e.id, rank: e.rank, num_pages: e.num_pages, namespace: e.namespace }
 }
 

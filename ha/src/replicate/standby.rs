@@ -4,7 +4,7 @@
 //! store's replay operations (which journal them to this node's own durable
 //! store), and acknowledges a position once this node's disk has it.
 //!
-//! What is refused, and counted ([`Counters`]): a hello without the secret
+//! What is refused, and counted ([`StandbyCounters`]): a hello without the secret
 //! or with another one (compared in constant time), a hello or message of
 //! an epoch older than the newest this node has seen (a deposed leader),
 //! a hello while this node itself leads, and a frame that does not follow
@@ -30,7 +30,7 @@
 //! node's position. From the first heartbeat of a session on, the session
 //! has a read deadline of this node's `--ha-sync-timeout-ms`: a leader that
 //! sends nothing for that long is taken as gone, the session is closed
-//! (counted, [`Counters::leader_silent`]) and the listener waits for the
+//! (counted, [`StandbyCounters::leader_silent`]) and the listener waits for the
 //! next one; this node stays caught up at its position. A newer session of
 //! the same store ends the older one at its next message, so a stalled
 //! connection that comes back after a heal applies nothing.
@@ -73,7 +73,7 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// Refusals, by reason, and what was applied.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub struct StandbyCounters {
     /// Hellos with a missing or wrong cluster secret.
     pub bad_token: AtomicU64,
     /// Hellos and messages of an epoch older than the newest seen, or
@@ -135,7 +135,7 @@ pub struct Standby {
     /// pages to hold back on promotion, by [`Dialect::index`].
     apply: Mutex<[Holds; 2]>,
     /// What was refused and applied.
-    pub counters: Counters,
+    pub counters: StandbyCounters,
     /// With `--tls-cert`: the listener's TLS configuration.
     tls: OnceLock<hf3fs_meta_tls::Server>,
     /// In a cluster: who etcd names as leader, and the answer last read (a
@@ -163,7 +163,7 @@ impl Standby {
             epoch: AtomicU64::new(0),
             stores: Default::default(),
             apply: Mutex::new(Default::default()),
-            counters: Counters::default(),
+            counters: StandbyCounters::default(),
             tls: OnceLock::new(),
             leaders: OnceLock::new(),
             named: Mutex::new(None),

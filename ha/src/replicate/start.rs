@@ -9,14 +9,14 @@ use super::leader::Replicator;
 use super::promote::Replicated;
 use super::standby::Standby;
 use super::stores::Replicators;
-use crate::{Coordinator, Host, Keys, LeaderRecord};
+use crate::{Coordinator, EtcdKeys, Host, LeaderRecord};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Starts replication for `app` (a node of an HA cluster, with `--data-dir`)
 /// and returns the promotion hook to start the election with; the caller
 /// then calls [`Replicated::bind`] with the election.
-pub async fn start(app: &Arc<dyn Host>, etcd: &dyn Coordinator, keys: &Keys) -> Result<Arc<Replicated>, String> {
+pub async fn start(app: &Arc<dyn Host>, etcd: &dyn Coordinator, keys: &EtcdKeys) -> Result<Arc<Replicated>, String> {
     let node = app.node().ok_or("replication needs --ha etcd")?;
     let d = app.durable().ok_or(
         "--ha etcd needs --data-dir: the synchronous standby writes the leader's journal through its own durable store",

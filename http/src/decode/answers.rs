@@ -9,10 +9,10 @@ use crate::core::KeyRef;
 use std::fmt::Debug;
 
 /// A route's decoder, its answer to a body rendered by [`render`].
-pub type Answer = fn(&mut Decoder, &mut [u8], Limits) -> String;
+pub type AnswerFn = fn(&mut Decoder, &mut [u8], Limits) -> String;
 
 /// Every route with a fast path: its name and its rendered decoder.
-pub const ROUTES: [(&str, Answer); 9] = [
+pub const ROUTES: [(&str, AnswerFn); 9] = [
     ("exists", exists),
     ("locations", locations),
     ("allocate", |d, b, l| render(d.allocate(b, l).map(|x| (classes(&x.parsed), x)))),

@@ -11,7 +11,7 @@ const L: Limits = Limits { max_keys: 4, max_key_len: 8 };
 /// Limits large enough for the hot-path bodies.
 const BIG: Limits = Limits { max_keys: 1024, max_key_len: 1024 };
 
-fn check_init(body: &[u8], want: Result<(i64, Role), &str>) {
+fn check_init(body: &[u8], want: Result<(i64, InitRole), &str>) {
     let mut buf = body.to_vec();
     let got = Decoder::default().initialize(&mut buf).map(|b| (b.num_pages, b.role)).map_err(|e| e.to_string());
     assert_eq!(got, want.map_err(str::to_owned), "body {}", String::from_utf8_lossy(body));
@@ -147,19 +147,19 @@ fn deep_nesting() {
 #[test]
 #[rustfmt::skip]
 fn initialize() {
-    check_init(br#"{"num_pages":1024,"role":"worker"}"#, Ok((1024, Role::Worker)));
-    check_init(br#"{"num_pages":0,"role":"scheduler"}"#, Ok((0, Role::Scheduler)));
-    check_init(br#"{"role":"scheduler"}"#, Ok((0, Role::Scheduler)));
-    check_init(br#"{"num_pages":7}"#, Ok((7, Role::Worker)));
-    check_init(b"{}", Ok((0, Role::Worker)));
-    check_init(br#"{"num_pages":-5}"#, Ok((-5, Role::Worker)));
-    check_init(br#"{"num_pages":9223372036854775807}"#, Ok((i64::MAX, Role::Worker)));
-    check_init(br#"{"num_pages":-9223372036854775808}"#, Ok((i64::MIN, Role::Worker)));
-    check_init(br#"{"num_pages":1,"extra":[{"x":[1,2]}],"role":"worker"}"#, Ok((1, Role::Worker)));
-    check_init(br#"{"role":"work\u0065r"}"#, Ok((0, Role::Worker)));
-    check_init(br#"{"role":"bogus","role":"scheduler"}"#, Ok((0, Role::Scheduler)));
-    check_init(br#"{"num_pages":1,"num_pages":2}"#, Ok((2, Role::Worker)));
-    check_init(br#"{"num_pages":"x","num_pages":3}"#, Ok((3, Role::Worker)));
+    check_init(br#"{"num_pages":1024,"role":"worker"}"#, Ok((1024, InitRole::Worker)));
+    check_init(br#"{"num_pages":0,"role":"scheduler"}"#, Ok((0, InitRole::Scheduler)));
+    check_init(br#"{"role":"scheduler"}"#, Ok((0, InitRole::Scheduler)));
+    check_init(br#"{"num_pages":7}"#, Ok((7, InitRole::Worker)));
+    check_init(b"{}", Ok((0, InitRole::Worker)));
+    check_init(br#"{"num_pages":-5}"#, Ok((-5, InitRole::Worker)));
+    check_init(br#"{"num_pages":9223372036854775807}"#, Ok((i64::MAX, InitRole::Worker)));
+    check_init(br#"{"num_pages":-9223372036854775808}"#, Ok((i64::MIN, InitRole::Worker)));
+    check_init(br#"{"num_pages":1,"extra":[{"x":[1,2]}],"role":"worker"}"#, Ok((1, InitRole::Worker)));
+    check_init(br#"{"role":"work\u0065r"}"#, Ok((0, InitRole::Worker)));
+    check_init(br#"{"role":"bogus","role":"scheduler"}"#, Ok((0, InitRole::Scheduler)));
+    check_init(br#"{"num_pages":1,"num_pages":2}"#, Ok((2, InitRole::Worker)));
+    check_init(br#"{"num_pages":"x","num_pages":3}"#, Ok((3, InitRole::Worker)));
     check_init(br#"{"role":"Worker"}"#, Err("Invalid initialization parameters"));
     check_init(br#"{"role":"worker "}"#, Err("Invalid initialization parameters"));
     check_init(br#"{"role":null}"#, Err("Invalid initialization parameters"));

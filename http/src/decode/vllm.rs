@@ -7,7 +7,7 @@ use simd_json::{Node, StaticNode};
 
 /// The role named in an initialize request.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub enum Role {
+pub enum InitRole {
     /// A tensor-parallel worker that owns pages on its rank.
     Worker,
     /// The scheduler, which needs no state.
@@ -19,8 +19,8 @@ pub enum Role {
 pub struct InitializeBody {
     /// Pages on this rank; 0 when absent. Not range-checked here.
     pub num_pages: i64,
-    /// The caller's role; [`Role::Worker`] when absent.
-    pub role: Role,
+    /// The caller's role; [`InitRole::Worker`] when absent.
+    pub role: InitRole,
 }
 
 /// Body of `POST /keys/batch_allocate`.
@@ -78,8 +78,8 @@ impl Decoder {
         self.parse(body, |tape| {
             let [num_pages, role] = fields(tape, ["num_pages", "role"])?;
             let role = match role.and_then(|v| v.first()) {
-                None | Some(Node::String("worker")) => Role::Worker,
-                Some(Node::String("scheduler")) => Role::Scheduler,
+                None | Some(Node::String("worker")) => InitRole::Worker,
+                Some(Node::String("scheduler")) => InitRole::Scheduler,
                 Some(_) => return Err(DecodeError::InvalidInitialization),
             };
             let num_pages = match num_pages.and_then(|v| v.first()) {

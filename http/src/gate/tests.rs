@@ -7,7 +7,7 @@
 use super::*;
 use crate::core::{Registry, Spaces, SpacesConfig, Store, StoreConfig};
 use crate::decode::Body;
-use crate::request::{respond, respond_with, Answer, Exchange, Peer};
+use crate::request::{respond, respond_with, Exchange, HyperAnswer, Peer};
 use crate::{Service, Settings};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -81,7 +81,7 @@ fn exists() -> Request<Full<Bytes>> {
     Request::post("/keys/batch_exists").header(CONTENT_LENGTH, "11").body(body).unwrap()
 }
 
-async fn body(a: Answer) -> (hyper::Response<Full<Bytes>>, serde_json::Value) {
+async fn body(a: HyperAnswer) -> (hyper::Response<Full<Bytes>>, serde_json::Value) {
     let (head, body) = a.unwrap().into_parts();
     let bytes = body.collect().await.unwrap().to_bytes();
     let json = serde_json::from_slice(&bytes).unwrap();

@@ -80,33 +80,33 @@ impl Disk {
 
 /// A server process under test, on the test clock, restartable on its data
 /// directory.
-pub struct Node {
+pub struct RestartableServer {
     proc: ServerProcess,
     client: Client,
     args: Vec<String>,
     dir: Option<TempDir>,
 }
 
-impl Node {
+impl RestartableServer {
     /// A server in memory with `--test-clock` and `args`.
-    pub fn memory(args: &[&str]) -> Node {
-        Node::start(args.iter().map(|a| (*a).to_owned()).collect(), None)
+    pub fn memory(args: &[&str]) -> RestartableServer {
+        RestartableServer::start(args.iter().map(|a| (*a).to_owned()).collect(), None)
     }
 
     /// A server with `--data-dir` on a new directory, `--fsync always`,
     /// `--test-clock` and `args`.
-    pub fn durable(args: &[&str]) -> Node {
+    pub fn durable(args: &[&str]) -> RestartableServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let data = dir.path().to_str().expect("a UTF-8 path").to_owned();
         let mut all: Vec<String> = ["--data-dir", &data, "--fsync", "always"].iter().map(|a| (*a).to_owned()).collect();
         all.extend(args.iter().map(|a| (*a).to_owned()));
-        Node::start(all, Some(dir))
+        RestartableServer::start(all, Some(dir))
     }
 
-    fn start(args: Vec<String>, dir: Option<TempDir>) -> Node {
-        let proc = Node::spawn(&args);
+    fn start(args: Vec<String>, dir: Option<TempDir>) -> RestartableServer {
+        let proc = RestartableServer::spawn(&args);
         let client = proc.client();
-        Node { proc, client, args, dir }
+        RestartableServer { proc, client, args, dir }
     }
 
     fn spawn(args: &[String]) -> ServerProcess {
@@ -120,7 +120,7 @@ impl Node {
     pub fn crash_and_restart(&mut self) {
         assert!(self.dir.is_some(), "a restart needs --data-dir");
         self.proc.kill();
-        self.proc = Node::spawn(&self.args);
+        self.proc = RestartableServer::spawn(&self.args);
         self.client = self.proc.client();
     }
 

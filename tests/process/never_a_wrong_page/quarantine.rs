@@ -9,13 +9,13 @@
 //! fourth key must get -1 until the lease period has passed, and the
 //! reader's page must still hold its key's bytes.
 
-use super::{Disk, Node, Space};
+use super::{Disk, RestartableServer, Space};
 
 const RANK: i64 = 0;
 const FLAGS: &[&str] = &["--read-lease", "60", "--eviction", "none", "--world-size", "1"];
 
 /// Stores `old` at page 0 in vLLM's rank 0 and has a reader locate it.
-fn stored_and_read(n: &mut Node, disk: &mut Disk) {
+fn stored_and_read(n: &mut RestartableServer, disk: &mut Disk) {
     let space = Space::Vllm(RANK);
     n.init(RANK, 4);
     assert_eq!(n.allocate(RANK, &["old"]), [0]);
@@ -29,7 +29,7 @@ fn stored_and_read(n: &mut Node, disk: &mut Disk) {
 /// Fills the rest of vLLM's rank 0 with new keys after a restart, then
 /// checks that page 0 stays the reader's until the lease passes (60 s and
 /// a tick after the restart) and is free once it has.
-fn assert_held_for_a_lease(n: &mut Node, disk: &mut Disk) {
+fn assert_held_for_a_lease(n: &mut RestartableServer, disk: &mut Disk) {
     let space = Space::Vllm(RANK);
     let others = ["a", "b", "c"];
     let pages = n.allocate(RANK, &others);
@@ -57,7 +57,7 @@ fn assert_held_for_a_lease(n: &mut Node, disk: &mut Disk) {
 /// the restart it is still held until the lease period passes.
 #[test]
 fn a_quarantined_page_stays_held_across_sigkill() {
-    let mut n = Node::durable(FLAGS);
+    let mut n = RestartableServer::durable(FLAGS);
     let mut disk = Disk::default();
     stored_and_read(&mut n, &mut disk);
     let r = n.confirm(RANK, &[], &[0]);
@@ -71,7 +71,7 @@ fn a_quarantined_page_stays_held_across_sigkill() {
 /// released: the page is held for one lease period, as eviction is.
 #[test]
 fn a_release_after_a_restart_is_held_for_a_lease() {
-    let mut n = Node::durable(FLAGS);
+    let mut n = RestartableServer::durable(FLAGS);
     let mut disk = Disk::default();
     stored_and_read(&mut n, &mut disk);
     n.crash_and_restart();
@@ -85,7 +85,7 @@ fn a_release_after_a_restart_is_held_for_a_lease() {
 #[test]
 fn a_delete_after_a_restart_is_held_for_a_lease() {
     let space = Space::Sglang(RANK, "kv");
-    let mut n = Node::durable(FLAGS);
+    let mut n = RestartableServer::durable(FLAGS);
     let mut disk = Disk::default();
     n.sg_init(RANK, 2);
     assert_eq!(n.sg_reserve(RANK, &["old"]), [(false, 0)]);

@@ -2,7 +2,7 @@
 //! reservation outlives SIGKILL) and the typed refusal of a confirm of a
 //! page reserved for another key.
 
-use super::{assert_reserved_for_other_key, Disk, Node, Space};
+use super::{assert_reserved_for_other_key, Disk, RestartableServer, Space};
 
 const RANK: i64 = 0;
 const SPACE: Space = Space::Sglang(RANK, "kv");
@@ -13,7 +13,7 @@ const SPACE: Space = Space::Sglang(RANK, "kv");
 /// everything holds across a second SIGKILL.
 #[test]
 fn seq2_a_restart_between_reserve_and_confirm() {
-    let mut n = Node::durable(&["--eviction", "none"]);
+    let mut n = RestartableServer::durable(&["--eviction", "none"]);
     let mut disk = Disk::default();
     n.sg_init(RANK, 4);
     assert_eq!(n.sg_reserve(RANK, &["old"]), [(false, 0)]);
@@ -54,7 +54,7 @@ fn seq2_a_restart_between_reserve_and_confirm() {
 /// for K2 with the same typed 500, and changes nothing.
 #[test]
 fn seq1_a_write_that_outlives_its_reservation() {
-    let mut n = Node::memory(&["--reservation-ttl", "1", "--eviction", "none"]);
+    let mut n = RestartableServer::memory(&["--reservation-ttl", "1", "--eviction", "none"]);
     let mut disk = Disk::default();
     n.sg_init(RANK, 1);
     assert_eq!(n.sg_reserve(RANK, &["k1"]), [(false, 0)]);

@@ -1,7 +1,7 @@
 //! The hidden `--test-clock` these tests run on: its route exists only with
 //! the flag, refuses a bad number, and accumulates time.
 
-use super::Node;
+use super::RestartableServer;
 use testkit::process::ServerProcess;
 use testkit::request_bytes;
 
@@ -16,7 +16,7 @@ fn the_advance_route_exists_only_with_the_flag() {
 
 #[test]
 fn advances_accumulate_and_bad_numbers_are_refused() {
-    let mut n = Node::memory(&["--reservation-ttl", "4"]);
+    let mut n = RestartableServer::memory(&["--reservation-ttl", "4"]);
     assert_eq!(n.advance(1500)["now_ms"], 1500);
     assert_eq!(n.advance(0)["now_ms"], 1500);
     assert_eq!(n.advance(2500)["now_ms"], 4000);

@@ -2,7 +2,7 @@
 //! another key's) in vLLM's dialect, each written out step by step, checked
 //! against the simulated page store.
 
-use super::{assert_reserved_for_other_key, block_key, Disk, Node, Space};
+use super::{assert_reserved_for_other_key, block_key, Disk, RestartableServer, Space};
 use testkit::hexkey;
 
 const RANK: i64 = 0;
@@ -27,7 +27,7 @@ fn seq1_with_structured_hex_keys() {
 
 fn seq1(k1: &str, k2: &str) {
     let (k1, k2) = (k1.to_owned(), k2.to_owned());
-    let mut n = Node::memory(&["--reservation-ttl", "1", "--eviction", "none", "--world-size", "1"]);
+    let mut n = RestartableServer::memory(&["--reservation-ttl", "1", "--eviction", "none", "--world-size", "1"]);
     let mut disk = Disk::default();
     n.init(RANK, 1);
     assert_eq!(n.allocate(RANK, &[&k1]), [0]);
@@ -55,7 +55,7 @@ fn seq1(k1: &str, k2: &str) {
 #[test]
 fn seq2_a_restart_between_allocate_and_confirm() {
     let (old, k1, k2, k3, k4) = (block_key(10), block_key(11), block_key(12), block_key(13), block_key(14));
-    let mut n = Node::durable(&["--eviction", "none", "--world-size", "1"]);
+    let mut n = RestartableServer::durable(&["--eviction", "none", "--world-size", "1"]);
     let mut disk = Disk::default();
     n.init(RANK, 4);
     assert_eq!(n.allocate(RANK, &[&old]), [0]);
@@ -99,7 +99,7 @@ fn seq2_a_restart_between_allocate_and_confirm() {
 #[test]
 fn seq2_a_restored_reservation_still_expires() {
     let (k1, k2) = (block_key(20), block_key(21));
-    let mut n = Node::durable(&["--reservation-ttl", "10", "--eviction", "none", "--world-size", "1"]);
+    let mut n = RestartableServer::durable(&["--reservation-ttl", "10", "--eviction", "none", "--world-size", "1"]);
     n.init(RANK, 1);
     assert_eq!(n.allocate(RANK, &[&k1]), [0]);
     n.crash_and_restart();
@@ -116,7 +116,7 @@ fn seq2_a_restored_reservation_still_expires() {
 }
 
 /// Stores `key` at its page on `n` and in `disk`; returns the page.
-fn store(n: &mut Node, disk: &mut Disk, key: &str) -> i64 {
+fn store(n: &mut RestartableServer, disk: &mut Disk, key: &str) -> i64 {
     let page = n.allocate(RANK, &[key])[0];
     assert!(page >= 0, "no page for {key}");
     disk.write(&SPACE, page, key);
@@ -127,7 +127,7 @@ fn store(n: &mut Node, disk: &mut Disk, key: &str) -> i64 {
 
 /// Churns `count` new keys (from `first`) through the rank, one save each;
 /// returns the keys and the pages they were given.
-fn churn(n: &mut Node, disk: &mut Disk, first: u64, count: u64) -> Vec<(String, i64)> {
+fn churn(n: &mut RestartableServer, disk: &mut Disk, first: u64, count: u64) -> Vec<(String, i64)> {
     (first..first + count)
         .map(|i| {
             let key = block_key(i);
@@ -145,7 +145,7 @@ fn churn(n: &mut Node, disk: &mut Disk, first: u64, count: u64) -> Vec<(String, 
 #[test]
 fn seq3_a_resave_racing_eviction() {
     let k = block_key(100);
-    let mut n = Node::memory(&["--read-lease", "0", "--eviction", "clock", "--world-size", "1"]);
+    let mut n = RestartableServer::memory(&["--read-lease", "0", "--eviction", "clock", "--world-size", "1"]);
     let mut disk = Disk::default();
     n.init(RANK, 8);
     assert_eq!(store(&mut n, &mut disk, &k), 0);
@@ -173,7 +173,7 @@ fn seq3_a_resave_racing_eviction() {
 #[test]
 fn seq3_a_resave_is_held_for_the_reservation_ttl_beyond_the_read_lease() {
     let k = block_key(300);
-    let mut n = Node::memory(&["--eviction", "clock", "--world-size", "1"]);
+    let mut n = RestartableServer::memory(&["--eviction", "clock", "--world-size", "1"]);
     let mut disk = Disk::default();
     n.init(RANK, 8);
     assert_eq!(store(&mut n, &mut disk, &k), 0);
@@ -187,7 +187,7 @@ fn seq3_a_resave_is_held_for_the_reservation_ttl_beyond_the_read_lease() {
 }
 
 /// Every key of `churned` and `k`, located and read from `disk`.
-fn check_all(n: &mut Node, disk: &Disk, k: &str, churned: &[(String, i64)]) {
+fn check_all(n: &mut RestartableServer, disk: &Disk, k: &str, churned: &[(String, i64)]) {
     let mut keys: Vec<&str> = churned.iter().map(|(key, _)| key.as_str()).collect();
     keys.push(k);
     let locs = n.locations(RANK, &keys);

@@ -15,7 +15,7 @@ use super::model::KeyState;
 use super::stats::{get_stats, StatsDoc};
 use super::universe::{key_str, FastMap};
 use super::{NR, SPARE, SPARE_PAGES, VANISH, VANISH_PAGES};
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// What the audit saw, for the summary.
 #[derive(Default, Debug)]
@@ -121,7 +121,7 @@ pub(crate) async fn audit(ctx: &Ctx, restarted: bool) -> AuditReport {
     let keys = check_counts(ctx, &stats, restarted, rep);
     // 3. Every key ever touched: exists, and locations on every rank; no
     //    page shared by two keys on a rank.
-    let mut seen: Vec<FastMap<i64, Key>> = (0..NR).map(|_| FastMap::default()).collect();
+    let mut seen: Vec<FastMap<i64, HexKey>> = (0..NR).map(|_| FastMap::default()).collect();
     for chunk in keys.chunks(4096) {
         exists(ctx, link, Kind::Audit, chunk).await;
         for (r, seen) in seen.iter_mut().enumerate() {
@@ -141,9 +141,9 @@ pub(crate) fn check_unique(
     ctx: &Ctx,
     r: usize,
     limit: i64,
-    keys: &[Key],
+    keys: &[HexKey],
     locs: &[Option<i64>],
-    seen: &mut FastMap<i64, Key>,
+    seen: &mut FastMap<i64, HexKey>,
 ) -> u64 {
     let mut n = 0;
     for (k, l) in keys.iter().zip(locs) {
@@ -161,10 +161,10 @@ pub(crate) fn check_unique(
 
 /// Step 2 of the audit: bound pages per rank, keys and complete keys, against
 /// the model. Returns every key the model knows.
-fn check_counts(ctx: &Ctx, stats: &StatsDoc, restarted: bool, rep: &mut AuditReport) -> Vec<Key> {
+fn check_counts(ctx: &Ctx, stats: &StatsDoc, restarted: bool, rep: &mut AuditReport) -> Vec<HexKey> {
     let (keys, uncertain_keys, uncertain_pages, bound_per_rank, held_per_rank, model_complete, model_keys) = {
         let m = ctx.tracker.m.lock().unwrap();
-        let keys: Vec<(Key, KeyState)> = m.keys.iter().map(|(k, s)| (*k, *s)).collect();
+        let keys: Vec<(HexKey, KeyState)> = m.keys.iter().map(|(k, s)| (*k, *s)).collect();
         let uncertain_keys = keys.iter().filter(|(_, s)| s.uncertain).count() as u64;
         let uncertain_pages: Vec<u64> = m.ranks.iter().map(|r| r.uncertain.len() as u64).collect();
         let bound: Vec<u64> = m.ranks.iter().map(|r| r.owner.len() as u64).collect();

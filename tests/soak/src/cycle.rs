@@ -17,7 +17,7 @@ use super::universe::{key_str, mix64};
 use super::wire::{alloc_body, confirm_body, keys_body, parse, snippet, typed_error};
 use super::{NR, WORLD};
 use hf3fs_meta_client::vllm as scan;
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// What became of a confirm_write.
 pub(crate) enum Mutation {
@@ -34,10 +34,10 @@ pub(crate) async fn mutate(
     ctx: &Ctx,
     link: &mut Link,
     rank: usize,
-    confirms: &[(Key, u32)],
+    confirms: &[(HexKey, u32)],
     releases: &[u32],
 ) -> Mutation {
-    let keys: Vec<Key> = confirms.iter().map(|(k, _)| *k).collect();
+    let keys: Vec<HexKey> = confirms.iter().map(|(k, _)| *k).collect();
     let mut pages: Vec<u32> = confirms.iter().map(|(_, p)| *p).collect();
     pages.extend_from_slice(releases);
     let Some(held) = ctx.tracker.lock(rank, &keys, &pages, true).await else {
@@ -82,7 +82,7 @@ pub(crate) async fn mutate(
 }
 
 /// Parses an allocate answer for `keys`: one page per key, in order.
-fn alloc_pages(ctx: &Ctx, rank: usize, keys: &[Key], resp: &[u8]) -> Option<Vec<i64>> {
+fn alloc_pages(ctx: &Ctx, rank: usize, keys: &[HexKey], resp: &[u8]) -> Option<Vec<i64>> {
     let mut parsed = Vec::with_capacity(keys.len());
     let ok = scan::alloc_results(resp, &mut parsed).is_some()
         && parsed.len() == keys.len()
@@ -100,7 +100,7 @@ pub(crate) async fn allocate_answer(
     link: &mut Link,
     kind: Kind,
     rank: usize,
-    keys: &[Key],
+    keys: &[HexKey],
 ) -> Option<Vec<i64>> {
     match call(ctx, link, kind, false, "/keys/batch_allocate", &alloc_body(rank, keys)).await {
         Ok((200, resp)) => alloc_pages(ctx, rank, keys, resp),
@@ -113,7 +113,7 @@ pub(crate) async fn allocate_answer(
 }
 
 /// batch_allocate on `rank`, checked against the model.
-pub(crate) async fn allocate(ctx: &Ctx, link: &mut Link, kind: Kind, rank: usize, keys: &[Key]) -> Option<Vec<i64>> {
+pub(crate) async fn allocate(ctx: &Ctx, link: &mut Link, kind: Kind, rank: usize, keys: &[HexKey]) -> Option<Vec<i64>> {
     let t0 = ctx.tracker.now();
     let pages = allocate_answer(ctx, link, kind, rank, keys).await?;
     for v in ctx.tracker.check_allocate(rank, keys, &pages, t0) {
@@ -132,7 +132,7 @@ async fn read<T>(
     kind: Kind,
     path: &str,
     body: &Bytes,
-    keys: &[Key],
+    keys: &[HexKey],
     scan_answer: fn(&[u8], &mut Vec<T>) -> Option<()>,
 ) -> Option<Vec<T>> {
     let what = path.trim_start_matches("/keys/");
@@ -154,7 +154,7 @@ async fn read<T>(
 }
 
 /// batch_exists, unchecked: one bool per key.
-pub(crate) async fn exists_answer(ctx: &Ctx, link: &mut Link, kind: Kind, keys: &[Key]) -> Option<Vec<bool>> {
+pub(crate) async fn exists_answer(ctx: &Ctx, link: &mut Link, kind: Kind, keys: &[HexKey]) -> Option<Vec<bool>> {
     read(ctx, link, kind, "/keys/batch_exists", &keys_body(None, keys), keys, scan::exists).await
 }
 
@@ -164,13 +164,13 @@ pub(crate) async fn locations_answer(
     link: &mut Link,
     kind: Kind,
     rank: usize,
-    keys: &[Key],
+    keys: &[HexKey],
 ) -> Option<Vec<Option<i64>>> {
     read(ctx, link, kind, "/keys/get_locations", &keys_body(Some(rank), keys), keys, scan::locations).await
 }
 
 /// batch_exists, checked against the model. Returns the leading run of true.
-pub(crate) async fn exists(ctx: &Ctx, link: &mut Link, kind: Kind, keys: &[Key]) -> Option<usize> {
+pub(crate) async fn exists(ctx: &Ctx, link: &mut Link, kind: Kind, keys: &[HexKey]) -> Option<usize> {
     let t0 = ctx.tracker.now();
     let got = exists_answer(ctx, link, kind, keys).await?;
     let want = ctx.tracker.expect(keys, None, t0);
@@ -194,7 +194,7 @@ pub(crate) async fn locations(
     link: &mut Link,
     kind: Kind,
     rank: usize,
-    keys: &[Key],
+    keys: &[HexKey],
 ) -> Option<Vec<Option<i64>>> {
     let t0 = ctx.tracker.now();
     let got = locations_answer(ctx, link, kind, rank, keys).await?;
@@ -216,7 +216,7 @@ pub(crate) async fn locations(
 
 /// Re-reads `keys` (exists, and locations on `rank`) and checks them against
 /// the model: after a request that must not have changed them.
-pub(crate) async fn verify(ctx: &Ctx, link: &mut Link, rank: usize, keys: &[Key]) {
+pub(crate) async fn verify(ctx: &Ctx, link: &mut Link, rank: usize, keys: &[HexKey]) {
     exists(ctx, link, Kind::Verify, keys).await;
     if rank < NR {
         locations(ctx, link, Kind::Verify, rank, keys).await;
@@ -226,7 +226,7 @@ pub(crate) async fn verify(ctx: &Ctx, link: &mut Link, rank: usize, keys: &[Key]
 /// One tensor-parallel worker's save of `keys` on `rank`: allocate, then
 /// confirm every page returned, or (write failure) release them all. A batch
 /// with any -1 is abandoned without a release, as the connector does.
-async fn save_on_rank<R: Rng>(ctx: &Ctx, link: &mut Link, rng: &mut R, rank: usize, keys: &[Key]) {
+async fn save_on_rank<R: Rng>(ctx: &Ctx, link: &mut Link, rng: &mut R, rank: usize, keys: &[HexKey]) {
     let Some(pages) = allocate(ctx, link, Kind::Allocate, rank, keys).await else { return };
     ctx.c.rank_saves.fetch_add(1, Ordering::Relaxed);
     let refused = pages.iter().filter(|&&p| p < 0).count();
@@ -239,7 +239,7 @@ async fn save_on_rank<R: Rng>(ctx: &Ctx, link: &mut Link, rng: &mut R, rank: usi
         ctx.c.rank_failures.fetch_add(1, Ordering::Relaxed);
         mutate(ctx, link, rank, &[], &pages).await;
     } else {
-        let confirms: Vec<(Key, u32)> = keys.iter().copied().zip(pages).collect();
+        let confirms: Vec<(HexKey, u32)> = keys.iter().copied().zip(pages).collect();
         if let Mutation::Applied = mutate(ctx, link, rank, &confirms, &[]).await {
             ctx.c.keys_confirmed.fetch_add(confirms.len() as u64, Ordering::Relaxed);
         }

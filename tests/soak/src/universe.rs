@@ -6,7 +6,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use rand::Rng;
 
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// Positions of a prefix chain.
 pub(crate) const CHAIN_LEN: u32 = 192;
@@ -54,7 +54,7 @@ pub(crate) fn mix64(mut z: u64) -> u64 {
 }
 
 /// The 32-hex-character key spelling the 128-bit value `hi:lo`.
-pub(crate) fn hex_key(hi: u64, lo: u64) -> Key {
+pub(crate) fn hex_key(hi: u64, lo: u64) -> HexKey {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut k = [0u8; 32];
     let v = (u128::from(hi) << 64) | u128::from(lo);
@@ -65,7 +65,7 @@ pub(crate) fn hex_key(hi: u64, lo: u64) -> Key {
 }
 
 /// A key as text, for messages and the model file.
-pub(crate) fn key_str(k: &Key) -> &str {
+pub(crate) fn key_str(k: &HexKey) -> &str {
     std::str::from_utf8(k).unwrap_or("?")
 }
 
@@ -88,7 +88,7 @@ impl Universe {
         (mix64(self.seed ^ 0x5b1d_0000 ^ u64::from(root)) % u64::from(CHAIN_LEN + 1)) as u32
     }
 
-    pub(crate) fn key(&self, root: u32, branch: u32, pos: u32) -> Key {
+    pub(crate) fn key(&self, root: u32, branch: u32, pos: u32) -> HexKey {
         let b = if pos < self.split(root) { u32::MAX } else { branch };
         let a = mix64(self.seed ^ mix64((u64::from(root) << 32) | u64::from(b)));
         hex_key(mix64(a ^ u64::from(pos)), mix64(a.rotate_left(17) ^ u64::from(pos).wrapping_mul(0x0100_0000_01b3)))
@@ -96,7 +96,7 @@ impl Universe {
 
     /// A save batch: 1–128 consecutive keys of one chain, from its start half
     /// of the time (prompt prefix), else from a random offset.
-    pub(crate) fn batch<R: Rng>(&self, rng: &mut R) -> Vec<Key> {
+    pub(crate) fn batch<R: Rng>(&self, rng: &mut R) -> Vec<HexKey> {
         let hot = self.hot_roots.min(self.roots);
         let root =
             if hot > 0 && rng.gen_bool(self.hot_prob) { rng.gen_range(0..hot) } else { rng.gen_range(0..self.roots) };
@@ -107,8 +107,8 @@ impl Universe {
     }
 
     /// Every key of the universe, each once.
-    pub(crate) fn all_keys(&self) -> Vec<Key> {
-        let mut keys: Vec<Key> = (0..self.roots)
+    pub(crate) fn all_keys(&self) -> Vec<HexKey> {
+        let mut keys: Vec<HexKey> = (0..self.roots)
             .flat_map(|r| (0..self.branches).flat_map(move |b| (0..CHAIN_LEN).map(move |p| self.key(r, b, p))))
             .collect();
         keys.sort_unstable();
@@ -116,7 +116,7 @@ impl Universe {
         keys
     }
 
-    pub(crate) fn any_key<R: Rng>(&self, rng: &mut R) -> Key {
+    pub(crate) fn any_key<R: Rng>(&self, rng: &mut R) -> HexKey {
         self.key(rng.gen_range(0..self.roots), rng.gen_range(0..self.branches), rng.gen_range(0..CHAIN_LEN))
     }
 }

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use hf3fs_meta_client::vllm;
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// `b` parsed as one JSON value (None: not valid JSON).
 pub(crate) fn parse(b: &[u8]) -> Option<Value> {
@@ -25,17 +25,17 @@ pub(crate) fn snippet(b: &[u8]) -> String {
 }
 
 /// A batch_allocate body of `keys` on `rank`.
-pub(crate) fn alloc_body(rank: usize, keys: &[Key]) -> Bytes {
+pub(crate) fn alloc_body(rank: usize, keys: &[HexKey]) -> Bytes {
     Bytes::from(vllm::allocate_body(rank, keys))
 }
 
 /// A confirm_write body of `confirms` and `releases` on `rank`.
-pub(crate) fn confirm_body(rank: usize, confirms: &[(Key, u32)], releases: &[u32]) -> Bytes {
+pub(crate) fn confirm_body(rank: usize, confirms: &[(HexKey, u32)], releases: &[u32]) -> Bytes {
     Bytes::from(vllm::confirm_body(rank, confirms.iter().map(|(k, p)| (k, p)), releases))
 }
 
 /// A batch_exists body (`rank` None) or a get_locations body.
-pub(crate) fn keys_body(rank: Option<usize>, keys: &[Key]) -> Bytes {
+pub(crate) fn keys_body(rank: Option<usize>, keys: &[HexKey]) -> Bytes {
     Bytes::from(match rank {
         None => vllm::exists_body(keys),
         Some(r) => vllm::locations_body(r, keys),

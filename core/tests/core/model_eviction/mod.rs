@@ -26,8 +26,8 @@
 //!   allocate's reuse) goes to another key within the lease.
 
 use crate::common::page_model;
-use crate::common::page_model::{config, note, Fault, MRank, St, EXPIRY_TICKS};
-use crate::common::recorder::{Rec, Recorder};
+use crate::common::page_model::{config, note, ConfirmFault, MRank, St, EXPIRY_TICKS};
+use crate::common::recorder::{JournalRecorder, Rec};
 use hf3fs_meta_core::{
     AllocateOutcome, ConfirmOutcome, ErrorCode, Journal, LeaseLength, LeaseStats, RankLeases, RankNotInitialized,
     Stats, Store, StoreConfig,
@@ -406,7 +406,12 @@ impl Model {
     }
 
     /// Every fault of a confirm request, or its outcome (applied).
-    fn confirm(&mut self, rank: i64, confs: &[(usize, i64)], rels: &[i64]) -> Result<ConfirmOutcome, Vec<Fault>> {
+    fn confirm(
+        &mut self,
+        rank: i64,
+        confs: &[(usize, i64)],
+        rels: &[i64],
+    ) -> Result<ConfirmOutcome, Vec<ConfirmFault>> {
         let world_now = self.cfg.world.unwrap_or(self.ranks.len() as u32);
         let Some(r) = self.rank_of(rank) else {
             return Err(vec![(ErrorCode::RankNotInitialized, None, None, false)]);

@@ -3,7 +3,7 @@
 use super::*;
 
 // ---------------------------------------------------------------------------
-// The journal (`Rec`, `Recorder`: core/tests/common/recorder.rs)
+// The journal (`Rec`, `JournalRecorder`: core/tests/common/recorder.rs)
 
 /// The journal folded into ranks and bindings, strictly.
 #[derive(Debug, Default)]
@@ -15,7 +15,7 @@ struct Replay {
 
 impl Replay {
     /// The records since the last call, folded.
-    fn catch_up(&mut self, j: &Recorder) -> Result<Vec<Rec>, TestCaseError> {
+    fn catch_up(&mut self, j: &JournalRecorder) -> Result<Vec<Rec>, TestCaseError> {
         let recs = j.0.lock().unwrap();
         let new = recs[self.applied..].to_vec();
         for rec in &new {
@@ -109,7 +109,7 @@ fn check_confirm(
 struct Run<'a> {
     store: &'a Store,
     m: Model,
-    journal: Arc<Recorder>,
+    journal: Arc<JournalRecorder>,
     replay: Replay,
     sizes: &'a [i64],
 }
@@ -226,7 +226,7 @@ impl Run<'_> {
 }
 
 fn run(cfg: Cfg, sizes: &[i64], ops: &[Op]) -> Result<(), TestCaseError> {
-    let journal = Arc::new(Recorder::default());
+    let journal = Arc::new(JournalRecorder::default());
     let scfg = StoreConfig {
         world_size: cfg.world,
         max_ranks: MAX_RANKS,

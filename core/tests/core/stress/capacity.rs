@@ -172,9 +172,9 @@ fn clear_races_requests() {
 type Action = Box<dyn FnOnce() + Send>;
 
 struct HookJournal {
-    recs: Mutex<Vec<Rec>>,
+    recs: Mutex<Vec<GenerationRec>>,
     filter: Mutex<generations::Bindings>,
-    trigger: fn(&Rec) -> bool,
+    trigger: fn(&GenerationRec) -> bool,
     action: Mutex<Option<Action>>,
 }
 
@@ -192,7 +192,7 @@ impl Journal for HookJournal {
     }
 }
 
-fn hooked(trigger: fn(&Rec) -> bool) -> (Arc<Store>, Arc<HookJournal>) {
+fn hooked(trigger: fn(&GenerationRec) -> bool) -> (Arc<Store>, Arc<HookJournal>) {
     let j = Arc::new(HookJournal {
         recs: Mutex::new(Vec::new()),
         filter: Mutex::new(generations::Bindings::default()),
@@ -212,14 +212,14 @@ struct Fold {
 }
 
 impl Fold {
-    fn new(recs: &[Rec]) -> Self {
+    fn new(recs: &[GenerationRec]) -> Self {
         let mut f = Fold::default();
         for rec in recs {
             let g = match rec {
-                Rec::Init { generation, .. }
-                | Rec::Bind { generation, .. }
-                | Rec::Unbind { generation, .. }
-                | Rec::Clear { generation } => *generation,
+                GenerationRec::Init { generation, .. }
+                | GenerationRec::Bind { generation, .. }
+                | GenerationRec::Unbind { generation, .. }
+                | GenerationRec::Clear { generation } => *generation,
             };
             if g < f.generation {
                 continue; // from a request that raced a clear: stale
@@ -228,12 +228,14 @@ impl Fold {
                 f = Fold { generation: g, ..Fold::default() };
             }
             match rec.clone() {
-                Rec::Init { rank, num_pages, .. } => assert!(f.ranks.insert(rank, num_pages).is_none(), "{rec:?}"),
-                Rec::Bind { rank, page, key, world, .. } => {
+                GenerationRec::Init { rank, num_pages, .. } => {
+                    assert!(f.ranks.insert(rank, num_pages).is_none(), "{rec:?}")
+                }
+                GenerationRec::Bind { rank, page, key, world, .. } => {
                     assert!(f.bound.insert((rank, page), (key, world)).is_none(), "page bound twice: {rec:?}")
                 }
-                Rec::Unbind { rank, page, .. } => assert!(f.bound.remove(&(rank, page)).is_some(), "{rec:?}"),
-                Rec::Clear { .. } => {}
+                GenerationRec::Unbind { rank, page, .. } => assert!(f.bound.remove(&(rank, page)).is_some(), "{rec:?}"),
+                GenerationRec::Clear { .. } => {}
             }
         }
         f
@@ -272,7 +274,7 @@ impl Fold {
 fn journal_initialize_is_recorded_before_the_rank_is_visible() {
     // While the Initialize is being journaled, no request can use the rank
     // yet, so no Bind of it can reach the journal first.
-    let (s, j) = hooked(|r| matches!(r, Rec::Init { rank: 0, .. }));
+    let (s, j) = hooked(|r| matches!(r, GenerationRec::Init { rank: 0, .. }));
     let other = s.clone();
     *j.action.lock().unwrap() = Some(Box::new(move || {
         let mut out = Vec::new();
@@ -284,7 +286,7 @@ fn journal_initialize_is_recorded_before_the_rank_is_visible() {
     s.allocate(0, &[K], &mut out).unwrap();
     s.confirm(0, &[(K, out[0].1)], &[]).unwrap();
     let recs = j.recs.lock().unwrap().clone();
-    assert!(matches!(recs.first(), Some(Rec::Init { rank: 0, .. })), "{recs:?}");
+    assert!(matches!(recs.first(), Some(GenerationRec::Init { rank: 0, .. })), "{recs:?}");
     Fold::new(&recs).check_against(&s, &[K]);
 }
 
@@ -292,7 +294,7 @@ fn journal_initialize_is_recorded_before_the_rank_is_visible() {
 fn journal_clear_is_recorded_before_the_new_generation_is_visible() {
     // While the Clear is being journaled, requests still see (and journal
     // into) the old generation, which the fold skips after the Clear.
-    let (s, j) = hooked(|r| matches!(r, Rec::Clear { .. }));
+    let (s, j) = hooked(|r| matches!(r, GenerationRec::Clear { .. }));
     s.initialize(0, 8).unwrap();
     let other = s.clone();
     *j.action.lock().unwrap() = Some(Box::new(move || {
@@ -315,7 +317,7 @@ fn journal_unbind_is_recorded_before_the_key_can_be_rebound() {
     // One request releases K's page P1 (torn write); another save confirms
     // K on P2 while the Unbind is being journaled: it still sees K on P1,
     // keeps P1 and frees P2, so no Bind of K can precede the Unbind.
-    let (s, j) = hooked(|r| matches!(r, Rec::Unbind { .. }));
+    let (s, j) = hooked(|r| matches!(r, GenerationRec::Unbind { .. }));
     s.initialize(0, 8).unwrap();
     let mut out = Vec::new();
     s.allocate(0, &[K], &mut out).unwrap();

@@ -14,7 +14,7 @@
 
 mod eviction;
 
-use crate::common::generations::{self, Rec};
+use crate::common::generations::{self, GenerationRec};
 use hf3fs_meta_core::{
     AllocateOutcome, Change, ConfirmOutcome, ErrorCode, Journal, RankNotInitialized, Store, StoreConfig, TICKS_PER_TTL,
 };

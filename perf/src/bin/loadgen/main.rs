@@ -18,7 +18,7 @@ use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hf3fs_meta_client::vllm as scan;
 use hf3fs_perf::client::{LoadConn, Via};
-use hf3fs_perf::keys::{random_key, stored_key, Key};
+use hf3fs_perf::keys::{random_key, stored_key, HexKey};
 use hf3fs_perf::sglang::{self, SgKey};
 
 mod report;
@@ -26,21 +26,21 @@ mod sglang_worker;
 mod stats;
 
 /// A batch_allocate body.
-fn alloc_body(rank: impl std::fmt::Display, keys: &[Key]) -> Bytes {
+fn alloc_body(rank: impl std::fmt::Display, keys: &[HexKey]) -> Bytes {
     Bytes::from(scan::allocate_body(rank, keys))
 }
 
 /// A confirm_write body.
 fn confirm_body<'a, Q: std::fmt::Display>(
     rank: impl std::fmt::Display,
-    confirms: impl IntoIterator<Item = (&'a Key, i64)>,
+    confirms: impl IntoIterator<Item = (&'a HexKey, i64)>,
     releases: impl IntoIterator<Item = Q>,
 ) -> Bytes {
     Bytes::from(scan::confirm_body(rank, confirms, releases))
 }
 
 /// A batch_exists body (`rank` None) or a get_locations body.
-fn keys_body(rank: Option<usize>, keys: &[Key]) -> Bytes {
+fn keys_body(rank: Option<usize>, keys: &[HexKey]) -> Bytes {
     Bytes::from(match rank {
         None => scan::exists_body(keys),
         Some(r) => scan::locations_body(r, keys),
@@ -250,7 +250,7 @@ async fn call<'c>(
 }
 
 /// The confirmations of a confirm_write: `keys[i] -> pages[i]`, pages >= 0 only.
-fn granted<'a>(keys: &'a [Key], pages: &'a [i64]) -> impl Iterator<Item = (&'a Key, i64)> {
+fn granted<'a>(keys: &'a [HexKey], pages: &'a [i64]) -> impl Iterator<Item = (&'a HexKey, i64)> {
     keys.iter().zip(pages.iter().copied()).filter(|&(_, p)| p >= 0)
 }
 
@@ -258,7 +258,7 @@ struct Worker {
     id: usize,
     conn: LoadConn,
     rng: SmallRng,
-    keys: Vec<Key>,
+    keys: Vec<HexKey>,
     pages: Vec<Vec<i64>>,
     release: Vec<i64>,
     bools: Vec<bool>,
@@ -553,7 +553,7 @@ async fn setup(a: &Args) -> Result<bool, String> {
         let mut i = 0;
         while i < a.stored {
             let n = chunk.min(a.stored - i);
-            let keys: Vec<Key> = (i..i + n).map(stored_key).collect();
+            let keys: Vec<HexKey> = (i..i + n).map(stored_key).collect();
             for r in 0..a.ranks {
                 let body = alloc_body(r, &keys);
                 let mut parsed = Vec::new();
@@ -609,7 +609,7 @@ fn build_pool(a: &Args) -> Vec<Bytes> {
     };
     (0..a.pool_bodies)
         .map(|_| {
-            let keys: Vec<Key> = (0..a.batch)
+            let keys: Vec<HexKey> = (0..a.batch)
                 .map(|_| {
                     if a.stored > 0 && rng.r#gen::<f64>() < a.hit_ratio {
                         stored_key(rng.gen_range(0..a.stored))

@@ -6,7 +6,7 @@ fn args(extra: &[&str]) -> Args {
 }
 
 /// The 32-hex-digit keys quoted in a request body.
-fn keys_in(body: &[u8]) -> Vec<Key> {
+fn keys_in(body: &[u8]) -> Vec<HexKey> {
     body.split(|&b| b == b'"').filter(|s| s.len() == 32).map(|s| s.try_into().unwrap()).collect()
 }
 
@@ -23,9 +23,9 @@ fn pool_bodies_is_the_number_of_distinct_bodies_and_one_means_the_same_keys_ever
 
 #[test]
 fn pooled_keys_are_stored_keys_spread_over_the_stored_set() {
-    let stored: HashSet<Key> = (0..1000).map(stored_key).collect();
+    let stored: HashSet<HexKey> = (0..1000).map(stored_key).collect();
     let pool = build_pool(&args(&["--scenario", "exists", "--stored", "1000", "--pool-bodies", "64"]));
-    let drawn: Vec<Key> = pool.iter().flat_map(|b| keys_in(b)).collect();
+    let drawn: Vec<HexKey> = pool.iter().flat_map(|b| keys_in(b)).collect();
     assert_eq!(drawn.len(), 64 * 128);
     assert!(drawn.iter().all(|k| stored.contains(k)), "a pooled key is not a stored one");
     // 8,192 draws among 1,000 keys leave almost none undrawn.

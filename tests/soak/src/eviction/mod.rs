@@ -50,7 +50,7 @@ use super::metrics::{get_eviction_metrics, EvictionMetrics};
 use super::report::{list, round, Summary};
 use super::universe::{key_str, mix64, FastMap, Universe, CHAIN_LEN};
 use super::{finish, load_phase, sigterm, stats, Args, WORLD};
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// The eviction mode's universe: single-branch chains holding
 /// `--working-set` times a rank's pages.
@@ -146,7 +146,7 @@ async fn audit(ctx: &Ctx, ev: &Evict) -> AuditReport {
     let Some(stats) = stats else { return run.rep };
     let (rep, link) = (&mut run.rep, &mut run.link);
     rep.bound_pages = stats.ranks.iter().filter(|r| r.rank < WORLD).map(|r| r.bound).collect();
-    let mut seen: Vec<FastMap<i64, Key>> = (0..WORLD).map(|_| FastMap::default()).collect();
+    let mut seen: Vec<FastMap<i64, HexKey>> = (0..WORLD).map(|_| FastMap::default()).collect();
     for chunk in ctx.u.all_keys().chunks(4096) {
         let mut located = vec![0usize; chunk.len()];
         let mut all_read = true;
@@ -180,7 +180,7 @@ async fn audit(ctx: &Ctx, ev: &Evict) -> AuditReport {
 /// The audit's check of every location against the simulated pages
 /// ([`sim::SimPages::locate`]): no writer writes after the load, so every
 /// key located must be at a page whose last write was its own.
-fn wrong_pages_at_audit(ctx: &Ctx, ev: &Evict, rank: usize, keys: &[Key], locs: &[Option<i64>], sent: Instant) {
+fn wrong_pages_at_audit(ctx: &Ctx, ev: &Evict, rank: usize, keys: &[HexKey], locs: &[Option<i64>], sent: Instant) {
     for (k, loc) in keys.iter().zip(locs) {
         let Some(p) = loc.filter(|&p| ev.sim.in_range(p)) else { continue };
         if let Some(by) = ev.sim.locate(rank, p as u32, *k, sent) {

@@ -36,12 +36,12 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// The last write of a page: by a save of `key` whose allocate was sent at `sent`.
 #[derive(Clone, Copy, Debug)]
 struct Write {
-    key: Key,
+    key: HexKey,
     sent: Instant,
     /// When it landed: no earlier than its allocate was answered, nor than
     /// it was recorded.
@@ -51,7 +51,7 @@ struct Write {
 /// The newest read lease a reader registered on a page.
 #[derive(Clone, Copy, Debug)]
 struct Lease {
-    key: Key,
+    key: HexKey,
     /// When the `get_locations` that granted it was sent and answered.
     sent: Instant,
     answered: Instant,
@@ -69,7 +69,7 @@ pub(crate) enum Handout {
     Fine,
     /// The page was handed to another key while `holder`'s lease certainly ran.
     WithinLease {
-        holder: Key,
+        holder: HexKey,
         after: Duration,
     },
 }
@@ -83,10 +83,10 @@ pub(crate) enum Read {
     Late,
     /// Another key was written there by a save that certainly got the page
     /// within the lease: a violation.
-    Overwritten { by: Key },
+    Overwritten { by: HexKey },
     /// Another key, written by a save whose allocate was in flight before the
     /// lease began: not provable (see the module doc).
-    OverlapsLeaseStart { by: Key },
+    OverlapsLeaseStart { by: HexKey },
     /// Nothing was ever written there, yet the server located a key at it.
     NeverWritten,
 }
@@ -121,10 +121,10 @@ impl SimPages {
         &self,
         rank: usize,
         page: u32,
-        key: Key,
+        key: HexKey,
         sent: Instant,
         answered: Instant,
-    ) -> (Option<Key>, Handout) {
+    ) -> (Option<HexKey>, Handout) {
         let mut slots = self.ranks[rank].lock().unwrap();
         let slot = &mut slots[page as usize];
         let check = match slot.lease {
@@ -141,14 +141,14 @@ impl SimPages {
     /// A reader was told `key` is at `page` on `rank` by a get_locations
     /// sent at `sent`: the key whose bytes the page certainly held then, when
     /// it is another key (a wrong page, see the module doc).
-    pub(crate) fn locate(&self, rank: usize, page: u32, key: Key, sent: Instant) -> Option<Key> {
+    pub(crate) fn locate(&self, rank: usize, page: u32, key: HexKey, sent: Instant) -> Option<HexKey> {
         let slots = self.ranks[rank].lock().unwrap();
         slots[page as usize].write.filter(|w| w.key != key && w.at < sent).map(|w| w.key)
     }
 
     /// A reader was told `key` is at `page` on `rank` by a get_locations sent
     /// at `sent` and answered at `answered`: its lease runs from then.
-    pub(crate) fn lease(&self, rank: usize, page: u32, key: Key, sent: Instant, answered: Instant) {
+    pub(crate) fn lease(&self, rank: usize, page: u32, key: HexKey, sent: Instant, answered: Instant) {
         let mut slots = self.ranks[rank].lock().unwrap();
         let slot = &mut slots[page as usize];
         match &mut slot.lease {
@@ -163,7 +163,7 @@ impl SimPages {
         &self,
         rank: usize,
         page: u32,
-        key: Key,
+        key: HexKey,
         sent: Instant,
         answered: Instant,
         now: Instant,

@@ -16,23 +16,23 @@ use crate::cycle::{allocate_answer, exists_answer, locations_answer};
 use crate::universe::{key_str, mix64, FastMap};
 use crate::wire::{confirm_body, typed_error};
 use crate::WORLD;
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// Releases the soak's writers sent, by key: how many are in flight and
 /// when the last one ended. A reader that finds a leading-run key gone asks
 /// whether a release may explain it.
 #[derive(Default)]
-pub(crate) struct ReleaseLog(Mutex<FastMap<Key, (u32, Option<Instant>)>>);
+pub(crate) struct ReleaseLog(Mutex<FastMap<HexKey, (u32, Option<Instant>)>>);
 
 impl ReleaseLog {
-    pub(crate) fn begin(&self, keys: &[Key]) {
+    pub(crate) fn begin(&self, keys: &[HexKey]) {
         let mut m = self.0.lock().unwrap();
         for k in keys {
             m.entry(*k).or_default().0 += 1;
         }
     }
 
-    pub(crate) fn end(&self, keys: &[Key], now: Instant) {
+    pub(crate) fn end(&self, keys: &[HexKey], now: Instant) {
         let mut m = self.0.lock().unwrap();
         for k in keys {
             let e = m.entry(*k).or_default();
@@ -42,7 +42,7 @@ impl ReleaseLog {
     }
 
     /// Whether a release naming `key` is in flight or ended at `since` or later.
-    pub(crate) fn since(&self, key: &Key, since: Instant) -> bool {
+    pub(crate) fn since(&self, key: &HexKey, since: Instant) -> bool {
         self.0.lock().unwrap().get(key).is_some_and(|&(n, end)| n > 0 || end.is_some_and(|e| e >= since))
     }
 }
@@ -129,7 +129,7 @@ async fn confirm_write(
     link: &mut Link,
     kind: Kind,
     rank: usize,
-    confirms: &[(Key, u32)],
+    confirms: &[(HexKey, u32)],
     releases: &[u32],
 ) -> bool {
     let body = confirm_body(rank, confirms, releases);
@@ -154,7 +154,7 @@ async fn confirm_write(
 /// (the connector fails it and releases nothing); else every page is
 /// written (recorded in the simulated pages, checked against their leases),
 /// then confirmed, or on a write failure released, reused pages included.
-async fn save(ctx: &Ctx, ev: &Evict, link: &mut Link, rng: &mut SmallRng, rank: usize, keys: &[Key]) {
+async fn save(ctx: &Ctx, ev: &Evict, link: &mut Link, rng: &mut SmallRng, rank: usize, keys: &[HexKey]) {
     let sent = Instant::now();
     let Some(pages) = allocate_answer(ctx, link, Kind::Allocate, rank, keys).await else { return };
     let answered = Instant::now();
@@ -172,7 +172,7 @@ async fn save(ctx: &Ctx, ev: &Evict, link: &mut Link, rng: &mut SmallRng, rank: 
         ctx.violation(format!("rank {rank}: allocate answered page {p}, out of range"));
         return;
     }
-    let confirms: Vec<(Key, u32)> = keys.iter().copied().zip(pages.iter().map(|&p| p as u32)).collect();
+    let confirms: Vec<(HexKey, u32)> = keys.iter().copied().zip(pages.iter().map(|&p| p as u32)).collect();
     let mut fresh = 0;
     let mut named = keys.to_vec();
     for &(k, p) in &confirms {

@@ -17,7 +17,7 @@ use crate::cycle::{allocate, verify};
 use crate::universe::{mix64, MAX_BATCH};
 use crate::wire::{alloc_body, confirm_body, keys_body, request_head, snippet};
 use crate::{VANISH, WORLD};
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// The head and body of a POST to `path`, written by hand.
 fn whole_request(path: &str, body: &[u8]) -> Vec<u8> {
@@ -91,7 +91,7 @@ pub(super) async fn response_injector(ctx: Arc<Ctx>, until: Instant) {
             }
             _ => {
                 let n = rng.gen_range(128..=4096);
-                let keys: Vec<Key> = (0..n).map(|_| ctx.u.any_key(&mut rng)).collect();
+                let keys: Vec<HexKey> = (0..n).map(|_| ctx.u.any_key(&mut rng)).collect();
                 let (path, body) = if rng.gen_bool(0.5) {
                     ("/keys/batch_exists", keys_body(None, &keys))
                 } else {
@@ -122,7 +122,7 @@ async fn lost_confirm_answers(ctx: &Ctx, link: &mut Link, rng: &mut SmallRng) {
             ctx.c.refused_keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
             break;
         }
-        let confirms: Vec<(Key, u32)> = keys.iter().copied().zip(pages.iter().map(|&p| p as u32)).collect();
+        let confirms: Vec<(HexKey, u32)> = keys.iter().copied().zip(pages.iter().map(|&p| p as u32)).collect();
         let pages: Vec<u32> = confirms.iter().map(|c| c.1).collect();
         let Some(held) = ctx.tracker.lock(r, &keys, &pages, true).await else { break };
         let body = confirm_body(r, &confirms, &[]);

@@ -15,7 +15,7 @@ use crate::ctx::{call, Ctx, Link};
 use crate::cycle::verify;
 use crate::universe::{hex_key, key_str, mix64};
 use crate::wire::{keys_body, request_head, snippet};
-use hf3fs_perf::keys::{random_key, Key};
+use hf3fs_perf::keys::{random_key, HexKey};
 
 /// One listed case: (fault name, path, body, the status it must get).
 type Case = (&'static str, &'static str, Vec<u8>, Option<u16>);
@@ -88,7 +88,7 @@ pub(super) async fn injector(ctx: Arc<Ctx>, until: Instant) {
             6 => garbage_http_or_oversized(&ctx, &mut rng).await,
             // Too many keys (rarely: it is a 300 KB body).
             7 if i % 45 == 7 => {
-                let keys: Vec<Key> = (0..65_537u32).map(|n| hex_key(0, u64::from(n))).collect();
+                let keys: Vec<HexKey> = (0..65_537u32).map(|n| hex_key(0, u64::from(n))).collect();
                 if let Ok((status, resp)) =
                     call(&ctx, &mut link, Kind::Fault, false, "/keys/batch_exists", &keys_body(None, &keys)).await
                 {

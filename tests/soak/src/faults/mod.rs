@@ -33,7 +33,7 @@ use super::ctx::Ctx;
 use super::model::Held;
 use super::wire::{parse, snippet};
 use super::WORLD;
-use hf3fs_perf::keys::{random_key, Key};
+use hf3fs_perf::keys::{random_key, HexKey};
 
 /// Starts every fault injector, each until `until`.
 pub(crate) fn spawn_all(ctx: &Arc<Ctx>, until: Instant, tasks: &mut Vec<JoinHandle<()>>) {
@@ -103,7 +103,7 @@ async fn send_and_read(ctx: &Ctx, bytes: &[u8], limit: usize) -> Option<Vec<u8>>
 }
 
 /// Between 1 and `max` fresh random keys (never in the universe).
-fn fresh_keys<R: Rng>(rng: &mut R, max: usize) -> Vec<Key> {
+fn fresh_keys<R: Rng>(rng: &mut R, max: usize) -> Vec<HexKey> {
     let n = rng.gen_range(1..=max);
     (0..n).map(|_| random_key(rng)).collect()
 }
@@ -123,14 +123,14 @@ fn check_detail(ctx: &Ctx, what: &str, want: Option<u16>, status: u16, resp: &[u
 
 /// A bound (key, page) on `rank`, preferably of a complete key (so that a
 /// wrong change shows in exists and locations at once).
-fn sample_bound<R: Rng>(ctx: &Ctx, rng: &mut R, rank: usize) -> Option<(Key, u32)> {
+fn sample_bound<R: Rng>(ctx: &Ctx, rng: &mut R, rank: usize) -> Option<(HexKey, u32)> {
     ctx.tracker.sample_bound(&ctx.u, rng, rank, true).or_else(|| ctx.tracker.sample_bound(&ctx.u, rng, rank, false))
 }
 
 /// A bound key of a random rank, locked in the tracker, with the page it
 /// holds once the lock is held (the lock may have waited). `None` when no key
 /// is bound yet, the lock is refused, or the key lost its page meanwhile.
-async fn lock_sampled_bound<'c, R: Rng>(ctx: &'c Ctx, rng: &mut R) -> Option<(usize, Key, u32, Held<'c>)> {
+async fn lock_sampled_bound<'c, R: Rng>(ctx: &'c Ctx, rng: &mut R) -> Option<(usize, HexKey, u32, Held<'c>)> {
     let r = rng.gen_range(0..WORLD);
     let (k, p) = sample_bound(ctx, rng, r)?;
     let held = ctx.tracker.lock(r, &[k], &[p], false).await?;

@@ -18,7 +18,7 @@ use crate::cycle::allocate;
 use crate::universe::{key_str, mix64};
 use crate::wire::{confirm_body, snippet};
 use crate::WORLD;
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// The racing-saves injector (see the module doc).
 pub(super) async fn injector(ctx: Arc<Ctx>, until: Instant) {
@@ -42,7 +42,7 @@ async fn send_confirm(ctx: &Ctx, link: &mut Link, body: &Bytes) -> Result<(u16, 
 }
 
 /// One race on rank `r`. False when the keys should not be saved further.
-async fn race_on_rank(ctx: &Ctx, a: &mut Link, b: &mut Link, r: usize, keys: &[Key]) -> bool {
+async fn race_on_rank(ctx: &Ctx, a: &mut Link, b: &mut Link, r: usize, keys: &[HexKey]) -> bool {
     let (Some(pa), Some(pb)) =
         (allocate(ctx, a, Kind::Fault, r, keys).await, allocate(ctx, b, Kind::Fault, r, keys).await)
     else {
@@ -52,8 +52,8 @@ async fn race_on_rank(ctx: &Ctx, a: &mut Link, b: &mut Link, r: usize, keys: &[K
         ctx.c.refused_keys.fetch_add(keys.len() as u64, Ordering::Relaxed);
         return false;
     }
-    let ca: Vec<(Key, u32)> = keys.iter().copied().zip(pa.iter().map(|&p| p as u32)).collect();
-    let cb: Vec<(Key, u32)> = keys.iter().copied().zip(pb.iter().map(|&p| p as u32)).collect();
+    let ca: Vec<(HexKey, u32)> = keys.iter().copied().zip(pa.iter().map(|&p| p as u32)).collect();
+    let cb: Vec<(HexKey, u32)> = keys.iter().copied().zip(pb.iter().map(|&p| p as u32)).collect();
     let pages: Vec<u32> = ca.iter().chain(&cb).map(|c| c.1).collect();
     let Some(held) = ctx.tracker.lock(r, keys, &pages, true).await else { return false };
     let (ba, bb) = (confirm_body(r, &ca, &[]), confirm_body(r, &cb, &[]));

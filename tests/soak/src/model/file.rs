@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use super::Tracker;
 use crate::universe::key_str;
 use crate::NR;
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 const MAGIC: &str = "hf3fs-soak-model 1";
 
@@ -41,7 +41,7 @@ impl Tracker {
             return Err("not a soak model file".into());
         }
         let mut pages = None;
-        let key = |s: &str| -> Result<Key, String> { s.as_bytes().try_into().map_err(|_| format!("bad key {s}")) };
+        let key = |s: &str| -> Result<HexKey, String> { s.as_bytes().try_into().map_err(|_| format!("bad key {s}")) };
         let num = |s: Option<&str>| -> Result<u32, String> {
             s.and_then(|s| s.parse().ok()).ok_or_else(|| "bad number in the model file".to_string())
         };

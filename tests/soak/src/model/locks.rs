@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::Tracker;
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// How long a mutation waits for a conflicting one before it gives up (a
 /// client bug: no request takes this long).
@@ -15,7 +15,7 @@ pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(30);
 pub(crate) struct Held<'a> {
     t: &'a Tracker,
     rank: usize,
-    keys: Vec<Key>,
+    keys: Vec<HexKey>,
     pages: Vec<u32>,
     visible: bool,
     done: bool,
@@ -41,7 +41,7 @@ impl Tracker {
     /// Locks `keys` and `pages` on `rank` (plus what the model binds to
     /// them), waiting for conflicting mutations to finish. `visible`: the
     /// request may change what readers see (readers skip its keys meanwhile).
-    pub(crate) async fn lock(&self, rank: usize, keys: &[Key], pages: &[u32], visible: bool) -> Option<Held<'_>> {
+    pub(crate) async fn lock(&self, rank: usize, keys: &[HexKey], pages: &[u32], visible: bool) -> Option<Held<'_>> {
         let deadline = tokio::time::Instant::now() + LOCK_WAIT;
         loop {
             let notified = self.notify.notified();
@@ -56,10 +56,10 @@ impl Tracker {
         }
     }
 
-    pub(crate) fn try_lock(&self, rank: usize, keys: &[Key], pages: &[u32], visible: bool) -> Option<Held<'_>> {
+    pub(crate) fn try_lock(&self, rank: usize, keys: &[HexKey], pages: &[u32], visible: bool) -> Option<Held<'_>> {
         let mut m = self.m.lock().unwrap();
         let m = &mut *m;
-        let mut ks: Vec<Key> = keys.to_vec();
+        let mut ks: Vec<HexKey> = keys.to_vec();
         let mut ps: Vec<u32> = pages.to_vec();
         for p in pages {
             if let Some((k, _)) = m.ranks[rank].owner.get(p) {

@@ -49,7 +49,7 @@ pub(crate) use locks::{Held, LOCK_WAIT};
 use super::universe::{key_str, FastMap, FastSet, Universe};
 use super::wire::TypedError;
 use super::{NR, WORLD};
-use hf3fs_perf::keys::Key;
+use hf3fs_perf::keys::HexKey;
 
 /// No page (a key unbound on a rank).
 pub(crate) const NONE: u32 = u32::MAX;
@@ -91,7 +91,7 @@ impl KeyState {
 #[derive(Default)]
 pub(crate) struct RankModel {
     /// Bound page → (key, clock when bound).
-    pub(crate) owner: FastMap<u32, (Key, u64)>,
+    pub(crate) owner: FastMap<u32, (HexKey, u64)>,
     locked: FastSet<u32>,
     /// Pages named by a request that got no answer.
     pub(crate) uncertain: FastSet<u32>,
@@ -102,7 +102,7 @@ pub(crate) struct RankModel {
 
 /// The bindings, with the logical clock readers use to tell stable keys.
 pub(crate) struct Model {
-    pub(crate) keys: FastMap<Key, KeyState>,
+    pub(crate) keys: FastMap<HexKey, KeyState>,
     pub(crate) ranks: Vec<RankModel>,
     clock: u64,
     /// What acknowledged confirms did: bound, re-confirmed, superseded, released (bound pages).
@@ -142,7 +142,7 @@ impl Tracker {
     }
 
     /// Applies an acknowledged (204) confirm_write. Returns violations.
-    pub(crate) fn apply(&self, rank: usize, confirms: &[(Key, u32)], releases: &[u32]) -> Vec<String> {
+    pub(crate) fn apply(&self, rank: usize, confirms: &[(HexKey, u32)], releases: &[u32]) -> Vec<String> {
         let mut v = Vec::new();
         let mut m = self.m.lock().unwrap();
         let m = &mut *m;
@@ -195,7 +195,7 @@ impl Tracker {
         &self,
         rank: usize,
         err: &TypedError,
-        confirms: &[(Key, u32)],
+        confirms: &[(HexKey, u32)],
         releases: &[u32],
     ) -> Result<(), String> {
         let m = self.m.lock().unwrap();
@@ -233,7 +233,7 @@ impl Tracker {
 
     /// What readers of `keys` must see on `rank` (None: exists only), for
     /// keys stable since `t0`.
-    pub(crate) fn expect(&self, keys: &[Key], rank: Option<usize>, t0: u64) -> Vec<Expect> {
+    pub(crate) fn expect(&self, keys: &[HexKey], rank: Option<usize>, t0: u64) -> Vec<Expect> {
         let m = self.m.lock().unwrap();
         let rank = rank.filter(|&r| r < NR);
         keys.iter()
@@ -251,7 +251,7 @@ impl Tracker {
     /// (never -1); a freshly reserved page must not be one the model has had
     /// bound (to another key) since before the request started. A page
     /// freshly reserved is no longer held back for a lease.
-    pub(crate) fn check_allocate(&self, rank: usize, keys: &[Key], pages: &[i64], t0: u64) -> Vec<String> {
+    pub(crate) fn check_allocate(&self, rank: usize, keys: &[HexKey], pages: &[i64], t0: u64) -> Vec<String> {
         let mut v = Vec::new();
         if rank >= NR {
             return v;
@@ -302,7 +302,7 @@ impl Tracker {
         rng: &mut R,
         rank: usize,
         complete: bool,
-    ) -> Option<(Key, u32)> {
+    ) -> Option<(HexKey, u32)> {
         let m = self.m.lock().unwrap();
         for _ in 0..64 {
             let k = u.any_key(rng);
@@ -317,7 +317,7 @@ impl Tracker {
     }
 
     /// The page the model binds to `k` on `rank`.
-    pub(crate) fn current_page(&self, rank: usize, k: &Key) -> Option<u32> {
+    pub(crate) fn current_page(&self, rank: usize, k: &HexKey) -> Option<u32> {
         let m = self.m.lock().unwrap();
         m.keys.get(k).map(|s| s.pages[rank]).filter(|&p| p != NONE)
     }
