@@ -206,4 +206,48 @@ mod tests {
         s.complete_blocks(|b| all.push(b));
         assert_eq!(all, vec![]);
     }
+
+    #[test]
+    fn an_sglang_block_in_two_spaces_is_stored_by_each_and_removed_by_the_one_that_loses_it() {
+        use crate::{Clock, Spaces, SpacesConfig};
+        let cfg = SpacesConfig { max_spaces: 4, store: StoreConfig::default() };
+        let spaces = Spaces::new(cfg, Arc::new(Clock::manual()));
+        spaces.initialize(0, "kv", 8).unwrap();
+        spaces.initialize(1, "kv", 8).unwrap();
+        let rec = Arc::new(Recorder::default());
+        assert!(spaces.set_events(rec.clone()));
+        let d = "ab".repeat(32);
+        let on = |rank: u32, f: &dyn Fn(&Store)| spaces.with(rank, "kv", |st| f(st)).unwrap();
+        // Stored in each space: one BlockStored per space.
+        on(0, &|st| drop(save(st, 0, &[&d])));
+        on(0, &|st| {
+            let mut out = Vec::new();
+            st.locations(0, &[&d], &mut out).unwrap();
+            assert!(out[0].is_some());
+        });
+        assert_eq!(rec.take(), vec![(0, vec![Event::Stored(key(&d))])]);
+        on(1, &|st| drop(save(st, 0, &[&d])));
+        assert_eq!(rec.take(), vec![(0, vec![Event::Stored(key(&d))])], "the second space's own");
+        // A repeat in a space that holds it already announces nothing.
+        on(0, &|st| {
+            let mut out = Vec::new();
+            st.locations(0, &[&d], &mut out).unwrap();
+            st.confirm(0, &[(&d, i64::from(out[0].unwrap()))], &[]).unwrap();
+        });
+        assert_eq!(rec.take(), vec![]);
+        // Space 1 loses it: one BlockRemoved; space 0 still holds it.
+        on(1, &|st| assert_eq!(st.delete(0, &[&d]).unwrap().deleted, 1));
+        assert_eq!(rec.take(), vec![(0, vec![Event::Removed(key(&d))])]);
+        on(1, &|st| assert_eq!(st.delete(0, &[&d]).unwrap().deleted, 0));
+        assert_eq!(rec.take(), vec![], "gone from that space already: nothing");
+        on(0, &|st| {
+            let mut all = Vec::new();
+            st.complete_blocks(|b| all.push(b));
+            assert_eq!(all, vec![key(&d)]);
+        });
+        // A router counting announcements per hash (as vLLM's offloading
+        // events ask) holds the block until its last space loses it.
+        on(0, &|st| assert_eq!(st.delete(0, &[&d]).unwrap().deleted, 1));
+        assert_eq!(rec.take(), vec![(0, vec![Event::Removed(key(&d))])]);
+    }
 }
