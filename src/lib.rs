@@ -227,7 +227,7 @@ impl App {
             None => Arc::new(|| true),
         };
         let svc = self.http.clone();
-        let snapshot: events::Snapshot = Arc::new(move |f| svc.registry.complete_keys(f));
+        let snapshot: events::Snapshot = Arc::new(move |f| svc.registry.complete_blocks(f));
         let p = events::start(settings, counters.clone(), leader, snapshot).await?;
         self.registry.set_events(p.vllm.clone(), p.sglang.clone());
         tracing::info!(endpoint = %p.endpoint, replay = ?p.replay_endpoint, "kv events: publishing");

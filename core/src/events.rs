@@ -24,15 +24,64 @@
 //! without a sink pays one check per operation (and, in a confirm, one
 //! comparison a key).
 
-use super::key::{Key, KeyRef};
+use super::key::{Digest, Key, KeyRef};
 
-/// One change of what is loadable.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A block as events name it: a reported key's digest, copied (no
+/// allocation on the request path; the publisher makes the wire's hash).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Block {
+    /// vLLM's 32-hex key: the 16 bytes it spells.
+    Hex([u8; 16]),
+    /// SGLang's 64-hex key and its suffix (a `-k`, `-v` or `_<pool>` key
+    /// names its base block).
+    Digest(Digest),
+}
+
+impl Block {
+    /// The block of a reported key; `None` for a key of another shape
+    /// (stored and served, but publishing nothing).
+    #[inline]
+    pub fn of(key: KeyRef<'_>) -> Option<Block> {
+        match key {
+            KeyRef::Hex(v) => Some(Block::Hex(v.to_be_bytes())),
+            KeyRef::Digest(d) => Some(Block::Digest(d)),
+            KeyRef::Text(_) => None,
+        }
+    }
+
+    /// [`Block::of`] an owned key.
+    pub fn of_key(key: &Key) -> Option<Block> {
+        match key {
+            Key::Hex(b) => Some(Block::Hex(*b)),
+            Key::Digest(d) => Some(Block::Digest(*d)),
+            Key::Text(_) => None,
+        }
+    }
+
+    /// The digest's bytes (16 or 32), the suffix left out.
+    #[inline]
+    pub fn digest(&self) -> &[u8] {
+        match self {
+            Block::Hex(b) => b,
+            Block::Digest(d) => &d.bytes,
+        }
+    }
+
+    /// Whether the key had a suffix: another key of the same request (its
+    /// base's other suffix) may name the same block.
+    #[inline]
+    pub fn suffixed(&self) -> bool {
+        matches!(self, Block::Digest(d) if d.suffix != super::key::Suffix::NONE)
+    }
+}
+
+/// One change of what is loadable (a compact record: [`Copy`], 38 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
     /// The key became complete.
-    Stored(Key),
+    Stored(Block),
     /// The key stopped being complete.
-    Removed(Key),
+    Removed(Block),
     /// Every key was forgotten (`/clear`).
     Cleared,
 }
@@ -47,12 +96,13 @@ pub trait Events: Send + Sync {
     /// Runs on the request path, sometimes under a key's lock: it must not
     /// block or wait.
     fn publish(&self, generation: u64, batch: Vec<Event>);
-}
 
-/// Whether a key's events are reported (see the module docs).
-#[inline]
-pub(crate) fn reported(key: KeyRef<'_>) -> bool {
-    !matches!(key, KeyRef::Text(_))
+    /// An empty buffer for one operation's events, with room for at least
+    /// `n` (a sink may hand back the buffers it was given, so that the
+    /// request path does not allocate). Runs on the request path.
+    fn buffer(&self, n: usize) -> Vec<Event> {
+        Vec::with_capacity(n)
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -82,8 +132,8 @@ mod tests {
     const A: &str = "0000000000000000000000000000000a";
     const B: &str = "0000000000000000000000000000000b";
 
-    fn key(s: &str) -> Key {
-        KeyRef::parse(s).to_key()
+    fn key(s: &str) -> Block {
+        Block::of(KeyRef::parse(s)).unwrap()
     }
 
     fn store(world: u32, pages: i64) -> (Store, Arc<Recorder>) {
@@ -141,7 +191,7 @@ mod tests {
         let got = rec.take();
         assert_eq!(got.len(), 2, "the eviction's batch, then the confirm's: {got:?}");
         let evicted = match &got[0].1[..] {
-            [Event::Removed(k)] if *k == key(A) || *k == key(B) => k.clone(),
+            [Event::Removed(k)] if *k == key(A) || *k == key(B) => *k,
             other => panic!("{other:?}"),
         };
         assert_eq!(got[1].1, vec![Event::Stored(key(c))]);
@@ -153,7 +203,51 @@ mod tests {
         s.reset();
         assert_eq!(rec.take(), vec![(0, vec![Event::Removed(key(c))])]);
         let mut all = Vec::new();
-        s.complete_keys(|k| all.push(k));
+        s.complete_blocks(|b| all.push(b));
         assert_eq!(all, vec![]);
+    }
+
+    #[test]
+    fn an_sglang_block_in_two_spaces_is_stored_by_each_and_removed_by_the_one_that_loses_it() {
+        use crate::{Clock, Spaces, SpacesConfig};
+        let cfg = SpacesConfig { max_spaces: 4, store: StoreConfig::default() };
+        let spaces = Spaces::new(cfg, Arc::new(Clock::manual()));
+        spaces.initialize(0, "kv", 8).unwrap();
+        spaces.initialize(1, "kv", 8).unwrap();
+        let rec = Arc::new(Recorder::default());
+        assert!(spaces.set_events(rec.clone()));
+        let d = "ab".repeat(32);
+        let on = |rank: u32, f: &dyn Fn(&Store)| spaces.with(rank, "kv", |st| f(st)).unwrap();
+        // Stored in each space: one BlockStored per space.
+        on(0, &|st| drop(save(st, 0, &[&d])));
+        on(0, &|st| {
+            let mut out = Vec::new();
+            st.locations(0, &[&d], &mut out).unwrap();
+            assert!(out[0].is_some());
+        });
+        assert_eq!(rec.take(), vec![(0, vec![Event::Stored(key(&d))])]);
+        on(1, &|st| drop(save(st, 0, &[&d])));
+        assert_eq!(rec.take(), vec![(0, vec![Event::Stored(key(&d))])], "the second space's own");
+        // A repeat in a space that holds it already announces nothing.
+        on(0, &|st| {
+            let mut out = Vec::new();
+            st.locations(0, &[&d], &mut out).unwrap();
+            st.confirm(0, &[(&d, i64::from(out[0].unwrap()))], &[]).unwrap();
+        });
+        assert_eq!(rec.take(), vec![]);
+        // Space 1 loses it: one BlockRemoved; space 0 still holds it.
+        on(1, &|st| assert_eq!(st.delete(0, &[&d]).unwrap().deleted, 1));
+        assert_eq!(rec.take(), vec![(0, vec![Event::Removed(key(&d))])]);
+        on(1, &|st| assert_eq!(st.delete(0, &[&d]).unwrap().deleted, 0));
+        assert_eq!(rec.take(), vec![], "gone from that space already: nothing");
+        on(0, &|st| {
+            let mut all = Vec::new();
+            st.complete_blocks(|b| all.push(b));
+            assert_eq!(all, vec![key(&d)]);
+        });
+        // A router counting announcements per hash (as vLLM's offloading
+        // events ask) holds the block until its last space loses it.
+        on(0, &|st| assert_eq!(st.delete(0, &[&d]).unwrap().deleted, 1));
+        assert_eq!(rec.take(), vec![(0, vec![Event::Removed(key(&d))])]);
     }
 }

@@ -35,7 +35,7 @@ pub(crate) mod sync;
 mod zeroed;
 
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
-pub use events::{Event, Events};
+pub use events::{Block, Event, Events};
 pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Digest, Key, KeyRef, Suffix};

@@ -227,11 +227,12 @@ impl Registry {
         self.sglang.set_events(sglang);
     }
 
-    /// Calls `f` with every complete key of every page space that key
-    /// events report (a KV-event resync's snapshot; not the request path).
-    pub fn complete_keys(&self, f: &mut dyn FnMut(crate::Key)) {
+    /// Calls `f` with the block of every complete key of every page space
+    /// that key events report (a KV-event resync's snapshot; not the
+    /// request path).
+    pub fn complete_blocks(&self, f: &mut dyn FnMut(crate::Block)) {
         for (_, s) in self.spaces() {
-            s.complete_keys(&mut *f);
+            s.complete_blocks(&mut *f);
         }
     }
 

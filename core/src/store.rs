@@ -21,10 +21,10 @@
 //! whose exact value at a reservation only moves its expiry by one tick.
 
 use super::error::{InitError, RankNotInitialized};
-use super::events::{Event, Events};
+use super::events::{Block, Event, Events};
 use super::index::{BatchKey, Bind, Delta, IndexFloor, KeyIndex, MAX_IDS};
 use super::journal::{Change, Journal};
-use super::key::{Key, KeyRef};
+use super::key::KeyRef;
 use super::lease::{self, Clock, LeaseLength, ReadAt};
 use super::pages::{Counts, Owner, PageState, PageTable, BOUND, FREE};
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -341,12 +341,15 @@ impl Store {
         }
     }
 
-    /// Calls `f` with every complete key that key events report
-    /// ([`crate::events`]): a publisher's snapshot, not the request path.
-    pub fn complete_keys(&self, mut f: impl FnMut(Key)) {
+    /// Calls `f` with the block of every complete key that key events
+    /// report ([`crate::events`]): a publisher's snapshot, not the request
+    /// path.
+    pub fn complete_blocks(&self, mut f: impl FnMut(Block)) {
         self.current.load().index.for_each(|k, e| {
-            if e.complete() && super::events::reported(k) {
-                f(k.to_key());
+            if e.complete() {
+                if let Some(b) = Block::of(k) {
+                    f(b);
+                }
             }
         });
     }

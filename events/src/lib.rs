@@ -30,14 +30,14 @@
 pub mod wire;
 
 use bytes::Bytes;
-use hf3fs_meta_core::{Event, Events, Key};
+use hf3fs_meta_core::{Block, Event, Events};
 use hf3fs_meta_metrics::{counter, gauge, single, Family};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
-use wire::{BlockHash, HashForm, Layout, WireEvent};
+use wire::{BlockHash, HashForm, Layout, WireEvent, Writer};
 use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 /// Keys per `BlockStored` of a resync's snapshot.
@@ -75,9 +75,53 @@ pub struct EventSettings {
 /// Whether this node publishes now (an HA leader, or a single server).
 pub type Leader = Arc<dyn Fn() -> bool + Send + Sync>;
 
-/// Calls its argument with every complete key of the server (a resync's
-/// snapshot; runs on a blocking thread).
-pub type Snapshot = Arc<dyn Fn(&mut dyn FnMut(Key)) + Send + Sync>;
+/// Calls its argument with the block of every complete key of the server
+/// (a resync's snapshot; runs on a blocking thread).
+pub type Snapshot = Arc<dyn Fn(&mut dyn FnMut(Block)) + Send + Sync>;
+
+/// Operations the publisher task takes off the queue into one batch at
+/// most (a batch then holds at most this many operations' events).
+pub const COALESCE_OPERATIONS: usize = 64;
+
+/// Event buffers kept for the request path to reuse.
+const POOLED_BUFFERS: usize = 64;
+
+/// Events a buffer may hold to be kept for reuse (larger ones are freed).
+const POOLED_CAPACITY: usize = 4096;
+
+/// The buffers the sinks hand out ([`Events::buffer`]) and the publisher
+/// task hands back: the request path allocates none in the steady state.
+/// Taken and given with `try_lock` only: on contention a buffer is made
+/// (or freed) instead, so neither side ever waits.
+#[derive(Default)]
+struct Pool(Mutex<Vec<Vec<Event>>>);
+
+impl Pool {
+    fn take(&self, n: usize) -> Vec<Event> {
+        let got = self.0.try_lock().ok().and_then(|mut p| p.pop());
+        match got {
+            Some(mut v) => {
+                if v.capacity() < n {
+                    v.reserve(n);
+                }
+                v
+            }
+            None => Vec::with_capacity(n),
+        }
+    }
+
+    fn give(&self, mut v: Vec<Event>) {
+        if v.capacity() > POOLED_CAPACITY {
+            return;
+        }
+        v.clear();
+        if let Ok(mut p) = self.0.try_lock() {
+            if p.len() < POOLED_BUFFERS {
+                p.push(v);
+            }
+        }
+    }
+}
 
 /// The publisher's counters (`Relaxed`: statistics).
 #[derive(Debug, Default)]
@@ -177,15 +221,21 @@ pub struct Sink {
     tx: mpsc::Sender<Queued>,
     counters: Arc<Counters>,
     tracked: bool,
+    pool: Arc<Pool>,
 }
 
 impl Events for Sink {
+    fn buffer(&self, n: usize) -> Vec<Event> {
+        self.pool.take(n)
+    }
+
     fn publish(&self, generation: u64, events: Vec<Event>) {
         let n = events.len() as u64;
         // Counted before the send, so that the task never counts a batch
         // handled before it was counted queued.
         self.counters.accepted.fetch_add(1, Ordering::Release);
-        if self.tx.try_send(Queued { tracked: self.tracked, generation, events }).is_err() {
+        if let Err(e) = self.tx.try_send(Queued { tracked: self.tracked, generation, events }) {
+            self.pool.give(e.into_inner().events);
             let c = &self.counters;
             c.accepted.fetch_sub(1, Ordering::Release);
             c.dropped_batches.fetch_add(1, Ordering::Relaxed);
@@ -344,7 +394,10 @@ pub async fn start(
         tokio::spawn(replay(router, ring.clone(), resync_tx, counters.clone(), s.topic.clone()));
     }
     let (tx, rx) = mpsc::channel(s.hwm);
+    let pool = Arc::new(Pool::default());
     let task = Task {
+        writer: Writer::default(),
+        pool: pool.clone(),
         publ,
         ring,
         counters: counters.clone(),
@@ -358,12 +411,16 @@ pub async fn start(
         sent_since_tick: false,
     };
     tokio::spawn(task.run(rx, resync_rx, s.heartbeat, connect));
-    let sink = |tracked| Arc::new(Sink { tx: tx.clone(), counters: counters.clone(), tracked });
+    let sink = |tracked| Arc::new(Sink { tx: tx.clone(), counters: counters.clone(), tracked, pool: pool.clone() });
     Ok(Publisher { vllm: sink(true), sglang: sink(false), endpoint, replay_endpoint })
 }
 
 /// The publisher task's state.
 struct Task {
+    /// The batch being written.
+    writer: Writer,
+    /// Where the operations' buffers go back to.
+    pool: Arc<Pool>,
     publ: zeromq::PubSocket,
     ring: Arc<Mutex<Ring>>,
     counters: Arc<Counters>,
@@ -403,12 +460,22 @@ impl Task {
             tokio::select! {
                 q = rx.recv() => {
                     let Some(q) = q else { break };
+                    let mut n = 1;
                     if self.check_leader().await {
-                        self.batch(q).await;
+                        // What else is queued goes into the same batch.
+                        self.add(q).await;
+                        while n < COALESCE_OPERATIONS {
+                            let Ok(q) = rx.try_recv() else { break };
+                            self.add(q).await;
+                            n += 1;
+                        }
+                        self.flush().await;
+                    } else {
+                        self.pool.give(q.events);
                     }
                     // After the publication: `queued` reaches 0 only once
                     // the batch is out.
-                    self.counters.handled.fetch_add(1, Ordering::Release);
+                    self.counters.handled.fetch_add(n as u64, Ordering::Release);
                 }
                 w = resyncs.recv(), if asked => {
                     let Some(w) = w else {
@@ -447,62 +514,47 @@ impl Task {
         lead
     }
 
-    /// One operation's events, as block-hash events: runs of stores and of
-    /// removals, each without repeats (one key's `-k` and `-v` name one
-    /// block); `None` when the batch is to be dropped.
-    fn wire(&mut self, q: Queued) -> Option<(Vec<WireEvent>, bool)> {
-        let mut clear = false;
+    /// Adds one operation's events to the batch being written (a `/clear`'s
+    /// publishes the batch so far, then a resync; an operation that raced
+    /// a `/clear` is dropped).
+    async fn add(&mut self, q: Queued) {
         if q.tracked {
             if q.events.iter().any(|e| matches!(e, Event::Cleared)) {
                 self.cleared = self.cleared.max(q.generation);
-                clear = true;
+                self.pool.give(q.events);
+                // AllBlocksCleared clears every block of the topic; vLLM's
+                // /clear only vLLM's store: the snapshot puts SGLang's back.
+                self.flush().await;
+                self.resync().await;
+                return;
             } else if q.generation < self.cleared {
-                return None; // a request that raced a /clear: its changes are gone
+                self.pool.give(q.events);
+                return; // a request that raced a /clear: its changes are gone
             }
         }
-        let mut out: Vec<WireEvent> = Vec::with_capacity(2);
-        let n = q.events.len();
-        for e in q.events {
-            let (stored, key) = match e {
-                Event::Stored(k) => (true, k),
-                Event::Removed(k) => (false, k),
-                Event::Cleared => {
-                    out.push(WireEvent::Cleared);
-                    continue;
-                }
-            };
-            let Some(h) = self.hash.of(&key) else { continue };
-            // Only an SGLang key with a suffix can name a block named
-            // before in the same run (its base's other suffix): a store
-            // completes a key once, a removal ends it once.
-            let repeatable = matches!(&key, Key::Digest(d) if d.suffix != hf3fs_meta_core::key::Suffix::NONE);
-            match (out.last_mut(), stored) {
-                (Some(WireEvent::Stored(hs)), true) | (Some(WireEvent::Removed(hs)), false) => {
-                    if !(repeatable && hs.contains(&h)) {
-                        hs.push(h);
-                    }
-                }
-                (_, true) => out.push(WireEvent::Stored(with_first(n, h))),
-                (_, false) => out.push(WireEvent::Removed(with_first(n, h))),
-            }
-        }
-        Some((out, clear))
+        self.writer.next_operation();
+        self.writer.push_all(&self.layout, self.hash, &q.events);
+        self.pool.give(q.events);
     }
 
-    async fn batch(&mut self, q: Queued) {
-        let Some((events, clear)) = self.wire(q) else { return };
-        if clear {
-            // AllBlocksCleared clears every block of the topic; vLLM's
-            // /clear only vLLM's store: the snapshot puts SGLang's back.
-            self.resync().await;
-        } else if !events.is_empty() {
-            self.publish(events).await;
+    /// Publishes the batch written, when it holds any event.
+    async fn flush(&mut self) {
+        if self.writer.is_empty() {
+            return;
         }
+        let (payload, n) = self.writer.finish(&self.layout, now_secs());
+        self.send(payload, n).await;
     }
 
     /// Publishes one batch; returns its sequence number.
     async fn publish(&mut self, events: Vec<WireEvent>) -> u64 {
-        let payload = Bytes::from(self.layout.encode(now_secs(), &events));
+        let payload = self.layout.encode(now_secs(), &events);
+        self.send(payload, events.len() as u32).await
+    }
+
+    /// Publishes one encoded batch of `n` events; returns its sequence number.
+    async fn send(&mut self, payload: Vec<u8>, n: u32) -> u64 {
+        let payload = Bytes::from(payload);
         let seq = {
             let mut r = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
             let lost = self.counters.lost.swap(0, Ordering::Relaxed);
@@ -519,7 +571,7 @@ impl Task {
         }
         let c = &self.counters;
         c.batches.fetch_add(1, Ordering::Relaxed);
-        c.events.fetch_add(events.len() as u64, Ordering::Relaxed);
+        c.events.fetch_add(u64::from(n), Ordering::Relaxed);
         c.last_seq.store(seq, Ordering::Relaxed);
         self.sent_since_tick = true;
         seq
@@ -532,7 +584,7 @@ impl Task {
         let (snapshot, form) = (self.snapshot.clone(), self.hash);
         let hashes = tokio::task::spawn_blocking(move || {
             let mut hs: Vec<BlockHash> = Vec::new();
-            snapshot(&mut |k| hs.extend(form.of(&k)));
+            snapshot(&mut |b| hs.push(form.of(&b)));
             hs.sort_unstable();
             hs.dedup();
             hs
@@ -548,13 +600,6 @@ impl Task {
         self.counters.resyncs.fetch_add(1, Ordering::Relaxed);
         start
     }
-}
-
-/// A run's hashes, `h` first, with room for the `n` of its batch.
-fn with_first(n: usize, h: BlockHash) -> Vec<BlockHash> {
-    let mut v = Vec::with_capacity(n);
-    v.push(h);
-    v
 }
 
 /// The ROUTER: each request `[identity, "", start seq]` is answered with

@@ -4,8 +4,8 @@
 use super::*;
 use hf3fs_meta_core::KeyRef;
 
-fn key(i: u8) -> Key {
-    KeyRef::parse(&format!("{:032x}", u128::from(i) + 1)).to_key()
+fn key(i: u8) -> Block {
+    Block::of(KeyRef::parse(&format!("{:032x}", u128::from(i) + 1))).unwrap()
 }
 
 fn ring(cap: usize) -> Ring {
@@ -16,7 +16,7 @@ fn ring(cap: usize) -> Ring {
 fn a_full_queue_drops_the_batch_counts_it_and_the_next_number_skips_it() {
     let counters = Arc::new(Counters::default());
     let (tx, mut rx) = mpsc::channel(1);
-    let sink = Sink { tx, counters: counters.clone(), tracked: true };
+    let sink = Sink { tx, counters: counters.clone(), tracked: true, pool: Arc::default() };
     sink.publish(0, vec![Event::Stored(key(1))]);
     sink.publish(0, vec![Event::Stored(key(2)), Event::Removed(key(1))]);
     assert_eq!(counters.dropped_batches(), 1);
@@ -128,7 +128,7 @@ async fn a_subscriber_sees_the_resync_then_each_batch_and_replays_it() {
     assert_eq!(got[1].0, start + 1);
     let layout = settings("", None).layout;
     assert_eq!(&got[0].1[..], &layout.encode(decode_ts(&got[0].1), &[WireEvent::Cleared])[..]);
-    let h = HashForm::U64.of(&key(7)).unwrap();
+    let h = HashForm::U64.of(&key(7));
     assert_eq!(&got[1].1[..], &layout.encode(decode_ts(&got[1].1), &[WireEvent::Stored(vec![h.clone()])])[..]);
     // Until the SUB's handshake is done, the PUB drops its messages:
     // publish until one arrives, then check the numbering from there.
@@ -150,12 +150,18 @@ async fn a_subscriber_sees_the_resync_then_each_batch_and_replays_it() {
             if resync.iter().any(|r| m[2][..] == r[..]) {
                 continue;
             }
-            // One batch per publish: the first to arrive is one of those sent.
-            let batch_of = |j: u8| {
-                let h = HashForm::U64.of(&key(j)).unwrap();
-                layout.encode(ts, &[WireEvent::Stored(vec![h.clone()]), WireEvent::Removed(vec![h])])
+            // The operations queued when the publisher woke make one
+            // batch: the first to arrive holds those of publishes j..=k.
+            let batch_of = |j: u8, k: u8| {
+                let events: Vec<WireEvent> = (j..=k)
+                    .flat_map(|x| {
+                        let h = HashForm::U64.of(&key(x));
+                        [WireEvent::Stored(vec![h.clone()]), WireEvent::Removed(vec![h])]
+                    })
+                    .collect();
+                layout.encode(ts, &events)
             };
-            assert!((0..=i).any(|j| m[2][..] == batch_of(j)[..]), "{:?}", &m[2]);
+            assert!((0..=i).any(|j| (j..=i).any(|k| m[2][..] == batch_of(j, k)[..])), "{:?}", &m[2]);
             break;
         }
     }

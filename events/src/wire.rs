@@ -19,7 +19,9 @@
 //! the tag first. Fields with a default (`extra_keys`, `locality`, ...)
 //! are left out in both, as msgspec's `omit_defaults` does.
 
-use hf3fs_meta_core::Key;
+use hf3fs_meta_core::{Block, Event};
+use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
 
 /// How events are laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,29 +58,28 @@ pub enum BlockHash {
     B(Box<[u8]>),
 }
 
-/// The digest a key's events name: a vLLM key's 16 bytes, an SGLang key's
-/// 32 (its `-k`/`-v` or `_<pool>` suffix names the same block); `None`
-/// for keys of other shapes.
-fn digest(key: &Key) -> Option<&[u8]> {
-    match key {
-        Key::Hex(b) => Some(b),
-        Key::Digest(d) => Some(&d.bytes),
-        Key::Text(_) => None,
+impl HashForm {
+    /// The block hash of `block` (see [`HashForm`]).
+    pub fn of(self, block: &Block) -> BlockHash {
+        let d = block.digest();
+        match self {
+            HashForm::U64 => BlockHash::U(low64(d)),
+            HashForm::Bytes => BlockHash::B(d.into()),
+            HashForm::Sglang => BlockHash::I(high64(d)),
+        }
     }
 }
 
-impl HashForm {
-    /// The block hash of `key` (see [`HashForm`]); `None` for a key that
-    /// is not a digest.
-    pub fn of(self, key: &Key) -> Option<BlockHash> {
-        let d = digest(key)?;
-        let eight = |at: usize| -> [u8; 8] { d[at..at + 8].try_into().expect("8 bytes") };
-        Some(match self {
-            HashForm::U64 => BlockHash::U(u64::from_be_bytes(eight(d.len() - 8))),
-            HashForm::Bytes => BlockHash::B(d.into()),
-            HashForm::Sglang => BlockHash::I(i64::from_be_bytes(eight(0))),
-        })
-    }
+/// A digest's last 8 bytes, big-endian.
+#[inline]
+fn low64(d: &[u8]) -> u64 {
+    u64::from_be_bytes(d[d.len() - 8..].try_into().expect("8 bytes"))
+}
+
+/// A digest's first 8 bytes, big-endian, signed.
+#[inline]
+fn high64(d: &[u8]) -> i64 {
+    i64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
 }
 
 /// One event as it goes on the wire.
@@ -159,49 +160,208 @@ impl Layout {
 
     /// One event: its tag, then each field (a key before each in maps).
     fn event(&self, out: &mut Vec<u8>, e: &WireEvent) {
-        let map = self.format == Format::Map;
-        let (tag, n) = match e {
-            WireEvent::Stored(_) => ("BlockStored", 8),
-            WireEvent::Removed(_) => ("BlockRemoved", 3),
-            WireEvent::Cleared => ("AllBlocksCleared", 1),
-        };
-        if map {
+        match e {
+            WireEvent::Stored(hs) | WireEvent::Removed(hs) => {
+                let stored = matches!(e, WireEvent::Stored(_));
+                self.head(out, stored);
+                hashes(out, hs);
+                self.tail(out, stored);
+            }
+            WireEvent::Cleared => {
+                self.start(out, "AllBlocksCleared", 1);
+            }
+        }
+    }
+
+    /// A map's (or array's) length and the event's tag.
+    fn start(&self, out: &mut Vec<u8>, tag: &str, n: u32) {
+        if self.format == Format::Map {
             ok(rmp::encode::write_map_len(out, n));
+            ok(rmp::encode::write_str(out, "type"));
         } else {
             ok(rmp::encode::write_array_len(out, n));
         }
-        let key = |out: &mut Vec<u8>, k: &str| {
-            if map {
-                ok(rmp::encode::write_str(out, k));
-            }
-        };
-        key(out, "type");
         ok(rmp::encode::write_str(out, tag));
-        match e {
-            WireEvent::Stored(hs) => {
-                key(out, "block_hashes");
-                hashes(out, hs);
-                key(out, "parent_block_hash");
-                ok(rmp::encode::write_nil(out));
-                key(out, "token_ids");
-                ok(rmp::encode::write_array_len(out, 0));
-                key(out, "block_size");
-                ok(rmp::encode::write_uint(out, u64::from(self.block_size)));
-                key(out, "lora_id");
-                ok(rmp::encode::write_nil(out));
-                key(out, "medium");
-                ok(rmp::encode::write_str(out, &self.medium));
-                key(out, "lora_name");
-                ok(rmp::encode::write_nil(out));
-            }
-            WireEvent::Removed(hs) => {
-                key(out, "block_hashes");
-                hashes(out, hs);
-                key(out, "medium");
-                ok(rmp::encode::write_str(out, &self.medium));
-            }
-            WireEvent::Cleared => {}
+    }
+
+    /// A key, in maps.
+    fn key(&self, out: &mut Vec<u8>, k: &str) {
+        if self.format == Format::Map {
+            ok(rmp::encode::write_str(out, k));
         }
+    }
+
+    /// A `BlockStored` (or `BlockRemoved`) up to its hashes.
+    fn head(&self, out: &mut Vec<u8>, stored: bool) {
+        if stored {
+            self.start(out, "BlockStored", 8);
+        } else {
+            self.start(out, "BlockRemoved", 3);
+        }
+        self.key(out, "block_hashes");
+    }
+
+    /// The fields after the hashes.
+    fn tail(&self, out: &mut Vec<u8>, stored: bool) {
+        if stored {
+            self.key(out, "parent_block_hash");
+            ok(rmp::encode::write_nil(out));
+            self.key(out, "token_ids");
+            ok(rmp::encode::write_array_len(out, 0));
+            self.key(out, "block_size");
+            ok(rmp::encode::write_uint(out, u64::from(self.block_size)));
+            self.key(out, "lora_id");
+            ok(rmp::encode::write_nil(out));
+        }
+        self.key(out, "medium");
+        ok(rmp::encode::write_str(out, &self.medium));
+        if stored {
+            self.key(out, "lora_name");
+            ok(rmp::encode::write_nil(out));
+        }
+    }
+}
+
+/// A hasher for digests, which are uniform already: their first 8 bytes.
+#[derive(Default)]
+struct FirstWord(u64);
+
+impl Hasher for FirstWord {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        if bytes.len() >= 8 {
+            self.0 = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+        }
+    }
+    fn write_usize(&mut self, _: usize) {}
+}
+
+/// Writes the events of one or more operations straight into the msgpack
+/// of one batch: runs of stores (and of removals) become one event each,
+/// and within one operation's run a `-k` and its `-v` (or `_<pool>`) key
+/// name their block once. Its buffers are kept from batch to batch.
+#[derive(Default)]
+pub struct Writer {
+    /// The events written so far, each complete.
+    body: Vec<u8>,
+    /// The hashes of the open run.
+    run: Vec<u8>,
+    /// The open run: of stores (`true`) or of removals.
+    open: Option<bool>,
+    /// Hashes in the open run.
+    run_len: u32,
+    /// Events in `body`.
+    events: u32,
+    /// The suffixed digests of the open run, within the operation at hand.
+    seen: HashSet<[u8; 32], BuildHasherDefault<FirstWord>>,
+}
+
+impl Writer {
+    /// Starts the next operation's events (a repeat across operations is
+    /// announced again, as each operation's own batch would).
+    pub fn next_operation(&mut self) {
+        self.seen.clear();
+    }
+
+    /// Adds one event.
+    pub fn push(&mut self, layout: &Layout, form: HashForm, e: &Event) {
+        self.push_all(layout, form, std::slice::from_ref(e));
+    }
+
+    /// Adds events, in order: one loop per hash form, each block's hash
+    /// written as it is read (the request path's keys go through here).
+    pub fn push_all(&mut self, layout: &Layout, form: HashForm, events: &[Event]) {
+        match form {
+            HashForm::U64 => {
+                self.run.reserve(events.len() * 9);
+                self.each(layout, events, |out, b| {
+                    let v = match b {
+                        Block::Hex(x) => u64::from_be_bytes([x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]]),
+                        Block::Digest(d) => {
+                            let x = &d.bytes;
+                            u64::from_be_bytes([x[24], x[25], x[26], x[27], x[28], x[29], x[30], x[31]])
+                        }
+                    };
+                    if v > u64::from(u32::MAX) {
+                        let w = v.to_be_bytes();
+                        out.extend_from_slice(&[0xcf, w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
+                    } else {
+                        uint(out, v);
+                    }
+                });
+            }
+            HashForm::Sglang => {
+                self.each(layout, events, |out, b| ok(rmp::encode::write_sint(out, high64(b.digest()))))
+            }
+            HashForm::Bytes => self.each(layout, events, |out, b| ok(rmp::encode::write_bin(out, b.digest()))),
+        }
+    }
+
+    #[inline(always)]
+    fn each(&mut self, layout: &Layout, events: &[Event], write: impl Fn(&mut Vec<u8>, &Block)) {
+        for e in events {
+            let (stored, block) = match e {
+                Event::Stored(b) => (true, b),
+                Event::Removed(b) => (false, b),
+                Event::Cleared => {
+                    self.close(layout);
+                    layout.event(&mut self.body, &WireEvent::Cleared);
+                    self.events += 1;
+                    continue;
+                }
+            };
+            if self.open != Some(stored) {
+                self.close(layout);
+                self.open = Some(stored);
+            }
+            if let Block::Digest(d) = block {
+                if d.suffix != hf3fs_meta_core::key::Suffix::NONE && !self.seen.insert(d.bytes) {
+                    continue;
+                }
+            }
+            write(&mut self.run, block);
+            self.run_len += 1;
+        }
+    }
+
+    /// Ends the open run: its event goes into the body.
+    fn close(&mut self, layout: &Layout) {
+        let Some(stored) = self.open.take() else { return };
+        self.seen.clear();
+        if self.run_len == 0 {
+            return;
+        }
+        layout.head(&mut self.body, stored);
+        ok(rmp::encode::write_array_len(&mut self.body, self.run_len));
+        self.body.extend_from_slice(&self.run);
+        layout.tail(&mut self.body, stored);
+        self.run.clear();
+        self.run_len = 0;
+        self.events += 1;
+    }
+
+    /// Whether no event was written since the last batch.
+    pub fn is_empty(&self) -> bool {
+        self.events == 0 && self.run_len == 0
+    }
+
+    /// The events written so far, as one batch at `ts` (Unix seconds), and
+    /// how many events it holds; the writer starts over.
+    pub fn finish(&mut self, layout: &Layout, ts: f64) -> (Vec<u8>, u32) {
+        self.close(layout);
+        let mut out = Vec::with_capacity(self.body.len() + 24);
+        ok(rmp::encode::write_array_len(&mut out, 3));
+        ok(rmp::encode::write_f64(&mut out, ts));
+        ok(rmp::encode::write_array_len(&mut out, self.events));
+        out.extend_from_slice(&self.body);
+        uint(&mut out, u64::from(layout.dp_rank));
+        let n = self.events;
+        self.body.clear();
+        self.events = 0;
+        self.seen.clear();
+        (out, n)
     }
 }
 
@@ -286,6 +446,51 @@ mod tests {
         assert_eq!(hex(&got), want);
     }
 
+    fn block(s: &str) -> Block {
+        Block::of(KeyRef::parse(s)).unwrap()
+    }
+
+    #[test]
+    fn the_writer_writes_what_the_batch_of_its_runs_encodes() {
+        let a = block(&format!("{:032x}", 0xa1_u32));
+        let b = block(&format!("{:032x}", 0x1_0000_0000_u64));
+        let base = "ab".repeat(32);
+        let (k, v) = (block(&format!("{base}-k")), block(&format!("{base}-v")));
+        for format in [Format::Map, Format::Array] {
+            for form in [HashForm::U64, HashForm::Bytes, HashForm::Sglang] {
+                let l = layout(format);
+                let mut w = Writer::default();
+                assert!(w.is_empty());
+                // Two operations: their runs of stores merge; one
+                // operation's -k and -v name their block once, the next
+                // operation's -k again; a clear is an event of its own.
+                w.next_operation();
+                for e in [Event::Stored(a), Event::Stored(k), Event::Stored(v)] {
+                    w.push(&l, form, &e);
+                }
+                w.next_operation();
+                for e in [Event::Stored(b), Event::Stored(k), Event::Removed(a), Event::Cleared, Event::Removed(b)] {
+                    w.push(&l, form, &e);
+                }
+                assert!(!w.is_empty());
+                let (got, n) = w.finish(&l, 2.0);
+                let h = |x: &Block| form.of(x);
+                let want = [
+                    WireEvent::Stored(vec![h(&a), h(&k), h(&b), h(&k)]),
+                    WireEvent::Removed(vec![h(&a)]),
+                    WireEvent::Cleared,
+                    WireEvent::Removed(vec![h(&b)]),
+                ];
+                assert_eq!((hex(&got), n), (hex(&l.encode(2.0, &want)), 4), "{format:?} {form:?}");
+                // It starts over: the next batch holds only what follows.
+                assert!(w.is_empty());
+                w.push(&l, form, &Event::Removed(v));
+                let (got, n) = w.finish(&l, 3.0);
+                assert_eq!((hex(&got), n), (hex(&l.encode(3.0, &[WireEvent::Removed(vec![h(&v)])])), 1));
+            }
+        }
+    }
+
     #[test]
     fn integers_take_rmps_shortest_form() {
         for v in [0, 1, 0x7f, 0x80, 0xff, 0x100, 0xffff, 0x1_0000, u64::from(u32::MAX), 1 << 32, u64::MAX] {
@@ -298,18 +503,18 @@ mod tests {
 
     #[test]
     fn hashes_of_the_engines_keys() {
-        let v = KeyRef::parse("000102030405060708090a0b0c0d0e0f").to_key();
-        assert_eq!(HashForm::U64.of(&v), Some(BlockHash::U(0x08090a0b0c0d0e0f)));
-        assert_eq!(HashForm::Sglang.of(&v), Some(BlockHash::I(0x0001020304050607)));
-        assert_eq!(HashForm::Bytes.of(&v), Some(BlockHash::B((0u8..16).collect::<Vec<_>>().into())));
+        let v = Block::of(KeyRef::parse("000102030405060708090a0b0c0d0e0f")).unwrap();
+        assert_eq!(HashForm::U64.of(&v), BlockHash::U(0x08090a0b0c0d0e0f));
+        assert_eq!(HashForm::Sglang.of(&v), BlockHash::I(0x0001020304050607));
+        assert_eq!(HashForm::Bytes.of(&v), BlockHash::B((0u8..16).collect::<Vec<_>>().into()));
         // SGLang's key: the first 16 hex digits as a signed integer, as
         // SGLang's hash_str_to_int64 does; the suffixes name the base block.
         let base = "ff".repeat(8) + &"00".repeat(24);
         for k in [base.clone(), format!("{base}-k"), format!("{base}-v")] {
-            let key = KeyRef::parse(&k).to_key();
-            assert_eq!(HashForm::Sglang.of(&key), Some(BlockHash::I(-1)), "{k}");
-            assert_eq!(HashForm::U64.of(&key), Some(BlockHash::U(0)), "{k}");
+            let key = Block::of(KeyRef::parse(&k)).unwrap();
+            assert_eq!(HashForm::Sglang.of(&key), BlockHash::I(-1), "{k}");
+            assert_eq!(HashForm::U64.of(&key), BlockHash::U(0), "{k}");
         }
-        assert_eq!(HashForm::U64.of(&KeyRef::parse("not a digest").to_key()), None);
+        assert_eq!(Block::of(KeyRef::parse("not a digest")), None);
     }
 }

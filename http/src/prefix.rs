@@ -34,6 +34,13 @@ fn split_keys<'a>(keys: &[KeyRef<'a>]) -> Result<Vec<KeyRef<'a>>, DecodeError> {
 /// `POST /keys/longest_prefix`.
 pub(crate) fn longest_prefix(mut c: Call<'_>) -> Result<Reply, Reply> {
     let (s, body) = (c.scratch, &mut c.body);
+    if let Some(keys) = s.decoder.longest_prefix_hex(body, c.limits) {
+        // A router's chain of vLLM keys: decoded and probed in one pass.
+        let p = c.registry.vllm().prefix_batch(keys);
+        let mut out = Vec::with_capacity(48 + p.ranks.len() * 4);
+        encode::longest_prefix(&mut out, p.complete, keys.len(), &p.ranks);
+        return Ok(Reply::json(StatusCode::OK, out, keys.len()));
+    }
     let req = s.decoder.longest_prefix(body, c.limits)?;
     let split = matches!(req.dialect, PrefixDialect::Sglang { split: true, .. });
     // The chain as the keys the engine stores, and how many keys make a block.

@@ -14,7 +14,7 @@
 //!    is published. The commit cannot fail.
 
 use super::super::error::{ConfirmError, ErrorCode};
-use super::super::events::{reported, Event};
+use super::super::events::{Block, Event};
 use super::super::index::{Bind, Delta, KeyIndex};
 use super::super::journal::Change;
 use super::super::key::KeyRef;
@@ -103,7 +103,7 @@ impl<'a> Commit<'a> {
     /// A commit on rank `r`, whose table is `table`, of generation `current`.
     #[inline]
     pub(super) fn new(store: &'a Store, current: &'a Generation, table: &'a PageTable, r: u32) -> Commit<'a> {
-        let events = store.events().map(|_| Vec::new());
+        let events = store.events().map(|e| e.buffer(0));
         Commit { store, current, table, r, delta: Delta::default(), freed: 0, events }
     }
 
@@ -189,7 +189,9 @@ impl<'a> Commit<'a> {
         // once the batch is handed on (`crate::events`).
         let mut deferred: Vec<u32> = Vec::new();
         if let Some(ev) = &mut self.events {
-            ev.reserve(confirmations.len());
+            if ev.capacity() < confirmations.len() {
+                ev.reserve(confirmations.len());
+            }
             deferred.reserve(confirmations.len());
         }
         let mut binder = current.index.binder(confirmations.len());
@@ -231,8 +233,10 @@ impl<'a> Commit<'a> {
                             // delta) is a store, and the page is published
                             // BOUND only once the batch is handed on.
                             Some(ev) => {
-                                if self.delta.complete > complete && reported(*k) {
-                                    ev.push(Event::Stored(k.to_key()));
+                                if self.delta.complete > complete {
+                                    if let Some(b) = Block::of(*k) {
+                                        ev.push(Event::Stored(b));
+                                    }
                                 }
                                 complete = self.delta.complete;
                                 deferred.push(page);
@@ -334,16 +338,16 @@ impl Commit<'_> {
         // With a sink: the key, exact while the page is held, and whether
         // this unbinding made it incomplete (the delta says).
         let before = self.delta.complete;
-        let key = self.events.as_ref().and_then(|_| match owner {
-            Owner::Id(id) => current.index.key_of(&Owned::Id(id)),
-            Owner::Key(k) => reported(k).then(|| k.to_key()),
+        let block = self.events.as_ref().and_then(|_| match owner {
+            Owner::Id(id) => current.index.key_of(&Owned::Id(id)).as_ref().and_then(Block::of_key),
+            Owner::Key(k) => Block::of(k),
         });
         // The deadline read again with the unbinding, in one step under the
         // key's lock.
         let deadline = current.index.unbind_owner(owner, r, page, &mut self.delta, |deadline| deadline);
-        if let (Some(key), Some(ev)) = (key, &mut self.events) {
-            if self.delta.complete < before && reported(key.as_ref()) {
-                ev.push(Event::Removed(key));
+        if let (Some(block), Some(ev)) = (block, &mut self.events) {
+            if self.delta.complete < before {
+                ev.push(Event::Removed(block));
             }
         }
         debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");

@@ -270,8 +270,10 @@ impl Store {
             delta.complete -= i64::from(e.complete());
             // Handed on under the key's lock: a binding that makes the key
             // complete again publishes after it (`crate::events`).
-            if e.complete() && self.events().is_some() && super::super::events::reported(k) {
-                self.emit(current.id, vec![super::super::events::Event::Removed(k.to_key())]);
+            if let (true, Some(sink), Some(b)) = (e.complete(), self.events(), super::super::events::Block::of(k)) {
+                let mut batch = sink.buffer(1);
+                batch.push(super::super::events::Event::Removed(b));
+                self.emit(current.id, batch);
             }
             true
         });

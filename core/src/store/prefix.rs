@@ -8,9 +8,10 @@
 //! rank it also counts the leading keys that rank holds a page for, so a
 //! rank whose saves lag the others shows up.
 
+use super::super::index::{BatchKey, EntryRef};
 use super::super::key::KeyRef;
 use super::super::sync::Ordering;
-use super::Store;
+use super::{Generation, Store};
 
 /// The answer of [`Store::prefix_keys`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -33,6 +34,23 @@ impl Store {
         let index = current.index.reader();
         let mut entries = Vec::with_capacity(keys.len());
         index.entries(keys, |&k| k, &mut entries);
+        self.prefix_of(&current, &entries)
+    }
+
+    /// [`Self::prefix_keys`] of keys all of one compact kind (vLLM's 32-hex
+    /// digests as the numbers they spell, or SGLang's digests), each probed
+    /// once in one pass, as [`Self::exists_batch`] probes them.
+    pub fn prefix_batch<K: BatchKey>(&self, keys: &[K]) -> Prefix {
+        let current = self.current.load();
+        let index = current.index.reader();
+        let mut hits = Vec::with_capacity(keys.len());
+        index.hits(keys, &mut hits);
+        let entries: Vec<Option<EntryRef<'_>>> = hits.iter().map(|&h| index.entry_of::<K>(h)).collect();
+        self.prefix_of(&current, &entries)
+    }
+
+    /// The runs of [`Prefix`] over the entries of a chain's keys.
+    fn prefix_of(&self, current: &Generation, entries: &[Option<EntryRef<'_>>]) -> Prefix {
         let complete = entries.iter().take_while(|e| e.is_some_and(|e| e.complete())).count();
         let world = self.cfg.world_size.unwrap_or_else(|| current.initialized.load(Ordering::Relaxed));
         // Past the complete run, each rank's run goes on while it holds a page.
@@ -85,5 +103,21 @@ mod tests {
         assert_eq!(s.prefix_keys(&[]), Prefix { complete: 0, ranks: vec![0, 0] });
         store_on(&s, 1, &keys[2..3]);
         assert_eq!(s.prefix_keys(&refs), Prefix { complete: 5, ranks: vec![5, 5] });
+    }
+
+    #[test]
+    fn the_one_pass_probe_answers_what_the_classified_keys_do() {
+        let s = Store::new(StoreConfig { world_size: Some(2), ..StoreConfig::default() });
+        s.initialize(0, 16).unwrap();
+        s.initialize(1, 16).unwrap();
+        let keys: Vec<String> = (0..6).map(key).collect();
+        store_on(&s, 0, &keys[..5]);
+        store_on(&s, 1, &[keys[0].clone(), keys[1].clone(), keys[3].clone()]);
+        let refs: Vec<KeyRef<'_>> = keys.iter().map(|k| KeyRef::parse(k)).collect();
+        let hex: Vec<u128> = keys.iter().map(|k| u128::from_str_radix(k, 16).unwrap()).collect();
+        for n in 0..=keys.len() {
+            assert_eq!(s.prefix_batch(&hex[..n]), s.prefix_keys(&refs[..n]), "{n} keys");
+        }
+        assert_eq!(s.prefix_batch(&hex), Prefix { complete: 2, ranks: vec![5, 2] });
     }
 }

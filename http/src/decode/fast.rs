@@ -124,6 +124,8 @@ pub(super) const CONFIRM: Spec = Spec {
 /// `longest_prefix` as a router sends a chain of keys: `{"keys": [...]}`
 /// alone (token ids, a dialect or any other field go to simd-json).
 pub(super) const PREFIX_KEYS: Spec = Spec { fields: &[(b"keys", Value::Lookup)], required: 0b1 };
+/// [`PREFIX_KEYS`] of 32-hex keys only ([`Value::Hex`]).
+pub(super) const PREFIX_KEYS_HEX: Spec = Spec { fields: &[(b"keys", Value::Hex)], required: 0b1 };
 /// SGLang's `delete_keys`.
 pub(super) const SPACE_KEYS: Spec =
     Spec { fields: &[(b"keys", Value::Keys), (b"namespace", Value::Namespace)], required: 0b1 };

@@ -93,6 +93,15 @@ fn bounded(
 }
 
 impl Decoder {
+    /// `{"keys": [key, ...]}` of vLLM's 32-hex keys and nothing else, each
+    /// key as the number its digits spell (one pass, as `batch_exists`'s
+    /// [`Self::exists_hex`]); `None` for any other body, which
+    /// [`Self::longest_prefix`] decodes (the same chain, classified).
+    pub fn longest_prefix_hex<B: Input + ?Sized>(&mut self, body: &B, limits: Limits) -> Option<&[u128]> {
+        self.scan(body.bytes(), &fast::PREFIX_KEYS_HEX, limits)?;
+        Some(self.scratch.hex())
+    }
+
     /// Decodes `{"keys": [str, ...]}` or `{"token_ids": [int, ...],
     /// "block_size": int}`, with the optional `dialect` (`"vllm"` or
     /// `"sglang"`) and SGLang's `namespace`, `world_size`, `extra_key`,
