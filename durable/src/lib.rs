@@ -442,6 +442,21 @@ impl Durable {
         self.stop(true)
     }
 
+    /// Flushes the current keyspace's memtables to segment files now, as
+    /// fjall does by itself once they grow large (a new segment written
+    /// and synced, the tree's manifest rewritten, the journal rotated and
+    /// the old one removed): for the crash-state explorer, whose runs are
+    /// too short to reach that size.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn flush_memtables(&self) -> Result<(), String> {
+        let db = self.shared.db.load_full();
+        let parts = db.parts();
+        for p in [&parts.log, &parts.state] {
+            p.rotate_memtable_and_wait().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     /// [`Durable::close`] without the last checkpoint: what is on disk is
     /// then what a crash right after the last write would leave (the log
     /// tail not yet folded). For recovery tests.

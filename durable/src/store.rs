@@ -61,7 +61,8 @@ pub struct OpenReport {
     /// Bytes of journal tail fjall discarded as incomplete (a batch the
     /// process was writing when it died), if any.
     pub dropped_tail_bytes: u64,
-    /// Partitions of older generations removed (a crash during a `/clear`).
+    /// Partitions removed of older generations, or of the next one whose
+    /// creation a crash cut short (a crash during a `/clear`).
     pub stale_partitions: usize,
     /// Keyspace directories removed: abandoned by a recovery, or a fresh
     /// one whose writing a crash interrupted.
@@ -214,6 +215,8 @@ impl Db {
         if name == FIRST && !path.exists() {
             create_first(dir, &path)?;
         }
+        report.stale_partitions = remove_unfinished_partitions(&path)
+            .map_err(|e| OpenError::Io(format!("cannot remove an unfinished partition in {}: {e}", path.display())))?;
         let before = journal_ends(&path);
         let corrupt = |e: String| OpenError::Corrupt(format!("{}: {e}", path.display()));
         let keyspace = guarded(|| open_keyspace(&path)).map_err(corrupt)?.map_err(|e| match e {
@@ -359,6 +362,36 @@ impl Db {
         self.keyspace.delete_partition(old.state)?;
         Ok(log)
     }
+}
+
+/// Removes the partitions of the keyspace at `keyspace` whose creation a
+/// crash cut short, and returns how many. fjall takes a partition whose
+/// directory holds lsm-tree's `manifest` as made, but lsm-tree writes its
+/// `levels` after it (synced, then renamed into place): a crash in between
+/// leaves a partition fjall cannot open (`levels` missing, or the manifest
+/// not yet written), and every later start-up would refuse the directory
+/// (the crash-state explorer, forgetfs/tests/explore.rs, found it on a
+/// `/clear`). Nothing is ever written to a partition before its creation
+/// returned, so such a partition holds nothing; one marked deleted is
+/// fjall's to remove.
+fn remove_unfinished_partitions(keyspace: &Path) -> std::io::Result<usize> {
+    let dir = keyspace.join("partitions");
+    let entries = match std::fs::read_dir(&dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        r => r?,
+    };
+    let mut removed = 0;
+    for e in entries {
+        let p = e?.path();
+        if p.is_dir() && !p.join(".deleted").exists() && !p.join("levels").exists() {
+            std::fs::remove_dir_all(&p)?;
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        sync_dir(&dir)?;
+    }
+    Ok(removed)
 }
 
 /// fsyncs the directory `dir`: the names in it become durable.

@@ -517,25 +517,60 @@ impl Model {
                 continue;
             }
             let Some(node) = self.nodes.get(&ino) else { continue };
-            let mut c = node.durable.clone();
-            if !node.pending.is_empty() {
-                let keep = choice(ino, &node.pending);
-                let n = keep.changes.min(node.pending.len());
-                for (i, ch) in node.pending[..n].iter().enumerate() {
-                    match (ch, keep.torn) {
-                        (FsChange::Write { off, data }, Some(t)) if i + 1 == n => {
-                            FsChange::Write { off: *off, data: data[..t.min(data.len())].to_vec() }.apply(&mut c)
-                        }
-                        _ => ch.apply(&mut c),
-                    }
-                }
-            }
+            let c = if node.pending.is_empty() {
+                node.durable.clone()
+            } else {
+                Self::keep(node, choice(ino, &node.pending))
+            };
             if let Content::Dir(e) = &c {
                 stack.extend(e.values().copied());
             }
             nodes.insert(ino, c);
         }
         Image { nodes }
+    }
+
+    /// What a crash keeps of one inode: its durable content with `keep` of
+    /// its pending changes applied.
+    fn keep(node: &Inode, keep: Keep) -> Content {
+        let mut c = node.durable.clone();
+        let n = keep.changes.min(node.pending.len());
+        for (i, ch) in node.pending[..n].iter().enumerate() {
+            match (ch, keep.torn) {
+                (FsChange::Write { off, data }, Some(t)) if i + 1 == n => {
+                    FsChange::Write { off: *off, data: data[..t.min(data.len())].to_vec() }.apply(&mut c)
+                }
+                _ => ch.apply(&mut c),
+            }
+        }
+        c
+    }
+
+    /// What a crash that keeps `keep` of `ino`'s pending changes leaves
+    /// of `ino` (its durable content when it has none): the crash-state
+    /// explorer's per-inode piece of [`Model::crash_image`].
+    pub fn kept(&self, ino: Ino, keep: Keep) -> Option<Content> {
+        self.nodes.get(&ino).map(|n| if n.pending.is_empty() { n.durable.clone() } else { Self::keep(n, keep) })
+    }
+
+    /// What `ino` holds on disk now (as of its last fsync).
+    pub fn durable(&self, ino: Ino) -> Option<&Content> {
+        self.nodes.get(&ino).map(|n| &n.durable)
+    }
+
+    /// Every crash state POSIX allows of one inode's pending changes, in
+    /// the model's terms: any prefix of them (none to all, in the order
+    /// they were made), and each prefix whose last change is a write also
+    /// with that write torn at every `sector` boundary inside it.
+    pub fn every_keep(pending: &[FsChange], sector: u64) -> Vec<Keep> {
+        let mut out = vec![Keep::NONE];
+        for (i, ch) in pending.iter().enumerate() {
+            if let FsChange::Write { off, data } = ch {
+                out.extend(tears(*off, data.len(), sector).into_iter().map(|t| Keep { changes: i + 1, torn: Some(t) }));
+            }
+            out.push(Keep { changes: i + 1, torn: None });
+        }
+        out
     }
 
     /// The state now, as a crash that kept everything would leave it

@@ -20,13 +20,23 @@
 //! state chunks and deletes log entries), and SGLang's spaces (the catalog
 //! file, appended and fdatasynced before each space is journaled).
 //!
-//! Bounded by default (CI: a few hundred states, seconds); the whole
-//! enumeration with `HF3FS_META_EXPLORE=full` (docs/reliability.md).
-//! Needs root and /dev/fuse, like tests/rules.rs.
+//! Bounded by default (CI: 6 steps, 40 positions, the states above: a few
+//! hundred, seconds). `HF3FS_META_EXPLORE=full` enumerates every crash
+//! state instead: 40 steps, every fsync of the run, and at each the product
+//! over the inodes with pending changes of each one's crash states
+//! ([`Model::every_keep`]: any prefix of its changes, the last kept write
+//! torn at any 512-byte boundary; keeps leaving an inode the same bytes
+//! are one), every different image opened once (docs/reliability.md has
+//! the counts). A crash between two fsyncs is one of the next fsync's
+//! states (nothing became durable in between), checked against no fewer
+//! acknowledgements. Not enumerated: one file's unsynced writes reaching
+//! the disk out of their order (a later write kept, an earlier one not).
+//! `HF3FS_META_EXPLORE_DUMP=1` prints each run's recorded log (to read a
+//! failure's position). Needs root and /dev/fuse, like tests/rules.rs.
 
 use hf3fs_meta_core::{Clock, LeaseLength, Spaces, SpacesConfig, Store, StoreConfig};
 use hf3fs_meta_durable::{self as durable, Durable, FsyncMode, Options};
-use hf3fs_meta_forgetfs::model::{tears, FsChange, FsOp, Ino, Keep};
+use hf3fs_meta_forgetfs::model::{tears, Content, FsChange, FsOp, Ino, Keep};
 use hf3fs_meta_forgetfs::{unavailable, Model, Mount, Names};
 use std::collections::HashMap;
 use std::path::Path;
@@ -35,6 +45,10 @@ use std::time::{Duration, Instant};
 
 const FAILSAFE: Duration = Duration::from_secs(30);
 const DATA: &str = "data";
+
+/// The most combinations of one position the full enumeration walks (a
+/// digest each; only the different images are opened).
+const MAX_COMBINATIONS: u64 = 1 << 24;
 
 /// What a client could see of the state: compared between the run and a
 /// recovered crash state.
@@ -137,6 +151,23 @@ impl Workload for Vllm {
             ack(vllm_view(&s));
             if self.checkpoints && i % 3 == 2 {
                 d.checkpoint().expect("checkpoint");
+                ack(vllm_view(&s));
+            }
+            if self.checkpoints && i % 6 == 5 {
+                // What fjall does once a memtable is large: segment files,
+                // a new manifest, the journal rotated.
+                d.flush_memtables().expect("flush");
+                ack(vllm_view(&s));
+            }
+            if self.checkpoints && i == self.steps / 2 {
+                // A `/clear`: the next generation's partitions, the old
+                // ones dropped; then rank 0 again.
+                s.clear();
+                sync(&d);
+                ack(vllm_view(&s));
+                bound.clear();
+                s.initialize(0, 32).expect("initialize");
+                sync(&d);
                 ack(vllm_view(&s));
             }
         }
@@ -244,6 +275,14 @@ fn record(w: &dyn Workload) -> Run {
     }
     steps[0].view = w.recover_empty();
     let log = fs.with(|m| m.log().to_vec());
+    if std::env::var_os("HF3FS_META_EXPLORE_DUMP").is_some() {
+        for (i, op) in log.iter().enumerate() {
+            match op {
+                FsOp::Write { ino, off, data } => eprintln!("{i}: write {ino} @{off} +{}", data.len()),
+                o => eprintln!("{i}: {o:?}"),
+            }
+        }
+    }
     fs.unmount().expect("unmount");
     Run { log, steps }
 }
@@ -310,9 +349,127 @@ fn spaced(r: std::ops::Range<usize>, cap: usize) -> Vec<usize> {
 /// What one exploration found.
 struct Found {
     positions: usize,
-    states: usize,
+    /// Crash states tried: in full, every combination the rules allow
+    /// (the product over the inodes of each one's crash states).
+    states: u128,
+    /// Of them, different in some inode's content (what was enumerated).
+    different: u64,
     distinct: usize,
     failures: Vec<String>,
+}
+
+/// One inode's piece of a crash image, for the digest of a combination.
+#[derive(Clone)]
+enum Piece {
+    File(u64),
+    Dir(Vec<(std::ffi::OsString, Ino)>),
+}
+
+fn piece(c: &Content) -> Piece {
+    use std::hash::{Hash, Hasher};
+    match c {
+        Content::File(b) => {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            let used = b.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
+            (b.len(), &b[..used]).hash(&mut h);
+            Piece::File(h.finish())
+        }
+        Content::Dir(e) => Piece::Dir(e.iter().map(|(n, i)| (n.clone(), *i)).collect()),
+    }
+}
+
+fn same(a: &Piece, b: &Piece) -> bool {
+    match (a, b) {
+        (Piece::File(x), Piece::File(y)) => x == y,
+        (Piece::Dir(x), Piece::Dir(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// Every crash state of one position, for the full enumeration: for each
+/// inode with pending changes, its crash states ([`Model::every_keep`]:
+/// any prefix of its changes, the last kept write torn at any 512-byte
+/// boundary) folded to those that differ in what the inode holds (two
+/// keeps leaving the same bytes, or the same entries, are one state of
+/// it); the combinations are their product.
+struct Product {
+    inos: Vec<Ino>,
+    /// Per inode: its different kept contents, each with one keep.
+    keeps: Vec<Vec<(Keep, Piece)>>,
+    /// The combinations the rules allow, before the folding.
+    allowed: u128,
+    /// The pieces of inodes without pending changes (their durable content).
+    settled: HashMap<Ino, Piece>,
+}
+
+impl Product {
+    fn new(model: &Model, pending: &[(Ino, &[FsChange])]) -> Self {
+        let mut p = Product { inos: Vec::new(), keeps: Vec::new(), allowed: 1, settled: HashMap::new() };
+        for (ino, changes) in pending {
+            let every = Model::every_keep(changes, 512);
+            p.allowed = p.allowed.saturating_mul(every.len() as u128);
+            let mut kinds: Vec<(Keep, Piece)> = Vec::new();
+            for k in every {
+                let pc = piece(&model.kept(*ino, k).expect("a pending inode"));
+                if !kinds.iter().any(|(_, q)| same(q, &pc)) {
+                    kinds.push((k, pc));
+                }
+            }
+            p.inos.push(*ino);
+            p.keeps.push(kinds);
+        }
+        p
+    }
+
+    fn different(&self) -> u64 {
+        self.keeps.iter().map(|k| k.len() as u64).product()
+    }
+
+    /// The digest of the image combination `pick` (an index per inode)
+    /// leaves: its paths and their contents, as [`Image::digest`] hashes them.
+    fn digest(&mut self, model: &Model, pick: &[usize]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut stack = vec![(hf3fs_meta_forgetfs::model::ROOT, String::new())];
+        while let Some((ino, path)) = stack.pop() {
+            path.hash(&mut h);
+            let pc = match self.inos.iter().position(|i| *i == ino) {
+                Some(at) => self.keeps[at][pick[at]].1.clone(),
+                None => match self.settled.get(&ino) {
+                    Some(pc) => pc.clone(),
+                    None => match model.durable(ino) {
+                        Some(c) => self.settled.entry(ino).or_insert_with(|| piece(c)).clone(),
+                        None => continue,
+                    },
+                },
+            };
+            match pc {
+                Piece::File(d) => d.hash(&mut h),
+                Piece::Dir(e) => {
+                    for (name, child) in e.iter().rev() {
+                        stack.push((child.to_owned(), format!("{path}/{}", name.to_string_lossy())));
+                    }
+                }
+            }
+        }
+        h.finish()
+    }
+
+    fn keep(&self, pick: &[usize]) -> HashMap<Ino, Keep> {
+        self.inos.iter().enumerate().map(|(at, ino)| (*ino, self.keeps[at][pick[at]].0)).collect()
+    }
+
+    /// The next combination after `pick` (an odometer), `false` after the last.
+    fn advance(&self, pick: &mut [usize]) -> bool {
+        for (at, p) in pick.iter_mut().enumerate() {
+            *p += 1;
+            if *p < self.keeps[at].len() {
+                return true;
+            }
+            *p = 0;
+        }
+        false
+    }
 }
 
 fn explore(w: &dyn Workload) -> Found {
@@ -329,7 +486,7 @@ fn explore(w: &dyn Workload) -> Found {
         positions = keep.into_iter().map(|i| positions[i]).collect();
     }
     let mut recovered: HashMap<u64, Result<View, String>> = HashMap::new();
-    let (mut states, mut failures) = (0, Vec::new());
+    let (mut states, mut different, mut failures) = (0u128, 0u64, Vec::new());
     let mut at = 0;
     for &p in &positions {
         while at < p {
@@ -339,10 +496,39 @@ fn explore(w: &dyn Workload) -> Found {
         let acked = run.steps.iter().filter(|s| s.acked <= p).count().saturating_sub(1);
         let begun = run.steps.iter().filter(|s| s.begun < p).count().saturating_sub(1);
         let pending = model.pending();
-        for (what, keep) in choices(&pending, full) {
-            states += 1;
-            let image = model.crash_image(&|ino, _| keep.get(&ino).copied().unwrap_or(Keep::NONE));
-            let result = recovered.entry(image.digest()).or_insert_with(|| {
+        let mut tries: Vec<(u64, String, HashMap<Ino, Keep>)> = Vec::new();
+        if full {
+            let mut product = Product::new(&model, &pending);
+            assert!(
+                product.different() <= MAX_COMBINATIONS,
+                "{}: {} combinations before op {p}, more than the full enumeration takes ({MAX_COMBINATIONS})",
+                w.name(),
+                product.different()
+            );
+            states += product.allowed;
+            different += product.different();
+            let mut pick = vec![0; product.inos.len()];
+            let mut seen = std::collections::HashSet::new();
+            loop {
+                let digest = product.digest(&model, &pick);
+                if seen.insert(digest) {
+                    tries.push((digest, format!("keeps {:?}", product.keep(&pick)), product.keep(&pick)));
+                }
+                if !product.advance(&mut pick) {
+                    break;
+                }
+            }
+        } else {
+            for (what, keep) in choices(&pending, full) {
+                states += 1;
+                different += 1;
+                let image = model.crash_image(&|ino, _| keep.get(&ino).copied().unwrap_or(Keep::NONE));
+                tries.push((image.digest(), what, keep));
+            }
+        }
+        for (digest, what, keep) in tries {
+            let result = recovered.entry(digest).or_insert_with(|| {
+                let image = model.crash_image(&|ino, _| keep.get(&ino).copied().unwrap_or(Keep::NONE));
                 let d = tempfile::tempdir().expect("tempdir");
                 image.write_to(d.path()).expect("materialize");
                 w.recover(&d.path().join(DATA))
@@ -364,7 +550,7 @@ fn explore(w: &dyn Workload) -> Found {
             }
         }
     }
-    Found { positions: positions.len(), states, distinct: recovered.len(), failures }
+    Found { positions: positions.len(), states, different, distinct: recovered.len(), failures }
 }
 
 fn check(w: &dyn Workload) {
@@ -379,10 +565,12 @@ fn check(w: &dyn Workload) {
     let t0 = Instant::now();
     let f = explore(w);
     let summary = format!(
-        "crash-state explorer, {}: {} crash states at {} positions ({} distinct images opened), {} failed, {:.1} s",
+        "crash-state explorer{}, {}: {} crash states at {} positions ({} differing in some inode, {} distinct images opened), {} failed, {:.1} s",
+        if full() { " (full)" } else { "" },
         w.name(),
         f.states,
         f.positions,
+        f.different,
         f.distinct,
         f.failures.len(),
         t0.elapsed().as_secs_f64()

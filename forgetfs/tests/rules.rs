@@ -302,3 +302,45 @@ fn the_last_file_fsync_is_stamped() {
     b.sync_data().unwrap();
     assert!(f.fs.last_sync_in(Path::new("d")).expect("both synced") > in_d);
 }
+
+/// The full crash-state explorer's states of one inode (the model alone,
+/// no mount): the durable content plus any prefix of the pending changes,
+/// each prefix ending in a write also with that write torn at every
+/// sector boundary inside it, and nothing else.
+#[test]
+fn an_inodes_crash_states_are_its_prefixes_and_their_torn_last_writes() {
+    use hf3fs_meta_forgetfs::model::{Content, Keep, ROOT};
+    let mut m = Model::new(Names::Strict, false);
+    let f = m.make(ROOT, "f".as_ref(), false, 0o644).expect("make");
+    m.write(f, 0, b"ab").expect("write");
+    m.sync(f).expect("fsync");
+    m.write(f, 0, &[1; 1024]).expect("write"); // one boundary inside: 512
+    m.set_len(f, 100).expect("truncate");
+    m.write(f, 1000, &[2; 600]).expect("write"); // 1024 and 1536: 24 and 536 bytes in
+    let pending = m.pending();
+    let (_, changes) = pending.iter().find(|(i, _)| *i == f).expect("pending");
+    let keep = |changes, torn| Keep { changes, torn };
+    assert_eq!(
+        Model::every_keep(changes, 512),
+        [
+            Keep::NONE,
+            keep(1, Some(512)),
+            keep(1, None),
+            keep(2, None),
+            keep(3, Some(24)),
+            keep(3, Some(536)),
+            keep(3, None)
+        ]
+    );
+    let file = |k| match m.kept(f, k) {
+        Some(Content::File(b)) => b,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(file(Keep::NONE), b"ab", "nothing unsynced: the last fsync's content");
+    assert_eq!(file(keep(1, Some(512))), [1; 512], "torn: the first sector of the write only");
+    assert_eq!(file(keep(2, None)), [1; 100], "the truncation after the write");
+    let torn = file(keep(3, Some(24)));
+    assert_eq!((torn.len(), &torn[..100], &torn[1000..]), (1024, &[1; 100][..], &[2; 24][..]));
+    assert!(torn[100..1000].iter().all(|b| *b == 0), "the extension is zeros");
+    assert_eq!(m.durable(f), Some(&Content::File(b"ab".to_vec())), "the durable content itself is untouched");
+}
