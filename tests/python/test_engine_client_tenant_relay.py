@@ -22,9 +22,8 @@ import subprocess
 import requests
 
 from server_process import free_loopback_port, server_binary
-from test_engine_client_tenants import VllmDeployment
+from test_engine_client_tenants import VllmDeployment, same_prompt_in_two
 from test_engine_client_tls import make_certs
-from test_engine_client_vllm import block_hashes
 from test_ha_relay import spawn, wait_until
 
 TIMEOUT_S = 30.0
@@ -84,14 +83,7 @@ def test_two_vllm_deployments_through_their_tenant_relays_never_share_a_page(tmp
 
         va = VllmDeployment("vllm-a", vllm_cls, url_a)
         vb = VllmDeployment("vllm-b", vllm_cls, url_b)
-        prompt = block_hashes(16, "the same system prompt")
-        va.save(prompt[:10])
-        # b has seen none of a's blocks: no hit, though the keys are the same.
-        assert vb.hits(prompt) == 0
-        vb.save(prompt)
-        assert va.hits(prompt) == 10 and vb.hits(prompt) == 16
-        va.load(prompt[:10])
-        vb.load(prompt)
+        same_prompt_in_two(va, vb)
 
         # A relay for vllm-a whose certificate no tenant lists, to the
         # server's port, would land on the tenant `default`: it refuses to
