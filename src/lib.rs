@@ -134,6 +134,11 @@ impl App {
         service.durable = durable.clone().map(|d| Arc::new(layers::Stores(d)) as Arc<dyn http::DurabilityHook>);
         service.test_clock = test_clock.clone().map(|c| c as Arc<dyn http::TestClockHook>);
         let tenants = tenants.map(Arc::new);
+        if let Some(t) = &tenants {
+            // POST /tenants/reload reloads as SIGHUP does.
+            let weak: std::sync::Weak<tenants::Runtime> = Arc::downgrade(t);
+            t.tenants.set_reloader(weak);
+        }
         service.tenants = tenants.as_ref().map(|t| t.tenants.clone());
         Self { cfg, durable, ha: None, test_clock, tenants, events: None, http: Arc::new(service) }
     }

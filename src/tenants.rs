@@ -78,6 +78,12 @@ pub struct TenantSpec {
     /// The first initialize of a rank or space fixes its page count.
     #[serde(default)]
     pub strict_layout: bool,
+    /// Its ranks are 0 to this, exclusive (`--max-ranks` for the tenant).
+    pub max_ranks: Option<u32>,
+    /// The SGLang page spaces it may have (`--max-spaces` for the tenant).
+    pub max_spaces: Option<u32>,
+    /// Its data requests in flight at once; one more is a 429 `tenant_busy`.
+    pub max_concurrent_requests: Option<u32>,
 }
 
 fn yes() -> bool {
@@ -93,6 +99,9 @@ impl Default for TenantSpec {
             max_keys: None,
             max_pages_per_rank: None,
             strict_layout: false,
+            max_ranks: None,
+            max_spaces: None,
+            max_concurrent_requests: None,
         }
     }
 }
@@ -140,6 +149,18 @@ pub fn parse(text: &str) -> Result<TenantsFile, String> {
             if p == 0 || p == u32::MAX {
                 return Err(format!("[tenants.{name}]: max_pages_per_rank must be between 1 and {}", u32::MAX - 1));
             }
+        }
+        for (key, v) in [
+            ("max_ranks", spec.max_ranks),
+            ("max_spaces", spec.max_spaces),
+            ("max_concurrent_requests", spec.max_concurrent_requests),
+        ] {
+            if v == Some(0) {
+                return Err(format!("[tenants.{name}]: {key} must be at least 1 (leave it out for no limit)"));
+            }
+        }
+        if spec.max_ranks.is_some_and(|r| r > 65_535) {
+            return Err(format!("[tenants.{name}]: max_ranks must be between 1 and 65535"));
         }
         if !spec.enabled {
             continue;
@@ -325,12 +346,17 @@ impl Runtime {
         // Check everything before changing anything.
         for (name, spec) in file.tenants.iter().filter(|(_, s)| s.enabled) {
             if let Some(l) = live.get(name) {
-                if l.spec.max_pages_per_rank != spec.max_pages_per_rank {
-                    return Err(format!(
-                        "[tenants.{name}]: max_pages_per_rank of a served tenant changes only with a restart \
-                         (it is {:?}, the file says {:?})",
-                        l.spec.max_pages_per_rank, spec.max_pages_per_rank
-                    ));
+                for (key, was, is) in [
+                    ("max_pages_per_rank", l.spec.max_pages_per_rank, spec.max_pages_per_rank),
+                    ("max_ranks", l.spec.max_ranks, spec.max_ranks),
+                    ("max_spaces", l.spec.max_spaces, spec.max_spaces),
+                ] {
+                    if was != is {
+                        return Err(format!(
+                            "[tenants.{name}]: {key} of a served tenant changes only with a restart (it is {was:?}, \
+                             the file says {is:?})"
+                        ));
+                    }
                 }
             }
         }
@@ -417,12 +443,20 @@ impl Runtime {
     }
 }
 
+/// `POST /tenants/reload` reloads as SIGHUP does.
+impl t::Reload for Runtime {
+    fn reload(&self) -> Result<Vec<String>, String> {
+        Runtime::reload(self)
+    }
+}
+
 /// The same tenant with `spec`'s limits (a reload): its state and counters
 /// are kept.
 fn with_limits(old: &Tenant, spec: &TenantSpec) -> Tenant {
     Tenant {
         max_keys: spec.max_keys,
         strict_layout: spec.strict_layout,
+        max_concurrent: spec.max_concurrent_requests,
         counters: old.counters.clone(),
         ..Tenant::new(&old.name, old.registry.clone(), old.durable.clone())
     }
@@ -444,6 +478,12 @@ fn open_tenant(cfg: &Config, name: &str, spec: &TenantSpec) -> Result<Live, dura
         if let Some(p) = spec.max_pages_per_rank {
             cfg.max_pages_per_rank = p;
         }
+        if let Some(r) = spec.max_ranks {
+            cfg.max_ranks = r;
+        }
+        if let Some(n) = spec.max_spaces {
+            cfg.max_spaces = n;
+        }
         match &cfg.data_dir {
             Some(dir) => {
                 let dir = dir.join(SUBDIR).join(name);
@@ -455,8 +495,12 @@ fn open_tenant(cfg: &Config, name: &str, spec: &TenantSpec) -> Result<Live, dura
         }
     };
     let hook = durable.clone().map(|d| Arc::new(layers::Stores(d)) as Arc<dyn http::DurabilityHook>);
-    let tenant =
-        Tenant { max_keys: spec.max_keys, strict_layout: spec.strict_layout, ..Tenant::new(name, registry, hook) };
+    let tenant = Tenant {
+        max_keys: spec.max_keys,
+        strict_layout: spec.strict_layout,
+        max_concurrent: spec.max_concurrent_requests,
+        ..Tenant::new(name, registry, hook)
+    };
     Ok(Live { spec: spec.clone(), tenant: Arc::new(tenant), durable, listener: None })
 }
 
@@ -533,6 +577,9 @@ mod tests {
                 "listen address 127.0.0.1:1 is given",
             ),
             ("[tenants.a]\nmax_pages_per_rank = 0\n", "max_pages_per_rank must be"),
+            ("[tenants.a]\nmax_ranks = 70000\n", "max_ranks must be between 1 and 65535"),
+            ("[tenants.a]\nmax_spaces = 0\n", "max_spaces must be at least 1"),
+            ("[tenants.a]\nmax_concurrent_requests = 0\n", "max_concurrent_requests must be at least 1"),
             ("[other]\n", "unknown field `other`"),
             ("[tenants.a\n", "line 1, column"),
             ("[tenants.a]\nlisten = 7\n", "line 2, column 10 (`listen = 7`): invalid type"),

@@ -140,6 +140,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub clear: bool,
 
+    /// Tenants of an hf3fs-meta server with `--tenants` to load at once,
+    /// comma-separated: engine `e` is tenant `e mod N`'s (its requests under
+    /// `/t/<tenant>/`), and each tenant's ranks are set up on their own.
+    #[arg(long, value_delimiter = ',')]
+    pub tenants: Vec<String>,
+
     /// Bearer token for `--clear` against a server with `--admin-token`.
     #[arg(long, env = "HF3FS_META_ADMIN_TOKEN", hide_env_values = true)]
     pub admin_token: Option<String>,
@@ -194,6 +200,20 @@ impl BenchArgs {
         share("fail-rate", self.fail_rate)?;
         if self.mode == Mode::Open && !(self.rate.is_finite() && self.rate > 0.0 && self.rate <= 1e6) {
             return Err(format!("--rate must be in (0, 1000000] prompts per second, not {}", self.rate));
+        }
+        if let Some(bad) = self.tenants.iter().find(|t| {
+            t.is_empty()
+                || t.len() > 64
+                || !t.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        }) {
+            return Err(format!("--tenants: '{bad}' is not a tenant name (a-z, 0-9, '-', '_', at most 64)"));
+        }
+        if self.tenants.len() > self.engines as usize {
+            return Err(format!(
+                "--tenants names {} tenants for {} engines: give at least one engine each (--engines)",
+                self.tenants.len(),
+                self.engines
+            ));
         }
         if !(self.zipf.is_finite() && self.zipf >= 0.0) {
             return Err(format!("--zipf must be 0 or more, not {}", self.zipf));

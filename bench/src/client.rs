@@ -14,6 +14,8 @@ use tokio::sync::Semaphore;
 /// as a `requests.Session` waits for its pool.
 #[derive(Debug)]
 pub struct Pool {
+    /// The path prefix of its tenant, `/t/<tenant>` (empty without one).
+    prefix: String,
     permits: Semaphore,
     /// A std Mutex, not tokio's: it is held only to push or pop, never
     /// across an await.
@@ -21,15 +23,27 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// A pool of `size` connections to `addr`.
-    pub fn new(addr: SocketAddr, size: usize) -> Self {
-        Pool { permits: Semaphore::new(size), idle: Mutex::new((0..size).map(|_| Conn::new(addr)).collect()) }
+    /// A pool of `size` connections to `addr`, its paths under `prefix`
+    /// (a tenant's `/t/<tenant>`, or empty).
+    pub fn new(addr: SocketAddr, size: usize, prefix: &str) -> Self {
+        Pool {
+            prefix: prefix.to_string(),
+            permits: Semaphore::new(size),
+            idle: Mutex::new((0..size).map(|_| Conn::new(addr)).collect()),
+        }
     }
 
     /// POSTs `body` to `path` over a pooled connection.
     pub async fn post(&self, path: &str, body: &[u8]) -> io::Result<Answer> {
         let _permit = self.permits.acquire().await.map_err(io::Error::other)?;
         let mut conn = self.idle.lock().expect("pool lock").pop().expect("a permit guarantees a connection");
+        let full;
+        let path = if self.prefix.is_empty() {
+            path
+        } else {
+            full = format!("{}{path}", self.prefix);
+            &full
+        };
         let res = conn.post(path, body).await.map(|r| r.to_answer()).map_err(io::Error::from);
         self.idle.lock().expect("pool lock").push(conn);
         res

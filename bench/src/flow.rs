@@ -51,9 +51,10 @@ type Keys = Arc<[String]>;
 impl BenchCluster {
     /// The engines of `args`, recording into `rec`.
     pub fn new(args: &BenchArgs, rec: Arc<Recorder>) -> Self {
-        let pool = || Pool::new(args.target, args.conns_per_process);
-        let engines = (0..args.engines)
-            .map(|_| Engine { scheduler: pool(), workers: (0..args.tp).map(|_| pool()).collect() })
+        let prefixes = prefixes(args);
+        let pool = |e: usize| Pool::new(args.target, args.conns_per_process, &prefixes[e % prefixes.len()]);
+        let engines = (0..args.engines as usize)
+            .map(|e| Engine { scheduler: pool(e), workers: (0..args.tp).map(|_| pool(e)).collect() })
             .collect();
         BenchCluster { engines, rec, dialect: args.dialect, fail_rate: args.fail_rate, seed: args.seed }
     }
@@ -304,29 +305,44 @@ pub async fn setup(args: &BenchArgs) -> Result<(), String> {
     let mut conn = AsyncConn::new(args.target);
     let pages = args.pages_per_rank;
     let c = &mut conn;
-    match args.dialect {
-        BenchDialect::Vllm => {
-            if args.clear {
-                setup_post(c, args, vllm::CLEAR, b"{}", true).await?;
-            }
-            for r in 0..args.tp {
-                setup_post(c, args, &vllm::initialize_path(r), &vllm::initialize_body(pages), false).await?;
-            }
-            for _ in 0..args.engines {
-                setup_post(c, args, &vllm::initialize_path(0), vllm::SCHEDULER_INITIALIZE_BODY, false).await?;
-            }
-        }
-        BenchDialect::Sglang => {
-            for r in 0..args.tp {
-                let body = sglang::initialize_body(pages);
-                setup_post(c, args, &sglang::path(r, sglang::INITIALIZE), &body, false).await?;
+    // With --tenants, each tenant's ranks, for the engines it has.
+    let prefixes = prefixes(args);
+    for (t, p) in prefixes.iter().enumerate() {
+        let engines = (t..args.engines as usize).step_by(prefixes.len()).count();
+        let at = |path: &str| format!("{p}{path}");
+        match args.dialect {
+            BenchDialect::Vllm => {
                 if args.clear {
-                    setup_post(c, args, &sglang::path(r, sglang::CLEAR), sglang::CLEAR_BODY, false).await?;
+                    setup_post(c, args, &at(vllm::CLEAR), b"{}", true).await?;
+                }
+                for r in 0..args.tp {
+                    setup_post(c, args, &at(&vllm::initialize_path(r)), &vllm::initialize_body(pages), false).await?;
+                }
+                for _ in 0..engines {
+                    setup_post(c, args, &at(&vllm::initialize_path(0)), vllm::SCHEDULER_INITIALIZE_BODY, false).await?;
+                }
+            }
+            BenchDialect::Sglang => {
+                for r in 0..args.tp {
+                    let body = sglang::initialize_body(pages);
+                    setup_post(c, args, &at(&sglang::path(r, sglang::INITIALIZE)), &body, false).await?;
+                    if args.clear {
+                        setup_post(c, args, &at(&sglang::path(r, sglang::CLEAR)), sglang::CLEAR_BODY, false).await?;
+                    }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// The path prefix of each tenant of `--tenants` (`/t/<tenant>`), or one
+/// empty prefix without the flag.
+fn prefixes(args: &BenchArgs) -> Vec<String> {
+    if args.tenants.is_empty() {
+        return vec![String::new()];
+    }
+    args.tenants.iter().map(|t| format!("/t/{t}")).collect()
 }
 
 /// One setup call, which must answer 2xx.

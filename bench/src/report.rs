@@ -84,6 +84,7 @@ pub fn json(args: &BenchArgs, meta: &Meta, t: &Tally, server: Option<&ServerCoun
             "engines": args.engines, "tp": args.tp, "block_tokens": args.block_tokens,
             "prompt_tokens": args.prompt_tokens, "pages_per_rank": args.pages_per_rank, "seed": args.seed,
             "trace": args.trace.as_ref().map(|p| p.display().to_string()), "fail_rate": args.fail_rate,
+            "tenants": args.tenants,
         },
         "prompts": {
             "started": meta.started, "done": t.prompts_done, "not_sent": t.not_sent, "unfinished": t.unfinished,

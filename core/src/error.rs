@@ -46,14 +46,19 @@ pub enum ErrorCode {
     /// A strict-layout tenant's initialize with another page count than
     /// the rank (or SGLang space) was first initialized with.
     LayoutMismatch,
+    /// A tenant's data request beyond its `max_concurrent_requests`.
+    TenantBusy,
+    /// The admin route's reload of the tenants file failed (a bad file, a
+    /// state that did not open, an address not bound): nothing changed.
+    TenantsReloadFailed,
 }
 
 impl ErrorCode {
     /// Every code: [`ErrorCode::CONFIRM`]'s, then [`ErrorCode::TENANT`]'s
     /// (`docs/error-codes.json` is generated from this list).
-    pub const ALL: [ErrorCode; 12] = {
+    pub const ALL: [ErrorCode; 14] = {
         let (confirm, tenant) = (ErrorCode::CONFIRM, ErrorCode::TENANT);
-        let mut all = [ErrorCode::RankNotInitialized; 12];
+        let mut all = [ErrorCode::RankNotInitialized; 14];
         let mut i = 0;
         while i < all.len() {
             all[i] = if i < confirm.len() { confirm[i] } else { tenant[i - confirm.len()] };
@@ -63,8 +68,14 @@ impl ErrorCode {
     };
 
     /// The tenant codes: a request refused for its tenant (docs/tenants.md).
-    pub const TENANT: [ErrorCode; 4] =
-        [ErrorCode::UnknownTenant, ErrorCode::TenantMismatch, ErrorCode::TenantQuota, ErrorCode::LayoutMismatch];
+    pub const TENANT: [ErrorCode; 6] = [
+        ErrorCode::UnknownTenant,
+        ErrorCode::TenantMismatch,
+        ErrorCode::TenantQuota,
+        ErrorCode::LayoutMismatch,
+        ErrorCode::TenantBusy,
+        ErrorCode::TenantsReloadFailed,
+    ];
 
     /// The codes of a failed `confirm_write`, for metrics that export one
     /// series per code.
@@ -94,6 +105,8 @@ impl ErrorCode {
             ErrorCode::TenantMismatch => "tenant_mismatch",
             ErrorCode::TenantQuota => "tenant_quota",
             ErrorCode::LayoutMismatch => "layout_mismatch",
+            ErrorCode::TenantBusy => "tenant_busy",
+            ErrorCode::TenantsReloadFailed => "tenants_reload_failed",
         }
     }
 }

@@ -18,6 +18,17 @@
 //! on a runtime of one thread by default (`--workers`); the relay never
 //! parses HTTP.
 //!
+//! With `--server URL` the relay forwards to that one server instead of
+//! following a leader in etcd (a server without `--ha`). With `--tenant
+//! NAME` it is one tenant's relay (docs/tenants.md): before it forwards a
+//! connection to a server (once per leader epoch), it asks that server
+//! (`GET /tenant`, on a connection of its own made as every forwarded one
+//! is) which tenant it sees for the relay's connections, and forwards only
+//! when the answer is `NAME`, selected by the connection itself (its client
+//! certificate, or the tenant listen address `--server` names), never by
+//! default. A server that sees another tenant gets no connection: with
+//! `--server`, the relay refuses to start (exit 2) and says what to change.
+//!
 //! As the TLS sidecar of its node: a leader that advertises `https://` is
 //! reached over TLS, its certificate verified against `--tls-ca` and the
 //! host of that URL, the relay presenting `--tls-cert`/`--tls-key` (the
@@ -72,6 +83,18 @@ pub struct RelayArgs {
     #[arg(long, env = "HF3FS_META_RELAY_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
 
+    /// Forward to this one server (`http://host:port` or `https://…`)
+    /// instead of the leader of an HA cluster in etcd.
+    #[arg(long, env = "HF3FS_META_RELAY_SERVER", conflicts_with = "etcd_endpoints")]
+    pub server: Option<String>,
+
+    /// The tenant this relay serves (docs/tenants.md): each server it
+    /// forwards to is checked to see this tenant on the relay's connections
+    /// (by its client certificate or the tenant listen address), else it
+    /// gets nothing.
+    #[arg(long, env = "HF3FS_META_RELAY_TENANT")]
+    pub tenant: Option<String>,
+
     /// Threads of the relay's runtime. One (the default) runs every
     /// connection's copy on one thread with no hand-off between threads:
     /// the least CPU a request, and the relay shares the client node's
@@ -120,8 +143,17 @@ pub fn parse_url(url: &str) -> Result<(String, bool), String> {
 /// Runs the relay until `shutdown` resolves.
 pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<(), String> {
     let ttl = args.etcd.ttl();
-    let etcd: Arc<dyn Coordinator> =
-        Arc::new(args.etcd.client((ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(2)))?);
+    let fixed = match &args.server {
+        Some(url) => {
+            let (addr, tls) = parse_url(url).map_err(|e| format!("--server: {e}"))?;
+            Some(RelayTarget { node: "server".into(), addr, epoch: 0, serving: true, tls })
+        }
+        None => None,
+    };
+    let etcd: Option<Arc<dyn Coordinator>> = match fixed {
+        Some(_) => None,
+        None => Some(Arc::new(args.etcd.client((ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(2)))?)),
+    };
     let tls = hf3fs_meta_tls::client_from_flags(
         "relay",
         args.tls_ca.as_deref().map(|p| ("--tls-ca", p)),
@@ -134,13 +166,36 @@ pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()
     let listener =
         TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr().map_or_else(|_| args.listen.to_string(), |a| a.to_string());
-    let (tx, rx) = watch::channel(None::<RelayTarget>);
-    let follower = tokio::spawn(follow(etcd, args.etcd.keys().leader(), ttl, HaClock::Boot, tx));
-    let hold = args.hold_timeout.map_or(ttl * 3, Duration::from_secs);
     let connect = Duration::from_secs(args.connect_timeout.max(1));
+    let check = match &args.tenant {
+        Some(name) => Some(Arc::new(TenantCheck::new(name)?)),
+        None => None,
+    };
+    // A fixed server is checked at once: one that sees another tenant
+    // refuses the start (one not up yet is checked at the first connection).
+    if let (Some(c), Some(t)) = (&check, &fixed) {
+        match tokio::time::timeout(connect * 2, c.verify(t, tls.as_ref())).await {
+            Ok(Ok(())) => {}
+            Ok(Err(CheckError::Wrong(e))) => return Err(e),
+            Ok(Err(CheckError::Unreachable(e))) => {
+                tracing::warn!(server = %t.addr, "relay: cannot check the tenant yet ({e}); checked at the first connection")
+            }
+            Err(_) => {
+                tracing::warn!(server = %t.addr, "relay: the tenant check timed out; checked at the first connection")
+            }
+        }
+    }
+    // The sender lives as long as the relay: a closed channel would read as
+    // a deposed leader.
+    let (tx, rx) = watch::channel(fixed.clone());
+    let follower =
+        etcd.map(|etcd| tokio::spawn(follow(etcd, args.etcd.keys().leader(), ttl, HaClock::Boot, tx.clone())));
+    let hold = args.hold_timeout.map_or(ttl * 3, Duration::from_secs);
     tracing::info!(
         %addr,
         cluster = %args.etcd.ha_cluster,
+        server = ?args.server,
+        tenant = ?args.tenant,
         hold_s = hold.as_secs_f64(),
         tls = tls.is_some(),
         "hf3fs-meta relay listening"
@@ -160,9 +215,13 @@ pub async fn run(args: RelayArgs, shutdown: impl std::future::Future<Output = ()
             },
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(forward(stream, peer, rx.clone(), hold, connect, tls.clone(), closed.clone()));
+        let check = check.clone();
+        tokio::spawn(forward(stream, peer, rx.clone(), hold, connect, tls.clone(), closed.clone(), check));
     }
-    follower.abort();
+    if let Some(f) = follower {
+        f.abort();
+    }
+    drop(tx);
     tracing::info!(closed_on_failover = closed.load(Ordering::Relaxed), "relay stopped");
     Ok(())
 }
@@ -241,6 +300,7 @@ fn publish(tx: &watch::Sender<Option<RelayTarget>>, target: Option<RelayTarget>)
 
 /// Forwards one client connection to the leader, until either side closes
 /// or that leader is deposed.
+#[allow(clippy::too_many_arguments)]
 async fn forward(
     mut client: TcpStream,
     peer: SocketAddr,
@@ -249,11 +309,25 @@ async fn forward(
     connect: Duration,
     tls: Option<hf3fs_meta_tls::TlsClient>,
     closed: Arc<AtomicU64>,
+    check: Option<Arc<TenantCheck>>,
 ) {
     let Some((target, upstream)) = connect_within(&mut rx, hold, connect, tls.as_ref()).await else {
         tracing::debug!(%peer, "relay: no reachable leader within the hold time; closing");
         return;
     };
+    if let Some(c) = &check {
+        match tokio::time::timeout(connect * 2, c.verify(&target, tls.as_ref())).await {
+            Ok(Ok(())) => {}
+            Ok(Err(CheckError::Wrong(e) | CheckError::Unreachable(e))) => {
+                tracing::error!(%peer, addr = %target.addr, "relay: not forwarding: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::error!(%peer, addr = %target.addr, "relay: not forwarding: the tenant check timed out");
+                return;
+            }
+        }
+    }
     let copy = async move {
         match upstream {
             Upstream::Plain(s) => super::pump::plain(client, s).await,
@@ -356,9 +430,126 @@ async fn deposed(rx: &mut watch::Receiver<Option<RelayTarget>>, target: &RelayTa
     }
 }
 
+/// A tenant relay's check of each server it forwards to (`--tenant`).
+struct TenantCheck {
+    /// The tenant.
+    name: String,
+    /// The last server that passed: its node and epoch.
+    passed: std::sync::Mutex<Option<(String, u64)>>,
+}
+
+/// Why a server did not pass a tenant relay's check.
+#[derive(Debug)]
+enum CheckError {
+    /// It answered, and sees another tenant (or none) on the relay's
+    /// connections: what to change.
+    Wrong(String),
+    /// It could not be asked.
+    Unreachable(String),
+}
+
+impl TenantCheck {
+    fn new(name: &str) -> Result<TenantCheck, String> {
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name.as_bytes()[0].is_ascii_alphanumeric()
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !ok {
+            return Err(format!(
+                "--tenant '{name}': a tenant name is 1 to 64 characters of a-z, 0-9, '-' and '_', starting with a \
+                 letter or digit"
+            ));
+        }
+        Ok(TenantCheck { name: name.to_string(), passed: std::sync::Mutex::new(None) })
+    }
+
+    /// Whether `target` sees this tenant on the relay's connections (asked
+    /// once per node and epoch).
+    async fn verify(&self, target: &RelayTarget, tls: Option<&hf3fs_meta_tls::TlsClient>) -> Result<(), CheckError> {
+        let id = (target.node.clone(), target.epoch);
+        if self.passed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref() == Some(&id) {
+            return Ok(());
+        }
+        let (status, body) = ask_tenant(target, tls).await.map_err(CheckError::Unreachable)?;
+        judge(&self.name, &target.addr, status, &body).map_err(CheckError::Wrong)?;
+        tracing::info!(tenant = %self.name, addr = %target.addr, "relay: the server sees this relay's tenant");
+        *self.passed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id);
+        Ok(())
+    }
+}
+
+/// `GET /tenant` of `target`, on a connection made as a forwarded one is:
+/// the status and the body.
+async fn ask_tenant(target: &RelayTarget, tls: Option<&hf3fs_meta_tls::TlsClient>) -> Result<(u16, Vec<u8>), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!("GET /tenant HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", target.addr);
+    let mut raw = Vec::new();
+    match upstream(target, tls).await? {
+        Upstream::Plain(mut s) => {
+            s.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
+            s.read_to_end(&mut raw).await.map_err(|e| e.to_string())?;
+        }
+        Upstream::Tls(mut s) => {
+            s.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
+            // A server may close without TLS's close_notify: what came counts.
+            if let Err(e) = s.read_to_end(&mut raw).await {
+                if raw.is_empty() {
+                    return Err(e.to_string());
+                }
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&raw);
+    let status = text.split(' ').nth(1).and_then(|s| s.parse::<u16>().ok()).ok_or("no HTTP answer")?;
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b).as_bytes().to_vec();
+    Ok((status, body))
+}
+
+/// Whether a server's answer to `GET /tenant` at `addr` is `name`, selected
+/// by the connection; else what to change.
+fn judge(name: &str, addr: &str, status: u16, body: &[u8]) -> Result<(), String> {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let fix = format!(
+        "give the relay a client certificate (--tls-cert) whose identity tenant '{name}' lists in its identities, or \
+         point --server at tenant '{name}''s listen address"
+    );
+    if status != 200 {
+        let detail = v["detail"].as_str().unwrap_or("no detail");
+        return Err(format!("the server at {addr} refuses the tenant check ({status}: {detail}); {fix}"));
+    }
+    let (tenant, via) = (v["tenant"].as_str(), v["via"].as_str());
+    match (tenant, via) {
+        (Some(t), Some("certificate" | "listen")) if t == name => Ok(()),
+        (None, _) => Err(format!(
+            "the server at {addr} serves no tenants (it was started without --tenants, or is a release without them): \
+             a relay for tenant '{name}' needs a server with --tenants"
+        )),
+        (Some(t), Some("certificate" | "listen")) => Err(format!(
+            "the server at {addr} sees this relay's connections as tenant '{t}' (by {}), not '{name}'",
+            via.unwrap_or_default()
+        )),
+        (Some(t), _) => Err(format!(
+            "the server at {addr} sees this relay's connections as no tenant of their own (they would be tenant \
+             '{t}', the root routes'); {fix}"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tenant_relay_forwards_only_to_a_server_that_sees_its_tenant_by_the_connection() {
+        let j = |status, body: &str| judge("a", "h:1", status, body.as_bytes());
+        assert!(j(200, r#"{"tenant":"a","via":"certificate"}"#).is_ok());
+        assert!(j(200, r#"{"tenant":"a","via":"listen"}"#).is_ok());
+        assert!(j(200, r#"{"tenant":"default","via":"default"}"#).unwrap_err().contains("no tenant of their own"));
+        assert!(j(200, r#"{"tenant":"b","via":"certificate"}"#).unwrap_err().contains("as tenant 'b'"));
+        assert!(j(200, r#"{"tenant":null,"via":null}"#).unwrap_err().contains("serves no tenants"));
+        assert!(j(404, r#"{"detail":"Not Found"}"#).unwrap_err().contains("404: Not Found"));
+        assert!(TenantCheck::new("Bad/").is_err());
+    }
 
     #[test]
     fn urls_become_targets() {

@@ -12,7 +12,7 @@ use crate::core::Registry;
 use crate::decode::{Body, Limits};
 use crate::reply::Reply;
 use crate::scratch::Scratch;
-use crate::tenants::Tenant;
+use crate::tenants::{Tenant, Via};
 use crate::Service;
 
 /// A route's handler ([`crate::routes::Spec::handler`]).
@@ -30,6 +30,8 @@ pub struct Call<'a> {
     /// Its tenant, with `--tenants`: its limits (`max_keys`,
     /// `strict_layout`).
     pub tenant: Option<&'a Tenant>,
+    /// How its tenant was selected, with `--tenants` (`GET /tenant`).
+    pub via: Option<Via>,
     /// The route's `{rank}` path segment.
     pub rank: &'a RankParam,
     /// This worker thread's reusable buffers (decoder, answer vectors).

@@ -34,6 +34,7 @@
 //! client or HA crate, so the compiler keeps "the HTTP layer knows only the
 //! core" (`cargo tree -p hf3fs-meta-http`).
 
+mod admin;
 pub mod call;
 pub mod chain;
 pub mod decode;

@@ -290,6 +290,17 @@ pub fn render_tenants<'t>(
     for (name, _, _, keys) in &tenants {
         w.put(&[("tenant", name)], keys);
     }
+    let mut w = Samples::start(
+        out,
+        &counter("tenant_busy_total", "Data requests refused (429 tenant_busy) by a tenant's max_concurrent_requests."),
+    );
+    for (name, c, _, _) in &tenants {
+        w.put(&[("tenant", name)], c.busy.load(std::sync::atomic::Ordering::Relaxed));
+    }
+    let mut w = Samples::start(out, &gauge("tenant_requests_in_flight", "A tenant's data requests in flight now."));
+    for (name, c, _, _) in &tenants {
+        w.put(&[("tenant", name)], u64::from(c.in_flight.load(std::sync::atomic::Ordering::Relaxed)));
+    }
 }
 
 /// What a scrape reads: the counters and the registry's report.

@@ -8,6 +8,7 @@
 //!                    certificate, listen address or /t/<tenant>/ prefix, stripped)
 //!    1. route        routes::find: the row (Spec) names the handler; 404/405 otherwise
 //!    2. gate         gate::admit: a data route only while Serving says this node may serve
+//!    2½. slot       Tenant::enter: a tenant's data request within max_concurrent_requests (429)
 //!    3. auth         the bearer token, where the row or --auth-all asks for it
 //!    4. body         read whole, under --max-body-bytes and --body-timeout
 //!    5. admission    refuse_allocation: no allocate while the durable store cannot write
@@ -57,7 +58,7 @@ use crate::metrics::Endpoint;
 use crate::reply::Reply;
 use crate::routes::{self, Found, Op, Spec};
 use crate::scratch::Scratch;
-use crate::tenants::{Selected, Tenant};
+use crate::tenants::{Selected, Tenant, Via};
 use crate::{DurabilityHook, Service};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -91,6 +92,8 @@ pub struct Exchange<'a> {
     pub registry: &'a Registry,
     /// Its tenant, with `--tenants` (the tenant stage's).
     pub tenant: Option<&'a Tenant>,
+    /// How its tenant was selected, with `--tenants`.
+    pub via: Option<Via>,
     /// The durable stores its changes wait for: the service's, or its
     /// tenant's.
     pub durable: Option<&'a dyn DurabilityHook>,
@@ -164,13 +167,24 @@ where
         route,
         registry: tenant.map_or(&app.registry, |t| t.registry(&app.registry)),
         tenant,
+        via: selected.as_ref().map(|s| s.via),
         durable: tenant.and_then(|t| t.durable.as_deref()).or(app.durable.as_deref()),
     };
     let spec = cx.spec();
     let gate = app.gate.as_deref();
+    // 2½. A tenant's data request takes a slot of its
+    // max_concurrent_requests, held until the answer is complete.
+    let (slot, mut busy) = match tenant.filter(|_| spec.is_some_and(|s| s.dialect.is_some())).map(Tenant::enter) {
+        Some(Err(busy)) => (None, Some(busy)),
+        Some(Ok(slot)) => (Some(slot), None),
+        None => (None, None),
+    };
     let mut reply = if let Some(refused) = gate::admit(gate, spec, || has_body(&req)) {
         // 2. Gate: a data route on a node that may not serve.
         refused
+    } else if let Some(busy) = busy.take() {
+        // 2½. The tenant's max_concurrent_requests.
+        busy
     } else if let Some(denied) = authorize(&cx, &req) {
         // 3. Authorization.
         denied
@@ -198,6 +212,7 @@ where
             reply = Reply::detail(StatusCode::SERVICE_UNAVAILABLE, &format!("Durability failure: {e}"));
         }
     }
+    drop(slot);
     // 8. Seal: a data success leaves only while this node may serve.
     let epoch = gate::seal(gate, spec, &mut reply);
     // 9. Metrics.
@@ -233,7 +248,7 @@ thread_local! {
 /// Stage 6: the route's handler on a fully read body, or the 404 / 405 of
 /// a request that matched no route.
 pub fn handle_body(cx: &Exchange<'_>, body: Body<'_>) -> Reply {
-    run_handler(cx.app, cx.registry, cx.tenant, &cx.route, body)
+    run_handler(cx.app, cx.registry, cx.tenant.map(|t| (t, cx.via)), &cx.route, body)
 }
 
 /// Stage 6 without the stages around it, on a body in memory: what the
@@ -245,7 +260,14 @@ pub fn handle(app: &Service, route: &Found, body: &mut [u8]) -> Reply {
 
 /// Runs `route`'s handler on `registry` (of `tenant`) with this thread's
 /// scratch.
-fn run_handler(app: &Service, registry: &Registry, tenant: Option<&Tenant>, route: &Found, body: Body<'_>) -> Reply {
+fn run_handler(
+    app: &Service,
+    registry: &Registry,
+    tenant: Option<(&Tenant, Option<Via>)>,
+    route: &Found,
+    body: Body<'_>,
+) -> Reply {
+    let (tenant, via) = (tenant.map(|(t, _)| t), tenant.and_then(|(_, v)| v));
     let (handler, rank): (Handler, _) = match route {
         Found::Route(id, rank) => (id.spec().handler, rank),
         Found::MethodNotAllowed(allow) => {
@@ -261,7 +283,7 @@ fn run_handler(app: &Service, registry: &Registry, tenant: Option<&Tenant>, rout
         let Ok(mut scratch) = s.try_borrow_mut() else {
             return Reply::internal("scratch busy");
         };
-        let call = Call { app, registry, tenant, rank, scratch: &mut scratch, body, limits };
+        let call = Call { app, registry, tenant, via, rank, scratch: &mut scratch, body, limits };
         handler(call).unwrap_or_else(|refused| refused)
     })
 }

@@ -16,7 +16,7 @@
 
 use crate::call::{Handler, RankParam};
 use crate::core::Dialect;
-use crate::{ops, prefix, sglang, vllm};
+use crate::{admin, ops, prefix, sglang, vllm};
 
 /// The HTTP methods the server routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +68,10 @@ pub enum Op {
     Stats,
     /// The OpenAPI document (`docs/openapi.json`).
     OpenApi,
+    /// Which tenant the server sees for this request, and how.
+    Tenant,
+    /// Read the tenants file again (an admin route).
+    TenantsReload,
 }
 
 /// One row of the table.
@@ -131,10 +135,10 @@ const BASE: Spec = Spec {
 const SGLANG: Spec = Spec { dialect: Some(Dialect::Sglang), reads_body: true, ..BASE };
 
 /// Every route. Literal paths come before patterns that could match them.
-pub static ROUTES: [Spec; 19] = TABLE;
+pub static ROUTES: [Spec; 21] = TABLE;
 
 /// [`ROUTES`], as a constant that [`RANK_AT`] is computed from.
-const TABLE: [Spec; 19] = [
+const TABLE: [Spec; 21] = [
     Spec {
         path: "/keys/batch_allocate",
         op: Op::Allocate,
@@ -286,6 +290,25 @@ const TABLE: [Spec; 19] = [
         op: Op::OpenApi,
         handler: ops::openapi,
         label: "openapi",
+        ..BASE
+    },
+    Spec {
+        method: Method::Get,
+        path: "/tenant",
+        dialect: None,
+        op: Op::Tenant,
+        handler: admin::tenant,
+        label: "tenant",
+        open: true,
+        ..BASE
+    },
+    Spec {
+        path: "/tenants/reload",
+        dialect: None,
+        op: Op::TenantsReload,
+        handler: admin::reload,
+        label: "tenants_reload",
+        admin: true,
         ..BASE
     },
 ];

@@ -34,7 +34,7 @@ use arc_swap::ArcSwap;
 use hf3fs_meta_metrics::{add, Sharded};
 use hyper::StatusCode;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// The name of the tenant the root routes serve.
@@ -72,6 +72,9 @@ pub struct Tenant {
     /// `strict_layout`: the first initialize of a rank or space fixes its
     /// page count; another is a 409 `layout_mismatch`.
     pub strict_layout: bool,
+    /// `max_concurrent_requests`: its data requests in flight at once;
+    /// one more is a 429 `tenant_busy`.
+    pub max_concurrent: Option<u32>,
     /// Its counters (the `tenant` label's series), kept across reloads.
     pub counters: Arc<TenantCounters>,
 }
@@ -80,7 +83,38 @@ impl Tenant {
     /// A tenant named `name` on `registry` (`None`: the service's), with no
     /// limit.
     pub fn new(name: &str, registry: Option<Arc<Registry>>, durable: Option<Arc<dyn DurabilityHook>>) -> Tenant {
-        Tenant { name: name.into(), registry, durable, max_keys: None, strict_layout: false, counters: Arc::default() }
+        Tenant {
+            name: name.into(),
+            registry,
+            durable,
+            max_keys: None,
+            strict_layout: false,
+            max_concurrent: None,
+            counters: Arc::default(),
+        }
+    }
+
+    /// A slot for one data request under `max_concurrent_requests`, held
+    /// until the answer is complete (durable wait included); `Err` is the
+    /// 429 `tenant_busy` of a tenant at its limit (counted). Without a
+    /// limit, a slot that counts nothing.
+    pub fn enter(&self) -> Result<Slot<'_>, Reply> {
+        let Some(max) = self.max_concurrent else { return Ok(Slot(None)) };
+        let c = &self.counters;
+        // AcqRel: the count is the limit itself; no data hangs off it.
+        let was = c.in_flight.fetch_add(1, Ordering::AcqRel);
+        if was < max {
+            return Ok(Slot(Some(&c.in_flight)));
+        }
+        c.in_flight.fetch_sub(1, Ordering::AcqRel);
+        c.busy.fetch_add(1, Ordering::Relaxed);
+        let detail = format!(
+            "Tenant '{}' has {max} requests in flight, its limit (max_concurrent_requests): retry shortly",
+            self.name
+        );
+        let mut reply = refusal(StatusCode::TOO_MANY_REQUESTS, ErrorCode::TenantBusy, Some(&self.name), &detail);
+        reply.retry_after = true;
+        Err(reply)
     }
 
     /// Its page spaces: its own, or `service`'s for the tenant `default`.
@@ -142,6 +176,43 @@ impl Tenant {
     }
 }
 
+/// One data request's place under its tenant's `max_concurrent_requests`
+/// ([`Tenant::enter`]): given back on drop.
+pub struct Slot<'a>(Option<&'a AtomicU32>);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Some(n) = self.0 {
+            n.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// How a request's tenant was selected (`GET /tenant` says it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The connection's TLS client certificate.
+    Certificate,
+    /// The tenant listen address the connection came to.
+    Listen,
+    /// The path's `/t/<tenant>/` prefix.
+    Path,
+    /// None of them: the tenant `default` of the root routes.
+    Default,
+}
+
+impl Via {
+    /// Its name in `GET /tenant`'s answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Certificate => "certificate",
+            Via::Listen => "listen",
+            Via::Path => "path",
+            Via::Default => "default",
+        }
+    }
+}
+
 /// The tenants served now, by each way of selecting one.
 #[derive(Default)]
 pub struct TenantSet {
@@ -186,6 +257,7 @@ impl TenantSet {
 /// reload.
 pub struct Tenants {
     current: ArcSwap<TenantSet>,
+    reloader: std::sync::OnceLock<std::sync::Weak<dyn Reload>>,
 }
 
 /// A request's tenant and how much of its path named it.
@@ -194,12 +266,14 @@ pub struct Selected {
     pub tenant: Arc<Tenant>,
     /// The bytes of the path's `/t/<tenant>` prefix (0 without one).
     pub prefix: usize,
+    /// How it was selected.
+    pub via: Via,
 }
 
 impl Tenants {
     /// Serving `set`.
     pub fn new(set: TenantSet) -> Tenants {
-        Tenants { current: ArcSwap::from_pointee(set) }
+        Tenants { current: ArcSwap::from_pointee(set), reloader: std::sync::OnceLock::new() }
     }
 
     /// The set served now.
@@ -233,24 +307,25 @@ impl Tenants {
                     a.name, b.name
                 )))
             }
-            (Some((a, _)), _) => Some(a),
-            (None, b) => b,
+            (Some((a, _)), _) => Some((a, Via::Certificate)),
+            (None, b) => b.map(|b| (b, Via::Listen)),
         };
         // The path's.
         if let Some(rest) = path.strip_prefix(PREFIX) {
             let name = rest.split('/').next().unwrap_or_default();
             let prefix = PREFIX.len() + name.len();
             let Some(t) = set.get(name) else { return Err(unknown(name)) };
-            if let Some(c) = conn.filter(|c| !Arc::ptr_eq(c, t)) {
+            if let Some((c, _)) = conn.filter(|(c, _)| !Arc::ptr_eq(c, t)) {
                 return Err(mismatch(&format!(
                     "the path names tenant '{name}', but the connection belongs to tenant '{}'",
                     c.name
                 )));
             }
-            return Ok(Selected { tenant: t.clone(), prefix });
+            let via = conn.map_or(Via::Path, |(_, via)| via);
+            return Ok(Selected { tenant: t.clone(), prefix, via });
         }
-        match conn.or_else(|| set.get(DEFAULT)) {
-            Some(t) => Ok(Selected { tenant: t.clone(), prefix: 0 }),
+        match conn.or_else(|| set.get(DEFAULT).map(|t| (t, Via::Default))) {
+            Some((t, via)) => Ok(Selected { tenant: t.clone(), prefix: 0, via }),
             None => Err(unknown(DEFAULT)),
         }
     }
@@ -337,6 +412,10 @@ pub struct TenantCounters {
     pub quota_refusals: AtomicU64,
     /// Keys evicted to stay within `max_keys`.
     pub quota_evictions: AtomicU64,
+    /// Data requests in flight, under `max_concurrent_requests`.
+    pub in_flight: AtomicU32,
+    /// Data requests refused by `max_concurrent_requests`.
+    pub busy: AtomicU64,
 }
 
 /// One thread's counters of one tenant.
@@ -360,5 +439,26 @@ impl TenantCounters {
     /// The requests recorded in a slot, summed over the threads.
     pub fn requests(&self, endpoint: usize, status_slot: usize) -> u64 {
         self.shards.sum(|sh| &sh.requests[endpoint][status_slot])
+    }
+}
+
+/// What reloads the tenants file (the binary's tenants runtime), for the
+/// admin route `POST /tenants/reload`: the same reload as SIGHUP's.
+pub trait Reload: Send + Sync {
+    /// Reads the file again and serves it, or changes nothing and says
+    /// why; the names of the tenants served after it.
+    fn reload(&self) -> Result<Vec<String>, String>;
+}
+
+impl Tenants {
+    /// Makes `reloader` what `POST /tenants/reload` calls (once; held
+    /// weakly: the reloader owns these tenants).
+    pub fn set_reloader(&self, reloader: std::sync::Weak<dyn Reload>) {
+        let _ = self.reloader.set(reloader);
+    }
+
+    /// What `POST /tenants/reload` calls, while it lives.
+    pub fn reloader(&self) -> Option<Arc<dyn Reload>> {
+        self.reloader.get()?.upgrade()
     }
 }

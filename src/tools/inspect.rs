@@ -23,11 +23,33 @@ use std::process::ExitCode;
 pub fn main(args: DirArgs) -> ExitCode {
     match open_copy(&args.data_dir, args.scratch.as_deref()) {
         Ok(opened) => {
-            let report = report(&args, &opened);
+            let mut report = report(&args, &opened);
+            drop(opened);
+            // Each tenant's directory, as a data directory of its own.
+            let mut tenants = serde_json::Map::new();
+            for (name, dir) in super::tenant_dirs(&args.data_dir) {
+                let one = DirArgs { data_dir: dir, ..args.clone() };
+                match open_copy(&one.data_dir, one.scratch.as_deref()) {
+                    Ok(o) => tenants.insert(name, self::report(&one, &o)),
+                    Err(e) => {
+                        eprintln!("hf3fs-meta inspect: tenant '{name}': {e}");
+                        return ExitCode::from(if matches!(e, Failure::Refused(_)) {
+                            EXIT_VIOLATION
+                        } else {
+                            EXIT_CANNOT
+                        });
+                    }
+                };
+            }
             if args.json {
+                report["tenants"] = Value::Object(tenants);
                 println!("{report}");
             } else {
                 print!("{}", text(&report));
+                for (name, r) in &tenants {
+                    println!("\ntenant {name} ({}):", r["data_dir"].as_str().unwrap_or_default());
+                    print!("{}", text(r));
+                }
             }
             ExitCode::SUCCESS
         }

@@ -12,12 +12,32 @@
 //! - [`open`]: the lock check, the copy, the recovery of the copy.
 //! - [`inspect`]: what the recovered state holds, as a table or JSON.
 //! - [`verify`]: the invariants, each checked and named.
+//!
+//! A directory of a server with `--tenants` holds each tenant's state in
+//! `tenants/<name>/`, a data directory of its own: both tools look at the
+//! directory (the tenant `default`'s state), then at each tenant's.
 
 pub mod inspect;
 pub mod open;
 pub mod verify;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The tenants' data directories of data directory `dir` (a server's
+/// `--tenants` state, `<dir>/tenants/<name>/`), by name; the tenant
+/// `default`'s state is `dir` itself. A removal in progress (a name
+/// starting with `.`) is not a tenant.
+pub fn tenant_dirs(dir: &Path) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir.join(crate::tenants::SUBDIR)) else { return Vec::new() };
+    let mut out: Vec<_> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+        .filter(|(name, path)| !name.starts_with('.') && open::is_data_dir(path).unwrap_or(false))
+        .collect();
+    out.sort();
+    out
+}
 
 /// Exit status of `verify` when the state breaks an invariant (or recovery
 /// refuses it).

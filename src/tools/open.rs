@@ -131,7 +131,7 @@ fn refused(e: OpenError) -> Failure {
 }
 
 /// Whether `dir` holds a keyspace (`keyspace`, `keyspace-<n>` or `CURRENT`).
-fn is_data_dir(dir: &Path) -> std::io::Result<bool> {
+pub fn is_data_dir(dir: &Path) -> std::io::Result<bool> {
     for e in std::fs::read_dir(dir)? {
         let name = e?.file_name();
         let name = name.to_string_lossy();
@@ -171,7 +171,9 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
         let e = e?;
         let (src, dst) = (e.path(), to.join(e.file_name()));
         let ty = e.file_type()?;
-        if ty.is_dir() {
+        if ty.is_dir() && from.join(crate::tenants::SUBDIR) == src {
+            // The tenants' directories: each is opened (and copied) on its own.
+        } else if ty.is_dir() {
             copy_tree(&src, &dst)?;
         } else if ty.is_file() && e.file_name() != durable::LOCK_FILE {
             std::fs::copy(&src, &dst)?;

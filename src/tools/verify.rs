@@ -29,20 +29,23 @@ struct Check {
 /// Runs `verify`: 0 when every check holds, 1 on a violation (recovery
 /// refusing the directory included), 2 when it cannot look.
 pub fn main(args: DirArgs) -> ExitCode {
-    let checks = match open_copy(&args.data_dir, args.scratch.as_deref()) {
-        Ok(opened) => {
-            let mut c = vec![Check { name: "recovery".into(), violation: None }];
-            c.extend(checks(&opened));
-            c
-        }
-        Err(Failure::Refused(e)) => {
-            vec![Check { name: "recovery".into(), violation: Some(Failure::Refused(e).to_string()) }]
-        }
+    let mut checks = match directory(&args.data_dir, args.scratch.as_deref()) {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("hf3fs-meta verify: {e}");
             return ExitCode::from(EXIT_CANNOT);
         }
     };
+    // Each tenant's directory, its checks named after it.
+    for (name, dir) in super::tenant_dirs(&args.data_dir) {
+        match directory(&dir, args.scratch.as_deref()) {
+            Ok(c) => checks.extend(c.into_iter().map(|c| Check { name: format!("tenant {name}: {}", c.name), ..c })),
+            Err(e) => {
+                eprintln!("hf3fs-meta verify: tenant '{name}': {e}");
+                return ExitCode::from(EXIT_CANNOT);
+            }
+        }
+    }
     let violations = checks.iter().filter(|c| c.violation.is_some()).count();
     if args.json {
         let list: Vec<_> = checks
@@ -67,6 +70,22 @@ pub fn main(args: DirArgs) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(EXIT_VIOLATION)
+    }
+}
+
+/// The checks of one data directory (recovery's refusal is a failed
+/// check); `Err` when it cannot be looked at.
+fn directory(dir: &std::path::Path, scratch: Option<&std::path::Path>) -> Result<Vec<Check>, Failure> {
+    match open_copy(dir, scratch) {
+        Ok(opened) => {
+            let mut c = vec![Check { name: "recovery".into(), violation: None }];
+            c.extend(checks(&opened));
+            Ok(c)
+        }
+        Err(Failure::Refused(e)) => {
+            Ok(vec![Check { name: "recovery".into(), violation: Some(Failure::Refused(e).to_string()) }])
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -425,3 +425,114 @@ fn a_client_certificate_selects_its_tenant_and_wins_over_the_path() {
     thread.join().unwrap();
     app.close().unwrap();
 }
+
+/// A request with `Authorization: Bearer <token>` when given, its answer
+/// checked against the OpenAPI document.
+fn with_token(s: &TestServer, method: &str, path: &str, token: Option<&str>) -> Response {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = bearer.as_deref().map(|b| ("Authorization", b)).into_iter().collect();
+    let r = s.client().request(method, path, &headers, b"");
+    assert_conforms(method, path, &r);
+    r
+}
+
+#[test]
+fn get_tenant_says_which_tenant_the_server_sees_and_how() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), "[tenants.a]\nlisten = \"127.0.0.1:0\"\n[tenants.b]\n", &[]);
+    assert_eq!(with_token(&s, "GET", "/tenant", None).json(), json!({"tenant": "default", "via": "default"}));
+    assert_eq!(with_token(&s, "GET", "/t/b/tenant", None).json(), json!({"tenant": "b", "via": "path"}));
+    let addr = s.app().tenants.as_ref().unwrap().listen_addr("a").expect("a listens");
+    let r = Client::connect(addr).request("GET", "/tenant", &[], b"");
+    assert_eq!(r.json(), json!({"tenant": "a", "via": "listen"}));
+    let r = Client::connect(addr).request("GET", "/t/a/tenant", &[], b"");
+    assert_eq!(r.json(), json!({"tenant": "a", "via": "listen"}), "the connection's tenant, named again by the path");
+    assert_eq!(code(&with_token(&s, "GET", "/t/zz/tenant", None)), "unknown_tenant");
+    // Without --tenants: nulls.
+    let plain = TestServer::new();
+    assert_eq!(with_token(&plain, "GET", "/tenant", None).json(), json!({"tenant": null, "via": null}));
+}
+
+#[test]
+fn the_admin_reload_route_reloads_as_sighup_and_a_bad_file_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), "[tenants.a]\n", &["--admin-token", "sekret"]);
+    init(&s, "/t/a", 0, 8);
+    save(&s, "/t/a", &[K1]);
+    // The admin token is required.
+    assert_eq!(with_token(&s, "POST", "/tenants/reload", None).status, 401);
+    assert_eq!(with_token(&s, "POST", "/tenants/reload", Some("wrong")).status, 401);
+    // A bad file: a typed 422 that says what is wrong, and nothing changed.
+    tenants_file(dir.path(), "[tenants.a]\nmax_keys = 0\n[tenants.c]\n");
+    let r = with_token(&s, "POST", "/tenants/reload", Some("sekret"));
+    assert_eq!((r.status, code(&r).as_str()), (422, "tenants_reload_failed"), "{r:?}");
+    assert!(r.detail().contains("[tenants.a]: max_keys must be at least 1"), "{r:?}");
+    assert_eq!(code(&post(&s, "/t/c/keys/batch_exists", json!({"keys": [K1]}))), "unknown_tenant");
+    assert_eq!(exists(&s, "/t/a", &[K1]), [true]);
+    // A good one: served at once, a's state kept.
+    tenants_file(dir.path(), "[tenants.a]\nstrict_layout = true\n[tenants.c]\n");
+    let r = with_token(&s, "POST", "/tenants/reload", Some("sekret"));
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json(), json!({"tenants": ["a", "c", "default"]}));
+    assert_eq!(init(&s, "/t/c", 0, 8).status, 200);
+    assert_eq!(code(&init(&s, "/t/a", 0, 9)), "layout_mismatch");
+    assert_eq!(exists(&s, "/t/a", &[K1]), [true]);
+    // Without --admin-token the route is closed; without --tenants absent.
+    let open = server(dir.path(), "[tenants.a]\n", &[]);
+    let r = with_token(&open, "POST", "/tenants/reload", None);
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.detail().contains("--admin-token"), "{r:?}");
+    let plain = TestServer::with_args(&["--admin-token", "sekret"]);
+    assert_eq!(with_token(&plain, "POST", "/tenants/reload", Some("sekret")).status, 404);
+}
+
+#[test]
+fn max_concurrent_requests_refuses_one_more_data_request_with_a_typed_429() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), "[tenants.a]\nmax_concurrent_requests = 1\n[tenants.b]\n", &[]);
+    let a = s.app().tenants.as_ref().unwrap().tenants.current().get("a").cloned().unwrap();
+    assert_eq!(init(&s, "/t/a", 0, 8).status, 200);
+    // One request of a in flight (held here, as a request in its handler
+    // or durable wait holds it): the next data request is refused.
+    let held = a.enter().expect("a slot");
+    let r = init(&s, "/t/a", 1, 8);
+    assert_eq!((r.status, code(&r).as_str()), (429, "tenant_busy"), "{r:?}");
+    assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
+    assert!(r.detail().contains("max_concurrent_requests"), "{r:?}");
+    assert!(a.enter().is_err(), "the limit holds for every way in");
+    // Nothing changed; b, and a's operational routes, are not limited.
+    assert_eq!(stats(&s, "/t/a")["ranks"].as_array().unwrap().len(), 1);
+    assert_eq!(init(&s, "/t/b", 0, 8).status, 200);
+    let m = s.get("/metrics").text();
+    assert!(m.contains("hf3fs_meta_tenant_busy_total{tenant=\"a\"} 2"), "{m}");
+    assert!(m.contains("hf3fs_meta_tenant_requests_in_flight{tenant=\"a\"} 1"), "{m}");
+    // Given back: served again.
+    drop(held);
+    assert_eq!(init(&s, "/t/a", 1, 8).status, 200);
+    // A bad value refuses the file.
+    tenants_file(dir.path(), "[tenants.a]\nmax_concurrent_requests = 0\n");
+    let e = s.app().tenants.as_ref().unwrap().reload().unwrap_err();
+    assert!(e.contains("max_concurrent_requests must be at least 1"), "{e}");
+}
+
+#[test]
+fn max_ranks_and_max_spaces_bound_one_tenant_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = server(dir.path(), "[tenants.a]\nmax_ranks = 2\nmax_spaces = 1\n[tenants.b]\n", &[]);
+    assert_eq!(init(&s, "/t/a", 1, 8).status, 200);
+    let r = init(&s, "/t/a", 2, 8);
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.detail().contains('2'), "{r:?}");
+    assert_eq!(init(&s, "/t/b", 2, 8).status, 200, "b keeps the server's --max-ranks");
+    let sg =
+        |t: &str, rank: i64| post(&s, &format!("/t/{t}/{rank}/initialize"), json!({"num_pages": 8, "namespace": "kv"}));
+    assert_eq!(sg("a", 0).status, 204);
+    let r = sg("a", 1);
+    assert_eq!(r.status, 400, "{r:?}");
+    assert_eq!(sg("b", 0).status, 204);
+    assert_eq!(sg("b", 1).status, 204);
+    // Changed only with a restart.
+    tenants_file(dir.path(), "[tenants.a]\nmax_ranks = 3\nmax_spaces = 1\n[tenants.b]\n");
+    let e = s.app().tenants.as_ref().unwrap().reload().unwrap_err();
+    assert!(e.contains("max_ranks of a served tenant changes only with a restart"), "{e}");
+}

@@ -192,8 +192,10 @@ fn open_loop_text_report_and_a_target_taken_as_foreign() {
 #[test]
 fn bad_flags_and_unreachable_targets_exit_2_with_a_reason() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["bench", "--target", "192.0.2.1:18000"], "not a loopback address"),
+        (&["bench", "--tenants", "A"], "'A' is not a tenant name"),
+        (&["bench", "--tenants", "a,b"], "--tenants names 2 tenants for 1 engines"),
         (&["bench", "--tp", "0"], "--tp must be at least 1"),
         (&["bench", "--target", &closed.to_string(), "--duration", "1"], "cannot reach"),
     ];
@@ -203,4 +205,46 @@ fn bad_flags_and_unreachable_targets_exit_2_with_a_reason() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains(reason), "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn many_tenants_at_once_each_loaded_under_its_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tenants.toml");
+    std::fs::write(&file, "[tenants.a]\n[tenants.b]\n[tenants.c]\n").unwrap();
+    let mut args = SERVER.to_vec();
+    args.extend(["--tenants", file.to_str().unwrap()]);
+    let server = ServerProcess::serve(&args);
+    let trace = trace();
+    let before = metrics(server.addr);
+    let r = bench_json(
+        server.addr,
+        &[
+            "--mode",
+            "closed",
+            "--concurrency",
+            "2",
+            "--duration",
+            "0.5",
+            "--engines",
+            "3",
+            "--tenants",
+            "a,b,c",
+            "--trace",
+            trace.path().to_str().unwrap(),
+            "--pages-per-rank",
+            "64",
+        ],
+    );
+    let after = metrics(server.addr);
+    assert_eq!(r["cluster"]["tenants"], serde_json::json!(["a", "b", "c"]));
+    assert!(r["prompts"]["done"].as_u64().unwrap() > 0, "{}", r["prompts"]);
+    for t in ["a", "b", "c"] {
+        let label = format!("tenant=\"{t}\"");
+        let n = delta(&before, &after, "hf3fs_meta_tenant_requests_total", &[&label, "endpoint=\"batch_allocate\""]);
+        assert!(n > 0, "tenant {t} got no allocate");
+        assert!(after[&format!("hf3fs_meta_tenant_keys{{{label}}}")] > 0.0, "tenant {t} stores nothing");
+    }
+    let root = delta(&before, &after, "hf3fs_meta_tenant_requests_total", &["tenant=\"default\"", "dialect=\"vllm\""]);
+    assert_eq!(root, 0, "no data request went to the root routes (the scrapes of /metrics do)");
 }

@@ -264,3 +264,33 @@ fn the_directories_of_the_release_before_issue_20_open() {
         assert!(contents(&src) == before, "{name}: the committed directory changed");
     }
 }
+
+#[test]
+fn inspect_and_verify_cover_every_tenant_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let file = dir.path().join("tenants.toml");
+    std::fs::write(&file, "[tenants.a]\n[tenants.b]\n").unwrap();
+    let mut s = ServerProcess::serve_durable(&data, &["--tenants", file.to_str().unwrap(), "--test-clock"]);
+    let mut c = s.client();
+    must(&mut c, "/t/a/rank/0/initialize", json!({"num_pages": 8}));
+    let keys: Vec<String> = (1..=3).map(k).collect();
+    let v = must(&mut c, "/t/a/keys/batch_allocate", json!({"rank": 0, "keys": keys}));
+    let p: Vec<i64> = v["results"].as_array().unwrap().iter().map(|x| x[1].as_i64().unwrap()).collect();
+    let conf = json!([[keys[0], p[0]], [keys[1], p[1]], [keys[2], p[2]]]);
+    must(&mut c, "/t/a/keys/confirm_write", json!({"rank": 0, "confirmations": conf, "pages_to_release": []}));
+    must(&mut c, "/t/b/0/initialize", json!({"num_pages": 4}));
+    s.kill();
+    let r = inspect(&data);
+    assert_eq!(r["vllm"]["keys"], 0, "the tenant default's state is the directory itself: {r}");
+    assert_eq!(r["tenants"]["a"]["vllm"]["keys"], 3, "{r}");
+    assert_eq!(cells(&r["tenants"]["a"]["vllm"]["ranks"][0]), [8, 5, 0, 3, 0], "{r}");
+    assert_eq!(r["tenants"]["b"]["sglang"]["spaces"][0]["num_pages"], 4, "{r}");
+    let text = stdout(&tool("inspect", &data, &[]));
+    assert!(text.contains("tenant a (") && text.contains("tenant b ("), "{text}");
+    let o = tool("verify", &data, &[]);
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("ok         tenant a: vLLM store: audit"), "{out}");
+    assert!(out.contains("ok         tenant b: recovery"), "{out}");
+}

@@ -103,6 +103,21 @@ class SglangDeployment:
         return self.client.exists(0, keys, PoolName.KV)
 
 
+def same_prompt_in_two(va: VllmDeployment, vb: VllmDeployment) -> list[str]:
+    """a saves 10 blocks of a prompt, b all 16 of the same prompt (the same
+    keys): each hits only its own, and every page read holds its own bytes.
+    The prompt's keys."""
+    prompt = block_hashes(16, "the same system prompt")
+    va.save(prompt[:10])
+    # b has seen none of a's blocks: no hit, though the keys are the same.
+    assert vb.hits(prompt) == 0
+    vb.save(prompt)
+    assert va.hits(prompt) == 10 and vb.hits(prompt) == 16
+    va.load(prompt[:10])
+    vb.load(prompt)
+    return prompt
+
+
 def tenants_file(path: Path, ports: dict[str, int]) -> Path:
     path.write_text(
         "".join(f'[tenants.{name}]\nlisten = "127.0.0.1:{port}"\n' for name, port in ports.items())
@@ -131,14 +146,7 @@ def test_two_vllm_and_two_sglang_deployments_with_the_same_prompts_never_share_a
         sa = SglangDeployment("sgl-a", sglang_cls, f"{srv.base_url}/t/sgl-a")
         sb = SglangDeployment("sgl-b", sglang_cls, f"{srv.base_url}/t/sgl-b")
 
-        prompt = block_hashes(16, "the same system prompt")
-        va.save(prompt[:10])
-        # b has seen none of a's blocks: no hit, though the keys are the same.
-        assert vb.hits(prompt) == 0
-        vb.save(prompt)
-        assert va.hits(prompt) == 10 and vb.hits(prompt) == 16
-        va.load(prompt[:10])
-        vb.load(prompt)
+        prompt = same_prompt_in_two(va, vb)
 
         skeys = sglang_keys(12, "the same prompt")
         sa.set(skeys[:4])

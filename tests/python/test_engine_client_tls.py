@@ -32,15 +32,16 @@ from test_ha_relay import Cluster, spawn, wait_until
 from server_process import free_loopback_port
 
 
-def make_certs(d: Path) -> None:
+def make_certs(d: Path, names: tuple[str, ...] = ("node", "relay", "etcd")) -> None:
     """ca.pem; node.pem/key (127.0.0.1, server and client); relay.pem/key;
-    etcd.pem/key (etcd's server certificate)."""
+    etcd.pem/key (etcd's server certificate); or one pair per name of
+    `names`, each with the subject CN=<name> (its identity)."""
     openssl = shutil.which("openssl")
     assert openssl, "openssl is not installed: .ci/run installs it"
     ec = [openssl, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     run = lambda argv: subprocess.run(argv, check=True, capture_output=True)  # noqa: E731
     run([*ec, "-x509", "-days", "2", "-subj", "/CN=py-ca", "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem")])
-    for who in ("node", "relay", "etcd"):
+    for who in names:
         run([*ec, "-subj", f"/CN={who}", "-keyout", str(d / f"{who}.key"), "-out", str(d / f"{who}.csr")])
         (d / f"{who}.ext").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
         run([openssl, "x509", "-req", "-in", str(d / f"{who}.csr"), "-CA", str(d / "ca.pem"), "-CAkey",
