@@ -332,6 +332,15 @@ impl Runtime {
         self.tenants.current().list().iter().filter_map(|t| t.registry.clone()).collect()
     }
 
+    /// Tenant `name`'s own page spaces and durable stores, while served
+    /// (`None` for `default`, whose are the server's, and without
+    /// `--data-dir`).
+    pub fn state(&self, name: &str) -> Option<(Arc<Registry>, Arc<durable::Durability>)> {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let l = live.get(name)?;
+        Some((l.tenant.registry.clone()?, l.durable.clone()?))
+    }
+
     /// Every tenant's own durable stores.
     pub fn durables(&self) -> Vec<Arc<durable::Durability>> {
         self.live.lock().unwrap_or_else(PoisonError::into_inner).values().filter_map(|l| l.durable.clone()).collect()
