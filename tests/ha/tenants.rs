@@ -60,6 +60,14 @@ fn two_tenants_with_the_same_keys_fail_over_each_exactly_as_it_was() {
     // The standby has both tenants' streams caught up.
     let h = super::cluster::ha(nodes.get(s)).expect("health");
     assert_eq!(h["replication"]["as_standby"]["caught_up"], json!(true), "{h}");
+    for t in ["a", "b"] {
+        assert_eq!(h["replication"]["tenants"][t]["as_standby"]["caught_up"], json!(true), "{h}");
+    }
+    let h = super::cluster::ha(nodes.get(l)).expect("health");
+    for t in ["a", "b"] {
+        let r = &h["replication"]["tenants"][t];
+        assert_eq!((r["in_sync"].as_bool(), r["refused"].is_null()), (Some(true), true), "{h}");
+    }
     nodes.kill(l);
     nodes.serving(s);
     let new = at(nodes.get(s));

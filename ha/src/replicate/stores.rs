@@ -89,6 +89,11 @@ impl Replicators {
         }
     }
 
+    /// Tenant `name`'s replicators, in [`Dialect::ALL`]'s order.
+    pub fn tenant(&self, name: &str) -> Option<[Arc<Replicator>; 2]> {
+        self.tenants.read().unwrap_or_else(PoisonError::into_inner).get(name).cloned()
+    }
+
     /// The tenants replicated.
     pub fn tenant_names(&self) -> Vec<String> {
         self.tenants.read().unwrap_or_else(PoisonError::into_inner).keys().cloned().collect()
