@@ -406,15 +406,6 @@ impl Config {
     /// Checks what clap cannot check flag by flag.
     pub fn validate(&self) -> Result<(), String> {
         self.validate_expected_keys(mem_total())?;
-        if self.tenants.is_some() {
-            // The file itself is read and checked before anything starts,
-            // where it is opened (`tenants::load`, from main.rs).
-            if self.ha.enabled() {
-                return Err("--tenants and --ha etcd cannot be combined yet: tenants are not replicated to the \
-                            standby (docs/tenants.md)"
-                    .into());
-            }
-        }
         self.tls.validate()?;
         if let (true, Some(url)) = (self.ha.enabled(), self.ha.advertise_url.as_deref()) {
             match (url.starts_with("https://"), self.tls.enabled()) {

@@ -275,6 +275,10 @@ async fn start_election(app: &Arc<App>) -> Result<Option<Arc<ha::Election>>, Str
     // Replication: the journal streams to the synchronous standby.
     let host: Arc<dyn ha::Host> = app.clone();
     let replicated = ha::replicate::start(&host, &*etcd, &h.etcd.keys()).await?;
+    // Every tenant's stores are replicated too, before anything is elected.
+    if let Some(t) = &app.tenants {
+        t.replicate(replicated.clone());
+    }
     let election = ha::Election::start(app.clone(), etcd, h.etcd.keys(), replicated.clone());
     replicated.bind(&election);
     Ok(Some(election))

@@ -30,6 +30,13 @@
 //! (their requests in flight finish), then their state is freed, on disk
 //! too (their directory is renamed away in one step, then deleted). A file
 //! that fails leaves the running tenants as they were.
+//!
+//! With `--ha etcd` ([`Runtime::replicate`]), every tenant's durable stores
+//! are replicated as the server's are (ha's `Replicated::add_tenant`): as
+//! leader they stream to the synchronous standby, as standby they apply
+//! the leader's streams of the same tenant; a tenant is added to
+//! replication before it is served and removed from it before its state is
+//! closed.
 
 use crate::config::Config;
 use crate::core::Registry;
@@ -248,6 +255,8 @@ pub struct Runtime {
     /// What serves the listen addresses: the service and the port's TLS,
     /// once the server serves ([`Runtime::start`]).
     serving: Mutex<Option<Serving>>,
+    /// With `--ha etcd`: the replication every tenant's stores join.
+    replicated: Mutex<Option<Arc<crate::ha::replicate::Replicated>>>,
 }
 
 /// What serves the tenants' listen addresses and drains removed tenants.
@@ -282,7 +291,19 @@ impl Runtime {
             tenants: Arc::new(Tenants::new(set)),
             live: Mutex::new(live),
             serving: Mutex::new(None),
+            replicated: Mutex::new(None),
         })
+    }
+
+    /// With `--ha etcd` (before the election starts): every tenant's
+    /// durable stores are replicated through `r` from now on, those of
+    /// tenants added by a reload too.
+    pub fn replicate(&self, r: Arc<crate::ha::replicate::Replicated>) {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        for (name, l) in live.iter() {
+            join(&r, name, l);
+        }
+        *self.replicated.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
     }
 
     /// Serves every tenant's listen address (bound by [`Runtime::open`])
@@ -330,6 +351,15 @@ impl Runtime {
     /// server's): the background passes walk them.
     pub fn registries(&self) -> Vec<Arc<Registry>> {
         self.tenants.current().list().iter().filter_map(|t| t.registry.clone()).collect()
+    }
+
+    /// Tenant `name`'s own page spaces and durable stores, while served
+    /// (`None` for `default`, whose are the server's, and without
+    /// `--data-dir`).
+    pub fn state(&self, name: &str) -> Option<(Arc<Registry>, Arc<durable::Durability>)> {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let l = live.get(name)?;
+        Some((l.tenant.registry.clone()?, l.durable.clone()?))
     }
 
     /// Every tenant's own durable stores.
@@ -384,7 +414,15 @@ impl Runtime {
             next.insert(name.clone(), l);
         }
         let set = tenant_set(&next)?;
-        // Valid: serve it. Listeners kept move over; the others stop.
+        // Valid: replicated before served (an added tenant's changes wait
+        // for the standby from its first request on).
+        let replicated = self.replicated.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(r) = &replicated {
+            for (name, l) in next.iter().filter(|(n, _)| !live.contains_key(*n)) {
+                join(r, name, l);
+            }
+        }
+        // Served. Listeners kept move over; the others stop.
         for name in kept {
             if let (Some(n), Some(o)) = (next.get_mut(&name), live.get_mut(&name)) {
                 n.listener = o.listener.take();
@@ -402,6 +440,9 @@ impl Runtime {
                 l.stop();
             }
             if !live.contains_key(&name) {
+                if let (Some(r), Some(_)) = (&replicated, &o.durable) {
+                    r.remove_tenant(&name);
+                }
                 // Disabled: no longer served, its state kept; removed: freed.
                 let delete = !file.tenants.contains_key(&name);
                 self.drain(name, o, delete);
@@ -447,6 +488,16 @@ impl Runtime {
 impl t::Reload for Runtime {
     fn reload(&self) -> Result<Vec<String>, String> {
         Runtime::reload(self)
+    }
+}
+
+/// Tenant `name`'s durable stores join replication `r` (the tenant
+/// `default`'s are the server's own, replicated already).
+fn join(r: &crate::ha::replicate::Replicated, name: &str, l: &Live) {
+    if let (Some(registry), Some(d)) = (&l.tenant.registry, &l.durable) {
+        if !r.add_tenant(name, registry.clone(), d.clone()) {
+            tracing::warn!(tenant = name, "the tenant's durable stores were replicated already");
+        }
     }
 }
 

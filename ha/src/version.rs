@@ -156,13 +156,13 @@ mod tests {
     fn the_cluster_speaks_what_every_member_speaks_and_refuses_who_speaks_none_of_it() {
         let n = |s: &str, r: Range| (s.to_string(), r);
         let (c, refused) = cluster(Range::THIS, &[n("b", Range::THIS), n("c", Range::THIS)]);
-        assert_eq!((c.version(), c.range, refused.len()), (3, Range::THIS, 0));
+        assert_eq!((c.version(), c.range, refused.len()), (4, Range::THIS, 0));
         let (c, refused) = cluster(Range::THIS, &[n("b", PREV), n("c", Range::THIS)]);
         assert_eq!((c.version(), refused.len()), (2, 0), "one member of the previous release: version 2");
-        let future = Range { min: 4, max: 5 };
+        let future = Range { min: 5, max: 6 };
         let (c, refused) = cluster(Range::THIS, &[n("b", future), n("c", PREV)]);
         assert_eq!((c.range, refused), (PREV, vec![n("b", future)]), "the future node is left out");
-        assert!(refusal(future, c).unwrap().contains("protocol 4-5"));
+        assert!(refusal(future, c).unwrap().contains("protocol 5-6"));
         assert!(refusal(future, c).unwrap().contains("the cluster speaks 2"));
         assert_eq!(refusal(Range::THIS, c), None);
         assert_eq!(ClusterVersion::decode(&c.encode()), Some(c));

@@ -56,6 +56,7 @@ mod pause;
 mod proxy;
 mod relay;
 mod switchover;
+mod tenants;
 mod tls;
 mod under_load;
 mod writes;

@@ -67,7 +67,7 @@ fn ctl_shows_the_cluster_and_switches_over_under_load_losing_nothing() {
     let list = st["nodes"].as_array().expect("nodes");
     assert_eq!(list.len(), 3, "{st}");
     for n in list {
-        assert_eq!((&n["release"], &n["protocol"]), (&json!(hf3fs_meta::release::VERSION), &json!("2-3")), "{n}");
+        assert_eq!((&n["release"], &n["protocol"]), (&json!(hf3fs_meta::release::VERSION), &json!("2-4")), "{n}");
         let me = n["node"].as_str().unwrap();
         if me == ids[l] {
             assert_eq!((&n["role"], &n["epoch"]), (&json!("leader"), &json!(epoch)), "{n}");
@@ -190,7 +190,7 @@ fn ctl_switchover_is_refused_without_a_caught_up_standby_and_a_foreign_node_is_n
     let dir = tempfile::tempdir().unwrap();
     let mut p: ServerProcess = c.replicated("b", dir.path(), "available", &[]);
     let line = p.wait_line(|l| l.contains("not joining the cluster")).expect("the refusal in the log");
-    assert!(line.contains("protocol 2-3") && line.contains("the cluster speaks 8-9"), "{line}");
+    assert!(line.contains("protocol 2-4") && line.contains("the cluster speaks 8-9"), "{line}");
     let h = wait_for("the refusal in /health", || {
         let h = ha(&p)?;
         (h["versions"]["compatible"] == false).then_some(h)

@@ -260,6 +260,7 @@ fn a_tls_cluster_serves_through_relays_and_refuses_what_it_cannot_trust() {
                 epoch: forged_epoch,
                 release: hf3fs_meta::release::VERSION.into(),
                 leader: who.into(),
+                tenant: None,
             },
         ]
     });

@@ -28,4 +28,5 @@
 mod replication;
 mod replication_liveness;
 mod replication_sglang;
+mod tenants;
 mod versions;

@@ -49,8 +49,18 @@ impl Pair {
     }
 
     fn build(mode: SyncMode, setup: impl FnOnce(&TestServer), range: Range) -> Pair {
+        Self::build_with(mode, setup, range, &[])
+    }
+
+    /// As [`Pair::with_standby_speaking`], both servers started with the
+    /// flags `extra` too.
+    pub fn build_with(mode: SyncMode, setup: impl FnOnce(&TestServer), range: Range, extra: &[&str]) -> Pair {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let args = |d: &tempfile::TempDir| config(&["--data-dir", d.path().to_str().unwrap(), "--fsync", "always"]);
+        let args = |d: &tempfile::TempDir| {
+            let mut args = vec!["--data-dir", d.path().to_str().unwrap(), "--fsync", "always"];
+            args.extend_from_slice(extra);
+            config(&args)
+        };
         let leader = TestServer::start(args(&a));
         let standby = TestServer::start(args(&b));
         setup(&standby);

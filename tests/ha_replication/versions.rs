@@ -112,7 +112,7 @@ fn a_standby_of_a_future_release_is_refused_and_nothing_streams() {
     }));
     until("the standby refuses", || p.receiver.counters.bad_version.load(Ordering::Relaxed) >= 1);
     let why = p.receiver.version_refusal().expect("the refusal is kept for /health");
-    assert!(why.contains("protocol 2-3") && why.contains("this node 4-5"), "{why}");
+    assert!(why.contains("protocol 2-4") && why.contains("this node 5-6"), "{why}");
     assert!(why.contains("no version in common"), "{why}");
     assert!(p.replicator.synced().is_none(), "never in sync");
     let c = p.leader.post_json("/rank/0/initialize", &serde_json::json!({"num_pages": 8, "role": "worker"}));
@@ -153,9 +153,10 @@ fn a_standby_of_this_release_answers_the_previous_release_and_refuses_a_future_o
         epoch: EPOCH + 1,
         release: "9.0.0".into(),
         leader: "z".into(),
+        tenant: None,
     };
     let why = refused(p.addr, future);
-    assert!(why.contains("protocol 4-5 (hf3fs-meta 9.0.0)") && why.contains("this node 2-3"), "{why}");
+    assert!(why.contains("protocol 5-6 (hf3fs-meta 9.0.0)") && why.contains("this node 2-4"), "{why}");
     let v1 =
         Msg::Hello { version: 1, store: Dialect::Vllm, token: TOKEN.to_vec(), epoch: EPOCH + 1, leader: "x".into() };
     assert!(refused(p.addr, v1).contains("protocol 1"));
@@ -168,6 +169,7 @@ fn a_standby_of_this_release_answers_the_previous_release_and_refuses_a_future_o
         epoch: EPOCH + 1,
         release: "9.0.0".into(),
         leader: "z".into(),
+        tenant: None,
     };
     assert!(refused(p.addr, forged).contains("secret"));
     assert_eq!(c.bad_version.load(Ordering::Relaxed), 2, "a forged hello is a bad token, not a version");
@@ -180,6 +182,7 @@ fn a_standby_of_this_release_answers_the_previous_release_and_refuses_a_future_o
         epoch: EPOCH + 1,
         release: "0.2.0".into(),
         leader: "a".into(),
+        tenant: None,
     };
     mine.write_to(&mut s).unwrap();
     s.flush().unwrap();

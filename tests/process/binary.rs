@@ -105,7 +105,7 @@ fn help_lists_every_flag() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(env!("CARGO_PKG_VERSION")), "{text}");
     assert!(text.contains(&format!("commit {}", hf3fs_meta::release::COMMIT)), "{text}");
-    assert!(text.contains("replication protocol 2-3") && text.contains("data-directory format 2"), "{text}");
+    assert!(text.contains("replication protocol 2-4") && text.contains("data-directory format 2"), "{text}");
 }
 
 /// Every subcommand, with the document its `--help` names.

@@ -114,6 +114,8 @@ enum Item {
 struct StreamConfig {
     /// The store streamed.
     dialect: Dialect,
+    /// The tenant whose store it is (`None`: the server's own).
+    tenant: Option<Arc<str>>,
     /// SGLang's store: the catalog naming its spaces.
     catalog: Option<Arc<Catalog>>,
     /// The leader's state as its durable store reads it back.
@@ -135,6 +137,12 @@ struct StreamConfig {
 pub struct Replicator {
     /// The store streamed.
     dialect: Dialect,
+    /// The tenant whose store it is (`None`: the server's own, the tenant
+    /// `default`'s); a tenant's streams only to a standby of protocol 4 on.
+    tenant: Option<Arc<str>>,
+    /// Stopped ([`Replicator::stop`], the tenant removed): the sender
+    /// thread ends.
+    stopped: AtomicBool,
     /// SGLang's store: the catalog naming its spaces.
     catalog: Option<Arc<Catalog>>,
     /// The leader's state as its durable store reads it back.
@@ -215,7 +223,45 @@ impl Replicator {
         mode: SyncMode,
         wait: Duration,
     ) -> Arc<Self> {
-        Self::start_store(StreamConfig { dialect: Dialect::Vllm, catalog: None, store, head, token, node, mode, wait })
+        Self::start_store(StreamConfig {
+            dialect: Dialect::Vllm,
+            tenant: None,
+            catalog: None,
+            store,
+            head,
+            token,
+            node,
+            mode,
+            wait,
+        })
+    }
+
+    /// Tenant `tenant`'s two replicators, of its durable stores `d`, in
+    /// [`Dialect::ALL`]'s order (see [`Replicator::start`]); they stream
+    /// only to a standby that speaks [`super::wire::Feature::Tenants`].
+    pub fn start_tenant(
+        tenant: &str,
+        d: &Arc<crate::durable::Durability>,
+        token: &[u8],
+        node: &str,
+        mode: SyncMode,
+        wait: Duration,
+    ) -> [Arc<Self>; 2] {
+        let tenant: Arc<str> = Arc::from(tenant);
+        Dialect::ALL.map(|dialect| {
+            let weak = Arc::downgrade(d);
+            Self::start_store(StreamConfig {
+                dialect,
+                tenant: Some(tenant.clone()),
+                catalog: (dialect == Dialect::Sglang).then(|| d.catalog.clone()),
+                store: d.of(dialect).source(),
+                head: Box::new(move || weak.upgrade().map_or(0, |d| d.of(dialect).head())),
+                token: token.into(),
+                node: node.to_string(),
+                mode,
+                wait,
+            })
+        })
     }
 
     /// As [`Replicator::start`], for SGLang's spaces (`store`, their durable
@@ -232,6 +278,7 @@ impl Replicator {
     ) -> Arc<Self> {
         Self::start_store(StreamConfig {
             dialect: Dialect::Sglang,
+            tenant: None,
             catalog: Some(catalog),
             store,
             head,
@@ -243,7 +290,7 @@ impl Replicator {
     }
 
     fn start_store(cfg: StreamConfig) -> Arc<Self> {
-        let StreamConfig { dialect, catalog, store, head, token, node, mode, wait } = cfg;
+        let StreamConfig { dialect, tenant, catalog, store, head, token, node, mode, wait } = cfg;
         let (tx, rx) = crossbeam_channel::unbounded();
         if let Some(c) = &catalog {
             let tx = tx.clone();
@@ -254,6 +301,8 @@ impl Replicator {
         }
         let r = Arc::new(Replicator {
             dialect,
+            tenant,
+            stopped: AtomicBool::new(false),
             catalog,
             store,
             head,
@@ -421,6 +470,55 @@ impl Replicator {
         self.dialect
     }
 
+    /// The tenant whose store it streams (`None`: the server's own).
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    /// Whether `t` can apply a tenant's store: it speaks
+    /// [`Feature::Tenants`](super::wire::Feature::Tenants) with this node.
+    fn speaks_tenants(&self, t: &Target) -> bool {
+        Session::agree(Range::THIS, t.range).is_some_and(|s| s.has(super::wire::Feature::Tenants))
+    }
+
+    /// A tenant's replicator whose target cannot apply a tenant's store
+    /// (a node of a release before tenants were replicated): why its
+    /// changes are refused. `None` for the server's own stores, or a target
+    /// that can.
+    pub fn cannot_replicate(&self) -> Option<String> {
+        self.tenant.as_ref()?;
+        let t = self.target()?;
+        (!self.speaks_tenants(&t)).then(|| {
+            format!(
+                "tenant '{}': the synchronous standby {} speaks replication protocol {}, which cannot carry a \
+                 tenant's changes (protocol 4 on): upgrade every node of the cluster",
+                self.tenant.as_deref().unwrap_or_default(),
+                t.node,
+                t.range
+            )
+        })
+    }
+
+    /// Takes `model`'s control-plane state (a tenant's replicator started
+    /// while the server's run): its target, the names `P/sync` may hold,
+    /// the epoch led, the heartbeat and `available` mode's release.
+    pub fn follow(&self, model: &Replicator) {
+        self.set_heartbeat(model.heartbeat_every());
+        self.lead(model.lag.leading());
+        let named = model.named.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        self.set_named(|n| *n = named);
+        self.release(model.released.load(Ordering::Acquire));
+        self.set_target(model.target());
+    }
+
+    /// Stops it for good (its tenant was removed): it streams to nobody,
+    /// and its sender thread ends.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.set_target(None);
+        self.waiters.wake_all();
+    }
+
     /// The last change number handed out on this node.
     pub fn head(&self) -> u64 {
         (self.head)()
@@ -440,7 +538,7 @@ impl Replicator {
     /// process runs.
     fn run(self: Arc<Self>, rx: Receiver<Item>) {
         let mut backoff = Backoff::default();
-        loop {
+        while !self.stopped.load(Ordering::Acquire) {
             let (n, target) = self.current();
             let Some(t) = target else {
                 // Nobody to stream to: frames are dropped (a standby that
@@ -482,6 +580,11 @@ impl Replicator {
     /// One session with `t`, until it fails or the target changes; the
     /// connection is shut down on the way out (which ends its reader).
     fn run_session(self: &Arc<Self>, n: u64, t: &Target, rx: &Receiver<Item>) -> Result<(), String> {
+        if self.tenant.is_some() && !self.speaks_tenants(t) {
+            // Not a failure of the standby: it cannot apply a tenant's
+            // store, and is never asked to (its requests are refused).
+            return Ok(());
+        }
         if Session::agree(Range::THIS, t.range).is_none() {
             self.incompatible.fetch_add(1, Ordering::Relaxed);
             return Err(format!(
@@ -567,7 +670,7 @@ impl Replicator {
         acks: &mut AckReader,
     ) -> Result<Option<(Session, String)>, String> {
         let expected = Session::agree(Range::THIS, t.range).expect("checked by run_session");
-        let hello = outbound::hello(expected, self.dialect, &self.token, t.epoch, &self.node);
+        let hello = outbound::hello(expected, self.dialect, self.tenant.as_deref(), &self.token, t.epoch, &self.node);
         send(wr, &hello)?;
         wr.flush().map_err(|e| e.to_string())?;
         // The answer is due within the sync timeout: a listener reached
@@ -728,6 +831,9 @@ impl Replicator {
 
     /// `Ok` once `upto` may be answered (see the module docs).
     async fn wait_ack(&self, upto: u64) -> Result<(), String> {
+        if let Some(why) = self.cannot_replicate() {
+            return Err(why);
+        }
         let acked = || self.in_sync.load(Ordering::Acquire) && self.vouched() && self.acked() >= upto;
         // The timer is armed at its first poll: not at all when the
         // standby has acknowledged already.

@@ -11,8 +11,17 @@ use std::io::{BufWriter, Read as _, Write as _};
 
 /// The hello of a session at `expected` (the version the standby's
 /// published range agrees on): to a version-2 standby, version 2's hello,
-/// byte for byte.
-pub(super) fn hello(expected: Session, store: Dialect, token: &[u8], epoch: u64, leader: &str) -> Msg {
+/// byte for byte. A tenant's store (`tenant`) is streamed only on a
+/// session with [`Feature::Tenants`] (checked by the caller).
+pub(super) fn hello(
+    expected: Session,
+    store: Dialect,
+    tenant: Option<&str>,
+    token: &[u8],
+    epoch: u64,
+    leader: &str,
+) -> Msg {
+    debug_assert!(tenant.is_none() || expected.has(Feature::Tenants));
     if expected.has(Feature::Agreed) {
         Msg::HelloRange {
             range: Range::THIS,
@@ -21,6 +30,7 @@ pub(super) fn hello(expected: Session, store: Dialect, token: &[u8], epoch: u64,
             epoch,
             release: crate::RELEASE.into(),
             leader: leader.to_string(),
+            tenant: tenant.map(str::to_string),
         }
     } else {
         Msg::Hello { version: expected.version(), store, token: token.to_vec(), epoch, leader: leader.to_string() }

@@ -79,6 +79,29 @@ impl Replicated {
         })
     }
 
+    /// Tenant `name` (`--tenants`) is replicated from now on: as leader its
+    /// durable stores stream to the standby (and its changes wait for the
+    /// standby's acknowledgement), as standby a leader's streams of it
+    /// apply into `registry` and `durable`. Call it before the tenant is
+    /// served. `false` when its stores already had a replicator.
+    pub fn add_tenant(
+        &self,
+        name: &str,
+        registry: Arc<crate::core::Registry>,
+        durable: Arc<crate::durable::Durability>,
+    ) -> bool {
+        let attached = self.replicator.add_tenant(name, &durable);
+        self.standby.add_tenant(name, super::standby::TenantState { registry, durable });
+        attached
+    }
+
+    /// Tenant `name` was removed: neither streamed nor accepted from now
+    /// on (call it before its state is closed).
+    pub fn remove_tenant(&self, name: &str) {
+        self.replicator.remove_tenant(name);
+        self.standby.remove_tenant(name);
+    }
+
     /// Gives the hook the election it serves (after `Election::start`).
     pub fn bind(&self, election: &Arc<Election>) {
         let _ = self.election.set(Arc::downgrade(election));

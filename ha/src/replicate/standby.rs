@@ -43,6 +43,16 @@
 //! records arrive ([`super::apply`]). A node is caught up, and may be
 //! promoted, only once both stores are.
 //!
+//! A tenant's stores (`--tenants`) come on connections of their own too,
+//! whose hello names the tenant ([`Feature::Tenants`], protocol 4 on): each
+//! tenant this node serves is a *lane* ([`Standby::add_tenant`]) with its
+//! own positions, caught-up flags and held pages, applied into that
+//! tenant's state exactly as the server's own stores are into the
+//! server's. A hello naming a tenant this node does not have is refused.
+//! A tenant's lane counts for the promotion rule once its leader streamed
+//! it at the newest epoch: the leader names this node synchronous standby
+//! only while every tenant's stream it has is in sync here.
+//!
 //! # Memory ordering
 //!
 //! `epoch` and each store's `position` and `caught_up` are written under
@@ -55,13 +65,15 @@
 use super::apply::{apply, Holds, Side};
 use super::ct_eq;
 use super::wire::{Feature, Msg, Range, Session};
-use crate::core::{Dialect, SpaceName};
+use crate::core::{Dialect, Registry, SpaceName};
+use crate::durable::Durability;
 use crate::Host;
 use hf3fs_meta_tls::duplex::Stream as Conn;
+use std::collections::BTreeMap;
 use std::io::{BufReader, BufWriter, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 /// How long the standby waits for its own disk before it gives up on a
@@ -110,6 +122,41 @@ struct Stream {
     session: AtomicU64,
 }
 
+/// A tenant's state on this node, which its lane applies into.
+pub struct TenantState {
+    /// Its page spaces.
+    pub registry: Arc<Registry>,
+    /// Its durable stores.
+    pub durable: Arc<Durability>,
+}
+
+/// One set of durable stores streamed here: the server's own, or a
+/// tenant's.
+#[derive(Default)]
+struct Lane {
+    /// A tenant's state (`None`: the server's own, from the [`Host`]).
+    of: Option<TenantState>,
+    /// Each store's stream, by [`Dialect::index`].
+    stores: [Stream; 2],
+    /// The pages to hold back on promotion, by [`Dialect::index`]; taken
+    /// under [`Standby::apply`].
+    holds: Mutex<[Holds; 2]>,
+    /// The epoch of the newest session admitted on it.
+    epoch: AtomicU64,
+    /// The tenant was removed here: its messages are refused.
+    retired: AtomicBool,
+}
+
+impl Lane {
+    fn caught_up(&self) -> bool {
+        self.stores.iter().all(|s| s.caught_up.load(Ordering::Acquire))
+    }
+
+    fn registry<'a>(&'a self, app: &'a dyn Host) -> &'a Registry {
+        self.of.as_ref().map_or(app.registry(), |t| &t.registry)
+    }
+}
+
 /// Who etcd names as leader now: the leader key's create revision (the
 /// epoch) and node id, `None` without a leader; `Err` when etcd cannot say.
 pub type LeaderCheck = Box<dyn Fn() -> Result<Option<(u64, String)>, String> + Send + Sync>;
@@ -129,11 +176,13 @@ pub struct Standby {
     session_version: AtomicU64,
     /// The newest leader epoch seen in an accepted hello (or promoted to).
     epoch: AtomicU64,
-    /// Each store's stream, by [`Dialect::index`].
-    stores: [Stream; 2],
-    /// Held while one message is applied (one leader at a time), with the
-    /// pages to hold back on promotion, by [`Dialect::index`].
-    apply: Mutex<[Holds; 2]>,
+    /// The server's own stores.
+    own: Arc<Lane>,
+    /// Each tenant's, by name.
+    tenants: RwLock<BTreeMap<String, Arc<Lane>>>,
+    /// Held while one message is applied (one leader at a time), and by
+    /// the promotion.
+    apply: Mutex<()>,
     /// What was refused and applied.
     pub counters: StandbyCounters,
     /// With `--tls-cert`: the listener's TLS configuration.
@@ -161,8 +210,9 @@ impl Standby {
             refusal: Mutex::new(None),
             session_version: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
-            stores: Default::default(),
-            apply: Mutex::new(Default::default()),
+            own: Arc::default(),
+            tenants: RwLock::default(),
+            apply: Mutex::new(()),
             counters: StandbyCounters::default(),
             tls: OnceLock::new(),
             leaders: OnceLock::new(),
@@ -257,15 +307,54 @@ impl Standby {
         })
     }
 
-    /// The position of `store` applied here, and whether it is caught up.
+    /// The position of the server's `store` applied here, and whether it
+    /// is caught up.
     pub fn store_state(&self, store: Dialect) -> (u64, bool) {
-        let s = &self.stores[store.index()];
+        let s = &self.own.stores[store.index()];
         (s.position.load(Ordering::Acquire), s.caught_up.load(Ordering::Acquire))
     }
 
-    /// Both stores are caught up with the leader of the newest epoch.
+    /// Tenant `name`'s `store` position here and whether it is caught up
+    /// (`None`: no such tenant here).
+    pub fn tenant_state(&self, name: &str, store: Dialect) -> Option<(u64, bool)> {
+        let lanes = self.tenants.read().unwrap_or_else(PoisonError::into_inner);
+        let s = &lanes.get(name)?.stores[store.index()];
+        Some((s.position.load(Ordering::Acquire), s.caught_up.load(Ordering::Acquire)))
+    }
+
+    /// Tenant `name`'s state is applied into `state` from now on: a
+    /// leader's streams of that tenant are accepted.
+    pub fn add_tenant(&self, name: &str, state: TenantState) {
+        let lane = Arc::new(Lane { of: Some(state), ..Lane::default() });
+        let old = self.tenants.write().unwrap_or_else(PoisonError::into_inner).insert(name.to_string(), lane);
+        if let Some(o) = old {
+            o.retired.store(true, Ordering::Release);
+        }
+    }
+
+    /// Tenant `name` was removed here: its streams are refused from now
+    /// on (a running one ends at its next message).
+    pub fn remove_tenant(&self, name: &str) {
+        let gone = self.tenants.write().unwrap_or_else(PoisonError::into_inner).remove(name);
+        if let Some(l) = gone {
+            // Under the apply lock: no message of it is being applied once
+            // this returns, so its state may be closed.
+            let _g = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+            l.retired.store(true, Ordering::Release);
+        }
+    }
+
+    /// The tenants whose streams are accepted here.
+    pub fn tenant_names(&self) -> Vec<String> {
+        self.tenants.read().unwrap_or_else(PoisonError::into_inner).keys().cloned().collect()
+    }
+
+    /// The server's stores are caught up with the leader of the newest
+    /// epoch, and so is every tenant's that leader streamed.
     fn caught_up(&self) -> bool {
-        self.stores.iter().all(|s| s.caught_up.load(Ordering::Acquire))
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let lanes = self.tenants.read().unwrap_or_else(PoisonError::into_inner);
+        self.own.caught_up() && lanes.values().all(|l| l.epoch.load(Ordering::Acquire) != epoch || l.caught_up())
     }
 
     /// This node becomes leader at `epoch`: frames of any older leader are
@@ -276,21 +365,34 @@ impl Standby {
     /// back here until that lease has passed (readers' leases are not
     /// replicated).
     pub fn promote(&self, epoch: u64) -> (bool, u64) {
-        let holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
-        // Both swapped (no short circuit): neither store stays caught up.
-        let was = self.stores.each_ref().map(|s| s.caught_up.swap(false, Ordering::AcqRel)).iter().all(|&b| b);
+        let _g = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        let seen = self.epoch.load(Ordering::Acquire);
+        let lanes = self.tenants.read().unwrap_or_else(PoisonError::into_inner);
+        // Every store swapped (no short circuit): none stays caught up. A
+        // tenant's counts when the last leader streamed it.
+        let swap = |l: &Lane| l.stores.each_ref().map(|s| s.caught_up.swap(false, Ordering::AcqRel)).iter().all(|&b| b);
+        let mut was = swap(&self.own);
+        for l in lanes.values() {
+            let streamed = l.epoch.load(Ordering::Acquire) == seen;
+            was &= swap(l) || !streamed;
+        }
         self.epoch.fetch_max(epoch, Ordering::AcqRel);
         if let Some(app) = self.app.upgrade() {
-            let vllm = holds[Dialect::Vllm.index()].apply(Side::Vllm(app.registry().vllm()));
-            let sglang = holds[Dialect::Sglang.index()].apply(Side::Spaces(app.registry().sglang()));
-            tracing::info!(
-                epoch,
-                pages = vllm,
-                sglang_pages = sglang,
-                "promotion: pages unbound within the last read lease held back"
-            );
+            for (name, l) in std::iter::once(("", &self.own)).chain(lanes.iter().map(|(n, l)| (n.as_str(), l))) {
+                let registry = l.registry(&*app);
+                let holds = l.holds.lock().unwrap_or_else(PoisonError::into_inner);
+                let vllm = holds[Dialect::Vllm.index()].apply(Side::Vllm(registry.vllm()));
+                let sglang = holds[Dialect::Sglang.index()].apply(Side::Spaces(registry.sglang()));
+                tracing::info!(
+                    epoch,
+                    tenant = name,
+                    pages = vllm,
+                    sglang_pages = sglang,
+                    "promotion: pages unbound within the last read lease held back"
+                );
+            }
         }
-        (was, self.stores[Dialect::Vllm.index()].position.load(Ordering::Acquire))
+        (was, self.own.stores[Dialect::Vllm.index()].position.load(Ordering::Acquire))
     }
 
     /// The epoch this node leads at or is becoming leader at, if any.
@@ -305,6 +407,24 @@ impl Standby {
     /// The server's state, while it runs.
     fn app(&self) -> Result<Arc<dyn Host>, String> {
         self.app.upgrade().ok_or_else(|| "the server is stopping".to_string())
+    }
+
+    /// The lane a hello of `tenant` at `session` applies to: the server's
+    /// own without a tenant; a tenant's only on a session that carries
+    /// tenants, and only one this node has.
+    fn lane(&self, tenant: Option<&str>, session: Session) -> Result<Arc<Lane>, String> {
+        let Some(name) = tenant else { return Ok(self.own.clone()) };
+        if !session.has(Feature::Tenants) {
+            self.counters.bad_version.fetch_add(1, Ordering::Relaxed);
+            return Err(format!("tenant '{name}': a tenant's store on a session of protocol {}", session.version()));
+        }
+        let lanes = self.tenants.read().unwrap_or_else(PoisonError::into_inner);
+        lanes.get(name).cloned().ok_or_else(|| {
+            format!(
+                "this node has no tenant '{name}': every node of the cluster needs the same tenants file \
+                 (docs/tenants.md)"
+            )
+        })
     }
 
     /// Checks a hello: `Err` names the refusal (already counted).
@@ -324,8 +444,11 @@ impl Standby {
             return Err(format!("epoch {epoch} is older than epoch {newest} seen here"));
         }
         if epoch > newest {
-            for s in &self.stores {
-                s.caught_up.store(false, Ordering::Release);
+            let lanes = self.tenants.read().unwrap_or_else(PoisonError::into_inner);
+            for l in std::iter::once(&self.own).chain(lanes.values()) {
+                for s in &l.stores {
+                    s.caught_up.store(false, Ordering::Release);
+                }
             }
         }
         self.epoch.store(epoch, Ordering::Release);
@@ -371,7 +494,7 @@ impl Standby {
         };
         // Version 2's hello names one version (release 0.1.0's leaders, and
         // this release's to a version-2 standby); version 3's a range.
-        let (offered, legacy, release, store, token, epoch, leader) = match first {
+        let (offered, legacy, release, store, token, epoch, leader, tenant) = match first {
             Msg::Hello { version, store, token, epoch, leader } => (
                 Range { min: version, max: version },
                 true,
@@ -380,9 +503,10 @@ impl Standby {
                 token,
                 epoch,
                 leader,
+                None,
             ),
-            Msg::HelloRange { range, store, token, epoch, release, leader } => {
-                (range, false, format!("hf3fs-meta {release}"), store, token, epoch, leader)
+            Msg::HelloRange { range, store, token, epoch, release, leader, tenant } => {
+                (range, false, format!("hf3fs-meta {release}"), store, token, epoch, leader, tenant)
             }
             _ => {
                 self.counters.bad_token.fetch_add(1, Ordering::Relaxed);
@@ -394,11 +518,13 @@ impl Standby {
         // included (admit checks it, and counts it). Either form of the
         // hello is admitted only from the leader etcd names at its epoch.
         let admitted = if ct_eq(&token, &self.token) {
-            self.agree(offered, legacy, &release).and_then(|s| self.admit(&token, epoch, &leader).map(|()| s))
+            self.agree(offered, legacy, &release)
+                .and_then(|s| self.lane(tenant.as_deref(), s).map(|l| (s, l)))
+                .and_then(|(s, l)| self.admit(&token, epoch, &leader).map(|()| (s, l)))
         } else {
-            self.admit(&token, epoch, &leader).map(|()| Session::at(0))
+            self.admit(&token, epoch, &leader).map(|()| (Session::at(0), self.own.clone()))
         };
-        let session = match admitted {
+        let (session, lane) = match admitted {
             Ok(s) => s,
             Err(why) => {
                 tracing::warn!(leader, epoch, versions = %offered, "refused a replication hello: {why}");
@@ -407,10 +533,12 @@ impl Standby {
             }
         };
         self.session_version.store(u64::from(session.version()), Ordering::Relaxed);
+        lane.epoch.store(epoch, Ordering::Release);
         tracing::info!(
             leader,
             epoch,
             store = store.label(),
+            tenant = tenant.as_deref().unwrap_or_default(),
             version = session.version(),
             "replicating from the leader"
         );
@@ -419,16 +547,17 @@ impl Standby {
         } else {
             Msg::Welcome.write_to(&mut wr)?;
         }
-        let mine = self.stores[store.index()].session.fetch_add(1, Ordering::AcqRel) + 1;
+        let mine = lane.stores[store.index()].session.fetch_add(1, Ordering::AcqRel) + 1;
         let deadline = self.app().map_err(std::io::Error::other)?.replication_args().sync_timeout();
         wr.flush()?;
         // Applying and acknowledging run apart: while the acknowledger waits
         // for this node's disk, the next frames are applied (and their
         // changes join the same disk write).
         let (tx, rx) = crossbeam_channel::unbounded::<u64>();
-        let me = self.app.clone();
-        let acker =
-            std::thread::Builder::new().name("ha-standby-ack".into()).spawn(move || acknowledge(&me, store, rx, wr))?;
+        let (me, acked) = (self.app.clone(), lane.clone());
+        let acker = std::thread::Builder::new()
+            .name("ha-standby-ack".into())
+            .spawn(move || acknowledge(&me, &acked, store, rx, wr))?;
         let mut timed = false;
         let result = loop {
             let msg = match Msg::read_from(&mut rd) {
@@ -452,7 +581,7 @@ impl Standby {
                 timed = true;
                 rd.get_ref().set_read_timeout(Some(deadline))?;
             }
-            match self.on_message(store, epoch, mine, msg) {
+            match self.on_message(&lane, store, epoch, mine, msg) {
                 Ok(Some(upto)) => {
                     if tx.send(upto).is_err() {
                         break Err(std::io::Error::other("the acknowledgements stopped"));
@@ -473,15 +602,20 @@ impl Standby {
 
     /// Applies one message of the leader at `epoch` on its session `mine`
     /// of `store`; returns the position to acknowledge once durable, if any.
-    fn on_message(&self, store: Dialect, epoch: u64, mine: u64, msg: Msg) -> Result<Option<u64>, String> {
-        let mut holds = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+    fn on_message(&self, lane: &Lane, store: Dialect, epoch: u64, mine: u64, msg: Msg) -> Result<Option<u64>, String> {
+        let _g = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
+        if lane.retired.load(Ordering::Acquire) {
+            return Err("the tenant was removed on this node".into());
+        }
+        let mut holds = lane.holds.lock().unwrap_or_else(PoisonError::into_inner);
         let holds = &mut holds[store.index()];
         let app = self.app()?;
+        let registry = lane.registry(&*app);
         let side = match store {
-            Dialect::Vllm => Side::Vllm(app.registry().vllm()),
-            Dialect::Sglang => Side::Spaces(app.registry().sglang()),
+            Dialect::Vllm => Side::Vllm(registry.vllm()),
+            Dialect::Sglang => Side::Spaces(registry.sglang()),
         };
-        let stream = &self.stores[store.index()];
+        let stream = &lane.stores[store.index()];
         if msg.epoch() != epoch || self.epoch.load(Ordering::Acquire) != epoch {
             self.counters.old_epoch.fetch_add(1, Ordering::Relaxed);
             return Err(format!("a message of epoch {} on a session of epoch {epoch}", msg.epoch()));
@@ -568,11 +702,20 @@ impl Standby {
 /// waits until this node's own disk has everything applied so far, and
 /// acknowledges it; ends when the session does (or the socket fails, which
 /// ends the session).
-fn acknowledge(app: &Weak<dyn Host>, store: Dialect, rx: crossbeam_channel::Receiver<u64>, mut wr: BufWriter<Conn>) {
+fn acknowledge(
+    app: &Weak<dyn Host>,
+    lane: &Lane,
+    store: Dialect,
+    rx: crossbeam_channel::Receiver<u64>,
+    mut wr: BufWriter<Conn>,
+) {
     while let Ok(first) = rx.recv() {
         let upto = rx.try_iter().fold(first, u64::max);
         let synced = app.upgrade().ok_or_else(|| "the server is stopping".to_string()).and_then(|app| {
-            let d = app.durable().ok_or_else(|| "a standby needs --data-dir".to_string())?;
+            let d = match &lane.of {
+                Some(t) => &t.durable,
+                None => app.durable().ok_or_else(|| "a standby needs --data-dir".to_string())?,
+            };
             d.of(store).sync_blocking(LOCAL_SYNC).map_err(|e| format!("local durable store: {e}"))
         });
         let sent = synced

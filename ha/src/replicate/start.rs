@@ -69,15 +69,23 @@ pub async fn start(app: &Arc<dyn Host>, etcd: &dyn Coordinator, keys: &EtcdKeys)
     let vllm = Replicator::start(d.vllm.source(), head, token.clone(), node.id.clone(), mode, wait);
     let watched = app.clone();
     let head = Box::new(move || watched.durable().map_or(0, |d| d.sglang.head()));
-    let sglang =
-        Replicator::start_spaces(d.catalog.clone(), d.sglang.source(), head, token, node.id.clone(), mode, wait);
-    if let Some(c) = client_tls {
+    let sglang = Replicator::start_spaces(
+        d.catalog.clone(),
+        d.sglang.source(),
+        head,
+        token.clone(),
+        node.id.clone(),
+        mode,
+        wait,
+    );
+    if let Some(c) = &client_tls {
         vllm.set_tls(c.clone());
-        sglang.set_tls(c);
+        sglang.set_tls(c.clone());
     }
     d.vllm.attach(vllm.clone());
     d.sglang.attach(sglang.clone());
     let replicators = Replicators::new(vllm, sglang);
+    replicators.tenants_as(&token, &node.id, mode, wait, client_tls);
     replicators.set_heartbeat(args.heartbeat());
     tracing::info!(
         listen = %bound,

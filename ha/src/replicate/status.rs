@@ -77,6 +77,24 @@ impl Status {
                 }),
             );
         }
+        // Each tenant's streams (`--tenants`): the leader's and the standby's.
+        let mut names = r.tenant_names();
+        names.extend(s.tenant_names());
+        names.sort();
+        names.dedup();
+        let tenants: serde_json::Map<String, serde_json::Value> = names
+            .into_iter()
+            .map(|name| {
+                let pair = r.tenant(&name);
+                let caught_up = Dialect::ALL.iter().all(|&d| s.tenant_state(&name, d).is_some_and(|(_, c)| c));
+                let v = serde_json::json!({
+                    "in_sync": pair.as_ref().is_some_and(|p| p.iter().all(|x| x.synced().is_some())),
+                    "refused": pair.as_ref().and_then(|p| p[0].cannot_replicate()),
+                    "as_standby": { "caught_up": caught_up },
+                });
+                (name, v)
+            })
+            .collect();
         let (position, _) = s.store_state(Dialect::Vllm);
         let session = r.of(Dialect::Vllm).session();
         serde_json::json!({
@@ -91,6 +109,7 @@ impl Status {
             "sync_failures": r.all().iter().map(|r| c(&r.sync_failures)).sum::<u64>(),
             "dropped": r.dropped(),
             "stores": stores,
+            "tenants": tenants,
             "as_standby": {
                 "epoch": epoch,
                 "position": position,

@@ -45,8 +45,9 @@
 use crate::core::Dialect;
 use std::io::{self, Read, Write};
 
-/// The newest protocol version this build speaks (release 0.2.0's).
-pub const VERSION: u16 = 3;
+/// The newest protocol version this build speaks (the unreleased tree's:
+/// version 3, release 0.2.0's, and the tenants' streams, [`Feature::Tenants`]).
+pub const VERSION: u16 = 4;
 
 /// The oldest protocol version this build speaks (release 0.1.0's, the
 /// previous release).
@@ -98,6 +99,10 @@ pub enum Feature {
     /// The standby's answer names the version agreed and its release
     /// ([`Msg::Agreed`] instead of [`Msg::Welcome`]).
     Agreed,
+    /// A connection may stream a tenant's store ([`Msg::HelloRange`] with
+    /// a `tenant`, kind 13): a standby that speaks it applies the records
+    /// into that tenant's state.
+    Tenants,
 }
 
 impl Feature {
@@ -105,6 +110,7 @@ impl Feature {
     pub const fn since(self) -> u16 {
         match self {
             Feature::Agreed => 3,
+            Feature::Tenants => 4,
         }
     }
 }
@@ -177,6 +183,10 @@ pub enum Msg {
         release: String,
         /// The leader's node id.
         leader: String,
+        /// The tenant whose store this connection streams (version 4 on,
+        /// [`Feature::Tenants`]; encoded as kind 13); `None`: the server's
+        /// own stores (the tenant `default`'s).
+        tenant: Option<String>,
     },
     /// Standby → leader: the hello is accepted (version 2's answer).
     Welcome,
@@ -261,6 +271,9 @@ const SPACE: u8 = 10;
 /// A hello with a range of versions and a release (version 3 on).
 const HELLO_RANGE: u8 = 11;
 const AGREED: u8 = 12;
+/// A hello of a tenant's store: [`HELLO_RANGE`]'s, then the tenant's name
+/// (version 4 on).
+const HELLO_TENANT: u8 = 13;
 
 /// Bytes before a frame's records: kind, four `u64`s, the clear flag.
 const FRAME_HEAD: usize = 1 + 4 * 8 + 1;
@@ -296,8 +309,8 @@ impl Msg {
                 out.extend_from_slice(&epoch.to_le_bytes());
                 out.extend_from_slice(leader.as_bytes());
             }
-            Msg::HelloRange { range, store, token, epoch, release, leader } => {
-                out.push(HELLO_RANGE);
+            Msg::HelloRange { range, store, token, epoch, release, leader, tenant } => {
+                out.push(if tenant.is_some() { HELLO_TENANT } else { HELLO_RANGE });
                 out.extend_from_slice(&range.min.to_le_bytes());
                 out.extend_from_slice(&range.max.to_le_bytes());
                 out.push(store.index() as u8);
@@ -305,6 +318,9 @@ impl Msg {
                 out.extend_from_slice(token);
                 out.extend_from_slice(&epoch.to_le_bytes());
                 put_short(out, release);
+                if let Some(t) = tenant {
+                    put_short(out, t);
+                }
                 out.extend_from_slice(leader.as_bytes());
             }
             Msg::Welcome => out.push(WELCOME),
@@ -449,7 +465,7 @@ impl Msg {
                 let leader = String::from_utf8(p.to_vec()).map_err(|_| bad("a leader id not in UTF-8".into()))?;
                 Msg::Hello { version, store, token, epoch, leader }
             }
-            HELLO_RANGE => {
+            HELLO_RANGE | HELLO_TENANT => {
                 let min = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2 bytes"));
                 let max = u16::from_le_bytes(take(&mut p, 2)?.try_into().expect("2 bytes"));
                 if min > max {
@@ -460,8 +476,15 @@ impl Msg {
                 let token = take(&mut p, n)?.to_vec();
                 let epoch = take_u64(&mut p)?;
                 let release = take_short(&mut p)?;
+                let tenant = match kind {
+                    HELLO_TENANT => Some(take_short(&mut p)?).filter(|t| !t.is_empty()),
+                    _ => None,
+                };
+                if kind == HELLO_TENANT && tenant.is_none() {
+                    return Err(bad("a tenant's hello naming no tenant".into()));
+                }
                 let leader = String::from_utf8(p.to_vec()).map_err(|_| bad("a leader id not in UTF-8".into()))?;
-                Msg::HelloRange { range: Range { min, max }, store, token, epoch, release, leader }
+                Msg::HelloRange { range: Range { min, max }, store, token, epoch, release, leader, tenant }
             }
             WELCOME if p.is_empty() => Msg::Welcome,
             AGREED => {
@@ -571,6 +594,16 @@ mod tests {
                 epoch: 8,
                 release: "0.2.0".into(),
                 leader: "ключ".into(),
+                tenant: None,
+            },
+            Msg::HelloRange {
+                range: Range::THIS,
+                store: Dialect::Vllm,
+                token: b"secret-secret-16".to_vec(),
+                epoch: 8,
+                release: "0.3.0".into(),
+                leader: "b".into(),
+                tenant: Some("team-a".into()),
             },
             Msg::Agreed { version: 3, release: "0.2.0".into() },
             Msg::Welcome,
@@ -627,7 +660,11 @@ mod tests {
         // A version-2 session sends nothing of version 3.
         assert!(!Session::at(2).has(Feature::Agreed));
         assert!(Session::at(3).has(Feature::Agreed));
-        assert_eq!((Range::THIS.to_string(), prev.to_string()), ("2-3".to_string(), "2".to_string()));
+        // Tenants' streams: version 4 only (release 0.2.0 speaks 2-3).
+        assert!(!Session::at(3).has(Feature::Tenants));
+        assert!(Session::agree(Range::THIS, Range { min: 2, max: 3 }).is_some_and(|s| !s.has(Feature::Tenants)));
+        assert!(Session::at(4).has(Feature::Tenants));
+        assert_eq!((Range::THIS.to_string(), prev.to_string()), ("2-4".to_string(), "2".to_string()));
         // The range hello refuses a range upside down and a cut release.
         let mut b = Vec::new();
         Msg::HelloRange {
@@ -637,11 +674,17 @@ mod tests {
             epoch: 1,
             release: "r".into(),
             leader: "a".into(),
+            tenant: None,
         }
         .encode(&mut b);
         let body = &mut b[4..];
-        body[1] = 9; // min 9 > max 3
-        assert!(Msg::decode(body).unwrap_err().to_string().contains("from 9 to 3"));
+        body[1] = 9; // min 9 > max 4
+        assert!(Msg::decode(body).unwrap_err().to_string().contains("from 9 to 4"));
+        // A tenant's hello naming an empty tenant is refused.
+        let mut t = vec![HELLO_TENANT, 2, 0, 4, 0, 0, 0, 0, 0, 0];
+        t.extend_from_slice(&1u64.to_le_bytes());
+        t.extend_from_slice(&[1, b'r', 0, b'a']);
+        assert!(Msg::decode(&t).unwrap_err().to_string().contains("naming no tenant"));
         assert!(Msg::decode(&[HELLO_RANGE, 2, 0, 3, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 5, b'x']).is_err());
     }
 
