@@ -50,9 +50,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// The subdirectory of `--data-dir` that holds the tenants' directories
-/// (the tenant `default`'s state is the data directory itself).
-pub const SUBDIR: &str = "tenants";
+/// The subdirectory of `--data-dir` that holds the tenants' directories.
+const SUBDIR: &str = durable::TENANTS_SUBDIR;
 
 /// The prefix of a removed tenant's directory while it is being deleted.
 const REMOVED: &str = ".removed-";

@@ -74,6 +74,11 @@ mod syncer;
 pub mod tap;
 mod writer;
 
+/// The subdirectory of `--data-dir` that holds the tenants' directories,
+/// each a data directory of its own (the tenant `default`'s state is the
+/// data directory itself).
+pub const TENANTS_SUBDIR: &str = "tenants";
+
 pub use dialects::Durability;
 pub use error::OpenError;
 pub use faults::{Fault, Faults, Point};

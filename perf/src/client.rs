@@ -19,7 +19,7 @@ use hf3fs_meta_client::AsyncConn;
 
 /// Which client a connection speaks through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Via {
+pub enum LoadTransport {
     /// The workspace's client over a tokio `TcpStream`.
     Raw,
     /// hyper's `client::conn::http1`.
@@ -30,7 +30,7 @@ pub enum Via {
 pub struct LoadConn {
     addr: SocketAddr,
     host: String,
-    mode: Via,
+    mode: LoadTransport,
     raw: AsyncConn,
     hyper: Option<SendRequest<Full<Bytes>>>,
     hyper_body: Bytes,
@@ -38,7 +38,7 @@ pub struct LoadConn {
 
 impl LoadConn {
     /// A connection to `addr` through `mode`'s client, dialled on first use.
-    pub fn new(addr: SocketAddr, mode: Via) -> Self {
+    pub fn new(addr: SocketAddr, mode: LoadTransport) -> Self {
         LoadConn {
             addr,
             host: addr.to_string(),
@@ -53,8 +53,8 @@ impl LoadConn {
     /// On error the connection is dropped and re-dialled by the next call.
     pub async fn post(&mut self, path: &str, body: &Bytes) -> io::Result<(u16, &[u8])> {
         match self.mode {
-            Via::Raw => self.raw.post(path, body).await.map(|r| (r.status, r.body)).map_err(|e| e.error),
-            Via::Hyper => self.post_hyper(path, body).await,
+            LoadTransport::Raw => self.raw.post(path, body).await.map(|r| (r.status, r.body)).map_err(|e| e.error),
+            LoadTransport::Hyper => self.post_hyper(path, body).await,
         }
     }
 

@@ -5,7 +5,7 @@
 //! own Python server, so the two can be measured side by side
 //! (perf/run.sh --baseline).
 
-use crate::client::{LoadConn, Via};
+use crate::client::{LoadConn, LoadTransport};
 use crate::keys::stored_key;
 use bytes::Bytes;
 use hf3fs_meta_client::sglang as wire;
@@ -67,7 +67,7 @@ pub fn path(op: &str) -> String {
 /// Ok(true) when the target answered like an SGLang metadata server (its
 /// answers will be validated), Ok(false) when it did not (the ceiling).
 pub async fn setup(addr: SocketAddr, pages: u64, stored_keys: u64, batch: usize) -> Result<bool, String> {
-    let mut conn = LoadConn::new(addr, Via::Raw);
+    let mut conn = LoadConn::new(addr, LoadTransport::Raw);
     let init = Bytes::from(wire::initialize_body(pages));
     let (status, body) = conn.post(&path(wire::INITIALIZE), &init).await.map_err(|e| format!("initialize: {e}"))?;
     if status != 204 {

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 /// `default`'s state is `dir` itself. A removal in progress (a name
 /// starting with `.`) is not a tenant.
 pub fn tenant_dirs(dir: &Path) -> Vec<(String, PathBuf)> {
-    let Ok(entries) = std::fs::read_dir(dir.join(crate::tenants::SUBDIR)) else { return Vec::new() };
+    let Ok(entries) = std::fs::read_dir(dir.join(crate::durable::TENANTS_SUBDIR)) else { return Vec::new() };
     let mut out: Vec<_> = entries
         .flatten()
         .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))

@@ -171,7 +171,7 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
         let e = e?;
         let (src, dst) = (e.path(), to.join(e.file_name()));
         let ty = e.file_type()?;
-        if ty.is_dir() && from.join(crate::tenants::SUBDIR) == src {
+        if ty.is_dir() && from.join(durable::TENANTS_SUBDIR) == src {
             // The tenants' directories: each is opened (and copied) on its own.
         } else if ty.is_dir() {
             copy_tree(&src, &dst)?;

@@ -23,7 +23,7 @@ struct Recipe {
     node: String,
     mode: SyncMode,
     wait: Duration,
-    tls: Option<hf3fs_meta_tls::Client>,
+    tls: Option<hf3fs_meta_tls::TlsClient>,
 }
 
 /// The replicators of every durable store.
@@ -52,7 +52,7 @@ impl Replicators {
         node: &str,
         mode: SyncMode,
         wait: Duration,
-        tls: Option<hf3fs_meta_tls::Client>,
+        tls: Option<hf3fs_meta_tls::TlsClient>,
     ) {
         let _ = self.recipe.set(Recipe { token: token.into(), node: node.to_string(), mode, wait, tls });
     }

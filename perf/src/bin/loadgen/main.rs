@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use hf3fs_meta_client::vllm as scan;
-use hf3fs_perf::client::{LoadConn, Via};
+use hf3fs_perf::client::{LoadConn, LoadTransport};
 use hf3fs_perf::keys::{random_key, stored_key, HexKey};
 use hf3fs_perf::sglang::{self, SgKey};
 
@@ -191,7 +191,7 @@ struct Args {
 
 struct Shared {
     args: Args,
-    mode: Via,
+    mode: LoadTransport,
     validate: bool,
     budget: AtomicU64,
     measure_start: Instant,
@@ -529,7 +529,7 @@ async fn setup(a: &Args) -> Result<bool, String> {
         let stored = if a.setup_only || a.scenario.lookup() { a.stored } else { 0 };
         return sglang::setup(a.addr, a.pages, stored, a.batch).await;
     }
-    let mut conn = LoadConn::new(a.addr, Via::Raw);
+    let mut conn = LoadConn::new(a.addr, LoadTransport::Raw);
     let empty = Bytes::new();
     let (status, body) = conn.post("/clear", &empty).await.map_err(|e| format!("POST /clear: {e}"))?;
     if status != 204 {
@@ -669,8 +669,8 @@ fn run(a: Args) -> Result<i32, String> {
         let measure_start = Instant::now() + Duration::from_secs_f64(a.warmup);
         let end = measure_start + Duration::from_secs_f64(a.duration);
         let mode = match a.client {
-            ClientKind::Raw => Via::Raw,
-            ClientKind::Hyper => Via::Hyper,
+            ClientKind::Raw => LoadTransport::Raw,
+            ClientKind::Hyper => LoadTransport::Hyper,
         };
         let sh = Arc::new(Shared {
             budget: AtomicU64::new(a.max_requests),
