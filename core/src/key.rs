@@ -89,6 +89,33 @@ fn decode_hex32(s: &[u8]) -> Option<u128> {
     }
 }
 
+/// The 32 lowercase hex digits of `v` (big-endian, as [`KeyRef::Hex`]'s
+/// text): the inverse of [`KeyRef::hex_of`], for an answer that repeats a
+/// 32-hex key's text from its digest.
+#[inline]
+pub fn encode_hex32(v: u128) -> [u8; 32] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        sse2::encode_hex32(v)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        encode_hex32_bytewise(v)
+    }
+}
+
+/// [`encode_hex32`] a digit at a time: the other architectures' encoder,
+/// and the x86-64 one's reference in tests.
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn encode_hex32_bytewise(v: u128) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (i, b) in v.to_be_bytes().iter().enumerate() {
+        out[2 * i] = b"0123456789abcdef"[usize::from(b >> 4)];
+        out[2 * i + 1] = b"0123456789abcdef"[usize::from(b & 0x0F)];
+    }
+    out
+}
+
 /// [`decode_hex32`] 8 digits at a time on `u64`s: the other architectures'
 /// decoder, and the x86-64 one's reference in tests.
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
@@ -112,7 +139,7 @@ mod sse2 {
     use std::arch::x86_64::{
         __m128i, _mm_add_epi8, _mm_and_si128, _mm_cmpgt_epi8, _mm_cvtsi128_si64, _mm_movemask_epi8, _mm_or_si128,
         _mm_packus_epi16, _mm_set1_epi16, _mm_set1_epi8, _mm_set_epi64x, _mm_slli_epi16, _mm_srli_epi16,
-        _mm_unpackhi_epi64,
+        _mm_storeu_si128, _mm_unpackhi_epi64, _mm_unpackhi_epi8, _mm_unpacklo_epi8,
     };
 
     /// Digits `16 * half .. 16 * half + 16` as bytes.
@@ -159,6 +186,31 @@ mod sse2 {
         unsafe {
             let first = _mm_slli_epi16(_mm_and_si128(n, _mm_set1_epi16(0x0F)), 4);
             _mm_or_si128(first, _mm_srli_epi16(n, 8))
+        }
+    }
+
+    /// [`super::encode_hex32`]: each byte's two nibbles side by side in
+    /// digit order, and each nibble made a digit by one add of `'0'` and,
+    /// above 9, one more of `'a' - '0' - 10`.
+    #[inline]
+    pub(super) fn encode_hex32(v: u128) -> [u8; 32] {
+        let (hi, lo) = ((v >> 64) as u64, v as u64);
+        // SAFETY: see the module; the two stores write 16 bytes each into
+        // the 32 of `out`, at offsets 0 and 16.
+        unsafe {
+            // The key's bytes in text order: the big-endian number's.
+            let bytes = _mm_set_epi64x(lo.swap_bytes() as i64, hi.swap_bytes() as i64);
+            let mask = _mm_set1_epi8(0x0F);
+            let high = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+            let low = _mm_and_si128(bytes, mask);
+            let digit = |n: __m128i| {
+                let letter = _mm_and_si128(_mm_cmpgt_epi8(n, _mm_set1_epi8(9)), _mm_set1_epi8(39));
+                _mm_add_epi8(_mm_add_epi8(n, _mm_set1_epi8(b'0' as i8)), letter)
+            };
+            let mut out = [0u8; 32];
+            _mm_storeu_si128(out.as_mut_ptr().cast(), digit(_mm_unpacklo_epi8(high, low)));
+            _mm_storeu_si128(out.as_mut_ptr().add(16).cast(), digit(_mm_unpackhi_epi8(high, low)));
+            out
         }
     }
 
@@ -456,6 +508,23 @@ mod tests {
         assert_eq!(k, KeyRef::Hex(0x0123456789abcdef0123456789abcdef));
         assert_eq!(k.to_string(), MD5);
         assert_eq!(k.to_key().to_string(), MD5);
+    }
+
+    #[test]
+    fn hex_encoding_is_the_text_a_hex_key_decodes_from() {
+        let mut v: u128 = 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210;
+        for i in 0..2_000u32 {
+            let text = format!("{v:032x}");
+            assert_eq!(&encode_hex32(v), text.as_bytes(), "{v:#x}");
+            assert_eq!(&encode_hex32_bytewise(v), text.as_bytes(), "{v:#x}");
+            if v != 0 {
+                assert_eq!(KeyRef::hex_of(&encode_hex32(v)), Some(v));
+            }
+            v = v.rotate_left(7) ^ u128::from(i).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+        for v in [0, 1, u128::MAX, 1 << 127, 0xf0f0] {
+            assert_eq!(encode_hex32(v), encode_hex32_bytewise(v));
+        }
     }
 
     #[test]

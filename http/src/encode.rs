@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+use crate::core::key::encode_hex32;
 use crate::core::{SpaceLabel, SpaceReport};
 
 /// Whether `b` cannot appear raw inside a JSON string literal.
@@ -193,6 +194,39 @@ pub fn allocate<'k>(out: &mut Vec<u8>, rank: i64, keys: Keys, results: impl Into
         out.push(b',');
         int(out, page);
         out.extend_from_slice(b"],");
+    }
+    if any {
+        out.pop();
+    }
+    out.extend_from_slice(b"]}");
+}
+
+/// [`allocate`] of 32-hex keys given as their digests (the text each
+/// spells, [`encode_hex32`]), every key plain: the same bytes, written in
+/// place into room made at once for the longest items, each page as
+/// [`page_list`] writes its pages.
+pub fn allocate_hex(out: &mut Vec<u8>, rank: i64, results: impl ExactSizeIterator<Item = (u128, i64)>) {
+    out.reserve(32 + results.len() * ITEM);
+    out.extend_from_slice(br#"{"rank":"#);
+    int(out, rank);
+    out.extend_from_slice(br#","results":["#);
+    let mut any = false;
+    for (key, page) in results {
+        any = true;
+        // The item made on the stack, appended as one fixed-size copy and
+        // cut to its length (as `allocate` does): a buffer resized for the
+        // longest items first cost a memset of them all.
+        let mut item = [0u8; ITEM];
+        item[..2].copy_from_slice(b"[\"");
+        item[2..34].copy_from_slice(&encode_hex32(key));
+        item[34..36].copy_from_slice(b"\",");
+        let at = match u32::try_from(page) {
+            Ok(page) => put_page(&mut item, 36, page),
+            Err(_) => put(&mut item, 36, itoa::Buffer::new().format(page).as_bytes()),
+        };
+        let end = put(&mut item, at, b"],");
+        out.extend_from_slice(&item);
+        out.truncate(out.len() - (ITEM - end));
     }
     if any {
         out.pop();
@@ -737,6 +771,19 @@ mod tests {
             let parsed = simd_json::to_owned_value(&mut bytes).expect("valid JSON");
             let results: Vec<OwnedValue> = items.iter().map(|(k, p)| json!([k.as_str(), *p])).collect();
             prop_assert_eq!(parsed, json!({"rank": rank, "results": results}));
+        }
+
+        /// The digests' answer is byte for byte the one of their texts,
+        /// whatever the pages (-1, every width, beyond `u32`).
+        #[test]
+        fn allocate_hex_is_allocate_of_the_texts(
+            rank in any::<i64>(),
+            items in proptest::collection::vec((any::<u128>(), prop_oneof![Just(-1i64), 0..100_000i64, 0..=i64::from(u32::MAX), any::<i64>()]), 0..20),
+        ) {
+            let texts: Vec<String> = items.iter().map(|(k, _)| format!("{k:032x}")).collect();
+            let want = text(|o| allocate(o, rank, Keys::Plain, texts.iter().zip(&items).map(|(t, (_, p))| (t.as_str(), *p))));
+            let got = text(|o| allocate_hex(o, rank, items.iter().copied()));
+            prop_assert_eq!(got, want);
         }
 
         /// The claim behind `Keys::Plain`: every string decoded from a JSON

@@ -61,6 +61,25 @@ fn strict(c: &Call<'_>) -> bool {
 /// `POST /keys/batch_allocate`.
 pub(crate) fn allocate(mut c: Call<'_>) -> Result<Reply, Reply> {
     let (s, body) = (c.scratch, c.body.bytes_mut());
+    if let Some((rank, keys)) = s.decoder.allocate_hex(body, c.limits) {
+        // vLLM's connector's body: every key a 32-hex digest, decoded as
+        // scanned, allocated and answered from the digests.
+        let n = keys.len();
+        if let Some(t) = c.tenant {
+            if let Err(why) = t.admit_keys(c.registry, Dialect::Vllm, n) {
+                c.app.metrics.allocate_keys(Dialect::Vllm, 0, 0, n as u64);
+                let mut out = Vec::with_capacity(128 + n * 58);
+                encode::allocate_hex(&mut out, rank, keys.iter().map(|&k| (k, -1)));
+                tenants::quota_answer(&mut out, &why, &t.name);
+                return Ok(Reply::json(StatusCode::OK, out, n));
+            }
+        }
+        let counts = c.registry.vllm().allocate_batch(rank, keys, &mut s.pages).map_err(|e| allocate_failed(&e, n))?;
+        c.app.metrics.allocate_keys(Dialect::Vllm, counts.reserved, counts.reused, counts.refused);
+        let mut out = Vec::with_capacity(32 + s.pages.len() * 58);
+        encode::allocate_hex(&mut out, rank, s.pages.iter().map(|&(i, page)| (keys[i], page)));
+        return Ok(Reply::json(StatusCode::OK, out, n));
+    }
     // Read before decoding, which rewrites the body in place.
     let keys = if encode::escape_free(body) { encode::Keys::Plain } else { encode::Keys::Any };
     let req = s.decoder.allocate(body, c.limits)?;
@@ -76,11 +95,8 @@ pub(crate) fn allocate(mut c: Call<'_>) -> Result<Reply, Reply> {
             return Ok(Reply::json(StatusCode::OK, out, n));
         }
     }
-    let counts = c.registry.vllm().allocate_keys(req.rank, &req.parsed, &mut s.pages).map_err(|e| {
-        let msg = format!("Allocation failed: {e}");
-        tracing::error!("{msg}");
-        Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg).keys(n)
-    })?;
+    let counts =
+        c.registry.vllm().allocate_keys(req.rank, &req.parsed, &mut s.pages).map_err(|e| allocate_failed(&e, n))?;
     c.app.metrics.allocate_keys(Dialect::Vllm, counts.reserved, counts.reused, counts.refused);
     let mut out = Vec::with_capacity(32 + s.pages.len() * 48);
     encode::allocate(&mut out, req.rank, keys, s.pages.iter().map(|&(i, page)| (req.keys[i], page)));
@@ -131,6 +147,13 @@ pub(crate) fn locations(mut c: Call<'_>) -> Result<Reply, Reply> {
     let mut out = Vec::with_capacity(16 + s.locations.len() * 11);
     encode::locations(&mut out, &s.locations);
     Ok(Reply::json(StatusCode::OK, out, n))
+}
+
+/// The 500 of an allocate on a rank that was never initialized.
+fn allocate_failed(e: &dyn std::fmt::Display, n: usize) -> Reply {
+    let msg = format!("Allocation failed: {e}");
+    tracing::error!("{msg}");
+    Reply::detail(StatusCode::INTERNAL_SERVER_ERROR, &msg).keys(n)
 }
 
 /// The 500 of a get-locations on a rank that was never initialized.

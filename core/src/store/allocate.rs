@@ -15,6 +15,7 @@
 //! fail. A key the rank already binds gets its stored page, leased, since its
 //! writer will write it again.
 
+use super::super::index::{EntryRef, Reader};
 use super::super::journal::Change;
 use super::super::key::{Digest, KeyRef};
 use super::super::pages::{Claimed, PageTable, BOUND, FREE};
@@ -92,6 +93,20 @@ impl Store {
         self.allocate_with(rank, keys, Grant::AllOrNothing, out, None)
     }
 
+    /// [`Store::allocate_keys`] of 32-hex keys given as the digests they
+    /// spell ([`KeyRef::Hex`], never 0): vLLM's connector's batch, decoded
+    /// straight into digests, each probed once for its entry
+    /// ([`Reader::hits`]). The same pages, leases, journal records and
+    /// answers as of the same keys classified.
+    pub fn allocate_batch(
+        &self,
+        rank: i64,
+        keys: &[u128],
+        out: &mut Vec<(usize, i64)>,
+    ) -> Result<AllocateOutcome, RankNotInitialized> {
+        self.allocate_with(rank, keys, Grant::AllOrNothing, out, None)
+    }
+
     /// Allocates pages on `rank` for `keys`, as many as the rank can give:
     /// `out` receives one [`AllocSlot`] per key, in request order. A key the rank
     /// binds gets its stored page; the other keys get fresh pages in order of
@@ -114,6 +129,16 @@ impl Store {
         keys: &[KeyRef<'_>],
         out: &mut Vec<AllocSlot>,
     ) -> Result<AllocateOutcome, RankNotInitialized> {
+        self.allocate_partial_with(rank, keys, out)
+    }
+
+    /// The partial grant of keys of any [`AllocKey`] kind.
+    fn allocate_partial_with<K: AllocKey + Eq + std::hash::Hash>(
+        &self,
+        rank: i64,
+        keys: &[K],
+        out: &mut Vec<AllocSlot>,
+    ) -> Result<AllocateOutcome, RankNotInitialized> {
         let mut pages = Vec::with_capacity(keys.len());
         let mut stored = Vec::with_capacity(keys.len());
         let outcome = self.allocate_with(rank, keys, Grant::Partial, &mut pages, Some(&mut stored))?;
@@ -124,8 +149,8 @@ impl Store {
             out.extend((0..keys.len()).map(slot));
         } else {
             // A repeated key is found by its parsed form.
-            let first: HashMap<KeyRef<'_>, usize, FixedState> =
-                pages.iter().enumerate().map(|(j, &(i, _))| (keys[i], j)).collect();
+            let first: HashMap<&K, usize, FixedState> =
+                pages.iter().enumerate().map(|(j, &(i, _))| (&keys[i], j)).collect();
             out.extend(keys.iter().map(|k| slot(first[k])));
         }
         Ok(outcome)
@@ -137,10 +162,10 @@ impl Store {
     /// ([`Store::take_pages`]), and reserve them, each for its key
     /// ([`Store::reserve_for`]). `stored`, when given, receives for each
     /// entry of `out` whether its page was stored rather than fresh.
-    fn allocate_with(
+    fn allocate_with<K: AllocKey>(
         &self,
         rank: i64,
-        keys: &[KeyRef<'_>],
+        keys: &[K],
         grant: Grant,
         out: &mut Vec<(usize, i64)>,
         mut stored: Option<&mut Vec<bool>>,
@@ -152,7 +177,7 @@ impl Store {
         let on = OnRank { current: &current, table, r };
         // Every distinct key into `out` (its first appearance) before any
         // is looked up: the lookups then overlap their cache misses.
-        distinct_keys(keys, out);
+        K::distinct(keys, out);
         let mut fresh: Vec<u32> = Vec::new();
         let mut evicted = false;
         loop {
@@ -191,24 +216,18 @@ impl Store {
     /// to write it again ([`StoreConfig::reservation_ttl`](crate::StoreConfig)),
     /// so it goes to no other key meanwhile. The lease counts from after
     /// the lookups, when the answer is built.
-    fn look_up_stored(&self, current: &Generation, r: u32, keys: &[KeyRef<'_>], out: &mut [(usize, i64)]) -> u64 {
+    fn look_up_stored<K: AllocKey>(&self, current: &Generation, r: u32, keys: &[K], out: &mut [(usize, i64)]) -> u64 {
         let mut need = 0u64;
         let index = current.index.reader();
         let mut entries = Vec::with_capacity(out.len());
-        if out.len() == keys.len() {
-            // No key repeated: the distinct keys are the keys, in order
-            // (looked up from the keys themselves, no index to follow).
-            index.entries(keys, |&k| k, &mut entries);
-        } else {
-            index.entries(out, |&(i, _)| keys[i], &mut entries);
-        }
+        K::entries(&index, keys, out, &mut entries);
         let (now, lease) = (self.clock.now(), self.reuse_lease());
         for (o, &e) in out.iter_mut().zip(&entries) {
             // An absent key has no page to lease (`lease_page` answers none
             // for it without a look): no copy of the key to make.
             let page = match e {
                 None => -1,
-                Some(_) => index.lease_page(keys[o.0], e, r, now, lease).map_or(-1, i64::from),
+                Some(_) => index.lease_page(keys[o.0].key(), e, r, now, lease).map_or(-1, i64::from),
             };
             need += u64::from(page < 0);
             o.1 = page;
@@ -264,11 +283,11 @@ impl Store {
     /// page records its key's tag ([`KeyRef::tag`]) and is journaled as
     /// reserved for it while still held, before anyone can see it. `fresh`,
     /// when given, receives the pages.
-    fn reserve_for(
+    fn reserve_for<K: AllocKey>(
         &self,
         on: OnRank<'_>,
         got: u64,
-        keys: &[KeyRef<'_>],
+        keys: &[K],
         out: &mut [(usize, i64)],
         mut fresh: Option<&mut Vec<u32>>,
     ) {
@@ -289,7 +308,7 @@ impl Store {
             debug_assert!(slot.is_some(), "reserve emitted more pages than taken");
             let Some(s) = slot else { return 0 };
             s.1 = i64::from(page);
-            let tag = super::confirm::tag_of(&keys[s.0]);
+            let tag = keys[s.0].tag();
             // Only with a journal to hear it (see the commit of a confirm).
             if self.journal.is_some() {
                 self.record(Change::Reserve { generation: current.id, rank: r, page, tag });
@@ -333,6 +352,103 @@ impl Store {
             }
         }
         hits > fresh_set.len()
+    }
+}
+
+/// A key of an allocate's batch as [`Store::allocate_with`] takes it: a
+/// classified key, or a 32-hex key's digest (the decoder's fast path).
+trait AllocKey: Copy {
+    /// The key as the index's calls take it.
+    fn key(&self) -> KeyRef<'_>;
+    /// Its reservation tag ([`KeyRef::tag`]).
+    fn tag(&self) -> u32;
+    /// Each distinct key of `keys` into `out` ([`distinct_keys`]).
+    fn distinct(keys: &[Self], out: &mut Vec<(usize, i64)>);
+    /// The entry of each distinct key of `out` (its first appearance's
+    /// index in `keys`), in order.
+    fn entries<'r>(index: &'r Reader<'_>, keys: &[Self], out: &[(usize, i64)], entries: &mut Vec<Option<EntryRef<'r>>>);
+}
+
+impl AllocKey for KeyRef<'_> {
+    #[inline]
+    fn key(&self) -> KeyRef<'_> {
+        *self
+    }
+    #[inline]
+    fn tag(&self) -> u32 {
+        super::confirm::tag_of(self)
+    }
+    fn distinct(keys: &[Self], out: &mut Vec<(usize, i64)>) {
+        distinct_keys(keys, out);
+    }
+    fn entries<'r>(
+        index: &'r Reader<'_>,
+        keys: &[Self],
+        out: &[(usize, i64)],
+        entries: &mut Vec<Option<EntryRef<'r>>>,
+    ) {
+        if out.len() == keys.len() {
+            // No key repeated: the distinct keys are the keys, in order
+            // (looked up from the keys themselves, no index to follow).
+            index.entries(keys, |&k| k, entries);
+        } else {
+            index.entries(out, |&(i, _)| keys[i], entries);
+        }
+    }
+}
+
+impl AllocKey for u128 {
+    #[inline]
+    fn key(&self) -> KeyRef<'_> {
+        KeyRef::Hex(*self)
+    }
+    #[inline]
+    fn tag(&self) -> u32 {
+        KeyRef::Hex(*self).tag()
+    }
+    fn distinct(keys: &[Self], out: &mut Vec<(usize, i64)>) {
+        distinct_hex(keys, out);
+    }
+    fn entries<'r>(
+        index: &'r Reader<'_>,
+        keys: &[Self],
+        out: &[(usize, i64)],
+        entries: &mut Vec<Option<EntryRef<'r>>>,
+    ) {
+        let mut hits = Vec::with_capacity(out.len());
+        if out.len() == keys.len() {
+            index.hits(keys, &mut hits);
+        } else {
+            let distinct: Vec<u128> = out.iter().map(|&(i, _)| keys[i]).collect();
+            index.hits(&distinct, &mut hits);
+        }
+        entries.clear();
+        entries.extend(hits.into_iter().map(|hit| index.entry_of::<u128>(hit)));
+    }
+}
+
+/// [`distinct_keys`] of digests: through the thread's set, or (the set in
+/// use, or a 0 among them, which the set cannot hold) a set of their own.
+fn distinct_hex(keys: &[u128], out: &mut Vec<(usize, i64)>) {
+    out.clear();
+    out.reserve(keys.len());
+    let done = SEEN_HEX.with(|seen| {
+        let Ok(mut seen) = seen.try_borrow_mut() else { return false };
+        seen.start(keys.len());
+        for (i, &d) in keys.iter().enumerate() {
+            if d == 0 {
+                return false;
+            }
+            if seen.insert(d) {
+                out.push((i, -1));
+            }
+        }
+        true
+    });
+    if !done {
+        out.clear();
+        let mut seen: HashSet<u128, FixedState> = HashSet::with_capacity_and_hasher(keys.len(), FixedState::default());
+        out.extend(keys.iter().enumerate().filter(|&(_, d)| seen.insert(*d)).map(|(i, _)| (i, -1)));
     }
 }
 

@@ -4,7 +4,7 @@
 //! and [`Decoder::tape_only`], the oracle. Built for tests only (the
 //! `testing` feature, or this crate's own tests).
 
-use super::{DecodeError, Decoder, ExistsBody, Limits, LocationsBody, PrefixChain, SpaceLookupBody};
+use super::{AllocateBody, DecodeError, Decoder, ExistsBody, Limits, LocationsBody, PrefixChain, SpaceLookupBody};
 use crate::core::KeyRef;
 use std::fmt::Debug;
 
@@ -15,7 +15,7 @@ pub type AnswerFn = fn(&mut Decoder, &mut [u8], Limits) -> String;
 pub const ROUTES: [(&str, AnswerFn); 9] = [
     ("exists", exists),
     ("locations", locations),
-    ("allocate", |d, b, l| render(d.allocate(b, l).map(|x| (classes(&x.parsed), x)))),
+    ("allocate", allocate),
     ("confirm", |d, b, l| render(d.confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))),
     ("space_keys", |d, b, l| render(d.space_keys(b, l))),
     ("space_lookup", space_lookup),
@@ -33,6 +33,20 @@ fn exists(d: &mut Decoder, b: &mut [u8], l: Limits) -> String {
         return render(Ok((classes(&keys), ExistsBody { keys })));
     }
     render(d.exists(b, l).map(|x| (classes(&x.keys), x)))
+}
+
+/// A batch-allocate body decoded as its handler decodes it (as [`exists`]:
+/// [`Decoder::allocate_hex`] first, each key's text the one its digest
+/// spells, which is the text the answer repeats).
+fn allocate(d: &mut Decoder, b: &mut [u8], l: Limits) -> String {
+    if let Some((rank, hex)) = d.allocate_hex(&*b, l) {
+        let texts: Vec<String> =
+            hex.iter().map(|&k| String::from_utf8_lossy(&crate::core::key::encode_hex32(k)).into_owned()).collect();
+        let keys: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let parsed: Vec<KeyRef<'_>> = hex.iter().map(|&k| KeyRef::Hex(k)).collect();
+        return render(Ok((classes(&parsed), AllocateBody { rank, keys, parsed })));
+    }
+    render(d.allocate(b, l).map(|x| (classes(&x.parsed), x)))
 }
 
 /// A get-locations body decoded as its handler decodes it (as [`exists`]).

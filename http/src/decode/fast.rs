@@ -84,6 +84,10 @@ pub(super) enum Value {
     Digests,
     /// A list of keys or `[key, prefix_key]` pairs (allocate, reserve).
     KeyPairs,
+    /// [`Value::KeyPairs`] of vLLM keys only, every one 32 lowercase hex
+    /// digits (not all zero), decoded into [`Scratch::hex`] as
+    /// [`Value::Hex`] is; any other key gives the scan up.
+    HexPairs,
     /// A list of `[key, page]` pairs (confirm).
     Confirmations,
     /// A list of pages (`pages_to_release`).
@@ -116,6 +120,9 @@ pub(super) const SPACE_LOOKUP_DIGESTS: Spec =
     Spec { fields: &[(b"keys", Value::Digests), (b"namespace", Value::Namespace)], required: 0b1 };
 /// `batch_allocate`: `{"rank": R, "keys": [[key, prefix], ...]}`.
 pub(super) const ALLOCATE: Spec = Spec { fields: &[(b"rank", Value::Int), (b"keys", Value::KeyPairs)], required: 0b11 };
+/// `batch_allocate` of 32-hex keys only ([`Value::HexPairs`]).
+pub(super) const ALLOCATE_HEX: Spec =
+    Spec { fields: &[(b"rank", Value::Int), (b"keys", Value::HexPairs)], required: 0b11 };
 /// `confirm_write`: `{"rank": R, "confirmations": [...], "pages_to_release": [...]}`.
 pub(super) const CONFIRM: Spec = Spec {
     fields: &[(b"rank", Value::Int), (b"confirmations", Value::Confirmations), (b"pages_to_release", Value::Releases)],
@@ -279,6 +286,13 @@ impl Scratch {
                 // that its length stays in a register.
                 let mut hex = std::mem::take(&mut self.hex);
                 let listed = fixed_list(c, &mut hex, limits, hex_key);
+                self.hex = hex;
+                listed?
+            }
+            Value::HexPairs => {
+                // As `Value::Hex`.
+                let mut hex = std::mem::take(&mut self.hex);
+                let listed = fixed_list(c, &mut hex, limits, hex_pair);
                 self.hex = hex;
                 listed?
             }
@@ -595,6 +609,54 @@ fn hex_key(b: &[u8], limits: Limits) -> Option<(u128, usize)> {
         return None;
     }
     Some((KeyRef::hex_of(&key[1..33])?, 34))
+}
+
+/// An item of [`Value::HexPairs`] at the start of `b`: a key (`key`:
+/// [`hex_key`]), or `[` a key, `,`
+/// and a plain string or `null` (the prefix key, read past as
+/// [`Value::KeyPairs`] reads it) `]`, with whitespace between.
+#[inline(always)]
+fn pair_item<T>(b: &[u8], limits: Limits, key: impl Fn(&[u8], Limits) -> Option<(T, usize)>) -> Option<(T, usize)> {
+    if b.first() == Some(&b'"') {
+        return key(b, limits);
+    }
+    if b.first() != Some(&b'[') {
+        return None;
+    }
+    let ws = |mut at: usize| {
+        while b.get(at).is_some_and(|&x| is_ws(x)) {
+            at += 1;
+        }
+        at
+    };
+    let at = ws(1);
+    let (k, len) = key(b.get(at..)?, limits)?;
+    let at = ws(at + len);
+    if b.get(at) != Some(&b',') {
+        return None;
+    }
+    let at = ws(at + 1);
+    let at = match b.get(at)? {
+        // The empty prefix vLLM's connector sends, then any plain string.
+        b'"' if b.get(at + 1) == Some(&b'"') => at + 2,
+        b'"' => {
+            let end = at + 1 + super::plain::run(b.get(at + 1..)?);
+            if b.get(end) != Some(&b'"') {
+                return None;
+            }
+            end + 1
+        }
+        b'n' if b.get(at..at + 4)? == b"null" => at + 4,
+        _ => return None,
+    };
+    let at = ws(at);
+    (b.get(at) == Some(&b']')).then_some((k, at + 1))
+}
+
+/// A [`Value::HexPairs`] item ([`pair_item`] of a [`hex_key`]).
+#[inline(always)]
+fn hex_pair(b: &[u8], limits: Limits) -> Option<(u128, usize)> {
+    pair_item(b, limits, hex_key)
 }
 
 /// A [`Value::Digests`] key at the start of `b`: 64 digits, bare or with

@@ -126,6 +126,14 @@ impl Decoder {
         })
     }
 
+    /// The rank and keys of a batch-allocate body whose every key is a
+    /// 32-hex digest ([`KeyRef::Hex`]), as [`Self::exists_hex`] gives them;
+    /// `None` for any other body, which [`Self::allocate`] decodes.
+    pub fn allocate_hex(&mut self, body: &[u8], limits: Limits) -> Option<(i64, &[u128])> {
+        let scan = self.scan(body, &fast::ALLOCATE_HEX, limits)?;
+        Some((scan.rank?, self.scratch.hex()))
+    }
+
     /// Decodes a confirm-write body,
     /// `{"rank": int, "confirmations": [[key, page], ...], "pages_to_release": [page, ...]}`.
     ///
