@@ -63,7 +63,11 @@ fn ctl_shows_the_cluster_and_switches_over_under_load_losing_nothing() {
     });
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(st["leader"]["node"], json!(ids[l]), "{st}");
-    assert_eq!((&st["standby"], &st["version"]["version"]), (&json!(ids[s]), &json!(3)), "{st}");
+    assert_eq!(
+        (&st["standby"], &st["version"]["version"]),
+        (&json!(ids[s]), &json!(hf3fs_meta::ha::replicate::wire::VERSION)),
+        "{st}"
+    );
     let list = st["nodes"].as_array().expect("nodes");
     assert_eq!(list.len(), 3, "{st}");
     for n in list {
@@ -92,7 +96,8 @@ fn ctl_shows_the_cluster_and_switches_over_under_load_losing_nothing() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
-    assert!(text.contains("synchronous standby") && text.contains("cluster version 3"), "{text}");
+    let version = format!("cluster version {}", hf3fs_meta::ha::replicate::wire::VERSION);
+    assert!(text.contains("synchronous standby") && text.contains(&version), "{text}");
 
     let relay = c.relay(None, &[]);
     let init = json!({"num_pages": 1 << 16, "role": "worker"});
@@ -175,7 +180,7 @@ fn ctl_switchover_is_refused_without_a_caught_up_standby_and_a_foreign_node_is_n
     // this release does not join, and says why in its log, /health, /ready
     // and a metric.
     wait_for("the cluster's version recorded", || {
-        (ctl(&c, &["status"]).1["version"]["version"] == json!(3)).then_some(())
+        (ctl(&c, &["status"]).1["version"]["version"] == json!(hf3fs_meta::ha::replicate::wire::VERSION)).then_some(())
     });
     drop(nodes);
     let etcd = hf3fs_meta::ha::etcd::EtcdClient::new(
