@@ -58,6 +58,25 @@ fn strict(c: &Call<'_>) -> bool {
     c.tenant.is_some_and(|t| t.strict_layout)
 }
 
+/// When the call's tenant may not take `n` more keys: vLLM's "no space",
+/// -1 for every key (written by `refuse`; the connector then recomputes),
+/// with the typed detail beside it.
+fn over_quota(
+    app: &crate::Service,
+    registry: &crate::core::Registry,
+    tenant: Option<&tenants::Tenant>,
+    n: usize,
+    refuse: impl FnOnce(&mut Vec<u8>),
+) -> Option<Reply> {
+    let t = tenant?;
+    let why = t.admit_keys(registry, Dialect::Vllm, n).err()?;
+    app.metrics.allocate_keys(Dialect::Vllm, 0, 0, n as u64);
+    let mut out = Vec::with_capacity(128 + n * 58);
+    refuse(&mut out);
+    tenants::quota_answer(&mut out, &why, &t.name);
+    Some(Reply::json(StatusCode::OK, out, n))
+}
+
 /// `POST /keys/batch_allocate`.
 pub(crate) fn allocate(mut c: Call<'_>) -> Result<Reply, Reply> {
     let (s, body) = (c.scratch, c.body.bytes_mut());
@@ -65,14 +84,10 @@ pub(crate) fn allocate(mut c: Call<'_>) -> Result<Reply, Reply> {
         // vLLM's connector's body: every key a 32-hex digest, decoded as
         // scanned, allocated and answered from the digests.
         let n = keys.len();
-        if let Some(t) = c.tenant {
-            if let Err(why) = t.admit_keys(c.registry, Dialect::Vllm, n) {
-                c.app.metrics.allocate_keys(Dialect::Vllm, 0, 0, n as u64);
-                let mut out = Vec::with_capacity(128 + n * 58);
-                encode::allocate_hex(&mut out, rank, keys.iter().map(|&k| (k, -1)));
-                tenants::quota_answer(&mut out, &why, &t.name);
-                return Ok(Reply::json(StatusCode::OK, out, n));
-            }
+        if let Some(r) = over_quota(c.app, c.registry, c.tenant, n, |out| {
+            encode::allocate_hex(out, rank, keys.iter().map(|&k| (k, -1)));
+        }) {
+            return Ok(r);
         }
         let counts = c.registry.vllm().allocate_batch(rank, keys, &mut s.pages).map_err(|e| allocate_failed(&e, n))?;
         c.app.metrics.allocate_keys(Dialect::Vllm, counts.reserved, counts.reused, counts.refused);
@@ -84,16 +99,10 @@ pub(crate) fn allocate(mut c: Call<'_>) -> Result<Reply, Reply> {
     let keys = if encode::escape_free(body) { encode::Keys::Plain } else { encode::Keys::Any };
     let req = s.decoder.allocate(body, c.limits)?;
     let n = req.keys.len();
-    if let Some(t) = c.tenant {
-        if let Err(why) = t.admit_keys(c.registry, Dialect::Vllm, n) {
-            // vLLM's "no space": -1 for every key (the connector then
-            // recomputes), with the typed detail beside it.
-            c.app.metrics.allocate_keys(Dialect::Vllm, 0, 0, n as u64);
-            let mut out = Vec::with_capacity(128 + n * 48);
-            encode::allocate(&mut out, req.rank, keys, req.keys.iter().map(|&k| (k, -1)));
-            tenants::quota_answer(&mut out, &why, &t.name);
-            return Ok(Reply::json(StatusCode::OK, out, n));
-        }
+    if let Some(r) = over_quota(c.app, c.registry, c.tenant, n, |out| {
+        encode::allocate(out, req.rank, keys, req.keys.iter().map(|&k| (k, -1)));
+    }) {
+        return Ok(r);
     }
     let counts =
         c.registry.vllm().allocate_keys(req.rank, &req.parsed, &mut s.pages).map_err(|e| allocate_failed(&e, n))?;
