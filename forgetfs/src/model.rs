@@ -530,6 +530,69 @@ impl Model {
         Image { nodes }
     }
 
+    /// Writes into `dir` what a crash now would leave, as
+    /// `crash_image(choice).write_to(dir)` does, without copying any file's
+    /// bytes in memory: each file gets its durable bytes (trailing zeros as
+    /// a hole) and then the kept part of its pending changes written over
+    /// them, in their order. The crash-state explorer's materialization
+    /// (a preallocated journal is not cloned for every state).
+    pub fn write_crash_image(&self, choice: Choice<'_>, dir: &Path) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let entries = |ino: Ino| -> Option<BTreeMap<OsString, Ino>> {
+            let node = self.nodes.get(&ino)?;
+            let kept;
+            let c = if node.pending.is_empty() {
+                &node.durable
+            } else {
+                kept = Self::keep(node, choice(ino, &node.pending));
+                &kept
+            };
+            match c {
+                Content::Dir(e) => Some(e.clone()),
+                Content::File(_) => None,
+            }
+        };
+        let mut stack = vec![(ROOT, dir.to_path_buf())];
+        while let Some((ino, path)) = stack.pop() {
+            let Some(e) = entries(ino) else { continue };
+            for (name, child) in e {
+                let p = path.join(&name);
+                let Some(node) = self.nodes.get(&child) else { continue };
+                match &node.durable {
+                    Content::File(b) => {
+                        let used = b.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
+                        let f = std::fs::File::create(&p)?;
+                        f.write_all_at(&b[..used], 0)?;
+                        f.set_len(b.len() as u64)?;
+                        if node.pending.is_empty() {
+                            continue;
+                        }
+                        let keep = choice(child, &node.pending);
+                        let n = keep.changes.min(node.pending.len());
+                        for (i, ch) in node.pending[..n].iter().enumerate() {
+                            match ch {
+                                FsChange::Write { off, data } => {
+                                    let data = match keep.torn {
+                                        Some(t) if i + 1 == n => &data[..t.min(data.len())],
+                                        _ => &data[..],
+                                    };
+                                    f.write_all_at(data, *off)?;
+                                }
+                                FsChange::SetLen(len) => f.set_len(*len)?,
+                                _ => {}
+                            }
+                        }
+                    }
+                    Content::Dir(_) => {
+                        std::fs::create_dir(&p)?;
+                        stack.push((child, p));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// What a crash keeps of one inode: its durable content with `keep` of
     /// its pending changes applied.
     fn keep(node: &Inode, keep: Keep) -> Content {

@@ -70,7 +70,7 @@ struct Run {
 
 /// What a workload does: runs against a data directory (on the mount),
 /// calling `ack` after each acknowledged step; and recovers a directory.
-trait Workload {
+trait Workload: Sync {
     fn name(&self) -> &'static str;
     fn run(&self, dir: &Path, ack: &mut dyn FnMut(View));
     fn recover(&self, dir: &Path) -> Result<View, String>;
@@ -354,48 +354,127 @@ struct Found {
     states: u128,
     /// Of them, different in some inode's content (what was enumerated).
     different: u64,
+    /// Different images (by their digest) opened with the recovery.
     distinct: usize,
     failures: Vec<String>,
 }
 
+/// A digest of an image or of one inode's content: 128 bits (two SipHash
+/// streams over the same bytes), so that two different images of one
+/// exploration colliding is out of reach (~2^-100 for a million images).
+type Digest = u128;
+
+struct Hasher2(std::collections::hash_map::DefaultHasher, std::collections::hash_map::DefaultHasher);
+
+impl Hasher2 {
+    fn new() -> Self {
+        use std::hash::Hasher;
+        let (mut a, mut b) = (Default::default(), std::collections::hash_map::DefaultHasher::default());
+        Hasher::write_u8(&mut a, 0xA5);
+        b.write_u8(0x5A);
+        Hasher2(a, b)
+    }
+
+    fn finish128(&self) -> Digest {
+        use std::hash::Hasher;
+        (u128::from(self.0.finish()) << 64) | u128::from(self.1.finish())
+    }
+}
+
+impl std::hash::Hasher for Hasher2 {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.write(bytes);
+        self.1.write(bytes);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0.finish()
+    }
+}
+
+/// The digest of a file of `len` bytes that holds `bytes` and zeros after
+/// them (`bytes.len() <= len`): trailing zeros count by the length only,
+/// as [`Image::write_to`] writes them as a hole.
+fn file_digest(len: usize, bytes: &[u8]) -> Digest {
+    use std::hash::Hash;
+    let used = bytes.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
+    let mut h = Hasher2::new();
+    (len, &bytes[..used]).hash(&mut h);
+    h.finish128()
+}
+
 /// One inode's piece of a crash image, for the digest of a combination.
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 enum Piece {
-    File(u64),
-    Dir(Vec<(std::ffi::OsString, Ino)>),
+    File(Digest),
+    Dir(Arc<Vec<(std::ffi::OsString, Ino)>>),
 }
 
 fn piece(c: &Content) -> Piece {
-    use std::hash::{Hash, Hasher};
     match c {
-        Content::File(b) => {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            let used = b.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
-            (b.len(), &b[..used]).hash(&mut h);
-            Piece::File(h.finish())
+        Content::File(b) => Piece::File(file_digest(b.len(), b)),
+        Content::Dir(e) => Piece::Dir(Arc::new(e.iter().map(|(n, i)| (n.clone(), *i)).collect())),
+    }
+}
+
+/// The pieces of one file's crash states ([`Model::every_keep`]'s order),
+/// computed on one buffer: each change applied once, in order, a torn
+/// write's prefix before the whole of it (every torn keep of a change is
+/// followed by longer ones of the same change and then by the change
+/// whole, so applying each over the last leaves exactly that keep's
+/// content). No copy of the file per state.
+fn file_pieces(base: &[u8], changes: &[FsChange], keeps: &[Keep]) -> Vec<Piece> {
+    let used = base.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
+    let (mut buf, mut len) = (base[..used].to_vec(), base.len());
+    let mut apply = |buf: &mut Vec<u8>, ch: &FsChange, torn: Option<usize>| match ch {
+        FsChange::Write { off, data } => {
+            let d = &data[..torn.unwrap_or(data.len()).min(data.len())];
+            let (off, end) = (*off as usize, *off as usize + d.len());
+            if buf.len() < end {
+                buf.resize(end, 0);
+            }
+            buf[off..end].copy_from_slice(d);
+            len = len.max(end);
+            len
         }
-        Content::Dir(e) => Piece::Dir(e.iter().map(|(n, i)| (n.clone(), *i)).collect()),
-    }
+        FsChange::SetLen(l) => {
+            buf.truncate(*l as usize);
+            len = *l as usize;
+            len
+        }
+        _ => len,
+    };
+    let mut applied = 0;
+    let mut now = base.len();
+    keeps
+        .iter()
+        .map(|k| {
+            let whole = if k.torn.is_some() { k.changes - 1 } else { k.changes };
+            assert!(applied <= whole, "every_keep's order: prefixes grow");
+            while applied < whole {
+                now = apply(&mut buf, &changes[applied], None);
+                applied += 1;
+            }
+            if let Some(t) = k.torn {
+                now = apply(&mut buf, &changes[k.changes - 1], Some(t));
+            }
+            Piece::File(file_digest(now, &buf))
+        })
+        .collect()
 }
 
-fn same(a: &Piece, b: &Piece) -> bool {
-    match (a, b) {
-        (Piece::File(x), Piece::File(y)) => x == y,
-        (Piece::Dir(x), Piece::Dir(y)) => x == y,
-        _ => false,
-    }
-}
-
-/// Every crash state of one position, for the full enumeration: for each
-/// inode with pending changes, its crash states ([`Model::every_keep`]:
-/// any prefix of its changes, the last kept write torn at any 512-byte
-/// boundary) folded to those that differ in what the inode holds (two
-/// keeps leaving the same bytes, or the same entries, are one state of
-/// it); the combinations are their product.
+/// Every crash state of one position: for each inode with pending
+/// changes, its crash states ([`Model::every_keep`]: any prefix of its
+/// changes, the last kept write torn at any 512-byte boundary) folded to
+/// those that differ in what the inode holds (two keeps leaving the same
+/// bytes, or the same entries, are one state of it); the combinations are
+/// their product. The bounded run's choices are looked up in it.
 struct Product {
     inos: Vec<Ino>,
     /// Per inode: its different kept contents, each with one keep.
     keeps: Vec<Vec<(Keep, Piece)>>,
+    /// Per inode: every keep (`(changes, torn)`) to its index in `keeps`.
+    index: Vec<HashMap<(usize, Option<usize>), usize>>,
     /// The combinations the rules allow, before the folding.
     allowed: u128,
     /// The pieces of inodes without pending changes (their durable content).
@@ -404,19 +483,30 @@ struct Product {
 
 impl Product {
     fn new(model: &Model, pending: &[(Ino, &[FsChange])]) -> Self {
-        let mut p = Product { inos: Vec::new(), keeps: Vec::new(), allowed: 1, settled: HashMap::new() };
+        let mut p =
+            Product { inos: Vec::new(), keeps: Vec::new(), index: Vec::new(), allowed: 1, settled: HashMap::new() };
         for (ino, changes) in pending {
             let every = Model::every_keep(changes, 512);
             p.allowed = p.allowed.saturating_mul(every.len() as u128);
+            let pieces: Vec<Piece> = match model.durable(*ino) {
+                Some(Content::File(base)) => file_pieces(base, changes, &every),
+                _ => every.iter().map(|k| piece(&model.kept(*ino, *k).expect("a pending inode"))).collect(),
+            };
             let mut kinds: Vec<(Keep, Piece)> = Vec::new();
-            for k in every {
-                let pc = piece(&model.kept(*ino, k).expect("a pending inode"));
-                if !kinds.iter().any(|(_, q)| same(q, &pc)) {
-                    kinds.push((k, pc));
-                }
+            let mut index = HashMap::new();
+            for (k, pc) in every.into_iter().zip(pieces) {
+                let at = match kinds.iter().position(|(_, q)| *q == pc) {
+                    Some(at) => at,
+                    None => {
+                        kinds.push((k, pc));
+                        kinds.len() - 1
+                    }
+                };
+                index.insert((k.changes, k.torn), at);
             }
             p.inos.push(*ino);
             p.keeps.push(kinds);
+            p.index.push(index);
         }
         p
     }
@@ -425,34 +515,52 @@ impl Product {
         self.keeps.iter().map(|k| k.len() as u64).product()
     }
 
+    /// The combination (an index per inode) a choice of keeps makes.
+    fn pick_of(&self, keep: &HashMap<Ino, Keep>) -> Vec<usize> {
+        self.inos
+            .iter()
+            .zip(&self.index)
+            .map(|(ino, index)| {
+                let k = keep.get(ino).copied().unwrap_or(Keep::NONE);
+                *index.get(&(k.changes, k.torn)).expect("a keep of every_keep's")
+            })
+            .collect()
+    }
+
     /// The digest of the image combination `pick` (an index per inode)
-    /// leaves: its paths and their contents, as [`Image::digest`] hashes them.
-    fn digest(&mut self, model: &Model, pick: &[usize]) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        let mut stack = vec![(hf3fs_meta_forgetfs::model::ROOT, String::new())];
-        while let Some((ino, path)) = stack.pop() {
-            path.hash(&mut h);
+    /// leaves: its tree from the root, in order, each directory's names
+    /// and each file's content digest (what [`Image::write_to`] writes).
+    fn digest(&mut self, model: &Model, pick: &[usize]) -> Digest {
+        use std::hash::Hash;
+        let mut h = Hasher2::new();
+        let mut stack = vec![hf3fs_meta_forgetfs::model::ROOT];
+        while let Some(ino) = stack.pop() {
             let pc = match self.inos.iter().position(|i| *i == ino) {
                 Some(at) => self.keeps[at][pick[at]].1.clone(),
                 None => match self.settled.get(&ino) {
                     Some(pc) => pc.clone(),
                     None => match model.durable(ino) {
                         Some(c) => self.settled.entry(ino).or_insert_with(|| piece(c)).clone(),
-                        None => continue,
+                        None => {
+                            // A name whose inode is gone: not written.
+                            2u8.hash(&mut h);
+                            continue;
+                        }
                     },
                 },
             };
             match pc {
-                Piece::File(d) => d.hash(&mut h),
+                Piece::File(d) => (0u8, d).hash(&mut h),
                 Piece::Dir(e) => {
+                    (1u8, e.len()).hash(&mut h);
                     for (name, child) in e.iter().rev() {
-                        stack.push((child.to_owned(), format!("{path}/{}", name.to_string_lossy())));
+                        name.hash(&mut h);
+                        stack.push(*child);
                     }
                 }
             }
         }
-        h.finish()
+        h.finish128()
     }
 
     fn keep(&self, pick: &[usize]) -> HashMap<Ino, Keep> {
@@ -472,9 +580,59 @@ impl Product {
     }
 }
 
+/// Where crash images are materialized: a tmpfs when there is one (the
+/// recovery's own fsyncs cost nothing there; what it reads is the same).
+fn scratch() -> std::path::PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// How many images are opened at once (`HF3FS_META_EXPLORE_THREADS`, else
+/// the machine's cores): each in its own directory, with its own store.
+fn threads() -> usize {
+    std::env::var("HF3FS_META_EXPLORE_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Materializes each image of `todo` (a digest and what it keeps of each
+/// pending inode) and opens it with `w`'s recovery, `threads` at a time.
+fn open_all(
+    w: &dyn Workload,
+    model: &Model,
+    todo: &[(Digest, HashMap<Ino, Keep>)],
+    threads: usize,
+) -> Vec<(Digest, Result<View, String>)> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let dir = scratch();
+    let one = || {
+        let mut out = Vec::new();
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some((digest, keep)) = todo.get(i) else { return out };
+            let d = tempfile::tempdir_in(&dir).expect("tempdir");
+            model
+                .write_crash_image(&|ino, _| keep.get(&ino).copied().unwrap_or(Keep::NONE), d.path())
+                .expect("materialize");
+            out.push((*digest, w.recover(&d.path().join(DATA))));
+        }
+    };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.min(todo.len())).map(|_| s.spawn(one)).collect();
+        handles.into_iter().flat_map(|h| h.join().expect("an opener panicked")).collect()
+    })
+}
+
 fn explore(w: &dyn Workload) -> Found {
     let run = record(w);
     let full = full();
+    let threads = threads();
     // The replay starts where the recorded run did (an empty file system),
     // so it makes the same inodes in the same order.
     let mut model = Model::new(Names::Strict, false);
@@ -489,10 +647,11 @@ fn explore(w: &dyn Workload) -> Found {
         let keep = spaced(0..positions.len(), bound);
         positions = keep.into_iter().map(|i| positions[i]).collect();
     }
-    let mut recovered: HashMap<u64, Result<View, String>> = HashMap::new();
+    let mut recovered: HashMap<Digest, Result<View, String>> = HashMap::new();
     let (mut states, mut different, mut failures) = (0u128, 0u64, Vec::new());
+    let t0 = Instant::now();
     let mut at = 0;
-    for &p in &positions {
+    for (n, &p) in positions.iter().enumerate() {
         while at < p {
             model.replay(&run.log[at]).unwrap_or_else(|e| panic!("replay of op {at} ({:?}): errno {e}", run.log[at]));
             at += 1;
@@ -500,9 +659,12 @@ fn explore(w: &dyn Workload) -> Found {
         let acked = run.steps.iter().filter(|s| s.acked <= p).count().saturating_sub(1);
         let begun = run.steps.iter().filter(|s| s.begun < p).count().saturating_sub(1);
         let pending = model.pending();
-        let mut tries: Vec<(u64, String, HashMap<Ino, Keep>)> = Vec::new();
+        let mut product = Product::new(&model, &pending);
+        // This position's different images: each digest once, with the
+        // first choice that made it (for the report).
+        let mut tries: Vec<(Digest, String, HashMap<Ino, Keep>)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         if full {
-            let mut product = Product::new(&model, &pending);
             assert!(
                 product.different() <= MAX_COMBINATIONS,
                 "{}: {} combinations before op {p}, more than the full enumeration takes ({MAX_COMBINATIONS})",
@@ -512,11 +674,11 @@ fn explore(w: &dyn Workload) -> Found {
             states += product.allowed;
             different += product.different();
             let mut pick = vec![0; product.inos.len()];
-            let mut seen = std::collections::HashSet::new();
             loop {
                 let digest = product.digest(&model, &pick);
                 if seen.insert(digest) {
-                    tries.push((digest, format!("keeps {:?}", product.keep(&pick)), product.keep(&pick)));
+                    let keep = product.keep(&pick);
+                    tries.push((digest, format!("keeps {keep:?}"), keep));
                 }
                 if !product.advance(&mut pick) {
                     break;
@@ -526,17 +688,18 @@ fn explore(w: &dyn Workload) -> Found {
             for (what, keep) in choices(&pending, full) {
                 states += 1;
                 different += 1;
-                let image = model.crash_image(&|ino, _| keep.get(&ino).copied().unwrap_or(Keep::NONE));
-                tries.push((image.digest(), what, keep));
+                let digest = product.digest(&model, &product.pick_of(&keep));
+                if seen.insert(digest) {
+                    tries.push((digest, what, keep));
+                }
             }
         }
-        for (digest, what, keep) in tries {
-            let result = recovered.entry(digest).or_insert_with(|| {
-                let image = model.crash_image(&|ino, _| keep.get(&ino).copied().unwrap_or(Keep::NONE));
-                let d = tempfile::tempdir().expect("tempdir");
-                image.write_to(d.path()).expect("materialize");
-                w.recover(&d.path().join(DATA))
-            });
+        let todo: Vec<(Digest, HashMap<Ino, Keep>)> =
+            tries.iter().filter(|(d, _, _)| !recovered.contains_key(d)).map(|(d, _, k)| (*d, k.clone())).collect();
+        let opened = todo.len();
+        recovered.extend(open_all(w, &model, &todo, threads));
+        for (digest, what, _) in tries {
+            let result = &recovered[&digest];
             let ok = match result {
                 Ok(v) => run.steps[acked..=begun.max(acked)].iter().any(|s| &s.view == v),
                 Err(_) => false,
@@ -552,6 +715,19 @@ fn explore(w: &dyn Workload) -> Found {
                     }
                 ));
             }
+        }
+        if full {
+            eprintln!(
+                "{}: position {}/{} (op {p}): {} different, {} opened, {} in all, {} failed, {:.1} s",
+                w.name(),
+                n + 1,
+                positions.len(),
+                product.different(),
+                opened,
+                recovered.len(),
+                failures.len(),
+                t0.elapsed().as_secs_f64()
+            );
         }
     }
     Found { positions: positions.len(), states, different, distinct: recovered.len(), failures }
