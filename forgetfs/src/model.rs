@@ -204,6 +204,9 @@ pub type Choice<'a> = &'a dyn Fn(Ino, &[FsChange]) -> Keep;
 struct Inode {
     live: Content,
     durable: Content,
+    /// [`used_len`] of `durable` (0 for a directory): kept, so that writing
+    /// an image does not scan a preallocated file's zeros every time.
+    durable_used: usize,
     pending: Vec<FsChange>,
     perm: u16,
 }
@@ -223,8 +226,7 @@ impl Image {
         for (path, c) in self.paths() {
             path.hash(&mut h);
             if let Some(b) = c {
-                let used = b.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
-                (b.len(), &b[..used]).hash(&mut h);
+                (b.len(), &b[..used_len(b)]).hash(&mut h);
             }
         }
         h.finish()
@@ -270,9 +272,8 @@ impl Image {
                         Some(Content::File(b)) => {
                             // Trailing zeros as a hole: a preallocated 32 MiB
                             // journal costs what it holds, not its length.
-                            let used = b.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
                             let f = std::fs::File::create(&p)?;
-                            std::io::Write::write_all(&mut &f, &b[..used])?;
+                            std::io::Write::write_all(&mut &f, &b[..used_len(b)])?;
                             f.set_len(b.len() as u64)?;
                         }
                         Some(Content::Dir(_)) => {
@@ -302,7 +303,10 @@ impl Model {
     pub fn new(names: Names, record: bool) -> Self {
         let mut nodes = HashMap::new();
         let root = Content::Dir(BTreeMap::new());
-        nodes.insert(ROOT, Inode { live: root.clone(), durable: root, pending: Vec::new(), perm: 0o755 });
+        nodes.insert(
+            ROOT,
+            Inode { live: root.clone(), durable: root, durable_used: 0, pending: Vec::new(), perm: 0o755 },
+        );
         Self { nodes, next: ROOT + 1, names, log: record.then(Vec::new) }
     }
 
@@ -323,7 +327,16 @@ impl Model {
                     Content::File(std::fs::read(entry.path())?)
                 };
                 let perm = if content.is_dir() { 0o755 } else { 0o644 };
-                m.nodes.insert(ino, Inode { live: content.clone(), durable: content, pending: Vec::new(), perm });
+                m.nodes.insert(
+                    ino,
+                    Inode {
+                        live: content.clone(),
+                        durable_used: content_used(&content),
+                        durable: content,
+                        pending: Vec::new(),
+                        perm,
+                    },
+                );
                 let p = m.nodes.get_mut(&parent).expect("parent");
                 let link = FsChange::Link { name: entry.file_name(), ino };
                 link.apply(&mut p.live);
@@ -385,7 +398,8 @@ impl Model {
         let ino = self.next;
         self.next += 1;
         let content = if dir { Content::Dir(BTreeMap::new()) } else { Content::File(Vec::new()) };
-        self.nodes.insert(ino, Inode { live: content.clone(), durable: content, pending: Vec::new(), perm });
+        self.nodes
+            .insert(ino, Inode { live: content.clone(), durable: content, durable_used: 0, pending: Vec::new(), perm });
         self.change(parent, FsChange::Link { name: name.to_owned(), ino });
         Ok(ino)
     }
@@ -491,9 +505,13 @@ impl Model {
         }
         for i in which {
             let node = self.nodes.get_mut(&i).expect("checked");
+            if node.pending.is_empty() {
+                continue;
+            }
             for c in std::mem::take(&mut node.pending) {
                 c.apply(&mut node.durable);
             }
+            node.durable_used = content_used(&node.durable);
         }
         Ok(())
     }
@@ -560,9 +578,8 @@ impl Model {
                 let Some(node) = self.nodes.get(&child) else { continue };
                 match &node.durable {
                     Content::File(b) => {
-                        let used = b.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
                         let f = std::fs::File::create(&p)?;
-                        f.write_all_at(&b[..used], 0)?;
+                        f.write_all_at(&b[..node.durable_used], 0)?;
                         f.set_len(b.len() as u64)?;
                         if node.pending.is_empty() {
                             continue;
@@ -651,7 +668,7 @@ impl Model {
             .into_iter()
             .map(|(ino, c)| {
                 let perm = perms.get(&ino).copied().unwrap_or(0o644);
-                (ino, Inode { live: c.clone(), durable: c, pending: Vec::new(), perm })
+                (ino, Inode { live: c.clone(), durable_used: content_used(&c), durable: c, pending: Vec::new(), perm })
             })
             .collect();
     }
@@ -703,6 +720,29 @@ impl Model {
             }
             FsOp::Sync { ino } => self.sync(*ino),
         }
+    }
+}
+
+/// How many bytes of `b` are left once its trailing zeros are dropped:
+/// what a file's bytes are short of their hole (a preallocated journal's
+/// tens of MiB of zeros are scanned 64 bytes at a time).
+pub fn used_len(b: &[u8]) -> usize {
+    let whole = b.len() / 64 * 64;
+    if let Some(i) = b[whole..].iter().rposition(|x| *x != 0) {
+        return whole + i + 1;
+    }
+    for (k, c) in b[..whole].chunks_exact(64).enumerate().rev() {
+        if c.iter().fold(0u8, |a, x| a | x) != 0 {
+            return k * 64 + c.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
+        }
+    }
+    0
+}
+
+fn content_used(c: &Content) -> usize {
+    match c {
+        Content::File(b) => used_len(b),
+        Content::Dir(_) => 0,
     }
 }
 

@@ -36,7 +36,7 @@
 
 use hf3fs_meta_core::{Clock, LeaseLength, Spaces, SpacesConfig, Store, StoreConfig};
 use hf3fs_meta_durable::{self as durable, Durable, FsyncMode, Options};
-use hf3fs_meta_forgetfs::model::{tears, Content, FsChange, FsOp, Ino, Keep};
+use hf3fs_meta_forgetfs::model::{tears, used_len, Content, FsChange, FsOp, Ino, Keep};
 use hf3fs_meta_forgetfs::{unavailable, Model, Mount, Names};
 use std::collections::HashMap;
 use std::path::Path;
@@ -397,7 +397,7 @@ impl std::hash::Hasher for Hasher2 {
 /// as [`Image::write_to`] writes them as a hole.
 fn file_digest(len: usize, bytes: &[u8]) -> Digest {
     use std::hash::Hash;
-    let used = bytes.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
+    let used = used_len(bytes);
     let mut h = Hasher2::new();
     (len, &bytes[..used]).hash(&mut h);
     h.finish128()
@@ -424,7 +424,7 @@ fn piece(c: &Content) -> Piece {
 /// whole, so applying each over the last leaves exactly that keep's
 /// content). No copy of the file per state.
 fn file_pieces(base: &[u8], changes: &[FsChange], keeps: &[Keep]) -> Vec<Piece> {
-    let used = base.iter().rposition(|x| *x != 0).map_or(0, |i| i + 1);
+    let used = used_len(base);
     let (mut buf, mut len) = (base[..used].to_vec(), base.len());
     let mut apply = |buf: &mut Vec<u8>, ch: &FsChange, torn: Option<usize>| match ch {
         FsChange::Write { off, data } => {
@@ -592,13 +592,14 @@ fn scratch() -> std::path::PathBuf {
 }
 
 /// How many images are opened at once (`HF3FS_META_EXPLORE_THREADS`, else
-/// the machine's cores): each in its own directory, with its own store.
+/// twice the machine's cores: a store's close waits for fjall's background
+/// threads, asleep): each in its own directory, with its own store.
 fn threads() -> usize {
     std::env::var("HF3FS_META_EXPLORE_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|n| *n > 0)
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Materializes each image of `todo` (a digest and what it keeps of each

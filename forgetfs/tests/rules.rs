@@ -426,3 +426,22 @@ fn read_tree(dir: &Path) -> Vec<(PathBuf, Option<Vec<u8>>)> {
     out.sort();
     out
 }
+
+/// A file's bytes short of their trailing zeros (how images write holes
+/// and how the explorer digests files), at every position of a last
+/// non-zero byte around the 64-byte chunks it is scanned in.
+#[test]
+fn a_files_used_length_stops_at_its_last_non_zero_byte() {
+    use hf3fs_meta_forgetfs::model::used_len;
+    assert_eq!(used_len(&[]), 0);
+    for len in [1, 63, 64, 65, 130, 1000] {
+        assert_eq!(used_len(&vec![0; len]), 0, "all zeros, {len}");
+        for at in 0..len {
+            let mut b = vec![0; len];
+            b[at] = 9;
+            assert_eq!(used_len(&b), at + 1, "the last non-zero byte at {at} of {len}");
+            b[0] = 1;
+            assert_eq!(used_len(&b), at + 1, "and one before it, {at} of {len}");
+        }
+    }
+}
