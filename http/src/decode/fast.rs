@@ -197,6 +197,10 @@ pub(super) struct Scratch {
     pairs: Vec<(KeyRef<'static>, i64)>,
     /// The pages to release, in request order.
     releases: Vec<i64>,
+    /// The `(digest, page)` confirmations of a list whose every key is 32
+    /// hex digits, kept warm as `hex` is; [`Built::confirmations`] makes
+    /// the request's pairs from them.
+    hex_pairs: Vec<(u128, i64)>,
     /// The digests of a [`Value::Hex`] list, in request order; kept warm
     /// across requests (lent, never handed over: [`Scratch::hex`]).
     hex: Vec<u128>,
@@ -216,6 +220,7 @@ impl Scratch {
             || self.pairs.capacity() > RETAIN_KEYS
             || self.spans.capacity() > RETAIN_KEYS
             || self.hex.capacity() > RETAIN_KEYS
+            || self.hex_pairs.capacity() > RETAIN_KEYS
             || self.digests.capacity() > RETAIN_KEYS
         {
             *self = Self::default();
@@ -227,6 +232,7 @@ impl Scratch {
         self.pairs.clear();
         self.releases.clear();
         self.hex.clear();
+        self.hex_pairs.clear();
         self.digests.clear();
         let mut c = Cursor { b: body, at: 0 };
         let mut scan = Scan { rank: None, namespace: None };
@@ -327,12 +333,28 @@ impl Scratch {
                 })?
             }
             Value::Confirmations => {
-                // Room for as many pairs as the rest of the body could hold
-                // with 32-hex keys (`["…",N],`): handed over whole, as a
-                // lookup list is.
-                let likely = (c.b.len() - c.at) / 40 + 1;
-                self.pairs.reserve(likely.min(limits.max_keys));
-                c.list(|c| self.pair(c, limits))?
+                // vLLM's connector's body first, in one loop of its own
+                // (`fixed_list`): every key 32 hex digits, each item
+                // `[key, page]`, decoded into `hex_pairs` (16-byte keys: as
+                // `KeyRef`s of 48 the loop's pushes went through `memcpy`).
+                // Any other list is scanned again from its start, item by
+                // item; both give the same pairs (`KeyRef::compact` of 32
+                // bytes is `KeyRef::hex_of`).
+                let room = Limits { max_keys: limits.max_keys.saturating_sub(self.items()), ..limits };
+                let start = c.at;
+                let mut hex_pairs = std::mem::take(&mut self.hex_pairs);
+                let listed = fixed_list(c, &mut hex_pairs, room, hex_confirmation);
+                self.hex_pairs = hex_pairs;
+                if listed.is_none() {
+                    self.hex_pairs.clear();
+                    c.at = start;
+                    // Room for as many pairs as the rest of the body could
+                    // hold with 32-hex keys (`["…",N],`): handed over whole,
+                    // as a lookup list is.
+                    let likely = (c.b.len() - c.at) / 40 + 1;
+                    self.pairs.reserve(likely.min(limits.max_keys));
+                    c.list(|c| self.pair(c, limits))?
+                }
             }
             Value::Releases => c.list(|c| {
                 let page = c.int()?;
@@ -348,8 +370,12 @@ impl Scratch {
     /// releases count together, as confirm's limit does; no body has two
     /// of the other lists).
     fn room(&self, limits: Limits) -> Option<()> {
-        let items = self.keys.len() + self.lookups.len() + self.pairs.len() + self.releases.len();
-        (items < limits.max_keys).then_some(())
+        (self.items() < limits.max_keys).then_some(())
+    }
+
+    /// The items scanned so far, of every list ([`Self::room`]).
+    fn items(&self) -> usize {
+        self.keys.len() + self.lookups.len() + self.pairs.len() + self.hex_pairs.len() + self.releases.len()
     }
 
     /// Scans one key: a plain string within the limits.
@@ -520,6 +546,9 @@ impl<'a> Built<'_, 'a> {
     /// The `(key, page)` confirmations, in request order, their keys
     /// classified: the scratch's vector itself, its text keys filled in.
     pub(super) fn confirmations(&mut self) -> Option<Vec<(KeyRef<'a>, i64)>> {
+        if !self.scratch.hex_pairs.is_empty() {
+            return Some(self.scratch.hex_pairs.iter().map(|&(v, page)| (KeyRef::Hex(v), page)).collect());
+        }
         let mut out: Vec<(KeyRef<'a>, i64)> = std::mem::take(&mut self.scratch.pairs);
         for &(i, span) in &self.scratch.texts {
             out.get_mut(i)?.0 = KeyRef::parse(self.span(span)?);
@@ -675,6 +704,66 @@ fn digest_key(b: &[u8], limits: Limits) -> Option<(Digest, usize)> {
     Some((Digest::parse_bytes(b.get(1..1 + len)?)?, len + 2))
 }
 
+/// A confirmation item at the start of `b`: `[`, a key (`key`, giving its
+/// value and the bytes it took), `,`, an integer ([`int_at`]) and `]`, with
+/// whitespace between; the pair and the bytes it took.
+#[inline(always)]
+fn confirmation_item<T>(
+    b: &[u8],
+    limits: Limits,
+    key: impl Fn(&[u8], Limits) -> Option<(T, usize)>,
+) -> Option<((T, i64), usize)> {
+    if b.first() != Some(&b'[') {
+        return None;
+    }
+    let ws = |mut at: usize| {
+        while b.get(at).is_some_and(|&x| is_ws(x)) {
+            at += 1;
+        }
+        at
+    };
+    let at = ws(1);
+    let (k, len) = key(b.get(at..)?, limits)?;
+    let at = ws(at + len);
+    if b.get(at) != Some(&b',') {
+        return None;
+    }
+    let (page, at) = int_at(b, ws(at + 1))?;
+    let at = ws(at);
+    (b.get(at) == Some(&b']')).then_some(((k, page), at + 1))
+}
+
+/// A confirmation of a 32-hex key ([`confirmation_item`] of a [`hex_key`]).
+#[inline(always)]
+fn hex_confirmation(b: &[u8], limits: Limits) -> Option<((u128, i64), usize)> {
+    confirmation_item(b, limits, hex_key)
+}
+
+/// The integer at `b[at..]` as [`Cursor::int`] takes it (no whitespace
+/// before it): its value and where it ends. Digit by digit: a conversion of
+/// up to 8 digits in one word (SWAR) cost a 5-digit page 8 instructions
+/// more, its checks and shifts outweighing the 5 multiply-adds.
+#[inline(always)]
+pub(super) fn int_at(b: &[u8], at: usize) -> Option<(i64, usize)> {
+    let negative = b.get(at) == Some(&b'-');
+    let first = at + usize::from(negative);
+    let mut i = first;
+    let mut value: i64 = 0;
+    while let Some(&c) = b.get(i).filter(|c| c.is_ascii_digit()) {
+        if i - first == 18 {
+            return None;
+        }
+        value = value * 10 + i64::from(c - b'0');
+        i += 1;
+    }
+    let digits = i - first;
+    let leading_zero = digits > 1 && b.get(first) == Some(&b'0');
+    if digits == 0 || leading_zero || (negative && value == 0) {
+        return None;
+    }
+    Some((if negative { -value } else { value }, i))
+}
+
 /// Whether `x` is JSON whitespace, one comparison for the bytes that usually
 /// follow it (any above the space).
 #[inline(always)]
@@ -753,24 +842,9 @@ impl Cursor<'_> {
     /// `1.5` and `1e3` are refused there.
     fn int(&mut self) -> Option<i64> {
         self.ws();
-        let negative = self.b.get(self.at) == Some(&b'-');
-        let first = self.at + usize::from(negative);
-        let mut i = first;
-        let mut value: i64 = 0;
-        while let Some(&c) = self.b.get(i).filter(|c| c.is_ascii_digit()) {
-            if i - first == 18 {
-                return None;
-            }
-            value = value * 10 + i64::from(c - b'0');
-            i += 1;
-        }
-        let digits = i - first;
-        let leading_zero = digits > 1 && self.b.get(first) == Some(&b'0');
-        if digits == 0 || leading_zero || (negative && value == 0) {
-            return None;
-        }
-        self.at = i;
-        Some(if negative { -value } else { value })
+        let (value, end) = int_at(self.b, self.at)?;
+        self.at = end;
+        Some(value)
     }
 
     /// A list (after whitespace), each item scanned by `item`.

@@ -274,6 +274,8 @@ fn int() -> impl Strategy<Value = String> {
         2 => any::<i64>().prop_map(|n| n.to_string()),
         1 => any::<u64>().prop_map(|n| n.to_string()),
         1 => token(&["-0", "01", "1.0", "1e3", "-", "1.", "99999999999999999999", "null", "\"1\"", "true", "[1]", "999999999999999999", "-999999999999999999"]),
+        // Around 8 digits (one word's worth).
+        1 => token(&["1234567", "12345678", "123456789", "-9999999", "-99999999", "00000001", "1234567a", "9999999:", "7/", "0"]),
     ]
 }
 
@@ -341,6 +343,26 @@ proptest! {
         same_answers(&mut d, &body, BIG);
     }
 
+    /// The integer scan reads what Rust's parse of the same digits does:
+    /// `-?[0-9]{1,18}`, no leading zero, not `-0`.
+    #[test]
+    fn the_integer_scan_reads_as_digit_by_digit(
+        text in "-?[0-9]{0,20}[^0-9]{0,2}",
+        noise in prop::collection::vec(any::<u8>(), 0..10),
+    ) {
+        let mut b = text.clone().into_bytes();
+        b.extend(&noise);
+        let negative = b.first() == Some(&b'-');
+        let digits: Vec<u8> = b[usize::from(negative)..].iter().copied().take_while(u8::is_ascii_digit).collect();
+        let want = (!digits.is_empty() && digits.len() <= 18 && !(digits.len() > 1 && digits[0] == b'0'))
+            .then(|| {
+                let v: i64 = std::str::from_utf8(&digits).unwrap().parse().unwrap();
+                (if negative { -v } else { v }, usize::from(negative) + digits.len())
+            })
+            .filter(|&(v, _)| !(negative && v == 0));
+        prop_assert_eq!(fast::int_at(&b, 0), want, "{:?}", b);
+    }
+
     #[test]
     fn valid_bodies_take_the_fast_path(
         keys in prop::collection::vec(any::<u128>(), 0..40),
@@ -370,6 +392,12 @@ proptest! {
             .enumerate()
             .map(|(i, k)| format!("\"{k:032x}{k:032x}{}\"", ["", "-k", "-v"][i % 3]))
             .collect();
+        // SGLang's confirmations of digest keys: the confirmation list's
+        // digest loop takes them, and answers as the tape walk does.
+        let space_conf: Vec<String> =
+            digests.iter().zip(&keys).map(|(q, k)| format!("[{q}{comma}{}]", k % 100_000_000)).collect();
+        let space_conf = format!("{{\"written_keys_to_confirm\"{colon}[{}]}}", space_conf.join(comma));
+        prop_assert!(same_answers(&mut Decoder::default(), space_conf.as_bytes(), BIG).contains(&"space_confirm"));
         let space = format!("{{\"keys\"{colon}[{}]{comma}\"namespace\"{colon}\"kv\"}}", digests.join(comma));
         prop_assert!(fast_takes(space.as_bytes(), &fast::SPACE_LOOKUP_DIGESTS, BIG), "{}", space);
         prop_assert!(same_answers(&mut Decoder::default(), space.as_bytes(), BIG).contains(&"space_lookup"));
