@@ -256,6 +256,10 @@ pub struct Runtime {
     serving: Mutex<Option<Serving>>,
     /// With `--ha etcd`: the replication every tenant's stores join.
     replicated: Mutex<Option<Arc<crate::ha::replicate::Replicated>>>,
+    /// The file as last served (disabled tenants included).
+    applied: Mutex<TenantsFile>,
+    /// The tenants being drained: one added again waits for its drain.
+    draining: Arc<(Mutex<std::collections::BTreeSet<String>>, std::sync::Condvar)>,
 }
 
 /// What serves the tenants' listen addresses and drains removed tenants.
@@ -291,18 +295,121 @@ impl Runtime {
             live: Mutex::new(live),
             serving: Mutex::new(None),
             replicated: Mutex::new(None),
+            applied: Mutex::new(file.clone()),
+            draining: Arc::default(),
         })
     }
 
     /// With `--ha etcd` (before the election starts): every tenant's
     /// durable stores are replicated through `r` from now on, those of
     /// tenants added by a reload too.
-    pub fn replicate(&self, r: Arc<crate::ha::replicate::Replicated>) {
+    /// As standby, this node's tenants follow the leader's
+    /// ([`Runtime::follow`]); as leader, it tells its standby its own.
+    pub fn replicate(self: &Arc<Self>, r: Arc<crate::ha::replicate::Replicated>) {
         let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         for (name, l) in live.iter() {
             join(&r, name, l);
         }
+        let me = Arc::downgrade(self);
+        r.follow_tenants_with(Box::new(move |served, kept| {
+            if let Some(me) = me.upgrade() {
+                me.follow(served, kept);
+            }
+        }));
+        let applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+        self.announce(&r, &live, &applied, &[]);
+        drop(applied);
         *self.replicated.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+    }
+
+    /// Tells the standby (as leader) this node's tenants: those `live`
+    /// serves, and those it keeps unserved: `file`'s disabled ones and the
+    /// directories no tenant of the file names (but `deleted`'s, being
+    /// deleted).
+    fn announce(
+        &self,
+        r: &crate::ha::replicate::Replicated,
+        live: &BTreeMap<String, Live>,
+        file: &TenantsFile,
+        deleted: &[String],
+    ) {
+        let served: Vec<String> = live.keys().filter(|n| *n != t::DEFAULT).cloned().collect();
+        let mut kept: std::collections::BTreeSet<String> =
+            file.tenants.iter().filter(|(n, s)| !s.enabled && *n != t::DEFAULT).map(|(n, _)| n.clone()).collect();
+        kept.extend(self.directories().into_iter().filter(|n| !live.contains_key(n) && !deleted.contains(n)));
+        r.announce_tenants(served, kept.into_iter().collect());
+    }
+
+    /// The tenants' directories under `<data-dir>/tenants/` (removals in
+    /// progress left out).
+    fn directories(&self) -> Vec<String> {
+        let Some(dir) = &self.cfg.data_dir else { return Vec::new() };
+        let Ok(entries) = std::fs::read_dir(dir.join(SUBDIR)) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with(REMOVED) && t::valid_name(n))
+            .collect()
+    }
+
+    /// As standby: the leader serves `served` and keeps `kept` unserved
+    /// (but `default`), and so does this node from now on. A tenant of
+    /// this node in neither is removed (drained, its directory deleted), a
+    /// directory of one too; one the leader keeps is disabled here; one the
+    /// leader serves that this node lacks is added from this node's own
+    /// tenants file (read again), or, when the file does not name it,
+    /// logged (its streams stay refused). A tenant's limits stay this
+    /// node's.
+    pub fn follow(&self, served: &[String], kept: &[String]) {
+        let current = self.applied.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut disk = None;
+        let mut next = BTreeMap::new();
+        next.insert(t::DEFAULT.to_string(), current.default_tenant().clone());
+        let wanted = served.iter().map(|n| (n, true)).chain(kept.iter().map(|n| (n, false)));
+        for (name, enabled) in wanted.filter(|(n, _)| *n != t::DEFAULT) {
+            let mut spec = current.tenants.get(name).cloned();
+            if spec.is_none() && enabled {
+                let file = disk.get_or_insert_with(|| load(&self.path));
+                spec = file.as_ref().ok().and_then(|f| f.tenants.get(name).cloned());
+            }
+            match spec {
+                Some(mut s) => {
+                    s.enabled = enabled;
+                    next.insert(name.clone(), s);
+                }
+                None if enabled => tracing::warn!(
+                    tenant = %name,
+                    "the leader serves a tenant this node's tenants file does not name: its streams are refused until \
+                     it does (every node of the cluster needs the same tenants file)"
+                ),
+                None => {}
+            }
+        }
+        let next = TenantsFile { tenants: next };
+        if next != current {
+            tracing::info!(?served, ?kept, "following the leader's tenants");
+            if let Err(e) = self.apply(next.clone()) {
+                // Whatever failed (a tenant's state to open, an address to
+                // bind), the leader's removals are followed.
+                tracing::warn!("cannot follow the leader's tenants ({e}); following its removals only");
+                let mut only = next;
+                only.tenants.retain(|n, _| current.tenants.contains_key(n));
+                if let Err(e) = self.apply(only) {
+                    tracing::error!("cannot follow the leader's removals of tenants: {e}");
+                }
+            }
+        }
+        // Directories of tenants the leader neither serves nor keeps.
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(dir) = self.cfg.data_dir.as_ref().map(|d| d.join(SUBDIR)) {
+            for name in self.directories() {
+                if !live.contains_key(&name) && !served.contains(&name) && !kept.contains(&name) {
+                    tracing::info!(tenant = %name, "the leader has no such tenant: its directory deleted here");
+                    remove_dir(&dir, &name);
+                }
+            }
+        }
     }
 
     /// Serves every tenant's listen address (bound by [`Runtime::open`])
@@ -370,7 +477,11 @@ impl Runtime {
     /// and says why (see the module docs). Returns the names of the
     /// tenants served after it.
     pub fn reload(&self) -> Result<Vec<String>, String> {
-        let file = load(&self.path)?;
+        self.apply(load(&self.path)?)
+    }
+
+    /// Serves `file` (see [`Runtime::reload`]).
+    fn apply(&self, file: TenantsFile) -> Result<Vec<String>, String> {
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         // Check everything before changing anything.
         for (name, spec) in file.tenants.iter().filter(|(_, s)| s.enabled) {
@@ -402,7 +513,10 @@ impl Runtime {
                     durable: o.durable.clone(),
                     listener: None,
                 },
-                None => open_tenant(&self.cfg, name, spec).map_err(|e| format!("tenant '{name}': {e}"))?,
+                None => {
+                    self.drained(name);
+                    open_tenant(&self.cfg, name, spec).map_err(|e| format!("tenant '{name}': {e}"))?
+                }
             };
             let same_addr = old.and_then(|o| o.listener.as_ref()).map(|x| x.addr) == spec.listen;
             match spec.listen {
@@ -413,9 +527,14 @@ impl Runtime {
             next.insert(name.clone(), l);
         }
         let set = tenant_set(&next)?;
+        // A removal the standby could not follow is refused.
+        let replicated = self.replicated.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let gone: Vec<String> = live.keys().filter(|n| !next.contains_key(*n) && *n != t::DEFAULT).cloned().collect();
+        if let (Some(why), false) = (replicated.as_ref().and_then(|r| r.removal_refused()), gone.is_empty()) {
+            return Err(format!("tenants {gone:?} not removed or disabled: {why}"));
+        }
         // Valid: replicated before served (an added tenant's changes wait
         // for the standby from its first request on).
-        let replicated = self.replicated.lock().unwrap_or_else(PoisonError::into_inner).clone();
         if let Some(r) = &replicated {
             for (name, l) in next.iter().filter(|(n, _)| !live.contains_key(*n)) {
                 join(r, name, l);
@@ -447,7 +566,23 @@ impl Runtime {
                 self.drain(name, o, delete);
             }
         }
-        Ok(live.keys().cloned().collect())
+        // The standby follows (as leader: told; it deletes what is deleted).
+        if let Some(r) = &replicated {
+            let deleted: Vec<String> = gone.into_iter().filter(|n| !file.tenants.contains_key(n)).collect();
+            self.announce(r, &live, &file, &deleted);
+        }
+        let names = live.keys().cloned().collect();
+        *self.applied.lock().unwrap_or_else(PoisonError::into_inner) = file;
+        Ok(names)
+    }
+
+    /// Waits until tenant `name` is not being drained (its state closed, and
+    /// deleted if it was removed), bounded by `--shutdown-timeout` and 10 s.
+    fn drained(&self, name: &str) {
+        let (set, cv) = &*self.draining;
+        let bound = Duration::from_secs(self.cfg.shutdown_timeout.max(1) + 10);
+        let set = set.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = cv.wait_timeout_while(set, bound, |s| s.contains(name));
     }
 
     /// A tenant no longer served: once its requests in flight have
@@ -458,6 +593,8 @@ impl Runtime {
         let timeout = Duration::from_secs(self.cfg.shutdown_timeout.max(1));
         tracing::info!(tenant = %name, "tenant removed: no longer served; draining");
         let runtime = self.serving.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|s| s.runtime.clone());
+        let draining = self.draining.clone();
+        draining.0.lock().unwrap_or_else(PoisonError::into_inner).insert(name.clone());
         let work = move || {
             let Live { tenant, durable, .. } = removed;
             let deadline = Instant::now() + timeout;
@@ -475,6 +612,8 @@ impl Runtime {
                 remove_dir(&dir, &name);
             }
             tracing::info!(tenant = %name, deleted = delete, "tenant no longer served: drained");
+            draining.0.lock().unwrap_or_else(PoisonError::into_inner).remove(&name);
+            draining.1.notify_all();
         };
         match runtime {
             Some(r) => drop(r.spawn_blocking(work)),

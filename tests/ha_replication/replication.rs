@@ -55,30 +55,29 @@ impl Pair {
     /// As [`Pair::with_standby_speaking`], both servers started with the
     /// flags `extra` too.
     pub fn build_with(mode: SyncMode, setup: impl FnOnce(&TestServer), range: Range, extra: &[&str]) -> Pair {
+        Self::build_apart(mode, setup, range, (extra, extra))
+    }
+
+    /// As [`Pair::build_with`], the leader started with the flags
+    /// `extra.0`, the standby with `extra.1`.
+    pub fn build_apart(
+        mode: SyncMode,
+        setup: impl FnOnce(&TestServer),
+        range: Range,
+        extra: (&[&str], &[&str]),
+    ) -> Pair {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let args = |d: &tempfile::TempDir| {
+        let args = |d: &tempfile::TempDir, extra: &[&str]| {
             let mut args = vec!["--data-dir", d.path().to_str().unwrap(), "--fsync", "always"];
             args.extend_from_slice(extra);
             config(&args)
         };
-        let leader = TestServer::start(args(&a));
-        let standby = TestServer::start(args(&b));
+        let leader = TestServer::start(args(&a, extra.0));
+        let standby = TestServer::start(args(&b, extra.1));
         setup(&standby);
         let receiver = Standby::speaking(standby.app().clone(), TOKEN.into(), range);
         let addr = receiver.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-        let d = leader.app().durable.as_ref().unwrap();
-        let app = leader.app().clone();
-        let head = Box::new(move || app.durable.as_ref().unwrap().vllm.head());
-        let wait = Duration::from_secs(5);
-        let vllm = Replicator::start(d.vllm.source(), head, TOKEN.into(), "a".into(), mode, wait);
-        let app = leader.app().clone();
-        let head = Box::new(move || app.durable.as_ref().unwrap().sglang.head());
-        let sglang =
-            Replicator::start_spaces(d.catalog.clone(), d.sglang.source(), head, TOKEN.into(), "a".into(), mode, wait);
-        assert_eq!((vllm.dialect(), sglang.dialect()), (Dialect::Vllm, Dialect::Sglang));
-        assert!(d.vllm.attach(vllm.clone()));
-        assert!(d.sglang.attach(sglang.clone()));
-        let replicator = Replicators::new(vllm, sglang);
+        let replicator = replicators(&leader, "a", mode);
         Pair { leader, standby, receiver, replicator, addr, dirs: (a, b) }
     }
 
@@ -99,6 +98,24 @@ impl Pair {
         }));
         until("the standby is in sync", || self.replicator.synced().as_deref() == Some("b"));
     }
+}
+
+/// The replicators of both durable stores of `s`, as node `node`,
+/// attached to them (not streaming yet).
+pub(crate) fn replicators(s: &TestServer, node: &str, mode: SyncMode) -> Arc<Replicators> {
+    let d = s.app().durable.as_ref().unwrap();
+    let app = s.app().clone();
+    let head = Box::new(move || app.durable.as_ref().unwrap().vllm.head());
+    let wait = Duration::from_secs(5);
+    let vllm = Replicator::start(d.vllm.source(), head, TOKEN.into(), node.into(), mode, wait);
+    let app = s.app().clone();
+    let head = Box::new(move || app.durable.as_ref().unwrap().sglang.head());
+    let sglang =
+        Replicator::start_spaces(d.catalog.clone(), d.sglang.source(), head, TOKEN.into(), node.into(), mode, wait);
+    assert_eq!((vllm.dialect(), sglang.dialect()), (Dialect::Vllm, Dialect::Sglang));
+    assert!(d.vllm.attach(vllm.clone()));
+    assert!(d.sglang.attach(sglang.clone()));
+    Replicators::new(vllm, sglang)
 }
 
 /// Polls `f` (a state, not a timing) until true; panics after the failsafe.

@@ -64,7 +64,7 @@ use super::lag::LagClock;
 use super::liveness::{self, Backoff, Silence};
 use super::outbound::{self, send, send_snapshot, space, AckReader, Refused};
 use super::waiters::Waiters;
-use super::wire::{Msg, Range, Session};
+use super::wire::{Feature, Msg, Range, Session};
 use super::SyncMode;
 use crate::core::{Dialect, PageSource};
 use crate::durable::spaces::{Catalog, CatalogEntry};
@@ -104,12 +104,18 @@ pub struct Target {
     pub range: Range,
 }
 
-/// What the sender thread takes, in order: frames, and (SGLang's store)
-/// the catalog's new spaces.
+/// What the sender thread takes, in order: frames, (SGLang's store) the
+/// catalog's new spaces, and (the server's own vLLM store) the leader's
+/// tenants once a reload changed them.
 enum Item {
     Frame(Frame),
     Space(CatalogEntry),
+    Tenants,
 }
+
+/// The leader's tenants ([`Replicator::announce_tenants`]): served, and
+/// kept but not served.
+pub type TenantList = (Vec<String>, Vec<String>);
 
 /// What a replicator streams, as whom, and how long requests wait for it
 /// (see [`Replicator::start`]).
@@ -210,6 +216,9 @@ pub struct Replicator {
     pub dropped: AtomicU64,
     /// With `--tls-cert`: the stream's TLS configuration.
     tls: OnceLock<hf3fs_meta_tls::TlsClient>,
+    /// The server's own vLLM store, with `--tenants`: the leader's tenants,
+    /// sent before every snapshot and on every change.
+    tenant_list: Mutex<Option<TenantList>>,
 }
 
 impl Replicator {
@@ -334,6 +343,7 @@ impl Replicator {
             failed: Mutex::default(),
             dropped: AtomicU64::new(0),
             tls: OnceLock::new(),
+            tenant_list: Mutex::new(None),
         });
         let me = r.clone();
         std::thread::Builder::new()
@@ -480,7 +490,7 @@ impl Replicator {
     /// Whether `t` can apply a tenant's store: it speaks
     /// [`Feature::Tenants`](super::wire::Feature::Tenants) with this node.
     fn speaks_tenants(&self, t: &Target) -> bool {
-        Session::agree(Range::THIS, t.range).is_some_and(|s| s.has(super::wire::Feature::Tenants))
+        Session::agree(Range::THIS, t.range).is_some_and(|s| s.has(Feature::Tenants))
     }
 
     /// A tenant's replicator whose target cannot apply a tenant's store
@@ -499,6 +509,27 @@ impl Replicator {
                 t.range
             )
         })
+    }
+
+    /// The leader's tenants are `list` from now on (the server's own vLLM
+    /// replicator only, with `--tenants`): sent to the standby before every
+    /// snapshot, and now to the running session, on a session of protocol 4
+    /// on ([`super::wire::Msg::Tenants`]).
+    pub fn announce_tenants(&self, list: TenantList) {
+        debug_assert!(self.tenant.is_none() && self.dialect == Dialect::Vllm);
+        let mut l = self.tenant_list.lock().unwrap_or_else(PoisonError::into_inner);
+        if l.as_ref() != Some(&list) {
+            *l = Some(list);
+            // Queued after the list changed: a session whose snapshot read
+            // the old one gets the new one in order.
+            let _ = self.frames.send(Item::Tenants);
+        }
+    }
+
+    /// The tenants message of the list announced last, if any.
+    fn tenants_message(&self, epoch: u64) -> Option<Msg> {
+        let l = self.tenant_list.lock().unwrap_or_else(PoisonError::into_inner);
+        l.as_ref().map(|(served, kept)| Msg::Tenants { epoch, served: served.clone(), kept: kept.clone() })
     }
 
     /// Takes `model`'s control-plane state (a tenant's replicator started

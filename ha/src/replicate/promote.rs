@@ -102,6 +102,25 @@ impl Replicated {
         self.standby.remove_tenant(name);
     }
 
+    /// The tenants this node serves (`served`) and keeps unserved (`kept`),
+    /// but `default`: as leader it sends them to its standby, whose tenants
+    /// follow them ([`super::wire::Msg::Tenants`]).
+    pub fn announce_tenants(&self, served: Vec<String>, kept: Vec<String>) {
+        self.replicator.announce_tenants((served, kept));
+    }
+
+    /// Why a tenant may not be removed now (see
+    /// [`Replicators::removal_refused`]).
+    pub fn removal_refused(&self) -> Option<String> {
+        self.replicator.removal_refused()
+    }
+
+    /// On a standby, a leader's tenants message calls `follow` with the
+    /// leader's served and kept tenants (see [`Standby::follow_tenants_with`]).
+    pub fn follow_tenants_with(&self, follow: super::standby::FollowTenants) {
+        self.standby.follow_tenants_with(follow);
+    }
+
     /// Gives the hook the election it serves (after `Election::start`).
     pub fn bind(&self, election: &Arc<Election>) {
         let _ = self.election.set(Arc::downgrade(election));

@@ -157,6 +157,13 @@ impl Lane {
     }
 }
 
+/// What a standby does with its leader's tenants ([`Msg::Tenants`]):
+/// called with the tenants the leader serves and those it keeps unserved;
+/// it serves and holds only those from then on (the server's tenants
+/// runtime: removes the others, their state deleted, and adds those its
+/// own tenants file names).
+pub type FollowTenants = Box<dyn Fn(&[String], &[String]) + Send + Sync>;
+
 /// Who etcd names as leader now: the leader key's create revision (the
 /// epoch) and node id, `None` without a leader; `Err` when etcd cannot say.
 pub type LeaderCheck = Box<dyn Fn() -> Result<Option<(u64, String)>, String> + Send + Sync>;
@@ -191,6 +198,8 @@ pub struct Standby {
     /// std Mutex: held for the read, never across an await).
     leaders: OnceLock<LeaderCheck>,
     named: Mutex<Option<(u64, String)>>,
+    /// With `--tenants`: what follows the leader's tenants.
+    follow: OnceLock<FollowTenants>,
 }
 
 impl Standby {
@@ -217,7 +226,30 @@ impl Standby {
             tls: OnceLock::new(),
             leaders: OnceLock::new(),
             named: Mutex::new(None),
+            follow: OnceLock::new(),
         })
+    }
+
+    /// A leader's tenants message calls `follow` from now on (once; before
+    /// [`Standby::listen`]). Without it, the lanes of tenants the leader
+    /// does not have are removed, and nothing else.
+    pub fn follow_tenants_with(&self, follow: FollowTenants) {
+        let _ = self.follow.set(follow);
+    }
+
+    /// The leader's tenants are `served` and `kept`: this node's follow.
+    fn follow_tenants(&self, served: &[String], kept: &[String]) {
+        tracing::info!(?served, ?kept, "the leader's tenants");
+        match self.follow.get() {
+            Some(f) => f(served, kept),
+            None => {
+                for name in self.tenant_names() {
+                    if !served.contains(&name) && !kept.contains(&name) {
+                        self.remove_tenant(&name);
+                    }
+                }
+            }
+        }
     }
 
     /// Speaks only TLS on the listener from now on (before
@@ -581,7 +613,14 @@ impl Standby {
                 timed = true;
                 rd.get_ref().set_read_timeout(Some(deadline))?;
             }
-            match self.on_message(&lane, store, epoch, mine, msg) {
+            let applied = match msg {
+                // Followed outside the apply lock: removing a tenant takes it.
+                Msg::Tenants { epoch: of, served, kept } => {
+                    self.on_tenants(&lane, store, (epoch, mine, of), &served, &kept).map(|()| None)
+                }
+                msg => self.on_message(&lane, store, epoch, mine, msg),
+            };
+            match applied {
                 Ok(Some(upto)) => {
                     if tx.send(upto).is_err() {
                         break Err(std::io::Error::other("the acknowledgements stopped"));
@@ -600,6 +639,36 @@ impl Standby {
         result
     }
 
+    /// The leader's tenants (on the server's own vLLM stream only), of
+    /// epoch `of` on session `mine` of `epoch`: followed.
+    fn on_tenants(
+        &self,
+        lane: &Arc<Lane>,
+        store: Dialect,
+        (epoch, mine, of): (u64, u64, u64),
+        served: &[String],
+        kept: &[String],
+    ) -> Result<(), String> {
+        if !Arc::ptr_eq(lane, &self.own) || store != Dialect::Vllm {
+            return Err("the leader's tenants off the server's vLLM stream".into());
+        }
+        if let Some(why) = self.stale(&lane.stores[store.index()], epoch, mine, of) {
+            return Err(why);
+        }
+        self.follow_tenants(served, kept);
+        Ok(())
+    }
+
+    /// Why a message of epoch `of` on session `mine` (of `epoch`) of
+    /// `stream` is refused: another epoch (counted), or a newer session.
+    fn stale(&self, stream: &Stream, epoch: u64, mine: u64, of: u64) -> Option<String> {
+        if of != epoch || self.epoch.load(Ordering::Acquire) != epoch {
+            self.counters.old_epoch.fetch_add(1, Ordering::Relaxed);
+            return Some(format!("a message of epoch {of} on a session of epoch {epoch}"));
+        }
+        (stream.session.load(Ordering::Acquire) != mine).then(|| "a newer session of this store took over".into())
+    }
+
     /// Applies one message of the leader at `epoch` on its session `mine`
     /// of `store`; returns the position to acknowledge once durable, if any.
     fn on_message(&self, lane: &Lane, store: Dialect, epoch: u64, mine: u64, msg: Msg) -> Result<Option<u64>, String> {
@@ -616,12 +685,8 @@ impl Standby {
             Dialect::Sglang => Side::Spaces(registry.sglang()),
         };
         let stream = &lane.stores[store.index()];
-        if msg.epoch() != epoch || self.epoch.load(Ordering::Acquire) != epoch {
-            self.counters.old_epoch.fetch_add(1, Ordering::Relaxed);
-            return Err(format!("a message of epoch {} on a session of epoch {epoch}", msg.epoch()));
-        }
-        if stream.session.load(Ordering::Acquire) != mine {
-            return Err("a newer session of this store took over".into());
+        if let Some(why) = self.stale(stream, epoch, mine, msg.epoch()) {
+            return Err(why);
         }
         match msg {
             Msg::SnapshotBegin { .. } => {
@@ -693,7 +758,8 @@ impl Standby {
             | Msg::Welcome
             | Msg::Agreed { .. }
             | Msg::Reject(_)
-            | Msg::Ack { .. } => Err("an unexpected message in a session".into()),
+            | Msg::Ack { .. }
+            | Msg::Tenants { .. } => Err("an unexpected message in a session".into()),
         }
     }
 }

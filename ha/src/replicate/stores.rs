@@ -89,6 +89,27 @@ impl Replicators {
         }
     }
 
+    /// The leader's tenants are `list` from now on: the standby's follow
+    /// them ([`Replicator::announce_tenants`]).
+    pub fn announce_tenants(&self, list: super::leader::TenantList) {
+        self.of(Dialect::Vllm).announce_tenants(list);
+    }
+
+    /// Why a tenant may not be removed (or disabled) now: the standby
+    /// streamed to speaks a protocol before tenants were replicated, so it
+    /// would not learn of the removal. `None`: it may.
+    pub fn removal_refused(&self) -> Option<String> {
+        let t = self.target()?;
+        let session = super::wire::Session::agree(super::wire::Range::THIS, t.range)?;
+        (!session.has(super::wire::Feature::Tenants)).then(|| {
+            format!(
+                "the synchronous standby {} speaks replication protocol {}, which cannot carry a tenant's removal \
+                 (protocol 4 on): upgrade every node of the cluster, then reload",
+                t.node, t.range
+            )
+        })
+    }
+
     /// Tenant `name`'s replicators, in [`Dialect::ALL`]'s order.
     pub fn tenant(&self, name: &str) -> Option<[Arc<Replicator>; 2]> {
         self.tenants.read().unwrap_or_else(PoisonError::into_inner).get(name).cloned()

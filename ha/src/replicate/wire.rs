@@ -101,7 +101,9 @@ pub enum Feature {
     Agreed,
     /// A connection may stream a tenant's store ([`Msg::HelloRange`] with
     /// a `tenant`, kind 13): a standby that speaks it applies the records
-    /// into that tenant's state.
+    /// into that tenant's state; and the server's own vLLM connection
+    /// carries the leader's tenants ([`Msg::Tenants`], kind 14), which the
+    /// standby's tenants follow.
     Tenants,
 }
 
@@ -255,6 +257,19 @@ pub enum Msg {
         /// SGLang's namespace.
         namespace: String,
     },
+    /// Leader → standby, on the server's own vLLM connection only
+    /// ([`Feature::Tenants`]): the leader's tenants (`--tenants`), before
+    /// every snapshot and again whenever a reload changes them. The
+    /// standby serves and holds only these: a tenant of its own that is in
+    /// neither list is removed there, its state deleted.
+    Tenants {
+        /// The leader's epoch.
+        epoch: u64,
+        /// The tenants the leader serves (but `default`).
+        served: Vec<String>,
+        /// The tenants the leader keeps but does not serve (disabled).
+        kept: Vec<String>,
+    },
 }
 
 const HELLO: u8 = 1;
@@ -274,6 +289,8 @@ const AGREED: u8 = 12;
 /// A hello of a tenant's store: [`HELLO_RANGE`]'s, then the tenant's name
 /// (version 4 on).
 const HELLO_TENANT: u8 = 13;
+/// The leader's tenants (version 4 on).
+const TENANTS: u8 = 14;
 
 /// Bytes before a frame's records: kind, four `u64`s, the clear flag.
 const FRAME_HEAD: usize = 1 + 4 * 8 + 1;
@@ -289,7 +306,8 @@ impl Msg {
             | Msg::SnapshotPart { epoch, .. }
             | Msg::SnapshotEnd { epoch, .. }
             | Msg::Frame { epoch, .. }
-            | Msg::Space { epoch, .. } => *epoch,
+            | Msg::Space { epoch, .. }
+            | Msg::Tenants { epoch, .. } => *epoch,
             Msg::HelloRange { epoch, .. } => *epoch,
             Msg::Welcome | Msg::Agreed { .. } | Msg::Reject(_) | Msg::Ack { .. } => 0,
         }
@@ -366,6 +384,16 @@ impl Msg {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
                 out.extend_from_slice(namespace.as_bytes());
+            }
+            Msg::Tenants { epoch, served, kept } => {
+                out.push(TENANTS);
+                out.extend_from_slice(&epoch.to_le_bytes());
+                for list in [served, kept] {
+                    out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+                    for name in list {
+                        put_short(out, name);
+                    }
+                }
             }
         }
         let len = (out.len() - start - 4) as u32;
@@ -516,9 +544,25 @@ impl Msg {
                 let namespace = String::from_utf8(p.to_vec()).map_err(|_| bad("a namespace not in UTF-8".into()))?;
                 Msg::Space { epoch, id, rank, num_pages, namespace }
             }
+            TENANTS => {
+                let epoch = take_u64(&mut p)?;
+                let mut lists = [Vec::new(), Vec::new()];
+                for list in &mut lists {
+                    let n = take_u32(&mut p)? as usize;
+                    if n > p.len() {
+                        return Err(bad(format!("{n} tenants in {} bytes", p.len())));
+                    }
+                    for _ in 0..n {
+                        list.push(take_short(&mut p)?);
+                    }
+                }
+                let [served, kept] = lists;
+                Msg::Tenants { epoch, served, kept }
+            }
             k => return Err(bad(format!("a message of kind {k}"))),
         };
-        let fixed = matches!(m, Msg::SnapshotBegin { .. } | Msg::SnapshotEnd { .. } | Msg::Ack { .. });
+        let fixed =
+            matches!(m, Msg::SnapshotBegin { .. } | Msg::SnapshotEnd { .. } | Msg::Ack { .. } | Msg::Tenants { .. });
         if fixed && !p.is_empty() {
             return Err(bad("trailing bytes after a message".into()));
         }
@@ -613,6 +657,8 @@ mod tests {
             Msg::SnapshotEnd { epoch: 7, upto: 99 },
             Msg::Frame { epoch: 7, generation: 2, clear: true, from: 3, upto: 9, records: vec![4] },
             Msg::Ack { upto: 12 },
+            Msg::Tenants { epoch: 7, served: vec!["a".into(), "team-b".into()], kept: vec!["off".into()] },
+            Msg::Tenants { epoch: 8, served: vec![], kept: vec![] },
         ];
         let mut buf = Vec::new();
         for m in &all {
@@ -626,6 +672,13 @@ mod tests {
         for body in [&[][..], &[99], &[ACK, 1], &[SNAP_END, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5]] {
             assert_eq!(Msg::decode(body).unwrap_err().kind(), io::ErrorKind::InvalidData, "{body:?}");
         }
+        // A list of tenants longer than its message, a trailing byte.
+        let many = [TENANTS, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff];
+        assert!(Msg::decode(&many).unwrap_err().to_string().contains("tenants in 0 bytes"));
+        let mut t = Vec::new();
+        Msg::Tenants { epoch: 1, served: vec!["a".into()], kept: vec![] }.encode(&mut t);
+        t.push(0);
+        assert!(Msg::decode(&t[4..]).unwrap_err().to_string().contains("trailing"));
         let huge = ((MAX_MESSAGE + 1) as u32).to_le_bytes();
         assert!(Msg::read_from(&mut &huge[..]).is_err());
     }

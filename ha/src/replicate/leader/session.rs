@@ -119,6 +119,13 @@ impl Replicator {
             }
             self.acked.store(0, Ordering::Release);
         }
+        // The leader's tenants before the snapshot (read after the queue
+        // was emptied: a later change is queued), so a standby caught up
+        // has followed them.
+        let tenants = session.has(Feature::Tenants);
+        if let Some(m) = self.tenants_message(t.epoch).filter(|_| tenants) {
+            send(&mut wr, &m)?;
+        }
         let r = (self.head)();
         send_snapshot(&mut wr, self.catalog.as_deref(), &*self.store, t.epoch, r)?;
         // The first heartbeat, at once: it tells the standby that this
@@ -128,7 +135,7 @@ impl Replicator {
         let dead = Arc::new(AtomicBool::new(false));
         self.spawn_acks(acks, &t.node, r, dead.clone(), stream);
         tracing::info!(standby = %t.node, epoch = t.epoch, position = r, store = self.dialect.label(), "sent a snapshot; streaming");
-        self.stream_frames(n, t, rx, &mut wr, &dead, r)
+        self.stream_frames(n, t, rx, &mut wr, &dead, (r, tenants))
     }
 
     /// The hello of session `n` to `t` and the standby's answer: the
@@ -182,7 +189,7 @@ impl Replicator {
         rx: &Receiver<Item>,
         wr: &mut BufWriter<Conn>,
         dead: &AtomicBool,
-        r: u64,
+        (r, tenants): (u64, bool),
     ) -> Result<(), String> {
         let (mut at, mut generation) = (r, 0);
         let mut sent = Instant::now();
@@ -211,6 +218,12 @@ impl Replicator {
                     Item::Frame(f) => f,
                     Item::Space(e) => {
                         send(wr, &space(t.epoch, e))?;
+                        continue;
+                    }
+                    Item::Tenants => {
+                        if let Some(m) = self.tenants_message(t.epoch).filter(|_| tenants) {
+                            send(wr, &m)?;
+                        }
                         continue;
                     }
                 };
