@@ -152,6 +152,7 @@ pub struct StreamCounters {
     /// Batches of this topic dropped since its last one published: the
     /// numbers its next batch skips.
     lost: AtomicU64,
+    last_seq: AtomicU64,
 }
 
 impl StreamCounters {
@@ -163,6 +164,11 @@ impl StreamCounters {
     /// Events of this topic dropped on a full queue.
     pub fn dropped(&self) -> u64 {
         self.dropped_events.load(Ordering::Relaxed)
+    }
+
+    /// The number of this topic's last batch.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq.load(Ordering::Relaxed)
     }
 }
 
@@ -188,6 +194,8 @@ const QUEUED: Family =
 const LAST_SEQ: Family = gauge("kv_events_last_sequence", "Sequence number of the last batch published");
 const TENANT_EVENTS: Family =
     counter("tenant_kv_events_published_total", "KV events published on a tenant's topic, by tenant");
+const TENANT_LAST_SEQ: Family =
+    gauge("tenant_kv_events_last_sequence", "Sequence number of the last batch published on a tenant's topic");
 const TENANT_DROPPED: Family =
     counter("tenant_kv_events_dropped_total", "KV events of a tenant dropped because the publisher's queue was full");
 
@@ -209,6 +217,7 @@ impl Counters {
         for (family, value) in [
             (&TENANT_EVENTS, StreamCounters::events as fn(&StreamCounters) -> u64),
             (&TENANT_DROPPED, StreamCounters::dropped),
+            (&TENANT_LAST_SEQ, StreamCounters::last_seq),
         ] {
             let mut w = Samples::start(out, family);
             for (_, tenant, c) in streams.iter() {
@@ -754,7 +763,10 @@ impl Task {
                 if self.leading && self.streams.contains_key(&id) {
                     self.publish(id, vec![WireEvent::Cleared]).await;
                 }
-                self.streams.remove(&id);
+                if let Some(st) = self.streams.remove(&id) {
+                    let bytes = lock(&st.ring).bytes;
+                    self.buffered(bytes, 0);
+                }
             }
             Control::Rename(id, topic) => {
                 if self.leading && self.streams.contains_key(&id) {
@@ -762,13 +774,15 @@ impl Task {
                 }
                 let Some(st) = self.streams.get_mut(&id) else { return };
                 st.topic = topic;
-                {
+                let bytes = {
                     let mut r = lock(&st.ring);
                     // Its buffer held the old name's batches.
-                    let cap = r.cap;
+                    let (cap, bytes) = (r.cap, r.bytes);
                     *r = Ring { next: r.next, ..Ring::new(cap) };
                     r.restart();
-                }
+                    bytes
+                };
+                self.buffered(bytes, 0);
                 if self.leading {
                     self.resync(id).await;
                 }
@@ -849,28 +863,39 @@ impl Task {
         let Some(st) = self.streams.get_mut(&id) else { return 0 };
         st.sent = true;
         let payload = Bytes::from(payload);
-        let seq = {
+        let (seq, before, after) = {
             let mut r = lock(&st.ring);
             let lost = st.counters.lost.swap(0, Ordering::Relaxed);
             let seq = r.next + lost;
             r.next = seq + 1;
+            let before = r.bytes;
             r.push(seq, payload.clone());
-            seq
+            (seq, before, r.bytes)
         };
         let topic = st.topic.clone();
         st.counters.events.fetch_add(u64::from(n), Ordering::Relaxed);
+        st.counters.last_seq.store(seq, Ordering::Relaxed);
         let msg = ZmqMessage::try_from(vec![topic, Bytes::copy_from_slice(&seq.to_be_bytes()), payload])
             .expect("three frames");
         if let Err(e) = self.publ.send(msg).await {
             tracing::warn!(error = %e, "kv events: PUB send failed");
         }
+        self.buffered(before, after);
         let c = &self.counters;
-        let bytes: usize = self.streams.values().map(|s| lock(&s.ring).bytes).sum();
-        c.buffer_bytes.store(bytes as u64, Ordering::Relaxed);
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.events.fetch_add(u64::from(n), Ordering::Relaxed);
         c.last_seq.store(seq, Ordering::Relaxed);
         seq
+    }
+
+    /// The replay buffers' bytes went from `before` to `after` (one topic's).
+    fn buffered(&self, before: usize, after: usize) {
+        let b = &self.counters.buffer_bytes;
+        if after >= before {
+            b.fetch_add((after - before) as u64, Ordering::Relaxed);
+        } else {
+            b.fetch_sub((before - after) as u64, Ordering::Relaxed);
+        }
     }
 
     /// AllBlocksCleared, then every complete key of topic `id`'s tenant;
