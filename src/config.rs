@@ -91,9 +91,12 @@ pub struct EventsArgs {
     #[arg(long, env = "HF3FS_META_KV_EVENTS_REPLAY_ENDPOINT", requires = "kv_events_endpoint")]
     pub kv_events_replay_endpoint: Option<String>,
 
-    /// The topic (first frame) of every message; default
-    /// `kv@<hostname>@default` (llm-d's `kv@<pod>@<model>`; llm-d's
-    /// storage tier uses `kv@SHARED_STORAGE@<model>`).
+    /// The topic (first frame) of every message, `{tenant}` standing for
+    /// the tenant's name; default `kv@<hostname>@{tenant}` (llm-d's
+    /// `kv@<pod>@<model>`; llm-d's storage tier uses
+    /// `kv@SHARED_STORAGE@<model>`). Without `{tenant}`: the default
+    /// tenant's topic, other tenants' `kv@<hostname>@<name>` (or their
+    /// table's `kv_events_topic`).
     #[arg(long, env = "HF3FS_META_KV_EVENTS_TOPIC")]
     pub kv_events_topic: Option<String>,
 

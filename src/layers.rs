@@ -35,14 +35,11 @@ pub fn http_settings(cfg: &Config) -> http::Settings {
 pub fn event_settings(cfg: &Config) -> Result<Option<events::EventSettings>, String> {
     let a = &cfg.events;
     let Some(endpoint) = a.kv_events_endpoint.clone() else { return Ok(None) };
-    let topic = match &a.kv_events_topic {
-        Some(t) => t.clone(),
-        None => {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-            let host = host.trim();
-            format!("kv@{}@default", if host.is_empty() { "hf3fs-meta" } else { host })
-        }
-    };
+    let (pattern, host) = event_topic_pattern(cfg);
+    let topic = events::tenant_topic(&pattern, &host, events::DEFAULT_TENANT);
+    if topic.is_empty() {
+        return Err("--kv-events-topic must not be empty".into());
+    }
     if a.kv_events_medium.is_empty() {
         return Err("--kv-events-medium must not be empty".into());
     }
@@ -69,6 +66,21 @@ pub fn event_settings(cfg: &Config) -> Result<Option<events::EventSettings>, Str
         },
         heartbeat: (a.kv_events_heartbeat_ms > 0).then(|| std::time::Duration::from_millis(a.kv_events_heartbeat_ms)),
     }))
+}
+
+/// The pattern of every tenant's KV-events topic (`--kv-events-topic`,
+/// default `kv@<hostname>@{tenant}`) and the host name it defaults with.
+pub fn event_topic_pattern(cfg: &Config) -> (String, String) {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = match host.trim() {
+        "" => "hf3fs-meta".to_string(),
+        h => h.to_string(),
+    };
+    let pattern = match &cfg.events.kv_events_topic {
+        Some(t) => t.clone(),
+        None => format!("kv@{host}@{}", events::TENANT_PLACEHOLDER),
+    };
+    (pattern, host)
 }
 
 /// The KV-event publisher's counters as the HTTP layer's `/metrics` shows them.

@@ -223,7 +223,16 @@ impl App {
     /// space. Call it after [`App::with_ha`] (only a serving leader
     /// publishes) and before the app is served.
     pub async fn with_events(mut self) -> Result<Self, String> {
-        let Some(settings) = layers::event_settings(&self.cfg)? else { return Ok(self) };
+        let Some(mut settings) = layers::event_settings(&self.cfg)? else { return Ok(self) };
+        let (pattern, host) = layers::event_topic_pattern(&self.cfg);
+        // Every tenant's topic, checked before anything publishes.
+        let topics = match &self.tenants {
+            Some(t) => Some(t.event_topics(&pattern, &host)?),
+            None => None,
+        };
+        if let Some(d) = topics.as_ref().and_then(|t| t.get(events::DEFAULT_TENANT)) {
+            settings.topic = d.clone();
+        }
         let counters = Arc::new(events::Counters::default());
         let service = Arc::get_mut(&mut self.http).expect("App::with_events before the app is served");
         service.events = Some(Arc::new(layers::EventMetrics(counters.clone())) as Arc<dyn http::MetricsHook>);
@@ -235,6 +244,9 @@ impl App {
         let snapshot: events::Snapshot = Arc::new(move |f| svc.registry.complete_blocks(f));
         let p = events::start(settings, counters.clone(), leader, snapshot).await?;
         self.registry.set_events(p.vllm.clone(), p.sglang.clone());
+        if let (Some(t), Some(topics)) = (&self.tenants, topics) {
+            t.attach_events(p.topics.clone(), &pattern, &host, topics);
+        }
         tracing::info!(endpoint = %p.endpoint, replay = ?p.replay_endpoint, "kv events: publishing");
         self.events = Some(counters);
         Ok(self)

@@ -13,6 +13,7 @@
 //! max_keys = 500000          # stored keys, both dialects together
 //! max_pages_per_rank = 1048576
 //! strict_layout = true       # another page count for an initialized rank is a 409
+//! kv_events_topic = "kv@SHARED_STORAGE@team-a-model"  # its KV-events topic
 //! ```
 //!
 //! Every tenant but `default` has page spaces of its own (a
@@ -41,7 +42,7 @@
 use crate::config::Config;
 use crate::core::Registry;
 use crate::http::tenants::{self as t, Tenant, TenantSet, Tenants};
-use crate::{durable, http, layers};
+use crate::{durable, events, http, layers};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -90,6 +91,9 @@ pub struct TenantSpec {
     pub max_spaces: Option<u32>,
     /// Its data requests in flight at once; one more is a 429 `tenant_busy`.
     pub max_concurrent_requests: Option<u32>,
+    /// The topic its KV events are published on (default: the server's
+    /// `--kv-events-topic` pattern for its name, `kv@<host>@<name>`).
+    pub kv_events_topic: Option<String>,
 }
 
 fn yes() -> bool {
@@ -108,6 +112,7 @@ impl Default for TenantSpec {
             max_ranks: None,
             max_spaces: None,
             max_concurrent_requests: None,
+            kv_events_topic: None,
         }
     }
 }
@@ -164,6 +169,9 @@ pub fn parse(text: &str) -> Result<TenantsFile, String> {
             if v == Some(0) {
                 return Err(format!("[tenants.{name}]: {key} must be at least 1 (leave it out for no limit)"));
             }
+        }
+        if spec.kv_events_topic.as_deref().is_some_and(str::is_empty) {
+            return Err(format!("[tenants.{name}]: kv_events_topic must not be empty (leave it out for the default)"));
         }
         if spec.max_ranks.is_some_and(|r| r > 65_535) {
             return Err(format!("[tenants.{name}]: max_ranks must be between 1 and 65535"));
@@ -260,6 +268,17 @@ pub struct Runtime {
     applied: Mutex<TenantsFile>,
     /// The tenants being drained: one added again waits for its drain.
     draining: Arc<(Mutex<std::collections::BTreeSet<String>>, std::sync::Condvar)>,
+    /// With `--kv-events-endpoint`: every tenant's topic.
+    events: Mutex<Option<TenantEvents>>,
+}
+
+/// Every tenant's KV-events topic: the publisher's handle, the server's
+/// topic pattern, and each tenant's topic number and name.
+struct TenantEvents {
+    topics: events::Topics,
+    pattern: String,
+    host: String,
+    by_tenant: BTreeMap<String, (u32, String)>,
 }
 
 /// What serves the tenants' listen addresses and drains removed tenants.
@@ -297,7 +316,35 @@ impl Runtime {
             replicated: Mutex::new(None),
             applied: Mutex::new(file.clone()),
             draining: Arc::default(),
+            events: Mutex::new(None),
         })
+    }
+
+    /// Every served tenant's KV-events topic under `pattern` (see
+    /// [`events::tenant_topics`]); refused when two share one.
+    pub fn event_topics(&self, pattern: &str, host: &str) -> Result<BTreeMap<String, String>, String> {
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        events::tenant_topics(pattern, host, live.iter().map(|(n, l)| (n.as_str(), l.spec.kv_events_topic.as_deref())))
+    }
+
+    /// With `--kv-events-endpoint`: every tenant but `default` (whose
+    /// registry is the server's, on the topic [`events::DEFAULT_TOPIC`])
+    /// publishes on its topic of `topics` (from [`Runtime::event_topics`]),
+    /// and so do tenants added by a reload.
+    pub fn attach_events(&self, handle: events::Topics, pattern: &str, host: &str, topics: BTreeMap<String, String>) {
+        // The order of the locks is a reload's: the topics, then the tenants.
+        let mut wiring = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut by_tenant = BTreeMap::new();
+        for (name, topic) in topics {
+            if name == t::DEFAULT {
+                by_tenant.insert(name, (events::DEFAULT_TOPIC, topic));
+            } else if let Some(registry) = live.get(&name).and_then(|l| l.tenant.registry.clone()) {
+                let id = attach(&handle, &name, &topic, &registry);
+                by_tenant.insert(name, (id, topic));
+            }
+        }
+        *wiring = Some(TenantEvents { topics: handle, pattern: pattern.into(), host: host.into(), by_tenant });
     }
 
     /// With `--ha etcd` (before the election starts): every tenant's
@@ -482,6 +529,15 @@ impl Runtime {
 
     /// Serves `file` (see [`Runtime::reload`]).
     fn apply(&self, file: TenantsFile) -> Result<Vec<String>, String> {
+        let mut wiring = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        let topics = match wiring.as_ref() {
+            Some(e) => Some(events::tenant_topics(
+                &e.pattern,
+                &e.host,
+                file.tenants.iter().filter(|(_, s)| s.enabled).map(|(n, s)| (n.as_str(), s.kv_events_topic.as_deref())),
+            )?),
+            None => None,
+        };
         let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
         // Check everything before changing anything.
         for (name, spec) in file.tenants.iter().filter(|(_, s)| s.enabled) {
@@ -539,6 +595,11 @@ impl Runtime {
             for (name, l) in next.iter().filter(|(n, _)| !live.contains_key(*n)) {
                 join(r, name, l);
             }
+        }
+        // Publishing: added tenants on their topics before they are served,
+        // a changed topic renamed, a removed tenant's topic stopped.
+        if let (Some(e), Some(topics)) = (wiring.as_mut(), topics) {
+            retopic(e, &next, topics);
         }
         // Served. Listeners kept move over; the others stop.
         for name in kept {
@@ -626,6 +687,47 @@ impl Runtime {
 impl t::Reload for Runtime {
     fn reload(&self) -> Result<Vec<String>, String> {
         Runtime::reload(self)
+    }
+}
+
+/// Tenant `name` publishes on `topic`: its registry's sinks.
+fn attach(handle: &events::Topics, name: &str, topic: &str, registry: &Arc<Registry>) -> u32 {
+    let r = registry.clone();
+    let snapshot: events::Snapshot = Arc::new(move |f| r.complete_blocks(f));
+    let sinks = handle.add(name, topic, snapshot);
+    registry.set_events(sinks.vllm, sinks.sglang);
+    sinks.id
+}
+
+/// The topics of a reload's tenants `next` (named by `topics`): added
+/// tenants start publishing, a changed topic is renamed, a tenant no
+/// longer served stops (AllBlocksCleared on its topic).
+fn retopic(e: &mut TenantEvents, next: &BTreeMap<String, Live>, topics: BTreeMap<String, String>) {
+    // `default` disabled keeps its topic: the server's registry stays attached.
+    let gone: Vec<String> = e
+        .by_tenant
+        .iter()
+        .filter(|(n, (id, _))| !topics.contains_key(*n) && *id != events::DEFAULT_TOPIC)
+        .map(|(n, _)| n.clone())
+        .collect();
+    for name in gone {
+        if let Some((id, _)) = e.by_tenant.remove(&name) {
+            e.topics.remove(id);
+        }
+    }
+    for (name, topic) in topics {
+        match e.by_tenant.get_mut(&name) {
+            Some((id, was)) if *was != topic => {
+                e.topics.rename(*id, &topic);
+                *was = topic;
+            }
+            Some(_) => {}
+            None => {
+                let Some(registry) = next.get(&name).and_then(|l| l.tenant.registry.clone()) else { continue };
+                let id = attach(&e.topics, &name, &topic, &registry);
+                e.by_tenant.insert(name, (id, topic));
+            }
+        }
     }
 }
 
@@ -769,6 +871,7 @@ mod tests {
             ("[tenants.a]\nmax_ranks = 70000\n", "max_ranks must be between 1 and 65535"),
             ("[tenants.a]\nmax_spaces = 0\n", "max_spaces must be at least 1"),
             ("[tenants.a]\nmax_concurrent_requests = 0\n", "max_concurrent_requests must be at least 1"),
+            ("[tenants.a]\nkv_events_topic = \"\"\n", "kv_events_topic must not be empty"),
             ("[other]\n", "unknown field `other`"),
             ("[tenants.a\n", "line 1, column"),
             ("[tenants.a]\nlisten = 7\n", "line 2, column 10 (`listen = 7`): invalid type"),

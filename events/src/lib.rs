@@ -31,7 +31,7 @@ pub mod wire;
 
 use bytes::Bytes;
 use hf3fs_meta_core::{Block, Event, Events};
-use hf3fs_meta_metrics::{counter, gauge, single, Family};
+use hf3fs_meta_metrics::{counter, gauge, label_value, single, Family, Samples};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -130,9 +130,6 @@ pub struct Counters {
     events: AtomicU64,
     dropped_batches: AtomicU64,
     dropped_events: AtomicU64,
-    /// Batches dropped since the last one published: the sequence numbers
-    /// the next batch skips.
-    lost: AtomicU64,
     subscribers: AtomicU64,
     replay_requests: AtomicU64,
     resyncs: AtomicU64,
@@ -143,6 +140,36 @@ pub struct Counters {
     /// is what is still queued.
     accepted: AtomicU64,
     handled: AtomicU64,
+    /// Every topic's own counters, by tenant (the `tenant` label's series).
+    streams: Mutex<Vec<(u32, String, Arc<StreamCounters>)>>,
+}
+
+/// One topic's counters (its tenant's series).
+#[derive(Debug, Default)]
+pub struct StreamCounters {
+    events: AtomicU64,
+    dropped_events: AtomicU64,
+    /// Batches of this topic dropped since its last one published: the
+    /// numbers its next batch skips.
+    lost: AtomicU64,
+    last_seq: AtomicU64,
+}
+
+impl StreamCounters {
+    /// Events published on this topic.
+    pub fn events(&self) -> u64 {
+        self.events.load(Ordering::Relaxed)
+    }
+
+    /// Events of this topic dropped on a full queue.
+    pub fn dropped(&self) -> u64 {
+        self.dropped_events.load(Ordering::Relaxed)
+    }
+
+    /// The number of this topic's last batch.
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq.load(Ordering::Relaxed)
+    }
 }
 
 const BATCHES: Family = counter(
@@ -165,6 +192,12 @@ const BUFFER: Family = gauge("kv_events_replay_buffer_bytes", "Bytes of the batc
 const QUEUED: Family =
     gauge("kv_events_queued_batches", "KV-event batches queued for the publisher and not yet handled");
 const LAST_SEQ: Family = gauge("kv_events_last_sequence", "Sequence number of the last batch published");
+const TENANT_EVENTS: Family =
+    counter("tenant_kv_events_published_total", "KV events published on a tenant's topic, by tenant");
+const TENANT_LAST_SEQ: Family =
+    gauge("tenant_kv_events_last_sequence", "Sequence number of the last batch published on a tenant's topic");
+const TENANT_DROPPED: Family =
+    counter("tenant_kv_events_dropped_total", "KV events of a tenant dropped because the publisher's queue was full");
 
 impl Counters {
     /// Appends the publisher's series to a Prometheus text page.
@@ -180,6 +213,23 @@ impl Counters {
         single(out, &BUFFER, l(&self.buffer_bytes));
         single(out, &QUEUED, self.queued());
         single(out, &LAST_SEQ, l(&self.last_seq));
+        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        for (family, value) in [
+            (&TENANT_EVENTS, StreamCounters::events as fn(&StreamCounters) -> u64),
+            (&TENANT_DROPPED, StreamCounters::dropped),
+            (&TENANT_LAST_SEQ, StreamCounters::last_seq),
+        ] {
+            let mut w = Samples::start(out, family);
+            for (_, tenant, c) in streams.iter() {
+                w.put(&[("tenant", &label_value(tenant))], value(c));
+            }
+        }
+    }
+
+    /// Tenant `tenant`'s topic counters, while it publishes.
+    pub fn tenant(&self, tenant: &str) -> Option<Arc<StreamCounters>> {
+        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        streams.iter().find(|(_, t, _)| t == tenant).map(|(_, _, c)| c.clone())
     }
 
     /// Batches queued and not yet handled by the publisher task (0 once
@@ -208,6 +258,8 @@ impl Counters {
 
 /// One operation's events on their way to the publisher task.
 struct Queued {
+    /// The topic (stream) of the sink that queued it.
+    topic: u32,
     /// From vLLM's store, whose `/clear` starts a generation (SGLang's
     /// spaces clear by removals).
     tracked: bool,
@@ -220,6 +272,9 @@ struct Queued {
 pub struct Sink {
     tx: mpsc::Sender<Queued>,
     counters: Arc<Counters>,
+    /// Its topic, and that topic's counters.
+    topic: u32,
+    stream: Arc<StreamCounters>,
     tracked: bool,
     pool: Arc<Pool>,
 }
@@ -234,13 +289,14 @@ impl Events for Sink {
         // Counted before the send, so that the task never counts a batch
         // handled before it was counted queued.
         self.counters.accepted.fetch_add(1, Ordering::Release);
-        if let Err(e) = self.tx.try_send(Queued { tracked: self.tracked, generation, events }) {
+        if let Err(e) = self.tx.try_send(Queued { topic: self.topic, tracked: self.tracked, generation, events }) {
             self.pool.give(e.into_inner().events);
             let c = &self.counters;
             c.accepted.fetch_sub(1, Ordering::Release);
             c.dropped_batches.fetch_add(1, Ordering::Relaxed);
             c.dropped_events.fetch_add(n, Ordering::Relaxed);
-            c.lost.fetch_add(1, Ordering::Relaxed);
+            self.stream.dropped_events.fetch_add(n, Ordering::Relaxed);
+            self.stream.lost.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -260,6 +316,17 @@ struct Ring {
 }
 
 impl Ring {
+    fn new(cap: usize) -> Ring {
+        Ring { entries: VecDeque::new(), cap, bytes: 0, next: 0, base: 0, resync: None }
+    }
+
+    /// Numbers continue from the clock (start-up, takeover, a new topic),
+    /// never below the last one: older starts are from before.
+    fn restart(&mut self) {
+        self.next = self.next.max(now_micros());
+        self.base = self.next;
+    }
+
     fn push(&mut self, seq: u64, payload: Bytes) {
         self.bytes += payload.len();
         self.entries.push_back((seq, payload));
@@ -291,16 +358,172 @@ impl Ring {
     }
 }
 
-/// A running publisher: the sinks to attach and where it listens.
+/// A running publisher: the default tenant's sinks, where it listens, and
+/// the handle that adds and removes the other tenants' topics.
 pub struct Publisher {
-    /// For vLLM's store.
+    /// For vLLM's store (the default tenant's topic).
     pub vllm: Arc<Sink>,
-    /// For SGLang's spaces.
+    /// For SGLang's spaces (the default tenant's topic).
     pub sglang: Arc<Sink>,
     /// The PUB's endpoint as bound or connected to.
     pub endpoint: String,
     /// The ROUTER's endpoint as bound, with replay on.
     pub replay_endpoint: Option<String>,
+    /// Adds, renames and removes topics while it publishes.
+    pub topics: Topics,
+}
+
+/// The topic of the default tenant, which the server's own registry
+/// publishes on, and which a replay request without a topic names.
+pub const DEFAULT_TOPIC: u32 = 0;
+
+/// A tenant's topic, attached to its registry: its sinks.
+pub struct TopicSinks {
+    /// The topic's number in this publisher (for [`Topics::remove`] and
+    /// [`Topics::rename`]).
+    pub id: u32,
+    /// For the tenant's vLLM store.
+    pub vllm: Arc<Sink>,
+    /// For the tenant's SGLang spaces.
+    pub sglang: Arc<Sink>,
+}
+
+/// What the publisher task is asked besides publishing batches.
+enum Control {
+    /// A new topic, by its number.
+    Add(u32, Stream),
+    /// A topic stops: AllBlocksCleared on it, then nothing more.
+    Remove(u32),
+    /// A topic's name changes: AllBlocksCleared on the old name, a resync
+    /// on the new one.
+    Rename(u32, Bytes),
+    /// A replay's start is not buffered: a resync of this topic; answers
+    /// its first number (dropped when this node does not lead).
+    Resync(u32, oneshot::Sender<u64>),
+}
+
+/// Every topic's replay buffer and name, for the ROUTER.
+type Rings = Arc<Mutex<Vec<(u32, Bytes, Arc<Mutex<Ring>>)>>>;
+
+/// The handle that adds, renames and removes topics (one per tenant).
+#[derive(Clone)]
+pub struct Topics {
+    control: mpsc::UnboundedSender<Control>,
+    tx: mpsc::Sender<Queued>,
+    counters: Arc<Counters>,
+    pool: Arc<Pool>,
+    rings: Rings,
+    next_id: Arc<AtomicU64>,
+    buffer_steps: usize,
+}
+
+impl Topics {
+    fn sinks(&self, id: u32, stream: &Arc<StreamCounters>) -> TopicSinks {
+        let sink = |tracked| {
+            Arc::new(Sink {
+                tx: self.tx.clone(),
+                counters: self.counters.clone(),
+                topic: id,
+                stream: stream.clone(),
+                tracked,
+                pool: self.pool.clone(),
+            })
+        };
+        TopicSinks { id, vllm: sink(true), sglang: sink(false) }
+    }
+
+    fn make(&self, id: u32, tenant: &str, topic: &str, snapshot: Snapshot) -> (Stream, TopicSinks) {
+        let counters = Arc::new(StreamCounters::default());
+        let ring = Arc::new(Mutex::new(Ring::new(self.buffer_steps)));
+        let topic = Bytes::from(topic.as_bytes().to_vec());
+        lock(&self.rings).push((id, topic.clone(), ring.clone()));
+        lock(&self.counters.streams).push((id, tenant.to_string(), counters.clone()));
+        let sinks = self.sinks(id, &counters);
+        (Stream { topic, ring, snapshot, counters, cleared: 0, sent: false }, sinks)
+    }
+
+    /// Tenant `tenant` publishes on `topic` from now on: what its registry
+    /// is to be attached to. Its numbers start from the clock (as at a
+    /// takeover), then a resync of `snapshot` goes out when this node leads.
+    pub fn add(&self, tenant: &str, topic: &str, snapshot: Snapshot) -> TopicSinks {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed) as u32;
+        let (stream, sinks) = self.make(id, tenant, topic, snapshot);
+        // Sent before the sinks are handed out: the task has the topic
+        // before any batch of it (see `Task::stream`).
+        let _ = self.control.send(Control::Add(id, stream));
+        sinks
+    }
+
+    /// Topic `id` is renamed `topic`: AllBlocksCleared on the old name,
+    /// then its buffer starts over with a resync on the new one.
+    pub fn rename(&self, id: u32, topic: &str) {
+        let topic = Bytes::from(topic.as_bytes().to_vec());
+        for (i, t, _) in lock(&self.rings).iter_mut() {
+            if *i == id {
+                *t = topic.clone();
+            }
+        }
+        let _ = self.control.send(Control::Rename(id, topic));
+    }
+
+    /// Topic `id` stops: AllBlocksCleared on it (when this node leads),
+    /// then its batches are dropped, its replay answers nothing and its
+    /// series leave `/metrics`.
+    pub fn remove(&self, id: u32) {
+        lock(&self.rings).retain(|(i, _, _)| *i != id);
+        lock(&self.counters.streams).retain(|(i, _, _)| *i != id);
+        let _ = self.control.send(Control::Remove(id));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The topic of tenant `tenant` when its table names none: `pattern` (the
+/// server's `--kv-events-topic`) with `{tenant}` replaced by the tenant's
+/// name; a pattern without `{tenant}` is the default tenant's topic as it
+/// is, and another tenant's is `kv@<host>@<tenant>`.
+pub fn tenant_topic(pattern: &str, host: &str, tenant: &str) -> String {
+    if pattern.contains(TENANT_PLACEHOLDER) {
+        pattern.replace(TENANT_PLACEHOLDER, tenant)
+    } else if tenant == DEFAULT_TENANT {
+        pattern.to_string()
+    } else {
+        format!("kv@{host}@{tenant}")
+    }
+}
+
+/// What `--kv-events-topic` replaces by a tenant's name.
+pub const TENANT_PLACEHOLDER: &str = "{tenant}";
+
+/// The tenant whose topic a replay request without a topic names.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Every tenant's topic, `(tenant, its table's kv_events_topic)` given:
+/// its own when set, else [`tenant_topic`]. Refused, naming both, when two
+/// tenants would publish on one topic, and when a topic is empty.
+pub fn tenant_topics<'a>(
+    pattern: &str,
+    host: &str,
+    tenants: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let mut by_topic: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+    let mut out = std::collections::BTreeMap::new();
+    for (tenant, own) in tenants {
+        let topic = match own {
+            Some(t) => t.to_string(),
+            None => tenant_topic(pattern, host, tenant),
+        };
+        if topic.is_empty() {
+            return Err(format!("[tenants.{tenant}]: its KV-events topic is empty"));
+        }
+        if let Some(other) = by_topic.insert(topic.clone(), tenant.to_string()) {
+            return Err(format!("KV-events topic '{topic}' is given to tenants '{other}' and '{tenant}'"));
+        }
+        out.insert(tenant.to_string(), topic);
+    }
+    Ok(out)
 }
 
 fn now_micros() -> u64 {
@@ -338,7 +561,8 @@ async fn bind<S: Socket>(socket: &mut S, endpoint: &str, address: &str) -> Resul
 /// Starts the publisher on the current tokio runtime: binds (or starts
 /// connecting) its sockets, then publishes until the runtime ends.
 /// `leader` says whether this node publishes now; `snapshot` walks every
-/// complete key (resyncs).
+/// complete key of the default tenant (its resyncs), whose topic is
+/// `s.topic`; [`Publisher::topics`] adds the other tenants'.
 /// `counters` are the publisher's (shown on `/metrics` by the caller).
 pub async fn start(
     s: EventSettings,
@@ -377,71 +601,79 @@ pub async fn start(
             }
         }
     });
-    let ring = Arc::new(Mutex::new(Ring {
-        entries: VecDeque::new(),
-        cap: s.buffer_steps,
-        bytes: 0,
-        next: 0,
-        base: 0,
-        resync: None,
-    }));
-    let (resync_tx, resync_rx) = mpsc::channel::<oneshot::Sender<u64>>(64);
+    let (control, control_rx) = mpsc::unbounded_channel();
+    let (tx, rx) = mpsc::channel(s.hwm);
+    let pool = Arc::new(Pool::default());
+    let topics = Topics {
+        control,
+        tx,
+        counters: counters.clone(),
+        pool: pool.clone(),
+        rings: Arc::default(),
+        next_id: Arc::new(AtomicU64::new(u64::from(DEFAULT_TOPIC) + 1)),
+        buffer_steps: s.buffer_steps,
+    };
+    let (stream, sinks) = topics.make(DEFAULT_TOPIC, DEFAULT_TENANT, &s.topic, snapshot);
+    let mut streams = std::collections::BTreeMap::new();
+    streams.insert(DEFAULT_TOPIC, stream);
     let mut replay_endpoint = None;
     if let Some(re) = &s.replay_endpoint {
         let mut router = zeromq::RouterSocket::new();
         let bound = bind(&mut router, re, &plan(re, true)?.1).await?;
         replay_endpoint = Some(bound);
-        tokio::spawn(replay(router, ring.clone(), resync_tx, counters.clone(), s.topic.clone()));
+        tokio::spawn(replay(router, topics.rings.clone(), topics.control.clone(), counters.clone()));
     }
-    let (tx, rx) = mpsc::channel(s.hwm);
-    let pool = Arc::new(Pool::default());
     let task = Task {
         writer: Writer::default(),
-        pool: pool.clone(),
+        current: DEFAULT_TOPIC,
+        pool,
         publ,
-        ring,
+        streams,
         counters: counters.clone(),
-        topic: Bytes::from(s.topic.clone().into_bytes()),
         layout: s.layout.clone(),
         hash: s.hash,
         leader,
-        snapshot,
-        cleared: 0,
         leading: false,
-        sent_since_tick: false,
     };
-    tokio::spawn(task.run(rx, resync_rx, s.heartbeat, connect));
-    let sink = |tracked| Arc::new(Sink { tx: tx.clone(), counters: counters.clone(), tracked, pool: pool.clone() });
-    Ok(Publisher { vllm: sink(true), sglang: sink(false), endpoint, replay_endpoint })
+    tokio::spawn(task.run(rx, control_rx, s.heartbeat, connect));
+    Ok(Publisher { vllm: sinks.vllm, sglang: sinks.sglang, endpoint, replay_endpoint, topics })
+}
+
+/// One topic: a tenant's, numbered, buffered and resynced on its own.
+struct Stream {
+    topic: Bytes,
+    ring: Arc<Mutex<Ring>>,
+    snapshot: Snapshot,
+    counters: Arc<StreamCounters>,
+    /// The generation the tenant's vLLM store's last `/clear` started.
+    cleared: u64,
+    /// Whether a batch went out on it since the last heartbeat tick.
+    sent: bool,
 }
 
 /// The publisher task's state.
 struct Task {
     /// The batch being written.
     writer: Writer,
+    /// The topic of the batch being written.
+    current: u32,
     /// Where the operations' buffers go back to.
     pool: Arc<Pool>,
     publ: zeromq::PubSocket,
-    ring: Arc<Mutex<Ring>>,
+    streams: std::collections::BTreeMap<u32, Stream>,
     counters: Arc<Counters>,
-    topic: Bytes,
     layout: Layout,
     hash: HashForm,
     leader: Leader,
-    snapshot: Snapshot,
-    /// The generation vLLM's store's last `/clear` started.
-    cleared: u64,
     /// Whether this node published as the leader at the last look.
     leading: bool,
-    /// Whether a batch went out since the last heartbeat tick.
-    sent_since_tick: bool,
 }
 
 impl Task {
     async fn run(
         mut self,
         mut rx: mpsc::Receiver<Queued>,
-        mut resyncs: mpsc::Receiver<oneshot::Sender<u64>>,
+        mut control: mpsc::UnboundedReceiver<Control>,
         heartbeat: Option<Duration>,
         connect: Option<String>,
     ) {
@@ -453,8 +685,8 @@ impl Task {
         let mut tick = tokio::time::interval(heartbeat.unwrap_or(Duration::from_secs(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.check_leader().await;
-        // Without a replay endpoint nobody asks for resyncs: the channel
-        // is closed from the start, and its branch is off.
+        // Once every handle is gone nobody adds topics or asks for
+        // resyncs: the branch is off.
         let mut asked = true;
         loop {
             tokio::select! {
@@ -463,10 +695,10 @@ impl Task {
                     let mut n = 1;
                     if self.check_leader().await {
                         // What else is queued goes into the same batch.
-                        self.add(q).await;
+                        self.add(q, &mut control).await;
                         while n < COALESCE_OPERATIONS {
                             let Ok(q) = rx.try_recv() else { break };
-                            self.add(q).await;
+                            self.add(q, &mut control).await;
                             n += 1;
                         }
                         self.flush().await;
@@ -477,57 +709,129 @@ impl Task {
                     // the batch is out.
                     self.counters.handled.fetch_add(n as u64, Ordering::Release);
                 }
-                w = resyncs.recv(), if asked => {
-                    let Some(w) = w else {
+                c = control.recv(), if asked => {
+                    let Some(c) = c else {
                         asked = false;
                         continue;
                     };
-                    if self.check_leader().await {
-                        let start = self.resync().await;
-                        let _ = w.send(start);
-                    }
+                    self.flush().await;
+                    self.control(c).await;
                 }
                 _ = tick.tick() => {
-                    if self.check_leader().await && heartbeat.is_some() && !self.sent_since_tick {
-                        self.publish(Vec::new()).await;
+                    // Each topic idle since the last tick: an empty batch.
+                    let lead = self.check_leader().await && heartbeat.is_some();
+                    let idle: Vec<u32> = self.streams.iter().filter(|(_, st)| !st.sent).map(|(&i, _)| i).collect();
+                    if lead {
+                        for id in idle {
+                            self.publish(id, Vec::new()).await;
+                        }
                     }
-                    self.sent_since_tick = false;
+                    self.streams.values_mut().for_each(|st| st.sent = false);
                 }
             }
         }
     }
 
-    /// Whether this node leads; on a takeover (start-up included), numbers
-    /// continue from now and a resync goes out.
+    /// Whether this node leads; on a takeover (start-up included), every
+    /// topic's numbers continue from now and a resync of each goes out.
     async fn check_leader(&mut self) -> bool {
         let lead = (self.leader)();
         if lead && !self.leading {
             self.leading = true;
-            {
-                let mut r = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-                r.next = r.next.max(now_micros());
-                r.base = r.next;
+            let ids: Vec<u32> = self.streams.keys().copied().collect();
+            for id in ids {
+                if let Some(st) = self.streams.get(&id) {
+                    lock(&st.ring).restart();
+                }
+                self.resync(id).await;
             }
-            self.resync().await;
         }
         self.leading = lead;
         lead
     }
 
+    async fn control(&mut self, c: Control) {
+        match c {
+            Control::Add(id, st) => {
+                lock(&st.ring).restart();
+                self.streams.insert(id, st);
+                if self.leading {
+                    self.resync(id).await;
+                }
+            }
+            Control::Remove(id) => {
+                if self.leading && self.streams.contains_key(&id) {
+                    self.publish(id, vec![WireEvent::Cleared]).await;
+                }
+                if let Some(st) = self.streams.remove(&id) {
+                    let bytes = lock(&st.ring).bytes;
+                    self.buffered(bytes, 0);
+                }
+            }
+            Control::Rename(id, topic) => {
+                if self.leading && self.streams.contains_key(&id) {
+                    self.publish(id, vec![WireEvent::Cleared]).await;
+                }
+                let Some(st) = self.streams.get_mut(&id) else { return };
+                st.topic = topic;
+                let bytes = {
+                    let mut r = lock(&st.ring);
+                    // Its buffer held the old name's batches.
+                    let (cap, bytes) = (r.cap, r.bytes);
+                    *r = Ring { next: r.next, ..Ring::new(cap) };
+                    r.restart();
+                    bytes
+                };
+                self.buffered(bytes, 0);
+                if self.leading {
+                    self.resync(id).await;
+                }
+            }
+            Control::Resync(id, w) => {
+                if self.leading && self.streams.contains_key(&id) {
+                    let start = self.resync(id).await;
+                    let _ = w.send(start);
+                }
+            }
+        }
+    }
+
+    /// Whether topic `id` is known, after the topics added meanwhile
+    /// (a topic's `Add` is sent before its sinks exist, so a batch of an
+    /// added topic never finds it missing after this).
+    async fn stream(&mut self, id: u32, control: &mut mpsc::UnboundedReceiver<Control>) -> bool {
+        while !self.streams.contains_key(&id) {
+            let Ok(c) = control.try_recv() else { return false };
+            self.flush().await;
+            self.control(c).await;
+        }
+        true
+    }
+
     /// Adds one operation's events to the batch being written (a `/clear`'s
     /// publishes the batch so far, then a resync; an operation that raced
-    /// a `/clear` is dropped).
-    async fn add(&mut self, q: Queued) {
+    /// a `/clear` is dropped; one of another topic publishes the batch so
+    /// far first; one of a removed topic is dropped).
+    async fn add(&mut self, q: Queued, control: &mut mpsc::UnboundedReceiver<Control>) {
+        if q.topic != self.current {
+            self.flush().await;
+            self.current = q.topic;
+        }
+        if !self.stream(q.topic, control).await {
+            self.pool.give(q.events);
+            return;
+        }
         if q.tracked {
+            let st = self.streams.get_mut(&q.topic).expect("known");
             if q.events.iter().any(|e| matches!(e, Event::Cleared)) {
-                self.cleared = self.cleared.max(q.generation);
+                st.cleared = st.cleared.max(q.generation);
                 self.pool.give(q.events);
                 // AllBlocksCleared clears every block of the topic; vLLM's
                 // /clear only vLLM's store: the snapshot puts SGLang's back.
                 self.flush().await;
-                self.resync().await;
+                self.resync(q.topic).await;
                 return;
-            } else if q.generation < self.cleared {
+            } else if q.generation < st.cleared {
                 self.pool.give(q.events);
                 return; // a request that raced a /clear: its changes are gone
             }
@@ -543,45 +847,64 @@ impl Task {
             return;
         }
         let (payload, n) = self.writer.finish(&self.layout, now_secs());
-        self.send(payload, n).await;
+        self.send(self.current, payload, n).await;
     }
 
-    /// Publishes one batch; returns its sequence number.
-    async fn publish(&mut self, events: Vec<WireEvent>) -> u64 {
+    /// Publishes one batch on topic `id`; returns its sequence number.
+    async fn publish(&mut self, id: u32, events: Vec<WireEvent>) -> u64 {
         let payload = self.layout.encode(now_secs(), &events);
-        self.send(payload, events.len() as u32).await
+        self.send(id, payload, events.len() as u32).await
     }
 
-    /// Publishes one encoded batch of `n` events; returns its sequence number.
-    async fn send(&mut self, payload: Vec<u8>, n: u32) -> u64 {
+    /// Publishes one encoded batch of `n` events on topic `id` (numbered in
+    /// that topic); returns its sequence number (0 for a removed topic,
+    /// whose batch is not sent).
+    async fn send(&mut self, id: u32, payload: Vec<u8>, n: u32) -> u64 {
+        let Some(st) = self.streams.get_mut(&id) else { return 0 };
+        st.sent = true;
         let payload = Bytes::from(payload);
-        let seq = {
-            let mut r = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
-            let lost = self.counters.lost.swap(0, Ordering::Relaxed);
+        let (seq, before, after) = {
+            let mut r = lock(&st.ring);
+            let lost = st.counters.lost.swap(0, Ordering::Relaxed);
             let seq = r.next + lost;
             r.next = seq + 1;
+            let before = r.bytes;
             r.push(seq, payload.clone());
-            self.counters.buffer_bytes.store(r.bytes as u64, Ordering::Relaxed);
-            seq
+            (seq, before, r.bytes)
         };
-        let msg = ZmqMessage::try_from(vec![self.topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload])
+        let topic = st.topic.clone();
+        st.counters.events.fetch_add(u64::from(n), Ordering::Relaxed);
+        st.counters.last_seq.store(seq, Ordering::Relaxed);
+        let msg = ZmqMessage::try_from(vec![topic, Bytes::copy_from_slice(&seq.to_be_bytes()), payload])
             .expect("three frames");
         if let Err(e) = self.publ.send(msg).await {
             tracing::warn!(error = %e, "kv events: PUB send failed");
         }
+        self.buffered(before, after);
         let c = &self.counters;
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.events.fetch_add(u64::from(n), Ordering::Relaxed);
         c.last_seq.store(seq, Ordering::Relaxed);
-        self.sent_since_tick = true;
         seq
     }
 
-    /// AllBlocksCleared, then every complete key; returns the first
-    /// sequence number.
-    async fn resync(&mut self) -> u64 {
-        let start = self.publish(vec![WireEvent::Cleared]).await;
-        let (snapshot, form) = (self.snapshot.clone(), self.hash);
+    /// The replay buffers' bytes went from `before` to `after` (one topic's).
+    fn buffered(&self, before: usize, after: usize) {
+        let b = &self.counters.buffer_bytes;
+        if after >= before {
+            b.fetch_add((after - before) as u64, Ordering::Relaxed);
+        } else {
+            b.fetch_sub((before - after) as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// AllBlocksCleared, then every complete key of topic `id`'s tenant;
+    /// returns the first sequence number.
+    async fn resync(&mut self, id: u32) -> u64 {
+        let Some(st) = self.streams.get(&id) else { return 0 };
+        let snapshot = st.snapshot.clone();
+        let start = self.publish(id, vec![WireEvent::Cleared]).await;
+        let form = self.hash;
         let hashes = tokio::task::spawn_blocking(move || {
             let mut hs: Vec<BlockHash> = Vec::new();
             snapshot(&mut |b| hs.push(form.of(&b)));
@@ -592,29 +915,43 @@ impl Task {
         .await
         .unwrap_or_default();
         for chunk in hashes.chunks(SNAPSHOT_BATCH) {
-            self.publish(vec![WireEvent::Stored(chunk.to_vec())]).await;
+            self.publish(id, vec![WireEvent::Stored(chunk.to_vec())]).await;
             // Paced: the queue and the replays get their turn between chunks.
             tokio::task::yield_now().await;
         }
-        self.ring.lock().unwrap_or_else(PoisonError::into_inner).resync = Some(start);
+        if let Some(st) = self.streams.get(&id) {
+            lock(&st.ring).resync = Some(start);
+        }
         self.counters.resyncs.fetch_add(1, Ordering::Relaxed);
         start
     }
 }
 
-/// The ROUTER: each request `[identity, "", start seq]` is answered with
-/// every buffered batch from `start` as `[identity, "", topic, seq,
-/// payload]`, then `[identity, "", "", ff×8, ""]`. A start the buffer no
-/// longer holds is answered from the latest resync (a new one when none
-/// is buffered).
+/// A replay request's topic and start: vLLM's `["", start]` names the
+/// default tenant's topic; `["", topic, start]` names its topic.
+fn request(msg: &[Bytes]) -> Option<(Bytes, Option<Bytes>, u64)> {
+    let seq = |b: &Bytes| (b.len() == 8).then(|| u64::from_be_bytes(b[..].try_into().expect("8 bytes")));
+    match msg {
+        [id, empty, start] if empty.is_empty() => Some((id.clone(), None, seq(start)?)),
+        [id, empty, topic, start] if empty.is_empty() && !topic.is_empty() => {
+            Some((id.clone(), Some(topic.clone()), seq(start)?))
+        }
+        _ => None,
+    }
+}
+
+/// The ROUTER: each request `[identity, "", start seq]` (the default
+/// tenant's topic) or `[identity, "", topic, start seq]` is answered with
+/// every buffered batch of that topic from `start` as `[identity, "",
+/// topic, seq, payload]`, then `[identity, "", "", ff×8, ""]`. A start the
+/// buffer no longer holds is answered from the topic's latest resync (a
+/// new one when none is buffered); an unknown topic by the end alone.
 async fn replay(
     mut router: zeromq::RouterSocket,
-    ring: Arc<Mutex<Ring>>,
-    resync: mpsc::Sender<oneshot::Sender<u64>>,
+    rings: Rings,
+    control: mpsc::UnboundedSender<Control>,
     counters: Arc<Counters>,
-    topic: String,
 ) {
-    let topic = Bytes::from(topic.into_bytes());
     loop {
         let msg = match router.recv().await {
             Ok(m) => m.into_vec(),
@@ -623,40 +960,47 @@ async fn replay(
                 continue;
             }
         };
-        let (id, start) = match msg.as_slice() {
-            [id, empty, start] if empty.is_empty() && start.len() == 8 => {
-                (id.clone(), u64::from_be_bytes(start[..].try_into().expect("8 bytes")))
-            }
-            _ => {
-                tracing::warn!(
-                    frames = msg.len(),
-                    "kv events: a replay request is [\"\", start seq (8 bytes)]; ignored"
-                );
-                continue;
-            }
+        let Some((id, topic, start)) = request(&msg) else {
+            tracing::warn!(
+                frames = msg.len(),
+                "kv events: a replay request is [\"\", start seq (8 bytes)] or [\"\", topic, start seq]; ignored"
+            );
+            continue;
         };
         counters.replay_requests.fetch_add(1, Ordering::Relaxed);
-        let answer = {
-            let r = ring.lock().unwrap_or_else(PoisonError::into_inner);
-            r.from(start).or_else(|| r.resync.and_then(|s| r.from(s)))
-        };
-        let answer = match answer {
-            Some(a) => a,
-            None => {
-                let (tx, rx) = oneshot::channel();
-                if resync.send(tx).await.is_err() {
-                    return;
+        let found = lock(&rings)
+            .iter()
+            .find(|(i, t, _)| match &topic {
+                Some(name) => t == name,
+                None => *i == DEFAULT_TOPIC,
+            })
+            .map(|(i, t, r)| (*i, t.clone(), r.clone()));
+        let mut answer = Vec::new();
+        let mut name = Bytes::new();
+        if let Some((stream, t, ring)) = found {
+            name = t;
+            let buffered = {
+                let r = lock(&ring);
+                r.from(start).or_else(|| r.resync.and_then(|s| r.from(s)))
+            };
+            answer = match buffered {
+                Some(a) => a,
+                None => {
+                    let (tx, rx) = oneshot::channel();
+                    if control.send(Control::Resync(stream, tx)).is_err() {
+                        return;
+                    }
+                    match rx.await {
+                        Ok(s) => lock(&ring).from(s).unwrap_or_default(),
+                        Err(_) => Vec::new(), // not the leader: nothing to replay
+                    }
                 }
-                match rx.await {
-                    Ok(s) => ring.lock().unwrap_or_else(PoisonError::into_inner).from(s).unwrap_or_default(),
-                    Err(_) => Vec::new(), // not the leader: nothing to replay
-                }
-            }
-        };
+            };
+        }
         let empty = Bytes::new();
         for (seq, payload) in answer {
             let frames =
-                vec![id.clone(), empty.clone(), topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
+                vec![id.clone(), empty.clone(), name.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
             if router.send(ZmqMessage::try_from(frames).expect("frames")).await.is_err() {
                 break;
             }

@@ -116,12 +116,14 @@ def vllm_u64(key: str) -> int:
     return int.from_bytes(bytes.fromhex(key), "big") & (2**64 - 1)
 
 
-def metric(base_url: str, name: str) -> int:
+def metric(base_url: str, name: str, tenant: str | None = None) -> int:
+    """A series of /metrics; with `tenant`, its `{tenant="…"}` sample."""
     text = requests.get(base_url + "/metrics", timeout=10).text
+    series = f"hf3fs_meta_{name} " if tenant is None else f'hf3fs_meta_{name}{{tenant="{tenant}"}} '
     for line in text.splitlines():
-        if line.startswith(f"hf3fs_meta_{name} "):
+        if line.startswith(series):
             return int(float(line.split()[1]))
-    raise AssertionError(f"no hf3fs_meta_{name} on /metrics")
+    raise AssertionError(f"no {series.strip()} on /metrics")
 
 
 @dataclass
@@ -132,6 +134,9 @@ class Subscriber:
     endpoint: str
     replay_endpoint: str | None
     topic: bytes
+    # A tenant's topic: its replays name the topic (["", topic, start]) and
+    # `sync` follows that tenant's numbers; None: vLLM's own ["", start].
+    tenant: str | None = None
     index: set = field(default_factory=set)
     last: int | None = None
     gaps: list = field(default_factory=list)
@@ -202,7 +207,8 @@ class Subscriber:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.replay_endpoint)
         try:
-            dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            named = [self.topic] if self.tenant is not None else []
+            dealer.send_multipart([b"", *named, start.to_bytes(8, "big")])
             deadline = time.monotonic() + DEADLINE_S
             while True:
                 left = deadline - time.monotonic()
@@ -234,7 +240,10 @@ class Subscriber:
         while metric(base_url, "kv_events_queued_batches") != 0:
             assert time.monotonic() < deadline, "the publisher's queue never emptied"
             time.sleep(0.01)  # polling a condition, not a synchronization
-        self.receive_until(metric(base_url, "kv_events_last_sequence"))
+        if self.tenant is None:
+            self.receive_until(metric(base_url, "kv_events_last_sequence"))
+        else:
+            self.receive_until(metric(base_url, "tenant_kv_events_last_sequence", self.tenant))
 
     def wait_connected(self, base_url: str) -> None:
         """Until the server counts this subscriber and a batch reached it
