@@ -29,10 +29,16 @@
 
 pub mod wire;
 
+mod counters;
+mod naming;
+mod ring;
+
+pub use counters::{Counters, StreamCounters};
+pub use naming::{tenant_topic, tenant_topics, DEFAULT_TENANT, TENANT_PLACEHOLDER};
+use ring::Ring;
+
 use bytes::Bytes;
 use hf3fs_meta_core::{Block, Event, Events};
-use hf3fs_meta_metrics::{counter, gauge, label_value, single, Family, Samples};
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -123,139 +129,6 @@ impl Pool {
     }
 }
 
-/// The publisher's counters (`Relaxed`: statistics).
-#[derive(Debug, Default)]
-pub struct Counters {
-    batches: AtomicU64,
-    events: AtomicU64,
-    dropped_batches: AtomicU64,
-    dropped_events: AtomicU64,
-    subscribers: AtomicU64,
-    replay_requests: AtomicU64,
-    resyncs: AtomicU64,
-    buffer_bytes: AtomicU64,
-    last_seq: AtomicU64,
-    /// Batches queued by the sinks, and handled by the publisher task
-    /// (published, or dropped as older than a `/clear`): their difference
-    /// is what is still queued.
-    accepted: AtomicU64,
-    handled: AtomicU64,
-    /// Every topic's own counters, by tenant (the `tenant` label's series).
-    streams: Mutex<Vec<(u32, String, Arc<StreamCounters>)>>,
-}
-
-/// One topic's counters (its tenant's series).
-#[derive(Debug, Default)]
-pub struct StreamCounters {
-    events: AtomicU64,
-    dropped_events: AtomicU64,
-    /// Batches of this topic dropped since its last one published: the
-    /// numbers its next batch skips.
-    lost: AtomicU64,
-    last_seq: AtomicU64,
-}
-
-impl StreamCounters {
-    /// Events published on this topic.
-    pub fn events(&self) -> u64 {
-        self.events.load(Ordering::Relaxed)
-    }
-
-    /// Events of this topic dropped on a full queue.
-    pub fn dropped(&self) -> u64 {
-        self.dropped_events.load(Ordering::Relaxed)
-    }
-
-    /// The number of this topic's last batch.
-    pub fn last_seq(&self) -> u64 {
-        self.last_seq.load(Ordering::Relaxed)
-    }
-}
-
-const BATCHES: Family = counter(
-    "kv_events_batches_published_total",
-    "KV-event batches published on the PUB socket (heartbeats and resyncs included)",
-);
-const EVENTS: Family =
-    counter("kv_events_published_total", "KV events published (BlockStored, BlockRemoved, AllBlocksCleared)");
-const DROPPED_BATCHES: Family = counter(
-    "kv_events_dropped_batches_total",
-    "KV-event batches dropped because the publisher's queue was full (each a sequence gap)",
-);
-const DROPPED: Family = counter("kv_events_dropped_total", "KV events dropped because the publisher's queue was full");
-const SUBSCRIBERS: Family = gauge("kv_events_subscribers", "Peers connected to the KV-event PUB socket");
-const REPLAYS: Family =
-    counter("kv_events_replay_requests_total", "Replay requests answered on the KV-event ROUTER socket");
-const RESYNCS: Family =
-    counter("kv_events_resyncs_total", "Resyncs published (AllBlocksCleared and a snapshot of every complete key)");
-const BUFFER: Family = gauge("kv_events_replay_buffer_bytes", "Bytes of the batches the replay buffer holds");
-const QUEUED: Family =
-    gauge("kv_events_queued_batches", "KV-event batches queued for the publisher and not yet handled");
-const LAST_SEQ: Family = gauge("kv_events_last_sequence", "Sequence number of the last batch published");
-const TENANT_EVENTS: Family =
-    counter("tenant_kv_events_published_total", "KV events published on a tenant's topic, by tenant");
-const TENANT_LAST_SEQ: Family =
-    gauge("tenant_kv_events_last_sequence", "Sequence number of the last batch published on a tenant's topic");
-const TENANT_DROPPED: Family =
-    counter("tenant_kv_events_dropped_total", "KV events of a tenant dropped because the publisher's queue was full");
-
-impl Counters {
-    /// Appends the publisher's series to a Prometheus text page.
-    pub fn render(&self, out: &mut String) {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        single(out, &BATCHES, l(&self.batches));
-        single(out, &EVENTS, l(&self.events));
-        single(out, &DROPPED_BATCHES, l(&self.dropped_batches));
-        single(out, &DROPPED, l(&self.dropped_events));
-        single(out, &SUBSCRIBERS, l(&self.subscribers));
-        single(out, &REPLAYS, l(&self.replay_requests));
-        single(out, &RESYNCS, l(&self.resyncs));
-        single(out, &BUFFER, l(&self.buffer_bytes));
-        single(out, &QUEUED, self.queued());
-        single(out, &LAST_SEQ, l(&self.last_seq));
-        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        for (family, value) in [
-            (&TENANT_EVENTS, StreamCounters::events as fn(&StreamCounters) -> u64),
-            (&TENANT_DROPPED, StreamCounters::dropped),
-            (&TENANT_LAST_SEQ, StreamCounters::last_seq),
-        ] {
-            let mut w = Samples::start(out, family);
-            for (_, tenant, c) in streams.iter() {
-                w.put(&[("tenant", &label_value(tenant))], value(c));
-            }
-        }
-    }
-
-    /// Tenant `tenant`'s topic counters, while it publishes.
-    pub fn tenant(&self, tenant: &str) -> Option<Arc<StreamCounters>> {
-        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        streams.iter().find(|(_, t, _)| t == tenant).map(|(_, _, c)| c.clone())
-    }
-
-    /// Batches queued and not yet handled by the publisher task (0 once
-    /// every batch queued so far is published or dropped).
-    pub fn queued(&self) -> u64 {
-        // Handled first: a batch counted handled was counted accepted before.
-        let handled = self.handled.load(Ordering::Acquire);
-        self.accepted.load(Ordering::Acquire).saturating_sub(handled)
-    }
-
-    /// The sequence number of the last batch published.
-    pub fn last_seq(&self) -> u64 {
-        self.last_seq.load(Ordering::Relaxed)
-    }
-
-    /// Batches published so far.
-    pub fn batches(&self) -> u64 {
-        self.batches.load(Ordering::Relaxed)
-    }
-
-    /// Batches dropped so far.
-    pub fn dropped_batches(&self) -> u64 {
-        self.dropped_batches.load(Ordering::Relaxed)
-    }
-}
-
 /// One operation's events on their way to the publisher task.
 struct Queued {
     /// The topic (stream) of the sink that queued it.
@@ -297,63 +170,6 @@ impl Events for Sink {
             c.dropped_events.fetch_add(n, Ordering::Relaxed);
             self.stream.dropped_events.fetch_add(n, Ordering::Relaxed);
             self.stream.lost.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-
-/// The publisher's batches since start: what a replay answers from.
-struct Ring {
-    entries: VecDeque<(u64, Bytes)>,
-    cap: usize,
-    bytes: usize,
-    /// The number the next batch gets (without gaps).
-    next: u64,
-    /// The first number of this leadership (start-up or takeover): a
-    /// start below it is from before.
-    base: u64,
-    /// The first number of the latest resync, when it is still buffered.
-    resync: Option<u64>,
-}
-
-impl Ring {
-    fn new(cap: usize) -> Ring {
-        Ring { entries: VecDeque::new(), cap, bytes: 0, next: 0, base: 0, resync: None }
-    }
-
-    /// Numbers continue from the clock (start-up, takeover, a new topic),
-    /// never below the last one: older starts are from before.
-    fn restart(&mut self) {
-        self.next = self.next.max(now_micros());
-        self.base = self.next;
-    }
-
-    fn push(&mut self, seq: u64, payload: Bytes) {
-        self.bytes += payload.len();
-        self.entries.push_back((seq, payload));
-        while self.entries.len() > self.cap {
-            if let Some((s, p)) = self.entries.pop_front() {
-                self.bytes -= p.len();
-                if self.resync == Some(s) {
-                    self.resync = None;
-                }
-            }
-        }
-    }
-
-    /// What a replay from `start` answers: the batches from it, or `None`
-    /// when `start` is not buffered (older than the buffer, from before
-    /// this leadership, or a batch that was dropped): a resync then.
-    fn from(&self, start: u64) -> Option<Vec<(u64, Bytes)>> {
-        if start >= self.next {
-            return Some(Vec::new());
-        }
-        if start < self.base {
-            return None;
-        }
-        let i = self.entries.partition_point(|&(s, _)| s < start);
-        match self.entries.get(i) {
-            Some(&(s, _)) if s == start => Some(self.entries.range(i..).cloned().collect()),
-            _ => None,
         }
     }
 }
@@ -478,52 +294,6 @@ impl Topics {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The topic of tenant `tenant` when its table names none: `pattern` (the
-/// server's `--kv-events-topic`) with `{tenant}` replaced by the tenant's
-/// name; a pattern without `{tenant}` is the default tenant's topic as it
-/// is, and another tenant's is `kv@<host>@<tenant>`.
-pub fn tenant_topic(pattern: &str, host: &str, tenant: &str) -> String {
-    if pattern.contains(TENANT_PLACEHOLDER) {
-        pattern.replace(TENANT_PLACEHOLDER, tenant)
-    } else if tenant == DEFAULT_TENANT {
-        pattern.to_string()
-    } else {
-        format!("kv@{host}@{tenant}")
-    }
-}
-
-/// What `--kv-events-topic` replaces by a tenant's name.
-pub const TENANT_PLACEHOLDER: &str = "{tenant}";
-
-/// The tenant whose topic a replay request without a topic names.
-pub const DEFAULT_TENANT: &str = "default";
-
-/// Every tenant's topic, `(tenant, its table's kv_events_topic)` given:
-/// its own when set, else [`tenant_topic`]. Refused, naming both, when two
-/// tenants would publish on one topic, and when a topic is empty.
-pub fn tenant_topics<'a>(
-    pattern: &str,
-    host: &str,
-    tenants: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
-) -> Result<std::collections::BTreeMap<String, String>, String> {
-    let mut by_topic: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
-    let mut out = std::collections::BTreeMap::new();
-    for (tenant, own) in tenants {
-        let topic = match own {
-            Some(t) => t.to_string(),
-            None => tenant_topic(pattern, host, tenant),
-        };
-        if topic.is_empty() {
-            return Err(format!("[tenants.{tenant}]: its KV-events topic is empty"));
-        }
-        if let Some(other) = by_topic.insert(topic.clone(), tenant.to_string()) {
-            return Err(format!("KV-events topic '{topic}' is given to tenants '{other}' and '{tenant}'"));
-        }
-        out.insert(tenant.to_string(), topic);
-    }
-    Ok(out)
 }
 
 fn now_micros() -> u64 {

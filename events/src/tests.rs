@@ -3,6 +3,7 @@
 
 use super::*;
 use hf3fs_meta_core::KeyRef;
+use std::collections::VecDeque;
 
 fn key(i: u8) -> Block {
     Block::of(KeyRef::parse(&format!("{:032x}", u128::from(i) + 1))).unwrap()
