@@ -93,22 +93,7 @@ pub(super) fn pair_item<T>(
     if b.first() == Some(&b'"') {
         return key(b, limits);
     }
-    if b.first() != Some(&b'[') {
-        return None;
-    }
-    let ws = |mut at: usize| {
-        while b.get(at).is_some_and(|&x| is_ws(x)) {
-            at += 1;
-        }
-        at
-    };
-    let at = ws(1);
-    let (k, len) = key(b.get(at..)?, limits)?;
-    let at = ws(at + len);
-    if b.get(at) != Some(&b',') {
-        return None;
-    }
-    let at = ws(at + 1);
+    let (k, at) = pair_head(b, limits, key)?;
     let at = match b.get(at)? {
         // The empty prefix vLLM's connector sends, then any plain string.
         b'"' if b.get(at + 1) == Some(&b'"') => at + 2,
@@ -122,7 +107,7 @@ pub(super) fn pair_item<T>(
         b'n' if b.get(at..at + 4)? == b"null" => at + 4,
         _ => return None,
     };
-    let at = ws(at);
+    let at = skip_ws(b, at);
     (b.get(at) == Some(&b']')).then_some((k, at + 1))
 }
 
@@ -148,6 +133,33 @@ pub(super) fn digest_key(b: &[u8], limits: Limits) -> Option<(Digest, usize)> {
     Some((Digest::parse_bytes(b.get(1..1 + len)?)?, len + 2))
 }
 
+/// The head of a two-element item at the start of `b`: `[`, a key (`key`,
+/// giving its value and the bytes it took) and `,`, with whitespace
+/// between; the key and where the second element starts (its whitespace
+/// skipped).
+#[inline(always)]
+fn pair_head<T>(b: &[u8], limits: Limits, key: impl Fn(&[u8], Limits) -> Option<(T, usize)>) -> Option<(T, usize)> {
+    if b.first() != Some(&b'[') {
+        return None;
+    }
+    let at = skip_ws(b, 1);
+    let (k, len) = key(b.get(at..)?, limits)?;
+    let at = skip_ws(b, at + len);
+    if b.get(at) != Some(&b',') {
+        return None;
+    }
+    Some((k, skip_ws(b, at + 1)))
+}
+
+/// The first position from `at` that is not JSON whitespace.
+#[inline(always)]
+fn skip_ws(b: &[u8], mut at: usize) -> usize {
+    while b.get(at).is_some_and(|&x| is_ws(x)) {
+        at += 1;
+    }
+    at
+}
+
 /// A confirmation item at the start of `b`: `[`, a key (`key`, giving its
 /// value and the bytes it took), `,`, an integer ([`int_at`]) and `]`, with
 /// whitespace between; the pair and the bytes it took.
@@ -157,23 +169,9 @@ pub(super) fn confirmation_item<T>(
     limits: Limits,
     key: impl Fn(&[u8], Limits) -> Option<(T, usize)>,
 ) -> Option<((T, i64), usize)> {
-    if b.first() != Some(&b'[') {
-        return None;
-    }
-    let ws = |mut at: usize| {
-        while b.get(at).is_some_and(|&x| is_ws(x)) {
-            at += 1;
-        }
-        at
-    };
-    let at = ws(1);
-    let (k, len) = key(b.get(at..)?, limits)?;
-    let at = ws(at + len);
-    if b.get(at) != Some(&b',') {
-        return None;
-    }
-    let (page, at) = int_at(b, ws(at + 1))?;
-    let at = ws(at);
+    let (k, at) = pair_head(b, limits, key)?;
+    let (page, at) = int_at(b, at)?;
+    let at = skip_ws(b, at);
     (b.get(at) == Some(&b']')).then_some(((k, page), at + 1))
 }
 
