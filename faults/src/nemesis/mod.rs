@@ -387,8 +387,10 @@ mod tests {
                 if cells[0].starts_with("---") {
                     continue;
                 }
-                // `a+b` is a pair, `name +eviction` an eviction run of it.
-                let name = cells[0].trim_end_matches("+eviction").trim();
+                // `a+b` is a pair, `name +eviction` an eviction run of it,
+                // `name --fsync batch` a run of it under those server flags.
+                let name = cells[0].split(" --").next().unwrap_or_default();
+                let name = name.trim_end_matches("+eviction").trim();
                 matrices.last_mut().unwrap().extend(name.split('+').map(str::to_string));
             } else {
                 inside = false;

@@ -488,7 +488,7 @@ impl Replicator {
     }
 
     /// Whether `t` can apply a tenant's store: it speaks
-    /// [`Feature::Tenants`](super::wire::Feature::Tenants) with this node.
+    /// [`super::wire::Feature::Tenants`] with this node.
     fn speaks_tenants(&self, t: &Target) -> bool {
         Session::agree(Range::THIS, t.range).is_some_and(|s| s.has(Feature::Tenants))
     }

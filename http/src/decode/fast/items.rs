@@ -3,6 +3,8 @@
 //! over a list of keys of one fixed shape.
 
 use super::Cursor;
+#[cfg(doc)]
+use super::Value;
 use crate::core::key::Digest;
 use crate::core::KeyRef;
 use crate::decode::{plain, Limits};
