@@ -340,6 +340,18 @@ impl Db {
         self.path.join("journals")
     }
 
+    /// Makes the removal of an older generation's partitions durable.
+    /// fjall removes a deleted partition's directory once its last handle
+    /// is gone (the writer's of the old log is, when the switch returns)
+    /// and syncs no directory after. Without this fsync a power cut could
+    /// bring back any part of the old generation's files at any later
+    /// time (start-up removes them again: nothing depends on it), and every
+    /// later fsync of the crash-state explorer's run carried all those
+    /// combinations (docs/durability.md, "The full enumeration").
+    pub(crate) fn sync_partitions(&self) -> std::io::Result<()> {
+        sync_dir(&self.path.join("partitions"))
+    }
+
     /// The current generation's partitions, locked.
     pub(crate) fn parts(&self) -> MutexGuard<'_, Parts> {
         self.parts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -319,6 +319,10 @@ impl Writer {
         self.shared.check(Point::Write).map_err(|e| Failure::io(&what, &e))?;
         let db = self.shared.db.load_full();
         self.log = db.switch_generation(g, self.persist_mode()).map_err(|e| Failure::store(&what, &e))?;
+        // The old log's last handle is gone: its directory too.
+        if let Err(e) = db.sync_partitions() {
+            tracing::warn!("{what}: could not sync the removal of the old partitions (start-up removes them): {e}");
+        }
         self.generation = g;
         self.next_entry = 0;
         *self.shared.dirty() = Dirty::new(db.number(), g, 0);

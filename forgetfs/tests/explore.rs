@@ -32,7 +32,11 @@
 //! acknowledgements. Not enumerated: one file's unsynced writes reaching
 //! the disk out of their order (a later write kept, an earlier one not).
 //! `HF3FS_META_EXPLORE_DUMP=1` prints each run's recorded log (to read a
-//! failure's position). Needs root and /dev/fuse, like tests/rules.rs.
+//! failure's position). `HF3FS_META_EXPLORE_STATS=1` opens nothing and
+//! prints, at each position, every inode with pending changes (its path,
+//! how many changes, how many different contents they leave) and how many
+//! images the position would open: which files multiply the states
+//! (`=changes` lists the changes too). Needs root and /dev/fuse, like tests/rules.rs.
 
 use hf3fs_meta_core::{Clock, LeaseLength, Spaces, SpacesConfig, Store, StoreConfig};
 use hf3fs_meta_durable::{self as durable, Durable, FsyncMode, Options};
@@ -74,6 +78,12 @@ trait Workload: Sync {
     fn name(&self) -> &'static str;
     fn run(&self, dir: &Path, ack: &mut dyn FnMut(View));
     fn recover(&self, dir: &Path) -> Result<View, String>;
+    /// Directories (under the data directory) that must have no unsynced
+    /// change at the end of the run: what keeps the enumeration's states
+    /// from multiplying (docs/durability.md, "The full enumeration").
+    fn settled(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 fn full() -> bool {
@@ -172,6 +182,15 @@ impl Workload for Vllm {
             }
         }
         d.close().expect("close");
+    }
+
+    fn settled(&self) -> &'static [&'static str] {
+        // A `/clear`'s removal of the old generation is synced.
+        if self.checkpoints {
+            &["keyspace/partitions"]
+        } else {
+            &[]
+        }
     }
 
     fn recover(&self, dir: &Path) -> Result<View, String> {
@@ -580,6 +599,52 @@ impl Product {
     }
 }
 
+/// The pending inodes some crash image can hold: those reachable from the
+/// root through durable entries or pending links (a superset of every
+/// image's entries: a kept prefix of a directory's changes only adds
+/// linked inodes, renames or removes names). The others (a directory whose
+/// removal is synced, and every inode only it names) are in no image, and
+/// their pending changes are no part of any crash state.
+fn held<'m>(model: &Model, pending: Vec<(Ino, &'m [FsChange])>) -> Vec<(Ino, &'m [FsChange])> {
+    let changes: HashMap<Ino, &[FsChange]> = pending.iter().copied().collect();
+    let mut reach = std::collections::HashSet::new();
+    let mut stack = vec![hf3fs_meta_forgetfs::model::ROOT];
+    while let Some(ino) = stack.pop() {
+        if !reach.insert(ino) {
+            continue;
+        }
+        if let Some(Content::Dir(e)) = model.durable(ino) {
+            stack.extend(e.values().copied());
+        }
+        for c in changes.get(&ino).copied().unwrap_or_default() {
+            if let FsChange::Link { ino, .. } = c {
+                stack.push(*ino);
+            }
+        }
+    }
+    pending.into_iter().filter(|(ino, _)| reach.contains(ino)).collect()
+}
+
+/// Each inode's path (live names first, then durable ones): for the stats.
+fn names_of(model: &Model) -> HashMap<Ino, String> {
+    let mut out = HashMap::new();
+    let mut stack = vec![(hf3fs_meta_forgetfs::model::ROOT, String::new())];
+    while let Some((ino, path)) = stack.pop() {
+        if out.contains_key(&ino) {
+            continue;
+        }
+        for c in [model.content(ino), model.durable(ino)].into_iter().flatten() {
+            if let Content::Dir(e) = c {
+                for (n, i) in e {
+                    stack.push((*i, format!("{path}/{}", n.to_string_lossy())));
+                }
+            }
+        }
+        out.insert(ino, path);
+    }
+    out
+}
+
 /// Where crash images are materialized: a tmpfs when there is one (the
 /// recovery's own fsyncs cost nothing there; what it reads is the same).
 fn scratch() -> std::path::PathBuf {
@@ -634,6 +699,7 @@ fn explore(w: &dyn Workload) -> Found {
     let run = record(w);
     let full = full();
     let threads = threads();
+    let stats = std::env::var_os("HF3FS_META_EXPLORE_STATS").is_some();
     // The replay starts where the recorded run did (an empty file system),
     // so it makes the same inodes in the same order.
     let mut model = Model::new(Names::Strict, false);
@@ -659,8 +725,29 @@ fn explore(w: &dyn Workload) -> Found {
         }
         let acked = run.steps.iter().filter(|s| s.acked <= p).count().saturating_sub(1);
         let begun = run.steps.iter().filter(|s| s.begun < p).count().saturating_sub(1);
-        let pending = model.pending();
+        let pending = held(&model, model.pending());
         let mut product = Product::new(&model, &pending);
+        if stats {
+            // Which inodes carry the pending changes that multiply the
+            // states: each one's path, changes and different contents.
+            let names = names_of(&model);
+            for (at, (ino, changes)) in pending.iter().enumerate() {
+                eprintln!(
+                    "  op {p}: inode {ino} {}: {} changes, {} kinds",
+                    names.get(ino).map_or("(no name)", String::as_str),
+                    changes.len(),
+                    product.keeps[at].len()
+                );
+                if std::env::var_os("HF3FS_META_EXPLORE_STATS").is_some_and(|v| v == "changes") {
+                    for c in changes.iter() {
+                        match c {
+                            FsChange::Write { off, data } => eprintln!("    write @{off} +{}", data.len()),
+                            c => eprintln!("    {c:?}"),
+                        }
+                    }
+                }
+            }
+        }
         // This position's different images: each digest once, with the
         // first choice that made it (for the report).
         let mut tries: Vec<(Digest, String, HashMap<Ino, Keep>)> = Vec::new();
@@ -698,7 +785,13 @@ fn explore(w: &dyn Workload) -> Found {
         let todo: Vec<(Digest, HashMap<Ino, Keep>)> =
             tries.iter().filter(|(d, _, _)| !recovered.contains_key(d)).map(|(d, _, k)| (*d, k.clone())).collect();
         let opened = todo.len();
-        recovered.extend(open_all(w, &model, &todo, threads));
+        if stats {
+            // The analysis: what would be opened, nothing opened or checked.
+            recovered.extend(todo.iter().map(|(d, _)| (*d, Err("not opened".to_string()))));
+            tries.clear();
+        } else {
+            recovered.extend(open_all(w, &model, &todo, threads));
+        }
         for (digest, what, _) in tries {
             let result = &recovered[&digest];
             let ok = match result {
@@ -731,6 +824,21 @@ fn explore(w: &dyn Workload) -> Found {
             );
         }
     }
+    while at < run.log.len() {
+        model.replay(&run.log[at]).expect("replay");
+        at += 1;
+    }
+    let names = names_of(&model);
+    for (ino, changes) in model.pending() {
+        let path = names.get(&ino).map_or("", String::as_str);
+        if w.settled().iter().any(|s| path == format!("/{DATA}/{s}")) {
+            failures.push(format!(
+                "{}: {path} still has unsynced changes at the end of the run ({changes:?}): every later \
+                 crash state carries them",
+                w.name()
+            ));
+        }
+    }
     Found { positions: positions.len(), states, different, distinct: recovered.len(), failures }
 }
 
@@ -745,14 +853,17 @@ fn check(w: &dyn Workload) {
     }
     let t0 = Instant::now();
     let f = explore(w);
+    let stats = std::env::var_os("HF3FS_META_EXPLORE_STATS").is_some();
     let summary = format!(
-        "crash-state explorer{}, {}: {} crash states at {} positions ({} differing in some inode, {} distinct images opened), {} failed, {:.1} s",
+        "crash-state explorer{}{}, {}: {} crash states at {} positions ({} differing in some inode, {} distinct images {}), {} failed, {:.1} s",
         if full() { " (full)" } else { "" },
+        if stats { " (stats: nothing opened)" } else { "" },
         w.name(),
         f.states,
         f.positions,
         f.different,
         f.distinct,
+        if stats { "to open" } else { "opened" },
         f.failures.len(),
         t0.elapsed().as_secs_f64()
     );
@@ -789,4 +900,86 @@ fn the_checkpoint_survives_every_crash_state() {
 #[test]
 fn sglangs_space_catalog_survives_every_crash_state() {
     check(&Sglang { steps: steps() });
+}
+
+/// The distinct crash images of `model` now: (by [`Product`]'s digests over
+/// the pending inodes [`held`] keeps, by brute force over every pending
+/// inode's every keep with [`Model::crash_image`]), and the combinations
+/// the product walks.
+fn distinct_both_ways(model: &Model) -> (usize, usize, u64) {
+    let all = model.pending();
+    let mut product = Product::new(model, &held(model, all.clone()));
+    let mut reduced = std::collections::HashSet::new();
+    let mut pick = vec![0; product.inos.len()];
+    loop {
+        reduced.insert(product.digest(model, &pick));
+        if !product.advance(&mut pick) {
+            break;
+        }
+    }
+    let keeps: Vec<Vec<Keep>> = all.iter().map(|(_, c)| Model::every_keep(c, 512)).collect();
+    let mut brute = std::collections::HashSet::new();
+    let mut pick = vec![0; all.len()];
+    'all: loop {
+        let keep: HashMap<Ino, Keep> = all.iter().zip(&keeps).zip(&pick).map(|(((i, _), k), p)| (*i, k[*p])).collect();
+        brute.insert(model.crash_image(&|ino, _| keep[&ino]).files());
+        for (at, p) in pick.iter_mut().enumerate() {
+            *p += 1;
+            if *p < keeps[at].len() {
+                continue 'all;
+            }
+            *p = 0;
+        }
+        break;
+    }
+    (reduced.len(), brute.len(), product.different())
+}
+
+/// The reduction [`held`] makes merges no two different crash images: at
+/// every step of a run that removes a directory with unsynced changes in
+/// it (synced and not), unlinks a file with unsynced writes, and links new
+/// files under a new directory whose own name is unsynced, the product
+/// over the held inodes has as many distinct images as the brute force
+/// over every pending inode's every keep. No mount needed.
+#[test]
+fn leaving_out_unreachable_inodes_merges_no_crash_images() {
+    use hf3fs_meta_forgetfs::model::ROOT;
+    use std::ffi::OsStr;
+    let n = OsStr::new;
+    let mut m = Model::new(Names::Strict, false);
+    let mut checks = Vec::new();
+    let mut check = |m: &Model, what: &str| {
+        let (reduced, brute, walked) = distinct_both_ways(m);
+        assert_eq!(reduced, brute, "{what}: the reduced product merged crash images");
+        checks.push((what.to_string(), walked));
+    };
+    let d = m.make(ROOT, n("d"), true, 0o755).unwrap();
+    let x = m.make(d, n("x"), true, 0o755).unwrap();
+    let y = m.make(x, n("y"), false, 0o644).unwrap();
+    let f = m.make(d, n("f"), false, 0o644).unwrap();
+    m.write(y, 0, &[1; 1024]).unwrap();
+    m.write(f, 0, &[2; 600]).unwrap();
+    for i in [y, f, x, d, ROOT] {
+        m.sync(i).unwrap();
+    }
+    check(&m, "all synced");
+    // x's file removed, then x, none of it synced; f written and unlinked.
+    m.write(y, 1024, &[3; 700]).unwrap();
+    m.remove(x, n("y"), false).unwrap();
+    m.remove(d, n("x"), true).unwrap();
+    m.write(f, 600, &[4; 1100]).unwrap();
+    m.remove(d, n("f"), false).unwrap();
+    check(&m, "removals pending");
+    // A new directory (its name unsynced) with a new file in it.
+    let e = m.make(d, n("e"), true, 0o755).unwrap();
+    let g = m.make(e, n("g"), false, 0o644).unwrap();
+    m.write(g, 0, &[5; 1500]).unwrap();
+    check(&m, "new names pending");
+    // x's removal synced: x, y and f are in no image, their changes in none.
+    m.sync(d).unwrap();
+    let (_, _, before) = distinct_both_ways(&m);
+    check(&m, "removals synced");
+    let total: u64 = m.pending().iter().map(|(_, c)| Model::every_keep(c, 512).len() as u64).product();
+    assert!(before < total, "the reduction leaves out the removed inodes ({before} of {total} combinations)");
+    assert_eq!(checks.len(), 4);
 }
