@@ -23,7 +23,8 @@
 //! Bounded by default (CI: 6 steps, 40 positions (the checkpoint's 24), the states above: a few
 //! hundred, seconds). `HF3FS_META_EXPLORE=full` enumerates every crash
 //! state instead: 40 steps, every fsync of the run, and at each the product
-//! over the inodes with pending changes of each one's crash states
+//! over the inodes with pending changes (those some crash image can hold:
+//! [`held`]) of each one's crash states
 //! ([`Model::every_keep`]: any prefix of its changes, the last kept write
 //! torn at any 512-byte boundary; keeps leaving an inode the same bytes
 //! are one), every different image opened once (docs/reliability.md has
@@ -625,6 +626,28 @@ fn held<'m>(model: &Model, pending: Vec<(Ino, &'m [FsChange])>) -> Vec<(Ino, &'m
     pending.into_iter().filter(|(ino, _)| reach.contains(ino)).collect()
 }
 
+/// The stats of one position (`HF3FS_META_EXPLORE_STATS`): which inodes
+/// carry the pending changes that multiply the states, each one's path,
+/// changes and different contents (`=changes`: the changes too).
+fn print_pending(model: &Model, pending: &[(Ino, &[FsChange])], product: &Product, p: usize) {
+    let names = names_of(model);
+    let list = std::env::var_os("HF3FS_META_EXPLORE_STATS").is_some_and(|v| v == "changes");
+    for (at, (ino, changes)) in pending.iter().enumerate() {
+        eprintln!(
+            "  op {p}: inode {ino} {}: {} changes, {} kinds",
+            names.get(ino).map_or("(no name)", String::as_str),
+            changes.len(),
+            product.keeps[at].len()
+        );
+        for c in changes.iter().filter(|_| list) {
+            match c {
+                FsChange::Write { off, data } => eprintln!("    write @{off} +{}", data.len()),
+                c => eprintln!("    {c:?}"),
+            }
+        }
+    }
+}
+
 /// Each inode's path (live names first, then durable ones): for the stats.
 fn names_of(model: &Model) -> HashMap<Ino, String> {
     let mut out = HashMap::new();
@@ -695,6 +718,24 @@ fn open_all(
     })
 }
 
+/// What of `w`'s [`Workload::settled`] directories still has unsynced
+/// changes at the end of its run (`model`, replayed to the end).
+fn unsettled(w: &dyn Workload, model: &Model) -> Vec<String> {
+    let names = names_of(model);
+    let mut out = Vec::new();
+    for (ino, changes) in model.pending() {
+        let path = names.get(&ino).map_or("", String::as_str);
+        if w.settled().iter().any(|s| path == format!("/{DATA}/{s}")) {
+            out.push(format!(
+                "{}: {path} still has unsynced changes at the end of the run ({changes:?}): every later \
+                 crash state carries them",
+                w.name()
+            ));
+        }
+    }
+    out
+}
+
 fn explore(w: &dyn Workload) -> Found {
     let run = record(w);
     let full = full();
@@ -728,25 +769,7 @@ fn explore(w: &dyn Workload) -> Found {
         let pending = held(&model, model.pending());
         let mut product = Product::new(&model, &pending);
         if stats {
-            // Which inodes carry the pending changes that multiply the
-            // states: each one's path, changes and different contents.
-            let names = names_of(&model);
-            for (at, (ino, changes)) in pending.iter().enumerate() {
-                eprintln!(
-                    "  op {p}: inode {ino} {}: {} changes, {} kinds",
-                    names.get(ino).map_or("(no name)", String::as_str),
-                    changes.len(),
-                    product.keeps[at].len()
-                );
-                if std::env::var_os("HF3FS_META_EXPLORE_STATS").is_some_and(|v| v == "changes") {
-                    for c in changes.iter() {
-                        match c {
-                            FsChange::Write { off, data } => eprintln!("    write @{off} +{}", data.len()),
-                            c => eprintln!("    {c:?}"),
-                        }
-                    }
-                }
-            }
+            print_pending(&model, &pending, &product, p);
         }
         // This position's different images: each digest once, with the
         // first choice that made it (for the report).
@@ -828,17 +851,7 @@ fn explore(w: &dyn Workload) -> Found {
         model.replay(&run.log[at]).expect("replay");
         at += 1;
     }
-    let names = names_of(&model);
-    for (ino, changes) in model.pending() {
-        let path = names.get(&ino).map_or("", String::as_str);
-        if w.settled().iter().any(|s| path == format!("/{DATA}/{s}")) {
-            failures.push(format!(
-                "{}: {path} still has unsynced changes at the end of the run ({changes:?}): every later \
-                 crash state carries them",
-                w.name()
-            ));
-        }
-    }
+    failures.extend(unsettled(w, &model));
     Found { positions: positions.len(), states, different, distinct: recovered.len(), failures }
 }
 
