@@ -27,6 +27,7 @@ import enum
 import sys
 import time
 import types
+from collections import Counter
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,8 @@ class Subscriber:
     resyncs: int = 0
     batches: int = 0
     last_payload: bytes = b""
+    # Events applied, by class name ("BlockStored", …).
+    counts: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.ctx = zmq.Context.instance()
@@ -163,6 +166,7 @@ class Subscriber:
         rank = batch.data_parallel_rank if self.classes.engine == "vllm" else batch.attn_dp_rank
         assert rank == 0, rank
         for e in batch.events:
+            self.counts[type(e).__name__] += 1
             if isinstance(e, self.classes.stored):
                 assert e.medium == "STORAGE" and e.token_ids == [] and e.parent_block_hash is None, e
                 self.index.update(e.block_hashes)
