@@ -238,6 +238,15 @@ class Subscriber:
             assert left > 0 and self.sub.poll(int(left * 1000)), f"batch {seq} never came (last {self.last})"
             self._on_message(self.sub.recv_multipart())
 
+    def receive_cleared(self, what: str) -> None:
+        """Takes messages until one more AllBlocksCleared is applied."""
+        cleared = self.resyncs
+        deadline = time.monotonic() + DEADLINE_S
+        while self.resyncs == cleared:
+            left = deadline - time.monotonic()
+            assert left > 0 and self.sub.poll(int(left * 1000)), f"no AllBlocksCleared on {what}"
+            self._on_message(self.sub.recv_multipart())
+
     def sync(self, base_url: str) -> None:
         """Every batch of the requests answered so far, applied."""
         deadline = time.monotonic() + DEADLINE_S
