@@ -147,12 +147,16 @@ class Subscriber:
     last_payload: bytes = b""
     # Events applied, by class name ("BlockStored", …).
     counts: Counter = field(default_factory=Counter)
+    # libzmq's ZMTP heartbeats on the SUB (ZMQ_HEARTBEAT_IVL), 0: none.
+    zmtp_heartbeat_ms: int = 0
 
     def __post_init__(self) -> None:
         self.ctx = zmq.Context.instance()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         self.sub.setsockopt(zmq.LINGER, 0)
+        if self.zmtp_heartbeat_ms:
+            self.sub.setsockopt(zmq.HEARTBEAT_IVL, self.zmtp_heartbeat_ms)
         self.sub.connect(self.endpoint)
         self.decoder = msgspec.msgpack.Decoder(type=self.classes.batch)
 

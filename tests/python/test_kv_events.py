@@ -147,6 +147,29 @@ def test_bytes_hashes_and_the_array_format_decode_with_vllm_classes(vllm_client_
         srv.stop()
 
 
+def test_a_subscriber_with_zmtp_heartbeats_converges(vllm_client_module, vllm_events, tmp_path):
+    """libzmq's ZMTP heartbeats (a SUB with ZMQ_HEARTBEAT_IVL, as Dynamo's
+    indexer has): the server's transport closes a connection at its PING
+    and the SUB reconnects; whatever it lost meanwhile, its replays close
+    the gaps and its index equals batch_exists after every step."""
+    pub, replay = endpoints()
+    srv = server_process.start(tmp_path / "server.log", ["--world-size", "1", *event_args(pub, replay)])
+    sub = Subscriber(vllm_events, pub, replay, TOPIC, zmtp_heartbeat_ms=100)
+    try:
+        sub.wait_connected(srv.base_url)
+        conn = Connector(vllm_client_module.Hf3fsGlobalMetadataClient, srv.base_url, world=1, num_pages=64)
+        used: list[str] = []
+        for i in range(12):
+            keys = block_hashes(2, f"heartbeats-{i}")
+            used += keys
+            conn.save_all(keys)
+            sub.sync(srv.base_url)
+            assert sub.index == vllm_truth(conn, used), (i, sub.gaps)
+    finally:
+        sub.close()
+        srv.stop()
+
+
 def test_a_late_joiner_a_lost_stretch_and_a_restart_converge(vllm_client_module, vllm_events, tmp_path):
     pub, replay = endpoints()
     args = ["--world-size", str(WORLD), *event_args(pub, replay, "--kv-events-buffer-steps", "4")]
