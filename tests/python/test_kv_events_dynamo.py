@@ -50,7 +50,7 @@ import requests
 
 import kv_events
 import server_process
-from kv_events import Subscriber, vllm_u64
+from kv_events import Subscriber
 from test_engine_client_vllm import Connector, block_hashes
 
 TOPIC = b"kv@SHARED_STORAGE@test-model"
@@ -132,7 +132,9 @@ class Indexer:
     def wait_for(self, what: str, cond, seen=lambda: "") -> None:
         deadline = time.monotonic() + DEADLINE_S
         while not cond():
-            assert time.monotonic() < deadline, f"the indexer never {what}; saw {seen()}; {[(k, v) for k, v in self.metrics().items() if v and 'duration' not in k]}:\n{self.log()[-4000:]}"
+            if time.monotonic() > deadline:
+                counters = {k: v for k, v in self.metrics().items() if v and "duration" not in k}
+                raise AssertionError(f"the indexer never {what}; saw {seen()}; {counters}:\n{self.log()[-4000:]}")
             time.sleep(0.05)  # polling a condition, not a synchronization
 
     def stop(self) -> None:
