@@ -82,6 +82,11 @@ fn passed_count(output: &str) -> u64 {
 /// checks that it passed, ran something and skipped nothing. Without the
 /// interpreter or its packages, skips (see the module note).
 fn run_pytest(args: &[&str]) {
+    run_pytest_with(args, &[]);
+}
+
+/// [`run_pytest`] with `env` set for pytest.
+fn run_pytest_with(args: &[&str], env: &[(&str, &str)]) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let bin = env!("CARGO_BIN_EXE_hf3fs-meta");
     let py = python();
@@ -115,6 +120,7 @@ fn run_pytest(args: &[&str]) {
         .env("HF3FS_META_BIN", bin)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("PYTHONUNBUFFERED", "1")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -149,9 +155,19 @@ const ENGINE_SUITES: [&str; 6] = [
     "tests/python/test_kv_events.py",
 ];
 
+/// NVIDIA Dynamo's standalone KV indexer fed by the server's KV events,
+/// with Dynamo's own interpreter (`$HF3FS_META_DYNAMO_PYTHON`, default
+/// `.venv-dynamo/bin/python`: `ai-dynamo-runtime` of
+/// tests/python/requirements-dynamo.txt, in a venv of its own).
+const DYNAMO_SUITE: &str = "tests/python/test_kv_events_dynamo.py";
+
+const DYNAMO_HOW_TO_FIX: &str = "run `.ci/run`, or `python3 -m venv .venv-dynamo && \
+     .venv-dynamo/bin/pip install -r tests/python/requirements-dynamo.txt` \
+     (or set HF3FS_META_DYNAMO_PYTHON to an interpreter with ai-dynamo-runtime)";
+
 #[test]
 fn vllm_python_client_suite() {
-    let mut args = vec!["tests/python", "--ignore", SGLANG_SUITE];
+    let mut args = vec!["tests/python", "--ignore", SGLANG_SUITE, "--ignore", DYNAMO_SUITE];
     for s in ENGINE_SUITES {
         args.extend(["--ignore", s]);
     }
@@ -161,6 +177,26 @@ fn vllm_python_client_suite() {
 #[test]
 fn engine_client_suites() {
     run_pytest(&ENGINE_SUITES);
+}
+
+#[test]
+fn dynamo_indexer_suite() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dynamo = std::env::var("HF3FS_META_DYNAMO_PYTHON")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| root.join(".venv-dynamo/bin/python").display().to_string());
+    let probe = Command::new(&dynamo).args(["-m", "dynamo.indexer", "--help"]).stdin(Stdio::null()).output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => {
+            let why = String::from_utf8_lossy(&o.stderr);
+            let last = why.lines().last().unwrap_or("").to_string();
+            return skip(&format!("{DYNAMO_SUITE} (`{dynamo} -m dynamo.indexer` fails: {last})"), DYNAMO_HOW_TO_FIX);
+        }
+        Err(e) => return skip(&format!("{DYNAMO_SUITE} (cannot run `{dynamo}`: {e})"), DYNAMO_HOW_TO_FIX),
+    }
+    run_pytest_with(&[DYNAMO_SUITE], &[("HF3FS_META_DYNAMO_PYTHON", &dynamo)]);
 }
 
 #[test]

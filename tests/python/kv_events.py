@@ -27,6 +27,7 @@ import enum
 import sys
 import time
 import types
+from collections import Counter
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,12 +145,18 @@ class Subscriber:
     resyncs: int = 0
     batches: int = 0
     last_payload: bytes = b""
+    # Events applied, by class name ("BlockStored", …).
+    counts: Counter = field(default_factory=Counter)
+    # libzmq's ZMTP heartbeats on the SUB (ZMQ_HEARTBEAT_IVL), 0: none.
+    zmtp_heartbeat_ms: int = 0
 
     def __post_init__(self) -> None:
         self.ctx = zmq.Context.instance()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         self.sub.setsockopt(zmq.LINGER, 0)
+        if self.zmtp_heartbeat_ms:
+            self.sub.setsockopt(zmq.HEARTBEAT_IVL, self.zmtp_heartbeat_ms)
         self.sub.connect(self.endpoint)
         self.decoder = msgspec.msgpack.Decoder(type=self.classes.batch)
 
@@ -163,6 +170,7 @@ class Subscriber:
         rank = batch.data_parallel_rank if self.classes.engine == "vllm" else batch.attn_dp_rank
         assert rank == 0, rank
         for e in batch.events:
+            self.counts[type(e).__name__] += 1
             if isinstance(e, self.classes.stored):
                 assert e.medium == "STORAGE" and e.token_ids == [] and e.parent_block_hash is None, e
                 self.index.update(e.block_hashes)
@@ -232,6 +240,15 @@ class Subscriber:
         while self.last is None or self.last < seq:
             left = deadline - time.monotonic()
             assert left > 0 and self.sub.poll(int(left * 1000)), f"batch {seq} never came (last {self.last})"
+            self._on_message(self.sub.recv_multipart())
+
+    def receive_cleared(self, what: str) -> None:
+        """Takes messages until one more AllBlocksCleared is applied."""
+        cleared = self.resyncs
+        deadline = time.monotonic() + DEADLINE_S
+        while self.resyncs == cleared:
+            left = deadline - time.monotonic()
+            assert left > 0 and self.sub.poll(int(left * 1000)), f"no AllBlocksCleared on {what}"
             self._on_message(self.sub.recv_multipart())
 
     def sync(self, base_url: str) -> None:

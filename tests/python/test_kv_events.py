@@ -147,6 +147,29 @@ def test_bytes_hashes_and_the_array_format_decode_with_vllm_classes(vllm_client_
         srv.stop()
 
 
+def test_a_subscriber_with_zmtp_heartbeats_converges(vllm_client_module, vllm_events, tmp_path):
+    """libzmq's ZMTP heartbeats (a SUB with ZMQ_HEARTBEAT_IVL, as Dynamo's
+    indexer has): the server's transport closes a connection at its PING
+    and the SUB reconnects; whatever it lost meanwhile, its replays close
+    the gaps and its index equals batch_exists after every step."""
+    pub, replay = endpoints()
+    srv = server_process.start(tmp_path / "server.log", ["--world-size", "1", *event_args(pub, replay)])
+    sub = Subscriber(vllm_events, pub, replay, TOPIC, zmtp_heartbeat_ms=100)
+    try:
+        sub.wait_connected(srv.base_url)
+        conn = Connector(vllm_client_module.Hf3fsGlobalMetadataClient, srv.base_url, world=1, num_pages=64)
+        used: list[str] = []
+        for i in range(12):
+            keys = block_hashes(2, f"heartbeats-{i}")
+            used += keys
+            conn.save_all(keys)
+            sub.sync(srv.base_url)
+            assert sub.index == vllm_truth(conn, used), (i, sub.gaps)
+    finally:
+        sub.close()
+        srv.stop()
+
+
 def test_a_late_joiner_a_lost_stretch_and_a_restart_converge(vllm_client_module, vllm_events, tmp_path):
     pub, replay = endpoints()
     args = ["--world-size", str(WORLD), *event_args(pub, replay, "--kv-events-buffer-steps", "4")]
@@ -291,3 +314,124 @@ def test_a_failover_continues_the_numbers_and_resyncs(vllm_client_module, vllm_e
         if sub is not None:
             sub.close()
         cluster.close()
+
+
+TENANT_PATTERN = "kv@SHARED_STORAGE@{tenant}"
+ADMIN = "kv-events-admin"
+
+
+def test_each_tenant_publishes_on_its_own_topic(sglang_client_module, sglang_events, vllm_events, tmp_path):
+    """Two tenants (SGLang deployments selected by /t/<tenant>) with the
+    same keys: each topic's stream, replayed into a set, equals that
+    tenant's batch_exists (sgl-a's decoded with SGLang's classes, sgl-b's
+    with vLLM's: one wire); a late joiner replays its tenant's topic (a
+    resync); a tenant added live publishes on its topic, and removed live
+    publishes AllBlocksCleared there; a tenant whose topic is renamed
+    clears the old topic and resyncs on the new one."""
+    to_int64 = kv_events.sglang_hash_str_to_int64()
+    pub, replay = endpoints()
+    tfile = tmp_path / "tenants.toml"
+    two = '[tenants.sgl-a]\n[tenants.sgl-b]\nkv_events_topic = "kv@SHARED_STORAGE@model-b"\n'
+    tfile.write_text(two)
+    args = [
+        "--tenants", str(tfile), "--admin-token", ADMIN, "--evict-high-watermark", "1", "--evict-low-watermark", "1",
+        "--kv-events-endpoint", pub, "--kv-events-bind", "--kv-events-replay-endpoint", replay,
+        "--kv-events-topic", TENANT_PATTERN, "--kv-events-hash", "sglang", "--kv-events-heartbeat-ms", "100",
+    ]  # fmt: skip
+    srv = server_process.start(tmp_path / "server.log", args)
+    topics = {"sgl-a": b"kv@SHARED_STORAGE@sgl-a", "sgl-b": b"kv@SHARED_STORAGE@model-b"}
+    classes = {"sgl-a": sglang_events, "sgl-b": vllm_events}
+    subs = {t: Subscriber(classes[t], pub, replay, topic, tenant=t) for t, topic in topics.items()}
+    renamed = None
+    late = None
+    extra = None
+    cls = sglang_client_module.Hf3fsGlobalMetadataClient
+
+    def reload(text: str) -> None:
+        tfile.write_text(text)
+        r = requests.post(srv.base_url + "/tenants/reload", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+        assert r.status_code == 200, r.text
+
+    def truth(pool: Pool, keys: list[str]) -> set[int]:
+        return {to_int64(k) for k, hit in zip(keys, pool.client.exists(pool.rank, keys, pool.ns)) if hit}
+
+    try:
+        for s in subs.values():
+            s.wait_connected(srv.base_url)
+        pools = {t: Pool(cls(f"{srv.base_url}/t/{t}"), 0, PoolName.KV) for t in topics}
+        keys = keys_of(8, "same")
+        for pool in pools.values():
+            pool.set(keys)
+        pools["sgl-a"].client.delete_keys(0, keys[:3], PoolName.KV)
+        pools["sgl-b"].set(keys_of(2, "b-only"))
+        keys_b = keys + keys_of(2, "b-only")
+        for t, s in subs.items():
+            s.sync(srv.base_url)
+        assert subs["sgl-a"].index == truth(pools["sgl-a"], keys) == {to_int64(k) for k in keys[3:]}
+        assert subs["sgl-b"].index == truth(pools["sgl-b"], keys_b) and len(subs["sgl-b"].index) == 10
+        assert all(s.gaps == [] for s in subs.values()), "a tenant's numbers have no gap for another's batches"
+        assert kv_events.metric(srv.base_url, "tenant_kv_events_published_total", "sgl-b") > 0
+        # A late joiner of sgl-b: its replay from 0 names the topic and is
+        # answered from sgl-b's latest resync, then its batches.
+        late = Subscriber(vllm_events, pub, replay, topics["sgl-b"], tenant="sgl-b")
+        late.replay(0)
+        late.sync(srv.base_url)
+        assert late.index == truth(pools["sgl-b"], keys_b) and late.resyncs >= 1
+        # vLLM's request without a topic is the default tenant's: its topic.
+        default = Subscriber(sglang_events, pub, replay, b"kv@SHARED_STORAGE@default")
+        try:
+            default.replay(0)
+            assert default.index == set() and default.resyncs >= 1
+        finally:
+            default.close()
+        # A tenant added live starts publishing on its topic (a resync, then its changes).
+        extra = Subscriber(sglang_events, pub, replay, b"kv@SHARED_STORAGE@sgl-c", tenant="sgl-c")
+        reload(two + "[tenants.sgl-c]\n")
+        extra.wait_connected(srv.base_url)
+        pool_c = Pool(cls(f"{srv.base_url}/t/sgl-c"), 0, PoolName.KV)
+        pool_c.set(keys[:5])
+        extra.sync(srv.base_url)
+        assert extra.index == truth(pool_c, keys) == {to_int64(k) for k in keys[:5]}
+        # A reload that gives two tenants one topic is refused and changes nothing.
+        tfile.write_text(two + '[tenants.sgl-c]\nkv_events_topic = "kv@SHARED_STORAGE@model-b"\n')
+        r = requests.post(srv.base_url + "/tenants/reload", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+        assert r.status_code == 422 and "model-b" in r.text, r.text
+        pool_c.set(keys[5:6])
+        extra.sync(srv.base_url)
+        assert extra.index == truth(pool_c, keys)
+        # Removed live: AllBlocksCleared on its topic, then nothing more.
+        reload(two)
+        extra.receive_cleared("the removed tenant's topic")
+        assert extra.index == set()
+        text = requests.get(srv.base_url + "/metrics", timeout=10).text
+        assert not [x for x in text.splitlines() if "tenant_kv_events" in x and "sgl-c" in x], "its series left"
+        # The others kept their streams, without a gap.
+        pools["sgl-a"].set(keys[:1])
+        for t, s in subs.items():
+            s.sync(srv.base_url)
+        assert subs["sgl-a"].index == truth(pools["sgl-a"], keys)
+        assert subs["sgl-b"].index == truth(pools["sgl-b"], keys_b)
+        assert all(s.gaps == [] for s in subs.values()), [s.gaps for s in subs.values()]
+        # sgl-b's topic renamed: AllBlocksCleared on the old one, then nothing
+        # more there; the new one carries a resync of its keys, and its numbers.
+        renamed = Subscriber(vllm_events, pub, replay, b"kv@SHARED_STORAGE@renamed-b", tenant="sgl-b")
+        old_b = subs["sgl-b"]
+        reload(two.replace("model-b", "renamed-b"))
+        renamed.wait_connected(srv.base_url)
+        old_b.receive_cleared("the renamed tenant's old topic")
+        assert old_b.index == set()
+        pools["sgl-b"].client.delete_keys(0, keys[:2], PoolName.KV)
+        renamed.sync(srv.base_url)
+        assert renamed.index == truth(pools["sgl-b"], keys_b) and len(renamed.index) == 8
+        assert renamed.resyncs >= 1 and renamed.gaps == [], renamed.gaps
+        # The old topic is no longer published: its replay is the end marker alone.
+        before = (old_b.last, old_b.batches)
+        old_b.replay(0)
+        assert (old_b.last, old_b.batches) == before and old_b.index == set()
+        subs["sgl-a"].sync(srv.base_url)
+        assert subs["sgl-a"].index == truth(pools["sgl-a"], keys) and subs["sgl-a"].gaps == []
+    finally:
+        for s in [*subs.values(), late, extra, renamed]:
+            if s is not None:
+                s.close()
+        srv.stop()
