@@ -32,6 +32,7 @@ pub mod wire;
 mod counters;
 mod naming;
 mod ring;
+mod zmtp;
 
 pub use counters::{Counters, StreamCounters};
 pub use naming::{tenant_topic, tenant_topics, DEFAULT_TENANT, TENANT_PLACEHOLDER};
@@ -44,7 +45,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use wire::{BlockHash, HashForm, Layout, WireEvent, Writer};
-use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 /// Keys per `BlockStored` of a resync's snapshot.
 pub const SNAPSHOT_BATCH: usize = 1024;
@@ -324,10 +324,6 @@ fn plan(endpoint: &str, bind: bool) -> Result<(bool, String), String> {
     })
 }
 
-async fn bind<S: Socket>(socket: &mut S, endpoint: &str, address: &str) -> Result<String, String> {
-    socket.bind(address).await.map(|e| e.to_string()).map_err(|e| format!("cannot bind {endpoint}: {e}"))
-}
-
 /// Starts the publisher on the current tokio runtime: binds (or starts
 /// connecting) its sockets, then publishes until the runtime ends.
 /// `leader` says whether this node publishes now; `snapshot` walks every
@@ -343,34 +339,16 @@ pub async fn start(
     if s.buffer_steps == 0 || s.hwm == 0 {
         return Err("--kv-events-buffer-steps and --kv-events-hwm must be at least 1".into());
     }
-    let mut options = zeromq::SocketOptions::default();
-    // Connecting retries until the peer listens.
-    options.no_connect_timeout();
-    let mut publ = zeromq::PubSocket::with_options(options);
-    let mut monitor = publ.monitor();
+    // Each subscriber's own queue holds `hwm` messages too.
+    let publ = zmtp::PubSocket::new(s.hwm, counters.clone());
     let (to_bind, address) = plan(&s.endpoint, s.bind)?;
     let (endpoint, connect) = if to_bind {
-        (bind(&mut publ, &s.endpoint, &address).await?, None)
+        (publ.bind(&address).await.map_err(|e| format!("{}: {e}", s.endpoint))?, None)
     } else {
-        // The publisher task connects first thing (it may wait for the
-        // peer; batches queue meanwhile).
+        // The publisher task connects first thing (again after each
+        // disconnection; batches go to the subscribers connected).
         (address.clone(), Some(address))
     };
-    let c = counters.clone();
-    tokio::spawn(async move {
-        use futures::StreamExt as _;
-        while let Some(ev) = monitor.next().await {
-            match ev {
-                SocketEvent::Accepted(..) | SocketEvent::Connected(..) => {
-                    c.subscribers.fetch_add(1, Ordering::Relaxed);
-                }
-                SocketEvent::Disconnected(_) => {
-                    let _ = c.subscribers.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
-                }
-                _ => {}
-            }
-        }
-    });
     let (control, control_rx) = mpsc::unbounded_channel();
     let (tx, rx) = mpsc::channel(s.hwm);
     let pool = Arc::new(Pool::default());
@@ -388,8 +366,7 @@ pub async fn start(
     streams.insert(DEFAULT_TOPIC, stream);
     let mut replay_endpoint = None;
     if let Some(re) = &s.replay_endpoint {
-        let mut router = zeromq::RouterSocket::new();
-        let bound = bind(&mut router, re, &plan(re, true)?.1).await?;
+        let (router, bound) = zmtp::RouterSocket::bind(&plan(re, true)?.1).await.map_err(|e| format!("{re}: {e}"))?;
         replay_endpoint = Some(bound);
         tokio::spawn(replay(router, topics.rings.clone(), topics.control.clone(), counters.clone()));
     }
@@ -429,7 +406,7 @@ struct Task {
     current: u32,
     /// Where the operations' buffers go back to.
     pool: Arc<Pool>,
-    publ: zeromq::PubSocket,
+    publ: zmtp::PubSocket,
     streams: std::collections::BTreeMap<u32, Stream>,
     counters: Arc<Counters>,
     layout: Layout,
@@ -448,7 +425,7 @@ impl Task {
         connect: Option<String>,
     ) {
         if let Some(ep) = connect {
-            if let Err(e) = self.publ.connect(&ep).await {
+            if let Err(e) = self.publ.connect(&ep) {
                 tracing::error!(endpoint = %ep, error = %e, "kv events: cannot connect the PUB socket");
             }
         }
@@ -645,13 +622,14 @@ impl Task {
         let topic = st.topic.clone();
         st.counters.events.fetch_add(u64::from(n), Ordering::Relaxed);
         st.counters.last_seq.store(seq, Ordering::Relaxed);
-        let msg = ZmqMessage::try_from(vec![topic, Bytes::copy_from_slice(&seq.to_be_bytes()), payload])
-            .expect("three frames");
-        if let Err(e) = self.publ.send(msg).await {
-            tracing::warn!(error = %e, "kv events: PUB send failed");
-        }
+        // Never waits: a subscriber whose queue is full misses it (counted).
+        let missed = self.publ.send(vec![topic, Bytes::copy_from_slice(&seq.to_be_bytes()), payload]);
         self.buffered(before, after);
         let c = &self.counters;
+        if missed > 0 {
+            c.dropped_batches.fetch_add(missed, Ordering::Relaxed);
+            c.dropped_events.fetch_add(missed * u64::from(n), Ordering::Relaxed);
+        }
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.events.fetch_add(u64::from(n), Ordering::Relaxed);
         c.last_seq.store(seq, Ordering::Relaxed);
@@ -717,19 +695,13 @@ fn request(msg: &[Bytes]) -> Option<(Bytes, Option<Bytes>, u64)> {
 /// buffer no longer holds is answered from the topic's latest resync (a
 /// new one when none is buffered); an unknown topic by the end alone.
 async fn replay(
-    mut router: zeromq::RouterSocket,
+    mut router: zmtp::RouterSocket,
     rings: Rings,
     control: mpsc::UnboundedSender<Control>,
     counters: Arc<Counters>,
 ) {
     loop {
-        let msg = match router.recv().await {
-            Ok(m) => m.into_vec(),
-            Err(e) => {
-                tracing::debug!(error = %e, "kv events: ROUTER receive failed");
-                continue;
-            }
-        };
+        let Some(msg) = router.recv().await else { return };
         let Some((id, topic, start)) = request(&msg) else {
             tracing::warn!(
                 frames = msg.len(),
@@ -771,12 +743,12 @@ async fn replay(
         for (seq, payload) in answer {
             let frames =
                 vec![id.clone(), empty.clone(), name.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];
-            if router.send(ZmqMessage::try_from(frames).expect("frames")).await.is_err() {
+            if !router.send(frames).await {
                 break;
             }
         }
         let end = vec![id, empty.clone(), empty.clone(), Bytes::from_static(&END_SEQ), empty];
-        let _ = router.send(ZmqMessage::try_from(end).expect("frames")).await;
+        router.send(end).await;
     }
 }
 

@@ -4,6 +4,8 @@
 use super::*;
 use hf3fs_meta_core::KeyRef;
 use std::collections::VecDeque;
+// The `zeromq` crate: an independent peer (SUB, DEALER) of this crate's own transport.
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 fn key(i: u8) -> Block {
     Block::of(KeyRef::parse(&format!("{:032x}", u128::from(i) + 1))).unwrap()
@@ -93,7 +95,7 @@ fn settings(endpoint: &str, replay: Option<&str>) -> EventSettings {
     }
 }
 
-/// A ZeroMQ SUB and DEALER of this crate's transport against the
+/// The `zeromq` crate's SUB and DEALER against the
 /// publisher: the start-up resync, a batch, a replay and its end marker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_sees_the_resync_then_each_batch_and_replays_it() {

@@ -1,0 +1,1 @@
+//! The ZMTP codec and sockets against raw TCP peers.
