@@ -62,9 +62,10 @@ const EVENTS: Family =
     counter("kv_events_published_total", "KV events published (BlockStored, BlockRemoved, AllBlocksCleared)");
 const DROPPED_BATCHES: Family = counter(
     "kv_events_dropped_batches_total",
-    "KV-event batches dropped because the publisher's queue was full (each a sequence gap)",
+    "KV-event batches dropped because the publisher's queue or a subscriber's was full (each a gap; once per subscriber)",
 );
-const DROPPED: Family = counter("kv_events_dropped_total", "KV events dropped because the publisher's queue was full");
+const DROPPED: Family =
+    counter("kv_events_dropped_total", "KV events dropped because the publisher's queue or a subscriber's was full");
 const SUBSCRIBERS: Family = gauge("kv_events_subscribers", "Peers connected to the KV-event PUB socket");
 const REPLAYS: Family =
     counter("kv_events_replay_requests_total", "Replay requests answered on the KV-event ROUTER socket");

@@ -147,8 +147,12 @@ class Subscriber:
     last_payload: bytes = b""
     # Events applied, by class name ("BlockStored", …).
     counts: Counter = field(default_factory=Counter)
-    # libzmq's ZMTP heartbeats on the SUB (ZMQ_HEARTBEAT_IVL), 0: none.
+    # libzmq's ZMTP heartbeats on the SUB (ZMQ_HEARTBEAT_IVL), 0: none;
+    # with them, the TTL it asks of the server and the time it waits for
+    # each PONG (ZMQ_HEARTBEAT_TTL, ZMQ_HEARTBEAT_TIMEOUT).
     zmtp_heartbeat_ms: int = 0
+    zmtp_heartbeat_ttl_ms: int = 0
+    zmtp_heartbeat_timeout_ms: int = 0
 
     def __post_init__(self) -> None:
         self.ctx = zmq.Context.instance()
@@ -157,6 +161,8 @@ class Subscriber:
         self.sub.setsockopt(zmq.LINGER, 0)
         if self.zmtp_heartbeat_ms:
             self.sub.setsockopt(zmq.HEARTBEAT_IVL, self.zmtp_heartbeat_ms)
+            self.sub.setsockopt(zmq.HEARTBEAT_TTL, self.zmtp_heartbeat_ttl_ms)
+            self.sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.zmtp_heartbeat_timeout_ms or self.zmtp_heartbeat_ms)
         self.sub.connect(self.endpoint)
         self.decoder = msgspec.msgpack.Decoder(type=self.classes.batch)
 

@@ -15,8 +15,11 @@ buffer, and a server restarted with --data-dir all converge.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import requests
+import zmq
 
 import kv_events
 import server_process
@@ -147,25 +150,39 @@ def test_bytes_hashes_and_the_array_format_decode_with_vllm_classes(vllm_client_
         srv.stop()
 
 
-def test_a_subscriber_with_zmtp_heartbeats_converges(vllm_client_module, vllm_events, tmp_path):
-    """libzmq's ZMTP heartbeats (a SUB with ZMQ_HEARTBEAT_IVL, as Dynamo's
-    indexer has): the server's transport closes a connection at its PING
-    and the SUB reconnects; whatever it lost meanwhile, its replays close
-    the gaps and its index equals batch_exists after every step."""
+def test_a_subscriber_with_zmtp_heartbeats_receives_every_batch(vllm_client_module, vllm_events, tmp_path):
+    """libzmq's ZMTP heartbeats (a SUB with ZMQ_HEARTBEAT_IVL, TTL and
+    TIMEOUT, as Dynamo's indexer has): the server answers each PING with a
+    PONG, so the connection stays up and the SUB receives every batch in
+    order, with no gap (nothing is dropped on loopback with the default
+    queue) and no replay but its join's; its index equals batch_exists
+    after every step. It runs for at least 15 heartbeat intervals."""
     pub, replay = endpoints()
     srv = server_process.start(tmp_path / "server.log", ["--world-size", "1", *event_args(pub, replay)])
-    sub = Subscriber(vllm_events, pub, replay, TOPIC, zmtp_heartbeat_ms=100)
+    sub = Subscriber(
+        vllm_events, pub, replay, TOPIC,
+        zmtp_heartbeat_ms=100, zmtp_heartbeat_ttl_ms=3000, zmtp_heartbeat_timeout_ms=3000,
+    )
+    disconnects = sub.sub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED)
     try:
         sub.wait_connected(srv.base_url)
-        conn = Connector(vllm_client_module.Hf3fsGlobalMetadataClient, srv.base_url, world=1, num_pages=64)
+        conn = Connector(vllm_client_module.Hf3fsGlobalMetadataClient, srv.base_url, world=1, num_pages=4096)
         used: list[str] = []
-        for i in range(12):
+        start = time.monotonic()
+        i = 0
+        while i < 12 or time.monotonic() - start < 1.5:
             keys = block_hashes(2, f"heartbeats-{i}")
             used += keys
             conn.save_all(keys)
             sub.sync(srv.base_url)
             assert sub.index == vllm_truth(conn, used), (i, sub.gaps)
+            i += 1
+        assert sub.gaps == [], f"a gap: the connection was lost at a heartbeat {sub.gaps}"
+        assert sub.replays == 1, f"only the join's replay: {sub.replays}"
+        assert not disconnects.poll(0), "the SUB was disconnected"
+        assert kv_events.metric(srv.base_url, "kv_events_subscribers") == 1
     finally:
+        disconnects.close(0)
         sub.close()
         srv.stop()
 
