@@ -23,6 +23,9 @@ pub(crate) use router::RouterSocket;
 /// requests are a few bytes; anything larger drops the connection).
 pub(crate) const MAX_FRAME: usize = 64 * 1024;
 
+/// The pause after a failed `accept` (out of descriptors, say).
+const ACCEPT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// `tcp://HOST:PORT` → `HOST:PORT` for tokio (brackets kept around IPv6).
 fn address(endpoint: &str) -> Result<&str, String> {
     endpoint.strip_prefix("tcp://").ok_or_else(|| format!("{endpoint}: only tcp:// endpoints are supported"))

@@ -4,10 +4,11 @@
 //! Sending never waits.
 
 use super::peer::{self, Incoming, Out, Role};
+use crate::lock;
 use crate::Counters;
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -31,10 +32,6 @@ struct Shared {
     counters: Arc<Counters>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// A PUB socket: bound (peers connect to it) or connecting, or both.
 pub(crate) struct PubSocket {
     shared: Arc<Shared>,
@@ -54,7 +51,11 @@ impl PubSocket {
         let weak = Arc::downgrade(&self.shared);
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    // Out of descriptors, say: a pause, not a spin.
+                    tokio::time::sleep(super::ACCEPT_PAUSE).await;
+                    continue;
+                };
                 let Some(shared) = weak.upgrade() else { return };
                 tokio::spawn(serve(shared, stream, true));
             }

@@ -3,9 +3,10 @@
 //! first, every message sent to the peer its first frame names.
 
 use super::peer::{self, Incoming, Out, Role};
+use crate::lock;
 use bytes::Bytes;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
@@ -23,10 +24,6 @@ struct Shared {
     next: Mutex<u32>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// A bound ROUTER socket.
 pub(crate) struct RouterSocket {
     shared: Arc<Shared>,
@@ -42,7 +39,11 @@ impl RouterSocket {
         let s = shared.clone();
         tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    // Out of descriptors, say: a pause, not a spin.
+                    tokio::time::sleep(super::ACCEPT_PAUSE).await;
+                    continue;
+                };
                 if tx.is_closed() {
                     return;
                 }
