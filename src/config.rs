@@ -105,8 +105,9 @@ pub struct EventsArgs {
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub kv_events_buffer_steps: u64,
 
-    /// Batches queued between the requests and the publisher; beyond it
-    /// batches are dropped, counted and seen as a sequence gap (vLLM's hwm).
+    /// Batches queued between the requests and the publisher, and messages
+    /// queued for each subscriber; beyond it batches are dropped, counted
+    /// and seen as a sequence gap (vLLM's hwm).
     #[arg(long, env = "HF3FS_META_KV_EVENTS_HWM", default_value_t = 100_000,
           value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub kv_events_hwm: u64,

@@ -66,9 +66,8 @@ pub struct EventSettings {
     pub topic: String,
     /// Batches the replay buffer holds (vLLM's `buffer_steps`).
     pub buffer_steps: usize,
-    /// Batches the queue from the request path holds (vLLM's `hwm`
-    /// names the socket's queue; the transport's is fixed, see
-    /// docs/kv-events.md).
+    /// Batches the queue from the request path holds, and messages the
+    /// PUB queues for each subscriber (vLLM's `hwm`).
     pub hwm: usize,
     /// How every batch is laid out.
     pub layout: Layout,
