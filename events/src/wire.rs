@@ -94,7 +94,7 @@ pub enum WireEvent {
 }
 
 /// What every batch of one publisher shares.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     /// Maps or arrays.
     pub format: Format,
@@ -256,6 +256,28 @@ pub struct Writer {
     events: u32,
     /// The suffixed digests of the open run, within the operation at hand.
     seen: HashSet<[u8; 32], BuildHasherDefault<FirstWord>>,
+    /// The fixed bytes around a run's hashes, for the layout last used.
+    parts: Option<Parts>,
+}
+
+/// The bytes before and after the hashes of a `BlockStored` and of a
+/// `BlockRemoved` in one layout (written once, copied into each event).
+struct Parts {
+    layout: Layout,
+    stored: (Vec<u8>, Vec<u8>),
+    removed: (Vec<u8>, Vec<u8>),
+}
+
+impl Parts {
+    fn of(layout: &Layout) -> Parts {
+        let part = |stored| {
+            let (mut head, mut tail) = (Vec::new(), Vec::new());
+            layout.head(&mut head, stored);
+            layout.tail(&mut tail, stored);
+            (head, tail)
+        };
+        Parts { layout: layout.clone(), stored: part(true), removed: part(false) }
+    }
 }
 
 impl Writer {
@@ -274,41 +296,59 @@ impl Writer {
     /// written as it is read (the request path's keys go through here).
     pub fn push_all(&mut self, layout: &Layout, form: HashForm, events: &[Event]) {
         match form {
-            HashForm::U64 => {
-                self.run.reserve(events.len() * 9);
-                self.each(layout, events, |out, b| {
-                    let v = match b {
-                        Block::Hex(x) => u64::from_be_bytes([x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]]),
-                        Block::Digest(d) => {
-                            let x = &d.bytes;
-                            u64::from_be_bytes([x[24], x[25], x[26], x[27], x[28], x[29], x[30], x[31]])
-                        }
-                    };
-                    if v > u64::from(u32::MAX) {
-                        let w = v.to_be_bytes();
-                        out.extend_from_slice(&[0xcf, w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-                    } else {
-                        uint(out, v);
+            HashForm::U64 => self.each::<9>(layout, events, |out, b| {
+                let v = match b {
+                    Block::Hex(x) => u64::from_be_bytes([x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]]),
+                    Block::Digest(d) => {
+                        let x = &d.bytes;
+                        u64::from_be_bytes([x[24], x[25], x[26], x[27], x[28], x[29], x[30], x[31]])
                     }
-                });
-            }
-            HashForm::Sglang => {
-                self.each(layout, events, |out, b| ok(rmp::encode::write_sint(out, high64(b.digest()))))
-            }
-            HashForm::Bytes => self.each(layout, events, |out, b| ok(rmp::encode::write_bin(out, b.digest()))),
+                };
+                if v > u64::from(u32::MAX) {
+                    out[0] = 0xcf;
+                    out[1..].copy_from_slice(&v.to_be_bytes());
+                    9
+                } else {
+                    let mut w = &mut out[..];
+                    ok(rmp::encode::write_uint(&mut w, v));
+                    9 - w.len()
+                }
+            }),
+            HashForm::Sglang => self.each::<9>(layout, events, |out, b| {
+                let mut w = &mut out[..];
+                ok(rmp::encode::write_sint(&mut w, high64(b.digest())));
+                9 - w.len()
+            }),
+            HashForm::Bytes => self.each::<34>(layout, events, |out, b| {
+                let mut w = &mut out[..];
+                ok(rmp::encode::write_bin(&mut w, b.digest()));
+                34 - w.len()
+            }),
         }
     }
 
+    /// The loop of [`Writer::push_all`], a run of one kind at a time: the
+    /// run's buffer is grown once to hold each of its hashes at its longest
+    /// (`MAX` bytes), `write` writes one hash at the cursor and says how
+    /// long it is, and the buffer is cut to what was written after the run
+    /// (no capacity check, no look at the writer's fields, a key).
     #[inline(always)]
-    fn each(&mut self, layout: &Layout, events: &[Event], write: impl Fn(&mut Vec<u8>, &Block)) {
-        for e in events {
-            let (stored, block) = match e {
-                Event::Stored(b) => (true, b),
-                Event::Removed(b) => (false, b),
+    fn each<const MAX: usize>(
+        &mut self,
+        layout: &Layout,
+        events: &[Event],
+        write: impl Fn(&mut [u8; MAX], &Block) -> usize,
+    ) {
+        let mut rest = events;
+        while let Some(first) = rest.first() {
+            let stored = match first {
+                Event::Stored(_) => true,
+                Event::Removed(_) => false,
                 Event::Cleared => {
                     self.close(layout);
                     layout.event(&mut self.body, &WireEvent::Cleared);
                     self.events += 1;
+                    rest = &rest[1..];
                     continue;
                 }
             };
@@ -316,13 +356,29 @@ impl Writer {
                 self.close(layout);
                 self.open = Some(stored);
             }
-            if let Block::Digest(d) = block {
-                if d.suffix != hf3fs_meta_core::key::Suffix::NONE && !self.seen.insert(d.bytes) {
-                    continue;
+            let at = self.run.len();
+            self.run.resize(at + rest.len() * MAX, 0);
+            let (run, seen) = (&mut self.run, &mut self.seen);
+            let out = &mut run[at..];
+            let (mut w, mut taken, mut written) = (0, 0, 0);
+            for e in rest {
+                let b = match (stored, e) {
+                    (true, Event::Stored(b)) | (false, Event::Removed(b)) => b,
+                    _ => break,
+                };
+                taken += 1;
+                if let Block::Digest(d) = b {
+                    if d.suffix != hf3fs_meta_core::key::Suffix::NONE && !seen.insert(d.bytes) {
+                        continue;
+                    }
                 }
+                let slot: &mut [u8; MAX] = (&mut out[w..w + MAX]).try_into().expect("MAX bytes");
+                w += write(slot, b);
+                written += 1;
             }
-            write(&mut self.run, block);
-            self.run_len += 1;
+            run.truncate(at + w);
+            self.run_len += written;
+            rest = &rest[taken..];
         }
     }
 
@@ -333,10 +389,16 @@ impl Writer {
         if self.run_len == 0 {
             return;
         }
-        layout.head(&mut self.body, stored);
+        let parts = match &self.parts {
+            Some(p) if p.layout == *layout => p,
+            _ => self.parts.insert(Parts::of(layout)),
+        };
+        let (head, tail) =
+            if stored { (&parts.stored.0, &parts.stored.1) } else { (&parts.removed.0, &parts.removed.1) };
+        self.body.extend_from_slice(head);
         ok(rmp::encode::write_array_len(&mut self.body, self.run_len));
         self.body.extend_from_slice(&self.run);
-        layout.tail(&mut self.body, stored);
+        self.body.extend_from_slice(tail);
         self.run.clear();
         self.run_len = 0;
         self.events += 1;
