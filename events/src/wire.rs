@@ -82,6 +82,27 @@ fn high64(d: &[u8]) -> i64 {
     i64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
 }
 
+/// A block's hash in the `U64` form, written at the start of `out`;
+/// returns its length.
+fn u64_hash(out: &mut [u8; 9], b: &Block) -> usize {
+    let v = match b {
+        Block::Hex(x) => u64::from_be_bytes([x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]]),
+        Block::Digest(d) => {
+            let x = &d.bytes;
+            u64::from_be_bytes([x[24], x[25], x[26], x[27], x[28], x[29], x[30], x[31]])
+        }
+    };
+    if v > u64::from(u32::MAX) {
+        out[0] = 0xcf;
+        out[1..].copy_from_slice(&v.to_be_bytes());
+        9
+    } else {
+        let mut w = &mut out[..];
+        ok(rmp::encode::write_uint(&mut w, v));
+        9 - w.len()
+    }
+}
+
 /// One event as it goes on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireEvent {
@@ -296,24 +317,10 @@ impl Writer {
     /// written as it is read (the request path's keys go through here).
     pub fn push_all(&mut self, layout: &Layout, form: HashForm, events: &[Event]) {
         match form {
-            HashForm::U64 => self.each::<9>(layout, events, |out, b| {
-                let v = match b {
-                    Block::Hex(x) => u64::from_be_bytes([x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]]),
-                    Block::Digest(d) => {
-                        let x = &d.bytes;
-                        u64::from_be_bytes([x[24], x[25], x[26], x[27], x[28], x[29], x[30], x[31]])
-                    }
-                };
-                if v > u64::from(u32::MAX) {
-                    out[0] = 0xcf;
-                    out[1..].copy_from_slice(&v.to_be_bytes());
-                    9
-                } else {
-                    let mut w = &mut out[..];
-                    ok(rmp::encode::write_uint(&mut w, v));
-                    9 - w.len()
-                }
-            }),
+            HashForm::U64 => {
+                let n = self.hex_run(layout, events);
+                self.each::<9>(layout, &events[n..], u64_hash);
+            }
             HashForm::Sglang => self.each::<9>(layout, events, |out, b| {
                 let mut w = &mut out[..];
                 ok(rmp::encode::write_sint(&mut w, high64(b.digest())));
@@ -325,6 +332,45 @@ impl Writer {
                 34 - w.len()
             }),
         }
+    }
+
+    /// The leading run of one kind of vLLM (hex) blocks in the `U64` form,
+    /// the common batch (a confirm's stores, a release's removals): each
+    /// hash is `cf` and the key's last 8 bytes as they are (big-endian
+    /// already), written into a 9-byte slot; returns the events taken.
+    /// A run holding a hash below 2^32 (a shorter msgpack form) is written
+    /// again the general way.
+    fn hex_run(&mut self, layout: &Layout, events: &[Event]) -> usize {
+        let stored = match events.first() {
+            Some(Event::Stored(Block::Hex(_))) => true,
+            Some(Event::Removed(Block::Hex(_))) => false,
+            _ => return 0,
+        };
+        if self.open != Some(stored) {
+            self.close(layout);
+            self.open = Some(stored);
+        }
+        let at = self.run.len();
+        self.run.resize(at + events.len() * 9, 0);
+        let (mut taken, mut short) = (0, false);
+        for (e, slot) in events.iter().zip(self.run[at..].chunks_exact_mut(9)) {
+            let x = match (stored, e) {
+                (true, Event::Stored(Block::Hex(x))) | (false, Event::Removed(Block::Hex(x))) => x,
+                _ => break,
+            };
+            slot[0] = 0xcf;
+            slot[1..].copy_from_slice(&x[8..]);
+            short |= x[8..12] == [0; 4];
+            taken += 1;
+        }
+        if short {
+            self.run.truncate(at);
+            self.each::<9>(layout, &events[..taken], u64_hash);
+        } else {
+            self.run.truncate(at + taken * 9);
+            self.run_len += taken as u32;
+        }
+        taken
     }
 
     /// The loop of [`Writer::push_all`], a run of one kind at a time: the
@@ -550,6 +596,39 @@ mod tests {
                 let (got, n) = w.finish(&l, 3.0);
                 assert_eq!((hex(&got), n), (hex(&l.encode(3.0, &[WireEvent::Removed(vec![h(&v)])])), 1));
             }
+        }
+    }
+
+    #[test]
+    fn a_run_of_vllm_blocks_is_what_the_batch_of_its_runs_encodes() {
+        let long = |i: u64| block(&format!("{:032x}", (u128::from(i) << 40) | 0x00ff_ffff_ffff));
+        let short = block(&format!("{:032x}", 7));
+        let l = layout(Format::Map);
+        // Long hashes only (the slots as they are), one with a short hash
+        // (the run again the general way), and kinds mixed in one batch.
+        for events in [
+            vec![Event::Stored(long(1)), Event::Stored(long(2)), Event::Stored(long(3))],
+            vec![Event::Removed(long(1)), Event::Removed(short), Event::Removed(long(2))],
+            vec![Event::Removed(long(4)), Event::Stored(long(5)), Event::Stored(short), Event::Removed(long(6))],
+        ] {
+            let mut w = Writer::default();
+            w.next_operation();
+            w.push_all(&l, HashForm::U64, &events);
+            let (got, _) = w.finish(&l, 1.0);
+            let h = |e: &Event| match e {
+                Event::Stored(b) | Event::Removed(b) => HashForm::U64.of(b),
+                Event::Cleared => unreachable!(),
+            };
+            let mut runs: Vec<WireEvent> = Vec::new();
+            for e in &events {
+                match (runs.last_mut(), e) {
+                    (Some(WireEvent::Stored(hs)), Event::Stored(_))
+                    | (Some(WireEvent::Removed(hs)), Event::Removed(_)) => hs.push(h(e)),
+                    (_, Event::Stored(_)) => runs.push(WireEvent::Stored(vec![h(e)])),
+                    (_, _) => runs.push(WireEvent::Removed(vec![h(e)])),
+                }
+            }
+            assert_eq!(hex(&got), hex(&l.encode(1.0, &runs)), "{events:?}");
         }
     }
 
