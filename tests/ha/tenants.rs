@@ -1,6 +1,8 @@
 //! Tenants under HA, through the real binary and real etcd: two tenants
 //! with the same keys on the same rank, replicated to the synchronous
-//! standby, each intact and never crossed after a SIGKILL of the leader.
+//! standby, each intact and never crossed after a SIGKILL of the leader;
+//! and a tenant added, used, removed and added again live, which leaves
+//! nothing behind (on a single node and on a leader and its standby).
 
 use super::cluster::{ha, Cluster};
 use super::etcd::available;
@@ -154,7 +156,8 @@ fn nothing_left(p: &ServerProcess, dir: &std::path::Path, threads: usize) {
 /// Adds tenant `x` live (SIGHUP), uses it, removes it live, checks that
 /// nothing of it is left, adds it again and checks it starts empty; on
 /// `procs` (a single node, or a leader and its standby, the leader first).
-fn add_use_remove(file: &std::path::Path, procs: &[(&ServerProcess, &std::path::Path)]) {
+/// With `events` (`--kv-events-endpoint`), x's topic had its series.
+fn add_use_remove(file: &std::path::Path, procs: &[(&ServerProcess, &std::path::Path)], events: bool) {
     let baseline: Vec<usize> = procs.iter().map(|(p, _)| tenant_threads(p.child.id())).collect();
     let leader = at(procs[0].0);
     std::fs::write(file, "[tenants.a]\n[tenants.x]\n").unwrap();
@@ -172,6 +175,10 @@ fn add_use_remove(file: &std::path::Path, procs: &[(&ServerProcess, &std::path::
         });
     }
     use_tenant(&leader);
+    let metrics = get(&leader, "/metrics").expect("metrics").body;
+    assert!(metrics.contains("hf3fs_meta_tenant_keys{tenant=\"x\"} 4"), "x's series, before: {metrics}");
+    let topic = "hf3fs_meta_tenant_kv_events_published_total{tenant=\"x\"}";
+    assert_eq!(metrics.contains(topic), events, "x's topic's series, before");
     // Removed on the leader only: the standby follows the stream.
     std::fs::write(file, "[tenants.a]\n").unwrap();
     procs[0].0.signal("HUP");
@@ -206,9 +213,10 @@ fn a_tenant_removed_live_leaves_nothing_behind_on_a_single_node() {
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), "[tenants.a]\n").unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let args = ["--tenants", file.path().to_str().unwrap()];
+    let args =
+        ["--tenants", file.path().to_str().unwrap(), "--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-bind"];
     let mut p = ServerProcess::serve_durable(dir.path(), &args);
-    add_use_remove(file.path(), &[(&p, dir.path())]);
+    add_use_remove(file.path(), &[(&p, dir.path())], true);
     // No durable record of the old x: a restart brings nothing of it back.
     p.kill();
     let p = ServerProcess::serve_durable(dir.path(), &args);
@@ -227,7 +235,7 @@ fn a_tenant_removed_live_leaves_nothing_behind_on_the_leader_and_the_standby() {
     let mut nodes = c.replicated_nodes(&["a", "b"], "strict", &["--tenants", file.path().to_str().unwrap()]);
     let (l, _, s) = nodes.leader_and_standby();
     nodes.wait_standby(l, s);
-    add_use_remove(file.path(), &[(nodes.get(l), nodes.dir(l)), (nodes.get(s), nodes.dir(s))]);
+    add_use_remove(file.path(), &[(nodes.get(l), nodes.dir(l)), (nodes.get(s), nodes.dir(s))], false);
     // The standby kept nothing of the old x either: promoted, and then
     // restarted on its data, it serves the new x empty.
     nodes.kill(l);

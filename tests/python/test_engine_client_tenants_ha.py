@@ -48,7 +48,7 @@ from engine_wheels import PoolName
 from server_process import free_loopback_port
 from test_engine_client_ha import replicated
 from test_engine_client_sglang import Pool, keys_of
-from test_engine_client_tenants import NUM_PAGES, WORLD, VllmDeployment
+from test_engine_client_tenants import NUM_PAGES, WORLD, VllmDeployment, engine_classes
 from test_engine_client_tls import TlsCluster, make_certs
 from test_engine_client_vllm import block_hashes
 from test_ha_relay import Cluster, spawn, wait_until
@@ -217,10 +217,7 @@ def seen(url: str) -> dict | None:
 def test_three_deployments_keep_their_tenants_across_failovers_and_a_restart(
     tmp_path, vllm_client_module, sglang_client_module
 ):
-    vllm_cls = vllm_client_module.Hf3fsGlobalMetadataClient
-    sglang_cls = sglang_client_module.Hf3fsGlobalMetadataClient
-    assert vllm_cls.__module__ == "engine_vllm_hf3fs_metadata_server"
-    assert sglang_cls.__module__ == "engine_sglang_mini_3fs_metadata_server"
+    vllm_cls, sglang_cls = engine_classes(vllm_client_module, sglang_client_module)
     c = TenantCluster(tmp_path)
     audit = Audit()
     try:
