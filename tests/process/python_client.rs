@@ -160,17 +160,19 @@ const SGLANG_SUITE: &str = "tests/python/test_sglang_client.py";
 
 /// The engines' own clients (vLLM's and SGLang's `Hf3fsGlobalMetadataClient`,
 /// both through the relay across a failover with real etcd, both with two
-/// tenants each at once; `/keys/longest_prefix` against the engines' own
-/// key chains, SGLang's native hash compiled from its wheel's source with
-/// g++; the KV events decoded with the engines' own event classes), read
-/// out of their pinned wheels, which it downloads once into
-/// `${XDG_CACHE_HOME:-~/.cache}/hf3fs-meta/wheels`; see engine_wheels.py).
-const ENGINE_SUITES: [&str; 6] = [
+/// tenants each at once, and three tenants' deployments on a replicated
+/// cluster across failovers and a restart; `/keys/longest_prefix` against
+/// the engines' own key chains, SGLang's native hash compiled from its
+/// wheel's source with g++; the KV events decoded with the engines' own
+/// event classes), read out of their pinned wheels, which it downloads once
+/// into `${XDG_CACHE_HOME:-~/.cache}/hf3fs-meta/wheels`; see engine_wheels.py).
+const ENGINE_SUITES: [&str; 7] = [
     "tests/python/test_engine_client_vllm.py",
     "tests/python/test_engine_client_sglang.py",
     "tests/python/test_engine_client_ha.py",
     "tests/python/test_longest_prefix.py",
     "tests/python/test_engine_client_tenants.py",
+    "tests/python/test_engine_client_tenants_ha.py",
     "tests/python/test_kv_events.py",
 ];
 
