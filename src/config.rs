@@ -454,7 +454,7 @@ impl Config {
     }
 
     /// A configuration with every default, for tests: `Config::parse_from`.
-    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
     pub fn for_tests() -> Self {
         Config::parse_from(["hf3fs-meta", "--host", "127.0.0.1", "--port", "0"])
     }

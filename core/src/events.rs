@@ -93,6 +93,7 @@ pub trait Events: Send + Sync {
     /// [`Event::Cleared`] carries the generation it starts). A batch of an
     /// older generation than a `Cleared` handed on before it comes from a
     /// request that raced the clear, and its changes are gone: drop it.
+    /// A `/clear`'s [`Event::Cleared`] is always a batch of its own.
     /// Runs on the request path, sometimes under a key's lock: it must not
     /// block or wait.
     fn publish(&self, generation: u64, batch: Vec<Event>);

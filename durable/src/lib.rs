@@ -376,7 +376,7 @@ impl Durable {
 
     /// Probes the disk and the stall watch now (the checkpointer does it
     /// every tick); returns the health after that. For tests.
-    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
     pub fn check_now(&self) -> Health {
         if let Some(f) = self.shared.watch.judge(Instant::now()) {
             self.shared.fail(f);
@@ -452,7 +452,7 @@ impl Durable {
     /// and synced, the tree's manifest rewritten, the journal rotated and
     /// the old one removed): for the crash-state explorer, whose runs are
     /// too short to reach that size.
-    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
     pub fn flush_memtables(&self) -> Result<(), String> {
         let db = self.shared.db.load_full();
         let parts = db.parts();
@@ -465,7 +465,7 @@ impl Durable {
     /// [`Durable::close`] without the last checkpoint: what is on disk is
     /// then what a crash right after the last write would leave (the log
     /// tail not yet folded). For recovery tests.
-    #[cfg(any(test, feature = "testing"))]
+    #[doc(hidden)]
     pub fn close_without_checkpoint(&self) -> Result<(), WaitError> {
         self.stop(false)
     }

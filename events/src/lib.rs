@@ -215,6 +215,8 @@ enum Control {
     /// A replay's start is not buffered: a resync of this topic; answers
     /// its first number (dropped when this node does not lead).
     Resync(u32, oneshot::Sender<u64>),
+    /// A heartbeat period passed (every second without heartbeats).
+    Tick,
 }
 
 /// Every topic's replay buffer and name, for the ROUTER.
@@ -380,8 +382,15 @@ pub async fn start(
         hash: s.hash,
         leader,
         leading: false,
+        heartbeat: s.heartbeat.is_some(),
     };
-    tokio::spawn(task.run(rx, control_rx, s.heartbeat, connect));
+    tokio::spawn(task.run(
+        rx,
+        control_rx,
+        topics.control.clone(),
+        s.heartbeat.unwrap_or(Duration::from_secs(1)),
+        connect,
+    ));
     Ok(Publisher { vllm: sinks.vllm, sglang: sinks.sglang, endpoint, replay_endpoint, topics })
 }
 
@@ -413,6 +422,8 @@ struct Task {
     leader: Leader,
     /// Whether this node published as the leader at the last look.
     leading: bool,
+    /// Whether idle topics get an empty batch at each tick.
+    heartbeat: bool,
 }
 
 impl Task {
@@ -420,7 +431,8 @@ impl Task {
         mut self,
         mut rx: mpsc::Receiver<Queued>,
         mut control: mpsc::UnboundedReceiver<Control>,
-        heartbeat: Option<Duration>,
+        beat: mpsc::UnboundedSender<Control>,
+        period: Duration,
         connect: Option<String>,
     ) {
         if let Some(ep) = connect {
@@ -428,8 +440,18 @@ impl Task {
                 tracing::error!(endpoint = %ep, error = %e, "kv events: cannot connect the PUB socket");
             }
         }
-        let mut tick = tokio::time::interval(heartbeat.unwrap_or(Duration::from_secs(1)));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The ticks (`Control::Tick`) come from a task of their own: this
+        // loop polls no timer with each batch.
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if beat.send(Control::Tick).is_err() {
+                    break; // the publisher task ended
+                }
+            }
+        });
         self.check_leader().await;
         // Once every handle is gone nobody adds topics or asks for
         // resyncs: the branch is off.
@@ -463,19 +485,22 @@ impl Task {
                     self.flush().await;
                     self.control(c).await;
                 }
-                _ = tick.tick() => {
-                    // Each topic idle since the last tick: an empty batch.
-                    let lead = self.check_leader().await && heartbeat.is_some();
-                    let idle: Vec<u32> = self.streams.iter().filter(|(_, st)| !st.sent).map(|(&i, _)| i).collect();
-                    if lead {
-                        for id in idle {
-                            self.publish(id, Vec::new()).await;
-                        }
-                    }
-                    self.streams.values_mut().for_each(|st| st.sent = false);
-                }
             }
         }
+    }
+
+    /// A tick (`Control::Tick`): whether this node leads now (a takeover
+    /// while idle resyncs here), and with heartbeats, an empty batch on
+    /// each topic idle since the last tick.
+    async fn beat(&mut self) {
+        let lead = self.check_leader().await && self.heartbeat;
+        let idle: Vec<u32> = self.streams.iter().filter(|(_, st)| !st.sent).map(|(&i, _)| i).collect();
+        if lead {
+            for id in idle {
+                self.publish(id, Vec::new()).await;
+            }
+        }
+        self.streams.values_mut().for_each(|st| st.sent = false);
     }
 
     /// Whether this node leads; on a takeover (start-up included), every
@@ -533,6 +558,7 @@ impl Task {
                     self.resync(id).await;
                 }
             }
+            Control::Tick => self.beat().await,
             Control::Resync(id, w) => {
                 if self.leading && self.streams.contains_key(&id) {
                     let start = self.resync(id).await;
@@ -569,7 +595,9 @@ impl Task {
         }
         if q.tracked {
             let st = self.streams.get_mut(&q.topic).expect("known");
-            if q.events.iter().any(|e| matches!(e, Event::Cleared)) {
+            // A `/clear`'s Cleared is a batch of its own (`Events::publish`):
+            // the first event says, with no look at every key.
+            if matches!(q.events.first(), Some(Event::Cleared)) {
                 st.cleared = st.cleared.max(q.generation);
                 self.pool.give(q.events);
                 // AllBlocksCleared clears every block of the topic; vLLM's

@@ -82,6 +82,27 @@ fn high64(d: &[u8]) -> i64 {
     i64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
 }
 
+/// A block's hash in the `U64` form, written at the start of `out`;
+/// returns its length.
+fn u64_hash(out: &mut [u8; 9], b: &Block) -> usize {
+    let v = match b {
+        Block::Hex(x) => u64::from_be_bytes([x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]]),
+        Block::Digest(d) => {
+            let x = &d.bytes;
+            u64::from_be_bytes([x[24], x[25], x[26], x[27], x[28], x[29], x[30], x[31]])
+        }
+    };
+    if v > u64::from(u32::MAX) {
+        out[0] = 0xcf;
+        out[1..].copy_from_slice(&v.to_be_bytes());
+        9
+    } else {
+        let mut w = &mut out[..];
+        ok(rmp::encode::write_uint(&mut w, v));
+        9 - w.len()
+    }
+}
+
 /// One event as it goes on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireEvent {
@@ -94,7 +115,7 @@ pub enum WireEvent {
 }
 
 /// What every batch of one publisher shares.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     /// Maps or arrays.
     pub format: Format,
@@ -256,6 +277,28 @@ pub struct Writer {
     events: u32,
     /// The suffixed digests of the open run, within the operation at hand.
     seen: HashSet<[u8; 32], BuildHasherDefault<FirstWord>>,
+    /// The fixed bytes around a run's hashes, for the layout last used.
+    parts: Option<Parts>,
+}
+
+/// The bytes before and after the hashes of a `BlockStored` and of a
+/// `BlockRemoved` in one layout (written once, copied into each event).
+struct Parts {
+    layout: Layout,
+    stored: (Vec<u8>, Vec<u8>),
+    removed: (Vec<u8>, Vec<u8>),
+}
+
+impl Parts {
+    fn of(layout: &Layout) -> Parts {
+        let part = |stored| {
+            let (mut head, mut tail) = (Vec::new(), Vec::new());
+            layout.head(&mut head, stored);
+            layout.tail(&mut tail, stored);
+            (head, tail)
+        };
+        Parts { layout: layout.clone(), stored: part(true), removed: part(false) }
+    }
 }
 
 impl Writer {
@@ -275,40 +318,83 @@ impl Writer {
     pub fn push_all(&mut self, layout: &Layout, form: HashForm, events: &[Event]) {
         match form {
             HashForm::U64 => {
-                self.run.reserve(events.len() * 9);
-                self.each(layout, events, |out, b| {
-                    let v = match b {
-                        Block::Hex(x) => u64::from_be_bytes([x[8], x[9], x[10], x[11], x[12], x[13], x[14], x[15]]),
-                        Block::Digest(d) => {
-                            let x = &d.bytes;
-                            u64::from_be_bytes([x[24], x[25], x[26], x[27], x[28], x[29], x[30], x[31]])
-                        }
-                    };
-                    if v > u64::from(u32::MAX) {
-                        let w = v.to_be_bytes();
-                        out.extend_from_slice(&[0xcf, w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]);
-                    } else {
-                        uint(out, v);
-                    }
-                });
+                let n = self.hex_run(layout, events);
+                self.each::<9>(layout, &events[n..], u64_hash);
             }
-            HashForm::Sglang => {
-                self.each(layout, events, |out, b| ok(rmp::encode::write_sint(out, high64(b.digest()))))
-            }
-            HashForm::Bytes => self.each(layout, events, |out, b| ok(rmp::encode::write_bin(out, b.digest()))),
+            HashForm::Sglang => self.each::<9>(layout, events, |out, b| {
+                let mut w = &mut out[..];
+                ok(rmp::encode::write_sint(&mut w, high64(b.digest())));
+                9 - w.len()
+            }),
+            HashForm::Bytes => self.each::<34>(layout, events, |out, b| {
+                let mut w = &mut out[..];
+                ok(rmp::encode::write_bin(&mut w, b.digest()));
+                34 - w.len()
+            }),
         }
     }
 
+    /// The leading run of one kind of vLLM (hex) blocks in the `U64` form,
+    /// the common batch (a confirm's stores, a release's removals): each
+    /// hash is `cf` and the key's last 8 bytes as they are (big-endian
+    /// already), written into a 9-byte slot; returns the events taken.
+    /// A run holding a hash below 2^32 (a shorter msgpack form) is written
+    /// again the general way.
+    fn hex_run(&mut self, layout: &Layout, events: &[Event]) -> usize {
+        let stored = match events.first() {
+            Some(Event::Stored(Block::Hex(_))) => true,
+            Some(Event::Removed(Block::Hex(_))) => false,
+            _ => return 0,
+        };
+        if self.open != Some(stored) {
+            self.close(layout);
+            self.open = Some(stored);
+        }
+        let at = self.run.len();
+        self.run.resize(at + events.len() * 9, 0);
+        let (mut taken, mut short) = (0, false);
+        for (e, slot) in events.iter().zip(self.run[at..].chunks_exact_mut(9)) {
+            let x = match (stored, e) {
+                (true, Event::Stored(Block::Hex(x))) | (false, Event::Removed(Block::Hex(x))) => x,
+                _ => break,
+            };
+            slot[0] = 0xcf;
+            slot[1..].copy_from_slice(&x[8..]);
+            short |= x[8..12] == [0; 4];
+            taken += 1;
+        }
+        if short {
+            self.run.truncate(at);
+            self.each::<9>(layout, &events[..taken], u64_hash);
+        } else {
+            self.run.truncate(at + taken * 9);
+            self.run_len += taken as u32;
+        }
+        taken
+    }
+
+    /// The loop of [`Writer::push_all`], a run of one kind at a time: the
+    /// run's buffer is grown once to hold each of its hashes at its longest
+    /// (`MAX` bytes), `write` writes one hash at the cursor and says how
+    /// long it is, and the buffer is cut to what was written after the run
+    /// (no capacity check, no look at the writer's fields, a key).
     #[inline(always)]
-    fn each(&mut self, layout: &Layout, events: &[Event], write: impl Fn(&mut Vec<u8>, &Block)) {
-        for e in events {
-            let (stored, block) = match e {
-                Event::Stored(b) => (true, b),
-                Event::Removed(b) => (false, b),
+    fn each<const MAX: usize>(
+        &mut self,
+        layout: &Layout,
+        events: &[Event],
+        write: impl Fn(&mut [u8; MAX], &Block) -> usize,
+    ) {
+        let mut rest = events;
+        while let Some(first) = rest.first() {
+            let stored = match first {
+                Event::Stored(_) => true,
+                Event::Removed(_) => false,
                 Event::Cleared => {
                     self.close(layout);
                     layout.event(&mut self.body, &WireEvent::Cleared);
                     self.events += 1;
+                    rest = &rest[1..];
                     continue;
                 }
             };
@@ -316,13 +402,29 @@ impl Writer {
                 self.close(layout);
                 self.open = Some(stored);
             }
-            if let Block::Digest(d) = block {
-                if d.suffix != hf3fs_meta_core::key::Suffix::NONE && !self.seen.insert(d.bytes) {
-                    continue;
+            let at = self.run.len();
+            self.run.resize(at + rest.len() * MAX, 0);
+            let (run, seen) = (&mut self.run, &mut self.seen);
+            let out = &mut run[at..];
+            let (mut w, mut taken, mut written) = (0, 0, 0);
+            for e in rest {
+                let b = match (stored, e) {
+                    (true, Event::Stored(b)) | (false, Event::Removed(b)) => b,
+                    _ => break,
+                };
+                taken += 1;
+                if let Block::Digest(d) = b {
+                    if d.suffix != hf3fs_meta_core::key::Suffix::NONE && !seen.insert(d.bytes) {
+                        continue;
+                    }
                 }
+                let slot: &mut [u8; MAX] = (&mut out[w..w + MAX]).try_into().expect("MAX bytes");
+                w += write(slot, b);
+                written += 1;
             }
-            write(&mut self.run, block);
-            self.run_len += 1;
+            run.truncate(at + w);
+            self.run_len += written;
+            rest = &rest[taken..];
         }
     }
 
@@ -333,10 +435,16 @@ impl Writer {
         if self.run_len == 0 {
             return;
         }
-        layout.head(&mut self.body, stored);
+        let parts = match &self.parts {
+            Some(p) if p.layout == *layout => p,
+            _ => self.parts.insert(Parts::of(layout)),
+        };
+        let (head, tail) =
+            if stored { (&parts.stored.0, &parts.stored.1) } else { (&parts.removed.0, &parts.removed.1) };
+        self.body.extend_from_slice(head);
         ok(rmp::encode::write_array_len(&mut self.body, self.run_len));
         self.body.extend_from_slice(&self.run);
-        layout.tail(&mut self.body, stored);
+        self.body.extend_from_slice(tail);
         self.run.clear();
         self.run_len = 0;
         self.events += 1;
@@ -488,6 +596,39 @@ mod tests {
                 let (got, n) = w.finish(&l, 3.0);
                 assert_eq!((hex(&got), n), (hex(&l.encode(3.0, &[WireEvent::Removed(vec![h(&v)])])), 1));
             }
+        }
+    }
+
+    #[test]
+    fn a_run_of_vllm_blocks_is_what_the_batch_of_its_runs_encodes() {
+        let long = |i: u64| block(&format!("{:032x}", (u128::from(i) << 40) | 0x00ff_ffff_ffff));
+        let short = block(&format!("{:032x}", 7));
+        let l = layout(Format::Map);
+        // Long hashes only (the slots as they are), one with a short hash
+        // (the run again the general way), and kinds mixed in one batch.
+        for events in [
+            vec![Event::Stored(long(1)), Event::Stored(long(2)), Event::Stored(long(3))],
+            vec![Event::Removed(long(1)), Event::Removed(short), Event::Removed(long(2))],
+            vec![Event::Removed(long(4)), Event::Stored(long(5)), Event::Stored(short), Event::Removed(long(6))],
+        ] {
+            let mut w = Writer::default();
+            w.next_operation();
+            w.push_all(&l, HashForm::U64, &events);
+            let (got, _) = w.finish(&l, 1.0);
+            let h = |e: &Event| match e {
+                Event::Stored(b) | Event::Removed(b) => HashForm::U64.of(b),
+                Event::Cleared => unreachable!(),
+            };
+            let mut runs: Vec<WireEvent> = Vec::new();
+            for e in &events {
+                match (runs.last_mut(), e) {
+                    (Some(WireEvent::Stored(hs)), Event::Stored(_))
+                    | (Some(WireEvent::Removed(hs)), Event::Removed(_)) => hs.push(h(e)),
+                    (_, Event::Stored(_)) => runs.push(WireEvent::Stored(vec![h(e)])),
+                    (_, _) => runs.push(WireEvent::Removed(vec![h(e)])),
+                }
+            }
+            assert_eq!(hex(&got), hex(&l.encode(1.0, &runs)), "{events:?}");
         }
     }
 

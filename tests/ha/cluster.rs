@@ -160,6 +160,11 @@ impl Nodes<'_> {
         self.procs[i].as_ref().unwrap_or_else(|| panic!("node {} is not running", self.ids[i]))
     }
 
+    /// Node `i`'s data directory.
+    pub fn dir(&self, i: usize) -> &Path {
+        self.dirs[i].path()
+    }
+
     /// SIGKILLs node `i` and waits for it to exit.
     pub fn kill(&mut self, i: usize) {
         self.procs[i].take().unwrap_or_else(|| panic!("node {} is not running", self.ids[i])).kill();

@@ -82,11 +82,22 @@ fn passed_count(output: &str) -> u64 {
 /// checks that it passed, ran something and skipped nothing. Without the
 /// interpreter or its packages, skips (see the module note).
 fn run_pytest(args: &[&str]) {
-    run_pytest_with(args, &[]);
+    run_pytest_with(args, &[], Network::Shared);
 }
 
-/// [`run_pytest`] with `env` set for pytest.
-fn run_pytest_with(args: &[&str], env: &[(&str, &str)]) {
+/// Where pytest and everything it starts listen.
+#[derive(Clone, Copy, PartialEq)]
+enum Network {
+    /// This process's network namespace (the suites bind loopback only).
+    Shared,
+    /// A network namespace of its own, with only its loopback up, that
+    /// ends with pytest (`unshare --net --map-root-user`): for a suite
+    /// that starts a program which binds every address.
+    Own,
+}
+
+/// [`run_pytest`] with `env` set for pytest, in `network`.
+fn run_pytest_with(args: &[&str], env: &[(&str, &str)], network: Network) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let bin = env!("CARGO_BIN_EXE_hf3fs-meta");
     let py = python();
@@ -113,7 +124,15 @@ fn run_pytest_with(args: &[&str], env: &[(&str, &str)]) {
         Ok(_) => {}
     }
 
-    let child = Command::new(&py)
+    let mut command = match network {
+        Network::Shared => Command::new(&py),
+        Network::Own => {
+            let mut c = Command::new("unshare");
+            c.args(["--net", "--map-root-user", "--", "sh", "-c", r#"ip link set lo up && exec "$@""#, "sh", &py]);
+            c
+        }
+    };
+    let child = command
         .args(["-m", "pytest", "-q"])
         .args(args)
         .current_dir(root)
@@ -141,17 +160,19 @@ const SGLANG_SUITE: &str = "tests/python/test_sglang_client.py";
 
 /// The engines' own clients (vLLM's and SGLang's `Hf3fsGlobalMetadataClient`,
 /// both through the relay across a failover with real etcd, both with two
-/// tenants each at once; `/keys/longest_prefix` against the engines' own
-/// key chains, SGLang's native hash compiled from its wheel's source with
-/// g++; the KV events decoded with the engines' own event classes), read
-/// out of their pinned wheels, which it downloads once into
-/// `${XDG_CACHE_HOME:-~/.cache}/hf3fs-meta/wheels`; see engine_wheels.py).
-const ENGINE_SUITES: [&str; 6] = [
+/// tenants each at once, and three tenants' deployments on a replicated
+/// cluster across failovers and a restart; `/keys/longest_prefix` against
+/// the engines' own key chains, SGLang's native hash compiled from its
+/// wheel's source with g++; the KV events decoded with the engines' own
+/// event classes), read out of their pinned wheels, which it downloads once
+/// into `${XDG_CACHE_HOME:-~/.cache}/hf3fs-meta/wheels`; see engine_wheels.py).
+const ENGINE_SUITES: [&str; 7] = [
     "tests/python/test_engine_client_vllm.py",
     "tests/python/test_engine_client_sglang.py",
     "tests/python/test_engine_client_ha.py",
     "tests/python/test_longest_prefix.py",
     "tests/python/test_engine_client_tenants.py",
+    "tests/python/test_engine_client_tenants_ha.py",
     "tests/python/test_kv_events.py",
 ];
 
@@ -196,7 +217,32 @@ fn dynamo_indexer_suite() {
         }
         Err(e) => return skip(&format!("{DYNAMO_SUITE} (cannot run `{dynamo}`: {e})"), DYNAMO_HOW_TO_FIX),
     }
-    run_pytest_with(&[DYNAMO_SUITE], &[("HF3FS_META_DYNAMO_PYTHON", &dynamo)]);
+    // The indexer's HTTP listener binds every address (the wheel has no
+    // flag for its host), so the suite runs in a network namespace of its
+    // own; the vLLM wheel it takes its client from is fetched before, out
+    // here, where the package index is reachable.
+    let fetch = Command::new(python())
+        .args(["-c", "import engine_wheels; engine_wheels.fetch(engine_wheels.VLLM)"])
+        .current_dir(root.join("tests/python"))
+        .stdin(Stdio::null())
+        .output();
+    match fetch {
+        Ok(o) if o.status.success() => {}
+        Ok(o) => panic!("cannot fetch the pinned vLLM wheel:\n{}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => {
+            return skip(&format!("tests/python (cannot run the Python interpreter `{}`: {e})", python()), HOW_TO_FIX)
+        }
+    }
+    let unshare = Command::new("unshare").args(["--net", "--map-root-user", "true"]).stdin(Stdio::null()).output();
+    if !matches!(&unshare, Ok(o) if o.status.success()) {
+        return skip(
+            &format!(
+                "{DYNAMO_SUITE} (no network namespace of its own: `unshare --net --map-root-user` fails: {unshare:?})"
+            ),
+            "run as root or allow unprivileged user namespaces (kernel.unprivileged_userns_clone=1)",
+        );
+    }
+    run_pytest_with(&[DYNAMO_SUITE], &[("HF3FS_META_DYNAMO_PYTHON", &dynamo)], Network::Own);
 }
 
 #[test]

@@ -126,13 +126,20 @@ def tenants_file(path: Path, ports: dict[str, int]) -> Path:
     return path
 
 
-def test_two_vllm_and_two_sglang_deployments_with_the_same_prompts_never_share_a_page(
-    tmp_path, vllm_client_module, sglang_client_module
-):
+def engine_classes(vllm_client_module, sglang_client_module) -> tuple[type, type]:
+    """vLLM's and SGLang's ``Hf3fsGlobalMetadataClient``, checked to be the
+    wheels' own."""
     vllm_cls = vllm_client_module.Hf3fsGlobalMetadataClient
     sglang_cls = sglang_client_module.Hf3fsGlobalMetadataClient
     assert vllm_cls.__module__ == "engine_vllm_hf3fs_metadata_server"
     assert sglang_cls.__module__ == "engine_sglang_mini_3fs_metadata_server"
+    return vllm_cls, sglang_cls
+
+
+def test_two_vllm_and_two_sglang_deployments_with_the_same_prompts_never_share_a_page(
+    tmp_path, vllm_client_module, sglang_client_module
+):
+    vllm_cls, sglang_cls = engine_classes(vllm_client_module, sglang_client_module)
     ports = {"vllm-a": server_process.free_loopback_port(), "vllm-b": server_process.free_loopback_port()}
     tfile = tenants_file(tmp_path / "tenants.toml", ports)
     args = ["--tenants", str(tfile), "--data-dir", str(tmp_path / "data"),

@@ -34,7 +34,9 @@ and reads what the indexer did from its own ``/metrics``, ``/dump``,
   scores none of the hashes the server publishes as loadable.
 
 The indexer's HTTP listener binds every address (the wheel has no flag for
-its host); the test gives it a free port for its own lifetime only.
+its host), so tests/process/python_client.rs runs this suite in a network
+namespace of its own (``unshare --net``), where every address is its
+loopback.
 """
 
 from __future__ import annotations

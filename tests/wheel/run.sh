@@ -8,10 +8,12 @@
 # Environment:
 #   MATURIN_PY     the Python of a venv with tests/wheel/requirements.txt
 #                  (default .venv-tools/bin/python, which .ci/run makes)
-#   WHEEL_PROFILE  the cargo profile (default ci: optimized without fat LTO;
-#                  .ci/run uses ci-wheel, unoptimized without debug info:
-#                  maturin builds the server alone, so nothing of the test
-#                  build is reused; `pip install .` uses release)
+#   WHEEL_PROFILE  the cargo profile (default ci: optimized without fat LTO,
+#                  what .ci/run uses: the server alone resolves its graph as
+#                  the workspace's build does, so maturin finds the tests'
+#                  build in target/ci; ci-wheel, unoptimized, is .ci/run's
+#                  fallback when they drift apart; `pip install .` uses
+#                  release)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

@@ -189,6 +189,7 @@ impl<'a> Commit<'a> {
         // once the batch is handed on (`crate::events`).
         let mut deferred: Vec<u32> = Vec::new();
         if let Some(ev) = &mut self.events {
+            deferred = DEFERRED.take();
             if ev.capacity() < confirmations.len() {
                 ev.reserve(confirmations.len());
             }
@@ -234,8 +235,13 @@ impl<'a> Commit<'a> {
                             // BOUND only once the batch is handed on.
                             Some(ev) => {
                                 if self.delta.complete > complete {
-                                    if let Some(b) = Block::of(*k) {
-                                        ev.push(Event::Stored(b));
+                                    // Each variant written as itself: through
+                                    // `Block::of` the whole 38-byte event was
+                                    // copied from a temporary.
+                                    match *k {
+                                        KeyRef::Hex(v) => ev.push(Event::Stored(Block::Hex(v.to_be_bytes()))),
+                                        KeyRef::Digest(d) => ev.push(Event::Stored(Block::Digest(d))),
+                                        KeyRef::Text(_) => {}
                                     }
                                 }
                                 complete = self.delta.complete;
@@ -259,8 +265,12 @@ impl<'a> Commit<'a> {
         drop(binder);
         if self.events.is_some() {
             self.emit();
-            for p in deferred {
+            for &p in &deferred {
                 bound.add(table, p);
+            }
+            if deferred.capacity() <= DEFERRED_KEPT {
+                deferred.clear();
+                DEFERRED.set(deferred);
             }
         }
         bound.flush(table);
@@ -268,6 +278,17 @@ impl<'a> Commit<'a> {
         outcome
     }
 }
+
+std::thread_local! {
+    /// The pages a confirm with a key-event sink publishes BOUND after its
+    /// batch, kept from request to request on each thread (no allocation
+    /// a request; taken and put back, so a nested or interleaved use only
+    /// makes a new one).
+    static DEFERRED: std::cell::Cell<Vec<u32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The largest [`DEFERRED`] kept (pages; a larger one is freed).
+const DEFERRED_KEPT: usize = 4096;
 
 /// Held pages to settle BOUND, gathered while they share a state word
 /// ([`PageTable::settle_bound_in_word`]): a confirm's pages mostly come a

@@ -1,8 +1,8 @@
 //! Every route that has a fast path, its decoder's answer rendered as text:
 //! what the fast path's tests (`fast_tests.rs`) and its fuzz oracle
 //! (`fuzz/oracles/src/fast.rs`) compare between a decoder with the fast path
-//! and [`Decoder::tape_only`], the oracle. Built for tests only (the
-//! `testing` feature, or this crate's own tests).
+//! and [`Decoder::tape_only`], the oracle. For tests only (hidden from the
+//! docs; the server never calls it).
 
 use super::{AllocateBody, DecodeError, Decoder, ExistsBody, Limits, LocationsBody, PrefixChain, SpaceLookupBody};
 use crate::core::KeyRef;

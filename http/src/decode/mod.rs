@@ -81,7 +81,7 @@ use std::fmt;
 
 use simd_json::{Buffers, ErrorType, Node, Tape};
 
-#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
 pub mod answers;
 mod fast;
 mod input;
