@@ -369,9 +369,10 @@ impl Store {
     }
 }
 
-/// A key of an allocate's batch as [`Store::allocate_with`] takes it: a
-/// classified key, or a 32-hex key's digest (the decoder's fast path).
-trait AllocKey: Copy {
+/// A key of an allocate's batch as [`Store::allocate_with`] takes it (and,
+/// for its text and tag, a confirm's): a classified key, or a compact
+/// key's digest, 32-hex or SGLang's (the decoder's fast paths).
+pub(super) trait AllocKey: Copy {
     /// The key as the index's calls take it.
     fn key(&self) -> KeyRef<'_>;
     /// Its reservation tag ([`KeyRef::tag`]).
@@ -388,7 +389,7 @@ impl AllocKey for KeyRef<'_> {
     fn key(&self) -> KeyRef<'_> {
         *self
     }
-    #[inline]
+    #[inline(always)]
     fn tag(&self) -> u32 {
         super::confirm::tag_of(self)
     }
@@ -438,7 +439,7 @@ impl AllocKey for Digest {
     fn key(&self) -> KeyRef<'_> {
         KeyRef::Digest(*self)
     }
-    #[inline]
+    #[inline(always)]
     fn tag(&self) -> u32 {
         KeyRef::Digest(*self).tag()
     }

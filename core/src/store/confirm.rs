@@ -21,6 +21,7 @@ use super::super::key::{Digest, KeyRef};
 use super::super::lease;
 use super::super::pages::{ClaimGuard, Claimed, Owned, Owner, PageTable, FREE};
 use super::super::sync::Ordering;
+use super::allocate::AllocKey;
 use super::{ConfirmOutcome, Generation, Store};
 
 /// One item of a confirm request, sorted by page for claiming.
@@ -506,12 +507,9 @@ fn claim<'t, K: ConfirmKey>(
 
 /// A key of a confirm's batch as [`Store::confirm_with`] takes it: a
 /// classified key, or an SGLang digest key's digest (the decoder's fast
-/// path), bound through its own map with no variant to match.
-trait ConfirmKey: Copy + PartialEq {
-    /// The key as the index's other calls, the journal and the errors take it.
-    fn key(&self) -> KeyRef<'_>;
-    /// Its reservation tag ([`KeyRef::tag`]).
-    fn tag(&self) -> u32;
+/// path), bound through its own map with no variant to match. Its text and
+/// tag are an allocate's ([`AllocKey`]).
+trait ConfirmKey: AllocKey + PartialEq {
     /// [`Binder::bind`] of the key.
     fn bind(
         &self,
@@ -524,14 +522,6 @@ trait ConfirmKey: Copy + PartialEq {
 }
 
 impl ConfirmKey for KeyRef<'_> {
-    #[inline]
-    fn key(&self) -> KeyRef<'_> {
-        *self
-    }
-    #[inline(always)]
-    fn tag(&self) -> u32 {
-        tag_of(self)
-    }
     #[inline]
     fn bind(
         &self,
@@ -546,14 +536,6 @@ impl ConfirmKey for KeyRef<'_> {
 }
 
 impl ConfirmKey for Digest {
-    #[inline]
-    fn key(&self) -> KeyRef<'_> {
-        KeyRef::Digest(*self)
-    }
-    #[inline(always)]
-    fn tag(&self) -> u32 {
-        KeyRef::Digest(*self).tag()
-    }
     #[inline]
     fn bind(
         &self,
