@@ -585,8 +585,7 @@ impl Binder<'_> {
         world: impl FnOnce() -> u32,
         delta: &mut Delta,
     ) -> Bind {
-        let want = self.left.max(1);
-        self.left = self.left.saturating_sub(1);
+        let want = self.want();
         match key {
             KeyRef::Hex(d) => {
                 let ids = Ids { guard: &self.guard, fresh: &mut self.hex, want };
@@ -598,6 +597,33 @@ impl Binder<'_> {
             }
             KeyRef::Text(s) => bind_in(&self.index.text, Box::from(*s), rank, page, world, delta),
         }
+    }
+}
+
+impl Binder<'_> {
+    /// [`Self::bind`] of an SGLang digest key, given as its digest: straight
+    /// to the digest map.
+    #[inline]
+    pub fn bind_digest(
+        &mut self,
+        d: &Digest,
+        rank: u32,
+        page: u32,
+        world: impl FnOnce() -> u32,
+        delta: &mut Delta,
+    ) -> Bind {
+        let want = self.want();
+        let ids = Ids { guard: &self.guard, fresh: &mut self.digest, want };
+        self.index.digest.bind_with(*d, rank, page, world, delta, ids)
+    }
+
+    /// The length of the next run of ids: the binds still to come, this
+    /// one counted off.
+    #[inline]
+    fn want(&mut self) -> u32 {
+        let want = self.left.max(1);
+        self.left = self.left.saturating_sub(1);
+        want
     }
 }
 
