@@ -97,8 +97,9 @@ pub(crate) fn reserve(mut c: Call<'_>) -> Result<Reply, Reply> {
     let (s, app) = (c.scratch, c.app);
     let req = s.decoder.space_reserve(c.body.bytes_mut(), c.limits)?;
     let n = req.keys.len();
-    if let Some(t) = c.tenant {
-        if let Err(why) = t.admit_keys(c.registry, Dialect::Sglang, n) {
+    // Held until the allocate has answered (its reservations counted).
+    let _admitted = match c.tenant.map(|t| (t, t.admit_keys(c.registry, Dialect::Sglang, n))) {
+        Some((t, Err(why))) => {
             // SGLang's "no space": -1 for every key, with the typed detail.
             app.metrics.allocate_keys(Dialect::Sglang, 0, 0, n as u64);
             let mut out = Vec::with_capacity(128 + n * 14);
@@ -106,7 +107,9 @@ pub(crate) fn reserve(mut c: Call<'_>) -> Result<Reply, Reply> {
             tenants::quota_answer(&mut out, &why, &t.name);
             return Ok(Reply::json(StatusCode::OK, out, n));
         }
-    }
+        Some((_, Ok(admitted))) => Some(admitted),
+        None => None,
+    };
     let slots = &mut s.slots;
     on_space(c.registry, rank, req.namespace, n, |st| {
         let o = st.allocate_partial_keys(0, &req.keys, slots).map_err(|e| internal(e, n))?;
