@@ -152,9 +152,9 @@ impl Tenant {
     /// allocate's check until it drops, which the caller does once the
     /// allocate has answered (its reservations are counted then), so that
     /// no two allocates pass on counts that miss each other
-    /// ([`crate::core::admission`]). The check: open reservations + pending
-    /// + `n` within `max_reservations`, and stored keys + open
-    /// reservations + pending + `n` within `max_keys`; over `max_keys`,
+    /// ([`crate::core::admission`]). The check: the sum of open
+    /// reservations, pending keys and `n` within `max_reservations`, and
+    /// that sum plus the stored keys within `max_keys`; over `max_keys`, it
     /// first evicts its own keys (its `dialect`'s page spaces first) where
     /// eviction is on and leases allow. `Err` is the refusal's code and
     /// typed detail, for the dialect's "no space" answer. Without either
