@@ -32,10 +32,13 @@
 //! that checks both. A reservation that ends in a binding is counted in
 //! the keys before it leaves the reservations (the store's ordering), so
 //! "reserved + keys + pending" reads at least as high as it was, and can
-//! only be overtaken by an admission that checked against it. The loom
-//! model `admission` (core/tests/loom) checks the protocol on the real
-//! store; the unit tests below run the interleavings (b) and (c)
-//! deterministically.
+//! only be overtaken by an admission that checked against it. The unit
+//! tests below run the interleavings (b) and (c) deterministically (with
+//! a plain add in place of the CAS both fail); the loom models
+//! `admission` (core/tests/loom) run the whole path on the real store, but
+//! loom 0.7's DPOR does not find the lost-CAS race by itself (with the CAS
+//! replaced by a plain add, q1 still passes: the load-then-RMW pattern the
+//! eviction models' notes describe), so they are no proof of the CAS.
 
 use super::sync::{AtomicU64, Ordering};
 

@@ -35,10 +35,11 @@ fn admitted_write(s: &Store, w: &AdmissionWord, key: &str) -> Out {
 
 /// (q1) Two allocates of different keys under `max_keys = 1`, each
 /// admitted, allocated, ended and confirmed, in every interleaving: one at
-/// most is admitted, and the store ends with at most one key. Without the
-/// pending keys (or with a plain add instead of the CAS against the word
-/// loaded) both pass when their checks run before either allocate counts
-/// its reservation.
+/// most is admitted, and the store ends with at most one key. (loom 0.7's
+/// DPOR does not reach the interleaving where both checks run before
+/// either admission's RMW: with the CAS replaced by a plain add this model
+/// still passes; `core/src/admission.rs`'s unit tests run that
+/// interleaving deterministically.)
 #[test]
 fn q1_two_allocates_never_both_pass_a_quota_of_one() {
     check_orders("q1_two_allocates_never_both_pass_a_quota_of_one", 3, 2, || {
