@@ -6,29 +6,17 @@
 //! reload changes both, and a bad value changes nothing. Every answer is
 //! checked against docs/openapi.json.
 
+use super::tenants::{code, post};
 use serde_json::{json, Value};
 use std::path::Path;
-use testkit::schema::assert_conforms;
-use testkit::{config, Response, TestServer};
+use testkit::{Response, TestServer};
 
 /// A server of the tenants file `text` (in `dir`) plus `args`; no
 /// reservation expires during a test (`--reservation-ttl 0`).
 fn server(dir: &Path, text: &str, args: &[&str]) -> TestServer {
-    let p = dir.join("tenants.toml");
-    std::fs::write(&p, text).unwrap();
-    let mut all = vec!["--tenants", p.to_str().unwrap(), "--reservation-ttl", "0"];
+    let mut all = vec!["--reservation-ttl", "0"];
     all.extend_from_slice(args);
-    TestServer::start(config(&all))
-}
-
-fn post(s: &TestServer, path: &str, body: Value) -> Response {
-    let r = s.post_json(path, &body);
-    assert_conforms("POST", path, &r);
-    r
-}
-
-fn code(r: &Response) -> String {
-    r.json()["error"]["code"].as_str().unwrap_or_default().to_string()
+    super::tenants::server(dir, text, &all)
 }
 
 /// The 32-hex key number `i`.
