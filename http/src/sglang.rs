@@ -12,8 +12,8 @@
 
 use crate::call::{Call, RankParam};
 use crate::core::{
-    AllocSlot, AllocateOutcome, ConfirmError, ConfirmOutcome, Dialect, InitError, Initialized, Registry, SpaceError,
-    Store,
+    Admitted, AllocSlot, AllocateOutcome, ConfirmError, ConfirmOutcome, Dialect, InitError, Initialized, Registry,
+    SpaceError, Store,
 };
 use crate::decode::Input;
 use crate::encode;
@@ -94,16 +94,25 @@ pub(crate) fn initialize(mut c: Call<'_>) -> Result<Reply, Reply> {
     Ok(Reply::no_content(0))
 }
 
-/// When the call's tenant may not take `n` more keys: SGLang's "no space",
-/// -1 for every key, with the typed detail.
-fn over_quota(app: &crate::Service, registry: &Registry, tenant: Option<&tenants::Tenant>, n: usize) -> Option<Reply> {
-    let t = tenant?;
-    let why = t.admit_keys(registry, Dialect::Sglang, n).err()?;
+/// Admits a reserve of `n` keys for the call's tenant (a guard to hold
+/// until the allocate has answered, [`tenants::Tenant::admit_keys`]), or
+/// answers SGLang's "no space": -1 for every key, with the typed detail.
+fn admit<'t>(
+    app: &crate::Service,
+    registry: &Registry,
+    tenant: Option<&'t tenants::Tenant>,
+    n: usize,
+) -> Result<Admitted<'t>, Reply> {
+    let Some(t) = tenant else { return Ok(Admitted::unlimited()) };
+    let why = match t.admit_keys(registry, Dialect::Sglang, n) {
+        Ok(admitted) => return Ok(admitted),
+        Err(why) => why,
+    };
     app.metrics.allocate_keys(Dialect::Sglang, 0, 0, n as u64);
     let mut out = Vec::with_capacity(128 + n * 14);
     encode::reserved_indices(&mut out, (0..n).map(|_| (false, -1)));
     tenants::quota_answer(&mut out, &why, &t.name);
-    Some(Reply::json(StatusCode::OK, out, n))
+    Err(Reply::json(StatusCode::OK, out, n))
 }
 
 /// The answer of a reserve whose allocation gave `o` and `slots`.
@@ -122,9 +131,11 @@ pub(crate) fn reserve(mut c: Call<'_>) -> Result<Reply, Reply> {
         // SGLang's client's body: every key a digest, decoded as scanned
         // from the body as read, allocated from the digests.
         let n = keys.len();
-        if let Some(r) = over_quota(app, c.registry, c.tenant, n) {
-            return Ok(r);
-        }
+        // Held until the allocate has answered (its reservations counted).
+        let _admitted = match admit(app, c.registry, c.tenant, n) {
+            Ok(a) => a,
+            Err(r) => return Ok(r),
+        };
         let slots = &mut c.scratch.slots;
         return on_space(c.registry, rank, namespace, n, |st| {
             let o = st.allocate_partial_batch(0, keys, slots).map_err(|e| internal(e, n))?;
@@ -133,9 +144,10 @@ pub(crate) fn reserve(mut c: Call<'_>) -> Result<Reply, Reply> {
     }
     let req = c.scratch.decoder.space_reserve(c.body.bytes_mut(), c.limits)?;
     let n = req.keys.len();
-    if let Some(r) = over_quota(app, c.registry, c.tenant, n) {
-        return Ok(r);
-    }
+    let _admitted = match admit(app, c.registry, c.tenant, n) {
+        Ok(a) => a,
+        Err(r) => return Ok(r),
+    };
     let slots = &mut c.scratch.slots;
     on_space(c.registry, rank, req.namespace, n, |st| {
         let o = st.allocate_partial_keys(0, &req.keys, slots).map_err(|e| internal(e, n))?;

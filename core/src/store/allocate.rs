@@ -211,6 +211,7 @@ impl Store {
             };
             // The fresh pages are looked at again only beside stored ones.
             self.reserve_for(on, got, keys, out, (reused > 0).then_some(&mut fresh));
+            current.reserved_more(got);
             let outcome = AllocateOutcome { reserved: got, reused, refused: need - got };
             if reused == 0 || !self.reused_page_was_recycled(out, &mut fresh) {
                 return Ok(outcome);
@@ -350,6 +351,7 @@ impl Store {
             }
         }
         table.give_back(returned);
+        current.reserved_less(returned);
     }
 
     /// Whether a reused page in `out` is also one of the `fresh` pages (sorted

@@ -120,6 +120,8 @@ pub(super) struct Commit<'a> {
     r: u32,
     delta: Delta,
     freed: u64,
+    /// Reservations this commit ended (bound, superseded or released).
+    unreserved: u64,
     /// The key events so far, in order, when the store has a sink.
     events: Option<Vec<Event>>,
 }
@@ -129,7 +131,7 @@ impl<'a> Commit<'a> {
     #[inline]
     pub(super) fn new(store: &'a Store, current: &'a Generation, table: &'a PageTable, r: u32) -> Commit<'a> {
         let events = store.events().map(|e| e.buffer(0));
-        Commit { store, current, table, r, delta: Delta::default(), freed: 0, events }
+        Commit { store, current, table, r, delta: Delta::default(), freed: 0, unreserved: 0, events }
     }
 
     /// Hands the key events gathered so far to the store's sink.
@@ -147,6 +149,8 @@ impl<'a> Commit<'a> {
         self.emit();
         self.table.give_back(self.freed);
         self.current.apply(self.delta);
+        // After the keys the bindings added (see `reserved_less`).
+        self.current.reserved_less(self.unreserved);
     }
 
     /// Step 3 of a confirm: settles every claimed page. Releases first, so
@@ -201,6 +205,7 @@ impl<'a> Commit<'a> {
                         store.record(Change::Unbind { generation: current.id, rank: r, page });
                         table.settle(page, FREE);
                         self.freed += 1;
+                        self.unreserved += 1;
                     }
                 }
             }
@@ -275,6 +280,7 @@ impl<'a> Commit<'a> {
                             None => bound.add(table, page),
                         }
                         outcome.bound += 1;
+                        self.unreserved += 1;
                     }
                     // Every id taken: as if the key had been evicted
                     // at once (the page goes back to the pool).
@@ -282,6 +288,7 @@ impl<'a> Commit<'a> {
                         store.record(Change::Unbind { generation: current.id, rank: r, page });
                         table.settle(page, FREE);
                         self.freed += 1;
+                        self.unreserved += 1;
                         outcome.superseded += 1;
                     }
                 },
