@@ -483,6 +483,7 @@ impl KeyIndex {
     /// of a release by id costs no look-up of the key by its id (see
     /// [`Self::key_of`]) and no owned key. `named` does not run for an id
     /// that names no key.
+    #[inline]
     pub fn unbind_owner_named<R>(
         &self,
         owner: Owner<'_>,
