@@ -474,13 +474,40 @@ impl KeyIndex {
         delta: &mut Delta,
         before: impl FnOnce(Option<u32>) -> R,
     ) -> R {
-        match owner {
-            Owner::Id(id) if id & DIGEST_ID != 0 => self.digest.unbind_id(id, rank, page, delta, before),
-            Owner::Id(id) => self.hex.unbind_id(id, rank, page, delta, before),
+        self.unbind_owner_named(owner, rank, page, delta, before, |_, _| {})
+    }
+
+    /// [`Self::unbind_owner`], and then `named` with the delta and the key
+    /// (out of the key's lock), when `owner` names one: an [`Owner::Id`]'s
+    /// key as the unbinding read it from the id's slot, so that a key event
+    /// of a release by id costs no look-up of the key by its id (see
+    /// [`Self::key_of`]) and no owned key. `named` does not run for an id
+    /// that names no key.
+    #[inline]
+    pub fn unbind_owner_named<R>(
+        &self,
+        owner: Owner<'_>,
+        rank: u32,
+        page: u32,
+        delta: &mut Delta,
+        before: impl FnOnce(Option<u32>) -> R,
+        named: impl FnOnce(&Delta, KeyRef<'_>),
+    ) -> R {
+        let r = match owner {
+            Owner::Id(id) if id & DIGEST_ID != 0 => {
+                return self.digest.unbind_id(id, rank, page, delta, before, |delta, d| named(delta, KeyRef::Digest(d)))
+            }
+            Owner::Id(id) => {
+                return self.hex.unbind_id(id, rank, page, delta, before, |delta, d| named(delta, KeyRef::Hex(d)))
+            }
             Owner::Key(KeyRef::Hex(d)) => self.hex.unbind(d, rank, page, delta, before),
             Owner::Key(KeyRef::Digest(d)) => self.digest.unbind(d, rank, page, delta, before),
             Owner::Key(KeyRef::Text(s)) => unbind_in(&self.text, s, rank, page, delta, before),
+        };
+        if let Owner::Key(k) = owner {
+            named(delta, k);
         }
+        r
     }
 
     /// Runs `f` on the live entry of `key` under its lock.

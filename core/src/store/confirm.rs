@@ -19,7 +19,7 @@ use super::super::index::{Bind, Binder, Delta, KeyIndex};
 use super::super::journal::Change;
 use super::super::key::{Digest, KeyRef};
 use super::super::lease;
-use super::super::pages::{ClaimGuard, Claimed, Owned, Owner, PageTable, FREE};
+use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, FREE};
 use super::super::sync::Ordering;
 use super::allocate::AllocKey;
 use super::{ConfirmOutcome, Generation, Store};
@@ -388,21 +388,30 @@ impl Commit<'_> {
         } else {
             store.record(Change::Unbind { generation: current.id, rank: r, page });
         }
-        // With a sink: the key, exact while the page is held, and whether
-        // this unbinding made it incomplete (the delta says).
-        let before = self.delta.complete;
-        let block = self.events.as_ref().and_then(|_| match owner {
-            Owner::Id(id) => current.index.key_of(&Owned::Id(id)).as_ref().and_then(Block::of_key),
-            Owner::Key(k) => Block::of(k),
-        });
         // The deadline read again with the unbinding, in one step under the
         // key's lock.
-        let deadline = current.index.unbind_owner(owner, r, page, &mut self.delta, |deadline| deadline);
-        if let (Some(block), Some(ev)) = (block, &mut self.events) {
-            if self.delta.complete < before {
-                ev.push(Event::Removed(block));
+        let deadline = match &mut self.events {
+            None => current.index.unbind_owner(owner, r, page, &mut self.delta, |deadline| deadline),
+            // With a sink: the key as the unbinding read it (exact while
+            // the page is held; by id, no look-up of the key and no owned
+            // key: they had cost about 75 instructions a page), and
+            // whether this unbinding made it incomplete (the delta says).
+            Some(ev) => {
+                let before = self.delta.complete;
+                let removed = |delta: &Delta, k: KeyRef<'_>| {
+                    if delta.complete < before {
+                        // Each variant written as itself (as the confirm's
+                        // stores are).
+                        match k {
+                            KeyRef::Hex(v) => ev.push(Event::Removed(Block::Hex(v.to_be_bytes()))),
+                            KeyRef::Digest(d) => ev.push(Event::Removed(Block::Digest(d))),
+                            KeyRef::Text(_) => {}
+                        }
+                    }
+                };
+                current.index.unbind_owner_named(owner, r, page, &mut self.delta, |deadline| deadline, removed)
             }
-        }
+        };
         debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
         // The key's lock was held only for the unbind: a reader may have
         // raised the lease since the look above. Hold for the later one.
