@@ -592,6 +592,7 @@ fn join(r: &crate::ha::replicate::Replicated, name: &str, l: &Live) {
 fn with_limits(old: &Tenant, spec: &TenantSpec) -> Tenant {
     Tenant {
         max_keys: spec.max_keys,
+        max_reservations: spec.max_reservations,
         strict_layout: spec.strict_layout,
         max_concurrent: spec.max_concurrent_requests,
         counters: old.counters.clone(),
@@ -634,6 +635,7 @@ fn open_tenant(cfg: &Config, name: &str, spec: &TenantSpec) -> Result<Live, dura
     let hook = durable.clone().map(|d| Arc::new(layers::Stores(d)) as Arc<dyn http::DurabilityHook>);
     let tenant = Tenant {
         max_keys: spec.max_keys,
+        max_reservations: spec.max_reservations,
         strict_layout: spec.strict_layout,
         max_concurrent: spec.max_concurrent_requests,
         ..Tenant::new(name, registry, hook)

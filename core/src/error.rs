@@ -43,6 +43,9 @@ pub enum ErrorCode {
     /// An allocate beyond the tenant's `max_keys` that eviction could not
     /// make room for.
     TenantQuota,
+    /// An allocate beyond the tenant's `max_reservations` (pages reserved
+    /// and not yet confirmed, released or expired).
+    TenantReservations,
     /// A strict-layout tenant's initialize with another page count than
     /// the rank (or SGLang space) was first initialized with.
     LayoutMismatch,
@@ -56,9 +59,9 @@ pub enum ErrorCode {
 impl ErrorCode {
     /// Every code: [`ErrorCode::CONFIRM`]'s, then [`ErrorCode::TENANT`]'s
     /// (`docs/error-codes.json` is generated from this list).
-    pub const ALL: [ErrorCode; 14] = {
+    pub const ALL: [ErrorCode; 15] = {
         let (confirm, tenant) = (ErrorCode::CONFIRM, ErrorCode::TENANT);
-        let mut all = [ErrorCode::RankNotInitialized; 14];
+        let mut all = [ErrorCode::RankNotInitialized; 15];
         let mut i = 0;
         while i < all.len() {
             all[i] = if i < confirm.len() { confirm[i] } else { tenant[i - confirm.len()] };
@@ -68,10 +71,11 @@ impl ErrorCode {
     };
 
     /// The tenant codes: a request refused for its tenant (docs/tenants.md).
-    pub const TENANT: [ErrorCode; 6] = [
+    pub const TENANT: [ErrorCode; 7] = [
         ErrorCode::UnknownTenant,
         ErrorCode::TenantMismatch,
         ErrorCode::TenantQuota,
+        ErrorCode::TenantReservations,
         ErrorCode::LayoutMismatch,
         ErrorCode::TenantBusy,
         ErrorCode::TenantsReloadFailed,
@@ -104,6 +108,7 @@ impl ErrorCode {
             ErrorCode::UnknownTenant => "unknown_tenant",
             ErrorCode::TenantMismatch => "tenant_mismatch",
             ErrorCode::TenantQuota => "tenant_quota",
+            ErrorCode::TenantReservations => "tenant_reservations",
             ErrorCode::LayoutMismatch => "layout_mismatch",
             ErrorCode::TenantBusy => "tenant_busy",
             ErrorCode::TenantsReloadFailed => "tenants_reload_failed",

@@ -24,7 +24,7 @@
 //! without a sink pays one check per operation (and, in a confirm, one
 //! comparison a key).
 
-use super::key::{Digest, Key, KeyRef};
+use super::key::{Digest, KeyRef};
 
 /// A block as events name it: a reported key's digest, copied (no
 /// allocation on the request path; the publisher makes the wire's hash).
@@ -46,15 +46,6 @@ impl Block {
             KeyRef::Hex(v) => Some(Block::Hex(v.to_be_bytes())),
             KeyRef::Digest(d) => Some(Block::Digest(d)),
             KeyRef::Text(_) => None,
-        }
-    }
-
-    /// [`Block::of`] an owned key.
-    pub fn of_key(key: &Key) -> Option<Block> {
-        match key {
-            Key::Hex(b) => Some(Block::Hex(*b)),
-            Key::Digest(d) => Some(Block::Digest(*d)),
-            Key::Text(_) => None,
         }
     }
 

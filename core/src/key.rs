@@ -89,6 +89,33 @@ fn decode_hex32(s: &[u8]) -> Option<u128> {
     }
 }
 
+/// Decodes a 64-character lowercase hex string into the 32 bytes it
+/// spells, in order, or `None` (an SGLang digest's digits, [`Digest`]).
+#[inline]
+fn decode_hex64(s: &[u8]) -> Option<[u8; 32]> {
+    let s: &[u8; 64] = s.try_into().ok()?;
+    #[cfg(target_arch = "x86_64")]
+    {
+        sse2::decode_hex64(s)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        decode_hex64_halves(s)
+    }
+}
+
+/// [`decode_hex64`] as two [`decode_hex32`]s: the other architectures'
+/// decoder, and the x86-64 one's reference in tests.
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn decode_hex64_halves(s: &[u8; 64]) -> Option<[u8; 32]> {
+    let hi = decode_hex32(&s[..32])?;
+    let lo = decode_hex32(&s[32..])?;
+    let mut bytes = [0u8; 32];
+    bytes[..16].copy_from_slice(&hi.to_be_bytes());
+    bytes[16..].copy_from_slice(&lo.to_be_bytes());
+    Some(bytes)
+}
+
 /// The 32 lowercase hex digits of `v` (big-endian, as [`KeyRef::Hex`]'s
 /// text): the inverse of [`KeyRef::hex_of`], for an answer that repeats a
 /// 32-hex key's text from its digest.
@@ -142,17 +169,40 @@ mod sse2 {
         _mm_storeu_si128, _mm_unpackhi_epi64, _mm_unpackhi_epi8, _mm_unpacklo_epi8,
     };
 
-    /// Digits `16 * half .. 16 * half + 16` as bytes.
+    /// Digits `16 * part .. 16 * part + 16` of `s` as bytes.
     #[inline]
-    fn load(s: &[u8; 32], half: usize) -> __m128i {
+    fn load<const N: usize>(s: &[u8; N], part: usize) -> __m128i {
         let word = |i: usize| {
             let mut w = [0u8; 8];
-            let at = 16 * half + 8 * i;
+            let at = 16 * part + 8 * i;
             w.copy_from_slice(&s[at..at + 8]);
             i64::from_le_bytes(w)
         };
         // SAFETY: see the module.
         unsafe { _mm_set_epi64x(word(1), word(0)) }
+    }
+
+    /// [`super::decode_hex64`]: the four quarters' checks in one mask, and
+    /// their bytes, in digit order, stored as they come out of two packs
+    /// (no round trip through big-endian numbers).
+    #[inline]
+    pub(super) fn decode_hex64(s: &[u8; 64]) -> Option<[u8; 32]> {
+        let (a, a_ok) = nibbles(load(s, 0));
+        let (b, b_ok) = nibbles(load(s, 1));
+        let (c, c_ok) = nibbles(load(s, 2));
+        let (d, d_ok) = nibbles(load(s, 3));
+        // SAFETY: see the module; the two stores write 16 bytes each into
+        // the 32 of `out`, at offsets 0 and 16.
+        unsafe {
+            let ok = _mm_and_si128(_mm_and_si128(a_ok, b_ok), _mm_and_si128(c_ok, d_ok));
+            if _mm_movemask_epi8(ok) != 0xFFFF {
+                return None;
+            }
+            let mut out = [0u8; 32];
+            _mm_storeu_si128(out.as_mut_ptr().cast(), _mm_packus_epi16(pairs(a), pairs(b)));
+            _mm_storeu_si128(out.as_mut_ptr().add(16).cast(), _mm_packus_epi16(pairs(c), pairs(d)));
+            Some(out)
+        }
     }
 
     /// The values of 16 digits, one a byte, and a mask whose bytes are
@@ -452,12 +502,7 @@ fn digest_shaped(s: &str) -> Option<([u8; 32], &[u8])> {
     if !matches!(rest, [] | b"-k" | b"-v" | [b'_', ..]) {
         return None;
     }
-    let hi = decode_hex32(&hex[..32])?;
-    let lo = decode_hex32(&hex[32..])?;
-    let mut bytes = [0u8; 32];
-    bytes[..16].copy_from_slice(&hi.to_be_bytes());
-    bytes[16..].copy_from_slice(&lo.to_be_bytes());
-    Some((bytes, rest))
+    Some((decode_hex64(hex)?, rest))
 }
 
 /// SplitMix64's finalizer: a bijection of `u64` whose every output bit
@@ -574,6 +619,24 @@ mod tests {
         }
         assert_eq!(decode_hex32(b"ffffffffffffffffffffffffffffffff"), Some(u128::MAX));
         assert_eq!(decode_hex32_swar(b"ffffffffffffffffffffffffffffffff"), Some(u128::MAX));
+    }
+
+    /// The 64-digit decoder answers as two 32-digit ones, every byte value
+    /// in every position.
+    #[test]
+    fn hex64_decoding_matches_two_halves() {
+        let base = *b"0123456789abcdef0123456789abcdeffedcba9876543210ffeeddccbbaa9988";
+        for pos in 0..64 {
+            for b in 0..=255u8 {
+                let mut s = base;
+                s[pos] = b;
+                assert_eq!(decode_hex64(&s), decode_hex64_halves(&s), "byte {b:#x} at {pos}");
+            }
+        }
+        let bytes = decode_hex64(&base).expect("lowercase hex");
+        assert_eq!(bytes[..4], [0x01, 0x23, 0x45, 0x67]);
+        assert_eq!(bytes[28..], [0xbb, 0xaa, 0x99, 0x88]);
+        assert_eq!(decode_hex64(&base[..63]), None);
     }
 
     #[test]

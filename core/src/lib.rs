@@ -20,6 +20,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod error;
 pub mod events;
 pub mod index;
@@ -34,6 +35,7 @@ pub mod store;
 pub(crate) mod sync;
 mod zeroed;
 
+pub use admission::{AdmissionWord, Admitted};
 pub use error::{ConfirmError, ErrorCode, InitError, RankNotInitialized};
 pub use events::{Block, Event, Events};
 pub use index::IndexFloor;

@@ -26,10 +26,11 @@ use super::index::{BatchKey, Bind, Delta, IndexFloor, KeyIndex, MAX_IDS};
 use super::journal::{Change, Journal};
 use super::key::KeyRef;
 use super::lease::{self, Clock, LeaseLength, ReadAt};
-use super::pages::{Counts, Owner, PageState, PageTable, BOUND, FREE};
+use super::pages::{Counts, Owner, PageTable, BOUND, FREE};
 use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 mod allocate;
+mod audit;
 mod confirm;
 mod delete;
 mod evict;
@@ -213,6 +214,12 @@ struct Generation {
     index: KeyIndex,
     keys: AtomicI64,
     complete: AtomicI64,
+    /// Pages RESERVED (or held BUSY from RESERVED) whose reservation has
+    /// not ended yet: incremented by an allocate before it answers,
+    /// decremented only once a reservation's end is settled, after the key
+    /// count it may have raised ([`Store::reserved_count`]). Signed, as
+    /// `keys` is: a decrement may meet a page counted by another thread.
+    reserved: AtomicI64,
 }
 
 impl Generation {
@@ -224,6 +231,7 @@ impl Generation {
             index: KeyIndex::new(cfg.index_floor),
             keys: AtomicI64::new(0),
             complete: AtomicI64::new(0),
+            reserved: AtomicI64::new(0),
         }
     }
 
@@ -238,6 +246,28 @@ impl Generation {
         }
         if d.complete != 0 {
             self.complete.fetch_add(d.complete, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `n` pages newly RESERVED (before the allocate that took them
+    /// answers).
+    #[inline]
+    fn reserved_more(&self, n: u64) {
+        if n > 0 {
+            // Relaxed: a tenant's admission orders its reads of this count
+            // by its own admission word (http's `Tenant::admit_keys`).
+            self.reserved.fetch_add(n as i64, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts `n` reservations ended: called after the key count they may
+    /// have raised was applied. Release: a reader that sees the lower
+    /// count (Acquire, [`Store::reserved_count`]) then sees the higher key
+    /// count too, so the sum of both never reads low.
+    #[inline]
+    fn reserved_less(&self, n: u64) {
+        if n > 0 {
+            self.reserved.fetch_sub(n as i64, Ordering::Release);
         }
     }
 }
@@ -587,6 +617,7 @@ impl Store {
         if !table.restore_reserved(page, tag, self.epoch.load(Ordering::Relaxed) as u8) {
             return Err(format!("reserved page {page} of rank {rank} is already in use"));
         }
+        current.reserved_more(1);
         Ok(())
     }
 
@@ -632,6 +663,7 @@ impl Store {
                 self.record(Change::Unbind { generation: current.id, rank: r as u32, page });
             });
         }
+        current.reserved_less(freed);
         self.expired.fetch_add(freed, Ordering::Relaxed);
         freed
     }
@@ -640,6 +672,20 @@ impl Store {
     #[inline]
     pub fn key_count(&self) -> u64 {
         self.current.load().keys.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// The open reservations now (pages reserved and not yet confirmed,
+    /// released or expired) and the keys stored, read in that order (one
+    /// load each): a reservation that ends in a binding is counted in
+    /// the keys before it leaves the reservations, so `reserved + keys`
+    /// never reads lower than either was (a tenant's `max_keys` and
+    /// `max_reservations` admission).
+    #[inline]
+    pub fn reserved_and_keys(&self) -> (u64, u64) {
+        let current = self.current.load();
+        // Acquire: pairs with `reserved_less`'s Release.
+        let reserved = current.reserved.load(Ordering::Acquire).max(0) as u64;
+        (reserved, current.keys.load(Ordering::Relaxed).max(0) as u64)
     }
 
     /// Statistics: page counts per rank (a scan, O(pages / 32)), key counts.
@@ -693,83 +739,5 @@ impl Store {
             .map(|r| RankLeases { rank: r as u32, leased_pages: leased[r], evictable_pages: evictable[r] })
             .collect();
         LeaseStats { leased_keys, ranks }
-    }
-
-    /// Checks every invariant of the design notes. Only meaningful while no
-    /// request is in flight (tests call it at the end of a run).
-    pub fn audit(&self) -> Result<Stats, String> {
-        let current = self.current.load_full();
-        let mut bound_pages = 0u64;
-        let mut quarantined = 0u64;
-        for (r, t) in current.ranks.iter().enumerate() {
-            let Some(t) = t.get() else { continue };
-            let c = t.audit().map_err(|e| format!("rank {r}: {e}"))?;
-            bound_pages += c.bound;
-            let mut err = None;
-            t.for_each_bound(|p| {
-                if err.is_some() {
-                    return;
-                }
-                match t.owner(p).map(|o| current.index.key_of(&o).ok_or(o)) {
-                    None if t.is_quarantined(p) => quarantined += 1,
-                    None => err = Some(format!("rank {r}: BOUND page {p} has no owner and is not quarantined")),
-                    Some(Err(o)) => err = Some(format!("rank {r}: BOUND page {p} names {o:?}, which names no key")),
-                    Some(Ok(k)) if current.index.page(k.as_ref(), r as u32) != Some(p) => {
-                        err = Some(format!("rank {r}: page {p} names key {k}, whose binding is elsewhere"));
-                    }
-                    Some(Ok(_)) => {}
-                }
-            });
-            if let Some(e) = err {
-                return Err(e);
-            }
-        }
-        let (mut keys, mut complete, mut bindings) = (0i64, 0i64, 0u64);
-        let mut err = None;
-        current.index.for_each(|k, e| {
-            keys += 1;
-            complete += i64::from(e.complete());
-            let mut n = 0;
-            for (r, p) in e.bindings() {
-                n += 1;
-                bindings += 1;
-                let ok = current.rank(i64::from(r)).is_some_and(|t| {
-                    p < t.num_pages() && t.state(p) == PageState::Bound && current.index.owns(t, p, k)
-                });
-                if !ok && err.is_none() {
-                    err = Some(format!("key {k} is bound to page {p} of rank {r}, which is not BOUND to it"));
-                }
-            }
-            if n == 0 && err.is_none() {
-                err = Some(format!("key {k} has no binding"));
-            }
-            // Complete keys complete: `complete()` reads the count of bound
-            // ranks, which must be the bindings the key holds.
-            if n != e.bound() && err.is_none() {
-                err = Some(format!(
-                    "key {k} counts {} bound ranks (complete: {}, world {}) but holds {n} bindings",
-                    e.bound(),
-                    e.complete(),
-                    e.world()
-                ));
-            }
-        });
-        if let Some(e) = err {
-            return Err(e);
-        }
-        if bindings + quarantined != bound_pages {
-            return Err(format!(
-                "{bindings} key bindings and {quarantined} quarantined pages but {bound_pages} BOUND pages"
-            ));
-        }
-        let stats = self.stats();
-        if keys != current.keys.load(Ordering::Relaxed) || complete != current.complete.load(Ordering::Relaxed) {
-            return Err(format!(
-                "counted {keys} keys / {complete} complete, counters say {} / {}",
-                current.keys.load(Ordering::Relaxed),
-                current.complete.load(Ordering::Relaxed)
-            ));
-        }
-        Ok(stats)
     }
 }

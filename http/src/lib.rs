@@ -106,7 +106,7 @@ impl Service {
             metrics::render_tenants(
                 text,
                 list.iter().map(|t| {
-                    (&*t.name, &*t.counters, t.quota_counts(), tenants::Tenant::stored_keys(t.registry(&self.registry)))
+                    (&*t.name, &*t.counters, t.quota_counts(), tenants::Tenant::usage(t.registry(&self.registry)))
                 }),
             );
         }

@@ -17,7 +17,7 @@
 use crate::core::Release;
 use crate::core::{Dialect, ErrorCode, RankPages, SpaceLabel, SpaceReport};
 use crate::routes::{RouteId, Spec, ROUTES};
-use crate::tenants::{TenantCounters, TENANT_ENDPOINTS, TENANT_STATUSES};
+use crate::tenants::{TenantCounters, Usage, TENANT_ENDPOINTS, TENANT_STATUSES};
 use hf3fs_meta_metrics::{add, counter, gauge, histogram, Family, Samples, Sharded};
 use std::fmt::Display;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -253,7 +253,7 @@ pub fn tenant_requests(c: &TenantCounters, ep: Endpoint, status: u16) -> u64 {
 /// its quota counts (refusals, evictions) and its keys.
 pub fn render_tenants<'t>(
     out: &mut String,
-    tenants: impl Iterator<Item = (&'t str, &'t TenantCounters, (u64, u64), u64)>,
+    tenants: impl Iterator<Item = (&'t str, &'t TenantCounters, (u64, u64), Usage)>,
 ) {
     let tenants: Vec<_> = tenants.collect();
     let mut w = Samples::start(
@@ -287,8 +287,25 @@ pub fn render_tenants<'t>(
         w.put(&[("tenant", name)], evicted);
     }
     let mut w = Samples::start(out, &gauge("tenant_keys", "Keys a tenant stores, both dialects."));
-    for (name, _, _, keys) in &tenants {
-        w.put(&[("tenant", name)], keys);
+    for (name, _, _, u) in &tenants {
+        w.put(&[("tenant", name)], u.keys);
+    }
+    let mut w = Samples::start(
+        out,
+        &gauge("tenant_reservations", "A tenant's open reservations: pages reserved and not yet confirmed."),
+    );
+    for (name, _, _, u) in &tenants {
+        w.put(&[("tenant", name)], u.reserved);
+    }
+    let mut w = Samples::start(
+        out,
+        &counter(
+            "tenant_reservation_refusals_total",
+            "Allocates refused by a tenant's max_reservations (answered 'no space').",
+        ),
+    );
+    for (name, c, _, _) in &tenants {
+        w.put(&[("tenant", name)], c.reservation_refusals.load(std::sync::atomic::Ordering::Relaxed));
     }
     let mut w = Samples::start(
         out,

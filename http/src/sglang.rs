@@ -11,7 +11,10 @@
 //! handing a read page to a new key, and releases are checked.
 
 use crate::call::{Call, RankParam};
-use crate::core::{ConfirmError, Dialect, InitError, Initialized, Registry, SpaceError, Store};
+use crate::core::{
+    Admitted, AllocSlot, AllocateOutcome, ConfirmError, ConfirmOutcome, Dialect, InitError, Initialized, Registry,
+    SpaceError, Store,
+};
 use crate::decode::Input;
 use crate::encode;
 use crate::reply::{self, Reply};
@@ -91,46 +94,99 @@ pub(crate) fn initialize(mut c: Call<'_>) -> Result<Reply, Reply> {
     Ok(Reply::no_content(0))
 }
 
+/// Admits a reserve of `n` keys for the call's tenant (a guard to hold
+/// until the allocate has answered, [`tenants::Tenant::admit_keys`]), or
+/// answers SGLang's "no space": -1 for every key, with the typed detail.
+fn admit<'t>(
+    app: &crate::Service,
+    registry: &Registry,
+    tenant: Option<&'t tenants::Tenant>,
+    n: usize,
+) -> Result<Admitted<'t>, Reply> {
+    let Some(t) = tenant else { return Ok(Admitted::unlimited()) };
+    let why = match t.admit_keys(registry, Dialect::Sglang, n) {
+        Ok(admitted) => return Ok(admitted),
+        Err(why) => why,
+    };
+    app.metrics.allocate_keys(Dialect::Sglang, 0, 0, n as u64);
+    let mut out = Vec::with_capacity(128 + n * 14);
+    encode::reserved_indices(&mut out, (0..n).map(|_| (false, -1)));
+    tenants::quota_answer(&mut out, &why, &t.name);
+    Err(Reply::json(StatusCode::OK, out, n))
+}
+
+/// The answer of a reserve whose allocation gave `o` and `slots`.
+fn reserved(app: &crate::Service, o: AllocateOutcome, slots: &[AllocSlot], n: usize) -> Reply {
+    app.metrics.allocate_keys(Dialect::Sglang, o.reserved, o.reused, o.refused);
+    let mut out = Vec::with_capacity(16 + n * 14);
+    encode::reserved_indices(&mut out, slots.iter().map(|s| (s.stored, s.page)));
+    Reply::json(StatusCode::OK, out, n)
+}
+
 /// `POST /{rank}/reserve_and_allocate_page_indices`.
 pub(crate) fn reserve(mut c: Call<'_>) -> Result<Reply, Reply> {
     let rank = sglang_rank(c.rank)?;
-    let (s, app) = (c.scratch, c.app);
-    let req = s.decoder.space_reserve(c.body.bytes_mut(), c.limits)?;
-    let n = req.keys.len();
-    if let Some(t) = c.tenant {
-        if let Err(why) = t.admit_keys(c.registry, Dialect::Sglang, n) {
-            // SGLang's "no space": -1 for every key, with the typed detail.
-            app.metrics.allocate_keys(Dialect::Sglang, 0, 0, n as u64);
-            let mut out = Vec::with_capacity(128 + n * 14);
-            encode::reserved_indices(&mut out, (0..n).map(|_| (false, -1)));
-            tenants::quota_answer(&mut out, &why, &t.name);
-            return Ok(Reply::json(StatusCode::OK, out, n));
-        }
+    let app = c.app;
+    if let Some((keys, namespace)) = c.scratch.decoder.space_reserve_digests(&c.body, c.limits) {
+        // SGLang's client's body: every key a digest, decoded as scanned
+        // from the body as read, allocated from the digests.
+        let n = keys.len();
+        // Held until the allocate has answered (its reservations counted).
+        let _admitted = match admit(app, c.registry, c.tenant, n) {
+            Ok(a) => a,
+            Err(r) => return Ok(r),
+        };
+        let slots = &mut c.scratch.slots;
+        return on_space(c.registry, rank, namespace, n, |st| {
+            let o = st.allocate_partial_batch(0, keys, slots).map_err(|e| internal(e, n))?;
+            Ok(reserved(app, o, slots, n))
+        });
     }
-    let slots = &mut s.slots;
+    let req = c.scratch.decoder.space_reserve(c.body.bytes_mut(), c.limits)?;
+    let n = req.keys.len();
+    let _admitted = match admit(app, c.registry, c.tenant, n) {
+        Ok(a) => a,
+        Err(r) => return Ok(r),
+    };
+    let slots = &mut c.scratch.slots;
     on_space(c.registry, rank, req.namespace, n, |st| {
         let o = st.allocate_partial_keys(0, &req.keys, slots).map_err(|e| internal(e, n))?;
-        app.metrics.allocate_keys(Dialect::Sglang, o.reserved, o.reused, o.refused);
-        let mut out = Vec::with_capacity(16 + n * 14);
-        encode::reserved_indices(&mut out, slots.iter().map(|s| (s.stored, s.page)));
-        Ok(Reply::json(StatusCode::OK, out, n))
+        Ok(reserved(app, o, slots, n))
     })
+}
+
+/// The answer of a confirm of `n` items on SGLang's `rank` that gave `r`.
+fn confirmed(
+    app: &crate::Service,
+    rank: u32,
+    n: usize,
+    r: Result<ConfirmOutcome, ConfirmError>,
+) -> Result<Reply, Reply> {
+    let o = r.map_err(|e| {
+        app.metrics.confirm_error(Dialect::Sglang, e.code);
+        // The space's rank 0 is SGLang's `rank`.
+        reply::confirm_error(&ConfirmError { rank: rank.into(), ..e }).keys(n)
+    })?;
+    app.metrics.confirm_pages(Dialect::Sglang, o.bound, o.reconfirmed, o.superseded, o.released);
+    Ok(Reply::no_content(n))
 }
 
 /// `POST /{rank}/confirm_write`.
 pub(crate) fn confirm(mut c: Call<'_>) -> Result<Reply, Reply> {
     let rank = sglang_rank(c.rank)?;
     let app = c.app;
+    if let Some(req) = c.scratch.decoder.space_confirm_digests(&c.body, c.limits) {
+        // Every key a digest: decoded as scanned from the body as read,
+        // bound from the digests.
+        let n = req.confirmations.len() + req.releases.len();
+        return on_space(c.registry, rank, req.namespace, n, |st| {
+            confirmed(app, rank, n, st.confirm_digests(0, req.confirmations, req.releases))
+        });
+    }
     let req = c.scratch.decoder.space_confirm(c.body.bytes_mut(), c.limits)?;
     let n = req.confirmations.len() + req.releases.len();
     on_space(c.registry, rank, req.namespace, n, |st| {
-        let o = st.confirm_keys(0, &req.confirmations, &req.releases).map_err(|e| {
-            app.metrics.confirm_error(Dialect::Sglang, e.code);
-            // The space's rank 0 is SGLang's `rank`.
-            reply::confirm_error(&ConfirmError { rank: rank.into(), ..e }).keys(n)
-        })?;
-        app.metrics.confirm_pages(Dialect::Sglang, o.bound, o.reconfirmed, o.superseded, o.released);
-        Ok(Reply::no_content(n))
+        confirmed(app, rank, n, st.confirm_keys(0, &req.confirmations, &req.releases))
     })
 }
 

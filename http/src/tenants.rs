@@ -25,7 +25,7 @@
 //! holds the [`Arc`] of its tenant, so a removed tenant's requests in flight
 //! finish on its state.
 
-use crate::core::{Dialect, ErrorCode, Registry};
+use crate::core::{AdmissionWord, Admitted, Dialect, ErrorCode, Registry};
 use crate::encode;
 use crate::hooks::DurabilityHook;
 use crate::peer::Peer;
@@ -67,8 +67,12 @@ pub struct Tenant {
     /// Its durable stores (`--data-dir`); `None` for the tenant `default`,
     /// whose stores are the service's, and without `--data-dir`.
     pub durable: Option<Arc<dyn DurabilityHook>>,
-    /// `max_keys`: the keys it may store, both dialects together.
+    /// `max_keys`: the keys it may store, both dialects together (its
+    /// open reservations counted as keys to be).
     pub max_keys: Option<u64>,
+    /// `max_reservations`: the pages it may hold reserved and not yet
+    /// confirmed, released or expired, both dialects together.
+    pub max_reservations: Option<u64>,
     /// `strict_layout`: the first initialize of a rank or space fixes its
     /// page count; another is a 409 `layout_mismatch`.
     pub strict_layout: bool,
@@ -88,6 +92,7 @@ impl Tenant {
             registry,
             durable,
             max_keys: None,
+            max_reservations: None,
             strict_layout: false,
             max_concurrent: None,
             counters: Arc::default(),
@@ -125,21 +130,87 @@ impl Tenant {
 
     /// The keys it stores now, both dialects (O(its SGLang spaces)).
     pub fn stored_keys(registry: &Registry) -> u64 {
-        registry.vllm().key_count() + registry.sglang().list().iter().map(|(_, s)| s.key_count()).sum::<u64>()
+        Self::usage(registry).keys
     }
 
-    /// Whether an allocate of `n` keys fits `max_keys`; at the limit, first
-    /// evicts its own keys (its `dialect`'s page spaces first) where
-    /// eviction is on and leases allow. `Err` is the typed detail of the
-    /// refusal, for the dialect's "no space" answer.
-    pub fn admit_keys(&self, registry: &Registry, dialect: Dialect, n: usize) -> Result<(), String> {
-        let Some(max) = self.max_keys else { return Ok(()) };
-        let n = n as u64;
-        let stored = Self::stored_keys(registry);
-        if stored + n <= max {
-            return Ok(());
+    /// Its open reservations and stored keys now, both dialects (one pair
+    /// of loads a page space: O(its SGLang spaces)), each space's read as
+    /// [`crate::core::Store::reserved_and_keys`] reads them.
+    pub fn usage(registry: &Registry) -> Usage {
+        let mut u = Usage::default();
+        let spaces = registry.sglang().list();
+        for store in std::iter::once(registry.vllm()).chain(spaces.iter().map(|(_, s)| &**s)) {
+            let (reserved, keys) = store.reserved_and_keys();
+            u.reserved += reserved;
+            u.keys += keys;
         }
-        let mut want = (stored + n - max).min(stored);
+        u
+    }
+
+    /// Admits an allocate of `n` keys under `max_keys` and
+    /// `max_reservations`: the guard keeps its `n` pending for every other
+    /// allocate's check until it drops, which the caller does once the
+    /// allocate has answered (its reservations are counted then), so that
+    /// no two allocates pass on counts that miss each other
+    /// ([`crate::core::admission`]). The check: the sum of open
+    /// reservations, pending keys and `n` within `max_reservations`, and
+    /// that sum plus the stored keys within `max_keys`; over `max_keys`, it
+    /// first evicts its own keys (its `dialect`'s page spaces first) where
+    /// eviction is on and leases allow. `Err` is the refusal's code and
+    /// typed detail, for the dialect's "no space" answer. Without either
+    /// limit, a guard that counts nothing.
+    pub fn admit_keys(&self, registry: &Registry, dialect: Dialect, n: usize) -> Result<Admitted<'_>, Refused> {
+        if self.max_keys.is_none() && self.max_reservations.is_none() {
+            return Ok(Admitted::unlimited());
+        }
+        let n = n as u64;
+        let mut evicted = None;
+        self.counters.admission.admit(n, |pending| {
+            let u = Self::usage(registry);
+            let open = u.reserved.saturating_add(pending).saturating_add(n);
+            if let Some(max) = self.max_reservations.filter(|&m| open > m) {
+                self.counters.reservation_refusals.fetch_add(1, Ordering::Relaxed);
+                return Err(Refused {
+                    code: ErrorCode::TenantReservations,
+                    detail: format!(
+                        "Tenant '{}' is at its quota of {max} open reservations (max_reservations): {} pages are \
+                         reserved and not yet confirmed, {n} more cannot be",
+                        self.name,
+                        u.reserved.saturating_add(pending)
+                    ),
+                });
+            }
+            let Some(max) = self.max_keys else { return Ok(()) };
+            let total = open.saturating_add(u.keys);
+            if total <= max {
+                return Ok(());
+            }
+            if evicted.is_none() {
+                // Once an allocate: what the batch needs beyond the quota,
+                // of the keys stored (a reservation is not evicted).
+                let e = self.evict_own(registry, dialect, (total - max).min(u.keys));
+                evicted = Some(e);
+                if e > 0 && Self::usage(registry).keys.saturating_add(open) <= max {
+                    return Ok(());
+                }
+            }
+            self.counters.quota_refusals.fetch_add(1, Ordering::Relaxed);
+            Err(Refused {
+                code: ErrorCode::TenantQuota,
+                detail: format!(
+                    "Tenant '{}' is at its quota of {max} keys (max_keys, open reservations counted): {n} more \
+                     cannot be stored{}",
+                    self.name,
+                    if evicted.unwrap_or(0) > 0 { " even after evicting its own unleased keys" } else { "" }
+                ),
+            })
+        })
+    }
+
+    /// Evicts up to `want` of its own stored keys, its `dialect`'s page
+    /// spaces first (each as its evictor would: unleased keys, and only
+    /// with eviction on); how many.
+    fn evict_own(&self, registry: &Registry, dialect: Dialect, mut want: u64) -> u64 {
         let mut evicted = 0;
         let spaces = registry.sglang().list();
         let vllm = std::iter::once(registry.vllm());
@@ -158,15 +229,7 @@ impl Tenant {
         }
         // Relaxed: statistics.
         self.counters.quota_evictions.fetch_add(evicted, Ordering::Relaxed);
-        if Self::stored_keys(registry) + n <= max {
-            return Ok(());
-        }
-        self.counters.quota_refusals.fetch_add(1, Ordering::Relaxed);
-        Err(format!(
-            "Tenant '{}' is at its quota of {max} keys (max_keys): {n} more cannot be stored{}",
-            self.name,
-            if evicted > 0 { " even after evicting its own unleased keys" } else { "" }
-        ))
+        evicted
     }
 
     /// Allocates refused by `max_keys`, and keys evicted for it.
@@ -174,6 +237,24 @@ impl Tenant {
         let c = &self.counters;
         (c.quota_refusals.load(Ordering::Relaxed), c.quota_evictions.load(Ordering::Relaxed))
     }
+}
+
+/// What a tenant's page spaces hold now ([`Tenant::usage`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Pages reserved and not yet confirmed, released or expired.
+    pub reserved: u64,
+    /// Keys stored.
+    pub keys: u64,
+}
+
+/// An allocate refused by a tenant's quota ([`Tenant::admit_keys`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// `tenant_quota` or `tenant_reservations`.
+    pub code: ErrorCode,
+    /// What the answer's `detail` says.
+    pub detail: String,
 }
 
 /// One data request's place under its tenant's `max_concurrent_requests`
@@ -340,13 +421,14 @@ pub fn refusal(status: StatusCode, code: ErrorCode, tenant: Option<&str>, detail
 
 /// Turns a "no space" answer (`out`, one JSON object) into a quota
 /// refusal: the same object with the typed detail added,
-/// `…,"detail":…,"error":{"code":"tenant_quota","tenant":…}}`.
-pub fn quota_answer(out: &mut Vec<u8>, detail: &str, tenant: &str) {
+/// `…,"detail":…,"error":{"code":"tenant_quota","tenant":…}}` (or
+/// `tenant_reservations`).
+pub fn quota_answer(out: &mut Vec<u8>, why: &Refused, tenant: &str) {
     debug_assert_eq!(out.last(), Some(&b'}'));
     out.pop();
     out.push(b',');
-    let mut typed = Vec::with_capacity(detail.len() + 64);
-    encode::tenant_error(&mut typed, detail, ErrorCode::TenantQuota.as_str(), Some(tenant));
+    let mut typed = Vec::with_capacity(why.detail.len() + 64);
+    encode::tenant_error(&mut typed, &why.detail, why.code.as_str(), Some(tenant));
     out.extend_from_slice(&typed[1..]);
 }
 
@@ -410,6 +492,11 @@ pub struct TenantCounters {
     shards: Sharded<TenantShard>,
     /// Allocates refused by `max_keys`.
     pub quota_refusals: AtomicU64,
+    /// Allocates refused by `max_reservations`.
+    pub reservation_refusals: AtomicU64,
+    /// The keys of its allocates admitted and running, under `max_keys`
+    /// and `max_reservations` ([`Tenant::admit_keys`]).
+    pub admission: AdmissionWord,
     /// Keys evicted to stay within `max_keys`.
     pub quota_evictions: AtomicU64,
     /// Data requests in flight, under `max_concurrent_requests`.

@@ -8,7 +8,7 @@
 //! the others write it.
 
 use crate::call::{Call, RankParam};
-use crate::core::{Dialect, InitError, Initialized};
+use crate::core::{Admitted, Dialect, InitError, Initialized};
 use crate::decode::{InitRole, Input};
 use crate::encode;
 use crate::reply::{self, Reply};
@@ -58,23 +58,27 @@ fn strict(c: &Call<'_>) -> bool {
     c.tenant.is_some_and(|t| t.strict_layout)
 }
 
-/// When the call's tenant may not take `n` more keys: vLLM's "no space",
-/// -1 for every key (written by `refuse`; the connector then recomputes),
-/// with the typed detail beside it.
-fn over_quota(
+/// Admits an allocate of `n` keys for the call's tenant (a guard to hold
+/// until the allocate has answered, [`tenants::Tenant::admit_keys`]), or
+/// answers vLLM's "no space": -1 for every key (written by `refuse`; the
+/// connector then recomputes), with the typed detail beside it.
+fn admit<'t>(
     app: &crate::Service,
     registry: &crate::core::Registry,
-    tenant: Option<&tenants::Tenant>,
+    tenant: Option<&'t tenants::Tenant>,
     n: usize,
     refuse: impl FnOnce(&mut Vec<u8>),
-) -> Option<Reply> {
-    let t = tenant?;
-    let why = t.admit_keys(registry, Dialect::Vllm, n).err()?;
+) -> Result<Admitted<'t>, Reply> {
+    let Some(t) = tenant else { return Ok(Admitted::unlimited()) };
+    let why = match t.admit_keys(registry, Dialect::Vllm, n) {
+        Ok(admitted) => return Ok(admitted),
+        Err(why) => why,
+    };
     app.metrics.allocate_keys(Dialect::Vllm, 0, 0, n as u64);
     let mut out = Vec::with_capacity(128 + n * 58);
     refuse(&mut out);
     tenants::quota_answer(&mut out, &why, &t.name);
-    Some(Reply::json(StatusCode::OK, out, n))
+    Err(Reply::json(StatusCode::OK, out, n))
 }
 
 /// `POST /keys/batch_allocate`.
@@ -84,12 +88,15 @@ pub(crate) fn allocate(mut c: Call<'_>) -> Result<Reply, Reply> {
         // vLLM's connector's body: every key a 32-hex digest, decoded as
         // scanned, allocated and answered from the digests.
         let n = keys.len();
-        if let Some(r) = over_quota(c.app, c.registry, c.tenant, n, |out| {
+        let admitted = match admit(c.app, c.registry, c.tenant, n, |out| {
             encode::allocate_hex(out, rank, keys.iter().map(|&k| (k, -1)));
         }) {
-            return Ok(r);
-        }
+            Ok(a) => a,
+            Err(r) => return Ok(r),
+        };
         let counts = c.registry.vllm().allocate_batch(rank, keys, &mut s.pages).map_err(|e| allocate_failed(&e, n))?;
+        // Its reservations are counted: the next check sees them.
+        drop(admitted);
         c.app.metrics.allocate_keys(Dialect::Vllm, counts.reserved, counts.reused, counts.refused);
         let mut out = Vec::with_capacity(32 + s.pages.len() * 58);
         encode::allocate_hex(&mut out, rank, s.pages.iter().map(|&(i, page)| (keys[i], page)));
@@ -99,13 +106,15 @@ pub(crate) fn allocate(mut c: Call<'_>) -> Result<Reply, Reply> {
     let keys = if encode::escape_free(body) { encode::Keys::Plain } else { encode::Keys::Any };
     let req = s.decoder.allocate(body, c.limits)?;
     let n = req.keys.len();
-    if let Some(r) = over_quota(c.app, c.registry, c.tenant, n, |out| {
+    let admitted = match admit(c.app, c.registry, c.tenant, n, |out| {
         encode::allocate(out, req.rank, keys, req.keys.iter().map(|&k| (k, -1)));
     }) {
-        return Ok(r);
-    }
+        Ok(a) => a,
+        Err(r) => return Ok(r),
+    };
     let counts =
         c.registry.vllm().allocate_keys(req.rank, &req.parsed, &mut s.pages).map_err(|e| allocate_failed(&e, n))?;
+    drop(admitted);
     c.app.metrics.allocate_keys(Dialect::Vllm, counts.reserved, counts.reused, counts.refused);
     let mut out = Vec::with_capacity(32 + s.pages.len() * 48);
     encode::allocate(&mut out, req.rank, keys, s.pages.iter().map(|&(i, page)| (req.keys[i], page)));

@@ -29,8 +29,11 @@ pub struct TenantSpec {
     /// The client certificate identities that select it (mTLS).
     #[serde(default)]
     pub identities: Vec<String>,
-    /// The keys it may store, both dialects together.
+    /// The keys it may store, both dialects together (open reservations
+    /// counted).
     pub max_keys: Option<u64>,
+    /// The pages it may hold reserved and not yet confirmed.
+    pub max_reservations: Option<u64>,
     /// The largest rank (or SGLang space) it may initialize, in pages.
     pub max_pages_per_rank: Option<u32>,
     /// The first initialize of a rank or space fixes its page count.
@@ -58,6 +61,7 @@ impl Default for TenantSpec {
             listen: None,
             identities: Vec::new(),
             max_keys: None,
+            max_reservations: None,
             max_pages_per_rank: None,
             strict_layout: false,
             max_ranks: None,
@@ -104,8 +108,18 @@ pub fn parse(text: &str) -> Result<TenantsFile, String> {
                 t::MAX_NAME
             ));
         }
-        if spec.max_keys == Some(0) {
-            return Err(format!("[tenants.{name}]: max_keys must be at least 1 (leave it out for no limit)"));
+        for (key, v) in [("max_keys", spec.max_keys), ("max_reservations", spec.max_reservations)] {
+            if v == Some(0) {
+                return Err(format!("[tenants.{name}]: {key} must be at least 1 (leave it out for no limit)"));
+            }
+            // The admission counts pending keys in 32 bits
+            // (core/src/admission.rs); a quota above it is refused.
+            if v.is_some_and(|v| v > u64::from(u32::MAX)) {
+                return Err(format!(
+                    "[tenants.{name}]: {key} must be at most {} (leave it out for no limit)",
+                    u32::MAX
+                ));
+            }
         }
         if let Some(p) = spec.max_pages_per_rank {
             if p == 0 || p == u32::MAX {
@@ -176,6 +190,7 @@ mod tests {
             listen = "127.0.0.1:18001"
             identities = ["a.example"]
             max_keys = 10
+            max_reservations = 4
             max_pages_per_rank = 100
             strict_layout = true
             "#,
@@ -186,6 +201,7 @@ mod tests {
         let a = &f.tenants["a"];
         assert_eq!(a.listen, Some("127.0.0.1:18001".parse().unwrap()));
         assert_eq!((a.max_keys, a.max_pages_per_rank, a.strict_layout), (Some(10), Some(100), true));
+        assert_eq!(a.max_reservations, Some(4));
         let off = parse("[tenants.default]\nenabled = false\n").unwrap();
         assert!(!off.default_tenant().enabled);
         assert_eq!(parse("").unwrap().tenants.len(), 1);
@@ -197,6 +213,9 @@ mod tests {
             ("[tenants.a]\nmax_key = 1\n", "unknown field `max_key`"),
             ("[tenants.a]\nmax_keys = -1\n", "max_keys"),
             ("[tenants.a]\nmax_keys = 0\n", "max_keys must be at least 1"),
+            ("[tenants.a]\nmax_reservations = 0\n", "max_reservations must be at least 1"),
+            ("[tenants.a]\nmax_reservations = 4294967296\n", "max_reservations must be at most 4294967295"),
+            ("[tenants.a]\nmax_reservations = \"8\"\n", "invalid type"),
             ("[tenants.A]\n", "a tenant name is"),
             ("[tenants.a]\nlisten = \"nowhere\"\n", "listen"),
             ("[tenants.a]\nidentities = [\"x\"]\n[tenants.b]\nidentities = [\"x\"]\n", "identity 'x' is listed"),

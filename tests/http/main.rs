@@ -25,4 +25,5 @@ mod ops;
 mod prefix;
 mod sglang;
 mod stats_metrics;
+mod tenant_quotas;
 mod tenants;

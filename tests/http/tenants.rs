@@ -27,7 +27,7 @@ fn tenants_file(dir: &Path, text: &str) -> PathBuf {
 }
 
 /// A server of `text`'s tenants plus `args`.
-fn server(dir: &Path, text: &str, args: &[&str]) -> TestServer {
+pub(crate) fn server(dir: &Path, text: &str, args: &[&str]) -> TestServer {
     let p = tenants_file(dir, text);
     let mut all = vec!["--tenants", p.to_str().unwrap()];
     all.extend_from_slice(args);
@@ -35,14 +35,14 @@ fn server(dir: &Path, text: &str, args: &[&str]) -> TestServer {
 }
 
 /// POST `body` to `path`, the answer checked against the OpenAPI document.
-fn post(s: &TestServer, path: &str, body: Value) -> Response {
+pub(crate) fn post(s: &TestServer, path: &str, body: Value) -> Response {
     let r = s.post_json(path, &body);
     assert_conforms("POST", path, &r);
     r
 }
 
 /// The typed code of a refusal.
-fn code(r: &Response) -> String {
+pub(crate) fn code(r: &Response) -> String {
     r.json()["error"]["code"].as_str().unwrap_or_default().to_string()
 }
 

@@ -474,13 +474,40 @@ impl KeyIndex {
         delta: &mut Delta,
         before: impl FnOnce(Option<u32>) -> R,
     ) -> R {
-        match owner {
-            Owner::Id(id) if id & DIGEST_ID != 0 => self.digest.unbind_id(id, rank, page, delta, before),
-            Owner::Id(id) => self.hex.unbind_id(id, rank, page, delta, before),
+        self.unbind_owner_named(owner, rank, page, delta, before, |_, _| {})
+    }
+
+    /// [`Self::unbind_owner`], and then `named` with the delta and the key
+    /// (out of the key's lock), when `owner` names one: an [`Owner::Id`]'s
+    /// key as the unbinding read it from the id's slot, so that a key event
+    /// of a release by id costs no look-up of the key by its id (see
+    /// [`Self::key_of`]) and no owned key. `named` does not run for an id
+    /// that names no key.
+    #[inline]
+    pub fn unbind_owner_named<R>(
+        &self,
+        owner: Owner<'_>,
+        rank: u32,
+        page: u32,
+        delta: &mut Delta,
+        before: impl FnOnce(Option<u32>) -> R,
+        named: impl FnOnce(&Delta, KeyRef<'_>),
+    ) -> R {
+        let r = match owner {
+            Owner::Id(id) if id & DIGEST_ID != 0 => {
+                return self.digest.unbind_id(id, rank, page, delta, before, |delta, d| named(delta, KeyRef::Digest(d)))
+            }
+            Owner::Id(id) => {
+                return self.hex.unbind_id(id, rank, page, delta, before, |delta, d| named(delta, KeyRef::Hex(d)))
+            }
             Owner::Key(KeyRef::Hex(d)) => self.hex.unbind(d, rank, page, delta, before),
             Owner::Key(KeyRef::Digest(d)) => self.digest.unbind(d, rank, page, delta, before),
             Owner::Key(KeyRef::Text(s)) => unbind_in(&self.text, s, rank, page, delta, before),
+        };
+        if let Owner::Key(k) = owner {
+            named(delta, k);
         }
+        r
     }
 
     /// Runs `f` on the live entry of `key` under its lock.
@@ -585,8 +612,7 @@ impl Binder<'_> {
         world: impl FnOnce() -> u32,
         delta: &mut Delta,
     ) -> Bind {
-        let want = self.left.max(1);
-        self.left = self.left.saturating_sub(1);
+        let want = self.want();
         match key {
             KeyRef::Hex(d) => {
                 let ids = Ids { guard: &self.guard, fresh: &mut self.hex, want };
@@ -598,6 +624,33 @@ impl Binder<'_> {
             }
             KeyRef::Text(s) => bind_in(&self.index.text, Box::from(*s), rank, page, world, delta),
         }
+    }
+}
+
+impl Binder<'_> {
+    /// [`Self::bind`] of an SGLang digest key, given as its digest: straight
+    /// to the digest map.
+    #[inline]
+    pub fn bind_digest(
+        &mut self,
+        d: &Digest,
+        rank: u32,
+        page: u32,
+        world: impl FnOnce() -> u32,
+        delta: &mut Delta,
+    ) -> Bind {
+        let want = self.want();
+        let ids = Ids { guard: &self.guard, fresh: &mut self.digest, want };
+        self.index.digest.bind_with(*d, rank, page, world, delta, ids)
+    }
+
+    /// The length of the next run of ids: the binds still to come, this
+    /// one counted off.
+    #[inline]
+    fn want(&mut self) -> u32 {
+        let want = self.left.max(1);
+        self.left = self.left.saturating_sub(1);
+        want
     }
 }
 

@@ -101,8 +101,7 @@ impl Digest {
     pub fn parse_bytes(b: &[u8]) -> Option<Digest> {
         let (hex, rest) = b.split_at_checked(64)?;
         // The digest first, so that only digest keys ever intern a pool.
-        let hi = super::decode_hex32(&hex[..32])?;
-        let lo = super::decode_hex32(&hex[32..])?;
+        let bytes = super::decode_hex64(hex)?;
         let suffix = match rest {
             [] => Suffix::NONE,
             b"-k" => Suffix::K,
@@ -110,9 +109,6 @@ impl Digest {
             [b'_', name @ ..] => Suffix(Suffix::FIRST_POOL + intern_pool(std::str::from_utf8(name).ok()?)? as u16),
             _ => return None,
         };
-        let mut bytes = [0u8; 32];
-        bytes[..16].copy_from_slice(&hi.to_be_bytes());
-        bytes[16..].copy_from_slice(&lo.to_be_bytes());
         Some(Digest { bytes, suffix })
     }
 }

@@ -15,7 +15,7 @@
 //! fail. A key the rank already binds gets its stored page, leased, since its
 //! writer will write it again.
 
-use super::super::index::{EntryRef, Reader};
+use super::super::index::{BatchKey, EntryRef, Reader};
 use super::super::journal::Change;
 use super::super::key::{Digest, KeyRef};
 use super::super::pages::{Claimed, PageTable, BOUND, FREE};
@@ -132,6 +132,20 @@ impl Store {
         self.allocate_partial_with(rank, keys, out)
     }
 
+    /// [`Store::allocate_partial_keys`] of SGLang digest keys given as
+    /// their digests ([`KeyRef::Digest`]): SGLang's reserve body, decoded
+    /// straight into digests, each probed once for its entry
+    /// ([`Reader::hits`]). The same pages, leases, journal records and
+    /// answers as of the same keys classified.
+    pub fn allocate_partial_batch(
+        &self,
+        rank: i64,
+        keys: &[Digest],
+        out: &mut Vec<AllocSlot>,
+    ) -> Result<AllocateOutcome, RankNotInitialized> {
+        self.allocate_partial_with(rank, keys, out)
+    }
+
     /// The partial grant of keys of any [`AllocKey`] kind.
     fn allocate_partial_with<K: AllocKey + Eq + std::hash::Hash>(
         &self,
@@ -197,6 +211,7 @@ impl Store {
             };
             // The fresh pages are looked at again only beside stored ones.
             self.reserve_for(on, got, keys, out, (reused > 0).then_some(&mut fresh));
+            current.reserved_more(got);
             let outcome = AllocateOutcome { reserved: got, reused, refused: need - got };
             if reused == 0 || !self.reused_page_was_recycled(out, &mut fresh) {
                 return Ok(outcome);
@@ -336,6 +351,7 @@ impl Store {
             }
         }
         table.give_back(returned);
+        current.reserved_less(returned);
     }
 
     /// Whether a reused page in `out` is also one of the `fresh` pages (sorted
@@ -355,9 +371,10 @@ impl Store {
     }
 }
 
-/// A key of an allocate's batch as [`Store::allocate_with`] takes it: a
-/// classified key, or a 32-hex key's digest (the decoder's fast path).
-trait AllocKey: Copy {
+/// A key of an allocate's batch as [`Store::allocate_with`] takes it (and,
+/// for its text and tag, a confirm's): a classified key, or a compact
+/// key's digest, 32-hex or SGLang's (the decoder's fast paths).
+pub(super) trait AllocKey: Copy {
     /// The key as the index's calls take it.
     fn key(&self) -> KeyRef<'_>;
     /// Its reservation tag ([`KeyRef::tag`]).
@@ -374,7 +391,7 @@ impl AllocKey for KeyRef<'_> {
     fn key(&self) -> KeyRef<'_> {
         *self
     }
-    #[inline]
+    #[inline(always)]
     fn tag(&self) -> u32 {
         super::confirm::tag_of(self)
     }
@@ -415,15 +432,80 @@ impl AllocKey for u128 {
         out: &[(usize, i64)],
         entries: &mut Vec<Option<EntryRef<'r>>>,
     ) {
-        let mut hits = Vec::with_capacity(out.len());
-        if out.len() == keys.len() {
-            index.hits(keys, &mut hits);
-        } else {
-            let distinct: Vec<u128> = out.iter().map(|&(i, _)| keys[i]).collect();
-            index.hits(&distinct, &mut hits);
+        batch_entries(index, keys, out, entries);
+    }
+}
+
+impl AllocKey for Digest {
+    #[inline]
+    fn key(&self) -> KeyRef<'_> {
+        KeyRef::Digest(*self)
+    }
+    #[inline(always)]
+    fn tag(&self) -> u32 {
+        KeyRef::Digest(*self).tag()
+    }
+    fn distinct(keys: &[Self], out: &mut Vec<(usize, i64)>) {
+        distinct_digests(keys.len(), |i| keys.get(i), out);
+    }
+    fn entries<'r>(
+        index: &'r Reader<'_>,
+        keys: &[Self],
+        out: &[(usize, i64)],
+        entries: &mut Vec<Option<EntryRef<'r>>>,
+    ) {
+        batch_entries(index, keys, out, entries);
+    }
+}
+
+/// [`AllocKey::entries`] of keys of one compact kind: the distinct keys
+/// probed once each in one batch ([`Reader::hits`]).
+fn batch_entries<'r, K: BatchKey>(
+    index: &'r Reader<'_>,
+    keys: &[K],
+    out: &[(usize, i64)],
+    entries: &mut Vec<Option<EntryRef<'r>>>,
+) {
+    let mut hits = Vec::with_capacity(out.len());
+    if out.len() == keys.len() {
+        index.hits(keys, &mut hits);
+    } else {
+        let distinct: Vec<K> = out.iter().map(|&(i, _)| keys[i]).collect();
+        index.hits(&distinct, &mut hits);
+    }
+    entries.clear();
+    entries.extend(hits.into_iter().map(|hit| index.entry_of::<K>(hit)));
+}
+
+/// [`distinct_keys`] of `n` SGLang digest keys, `at(i)` the digest of key
+/// `i` (`None`: not a digest key, and the batch is then not one of
+/// digests): through the thread's set when it is free; false when it is
+/// in use or a key is not a digest (`out` then holds nothing of use).
+fn distinct_digests_in<'k>(n: usize, at: impl Fn(usize) -> Option<&'k Digest>, out: &mut Vec<(usize, i64)>) -> bool {
+    SEEN_HEX.with(|seen| {
+        let Ok(mut seen) = seen.try_borrow_mut() else { return false };
+        seen.start(n);
+        for i in 0..n {
+            let Some(d) = at(i) else { return false };
+            let h = seen.hash_digest(d);
+            if seen.insert_indexed(h, i, |j| at(j) == Some(d)) {
+                out.push((i, -1));
+            }
         }
-        entries.clear();
-        entries.extend(hits.into_iter().map(|hit| index.entry_of::<u128>(hit)));
+        true
+    })
+}
+
+/// [`distinct_keys`] of digests (`at` as for [`distinct_digests_in`], never
+/// `None` below `n`): through the thread's set, or (the set in use) a set
+/// of their own.
+fn distinct_digests<'k>(n: usize, at: impl Fn(usize) -> Option<&'k Digest>, out: &mut Vec<(usize, i64)>) {
+    out.clear();
+    out.reserve(n);
+    if !distinct_digests_in(n, &at, out) {
+        out.clear();
+        let mut seen: HashSet<&Digest, FixedState> = HashSet::with_capacity_and_hasher(n, FixedState::default());
+        out.extend((0..n).filter(|&i| at(i).is_some_and(|d| seen.insert(d))).map(|i| (i, -1)));
     }
 }
 
@@ -581,27 +663,15 @@ fn distinct_keys(keys: &[KeyRef<'_>], out: &mut Vec<(usize, i64)>) {
     // A batch of one kind, hex or digest keys, through the thread's set;
     // any other (hashbrown's set of whole keys cost SGLang's 128 digests
     // 150 instructions a key).
-    let one_kind = SEEN_HEX.with(|seen| {
-        let Ok(mut seen) = seen.try_borrow_mut() else { return false };
-        seen.start(keys.len());
-        if let Some(KeyRef::Digest(_)) = keys.first() {
-            for (i, k) in keys.iter().enumerate() {
-                let KeyRef::Digest(d) = k else { return false };
-                let h = seen.hash_digest(d);
-                if seen.insert_indexed(h, i, |j| matches!(&keys[j], KeyRef::Digest(e) if e == d)) {
-                    out.push((i, -1));
-                }
-            }
-            return true;
-        }
-        for (i, k) in keys.iter().enumerate() {
-            let KeyRef::Hex(d) = k else { return false };
-            if seen.insert(*d) {
-                out.push((i, -1));
-            }
-        }
-        true
-    });
+    let digest = |i: usize| match keys.get(i) {
+        Some(KeyRef::Digest(d)) => Some(d),
+        _ => None,
+    };
+    let one_kind = if let Some(KeyRef::Digest(_)) = keys.first() {
+        distinct_digests_in(keys.len(), digest, out)
+    } else {
+        distinct_hex_refs(keys, out)
+    };
     if !one_kind {
         // Another kind of key in the batch: one set of whole keys.
         out.clear();
@@ -613,6 +683,22 @@ fn distinct_keys(keys: &[KeyRef<'_>], out: &mut Vec<(usize, i64)>) {
             }
         }
     }
+}
+
+/// [`distinct_keys`] of a batch of 32-hex keys through the thread's set;
+/// false when it is in use or a key is of another kind.
+fn distinct_hex_refs(keys: &[KeyRef<'_>], out: &mut Vec<(usize, i64)>) -> bool {
+    SEEN_HEX.with(|seen| {
+        let Ok(mut seen) = seen.try_borrow_mut() else { return false };
+        seen.start(keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            let KeyRef::Hex(d) = k else { return false };
+            if seen.insert(*d) {
+                out.push((i, -1));
+            }
+        }
+        true
+    })
 }
 
 #[cfg(all(test, not(loom)))]
@@ -705,6 +791,47 @@ mod tests {
         let many: Vec<String> = (1..=(KEPT_SEEN + 10)).map(key).collect();
         assert_eq!(firsts(&parsed(&many)).len(), many.len());
         assert_eq!(firsts(&parsed(&[d[1].clone(), d[0].clone(), d[1].clone()])), vec![0, 1]);
+    }
+
+    /// SGLang's digests given as digests get the answers, pages, leases and
+    /// counts the same keys get classified, through a partial grant, a
+    /// repeat, stored keys and a full rank; and their confirm binds and
+    /// refuses as the classified one does.
+    #[test]
+    fn digest_batches_answer_as_classified_keys() {
+        let (by_ref, by_digest) = (store(6, false), store(6, false));
+        let texts: Vec<String> = (1..=5).map(key).chain([format!("{}-k", key(1)), format!("{}-v", key(1))]).collect();
+        let digests: Vec<Digest> = texts.iter().map(|t| Digest::parse(t).expect("a digest key")).collect();
+        let refs: Vec<KeyRef<'_>> = texts.iter().map(|t| KeyRef::parse(t)).collect();
+        let alloc = |i: &[usize]| {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            let ra = by_ref.allocate_partial_keys(0, &i.iter().map(|&i| refs[i]).collect::<Vec<_>>(), &mut a);
+            let rb = by_digest.allocate_partial_batch(0, &i.iter().map(|&i| digests[i]).collect::<Vec<_>>(), &mut b);
+            assert_eq!(ra, rb, "outcome of {i:?}");
+            assert_eq!(a, b, "slots of {i:?}");
+            a
+        };
+        // A repeat, and more keys than pages: -1 after the sixth.
+        let first = alloc(&[0, 1, 0, 5, 6, 2, 3, 4]);
+        assert_eq!(first.iter().filter(|s| s.page >= 0).count(), 7, "{first:?}");
+        // Confirm the first three; then the stored ones come back leased.
+        let conf = [(0, first[0].page), (1, first[1].page), (5, first[3].page)];
+        let ca: Vec<(KeyRef<'_>, i64)> = conf.iter().map(|&(i, p)| (refs[i], p)).collect();
+        let cb: Vec<(Digest, i64)> = conf.iter().map(|&(i, p)| (digests[i], p)).collect();
+        assert_eq!(by_ref.confirm_keys(0, &ca, &[]), by_digest.confirm_digests(0, &cb, &[]));
+        // A repeated confirm, one naming another key's reservation, one out
+        // of range: the same answers, errors included.
+        let other = first[5].page;
+        for bad in [vec![(0, first[0].page)], vec![(1, other)], vec![(2, 99)], vec![(2, other), (2, other)]] {
+            let ca: Vec<(KeyRef<'_>, i64)> = bad.iter().map(|&(i, p)| (refs[i], p)).collect();
+            let cb: Vec<(Digest, i64)> = bad.iter().map(|&(i, p)| (digests[i], p)).collect();
+            assert_eq!(by_ref.confirm_keys(0, &ca, &[]), by_digest.confirm_digests(0, &cb, &[]), "{bad:?}");
+        }
+        let again = alloc(&[5, 0, 4, 1, 2]);
+        assert!(again[0].stored && again[1].stored && again[3].stored, "{again:?}");
+        assert_eq!(by_ref.stats(), by_digest.stats());
+        by_ref.audit().unwrap();
+        by_digest.audit().unwrap();
     }
 
     #[test]

@@ -15,12 +15,13 @@
 
 use super::super::error::{ConfirmError, ErrorCode};
 use super::super::events::{Block, Event};
-use super::super::index::{Bind, Delta, KeyIndex};
+use super::super::index::{Bind, Binder, Delta, KeyIndex};
 use super::super::journal::Change;
-use super::super::key::KeyRef;
+use super::super::key::{Digest, KeyRef};
 use super::super::lease;
-use super::super::pages::{ClaimGuard, Claimed, Owned, Owner, PageTable, FREE};
+use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, FREE};
 use super::super::sync::Ordering;
+use super::allocate::AllocKey;
 use super::{ConfirmOutcome, Generation, Store};
 
 /// One item of a confirm request, sorted by page for claiming.
@@ -73,6 +74,30 @@ impl Store {
         confirmations: &[(KeyRef<'_>, i64)],
         releases: &[i64],
     ) -> Result<ConfirmOutcome, ConfirmError> {
+        self.confirm_with(rank, confirmations, releases)
+    }
+
+    /// [`Store::confirm_keys`] of SGLang digest keys given as their digests
+    /// ([`KeyRef::Digest`]): SGLang's confirm body, decoded straight into
+    /// digests, each bound through the digest map with no key to classify.
+    /// The same checks, bindings, journal records and answers as of the
+    /// same keys classified.
+    pub fn confirm_digests(
+        &self,
+        rank: i64,
+        confirmations: &[(Digest, i64)],
+        releases: &[i64],
+    ) -> Result<ConfirmOutcome, ConfirmError> {
+        self.confirm_with(rank, confirmations, releases)
+    }
+
+    /// The confirm of keys of any [`ConfirmKey`] kind.
+    fn confirm_with<K: ConfirmKey>(
+        &self,
+        rank: i64,
+        confirmations: &[(K, i64)],
+        releases: &[i64],
+    ) -> Result<ConfirmOutcome, ConfirmError> {
         let current = self.current.load();
         let table =
             current.rank(rank).ok_or_else(|| ConfirmError::new(ErrorCode::RankNotInitialized, rank, None, None))?;
@@ -95,6 +120,8 @@ pub(super) struct Commit<'a> {
     r: u32,
     delta: Delta,
     freed: u64,
+    /// Reservations this commit ended (bound, superseded or released).
+    unreserved: u64,
     /// The key events so far, in order, when the store has a sink.
     events: Option<Vec<Event>>,
 }
@@ -104,7 +131,7 @@ impl<'a> Commit<'a> {
     #[inline]
     pub(super) fn new(store: &'a Store, current: &'a Generation, table: &'a PageTable, r: u32) -> Commit<'a> {
         let events = store.events().map(|e| e.buffer(0));
-        Commit { store, current, table, r, delta: Delta::default(), freed: 0, events }
+        Commit { store, current, table, r, delta: Delta::default(), freed: 0, unreserved: 0, events }
     }
 
     /// Hands the key events gathered so far to the store's sink.
@@ -122,14 +149,16 @@ impl<'a> Commit<'a> {
         self.emit();
         self.table.give_back(self.freed);
         self.current.apply(self.delta);
+        // After the keys the bindings added (see `reserved_less`).
+        self.current.reserved_less(self.unreserved);
     }
 
     /// Step 3 of a confirm: settles every claimed page. Releases first, so
     /// that a request which releases a key's old page and confirms a new one
     /// for it ends with the new one.
-    fn confirm(
+    fn confirm<K: ConfirmKey>(
         mut self,
-        confirmations: &[(KeyRef<'_>, i64)],
+        confirmations: &[(K, i64)],
         releases: &[i64],
         v: &Validated,
         claim: ClaimGuard<'_>,
@@ -176,6 +205,7 @@ impl<'a> Commit<'a> {
                         store.record(Change::Unbind { generation: current.id, rank: r, page });
                         table.settle(page, FREE);
                         self.freed += 1;
+                        self.unreserved += 1;
                     }
                 }
             }
@@ -213,20 +243,20 @@ impl<'a> Commit<'a> {
             match c {
                 Claimed::Bound => {
                     bound.add(table, page);
-                    current.index.reader().touch(*k);
+                    current.index.reader().touch(k.key());
                     outcome.reconfirmed += 1;
                 }
-                Claimed::Reserved => match binder.bind(k, r, page, world, &mut self.delta) {
+                Claimed::Reserved => match k.bind(&mut binder, r, page, world, &mut self.delta) {
                     Bind::Bound(world, id) => {
                         match id {
                             Some(id) => table.set_owner_id_reserved(page, id),
-                            None => table.set_owner(page, Owner::Key(*k)),
+                            None => table.set_owner(page, Owner::Key(k.key())),
                         }
                         // Only with a journal to hear it: made before the
                         // journal's check, the change cost 15 instructions a
                         // key without one.
                         if store.journal.is_some() {
-                            store.record(Change::Bind { generation: current.id, rank: r, page, key: *k, world });
+                            store.record(Change::Bind { generation: current.id, rank: r, page, key: k.key(), world });
                         }
                         match &mut self.events {
                             // With a key-event sink: a binding that made
@@ -238,7 +268,7 @@ impl<'a> Commit<'a> {
                                     // Each variant written as itself: through
                                     // `Block::of` the whole 38-byte event was
                                     // copied from a temporary.
-                                    match *k {
+                                    match k.key() {
                                         KeyRef::Hex(v) => ev.push(Event::Stored(Block::Hex(v.to_be_bytes()))),
                                         KeyRef::Digest(d) => ev.push(Event::Stored(Block::Digest(d))),
                                         KeyRef::Text(_) => {}
@@ -250,6 +280,7 @@ impl<'a> Commit<'a> {
                             None => bound.add(table, page),
                         }
                         outcome.bound += 1;
+                        self.unreserved += 1;
                     }
                     // Every id taken: as if the key had been evicted
                     // at once (the page goes back to the pool).
@@ -257,6 +288,7 @@ impl<'a> Commit<'a> {
                         store.record(Change::Unbind { generation: current.id, rank: r, page });
                         table.settle(page, FREE);
                         self.freed += 1;
+                        self.unreserved += 1;
                         outcome.superseded += 1;
                     }
                 },
@@ -356,21 +388,30 @@ impl Commit<'_> {
         } else {
             store.record(Change::Unbind { generation: current.id, rank: r, page });
         }
-        // With a sink: the key, exact while the page is held, and whether
-        // this unbinding made it incomplete (the delta says).
-        let before = self.delta.complete;
-        let block = self.events.as_ref().and_then(|_| match owner {
-            Owner::Id(id) => current.index.key_of(&Owned::Id(id)).as_ref().and_then(Block::of_key),
-            Owner::Key(k) => Block::of(k),
-        });
         // The deadline read again with the unbinding, in one step under the
         // key's lock.
-        let deadline = current.index.unbind_owner(owner, r, page, &mut self.delta, |deadline| deadline);
-        if let (Some(block), Some(ev)) = (block, &mut self.events) {
-            if self.delta.complete < before {
-                ev.push(Event::Removed(block));
+        let deadline = match &mut self.events {
+            None => current.index.unbind_owner(owner, r, page, &mut self.delta, |deadline| deadline),
+            // With a sink: the key as the unbinding read it (exact while
+            // the page is held; by id, no look-up of the key and no owned
+            // key: they had cost about 75 instructions a page), and
+            // whether this unbinding made it incomplete (the delta says).
+            Some(ev) => {
+                let before = self.delta.complete;
+                let removed = |delta: &Delta, k: KeyRef<'_>| {
+                    if delta.complete < before {
+                        // Each variant written as itself (as the confirm's
+                        // stores are).
+                        match k {
+                            KeyRef::Hex(v) => ev.push(Event::Removed(Block::Hex(v.to_be_bytes()))),
+                            KeyRef::Digest(d) => ev.push(Event::Removed(Block::Digest(d))),
+                            KeyRef::Text(_) => {}
+                        }
+                    }
+                };
+                current.index.unbind_owner_named(owner, r, page, &mut self.delta, |deadline| deadline, removed)
             }
-        }
+        };
         debug_assert!(deadline.is_some(), "a BOUND page's owner must be bound to it");
         // The key's lock was held only for the unbind: a reader may have
         // raised the lease since the look above. Hold for the later one.
@@ -396,10 +437,10 @@ impl Commit<'_> {
 /// Step 1: ranges and pages named twice, checked without touching a page.
 /// Returns the items to claim, in page order, without repeats of an
 /// identical confirmation.
-fn validate(
+fn validate<K: ConfirmKey>(
     rank: i64,
     num_pages: u32,
-    confirmations: &[(KeyRef<'_>, i64)],
+    confirmations: &[(K, i64)],
     releases: &[i64],
 ) -> Result<Validated, ConfirmError> {
     let n = i64::from(num_pages);
@@ -413,7 +454,7 @@ fn validate(
     let mut last = -1;
     for (i, &(key, page)) in confirmations.iter().enumerate() {
         if !(0..n).contains(&page) {
-            return Err(out_of_range(page, Some(key)));
+            return Err(out_of_range(page, Some(key.key())));
         }
         ascending &= page > last;
         last = page;
@@ -438,15 +479,15 @@ fn validate(
         let page = Some(i64::from(a.page));
         match (a.release(), b.release()) {
             (None, None) => {
-                let (ka, kb) = (confirmations[a.tag as usize].0, confirmations[b.tag as usize].0);
+                let (ka, kb) = (&confirmations[a.tag as usize].0, &confirmations[b.tag as usize].0);
                 // Equal keys are equal texts: parsing is injective.
                 if ka != kb {
-                    return Err(ConfirmError::keyed(ErrorCode::DoubleConfirm, rank, page, Some(kb)));
+                    return Err(ConfirmError::keyed(ErrorCode::DoubleConfirm, rank, page, Some(kb.key())));
                 }
                 repeat[b.tag as usize] = true;
             }
             (None, Some(_)) => {
-                let key = confirmations[a.tag as usize].0;
+                let key = confirmations[a.tag as usize].0.key();
                 return Err(ConfirmError::keyed(ErrorCode::ConfirmAndRelease, rank, page, Some(key)));
             }
             _ => return Err(ConfirmError::new(ErrorCode::DoubleRelease, rank, page, None)),
@@ -461,12 +502,12 @@ fn validate(
 /// The pages of one state word are claimed with one CAS when each is
 /// RESERVED or BOUND, one by one otherwise (a FREE page ends the request
 /// where the claims in page order would, a BUSY one is waited for).
-fn claim<'t>(
+fn claim<'t, K: ConfirmKey>(
     index: &KeyIndex,
     table: &'t PageTable,
     rank: i64,
     items: &[Item],
-    confirmations: &[(KeyRef<'_>, i64)],
+    confirmations: &[(K, i64)],
 ) -> Result<ClaimGuard<'t>, ConfirmError> {
     let mut guard = ClaimGuard::new(items.len());
     let mut n = 0;
@@ -501,6 +542,50 @@ fn claim<'t>(
     Ok(guard)
 }
 
+/// A key of a confirm's batch as [`Store::confirm_with`] takes it: a
+/// classified key, or an SGLang digest key's digest (the decoder's fast
+/// path), bound through its own map with no variant to match. Its text and
+/// tag are an allocate's ([`AllocKey`]).
+trait ConfirmKey: AllocKey + PartialEq {
+    /// [`Binder::bind`] of the key.
+    fn bind(
+        &self,
+        binder: &mut Binder<'_>,
+        rank: u32,
+        page: u32,
+        world: impl FnOnce() -> u32,
+        delta: &mut Delta,
+    ) -> Bind;
+}
+
+impl ConfirmKey for KeyRef<'_> {
+    #[inline]
+    fn bind(
+        &self,
+        binder: &mut Binder<'_>,
+        rank: u32,
+        page: u32,
+        world: impl FnOnce() -> u32,
+        delta: &mut Delta,
+    ) -> Bind {
+        binder.bind(self, rank, page, world, delta)
+    }
+}
+
+impl ConfirmKey for Digest {
+    #[inline]
+    fn bind(
+        &self,
+        binder: &mut Binder<'_>,
+        rank: u32,
+        page: u32,
+        world: impl FnOnce() -> u32,
+        delta: &mut Delta,
+    ) -> Bind {
+        binder.bind_digest(self, rank, page, world, delta)
+    }
+}
+
 /// `k.tag()` ([`KeyRef::tag`]) read in place, variant by variant.
 #[inline(always)]
 pub(super) fn tag_of(k: &KeyRef<'_>) -> u32 {
@@ -514,20 +599,20 @@ pub(super) fn tag_of(k: &KeyRef<'_>) -> u32 {
 /// What `claimed` (the claim of item `it`'s page) says of the request: an
 /// error when the page is not what the item needs.
 #[inline]
-fn check(
+fn check<K: ConfirmKey>(
     index: &KeyIndex,
     table: &PageTable,
     rank: i64,
     it: &Item,
     claimed: Option<Claimed>,
-    confirmations: &[(KeyRef<'_>, i64)],
+    confirmations: &[(K, i64)],
 ) -> Result<(), ConfirmError> {
     let page = Some(i64::from(it.page));
-    let key = || confirmations[it.tag as usize].0;
+    let key = || confirmations[it.tag as usize].0.key();
     // The tag of the key read in place, variant by variant: through a copy
     // of the whole 48-byte key first, the check cost 16 instructions a key
     // more.
-    let tag = || tag_of(&confirmations[it.tag as usize].0);
+    let tag = || confirmations[it.tag as usize].0.tag();
     match (claimed, it.release()) {
         (None, Some(_)) => Err(ConfirmError::new(ErrorCode::ReleaseUnallocated, rank, page, None)),
         // Released already and held back for a lease: as good as free.

@@ -179,6 +179,7 @@ impl Store {
             table.forget_owner(page);
             table.settle(page, FREE);
             table.give_back(1);
+            current.reserved_less(1);
             return Ok(Freed::Reservation);
         }
         // A BOUND page that names no key is quarantined (the guard puts it back).
@@ -210,6 +211,7 @@ impl Store {
         if !table.restore_reserved(page, tag, self.epoch.load(Ordering::Relaxed) as u8) {
             return Err(format!("page {page} of rank {rank} is quarantined here; the leader reserved it"));
         }
+        current.reserved_more(1);
         Ok(())
     }
     /// The tick until which a page unbound now is held back if this store
@@ -277,10 +279,12 @@ impl Store {
         if known.is_some_and(|w| w != world) {
             return Err(format!("key {} has another world size here than the leader's {world}", k.to_key()));
         }
+        let mut was_reserved = false;
         let claimed = match OneClaim::take(table, page) {
             // Its reservation, confirmed: the page stays BUSY for the bind.
             Some(held) if held.was == Claimed::Reserved => {
                 held.commit();
+                was_reserved = true;
                 true
             }
             Some(held) => {
@@ -293,7 +297,12 @@ impl Store {
         if !claimed {
             return Err(format!("page {page} of rank {rank} is quarantined here; the leader bound it"));
         }
-        self.bind_claimed(current, table, rank, page, k, world)
+        let bound = self.bind_claimed(current, table, rank, page, k, world);
+        if was_reserved {
+            // Its reservation ended, after the key it may have added.
+            current.reserved_less(1);
+        }
+        bound
     }
 
     /// Binds `key` to `page` (held BUSY by this thread) and journals it; on

@@ -191,6 +191,8 @@ pub enum Out {
     EvictedAt(u64, u32),
     /// An index model's numbers (each model says what they are).
     Numbers([u64; 3]),
+    /// An admission under a quota: whether it was admitted.
+    Admitted(bool),
 }
 
 /// One thread of a model.

@@ -1,6 +1,8 @@
 //! Loom models of the core (docs/verification.md), on the core's own code
 //! with loom's atomics and locks (`core/src/sync.rs`):
 //!
+//! - [`admission`]: a tenant's quota admission (`AdmissionWord`) racing
+//!   allocates, their ends and confirms, on a real `Store`;
 //! - [`pages`]: the page-state machine of one page table;
 //! - [`index`]: the key index (the hex map's shard table, rebuilds,
 //!   tombstones, id reuse, lease raises) under lock-free readers;
@@ -23,6 +25,7 @@
 //! the feature this binary is empty.
 #![cfg(loom)]
 
+mod admission;
 mod eviction;
 mod harness;
 mod index;

@@ -4,7 +4,10 @@
 //! and [`Decoder::tape_only`], the oracle. For tests only (hidden from the
 //! docs; the server never calls it).
 
-use super::{AllocateBody, DecodeError, Decoder, ExistsBody, Limits, LocationsBody, PrefixChain, SpaceLookupBody};
+use super::{
+    AllocateBody, DecodeError, Decoder, ExistsBody, Limits, LocationsBody, PrefixChain, SpaceConfirmBody,
+    SpaceLookupBody,
+};
 use crate::core::KeyRef;
 use std::fmt::Debug;
 
@@ -19,8 +22,8 @@ pub const ROUTES: [(&str, AnswerFn); 9] = [
     ("confirm", |d, b, l| render(d.confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))),
     ("space_keys", |d, b, l| render(d.space_keys(b, l))),
     ("space_lookup", space_lookup),
-    ("space_reserve", |d, b, l| render(d.space_reserve(b, l).map(|x| (classes(&x.keys), x)))),
-    ("space_confirm", |d, b, l| render(d.space_confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))),
+    ("space_reserve", space_reserve),
+    ("space_confirm", space_confirm),
     ("longest_prefix", |d, b, l| render(d.longest_prefix(b, l).map(|x| (chain_classes(&x.chain), x)))),
 ];
 
@@ -66,6 +69,29 @@ fn space_lookup(d: &mut Decoder, b: &mut [u8], l: Limits) -> String {
         return render(Ok((classes(&keys), SpaceLookupBody { keys, namespace })));
     }
     render(d.space_lookup(b, l).map(|x| (classes(&x.keys), x)))
+}
+
+/// An SGLang reserve body decoded as its handler decodes it: its digest
+/// keys' path first ([`Decoder::space_reserve_digests`]), as [`exists`].
+fn space_reserve(d: &mut Decoder, b: &mut [u8], l: Limits) -> String {
+    if let Some((digests, namespace)) = d.space_reserve_digests(&*b, l) {
+        let keys: Vec<KeyRef<'_>> = digests.iter().map(|&k| KeyRef::Digest(k)).collect();
+        return render(Ok((classes(&keys), SpaceLookupBody { keys, namespace })));
+    }
+    render(d.space_reserve(b, l).map(|x| (classes(&x.keys), x)))
+}
+
+/// An SGLang confirm body decoded as its handler decodes it: its digest
+/// keys' path first ([`Decoder::space_confirm_digests`]), as [`exists`].
+fn space_confirm(d: &mut Decoder, b: &mut [u8], l: Limits) -> String {
+    if let Some(x) = d.space_confirm_digests(&*b, l) {
+        let confirmations: Vec<(KeyRef<'_>, i64)> =
+            x.confirmations.iter().map(|&(k, p)| (KeyRef::Digest(k), p)).collect();
+        let releases = x.releases.to_vec();
+        let body = SpaceConfirmBody { confirmations, releases, namespace: x.namespace };
+        return render(Ok((classes(&paired(&body.confirmations)), body)));
+    }
+    render(d.space_confirm(b, l).map(|x| (classes(&paired(&x.confirmations)), x)))
 }
 
 /// The classes of a longest-prefix chain's keys (none for token ids).

@@ -62,7 +62,9 @@ use crate::core::KeyRef;
 
 mod items;
 pub(super) use items::int_at;
-use items::{compact_end, digest_key, fixed_list, hex_confirmation, hex_key, hex_pair, is_ws};
+use items::{
+    compact_end, digest_confirmation, digest_key, digest_pair, fixed_list, hex_confirmation, hex_key, hex_pair, is_ws,
+};
 
 /// Where a string's text lies in the body: byte offsets, quotes excluded.
 type Span = (usize, usize);
@@ -92,8 +94,16 @@ pub(super) enum Value {
     /// digits (not all zero), decoded into [`Scratch::hex`] as
     /// [`Value::Hex`] is; any other key gives the scan up.
     HexPairs,
+    /// [`Value::KeyPairs`] of SGLang keys only, every one a digest as
+    /// [`Value::Digests`] takes it, decoded into [`Scratch::digests`]; any
+    /// other key gives the scan up.
+    DigestPairs,
     /// A list of `[key, page]` pairs (confirm).
     Confirmations,
+    /// [`Value::Confirmations`] of SGLang keys only, every one a digest as
+    /// [`Value::Digests`] takes it, decoded into [`Scratch::digest_pairs`];
+    /// any other key gives the scan up.
+    DigestConfirmations,
     /// A list of pages (`pages_to_release`).
     Releases,
     /// SGLang's `namespace`.
@@ -146,6 +156,20 @@ pub(super) const SPACE_LOOKUP: Spec =
 /// SGLang's `reserve_and_allocate_page_indices`.
 pub(super) const SPACE_RESERVE: Spec =
     Spec { fields: &[(b"keys", Value::KeyPairs), (b"namespace", Value::Namespace)], required: 0b1 };
+/// SGLang's `reserve_and_allocate_page_indices` of digest keys only
+/// ([`Value::DigestPairs`]).
+pub(super) const SPACE_RESERVE_DIGESTS: Spec =
+    Spec { fields: &[(b"keys", Value::DigestPairs), (b"namespace", Value::Namespace)], required: 0b1 };
+/// SGLang's `confirm_write` of digest keys only
+/// ([`Value::DigestConfirmations`]).
+pub(super) const SPACE_CONFIRM_DIGESTS: Spec = Spec {
+    fields: &[
+        (b"written_keys_to_confirm", Value::DigestConfirmations),
+        (b"pages_to_release", Value::Releases),
+        (b"namespace", Value::Namespace),
+    ],
+    required: 0,
+};
 /// SGLang's `confirm_write`.
 pub(super) const SPACE_CONFIRM: Spec = Spec {
     fields: &[
@@ -208,9 +232,13 @@ pub(super) struct Scratch {
     /// The digests of a [`Value::Hex`] list, in request order; kept warm
     /// across requests (lent, never handed over: [`Scratch::hex`]).
     hex: Vec<u128>,
-    /// The digests of a [`Value::Digests`] list, in request order, kept
-    /// warm as `hex` is.
+    /// The digests of a [`Value::Digests`] or [`Value::DigestPairs`]
+    /// list, in request order, kept warm as `hex` is.
     digests: Vec<Digest>,
+    /// The `(digest, page)` confirmations of a
+    /// [`Value::DigestConfirmations`] list, in request order, kept warm as
+    /// `hex` is (lent: [`Scratch::digest_pairs`]).
+    digest_pairs: Vec<(Digest, i64)>,
 }
 
 impl Scratch {
@@ -226,6 +254,7 @@ impl Scratch {
             || self.hex.capacity() > RETAIN_KEYS
             || self.hex_pairs.capacity() > RETAIN_KEYS
             || self.digests.capacity() > RETAIN_KEYS
+            || self.digest_pairs.capacity() > RETAIN_KEYS
         {
             *self = Self::default();
         }
@@ -238,6 +267,7 @@ impl Scratch {
         self.hex.clear();
         self.hex_pairs.clear();
         self.digests.clear();
+        self.digest_pairs.clear();
         let mut c = Cursor { b: body, at: 0 };
         let mut scan = Scan { rank: None, namespace: None };
         let mut seen = 0u8;
@@ -313,6 +343,22 @@ impl Scratch {
                 self.digests = digests;
                 listed?
             }
+            Value::DigestPairs => {
+                // As `Value::Hex`.
+                let mut digests = std::mem::take(&mut self.digests);
+                let listed = fixed_list(c, &mut digests, limits, digest_pair);
+                self.digests = digests;
+                listed?
+            }
+            Value::DigestConfirmations => {
+                // As `Value::Hex`; the releases scanned before count
+                // against the limit, as in `Value::Confirmations`.
+                let room = Limits { max_keys: limits.max_keys.saturating_sub(self.items()), ..limits };
+                let mut pairs = std::mem::take(&mut self.digest_pairs);
+                let listed = fixed_list(c, &mut pairs, room, digest_confirmation);
+                self.digest_pairs = pairs;
+                listed?
+            }
             Value::KeyPairs => {
                 // As a lookup list's (`Value::Lookup`).
                 let likely = (c.b.len() - c.at) / 34 + 1;
@@ -379,7 +425,12 @@ impl Scratch {
 
     /// The items scanned so far, of every list ([`Self::room`]).
     fn items(&self) -> usize {
-        self.keys.len() + self.lookups.len() + self.pairs.len() + self.hex_pairs.len() + self.releases.len()
+        self.keys.len()
+            + self.lookups.len()
+            + self.pairs.len()
+            + self.hex_pairs.len()
+            + self.digest_pairs.len()
+            + self.releases.len()
     }
 
     /// Scans one key: a plain string within the limits.
@@ -443,6 +494,17 @@ impl Scratch {
     /// order.
     pub(super) fn digests(&self) -> &[Digest] {
         &self.digests
+    }
+
+    /// The `(digest, page)` confirmations a [`Value::DigestConfirmations`]
+    /// list's scan decoded, in request order.
+    pub(super) fn digest_pairs(&self) -> &[(Digest, i64)] {
+        &self.digest_pairs
+    }
+
+    /// The pages to release the scan found, in request order.
+    pub(super) fn released(&self) -> &[i64] {
+        &self.releases
     }
 
     /// Scans one `[key, page]` confirmation, its key classified as a

@@ -398,6 +398,15 @@ proptest! {
             digests.iter().zip(&keys).map(|(q, k)| format!("[{q}{comma}{}]", k % 100_000_000)).collect();
         let space_conf = format!("{{\"written_keys_to_confirm\"{colon}[{}]}}", space_conf.join(comma));
         prop_assert!(same_answers(&mut Decoder::default(), space_conf.as_bytes(), BIG).contains(&"space_confirm"));
+        prop_assert!(fast_takes(space_conf.as_bytes(), &fast::SPACE_CONFIRM_DIGESTS, BIG), "{}", space_conf);
+        // SGLang's reserve of digest keys, as pairs and bare: its digest
+        // path takes them.
+        let reserve_pairs: Vec<String> = digests.iter().map(|q| format!("[{q}{comma}\"\"]")).collect();
+        for list in [reserve_pairs.join(comma), digests.join(comma)] {
+            let reserve = format!("{{\"keys\"{colon}[{list}]}}");
+            prop_assert!(fast_takes(reserve.as_bytes(), &fast::SPACE_RESERVE_DIGESTS, BIG), "{}", reserve);
+            prop_assert!(same_answers(&mut Decoder::default(), reserve.as_bytes(), BIG).contains(&"space_reserve"));
+        }
         let space = format!("{{\"keys\"{colon}[{}]{comma}\"namespace\"{colon}\"kv\"}}", digests.join(comma));
         prop_assert!(fast_takes(space.as_bytes(), &fast::SPACE_LOOKUP_DIGESTS, BIG), "{}", space);
         prop_assert!(same_answers(&mut Decoder::default(), space.as_bytes(), BIG).contains(&"space_lookup"));

@@ -93,7 +93,7 @@ mod vllm;
 
 pub use input::{Body, Input};
 pub use prefix::{PrefixBody, PrefixChain, PrefixDialect, MAX_BLOCK_SIZE, MAX_PREFIX_WORLD};
-pub use sglang::{SpaceConfirmBody, SpaceInitBody, SpaceKeysBody, SpaceLookupBody};
+pub use sglang::{SpaceConfirmBody, SpaceConfirmDigests, SpaceInitBody, SpaceKeysBody, SpaceLookupBody};
 pub use vllm::{AllocateBody, ConfirmBody, ExistsBody, InitRole, InitializeBody, LocationsBody};
 
 /// Bodies up to this many bytes leave their parse scratch in the [`Decoder`]

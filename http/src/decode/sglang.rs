@@ -56,6 +56,19 @@ pub struct SpaceConfirmBody<'a> {
     pub namespace: &'a str,
 }
 
+/// A `confirm_write` body whose every key is an SGLang digest
+/// ([`Decoder::space_confirm_digests`]): [`SpaceConfirmBody`] with the
+/// keys as their digests, lent from the decoder's scratch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpaceConfirmDigests<'s, 'b> {
+    /// `(digest, page)` pairs to bind, in request order.
+    pub confirmations: &'s [(Digest, i64)],
+    /// Pages to free, in request order.
+    pub releases: &'s [i64],
+    /// The namespace.
+    pub namespace: &'b str,
+}
+
 /// The `namespace` field: absent means `"kv"`; anything but a string, or a
 /// string too long, is refused.
 fn namespace<'a>(value: Option<&[Node<'a>]>) -> Result<&'a str, DecodeError> {
@@ -187,6 +200,37 @@ impl Decoder {
                 out.push(KeyRef::parse(key));
             }
             Ok(SpaceLookupBody { keys: out, namespace })
+        })
+    }
+
+    /// The keys and namespace of a reserve body whose every key is an
+    /// SGLang digest, 64 hex digits bare or with `-k`/`-v`, alone or as the
+    /// first of a pair (as [`Self::space_reserve`] takes them), decoded in
+    /// one pass into their digests from the body as read. `None` for any
+    /// other body, which [`Self::space_reserve`] decodes (the same keys,
+    /// classified).
+    pub fn space_reserve_digests<'s, 'b, B: Input + ?Sized>(
+        &'s mut self,
+        body: &'b B,
+        limits: Limits,
+    ) -> Option<(&'s [Digest], &'b str)> {
+        let scan = self.scan(body.bytes(), &fast::SPACE_RESERVE_DIGESTS, limits)?;
+        Some((self.scratch.digests(), scan.namespace_in(body.bytes(), DEFAULT_NAMESPACE)?))
+    }
+
+    /// [`Self::space_reserve_digests`] of a confirm body: its confirmations
+    /// with their keys as digests, its releases and its namespace, or
+    /// `None` for a body that [`Self::space_confirm`] decodes.
+    pub fn space_confirm_digests<'s, 'b, B: Input + ?Sized>(
+        &'s mut self,
+        body: &'b B,
+        limits: Limits,
+    ) -> Option<SpaceConfirmDigests<'s, 'b>> {
+        let scan = self.scan(body.bytes(), &fast::SPACE_CONFIRM_DIGESTS, limits)?;
+        Some(SpaceConfirmDigests {
+            confirmations: self.scratch.digest_pairs(),
+            releases: self.scratch.released(),
+            namespace: scan.namespace_in(body.bytes(), DEFAULT_NAMESPACE)?,
         })
     }
 

@@ -151,6 +151,21 @@ fn sglang_answers() {
     check(|o| reserved_indices(o, [(true, 5), (false, -1)].into_iter()), r#"{"indices":[[true,5],[false,-1]]}"#, json!({"indices": [[true, 5], [false, -1]]}));
 }
 
+/// Every page width, the eight-at-once and the pairwise writes, and pages
+/// outside `u32`: what `format!` writes, after text already in the buffer.
+#[test]
+fn reserved_indices_of_every_width() {
+    let pages: Vec<i64> = [0, 7, 10, 99, 100, 9_999, 10_000, 123_456, 99_999_999, 100_000_000, 4_294_967_295]
+        .into_iter()
+        .chain([-1, -1_000, i64::MIN, i64::MAX, 4_294_967_296])
+        .collect();
+    let slots: Vec<(bool, i64)> = pages.iter().enumerate().map(|(i, &p)| (i % 3 == 0, p)).collect();
+    let mut out = b"head".to_vec();
+    reserved_indices(&mut out, slots.iter().copied());
+    let text: Vec<String> = slots.iter().map(|(w, p)| format!("[{w},{p}]")).collect();
+    assert_eq!(String::from_utf8(out).unwrap(), format!("head{{\"indices\":[{}]}}", text.join(",")));
+}
+
 #[test]
 #[rustfmt::skip]
 fn typed_errors() {

@@ -135,6 +135,12 @@ pub(super) fn digest_key(b: &[u8], limits: Limits) -> Option<(Digest, usize)> {
     Some((Digest::parse_bytes(b.get(1..1 + len)?)?, len + 2))
 }
 
+/// A [`Value::DigestPairs`] item ([`pair_item`] of a [`digest_key`]).
+#[inline(always)]
+pub(super) fn digest_pair(b: &[u8], limits: Limits) -> Option<(Digest, usize)> {
+    pair_item(b, limits, digest_key)
+}
+
 /// The head of a two-element item at the start of `b`: `[`, a key (`key`,
 /// giving its value and the bytes it took) and `,`, with whitespace
 /// between; the key and where the second element starts (its whitespace
@@ -181,6 +187,13 @@ pub(super) fn confirmation_item<T>(
 #[inline(always)]
 pub(super) fn hex_confirmation(b: &[u8], limits: Limits) -> Option<((u128, i64), usize)> {
     confirmation_item(b, limits, hex_key)
+}
+
+/// A confirmation of an SGLang digest key ([`confirmation_item`] of a
+/// [`digest_key`]).
+#[inline(always)]
+pub(super) fn digest_confirmation(b: &[u8], limits: Limits) -> Option<((Digest, i64), usize)> {
+    confirmation_item(b, limits, digest_key)
 }
 
 /// The integer at `b[at..]` as [`Cursor::int`] takes it (no whitespace
