@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The bounded crash-state explorer of the durable layer (forgetfs/tests/
-# explore.rs) on the ci profile; the forgetful file system's own rules and
+# explore/) on the ci profile; the forgetful file system's own rules and
 # the power cuts under load run with the workspace's `cargo test`.
 # `--workspace --test explore` (not `-p`) resolves features as the tests'
 # build did, so nothing is compiled again.

@@ -13,7 +13,7 @@
 # --examples, and the same target selection keeps the features of the tests'
 # build. Cargo holds target/ci's lock only while it checks the build, not
 # while tests run, so the two queues do not wait on each other. The crash-
-# state explorer (forgetfs/tests/explore.rs) is skipped by name: the batch
+# state explorer (forgetfs/tests/explore/) is skipped by name: the batch
 # lane runs it (.ci/forgetfs.sh). Each queue is bounded (a hang fails the
 # step instead of holding CI to its limit); its output is printed whole when
 # both are done, the HA binary's first.

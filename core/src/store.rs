@@ -31,6 +31,7 @@ use super::sync::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 mod allocate;
 mod audit;
+mod batch_keys;
 mod confirm;
 mod delete;
 mod evict;

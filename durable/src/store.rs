@@ -101,7 +101,7 @@ const NEW_FIRST: &str = "keyspace.new";
 /// `path`: a power cut while fjall lays out a keyspace leaves files it
 /// cannot open (a missing version file, a half-written manifest), which
 /// would stop every later start-up, although nothing was acknowledged yet
-/// (the crash-state explorer, forgetfs/tests/explore.rs, found it). A
+/// (the crash-state explorer, forgetfs/tests/explore/, found it). A
 /// leftover of an interrupted attempt is removed by the next open.
 fn create_first(dir: &Path, path: &Path) -> Result<(), OpenError> {
     let tmp = dir.join(NEW_FIRST);
@@ -258,7 +258,7 @@ impl Db {
         // the data directory. POSIX persists a name only by its directory's
         // fsync; without these, a power cut after the first acknowledged
         // write could lose the whole keyspace (the crash-state explorer,
-        // forgetfs/tests/explore.rs, found it).
+        // forgetfs/tests/explore/, found it).
         for d in [path.join("partitions"), path.clone(), dir.to_path_buf()] {
             sync_dir(&d).map_err(|e| OpenError::Io(format!("fsync of {}: {e}", d.display())))?;
         }
@@ -386,7 +386,7 @@ impl Db {
 /// `levels` after it (synced, then renamed into place): a crash in between
 /// leaves a partition fjall cannot open (`levels` missing, or the manifest
 /// not yet written), and every later start-up would refuse the directory
-/// (the crash-state explorer, forgetfs/tests/explore.rs, found it on a
+/// (the crash-state explorer, forgetfs/tests/explore/, found it on a
 /// `/clear`). Nothing is ever written to a partition before its creation
 /// returned, so such a partition holds nothing; one marked deleted is
 /// fjall's to remove.

@@ -11,7 +11,7 @@
 //! (a restart runs on it; [`model::Image::write_to`] writes it out).
 //!
 //! With recording on, every operation is logged ([`model::FsOp`]); the
-//! crash-state explorer (`tests/explore.rs`) replays a run's log through a
+//! crash-state explorer (`tests/explore/`) replays a run's log through a
 //! fresh [`Model`] and, at every fsync, materializes the crash states POSIX
 //! allows and opens each with the durable layer's real recovery.
 //!

@@ -21,7 +21,7 @@ use super::super::key::{Digest, KeyRef};
 use super::super::lease;
 use super::super::pages::{ClaimGuard, Claimed, Owner, PageTable, FREE};
 use super::super::sync::Ordering;
-use super::allocate::AllocKey;
+use super::batch_keys::AllocKey;
 use super::{ConfirmOutcome, Generation, Store};
 
 /// One item of a confirm request, sorted by page for claiming.
@@ -583,16 +583,6 @@ impl ConfirmKey for Digest {
         delta: &mut Delta,
     ) -> Bind {
         binder.bind_digest(self, rank, page, world, delta)
-    }
-}
-
-/// `k.tag()` ([`KeyRef::tag`]) read in place, variant by variant.
-#[inline(always)]
-pub(super) fn tag_of(k: &KeyRef<'_>) -> u32 {
-    match k {
-        KeyRef::Hex(v) => KeyRef::Hex(*v).tag(),
-        KeyRef::Digest(d) => KeyRef::Digest(*d).tag(),
-        KeyRef::Text(s) => KeyRef::Text(s).tag(),
     }
 }
 
