@@ -7,17 +7,10 @@
 //! and a bad value changes nothing. Every answer is checked against
 //! docs/openapi.json.
 
+use super::tenant_quotas::sample;
 use super::tenants::{code, post};
 use hf3fs_meta::core::TICKS_PER_SECOND;
 use serde_json::json;
-use testkit::TestServer;
-
-/// The value of the sample of `series` for tenant a.
-fn sample(s: &TestServer, series: &str) -> String {
-    let m = s.get("/metrics").text();
-    let head = format!("{series}{{tenant=\"a\"}} ");
-    m.lines().find_map(|l| l.strip_prefix(&head).map(str::to_string)).unwrap_or_else(|| panic!("no {head}in {m}"))
-}
 
 #[test]
 fn an_empty_bucket_refuses_with_a_typed_429_and_retry_after_and_changes_nothing() {
