@@ -595,6 +595,10 @@ fn with_limits(old: &Tenant, spec: &TenantSpec) -> Tenant {
         max_reservations: spec.max_reservations,
         strict_layout: spec.strict_layout,
         max_concurrent: spec.max_concurrent_requests,
+        rate: match (spec.rate_limit(), &old.rate) {
+            (Some(new), Some(was)) => Some(new.carry(was)),
+            (new, _) => new,
+        },
         counters: old.counters.clone(),
         ..Tenant::new(&old.name, old.registry.clone(), old.durable.clone())
     }
@@ -638,6 +642,7 @@ fn open_tenant(cfg: &Config, name: &str, spec: &TenantSpec) -> Result<Live, dura
         max_reservations: spec.max_reservations,
         strict_layout: spec.strict_layout,
         max_concurrent: spec.max_concurrent_requests,
+        rate: spec.rate_limit(),
         ..Tenant::new(name, registry, hook)
     };
     Ok(Live { spec: spec.clone(), tenant: Arc::new(tenant), durable, listener: None })

@@ -51,6 +51,9 @@ pub enum ErrorCode {
     LayoutMismatch,
     /// A tenant's data request beyond its `max_concurrent_requests`.
     TenantBusy,
+    /// A tenant's data request beyond its `rate_limit_rps` (its token
+    /// bucket is empty).
+    TenantRateLimited,
     /// The admin route's reload of the tenants file failed (a bad file, a
     /// state that did not open, an address not bound): nothing changed.
     TenantsReloadFailed,
@@ -59,9 +62,9 @@ pub enum ErrorCode {
 impl ErrorCode {
     /// Every code: [`ErrorCode::CONFIRM`]'s, then [`ErrorCode::TENANT`]'s
     /// (`docs/error-codes.json` is generated from this list).
-    pub const ALL: [ErrorCode; 15] = {
+    pub const ALL: [ErrorCode; 16] = {
         let (confirm, tenant) = (ErrorCode::CONFIRM, ErrorCode::TENANT);
-        let mut all = [ErrorCode::RankNotInitialized; 15];
+        let mut all = [ErrorCode::RankNotInitialized; 16];
         let mut i = 0;
         while i < all.len() {
             all[i] = if i < confirm.len() { confirm[i] } else { tenant[i - confirm.len()] };
@@ -71,13 +74,14 @@ impl ErrorCode {
     };
 
     /// The tenant codes: a request refused for its tenant (docs/tenants.md).
-    pub const TENANT: [ErrorCode; 7] = [
+    pub const TENANT: [ErrorCode; 8] = [
         ErrorCode::UnknownTenant,
         ErrorCode::TenantMismatch,
         ErrorCode::TenantQuota,
         ErrorCode::TenantReservations,
         ErrorCode::LayoutMismatch,
         ErrorCode::TenantBusy,
+        ErrorCode::TenantRateLimited,
         ErrorCode::TenantsReloadFailed,
     ];
 
@@ -111,6 +115,7 @@ impl ErrorCode {
             ErrorCode::TenantReservations => "tenant_reservations",
             ErrorCode::LayoutMismatch => "layout_mismatch",
             ErrorCode::TenantBusy => "tenant_busy",
+            ErrorCode::TenantRateLimited => "tenant_rate_limited",
             ErrorCode::TenantsReloadFailed => "tenants_reload_failed",
         }
     }

@@ -10,6 +10,7 @@
 //! - [`lease`]: read leases, recency marks and their clock.
 //! - [`store`]: the operations, atomic per request, lock-free across requests.
 //! - [`spaces`]: SGLang's page spaces, one store per `(rank, namespace)`.
+//! - [`rate`]: a request-rate limit (a token bucket in one atomic word).
 //! - [`registry`]: every page space (vLLM's store, SGLang's spaces) as one
 //!   list with its labels, for whatever must walk them all.
 //! - [`error`]: one error variant per code of the wire contract.
@@ -28,6 +29,7 @@ pub mod journal;
 pub mod key;
 pub mod lease;
 pub mod pages;
+pub mod rate;
 pub mod registry;
 pub mod release;
 pub mod spaces;
@@ -42,6 +44,7 @@ pub use index::IndexFloor;
 pub use journal::{Change, Journal};
 pub use key::{Digest, Key, KeyRef, Suffix};
 pub use lease::{Clock, LeaseLength, MAX_LEASE, TICKS_PER_SECOND};
+pub use rate::RateLimit;
 pub use registry::{Dialect, RankLabels, RankPages, Registry, SpaceLabel, SpaceReport};
 pub use release::Release;
 pub use spaces::{

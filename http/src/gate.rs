@@ -83,11 +83,7 @@ pub fn seal(node: Option<&dyn Serving>, spec: Option<&Spec>, reply: &mut Reply) 
 fn refusal(node: &dyn Serving, close: bool) -> Reply {
     let why = node.refusal();
     let detail = serde_json::json!({ "detail": format!("Not the leader: {why}; retry (through the relay)") });
-    Reply {
-        close,
-        retry_after: true,
-        ..Reply::json(StatusCode::SERVICE_UNAVAILABLE, detail.to_string().into_bytes(), 0)
-    }
+    Reply { close, retry_after: 1, ..Reply::json(StatusCode::SERVICE_UNAVAILABLE, detail.to_string().into_bytes(), 0) }
 }
 
 /// A client connection of the server: with `--ha`, refuses to start

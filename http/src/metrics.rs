@@ -314,6 +314,16 @@ pub fn render_tenants<'t>(
     for (name, c, _, _) in &tenants {
         w.put(&[("tenant", name)], c.busy.load(std::sync::atomic::Ordering::Relaxed));
     }
+    let mut w = Samples::start(
+        out,
+        &counter(
+            "tenant_rate_limited_total",
+            "Data requests refused (429 tenant_rate_limited) by a tenant's rate_limit_rps.",
+        ),
+    );
+    for (name, c, _, _) in &tenants {
+        w.put(&[("tenant", name)], c.rate_limited.load(std::sync::atomic::Ordering::Relaxed));
+    }
     let mut w = Samples::start(out, &gauge("tenant_requests_in_flight", "A tenant's data requests in flight now."));
     for (name, c, _, _) in &tenants {
         w.put(&[("tenant", name)], u64::from(c.in_flight.load(std::sync::atomic::Ordering::Relaxed)));

@@ -30,15 +30,16 @@ pub struct Reply {
     pub allow: Option<&'static str>,
     /// Close the connection after this answer (the request was cut short).
     pub close: bool,
-    /// Extra header: `Retry-After: 1` (the HA gate's 503: a failover takes
-    /// a few seconds, and the clients, urllib3's Retry, honour it).
-    pub retry_after: bool,
+    /// Extra header: `Retry-After` in seconds, when not 0 (the HA gate's
+    /// 503 says 1: a failover takes a few seconds, and the clients,
+    /// urllib3's Retry, honour it; a tenant's 429s say theirs).
+    pub retry_after: u32,
 }
 
 impl Reply {
     /// A JSON `body` with `status`, for a request of `keys` keys.
     pub fn json(status: StatusCode, body: Vec<u8>, keys: usize) -> Reply {
-        Reply { status, body, content_type: JSON, keys, allow: None, close: false, retry_after: false }
+        Reply { status, body, content_type: JSON, keys, allow: None, close: false, retry_after: 0 }
     }
 
     /// `{"detail": msg}` with `status`.

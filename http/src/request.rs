@@ -8,7 +8,8 @@
 //!                    certificate, listen address or /t/<tenant>/ prefix, stripped)
 //!    1. route        routes::find: the row (Spec) names the handler; 404/405 otherwise
 //!    2. gate         gate::admit: a data route only while Serving says this node may serve
-//!    2½. slot       Tenant::enter: a tenant's data request within max_concurrent_requests (429)
+//!    2½. slot       Tenant::enter: a tenant's data request within rate_limit_rps and
+//!                   max_concurrent_requests (429)
 //!    3. auth         the bearer token, where the row or --auth-all asks for it
 //!    4. body         read whole, under --max-body-bytes and --body-timeout
 //!    5. admission    refuse_allocation: no allocate while the durable store cannot write
@@ -172,9 +173,12 @@ where
     };
     let spec = cx.spec();
     let gate = app.gate.as_deref();
-    // 2½. A tenant's data request takes a slot of its
-    // max_concurrent_requests, held until the answer is complete.
-    let (slot, mut busy) = match tenant.filter(|_| spec.is_some_and(|s| s.dialect.is_some())).map(Tenant::enter) {
+    // 2½. A tenant's data request takes a token of its rate_limit_rps and
+    // a slot of its max_concurrent_requests, held until the answer is
+    // complete.
+    let entered =
+        tenant.filter(|_| spec.is_some_and(|s| s.dialect.is_some())).map(|t| t.enter(|| cx.registry.vllm().now()));
+    let (slot, mut busy) = match entered {
         Some(Err(busy)) => (None, Some(busy)),
         Some(Ok(slot)) => (Some(slot), None),
         None => (None, None),
@@ -432,8 +436,8 @@ fn into_response(reply: Reply, epoch: Option<u64>) -> Response<Full<Bytes>> {
     if let Some(allow) = reply.allow {
         h.insert(ALLOW, HeaderValue::from_static(allow));
     }
-    if reply.retry_after {
-        h.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    if reply.retry_after != 0 {
+        h.insert(RETRY_AFTER, HeaderValue::from(reply.retry_after));
     }
     if reply.status == StatusCode::UNAUTHORIZED {
         h.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -25,7 +25,7 @@
 //! holds the [`Arc`] of its tenant, so a removed tenant's requests in flight
 //! finish on its state.
 
-use crate::core::{AdmissionWord, Admitted, Dialect, ErrorCode, Registry};
+use crate::core::{AdmissionWord, Admitted, Dialect, ErrorCode, RateLimit, Registry};
 use crate::encode;
 use crate::hooks::DurabilityHook;
 use crate::peer::Peer;
@@ -79,6 +79,9 @@ pub struct Tenant {
     /// `max_concurrent_requests`: its data requests in flight at once;
     /// one more is a 429 `tenant_busy`.
     pub max_concurrent: Option<u32>,
+    /// `rate_limit_rps` and `rate_limit_burst`: its data requests' token
+    /// bucket; an empty one is a 429 `tenant_rate_limited`.
+    pub rate: Option<RateLimit>,
     /// Its counters (the `tenant` label's series), kept across reloads.
     pub counters: Arc<TenantCounters>,
 }
@@ -95,15 +98,32 @@ impl Tenant {
             max_reservations: None,
             strict_layout: false,
             max_concurrent: None,
+            rate: None,
             counters: Arc::default(),
         }
     }
 
-    /// A slot for one data request under `max_concurrent_requests`, held
-    /// until the answer is complete (durable wait included); `Err` is the
-    /// 429 `tenant_busy` of a tenant at its limit (counted). Without a
-    /// limit, a slot that counts nothing.
-    pub fn enter(&self) -> Result<Slot<'_>, Reply> {
+    /// A slot for one data request under `rate_limit_rps` and
+    /// `max_concurrent_requests`, held until the answer is complete
+    /// (durable wait included); `Err` is the 429 `tenant_rate_limited` of a
+    /// tenant whose token bucket is empty at clock tick `now` (the lease
+    /// clock's, [`crate::core::Store::now`]), with `Retry-After` the
+    /// seconds until a token is there, or the 429 `tenant_busy` of a tenant
+    /// at its concurrency limit (each counted). A refusal by the rate
+    /// takes no slot; one by the concurrency takes no token back (the
+    /// request was made). Without either limit, a slot that counts nothing.
+    pub fn enter(&self, now: impl FnOnce() -> u32) -> Result<Slot<'_>, Reply> {
+        if let Some(rate) = &self.rate {
+            if let Err(secs) = rate.admit(now()) {
+                self.counters.rate_limited.fetch_add(1, Ordering::Relaxed);
+                let detail =
+                    format!("Tenant '{}' is over its request rate (rate_limit_rps): retry in {secs} s", self.name);
+                let mut reply =
+                    refusal(StatusCode::TOO_MANY_REQUESTS, ErrorCode::TenantRateLimited, Some(&self.name), &detail);
+                reply.retry_after = secs;
+                return Err(reply);
+            }
+        }
         let Some(max) = self.max_concurrent else { return Ok(Slot(None)) };
         let c = &self.counters;
         // AcqRel: the count is the limit itself; no data hangs off it.
@@ -118,7 +138,7 @@ impl Tenant {
             self.name
         );
         let mut reply = refusal(StatusCode::TOO_MANY_REQUESTS, ErrorCode::TenantBusy, Some(&self.name), &detail);
-        reply.retry_after = true;
+        reply.retry_after = 1;
         Err(reply)
     }
 
@@ -503,6 +523,8 @@ pub struct TenantCounters {
     pub in_flight: AtomicU32,
     /// Data requests refused by `max_concurrent_requests`.
     pub busy: AtomicU64,
+    /// Data requests refused by `rate_limit_rps`.
+    pub rate_limited: AtomicU64,
 }
 
 /// One thread's counters of one tenant.

@@ -2,6 +2,7 @@
 //! checks that make a file servable (names, limits, identities and listen
 //! addresses each given to one tenant).
 
+use crate::core::RateLimit;
 use crate::http::tenants as t;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -45,9 +46,51 @@ pub struct TenantSpec {
     pub max_spaces: Option<u32>,
     /// Its data requests in flight at once; one more is a 429 `tenant_busy`.
     pub max_concurrent_requests: Option<u32>,
+    /// Its data requests a second, on average; one beyond its bucket is a
+    /// 429 `tenant_rate_limited`.
+    pub rate_limit_rps: Option<Rps>,
+    /// Its data requests at once on a full bucket (default: `rate_limit_rps`
+    /// rounded up).
+    pub rate_limit_burst: Option<u32>,
     /// The topic its KV events are published on (default: the server's
     /// `--kv-events-topic` pattern for its name, `kv@<host>@<name>`).
     pub kv_events_topic: Option<String>,
+}
+
+/// A rate in requests a second (`rate_limit_rps`), compared by its bits so
+/// that a file's tables compare equal to themselves.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(transparent)]
+pub struct Rps(pub f64);
+
+impl PartialEq for Rps {
+    fn eq(&self, other: &Rps) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Rps {}
+
+impl TenantSpec {
+    /// Its token bucket (`rate_limit_rps`, `rate_limit_burst`), full; `None`
+    /// without a rate, `Err` for values out of range.
+    pub fn try_rate_limit(&self) -> Result<Option<RateLimit>, String> {
+        let Some(Rps(rps)) = self.rate_limit_rps else {
+            return match self.rate_limit_burst {
+                Some(_) => Err("rate_limit_burst needs rate_limit_rps".into()),
+                None => Ok(None),
+            };
+        };
+        let burst = self.rate_limit_burst.unwrap_or_else(|| rps.ceil().clamp(1.0, f64::from(u32::MAX)) as u32);
+        RateLimit::new(rps, burst)
+            .map(Some)
+            .map_err(|e| format!("rate_limit_rps = {rps}, rate_limit_burst = {burst}: {e}"))
+    }
+
+    /// Its token bucket, full, as validated by [`parse`] (`None`: no rate).
+    pub fn rate_limit(&self) -> Option<RateLimit> {
+        self.try_rate_limit().ok().flatten()
+    }
 }
 
 fn yes() -> bool {
@@ -67,6 +110,8 @@ impl Default for TenantSpec {
             max_ranks: None,
             max_spaces: None,
             max_concurrent_requests: None,
+            rate_limit_rps: None,
+            rate_limit_burst: None,
             kv_events_topic: None,
         }
     }
@@ -135,6 +180,7 @@ pub fn parse(text: &str) -> Result<TenantsFile, String> {
                 return Err(format!("[tenants.{name}]: {key} must be at least 1 (leave it out for no limit)"));
             }
         }
+        spec.try_rate_limit().map_err(|e| format!("[tenants.{name}]: {e}"))?;
         if spec.kv_events_topic.as_deref().is_some_and(str::is_empty) {
             return Err(format!("[tenants.{name}]: kv_events_topic must not be empty (leave it out for the default)"));
         }
@@ -208,6 +254,20 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_limit_parses_with_its_default_burst() {
+        let f = parse("[tenants.a]\nrate_limit_rps = 2.5\n[tenants.b]\nrate_limit_rps = 4\nrate_limit_burst = 9\n")
+            .unwrap();
+        let (a, b) = (&f.tenants["a"], &f.tenants["b"]);
+        assert_eq!((a.rate_limit_rps, a.rate_limit_burst), (Some(Rps(2.5)), None));
+        // The default burst is the rate rounded up: 3 at once.
+        let r = a.rate_limit().unwrap();
+        assert_eq!((0..5).filter(|_| r.admit(0).is_ok()).count(), 3);
+        let r = b.rate_limit().unwrap();
+        assert_eq!((0..20).filter(|_| r.admit(0).is_ok()).count(), 9);
+        assert!(f.default_tenant().rate_limit().is_none());
+    }
+
+    #[test]
     fn bad_files_are_refused_with_what_is_wrong() {
         for (text, says) in [
             ("[tenants.a]\nmax_key = 1\n", "unknown field `max_key`"),
@@ -228,6 +288,12 @@ mod tests {
             ("[tenants.a]\nmax_spaces = 0\n", "max_spaces must be at least 1"),
             ("[tenants.a]\nmax_concurrent_requests = 0\n", "max_concurrent_requests must be at least 1"),
             ("[tenants.a]\nkv_events_topic = \"\"\n", "kv_events_topic must not be empty"),
+            ("[tenants.a]\nrate_limit_rps = 0\n", "the rate must be between 0.001 and 1000000"),
+            ("[tenants.a]\nrate_limit_rps = -2.5\n", "the rate must be between"),
+            ("[tenants.a]\nrate_limit_rps = \"fast\"\n", "invalid type"),
+            ("[tenants.a]\nrate_limit_rps = 5\nrate_limit_burst = 0\n", "the burst must be between 1 and"),
+            ("[tenants.a]\nrate_limit_rps = 100\nrate_limit_burst = 2\n", "the burst must be at least 10"),
+            ("[tenants.a]\nrate_limit_burst = 4\n", "rate_limit_burst needs rate_limit_rps"),
             ("[other]\n", "unknown field `other`"),
             ("[tenants.a\n", "line 1, column"),
             ("[tenants.a]\nlisten = 7\n", "line 2, column 10 (`listen = 7`): invalid type"),

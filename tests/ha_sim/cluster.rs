@@ -254,7 +254,7 @@ impl Cluster {
         let resp = respond_with(self.nodes[i].app.service().clone(), peer, req, |_, _| {
             let status = handler();
             let r = Reply::json(StatusCode::from_u16(status).unwrap(), b"{\"exists\":[]}".to_vec(), 0);
-            Reply { retry_after: status == 503, ..r }
+            Reply { retry_after: u32::from(status == 503), ..r }
         })
         .await
         .unwrap();

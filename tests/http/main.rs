@@ -12,6 +12,7 @@
 //! - [`error_codes`]: the documents' lists of typed error codes against the core's.
 //! - [`fuzz_corpus`]: every fuzz seed through its fuzz target's oracles.
 //! - [`tenants`]: `--tenants`: isolation, selection, quotas, strict layout, restart, reload.
+//! - [`tenant_rate`]: a tenant's request-rate limit (429 `tenant_rate_limited`).
 
 // A test or bench binary has no API: its `pub` items are crate-local.
 #![allow(unreachable_pub)]
@@ -26,4 +27,5 @@ mod prefix;
 mod sglang;
 mod stats_metrics;
 mod tenant_quotas;
+mod tenant_rate;
 mod tenants;

@@ -43,7 +43,7 @@ fn stats(s: &TestServer) -> Value {
 }
 
 /// The value of the sample of `series` for tenant a.
-fn sample(s: &TestServer, series: &str) -> String {
+pub(crate) fn sample(s: &TestServer, series: &str) -> String {
     let m = s.get("/metrics").text();
     let head = format!("{series}{{tenant=\"a\"}} ");
     m.lines().find_map(|l| l.strip_prefix(&head).map(str::to_string)).unwrap_or_else(|| panic!("no {head}in {m}"))

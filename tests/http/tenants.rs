@@ -494,12 +494,12 @@ fn max_concurrent_requests_refuses_one_more_data_request_with_a_typed_429() {
     assert_eq!(init(&s, "/t/a", 0, 8).status, 200);
     // One request of a in flight (held here, as a request in its handler
     // or durable wait holds it): the next data request is refused.
-    let held = a.enter().expect("a slot");
+    let held = a.enter(|| 0).expect("a slot");
     let r = init(&s, "/t/a", 1, 8);
     assert_eq!((r.status, code(&r).as_str()), (429, "tenant_busy"), "{r:?}");
     assert_eq!(r.header("retry-after"), Some("1"), "{r:?}");
     assert!(r.detail().contains("max_concurrent_requests"), "{r:?}");
-    assert!(a.enter().is_err(), "the limit holds for every way in");
+    assert!(a.enter(|| 0).is_err(), "the limit holds for every way in");
     // Nothing changed; b, and a's operational routes, are not limited.
     assert_eq!(stats(&s, "/t/a")["ranks"].as_array().unwrap().len(), 1);
     assert_eq!(init(&s, "/t/b", 0, 8).status, 200);
