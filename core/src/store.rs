@@ -218,7 +218,7 @@ struct Generation {
     /// Pages RESERVED (or held BUSY from RESERVED) whose reservation has
     /// not ended yet: incremented by an allocate before it answers,
     /// decremented only once a reservation's end is settled, after the key
-    /// count it may have raised ([`Store::reserved_count`]). Signed, as
+    /// count it may have raised ([`Store::reserved_and_keys`]). Signed, as
     /// `keys` is: a decrement may meet a page counted by another thread.
     reserved: AtomicI64,
 }
@@ -263,7 +263,7 @@ impl Generation {
 
     /// Counts `n` reservations ended: called after the key count they may
     /// have raised was applied. Release: a reader that sees the lower
-    /// count (Acquire, [`Store::reserved_count`]) then sees the higher key
+    /// count (Acquire, [`Store::reserved_and_keys`]) then sees the higher key
     /// count too, so the sum of both never reads low.
     #[inline]
     fn reserved_less(&self, n: u64) {

@@ -93,7 +93,7 @@ impl Store {
     /// [`Store::allocate_keys`] of 32-hex keys given as the digests they
     /// spell ([`KeyRef::Hex`], never 0): vLLM's connector's batch, decoded
     /// straight into digests, each probed once for its entry
-    /// ([`Reader::hits`]). The same pages, leases, journal records and
+    /// ([`Reader::hits`](super::super::index::Reader::hits)). The same pages, leases, journal records and
     /// answers as of the same keys classified.
     pub fn allocate_batch(
         &self,
@@ -132,7 +132,7 @@ impl Store {
     /// [`Store::allocate_partial_keys`] of SGLang digest keys given as
     /// their digests ([`KeyRef::Digest`]): SGLang's reserve body, decoded
     /// straight into digests, each probed once for its entry
-    /// ([`Reader::hits`]). The same pages, leases, journal records and
+    /// ([`Reader::hits`](super::super::index::Reader::hits)). The same pages, leases, journal records and
     /// answers as of the same keys classified.
     pub fn allocate_partial_batch(
         &self,

@@ -11,7 +11,7 @@ use std::hash::BuildHasher;
 /// The hasher of a batch's own sets (keys are not chosen by an attacker
 /// who sees the hashes: the request's distinct keys, for one request).
 pub(super) type FixedState = foldhash::fast::FixedState;
-/// A key of an allocate's batch as [`Store::allocate_with`] takes it (and,
+/// A key of an allocate's batch as `Store::allocate_with` takes it (and,
 /// for its text and tag, a confirm's): a classified key, or a compact
 /// key's digest, 32-hex or SGLang's (the decoder's fast paths).
 pub(super) trait AllocKey: Copy {
